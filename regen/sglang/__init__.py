@@ -1,0 +1,1 @@
+"""SGLang: memory planning, flag checking, server lifecycle and a simulated server."""
