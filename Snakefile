@@ -1,0 +1,50 @@
+# regen: raw chat dataset -> audit -> prompt shards -> generation on SGLang -> validation -> training-ready Parquet.
+# This file is a table of contents; the rules live in rules/*.smk and the logic in the regen package.
+#
+#   snakemake --cores all --resources gpu=7                       # a GPU node, config/config.yaml
+#   snakemake --cores all --configfile config/demo.yaml           # the bundled demo, simulated servers
+#   snakemake -n                                                  # preview the remaining work
+
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "report/workflow.rst"
+
+
+include: "rules/common.smk"
+include: "rules/audit.smk"
+include: "rules/tune.smk"
+include: "rules/generate.smk"
+include: "rules/validate.smk"
+include: "rules/merge.smk"
+include: "rules/report.smk"
+
+
+localrules:
+    all,
+    audit,
+    shard,
+    tune,
+    validate,
+    merge,
+    reaudit,
+    reconcile,
+    report_assets,
+
+
+rule all:
+    input:
+        get_final_outputs(),
+    default_target: True
+
+
+onsuccess:
+    stop_gpu_servers()
+
+
+onerror:
+    stop_gpu_servers()

@@ -1,0 +1,52 @@
+rule audit:
+    input:
+        dataset=dataset_path(),
+    output:
+        summary=report(
+            "results/audit/summary.json",
+            caption="../report/audit.rst",
+            category="1. Input audit",
+        ),
+        flags="results/audit/flags.parquet",
+        excluded="results/audit/excluded.jsonl",
+        supervised_plot=report(
+            "results/audit/supervised_tokens.svg",
+            caption="../report/audit_supervised.rst",
+            category="1. Input audit",
+        ),
+        prompt_plot=report(
+            "results/audit/prompt_tokens.svg",
+            caption="../report/audit_prompt.rst",
+            category="1. Input audit",
+        ),
+    log:
+        "logs/audit.log",
+    benchmark:
+        "benchmarks/audit.tsv"
+    conda:
+        "../envs/regen.yaml"
+    params:
+        dataset=lookup(dpath="dataset", within=config),
+        audit=lookup(dpath="audit", within=config),
+        tokenizer=lookup(dpath="tokenizer", within=config),
+    script:
+        "../scripts/audit.py"
+
+
+rule shard:
+    input:
+        dataset=dataset_path(),
+        excluded="results/audit/excluded.jsonl",
+    output:
+        shards=shard_files("results/shards/{shard}.parquet"),
+    log:
+        "logs/shard.log",
+    benchmark:
+        "benchmarks/shard.tsv"
+    conda:
+        "../envs/regen.yaml"
+    params:
+        dataset=lookup(dpath="dataset", within=config),
+        tokenizer=lookup(dpath="tokenizer", within=config),
+    script:
+        "../scripts/shard.py"

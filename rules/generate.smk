@@ -1,0 +1,26 @@
+# One job per prompt shard. Each job holds one GPU slot (gpu=1) and uses that GPU's long-lived
+# server, started once by the first job on the slot and reused by the next ones (regen.sglang.server).
+rule generate:
+    input:
+        shard="results/shards/{shard}.parquet",
+        plan="results/plan/server.json",
+    output:
+        records="results/generations/{shard}.jsonl",
+        failed="results/generations/{shard}.failed.jsonl",
+    log:
+        "logs/generate/{shard}.log",
+    benchmark:
+        "benchmarks/generate/{shard}.tsv"
+    group:
+        "gpu"
+    conda:
+        "../envs/sglang.yaml"
+    resources:
+        gpu=1,
+    params:
+        generate=lookup(dpath="generate", within=config),
+        server=lookup(dpath="server", within=config),
+        gpu_slots=gpu_slots(),
+        journal="work/journal/{shard}.jsonl",
+    script:
+        "../scripts/generate.py"

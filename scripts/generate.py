@@ -1,0 +1,17 @@
+"""Snakemake script: generate one shard on this job's GPU server (regen.generation)."""
+
+from regen.generation import run_generate_job
+from regen.runlog import log_to
+
+log_to(snakemake.log[0])
+run_generate_job(
+    shard_path=snakemake.input.shard,
+    plan_path=snakemake.input.plan,
+    records_out=snakemake.output.records,
+    failed_out=snakemake.output.failed,
+    journal_path=snakemake.params.journal,
+    shard=snakemake.wildcards.shard,
+    generate_cfg=snakemake.params.generate,
+    server_cfg=snakemake.params.server,
+    gpu_slots=snakemake.params.gpu_slots,
+)

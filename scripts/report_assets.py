@@ -1,0 +1,7 @@
+"""Snakemake script: plots and tables for snakemake --report (regen.report)."""
+
+from regen.report import write_report_assets
+from regen.runlog import log_to
+
+log_to(snakemake.log[0])
+write_report_assets("results", snakemake.output.assets, done_path=snakemake.output.done)

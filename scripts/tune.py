@@ -1,0 +1,12 @@
+"""Snakemake script: plan the SGLang servers' memory and flags (regen.sglang.plan)."""
+
+from regen.runlog import log_to
+from regen.sglang.plan import write_plan_for_workflow
+
+log_to(snakemake.log[0])
+write_plan_for_workflow(
+    server_cfg=snakemake.params.server,
+    max_tokens=snakemake.params.max_tokens,
+    audit_summary=snakemake.input.audit,
+    out_path=snakemake.output.plan,
+)

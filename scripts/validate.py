@@ -1,0 +1,13 @@
+"""Snakemake script: check every record of a shard; valid ones go on, the rest to quarantine."""
+
+from regen.runlog import log_to
+from regen.validate import validate_shard
+
+log = log_to(snakemake.log[0])
+stats = validate_shard(
+    snakemake.input.records,
+    snakemake.output.valid,
+    snakemake.output.quarantine,
+    snakemake.params.validate,
+)
+log.info("%s", stats)
