@@ -1,0 +1,160 @@
+"""Generation client throughput: regen's client vs AsyncOpenAI + Semaphore vs a bare aiohttp loop.
+
+All three talk to the same simulated SGLang server (inline mode, zero latency) running in a
+separate process pinned to another core; this process is pinned to one core. regen runs with
+its journal, retries and progress accounting on. Prints req/s and CPU-seconds per 1,000
+requests for each; the last line is
+``client: regen_rps=… baseline_rps=… bare_rps=… ratio=… vs_bare=…``
+(ratio = regen / AsyncOpenAI, vs_bare = regen / bare aiohttp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from regen.client import Endpoint, ProgressOptions, generate_shard_async
+from regen.sglang.simulated import start_simulated_server
+from regen.types import Message, Sample
+
+MODEL = "demo-model"
+
+
+def messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"question number {i}"}]
+
+
+def samples(n: int) -> list[Sample]:
+    return [
+        Sample(
+            f"s{i}",
+            (
+                Message("system", "be brief"),
+                Message("user", f"question number {i}"),
+                Message("assistant", "a"),
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+async def run_regen(url: str, n: int, concurrency: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        cfg = {"concurrency": concurrency, "sampling": {"max_tokens": 256}, "backoff_base_s": 0.01}
+        stats = await generate_shard_async(
+            samples(n),
+            t / "j.jsonl",
+            t / "o.jsonl",
+            t / "f.jsonl",
+            cfg,
+            Endpoint(url, "gpu0", model=MODEL),
+            "00000",
+            ProgressOptions(status_path=t / "status.json"),
+        )
+        assert stats.completed == n, stats
+
+
+async def run_openai(url: str, n: int, concurrency: int) -> None:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(api_key="none", base_url=url + "/v1")
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with sem:
+            r = await client.chat.completions.create(
+                model=MODEL,
+                messages=messages(i),
+                max_tokens=256,
+                temperature=0.6,
+                top_p=0.95,
+                seed=i,
+                extra_body={
+                    "top_k": 20,
+                    "chat_template_kwargs": {"enable_thinking": True},
+                    "separate_reasoning": True,
+                },
+            )
+            assert r.choices[0].message.content is not None
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    await client.close()
+
+
+async def run_bare(url: str, n: int, concurrency: int) -> None:
+    chat = url + "/v1/chat/completions"
+    it = iter(range(n))
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        for i in it:
+            body = orjson.dumps({"model": MODEL, "messages": messages(i), "max_tokens": 256, "seed": i})
+            async with session.post(chat, data=body, headers={"Content-Type": "application/json"}) as r:
+                orjson.loads(await r.read())
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(worker(s) for _ in range(concurrency)))
+
+
+def measure(
+    name: str, fn: Callable[[str, int, int], Awaitable[None]], url: str, n: int, c: int
+) -> tuple[float, float]:
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    asyncio.run(fn(url, n, c))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    rps = n / wall
+    print(f"{name:>8}: n={n} wall={wall:.2f}s req/s={rps:.0f} cpu_s_per_1k={1000 * cpu / n:.3f}", flush=True)
+    return rps, cpu
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="bench/client.py", description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=20000, help="requests for regen and the bare loop")
+    p.add_argument(
+        "--baseline-n", type=int, default=4000, help="requests for AsyncOpenAI (slow; rates compare)"
+    )
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--client-cpu", type=int, default=0)
+    p.add_argument("--server-cpu", type=int, default=1)
+    a = p.parse_args(argv)
+    ncpu = os.cpu_count() or 1
+    server_cpus = {a.server_cpu % ncpu}
+    url, stop = start_simulated_server(
+        subprocess_mode=True,
+        cpus=server_cpus,
+        inline=True,
+        max_running_requests=a.concurrency,
+        mean_reasoning_tokens=8,
+        mean_answer_tokens=8,
+        long_fraction=0.0,
+    )
+    os.sched_setaffinity(0, {a.client_cpu % ncpu})
+    print(
+        f"server pinned to cpus {sorted(server_cpus)}, client to cpu {a.client_cpu % ncpu}; "
+        f"concurrency {a.concurrency}"
+    )
+    try:
+        measure("warmup", run_bare, url, 500, a.concurrency)
+        bare, _ = measure("bare", run_bare, url, a.n, a.concurrency)
+        regen, _ = measure("regen", run_regen, url, a.n, a.concurrency)
+        base, _ = measure("openai", run_openai, url, a.baseline_n, a.concurrency)
+    finally:
+        stop()
+    print(
+        f"client: regen_rps={regen:.0f} baseline_rps={base:.0f} bare_rps={bare:.0f} "
+        f"ratio={regen / base:.2f} vs_bare={regen / bare:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,827 @@
+"""The generation client: one shard of prompts against one SGLang server, journaled and resumable.
+
+``generate_shard`` keeps the server saturated with a fixed pool of worker tasks pulling from
+the sample iterator; each finished sample goes to the journal (``regen.journal``) at once, so a
+killed job resumes where it stopped and never re-sends a finished id. At the end the shard
+outputs are written atomically from the journal.
+
+Failure semantics
+-----------------
+- 4xx (except 408/429): no retry; the sample fails with reason ``client_error: <message>``.
+- 5xx, 408, 429, connection errors, disconnects, truncated or malformed bodies, timeouts:
+  retried with jittered exponential backoff (``backoff_base_s * 2**(k-1) * U(0.5, 1.5)``,
+  capped at 60 s) up to ``max_attempts`` requests. A sample that still fails is a
+  *server-level* failure.
+- Server-level failures are held back, not journaled, while the run goes on. The run aborts
+  with ``ShardFailedError`` (outputs not written; the journal keeps every finished sample and a
+  rerun retries the held ones) when ``breaker_threshold = clamp(concurrency, 3, 16)``
+  server-level failures happen in a row with no success between them (the server is down), or
+  when, at the end, no sample completed in this run, or more than half of the samples attempted
+  in this run failed at server level. Otherwise the held failures are isolated poison samples:
+  they are journaled as terminal failures and the shard is finalized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from regen.io import write_json
+from regen.journal import Journal, JournalSink
+from regen.types import Message, Sample
+
+log = logging.getLogger(__name__)
+
+SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
+DEFAULT_CONCURRENCY = 64
+MAX_BACKOFF_S = 60.0
+RETRY_STATUSES = frozenset({408, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A running server, as ``regen.sglang.server.acquire_server`` hands it over."""
+
+    url: str
+    server_id: str
+    max_running_requests: int | None = None
+    version: str | None = None
+    model: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingConfig:
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    max_tokens: int = 4096
+    n: int = 1
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateConfig:
+    """The ``generate`` config section (defaults as in schemas/config.schema.yaml)."""
+
+    regenerate: str = "last"
+    thinking: str = "on"
+    thinking_fraction: float = 0.5
+    sampling: SamplingConfig = SamplingConfig()
+    concurrency: int | None = None
+    request_timeout_s: float = 3600.0
+    max_attempts: int = 5
+    backoff_base_s: float = 1.0
+    truncation: str = "keep"
+    retry_max_tokens_factor: float = 2.0
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> GenerateConfig:
+        s = cfg.get("sampling") or {}
+        sampling = SamplingConfig(
+            temperature=float(s.get("temperature", 0.6)),
+            top_p=float(s.get("top_p", 0.95)),
+            top_k=int(s.get("top_k", 20)),
+            max_tokens=int(s.get("max_tokens", 4096)),
+            n=int(s.get("n", 1)),
+            seed=int(s.get("seed", 0)),
+        )
+        out = cls(
+            regenerate=cfg.get("regenerate", "last"),
+            thinking=str(cfg.get("thinking", "on")),
+            thinking_fraction=float(cfg.get("thinking_fraction", 0.5)),
+            sampling=sampling,
+            concurrency=cfg.get("concurrency"),
+            request_timeout_s=float(cfg.get("request_timeout_s", 3600)),
+            max_attempts=int(cfg.get("max_attempts", 5)),
+            backoff_base_s=float(cfg.get("backoff_base_s", 1.0)),
+            truncation=cfg.get("truncation", "keep"),
+            retry_max_tokens_factor=float(cfg.get("retry_max_tokens_factor", 2)),
+        )
+        out._check()
+        return out
+
+    def _check(self) -> None:
+        def bad(key: str, value: Any, want: str) -> None:
+            raise ValueError(f"config generate.{key}: {value!r} is not {want}")
+
+        if self.regenerate not in ("last", "all"):
+            bad("regenerate", self.regenerate, "one of last, all")
+        if self.thinking not in ("on", "off", "mix"):
+            bad("thinking", self.thinking, "one of on, off, mix")
+        if not 0 <= self.thinking_fraction <= 1:
+            bad("thinking_fraction", self.thinking_fraction, "in [0, 1]")
+        if self.truncation not in ("keep", "drop", "retry"):
+            bad("truncation", self.truncation, "one of keep, drop, retry")
+        if self.sampling.n != 1:
+            bad("sampling.n", self.sampling.n, "1 (a record holds one completion per sample)")
+        if self.sampling.max_tokens < 1:
+            bad("sampling.max_tokens", self.sampling.max_tokens, ">= 1")
+        if self.concurrency is not None and self.concurrency < 1:
+            bad("concurrency", self.concurrency, ">= 1 or null")
+        if self.max_attempts < 1:
+            bad("max_attempts", self.max_attempts, ">= 1")
+        if self.retry_max_tokens_factor < 1:
+            bad("retry_max_tokens_factor", self.retry_max_tokens_factor, ">= 1")
+
+
+@dataclass(slots=True)
+class ShardStats:
+    total: int | None = None
+    skipped_resumed: int = 0
+    completed: int = 0
+    failed: int = 0
+    truncated: int = 0
+    retried_requests: int = 0
+    output_tokens: int = 0
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressOptions:
+    """Progress reporting: log lines, a status JSON, and a ``\\r`` bar when stderr is a TTY."""
+
+    log_every_s: float = 30.0
+    status_path: Path | None = None
+    status_every_s: float = 5.0
+    bar: bool | None = None  # None: only when stderr is a TTY
+
+
+class ShardFailedError(RuntimeError):
+    """The server failed the shard (down, crashed, or failing most requests); outputs not written."""
+
+
+# ------------------------------------------------------------------------------ pure helpers
+
+
+def _hash64(*parts: str) -> int:
+    return int.from_bytes(hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).digest(), "big")
+
+
+def derive_seed(base_seed: int, sample_id: str) -> int:
+    """Per-sample seed: blake2b of (base seed, id), as a 31-bit integer."""
+    return _hash64("seed", str(base_seed), sample_id) & 0x7FFFFFFF
+
+
+def thinking_for(sample_id: str, mode: str, fraction: float) -> bool:
+    """Whether thinking is on for this sample (mix: deterministic from the id)."""
+    if mode == "on":
+        return True
+    if mode == "off":
+        return False
+    return _hash64("thinking", sample_id) / 2.0**64 < fraction
+
+
+def _wire(m: Message) -> dict[str, Any]:
+    return {"role": m.role, "content": m.content}
+
+
+def prompt_for_last(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
+    """Messages before the last assistant turn; all of them when there is no assistant turn."""
+    last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
+    kept = messages if last is None else messages[:last]
+    return [_wire(m) for m in kept]
+
+
+def turn_prefixes(messages: tuple[Message, ...]) -> list[tuple[Message, ...]]:
+    """For ``regenerate: all``: the non-assistant turns that precede each assistant turn.
+
+    Segment k holds the turns between assistant turn k-1 and assistant turn k; turns after
+    the last assistant turn are dropped (as with ``last``). With no assistant turn, one segment
+    holds every turn.
+    """
+    segments: list[tuple[Message, ...]] = []
+    current: list[Message] = []
+    for m in messages:
+        if m.role == "assistant":
+            segments.append(tuple(current))
+            current = []
+        else:
+            current.append(m)
+    if not segments:
+        segments.append(tuple(current))
+    return segments
+
+
+def backoff_delay(base: float, attempt: int, rng: random.Random) -> float:
+    return min(MAX_BACKOFF_S, base * 2.0 ** (attempt - 1)) * rng.uniform(0.5, 1.5)
+
+
+# -------------------------------------------------------------------------------- requests
+
+
+class RequestError(Exception):
+    """One failed request: ``category`` is client_error, server_error, connection_error,
+    truncated_response, malformed_response or timeout."""
+
+    def __init__(self, category: str, detail: str, retryable: bool) -> None:
+        super().__init__(f"{category}: {detail}")
+        self.category = category
+        self.detail = detail
+        self.retryable = retryable
+
+
+class SampleFailed(Exception):
+    def __init__(self, err: RequestError, attempts: int) -> None:
+        super().__init__(str(err))
+        self.err = err
+        self.attempts = attempts
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        obj = orjson.loads(body)
+        if isinstance(obj, dict):
+            msg = obj.get("message") or (obj.get("error") or {}).get("message") or obj.get("detail")
+            if msg:
+                return str(msg)
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    return body[:300].decode("utf-8", "replace")
+
+
+@dataclass(slots=True)
+class _Answer:
+    reasoning_content: str | None
+    content: str
+    finish_reason: str
+    usage: dict[str, Any]
+    model: str | None
+    started_at: float
+    latency_s: float
+    max_tokens: int
+
+
+def _parse_answer(body: bytes, started_at: float, latency: float, max_tokens: int) -> _Answer:
+    try:
+        obj = orjson.loads(body)
+        choice = obj["choices"][0]
+        msg = choice["message"]
+        usage = obj.get("usage") or {}
+        reasoning_tokens = usage.get("reasoning_tokens")
+        if reasoning_tokens is None:
+            reasoning_tokens = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+        return _Answer(
+            reasoning_content=msg.get("reasoning_content"),
+            content=msg.get("content") or "",
+            finish_reason=choice.get("finish_reason") or "abort",
+            usage={
+                "prompt_tokens": int(usage.get("prompt_tokens", 0)),
+                "completion_tokens": int(usage.get("completion_tokens", 0)),
+                "reasoning_tokens": reasoning_tokens,
+            },
+            model=obj.get("model"),
+            started_at=started_at,
+            latency_s=latency,
+            max_tokens=max_tokens,
+        )
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise RequestError("malformed_response", f"{type(exc).__name__}: {exc}", True) from exc
+
+
+# ---------------------------------------------------------------------------------- runner
+
+
+@dataclass(slots=True)
+class _Progress:
+    done: int = 0
+    failed: int = 0
+    output_tokens: int = 0
+
+
+class _ShardRun:
+    """State of one ``generate_shard`` call."""
+
+    def __init__(
+        self,
+        cfg: GenerateConfig,
+        endpoint: Endpoint,
+        shard: str,
+        journal: Journal,
+        stats: ShardStats,
+        samples: Iterator[Sample],
+    ) -> None:
+        self.cfg = cfg
+        self.endpoint = endpoint
+        self.shard = shard
+        self.journal = journal
+        self.stats = stats
+        self.samples = samples
+        self.chat_url = endpoint.url.rstrip("/") + "/v1/chat/completions"
+        self.server = {"id": endpoint.server_id, "url": endpoint.url, "version": endpoint.version}
+        self.model = endpoint.model or "default"
+        self.base_headers = {"Content-Type": "application/json"}
+        if endpoint.api_key:
+            self.base_headers["Authorization"] = f"Bearer {endpoint.api_key}"
+        self.timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+        self.rng = random.Random(_hash64("backoff", shard))
+        self.seen: set[str] = set()
+        self.held: list[dict[str, Any]] = []
+        self.attempted = 0
+        self.consecutive_server_failures = 0
+        self.breaker_threshold = 16
+        self.abort: str | None = None
+        self._flush_scheduled = False
+        self.session: aiohttp.ClientSession | None = None
+
+    # ------------------------------------------------------------------ samples
+    def next_sample(self) -> Sample | None:
+        for sample in self.samples:
+            sid = sample.id
+            if sid in self.journal.finished_ids:
+                self.stats.skipped_resumed += 1
+                continue
+            if sid in self.seen:
+                log.warning("shard %s: duplicate sample id %r in the input; sent once", self.shard, sid)
+                continue
+            self.seen.add(sid)
+            return sample
+        return None
+
+    async def worker(self) -> None:
+        while self.abort is None:
+            sample = self.next_sample()
+            if sample is None:
+                return
+            self.attempted += 1
+            entry = await self.run_sample(sample)
+            if entry is None:
+                continue
+            self.journal.append(entry, flush=False)
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self.journal.flush()
+
+    # ------------------------------------------------------------------ one sample
+    async def run_sample(self, sample: Sample) -> dict[str, Any] | None:
+        cfg = self.cfg
+        sid = sample.id
+        seed = derive_seed(cfg.sampling.seed, sid)
+        thinking = thinking_for(sid, cfg.thinking, cfg.thinking_fraction)
+        attempts = [0]
+        try:
+            if cfg.regenerate == "last":
+                prompt = prompt_for_last(sample.messages)
+                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts)
+                turns = None
+            else:
+                prompt = []
+                turns = []
+                answer = None
+                for segment in turn_prefixes(sample.messages):
+                    if answer is not None:
+                        prev: dict[str, Any] = {"role": "assistant", "content": answer.content}
+                        if answer.reasoning_content is not None:
+                            prev["reasoning_content"] = answer.reasoning_content
+                        prompt.append(prev)
+                    prompt.extend(_wire(m) for m in segment)
+                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts)
+                    if answer is None:
+                        break
+                    turns.append(
+                        {
+                            "reasoning_content": answer.reasoning_content,
+                            "content": answer.content,
+                            "finish_reason": answer.finish_reason,
+                            "usage": answer.usage,
+                        }
+                    )
+        except SampleFailed as exc:
+            return self.on_failure(sid, exc)
+        self.consecutive_server_failures = 0
+        if answer is None:  # dropped under truncation: drop
+            self.stats.failed += 1
+            self.stats.truncated += 1
+            return {
+                "kind": "failed",
+                "id": sid,
+                "reason": "truncated",
+                "attempts": attempts[0],
+                "error": f"finish_reason length at max_tokens={cfg.sampling.max_tokens}",
+            }
+        truncated = (
+            any(t["finish_reason"] == "length" for t in turns) if turns else answer.finish_reason == "length"
+        )
+        s = cfg.sampling
+        out_tokens = (
+            sum(t["usage"]["completion_tokens"] for t in turns)
+            if turns
+            else answer.usage["completion_tokens"]
+        )
+        self.stats.completed += 1
+        self.stats.output_tokens += out_tokens
+        if truncated:
+            self.stats.truncated += 1
+        record: dict[str, Any] = {
+            "kind": "record",
+            "id": sid,
+            "shard": self.shard,
+            "messages": prompt,
+            "reasoning_content": answer.reasoning_content,
+            "content": answer.content,
+            "finish_reason": answer.finish_reason,
+            "truncated": truncated,
+            "thinking": thinking,
+            "usage": answer.usage,
+            "sampling": {
+                "temperature": s.temperature,
+                "top_p": s.top_p,
+                "top_k": s.top_k,
+                "max_tokens": answer.max_tokens,
+            },
+            "seed": seed,
+            "model": answer.model or self.model,
+            "server": self.server,
+            "attempts": attempts[0],
+            "timings": {"started_at": answer.started_at, "latency_s": answer.latency_s},
+        }
+        if turns is not None:
+            record["turns"] = turns
+        return record
+
+    def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:
+        err = exc.err
+        if err.category == "client_error":
+            self.consecutive_server_failures = 0
+            self.stats.failed += 1
+            return {
+                "kind": "failed",
+                "id": sid,
+                "reason": f"client_error: {err.detail}",
+                "attempts": exc.attempts,
+                "error": str(err),
+            }
+        self.held.append(
+            {"kind": "failed", "id": sid, "reason": err.category, "attempts": exc.attempts, "error": str(err)}
+        )
+        self.consecutive_server_failures += 1
+        if self.consecutive_server_failures >= self.breaker_threshold and self.abort is None:
+            self.abort = (
+                f"{self.consecutive_server_failures} samples in a row failed at server level "
+                f"after {self.cfg.max_attempts} attempts each; last: {err}"
+            )
+        return None
+
+    async def answer_turn(
+        self, sid: str, messages: list[dict[str, Any]], seed: int, thinking: bool, attempts: list[int]
+    ) -> _Answer | None:
+        """One regenerated turn under the truncation policy; None means dropped."""
+        cfg = self.cfg
+        answer = await self.request(sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts)
+        if answer.finish_reason != "length" or cfg.truncation == "keep":
+            return answer
+        if cfg.truncation == "drop":
+            return None
+        bigger = math.ceil(cfg.sampling.max_tokens * cfg.retry_max_tokens_factor)
+        return await self.request(sid, messages, seed, thinking, bigger, attempts)
+
+    async def request(
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        seed: int,
+        thinking: bool,
+        max_tokens: int,
+        attempts: list[int],
+    ) -> _Answer:
+        """POST with retries; raises SampleFailed."""
+        s = self.cfg.sampling
+        body = orjson.dumps(
+            {
+                "model": self.model,
+                "messages": messages,
+                "temperature": s.temperature,
+                "top_p": s.top_p,
+                "top_k": s.top_k,
+                "max_tokens": max_tokens,
+                "n": s.n,
+                "seed": seed,
+                "chat_template_kwargs": {"enable_thinking": thinking},
+                "separate_reasoning": True,
+            }
+        )
+        headers = {**self.base_headers, SAMPLE_ID_HEADER: sid}
+        for attempt in range(1, self.cfg.max_attempts + 1):
+            if attempt > 1:
+                self.stats.retried_requests += 1
+                await asyncio.sleep(backoff_delay(self.cfg.backoff_base_s, attempt - 1, self.rng))
+            attempts[0] += 1
+            try:
+                return await self.post_once(body, headers, max_tokens)
+            except RequestError as err:
+                if not err.retryable or attempt == self.cfg.max_attempts or self.abort is not None:
+                    raise SampleFailed(err, attempts[0]) from err
+        raise AssertionError("unreachable")
+
+    async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int) -> _Answer:
+        assert self.session is not None
+        started_at = time.time()
+        t0 = time.perf_counter()
+        try:
+            async with self.session.post(
+                self.chat_url, data=body, headers=headers, timeout=self.timeout
+            ) as resp:
+                data = await resp.read()
+                status = resp.status
+        except aiohttp.ClientPayloadError as exc:
+            raise RequestError("truncated_response", str(exc), True) from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientResponseError) as exc:
+            raise RequestError("connection_error", f"{type(exc).__name__}: {exc}", True) from exc
+        except TimeoutError as exc:
+            raise RequestError("timeout", f"no response within {self.cfg.request_timeout_s} s", True) from exc
+        if status != 200:
+            if 400 <= status < 500 and status not in RETRY_STATUSES:
+                raise RequestError("client_error", f"HTTP {status}: {_error_message(data)}", False)
+            raise RequestError("server_error", f"HTTP {status}: {_error_message(data)}", True)
+        return _parse_answer(data, started_at, time.perf_counter() - t0, max_tokens)
+
+
+# ------------------------------------------------------------------------------- progress
+
+
+class _Reporter:
+    def __init__(self, run: _ShardRun, opts: ProgressOptions, t0: float) -> None:
+        self.run = run
+        self.opts = opts
+        self.t0 = t0
+        self.bar = opts.bar if opts.bar is not None else sys.stderr.isatty()
+
+    def snapshot(self) -> dict[str, Any]:
+        st = self.run.stats
+        elapsed = max(1e-9, time.monotonic() - self.t0)
+        done_now = st.completed + st.failed
+        done = done_now + st.skipped_resumed
+        req_s = done_now / elapsed
+        total = st.total
+        eta = (total - done) / req_s if total is not None and req_s > 0 else None
+        return {
+            "shard": self.run.shard,
+            "server": {"id": self.run.endpoint.server_id, "url": self.run.endpoint.url},
+            "done": done,
+            "total": total,
+            "failed": st.failed,
+            "truncated": st.truncated,
+            "req_s": round(req_s, 3),
+            "out_tok_s": round(st.output_tokens / elapsed, 1),
+            "eta_s": None if eta is None else round(eta, 1),
+            "updated_at": time.time(),
+        }
+
+    def write_status(self, final: bool = False) -> None:
+        if self.opts.status_path is None:
+            return
+        snap = self.snapshot()
+        if final:
+            snap["finished"] = True
+        write_json(self.opts.status_path, snap)
+
+    def log_line(self) -> None:
+        s = self.snapshot()
+        log.info(
+            "shard %s: %s/%s done, %d failed, %.1f req/s, %.0f out tok/s, ETA %s",
+            s["shard"],
+            s["done"],
+            s["total"] if s["total"] is not None else "?",
+            s["failed"],
+            s["req_s"],
+            s["out_tok_s"],
+            "?" if s["eta_s"] is None else f"{s['eta_s']:.0f} s",
+        )
+
+    def draw_bar(self) -> None:
+        s = self.snapshot()
+        total = s["total"]
+        frac = s["done"] / total if total else 0.0
+        filled = int(30 * frac)
+        eta = "?" if s["eta_s"] is None else f"{s['eta_s']:.0f}s"
+        sys.stderr.write(
+            f"\r[{'#' * filled}{'.' * (30 - filled)}] {s['done']}/{total or '?'} "
+            f"{s['req_s']:.1f} req/s {s['out_tok_s']:.0f} tok/s ETA {eta}   "
+        )
+        sys.stderr.flush()
+
+    async def loop(self) -> None:
+        tick = min(self.opts.log_every_s, self.opts.status_every_s, 0.5 if self.bar else math.inf)
+        next_log = time.monotonic() + self.opts.log_every_s
+        next_status = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= next_status:
+                self.write_status()
+                next_status = now + self.opts.status_every_s
+            if now >= next_log:
+                self.log_line()
+                next_log = now + self.opts.log_every_s
+            if self.bar:
+                self.draw_bar()
+            await asyncio.sleep(tick)
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: GenerateConfig) -> Endpoint:
+    """Fill model, max_running_requests and version from the server when unknown."""
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    base = endpoint.url.rstrip("/")
+    timeout = aiohttp.ClientTimeout(total=30)
+    model, mrr, version = endpoint.model, endpoint.max_running_requests, endpoint.version
+    if model is None:
+        try:
+            async with session.get(base + "/v1/models", headers=headers, timeout=timeout) as r:
+                model = orjson.loads(await r.read())["data"][0]["id"]
+        except (
+            aiohttp.ClientError,
+            TimeoutError,
+            KeyError,
+            IndexError,
+            TypeError,
+            orjson.JSONDecodeError,
+        ) as exc:
+            log.warning("could not read the model name from %s/v1/models (%s); sending 'default'", base, exc)
+    if (mrr is None and cfg.concurrency is None) or version is None:
+        try:
+            async with session.get(base + "/server_info", headers=headers, timeout=timeout) as r:
+                info = orjson.loads(await r.read())
+            version = version or info.get("version")
+            if mrr is None:
+                states = info.get("internal_states") or [{}]
+                mrr = states[0].get("effective_max_running_requests_per_dp") or info.get(
+                    "max_running_requests"
+                )
+        except (
+            aiohttp.ClientError,
+            TimeoutError,
+            KeyError,
+            IndexError,
+            TypeError,
+            AttributeError,
+            orjson.JSONDecodeError,
+        ) as exc:
+            log.warning("could not read %s/server_info (%s)", base, exc)
+    return Endpoint(endpoint.url, endpoint.server_id, mrr, version, model, endpoint.api_key)
+
+
+def _samples_and_total(samples: Iterable[Sample] | str | os.PathLike[str], total: int | None):
+    if isinstance(samples, str | os.PathLike):
+        from regen.shards import read_shard  # another helper's module
+
+        if total is None:
+            import pyarrow.parquet as pq
+
+            total = pq.ParquetFile(samples).metadata.num_rows
+        return iter(read_shard(samples)), total
+    if total is None and hasattr(samples, "__len__"):
+        total = len(samples)  # type: ignore[arg-type]
+    return iter(samples), total
+
+
+async def generate_shard_async(
+    samples: Iterable[Sample] | str | os.PathLike[str],
+    journal_path: str | os.PathLike[str],
+    records_out: str | os.PathLike[str],
+    failed_out: str | os.PathLike[str],
+    cfg: dict[str, Any] | GenerateConfig,
+    endpoint: Endpoint,
+    shard: str,
+    progress: ProgressOptions | None = None,
+    *,
+    total: int | None = None,
+    journal_sync: JournalSink | None = None,
+) -> ShardStats:
+    """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError."""
+    gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
+    if progress is None:
+        jp = Path(journal_path)
+        progress = ProgressOptions(status_path=jp.parent.parent / "status" / f"{shard}.json")
+    it, total = _samples_and_total(samples, total)
+    t0 = time.monotonic()
+    stats = ShardStats(total=total)
+    journal = Journal.open(journal_path, journal_sync)
+    try:
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        async with aiohttp.ClientSession(
+            connector=connector, json_serialize=lambda o: orjson.dumps(o).decode()
+        ) as sess:
+            ep = await _discover(sess, endpoint, gcfg)
+            concurrency = gcfg.concurrency or ep.max_running_requests or DEFAULT_CONCURRENCY
+            run = _ShardRun(gcfg, ep, shard, journal, stats, it)
+            run.session = sess
+            run.breaker_threshold = max(3, min(concurrency, 16))
+            log.info(
+                "shard %s: %s samples, %d already in the journal, concurrency %d against %s (%s)",
+                shard,
+                total if total is not None else "?",
+                len(journal.finished_ids),
+                concurrency,
+                ep.url,
+                ep.server_id,
+            )
+            reporter = _Reporter(run, progress, t0)
+            rep_task = asyncio.create_task(reporter.loop())
+            try:
+                await asyncio.gather(*(run.worker() for _ in range(concurrency)))
+            finally:
+                rep_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await rep_task
+                if reporter.bar:
+                    sys.stderr.write("\n")
+        journal.flush()
+        failure = _shard_failure(run)
+        stats.wall_s = time.monotonic() - t0
+        if failure is not None:
+            reporter.write_status()
+            raise ShardFailedError(f"shard {shard} on {ep.server_id} ({ep.url}): {failure}")
+        for entry in run.held:
+            journal.append(entry, flush=False)
+            stats.failed += 1
+        journal.close()
+        counts = journal.finalize(records_out, failed_out)
+        stats.wall_s = time.monotonic() - t0
+        reporter.write_status(final=True)
+        reporter.log_line()
+        log.info("shard %s: wrote %d records, %d failures; %s", shard, counts.records, counts.failed, stats)
+        return stats
+    finally:
+        journal.close()
+
+
+def _shard_failure(run: _ShardRun) -> str | None:
+    if run.abort is not None:
+        return run.abort
+    held = len(run.held)
+    if not held:
+        return None
+    if run.stats.completed == 0:
+        return f"every request failed at server level ({held} samples); last: {run.held[-1]['error']}"
+    if held * 2 > run.attempted:
+        return f"{held} of {run.attempted} samples failed at server level; last: {run.held[-1]['error']}"
+    return None
+
+
+def generate_shard(
+    samples: Iterable[Sample] | str | os.PathLike[str],
+    journal_path: str | os.PathLike[str],
+    records_out: str | os.PathLike[str],
+    failed_out: str | os.PathLike[str],
+    cfg: dict[str, Any] | GenerateConfig,
+    endpoint: Endpoint,
+    shard: str,
+    progress: ProgressOptions | None = None,
+    *,
+    total: int | None = None,
+    journal_sync: JournalSink | None = None,
+) -> ShardStats:
+    """Blocking wrapper of ``generate_shard_async``; SIGTERM cancels cleanly (journal flushed)."""
+
+    async def main() -> ShardStats:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main and task is not None:
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            return await generate_shard_async(
+                samples,
+                journal_path,
+                records_out,
+                failed_out,
+                cfg,
+                endpoint,
+                shard,
+                progress,
+                total=total,
+                journal_sync=journal_sync,
+            )
+        finally:
+            if in_main:
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    return asyncio.run(main())

@@ -1,0 +1,849 @@
+"""One long-lived inference server per GPU slot, shared by the shard jobs that run on that slot.
+
+Design "B" of docs/notes (self-managed per-GPU servers, no Snakemake service rules):
+
+* a shard job takes an exclusive ``flock`` on the first free ``gpu{k}.lock`` (its GPU slot ``k``;
+  the kernel drops it when the job dies), then a shared ``flock`` on ``gpu{k}.lease`` for its life;
+* it reuses the live supervisor recorded in ``gpu{k}.url`` or starts one, detached
+  (``python -m regen.sglang.supervisor``), and waits until the server answers a one-token generation;
+* the supervisor owns the server process: restarts it when it crashes (bounded), and exits when told
+  to, when idle with no lease held, or when the Snakemake process that owns the run is gone.
+
+``acquire_server`` is the only entry point that starts servers; ``stop_all_servers`` is for the
+Snakefile's ``onsuccess``/``onerror`` handlers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from regen.io import write_json
+
+log = logging.getLogger("regen.sglang.server")
+
+SUPERVISOR_MODULE = "regen.sglang.supervisor"
+#: flags regen sets itself; the same flag in ``server.args`` or the plan is dropped (with a warning)
+MANAGED_FLAGS: frozenset[str] = frozenset(
+    {"--model-path", "--model", "--host", "--port", "--reasoning-parser", "--enable-metrics"}
+)
+#: how long a job waits for a slot's port to be released (e.g. by a server that was just killed)
+PORT_WAIT_S = 3.0
+
+try:  # the client helper owns the Endpoint type
+    from regen.client import Endpoint
+except ImportError:  # pragma: no cover - fallback until regen.client exists
+
+    @dataclass(frozen=True, slots=True)
+    class Endpoint:  # type: ignore[no-redef]
+        """Where a shard sends its requests (same fields as ``regen.client.Endpoint``)."""
+
+        url: str
+        server_id: str
+        max_running_requests: int | None = None
+        version: str | None = None
+        model: str | None = None
+        api_key: str | None = None
+
+
+class ServerError(RuntimeError):
+    """A server could not be started, became unreachable, or its supervisor gave up."""
+
+
+# --------------------------------------------------------------------------------------------------
+# per-slot files and process checks
+
+
+@dataclass(frozen=True, slots=True)
+class SlotFiles:
+    """The files of GPU slot ``k`` (``work/servers/gpu{k}.*`` and ``logs/servers/gpu{k}.log``)."""
+
+    slot: int
+    lock: Path
+    lease: Path
+    url: Path
+    realized: Path
+    log: Path
+
+    @classmethod
+    def of(cls, slot: int, workdir: str | os.PathLike[str], log_dir: str | os.PathLike[str]) -> SlotFiles:
+        w = Path(workdir)
+        return cls(
+            slot=slot,
+            lock=w / f"gpu{slot}.lock",
+            lease=w / f"gpu{slot}.lease",
+            url=w / f"gpu{slot}.url",
+            realized=w / f"gpu{slot}.realized.json",
+            log=Path(log_dir) / f"gpu{slot}.log",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class UrlState:
+    """Content of a ``gpu{k}.url`` file: ``starting PID`` | ``URL PID SERVER_PID`` | ``failed PID``."""
+
+    supervisor_pid: int
+    url: str | None = None
+    server_pid: int | None = None
+    failed: bool = False
+
+    def to_line(self) -> str:
+        if self.failed:
+            return f"failed {self.supervisor_pid}\n"
+        if self.url is None:
+            return f"starting {self.supervisor_pid}\n"
+        return f"{self.url} {self.supervisor_pid} {self.server_pid or 0}\n"
+
+
+def read_url_state(path: str | os.PathLike[str]) -> UrlState | None:
+    """Parse a url file; ``None`` when it is missing or unreadable."""
+    try:
+        fields = Path(path).read_text().split()
+        pid = int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    head = fields[0]
+    if head == "failed":
+        return UrlState(pid, failed=True)
+    if head.startswith("http"):
+        server_pid = int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else None
+        return UrlState(pid, url=head, server_pid=server_pid or None)
+    return UrlState(pid)
+
+
+def write_url_state(path: str | os.PathLike[str], state: UrlState) -> None:
+    """Replace the url file atomically (temp file + rename)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(state.to_line())
+    os.replace(tmp, target)
+
+
+def proc_cmdline(pid: int) -> list[str]:
+    """The argv of a running (non-zombie) process, or [] when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, pgrp, starttime) from /proc/PID/stat, or None when the process is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = raw[raw.rindex(")") + 2 :].split()
+    return rest[0], int(rest[1]), int(rest[2]), int(rest[19])
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as dead)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def is_supervisor(pid: int, url_file: str | os.PathLike[str] | None = None) -> bool:
+    """True when ``pid`` is a live regen supervisor (for ``url_file`` if given): never trust a bare PID."""
+    argv = proc_cmdline(pid)
+    if SUPERVISOR_MODULE not in argv:
+        return False
+    if url_file is None:
+        return True
+    try:
+        recorded = argv[argv.index("--url-file") + 1]
+    except (ValueError, IndexError):
+        return False
+    return os.path.realpath(recorded) == os.path.realpath(url_file)
+
+
+def find_owner_pid() -> int:
+    """The Snakemake process that owns this job, else the parent.
+
+    Walks up from the parent to the first ancestor with ``snakemake`` in its argv, then keeps going
+    while the next ancestors mention snakemake too: a ``run:`` job runs in a per-job snakemake
+    process below the main one, which must not count as the owner (it exits after each job).
+    """
+    parent = os.getppid()
+    owner: int | None = None
+    pid = parent
+    for _ in range(64):
+        if pid <= 1:
+            break
+        mentions = any("snakemake" in a for a in proc_cmdline(pid))
+        if mentions:
+            owner = pid
+        elif owner is not None:
+            break
+        stat = proc_stat(pid)
+        if stat is None:
+            break
+        pid = stat[1]
+    return owner if owner is not None else parent
+
+
+def log_tail(path: str | os.PathLike[str], lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file ('' when absent)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port`` (TIME_WAIT sockets do not count)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def client_host(host: str) -> str:
+    """The address a client uses to reach a server bound to ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+# --------------------------------------------------------------------------------------------------
+# the server command
+
+
+def _flag_name(token: str) -> str:
+    return token.split("=", 1)[0].replace("_", "-")
+
+
+def split_flags(args: Sequence[str]) -> list[list[str]]:
+    """Group a flat argv into ``[flag, value...]`` groups (``--a=1`` stays one token)."""
+    groups: list[list[str]] = []
+    for token in args:
+        if token.startswith("--") or not groups:
+            groups.append([token])
+        else:
+            groups[-1].append(token)
+    return groups
+
+
+def merge_launch_args(plan_args: Sequence[str], user_args: Sequence[str]) -> list[str]:
+    """The plan's flags overridden by the user's explicit ones (each override logged)."""
+    user_groups = split_flags(user_args)
+    user_names = {_flag_name(g[0]) for g in user_groups}
+    merged: list[str] = []
+    for group in split_flags(plan_args):
+        name = _flag_name(group[0])
+        if name in user_names:
+            log.warning("server.args sets %s; it overrides the tuner's %s", name, " ".join(group))
+            continue
+        merged.extend(group)
+    for group in user_groups:
+        merged.extend(group)
+    return merged
+
+
+def _drop_managed(args: Sequence[str], origin: str) -> list[str]:
+    kept: list[str] = []
+    for group in split_flags(args):
+        name = _flag_name(group[0])
+        if name in MANAGED_FLAGS:
+            log.warning("%s sets %s, which regen manages from server config; ignored", origin, name)
+            continue
+        kept.extend(group)
+    return kept
+
+
+def launch_args_for(server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None) -> list[str]:
+    """Extra launch flags: the tuner's (``use_tuner`` and a plan) with the user's ``args`` on top."""
+    user = [str(a) for a in server_cfg.get("args") or []]
+    if server_cfg.get("use_tuner", True) and plan is not None:
+        plan_args = [str(a) for a in plan.get("launch_args") or []]
+        args = merge_launch_args(_drop_managed(plan_args, "the plan"), user)
+    else:
+        args = list(user)
+    args = _drop_managed(args, "server.args")
+    tp = int(server_cfg.get("tp", 1) or 1)
+    names = {_flag_name(g[0]) for g in split_flags(args)}
+    if tp > 1 and not names & {"--tp-size", "--tp", "--tensor-parallel-size"}:
+        args += ["--tp-size", str(tp)]
+    return args
+
+
+def check_sglang_flags(argv: list[str]) -> None:
+    """Validate the launch command with ``regen.sglang.flags.check_flags`` when that module is installed."""
+    try:
+        from regen.sglang.flags import check_flags
+    except ImportError as exc:
+        log.warning("regen.sglang.flags.check_flags is not importable (%s); launch flags not checked", exc)
+        return
+    problems = check_flags(argv)
+    if problems:
+        listed = problems if isinstance(problems, list | tuple) else [problems]
+        raise ServerError("bad sglang launch flags: " + "; ".join(str(p) for p in listed))
+
+
+def build_sglang_command(
+    server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None, port: int, model_path: str
+) -> list[str]:
+    """``python -m sglang.launch_server`` for one slot, checked with ``regen.sglang.flags``."""
+    argv = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--host",
+        str(server_cfg.get("host", "127.0.0.1")),
+        "--port",
+        str(port),
+        "--reasoning-parser",
+        str(server_cfg.get("reasoning_parser", "qwen3")),
+        "--enable-metrics",
+        *launch_args_for(server_cfg, plan),
+    ]
+    check_sglang_flags(argv)
+    return argv
+
+
+def build_simulated_command(server_cfg: Mapping[str, Any], port: int, model_path: str) -> list[str]:
+    """``python -m regen.sglang.simulated`` with the ``server.simulated`` behaviour."""
+    sim = server_cfg.get("simulated") or {}
+    return [
+        sys.executable,
+        "-m",
+        "regen.sglang.simulated",
+        "--host",
+        str(server_cfg.get("host", "127.0.0.1")),
+        "--port",
+        str(port),
+        "--model-path",
+        model_path,
+        "--max-running-requests",
+        str(sim.get("max_running_requests", 64)),
+        "--token-rate",
+        str(sim.get("token_rate", 2000)),
+        "--startup-delay",
+        str(sim.get("startup_delay_s", 0.5)),
+        "--faults",
+        json.dumps(sim.get("faults") or {}, sort_keys=True),
+    ]
+
+
+#: (server_cfg, plan, port, model_path) -> argv; tests pass their own stand-in builder
+CommandBuilder = Callable[[Mapping[str, Any], Mapping[str, Any] | None, int, str], list[str]]
+
+
+def build_server_command(
+    server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None, port: int, model_path: str
+) -> list[str]:
+    """The server command for ``server.mode`` (sglang or simulated)."""
+    mode = server_cfg.get("mode", "sglang")
+    if mode == "sglang":
+        return build_sglang_command(server_cfg, plan, port, model_path)
+    if mode == "simulated":
+        return build_simulated_command(server_cfg, port, model_path)
+    raise ServerError(f"server.mode {mode!r} does not launch a server")
+
+
+def visible_devices_for(slot: int, tp: int, inherited: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for slot ``k``: devices k*tp..k*tp+tp-1, mapped onto a scheduler's list."""
+    wanted = list(range(slot * tp, slot * tp + tp))
+    if not inherited:
+        return ",".join(str(d) for d in wanted)
+    visible = [d for d in inherited.split(",") if d.strip()]
+    if len(visible) == tp:  # the scheduler gave this job exactly its devices
+        return ",".join(visible)
+    if wanted[-1] >= len(visible):
+        raise ServerError(
+            f"GPU slot {slot} needs device(s) {wanted} but CUDA_VISIBLE_DEVICES={inherited!r} "
+            f"lists only {len(visible)}; lower server.gpus / --resources gpu="
+        )
+    return ",".join(visible[d] for d in wanted)
+
+
+def slot_count(server_cfg: Mapping[str, Any], gpu_slots: int | None) -> int:
+    """Server slots on this node: GPUs (``gpu_slots`` or ``server.gpus``) divided by ``server.tp``."""
+    gpus = int(gpu_slots if gpu_slots else server_cfg.get("gpus", 1))
+    tp = int(server_cfg.get("tp", 1) or 1)
+    if gpus < tp:
+        raise ServerError(f"server.tp={tp} needs at least {tp} GPUs, but only {gpus} are available")
+    return gpus // tp
+
+
+# --------------------------------------------------------------------------------------------------
+# HTTP probes (loopback, stdlib only: the supervisor imports this module)
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def one_token_generation(url: str, model: str, api_key: str | None, timeout: float) -> str | None:
+    """POST a one-token chat completion; None on success, else why it failed.
+
+    SGLang's ``/health`` can answer OK while the scheduler cannot serve; a real generation cannot.
+    """
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
+    req = urllib.request.Request(
+        url.rstrip("/") + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers=_headers(api_key),
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            payload = json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if not isinstance(payload, dict) or not payload.get("choices"):
+        return f"no choices in reply: {str(payload)[:200]}"
+    return None
+
+
+def get_json(url: str, api_key: str | None = None, timeout: float = 10.0) -> Any:
+    """GET ``url`` and decode JSON."""
+    req = urllib.request.Request(url, headers=_headers(api_key))
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def fetch_server_info(url: str, api_key: str | None) -> dict[str, Any]:
+    """``/server_info`` (older SGLang: ``/get_server_info``); {} when neither answers."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            info = get_json(url.rstrip("/") + path, api_key)
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict):
+            return info
+    return {}
+
+
+def effective_max_running(info: Mapping[str, Any], plan: Mapping[str, Any] | None) -> int | None:
+    """The server's effective concurrency cap: /server_info internal state, else its args, else the plan."""
+    states = info.get("internal_states") or []
+    if states and isinstance(states[0], dict):
+        for key in ("effective_max_running_requests_per_dp", "max_running_requests"):
+            if states[0].get(key):
+                return int(states[0][key])
+    if info.get("max_running_requests"):
+        return int(info["max_running_requests"])
+    if plan is not None:
+        for key in ("max_running_requests", "effective_max_running_requests"):
+            if plan.get(key):
+                return int(plan[key])
+        flags = split_flags([str(a) for a in plan.get("launch_args") or []])
+        for group in flags:
+            if _flag_name(group[0]) == "--max-running-requests":
+                value = group[0].split("=", 1)[1] if "=" in group[0] else (group[1] if len(group) > 1 else "")
+                if value.isdigit():
+                    return int(value)
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# slots, leases and the supervisor
+
+
+def take_slot(lock_dir: Path, slots: int, poll_s: float = 0.5) -> tuple[int, int]:
+    """Exclusive flock on the first free ``gpu{k}.lock``: (k, fd). Blocks until one is free."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    while True:
+        for k in range(slots):
+            fd = os.open(lock_dir / f"gpu{k}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return k, fd
+        time.sleep(poll_s)
+
+
+def api_key_from(server_cfg: Mapping[str, Any]) -> str | None:
+    """The API key from the environment variable named by ``server.api_key_env``."""
+    name = server_cfg.get("api_key_env")
+    if not name:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise ServerError(f"server.api_key_env names {name!r}, but that environment variable is not set")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """Everything needed to start one slot's supervisor."""
+
+    files: SlotFiles
+    url: str
+    host: str
+    port: int
+    model: str
+    command: list[str]
+    env: dict[str, str]
+    idle_timeout_s: float
+    startup_timeout_s: float
+    max_restarts: int
+    owner_pid: int
+    api_key_env: str | None
+
+
+def supervisor_argv(spec: LaunchSpec) -> list[str]:
+    """``python -m regen.sglang.supervisor …  -- <server command>``."""
+    argv = [
+        sys.executable,
+        "-m",
+        SUPERVISOR_MODULE,
+        "--slot",
+        str(spec.files.slot),
+        "--url",
+        spec.url,
+        "--url-file",
+        str(spec.files.url.resolve()),
+        "--lease-file",
+        str(spec.files.lease.resolve()),
+        "--log-file",
+        str(spec.files.log.resolve()),
+        "--idle-timeout",
+        str(spec.idle_timeout_s),
+        "--startup-timeout",
+        str(spec.startup_timeout_s),
+        "--max-restarts",
+        str(spec.max_restarts),
+        "--owner-pid",
+        str(spec.owner_pid),
+        "--model",
+        spec.model,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+    ]
+    if spec.api_key_env:
+        argv += ["--api-key-env", spec.api_key_env]
+    return [*argv, "--", *spec.command]
+
+
+def start_supervisor(spec: LaunchSpec) -> subprocess.Popen[bytes]:
+    """Start the slot's supervisor detached (own session, no inherited fds)."""
+
+    spec.files.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(spec.files.log, "ab") as out:
+        proc = subprocess.Popen(
+            supervisor_argv(spec),
+            env=spec.env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            close_fds=True,
+            start_new_session=True,
+        )
+    log.info("GPU slot %d: started server supervisor PID %d (%s)", spec.files.slot, proc.pid, spec.url)
+    return proc
+
+
+def wait_supervisor_gone(pid: int, timeout_s: float) -> bool:
+    """Wait until ``pid`` has exited; True if it did."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    return not pid_alive(pid)
+
+
+def wait_until_ready(
+    files: SlotFiles,
+    supervisor_pid: int,
+    deadline_s: float,
+    poll_s: float,
+    started: subprocess.Popen[bytes] | None = None,
+) -> UrlState:
+    """Poll the url file until the supervisor reports its server ready; ServerError if it gives up.
+
+    ``started`` is the Popen when this job started the supervisor (its /proc cmdline is the job's
+    own until it execs, so liveness comes from the Popen then).
+    """
+    deadline = time.monotonic() + deadline_s
+    while True:
+        state = read_url_state(files.url)
+        alive = started.poll() is None if started is not None else is_supervisor(supervisor_pid, files.url)
+        if state is not None and state.supervisor_pid == supervisor_pid:
+            if state.url is not None and alive:
+                return state
+            if state.failed:
+                raise ServerError(
+                    f"GPU slot {files.slot}: the server supervisor gave up; {files.log} ends with:\n"
+                    f"{log_tail(files.log)}"
+                )
+        if not alive:
+            raise ServerError(
+                f"GPU slot {files.slot}: server supervisor PID {supervisor_pid} exited before the server "
+                f"was ready; {files.log} ends with:\n{log_tail(files.log)}"
+            )
+        if time.monotonic() > deadline:
+            raise ServerError(f"GPU slot {files.slot}: server not ready after {deadline_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def write_realized(
+    files: SlotFiles, plan: Mapping[str, Any] | None, info: Mapping[str, Any], server_id: str, url: str
+) -> None:
+    """``gpu{k}.realized.json``: the memory map the server really got vs. the plan; drift logged."""
+    out: dict[str, Any] = {
+        "server_id": server_id,
+        "url": url,
+        "written_at": time.time(),
+        "server_info": {k: info.get(k) for k in ("version", "internal_states") if k in info},
+    }
+    try:
+        from regen.sglang.plan import compare, parse_startup_log, realized_from_server_info
+    except ImportError as exc:
+        log.warning("regen.sglang.plan not importable (%s); realized memory map not computed", exc)
+        write_json(files.realized, out)
+        return
+    text = log_tail(files.log, lines=5000)
+    header = text.rfind(SERVER_START_MARK)
+    startup = parse_startup_log(text[header:] if header >= 0 else text)
+    realized = realized_from_server_info(dict(info), startup)
+    out["startup_log"] = _jsonable(startup)
+    out["realized"] = _jsonable(realized)
+    if plan is not None:
+        out["predicted"] = _jsonable(plan.get("memory", plan))
+        drift = compare(plan, realized)
+        out["drift"] = _jsonable(drift)
+        for item in drift or []:
+            log.warning("GPU slot %d: plan vs. realized drift: %s", files.slot, item)
+    write_json(files.realized, out)
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+#: the supervisor writes this line to the log before each server start
+SERVER_START_MARK = "=== regen supervisor: starting server"
+
+
+def external_endpoint(server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None) -> Endpoint:
+    """mode external: the configured URL, checked once with a one-token generation."""
+    url = server_cfg.get("url")
+    if not url:
+        raise ServerError("server.mode is external but server.url is not set")
+    url = str(url).rstrip("/")
+    api_key = api_key_from(server_cfg)
+    model = str(server_cfg.get("model_path", "default"))
+    problem = one_token_generation(url, model, api_key, timeout=60)
+    if problem is not None:
+        raise ServerError(f"external server {url} failed a one-token generation: {problem}")
+    info = fetch_server_info(url, api_key)
+    return Endpoint(
+        url=url,
+        server_id="external",
+        max_running_requests=effective_max_running(info, plan),
+        version=info.get("version"),
+        model=_served_model(info, model),
+        api_key=api_key,
+    )
+
+
+def _served_model(info: Mapping[str, Any], default: str) -> str:
+    return str(info.get("served_model_name") or info.get("model_path") or default)
+
+
+@contextlib.contextmanager
+def acquire_server(
+    server_cfg: Mapping[str, Any],
+    plan: Mapping[str, Any] | None = None,
+    workdir: str | os.PathLike[str] = "work/servers",
+    log_dir: str | os.PathLike[str] = "logs/servers",
+    *,
+    gpu_slots: int | None = None,
+    owner_pid: int | None = None,
+    command_builder: CommandBuilder | None = None,
+    poll_s: float = 0.25,
+) -> Iterator[Endpoint]:
+    """Hold a GPU slot and its server for the duration of the ``with`` block; yields the Endpoint.
+
+    ``gpu_slots`` overrides ``server.gpus`` (Snakemake's ``--resources gpu=N``); ``owner_pid`` is the
+    process whose death (with no lease held) stops the server (default: the Snakemake ancestor);
+    ``command_builder`` replaces :func:`build_server_command` (tests use a stand-in server).
+    """
+    mode = server_cfg.get("mode", "sglang")
+    if mode == "external":
+        yield external_endpoint(server_cfg, plan)
+        return
+    if mode not in ("sglang", "simulated"):
+        raise ServerError(f"unknown server.mode {mode!r} (sglang, simulated, external)")
+    api_key = api_key_from(server_cfg)
+    slots = slot_count(server_cfg, gpu_slots)
+    slot, lock_fd = take_slot(Path(workdir), slots, poll_s=max(poll_s, 0.1))
+    files = SlotFiles.of(slot, workdir, log_dir)
+    try:
+        lease_fd = os.open(files.lease, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            # blocks while the previous supervisor is exiting (it holds LOCK_EX while it stops)
+            fcntl.flock(lease_fd, fcntl.LOCK_SH)
+            found = _live_or_start(files, server_cfg, plan, api_key, owner_pid, command_builder)
+            pid = found.pid if isinstance(found, subprocess.Popen) else found.supervisor_pid
+            started = found if isinstance(found, subprocess.Popen) else None
+            startup = float(server_cfg.get("startup_timeout_s", 1200))
+            budget = startup * (int(server_cfg.get("max_restarts", 2)) + 1) + 120
+            state = wait_until_ready(files, pid, budget, poll_s, started)
+            assert state.url is not None
+            info = fetch_server_info(state.url, api_key)
+            server_id = f"gpu{slot}"
+            try:
+                write_realized(files, plan, info, server_id, state.url)
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                log.warning("GPU slot %d: could not write %s: %s", slot, files.realized, exc)
+            yield Endpoint(
+                url=state.url,
+                server_id=server_id,
+                max_running_requests=effective_max_running(info, plan),
+                version=info.get("version"),
+                model=_served_model(info, str(server_cfg.get("model_path", "default"))),
+                api_key=api_key,
+            )
+        finally:
+            os.close(lease_fd)
+    finally:
+        os.close(lock_fd)
+
+
+def _live_or_start(
+    files: SlotFiles,
+    server_cfg: Mapping[str, Any],
+    plan: Mapping[str, Any] | None,
+    api_key: str | None,
+    owner_pid: int | None,
+    command_builder: CommandBuilder | None,
+) -> UrlState | subprocess.Popen[bytes]:
+    """The slot's live supervisor (its url state, reused) or a freshly started one (its Popen)."""
+    state = read_url_state(files.url)
+    if state is not None and is_supervisor(state.supervisor_pid, files.url):
+        if not state.failed:
+            log.info("GPU slot %d: reusing server supervisor PID %d", files.slot, state.supervisor_pid)
+            return state
+        wait_supervisor_gone(state.supervisor_pid, 30)
+    host = str(server_cfg.get("host", "127.0.0.1"))
+    port = int(server_cfg.get("port_base", 30000)) + files.slot
+    if not _wait_port_free(host, port, PORT_WAIT_S):
+        raise ServerError(
+            f"GPU slot {files.slot}: port {port} on {host} is already in use by another process "
+            f"(not a regen server); free it or change server.port_base"
+        )
+    model = str(server_cfg.get("model_path", "Qwen/Qwen3-8B"))
+    builder = command_builder or build_server_command
+    command = builder(server_cfg, plan, port, model)
+    tp = int(server_cfg.get("tp", 1) or 1)
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = visible_devices_for(files.slot, tp, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    spec = LaunchSpec(
+        files=files,
+        url=f"http://{client_host(host)}:{port}",
+        host=host,
+        port=port,
+        model=model,
+        command=command,
+        env=env,
+        idle_timeout_s=float(server_cfg.get("idle_timeout_s", 300)),
+        startup_timeout_s=float(server_cfg.get("startup_timeout_s", 1200)),
+        max_restarts=int(server_cfg.get("max_restarts", 2)),
+        owner_pid=owner_pid if owner_pid is not None else find_owner_pid(),
+        api_key_env=server_cfg.get("api_key_env") if api_key else None,
+    )
+    return start_supervisor(spec)
+
+
+def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not port_is_free(host, port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# shutdown
+
+
+def live_supervisors(workdir: str | os.PathLike[str]) -> list[tuple[Path, UrlState]]:
+    """(url file, state) of every slot whose recorded supervisor PID is really a live supervisor."""
+    found = []
+    for url_file in sorted(Path(workdir).glob("gpu*.url")):
+        state = read_url_state(url_file)
+        if state is not None and is_supervisor(state.supervisor_pid, url_file):
+            found.append((url_file, state))
+    return found
+
+
+def stop_all_servers(workdir: str | os.PathLike[str] = "work/servers", grace_s: float = 30.0) -> int:
+    """SIGTERM every live supervisor (verified PIDs), wait, then SIGKILL; returns how many were stopped.
+
+    Safe to call from Snakemake's ``onsuccess``/``onerror`` when no server runs.
+    """
+    targets = live_supervisors(workdir)
+    for url_file, state in targets:
+        log.info("stopping server supervisor PID %d (%s)", state.supervisor_pid, url_file)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(state.supervisor_pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for url_file, state in targets:
+        while pid_alive(state.supervisor_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if is_supervisor(state.supervisor_pid, url_file):
+            log.warning("supervisor PID %d ignored SIGTERM; killing it", state.supervisor_pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(state.supervisor_pid, signal.SIGKILL)
+        if state.server_pid:
+            _kill_orphan_group(state.server_pid)
+    return len(targets)
+
+
+def _kill_orphan_group(pgid: int) -> None:
+    """SIGKILL a server's process group left behind by a killed supervisor (if it still leads it)."""
+    stat = proc_stat(pgid)
+    if stat is None or stat[2] != pgid or stat[0] in ("Z", "X"):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

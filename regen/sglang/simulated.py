@@ -1,0 +1,851 @@
+"""A simulated SGLang server: SGLang 0.5.23's HTTP surface, synthetic text, injectable faults.
+
+Shapes follow SGLang's source (``srt/entrypoints/http_server.py``,
+``srt/entrypoints/openai/protocol.py`` and ``serving_chat.py``,
+``srt/observability/metrics_collector.py``, ``srt/managers/scheduler.py``):
+
+- ``GET /health`` and ``GET /health_generate``: empty 200, or 503 while starting.
+- ``GET /server_info``: resolved launch fields at the top level plus ``internal_states`` (one per DP rank).
+- ``GET /model_info``, ``GET /v1/models`` (``max_model_len``), ``GET /metrics`` (Prometheus text).
+- ``POST /v1/chat/completions`` (non-streaming). As in SGLang, ``message.tool_calls`` is left
+  out when it is None, and ``usage.completion_tokens_details`` is set only when there are
+  reasoning tokens.
+
+Generated text is made of synthetic words, determined by (messages, seed, choice index). At
+temperature 0 the seed is ignored, as in greedy decoding. Thinking on gives reasoning plus an
+answer; a budget that runs out inside the reasoning gives ``content == ""`` like SGLang's
+Qwen3 reasoning parser on an unclosed think block.
+
+Faults are drawn per request from ``hash(faults.seed, sample id, n-th request for that id)``,
+so one run's faults do not depend on request order. The sample id is the
+``X-Regen-Sample-Id`` header (real SGLang ignores it) or else the request's ``rid``.
+``GET /_sim/stats`` returns ``{"received", "completed": {id: n}, "received_by_id", "faults"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from typing import IO, Any
+
+import orjson
+from aiohttp import web
+
+SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
+QWEN_IM_END_ID = 151645  # <|im_end|>: what matched_stop reports for a natural stop on Qwen3
+FAULT_KINDS: tuple[str, ...] = ("error", "hang", "disconnect", "malformed", "truncate")
+
+
+def _make_words() -> tuple[str, ...]:
+    rng = random.Random(20240531)
+    onsets = [
+        "b",
+        "c",
+        "d",
+        "f",
+        "g",
+        "h",
+        "k",
+        "l",
+        "m",
+        "n",
+        "p",
+        "r",
+        "s",
+        "t",
+        "v",
+        "w",
+        "z",
+        "br",
+        "tr",
+        "st",
+        "pl",
+        "gr",
+    ]
+    vowels = ["a", "e", "i", "o", "u", "ai", "ou", "ea"]
+    words = {
+        "".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(rng.randint(1, 3))) for _ in range(600)
+    }
+    return tuple(sorted(words))[:512]
+
+
+WORDS: tuple[str, ...] = _make_words()
+
+
+def _unit_hash(*parts: object) -> float:
+    """A uniform number in [0, 1) determined by ``parts``."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Fault injection. Rates are per request; each request draws at most one fault."""
+
+    error_rate: float = 0.0
+    hang_rate: float = 0.0
+    disconnect_rate: float = 0.0
+    malformed_rate: float = 0.0
+    truncate_rate: float = 0.0
+    crash_after: int | None = None
+    bad_request_for: tuple[str, ...] = ()
+    error_for: tuple[str, ...] = ()  # ids/patterns that always get HTTP 500 (poison samples)
+    seed: int = 0
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any] | None) -> Faults:
+        if not obj:
+            return cls()
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise ValueError(f"--faults: unknown key(s) {unknown}; known: {sorted(known)}")
+        kwargs = dict(obj)
+        for key in ("bad_request_for", "error_for"):
+            if key in kwargs:
+                kwargs[key] = tuple(str(x) for x in kwargs[key])
+        faults = cls(**kwargs)
+        total = sum(getattr(faults, f"{k}_rate") for k in FAULT_KINDS)
+        if total > 1.0 or any(getattr(faults, f"{k}_rate") < 0 for k in FAULT_KINDS):
+            raise ValueError(f"--faults: rates must be >= 0 and sum to <= 1 (sum {total})")
+        return faults
+
+    def draw(self, key: str, nth: int) -> str | None:
+        """The fault (or None) for the ``nth`` request carrying sample id ``key``."""
+        u = _unit_hash(self.seed, key, nth)
+        edge = 0.0
+        for kind in FAULT_KINDS:
+            edge += getattr(self, f"{kind}_rate")
+            if u < edge:
+                return kind
+        return None
+
+    def is_bad_request(self, sample_id: str | None) -> bool:
+        return _matches(sample_id, self.bad_request_for)
+
+    def is_poison(self, sample_id: str | None) -> bool:
+        return _matches(sample_id, self.error_for)
+
+
+def _matches(sample_id: str | None, patterns: tuple[str, ...]) -> bool:
+    if sample_id is None:
+        return False
+    return any(sample_id == p or re.fullmatch(p, sample_id) for p in patterns)
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """What the simulated server pretends to be and how it behaves."""
+
+    model_path: str = "demo-model"
+    served_model_name: str | None = None
+    max_running_requests: int = 64
+    effective_max_running_requests: int | None = None  # e.g. a mamba-capped value; None = same
+    token_rate: float = 0.0  # decode tokens/s per request; 0 answers at once
+    startup_delay_s: float = 0.0
+    context_len: int = 32768
+    max_total_num_tokens: int = 1_048_576
+    version: str = "0.5.23"
+    inline: bool = False  # answer inside the handler: no scheduler, queue or sleeps
+    mean_reasoning_tokens: int = 96
+    mean_answer_tokens: int = 48
+    long_fraction: float = 0.05  # share of answers made long_factor times longer (to hit length)
+    long_factor: int = 64
+    log_interval_s: float = 5.0
+    faults: Faults = field(default_factory=Faults)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+    @property
+    def running_cap(self) -> int:
+        return self.effective_max_running_requests or self.max_running_requests
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    reasoning: str | None
+    content: str
+    reasoning_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+def synth_completion(
+    messages: list[Any],
+    seed: int | None,
+    temperature: float,
+    max_tokens: int,
+    thinking: bool,
+    ignore_eos: bool,
+    opts: SimOptions,
+    index: int = 0,
+) -> Completion:
+    """Deterministic synthetic completion for (messages, seed, index)."""
+    key = orjson.dumps(messages) + repr((None if temperature == 0 else seed, index)).encode()
+    rng = random.Random(hashlib.blake2b(key, digest_size=8).digest())
+    r_len = rng.randint(1, 2 * opts.mean_reasoning_tokens) if thinking else 0
+    a_len = rng.randint(1, 2 * opts.mean_answer_tokens)
+    if rng.random() < opts.long_fraction:
+        a_len *= opts.long_factor
+    want = max_tokens if ignore_eos else r_len + a_len
+    finish = "length" if ignore_eos or want > max_tokens else "stop"
+    total = min(want, max_tokens)
+    r_used = min(r_len, total)
+    reasoning = " ".join(rng.choices(WORDS, k=r_used)) if thinking else None
+    # a budget spent inside the think block leaves no answer (unclosed <think>)
+    content = " ".join(rng.choices(WORDS, k=total - r_used)) if r_used == r_len else ""
+    return Completion(reasoning, content, r_used, total, finish)
+
+
+def _prompt_tokens(messages: list[Any]) -> int:
+    n = 3
+    for m in messages:
+        c = m.get("content") if isinstance(m, dict) else None
+        n += 4 + (len(c.split()) if isinstance(c, str) else 0)
+    return n
+
+
+def error_body(message: str, status: int, err_type: str = "BadRequestError") -> bytes:
+    """SGLang's ErrorResponse (serving_base.create_error_response)."""
+    return orjson.dumps(
+        {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+    )
+
+
+def _error(message: str, status: int, err_type: str = "BadRequestError") -> web.Response:
+    return web.Response(
+        status=status, body=error_body(message, status, err_type), content_type="application/json"
+    )
+
+
+class LogWriter:
+    """Writes lines in SGLang's log format: ``[YYYY-mm-dd HH:MM:SS TP0] message``."""
+
+    def __init__(self, path: str | None) -> None:
+        self._fh: IO[str] | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+
+    def __call__(self, msg: str, prefix: str = " TP0") -> None:
+        if self._fh is None:
+            return
+        self._fh.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}{prefix}] {msg}\n")
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class SimulatedServer:
+    """State and handlers of one simulated server."""
+
+    def __init__(self, opts: SimOptions, log: LogWriter, on_crash: Callable[[], None]) -> None:
+        self.opts = opts
+        self.log = log
+        self.on_crash = on_crash
+        self.started_at = time.time()
+        self.ready_at = self.started_at + opts.startup_delay_s
+        self.received = 0
+        self.received_by_id: Counter[str] = Counter()
+        self.completed: Counter[str] = Counter()
+        self.n_completed = 0
+        self.fault_counts: Counter[str] = Counter()
+        self.running = 0
+        self.queued = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.window_tokens = 0
+        self.window_start = time.monotonic()
+        self.last_gen_throughput = 0.0
+        self.slots = asyncio.Semaphore(opts.running_cap)
+        self.hung: set[asyncio.Future[None]] = set()
+        self.crashed = False
+
+    # -------------------------------------------------------------------- app
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024**2)
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health)
+        r.add_get("/server_info", self.server_info)
+        r.add_get("/get_server_info", self.server_info)
+        r.add_get("/model_info", self.model_info)
+        r.add_get("/get_model_info", self.model_info)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/metrics", self.metrics)
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_get("/_sim/stats", self.stats)
+        app.on_startup.append(self._on_startup)
+        app.on_shutdown.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        o = self.opts
+        self.log(
+            f"max_total_num_tokens={o.max_total_num_tokens}, chunked_prefill_size=8192, "
+            f"max_prefill_tokens=16384, max_running_requests={o.running_cap}, "
+            f"context_len={o.context_len}, available_gpu_mem=12.34 GB"
+        )
+        self._ticker = asyncio.create_task(self._tick())
+        if o.startup_delay_s <= 0:
+            self.log("The server is fired up and ready to roll!", prefix="")
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        if not self._ticker.done():
+            self._ticker.cancel()
+        for fut in list(self.hung):
+            fut.cancel()
+
+    async def _tick(self) -> None:
+        announced = self.opts.startup_delay_s <= 0
+        while True:
+            await asyncio.sleep(
+                min(self.opts.log_interval_s, 0.2) if not announced else self.opts.log_interval_s
+            )
+            if not announced and self.ready:
+                announced = True
+                self.log("The server is fired up and ready to roll!", prefix="")
+            now = time.monotonic()
+            gap = now - self.window_start
+            if gap >= self.opts.log_interval_s:
+                self.last_gen_throughput = self.window_tokens / gap
+                self.window_tokens = 0
+                self.window_start = now
+                if self.running or self.queued:
+                    self.log(self._decode_line())
+
+    def _decode_line(self) -> str:
+        used = self.running * (self.opts.mean_reasoning_tokens + self.opts.mean_answer_tokens)
+        usage = used / self.opts.max_total_num_tokens
+        mamba = self.running / max(1, self.opts.running_cap)
+        return (
+            f"Decode batch, #running-req: {self.running}, #full token: {used}, "
+            f"full token usage: {usage:.2f}, "
+            f"mamba num: {self.running}, mamba usage: {mamba:.2f}, cuda graph: True, "
+            f"gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {self.queued}"
+        )
+
+    @property
+    def ready(self) -> bool:
+        return time.time() >= self.ready_at
+
+    # --------------------------------------------------------------- handlers
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.ready else 503)
+
+    def server_info_dict(self) -> dict[str, Any]:
+        o = self.opts
+        return {
+            "model_path": o.model_path,
+            "tokenizer_path": o.model_path,
+            "served_model_name": o.model_name,
+            "host": "127.0.0.1",
+            "tp_size": 1,
+            "dp_size": 1,
+            "max_running_requests": o.max_running_requests,
+            "mem_fraction_static": 0.85,
+            "chunked_prefill_size": 8192,
+            "page_size": 1,
+            "context_length": o.context_len,
+            "attention_backend": "fa3",
+            "reasoning_parser": "qwen3",
+            "mamba_full_memory_ratio": 0.9,
+            "max_mamba_cache_size": None,
+            "launch_command": f"python -m regen.sglang.simulated --model-path {o.model_path}",
+            "max_total_num_tokens": o.max_total_num_tokens,
+            "max_req_input_len": o.context_len - 1,
+            "startup_time": self.started_at,
+            "internal_states": [
+                {
+                    "effective_max_running_requests_per_dp": o.running_cap,
+                    "max_mamba_cache_size": 5 * o.running_cap,
+                    "last_gen_throughput": self.last_gen_throughput,
+                    "avg_spec_accept_length": None,
+                    "memory_usage": {
+                        "weight": 15.3,
+                        "kvcache": 40.1,
+                        "startup_available": 12.34,
+                        "token_capacity": o.max_total_num_tokens,
+                        "graph": {"decode": 1.2},
+                    },
+                }
+            ],
+            "version": o.version,
+            "frontend": "python",
+        }
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.server_info_dict(), dumps=lambda x: orjson.dumps(x).decode())
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        o = self.opts
+        info = {
+            "model_path": o.model_path,
+            "served_model_name": o.model_name,
+            "tokenizer_path": o.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": "auto",
+            "reasoning_parser": "qwen3",
+            "tool_call_parser": "qwen3_coder",
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "qwen3",
+            "architectures": ["Qwen3ForCausalLM"],
+        }
+        return web.Response(body=orjson.dumps(info), content_type="application/json")
+
+    async def models(self, request: web.Request) -> web.Response:
+        name = self.opts.model_name
+        card = {
+            "id": name,
+            "object": "model",
+            "created": int(self.started_at),
+            "owned_by": "sglang",
+            "root": name,
+            "parent": None,
+            "max_model_len": self.opts.context_len,
+        }
+        return web.Response(
+            body=orjson.dumps({"object": "list", "data": [card]}), content_type="application/json"
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        name = self.opts.model_name
+        sched = f'engine_type="unified",model_name="{name}",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+        tok = f'engine_type="unified",is_streaming="false",model_name="{name}"'
+        used = self.running * (self.opts.mean_reasoning_tokens + self.opts.mean_answer_tokens)
+        lines = []
+        for metric, help_, kind, labels, value in (
+            ("sglang:num_running_reqs", "The number of running requests.", "gauge", sched, self.running),
+            (
+                "sglang:num_queue_reqs",
+                "The number of requests in the waiting queue.",
+                "gauge",
+                sched,
+                self.queued,
+            ),
+            (
+                "sglang:gen_throughput",
+                "The generation throughput (token/s).",
+                "gauge",
+                sched,
+                self.last_gen_throughput,
+            ),
+            (
+                "sglang:token_usage",
+                "The token usage.",
+                "gauge",
+                sched,
+                round(used / self.opts.max_total_num_tokens, 2),
+            ),
+            (
+                "sglang:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+                "counter",
+                tok,
+                self.prompt_tokens_total,
+            ),
+            (
+                "sglang:generation_tokens_total",
+                "Number of generation tokens processed.",
+                "counter",
+                tok,
+                self.generation_tokens_total,
+            ),
+        ):
+            lines.append(f"# HELP {metric} {help_}")
+            lines.append(f"# TYPE {metric} {kind}")
+            lines.append(f"{metric}{{{labels}}} {float(value)}")
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def stats(self, request: web.Request) -> web.Response:
+        body = {
+            "received": self.received,
+            "received_by_id": dict(self.received_by_id),
+            "completed": dict(self.completed),
+            "faults": dict(self.fault_counts),
+            "running": self.running,
+            "queued": self.queued,
+        }
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        if self.crashed:
+            _abort(request)
+            return web.Response(status=500)
+        if not self.ready:
+            return _error("The server is starting up.", 503, "ServiceUnavailableError")
+        raw = await request.read()
+        try:
+            req = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return _error(f"JSON decode error: {exc}", 400)
+        if not isinstance(req, dict):
+            return _error("Request body must be a JSON object.", 400)
+        messages = req.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return _error("Messages cannot be empty.", 400)
+        sid = request.headers.get(SAMPLE_ID_HEADER) or (
+            req.get("rid") if isinstance(req.get("rid"), str) else None
+        )
+        self.received += 1
+        key = sid if sid is not None else f"#{self.received}"
+        self.received_by_id[key] += 1
+        if self.opts.faults.is_bad_request(sid):
+            return _error(f"Invalid request for sample {sid}: rejected by the simulator.", 400)
+        max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 128
+        n = req.get("n", 1)
+        if not isinstance(max_tokens, int) or max_tokens < 1 or not isinstance(n, int) or n < 1:
+            return _error("max_tokens and n must be positive integers.", 400)
+        if self.opts.faults.is_poison(sid):
+            self.fault_counts["error"] += 1
+            return _error("Internal server error (simulated poison sample).", 500, "InternalServerError")
+        fault = self.opts.faults.draw(key, self.received_by_id[key])
+        if fault is not None:
+            self.fault_counts[fault] += 1
+            return await self._fault(request, fault)
+
+        ctk = req.get("chat_template_kwargs") or {}
+        thinking = bool(ctk.get("enable_thinking", True)) and req.get("reasoning_effort") != "none"
+        temperature = req.get("temperature")
+        temperature = 1.0 if temperature is None else float(temperature)
+        seed = req.get("seed")
+        ignore_eos = bool(req.get("ignore_eos", False))
+        choices = [
+            synth_completion(messages, seed, temperature, max_tokens, thinking, ignore_eos, self.opts, i)
+            for i in range(n)
+        ]
+        prompt_tokens = _prompt_tokens(messages)
+        n_out = sum(c.completion_tokens for c in choices)
+        if not self.opts.inline:
+            await self._schedule(n_out)
+            if self.crashed:
+                _abort(request)
+                return web.Response(status=500)
+        body = self._response_body(req, choices, prompt_tokens, bool(req.get("separate_reasoning", True)))
+        self.prompt_tokens_total += prompt_tokens
+        self.generation_tokens_total += n_out
+        self.window_tokens += n_out
+        self.completed[key] += 1
+        self.n_completed += 1
+        crash = self.opts.faults.crash_after is not None and self.n_completed >= self.opts.faults.crash_after
+        if not crash:
+            return web.Response(body=body, content_type="application/json")
+        resp = web.Response(body=body, content_type="application/json")
+        await resp.prepare(request)
+        await resp.write_eof()
+        self.crashed = True
+        self.log(f"crash_after={self.opts.faults.crash_after} reached: exiting", prefix="")
+        self.on_crash()
+        return resp
+
+    async def _schedule(self, n_tokens: int) -> None:
+        self.queued += 1
+        try:
+            await self.slots.acquire()
+        finally:
+            self.queued -= 1
+        self.running += 1
+        try:
+            if self.opts.token_rate > 0:
+                await asyncio.sleep(n_tokens / self.opts.token_rate)
+        finally:
+            self.running -= 1
+            self.slots.release()
+
+    def _response_body(
+        self, req: dict[str, Any], choices: list[Completion], prompt_tokens: int, sep: bool
+    ) -> bytes:
+        out_choices = []
+        reasoning_tokens = 0
+        for i, c in enumerate(choices):
+            reasoning_tokens += c.reasoning_tokens
+            if sep or c.reasoning is None:
+                message = {"role": "assistant", "content": c.content, "reasoning_content": c.reasoning}
+            else:
+                closed = "</think>" if c.finish_reason == "stop" or c.content else ""
+                message = {
+                    "role": "assistant",
+                    "content": f"<think>{c.reasoning}{closed}{c.content}",
+                    "reasoning_content": None,
+                }
+            out_choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": c.finish_reason,
+                    "matched_stop": QWEN_IM_END_ID if c.finish_reason == "stop" else None,
+                }
+            )
+        completion_tokens = sum(c.completion_tokens for c in choices)
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens * len(choices),
+            "total_tokens": prompt_tokens * len(choices) + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": reasoning_tokens,
+        }
+        if reasoning_tokens:
+            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+        return orjson.dumps(
+            {
+                "id": uuid.uuid4().hex,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": req.get("model") or self.opts.model_name,
+                "choices": out_choices,
+                "usage": usage,
+                "metadata": {"weight_version": "default"},
+            }
+        )
+
+    async def _fault(self, request: web.Request, kind: str) -> web.StreamResponse:
+        if kind == "error":
+            if self.received % 2:
+                return _error("Internal server error (simulated).", 500, "InternalServerError")
+            return _error("Service unavailable (simulated).", 503, "ServiceUnavailableError")
+        if kind == "hang":
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.hung.add(fut)
+            try:
+                await fut
+            finally:
+                self.hung.discard(fut)
+            return web.Response(status=500)
+        if kind == "malformed":
+            return web.Response(
+                body=b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "mess',
+                content_type="application/json",
+            )
+        if kind == "truncate":
+            body = error_body("x" * 256, 200)
+            resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+            resp.content_length = len(body) * 2
+            await resp.prepare(request)
+            await resp.write(body)
+            await asyncio.sleep(0)
+            _abort(request)
+            return resp
+        # disconnect: the connection is closed after the request was read, before any response byte
+        _abort(request)
+        return web.Response(status=500)
+
+
+def _abort(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+# ---------------------------------------------------------------------------------- runners
+
+
+async def _serve(
+    opts: SimOptions,
+    host: str,
+    port: int,
+    log: LogWriter,
+    on_crash: Callable[[], None],
+    reuse_port: bool = False,
+) -> tuple[web.AppRunner, int]:
+    server = SimulatedServer(opts, log, on_crash)
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
+    await site.start()
+    bound = runner.addresses[0][1]
+    return runner, bound
+
+
+def start_simulated_server(
+    port: int = 0,
+    host: str = "127.0.0.1",
+    *,
+    subprocess_mode: bool = False,
+    cpus: set[int] | None = None,
+    log_file: str | None = None,
+    **opts: Any,
+) -> tuple[str, Callable[[], None]]:
+    """Start a simulated server; return ``(url, stop)``.
+
+    In-thread by default (fast to start; ``crash_after`` closes the listener and every
+    connection). ``subprocess_mode=True`` runs the CLI in a child process (optionally pinned
+    to ``cpus``); there ``crash_after`` really exits the process.
+    """
+    if subprocess_mode:
+        return _start_subprocess(port, host, cpus, log_file, opts)
+    if "faults" in opts and not isinstance(opts["faults"], Faults):
+        opts["faults"] = Faults.from_json(opts["faults"])
+    options = SimOptions(**opts)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    box: dict[str, Any] = {}
+    log = LogWriter(log_file)
+
+    def crash() -> None:
+        loop.call_soon(lambda: asyncio.ensure_future(box["runner"].cleanup()))
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            box["runner"], box["port"] = loop.run_until_complete(_serve(options, host, port, log, crash))
+        except BaseException as exc:
+            box["error"] = exc
+            started.set()
+            return
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(box["runner"].cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=run, name=f"sim-sglang-{port}", daemon=True)
+    thread.start()
+    started.wait()
+    if "error" in box:
+        raise box["error"]
+
+    def stop() -> None:
+        if loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        log.close()
+
+    return f"http://{host}:{box['port']}", stop
+
+
+def _start_subprocess(
+    port: int, host: str, cpus: set[int] | None, log_file: str | None, opts: dict[str, Any]
+) -> tuple[str, Callable[[], None]]:
+    argv = [
+        sys.executable,
+        "-m",
+        "regen.sglang.simulated",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--print-url",
+    ]
+    if log_file:
+        argv += ["--log-file", log_file]
+    faults = opts.pop("faults", None)
+    if faults:
+        fj = (
+            {f.name: getattr(faults, f.name) for f in fields(Faults)}
+            if isinstance(faults, Faults)
+            else faults
+        )
+        argv += ["--faults", orjson.dumps(fj).decode()]
+    argv += ["--options", orjson.dumps(opts).decode()]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    if cpus:
+        os.sched_setaffinity(proc.pid, cpus)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("http://"):
+        proc.kill()
+        raise RuntimeError(f"simulated server did not start (exit {proc.wait()}): {line!r}")
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    return line, stop
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def cli(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="regen simulate-server", description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--model-path", default="demo-model")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--token-rate", type=float, default=0.0, help="decode tokens/s per request; 0 = instant")
+    p.add_argument("--startup-delay", type=float, default=0.0, help="seconds until /health answers 200")
+    p.add_argument("--faults", default=None, help="JSON object of Faults fields")
+    p.add_argument("--version", default="0.5.23")
+    p.add_argument("--log-file", default=None)
+    p.add_argument("--inline", action="store_true", help="answer inside the handler (no queue, no sleeps)")
+    p.add_argument("--context-length", type=int, default=32768)
+    p.add_argument("--options", default=None, help="JSON object of further SimOptions fields")
+    p.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT (several processes on one port)")
+    p.add_argument("--print-url", action="store_true", help="print the bound URL on stdout once listening")
+    a = p.parse_args(argv)
+    extra = orjson.loads(a.options) if a.options else {}
+    if "faults" in extra:
+        raise SystemExit("--options: pass faults with --faults")
+    opts = SimOptions(
+        model_path=a.model_path,
+        served_model_name=a.served_model_name,
+        max_running_requests=a.max_running_requests,
+        token_rate=a.token_rate,
+        startup_delay_s=a.startup_delay,
+        version=a.version,
+        inline=a.inline,
+        context_len=a.context_length,
+        faults=Faults.from_json(orjson.loads(a.faults) if a.faults else None),
+    )
+    opts = replace(opts, **extra)
+    log = LogWriter(a.log_file) if a.log_file else LogWriterStderr()
+
+    def crash() -> None:
+        log.close()
+        os._exit(3)
+
+    async def main() -> None:
+        runner, port = await _serve(opts, a.host, a.port, log, crash, reuse_port=a.reuse_port)
+        if a.print_url:
+            print(f"http://{a.host}:{port}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+    return 0
+
+
+class LogWriterStderr(LogWriter):
+    def __init__(self) -> None:
+        self._fh = sys.stderr
+
+    def close(self) -> None:
+        self._fh = None
+
+
+if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    raise SystemExit(cli(sys.argv[1:]))

@@ -1,0 +1,317 @@
+"""The per-GPU server supervisor: ``python -m regen.sglang.supervisor [options] -- <server command>``.
+
+Started detached by :func:`regen.sglang.server.acquire_server`. It owns one server process (its own
+process group, killed with the supervisor through ``PR_SET_PDEATHSIG``) and
+
+* writes ``--url-file`` atomically: ``starting PID`` at once, ``URL PID SERVER_PID`` once a real one-token
+  generation succeeds, ``failed PID`` when it gives up;
+* restarts a server that dies (at most ``--max-restarts`` times, each logged);
+* exits, stopping the server (SIGTERM to its group, SIGKILL after a grace period), on SIGTERM/SIGINT;
+  when ``--idle-timeout`` has passed with no lease held (it takes LOCK_EX on ``--lease-file`` and
+  removes the url file under that lock, so a job cannot pick up a server that is going away); or
+  promptly when ``--owner-pid`` (the Snakemake process) is gone and no lease is held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from regen.sglang.server import (
+    SERVER_START_MARK,
+    UrlState,
+    one_token_generation,
+    pid_alive,
+    port_is_free,
+    proc_stat,
+    read_url_state,
+    write_url_state,
+)
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorConfig:
+    slot: int
+    url: str
+    url_file: Path
+    lease_file: Path
+    log_file: Path
+    idle_timeout_s: float
+    startup_timeout_s: float
+    max_restarts: int
+    owner_pid: int
+    model: str
+    host: str
+    port: int
+    api_key_env: str | None
+    command: list[str]
+    poll_s: float
+    grace_s: float
+
+
+class Stop(Exception):
+    """Raised inside the loops when the supervisor must exit (reason in args[0])."""
+
+
+class Supervisor:
+    def __init__(self, cfg: SupervisorConfig, log: IO[str]) -> None:
+        self.cfg = cfg
+        self.log_fh = log
+        self.pid = os.getpid()
+        self.signalled: str | None = None
+        self.owner_start = _start_time(cfg.owner_pid)
+        self.lease_fd = os.open(cfg.lease_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+        self.child: subprocess.Popen[bytes] | None = None
+        self.last_busy = time.monotonic()
+
+    # -- logging and state -------------------------------------------------------------------------
+    def say(self, msg: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self.log_fh.write(f"[regen-supervisor gpu{self.cfg.slot} pid {self.pid} {stamp}] {msg}\n")
+        self.log_fh.flush()
+
+    def write_state(self, state: UrlState) -> None:
+        write_url_state(self.cfg.url_file, state)
+
+    def remove_url_file_if_ours(self) -> None:
+        state = read_url_state(self.cfg.url_file)
+        if state is not None and state.supervisor_pid == self.pid:
+            with contextlib.suppress(FileNotFoundError):
+                self.cfg.url_file.unlink()
+
+    # -- conditions ---------------------------------------------------------------------------------
+    def owner_gone(self) -> bool:
+        stat = proc_stat(self.cfg.owner_pid)
+        if stat is None or stat[0] in ("Z", "X"):
+            return True
+        return self.owner_start is not None and stat[3] != self.owner_start
+
+    def try_exclusive_lease(self) -> bool:
+        """LOCK_EX on the lease without blocking: True when no job holds it (the lock is then ours)."""
+        try:
+            fcntl.flock(self.lease_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def release_lease(self) -> None:
+        fcntl.flock(self.lease_fd, fcntl.LOCK_UN)
+
+    def check_exit(self) -> None:
+        """Raise Stop when a signal came, or when idle/orphaned with no lease held (lock kept)."""
+        if self.signalled:
+            raise Stop(f"received {self.signalled}")
+        if not self.try_exclusive_lease():
+            self.last_busy = time.monotonic()
+            return
+        idle_for = time.monotonic() - self.last_busy
+        if self.owner_gone():
+            raise Stop(f"owner PID {self.cfg.owner_pid} is gone and no job holds the lease")
+        if idle_for >= self.cfg.idle_timeout_s:
+            raise Stop(f"idle for {idle_for:.1f} s with no job holding the lease")
+        self.release_lease()
+
+    # -- the server process -------------------------------------------------------------------------
+    def launch(self, attempt: int) -> subprocess.Popen[bytes]:
+        deadline = time.monotonic() + 15
+        while not port_is_free(self.cfg.host, self.cfg.port):
+            if time.monotonic() > deadline:
+                raise Stop(f"port {self.cfg.port} on {self.cfg.host} is in use by another process")
+            time.sleep(0.25)
+        self.say(f"{SERVER_START_MARK} (attempt {attempt}): {' '.join(self.cfg.command)}")
+        self.say(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} url={self.cfg.url}")
+        parent = self.pid
+        child = subprocess.Popen(
+            self.cfg.command,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log_fh,
+            stderr=subprocess.STDOUT,
+            close_fds=True,
+            start_new_session=True,
+            preexec_fn=lambda: _die_with_parent(parent),
+        )
+        self.say(f"server PID {child.pid}")
+        return child
+
+    def wait_ready(self, child: subprocess.Popen[bytes]) -> bool:
+        """True once a one-token generation succeeds; False if the server died first."""
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        last_problem = "not tried"
+        while True:
+            if self.signalled:
+                raise Stop(f"received {self.signalled} during startup")
+            if child.poll() is not None:
+                return False
+            if self.owner_gone() and self.try_exclusive_lease():
+                raise Stop(f"owner PID {self.cfg.owner_pid} is gone and no job holds the lease")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Stop(
+                    f"server not ready within startup deadline {self.cfg.startup_timeout_s:g} s "
+                    f"(server.startup_timeout_s); last probe: {last_problem}",
+                )
+            problem = one_token_generation(
+                self.cfg.url, self.cfg.model, self.api_key, timeout=max(1.0, min(60.0, remaining))
+            )
+            if problem is None:
+                return True
+            last_problem = problem
+            time.sleep(min(self.cfg.poll_s, max(0.0, deadline - time.monotonic())))
+
+    def stop_server(self) -> None:
+        child = self.child
+        if child is None:
+            return
+        if child.poll() is None:
+            self.say(f"stopping server PID {child.pid} (SIGTERM to its process group)")
+            _signal_group(child.pid, signal.SIGTERM)
+            try:
+                child.wait(timeout=self.cfg.grace_s)
+            except subprocess.TimeoutExpired:
+                self.say(f"server PID {child.pid} still running after {self.cfg.grace_s:g} s; SIGKILL")
+        _signal_group(child.pid, signal.SIGKILL)  # stragglers left in the group
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=5)
+        self.child = None
+
+    # -- main loop ----------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.write_state(UrlState(self.pid))
+        restarts = 0
+        try:
+            while True:
+                self.child = self.launch(restarts + 1)
+                if self.wait_ready(self.child):
+                    self.say(f"server ready at {self.cfg.url}")
+                    self.write_state(UrlState(self.pid, url=self.cfg.url, server_pid=self.child.pid))
+                    self.monitor(self.child)
+                code = self.child.poll()
+                self.say(f"server PID {self.child.pid} exited with code {code}")
+                self.stop_server()
+                if restarts >= self.cfg.max_restarts:
+                    self.say(
+                        f"giving up: the server died and max_restarts={self.cfg.max_restarts} is used up"
+                    )
+                    self.write_state(UrlState(self.pid, failed=True))
+                    return 1
+                restarts += 1
+                self.say(f"restart {restarts}/{self.cfg.max_restarts}")
+                self.write_state(UrlState(self.pid))
+        except Stop as stop:
+            reason = str(stop)
+            failed = "startup deadline" in reason or "in use by another" in reason
+            self.say(f"exiting: {reason}")
+            if failed:
+                self.stop_server()
+                self.write_state(UrlState(self.pid, failed=True))
+                return 1
+            # an idle or orphan exit holds LOCK_EX on the lease here: no job can pick up the url
+            # file until the server is gone and this process exits (closing the lock)
+            self.remove_url_file_if_ours()
+            self.stop_server()
+            return 0
+        finally:
+            self.stop_server()
+
+    def monitor(self, child: subprocess.Popen[bytes]) -> None:
+        """Return when the server died; raise Stop when the supervisor must exit."""
+        self.last_busy = time.monotonic()
+        while child.poll() is None:
+            self.check_exit()
+            time.sleep(self.cfg.poll_s)
+
+
+def _start_time(pid: int) -> int | None:
+    stat = proc_stat(pid)
+    return stat[3] if stat is not None else None
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the server child: get SIGKILL when the supervisor dies (Linux PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the supervisor died before prctl took effect
+        os._exit(1)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def parse_args(argv: list[str]) -> SupervisorConfig:
+    if "--" not in argv:
+        raise SystemExit("regen supervisor: missing '-- <server command>'")
+    split = argv.index("--")
+    own, command = argv[:split], argv[split + 1 :]
+    if not command:
+        raise SystemExit("regen supervisor: empty server command after '--'")
+    p = argparse.ArgumentParser(prog="python -m regen.sglang.supervisor")
+    p.add_argument("--slot", type=int, required=True)
+    p.add_argument("--url", required=True)
+    p.add_argument("--url-file", type=Path, required=True)
+    p.add_argument("--lease-file", type=Path, required=True)
+    p.add_argument("--log-file", type=Path, required=True)
+    p.add_argument("--idle-timeout", type=float, default=300)
+    p.add_argument("--startup-timeout", type=float, default=1200)
+    p.add_argument("--max-restarts", type=int, default=2)
+    p.add_argument("--owner-pid", type=int, required=True)
+    p.add_argument("--model", default="default")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--api-key-env", default=None)
+    p.add_argument("--poll", type=float, default=0.5, help="seconds between checks")
+    p.add_argument("--grace", type=float, default=20, help="seconds from SIGTERM to SIGKILL of the server")
+    a = p.parse_args(own)
+    return SupervisorConfig(
+        slot=a.slot,
+        url=a.url,
+        url_file=a.url_file,
+        lease_file=a.lease_file,
+        log_file=a.log_file,
+        idle_timeout_s=a.idle_timeout,
+        startup_timeout_s=a.startup_timeout,
+        max_restarts=a.max_restarts,
+        owner_pid=a.owner_pid,
+        model=a.model,
+        host=a.host,
+        port=a.port,
+        api_key_env=a.api_key_env,
+        command=command,
+        poll_s=a.poll,
+        grace_s=a.grace,
+    )
+
+
+def main(argv: list[str]) -> int:
+    cfg = parse_args(argv)
+    cfg.log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(cfg.log_file, "a", buffering=1) as log:
+        sup = Supervisor(cfg, log)
+
+        def on_signal(signum: int, _frame: object) -> None:
+            sup.signalled = signal.Signals(signum).name
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        sup.say(f"supervising slot {cfg.slot}; owner PID {cfg.owner_pid} alive={pid_alive(cfg.owner_pid)}")
+        return sup.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,304 @@
+"""``regen status``: one table of a generation run's progress, per GPU server and overall.
+
+Sources (all optional, so it works with no server running):
+``work/status/{shard}.json`` (written by the client), each live server's ``/metrics``
+(found through ``work/servers/gpu{k}.url``), finished ``results/generations/*.jsonl`` and planned
+``results/shards/*.parquet``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from regen.io import read_json
+from regen.sglang.server import is_supervisor, read_url_state
+
+#: a shard's status older than this (and not finished) is shown as stale
+STALE_AFTER_S = 120.0
+METRIC_NAMES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput")
+_METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStatus:
+    """One ``work/status/{shard}.json``."""
+
+    shard: str
+    server_id: str | None
+    server_url: str | None
+    done: int
+    total: int | None
+    failed: int
+    truncated: int
+    req_s: float
+    out_tok_s: float
+    eta_s: float | None
+    updated_at: float
+    finished: bool
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], path: Path) -> ShardStatus:
+        server = obj.get("server") or {}
+        try:
+            return cls(
+                shard=str(obj.get("shard") or path.stem),
+                server_id=server.get("id"),
+                server_url=server.get("url"),
+                done=int(obj.get("done") or 0),
+                total=None if obj.get("total") is None else int(obj["total"]),
+                failed=int(obj.get("failed") or 0),
+                truncated=int(obj.get("truncated") or 0),
+                req_s=float(obj.get("req_s") or 0.0),
+                out_tok_s=float(obj.get("out_tok_s") or 0.0),
+                eta_s=None if obj.get("eta_s") is None else float(obj["eta_s"]),
+                updated_at=float(obj.get("updated_at") or 0.0),
+                finished=bool(obj.get("finished", False)),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: bad status field: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ServerView:
+    """A GPU slot's server as seen now: url file state and its /metrics (None when unreachable)."""
+
+    server_id: str
+    url: str | None
+    state: str  # ready | starting | failed | gone
+    running: float | None = None
+    queued: float | None = None
+    gen_throughput: float | None = None
+
+
+def parse_prometheus(text: str, names: Iterable[str] = METRIC_NAMES) -> dict[str, float]:
+    """Sum each named metric over its label sets in Prometheus text exposition format."""
+    wanted = set(names)
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_LINE.match(line)
+        if m is None or m.group(1) not in wanted:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    return out
+
+
+def read_shard_statuses(status_dir: Path) -> list[ShardStatus]:
+    """Every readable status file (a file being replaced right now is skipped, never half-read)."""
+    statuses = []
+    for path in sorted(status_dir.glob("*.json")):
+        try:
+            obj = read_json(path)
+        except (OSError, ValueError) as exc:
+            print(f"warning: {path}: unreadable ({exc})", file=sys.stderr)
+            continue
+        statuses.append(ShardStatus.from_json(obj, path))
+    return statuses
+
+
+def fetch_metrics(url: str, timeout: float = 2.0) -> dict[str, float] | None:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as resp:
+            return parse_prometheus(resp.read().decode(errors="replace"))
+    except (OSError, ValueError):
+        return None
+
+
+def read_servers(servers_dir: Path) -> list[ServerView]:
+    """One view per ``gpu{k}.url`` file, with live metrics for ready servers."""
+    views = []
+    for url_file in sorted(servers_dir.glob("gpu*.url"), key=lambda p: _slot_key(p.stem)):
+        state = read_url_state(url_file)
+        sid = url_file.stem
+        if state is None or not is_supervisor(state.supervisor_pid, url_file):
+            views.append(ServerView(sid, None, "gone"))
+            continue
+        if state.failed:
+            views.append(ServerView(sid, None, "failed"))
+            continue
+        if state.url is None:
+            views.append(ServerView(sid, None, "starting"))
+            continue
+        metrics = fetch_metrics(state.url)
+        if metrics is None:
+            views.append(ServerView(sid, state.url, "unreachable"))
+            continue
+        views.append(
+            ServerView(
+                sid,
+                state.url,
+                "ready",
+                running=metrics.get("sglang:num_running_reqs"),
+                queued=metrics.get("sglang:num_queue_reqs"),
+                gen_throughput=metrics.get("sglang:gen_throughput"),
+            )
+        )
+    return views
+
+
+def _slot_key(server_id: str) -> tuple[int, str]:
+    digits = re.sub(r"\D", "", server_id)
+    return (int(digits) if digits else 1 << 30, server_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RunTotals:
+    planned_shards: int
+    finished_shards: int
+    done: int
+    total: int | None
+    failed: int
+    req_s: float
+    eta_s: float | None
+
+
+def run_totals(statuses: list[ShardStatus], planned: set[str], finished: set[str], now: float) -> RunTotals:
+    """Whole-run progress; shards not started yet are counted at the mean size of the known ones."""
+    by_shard = {s.shard: s for s in statuses}
+    known_totals = [s.total for s in statuses if s.total is not None]
+    mean_total = sum(known_totals) / len(known_totals) if known_totals else None
+    shards = planned | finished | set(by_shard)
+    done = sum(s.done for s in statuses)
+    total: float | None = 0.0
+    for shard in shards:
+        st = by_shard.get(shard)
+        size = st.total if st is not None and st.total is not None else mean_total
+        if size is None:
+            total = None
+            break
+        total += size
+    active = [
+        s
+        for s in statuses
+        if not s.finished and s.shard not in finished and now - s.updated_at < STALE_AFTER_S
+    ]
+    rate = sum(s.req_s for s in active)
+    eta = (total - done) / rate if total is not None and rate > 0 else None
+    return RunTotals(
+        planned_shards=len(planned),
+        finished_shards=len(finished),
+        done=done,
+        total=None if total is None else round(total),
+        failed=sum(s.failed for s in statuses),
+        req_s=rate,
+        eta_s=None if eta is None else max(0.0, eta),
+    )
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = round(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+def render_table(
+    statuses: list[ShardStatus], servers: list[ServerView], planned: set[str], finished: set[str], now: float
+) -> str:
+    """The status table (per GPU, then the whole run) as text."""
+    server_by_id = {v.server_id: v for v in servers}
+    in_progress: dict[str, ShardStatus] = {}
+    for st in sorted(statuses, key=lambda s: s.updated_at):
+        if st.finished or st.shard in finished or st.server_id is None:
+            continue
+        in_progress[st.server_id] = st  # the most recently updated shard on that server
+    ids = sorted(set(server_by_id) | set(in_progress), key=_slot_key)
+    header = (
+        "gpu",
+        "server",
+        "shard",
+        "done/total",
+        "failed",
+        "req/s",
+        "out tok/s",
+        "running",
+        "queued",
+        "updated",
+    )
+    rows: list[tuple[str, ...]] = [header]
+    for sid in ids:
+        view = server_by_id.get(sid)
+        st = in_progress.get(sid)
+        age = None if st is None else now - st.updated_at
+        rows.append(
+            (
+                sid,
+                "-" if view is None else view.state,
+                "-"
+                if st is None
+                else st.shard + (" (stale)" if age is not None and age > STALE_AFTER_S else ""),
+                "-" if st is None else f"{st.done}/{'?' if st.total is None else st.total}",
+                "-" if st is None else str(st.failed),
+                "-" if st is None else _fmt(st.req_s, 1),
+                "-" if st is None else _fmt(st.out_tok_s, 0),
+                "-" if view is None else _fmt(view.running),
+                "-" if view is None else _fmt(view.queued),
+                "-" if age is None else f"{fmt_duration(age)} ago",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if len(rows) == 1:
+        lines.append("(no GPU server or shard in progress)")
+    t = run_totals(statuses, planned, finished, now)
+    total = "?" if t.total is None else str(t.total)
+    pct = f" ({100.0 * t.done / t.total:.1f}%)" if t.total else ""
+    lines.append("")
+    lines.append(f"shards: {t.finished_shards}/{t.planned_shards} finished")
+    eta = fmt_duration(t.eta_s)
+    lines.append(f"samples: {t.done}/{total}{pct} done, {t.failed} failed, {t.req_s:.1f} req/s, ETA {eta}")
+    return "\n".join(lines) + "\n"
+
+
+def shard_names(directory: Path, suffix: str) -> set[str]:
+    """Names of ``{shard}{suffix}`` files (``.failed.jsonl`` companions excluded)."""
+    return {
+        p.name[: -len(suffix)]
+        for p in directory.glob(f"*{suffix}")
+        if not p.name.endswith(".failed.jsonl") and not p.name.startswith(".")
+    }
+
+
+def status_report(workdir: Path, results: Path, now: float | None = None) -> str:
+    """Gather every source and render the table."""
+    statuses = read_shard_statuses(workdir / "status")
+    servers = read_servers(workdir / "servers")
+    planned = shard_names(results / "shards", ".parquet")
+    finished = shard_names(results / "generations", ".jsonl")
+    return render_table(statuses, servers, planned, finished, time.time() if now is None else now)
+
+
+def cli(argv: list[str], out: TextIO | None = None) -> int:
+    p = argparse.ArgumentParser(prog="regen status", description="progress of a generation run")
+    p.add_argument("--workdir", type=Path, default=Path("work"), help="working directory (default: work)")
+    p.add_argument(
+        "--results", type=Path, default=Path("results"), help="results directory (default: results)"
+    )
+    args = p.parse_args(argv)
+    (out or sys.stdout).write(status_report(args.workdir, args.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

@@ -1,0 +1,497 @@
+"""regen.sglang.server + supervisor with real processes on 127.0.0.1 and a small stand-in server."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from regen.sglang.server import (
+    ServerError,
+    acquire_server,
+    build_simulated_command,
+    launch_args_for,
+    merge_launch_args,
+    port_is_free,
+    read_url_state,
+    stop_all_servers,
+    take_slot,
+    visible_devices_for,
+)
+
+# A stand-in for sglang.launch_server: loads for --delay seconds (not listening), records its
+# environment, answers the SGLang endpoints regen uses, and can crash on demand.
+STANDIN = textwrap.dedent(
+    """
+    import argparse, json, os, sys, threading, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int)
+    p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--record")
+    p.add_argument("--crash-after", type=float, default=None)
+    p.add_argument("--crash-once-marker", default=None)
+    p.add_argument("--exit-at-start", type=int, default=None)
+    a, _ = p.parse_known_args()
+    if a.record:
+        with open(a.record, "a") as fh:
+            fh.write(json.dumps({"pid": os.getpid(), "port": a.port,
+                                 "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\\n")
+    print("stand-in: loading", flush=True)
+    if a.exit_at_start is not None:
+        print("stand-in: fatal error at start", flush=True)
+        sys.exit(a.exit_at_start)
+    time.sleep(a.delay)
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+        def reply(self, code, body, ctype="application/json"):
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path == "/v1/chat/completions":
+                self.reply(200, json.dumps({"choices": [{"message": {"content": "x"},
+                                                         "finish_reason": "length"}]}))
+            else:
+                self.reply(404, "{}")
+        def do_GET(self):
+            if self.path == "/server_info":
+                self.reply(200, json.dumps({"version": "standin-1", "model_path": "stand-in-model",
+                    "internal_states": [{"effective_max_running_requests_per_dp": 7}]}))
+            elif self.path == "/metrics":
+                self.reply(200, "sglang:num_running_reqs 3\\nsglang:num_queue_reqs 1\\n", "text/plain")
+            else:
+                self.reply(404, "{}")
+
+    srv = ThreadingHTTPServer((a.host, a.port), H)
+    print(f"stand-in: serving on {a.port}", flush=True)
+    crash = a.crash_after is not None
+    if crash and a.crash_once_marker:
+        crash = not os.path.exists(a.crash_once_marker)
+        open(a.crash_once_marker, "a").close()
+    if crash:
+        threading.Timer(a.crash_after, lambda: (print("stand-in: crashing", flush=True), os._exit(3))).start()
+    srv.serve_forever()
+    """
+)
+
+# One shard job: acquire a slot's server, report, hold it, report again.
+JOB = textwrap.dedent(
+    """
+    import json, sys, time
+    from regen.sglang.server import acquire_server
+    cfg, out, hold, owner, standin, extra = (json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3]),
+                                             int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6]))
+    def builder(server_cfg, plan, port, model):
+        return [sys.executable, standin, "--port", str(port), *extra]
+    def note(**kw):
+        with open(out, "a") as fh:
+            fh.write(json.dumps(kw) + "\\n")
+    with acquire_server(cfg, None, "work/servers", "logs/servers", owner_pid=owner,
+                        command_builder=builder, poll_s=0.05) as ep:
+        note(event="acquired", t=time.time(), url=ep.url, server_id=ep.server_id,
+             max_running_requests=ep.max_running_requests, version=ep.version, model=ep.model)
+        time.sleep(hold)
+        note(event="released", t=time.time())
+    """
+)
+
+
+def free_port_base(n: int) -> int:
+    for _ in range(200):
+        base = random.randint(20000, 60000)
+        if all(port_is_free("127.0.0.1", base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no free ports")
+
+
+def procs_mentioning(marker: str) -> list[int]:
+    """PIDs whose command line contains ``marker`` (a /proc scan; zombies have empty cmdlines)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            found.append(int(entry))
+    return found
+
+
+def wait_for(pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_acquired(proc: subprocess.Popen[bytes], out: Path, timeout: float = 20) -> None:
+    """Wait until a job reports that it holds its server; fail with its stderr if it died."""
+    deadline = time.monotonic() + timeout
+    while not events(out):
+        if proc.poll() is not None:
+            raise AssertionError(f"job exited with {proc.returncode}: {proc.stderr.read().decode()}")  # type: ignore[union-attr]
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the job to acquire its server")
+        time.sleep(0.05)
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+class Rig:
+    """A test working directory with the stand-in server, job launcher and cleanup."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.standin = root / "standin.py"
+        self.standin.write_text(STANDIN)
+        self.job_script = root / "job.py"
+        self.job_script.write_text(JOB)
+        self.record = root / "record.jsonl"
+        self.port_base = free_port_base(2)
+        self.jobs: list[subprocess.Popen[bytes]] = []
+
+    def cfg(self, **over: Any) -> dict[str, Any]:
+        cfg = {
+            "mode": "simulated",
+            "gpus": 1,
+            "port_base": self.port_base,
+            "idle_timeout_s": 30,
+            "startup_timeout_s": 10,
+            "max_restarts": 2,
+            "model_path": "stand-in-model",
+        }
+        cfg.update(over)
+        return cfg
+
+    def builder(self, *extra: str) -> Any:
+        def build(server_cfg: Any, plan: Any, port: int, model: str) -> list[str]:
+            return [
+                sys.executable,
+                str(self.standin),
+                "--port",
+                str(port),
+                "--record",
+                str(self.record),
+                *extra,
+            ]
+
+        return build
+
+    def job(
+        self,
+        cfg: dict[str, Any],
+        name: str,
+        hold: float,
+        owner: int | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        out = self.root / f"{name}.jsonl"
+        env = dict(os.environ)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        args = ["--record", str(self.record), *extra]
+        proc = subprocess.Popen(
+            [sys.executable, str(self.job_script), json.dumps(cfg), str(out), str(hold),
+             str(owner or os.getpid()), str(self.standin), json.dumps(args)],
+            cwd=self.root, env=env, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        self.jobs.append(proc)
+        return proc, out
+
+    def starts(self) -> list[dict[str, Any]]:
+        return events(self.record)
+
+    def cleanup(self) -> None:
+        for proc in self.jobs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        stop_all_servers(self.root / "work" / "servers", grace_s=5)
+        for pid in procs_mentioning(str(self.root)):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def rig(tmp_workdir: Path) -> Iterator[Rig]:
+    r = Rig(tmp_workdir)
+    yield r
+    r.cleanup()
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    _, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err.decode()
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def test_two_jobs_on_one_slot_serialize_and_reuse_one_server(rig: Rig) -> None:
+    cfg = rig.cfg(gpus=1)
+    a, a_out = rig.job(cfg, "a", hold=1.0)
+    wait_acquired(a, a_out)
+    b, b_out = rig.job(cfg, "b", hold=0.1)
+    finish(a)
+    finish(b)
+    a_ev, b_ev = events(a_out), events(b_out)
+    assert b_ev[0]["t"] >= a_ev[1]["t"], "job b used the slot while job a still held it"
+    assert a_ev[0]["url"] == b_ev[0]["url"] == f"http://127.0.0.1:{rig.port_base}"
+    assert a_ev[0]["server_id"] == "gpu0"
+    assert a_ev[0]["max_running_requests"] == 7 and a_ev[0]["version"] == "standin-1"
+    assert a_ev[0]["model"] == "stand-in-model"
+    assert len(rig.starts()) == 1, "the second job started its own server instead of reusing"
+    assert (rig.root / "work/servers/gpu0.realized.json").is_file()
+    log = (rig.root / "logs/servers/gpu0.log").read_text()
+    assert log.count("regen supervisor: starting server") == 1
+
+
+def test_two_slots_get_distinct_servers_devices_and_ports(rig: Rig) -> None:
+    cfg = rig.cfg(gpus=2)
+    a, a_out = rig.job(cfg, "a", hold=1.0)
+    b, b_out = rig.job(cfg, "b", hold=1.0)
+    finish(a)
+    finish(b)
+    urls = {events(a_out)[0]["url"], events(b_out)[0]["url"]}
+    assert urls == {f"http://127.0.0.1:{rig.port_base}", f"http://127.0.0.1:{rig.port_base + 1}"}
+    starts = rig.starts()
+    assert sorted((s["cuda"], s["port"]) for s in starts) == [
+        ("0", rig.port_base),
+        ("1", rig.port_base + 1),
+    ]
+
+
+def test_killed_job_releases_its_slot_lock(rig: Rig) -> None:
+    cfg = rig.cfg(gpus=1)
+    a, a_out = rig.job(cfg, "a", hold=60)
+    wait_acquired(a, a_out)
+    lock_dir = rig.root / "work/servers"
+    a.send_signal(signal.SIGKILL)
+    a.wait()
+    slot, fd = take_slot(lock_dir, 1, poll_s=0.05)
+    os.close(fd)
+    assert slot == 0
+    # and the orphaned server is reused by the next job
+    b, b_out = rig.job(cfg, "b", hold=0)
+    finish(b)
+    assert events(b_out)[0]["url"] == events(a_out)[0]["url"]
+    assert len(rig.starts()) == 1
+
+
+def test_supervisor_idle_exits_and_removes_url_file(rig: Rig) -> None:
+    cfg = rig.cfg(idle_timeout_s=1)
+    a, _ = rig.job(cfg, "a", hold=1.5)
+    finish(a)  # the lease is held for 1.5 s > idle timeout: the server must survive that
+    url_file = rig.root / "work/servers/gpu0.url"
+    state = read_url_state(url_file)
+    assert state is not None and state.url is not None, "server exited while a job held its lease"
+    wait_for(lambda: not url_file.exists(), 6, "the idle supervisor to remove its url file")
+    wait_for(lambda: not procs_mentioning(str(rig.root)), 6, "supervisor and server to exit")
+    assert "idle for" in (rig.root / "logs/servers/gpu0.log").read_text()
+
+
+def test_supervisor_exits_when_owner_dies(rig: Rig) -> None:
+    owner = subprocess.Popen(["sleep", "600"])
+    try:
+        cfg = rig.cfg(idle_timeout_s=600)
+        a, _ = rig.job(cfg, "a", hold=0, owner=owner.pid)
+        finish(a)
+        time.sleep(1.0)
+        assert procs_mentioning(str(rig.root)), "server exited while its owner was alive"
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        wait_for(lambda: not procs_mentioning(str(rig.root)), 5, "supervisor to exit after owner died")
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+    assert "owner PID" in (rig.root / "logs/servers/gpu0.log").read_text()
+
+
+def test_crashed_server_is_restarted(rig: Rig, tmp_workdir: Path) -> None:
+    from regen.sglang.server import one_token_generation
+
+    cfg = rig.cfg(max_restarts=2)
+    marker = str(tmp_workdir / "crashed-once")
+    builder = rig.builder("--crash-after", "1.0", "--crash-once-marker", marker)
+    url_file = tmp_workdir / "work/servers/gpu0.url"
+    with acquire_server(cfg, None, owner_pid=os.getpid(), command_builder=builder, poll_s=0.05) as ep:
+        wait_for(lambda: len(rig.starts()) == 2, 10, "the crashed server to be restarted")
+        second = rig.starts()[1]["pid"]
+
+        def restarted_ready() -> bool:
+            state = read_url_state(url_file)
+            return state is not None and state.url is not None and state.server_pid == second
+
+        wait_for(restarted_ready, 10, "the restarted server to be ready")
+        assert one_token_generation(ep.url, "m", None, timeout=5) is None
+    assert len(rig.starts()) == 2  # crashed once, restarted once, then stable
+    log = (tmp_workdir / "logs/servers/gpu0.log").read_text()
+    assert "exited with code 3" in log and "restart 1/2" in log
+
+
+def test_server_crashing_at_start_gives_up_after_max_restarts(rig: Rig) -> None:
+    cfg = rig.cfg(max_restarts=2)
+    with (
+        pytest.raises(ServerError, match=r"gave up|exited before") as err,
+        acquire_server(cfg, None, owner_pid=os.getpid(), command_builder=rig.builder("--exit-at-start", "5")),
+    ):
+        pass
+    assert "stand-in: fatal error at start" in str(err.value)  # the log tail
+    assert len(rig.starts()) == 3  # first start + 2 restarts
+    log = (rig.root / "logs/servers/gpu0.log").read_text()
+    assert "restart 2/2" in log and "giving up" in log
+
+
+def test_slow_start_beyond_deadline_raises_server_error(rig: Rig) -> None:
+    cfg = rig.cfg(startup_timeout_s=1, max_restarts=2)
+    t0 = time.monotonic()
+    with (
+        pytest.raises(ServerError, match="startup deadline"),
+        acquire_server(cfg, None, owner_pid=os.getpid(), command_builder=rig.builder("--delay", "60")),
+    ):
+        pass
+    assert time.monotonic() - t0 < 15
+    assert len(rig.starts()) == 1, "a startup timeout must not be retried"
+    wait_for(lambda: not procs_mentioning(str(rig.root)), 5, "the slow server to be killed")
+
+
+def test_stop_all_servers_leaves_no_process(rig: Rig) -> None:
+    cfg = rig.cfg(gpus=2, idle_timeout_s=600)
+    a, _ = rig.job(cfg, "a", hold=0.5)
+    b, _ = rig.job(cfg, "b", hold=0.5)
+    finish(a)
+    finish(b)
+    assert len(procs_mentioning(str(rig.root))) == 4  # 2 supervisors + 2 servers
+    assert stop_all_servers(rig.root / "work/servers", grace_s=5) == 2
+    wait_for(lambda: not procs_mentioning(str(rig.root)), 3, "no process left")
+    assert stop_all_servers(rig.root / "work/servers") == 0
+
+
+def test_port_held_by_foreign_process_is_a_clear_error(rig: Rig) -> None:
+    import socket
+
+    cfg = rig.cfg()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", rig.port_base))
+        sock.listen()
+        with (
+            pytest.raises(ServerError, match=f"port {rig.port_base}.*in use"),
+            acquire_server(cfg, None, owner_pid=os.getpid(), command_builder=rig.builder()),
+        ):
+            pass
+
+
+def test_external_mode_yields_configured_url(rig: Rig) -> None:
+    port = rig.port_base
+    server = subprocess.Popen([sys.executable, str(rig.standin), "--port", str(port)])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: not port_is_free("127.0.0.1", port), 10, "stand-in to listen")
+        with acquire_server({"mode": "external", "url": url}, None) as ep:
+            assert ep.url == url and ep.server_id == "external" and ep.max_running_requests == 7
+        assert not (rig.root / "work/servers").exists()
+    finally:
+        server.kill()
+        server.wait()
+    with (
+        pytest.raises(ServerError, match="one-token generation"),
+        acquire_server({"mode": "external", "url": url}),
+    ):
+        pass
+
+
+# --------------------------------------------------------------------------------------------------
+# command building (pure)
+
+
+def test_user_args_override_tuner_flags_and_managed_flags_are_dropped() -> None:
+    plan = {"launch_args": ["--mem-fraction-static", "0.8", "--max-running-requests=64", "--port", "1"]}
+    cfg = {"use_tuner": True, "args": ["--max-running-requests", "32", "--enable-mixed-chunk"]}
+    assert launch_args_for(cfg, plan) == [
+        "--mem-fraction-static",
+        "0.8",
+        "--max-running-requests",
+        "32",
+        "--enable-mixed-chunk",
+    ]
+    assert launch_args_for({**cfg, "use_tuner": False}, plan) == [
+        "--max-running-requests",
+        "32",
+        "--enable-mixed-chunk",
+    ]
+    assert launch_args_for({"args": [], "tp": 2}, None) == ["--tp-size", "2"]
+    assert merge_launch_args(["--a", "1", "--b"], ["--a=2"]) == ["--b", "--a=2"]
+
+
+def test_simulated_command_carries_its_behaviour() -> None:
+    cfg = {
+        "host": "127.0.0.1",
+        "simulated": {"token_rate": 50, "max_running_requests": 4, "faults": {"x": 1}},
+    }
+    argv = build_simulated_command(cfg, 31000, "m")
+    assert argv[1:3] == ["-m", "regen.sglang.simulated"]
+    assert argv[argv.index("--port") + 1] == "31000"
+    assert argv[argv.index("--token-rate") + 1] == "50"
+    assert argv[argv.index("--max-running-requests") + 1] == "4"
+    assert json.loads(argv[argv.index("--faults") + 1]) == {"x": 1}
+
+
+def test_visible_devices_respect_a_scheduler_list() -> None:
+    assert visible_devices_for(1, 1, None) == "1"
+    assert visible_devices_for(1, 2, None) == "2,3"
+    assert visible_devices_for(1, 1, "4,6") == "6"
+    assert visible_devices_for(3, 1, "5") == "5"  # one device given to this job: use it
+    with pytest.raises(ServerError, match="CUDA_VISIBLE_DEVICES"):
+        visible_devices_for(2, 1, "4,6")
+
+
+def test_simulated_mode_launches_regen_simulator(rig: Rig) -> None:
+    cfg = rig.cfg(simulated={"max_running_requests": 5, "token_rate": 0, "startup_delay_s": 0.2})
+    with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
+        assert ep.url == f"http://127.0.0.1:{rig.port_base}"
+        assert ep.max_running_requests == 5
+        assert ep.server_id == "gpu0"
+    log = (rig.root / "logs/servers/gpu0.log").read_text()
+    assert "regen.sglang.simulated" in log and "server ready" in log
+
+
+def test_owner_is_the_outermost_snakemake_ancestor(tmp_path: Path) -> None:
+    # sh (named .../snakemake-main) -> sh (named .../snakemake-job) -> python: the owner is the outer one
+    probe = tmp_path / "probe.py"
+    probe.write_text("from regen.sglang.server import find_owner_pid; print(find_owner_pid())")
+    inner = f"exec -a snakemake-job sh -c '{sys.executable} {probe}; true'"
+    outer = subprocess.Popen(
+        ["bash", "-c", f'exec -a snakemake-main bash -c "{inner}; true"'], stdout=subprocess.PIPE
+    )
+    out, _ = outer.communicate(timeout=20)
+    owner = int(out.decode().strip())
+    assert owner == outer.pid
+    from regen.sglang.server import find_owner_pid
+
+    assert find_owner_pid() == os.getppid()  # no snakemake above pytest: the parent

@@ -1,0 +1,315 @@
+"""The simulated SGLang server: HTTP shapes (as in SGLang 0.5.23's source), queueing, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from regen.sglang.simulated import Faults, start_simulated_server
+
+MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is two plus two"}]
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    url, stop = start_simulated_server(inline=True)
+    yield url
+    stop()
+
+
+async def _post(
+    url: str, body: dict[str, Any], sid: str | None = None, timeout: float = 10
+) -> tuple[int, bytes]:
+    headers = {"X-Regen-Sample-Id": sid} if sid else {}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            url + "/v1/chat/completions",
+            data=orjson.dumps(body),
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as r,
+    ):
+        return r.status, await r.read()
+
+
+def chat(url: str, sid: str | None = None, **kw: Any) -> tuple[int, Any]:
+    body = {"model": "m", "messages": MSGS, "max_tokens": 4096, **kw}
+    status, data = asyncio.run(_post(url, body, sid))
+    return status, orjson.loads(data)
+
+
+def get(url: str, path: str) -> tuple[int, bytes]:
+    async def go() -> tuple[int, bytes]:
+        async with aiohttp.ClientSession() as s, s.get(url + path) as r:
+            return r.status, await r.read()
+
+    return asyncio.run(go())
+
+
+def test_chat_completion_shape_matches_sglang(server: str) -> None:
+    status, resp = chat(server, seed=7, chat_template_kwargs={"enable_thinking": True})
+    assert status == 200
+    assert set(resp) == {"id", "object", "created", "model", "choices", "usage", "metadata"}
+    assert resp["object"] == "chat.completion" and resp["model"] == "m"
+    choice = resp["choices"][0]
+    assert set(choice) == {"index", "message", "logprobs", "finish_reason", "matched_stop"}
+    # SGLang drops tool_calls from the message when it is None (ChatMessage._serialize)
+    assert set(choice["message"]) == {"role", "content", "reasoning_content"}
+    assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = resp["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["prompt_tokens_details"] is None
+    assert usage["reasoning_tokens"] == len(choice["message"]["reasoning_content"].split())
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": usage["reasoning_tokens"]}
+
+
+def test_text_is_deterministic_in_messages_and_seed(server: str) -> None:
+    a = chat(server, seed=1)[1]["choices"][0]["message"]
+    b = chat(server, seed=1)[1]["choices"][0]["message"]
+    c = chat(server, seed=2)[1]["choices"][0]["message"]
+    assert a == b
+    assert a != c
+    g1 = chat(server, seed=1, temperature=0)[1]["choices"][0]["message"]
+    g2 = chat(server, seed=2, temperature=0)[1]["choices"][0]["message"]
+    assert g1 == g2  # greedy ignores the seed
+
+
+def test_thinking_off_gives_answer_only(server: str) -> None:
+    resp = chat(server, seed=3, chat_template_kwargs={"enable_thinking": False})[1]
+    msg = resp["choices"][0]["message"]
+    assert msg["reasoning_content"] is None and msg["content"]
+    assert resp["usage"]["reasoning_tokens"] == 0 and "completion_tokens_details" not in resp["usage"]
+
+
+def test_max_tokens_ignore_eos_and_n(server: str) -> None:
+    short = chat(server, seed=4, max_tokens=5)[1]
+    assert short["choices"][0]["finish_reason"] == "length"
+    assert short["usage"]["completion_tokens"] == 5
+    assert short["choices"][0]["matched_stop"] is None
+    eos = chat(server, seed=4, max_tokens=300, ignore_eos=True)[1]
+    assert eos["choices"][0]["finish_reason"] == "length" and eos["usage"]["completion_tokens"] == 300
+    via_new_name = chat(server, seed=4, max_completion_tokens=5)[1]
+    assert via_new_name["usage"]["completion_tokens"] == 5
+    two = chat(server, seed=4, n=2)[1]
+    assert [c["index"] for c in two["choices"]] == [0, 1]
+    lengths = {chat(server, seed=s, max_tokens=256)[1]["choices"][0]["finish_reason"] for s in range(60)}
+    assert lengths == {"stop", "length"}  # the length distribution reaches the budget sometimes
+
+
+def test_separate_reasoning_false_inlines_think_block(server: str) -> None:
+    msg = chat(server, seed=5, separate_reasoning=False)[1]["choices"][0]["message"]
+    assert msg["reasoning_content"] is None and msg["content"].startswith("<think>")
+
+
+def test_error_body_shape(server: str) -> None:
+    status, body = chat(server, messages=[])
+    assert status == 400
+    assert body == {
+        "object": "error",
+        "message": "Messages cannot be empty.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+
+
+def test_info_endpoints(server: str) -> None:
+    status, raw = get(server, "/server_info")
+    info = orjson.loads(raw)
+    assert status == 200
+    for key in (
+        "max_running_requests",
+        "mem_fraction_static",
+        "version",
+        "model_path",
+        "max_total_num_tokens",
+    ):
+        assert key in info
+    state = info["internal_states"][0]
+    assert state["effective_max_running_requests_per_dp"] == 64
+    assert {"max_mamba_cache_size", "memory_usage", "last_gen_throughput"} <= set(state)
+    models = orjson.loads(get(server, "/v1/models")[1])
+    assert models["object"] == "list" and models["data"][0]["max_model_len"] == 32768
+    assert orjson.loads(get(server, "/model_info")[1])["served_model_name"] == "demo-model"
+    assert get(server, "/health") == (200, b"")
+    assert get(server, "/health_generate") == (200, b"")
+
+
+def test_metrics_prometheus_text(server: str) -> None:
+    chat(server, seed=1)
+    text = get(server, "/metrics")[1].decode()
+    for name in (
+        "num_running_reqs",
+        "num_queue_reqs",
+        "gen_throughput",
+        "token_usage",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+    ):
+        assert re.search(rf'^sglang:{name}\{{[^}}]*model_name="demo-model"[^}}]*\}} [0-9.]+$', text, re.M), (
+            name
+        )
+    gen = re.search(r"^sglang:generation_tokens_total\{.*\} ([0-9.]+)$", text, re.M)
+    assert gen and float(gen.group(1)) > 0
+
+
+def test_requests_beyond_the_cap_queue() -> None:
+    url, stop = start_simulated_server(
+        max_running_requests=2,
+        token_rate=400,
+        mean_reasoning_tokens=50,
+        mean_answer_tokens=50,
+        long_fraction=0.0,
+    )
+    try:
+
+        async def go() -> tuple[float, dict[str, float]]:
+            body = {"messages": MSGS, "max_tokens": 100, "ignore_eos": True}  # 100 tokens = 0.25 s each
+            t0 = time.perf_counter()
+            tasks = [asyncio.create_task(_post(url, {**body, "seed": i})) for i in range(6)]
+            await asyncio.sleep(0.1)
+            async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+                text = await r.text()
+            metrics = {m: float(v) for m, v in re.findall(r"^(sglang:\w+)\{.*\} ([0-9.]+)$", text, re.M)}
+            await asyncio.gather(*tasks)
+            return time.perf_counter() - t0, metrics
+
+        elapsed, metrics = asyncio.run(go())
+        assert metrics["sglang:num_running_reqs"] == 2
+        assert metrics["sglang:num_queue_reqs"] == 4
+        assert elapsed >= 0.7  # three waves of 0.25 s
+    finally:
+        stop()
+
+
+def test_startup_delay_health_503_then_200() -> None:
+    url, stop = start_simulated_server(startup_delay_s=0.6)
+    try:
+        assert get(url, "/health")[0] == 503
+        assert chat(url)[0] == 503
+        time.sleep(0.7)
+        assert get(url, "/health")[0] == 200
+    finally:
+        stop()
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("disconnect", aiohttp.ServerDisconnectedError),
+        ("truncate", aiohttp.ClientPayloadError),
+    ],
+)
+def test_connection_faults(kind: str, expected: type[Exception]) -> None:
+    url, stop = start_simulated_server(inline=True, faults={f"{kind}_rate": 1.0})
+    try:
+        with pytest.raises(expected):
+            asyncio.run(_post(url, {"messages": MSGS}, "x"))
+    finally:
+        stop()
+
+
+def test_error_malformed_hang_and_bad_request_faults() -> None:
+    url, stop = start_simulated_server(inline=True, faults={"error_rate": 1.0})
+    try:
+        status, body = asyncio.run(_post(url, {"messages": MSGS}, "x"))
+        assert status in (500, 503) and orjson.loads(body)["object"] == "error"
+    finally:
+        stop()
+    url, stop = start_simulated_server(inline=True, faults={"malformed_rate": 1.0})
+    try:
+        status, body = asyncio.run(_post(url, {"messages": MSGS}, "x"))
+        assert status == 200
+        with pytest.raises(orjson.JSONDecodeError):
+            orjson.loads(body)
+    finally:
+        stop()
+    url, stop = start_simulated_server(inline=True, faults={"hang_rate": 1.0})
+    try:
+        with pytest.raises(TimeoutError):
+            asyncio.run(_post(url, {"messages": MSGS}, "x", timeout=0.3))
+    finally:
+        stop()
+    url, stop = start_simulated_server(inline=True, faults={"bad_request_for": ["bad-.*", "exact"]})
+    try:
+        assert asyncio.run(_post(url, {"messages": MSGS}, "bad-1"))[0] == 400
+        assert asyncio.run(_post(url, {"messages": MSGS}, "exact"))[0] == 400
+        assert asyncio.run(_post(url, {"messages": MSGS}, "good"))[0] == 200
+    finally:
+        stop()
+
+
+def test_fault_draws_are_deterministic_per_id_and_attempt() -> None:
+    f = Faults(error_rate=0.3, disconnect_rate=0.2, seed=9)
+    draws = [f.draw(f"id{i}", k) for i in range(200) for k in (1, 2)]
+    assert draws == [f.draw(f"id{i}", k) for i in range(200) for k in (1, 2)]
+    share = sum(d is not None for d in draws) / len(draws)
+    assert 0.4 < share < 0.6
+    with pytest.raises(ValueError, match="unknown key"):
+        Faults.from_json({"eror_rate": 0.1})
+
+
+def test_stats_and_crash_after() -> None:
+    url, stop = start_simulated_server(inline=True, faults={"crash_after": 2})
+    try:
+        assert chat(url, "a")[0] == 200
+        assert chat(url, "b")[0] == 200
+        time.sleep(0.1)
+        with pytest.raises(aiohttp.ClientConnectionError):
+            chat(url, "c")
+    finally:
+        stop()
+    url, stop = start_simulated_server(inline=True)
+    try:
+        chat(url, "a")
+        chat(url, "a")
+        chat(url, "b")
+        stats = orjson.loads(get(url, "/_sim/stats")[1])
+        assert stats["received"] == 3 and stats["completed"] == {"a": 2, "b": 1}
+    finally:
+        stop()
+
+
+def test_cli_subprocess_logs_sglang_lines(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    url, stop = start_simulated_server(
+        subprocess_mode=True,
+        log_file=str(log),
+        startup_delay_s=0.3,
+        token_rate=200,
+        log_interval_s=0.2,
+        max_running_requests=7,
+    )
+    try:
+        while get(url, "/health")[0] != 200:
+            time.sleep(0.05)
+
+        async def burst() -> None:
+            await asyncio.gather(
+                *(_post(url, {"messages": MSGS, "max_tokens": 100, "seed": i}) for i in range(10))
+            )
+
+        asyncio.run(burst())
+    finally:
+        stop()
+    text = log.read_text()
+    assert re.search(
+        r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] max_total_num_tokens=\d+, chunked_prefill_size=\d+, "
+        r"max_prefill_tokens=\d+, max_running_requests=7, context_len=\d+, available_gpu_mem=[\d.]+ GB$",
+        text,
+        re.M,
+    )
+    assert "The server is fired up and ready to roll!" in text
+    assert re.search(
+        r"Decode batch, #running-req: \d+, .*gen throughput \(token/s\): [\d.]+, #queue-req: \d+", text
+    )
