@@ -11,6 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("regen.status", "per-GPU progress, throughput and ETA of a running workflow"),
     "reconcile": ("regen.reconcile", "check every input id ended in exactly one place"),
     "serve-simulated": ("regen.sglang.simulated", "run the SGLang-compatible simulated server"),
+    "demo": ("regen.demo", "rebuild the demo tokenizer and dataset"),
 }
 
 

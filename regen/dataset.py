@@ -1,0 +1,812 @@
+"""Streaming ingest of chat datasets into :class:`regen.types.Sample`.
+
+Files: ``.jsonl`` (``.jsonl.gz``), ``.json`` (an array, or an object with a ``data``/``rows``
+list) and ``.parquet``. Row formats, detected per row unless one is configured:
+
+* ``messages``: OpenAI ``{"messages": [{"role", "content", "reasoning_content"?}]}``
+* ``sharegpt``: ``{"conversations": [{"from", "value"}], "system"?}``
+* ``prompt``: ``{"prompt": str, "system"?: str}`` → one user turn
+* ``tokenized``: ``{"input_ids", "loss_mask" | "labels"}`` decoded with the tokenizer and split
+  back into turns on the chat template's role markers.
+
+Two kinds of trouble are kept apart. An *unreadable row* cannot become a Sample at all
+(malformed JSON, a ``messages`` that is not a list, a role that is not a string, a bad id):
+it becomes a :class:`BadRow` naming file, row and field, and ``on_bad_row`` decides
+(``skip``: record it in ``bad_rows`` and go on; ``stop``: raise :class:`BadInputError`).
+A *structure fault* (unknown role, empty or non-text content, no user turn, odd role order)
+is kept in the Sample exactly as read, for the audit to flag.
+
+Memory stays flat in the dataset size: JSONL is read line by line, Parquet by record
+batches, and a JSON array by an incremental scanner that holds one record at a time. The one
+exception: a JSON object whose first key is not ``data``/``rows`` is read whole before its
+``data``/``rows`` list is found.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from regen.types import FORMATS, BadInputError, BadRow, Message, Sample
+
+FILE_FIELD = "<file>"
+ROW_FIELD = "<row>"
+ON_BAD_ROW_CHOICES: tuple[str, ...] = ("skip", "stop")
+FORMAT_CHOICES: tuple[str, ...] = ("auto", *FORMATS)
+SUFFIXES: dict[str, str] = {
+    ".jsonl": "jsonl",
+    ".jsonl.gz": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+# the field whose presence identifies each row format, in auto-detection order
+FORMAT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("messages", "messages"),
+    ("conversations", "sharegpt"),
+    ("input_ids", "tokenized"),
+    ("prompt", "prompt"),
+)
+SHAREGPT_ROLES: dict[str, str] = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "tool": "tool",
+}
+JSON_CONTAINER_KEYS: tuple[str, ...] = ("data", "rows")
+PARQUET_BATCH_ROWS = 1024
+JSON_CHUNK_BYTES = 1 << 20
+LABEL_IGNORE = -100
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+class UnreadableRow(Exception):
+    """A row that cannot become a Sample (``field`` and ``problem`` go into its BadRow)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+# --------------------------------------------------------------------------------------
+# Argument checks
+# --------------------------------------------------------------------------------------
+
+
+def check_format(fmt: str) -> str:
+    """Return ``fmt`` if it is a known format (or ``auto``); raise a clear ValueError if not."""
+    if fmt not in FORMAT_CHOICES:
+        raise ValueError(f"unknown dataset format {fmt!r}; expected one of: {', '.join(FORMAT_CHOICES)}")
+    return fmt
+
+
+def check_on_bad_row(policy: str) -> str:
+    if policy not in ON_BAD_ROW_CHOICES:
+        raise ValueError(
+            f"unknown on_bad_row policy {policy!r}; expected one of: {', '.join(ON_BAD_ROW_CHOICES)}"
+        )
+    return policy
+
+
+def file_kind(path: str | Path) -> str:
+    """The container type of ``path`` from its name: ``jsonl``, ``json`` or ``parquet``."""
+    name = Path(path).name.lower()
+    for suffix, kind in sorted(SUFFIXES.items(), key=lambda kv: -len(kv[0])):
+        if name.endswith(suffix):
+            return kind
+    raise ValueError(
+        f"{path}: cannot tell the file type from its name; expected one of: {', '.join(SUFFIXES)}"
+    )
+
+
+def row_format(record: dict[str, Any]) -> str | None:
+    """The row format a record looks like, from the fields present; None if none fits."""
+    for field_name, fmt in FORMAT_FIELDS:
+        if field_name in record:
+            return fmt
+    return None
+
+
+def detect_format(path: str | Path, max_rows: int = 100) -> str:
+    """The row format of the first readable record among the first ``max_rows`` of ``path``."""
+    for n, (_row, item) in enumerate(_iter_records(Path(path))):
+        if n >= max_rows:
+            break
+        if isinstance(item, dict):
+            fmt = row_format(item)
+            if fmt is not None:
+                return fmt
+    raise ValueError(
+        f"{path}: no record among the first {max_rows} has a messages, conversations, input_ids "
+        "or prompt field; cannot detect the dataset format"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _BadRowPolicy:
+    on_bad_row: str
+    sink: list[BadRow] | None
+
+    def handle(self, bad: BadRow) -> None:
+        if self.on_bad_row == "stop":
+            raise BadInputError(bad)
+        if self.sink is not None:
+            self.sink.append(bad)
+
+
+def iter_samples(
+    path: str | Path,
+    fmt: str = "auto",
+    id_column: str | None = None,
+    on_bad_row: str = "skip",
+    tokenizer_dir: str | Path | None = None,
+    bad_rows: list[BadRow] | None = None,
+) -> Iterator[Sample]:
+    """Stream the samples of one dataset file; unreadable rows go to ``bad_rows`` or raise.
+
+    Arguments, the file's existence and its extension are checked at the call, before
+    iteration starts. With ``on_bad_row="skip"`` each unreadable row is appended to
+    ``bad_rows`` (when given) and skipped; with ``"stop"`` the first one raises
+    :class:`BadInputError`. Samples come in file order; ``Sample.source`` holds file, row
+    and format (tokenized rows add ``mask_supervised_tokens`` and ``input_tokens``).
+    """
+    check_format(fmt)
+    policy = _BadRowPolicy(check_on_bad_row(on_bad_row), bad_rows)
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{path}: dataset file not found")
+    file_kind(p)
+    return _iter_samples(p, str(path), fmt, id_column, policy, _LazyDecoder(tokenizer_dir))
+
+
+def _iter_samples(
+    p: Path, file: str, fmt: str, id_column: str | None, policy: _BadRowPolicy, decoder: _LazyDecoder
+) -> Iterator[Sample]:
+    for row, item in _iter_records(p):
+        if isinstance(item, BadRow):
+            policy.handle(item)
+            continue
+        try:
+            sample = record_to_sample(item, file=file, row=row, fmt=fmt, id_column=id_column, decoder=decoder)
+        except UnreadableRow as exc:
+            policy.handle(BadRow(file, row, exc.field, exc.problem))
+            continue
+        yield sample
+
+
+def record_to_sample(
+    record: Any,
+    *,
+    file: str,
+    row: int,
+    fmt: str = "auto",
+    id_column: str | None = None,
+    decoder: _LazyDecoder | None = None,
+) -> Sample:
+    """Turn one parsed record into a Sample; raises ``UnreadableRow`` for an unreadable row."""
+    if not isinstance(record, dict):
+        raise UnreadableRow(ROW_FIELD, f"expected a JSON object, got {_type_name(record)}")
+    row_fmt = fmt if fmt != "auto" else row_format(record)
+    if row_fmt is None:
+        keys = ", ".join(sorted(map(str, record))[:10]) or "none"
+        raise UnreadableRow(
+            ROW_FIELD,
+            f"no messages, conversations, input_ids or prompt field (keys: {keys}); cannot tell the format",
+        )
+    source: dict[str, Any] = {"file": file, "row": row, "format": row_fmt}
+    if row_fmt == "messages":
+        messages = _parse_messages(record)
+    elif row_fmt == "sharegpt":
+        messages = _parse_sharegpt(record)
+    elif row_fmt == "prompt":
+        messages = _parse_prompt(record)
+    else:
+        if decoder is None:
+            decoder = _LazyDecoder(None)
+        messages, stats = decoder.get().decode_record(record)
+        source.update(stats)
+    sample_id = _row_id(record, id_column) if id_column else content_id(messages)
+    return Sample(id=sample_id, messages=messages, source=source)
+
+
+# --------------------------------------------------------------------------------------
+# Row formats
+# --------------------------------------------------------------------------------------
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _require(record: dict[str, Any], field_name: str, fmt: str) -> Any:
+    if field_name not in record:
+        keys = ", ".join(sorted(map(str, record))[:10]) or "none"
+        raise UnreadableRow(field_name, f"missing (format {fmt!r} needs it; row has keys: {keys})")
+    return record[field_name]
+
+
+def _check_text(value: Any, field_name: str) -> None:
+    if isinstance(value, str) and "\x00" in value:
+        raise UnreadableRow(field_name, "contains a NUL character")
+
+
+def _optional_str(value: Any, field_name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise UnreadableRow(field_name, f"expected a string or null, got {_type_name(value)}")
+    _check_text(value, field_name)
+    return value
+
+
+def _message(role: Any, content: Any, reasoning: Any, where: str, role_key: str, content_key: str) -> Message:
+    if not isinstance(role, str):
+        raise UnreadableRow(f"{where}.{role_key}", f"expected a string role, got {_type_name(role)}")
+    _check_text(role, f"{where}.{role_key}")
+    _check_text(content, f"{where}.{content_key}")
+    return Message(
+        role=role, content=content, reasoning_content=_optional_str(reasoning, f"{where}.reasoning_content")
+    )
+
+
+def _turn_list(record: dict[str, Any], field_name: str, fmt: str) -> list[Any]:
+    turns = _require(record, field_name, fmt)
+    if not isinstance(turns, list):
+        raise UnreadableRow(field_name, f"expected a list of turns, got {_type_name(turns)}")
+    return turns
+
+
+def _parse_messages(record: dict[str, Any]) -> tuple[Message, ...]:
+    out: list[Message] = []
+    for i, turn in enumerate(_turn_list(record, "messages", "messages")):
+        where = f"messages[{i}]"
+        if not isinstance(turn, dict):
+            raise UnreadableRow(where, f"expected an object with role and content, got {_type_name(turn)}")
+        if "role" not in turn:
+            raise UnreadableRow(f"{where}.role", "missing")
+        out.append(
+            _message(
+                turn["role"], turn.get("content"), turn.get("reasoning_content"), where, "role", "content"
+            )
+        )
+    return tuple(out)
+
+
+def _parse_sharegpt(record: dict[str, Any]) -> tuple[Message, ...]:
+    out: list[Message] = []
+    system = record.get("system")
+    if system is not None:
+        if not isinstance(system, str):
+            raise UnreadableRow("system", f"expected a string, got {_type_name(system)}")
+        _check_text(system, "system")
+    for i, turn in enumerate(_turn_list(record, "conversations", "sharegpt")):
+        where = f"conversations[{i}]"
+        if not isinstance(turn, dict):
+            raise UnreadableRow(where, f"expected an object with from and value, got {_type_name(turn)}")
+        if "from" not in turn:
+            raise UnreadableRow(f"{where}.from", "missing")
+        speaker = turn["from"]
+        role = SHAREGPT_ROLES.get(speaker.strip().lower(), speaker) if isinstance(speaker, str) else speaker
+        out.append(_message(role, turn.get("value"), turn.get("reasoning_content"), where, "from", "value"))
+    if system and not (out and out[0].role == "system"):
+        out.insert(0, Message(role="system", content=system))
+    return tuple(out)
+
+
+def _parse_prompt(record: dict[str, Any]) -> tuple[Message, ...]:
+    prompt = _require(record, "prompt", "prompt")
+    system = _optional_str(record.get("system"), "system")
+    head = (Message(role="system", content=system),) if system is not None else ()
+    if isinstance(prompt, list) and all(isinstance(t, dict) and "role" in t for t in prompt):
+        # a prompt given as a list of chat turns (common in preference datasets)
+        return head + _parse_messages({"messages": prompt})
+    _check_text(prompt, "prompt")
+    return (*head, Message(role="user", content=prompt))
+
+
+# --------------------------------------------------------------------------------------
+# Ids
+# --------------------------------------------------------------------------------------
+
+
+def content_id(messages: Iterable[Message]) -> str:
+    """blake2b-128 hex of the canonical JSON of the conversation (independent of key order)."""
+    canonical = orjson.dumps(
+        [m.to_json() for m in messages], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=repr
+    )
+    return hashlib.blake2b(canonical, digest_size=16).hexdigest()
+
+
+def check_id(value: str, field_name: str) -> str:
+    """Reject ids that could escape an output directory when used in a file name."""
+    if value in (".", "..") or any(ch in value for ch in ("/", "\\", "\x00")):
+        raise UnreadableRow(field_name, f"id {value!r} contains '/', '\\\\' or NUL, or is '.'/'..'")
+    return value
+
+
+def _row_id(record: dict[str, Any], id_column: str) -> str:
+    if id_column not in record:
+        raise UnreadableRow(id_column, "missing (configured as id_column)")
+    raw = record[id_column]
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        raise UnreadableRow(id_column, f"id must be a non-empty string or an integer, got {_type_name(raw)}")
+    value = str(raw)
+    if not value:
+        raise UnreadableRow(id_column, "id is empty")
+    return check_id(value, id_column)
+
+
+# --------------------------------------------------------------------------------------
+# Tokenized rows
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMarkers:
+    """The strings that frame a turn in the rendered chat: ``{start}{role}{sep}...{end}``."""
+
+    turn_start: str
+    role_sep: str
+    turn_end: str
+    think_open: str | None
+    think_close: str | None
+
+
+CHATML_MARKERS = ChatMarkers("<|im_start|>", "\n", "<|im_end|>", "<think>", "</think>")
+_PROBE_USER = "\ue000U"
+_PROBE_REASONING = "\ue001R"
+_PROBE_CONTENT = "\ue002C"
+
+
+def hf_template_env() -> Any:
+    """A jinja2 environment like the one transformers renders chat templates in."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **kw: Any) -> str:
+        return json.dumps(
+            value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=kw.get("sort_keys", False)
+        )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = tojson
+    return env
+
+
+def markers_from_template(template: str, added_tokens: Iterable[str]) -> ChatMarkers:
+    """Find the turn markers by rendering probe conversations through ``template``."""
+    tokens = sorted(set(added_tokens), key=len, reverse=True)
+    env = hf_template_env()
+    tpl = env.from_string(template)
+    text = tpl.render(messages=[{"role": "user", "content": _PROBE_USER}], add_generation_prompt=False)
+    head, _, tail = text.partition(_PROBE_USER)
+    before_role, found_role, role_sep = head.rpartition("user")
+    start = next((t for t in tokens if found_role and before_role.endswith(t)), None)
+    end = next((t for t in tokens if tail.startswith(t)), None)
+    if start is None or end is None or not role_sep:
+        raise ValueError(
+            "cannot find the turn markers: the chat template does not frame turns with added tokens"
+        )
+    think_open = think_close = None
+    convo = [
+        {"role": "user", "content": _PROBE_USER},
+        {"role": "assistant", "content": _PROBE_CONTENT, "reasoning_content": _PROBE_REASONING},
+    ]
+    text = tpl.render(messages=convo, add_generation_prompt=False)
+    if _PROBE_REASONING in text:
+        before, _, after = text.partition(_PROBE_REASONING)
+        opener = before.rpartition(f"assistant{role_sep}")[2].strip()
+        closer = after.partition(_PROBE_CONTENT)[0].strip()
+        think_open, think_close = opener or None, closer or None
+    return ChatMarkers(start, role_sep, end, think_open, think_close)
+
+
+class TokenizedDecoder:
+    """Decodes tokenized rows with one tokenizer directory and splits them into turns."""
+
+    def __init__(self, tokenizer_dir: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        tdir = Path(tokenizer_dir)
+        tok_file = tdir / "tokenizer.json"
+        if not tok_file.is_file():
+            raise FileNotFoundError(f"{tok_file}: tokenizer.json not found (needed to decode tokenized rows)")
+        self.tokenizer = Tokenizer.from_file(str(tok_file))
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        cfg_file = tdir / "tokenizer_config.json"
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+        added = [t.content for t in self.tokenizer.get_added_tokens_decoder().values()]
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        self.markers = markers_from_template(template, added) if isinstance(template, str) else CHATML_MARKERS
+        pad = cfg.get("pad_token")
+        pad = pad.get("content") if isinstance(pad, dict) else pad
+        pad_id = self.tokenizer.token_to_id(pad) if isinstance(pad, str) else None
+        self.pad_id: int | None = pad_id
+
+    def decode_record(self, record: dict[str, Any]) -> tuple[tuple[Message, ...], dict[str, Any]]:
+        ids = _int_list(_require(record, "input_ids", "tokenized"), "input_ids")
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise UnreadableRow(
+                "input_ids", f"token id {bad} outside the tokenizer's vocabulary (0..{self.vocab_size - 1})"
+            )
+        supervised = _supervised_count(record, len(ids))
+        kept = [t for t in ids if t != self.pad_id]
+        text = self.tokenizer.decode(kept, skip_special_tokens=False)
+        messages = split_turns(text, self.markers)
+        stats = {"mask_supervised_tokens": supervised, "input_tokens": len(ids)}
+        return messages, stats
+
+
+def _int_list(value: Any, field_name: str) -> list[int]:
+    if hasattr(value, "tolist"):  # numpy arrays from some Parquet readers
+        value = value.tolist()
+    if not isinstance(value, list):
+        raise UnreadableRow(field_name, f"expected a list of integers, got {_type_name(value)}")
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise UnreadableRow(field_name, f"element {i} is {_type_name(v)}, expected an integer")
+    return value
+
+
+def _supervised_count(record: dict[str, Any], n_ids: int) -> int:
+    if "loss_mask" in record:
+        mask = _int_list(record["loss_mask"], "loss_mask")
+        if len(mask) != n_ids:
+            raise UnreadableRow("loss_mask", f"has {len(mask)} entries for {n_ids} input_ids")
+        if any(v not in (0, 1) for v in mask):
+            raise UnreadableRow("loss_mask", "entries must be 0 or 1")
+        return sum(mask)
+    if "labels" in record:
+        labels = _int_list(record["labels"], "labels")
+        if len(labels) != n_ids:
+            raise UnreadableRow("labels", f"has {len(labels)} entries for {n_ids} input_ids")
+        return sum(1 for v in labels if v != LABEL_IGNORE)
+    raise UnreadableRow("loss_mask", "missing: a tokenized row needs loss_mask or labels")
+
+
+def split_turns(text: str, markers: ChatMarkers) -> tuple[Message, ...]:
+    """Split rendered chat text back into turns; an assistant think block becomes reasoning."""
+    pieces = text.split(markers.turn_start)
+    if len(pieces) < 2:
+        raise UnreadableRow("input_ids", f"decoded text has no {markers.turn_start!r} turn marker")
+    out: list[Message] = []
+    for k, piece in enumerate(pieces[1:]):
+        role, sep, rest = piece.partition(markers.role_sep)
+        if not sep or not role:
+            raise UnreadableRow("input_ids", f"turn {k} has no role line after {markers.turn_start!r}")
+        body = rest.partition(markers.turn_end)[0]
+        reasoning: str | None = None
+        if role == "assistant" and markers.think_open and markers.think_close:
+            stripped = body.lstrip("\n")
+            if stripped.startswith(markers.think_open) and markers.think_close in stripped:
+                inner, _, after = stripped[len(markers.think_open) :].partition(markers.think_close)
+                reasoning, body = inner.strip("\n"), after.lstrip("\n")
+        out.append(Message(role=role, content=body, reasoning_content=reasoning))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4)
+def _decoder_for(tokenizer_dir: str) -> TokenizedDecoder:
+    return TokenizedDecoder(tokenizer_dir)
+
+
+class _LazyDecoder:
+    """Loads the tokenizer on the first tokenized row only."""
+
+    def __init__(self, tokenizer_dir: str | Path | None) -> None:
+        self.tokenizer_dir = tokenizer_dir
+
+    def get(self) -> TokenizedDecoder:
+        if self.tokenizer_dir is None:
+            raise ValueError("the dataset has tokenized rows (input_ids); set tokenizer_dir to decode them")
+        return _decoder_for(str(Path(self.tokenizer_dir).resolve()))
+
+
+# --------------------------------------------------------------------------------------
+# Record readers: yield (row, dict | BadRow)
+# --------------------------------------------------------------------------------------
+
+
+def _iter_records(path: Path) -> Iterator[tuple[int, Any]]:
+    kind = file_kind(path)
+    if kind == "parquet":
+        yield from _iter_parquet(path)
+    elif kind == "json":
+        yield from _iter_json(path)
+    else:
+        yield from _iter_jsonl(path)
+
+
+def _empty(path: Path) -> tuple[int, BadRow]:
+    return 0, BadRow(str(path), 0, FILE_FIELD, "file is empty")
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+
+
+def _parse_json_bytes(raw: bytes, file: str, row: int) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as uexc:
+            return BadRow(file, row, ROW_FIELD, f"invalid UTF-8 at byte {uexc.start}")
+        return BadRow(file, row, ROW_FIELD, f"malformed JSON: {exc}")
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    file = str(path)
+    seen_any = False
+    row = -1
+    try:
+        with _open_binary(path) as fh:
+            for row, line in enumerate(fh):
+                if row == 0 and line.startswith(UTF8_BOM):
+                    line = line[len(UTF8_BOM) :]
+                if not line.strip():
+                    continue
+                seen_any = True
+                yield row, _parse_json_bytes(line.rstrip(b"\r\n"), file, row)
+    except (OSError, EOFError) as exc:  # e.g. a truncated .gz
+        yield row + 1, BadRow(file, row + 1, FILE_FIELD, f"file unreadable from here on: {exc}")
+        return
+    if not seen_any:
+        yield _empty(path)
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    file = str(path)
+    if path.stat().st_size == 0:
+        yield _empty(path)
+        return
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        yield 0, BadRow(file, 0, FILE_FIELD, f"not a readable Parquet file: {exc}")
+        return
+    row = 0
+    # one row group at a time (the reader would otherwise read ahead into later groups, and
+    # a damaged group would hide the good rows before it)
+    for group in range(pf.num_row_groups):
+        batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[group])
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except (pa.ArrowException, OSError) as exc:
+                problem = (
+                    f"Parquet data unreadable from row {row} on (row group {group}); later rows are lost"
+                )
+                yield row, BadRow(file, row, FILE_FIELD, f"{problem}: {str(exc).strip()}")
+                return
+            for record in batch.to_pylist():
+                yield row, record
+                row += 1
+
+
+class _ScanError(Exception):
+    """The JSON structure is broken: no further record can be found. ``row`` is the first lost one."""
+
+    def __init__(self, problem: str, row: int = 0) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.row = row
+
+
+# a whole string, a string cut off by the end of the buffer, or a bracket
+_JSON_TOKEN = re.compile(
+    rb'(?P<string>"[^"\\]*(?:\\.[^"\\]*)*")|(?P<open_string>"[^"\\]*(?:\\.[^"\\]*)*\\?\Z)|[\[\]{}]', re.S
+)
+_SCALAR_END = re.compile(rb"[,\]}\s]")
+_WHITESPACE = frozenset(b" \t\r\n")
+
+
+class _JsonScanner:
+    """Reads a JSON document piecewise: whole values as raw bytes, one at a time."""
+
+    def __init__(self, fh: IO[bytes], chunk_bytes: int | None = None) -> None:
+        self._fh = fh
+        self._chunk = chunk_bytes or JSON_CHUNK_BYTES
+        self._buf = b""
+        self.pos = 0
+        self._eof = False
+
+    def _more(self, keep_from: int) -> int:
+        """Read another chunk, dropping bytes before ``keep_from``; return how far positions moved."""
+        if self._eof:
+            return -1
+        data = self._fh.read(self._chunk)
+        if not data:
+            self._eof = True
+            return -1
+        self._buf = self._buf[keep_from:] + data
+        self.pos -= keep_from
+        return keep_from
+
+    def peek(self) -> int | None:
+        """The next non-whitespace byte (not consumed), or None at the end of the file."""
+        while True:
+            buf, n = self._buf, len(self._buf)
+            while self.pos < n and buf[self.pos] in _WHITESPACE:
+                self.pos += 1
+            if self.pos < n:
+                return buf[self.pos]
+            if self._more(self.pos) < 0:
+                return None
+
+    def skip_bom(self) -> None:
+        """Skip a UTF-8 byte-order mark at the start of the file."""
+        while len(self._buf) - self.pos < len(UTF8_BOM) and self._more(self.pos) >= 0:
+            pass
+        if self._buf.startswith(UTF8_BOM, self.pos):
+            self.pos += len(UTF8_BOM)
+
+    def take(self) -> None:
+        self.pos += 1
+
+    def value(self) -> bytes:
+        """Consume one JSON value (after optional whitespace) and return its raw bytes.
+
+        Only the structure is scanned (brackets, and strings as whole tokens); the caller
+        parses the bytes, so a malformed record still has a known extent and the next one
+        is found.
+        """
+        first = self.peek()
+        if first is None:
+            raise _ScanError("file ends where a value was expected")
+        if first in b",]}:":
+            raise _ScanError(f"expected a value, found {chr(first)!r}")
+        start = self.pos
+        end = self._scalar_end(start) if first not in b'[{"' else self._container_end(start)
+        start = self.pos  # _more() may have moved the buffer under us
+        self.pos = end
+        return self._buf[start:end]
+
+    def _scalar_end(self, start: int) -> int:
+        while True:
+            m = _SCALAR_END.search(self._buf, start)
+            if m is not None:
+                return m.start()
+            if self._more(start) < 0:
+                return len(self._buf)
+            start = self.pos
+
+    def _container_end(self, start: int) -> int:
+        """End of the string, array or object starting at ``start`` (== self.pos)."""
+        i, depth = start, 0
+        while True:
+            resume = len(self._buf)
+            for m in _JSON_TOKEN.finditer(self._buf, i):
+                kind = m.lastgroup
+                if kind == "string":
+                    if depth == 0:
+                        return m.end()
+                elif kind == "open_string":
+                    resume = m.start()
+                    break
+                elif self._buf[m.start()] in b"[{":
+                    depth += 1
+                else:
+                    depth -= 1
+                    if depth == 0:
+                        return m.end()
+            shift = self._more(start)
+            if shift < 0:
+                raise _ScanError(
+                    "file ends inside a string" if resume < len(self._buf) else "file ends inside a record"
+                )
+            start, i = start - shift, resume - shift
+
+
+def _iter_json(path: Path) -> Iterator[tuple[int, Any]]:
+    file = str(path)
+    with _open_binary(path) as fh:
+        scanner = _JsonScanner(fh)
+        try:
+            scanner.skip_bom()
+            first = scanner.peek()
+            if first is None:
+                yield _empty(path)
+                return
+            if first == ord("["):
+                scanner.take()
+                for row, raw in _iter_array(scanner):
+                    yield row, _parse_json_bytes(raw, file, row)
+                return
+            if first != ord("{"):
+                raise _ScanError(f"expected a JSON array or object, found {chr(first)!r}")
+            yield from _iter_json_object(scanner, file)
+        except _ScanError as exc:
+            problem = f"{exc.problem} (the records from here on are lost)"
+            yield exc.row, BadRow(file, exc.row, FILE_FIELD, problem)
+
+
+def _iter_array(scanner: _JsonScanner) -> Iterator[tuple[int, bytes]]:
+    """Yield (index, raw value) for the elements of an array whose '[' was just consumed."""
+    row = 0
+    if scanner.peek() == ord("]"):
+        scanner.take()
+        return
+    while True:
+        try:
+            raw = scanner.value()
+        except _ScanError as exc:
+            raise _ScanError(exc.problem, row) from None
+        yield row, raw
+        row += 1
+        nxt = scanner.peek()
+        if nxt == ord(","):
+            scanner.take()
+        elif nxt == ord("]"):
+            scanner.take()
+            return
+        elif nxt is None:
+            raise _ScanError(f"file ends after row {row - 1} without the closing ']'", row)
+        else:
+            raise _ScanError(f"expected ',' or ']' after row {row - 1}, found {chr(nxt)!r}", row)
+
+
+def _iter_json_object(scanner: _JsonScanner, file: str) -> Iterator[tuple[int, Any]]:
+    """A top-level object: stream its data/rows list; a lone row object is one record."""
+    scanner.take()  # '{'
+    skipped: dict[str, Any] = {}
+    while True:
+        nxt = scanner.peek()
+        if nxt == ord("}"):
+            scanner.take()
+            break
+        key = orjson.loads(scanner.value())
+        if not isinstance(key, str) or scanner.peek() != ord(":"):
+            raise _ScanError("malformed top-level object")
+        scanner.take()
+        if key in JSON_CONTAINER_KEYS and scanner.peek() == ord("["):
+            scanner.take()
+            for row, raw in _iter_array(scanner):
+                yield row, _parse_json_bytes(raw, file, row)
+            return
+        raw_value = scanner.value()
+        skipped[key] = _parse_json_bytes(raw_value, file, 0)
+        nxt = scanner.peek()
+        if nxt == ord(","):
+            scanner.take()
+        elif nxt != ord("}"):
+            raise _ScanError("malformed top-level object")
+    if scanner.peek() == ord("{"):
+        raise _ScanError("several top-level objects: this looks like JSON Lines; name the file .jsonl")
+    if row_format(skipped) is not None:
+        yield 0, skipped  # a single record stored as a .json object
+        return
+    raise _ScanError(f"top-level object has no {' or '.join(JSON_CONTAINER_KEYS)} list of records")
