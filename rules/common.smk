@@ -35,7 +35,7 @@ def get_final_outputs():
     return [
         "results/READY.json",
         "results/reconcile.json",
-        "results/report/.done",
+        "results/report/throughput.svg",
     ]
 
 

@@ -1,14 +1,18 @@
 """Snakemake script: every input id in exactly one of output / quarantine / excluded / failed."""
 
-from regen.reconcile import reconcile_for_workflow
+from regen.io import write_json
+from regen.reconcile import check, reconcile
 from regen.runlog import log_to
 
-log_to(snakemake.log[0])
-reconcile_for_workflow(
-    flags_path=snakemake.input.flags,
-    excluded_path=snakemake.input.excluded,
-    failed_paths=list(snakemake.input.failed),
-    quarantine_paths=list(snakemake.input.quarantine),
-    dataset_dir=snakemake.input.dataset,
-    out_path=snakemake.output.table,
+log = log_to(snakemake.log[0])
+result = reconcile(
+    snakemake.input.flags,
+    snakemake.input.excluded,
+    list(snakemake.input.failed),
+    list(snakemake.input.quarantine),
+    snakemake.input.dataset,
+    strict=False,
 )
+log.info("\n%s", result.table())
+write_json(snakemake.output.table, result.to_json())
+check(result)

@@ -1,7 +1,9 @@
 """Snakemake script: plots and tables for snakemake --report (regen.report)."""
 
+from pathlib import Path
+
 from regen.report import write_report_assets
 from regen.runlog import log_to
 
 log_to(snakemake.log[0])
-write_report_assets("results", snakemake.output.assets, done_path=snakemake.output.done)
+write_report_assets("results", Path(snakemake.output.throughput).parent, work_dir="work")

@@ -1,0 +1,524 @@
+"""Training-ready Parquet: merge the validated shards into ``results/dataset/``.
+
+Two Arrow schemas live here, one place each:
+
+* ``VALID_SCHEMA``: ``results/valid/{shard}.parquet`` (written by ``regen.validate``), a flat
+  copy of every generation record field the later stages use.
+* ``dataset_schema(include_token_ids)``: the output rows, one conversation each, whose
+  ``messages`` end with the regenerated assistant turn (``reasoning_content`` + ``content``).
+
+``merge`` streams batch by batch (never the whole dataset in memory), writes bounded files
+``part-00000.parquet …`` into a temporary directory, writes ``_manifest.json`` last and then
+renames the directory into place, replacing ``out_dir`` as a whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from regen.io import read_json, write_json
+from regen.provenance import build_provenance
+from regen.types import Message, Sample
+
+MESSAGE_TYPE = pa.struct(
+    [
+        pa.field("role", pa.string(), nullable=False),
+        pa.field("content", pa.string()),
+        pa.field("reasoning_content", pa.string()),
+    ]
+)
+MESSAGES_TYPE = pa.list_(pa.field("item", MESSAGE_TYPE, nullable=False))
+TURN_TYPE = pa.struct(
+    [
+        pa.field("reasoning_content", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("reasoning_tokens", pa.int64()),
+    ]
+)
+
+VALID_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("shard", pa.string(), nullable=False),
+        pa.field("messages", MESSAGES_TYPE, nullable=False),
+        pa.field("reasoning_content", pa.string()),
+        pa.field("content", pa.string(), nullable=False),
+        pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
+        pa.field("thinking", pa.bool_(), nullable=False),
+        pa.field("prompt_tokens", pa.int64(), nullable=False),
+        pa.field("completion_tokens", pa.int64(), nullable=False),
+        pa.field("reasoning_tokens", pa.int64()),
+        pa.field("temperature", pa.float64(), nullable=False),
+        pa.field("top_p", pa.float64(), nullable=False),
+        pa.field("top_k", pa.int64(), nullable=False),
+        pa.field("max_tokens", pa.int64(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("server_id", pa.string(), nullable=False),
+        pa.field("server_url", pa.string()),
+        pa.field("server_version", pa.string()),
+        pa.field("attempts", pa.int64(), nullable=False),
+        pa.field("started_at", pa.float64(), nullable=False),
+        pa.field("latency_s", pa.float64(), nullable=False),
+        pa.field("turns", pa.list_(pa.field("item", TURN_TYPE, nullable=False))),
+    ],
+    metadata={b"regen.schema": b"valid/1"},
+)
+
+# Columns copied unchanged from the valid shards into the dataset, in output order.
+_PASSTHROUGH = (
+    "model",
+    "finish_reason",
+    "truncated",
+    "thinking",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "seed",
+    "shard",
+)
+
+SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
+SCRUBBED = "<scrubbed>"
+
+
+def dataset_schema(include_token_ids: bool = False) -> pa.Schema:
+    """The explicit Arrow schema of the training-ready rows."""
+    fields = [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("messages", MESSAGES_TYPE, nullable=False),
+    ]
+    fields += [VALID_SCHEMA.field(name) for name in _PASSTHROUGH]
+    if include_token_ids:
+        fields += [
+            pa.field("input_ids", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
+            pa.field("loss_mask", pa.list_(pa.field("item", pa.int8(), nullable=False)), nullable=False),
+        ]
+    return pa.schema(fields, metadata={b"regen.schema": b"dataset/1"})
+
+
+class MergeError(RuntimeError):
+    """The valid shards cannot be merged (duplicate ids, wrong schema)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestFile:
+    """One output Parquet file."""
+
+    path: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What ``_manifest.json`` holds."""
+
+    files: tuple[ManifestFile, ...]
+    total_rows: int
+    schema: str
+    schema_fields: tuple[dict[str, str], ...]
+    provenance: dict[str, Any]
+    created_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "regen-dataset/1",
+            "files": [f.to_json() for f in self.files],
+            "total_rows": self.total_rows,
+            "schema": self.schema,
+            "schema_fields": list(self.schema_fields),
+            "provenance": self.provenance,
+            "created_at": self.created_at,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Record (JSON) -> valid columns; used by regen.validate
+# ---------------------------------------------------------------------------------------------
+
+
+class ValidColumns:
+    """Column lists for a batch of valid records, appended one record at a time."""
+
+    __slots__ = ("cols",)
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {name: [] for name in VALID_SCHEMA.names}
+
+    def __len__(self) -> int:
+        return len(self.cols["id"])
+
+    def append(self, rec: dict[str, Any]) -> None:
+        """Append one schema-valid record (ints that arrived as 1.0 are coerced)."""
+        c = self.cols
+        usage = rec["usage"]
+        sampling = rec["sampling"]
+        server = rec["server"]
+        timings = rec["timings"]
+        c["id"].append(rec["id"])
+        c["shard"].append(rec["shard"])
+        c["messages"].append(rec["messages"])
+        c["reasoning_content"].append(rec["reasoning_content"])
+        c["content"].append(rec["content"])
+        c["finish_reason"].append(rec["finish_reason"])
+        c["truncated"].append(rec["truncated"])
+        c["thinking"].append(rec["thinking"])
+        c["prompt_tokens"].append(int(usage["prompt_tokens"]))
+        c["completion_tokens"].append(int(usage["completion_tokens"]))
+        rt = usage.get("reasoning_tokens")
+        c["reasoning_tokens"].append(None if rt is None else int(rt))
+        c["temperature"].append(float(sampling["temperature"]))
+        c["top_p"].append(float(sampling["top_p"]))
+        c["top_k"].append(int(sampling["top_k"]))
+        c["max_tokens"].append(int(sampling["max_tokens"]))
+        c["seed"].append(int(rec["seed"]))
+        c["model"].append(rec["model"])
+        c["server_id"].append(server["id"])
+        c["server_url"].append(server.get("url"))
+        c["server_version"].append(server.get("version"))
+        c["attempts"].append(int(rec["attempts"]))
+        c["started_at"].append(float(timings["started_at"]))
+        c["latency_s"].append(float(timings["latency_s"]))
+        turns = rec.get("turns")
+        c["turns"].append(None if turns is None else [_turn_row(t) for t in turns])
+
+    def to_batch(self) -> pa.RecordBatch:
+        """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
+        arrays = [pa.array(self.cols[f.name], type=f.type) for f in VALID_SCHEMA]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=VALID_SCHEMA)
+        for lst in self.cols.values():
+            lst.clear()
+        return batch
+
+
+def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:
+    usage = turn["usage"]
+    rt = usage.get("reasoning_tokens")
+    return {
+        "reasoning_content": turn["reasoning_content"],
+        "content": turn["content"],
+        "finish_reason": turn["finish_reason"],
+        "prompt_tokens": int(usage["prompt_tokens"]),
+        "completion_tokens": int(usage["completion_tokens"]),
+        "reasoning_tokens": None if rt is None else int(rt),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Valid batch -> dataset batch
+# ---------------------------------------------------------------------------------------------
+
+
+def _append_assistant_turn(messages: pa.ListArray, content: pa.Array, reasoning: pa.Array) -> pa.ListArray:
+    """Append ``{"role": "assistant", content, reasoning_content}`` to every row's list (vectorised)."""
+    n = len(messages)
+    offsets = messages.offsets.to_numpy().astype(np.int64)
+    values = messages.values.slice(offsets[0], offsets[-1] - offsets[0])
+    offsets = offsets - offsets[0]
+    m = len(values)
+    assistant = pa.StructArray.from_arrays(
+        [pa.array(["assistant"] * n, pa.string()), content, reasoning],
+        fields=list(MESSAGE_TYPE),
+    )
+    new_offsets = offsets + np.arange(n + 1, dtype=np.int64)
+    take = np.empty(m + n, dtype=np.int64)
+    is_new = np.zeros(m + n, dtype=bool)
+    is_new[new_offsets[1:] - 1] = True
+    take[is_new] = m + np.arange(n, dtype=np.int64)
+    take[~is_new] = np.arange(m, dtype=np.int64)
+    combined = pa.concat_arrays([values, assistant]).take(pa.array(take))
+    if new_offsets[-1] < 2**31:
+        return pa.ListArray.from_arrays(pa.array(new_offsets.astype(np.int32)), combined, type=MESSAGES_TYPE)
+    raise MergeError("a batch holds more than 2**31 messages; lower rows_per_row_group")
+
+
+def to_dataset_batch(valid: pa.RecordBatch, encoder: Any | None = None) -> pa.RecordBatch:
+    """Turn a ``VALID_SCHEMA`` batch into a dataset batch (token ids when ``encoder`` is given).
+
+    ``encoder`` maps a list of conversations (lists of message dicts) to ``(input_ids, loss_mask)`` pairs.
+    """
+    if valid.schema.remove_metadata() != VALID_SCHEMA.remove_metadata():
+        valid = _conform(valid)
+    messages = _append_assistant_turn(
+        valid.column("messages"), valid.column("content"), valid.column("reasoning_content")
+    )
+    arrays: list[pa.Array] = [valid.column("id"), messages]
+    arrays += [valid.column(name) for name in _PASSTHROUGH]
+    schema = dataset_schema(encoder is not None)
+    if encoder is not None:
+        pairs = encoder(messages.to_pylist())
+        arrays.append(pa.array([p[0] for p in pairs], schema.field("input_ids").type))
+        arrays.append(pa.array([p[1] for p in pairs], schema.field("loss_mask").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
+    missing = [n for n in VALID_SCHEMA.names if n not in batch.schema.names]
+    if missing:
+        raise MergeError(f"valid shard batch lacks columns {missing}")
+    return pa.RecordBatch.from_arrays(
+        [batch.column(f.name).cast(f.type) for f in VALID_SCHEMA], schema=VALID_SCHEMA
+    )
+
+
+def make_token_encoder(tokenizer_dir: str | os.PathLike[str]) -> Any:
+    """Return ``encode(conversations) -> [(input_ids, loss_mask), ...]`` from the target chat template.
+
+    ``regen.chat`` renders with thinking included and puts the loss (1) on assistant-turn
+    tokens only.
+    """
+    from regen.chat import ChatTemplate  # late: only needed with include_token_ids
+
+    template = ChatTemplate.from_dir(tokenizer_dir)
+    return template.encode_with_loss_mask_batch
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounded file writer
+# ---------------------------------------------------------------------------------------------
+
+
+class _PartWriter:
+    """Writes ``part-NNNNN.parquet`` files of at most ``max_rows`` rows, row groups of ``rg_rows``."""
+
+    def __init__(self, out_dir: Path, schema: pa.Schema, rg_rows: int, max_rows: int) -> None:
+        self.out_dir = out_dir
+        self.schema = schema
+        self.rg_rows = rg_rows
+        self.max_rows = max_rows
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_rows = 0
+        self.writer: pq.ParquetWriter | None = None
+        self.rows_in_file = 0
+        self.files: list[tuple[Path, int]] = []
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        self.pending.append(batch)
+        self.pending_rows += batch.num_rows
+        while self.pending_rows >= self._next_group_rows():
+            self._flush(self._next_group_rows())
+
+    def _next_group_rows(self) -> int:
+        room = self.max_rows - self.rows_in_file if self.writer is not None else self.max_rows
+        return min(self.rg_rows, room)
+
+    def _flush(self, rows: int) -> None:
+        table = pa.Table.from_batches(self.pending, schema=self.schema)
+        group, rest = table.slice(0, rows), table.slice(rows)
+        self.pending = rest.to_batches()
+        self.pending_rows = rest.num_rows
+        if self.writer is None:
+            path = self.out_dir / f"part-{len(self.files):05d}.parquet"
+            self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
+            self.files.append((path, 0))
+        self.writer.write_table(group, row_group_size=rows)
+        self.rows_in_file += rows
+        path, n = self.files[-1]
+        self.files[-1] = (path, n + rows)
+        if self.rows_in_file >= self.max_rows:
+            self._close_file()
+
+    def _close_file(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+            self.rows_in_file = 0
+
+    def close(self) -> list[tuple[Path, int]]:
+        while self.pending_rows:
+            self._flush(min(self.pending_rows, self._next_group_rows()))
+        self._close_file()
+        if not self.files:  # an empty dataset is still a loadable dataset
+            path = self.out_dir / "part-00000.parquet"
+            pq.write_table(self.schema.empty_table(), path, compression="zstd")
+            self.files.append((path, 0))
+        return self.files
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def scrub_secrets(obj: Any) -> Any:
+    """Copy ``obj`` with every string value under a key matching key/secret/token/password/credential
+    replaced by ``<scrubbed>`` (nested dicts and lists included).
+
+    Non-string values (e.g. ``max_tokens: 2048``) are kept: they are not credentials.
+    """
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            if isinstance(v, str) and SECRET_KEY_RE.search(str(k)):
+                out[k] = SCRUBBED
+            else:
+                out[k] = scrub_secrets(v)
+        return out
+    if isinstance(obj, list | tuple):
+        return [scrub_secrets(v) for v in obj]
+    return obj
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _schema_fields(schema: pa.Schema) -> tuple[dict[str, str], ...]:
+    return tuple({"name": f.name, "type": str(f.type), "nullable": str(f.nullable).lower()} for f in schema)
+
+
+# ---------------------------------------------------------------------------------------------
+# merge
+# ---------------------------------------------------------------------------------------------
+
+
+def merge(
+    valid_paths: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    cfg: dict[str, Any],
+    provenance: dict[str, Any],
+    tokenizer_dir: str | os.PathLike[str] | None = None,
+) -> Manifest:
+    """Merge valid shards into ``out_dir`` (replaced as a whole) and return its manifest.
+
+    Raises ``MergeError`` on a duplicate id across shards; nothing is left at ``out_dir``
+    changed in that case.
+    """
+    rg_rows = int(cfg.get("rows_per_row_group", 10000))
+    max_rows = int(cfg.get("max_rows_per_file", 200000))
+    include_ids = bool(cfg.get("include_token_ids", False))
+    if rg_rows < 1 or max_rows < 1:
+        raise ValueError("merge: rows_per_row_group and max_rows_per_file must be >= 1")
+    encoder = None
+    if include_ids:
+        if tokenizer_dir is None:
+            raise ValueError("merge: include_token_ids needs tokenizer_dir")
+        encoder = make_token_encoder(tokenizer_dir)
+    schema = dataset_schema(include_ids)
+
+    target = Path(out_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        seen: dict[str, str] = {}
+        writer = _PartWriter(tmp, schema, rg_rows, max_rows)
+        for path in valid_paths:
+            pf = pq.ParquetFile(path)
+            for valid in pf.iter_batches(batch_size=min(rg_rows, 10000)):
+                _check_unique(valid.column("id").to_pylist(), str(path), seen)
+                writer.write(to_dataset_batch(valid, encoder))
+        files = writer.close()
+        entries = tuple(ManifestFile(p.name, rows, p.stat().st_size, sha256_file(p)) for p, rows in files)
+        manifest = Manifest(
+            files=entries,
+            total_rows=sum(f.rows for f in entries),
+            schema=schema.to_string(show_schema_metadata=False),
+            schema_fields=_schema_fields(schema),
+            provenance=scrub_secrets(dict(provenance)),
+            created_at=time.time(),
+        )
+        write_json(tmp / "_manifest.json", manifest.to_json())
+        _replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _check_unique(ids: list[str], path: str, seen: dict[str, str]) -> None:
+    for i in ids:
+        first = seen.get(i)
+        if first is not None:
+            raise MergeError(f"duplicate id {i!r}: in {first} and again in {path}")
+        seen[i] = path
+
+
+def _replace_dir(tmp: Path, target: Path) -> None:
+    """Move ``tmp`` to ``target``; an existing ``target`` is moved aside first and then removed."""
+    old: Path | None = None
+    if target.exists() or target.is_symlink():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        os.rmdir(old)
+        os.replace(target, old)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        if old is not None:
+            os.replace(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Re-audit glue: the output read back as Samples
+# ---------------------------------------------------------------------------------------------
+
+
+def iter_dataset_samples(dataset_dir: str | os.PathLike[str], batch_rows: int = 10000) -> Iterator[Sample]:
+    """Yield every output row as a ``Sample`` (messages end with the regenerated assistant turn).
+
+    ``source`` is ``{"file": part file, "row": row in that file, "format": "messages"}``, so the
+    audit's per-sample flags point at the output file. Reads only ``id`` and ``messages``.
+    """
+    for part in sorted(Path(dataset_dir).glob("part-*.parquet")):
+        row = 0
+        for batch in pq.ParquetFile(part).iter_batches(batch_size=batch_rows, columns=["id", "messages"]):
+            ids = batch.column("id").to_pylist()
+            convs = batch.column("messages").to_pylist()
+            for sid, msgs in zip(ids, convs, strict=True):
+                yield Sample(
+                    id=sid,
+                    messages=tuple(Message(m["role"], m["content"], m["reasoning_content"]) for m in msgs),
+                    source={"file": str(part), "row": row, "format": "messages"},
+                )
+                row += 1
+
+
+def merge_for_workflow(
+    *,
+    valid_paths: list[str],
+    plan_path: str,
+    out_dir: str,
+    merge_cfg: dict[str, Any],
+    tokenizer_dir: str,
+    config: dict[str, Any],
+) -> Manifest:
+    """The ``merge`` rule: provenance from the plan, the config and the servers, then ``merge``."""
+    provenance = build_provenance(
+        plan=read_json(plan_path), config=config, tokenizer_dir=tokenizer_dir, valid_paths=valid_paths
+    )
+    return merge(valid_paths, out_dir, merge_cfg, provenance, tokenizer_dir=tokenizer_dir)

@@ -1,0 +1,91 @@
+"""Provenance for the manifest: what produced the dataset, exactly, and when."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.dataset as ds
+
+from regen import __version__
+from regen.io import read_json
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """sha256 of the validated config (defaults filled in), keys sorted."""
+    return hashlib.sha256(orjson.dumps(config, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def chat_template_hash(tokenizer_dir: str) -> str | None:
+    """sha256 of the chat template string the prompts were rendered with, if there is one."""
+    path = Path(tokenizer_dir) / "tokenizer_config.json"
+    if not path.exists():
+        return None
+    template = json.loads(path.read_text()).get("chat_template")
+    if not isinstance(template, str):
+        return None
+    return hashlib.sha256(template.encode()).hexdigest()
+
+
+def model_revision(model_path: str) -> str | None:
+    """The checkpoint revision when the model directory says (HF cache snapshot or a `.revision` file)."""
+    path = Path(model_path)
+    if (path / ".revision").exists():
+        return (path / ".revision").read_text().strip()
+    if path.parent.name == "snapshots":
+        return path.name
+    return None
+
+
+def realized_servers(workdir: str = "work/servers") -> list[dict[str, Any]]:
+    """What each GPU's server reported at start-up (version, flags, memory), as recorded by the server module."""
+    return [read_json(p) for p in sorted(glob.glob(f"{workdir}/gpu*.realized.json"))]
+
+
+def generation_window(valid_paths: list[str]) -> tuple[float | None, float | None]:
+    """Earliest request start and latest request end over the valid records."""
+    start = end = None
+    for path in valid_paths:
+        table = ds.dataset(path, format="parquet").to_table()
+        if table.num_rows == 0 or "timings" not in table.column_names:
+            continue
+        for t in table.column("timings").to_pylist():
+            if not t or t.get("started_at") is None:
+                continue
+            s, e = t["started_at"], t["started_at"] + (t.get("latency_s") or 0.0)
+            start = s if start is None else min(start, s)
+            end = e if end is None else max(end, e)
+    return start, end
+
+
+def build_provenance(
+    *, plan: Mapping[str, Any], config: Mapping[str, Any], tokenizer_dir: str, valid_paths: list[str]
+) -> dict[str, Any]:
+    """Everything the manifest records about how the dataset was made (no credentials: only env var names)."""
+    server = config.get("server", {})
+    generate = config.get("generate", {})
+    servers = realized_servers()
+    start, end = generation_window(valid_paths)
+    return {
+        "regen_version": __version__,
+        "config_hash": config_hash(config),
+        "model_path": server.get("model_path"),
+        "model_revision": model_revision(str(server.get("model_path", ""))),
+        "server_mode": server.get("mode"),
+        "sglang_version": next((s.get("version") for s in servers if s.get("version")), plan.get("sglang_version")),
+        "server_flags": list(plan.get("launch_args") or server.get("args") or []),
+        "servers": [{k: s.get(k) for k in ("server_id", "version", "launch_command") if k in s} for s in servers],
+        "chat_template_sha256": chat_template_hash(tokenizer_dir),
+        "sampling": dict(generate.get("sampling", {})),
+        "seed_rule": "seed = derive_seed(sampling.seed, sample id) (blake2b, 31-bit)",
+        "thinking": generate.get("thinking"),
+        "generation_started_at": start,
+        "generation_ended_at": end,
+        "merged_at": time.time(),
+    }

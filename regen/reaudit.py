@@ -1,0 +1,164 @@
+"""Re-audit the merged output before calling it training-ready.
+
+The same per-sample audit that ran on the input (``regen.audit``) runs on the merged Parquet, whose
+assistant turns are now the regenerated ones: scaffolding-only answers, supervised-token counts and
+duplicate prompts; plus what only the output has: the truncation rate and duplicate answers.
+Gates decide whether ``READY.json`` is written; a violated gate raises, so the run fails loudly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+
+from regen.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
+from regen.chat import ChatTemplate
+from regen.io import read_json, write_json
+from regen.merge import iter_dataset_samples
+
+log = logging.getLogger("regen.reaudit")
+
+# The input gates do not apply to the output: their limits are lifted here, the output gates below rule.
+_NO_INPUT_GATES = {
+    "max_empty_response_fraction": 1.0,
+    "max_structure_error_fraction": 1.0,
+    "max_over_length_fraction": 1.0,
+}
+
+
+class OutputGateError(RuntimeError):
+    """The merged output failed a re-audit gate: it is not training-ready."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputGate:
+    name: str
+    limit: float
+    value: float
+    passed: bool
+    meaning: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"limit": self.limit, "value": self.value, "passed": self.passed, "meaning": self.meaning}
+
+
+@dataclass(frozen=True, slots=True)
+class OutputCounts:
+    rows: int
+    truncated: int
+    duplicate_answers: int
+    finish_reasons: Mapping[str, int]
+
+
+def count_output_columns(dataset_dir: str | Path) -> OutputCounts:
+    """Truncation, finish reasons and duplicate answers, read column-wise (digests only in memory)."""
+    dataset = ds.dataset(str(dataset_dir), format="parquet")
+    seen: set[bytes] = set()
+    rows = truncated = duplicates = 0
+    reasons: dict[str, int] = {}
+    for batch in dataset.to_batches(columns=["finish_reason", "content", "reasoning_content"]):
+        cols = batch.to_pydict()
+        for reason, content, reasoning in zip(
+            cols["finish_reason"], cols["content"], cols["reasoning_content"], strict=True
+        ):
+            rows += 1
+            reasons[reason] = reasons.get(reason, 0) + 1
+            truncated += reason == "length"
+            digest = hashlib.blake2b(
+                f"{reasoning or ''}\x00{content or ''}".encode(), digest_size=16
+            ).digest()
+            if digest in seen:
+                duplicates += 1
+            else:
+                seen.add(digest)
+    return OutputCounts(rows, truncated, duplicates, reasons)
+
+
+def output_gates(
+    rows: int, empty: int, counts: OutputCounts, limits: Mapping[str, Any]
+) -> list[OutputGate]:
+    """Each output gate's value against its configured limit (equal to the limit passes)."""
+
+    def frac(n: int) -> float:
+        return n / rows if rows else 0.0
+
+    checks = [
+        ("max_empty_answer_fraction", frac(empty), "answers that are only template scaffolding"),
+        ("max_truncated_fraction", frac(counts.truncated), "answers cut at max_tokens (finish_reason length)"),
+        ("max_duplicate_fraction", frac(counts.duplicate_answers), "answers identical to an earlier one"),
+    ]
+    gates = [
+        OutputGate(name, float(limits[name]), value, value <= float(limits[name]), meaning)
+        for name, value, meaning in checks
+    ]
+    min_rows = int(limits.get("min_rows", 1))
+    gates.append(OutputGate("min_rows", min_rows, rows, rows >= min_rows, "rows in the merged output"))
+    return gates
+
+
+def gate_failure_message(gates: list[OutputGate], summary_path: str) -> str:
+    lines = ["The merged output is NOT training-ready: re-audit gates failed."]
+    for g in gates:
+        if not g.passed:
+            relation = "<" if g.name == "min_rows" else ">"
+            lines.append(f"  - {g.name}: {g.value:.4g} {relation} {g.limit:.4g} ({g.meaning})")
+    lines.append(f"Details: {summary_path}. To accept it anyway set reaudit.override_gates: true.")
+    return "\n".join(lines)
+
+
+def reaudit_dataset(
+    *,
+    dataset_dir: str,
+    summary_out: str,
+    ready_out: str,
+    gates: Mapping[str, Any],
+    audit_cfg: Mapping[str, Any],
+    tokenizer_dir: str,
+) -> dict[str, Any]:
+    """Audit the merged output, write its summary, and write READY.json only if every gate passes."""
+    config = AuditConfig.from_dict({**audit_cfg, "gates": _NO_INPUT_GATES, "exclude": []})
+    auditor = Auditor(config, ChatTemplate.from_dir(tokenizer_dir))
+    for _ in iter_audits(auditor, iter_dataset_samples(dataset_dir)):
+        pass
+    audit = auditor.summary().to_json()
+    counts = count_output_columns(dataset_dir)
+    empty = int(audit["flag_counts"].get(EMPTY_RESPONSE, 0))
+    results = output_gates(counts.rows, empty, counts, gates)
+    passed = all(g.passed for g in results)
+    overridden = not passed and bool(gates.get("override_gates", False))
+    manifest_path = Path(dataset_dir) / "_manifest.json"
+    summary = {
+        "rows": counts.rows,
+        "empty_answers": empty,
+        "truncated": counts.truncated,
+        "duplicate_answers": counts.duplicate_answers,
+        "finish_reasons": dict(counts.finish_reasons),
+        "gates": {g.name: g.to_json() for g in results},
+        "passed": passed,
+        "overridden": overridden,
+        "audit": audit,
+    }
+    write_json(summary_out, summary)
+    if not passed and not overridden:
+        raise OutputGateError(gate_failure_message(results, summary_out))
+    if overridden:
+        log.warning("%s", gate_failure_message(results, summary_out))
+    manifest = read_json(manifest_path) if manifest_path.exists() else {}
+    write_json(
+        ready_out,
+        {
+            "ready": True,
+            "overridden": overridden,
+            "rows": counts.rows,
+            "dataset": str(dataset_dir),
+            "manifest_sha256": {f["path"]: f["sha256"] for f in manifest.get("files", [])},
+        },
+    )
+    log.info("output re-audit passed: %d rows ready", counts.rows)
+    return summary

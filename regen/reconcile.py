@@ -1,0 +1,260 @@
+"""Reconciliation: every input sample id ends in exactly one bucket.
+
+Buckets: ``output`` (the merged dataset), ``quarantine`` (validation, with reason),
+``excluded`` (the audit kept it out of generation, with reason) and ``failed`` (generation
+gave up, with reason). Input ids come from the audit's ``results/audit/flags.parquet``
+(column ``id``: one row per input sample, unreadable rows included under placeholder ids).
+
+Memory: ids are held in Python dicts/sets (~100-150 bytes per id), fine up to a few
+million ids; beyond that, partition by id hash and reconcile per partition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+
+from regen.io import write_json
+
+BUCKETS = ("output", "quarantine", "excluded", "failed")
+# A quarantined later copy of an id already handled in its shard is not a membership.
+EXTRA_COPY_REASONS = frozenset({"duplicate_id"})
+MAX_LISTED_IDS = 100
+
+
+class ReconcileError(RuntimeError):
+    """Some input id is lost or in several buckets, or an output id was never an input."""
+
+    def __init__(self, result: Reconciliation) -> None:
+        super().__init__(result.problem_summary())
+        self.result = result
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """Counts per bucket, reasons per bucket and the ids that break the rule."""
+
+    input_count: int
+    counts: dict[str, int]
+    reasons: dict[str, dict[str, int]]
+    lost: tuple[str, ...]
+    duplicated: dict[str, tuple[str, ...]]
+    unknown: dict[str, tuple[str, ...]]
+    input_duplicates: tuple[str, ...] = ()
+    extra_copies: int = 0
+    unattributed: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.unknown or self.input_duplicates)
+
+    def problem_summary(self) -> str:
+        parts = []
+        if self.lost:
+            parts.append(f"{len(self.lost)} lost (e.g. {list(self.lost[:5])})")
+        if self.duplicated:
+            parts.append(f"{len(self.duplicated)} in several buckets (e.g. {_head(self.duplicated)})")
+        if self.unknown:
+            parts.append(f"{len(self.unknown)} not in the input (e.g. {_head(self.unknown)})")
+        if self.input_duplicates:
+            parts.append(
+                f"{len(self.input_duplicates)} duplicate input ids (e.g. {list(self.input_duplicates[:5])})"
+            )
+        return "reconcile: " + ("; ".join(parts) if parts else "ok")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "input": self.input_count,
+            "counts": self.counts,
+            "reasons": self.reasons,
+            "lost_count": len(self.lost),
+            "lost": list(self.lost[:MAX_LISTED_IDS]),
+            "duplicated_count": len(self.duplicated),
+            "duplicated": {k: list(v) for k, v in list(self.duplicated.items())[:MAX_LISTED_IDS]},
+            "unknown_count": len(self.unknown),
+            "unknown": {k: list(v) for k, v in list(self.unknown.items())[:MAX_LISTED_IDS]},
+            "input_duplicates_count": len(self.input_duplicates),
+            "input_duplicates": list(self.input_duplicates[:MAX_LISTED_IDS]),
+            "extra_copies": self.extra_copies,
+            "unattributed": self.unattributed,
+        }
+
+    def table(self) -> str:
+        """A plain-text table: bucket, count, reasons."""
+        lines = [f"{'bucket':<12} {'count':>10}  reasons", f"{'input':<12} {self.input_count:>10}"]
+        for b in BUCKETS:
+            reasons = ", ".join(f"{r}={n}" for r, n in sorted(self.reasons.get(b, {}).items()))
+            lines.append(f"{b:<12} {self.counts.get(b, 0):>10}  {reasons}")
+        for label, n in (
+            ("lost", len(self.lost)),
+            ("duplicated", len(self.duplicated)),
+            ("unknown", len(self.unknown)),
+            ("input dups", len(self.input_duplicates)),
+        ):
+            lines.append(f"{label:<12} {n:>10}")
+        lines.append("OK" if self.ok else self.problem_summary())
+        return "\n".join(lines)
+
+
+def _head(d: dict[str, Any], n: int = 5) -> dict[str, Any]:
+    return dict(list(d.items())[:n])
+
+
+def read_input_ids(flags_path: str | os.PathLike[str]) -> Iterator[str]:
+    """The ``id`` column of the audit's flags.parquet, streamed."""
+    pf = pq.ParquetFile(flags_path)
+    if "id" not in pf.schema_arrow.names:
+        raise ValueError(f"{flags_path}: no 'id' column (columns: {pf.schema_arrow.names})")
+    for batch in pf.iter_batches(columns=["id"], batch_size=65536):
+        for i, value in enumerate(batch.column(0).to_pylist()):
+            if value is None:
+                raise ValueError(f"{flags_path}: null id in a batch at position {i}")
+            yield value
+
+
+def read_reason_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str | None, str]]:
+    """``(id, reason)`` per line of an excluded/failed/quarantine JSONL file."""
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {lineno}: not JSON: {exc}") from exc
+            if not isinstance(obj, dict) or "reason" not in obj:
+                raise ValueError(f"{path}: line {lineno}: field 'reason' missing")
+            rid = obj.get("id")
+            yield (rid if isinstance(rid, str) else None), str(obj["reason"])
+
+
+def read_output_ids(dataset_dir: str | os.PathLike[str]) -> Iterator[str]:
+    """Ids of the merged dataset (part-*.parquet)."""
+    for part in sorted(Path(dataset_dir).glob("part-*.parquet")):
+        for batch in pq.ParquetFile(part).iter_batches(columns=["id"], batch_size=65536):
+            yield from batch.column(0).to_pylist()
+
+
+def reconcile(
+    input_ids_source: str | os.PathLike[str] | Iterable[str],
+    excluded_jsonl: str | os.PathLike[str] | None,
+    failed_paths: Sequence[str | os.PathLike[str]],
+    quarantine_paths: Sequence[str | os.PathLike[str]],
+    dataset_dir: str | os.PathLike[str],
+    strict: bool = True,
+) -> Reconciliation:
+    """Put every id in its bucket(s) and report.
+
+    With ``strict`` (default) raises ``ReconcileError`` (carrying the result) when any id is
+    lost, duplicated or unknown; ``strict=False`` only returns the result.
+    """
+    if isinstance(input_ids_source, str | os.PathLike):
+        input_iter: Iterable[str] = read_input_ids(input_ids_source)
+    else:
+        input_iter = input_ids_source
+    input_ids: set[str] = set()
+    input_dups: list[str] = []
+    for i in input_iter:
+        if i in input_ids:
+            input_dups.append(i)
+        input_ids.add(i)
+
+    where: dict[str, list[str]] = defaultdict(list)
+    counts: Counter[str] = Counter()
+    reasons: dict[str, Counter[str]] = {b: Counter() for b in BUCKETS}
+    extra_copies = 0
+    unattributed: Counter[str] = Counter()
+
+    def put(bucket: str, rid: str | None, reason: str | None) -> None:
+        counts[bucket] += 1
+        if reason is not None:
+            reasons[bucket][reason] += 1
+        if rid is None:
+            unattributed[bucket] += 1
+        else:
+            where[rid].append(bucket)
+
+    for rid in read_output_ids(dataset_dir):
+        put("output", rid, None)
+    for path in quarantine_paths:
+        for rid, reason in read_reason_jsonl(path):
+            if reason in EXTRA_COPY_REASONS:
+                extra_copies += 1
+                reasons["quarantine"][reason] += 1
+                continue
+            put("quarantine", rid, reason)
+    if excluded_jsonl is not None:
+        for rid, reason in read_reason_jsonl(excluded_jsonl):
+            put("excluded", rid, reason)
+    for path in failed_paths:
+        for rid, reason in read_reason_jsonl(path):
+            put("failed", rid, reason)
+
+    lost = tuple(sorted(i for i in input_ids if i not in where))
+    duplicated = {i: tuple(b) for i, b in sorted(where.items()) if len(b) > 1}
+    unknown = {i: tuple(b) for i, b in sorted(where.items()) if i not in input_ids}
+    result = Reconciliation(
+        input_count=len(input_ids) + len(input_dups),
+        counts={b: counts.get(b, 0) for b in BUCKETS},
+        reasons={b: dict(sorted(reasons[b].items())) for b in BUCKETS},
+        lost=lost,
+        duplicated=duplicated,
+        unknown=unknown,
+        input_duplicates=tuple(sorted(set(input_dups))),
+        extra_copies=extra_copies,
+        unattributed={k: v for k, v in unattributed.items() if v},
+    )
+    return check(result) if strict else result
+
+
+def check(result: Reconciliation) -> Reconciliation:
+    """Raise ``ReconcileError`` unless the result is consistent."""
+    if not result.ok:
+        raise ReconcileError(result)
+    return result
+
+
+def reconcile_results(results: str | os.PathLike[str] = "results", strict: bool = True) -> Reconciliation:
+    """Reconcile the standard layout under ``results`` and write ``results/reconcile.json``.
+
+    The JSON is written in every case (it explains a failure); then, with ``strict``,
+    ``ReconcileError`` is raised if the result is inconsistent.
+    """
+    root = Path(results)
+    result = reconcile(
+        root / "audit" / "flags.parquet",
+        root / "audit" / "excluded.jsonl" if (root / "audit" / "excluded.jsonl").exists() else None,
+        sorted((root / "generations").glob("*.failed.jsonl")),
+        sorted((root / "quarantine").glob("*.jsonl")),
+        root / "dataset",
+        strict=False,
+    )
+    write_json(root / "reconcile.json", result.to_json())
+    return check(result) if strict else result
+
+
+def cli(argv: list[str]) -> int:
+    """``regen reconcile [--results results] [--json]``: exit 1 if any id is lost/duplicated/unknown."""
+    ap = argparse.ArgumentParser(prog="regen reconcile", description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default="results", help="results directory (default: results)")
+    ap.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    args = ap.parse_args(argv)
+    result = reconcile_results(args.results, strict=False)
+    if args.json:
+        sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(result.table())
+    if not result.ok:
+        print(result.problem_summary(), file=sys.stderr)
+        return 1
+    return 0

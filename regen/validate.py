@@ -1,0 +1,328 @@
+"""Per-record validation of a generation shard: valid Parquet + quarantine JSONL.
+
+Every line of ``results/generations/{shard}.jsonl`` ends up in exactly one of
+``results/valid/{shard}.parquet`` (Arrow schema ``regen.merge.VALID_SCHEMA``) or
+``results/quarantine/{shard}.jsonl`` (``{"id", "reason", "detail", "record"}``).
+
+The JSON Schema ``schemas/record.schema.json`` is the single source of truth for the record
+shape. It is compiled once with ``fastjsonschema`` (fast path); when a record fails, the
+reference implementation (``jsonschema``, Draft 2020-12) is run on it for a precise message
+naming the field. The semantic checks the schema cannot express follow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import os
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import fastjsonschema
+import jsonschema
+import orjson
+import pyarrow.parquet as pq
+
+from regen.io import atomic_open, atomic_path, read_json
+from regen.merge import VALID_SCHEMA, ValidColumns
+
+DEFAULT_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
+BATCH_ROWS = 10000
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+_SHARD_RE = re.compile(r"^[0-9]{5}$")
+_ID_RE = re.compile(rb'"id"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+# Quarantine reasons (stable strings: the report and reconcile count them).
+UNPARSABLE = "unparsable_json"
+SCHEMA = "schema"
+DUPLICATE_ID = "duplicate_id"
+SHARD_MISMATCH = "shard_mismatch"
+TRUNCATED_IN_REASONING = "truncated_in_reasoning"
+UNCLOSED_THINK = "unclosed_think"
+THINK_TAG_IN_ANSWER = "think_tag_in_answer"
+EMPTY_ANSWER_WITH_REASONING = "empty_answer_with_reasoning"
+EMPTY_ANSWER = "empty_answer"
+CONTENT_TOO_LONG = "content_too_long"
+REASONING_TOO_LONG = "reasoning_too_long"
+
+
+class ValidationCountError(RuntimeError):
+    """records in != valid + quarantined: a bug, never a data problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationStats:
+    """Counts for one shard; ``records_in == valid + quarantined`` always holds."""
+
+    shard: str
+    records_in: int
+    valid: int
+    quarantined: int
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "records_in": self.records_in,
+            "valid": self.valid,
+            "quarantined": self.quarantined,
+            "reasons": dict(sorted(self.reasons.items())),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Why a record is quarantined."""
+
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticLimits:
+    """The checks' knobs, from the ``validate`` config section."""
+
+    max_content_chars: int = 200000
+    max_reasoning_chars: int = 400000
+    quarantine_truncated: bool = True
+
+    @classmethod
+    def from_cfg(cls, cfg: dict[str, Any]) -> SemanticLimits:
+        return cls(
+            max_content_chars=int(cfg.get("max_content_chars", 200000)),
+            max_reasoning_chars=int(cfg.get("max_reasoning_chars", 400000)),
+            quarantine_truncated=bool(cfg.get("quarantine_truncated", True)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordValidator:
+    """The compiled schema (fast path) and the reference validator (messages on failure)."""
+
+    fast: Callable[[Any], Any]
+    reference: jsonschema.Draft202012Validator
+
+    def schema_problem(self, rec: Any) -> Problem | None:
+        """None when the record conforms; else the reference validator's best message."""
+        try:
+            self.fast(rec)
+            return None
+        except fastjsonschema.JsonSchemaValueException as exc:
+            fast_msg = exc.message
+        err = jsonschema.exceptions.best_match(self.reference.iter_errors(rec))
+        if err is None:  # the implementations disagree: keep the record out, say so
+            return Problem(SCHEMA, f"fastjsonschema: {fast_msg} (jsonschema accepts it)")
+        return Problem(SCHEMA, f"{err.json_path}: {_short(err.message)}")
+
+
+@functools.lru_cache(maxsize=4)
+def load_validator(schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH) -> RecordValidator:
+    """Compile ``schema_path`` once per process (fast path without detailed messages: on a failure
+    the reference validator explains)."""
+    schema = read_json(schema_path)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    fast = fastjsonschema.compile(schema, detailed_exceptions=False)
+    return RecordValidator(fast, jsonschema.Draft202012Validator(schema))
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _has_unclosed_think(text: str) -> bool:
+    """True when the last ``<think>`` has no ``</think>`` after it."""
+    i = text.rfind(THINK_OPEN)
+    return i >= 0 and text.find(THINK_CLOSE, i) < 0
+
+
+def answer_problem(
+    content: str, reasoning: str | None, finish_reason: str, limits: SemanticLimits, where: str = ""
+) -> Problem | None:
+    """Semantic checks on one (reasoning, answer) pair; ``where`` prefixes the detail (e.g. 'turn 0: ')."""
+    reasoning = reasoning or ""
+    if len(content) > limits.max_content_chars:
+        return Problem(
+            CONTENT_TOO_LONG, f"{where}content has {len(content)} chars > {limits.max_content_chars}"
+        )
+    if len(reasoning) > limits.max_reasoning_chars:
+        return Problem(
+            REASONING_TOO_LONG, f"{where}reasoning has {len(reasoning)} chars > {limits.max_reasoning_chars}"
+        )
+    blank = not content.strip()
+    if finish_reason == "length" and blank and reasoning.strip():
+        if limits.quarantine_truncated:
+            return Problem(
+                TRUNCATED_IN_REASONING, f"{where}finish_reason length with no answer after reasoning"
+            )
+        return None
+    if (THINK_OPEN in content or THINK_OPEN in reasoning) and (
+        _has_unclosed_think(content) or _has_unclosed_think(reasoning)
+    ):
+        part = "content" if _has_unclosed_think(content) else "reasoning_content"
+        return Problem(UNCLOSED_THINK, f"{where}{part} has a <think> without </think>")
+    if THINK_OPEN in content or THINK_CLOSE in content:
+        return Problem(THINK_TAG_IN_ANSWER, f"{where}content contains a think tag")
+    if blank and reasoning.strip():
+        return Problem(EMPTY_ANSWER_WITH_REASONING, f"{where}empty content with non-empty reasoning")
+    if blank:
+        return Problem(EMPTY_ANSWER, f"{where}empty content and no reasoning")
+    return None
+
+
+def record_problem(rec: dict[str, Any], shard: str | None, limits: SemanticLimits) -> Problem | None:
+    """Semantic checks on a schema-valid record (the top-level answer and every turn)."""
+    if shard is not None and rec["shard"] != shard:
+        return Problem(SHARD_MISMATCH, f"record shard {rec['shard']!r} in file of shard {shard!r}")
+    p = answer_problem(rec["content"], rec["reasoning_content"], rec["finish_reason"], limits)
+    if p is not None:
+        return p
+    for k, turn in enumerate(rec.get("turns") or ()):
+        p = answer_problem(
+            turn["content"], turn["reasoning_content"], turn["finish_reason"], limits, f"turn {k}: "
+        )
+        if p is not None:
+            return p
+    return None
+
+
+def _shard_of(path: Path) -> str | None:
+    stem = path.name.split(".")[0]
+    return stem if _SHARD_RE.match(stem) else None
+
+
+def _duplicate(rec_id: Any, lineno: int, first_line: dict[str, int]) -> Problem | None:
+    """The first record with an id decides its fate; later copies are ``duplicate_id``."""
+    if not isinstance(rec_id, str):
+        return None
+    seen = first_line.setdefault(rec_id, lineno)
+    return None if seen == lineno else Problem(DUPLICATE_ID, f"id {rec_id!r} first seen on line {seen}")
+
+
+def _quarantine(out: IO[bytes], rec_id: Any, problem: Problem, record: Any) -> None:
+    out.write(
+        orjson.dumps({"id": rec_id, "reason": problem.reason, "detail": problem.detail, "record": record})
+    )
+    out.write(b"\n")
+
+
+def _recover_id(line: bytes) -> str | None:
+    m = _ID_RE.search(line)
+    if m is None:
+        return None
+    try:
+        value = orjson.loads(b'"' + m.group(1) + b'"')
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def validate_shard(
+    records_path: str | os.PathLike[str],
+    valid_path: str | os.PathLike[str],
+    quarantine_path: str | os.PathLike[str],
+    cfg: dict[str, Any],
+    schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH,
+) -> ValidationStats:
+    """Split one generation shard into valid Parquet and quarantine JSONL (both atomic).
+
+    Blank lines are ignored (not records). Raises ``ValidationCountError`` if the counts
+    do not reconcile.
+    """
+    src = Path(records_path)
+    shard = _shard_of(src)
+    validator = load_validator(str(schema_path))
+    limits = SemanticLimits.from_cfg(cfg)
+    reasons: Counter[str] = Counter()
+    cols = ValidColumns()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # records are acyclic; a cyclic GC pass would only re-scan the live batch
+    try:
+        stats = _validate_lines(src, shard, valid_path, quarantine_path, validator, limits, reasons, cols)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return stats
+
+
+def _validate_lines(
+    src: Path,
+    shard: str | None,
+    valid_path: str | os.PathLike[str],
+    quarantine_path: str | os.PathLike[str],
+    validator: RecordValidator,
+    limits: SemanticLimits,
+    reasons: Counter[str],
+    cols: ValidColumns,
+) -> ValidationStats:
+    first_line: dict[str, int] = {}
+    n_in = n_valid = n_bad = 0
+    with (
+        open(src, "rb") as fh,
+        atomic_path(valid_path) as valid_tmp,
+        atomic_open(quarantine_path, "wb") as qfh,
+        pq.ParquetWriter(valid_tmp, VALID_SCHEMA, compression="lz4") as writer,
+    ):
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            n_in += 1
+            where = f"{src}: line {lineno}"
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                text = line.decode("utf-8", errors="replace").rstrip("\n")
+                rec_id = _recover_id(line)
+                problem = _duplicate(rec_id, lineno, first_line) or Problem(UNPARSABLE, str(exc))
+                _quarantine(qfh, rec_id, Problem(problem.reason, f"{where}: {problem.detail}"), text)
+                reasons[problem.reason] += 1
+                n_bad += 1
+                continue
+            rec_id = rec.get("id") if isinstance(rec, dict) else None
+            problem = _duplicate(rec_id, lineno, first_line)
+            if problem is None:
+                problem = validator.schema_problem(rec)
+            if problem is None:
+                problem = record_problem(rec, shard, limits)
+            if problem is not None:
+                _quarantine(qfh, rec_id, Problem(problem.reason, f"{where}: {problem.detail}"), rec)
+                reasons[problem.reason] += 1
+                n_bad += 1
+                continue
+            cols.append(rec)
+            n_valid += 1
+            if len(cols) >= BATCH_ROWS:
+                writer.write_batch(cols.to_batch())
+        if len(cols):
+            writer.write_batch(cols.to_batch())
+        if n_in != n_valid + n_bad or sum(reasons.values()) != n_bad:
+            raise ValidationCountError(f"{src}: {n_in} records in but {n_valid} valid + {n_bad} quarantined")
+    return ValidationStats(
+        shard=shard or src.name, records_in=n_in, valid=n_valid, quarantined=n_bad, reasons=dict(reasons)
+    )
+
+
+def cli(argv: list[str]) -> int:
+    """``regen validate RECORDS VALID QUARANTINE``: validate one shard and print its stats."""
+    ap = argparse.ArgumentParser(prog="regen validate", description=__doc__.splitlines()[0])
+    ap.add_argument("records", help="generation shard JSONL")
+    ap.add_argument("valid", help="output Parquet of valid records")
+    ap.add_argument("quarantine", help="output JSONL of quarantined records")
+    ap.add_argument("--max-content-chars", type=int, default=200000)
+    ap.add_argument("--max-reasoning-chars", type=int, default=400000)
+    ap.add_argument("--keep-truncated", action="store_true", help="do not quarantine truncated reasoning")
+    ap.add_argument("--schema", default=str(DEFAULT_SCHEMA_PATH))
+    args = ap.parse_args(argv)
+    cfg = {
+        "max_content_chars": args.max_content_chars,
+        "max_reasoning_chars": args.max_reasoning_chars,
+        "quarantine_truncated": not args.keep_truncated,
+    }
+    stats = validate_shard(args.records, args.valid, args.quarantine, cfg, schema_path=args.schema)
+    print(orjson.dumps(stats.to_json()).decode())
+    return 0
