@@ -6,6 +6,9 @@
 #   snakemake -n                                                  # preview the remaining work
 
 
+from snakemake.utils import min_version
+
+
 min_version("9.0")
 
 

@@ -13,7 +13,6 @@ from regen.client import generate_shard
 from regen.io import read_json
 from regen.journal import JournalSink
 from regen.sglang.server import acquire_server
-from regen.shards import read_shard
 
 log = logging.getLogger("regen.generation")
 
@@ -54,7 +53,7 @@ def run_generate_job(
     with acquire_server(cfg, plan, workdir=workdir, log_dir=log_dir) as endpoint:
         log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
         stats = generate_shard(
-            read_shard(shard_path),
+            shard_path,
             journal_path,
             records_out,
             failed_out,

@@ -44,7 +44,7 @@ def model_revision(model_path: str) -> str | None:
 
 
 def realized_servers(workdir: str = "work/servers") -> list[dict[str, Any]]:
-    """What each GPU's server reported at start-up (version, flags, memory), as recorded by the server module."""
+    """What each GPU server reported at start-up (version, flags, memory), recorded by the server module."""
     return [read_json(p) for p in sorted(glob.glob(f"{workdir}/gpu*.realized.json"))]
 
 
@@ -78,9 +78,13 @@ def build_provenance(
         "model_path": server.get("model_path"),
         "model_revision": model_revision(str(server.get("model_path", ""))),
         "server_mode": server.get("mode"),
-        "sglang_version": next((s.get("version") for s in servers if s.get("version")), plan.get("sglang_version")),
+        "sglang_version": next(
+            (s.get("version") for s in servers if s.get("version")), plan.get("sglang_version")
+        ),
         "server_flags": list(plan.get("launch_args") or server.get("args") or []),
-        "servers": [{k: s.get(k) for k in ("server_id", "version", "launch_command") if k in s} for s in servers],
+        "servers": [
+            {k: s.get(k) for k in ("server_id", "version", "launch_command") if k in s} for s in servers
+        ],
         "chat_template_sha256": chat_template_hash(tokenizer_dir),
         "sampling": dict(generate.get("sampling", {})),
         "seed_rule": "seed = derive_seed(sampling.seed, sample id) (blake2b, 31-bit)",

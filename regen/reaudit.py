@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from regen.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.chat import ChatTemplate
 from regen.io import read_json, write_json
 from regen.merge import iter_dataset_samples
+from regen.types import Sample
 
 log = logging.getLogger("regen.reaudit")
 
@@ -48,41 +49,39 @@ class OutputGate:
         return {"limit": self.limit, "value": self.value, "passed": self.passed, "meaning": self.meaning}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutputCounts:
-    rows: int
-    truncated: int
-    duplicate_answers: int
-    finish_reasons: Mapping[str, int]
+    """What only the output has: finish reasons and duplicate answers (digests only in memory)."""
 
+    rows: int = 0
+    truncated: int = 0
+    duplicate_answers: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    _seen: set[bytes] = field(default_factory=set)
 
-def count_output_columns(dataset_dir: str | Path) -> OutputCounts:
-    """Truncation, finish reasons and duplicate answers, read column-wise (digests only in memory)."""
-    dataset = ds.dataset(str(dataset_dir), format="parquet")
-    seen: set[bytes] = set()
-    rows = truncated = duplicates = 0
-    reasons: dict[str, int] = {}
-    for batch in dataset.to_batches(columns=["finish_reason", "content", "reasoning_content"]):
-        cols = batch.to_pydict()
-        for reason, content, reasoning in zip(
-            cols["finish_reason"], cols["content"], cols["reasoning_content"], strict=True
-        ):
-            rows += 1
-            reasons[reason] = reasons.get(reason, 0) + 1
-            truncated += reason == "length"
+    def add_finish_reasons(self, dataset_dir: str | Path) -> None:
+        dataset = ds.dataset(str(dataset_dir), format="parquet")
+        for batch in dataset.to_batches(columns=["finish_reason"]):
+            for reason in batch.column(0).to_pylist():
+                self.rows += 1
+                self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + 1
+                self.truncated += reason == "length"
+
+    def counting_answers(self, samples: Iterable[Sample]) -> Iterator[Sample]:
+        """Pass samples through, counting answers (reasoning + content) identical to an earlier one."""
+        for sample in samples:
+            answer = sample.messages[-1]
             digest = hashlib.blake2b(
-                f"{reasoning or ''}\x00{content or ''}".encode(), digest_size=16
+                f"{answer.reasoning_content or ''}\x00{answer.content or ''}".encode(), digest_size=16
             ).digest()
-            if digest in seen:
-                duplicates += 1
+            if digest in self._seen:
+                self.duplicate_answers += 1
             else:
-                seen.add(digest)
-    return OutputCounts(rows, truncated, duplicates, reasons)
+                self._seen.add(digest)
+            yield sample
 
 
-def output_gates(
-    rows: int, empty: int, counts: OutputCounts, limits: Mapping[str, Any]
-) -> list[OutputGate]:
+def output_gates(rows: int, empty: int, counts: OutputCounts, limits: Mapping[str, Any]) -> list[OutputGate]:
     """Each output gate's value against its configured limit (equal to the limit passes)."""
 
     def frac(n: int) -> float:
@@ -90,7 +89,11 @@ def output_gates(
 
     checks = [
         ("max_empty_answer_fraction", frac(empty), "answers that are only template scaffolding"),
-        ("max_truncated_fraction", frac(counts.truncated), "answers cut at max_tokens (finish_reason length)"),
+        (
+            "max_truncated_fraction",
+            frac(counts.truncated),
+            "answers cut at max_tokens (finish_reason length)",
+        ),
         ("max_duplicate_fraction", frac(counts.duplicate_answers), "answers identical to an earlier one"),
     ]
     gates = [
@@ -124,10 +127,11 @@ def reaudit_dataset(
     """Audit the merged output, write its summary, and write READY.json only if every gate passes."""
     config = AuditConfig.from_dict({**audit_cfg, "gates": _NO_INPUT_GATES, "exclude": []})
     auditor = Auditor(config, ChatTemplate.from_dir(tokenizer_dir))
-    for _ in iter_audits(auditor, iter_dataset_samples(dataset_dir)):
+    counts = OutputCounts()
+    counts.add_finish_reasons(dataset_dir)
+    for _ in iter_audits(auditor, counts.counting_answers(iter_dataset_samples(dataset_dir))):
         pass
     audit = auditor.summary().to_json()
-    counts = count_output_columns(dataset_dir)
     empty = int(audit["flag_counts"].get(EMPTY_RESPONSE, 0))
     results = output_gates(counts.rows, empty, counts, gates)
     passed = all(g.passed for g in results)

@@ -23,7 +23,8 @@ def dataset_path():
 def gpu_slots():
     """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
     given = workflow.global_resources.get("gpu")
-    return int(given) if given else lookup(dpath="server/gpus", within=config)
+    value = getattr(given, "value", given)
+    return int(value) if value else lookup(dpath="server/gpus", within=config)
 
 
 def shard_files(pattern):
