@@ -8,7 +8,6 @@
 
 from snakemake.utils import min_version
 
-
 min_version("9.0")
 
 
@@ -40,9 +39,9 @@ localrules:
 
 
 rule all:
+    default_target: True
     input:
         get_final_outputs(),
-    default_target: True
 
 
 onsuccess:

@@ -4,7 +4,6 @@ from snakemake.utils import validate
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
-
 validate(config, schema="../schemas/config.schema.yaml")
 
 

@@ -297,10 +297,10 @@ def check_sglang_flags(argv: list[str]) -> None:
     except ImportError as exc:
         log.warning("regen.sglang.flags.check_flags is not importable (%s); launch flags not checked", exc)
         return
-    problems = check_flags(argv)
-    if problems:
-        listed = problems if isinstance(problems, list | tuple) else [problems]
-        raise ServerError("bad sglang launch flags: " + "; ".join(str(p) for p in listed))
+    try:
+        check_flags(argv)  # raises on a bad flag; returns which check ran
+    except ValueError as exc:
+        raise ServerError(f"bad sglang launch flags: {exc}") from exc
 
 
 def build_sglang_command(
@@ -326,7 +326,20 @@ def build_sglang_command(
     return argv
 
 
-def build_simulated_command(server_cfg: Mapping[str, Any], port: int, model_path: str) -> list[str]:
+def simulated_running_cap(server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None) -> int:
+    """The simulated server's concurrency cap: explicit config, else the plan's effective cap
+    (so the simulated server behaves like the SGLang the tuner planned), else 64."""
+    explicit = (server_cfg.get("simulated") or {}).get("max_running_requests")
+    if explicit:
+        return int(explicit)
+    chosen = "recommended" if server_cfg.get("use_tuner", True) else "given"
+    planned = ((plan or {}).get(chosen) or {}).get("effective_max_running_requests")
+    return int(planned) if planned else 64
+
+
+def build_simulated_command(
+    server_cfg: Mapping[str, Any], port: int, model_path: str, plan: Mapping[str, Any] | None = None
+) -> list[str]:
     """``python -m regen.sglang.simulated`` with the ``server.simulated`` behaviour."""
     sim = server_cfg.get("simulated") or {}
     return [
@@ -340,7 +353,7 @@ def build_simulated_command(server_cfg: Mapping[str, Any], port: int, model_path
         "--model-path",
         model_path,
         "--max-running-requests",
-        str(sim.get("max_running_requests", 64)),
+        str(simulated_running_cap(server_cfg, plan)),
         "--token-rate",
         str(sim.get("token_rate", 2000)),
         "--startup-delay",
@@ -362,7 +375,7 @@ def build_server_command(
     if mode == "sglang":
         return build_sglang_command(server_cfg, plan, port, model_path)
     if mode == "simulated":
-        return build_simulated_command(server_cfg, port, model_path)
+        return build_simulated_command(server_cfg, port, model_path, plan)
     raise ServerError(f"server.mode {mode!r} does not launch a server")
 
 

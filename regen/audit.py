@@ -1,0 +1,797 @@
+"""The pre-generation audit: per-sample flags, dataset-level summary, gates.
+
+Flags (a sample may carry several):
+
+* ``bad_row``: the row could not be read at all (``regen.dataset`` collected a BadRow);
+* ``structure_error``: the conversation breaks the role rules below, has empty or
+  non-text content, an unknown role, or repeats an earlier sample's id;
+* ``over_length``: the prompt (conversation up to the last assistant turn, plus the
+  generation prompt) has more tokens than ``context_limit``;
+* ``duplicate_prompt``: the prompt messages equal an earlier sample's (first one kept);
+* ``empty_response``: every assistant turn is template scaffolding only (an empty think
+  block and end-of-turn, or nothing); for tokenized rows also when the row's own loss
+  mask sums to at most ``scaffolding_max_tokens``. Samples without any assistant turn
+  (prompt-only rows) have no old answer and are not flagged.
+
+Role rules: ``system`` only at index 0; after it the conversation starts with ``user``;
+``user`` and ``assistant`` alternate (two users or two assistants in a row are a fault);
+``tool`` turns may follow an assistant turn or another tool turn, and the turn after
+tool results is ``assistant`` or ``tool``. ``user``/``tool`` content must be non-empty text;
+system content may be empty; assistant content may be empty (that is ``empty_response``).
+
+The same code audits any stream of ``Sample``s (``Auditor`` / ``audit_records``), so the
+merged output can be re-audited without a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from regen.chat import ChatTemplate, ChatTemplateError, TokenAccount, to_template_dicts
+from regen.dataset import iter_samples
+from regen.io import atomic_open, atomic_path, write_json
+from regen.types import KNOWN_ROLES, BadInputError, BadRow, Message, Sample
+
+log = logging.getLogger(__name__)
+
+BAD_ROW = "bad_row"
+STRUCTURE_ERROR = "structure_error"
+OVER_LENGTH = "over_length"
+DUPLICATE_PROMPT = "duplicate_prompt"
+EMPTY_RESPONSE = "empty_response"
+# also the priority order of exclude reasons
+FLAG_NAMES: tuple[str, ...] = (BAD_ROW, STRUCTURE_ERROR, OVER_LENGTH, DUPLICATE_PROMPT, EMPTY_RESPONSE)
+DEFAULT_EXCLUDE: tuple[str, ...] = (STRUCTURE_ERROR, OVER_LENGTH, DUPLICATE_PROMPT, BAD_ROW)
+
+DEFAULT_CONTEXT_LIMIT = 32768
+DEFAULT_SCAFFOLDING_MAX_TOKENS = 8
+DEFAULT_GATES: dict[str, float] = {
+    "max_empty_response_fraction": 0.5,
+    "max_structure_error_fraction": 0.2,
+    "max_over_length_fraction": 0.1,
+}
+GATE_MEANING: dict[str, str] = {
+    "max_empty_response_fraction": "fraction of samples whose old answer is template scaffolding only",
+    "max_structure_error_fraction": "fraction of samples with structure faults or unreadable rows",
+    "max_over_length_fraction": "fraction of prompts longer than audit.context_limit tokens",
+}
+BATCH_SIZE = 1024
+PARQUET_BATCH_ROWS = 65536
+DIGEST_BYTES = 8
+
+FLAGS_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("file", pa.string()),
+        pa.field("row", pa.int64()),
+        pa.field("format", pa.string()),
+        pa.field("flags", pa.list_(pa.string()), nullable=False),
+        pa.field("supervised_tokens", pa.int64()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("excluded", pa.bool_(), nullable=False),
+        pa.field("exclude_reason", pa.string()),
+        pa.field("detail", pa.string()),
+    ]
+)
+
+
+class AuditGateError(RuntimeError):
+    """A dataset-level gate failed; the message says which, by how much, and how to override."""
+
+
+# --------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AuditConfig:
+    """The ``audit`` config section with the schema's defaults applied."""
+
+    context_limit: int = DEFAULT_CONTEXT_LIMIT
+    scaffolding_max_tokens: int = DEFAULT_SCAFFOLDING_MAX_TOKENS
+    gates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_GATES))
+    override_gates: bool = False
+    exclude: frozenset[str] = frozenset(DEFAULT_EXCLUDE)
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any] | None) -> AuditConfig:
+        cfg = cfg or {}
+        gates = dict(DEFAULT_GATES)
+        gates.update({k: float(v) for k, v in (cfg.get("gates") or {}).items()})
+        unknown_gates = set(gates) - set(DEFAULT_GATES)
+        if unknown_gates:
+            raise ValueError(
+                f"audit.gates: unknown gate(s) {sorted(unknown_gates)}; known: {sorted(DEFAULT_GATES)}"
+            )
+        exclude = frozenset(cfg.get("exclude", DEFAULT_EXCLUDE))
+        unknown = exclude - set(FLAG_NAMES)
+        if unknown:
+            raise ValueError(f"audit.exclude: unknown flag(s) {sorted(unknown)}; known: {list(FLAG_NAMES)}")
+        return cls(
+            context_limit=int(cfg.get("context_limit", DEFAULT_CONTEXT_LIMIT)),
+            scaffolding_max_tokens=int(cfg.get("scaffolding_max_tokens", DEFAULT_SCAFFOLDING_MAX_TOKENS)),
+            gates=gates,
+            override_gates=bool(cfg.get("override_gates", False)),
+            exclude=exclude,
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Per-sample checks
+# --------------------------------------------------------------------------------------
+
+_ALLOWED_AFTER: dict[str | None, frozenset[str]] = {
+    None: frozenset({"user"}),
+    "user": frozenset({"assistant"}),
+    "assistant": frozenset({"user", "tool"}),
+    "tool": frozenset({"assistant", "tool"}),
+}
+
+
+def structure_faults(messages: Sequence[Message]) -> list[str]:
+    """Every structure fault of a conversation, as ``kind: where`` strings (empty when sound)."""
+    if not messages:
+        return ["no_turns: the conversation has no messages"]
+    faults: list[str] = []
+    prev: str | None = None
+    has_user = False
+    for i, m in enumerate(messages):
+        role, content = m.role, m.content
+        if role not in KNOWN_ROLES:
+            faults.append(f"unknown_role: message {i} has role {role!r}")
+            continue
+        if content is not None and not isinstance(content, str):
+            faults.append(f"non_text_content: message {i} ({role}) has {type(content).__name__} content")
+        elif role in ("user", "tool") and (content is None or not content.strip()):
+            faults.append(f"empty_content: message {i} ({role}) is empty")
+        if role == "system":
+            if i != 0:
+                faults.append(f"system_not_first: message {i} is a system turn")
+            continue
+        has_user = has_user or role == "user"
+        if role not in _ALLOWED_AFTER[prev]:
+            after = f"after {prev}" if prev else "at the start"
+            faults.append(f"bad_role_order: message {i} ({role}) {after}")
+        prev = role
+    if not has_user:
+        faults.append("no_user_turn: the conversation has no user turn")
+    return faults
+
+
+def fault_kind(fault: str) -> str:
+    return fault.split(":", 1)[0]
+
+
+def prompt_digest(dicts: Sequence[Mapping[str, Any]]) -> bytes:
+    """8-byte blake2b of the prompt messages (everything before the last assistant turn)."""
+    end = len(dicts)
+    for i in range(len(dicts) - 1, -1, -1):
+        if dicts[i]["role"] == "assistant":
+            end = i
+            break
+    payload = orjson.dumps([(d["role"], d["content"], d.get("reasoning_content")) for d in dicts[:end]])
+    return hashlib.blake2b(payload, digest_size=DIGEST_BYTES).digest()
+
+
+def bad_row_id(bad: BadRow) -> str:
+    """The placeholder id of an unreadable row (design.md): ``row:<file>:<n>``."""
+    return f"row:{bad.file}:{bad.row}"
+
+
+@dataclass(frozen=True, slots=True)
+class SampleAudit:
+    """The audit verdict for one input row."""
+
+    id: str
+    file: str | None
+    row: int | None
+    format: str | None
+    flags: tuple[str, ...]
+    supervised_tokens: int | None
+    prompt_tokens: int | None
+    excluded: bool
+    exclude_reason: str | None
+    detail: str | None
+
+    def excluded_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "reason": self.exclude_reason,
+            "file": self.file,
+            "row": self.row,
+        }
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+# --------------------------------------------------------------------------------------
+# Histograms
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Log2Histogram:
+    """Counts in power-of-two buckets: bucket 0 holds 0, bucket k holds [2^(k-1), 2^k)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * 40)
+    n: int = 0
+    total: int = 0
+    min: int | None = None
+    max: int | None = None
+
+    def add(self, value: int) -> None:
+        self.counts[min(value.bit_length(), 39)] += 1
+        self.n += 1
+        self.total += value
+        if self.min is None or value < self.min:
+            self.min = value
+        if self.max is None or value > self.max:
+            self.max = value
+
+    def buckets(self) -> list[dict[str, int]]:
+        """Non-empty buckets as ``{"lo", "hi", "count"}`` (``hi`` inclusive)."""
+        out = []
+        for k, c in enumerate(self.counts):
+            if c:
+                lo, hi = (0, 0) if k == 0 else (1 << (k - 1), (1 << k) - 1)
+                out.append({"lo": lo, "hi": hi, "count": c})
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "count": self.n,
+            "min": self.min,
+            "max": self.max,
+            "mean": (self.total / self.n) if self.n else None,
+            "buckets": self.buckets(),
+        }
+
+
+# --------------------------------------------------------------------------------------
+# Summary and gates
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    name: str
+    limit: float
+    value: float
+    passed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"limit": self.limit, "value": self.value, "passed": self.passed}
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSummary:
+    """Dataset-level result of an audit; ``to_json`` is ``summary.json``."""
+
+    total: int
+    flag_counts: Mapping[str, int]
+    structure_error_kinds: Mapping[str, int]
+    excluded: int
+    excluded_reasons: Mapping[str, int]
+    histograms: Mapping[str, Mapping[str, Any]]
+    gates: tuple[GateResult, ...]
+    overridden: bool
+    context: Mapping[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        return all(g.passed for g in self.gates)
+
+    @property
+    def kept(self) -> int:
+        return self.total - self.excluded
+
+    def fraction(self, flag: str) -> float:
+        return self.flag_counts.get(flag, 0) / self.total if self.total else 0.0
+
+    def failed_gates(self) -> list[GateResult]:
+        return [g for g in self.gates if not g.passed]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "kept": self.kept,
+            "excluded": self.excluded,
+            "excluded_reasons": dict(self.excluded_reasons),
+            "flagged_empty_response": self.flag_counts.get(EMPTY_RESPONSE, 0),
+            "flagged_empty_response_fraction": self.fraction(EMPTY_RESPONSE),
+            "structure_errors": self.flag_counts.get(STRUCTURE_ERROR, 0),
+            "structure_error_kinds": dict(self.structure_error_kinds),
+            "duplicate_prompts": self.flag_counts.get(DUPLICATE_PROMPT, 0),
+            "over_length": self.flag_counts.get(OVER_LENGTH, 0),
+            "bad_rows": self.flag_counts.get(BAD_ROW, 0),
+            "flag_counts": {f: self.flag_counts.get(f, 0) for f in FLAG_NAMES},
+            "flag_fractions": {f: self.fraction(f) for f in FLAG_NAMES},
+            "histograms": dict(self.histograms),
+            "gates": {g.name: g.to_json() for g in self.gates},
+            "passed": self.passed,
+            "overridden": self.overridden and not self.passed,
+            **dict(self.context),
+        }
+
+
+def evaluate_gates(
+    total: int, flag_counts: Mapping[str, int], limits: Mapping[str, float]
+) -> tuple[GateResult, ...]:
+    """Each gate's value against its limit (a value equal to the limit passes)."""
+
+    def frac(n: int) -> float:
+        return n / total if total else 0.0
+
+    values = {
+        "max_empty_response_fraction": frac(flag_counts.get(EMPTY_RESPONSE, 0)),
+        "max_structure_error_fraction": frac(
+            flag_counts.get(STRUCTURE_ERROR, 0) + flag_counts.get(BAD_ROW, 0)
+        ),
+        "max_over_length_fraction": frac(flag_counts.get(OVER_LENGTH, 0)),
+    }
+    return tuple(
+        GateResult(name, limits[name], values[name], values[name] <= limits[name]) for name in values
+    )
+
+
+def gate_failure_message(summary: AuditSummary, summary_path: str | Path | None = None) -> str:
+    """A multi-line explanation of every failed gate and how to override."""
+    lines = ["audit gate(s) failed, so generation will not start:"]
+    for g in summary.failed_gates():
+        lines.append(
+            f"  - audit.gates.{g.name}: value {g.value:.4f} > limit {g.limit:.4f} "
+            f"({GATE_MEANING.get(g.name, g.name)})"
+        )
+    lines.append(f"  ({summary.total} samples audited)")
+    if summary_path is not None:
+        lines.append(f"details: {summary_path} (flags per sample in flags.parquet beside it)")
+    lines.append(
+        "to go on anyway, raise the limit in the config (audit.gates.<name>) or set "
+        "audit.override_gates: true (CLI: --override-gates); violated gates are then reported as warnings."
+    )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# The auditor (works on any stream of Samples)
+# --------------------------------------------------------------------------------------
+
+
+class Auditor:
+    """Stateful auditor: feed samples (in batches) and bad rows; read the summary at the end.
+
+    Memory: one 8-byte digest per distinct prompt and per distinct id, plus counters.
+    """
+
+    def __init__(self, cfg: AuditConfig, chat: ChatTemplate) -> None:
+        self.cfg = cfg
+        self.chat = chat
+        self._seen_prompts: set[bytes] = set()
+        self._seen_ids: set[bytes] = set()
+        self.flag_counts: Counter[str] = Counter()
+        self.structure_kinds: Counter[str] = Counter()
+        self.excluded_reasons: Counter[str] = Counter()
+        self.total = 0
+        self.excluded = 0
+        self.supervised_hist = Log2Histogram()
+        self.prompt_hist = Log2Histogram()
+
+    def _finish(self, audit: SampleAudit) -> SampleAudit:
+        self.total += 1
+        self.flag_counts.update(audit.flags)
+        if audit.excluded:
+            self.excluded += 1
+            self.excluded_reasons[audit.exclude_reason or ""] += 1
+        return audit
+
+    def _exclusion(self, flags: Sequence[str]) -> str | None:
+        return next((f for f in FLAG_NAMES if f in flags and f in self.cfg.exclude), None)
+
+    def audit_bad_row(self, bad: BadRow) -> SampleAudit:
+        """The verdict for an unreadable row."""
+        flags = (BAD_ROW,)
+        reason = self._exclusion(flags)
+        detail = f"field {bad.field!r}: {bad.problem}"
+        return self._finish(
+            SampleAudit(
+                bad_row_id(bad),
+                bad.file,
+                bad.row,
+                None,
+                flags,
+                None,
+                None,
+                reason is not None,
+                reason,
+                detail,
+            )
+        )
+
+    def audit_batch(self, samples: Sequence[Sample]) -> list[SampleAudit]:
+        """Verdicts for a batch of samples, in order (duplicates judged against everything seen so far)."""
+        dicts = [to_template_dicts(s.messages) for s in samples]
+        accounts = self.chat.account_batch_dicts(dicts)
+        return self.finish_batch(samples, dicts, accounts)
+
+    def finish_batch(
+        self,
+        samples: Sequence[Sample],
+        dicts: Sequence[list[dict[str, Any]]],
+        accounts: Sequence[TokenAccount],
+    ) -> list[SampleAudit]:
+        """Verdicts from precomputed template dicts and token accounts (see ``iter_audits``)."""
+        return [self._audit_one(s, d, a) for s, d, a in zip(samples, dicts, accounts, strict=True)]
+
+    def _audit_one(self, sample: Sample, dicts: list[dict[str, Any]], acc: TokenAccount) -> SampleAudit:
+        cfg = self.cfg
+        flags: list[str] = []
+        faults = structure_faults(sample.messages)
+        id_digest = hashlib.blake2b(sample.id.encode(), digest_size=DIGEST_BYTES).digest()
+        if id_digest in self._seen_ids:
+            faults.append(f"duplicate_id: id {sample.id!r} was used by an earlier sample")
+        else:
+            self._seen_ids.add(id_digest)
+        if faults:
+            flags.append(STRUCTURE_ERROR)
+            self.structure_kinds.update({fault_kind(f) for f in faults})
+        if acc.prompt_tokens > cfg.context_limit:
+            flags.append(OVER_LENGTH)
+        if not faults:
+            digest = prompt_digest(dicts)
+            if digest in self._seen_prompts:
+                flags.append(DUPLICATE_PROMPT)
+            else:
+                self._seen_prompts.add(digest)
+        source = sample.source
+        mask_tokens = source.get("mask_supervised_tokens")
+        supervised = acc.supervised_tokens if mask_tokens is None else int(mask_tokens)
+        empty = acc.scaffolding_only or (mask_tokens is not None and supervised <= cfg.scaffolding_max_tokens)
+        if empty:
+            flags.append(EMPTY_RESPONSE)
+        self.supervised_hist.add(supervised)
+        self.prompt_hist.add(acc.prompt_tokens)
+        reason = self._exclusion(flags)
+        return self._finish(
+            SampleAudit(
+                id=sample.id,
+                file=source.get("file"),
+                row=source.get("row"),
+                format=source.get("format"),
+                flags=tuple(flags),
+                supervised_tokens=supervised,
+                prompt_tokens=acc.prompt_tokens,
+                excluded=reason is not None,
+                exclude_reason=reason,
+                detail="; ".join(faults) or None,
+            )
+        )
+
+    def summary(self, context: Mapping[str, Any] | None = None) -> AuditSummary:
+        """The dataset-level summary of everything audited so far."""
+        return AuditSummary(
+            total=self.total,
+            flag_counts=dict(self.flag_counts),
+            structure_error_kinds=dict(sorted(self.structure_kinds.items())),
+            excluded=self.excluded,
+            excluded_reasons=dict(sorted(self.excluded_reasons.items())),
+            histograms={
+                "supervised_tokens": self.supervised_hist.to_json(),
+                "prompt_tokens": self.prompt_hist.to_json(),
+            },
+            gates=evaluate_gates(self.total, self.flag_counts, self.cfg.gates),
+            overridden=self.cfg.override_gates,
+            context={"context_limit": self.cfg.context_limit, **(context or {})},
+        )
+
+
+def _batched(it: Iterable[Sample], size: int) -> Iterator[list[Sample]]:
+    batch: list[Sample] = []
+    for s in it:
+        batch.append(s)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def iter_audits(
+    auditor: Auditor,
+    samples: Iterable[Sample],
+    bad_rows: list[BadRow] | None = None,
+    batch_size: int = BATCH_SIZE,
+) -> Iterator[SampleAudit]:
+    """Stream verdicts for ``samples``; BadRows appended to ``bad_rows`` meanwhile are drained and judged too.
+
+    Pipelined: while a worker thread tokenizes batch k (the tokenizer releases the GIL), this
+    thread reads and renders batch k+1. Verdicts still come out in input order.
+    """
+    chat = auditor.chat
+
+    def drain() -> Iterator[SampleAudit]:
+        if bad_rows:
+            for bad in bad_rows:
+                yield auditor.audit_bad_row(bad)
+            bad_rows.clear()
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-encode") as pool:
+        pending: tuple[list[Sample], list[list[dict[str, Any]]], Any, Future[Any]] | None = None
+        for batch in _batched(samples, batch_size):
+            dicts = [to_template_dicts(s.messages) for s in batch]
+            rendered = chat.render_batch(dicts)
+            future = pool.submit(chat.encode_rendered, rendered)
+            if pending is not None:
+                yield from _finish_pending(auditor, pending)
+            yield from drain()
+            pending = (batch, dicts, rendered, future)
+        if pending is not None:
+            yield from _finish_pending(auditor, pending)
+        yield from drain()
+
+
+def _finish_pending(
+    auditor: Auditor, pending: tuple[list[Sample], list[list[dict[str, Any]]], Any, Future[Any]]
+) -> list[SampleAudit]:
+    batch, dicts, rendered, future = pending
+    accounts = auditor.chat.account_encoded(rendered, future.result())
+    return auditor.finish_batch(batch, dicts, accounts)
+
+
+def audit_records(
+    samples: Iterable[Sample],
+    cfg: Mapping[str, Any] | AuditConfig | None,
+    chat: ChatTemplate | str | Path,
+    bad_rows: Iterable[BadRow] = (),
+) -> tuple[list[SampleAudit], AuditSummary]:
+    """Audit an in-memory stream of samples (no files): per-sample verdicts and the summary."""
+    config = cfg if isinstance(cfg, AuditConfig) else AuditConfig.from_dict(cfg)
+    template = chat if isinstance(chat, ChatTemplate) else ChatTemplate.from_dir(chat)
+    auditor = Auditor(config, template)
+    audits = list(iter_audits(auditor, samples))
+    audits.extend(auditor.audit_bad_row(b) for b in bad_rows)
+    return audits, auditor.summary()
+
+
+# --------------------------------------------------------------------------------------
+# Outputs
+# --------------------------------------------------------------------------------------
+
+
+class FlagsWriter:
+    """Buffers verdicts into columns and writes ``flags.parquet`` row-group by row-group."""
+
+    def __init__(self, writer: pq.ParquetWriter, rows_per_batch: int = PARQUET_BATCH_ROWS) -> None:
+        self._writer = writer
+        self._rows = rows_per_batch
+        self._cols: dict[str, list[Any]] = {name: [] for name in FLAGS_SCHEMA.names}
+
+    def add(self, a: SampleAudit) -> None:
+        c = self._cols
+        c["id"].append(a.id)
+        c["file"].append(a.file)
+        c["row"].append(a.row)
+        c["format"].append(a.format)
+        c["flags"].append(list(a.flags))
+        c["supervised_tokens"].append(a.supervised_tokens)
+        c["prompt_tokens"].append(a.prompt_tokens)
+        c["excluded"].append(a.excluded)
+        c["exclude_reason"].append(a.exclude_reason)
+        c["detail"].append(a.detail)
+        if len(c["id"]) >= self._rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._cols["id"]:
+            return
+        self._writer.write_table(pa.table(self._cols, schema=FLAGS_SCHEMA))
+        for col in self._cols.values():
+            col.clear()
+
+
+def _plot_histogram(hist: Mapping[str, Any], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    buckets = hist["buckets"]
+    labels = [str(b["lo"]) if b["lo"] == b["hi"] else f"{b['lo']}-{b['hi']}" for b in buckets]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    try:
+        ax.bar(range(len(buckets)), [b["count"] for b in buckets], color="#4472c4")
+        ax.set_xticks(range(len(buckets)), labels, rotation=45, ha="right", fontsize=8)
+        ax.set_xlabel("tokens (power-of-two buckets)")
+        ax.set_ylabel("samples")
+        ax.set_title(f"{title} (n={hist['count']}, mean={hist['mean'] or 0:.1f})")
+        fig.tight_layout()
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="svg")
+    finally:
+        plt.close(fig)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditPaths:
+    out_dir: Path
+
+    @property
+    def summary(self) -> Path:
+        return self.out_dir / "summary.json"
+
+    @property
+    def flags(self) -> Path:
+        return self.out_dir / "flags.parquet"
+
+    @property
+    def excluded(self) -> Path:
+        return self.out_dir / "excluded.jsonl"
+
+    @property
+    def supervised_plot(self) -> Path:
+        return self.out_dir / "supervised_tokens.svg"
+
+    @property
+    def prompt_plot(self) -> Path:
+        return self.out_dir / "prompt_tokens.svg"
+
+
+def run_audit(
+    input_path: str | Path,
+    out_dir: str | Path,
+    cfg: Mapping[str, Any] | None,
+    tokenizer_dir: str | Path,
+    fmt: str = "auto",
+    id_column: str | None = None,
+    on_bad_row: str = "skip",
+) -> AuditSummary:
+    """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl and the plots.
+
+    Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not overridden.
+    """
+    config = AuditConfig.from_dict(cfg)
+    chat = ChatTemplate.from_dir(tokenizer_dir)
+    paths = AuditPaths(Path(out_dir))
+    auditor = Auditor(config, chat)
+    bad_rows: list[BadRow] = []
+    samples = iter_samples(input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows)
+    with (
+        atomic_path(paths.flags) as flags_tmp,
+        pq.ParquetWriter(flags_tmp, FLAGS_SCHEMA, compression="zstd") as pw,
+        atomic_open(paths.excluded, "wb") as excluded_fh,
+    ):
+        flags_writer = FlagsWriter(pw)
+        for audit in iter_audits(auditor, samples, bad_rows):
+            flags_writer.add(audit)
+            if audit.excluded:
+                excluded_fh.write(orjson.dumps(audit.excluded_json()) + b"\n")
+        flags_writer.flush()
+    summary = auditor.summary(
+        {
+            "input": str(input_path),
+            "tokenizer": str(tokenizer_dir),
+            "format": fmt,
+            "fast_renderer": chat.uses_fast_renderer,
+        }
+    )
+    _plot_histogram(
+        summary.histograms["supervised_tokens"], "supervised tokens per sample", paths.supervised_plot
+    )
+    _plot_histogram(summary.histograms["prompt_tokens"], "prompt tokens per sample", paths.prompt_plot)
+    write_json(paths.summary, summary.to_json())
+    if not summary.passed:
+        message = gate_failure_message(summary, paths.summary)
+        if not config.override_gates:
+            raise AuditGateError(message)
+        log.warning("gates overridden (audit.override_gates: true):\n%s", message)
+    return summary
+
+
+# --------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------
+
+
+def format_summary(summary: AuditSummary) -> str:
+    """A readable table of the summary."""
+    rows: list[tuple[str, str, str]] = [("samples", str(summary.total), "")]
+    for flag in FLAG_NAMES:
+        n = summary.flag_counts.get(flag, 0)
+        rows.append((flag, str(n), f"{summary.fraction(flag):.2%}"))
+    rows.append(
+        (
+            "excluded",
+            str(summary.excluded),
+            f"{summary.excluded / summary.total:.2%}" if summary.total else "",
+        )
+    )
+    rows.append(("kept for generation", str(summary.kept), ""))
+    for name, hist in summary.histograms.items():
+        mean = hist["mean"]
+        rows.append((f"{name} (min/mean/max)", f"{hist['min']}/{mean or 0:.1f}/{hist['max']}", ""))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{name:<{width}}  {value:>12}  {pct:>8}" for name, value, pct in rows]
+    if summary.structure_error_kinds:
+        kinds = ", ".join(f"{k}={v}" for k, v in summary.structure_error_kinds.items())
+        lines.append(f"structure faults: {kinds}")
+    lines.append("gates:")
+    for g in summary.gates:
+        verdict = "ok" if g.passed else "FAILED"
+        lines.append(f"  {g.name:<30} value {g.value:.4f}  limit {g.limit:.4f}  {verdict}")
+    lines.append(f"verdict: {'passed' if summary.passed else 'FAILED'}")
+    return "\n".join(lines)
+
+
+def cli(argv: list[str]) -> int:
+    """``regen audit INPUT --out DIR``: audit a dataset, print a summary table, write DIR/summary.json."""
+    parser = argparse.ArgumentParser(
+        prog="regen audit", description="Audit a chat dataset before regeneration."
+    )
+    parser.add_argument("input", help="dataset file (.jsonl, .json or .parquet)")
+    parser.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", "messages", "sharegpt", "prompt", "tokenized"],
+        dest="fmt",
+    )
+    parser.add_argument("--tokenizer", default="resources/demo-tokenizer", help="tokenizer directory")
+    parser.add_argument("--context-limit", type=int, default=DEFAULT_CONTEXT_LIMIT)
+    parser.add_argument("--scaffolding-max-tokens", type=int, default=DEFAULT_SCAFFOLDING_MAX_TOKENS)
+    parser.add_argument("--id-column", default=None)
+    parser.add_argument("--on-bad-row", default="skip", choices=["skip", "stop"])
+    parser.add_argument("--override-gates", action="store_true", help="report failed gates as warnings")
+    parser.add_argument("--out", required=True, help="output directory")
+    args = parser.parse_args(argv)
+    cfg = {
+        "context_limit": args.context_limit,
+        "scaffolding_max_tokens": args.scaffolding_max_tokens,
+        "override_gates": args.override_gates,
+    }
+    try:
+        summary = run_audit(
+            args.input, args.out, cfg, args.tokenizer, args.fmt, args.id_column, args.on_bad_row
+        )
+    except (BadInputError, FileNotFoundError, ChatTemplateError) as exc:
+        print(f"regen audit: {exc}", file=sys.stderr)
+        return 2
+    except AuditGateError as exc:
+        summary_path = AuditPaths(Path(args.out)).summary
+        if summary_path.is_file():
+            print(format_summary(_summary_from_file(summary_path)))
+        print(f"\n{exc}", file=sys.stderr)
+        return 1
+    print(format_summary(summary))
+    if not summary.passed:
+        print("\n" + gate_failure_message(summary), file=sys.stderr)
+        print("(gates overridden: continuing)", file=sys.stderr)
+    print(f"\nwrote {AuditPaths(Path(args.out)).summary}")
+    return 0
+
+
+def _summary_from_file(path: Path) -> AuditSummary:
+    data = orjson.loads(path.read_bytes())
+    return AuditSummary(
+        total=data["total"],
+        flag_counts=data["flag_counts"],
+        structure_error_kinds=data["structure_error_kinds"],
+        excluded=data["excluded"],
+        excluded_reasons=data["excluded_reasons"],
+        histograms=data["histograms"],
+        gates=tuple(GateResult(k, v["limit"], v["value"], v["passed"]) for k, v in data["gates"].items()),
+        overridden=data["overridden"],
+        context={},
+    )

@@ -1,0 +1,283 @@
+"""Model-config reading for the SGLang server tuner: layer types, state and KV sizes, weight bytes.
+
+Every size here mirrors how SGLang sizes its pools (0.5.17 and 0.5.23 agree on these):
+- linear-attention state: ``srt/configs/mamba_utils.py::Mamba2StateShape.create`` and
+  ``BaseLinearStateParams.mamba_cache_per_req``;
+- layer types: ``srt/configs/qwen3_next.py::Qwen3NextConfig.layers_block_type``;
+- KV cell: ``srt/model_executor/pool_configurator.py::DefaultPoolConfigurator._compute_cell_size``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DTYPE_BYTES: dict[str, int] = {
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "mxfp8": 1,
+    "float8_e4m3fn": 1,
+}
+# --kv-cache-dtype choices (0.5.23) and their bytes per element; fp4 variants pack two per byte.
+KV_DTYPE_BYTES: dict[str, float] = {
+    "bf16": 2,
+    "bfloat16": 2,
+    "float16": 2,
+    "fp8_e5m2": 1,
+    "fp8_e4m3": 1,
+    "mxfp8": 1,
+    "nvfp4": 0.5,
+    "fp4_mx_block16": 0.5,
+}
+CONV_STATE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE default bfloat16 (mamba_utils.mamba2_state_dtype)
+
+
+class ModelConfigError(ValueError):
+    """A model config that cannot be read or lacks a field the planner needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinearAttention:
+    """Gated-delta-net (Qwen3-Next / Qwen3.5 family) linear-attention geometry."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel_dim: int
+    ssm_dtype: str  # config mamba_ssm_dtype, default float32 (mamba2_state_dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What the planner needs to know about a model, read from its HF config."""
+
+    source: str
+    architecture: str
+    model_type: str
+    is_multimodal: bool
+    vision_layers: int
+    vision_hidden_size: int
+    hidden_size: int
+    num_layers: int
+    full_attention_layers: int
+    linear_attention_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    intermediate_size: int
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    attn_output_gate: bool
+    context_length: int
+    dtype: str
+    mtp_layers: int
+    linear: LinearAttention | None
+    weights_bytes_from_index: int | None
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.linear is not None and self.linear_attention_layers > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @classmethod
+    def from_config(cls, path_or_dir: str | Path) -> ModelShape:
+        """Read an HF model dir (config.json + optional model.safetensors.index.json) or a config.json."""
+        path = Path(path_or_dir)
+        config_path = path / "config.json" if path.is_dir() else path
+        try:
+            raw = json.loads(config_path.read_text())
+        except FileNotFoundError as exc:
+            raise ModelConfigError(f"{config_path}: model config not found") from exc
+        except json.JSONDecodeError as exc:
+            raise ModelConfigError(f"{config_path}: not valid JSON ({exc})") from exc
+        index_path = config_path.parent / "model.safetensors.index.json"
+        index_bytes = _index_total_size(index_path) if index_path.exists() else None
+        return cls.from_dict(raw, source=str(config_path), weights_bytes_from_index=index_bytes)
+
+    @classmethod
+    def from_dict(
+        cls, raw: dict[str, Any], *, source: str = "<dict>", weights_bytes_from_index: int | None = None
+    ) -> ModelShape:
+        architecture = (raw.get("architectures") or ["unknown"])[0]
+        text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+        vision = raw.get("vision_config") if isinstance(raw.get("vision_config"), dict) else None
+
+        def need(key: str) -> Any:
+            if key not in text:
+                raise ModelConfigError(f"{source}: field {key!r} missing from the (text) config")
+            return text[key]
+
+        num_layers = int(need("num_hidden_layers"))
+        hidden = int(need("hidden_size"))
+        heads = int(need("num_attention_heads"))
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or hidden // heads)
+        layer_types = _layer_types(text, num_layers)
+        n_linear = sum(1 for t in layer_types if t == "linear_attention")
+        linear = None
+        if n_linear:
+            linear = LinearAttention(
+                num_key_heads=int(need("linear_num_key_heads")),
+                num_value_heads=int(need("linear_num_value_heads")),
+                key_head_dim=int(need("linear_key_head_dim")),
+                value_head_dim=int(need("linear_value_head_dim")),
+                conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+                ssm_dtype=str(text.get("mamba_ssm_dtype") or raw.get("mamba_ssm_dtype") or "float32"),
+            )
+        dtype = str(text.get("torch_dtype") or text.get("dtype") or raw.get("torch_dtype") or "bfloat16")
+        mtp = int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0)
+        return cls(
+            source=source,
+            architecture=architecture,
+            model_type=str(raw.get("model_type", text.get("model_type", ""))),
+            is_multimodal=vision is not None,
+            vision_layers=int(vision.get("num_hidden_layers", 24) if vision else 0),
+            vision_hidden_size=int(vision.get("hidden_size", 1024) if vision else 0),
+            hidden_size=hidden,
+            num_layers=num_layers,
+            full_attention_layers=num_layers - n_linear,
+            linear_attention_layers=n_linear,
+            num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            v_head_dim=int(text.get("v_head_dim") or head_dim),
+            intermediate_size=int(text.get("intermediate_size") or 0),
+            num_experts=int(text.get("num_experts") or text.get("num_local_experts") or 0),
+            num_experts_per_tok=int(text.get("num_experts_per_tok") or 0),
+            moe_intermediate_size=int(text.get("moe_intermediate_size") or 0),
+            shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size") or 0),
+            vocab_size=int(need("vocab_size")),
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
+            attn_output_gate=bool(text.get("attn_output_gate", False)),
+            context_length=int(
+                text.get("max_position_embeddings") or raw.get("max_position_embeddings") or 0
+            ),
+            dtype=dtype,
+            mtp_layers=mtp,
+            linear=linear,
+            weights_bytes_from_index=weights_bytes_from_index,
+        )
+
+    # ---- per-request linear-attention state (mamba_utils.Mamba2StateShape.create) ----
+    def conv_dim(self) -> int:
+        lin = self._need_linear()
+        return lin.num_value_heads * lin.value_head_dim + 2 * lin.num_key_heads * lin.key_head_dim
+
+    def conv_state_bytes_per_layer(self, tp: int) -> int:
+        lin = self._need_linear()
+        return (self.conv_dim() // tp) * (lin.conv_kernel_dim - 1) * CONV_STATE_BYTES
+
+    def ssm_state_bytes_per_layer(self, tp: int, ssm_dtype: str | None = None) -> int:
+        lin = self._need_linear()
+        dtype = ssm_dtype or lin.ssm_dtype
+        return (lin.num_value_heads // tp) * lin.value_head_dim * lin.key_head_dim * _dtype_bytes(dtype)
+
+    def state_bytes_per_request(self, tp: int = 1, ssm_dtype: str | None = None) -> int:
+        """P: BaseLinearStateParams.mamba_cache_per_req = L_lin * (conv + ssm); 0 for non-hybrid models."""
+        if not self.is_hybrid:
+            return 0
+        per_layer = self.conv_state_bytes_per_layer(tp) + self.ssm_state_bytes_per_layer(tp, ssm_dtype)
+        return self.linear_attention_layers * per_layer
+
+    # ---- KV cell (DefaultPoolConfigurator._compute_cell_size, MHA branch) ----
+    def kv_cell_bytes(self, tp: int = 1, kv_dtype: str = "auto", draft_layers: int = 0) -> float:
+        """Bytes of KV per token over the full-attention layers (+ MTP draft layers for EAGLE/NEXTN)."""
+        kv_heads_per_tp = max(1, self.num_kv_heads // tp)
+        element = _dtype_bytes(self.dtype) if kv_dtype == "auto" else KV_DTYPE_BYTES[kv_dtype]
+        layers = self.full_attention_layers + draft_layers
+        return kv_heads_per_tp * (self.head_dim + self.v_head_dim) * layers * element
+
+    # ---- weights ----
+    def estimated_parameters(self) -> int:
+        """Text-model parameters from the config: embeddings, attention, MLP/experts, GDN, lm_head."""
+        h = self.hidden_size
+        embed = self.vocab_size * h
+        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        q_out = self.num_attention_heads * self.head_dim * (2 if self.attn_output_gate else 1)
+        kv_out = 2 * self.num_kv_heads * self.head_dim
+        attn = h * q_out + h * kv_out + self.num_attention_heads * self.head_dim * h + 2 * self.head_dim
+        if self.is_moe:
+            experts = self.num_experts * 3 * h * self.moe_intermediate_size
+            shared = 3 * h * self.shared_expert_intermediate_size + (
+                h if self.shared_expert_intermediate_size else 0
+            )
+            mlp = experts + shared + h * self.num_experts
+        else:
+            mlp = 3 * h * self.intermediate_size
+        linear_attn = 0
+        if self.linear is not None:
+            lin = self.linear
+            key_dim = lin.num_key_heads * lin.key_head_dim
+            value_dim = lin.num_value_heads * lin.value_head_dim
+            in_proj = h * (2 * key_dim + 2 * value_dim) + h * 2 * lin.num_value_heads
+            conv = self.conv_dim() * lin.conv_kernel_dim
+            linear_attn = in_proj + conv + value_dim * h + 2 * lin.num_value_heads + lin.value_head_dim
+        norms = 2 * h
+        per_full = attn + mlp + norms
+        per_linear = linear_attn + mlp + norms
+        return (
+            embed
+            + lm_head
+            + self.full_attention_layers * per_full
+            + self.linear_attention_layers * per_linear
+            + h
+        )
+
+    def weights_bytes(self) -> int:
+        """Checkpoint size from model.safetensors.index.json metadata.total_size, else estimated."""
+        if self.weights_bytes_from_index is not None:
+            return self.weights_bytes_from_index
+        return self.estimated_parameters() * _dtype_bytes(self.dtype)
+
+    def _need_linear(self) -> LinearAttention:
+        if self.linear is None:
+            raise ModelConfigError(f"{self.source}: model has no linear-attention layers")
+        return self.linear
+
+
+def _layer_types(text: dict[str, Any], num_layers: int) -> list[str]:
+    """Qwen3NextConfig.layers_block_type: full iff (i+1) % full_attention_interval == 0; layer_types wins."""
+    types = text.get("layer_types")
+    if isinstance(types, list) and len(types) == num_layers:
+        return ["linear_attention" if t == "linear_attention" else "full_attention" for t in types]
+    interval = text.get("full_attention_interval")
+    if interval and "linear_num_value_heads" in text:
+        return [
+            "full_attention" if (i + 1) % int(interval) == 0 else "linear_attention"
+            for i in range(num_layers)
+        ]
+    return ["full_attention"] * num_layers
+
+
+def _dtype_bytes(dtype: str) -> int:
+    key = dtype.replace("torch.", "").lower()
+    if key not in DTYPE_BYTES:
+        raise ModelConfigError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[key]
+
+
+def _index_total_size(index_path: Path) -> int:
+    try:
+        meta = json.loads(index_path.read_text()).get("metadata", {})
+        return int(meta["total_size"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ModelConfigError(f"{index_path}: metadata.total_size missing or invalid ({exc})") from exc

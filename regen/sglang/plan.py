@@ -1,0 +1,1059 @@
+"""Plan SGLang's GPU memory and launch flags from SGLang's own allocation rules.
+
+Mirrors (function names are SGLang's; 0.5.23 paths, 0.5.17 equivalents live in srt/server_args.py):
+- default chunked prefill / decode graph max_bs / mem_fraction_static:
+  ``srt/arg_groups/memory_hook.py::handle_gpu_memory_settings``
+  (0.5.17: ``ServerArgs._handle_gpu_memory_settings``),
+  ``reserve_for_graph_mb``, ``adjust_mem_fraction_for_vlm``;
+- KV budget: ``srt/mem_cache/kv_cache_configurator.py::KVCacheConfigurator._profile_available_bytes``;
+- mamba pool K: ``KVCacheConfigurator._handle_max_mamba_cache``;
+  slots per request S: ``_calculate_mamba_ratio``
+  with ``srt/mem_cache/allocation_sizing.py::get_mamba_tracking_slots``;
+- running cap: ``KVCacheConfigurator.resolve_max_num_reqs``;
+- KV tokens: ``srt/model_executor/pool_configurator.py::DefaultPoolConfigurator.calculate_pool_sizes``;
+- speculative defaults: ``srt/arg_groups/speculative_hook.py``
+  (max_running_requests 48; steps/topk/draft 3/1/4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from regen.io import write_json
+from regen.sglang.flags import cuda_graph_max_bs_flag, renamed_flag_warnings
+from regen.sglang.models import ModelShape
+
+log = logging.getLogger("regen.tune")
+
+GIB = 1 << 30
+DEFAULT_VERSION = "0.5.23"
+SUPPORTED_VERSIONS = ("0.5.17", "0.5.23")
+# Memory in use before SGLang loads weights (CUDA context, NCCL, torch allocator). Not an SGLang constant:
+# calibrated so the measured H200 startup (0.5.17, 64-layer Qwen3.6-27B text shape, 143,771 MiB) reproduces
+# K=248 and 651,426 KV tokens; see tests/test_plan.py::test_reproduces_measured_h200_default.
+CUDA_CONTEXT_GIB = 1.35
+VLM_CACHE_GIB = 0.1  # SGLANG_VLM_CACHE_SIZE_MB=100 (kv_cache_configurator.mm_runtime_reservation_gb, 0.5.23)
+MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3  # kv_cache_configurator.py
+DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # ServerArgs.mamba_full_memory_ratio
+DEFAULT_DECODE_GRAPH_LIMIT_NOTE = 256
+
+# Architectures whose "auto" mamba radix strategy resolves to extra_buffer
+# (srt/arg_groups/overrides.py::_MAMBA_EXTRA_BUFFER_ARCHS, Qwen families only listed here).
+_EXTRA_BUFFER_ARCHS: dict[str, frozenset[str]] = {
+    "0.5.17": frozenset(
+        {
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5MoeForConditionalGeneration",
+            "Qwen3NextForCausalLM",
+            "KimiLinearForCausalLM",
+            "NemotronHForCausalLM",
+            "FalconH1ForCausalLM",
+        }
+    ),
+    "0.5.23": frozenset(
+        {
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5MoeForConditionalGeneration",
+            "Qwen3_5MoeForCausalLM",
+            "Qwen3_5ForCausalLM",
+            "Qwen3NextForCausalLM",
+            "KimiLinearForCausalLM",
+            "NemotronHForCausalLM",
+            "FalconH1ForCausalLM",
+        }
+    ),
+}
+
+
+class PlanError(ValueError):
+    """Flags or inputs the planner cannot turn into a memory plan."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    prompt_p50: int
+    prompt_p99: int
+    max_tokens: int
+    target_concurrency: int | None = None
+    unique_prompts: bool = True
+
+    @property
+    def tokens_per_request(self) -> int:
+        return self.prompt_p99 + self.max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFlags:
+    """The subset of SGLang launch flags the planner understands, with SGLang's defaults (None = auto)."""
+
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    max_mamba_cache_size: int | None = None
+    mamba_full_memory_ratio: float | None = None
+    mamba_radix_cache_strategy: str = "auto"
+    mamba_ssm_dtype: str | None = None
+    disable_radix_cache: bool = False
+    disable_overlap_schedule: bool = False
+    kv_cache_dtype: str = "auto"
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    context_length: int | None = None
+    cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
+    speculative_algorithm: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    page_size: int = 1
+    tp: int | None = None
+    num_continuous_decode_steps: int | None = None
+
+
+_VALUE_FLAGS: dict[str, tuple[str, type]] = {
+    "--mem-fraction-static": ("mem_fraction_static", float),
+    "--max-running-requests": ("max_running_requests", int),
+    "--max-mamba-cache-size": ("max_mamba_cache_size", int),
+    "--mamba-full-memory-ratio": ("mamba_full_memory_ratio", float),
+    "--mamba-radix-cache-strategy": ("mamba_radix_cache_strategy", str),
+    "--mamba-scheduler-strategy": ("mamba_radix_cache_strategy", str),
+    "--mamba-ssm-dtype": ("mamba_ssm_dtype", str),
+    "--kv-cache-dtype": ("kv_cache_dtype", str),
+    "--max-total-tokens": ("max_total_tokens", int),
+    "--chunked-prefill-size": ("chunked_prefill_size", int),
+    "--context-length": ("context_length", int),
+    "--cuda-graph-max-bs": ("cuda_graph_max_bs", int),
+    "--cuda-graph-max-bs-decode": ("cuda_graph_max_bs", int),
+    "--speculative-algorithm": ("speculative_algorithm", str),
+    "--speculative-num-steps": ("speculative_num_steps", int),
+    "--speculative-eagle-topk": ("speculative_eagle_topk", int),
+    "--speculative-num-draft-tokens": ("speculative_num_draft_tokens", int),
+    "--page-size": ("page_size", int),
+    "--tp-size": ("tp", int),
+    "--tp": ("tp", int),
+    "--tensor-parallel-size": ("tp", int),
+    "--num-continuous-decode-steps": ("num_continuous_decode_steps", int),
+}
+_BOOL_FLAGS: dict[str, str] = {
+    "--disable-radix-cache": "disable_radix_cache",
+    "--disable-overlap-schedule": "disable_overlap_schedule",
+    "--disable-cuda-graph": "disable_cuda_graph",
+    "--disable-decode-cuda-graph": "disable_cuda_graph",
+}
+
+
+def parse_flags(args: list[str]) -> ServerFlags:
+    """Read the flags the planner understands from an SGLang argv; other flags are skipped."""
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        token = args[i]
+        name, eq, inline = token.partition("=")
+        if name in _BOOL_FLAGS:
+            values[_BOOL_FLAGS[name]] = True
+        elif name in _VALUE_FLAGS:
+            attr, kind = _VALUE_FLAGS[name]
+            if eq:
+                raw = inline
+            elif i + 1 < len(args):
+                i += 1
+                raw = args[i]
+            else:
+                raise PlanError(f"flag {name} needs a value")
+            try:
+                values[attr] = kind(raw)
+            except ValueError as exc:
+                raise PlanError(f"flag {name}: {raw!r} is not a valid {kind.__name__}") from exc
+        i += 1
+    return ServerFlags(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    sglang_version: str
+    gpu_memory_mib: int
+    tp: int
+    args: tuple[str, ...]
+    mem_fraction_static: float
+    chunked_prefill_size: int
+    cuda_graph_max_bs: int
+    weights_gib: float
+    state_pool_gib: float
+    spec_scratch_gib: float
+    kv_cache_gib: float
+    reserve_gib: float  # graphs + activations estimate (memory_hook reserved_mem)
+    slack_gib: float  # (1 - mfs) x memory before load
+    context_gib: float
+    vlm_cache_gib: float
+    free_gib: float
+    state_bytes_per_request: int
+    kv_cell_bytes: float
+    max_mamba_cache_size: int | None
+    mamba_slots_per_request: int | None
+    mamba_radix_cache_strategy: str | None
+    kv_cache_tokens: int
+    requested_max_running_requests: int
+    effective_max_running_requests: int
+    binding_constraint: str
+    workload_concurrency: int | None = None  # running requests the KV cache holds at p99 prompt + max_tokens
+    notes: tuple[str, ...] = ()
+
+    @property
+    def mamba_pool_gib(self) -> float:
+        return self.state_pool_gib + self.spec_scratch_gib
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "mem_fraction_static": self.mem_fraction_static,
+            "max_mamba_cache_size": self.max_mamba_cache_size,
+            "mamba_slots_per_request": self.mamba_slots_per_request,
+            "mamba_pool_gib": round(self.mamba_pool_gib, 3),
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "kv_cache_gib": round(self.kv_cache_gib, 3),
+            "weights_gib": round(self.weights_gib, 3),
+            "effective_max_running_requests": self.effective_max_running_requests,
+            "binding_constraint": self.binding_constraint,
+            "workload_concurrency": self.workload_concurrency,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["args"] = list(self.args)
+        out["notes"] = list(self.notes)
+        out["mamba_pool_gib"] = self.mamba_pool_gib
+        return out
+
+
+# ---------------------------------------------------------------- defaults (memory_hook) --
+def _capacity_defaults(gpu_mib: int, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, decode graph max_bs) tiers of handle_gpu_memory_settings."""
+    if gpu_mib < 20 * 1024:
+        return 2048, 8
+    if gpu_mib < 35 * 1024:
+        return 4096, 48 if tp < 4 else 160
+    if gpu_mib < 60 * 1024:
+        return 4096, 32 if tp < 4 else 160
+    if gpu_mib < 160 * 1024:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def prefill_graph_batch_sizes(max_bs: int) -> list[int]:
+    """cuda_graph_hook.generate_prefill_cuda_graph_batch_sizes (0.5.17: ServerArgs._generate_prefill_...)."""
+    sizes = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+        + list(range(4608, max_bs + 1, 512))
+    )
+    return [s for s in sizes if s <= max_bs]
+
+
+def reserved_memory_mib(gpu_mib: int, tp: int, chunk: int, decode_max_bs: int, flags: ServerFlags) -> float:
+    """handle_gpu_memory_settings: 512 + 1.5*max(chunk, 2048) + tp/8*1024 + reserve_for_graph_mb."""
+    activation_tokens = max(chunk, 2048) if chunk > 0 else 2048
+    graph = 0.0 if flags.disable_cuda_graph else decode_max_bs * 2.0
+    prefill_max_bs = chunk if chunk > 0 else 0
+    if flags.max_total_tokens is not None:
+        prefill_max_bs = min(prefill_max_bs, flags.max_total_tokens)
+    graph += len(prefill_graph_batch_sizes(prefill_max_bs)) * 8
+    reserved = 512 + activation_tokens * 1.5 + tp / 8 * 1024 + graph
+    if gpu_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return reserved
+
+
+def vlm_mem_fraction_factor(model: ModelShape) -> float:
+    """adjust_mem_fraction_for_vlm: 0.95 x clamp(1 - 0.1 x (complexity - 1), 0.8, 1.05)."""
+    if not model.is_multimodal:
+        return 1.0
+    ratio = (model.vision_layers * model.vision_hidden_size**2) / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+def mamba_slots_per_request(model: ModelShape, flags: ServerFlags, version: str) -> tuple[int, str | None]:
+    """(S, strategy): KVCacheConfigurator._calculate_mamba_ratio after _mamba_radix_cache_resolution."""
+    if flags.disable_radix_cache:
+        return 1, None
+    strategy = flags.mamba_radix_cache_strategy
+    if strategy == "auto":
+        wants_overlap = not flags.disable_overlap_schedule
+        supports = model.architecture in _EXTRA_BUFFER_ARCHS[version]
+        strategy = "extra_buffer" if (wants_overlap or flags.page_size > 1) and supports else "no_buffer"
+    overlap = not flags.disable_overlap_schedule and strategy != "no_buffer"  # no_buffer forces no overlap
+    if strategy == "extra_buffer":
+        tracking = 2 if overlap else 1  # allocation_sizing.get_mamba_tracking_slots
+    elif strategy == "extra_buffer_lazy":
+        tracking = 1
+    else:
+        tracking = 0
+    return MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO + tracking, strategy
+
+
+def _speculative(flags: ServerFlags, model: ModelShape) -> tuple[int, int]:
+    """(draft tokens D, draft KV layers): NEXTN == EAGLE; auto 3/1/4; topk 1 forces D = steps + 1."""
+    algo = (flags.speculative_algorithm or "").upper()
+    if not algo:
+        return 0, 0
+    steps = flags.speculative_num_steps or 3
+    topk = flags.speculative_eagle_topk or 1
+    draft = flags.speculative_num_draft_tokens or 4
+    if topk == 1:
+        draft = steps + 1
+    draft_layers = max(1, model.mtp_layers) if algo in ("EAGLE", "NEXTN", "EAGLE3") else 0
+    return draft, draft_layers
+
+
+# ------------------------------------------------------------------------------- plan --
+def plan(
+    model: ModelShape,
+    gpu_memory_mib: int,
+    tp: int,
+    args: list[str],
+    workload: Workload | None = None,
+    sglang_version: str = DEFAULT_VERSION,
+    cuda_context_gib: float = CUDA_CONTEXT_GIB,
+) -> MemoryPlan:
+    """Predict what SGLang will allocate for `args` on one GPU of `gpu_memory_mib` (per-TP-rank view)."""
+    if sglang_version not in SUPPORTED_VERSIONS:
+        raise PlanError(f"sglang_version {sglang_version!r} not supported; use one of {SUPPORTED_VERSIONS}")
+    flags = parse_flags(args)
+    tp = flags.tp or tp
+    notes: list[str] = []
+    default_chunk, default_decode_bs = _capacity_defaults(gpu_memory_mib, tp)
+    chunk = flags.chunked_prefill_size if flags.chunked_prefill_size is not None else default_chunk
+    decode_bs = flags.cuda_graph_max_bs
+    draft_tokens, draft_layers = _speculative(flags, model)
+    mrr_requested = flags.max_running_requests
+    if mrr_requested is None and draft_tokens:
+        mrr_requested = 48  # speculative_hook: "Max running requests is reset to 48"
+    if decode_bs is None:
+        decode_bs = default_decode_bs
+        if flags.max_running_requests is not None and decode_bs > flags.max_running_requests:
+            decode_bs = flags.max_running_requests
+    reserve_mib = reserved_memory_mib(gpu_memory_mib, tp, chunk, decode_bs, flags)
+    if flags.mem_fraction_static is not None:
+        mfs = flags.mem_fraction_static
+    else:
+        mfs = round((gpu_memory_mib - reserve_mib) / gpu_memory_mib, 3) * vlm_mem_fraction_factor(model)
+    total_gib = gpu_memory_mib / 1024
+    pre_load_gib = total_gib - cuda_context_gib
+    weights_gib = model.weights_bytes() / tp / GIB
+    slack_gib = pre_load_gib * (1 - mfs)
+    vlm_gib = VLM_CACHE_GIB if model.is_multimodal and sglang_version != "0.5.17" else 0.0
+    rest_gib = pre_load_gib - weights_gib - slack_gib - vlm_gib
+
+    ssm_dtype = flags.mamba_ssm_dtype
+    per_req = model.state_bytes_per_request(tp, ssm_dtype) if model.is_hybrid else 0
+    k: int | None = None
+    slots: int | None = None
+    strategy: str | None = None
+    state_gib = scratch_gib = 0.0
+    if model.is_hybrid:
+        slots, strategy = mamba_slots_per_request(model, flags, sglang_version)
+        k, scratch_bytes = _mamba_pool(flags, per_req, rest_gib, slots, mrr_requested, draft_tokens)
+        if k <= 0:
+            raise PlanError(
+                f"not enough GPU memory for the linear-attention state cache (max_mamba_cache_size={k}); "
+                "raise --mem-fraction-static or lower --max-running-requests"
+            )
+        state_gib = (k + 1) * per_req / GIB
+        scratch_gib = scratch_bytes / GIB
+        rest_gib -= state_gib + scratch_gib
+    else:
+        for flag in ("--max-mamba-cache-size", "--mamba-full-memory-ratio", "--mamba-ssm-dtype"):
+            if any(a.split("=")[0] == flag for a in args):
+                notes.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
+    if rest_gib <= 0:
+        raise PlanError(
+            f"weights ({weights_gib:.1f} GiB) leave no KV cache memory at mem_fraction_static={mfs:.3f}"
+        )
+    cell = model.kv_cell_bytes(tp, flags.kv_cache_dtype, draft_layers)
+    tokens = int(rest_gib * GIB // cell) // flags.page_size * flags.page_size
+    if flags.max_total_tokens is not None:
+        tokens = min(tokens, flags.max_total_tokens)
+    context_len = flags.context_length or model.context_length or 4096
+    if mrr_requested is not None:
+        requested = max(1, mrr_requested)
+    else:
+        requested = max(min(int(tokens / context_len * 512), 4096), 2048)  # resolve_max_num_reqs estimate
+    terms = {"max_running_requests": requested, "kv_tokens": tokens // 2}
+    if k is not None and slots is not None:
+        terms["mamba_pool"] = k // slots
+    binding = min(terms, key=lambda key: terms[key])
+    running = terms[binding]
+    workload_running = None
+    if workload is not None:
+        workload_running = min(running, tokens // max(1, workload.tokens_per_request))
+    kv_gib = tokens * cell / GIB
+    free_gib = (
+        total_gib - cuda_context_gib - weights_gib - state_gib - scratch_gib - kv_gib - slack_gib - vlm_gib
+    )
+    return MemoryPlan(
+        sglang_version=sglang_version,
+        gpu_memory_mib=gpu_memory_mib,
+        tp=tp,
+        args=tuple(args),
+        mem_fraction_static=round(mfs, 4),
+        chunked_prefill_size=chunk,
+        cuda_graph_max_bs=decode_bs,
+        weights_gib=weights_gib,
+        state_pool_gib=state_gib,
+        spec_scratch_gib=scratch_gib,
+        kv_cache_gib=kv_gib,
+        reserve_gib=reserve_mib / 1024,
+        slack_gib=slack_gib,
+        context_gib=cuda_context_gib,
+        vlm_cache_gib=vlm_gib,
+        free_gib=free_gib,
+        state_bytes_per_request=per_req,
+        kv_cell_bytes=cell,
+        max_mamba_cache_size=k,
+        mamba_slots_per_request=slots,
+        mamba_radix_cache_strategy=strategy,
+        kv_cache_tokens=tokens,
+        requested_max_running_requests=requested,
+        effective_max_running_requests=running,
+        binding_constraint=binding,
+        workload_concurrency=workload_running,
+        notes=tuple(notes),
+    )
+
+
+def _mamba_pool(
+    flags: ServerFlags, per_req: int, rest_gib: float, slots: int, mrr: int | None, draft: int
+) -> tuple[int, int]:
+    """(K, speculative scratch bytes): the three branches of KVCacheConfigurator._handle_max_mamba_cache."""
+    if flags.max_mamba_cache_size is not None:
+        k = flags.max_mamba_cache_size
+        scratch = per_req * (min(max(1, mrr or 1), k // slots) + 1) * draft if draft else 0
+        return k, scratch
+    if flags.disable_radix_cache and mrr is not None:
+        k = max(1, mrr)
+        return k, per_req * (k + 1) * draft if draft else 0
+    ratio = flags.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO
+    budget = rest_gib * ratio / (1 + ratio) * GIB
+    if draft:
+        k = int((budget - per_req * (1 + draft)) // (per_req * (1 + draft / slots)))
+        capped = min(max(1, mrr or 1), k // slots)
+        return k, per_req * (capped + 1) * draft
+    return int((budget - per_req) // per_req), 0
+
+
+# ------------------------------------------------------------------------- recommend --
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    args: tuple[str, ...]
+    plan: MemoryPlan
+    score: int
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    given: MemoryPlan
+    recommended: MemoryPlan
+    args: tuple[str, ...]
+    reasons: tuple[str, ...]
+    warnings: tuple[str, ...]
+    candidates: tuple[Candidate, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.given.summary(),
+            "recommended": {
+                **self.recommended.summary(),
+                "args": list(self.args),
+                "reasons": list(self.reasons),
+            },
+            "warnings": list(self.warnings),
+            "candidates": [
+                {"args": list(c.args), "score": c.score, "reasons": list(c.reasons), **c.plan.summary()}
+                for c in self.candidates
+            ],
+        }
+
+
+_PLANNER_FLAGS = {
+    "--mem-fraction-static",
+    "--max-running-requests",
+    "--max-mamba-cache-size",
+    "--mamba-full-memory-ratio",
+    "--mamba-radix-cache-strategy",
+    "--mamba-scheduler-strategy",
+    "--mamba-ssm-dtype",
+    "--disable-radix-cache",
+    "--kv-cache-dtype",
+    "--cuda-graph-max-bs",
+    "--cuda-graph-max-bs-decode",
+}
+
+
+def _strip_planner_flags(args: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        name, eq, _ = args[i].partition("=")
+        if name in _PLANNER_FLAGS:
+            takes_value = name in _VALUE_FLAGS and not eq
+            i += 2 if takes_value else 1
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def flag_warnings(args: list[str], model: ModelShape, sglang_version: str = DEFAULT_VERSION) -> list[str]:
+    """Flags that do nothing in this configuration, and renamed/removed spellings."""
+    flags = parse_flags(args)
+    names = {a.split("=")[0] for a in args if a.startswith("--")}
+    out = list(renamed_flag_warnings(args, sglang_version))
+    if "--mamba-full-memory-ratio" in names:
+        if flags.max_mamba_cache_size is not None:
+            out.append("--mamba-full-memory-ratio is ignored when --max-mamba-cache-size is given")
+        elif flags.disable_radix_cache and flags.max_running_requests is not None:
+            out.append(
+                "--mamba-full-memory-ratio is ignored with --disable-radix-cache and --max-running-requests "
+                "(the mamba pool is sized to max_running_requests)"
+            )
+    if "--num-continuous-decode-steps" in names and sglang_version == "0.5.23":
+        out.append("--num-continuous-decode-steps has no effect: nothing reads it in SGLang 0.5.23")
+    if flags.disable_radix_cache and "--mamba-radix-cache-strategy" in names:
+        out.append("--mamba-radix-cache-strategy is ignored with --disable-radix-cache")
+    if not model.is_hybrid:
+        for flag in ("--max-mamba-cache-size", "--mamba-full-memory-ratio", "--mamba-ssm-dtype"):
+            if flag in names:
+                out.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
+    if (flags.mamba_radix_cache_strategy == "no_buffer") and not flags.disable_overlap_schedule:
+        out.append(
+            "--mamba-radix-cache-strategy no_buffer requires --disable-overlap-schedule (SGLang asserts)"
+        )
+    return out
+
+
+def recommend(
+    model: ModelShape,
+    gpu_memory_mib: int,
+    tp: int,
+    args: list[str],
+    workload: Workload,
+    sglang_version: str = DEFAULT_VERSION,
+    allow_fp8_kv: bool = False,
+    allow_bf16_state: bool = False,
+    top_k: int = 5,
+) -> Recommendation:
+    """Search the flag space for the config whose KV cache holds the most concurrent workload requests."""
+    given = plan(model, gpu_memory_mib, tp, args, workload, sglang_version)
+    base = _strip_planner_flags(args)
+    user_flags = parse_flags(args)
+    radix_options = [True] if workload.unique_prompts else [False]
+    state_dtypes: list[str | None] = [user_flags.mamba_ssm_dtype]
+    if allow_bf16_state and model.is_hybrid and user_flags.mamba_ssm_dtype != "bfloat16":
+        state_dtypes.append("bfloat16")
+    kv_dtypes = [user_flags.kv_cache_dtype]
+    if allow_fp8_kv and user_flags.kv_cache_dtype == "auto":
+        kv_dtypes.append("fp8_e4m3")
+    mfs_options: list[float | None] = [user_flags.mem_fraction_static]
+    if user_flags.mem_fraction_static is None:
+        mfs_options += [0.92]
+    target = workload.target_concurrency or 4096
+    candidates: list[Candidate] = []
+    for disable_radix in radix_options:
+        for state_dtype in state_dtypes:
+            for kv_dtype in kv_dtypes:
+                for mfs in mfs_options:
+                    found = _best_running(
+                        model, gpu_memory_mib, tp, base, workload, sglang_version, target,
+                        disable_radix, state_dtype, kv_dtype, mfs,
+                    )  # fmt: skip
+                    if found is not None:
+                        candidates.append(found)
+    if not candidates:
+        kept = ("no feasible configuration found; kept the flags as given",)
+        return Recommendation(
+            given, given, tuple(args), kept, tuple(flag_warnings(args, model, sglang_version))
+        )
+    # Highest workload concurrency; ties: fewer quality trade-offs, then more KV headroom.
+    candidates.sort(key=lambda c: (-c.score, _tradeoffs(c.args), -c.plan.kv_cache_tokens))
+    best = candidates[0]
+    warnings = flag_warnings(args, model, sglang_version)
+    if (
+        given.effective_max_running_requests > DEFAULT_DECODE_GRAPH_LIMIT_NOTE
+        and user_flags.cuda_graph_max_bs is None
+    ):
+        warnings.append(
+            f"the given flags allow {given.effective_max_running_requests} running requests; decode graphs "
+            f"are captured only up to {given.cuda_graph_max_bs}; larger batches decode eagerly (slower)"
+        )
+    return Recommendation(
+        given=given,
+        recommended=best.plan,
+        args=best.args,
+        reasons=best.reasons,
+        warnings=tuple(warnings),
+        candidates=tuple(candidates[:top_k]),
+    )
+
+
+def _tradeoffs(args: tuple[str, ...]) -> int:
+    return sum(1 for a in args if a in ("bfloat16", "fp8_e4m3"))
+
+
+def _candidate_args(
+    base: list[str], running: int, disable_radix: bool, slots: int, state_dtype: str | None,
+    kv_dtype: str, mfs: float | None, version: str, hybrid: bool,
+) -> list[str]:  # fmt: skip
+    out = list(base)
+    if mfs is not None:
+        out += ["--mem-fraction-static", f"{mfs:g}"]
+    out += ["--max-running-requests", str(running)]
+    if hybrid:
+        if disable_radix:
+            out.append("--disable-radix-cache")
+        else:
+            out += ["--max-mamba-cache-size", str(running * slots)]
+        if state_dtype is not None:
+            out += ["--mamba-ssm-dtype", state_dtype]
+    elif disable_radix:
+        out.append("--disable-radix-cache")
+    if kv_dtype != "auto":
+        out += ["--kv-cache-dtype", kv_dtype]
+    if running > DEFAULT_DECODE_GRAPH_LIMIT_NOTE:
+        out += [cuda_graph_max_bs_flag(version), str(running)]
+    return out
+
+
+def _best_running(
+    model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str, target: int,
+    disable_radix: bool, state_dtype: str | None, kv_dtype: str, mfs: float | None,
+) -> Candidate | None:  # fmt: skip
+    probe = plan(
+        model, gpu_mib, tp, [*base, *(["--disable-radix-cache"] if disable_radix else [])], None, version
+    )
+    slots = probe.mamba_slots_per_request or 1
+
+    def attempt(n: int) -> MemoryPlan | None:
+        args = _candidate_args(
+            base, n, disable_radix, slots, state_dtype, kv_dtype, mfs, version, model.is_hybrid
+        )
+        try:
+            p = plan(model, gpu_mib, tp, args, workload, version)
+        except PlanError:
+            return None
+        holds = p.kv_cache_tokens >= n * workload.tokens_per_request
+        return p if holds and p.effective_max_running_requests >= n else None
+
+    lo, hi, best = 1, max(1, target), None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        found = attempt(mid)
+        if found is not None:
+            best, lo = (mid, found), mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        return None
+    n, p = best
+    args = tuple(p.args)
+    reasons = [
+        f"--max-running-requests {n}: the KV cache holds {p.kv_cache_tokens:,} tokens = {n} x "
+        f"(prompt p99 {workload.prompt_p99} + max_tokens {workload.max_tokens}) with "
+        f"{p.kv_cache_tokens - n * workload.tokens_per_request:,} tokens to spare",
+    ]
+    if model.is_hybrid and disable_radix:
+        reasons.append(
+            "--disable-radix-cache: prompts are unique, so prefix caching saves nothing and each request "
+            f"needs 1 state slot instead of {probe_slots(model, base, version)}; the state pool is sized to "
+            "--max-running-requests, leaving the rest to KV"
+        )
+    elif model.is_hybrid:
+        reasons.append(f"--max-mamba-cache-size {n * slots}: {slots} state slots per running request")
+    if state_dtype == "bfloat16":
+        reasons.append("--mamba-ssm-dtype bfloat16 (opted in): halves the SSM state; a quality trade-off")
+    if kv_dtype != "auto":
+        reasons.append(f"--kv-cache-dtype {kv_dtype} (opted in): halves the KV cell; a quality trade-off")
+    if mfs is not None:
+        reasons.append(f"--mem-fraction-static {mfs:g}: less runtime slack, more pool memory")
+    if n > DEFAULT_DECODE_GRAPH_LIMIT_NOTE:
+        reasons.append(
+            f"{cuda_graph_max_bs_flag(version)} {n}: SGLang captures decode graphs only to 256 by default; "
+            "above that it decodes eagerly"
+        )
+    score = min(n, workload.target_concurrency or n)
+    return Candidate(args=args, plan=p, score=score, reasons=tuple(reasons))
+
+
+def probe_slots(model: ModelShape, base: list[str], version: str) -> int:
+    slots, _ = mamba_slots_per_request(model, parse_flags(base), version)
+    return slots
+
+
+# -------------------------------------------------------------- realized vs predicted --
+@dataclass(frozen=True, slots=True)
+class RealizedMemory:
+    max_total_num_tokens: int | None = None
+    max_running_requests: int | None = None
+    max_mamba_cache_size: int | None = None
+    chunked_prefill_size: int | None = None
+    context_len: int | None = None
+    available_gpu_mem_gib: float | None = None
+    weights_gib: float | None = None
+    kv_cache_gib: float | None = None
+    conv_state_gib: float | None = None
+    ssm_state_gib: float | None = None
+    mamba_slots_per_request: int | None = None
+    mem_fraction_static: float | None = None
+
+
+_NUM = r"([0-9][0-9.]*)"
+
+
+def parse_startup_log(text: str) -> RealizedMemory:
+    """Pull the allocation facts out of an SGLang server log (0.5.17 and 0.5.23 phrasing)."""
+    found: dict[str, Any] = {}
+
+    def grab(pattern: str, key: str, kind: type = int) -> None:
+        matches = re.findall(pattern, text)
+        if matches:
+            found[key] = kind(matches[-1])
+
+    grab(r"max_total_num_tokens=(\d+)", "max_total_num_tokens")
+    grab(r"chunked_prefill_size=(-?\d+)", "chunked_prefill_size")
+    grab(r"max_running_requests=(\d+)", "max_running_requests")
+    grab(r"context_len=(\d+)", "context_len")
+    grab(rf"available_gpu_mem={_NUM}", "available_gpu_mem_gib", float)
+    grab(r"max_mamba_cache_size:\s*(\d+)", "max_mamba_cache_size")
+    grab(rf"conv_state size:\s*{_NUM}\s*GB", "conv_state_gib", float)
+    grab(rf"ssm_state size:\s*{_NUM}\s*GB", "ssm_state_gib", float)
+    grab(r"KV Cache is allocated\..*?#tokens:\s*(\d+)", "max_total_num_tokens")
+    kv = re.findall(rf"KV Cache is allocated\..*?K size:\s*{_NUM}\s*GB,\s*V size:\s*{_NUM}\s*GB", text)
+    if kv:
+        found["kv_cache_gib"] = float(kv[-1][0]) + float(kv[-1][1])
+    cap = re.findall(
+        r"max_running_requests is capped to (\d+) by the mamba state cache.*?(\d+) state slots", text
+    )
+    if cap:
+        found["max_running_requests"] = int(cap[-1][0])
+        found["mamba_slots_per_request"] = int(cap[-1][1])
+    weights = re.findall(rf"Load weight end.*?mem usage={_NUM}\s*GB", text)
+    if weights:
+        found["weights_gib"] = float(weights[-1])
+    grab(rf"mem_fraction_static[=:]\s*{_NUM}", "mem_fraction_static", float)
+    return RealizedMemory(**found)
+
+
+def realized_from_server_info(info: dict[str, Any]) -> RealizedMemory:
+    """From GET /server_info (or /get_server_info): top level + internal_states[0]."""
+    states = info.get("internal_states") or [{}]
+    state = states[0] if isinstance(states, list) and states else {}
+    usage = state.get("memory_usage") or {}
+    return RealizedMemory(
+        max_total_num_tokens=info.get("max_total_num_tokens"),
+        max_running_requests=state.get("effective_max_running_requests_per_dp"),
+        max_mamba_cache_size=state.get("max_mamba_cache_size", info.get("max_mamba_cache_size")),
+        chunked_prefill_size=info.get("chunked_prefill_size"),
+        context_len=info.get("context_length"),
+        weights_gib=usage.get("weight"),
+        kv_cache_gib=usage.get("kvcache"),
+        mem_fraction_static=info.get("mem_fraction_static"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    field: str
+    predicted: float
+    realized: float
+    relative: float
+
+    def __str__(self) -> str:
+        return (
+            f"{self.field}: predicted {self.predicted:g}, realized {self.realized:g} ({self.relative:+.1%})"
+        )
+
+
+def compare(plan_: MemoryPlan, realized: RealizedMemory, tolerance: float = 0.05) -> list[Drift]:
+    """Fields whose realized value differs from the prediction by more than `tolerance` (relative)."""
+    pairs: list[tuple[str, float | None, float | None]] = [
+        ("kv_cache_tokens", plan_.kv_cache_tokens, realized.max_total_num_tokens),
+        (
+            "effective_max_running_requests",
+            plan_.effective_max_running_requests,
+            realized.max_running_requests,
+        ),
+        ("max_mamba_cache_size", plan_.max_mamba_cache_size, realized.max_mamba_cache_size),
+        ("mamba_slots_per_request", plan_.mamba_slots_per_request, realized.mamba_slots_per_request),
+        ("weights_gib", plan_.weights_gib, realized.weights_gib),
+        ("kv_cache_gib", plan_.kv_cache_gib, realized.kv_cache_gib),
+        ("mem_fraction_static", plan_.mem_fraction_static, realized.mem_fraction_static),
+    ]
+    drifts = []
+    for name, predicted, actual in pairs:
+        if predicted is None or actual is None:
+            continue
+        rel = (actual - predicted) / predicted if predicted else (math.inf if actual else 0.0)
+        if abs(rel) > tolerance:
+            drifts.append(Drift(name, float(predicted), float(actual), rel))
+    return drifts
+
+
+# --------------------------------------------------------------------- workload, files --
+DEFAULT_WORKLOAD = Workload(prompt_p50=1024, prompt_p99=4096, max_tokens=4096)
+
+
+def workload_from_audit(
+    summary_json: str | Path | dict[str, Any],
+    max_tokens: int | None = None,
+    target_concurrency: int | None = None,
+) -> Workload:
+    """Workload from the audit summary: prompt_tokens_p50/p99 keys, else a prompt_tokens{p50,p99} block."""
+    summary = summary_json if isinstance(summary_json, dict) else json.loads(Path(summary_json).read_text())
+    block = summary.get("prompt_tokens") if isinstance(summary.get("prompt_tokens"), dict) else {}
+    p50 = summary.get("prompt_tokens_p50", block.get("p50", DEFAULT_WORKLOAD.prompt_p50))
+    p99 = summary.get("prompt_tokens_p99", block.get("p99", DEFAULT_WORKLOAD.prompt_p99))
+    return Workload(
+        prompt_p50=int(p50),
+        prompt_p99=int(max(p99, p50)),
+        max_tokens=int(max_tokens or summary.get("max_tokens") or DEFAULT_WORKLOAD.max_tokens),
+        target_concurrency=target_concurrency,
+    )
+
+
+def write_plan_file(
+    path: str | Path,
+    recommendation: Recommendation,
+    *,
+    sglang_version: str,
+    model_config: str,
+    gpu_memory_mib: int,
+    use_recommended: bool = True,
+) -> None:
+    """The plan file the server rules read: launch_args + both plans."""
+    write_json(
+        path,
+        {
+            "launch_args": list(recommendation.args if use_recommended else recommendation.given.args),
+            "given": recommendation.given.to_json(),
+            "recommended": {
+                **recommendation.recommended.to_json(),
+                "reasons": list(recommendation.reasons),
+            },
+            "warnings": list(recommendation.warnings),
+            "sglang_version": sglang_version,
+            "model_config": model_config,
+            "gpu_memory_mib": gpu_memory_mib,
+        },
+    )
+
+
+def gpu_memory_from_nvidia_smi() -> int:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise PlanError("nvidia-smi not found: pass --gpu-memory-mib N (e.g. 143771 for an H200)")
+    out = subprocess.run(
+        [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    first = out.stdout.strip().splitlines()[0]
+    return int(float(first))
+
+
+# ----------------------------------------------------------------------------- CLI --
+_ROWS = [
+    ("weights", "weights_gib"),
+    ("state pool", "state_pool_gib"),
+    ("spec scratch", "spec_scratch_gib"),
+    ("KV cache", "kv_cache_gib"),
+    ("graphs+activations reserve", "reserve_gib"),
+    ("slack (1-mfs)", "slack_gib"),
+    ("CUDA context", "context_gib"),
+    ("free", "free_gib"),
+]
+
+
+def render_table(rec: Recommendation) -> str:
+    g, r = rec.given, rec.recommended
+    lines = [f"{'GiB / count':<28}{'given':>18}{'recommended':>18}"]
+    for label, attr in _ROWS:
+        lines.append(f"{label:<28}{getattr(g, attr):>18.2f}{getattr(r, attr):>18.2f}")
+    for label, attr in [
+        ("mem_fraction_static", "mem_fraction_static"),
+        ("KV tokens", "kv_cache_tokens"),
+        ("mamba slots (K)", "max_mamba_cache_size"),
+        ("slots per request", "mamba_slots_per_request"),
+        ("effective running", "effective_max_running_requests"),
+        ("workload concurrency", "workload_concurrency"),
+        ("binding constraint", "binding_constraint"),
+    ]:
+        lines.append(f"{label:<28}{_cell(getattr(g, attr)):>18}{_cell(getattr(r, attr)):>18}")
+    lines.append("")
+    lines.append("recommended flags: " + " ".join(rec.args))
+    lines += [f"  reason: {x}" for x in rec.reasons]
+    lines += [f"  warning: {x}" for x in rec.warnings]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def cli(argv: list[str]) -> int:
+    sglang_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, sglang_args = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(prog="regen tune", description="Plan SGLang memory and flags.")
+    parser.add_argument("--model-config", required=True, help="HF model dir or config.json")
+    parser.add_argument("--gpu-memory-mib", type=int, help="GPU memory (default: nvidia-smi)")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--sglang-version", default=DEFAULT_VERSION, choices=SUPPORTED_VERSIONS)
+    parser.add_argument("--prompt-p50", type=int)
+    parser.add_argument("--prompt-p99", type=int)
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--concurrency", type=int, help="target concurrency (default: as high as fits)")
+    parser.add_argument("--allow-bf16-state", action="store_true")
+    parser.add_argument("--allow-fp8-kv", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--audit-summary", help="audit summary.json with prompt-token percentiles")
+    parser.add_argument("--out", help="write a plan file (launch_args + plans)")
+    ns = parser.parse_args(argv)
+    try:
+        model = ModelShape.from_config(ns.model_config)
+        gpu = ns.gpu_memory_mib or gpu_memory_from_nvidia_smi()
+        base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
+        p50 = ns.prompt_p50 or base.prompt_p50
+        workload = Workload(
+            prompt_p50=p50,
+            prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
+            max_tokens=ns.max_tokens or base.max_tokens,
+            target_concurrency=ns.concurrency,
+        )
+        rec = recommend(
+            model, gpu, ns.tp, sglang_args, workload, ns.sglang_version,
+            allow_fp8_kv=ns.allow_fp8_kv, allow_bf16_state=ns.allow_bf16_state,
+        )  # fmt: skip
+    except (ValueError, OSError) as exc:
+        print(f"regen tune: {exc}", file=sys.stderr)
+        return 2
+    if ns.out:
+        write_plan_file(ns.out, rec, sglang_version=ns.sglang_version, model_config=ns.model_config,
+                        gpu_memory_mib=gpu)  # fmt: skip
+    if ns.json:
+        print(json.dumps(rec.to_json(), indent=1))
+    else:
+        print(render_table(rec))
+    return 0
+
+
+__all__ = [
+    "Candidate",
+    "Drift",
+    "MemoryPlan",
+    "PlanError",
+    "RealizedMemory",
+    "Recommendation",
+    "ServerFlags",
+    "Workload",
+    "cli",
+    "compare",
+    "flag_warnings",
+    "parse_flags",
+    "parse_startup_log",
+    "plan",
+    "realized_from_server_info",
+    "recommend",
+    "workload_from_audit",
+    "write_plan_file",
+]
+
+
+# ------------------------------------------------------------------- workflow rule --
+PINNED_SGLANG_VERSION = DEFAULT_VERSION
+
+
+def installed_sglang_version() -> str | None:
+    """The sglang version importable here, if any (the plan follows the version that will run)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def histogram_percentile(hist: dict[str, Any], q: float) -> int:
+    """Upper edge of the histogram bucket holding quantile ``q`` (a conservative percentile)."""
+    total = int(hist.get("count", 0))
+    if total == 0:
+        return 0
+    seen = 0
+    for bucket in hist.get("buckets", []):
+        seen += int(bucket["count"])
+        if seen >= q * total:
+            return int(bucket["hi"])
+    return int(hist.get("max", 0))
+
+
+def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> Workload:
+    """Prompt p50/p99 from the audit's prompt-token histogram, capped at the context limit
+    (longer prompts are excluded from generation, so they never reach a server)."""
+    hist = summary.get("histograms", {}).get("prompt_tokens", {})
+    limit = int(summary.get("context_limit") or 1 << 30)
+    p50 = min(histogram_percentile(hist, 0.50), limit) or DEFAULT_WORKLOAD.prompt_p50
+    p99 = min(histogram_percentile(hist, 0.99), limit) or DEFAULT_WORKLOAD.prompt_p99
+    return Workload(prompt_p50=p50, prompt_p99=max(p99, p50), max_tokens=int(max_tokens))
+
+
+def write_plan_for_workflow(
+    *, server_cfg: dict[str, Any], max_tokens: int, audit_summary: str, out_path: str
+) -> None:
+    """The ``tune`` rule: plan (and recommend) from the model config, the GPU and the audited workload."""
+    if server_cfg.get("mode") == "external":
+        write_json(out_path, {"launch_args": [], "external": True, "sglang_version": None})
+        log.info("server.mode external: nothing to plan, the endpoint is managed by the user")
+        return
+    model_config = server_cfg.get("model_config") or server_cfg["model_path"]
+    model = ModelShape.from_config(model_config)
+    gpu_mib = int(server_cfg.get("gpu_memory_mib") or gpu_memory_from_nvidia_smi())
+    version = server_cfg.get("sglang_version") or installed_sglang_version() or PINNED_SGLANG_VERSION
+    workload = workload_from_audit_histogram(json.loads(Path(audit_summary).read_text()), max_tokens)
+    rec = recommend(
+        model,
+        gpu_mib,
+        int(server_cfg.get("tp", 1)),
+        list(server_cfg.get("args", [])),
+        workload,
+        sglang_version=version,
+        allow_fp8_kv=bool(server_cfg.get("allow_fp8_kv", False)),
+        allow_bf16_state=bool(server_cfg.get("allow_bf16_state", False)),
+    )
+    write_plan_file(
+        out_path,
+        rec,
+        sglang_version=version,
+        model_config=str(model_config),
+        gpu_memory_mib=gpu_mib,
+        use_recommended=bool(server_cfg.get("use_tuner", True)),
+    )
+    log.info("plan for %s on %d MiB (sglang %s): %s", model_config, gpu_mib, version, workload)
+    for reason in rec.reasons:
+        log.info("recommend: %s", reason)
+    for warning in rec.warnings:
+        log.warning("%s", warning)

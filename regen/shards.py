@@ -1,0 +1,181 @@
+"""Deterministic prompt shards: which generate job gets which sample.
+
+A sample goes to shard ``blake2b(id) mod n`` (never Python's salted ``hash``), and within a
+shard samples keep their input order, so the same input and config always give the same
+files. Every one of the ``n`` shard files is written, empty or not, and all of them are
+renamed into place only after every sample has been written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from regen.chat import content_as_text
+from regen.dataset import iter_samples
+from regen.types import Message, Sample
+
+MESSAGE_TYPE = pa.struct(
+    [
+        pa.field("role", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("reasoning_content", pa.string()),
+    ]
+)
+SHARD_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("messages", pa.list_(MESSAGE_TYPE), nullable=False),
+        pa.field("source_file", pa.string()),
+        pa.field("source_row", pa.int64()),
+        pa.field("source_format", pa.string()),
+    ]
+)
+ROWS_PER_BATCH = 4096
+
+
+def shard_name(k: int) -> str:
+    """The 5-digit zero-padded shard name: ``shard_name(3) == "00003"``."""
+    return f"{k:05d}"
+
+
+def shard_index(sample_id: str, n: int) -> int:
+    """The shard of ``sample_id`` among ``n``: blake2b-64 of the UTF-8 id, mod n."""
+    if n < 1:
+        raise ValueError(f"shard count must be at least 1, got {n}")
+    digest = hashlib.blake2b(sample_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % n
+
+
+def _message_row(m: Message) -> dict[str, Any]:
+    return {
+        "role": m.role,
+        "content": content_as_text(m.content) if m.content is not None else None,
+        "reasoning_content": m.reasoning_content,
+    }
+
+
+class _ShardBuffer:
+    """Column buffers for one shard, flushed to its ParquetWriter every ``ROWS_PER_BATCH`` rows."""
+
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self.writer = writer
+        self.cols: dict[str, list[Any]] = {name: [] for name in SHARD_SCHEMA.names}
+        self.rows = 0
+
+    def add(self, sample: Sample) -> None:
+        c = self.cols
+        c["id"].append(sample.id)
+        c["messages"].append([_message_row(m) for m in sample.messages])
+        c["source_file"].append(sample.source.get("file"))
+        c["source_row"].append(sample.source.get("row"))
+        c["source_format"].append(sample.source.get("format"))
+        self.rows += 1
+        if len(c["id"]) >= ROWS_PER_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.cols["id"]:
+            self.writer.write_table(pa.table(self.cols, schema=SHARD_SCHEMA))
+            for col in self.cols.values():
+                col.clear()
+
+
+def write_shards(
+    samples: Iterable[Sample],
+    excluded_ids: Collection[str],
+    out_paths: Sequence[str | os.PathLike[str]],
+    excluded_rows: Collection[int] = frozenset(),
+) -> list[int]:
+    """Stream ``samples`` into ``len(out_paths)`` shard files; return the row count of each shard.
+
+    A sample is left out when its id is in ``excluded_ids`` or its source row is in
+    ``excluded_rows``. Shard ``k`` is written to ``out_paths[k]``; all files appear together
+    at the end (temp files + rename), none on failure.
+    """
+    n = len(out_paths)
+    if n < 1:
+        raise ValueError("write_shards needs at least one output path")
+    targets = [Path(p) for p in out_paths]
+    temps: list[Path] = []
+    try:
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temps.append(target.with_name(f".{target.name}.{os.getpid()}.tmp"))
+        with contextlib.ExitStack() as stack:
+            buffers = [
+                _ShardBuffer(stack.enter_context(pq.ParquetWriter(tmp, SHARD_SCHEMA, compression="zstd")))
+                for tmp in temps
+            ]
+            for sample in samples:
+                if sample.id in excluded_ids or sample.source.get("row") in excluded_rows:
+                    continue
+                buffers[shard_index(sample.id, n)].add(sample)
+            for buf in buffers:
+                buf.flush()
+        for tmp, target in zip(temps, targets, strict=True):
+            os.replace(tmp, target)
+        return [b.rows for b in buffers]
+    finally:
+        for tmp in temps:
+            if tmp.exists():
+                tmp.unlink()
+
+
+def read_shard(path: str | os.PathLike[str]) -> Iterator[Sample]:
+    """Stream the samples of one shard file, in order."""
+    pf = pq.ParquetFile(path)
+    for batch in pf.iter_batches(batch_size=ROWS_PER_BATCH):
+        for row in batch.to_pylist():
+            messages = tuple(
+                Message(m["role"], m["content"], m["reasoning_content"]) for m in (row["messages"] or ())
+            )
+            source = {"file": row["source_file"], "row": row["source_row"], "format": row["source_format"]}
+            yield Sample(id=row["id"], messages=messages, source=source)
+
+
+def read_excluded(excluded_jsonl: str | os.PathLike[str]) -> tuple[frozenset[str], frozenset[int]]:
+    """Ids and source rows listed in the audit's ``excluded.jsonl``."""
+    ids: set[str] = set()
+    rows: set[int] = set()
+    with open(excluded_jsonl, "rb") as fh:
+        for lineno, line in enumerate(fh):
+            if not line.strip():
+                continue
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ValueError(f"{excluded_jsonl}: line {lineno}: malformed JSON: {exc}") from exc
+            if isinstance(entry.get("id"), str):
+                ids.add(entry["id"])
+            if isinstance(entry.get("row"), int):
+                rows.add(entry["row"])
+    return frozenset(ids), frozenset(rows)
+
+
+def make_shards(
+    input_path: str | os.PathLike[str],
+    excluded_jsonl: str | os.PathLike[str],
+    out_paths: Sequence[str | os.PathLike[str]],
+    fmt: str = "auto",
+    id_column: str | None = None,
+    on_bad_row: str = "skip",
+    tokenizer_dir: str | os.PathLike[str] | None = None,
+) -> list[int]:
+    """Read the dataset again and shard every sample the audit did not exclude.
+
+    Exclusion matches the audit's ``excluded.jsonl`` by source row (rows are unique within
+    the one input file, while content-derived ids repeat for exact duplicates, whose first
+    occurrence must stay).
+    """
+    _ids, rows = read_excluded(excluded_jsonl)
+    samples = iter_samples(input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows=None)
+    return write_shards(samples, frozenset(), out_paths, excluded_rows=rows)

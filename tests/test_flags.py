@@ -1,0 +1,76 @@
+"""Flag checks against the bundled 0.5.23 option list, and against SGLang's real parser when installed."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from regen.sglang import flags
+from regen.sglang.flags import FlagError, bundled_flags, check_flags
+
+
+def _bundled_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flags, "_real_parser", lambda: None)
+
+
+def test_bundled_list_has_the_planner_flags() -> None:
+    names = bundled_flags("0.5.23")
+    assert len(names) > 500
+    for flag in ("--mem-fraction-static", "--max-mamba-cache-size", "--mamba-radix-cache-strategy",
+                 "--cuda-graph-max-bs-decode", "--tp-size"):  # fmt: skip
+        assert flag in names
+    assert "--cuda-graph-max-bs" not in names and "--mamba-scheduler-strategy" not in names
+
+
+def test_good_flags_pass_with_bundled_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    _bundled_only(monkeypatch)
+    result = check_flags(["--mem-fraction-static", "0.9", "--tp-size=2", "--disable-radix-cache"])
+    assert result.method == "bundled-list-0.5.23"
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "suggestion"),
+    [
+        (["--mem-fraction-statc", "0.9"], "--mem-fraction-statc", "--mem-fraction-static"),
+        (["--tp", "2"], "--tp", "--tp-size"),
+        (
+            ["--mamba-scheduler-strategy", "no_buffer"],
+            "--mamba-scheduler-strategy",
+            "--mamba-radix-cache-strategy",
+        ),
+        (["--cuda-graph-max-bs", "512"], "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"),
+    ],
+)
+def test_typos_prefixes_and_renames_rejected(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], flag: str, suggestion: str
+) -> None:
+    _bundled_only(monkeypatch)
+    with pytest.raises(FlagError) as info:
+        check_flags(argv)
+    assert info.value.flag == flag and info.value.suggestion == suggestion
+    assert suggestion in str(info.value)
+
+
+def test_non_strict_tolerates_unknown_but_not_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    _bundled_only(monkeypatch)
+    check_flags(["--some-future-flag", "1"], strict=False)
+    with pytest.raises(FlagError):
+        check_flags(["--tp", "2"], strict=False)
+
+
+has_sglang = importlib.util.find_spec("sglang") is not None
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not has_sglang, reason="sglang not importable (parse-only install: /work/sgvenv)")
+def test_real_parser_checks_names_and_values() -> None:
+    result = check_flags(["--mem-fraction-static", "0.9", "--reasoning-parser", "qwen3"])
+    assert result.method == "sglang-parser"
+    with pytest.raises(FlagError) as info:
+        check_flags(["--tp", "2"])
+    assert info.value.suggestion == "--tp-size"
+    with pytest.raises(FlagError, match="--reasoning-parser"):
+        check_flags(["--reasoning-parser", "bogus"])
+    with pytest.raises(FlagError, match="--max-running-requests"):
+        check_flags(["--max-running-requests", "many"])

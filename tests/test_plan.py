@@ -1,0 +1,224 @@
+"""The SGLang planner against hand derivations from SGLang's source and measured H200 startups."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from regen.sglang.models import ModelShape
+from regen.sglang.plan import (
+    Workload,
+    cli,
+    compare,
+    flag_warnings,
+    parse_startup_log,
+    plan,
+    realized_from_server_info,
+    recommend,
+    workload_from_audit,
+)
+
+MODELS = Path(__file__).parent / "data" / "models"
+H200_MIB = 143771  # nvidia-smi memory.total on the project's H200
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def gpu_model() -> ModelShape:
+    return ModelShape.from_config(MODELS / "gpu-qwen3.6-27b-text")
+
+
+def test_state_bytes_per_request_follow_mamba_utils(gpu_model: ModelShape) -> None:
+    # conv_dim = Hv*dv + 2*Hk*dk; conv = conv_dim*(K-1)*2 (bf16); ssm = Hv*dv*dk*4 (float32); 48 linear layers
+    conv_dim = 48 * 128 + 2 * 16 * 128
+    per_layer = conv_dim * (4 - 1) * 2 + 48 * 128 * 128 * 4
+    assert gpu_model.linear_attention_layers == 64 - 64 // 4
+    assert gpu_model.state_bytes_per_request() == 48 * per_layer
+    # bf16 SSM state halves the ssm term only; tp=2 splits heads
+    assert gpu_model.state_bytes_per_request(ssm_dtype="bfloat16") == 48 * (
+        conv_dim * 3 * 2 + 48 * 128 * 128 * 2
+    )
+    assert gpu_model.state_bytes_per_request(tp=2) == 48 * (conv_dim // 2 * 3 * 2 + 24 * 128 * 128 * 4)
+
+
+def test_kv_cell_sizes_dense_moe_hybrid(gpu_model: ModelShape) -> None:
+    dense = ModelShape.from_config(MODELS / "qwen3-8b")
+    moe = ModelShape.from_config(MODELS / "qwen3-30b-a3b")
+    nxt = ModelShape.from_config(MODELS / "qwen3-next-80b-a3b")
+    # kv_heads_per_tp * (head_dim + v_head_dim) * layers * bytes
+    assert dense.kv_cell_bytes() == 8 * (128 + 128) * 36 * 2
+    assert dense.kv_cell_bytes(tp=16) == 1 * (128 + 128) * 36 * 2  # max(1, kv_heads // tp)
+    assert moe.kv_cell_bytes(kv_dtype="fp8_e4m3") == 4 * 256 * 48 * 1
+    assert nxt.full_attention_layers == 48 // 4 and nxt.is_hybrid and nxt.is_moe
+    assert nxt.kv_cell_bytes() == 2 * 512 * 12 * 2
+    assert gpu_model.kv_cell_bytes() == 4 * 512 * 16 * 2
+    assert gpu_model.kv_cell_bytes(draft_layers=1) == 4 * 512 * 17 * 2  # EAGLE/NEXTN: MTP layer KV
+
+
+def test_weights_from_index_and_from_config() -> None:
+    dense = ModelShape.from_config(MODELS / "qwen3-8b")
+    index = json.loads((MODELS / "qwen3-8b" / "model.safetensors.index.json").read_text())
+    assert dense.weights_bytes() == index["metadata"]["total_size"]
+    # the config estimate lands within 0.1% of the real checkpoint
+    assert abs(dense.estimated_parameters() * 2 / dense.weights_bytes() - 1) < 1e-3
+
+
+def test_nested_text_config_is_multimodal() -> None:
+    vlm = ModelShape.from_config(MODELS / "qwen3.5-27b" / "config.json")
+    assert vlm.architecture == "Qwen3_5ForConditionalGeneration" and vlm.is_multimodal
+    assert (vlm.full_attention_layers, vlm.linear_attention_layers, vlm.mtp_layers) == (16, 48, 1)
+
+
+def test_default_mem_fraction_from_memory_hook(gpu_model: ModelShape) -> None:
+    # H200 tier: chunk 8192, decode max_bs 256; 58 prefill graph sizes up to 8192
+    prefill_sizes = 8 + 14 + 8 + 8 + 12 + 8
+    reserved = 512 + 8192 * 1.5 + 1 / 8 * 1024 + 256 * 2 + prefill_sizes * 8
+    p = plan(gpu_model, H200_MIB, 1, [], None, "0.5.17")
+    assert p.mem_fraction_static == round((H200_MIB - reserved) / H200_MIB, 3) == 0.903
+    # a 512 decode graph adds 2 MiB per batch slot: the measured 0.900
+    p512 = plan(gpu_model, H200_MIB, 1, ["--cuda-graph-max-bs", "512"], None, "0.5.17")
+    assert p512.mem_fraction_static == round((H200_MIB - reserved - 256 * 2) / H200_MIB, 3) == 0.900
+
+
+def test_reproduces_measured_h200_default(gpu_model: ModelShape) -> None:
+    p = plan(gpu_model, H200_MIB, 1, [], None, "0.5.17")
+    assert p.mamba_slots_per_request == 3  # Qwen3_5ForCausalLM is not extra_buffer-capable in 0.5.17
+    assert p.max_mamba_cache_size == 248
+    assert p.effective_max_running_requests == 248 // 3 == 82
+    assert p.binding_constraint == "mamba_pool"
+    assert abs(p.kv_cache_tokens / 651_426 - 1) < 0.01
+    assert abs(p.state_pool_gib - 249 * gpu_model.state_bytes_per_request() / GIB) < 1e-9
+    realized = parse_startup_log(
+        "max_running_requests is capped to 82 by the mamba state cache (max_mamba_cache_size=248, "
+        "3 state slots per request)\nKV Cache is allocated. dtype: torch.bfloat16, #tokens: 651426, "
+        "K size: 19.88 GB, V size: 19.88 GB\nMamba Cache is allocated. max_mamba_cache_size: 248, "
+        "conv_state size: 0.68GB, ssm_state size: 35.02GB\n"
+    )
+    assert compare(p, realized) == []
+
+
+def test_reproduces_measured_h200_variants(gpu_model: ModelShape) -> None:
+    no_radix = plan(gpu_model, H200_MIB, 1, ["--disable-radix-cache"], None, "0.5.17")
+    assert (no_radix.mamba_slots_per_request, no_radix.effective_max_running_requests) == (1, 248)
+    bf16 = plan(
+        gpu_model, H200_MIB, 1, ["--disable-radix-cache", "--mamba-ssm-dtype", "bfloat16"], None, "0.5.17"
+    )
+    assert bf16.max_mamba_cache_size == 488
+    assert abs(bf16.kv_cache_tokens / 650_994 - 1) < 0.01
+    capped = plan(
+        gpu_model, H200_MIB, 1, ["--disable-radix-cache", "--max-running-requests", "128"], None, "0.5.17"
+    )
+    assert capped.max_mamba_cache_size == 128 and abs(capped.kv_cache_tokens / 933_306 - 1) < 0.01
+    fixed_args = [
+        "--max-mamba-cache-size",
+        "200",
+        "--mem-fraction-static",
+        "0.93",
+        "--max-running-requests",
+        "64",
+    ]
+    fixed = plan(gpu_model, H200_MIB, 1, fixed_args, None, "0.5.17")
+    assert fixed.effective_max_running_requests == 64 and abs(fixed.kv_cache_tokens / 825_753 - 1) < 0.01
+
+
+def test_version_differences(gpu_model: ModelShape) -> None:
+    p23 = plan(gpu_model, H200_MIB, 1, [], None, "0.5.23")
+    assert p23.mamba_radix_cache_strategy == "extra_buffer" and p23.mamba_slots_per_request == 3 + 2
+    # auto without overlap (page 1) resolves to no_buffer (overrides._mamba_radix_cache_resolution): 3
+    assert plan(gpu_model, H200_MIB, 1, ["--disable-overlap-schedule"], None).mamba_slots_per_request == 3
+    explicit = ["--mamba-radix-cache-strategy", "extra_buffer", "--disable-overlap-schedule"]
+    assert plan(gpu_model, H200_MIB, 1, explicit, None).mamba_slots_per_request == 3 + 1
+    lazy = plan(gpu_model, H200_MIB, 1, ["--mamba-radix-cache-strategy", "extra_buffer_lazy"], None)
+    assert lazy.mamba_slots_per_request == 4
+
+
+def test_speculative_scratch_and_auto_k(gpu_model: ModelShape) -> None:
+    args = [
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+    ]
+    p = plan(gpu_model, H200_MIB, 1, args, None, "0.5.23")
+    per_req, draft, slots = gpu_model.state_bytes_per_request(), 3 + 1, 5
+    # mrr defaults to 48 under speculative decoding; scratch = P * (min(48, K//S) + 1) * D
+    assert p.requested_max_running_requests == 48
+    assert p.spec_scratch_gib * GIB == per_req * (min(48, p.max_mamba_cache_size // slots) + 1) * draft
+    assert p.kv_cell_bytes == 4 * 512 * (16 + 1) * 2
+
+
+def test_dense_model_plan_has_no_state() -> None:
+    dense = ModelShape.from_config(MODELS / "qwen3-8b")
+    p = plan(dense, 81559, 1, [], Workload(512, 2048, 1024))
+    assert p.max_mamba_cache_size is None and p.state_pool_gib == 0
+    assert p.kv_cache_tokens == int(p.kv_cache_gib * GIB // dense.kv_cell_bytes())
+    assert p.workload_concurrency == min(p.effective_max_running_requests, p.kv_cache_tokens // (2048 + 1024))
+
+
+def test_recommend_holds_kv_and_never_picks_bf16_silently(gpu_model: ModelShape) -> None:
+    wl = Workload(prompt_p50=256, prompt_p99=512, max_tokens=1024)
+    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17")
+    best = rec.recommended
+    assert "bfloat16" not in rec.args
+    assert best.kv_cache_tokens >= best.effective_max_running_requests * (512 + 1024)
+    assert best.effective_max_running_requests > rec.given.effective_max_running_requests
+    assert "--disable-radix-cache" in rec.args
+    if best.effective_max_running_requests > 256:
+        assert "--cuda-graph-max-bs-decode" in rec.args
+    allowed = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_bf16_state=True)
+    assert allowed.recommended.effective_max_running_requests >= best.effective_max_running_requests
+    for cand in rec.candidates:
+        assert cand.plan.kv_cache_tokens >= cand.plan.effective_max_running_requests * wl.tokens_per_request
+
+
+def test_warnings_for_ignored_and_renamed_flags(gpu_model: ModelShape) -> None:
+    args = ["--max-mamba-cache-size", "100", "--mamba-full-memory-ratio", "0.5"]
+    args += ["--num-continuous-decode-steps", "4", "--mamba-scheduler-strategy", "no_buffer"]
+    args += ["--cuda-graph-max-bs", "64"]
+    text = "\n".join(flag_warnings(args, gpu_model, "0.5.23"))
+    assert "--mamba-full-memory-ratio is ignored" in text
+    assert "--num-continuous-decode-steps has no effect" in text
+    assert "--mamba-radix-cache-strategy" in text and "--cuda-graph-max-bs-decode" in text
+    assert "requires --disable-overlap-schedule" in text
+    dense = ModelShape.from_config(MODELS / "qwen3-8b")
+    assert any("no linear-attention" in w for w in flag_warnings(["--max-mamba-cache-size", "9"], dense))
+
+
+def test_server_info_and_drift(gpu_model: ModelShape) -> None:
+    p = plan(gpu_model, H200_MIB, 1, [], None, "0.5.17")
+    info = {"max_total_num_tokens": 500_000, "max_running_requests": 2048,
+            "internal_states": [{"effective_max_running_requests_per_dp": 82, "max_mamba_cache_size": 248,
+                                 "memory_usage": {"weight": 50.16, "kvcache": 30.0}}]}  # fmt: skip
+    realized = realized_from_server_info(info)
+    drifts = {d.field: d for d in compare(p, realized)}
+    assert set(drifts) == {"kv_cache_tokens", "kv_cache_gib"}
+    assert drifts["kv_cache_tokens"].relative == pytest.approx(500_000 / p.kv_cache_tokens - 1)
+
+
+def test_workload_from_audit(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"prompt_tokens_p50": 300, "prompt_tokens_p99": 2000}))
+    assert workload_from_audit(path, max_tokens=512) == Workload(300, 2000, 512)
+    assert workload_from_audit({"prompt_tokens": {"p50": 10, "p99": 20}}).prompt_p99 == 20
+
+
+def test_cli_json_and_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    rc = cli(["--model-config", str(MODELS / "gpu-qwen3.6-27b-text"), "--gpu-memory-mib", str(H200_MIB),
+              "--sglang-version", "0.5.17", "--prompt-p99", "512", "--max-tokens", "1024", "--json",
+              "--out", str(out), "--", "--mamba-full-memory-ratio", "0.9"])  # fmt: skip
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    keys = {"mem_fraction_static", "max_mamba_cache_size", "mamba_slots_per_request", "mamba_pool_gib",
+            "kv_cache_tokens", "kv_cache_gib", "weights_gib", "effective_max_running_requests"}  # fmt: skip
+    assert keys <= set(doc) and keys | {"args", "reasons"} <= set(doc["recommended"])
+    assert {"warnings", "candidates"} <= set(doc) and doc["effective_max_running_requests"] == 82
+    plan_file = json.loads(out.read_text())
+    assert plan_file["launch_args"] == doc["recommended"]["args"]
+    assert plan_file["sglang_version"] == "0.5.17" and plan_file["gpu_memory_mib"] == H200_MIB
+    rc = cli(["--model-config", str(MODELS / "qwen3-8b"), "--gpu-memory-mib", "81559"])
+    assert rc == 0 and "binding constraint" in capsys.readouterr().out

@@ -1,0 +1,146 @@
+"""The workflow as a user runs it: plan, bad config, the demo end to end, partial-run resume, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "schemas", "report", "envs", "config", "resources", "data")
+
+
+def copy_workflow(dest: Path) -> Path:
+    for part in WORKFLOW_PARTS:
+        src = ROOT / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part)
+        else:
+            shutil.copy2(src, dest / part)
+    return dest
+
+
+def snakemake(wd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SNAKEMAKE, *args],
+        cwd=wd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run: rule -> count."""
+    table = output.split("Job stats:", 1)[1]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+@pytest.fixture
+def wd(tmp_path: Path) -> Path:
+    return copy_workflow(tmp_path / "wf")
+
+
+def test_dry_run_lists_every_gpu_job(wd: Path) -> None:
+    demo_shards = 4  # config/demo.yaml shards.count
+    run = snakemake(wd, "-n", "--configfile", "config/demo.yaml")
+    assert run.returncode == 0, run.stderr + run.stdout
+    counts = job_counts(run.stdout + run.stderr)
+    assert counts["generate"] == demo_shards
+    assert counts["validate"] == demo_shards
+    for rule in ("audit", "shard", "tune", "merge", "reaudit", "reconcile", "report_assets"):
+        assert counts[rule] == 1, rule
+
+
+def test_shard_count_is_config(wd: Path) -> None:
+    run = snakemake(wd, "-n", "--configfile", "config/demo.yaml", "--config", "shards={'count': 9}")
+    assert run.returncode == 0, run.stderr + run.stdout
+    assert job_counts(run.stdout + run.stderr)["generate"] == 9
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("shards: {count: 0}\n", ["count", "minimum"]),
+        ("generate: {truncation: sometimes}\n", ["truncation", "sometimes"]),
+        ("server: {port_base: eighty}\n", ["port_base", "eighty"]),
+        ("shard: {count: 3}\n", ["shard", "Additional properties"]),
+    ],
+)
+def test_bad_config_stops_before_any_job(wd: Path, override: str, names: list[str]) -> None:
+    (wd / "config" / "bad.yaml").write_text(override)
+    run = snakemake(wd, "--cores", "1", "--configfile", "config/demo.yaml", "config/bad.yaml")
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    for name in names:
+        assert name in out, out[-2000:]
+    assert not (wd / "results").exists(), "a job ran despite the bad config"
+
+
+def read_jsonl_ids(path: Path) -> list[str]:
+    return [json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_demo_end_to_end_resume_and_report(wd: Path) -> None:
+    # First only two shards' generations: a partial run.
+    partial = snakemake(
+        wd,
+        "results/generations/00000.jsonl",
+        "results/generations/00001.jsonl",
+        "--cores",
+        "2",
+        "--configfile",
+        "config/demo.yaml",
+    )
+    assert partial.returncode == 0, partial.stderr[-3000:]
+    dry = snakemake(wd, "-n", "--configfile", "config/demo.yaml")
+    counts = job_counts(dry.stdout + dry.stderr)
+    assert counts["generate"] == 2, "only the two remaining shards should be listed"
+    assert "audit" not in counts and "shard" not in counts
+
+    full = snakemake(wd, "--cores", "2", "--configfile", "config/demo.yaml")
+    assert full.returncode == 0, full.stderr[-3000:]
+    ready = json.loads((wd / "results" / "READY.json").read_text())
+    assert ready["ready"] is True and ready["rows"] > 0
+    reconcile = json.loads((wd / "results" / "reconcile.json").read_text())
+    assert reconcile["ok"] and reconcile["lost_count"] == 0 and reconcile["duplicated_count"] == 0
+    assert sum(reconcile["counts"].values()) == reconcile["input"]
+
+    # Exactly one record per generated sample across shards.
+    records = [p for p in (wd / "results" / "generations").glob("*.jsonl") if ".failed" not in p.name]
+    ids = [i for p in records for i in read_jsonl_ids(p)]
+    assert len(records) == 4 and ids and len(ids) == len(set(ids))
+
+    # No server outlives the run that started it (onsuccess stops them).
+    assert not [p for p in _live_regen_servers() if str(wd) in p]
+
+    # Nothing left to do.
+    again = snakemake(wd, "-n", "--configfile", "config/demo.yaml")
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    report = snakemake(wd, "--configfile", "config/demo.yaml", "--report", "report.html")
+    assert report.returncode == 0, report.stderr[-3000:]
+    html = (wd / "report.html").read_text(errors="replace")
+    assert len(html) > 10_000 and "throughput" in html
+
+
+def _live_regen_servers() -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "regen.sglang.supervisor" in cmd or "regen.sglang.simulated" in cmd:
+            found.append(cmd)
+    return found
