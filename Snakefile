@@ -24,6 +24,7 @@ include: "rules/generate.smk"
 include: "rules/validate.smk"
 include: "rules/merge.smk"
 include: "rules/report.smk"
+include: "rules/publish.smk"
 
 
 localrules:
@@ -36,6 +37,7 @@ localrules:
     reaudit,
     reconcile,
     report_assets,
+    publish,
 
 
 rule all:

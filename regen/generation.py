@@ -7,30 +7,22 @@ The server's life belongs to ``regen.sglang.server``; the requests, journal and 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from regen.client import generate_shard
 from regen.io import read_json
-from regen.journal import JournalSink
 from regen.sglang.server import acquire_server
+from regen.storage import sink_from_config
 
 log = logging.getLogger("regen.generation")
 
 
-def journal_sink(generate_cfg: dict[str, Any], shard: str) -> JournalSink | None:
-    """The S3 journal sink when ``generate.journal_sync.s3_prefix`` is set, else none."""
-    sync = generate_cfg.get("journal_sync") or {}
-    prefix = sync.get("s3_prefix")
-    if not prefix:
-        return None
-    from regen.storage import S3JournalSink
-
-    return S3JournalSink(
-        prefix,
-        shard,
-        every_records=int(sync.get("every_records", 500)),
-        every_seconds=float(sync.get("every_seconds", 60)),
-    )
+def server_workdir(base: str = "work/servers") -> str:
+    """Where this job's GPU slot files live: per Slurm job on a cluster (its GPUs are its own, and
+    slot files on a shared filesystem must not collide across nodes), else per node."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"{base}/slurm-{job}" if job else base
 
 
 def run_generate_job(
@@ -44,13 +36,13 @@ def run_generate_job(
     generate_cfg: dict[str, Any],
     server_cfg: dict[str, Any],
     gpu_slots: int,
-    workdir: str = "work/servers",
+    workdir: str | None = None,
     log_dir: str = "logs/servers",
 ) -> None:
     """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed."""
     plan = read_json(plan_path)
     cfg = {**server_cfg, "gpus": int(gpu_slots)}
-    with acquire_server(cfg, plan, workdir=workdir, log_dir=log_dir) as endpoint:
+    with acquire_server(cfg, plan, workdir=workdir or server_workdir(), log_dir=log_dir) as endpoint:
         log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
         stats = generate_shard(
             shard_path,
@@ -60,6 +52,6 @@ def run_generate_job(
             generate_cfg,
             endpoint,
             shard,
-            journal_sync=journal_sink(generate_cfg, shard),
+            journal_sync=sink_from_config(generate_cfg.get("journal_sync"), shard),
         )
     log.info("shard %s done: %s", shard, stats)

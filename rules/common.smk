@@ -1,10 +1,20 @@
 # Config validation (once, with the schema's defaults filled in) and named input functions.
+import os
+
 from snakemake.utils import validate
 
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
 validate(config, schema="../schemas/config.schema.yaml")
+
+
+# s3:// inputs and outputs; endpoint and credentials come from the usual AWS environment/config chain.
+storage s3:
+    provider="s3",
+    endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
+    or os.environ.get("AWS_ENDPOINT_URL"),
+    retries=10,
 
 
 SHARDS = [shard_name(k) for k in range(lookup(dpath="shards/count", within=config))]
@@ -15,8 +25,9 @@ wildcard_constraints:
 
 
 def dataset_path():
-    """The input dataset (local path; s3:// URIs go through the storage plugin)."""
-    return lookup(dpath="dataset/path", within=config)
+    """The input dataset: a local path, or an s3:// URI fetched by the S3 storage plugin."""
+    path = lookup(dpath="dataset/path", within=config)
+    return storage.s3(path) if path.startswith("s3://") else path
 
 
 def gpu_slots():
@@ -32,7 +43,9 @@ def shard_files(pattern):
 
 
 def get_final_outputs():
-    return [
+    """READY (re-audited), the reconciliation and the report; the S3 upload when configured."""
+    published = ["results/published.json"] if lookup(dpath="merge/output_prefix", within=config) else []
+    return published + [
         "results/READY.json",
         "results/reconcile.json",
         "results/report/throughput.svg",
