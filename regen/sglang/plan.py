@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -753,8 +754,21 @@ def parse_startup_log(text: str) -> RealizedMemory:
     return RealizedMemory(**found)
 
 
-def realized_from_server_info(info: dict[str, Any]) -> RealizedMemory:
-    """From GET /server_info (or /get_server_info): top level + internal_states[0]."""
+def realized_from_server_info(info: dict[str, Any], startup: RealizedMemory | None = None) -> RealizedMemory:
+    """From GET /server_info (or /get_server_info): top level + internal_states[0]; fields the server
+    does not report are filled from the startup log lines (``startup``) when given."""
+    realized = _realized_from_info(info)
+    if startup is None:
+        return realized
+    return RealizedMemory(
+        **{
+            f: getattr(realized, f) if getattr(realized, f) is not None else getattr(startup, f)
+            for f in RealizedMemory.__dataclass_fields__
+        }
+    )
+
+
+def _realized_from_info(info: dict[str, Any]) -> RealizedMemory:
     states = info.get("internal_states") or [{}]
     state = states[0] if isinstance(states, list) and states else {}
     usage = state.get("memory_usage") or {}
@@ -783,20 +797,28 @@ class Drift:
         )
 
 
-def compare(plan_: MemoryPlan, realized: RealizedMemory, tolerance: float = 0.05) -> list[Drift]:
-    """Fields whose realized value differs from the prediction by more than `tolerance` (relative)."""
+def compare(
+    plan_: MemoryPlan | Mapping[str, Any], realized: RealizedMemory, tolerance: float = 0.05
+) -> list[Drift]:
+    """Fields whose realized value differs from the prediction by more than `tolerance` (relative).
+
+    ``plan_`` is a MemoryPlan or its JSON form (a plan file's ``given``/``recommended`` section)."""
+
+    def predicted(name: str) -> Any:
+        return plan_.get(name) if isinstance(plan_, Mapping) else getattr(plan_, name)
+
     pairs: list[tuple[str, float | None, float | None]] = [
-        ("kv_cache_tokens", plan_.kv_cache_tokens, realized.max_total_num_tokens),
+        ("kv_cache_tokens", predicted("kv_cache_tokens"), realized.max_total_num_tokens),
         (
             "effective_max_running_requests",
-            plan_.effective_max_running_requests,
+            predicted("effective_max_running_requests"),
             realized.max_running_requests,
         ),
-        ("max_mamba_cache_size", plan_.max_mamba_cache_size, realized.max_mamba_cache_size),
-        ("mamba_slots_per_request", plan_.mamba_slots_per_request, realized.mamba_slots_per_request),
-        ("weights_gib", plan_.weights_gib, realized.weights_gib),
-        ("kv_cache_gib", plan_.kv_cache_gib, realized.kv_cache_gib),
-        ("mem_fraction_static", plan_.mem_fraction_static, realized.mem_fraction_static),
+        ("max_mamba_cache_size", predicted("max_mamba_cache_size"), realized.max_mamba_cache_size),
+        ("mamba_slots_per_request", predicted("mamba_slots_per_request"), realized.mamba_slots_per_request),
+        ("weights_gib", predicted("weights_gib"), realized.weights_gib),
+        ("kv_cache_gib", predicted("kv_cache_gib"), realized.kv_cache_gib),
+        ("mem_fraction_static", predicted("mem_fraction_static"), realized.mem_fraction_static),
     ]
     drifts = []
     for name, predicted, actual in pairs:
@@ -844,6 +866,7 @@ def write_plan_file(
         path,
         {
             "launch_args": list(recommendation.args if use_recommended else recommendation.given.args),
+            "launched": "recommended" if use_recommended else "given",
             "given": recommendation.given.to_json(),
             "recommended": {
                 **recommendation.recommended.to_json(),
@@ -1057,3 +1080,8 @@ def write_plan_for_workflow(
         log.info("recommend: %s", reason)
     for warning in rec.warnings:
         log.warning("%s", warning)
+
+
+def launched_section(plan_file: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The prediction for the flags the servers are launched with (``recommended`` or ``given``)."""
+    return plan_file.get(plan_file.get("launched", "recommended")) or {}

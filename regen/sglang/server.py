@@ -642,7 +642,12 @@ def write_realized(
         "server_info": {k: info.get(k) for k in ("version", "internal_states") if k in info},
     }
     try:
-        from regen.sglang.plan import compare, parse_startup_log, realized_from_server_info
+        from regen.sglang.plan import (
+            compare,
+            launched_section,
+            parse_startup_log,
+            realized_from_server_info,
+        )
     except ImportError as exc:
         log.warning("regen.sglang.plan not importable (%s); realized memory map not computed", exc)
         write_json(files.realized, out)
@@ -654,8 +659,9 @@ def write_realized(
     out["startup_log"] = _jsonable(startup)
     out["realized"] = _jsonable(realized)
     if plan is not None:
-        out["predicted"] = _jsonable(plan.get("memory", plan))
-        drift = compare(plan, realized)
+        predicted = launched_section(plan)
+        out["predicted"] = _jsonable(predicted)
+        drift = compare(predicted, realized)
         out["drift"] = _jsonable(drift)
         for item in drift or []:
             log.warning("GPU slot %d: plan vs. realized drift: %s", files.slot, item)
