@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint clean-demo
+.PHONY: setup demo test lint test-sglang-parser clean-demo
 
 $(BIN)/regen: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,19 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint --configfile config/demo.yaml
+
+# regen's flag checks against SGLang's own argument parser: a parse-only sglang install (CPU torch,
+# sglang --no-deps and the few packages its server_args import needs), kept in its own venv.
+SGVENV := .venv-sglang
+$(SGVENV)/bin/python:
+	$(PY) -m venv $(SGVENV)
+	$(SGVENV)/bin/pip install -q torch==2.13.0
+	$(SGVENV)/bin/pip install -q --no-deps sglang==0.5.23
+	$(SGVENV)/bin/pip install -q numpy orjson psutil pybase64 requests packaging pillow starlette \
+		msgspec pydantic pyzmq tqdm ipython aiohttp triton pytest
+
+test-sglang-parser: $(SGVENV)/bin/python
+	PYTHONPATH=$(CURDIR) $(SGVENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_flags.py
 
 clean-demo:
 	rm -rf results work logs benchmarks .snakemake

@@ -90,6 +90,9 @@ class GenerateConfig:
     backoff_base_s: float = 1.0
     truncation: str = "keep"
     retry_max_tokens_factor: float = 2.0
+    #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
+    #: the fields regen sets itself
+    extra_body: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> GenerateConfig:
@@ -113,6 +116,7 @@ class GenerateConfig:
             backoff_base_s=float(cfg.get("backoff_base_s", 1.0)),
             truncation=cfg.get("truncation", "keep"),
             retry_max_tokens_factor=float(cfg.get("retry_max_tokens_factor", 2)),
+            extra_body=tuple(sorted((cfg.get("extra_body") or {}).items())),
         )
         out._check()
         return out
@@ -376,7 +380,12 @@ class _ShardRun:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        self.journal.flush()
+        try:
+            self.journal.flush()
+        except OSError as exc:  # e.g. disk full: stop sending; the caller's final flush raises it
+            if self.abort is None:
+                log.error("shard %s: cannot write the journal %s: %s", self.shard, self.journal.path, exc)
+                self.abort = f"cannot write the journal {self.journal.path}: {exc}"
 
     # ------------------------------------------------------------------ one sample
     async def run_sample(self, sample: Sample) -> dict[str, Any] | None:
@@ -514,6 +523,7 @@ class _ShardRun:
         s = self.cfg.sampling
         body = orjson.dumps(
             {
+                **dict(self.cfg.extra_body),
                 "model": self.model,
                 "messages": messages,
                 "temperature": s.temperature,
@@ -527,16 +537,26 @@ class _ShardRun:
             }
         )
         headers = {**self.base_headers, SAMPLE_ID_HEADER: sid}
+        delay = 0.0
         for attempt in range(1, self.cfg.max_attempts + 1):
             if attempt > 1:
                 self.stats.retried_requests += 1
-                await asyncio.sleep(backoff_delay(self.cfg.backoff_base_s, attempt - 1, self.rng))
+                await asyncio.sleep(delay)
             attempts[0] += 1
             try:
                 return await self.post_once(body, headers, max_tokens)
             except RequestError as err:
                 if not err.retryable or attempt == self.cfg.max_attempts or self.abort is not None:
+                    log.warning(
+                        "shard %s: sample %r: request %d/%d failed (%s); giving up on it",
+                        self.shard, sid, attempt, self.cfg.max_attempts, err,
+                    )  # fmt: skip
                     raise SampleFailed(err, attempts[0]) from err
+                delay = backoff_delay(self.cfg.backoff_base_s, attempt, self.rng)
+                log.warning(
+                    "shard %s: sample %r: request %d/%d failed (%s); retrying in %.2f s",
+                    self.shard, sid, attempt, self.cfg.max_attempts, err, delay,
+                )  # fmt: skip
         raise AssertionError("unreachable")
 
     async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int) -> _Answer:

@@ -279,6 +279,55 @@ def server_plan_html(plan_json: str | os.PathLike[str], realized_paths: list[Pat
     return _html_table(headers, rows, caption)
 
 
+PILOT_HEADERS = ["", "candidate", "args", "concurrency", "out tok/s", "req/s", "p50", "p90", "p99",
+                 "truncated", "error"]  # fmt: skip
+
+
+def pilot_tables_html(pilot_json: str | os.PathLike[str]) -> str:
+    """Tables of ``regen tune --sweep`` (candidates, output lengths, projection); '' without a pilot."""
+    path = Path(pilot_json)
+    if not path.is_file():
+        return ""
+    esc = html.escape
+    pilot = read_json(path)
+    best = pilot.get("best_index")
+    cand_rows = []
+    for i, row in enumerate(pilot.get("candidates") or []):
+        lengths = row.get("lengths") or {}
+        cand_rows.append(
+            ["best" if i == best else "", row.get("label"), " ".join(row.get("args") or []),
+             row.get("concurrency"), row.get("out_tok_s"), row.get("req_s"), lengths.get("p50"),
+             lengths.get("p90"), lengths.get("p99"), lengths.get("truncation_rate"), row.get("error")]
+        )  # fmt: skip
+    lengths = pilot.get("lengths") or {}
+    proj = pilot.get("projection") or {}
+    tables = [
+        (PILOT_HEADERS, cand_rows, f"pilot sweep: {pilot.get('seconds_per_candidate')} s per candidate"),
+        (["key", "value"], [[k, v] for k, v in lengths.items()], "pilot output lengths (completion tokens)"),
+        (
+            ["key", "value"],
+            [[k, v] for k, v in proj.items()] + [["assumption", a] for a in pilot.get("assumptions") or []],
+            "projection for the remaining samples",
+        ),
+    ]
+    out = []
+    for headers, rows, caption in tables:
+        head = "".join(f"<th>{esc(str(h))}</th>" for h in headers)
+        body = "".join("<tr>" + "".join(f"<td>{esc(_fmt(c))}</td>" for c in r) + "</tr>" for r in rows)
+        out.append(f"<table><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>")
+        out.append(f"<tbody>{body}</tbody></table>")
+    return "".join(out)
+
+
+def with_pilot(page: str, pilot_json: str | os.PathLike[str]) -> str:
+    """``page`` with the pilot tables added before ``</body>`` (unchanged without a pilot file)."""
+    extra = pilot_tables_html(pilot_json)
+    if not extra:
+        return page
+    head, sep, tail = page.rpartition("</body>")
+    return head + extra + sep + tail if sep else page + extra
+
+
 def _write_text(path: Path, text: str) -> None:
     with atomic_open(path, "w") as fh:
         fh.write(text)
@@ -305,7 +354,8 @@ def write_report_assets(
     plot_throughput(results / "generations", paths[THROUGHPUT_SVG])
     _write_text(paths[RECONCILE_HTML], reconcile_table_html(results / "reconcile.json"))
     realized = sorted(Path(work_dir).glob("servers/gpu*.realized.json"))
-    _write_text(paths[SERVER_PLAN_HTML], server_plan_html(results / "plan" / "server.json", realized))
+    plan_page = server_plan_html(results / "plan" / "server.json", realized)
+    _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, results / "plan" / "pilot.json"))
     return paths
 
 

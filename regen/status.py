@@ -280,13 +280,46 @@ def shard_names(directory: Path, suffix: str) -> set[str]:
     }
 
 
+def projection_lines(pilot_path: Path, remaining_now: int | None) -> list[str]:
+    """The pilot's projection (``regen tune --sweep``), re-projected for the samples left now when known."""
+    if not pilot_path.is_file():
+        return []
+    from regen.sweep import project  # the one projection formula
+
+    try:
+        pilot = read_json(pilot_path)
+        proj = pilot["projection"]
+        remaining = int(proj["remaining_samples"]) if remaining_now is None else max(0, remaining_now)
+        now = project(
+            remaining,
+            float(proj["tokens_per_sample"]),
+            float(proj["out_tok_s_per_server"]),
+            int(proj["gpus"]),
+            int(proj["tp"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        return [f"projection: {pilot_path} unreadable ({exc})"]
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(pilot.get("created_at") or 0)))
+    return [
+        f"projection (pilot {when}: {now.out_tok_s_per_server:.0f} out tok/s per server, "
+        f"{now.tokens_per_sample:.0f} tokens/sample, {now.servers} server(s) x tp {now.tp}): "
+        f"{now.remaining_samples} samples left, wall {fmt_duration(now.wall_s)}, "
+        f"{now.gpu_hours:.2f} GPU-hours"
+    ]
+
+
 def status_report(workdir: Path, results: Path, now: float | None = None) -> str:
     """Gather every source and render the table."""
     statuses = read_shard_statuses(workdir / "status")
     servers = read_servers(workdir / "servers")
     planned = shard_names(results / "shards", ".parquet")
     finished = shard_names(results / "generations", ".jsonl")
-    return render_table(statuses, servers, planned, finished, time.time() if now is None else now)
+    t_now = time.time() if now is None else now
+    text = render_table(statuses, servers, planned, finished, t_now)
+    totals = run_totals(statuses, planned, finished, t_now)
+    left = None if totals.total is None or not statuses else totals.total - totals.done
+    extra = projection_lines(results / "plan" / "pilot.json", left)
+    return text + "".join(line + "\n" for line in extra)
 
 
 def cli(argv: list[str], out: TextIO | None = None) -> int:

@@ -18,6 +18,7 @@ WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "schemas", "report", "envs", 
 
 
 def copy_workflow(dest: Path) -> Path:
+    dest.mkdir(parents=True)
     for part in WORKFLOW_PARTS:
         src = ROOT / part
         if src.is_dir():

@@ -938,6 +938,12 @@ def _cell(value: Any) -> str:
 
 
 def cli(argv: list[str]) -> int:
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    if "--sweep" in own:  # live benchmark of the top configs: regen.sweep
+        from regen.sweep import cli as sweep_cli
+
+        cut = own.index("--sweep")
+        return sweep_cli(argv[:cut] + argv[cut + 1 :])
     sglang_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -956,6 +962,9 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--audit-summary", help="audit summary.json with prompt-token percentiles")
     parser.add_argument("--out", help="write a plan file (launch_args + plans)")
+    parser.add_argument(
+        "--sweep", action="store_true", help="benchmark the top configs live; `regen tune --sweep --help`"
+    )
     ns = parser.parse_args(argv)
     try:
         model = ModelShape.from_config(ns.model_config)

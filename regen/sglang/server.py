@@ -360,6 +360,7 @@ def build_simulated_command(
         str(sim.get("startup_delay_s", 0.5)),
         "--faults",
         json.dumps(sim.get("faults") or {}, sort_keys=True),
+        *(["--half-speed-running", str(sim["half_speed_running"])] if sim.get("half_speed_running") else []),
     ]
 
 

@@ -20,6 +20,14 @@ Faults are drawn per request from ``hash(faults.seed, sample id, n-th request fo
 so one run's faults do not depend on request order. The sample id is the
 ``X-Regen-Sample-Id`` header (real SGLang ignores it) or else the request's ``rid``.
 ``GET /_sim/stats`` returns ``{"received", "completed": {id: n}, "received_by_id", "faults"}``.
+
+``request_log`` (``--request-log PATH``, or the ``REGEN_SIM_REQUEST_LOG`` environment variable, which
+the server inherits through Snakemake and the supervisor) appends one JSON line per chat request
+received, per chat request completed and per fault injected:
+``{"event": "received"|"completed"|"fault:<kind>", "id", "pid", "t"}`` (kinds as in ``FAULT_KINDS``, plus
+``poison`` and ``crash``).
+Lines are single ``O_APPEND`` writes, so several servers and server lifetimes share one file; it
+lets a test count, across restarts and kills, requests re-sent for ids already finished.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from aiohttp import web
 SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
 QWEN_IM_END_ID = 151645  # <|im_end|>: what matched_stop reports for a natural stop on Qwen3
 FAULT_KINDS: tuple[str, ...] = ("error", "hang", "disconnect", "malformed", "truncate")
+REQUEST_LOG_ENV = "REGEN_SIM_REQUEST_LOG"
 
 
 def _make_words() -> tuple[str, ...]:
@@ -104,6 +113,7 @@ class Faults:
     crash_after: int | None = None
     bad_request_for: tuple[str, ...] = ()
     error_for: tuple[str, ...] = ()  # ids/patterns that always get HTTP 500 (poison samples)
+    hang_for: tuple[str, ...] = ()  # ids/patterns whose requests are accepted and never answered
     seed: int = 0
 
     @classmethod
@@ -115,7 +125,7 @@ class Faults:
         if unknown:
             raise ValueError(f"--faults: unknown key(s) {unknown}; known: {sorted(known)}")
         kwargs = dict(obj)
-        for key in ("bad_request_for", "error_for"):
+        for key in ("bad_request_for", "error_for", "hang_for"):
             if key in kwargs:
                 kwargs[key] = tuple(str(x) for x in kwargs[key])
         faults = cls(**kwargs)
@@ -140,6 +150,9 @@ class Faults:
     def is_poison(self, sample_id: str | None) -> bool:
         return _matches(sample_id, self.error_for)
 
+    def is_wedged(self, sample_id: str | None) -> bool:
+        return _matches(sample_id, self.hang_for)
+
 
 def _matches(sample_id: str | None, patterns: tuple[str, ...]) -> bool:
     if sample_id is None:
@@ -156,6 +169,10 @@ class SimOptions:
     max_running_requests: int = 64
     effective_max_running_requests: int | None = None  # e.g. a mamba-capped value; None = same
     token_rate: float = 0.0  # decode tokens/s per request; 0 answers at once
+    # batch throughput model: with N running, each request decodes at token_rate / (1 + N / this), so a
+    # bigger batch gives more total tok/s but less per request (saturating at token_rate x this, like a
+    # memory-bandwidth-bound decode); None keeps token_rate per request whatever the batch
+    half_speed_running: int | None = None
     startup_delay_s: float = 0.0
     context_len: int = 32768
     max_total_num_tokens: int = 1_048_576
@@ -166,6 +183,7 @@ class SimOptions:
     long_fraction: float = 0.05  # share of answers made long_factor times longer (to hit length)
     long_factor: int = 64
     log_interval_s: float = 5.0
+    request_log: str | None = None  # JSONL of received/completed chat requests (see module doc)
     faults: Faults = field(default_factory=Faults)
 
     @property
@@ -251,6 +269,43 @@ class LogWriter:
             self._fh = None
 
 
+class RequestLog:
+    """Append-only JSONL of chat requests, shared by every server process and lifetime."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._fd: int | None = None
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+    def __call__(self, event: str, sample_id: str | None) -> None:
+        if self._fd is None:
+            return
+        line = orjson.dumps({"event": event, "id": sample_id, "pid": os.getpid(), "t": time.time()})
+        os.write(self._fd, line + b"\n")  # one write with O_APPEND: lines never interleave
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_request_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The events of a request log (a torn last line, from a killed server, is skipped)."""
+    out: list[dict[str, Any]] = []
+    try:
+        data = open(path, "rb").read()  # noqa: SIM115
+    except FileNotFoundError:
+        return out
+    for raw in data.splitlines():
+        try:
+            out.append(orjson.loads(raw))
+        except orjson.JSONDecodeError:
+            continue
+    return out
+
+
 class SimulatedServer:
     """State and handlers of one simulated server."""
 
@@ -275,6 +330,7 @@ class SimulatedServer:
         self.slots = asyncio.Semaphore(opts.running_cap)
         self.hung: set[asyncio.Future[None]] = set()
         self.crashed = False
+        self.request_log = RequestLog(opts.request_log)
 
     # -------------------------------------------------------------------- app
     def app(self) -> web.Application:
@@ -310,6 +366,7 @@ class SimulatedServer:
             self._ticker.cancel()
         for fut in list(self.hung):
             fut.cancel()
+        self.request_log.close()
 
     async def _tick(self) -> None:
         announced = self.opts.startup_delay_s <= 0
@@ -509,6 +566,7 @@ class SimulatedServer:
         self.received += 1
         key = sid if sid is not None else f"#{self.received}"
         self.received_by_id[key] += 1
+        self.request_log("received", sid)
         if self.opts.faults.is_bad_request(sid):
             return _error(f"Invalid request for sample {sid}: rejected by the simulator.", 400)
         max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 128
@@ -517,10 +575,14 @@ class SimulatedServer:
             return _error("max_tokens and n must be positive integers.", 400)
         if self.opts.faults.is_poison(sid):
             self.fault_counts["error"] += 1
+            self.request_log("fault:poison", sid)
             return _error("Internal server error (simulated poison sample).", 500, "InternalServerError")
         fault = self.opts.faults.draw(key, self.received_by_id[key])
+        if fault is None and self.opts.faults.is_wedged(sid):
+            fault = "hang"
         if fault is not None:
             self.fault_counts[fault] += 1
+            self.request_log(f"fault:{fault}", sid)
             return await self._fault(request, fault)
 
         ctk = req.get("chat_template_kwargs") or {}
@@ -546,6 +608,7 @@ class SimulatedServer:
         self.window_tokens += n_out
         self.completed[key] += 1
         self.n_completed += 1
+        self.request_log("completed", sid)
         crash = self.opts.faults.crash_after is not None and self.n_completed >= self.opts.faults.crash_after
         if not crash:
             return web.Response(body=body, content_type="application/json")
@@ -553,9 +616,17 @@ class SimulatedServer:
         await resp.prepare(request)
         await resp.write_eof()
         self.crashed = True
+        self.request_log("fault:crash", sid)
         self.log(f"crash_after={self.opts.faults.crash_after} reached: exiting", prefix="")
         self.on_crash()
         return resp
+
+    def per_request_rate(self) -> float:
+        """Decode tokens/s of one request with ``self.running`` requests in the batch (itself included)."""
+        half = self.opts.half_speed_running
+        if not half:
+            return self.opts.token_rate
+        return self.opts.token_rate / (1.0 + self.running / half)
 
     async def _schedule(self, n_tokens: int) -> None:
         self.queued += 1
@@ -566,7 +637,7 @@ class SimulatedServer:
         self.running += 1
         try:
             if self.opts.token_rate > 0:
-                await asyncio.sleep(n_tokens / self.opts.token_rate)
+                await asyncio.sleep(n_tokens / self.per_request_rate())
         finally:
             self.running -= 1
             self.slots.release()
@@ -792,6 +863,12 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--token-rate", type=float, default=0.0, help="decode tokens/s per request; 0 = instant")
     p.add_argument("--startup-delay", type=float, default=0.0, help="seconds until /health answers 200")
+    p.add_argument(
+        "--half-speed-running",
+        type=int,
+        default=None,
+        help="batch model: per-request rate = token-rate / (1 + running / N); default: no batch effect",
+    )
     p.add_argument("--faults", default=None, help="JSON object of Faults fields")
     p.add_argument("--version", default="0.5.23")
     p.add_argument("--log-file", default=None)
@@ -800,6 +877,11 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--options", default=None, help="JSON object of further SimOptions fields")
     p.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT (several processes on one port)")
     p.add_argument("--print-url", action="store_true", help="print the bound URL on stdout once listening")
+    p.add_argument(
+        "--request-log",
+        default=os.environ.get(REQUEST_LOG_ENV) or None,
+        help=f"append received/completed chat requests as JSONL (default: ${REQUEST_LOG_ENV})",
+    )
     a = p.parse_args(argv)
     extra = orjson.loads(a.options) if a.options else {}
     if "faults" in extra:
@@ -809,10 +891,12 @@ def cli(argv: list[str]) -> int:
         served_model_name=a.served_model_name,
         max_running_requests=a.max_running_requests,
         token_rate=a.token_rate,
+        half_speed_running=a.half_speed_running,
         startup_delay_s=a.startup_delay,
         version=a.version,
         inline=a.inline,
         context_len=a.context_length,
+        request_log=a.request_log,
         faults=Faults.from_json(orjson.loads(a.faults) if a.faults else None),
     )
     opts = replace(opts, **extra)

@@ -60,15 +60,33 @@ def jsonl(name, rows):
 
 
 def main():
-    jsonl("malformed_json.jsonl", [good(0), b'{"id": "b1", "messages": [{"role": "user", "content": "x"}\n', good(2)])
+    jsonl(
+        "malformed_json.jsonl",
+        [good(0), b'{"id": "b1", "messages": [{"role": "user", "content": "x"}\n', good(2)],
+    )
     jsonl("wrong_type_messages.jsonl", [good(0), {"id": "b1", "messages": "hello"}, good(2)])
-    jsonl("wrong_type_content.jsonl", [good(0), {"id": "b1", "messages": [{"role": "user", "content": 42}]}, good(2)])
+    jsonl(
+        "wrong_type_content.jsonl",
+        [good(0), {"id": "b1", "messages": [{"role": "user", "content": 42}]}, good(2)],
+    )
     jsonl("missing_role.jsonl", [good(0), {"id": "b1", "messages": [{"content": "no role"}]}, good(2)])
     jsonl("empty_conversation.jsonl", [good(0), {"id": "b1", "messages": []}, good(2)])
-    jsonl("only_system.jsonl", [good(0), {"id": "b1", "messages": [{"role": "system", "content": "Be kind."}]}, good(2)])
-    jsonl("invalid_utf8.jsonl", [good(0), b'{"id": "b1", "messages": [{"role": "user", "content": "caf\xe9 \xff"}]}\n', good(2)])
-    jsonl("nul_bytes.jsonl", [good(0), b'{"id": "b1", "messages": [{"role": "user", "content": "a\x00b"}]}\n', good(2)])
-    jsonl("giant_prompt.jsonl", [good(0), {"id": "b1", "messages": [{"role": "user", "content": "word " * 60000}]}, good(2)])
+    jsonl(
+        "only_system.jsonl",
+        [good(0), {"id": "b1", "messages": [{"role": "system", "content": "Be kind."}]}, good(2)],
+    )
+    jsonl(
+        "invalid_utf8.jsonl",
+        [good(0), b'{"id": "b1", "messages": [{"role": "user", "content": "caf\xe9 \xff"}]}\n', good(2)],
+    )
+    jsonl(
+        "nul_bytes.jsonl",
+        [good(0), b'{"id": "b1", "messages": [{"role": "user", "content": "a\x00b"}]}\n', good(2)],
+    )
+    jsonl(
+        "giant_prompt.jsonl",
+        [good(0), {"id": "b1", "messages": [{"role": "user", "content": "word " * 60000}]}, good(2)],
+    )
     jsonl("duplicate_ids.jsonl", [good(0), good(0, messages=[{"role": "user", "content": "other"}]), good(2)])
     jsonl(
         "mixed_formats.jsonl",
@@ -81,17 +99,38 @@ def main():
     (HERE / "empty_file.jsonl").write_bytes(b"")
     jsonl(
         "unknown_role.jsonl",
-        [good(0), {"id": "b1", "messages": [{"role": "narrator", "content": "Once"}, {"role": "user", "content": "go"}]}, good(2)],
+        [
+            good(0),
+            {
+                "id": "b1",
+                "messages": [{"role": "narrator", "content": "Once"}, {"role": "user", "content": "go"}],
+            },
+            good(2),
+        ],
     )
     jsonl(
         "non_string_content.jsonl",
-        [good(0), {"id": "b1", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, good(2)],
+        [
+            good(0),
+            {
+                "id": "b1",
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
+            },
+            good(2),
+        ],
     )
     jsonl("path_separator_id.jsonl", [good(0), good(1, id="../../etc/passwd"), good(2)])
     jsonl("dotdot_id.jsonl", [good(0), good(1, id=".."), good(2)])
     jsonl(
         "bad_role_order.jsonl",
-        [good(0), {"id": "b1", "messages": [{"role": "assistant", "content": "first"}, {"role": "user", "content": "ok"}]}, good(2)],
+        [
+            good(0),
+            {
+                "id": "b1",
+                "messages": [{"role": "assistant", "content": "first"}, {"role": "user", "content": "ok"}],
+            },
+            good(2),
+        ],
     )
     jsonl("not_an_object.jsonl", [good(0), [1, 2, 3], good(2)])
     jsonl("null_id.jsonl", [good(0), good(1, id=None), good(2)])

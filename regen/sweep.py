@@ -1,0 +1,814 @@
+"""``regen tune --sweep``: benchmark a few candidate server configs live, keep the fastest, project the run.
+
+For each candidate (a complete SGLang launch-arg list, the tuner's recommendation first) the sweep starts
+a server through :func:`regen.sglang.server.acquire_server` (a private slot directory per candidate),
+drives it with the real generation client (:func:`regen.client.generate_shard_async`, concurrency = the
+server's effective running cap, a fresh journal) for a bounded time, cancels the client when the time
+is up, stops the server and measures, from the journal:
+
+- output tok/s and requests/s: completion tokens (and requests) that *finished* inside the measurement
+  window ``[start + warmup, stop]``, divided by the window. In steady state the completion flow equals
+  the generation flow; the warmup skips the ramp where no request has finished yet;
+- the output-length distribution (p50/p90/p99 completion tokens, truncation rate) of completed requests.
+  Requests still running at the stop are *censored* (not counted); their number is reported because
+  many of them bias the lengths short.
+
+The pilot prompts are cycled (repeats get an id suffix ``~r{k}``, so a different seed) so the server
+stays saturated for the whole window whatever the pilot size.
+
+The best candidate (highest output tok/s) and the per-sample completion tokens then project the wall
+time and GPU-hours of the remaining samples (``results/shards/*.parquet`` minus the ids finished in
+``work/journal/*.jsonl``), written to ``results/plan/pilot.json`` and shown by ``regen status`` and the
+report's ``server_plan.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from regen.client import Endpoint, GenerateConfig, ProgressOptions, ShardFailedError, generate_shard_async
+from regen.io import read_json, write_json
+from regen.sglang.server import (
+    ServerError,
+    acquire_server,
+    build_server_command,
+    build_simulated_command,
+    stop_all_servers,
+)
+from regen.types import Sample
+
+log = logging.getLogger("regen.sweep")
+
+PILOT_JSON = Path("results/plan/pilot.json")
+REPEAT_MARK = "~r"
+DEFAULT_WARMUP_FRACTION = 0.2
+SWEEP_SHARD = "pilot"
+
+
+class SweepError(RuntimeError):
+    """No candidate could be measured, or the sweep's inputs are unusable."""
+
+
+# ------------------------------------------------------------------------------------ types --
+@dataclass(frozen=True, slots=True)
+class SweepCandidate:
+    """One config to benchmark: complete launch args plus the tuner's predicted running cap."""
+
+    args: tuple[str, ...]
+    predicted_running: int | None = None
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LengthStats:
+    """Completion tokens per finished sample."""
+
+    count: int
+    mean: float
+    p50: int
+    p90: int
+    p99: int
+    max: int
+    truncation_rate: float
+
+    @classmethod
+    def of(cls, tokens: Sequence[int], truncated: int) -> LengthStats:
+        if not tokens:
+            return cls(0, 0.0, 0, 0, 0, 0, 0.0)
+        ordered = sorted(tokens)
+        return cls(
+            count=len(ordered),
+            mean=sum(ordered) / len(ordered),
+            p50=percentile(ordered, 0.50),
+            p90=percentile(ordered, 0.90),
+            p99=percentile(ordered, 0.99),
+            max=ordered[-1],
+            truncation_rate=truncated / len(ordered),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PilotMeasurement:
+    """What one bounded client run against one server measured (from its journal)."""
+
+    concurrency: int
+    started_at: float
+    stopped_at: float
+    window_s: float  # measurement window: stop - (start + warmup)
+    sent: int  # samples handed to the client
+    completed: int  # records in the journal
+    failed: int  # terminal failures in the journal
+    unfinished_at_stop: int  # in flight when the time was up (censored)
+    window_requests: int
+    window_output_tokens: int
+    out_tok_s: float
+    req_s: float
+    lengths: LengthStats
+    latency_p50_s: float
+    latency_p90_s: float
+    completion_tokens: tuple[int, ...] = dataclasses.field(default=(), repr=False)
+    truncated: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateResult:
+    """One row of the sweep table."""
+
+    label: str
+    args: tuple[str, ...]
+    predicted_running: int | None
+    ok: bool
+    error: str | None = None
+    measurement: PilotMeasurement | None = None
+
+    @property
+    def out_tok_s(self) -> float:
+        return self.measurement.out_tok_s if self.measurement is not None else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.measurement
+        out: dict[str, Any] = {
+            "label": self.label,
+            "args": list(self.args),
+            "predicted_running": self.predicted_running,
+            "ok": self.ok,
+            "error": self.error,
+        }
+        if m is not None:
+            out.update(
+                {
+                    "concurrency": m.concurrency,
+                    "out_tok_s": round(m.out_tok_s, 2),
+                    "req_s": round(m.req_s, 3),
+                    "window_s": round(m.window_s, 3),
+                    "window_requests": m.window_requests,
+                    "window_output_tokens": m.window_output_tokens,
+                    "sent": m.sent,
+                    "completed": m.completed,
+                    "failed": m.failed,
+                    "unfinished_at_stop": m.unfinished_at_stop,
+                    "lengths": dataclasses.asdict(m.lengths),
+                    "latency_p50_s": round(m.latency_p50_s, 3),
+                    "latency_p90_s": round(m.latency_p90_s, 3),
+                }
+            )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    rows: tuple[CandidateResult, ...]
+    best_index: int
+    seconds_per_candidate: float
+    warmup_s: float
+    pilot_samples: int
+
+    @property
+    def best(self) -> CandidateResult:
+        return self.rows[self.best_index]
+
+    @property
+    def best_args(self) -> tuple[str, ...]:
+        return self.best.args
+
+    def pooled_lengths(self) -> LengthStats:
+        """Output lengths over every measured candidate (the server config does not change them)."""
+        tokens: list[int] = []
+        truncated = 0
+        for row in self.rows:
+            if row.measurement is not None:
+                tokens += row.measurement.completion_tokens
+                truncated += row.measurement.truncated
+        return LengthStats.of(tokens, truncated)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "best_index": self.best_index,
+            "best_label": self.best.label,
+            "best_args": list(self.best_args),
+            "best_out_tok_s": round(self.best.out_tok_s, 2),
+            "seconds_per_candidate": self.seconds_per_candidate,
+            "warmup_s": self.warmup_s,
+            "pilot_samples": self.pilot_samples,
+            "candidates": [r.to_json() for r in self.rows],
+            "lengths": dataclasses.asdict(self.pooled_lengths()),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Remaining:
+    shards: int
+    samples: int
+    finished: int
+
+    @property
+    def remaining(self) -> int:
+        return self.samples - self.finished
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """Wall time and GPU-hours for ``remaining_samples`` at the pilot's measured rate."""
+
+    remaining_samples: int
+    tokens_per_sample: float
+    out_tok_s_per_server: float
+    gpus: int
+    tp: int
+    servers: int
+    remaining_output_tokens: float
+    wall_s: float
+    gpu_hours: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "wall_h": self.wall_s / 3600,
+        }
+
+
+# ------------------------------------------------------------------------------ helpers --
+def percentile(ordered: Sequence[float], q: float) -> Any:
+    """Nearest-rank percentile of an ascending sequence (an element of it)."""
+    if not ordered:
+        raise ValueError("percentile of an empty sequence")
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def cycled(samples: Sequence[Sample]) -> Iterator[Sample]:
+    """The samples over and over; the k-th repeat of an id is ``{id}~r{k}`` (a fresh seed)."""
+    if not samples:
+        raise SweepError("the pilot has no samples")
+    rnd = 0
+    while True:
+        for s in samples:
+            yield s if rnd == 0 else dataclasses.replace(s, id=f"{s.id}{REPEAT_MARK}{rnd}")
+        rnd += 1
+
+
+def _completion_tokens(entry: Mapping[str, Any]) -> int:
+    turns = entry.get("turns")
+    if turns:
+        return sum(int((t.get("usage") or {}).get("completion_tokens") or 0) for t in turns)
+    return int((entry.get("usage") or {}).get("completion_tokens") or 0)
+
+
+def read_journal_entries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Parsed journal lines (a torn last line is skipped; any other bad line raises)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    lines = p.read_bytes().split(b"\n")
+    out = []
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            entry = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            if n == len(lines):  # no newline after it: torn by a kill
+                break
+            raise SweepError(f"{p}: line {n}: not JSON ({exc})") from exc
+        out.append(entry)
+    return out
+
+
+def measure_journal(
+    journal_path: str | os.PathLike[str],
+    started_at: float,
+    stopped_at: float,
+    warmup_s: float,
+    concurrency: int,
+    sent: int,
+) -> PilotMeasurement:
+    """Throughput in ``[started_at + warmup_s, stopped_at]`` and lengths of every completed request."""
+    entries = read_journal_entries(journal_path)
+    records = [e for e in entries if e.get("kind") == "record"]
+    failed = sum(1 for e in entries if e.get("kind") == "failed")
+    window_start = started_at + warmup_s
+    window_s = max(1e-9, stopped_at - window_start)
+    tokens: list[int] = []
+    latencies: list[float] = []
+    truncated = 0
+    window_requests = window_tokens = 0
+    for rec in records:
+        n = _completion_tokens(rec)
+        tokens.append(n)
+        truncated += bool(rec.get("truncated"))
+        timings = rec.get("timings") or {}
+        latency = float(timings.get("latency_s") or 0.0)
+        latencies.append(latency)
+        finished_at = float(timings.get("started_at") or 0.0) + latency
+        if window_start <= finished_at <= stopped_at:
+            window_requests += 1
+            window_tokens += n
+    lat = sorted(latencies)
+    return PilotMeasurement(
+        concurrency=concurrency,
+        started_at=started_at,
+        stopped_at=stopped_at,
+        window_s=window_s,
+        sent=sent,
+        completed=len(records),
+        failed=failed,
+        unfinished_at_stop=max(0, sent - len(records) - failed),
+        window_requests=window_requests,
+        window_output_tokens=window_tokens,
+        out_tok_s=window_tokens / window_s,
+        req_s=window_requests / window_s,
+        lengths=LengthStats.of(tokens, truncated),
+        latency_p50_s=percentile(lat, 0.5) if lat else 0.0,
+        latency_p90_s=percentile(lat, 0.9) if lat else 0.0,
+        completion_tokens=tuple(tokens),
+        truncated=truncated,
+    )
+
+
+class _Counted:
+    """An iterator that counts what it handed out."""
+
+    def __init__(self, it: Iterator[Sample]) -> None:
+        self.it = it
+        self.count = 0
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Sample:
+        item = next(self.it)
+        self.count += 1
+        return item
+
+
+async def drive_pilot_async(
+    endpoint: Endpoint,
+    samples: Sequence[Sample],
+    generate_cfg: Mapping[str, Any] | GenerateConfig,
+    seconds: float,
+    journal_path: str | os.PathLike[str],
+    warmup_s: float | None = None,
+) -> PilotMeasurement:
+    """Drive ``endpoint`` with the real client for ``seconds``, then cancel it and measure the journal.
+
+    Concurrency is the endpoint's effective running cap (``generate.concurrency`` when the server does
+    not say). Raises :class:`ShardFailedError` when the server fails the pilot before the time is up.
+    """
+    gcfg = generate_cfg if isinstance(generate_cfg, GenerateConfig) else GenerateConfig.from_dict(
+        dict(generate_cfg)
+    )  # fmt: skip
+    concurrency = endpoint.max_running_requests or gcfg.concurrency
+    if not concurrency:
+        raise SweepError(f"{endpoint.url}: the server reports no running cap; set generate.concurrency")
+    gcfg = dataclasses.replace(gcfg, concurrency=int(concurrency))
+    journal = Path(journal_path)
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.unlink(missing_ok=True)
+    stream = _Counted(cycled(samples))
+    warm = seconds * DEFAULT_WARMUP_FRACTION if warmup_s is None else warmup_s
+    progress = ProgressOptions(log_every_s=max(5.0, seconds), status_path=None, bar=False)
+    started = time.time()
+    records_out, failed_out = journal.with_suffix(".records.jsonl"), journal.with_suffix(".failed.jsonl")
+    run = generate_shard_async(
+        stream, journal, records_out, failed_out, gcfg, endpoint, SWEEP_SHARD, progress
+    )
+    task = asyncio.create_task(run)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    stopped = time.time()
+    if done:  # only a failure ends a cycled pilot early
+        task.result()
+        raise SweepError("the pilot client stopped before its time was up")  # pragma: no cover
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return measure_journal(journal, started, stopped, warm, int(concurrency), stream.count)
+
+
+def drive_pilot(
+    endpoint: Endpoint,
+    samples: Sequence[Sample],
+    generate_cfg: Mapping[str, Any] | GenerateConfig,
+    seconds: float,
+    journal_path: str | os.PathLike[str],
+    warmup_s: float | None = None,
+) -> PilotMeasurement:
+    """Blocking :func:`drive_pilot_async`."""
+    return asyncio.run(drive_pilot_async(endpoint, samples, generate_cfg, seconds, journal_path, warmup_s))
+
+
+# -------------------------------------------------------------------------------- sweep --
+def sweep_server_cfg(server_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The server config each candidate runs with: the candidate's args are complete (user args are
+    already in them), the plan is used, and the simulated cap follows the plan."""
+    cfg = copy.deepcopy(dict(server_cfg))
+    cfg["use_tuner"] = True
+    cfg["args"] = []
+    sim = dict(cfg.get("simulated") or {})
+    if sim.pop("max_running_requests", None):
+        log.warning("sweep: server.simulated.max_running_requests ignored: each cap follows its plan")
+    cfg["simulated"] = sim
+    return cfg
+
+
+def sweep_command_builder(server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None, port: int,
+                          model_path: str) -> list[str]:  # fmt: skip
+    """The workflow's server command, plus the simulated batch model (``simulated.half_speed_running``)."""
+    if server_cfg.get("mode") != "simulated":
+        return build_server_command(server_cfg, plan, port, model_path)
+    argv = build_simulated_command(server_cfg, port, model_path, plan)
+    half = (server_cfg.get("simulated") or {}).get("half_speed_running")
+    if half and "--half-speed-running" not in argv:
+        argv += ["--half-speed-running", str(int(half))]
+    return argv
+
+
+def candidate_plan(candidate: SweepCandidate) -> dict[str, Any]:
+    """A plan dict with the candidate's args; its predicted cap drives the simulated server."""
+    plan: dict[str, Any] = {"launch_args": list(candidate.args)}
+    if candidate.predicted_running:
+        plan["recommended"] = {"effective_max_running_requests": int(candidate.predicted_running)}
+    return plan
+
+
+def as_candidates(candidates: Iterable[SweepCandidate | Sequence[str]]) -> list[SweepCandidate]:
+    """Candidates from SweepCandidate or plain arg lists; duplicates (same args) dropped, order kept."""
+    out: list[SweepCandidate] = []
+    seen: set[tuple[str, ...]] = set()
+    for i, c in enumerate(candidates):
+        cand = c if isinstance(c, SweepCandidate) else SweepCandidate(tuple(str(a) for a in c))
+        if not cand.label:
+            cand = dataclasses.replace(cand, label=f"candidate {i}")
+        if cand.args in seen:
+            continue
+        seen.add(cand.args)
+        out.append(cand)
+    if not out:
+        raise SweepError("no candidate configs to sweep")
+    return out
+
+
+def run_sweep(
+    server_cfg: Mapping[str, Any],
+    candidates: Iterable[SweepCandidate | Sequence[str]],
+    samples: Sequence[Sample],
+    generate_cfg: Mapping[str, Any] | GenerateConfig,
+    seconds_per_candidate: float,
+    workdir: str | os.PathLike[str],
+    *,
+    warmup_s: float | None = None,
+    stop_grace_s: float = 30.0,
+) -> SweepResult:
+    """Benchmark each candidate for ``seconds_per_candidate`` (plus its server's startup) and keep the best.
+
+    A candidate whose server does not start or fails the pilot is a row with ``ok=False`` (e.g. an
+    aggressive config that runs out of memory); the sweep raises :class:`SweepError` only when no
+    candidate could be measured. Every candidate's server is stopped before the next one starts.
+    """
+    if seconds_per_candidate <= 0:
+        raise SweepError(f"seconds per candidate must be > 0, got {seconds_per_candidate}")
+    samples = list(samples)
+    if not samples:
+        raise SweepError("the pilot has no samples")
+    cands = as_candidates(candidates)
+    cfg = sweep_server_cfg(server_cfg)
+    warm = seconds_per_candidate * DEFAULT_WARMUP_FRACTION if warmup_s is None else warmup_s
+    root = Path(workdir)
+    rows: list[CandidateResult] = []
+    for i, cand in enumerate(cands):
+        cand_dir = root / f"cand{i:02d}"
+        servers = cand_dir / "servers"
+        log.info("sweep: %s (%s), predicted cap %s", cand.label, " ".join(cand.args), cand.predicted_running)
+        try:
+            with acquire_server(
+                cfg, candidate_plan(cand), servers, cand_dir / "logs",
+                owner_pid=os.getpid(), command_builder=sweep_command_builder,
+            ) as endpoint:  # fmt: skip
+                m = drive_pilot(endpoint, samples, generate_cfg, seconds_per_candidate,
+                                cand_dir / "journal.jsonl", warm)  # fmt: skip
+            rows.append(CandidateResult(cand.label, cand.args, cand.predicted_running, True, None, m))
+            log.info(
+                "sweep: %s: %.1f out tok/s, %.2f req/s at concurrency %d (%d unfinished at stop)",
+                cand.label, m.out_tok_s, m.req_s, m.concurrency, m.unfinished_at_stop,
+            )  # fmt: skip
+            if m.window_s < 3 * m.latency_p90_s:
+                log.warning(
+                    "sweep: %s: the %.0f s window is shorter than 3x the p90 latency (%.1f s): tok/s and "
+                    "lengths are biased low; raise --seconds",
+                    cand.label, m.window_s, m.latency_p90_s,
+                )  # fmt: skip
+        except (ServerError, ShardFailedError) as exc:
+            log.warning("sweep: %s failed: %s", cand.label, exc)
+            rows.append(CandidateResult(cand.label, cand.args, cand.predicted_running, False, str(exc)))
+        finally:
+            stop_all_servers(servers, grace_s=stop_grace_s)
+    measured = [i for i, r in enumerate(rows) if r.ok and r.measurement is not None]
+    if not measured:
+        errors = "; ".join(f"{r.label}: {r.error}" for r in rows)
+        raise SweepError(f"no candidate could be measured: {errors}")
+    best = max(measured, key=lambda i: (rows[i].out_tok_s, -i))  # ties: the earlier (recommended) one
+    return SweepResult(tuple(rows), best, float(seconds_per_candidate), float(warm), len(samples))
+
+
+# --------------------------------------------------------------------------- projection --
+def shard_ids(path: str | os.PathLike[str]) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return [str(x) for x in pq.read_table(path, columns=["id"]).column("id").to_pylist()]
+
+
+def count_remaining(results_dir: str | os.PathLike[str], work_dir: str | os.PathLike[str]) -> Remaining:
+    """Samples in ``results/shards/*.parquet`` minus the ids finished in ``work/journal/{shard}.jsonl``."""
+    shards = sorted(p for p in Path(results_dir, "shards").glob("*.parquet") if not p.name.startswith("."))
+    total = finished = 0
+    for shard in shards:
+        ids = set(shard_ids(shard))
+        total += len(ids)
+        journal = Path(work_dir, "journal", f"{shard.stem}.jsonl")
+        done = {str(e.get("id")) for e in read_journal_entries(journal)}
+        finished += len(ids & done)
+    return Remaining(shards=len(shards), samples=total, finished=finished)
+
+
+def project(
+    remaining_samples: int, tokens_per_sample: float, out_tok_s_per_server: float, gpus: int, tp: int = 1
+) -> Projection:
+    """wall = remaining x tokens/sample / (tok/s per server x servers); GPU-hours = wall x servers x tp."""
+    if out_tok_s_per_server <= 0:
+        raise SweepError("cannot project from a measured rate of 0 tok/s")
+    servers = gpus // tp
+    if servers < 1:
+        raise SweepError(f"{gpus} GPU(s) cannot hold one server of tp={tp}")
+    tokens = remaining_samples * tokens_per_sample
+    wall = tokens / (out_tok_s_per_server * servers)
+    return Projection(
+        remaining_samples=remaining_samples,
+        tokens_per_sample=tokens_per_sample,
+        out_tok_s_per_server=out_tok_s_per_server,
+        gpus=gpus,
+        tp=tp,
+        servers=servers,
+        remaining_output_tokens=tokens,
+        wall_s=wall,
+        gpu_hours=wall * servers * tp / 3600,
+    )
+
+
+PROJECTION_ASSUMPTIONS = (
+    "every server sustains the best candidate's measured output tok/s (same model, flags, GPU kind)",
+    "remaining samples produce the pilot's mean completion tokens per sample (same sampling and thinking)",
+    "servers scale linearly; server startup, retries and stragglers at the end of shards are not counted",
+    "GPU-hours count every GPU of every server for the whole wall time",
+)
+
+
+def pilot_report(
+    result: SweepResult, remaining: Remaining, gpus: int, tp: int, *, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The content of ``results/plan/pilot.json``."""
+    lengths = result.pooled_lengths()
+    proj = project(remaining.remaining, lengths.mean, result.best.out_tok_s, gpus, tp)
+    assumptions = list(PROJECTION_ASSUMPTIONS)
+    censored = sum(r.measurement.unfinished_at_stop for r in result.rows if r.measurement is not None)
+    if censored:
+        assumptions.append(
+            f"{censored} pilot requests were still running when their time was up and are not in the "
+            "length distribution (long outputs are under-represented when this is large)"
+        )
+    return {
+        "created_at": time.time(),
+        **result.to_json(),
+        "remaining": {**dataclasses.asdict(remaining), "remaining": remaining.remaining},
+        "projection": proj.to_json(),
+        "assumptions": assumptions,
+        **dict(extra or {}),
+    }
+
+
+def read_pilot(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``pilot.json`` if present (None otherwise)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    data = read_json(p)
+    if not isinstance(data, dict) or "projection" not in data:
+        raise SweepError(f"{p}: not a pilot file (no 'projection' field)")
+    return data
+
+
+# ----------------------------------------------------------------------------------- CLI --
+def _load_config(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    import yaml
+
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: not a YAML mapping")
+    return data
+
+
+def pilot_samples(shard: str | os.PathLike[str], limit: int) -> list[Sample]:
+    from regen.shards import read_shard
+
+    out: list[Sample] = []
+    for sample in read_shard(shard):
+        out.append(sample)
+        if len(out) >= limit:
+            break
+    if not out:
+        raise SweepError(f"{shard}: no samples for the pilot")
+    return out
+
+
+def candidates_from_recommendation(rec: Any, top: int) -> list[tuple[SweepCandidate, Any]]:
+    """(candidate, its MemoryPlan): the recommended config, the tuner's next best, then the given flags.
+
+    The simulated cap (and the label) uses the plan's workload concurrency when known: beyond it the KV
+    cache cannot hold every running request at full length, so a real server would preempt.
+    """
+
+    def cap(p: Any) -> int:
+        return int(p.workload_concurrency or p.effective_max_running_requests)
+
+    found: list[tuple[SweepCandidate, Any]] = [
+        (SweepCandidate(tuple(rec.args), cap(rec.recommended), "recommended"), rec.recommended)
+    ]
+    for i, c in enumerate(rec.candidates[1:top], start=1):
+        found.append((SweepCandidate(tuple(c.args), cap(c.plan), f"tuner #{i + 1}"), c.plan))
+    found.append((SweepCandidate(tuple(rec.given.args), cap(rec.given), "given"), rec.given))
+    seen: set[tuple[str, ...]] = set()
+    unique = []
+    for cand, p in found:
+        if cand.args not in seen:
+            seen.add(cand.args)
+            unique.append((cand, p))
+    return unique
+
+
+def render_result(report: Mapping[str, Any]) -> str:
+    from regen.status import fmt_duration
+
+    lines = [f"{'candidate':<14}{'cap':>6}{'out tok/s':>12}{'req/s':>9}{'p50':>7}{'p99':>7}  args"]
+    for i, row in enumerate(report["candidates"]):
+        mark = "*" if i == report["best_index"] else " "
+        if not row["ok"]:
+            lines.append(f"{mark}{row['label']:<13}{'':>6}{'failed':>12}  {row['error']}")
+            continue
+        lines.append(
+            f"{mark}{row['label']:<13}{row['concurrency']:>6}{row['out_tok_s']:>12.1f}{row['req_s']:>9.2f}"
+            f"{row['lengths']['p50']:>7}{row['lengths']['p99']:>7}  {' '.join(row['args'])}"
+        )
+    p = report["projection"]
+    lines += [
+        "",
+        f"best: {report['best_label']} ({report['best_out_tok_s']:.1f} out tok/s per server)",
+        f"remaining: {p['remaining_samples']} samples x {p['tokens_per_sample']:.1f} tokens on "
+        f"{p['servers']} server(s) of tp={p['tp']}: wall {fmt_duration(p['wall_s'])}, "
+        f"{p['gpu_hours']:.2f} GPU-hours",
+    ]
+    return "\n".join(lines)
+
+
+def cli(argv: list[str]) -> int:
+    """``regen tune --sweep``: recommend, benchmark the top configs live, write pilot.json."""
+    from regen.sglang.models import ModelShape
+    from regen.sglang.plan import (
+        DEFAULT_VERSION,
+        DEFAULT_WORKLOAD,
+        SUPPORTED_VERSIONS,
+        Workload,
+        gpu_memory_from_nvidia_smi,
+        recommend,
+        workload_from_audit,
+        write_plan_file,
+    )
+
+    sglang_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, sglang_args = argv[:cut], argv[cut + 1 :]
+    p = argparse.ArgumentParser(prog="regen tune --sweep", description=__doc__.splitlines()[0])
+    p.add_argument("--model-config", help="HF model dir or config.json (default: server.model_config)")
+    p.add_argument("--gpu-memory-mib", type=int, help="default: server.gpu_memory_mib, nvidia-smi")
+    p.add_argument("--tp", type=int, help="tensor parallel size (default: server.tp)")
+    p.add_argument("--sglang-version", default=DEFAULT_VERSION, choices=SUPPORTED_VERSIONS)
+    p.add_argument("--prompt-p50", type=int)
+    p.add_argument("--prompt-p99", type=int)
+    p.add_argument("--max-tokens", type=int, help="default: generate.sampling.max_tokens")
+    p.add_argument("--audit-summary", help="audit summary.json with prompt-token percentiles")
+    p.add_argument("--allow-bf16-state", action="store_true")
+    p.add_argument("--allow-fp8-kv", action="store_true")
+    p.add_argument("--server-config", help="config.yaml: its server: and generate: sections are used")
+    p.add_argument("--simulated", action="store_true", help="run simulated servers (server.mode simulated)")
+    p.add_argument("--pilot-shard", help="default: first results/shards/*.parquet")
+    p.add_argument("--pilot-samples", type=int, default=300, help="pilot prompts (cycled) (default 300)")
+    p.add_argument("--seconds", type=float, default=20.0, help="measurement time per candidate (default 20)")
+    p.add_argument("--candidates", type=int, default=2, help="tuner configs to try besides the given flags")
+    p.add_argument("--gpus", type=int, help="GPUs for the projection (default: server.gpus)")
+    p.add_argument("--results", default="results")
+    p.add_argument("--work", default="work")
+    p.add_argument("--out", default=None, help="pilot file (default: RESULTS/plan/pilot.json)")
+    p.add_argument("--plan-out", help="also write a plan file (like results/plan/server.json) with the best")
+    ns = p.parse_args(argv)
+    try:
+        config = _load_config(ns.server_config)
+        server_cfg = dict(config.get("server") or {})
+        generate_cfg = dict(config.get("generate") or {})
+        if ns.simulated:
+            server_cfg["mode"] = "simulated"
+        if server_cfg.get("mode") == "external":
+            raise SweepError("server.mode external: regen does not launch the server, nothing to sweep")
+        if not sglang_args:
+            sglang_args = [str(a) for a in server_cfg.get("args") or []]
+        model_config = ns.model_config or server_cfg.get("model_config") or server_cfg.get("model_path")
+        if not model_config:
+            raise SweepError("--model-config is required (or server.model_config in --server-config)")
+        model = ModelShape.from_config(model_config)
+        gpu_mib = ns.gpu_memory_mib or server_cfg.get("gpu_memory_mib") or gpu_memory_from_nvidia_smi()
+        tp = int(ns.tp or server_cfg.get("tp", 1) or 1)
+        gpus = int(ns.gpus or server_cfg.get("gpus", 1) or 1)
+        max_tokens = ns.max_tokens or (generate_cfg.get("sampling") or {}).get("max_tokens")
+        base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
+        p50 = ns.prompt_p50 or base.prompt_p50
+        workload = Workload(
+            prompt_p50=p50,
+            prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
+            max_tokens=int(max_tokens or base.max_tokens),
+        )
+        rec = recommend(
+            model, int(gpu_mib), tp, sglang_args, workload, ns.sglang_version,
+            allow_fp8_kv=ns.allow_fp8_kv or bool(server_cfg.get("allow_fp8_kv")),
+            allow_bf16_state=ns.allow_bf16_state or bool(server_cfg.get("allow_bf16_state")),
+        )  # fmt: skip
+        pairs = candidates_from_recommendation(rec, 1 + max(0, ns.candidates - 1))
+        shard = ns.pilot_shard or _first_shard(Path(ns.results))
+        samples = pilot_samples(shard, ns.pilot_samples)
+        result = run_sweep(server_cfg, [c for c, _ in pairs], samples, generate_cfg, ns.seconds,
+                           Path(ns.work) / "sweep")  # fmt: skip
+        remaining = count_remaining(ns.results, ns.work)
+        report = pilot_report(
+            result, remaining, gpus, tp,
+            extra={"pilot_shard": str(shard), "model_config": str(model_config), "gpu_memory_mib": gpu_mib,
+                   "server_mode": server_cfg.get("mode", "sglang"), "sglang_version": ns.sglang_version},
+        )  # fmt: skip
+        out = Path(ns.out) if ns.out else Path(ns.results) / "plan" / "pilot.json"
+        write_json(out, report)
+        if ns.plan_out:
+            best_cand, best_plan = pairs[[c.args for c, _ in pairs].index(result.best_args)]
+            chosen = dataclasses.replace(
+                rec,
+                recommended=best_plan,
+                args=best_cand.args,
+                reasons=(f"fastest in the pilot sweep: {result.best.out_tok_s:.1f} out tok/s "
+                         f"({best_cand.label}); see {out}",),
+            )  # fmt: skip
+            write_plan_file(ns.plan_out, chosen, sglang_version=ns.sglang_version,
+                            model_config=str(model_config), gpu_memory_mib=int(gpu_mib))  # fmt: skip
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"regen tune --sweep: {exc}", file=sys.stderr)
+        return 2
+    print(render_result(report))
+    print(f"wrote {out}")
+    return 0
+
+
+def _first_shard(results: Path) -> Path:
+    shards = sorted(p for p in (results / "shards").glob("*.parquet") if not p.name.startswith("."))
+    if not shards:
+        raise SweepError(f"no prompt shard under {results / 'shards'}: pass --pilot-shard")
+    return shards[0]
+
+
+__all__ = [
+    "CandidateResult",
+    "LengthStats",
+    "PilotMeasurement",
+    "Projection",
+    "Remaining",
+    "SweepCandidate",
+    "SweepError",
+    "SweepResult",
+    "cli",
+    "count_remaining",
+    "drive_pilot",
+    "pilot_report",
+    "project",
+    "read_pilot",
+    "run_sweep",
+]

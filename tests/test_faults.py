@@ -1,0 +1,279 @@
+"""Server faults at generation level: the real client against real simulated server processes.
+
+Every test goes through ``regen.sglang.server.acquire_server`` with ``mode: simulated`` (a detached
+supervisor process owning a ``python -m regen.sglang.simulated`` process), drives a shard with
+``regen.client.generate_shard`` and checks that every sample ends exactly once in the records or
+in the failures, what the logs say, and (through the simulator's request log, which survives server
+restarts) what the server really received.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from regen.client import ShardFailedError, ShardStats, generate_shard
+from regen.sglang.server import ServerError, acquire_server, port_is_free, stop_all_servers
+from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
+from regen.types import Message, Sample
+
+
+def make_samples(n: int, prefix: str = "f") -> list[Sample]:
+    return [
+        Sample(
+            id=f"{prefix}{i:03d}",
+            messages=(
+                Message("user", f"tell me about item {i}"),
+                Message("assistant", "old answer"),
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def server_pids_in(root: Path) -> list[int]:
+    """Supervisors and simulated servers whose working directory is ``root``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cwd == str(root) and b"regen.sglang." in argv:
+            found.append(int(entry))
+    return found
+
+
+class Rig:
+    """A working directory with a free port range, a request log and server cleanup."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.root = root
+        self.request_log = root / "work" / "requests.jsonl"
+        monkeypatch.setenv(REQUEST_LOG_ENV, str(self.request_log))
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        rng = random.Random()
+        for _ in range(200):
+            self.port_base = rng.randint(20000, 60000)
+            if port_is_free("127.0.0.1", self.port_base):
+                break
+        self.journal = root / "work" / "journal" / "00000.jsonl"
+        self.records = root / "results" / "generations" / "00000.jsonl"
+        self.failed = root / "results" / "generations" / "00000.failed.jsonl"
+
+    def server_cfg(self, faults: dict[str, Any] | None = None, **over: Any) -> dict[str, Any]:
+        sim = {"token_rate": 4000, "startup_delay_s": 0.1, "max_running_requests": 16}
+        sim.update(over.pop("simulated", {}))
+        sim["faults"] = faults or {}
+        cfg = {
+            "mode": "simulated",
+            "model_path": "demo-model",
+            "gpus": 1,
+            "port_base": self.port_base,
+            "startup_timeout_s": 20,
+            "idle_timeout_s": 30,
+            "max_restarts": 3,
+            "simulated": sim,
+        }
+        cfg.update(over)
+        return cfg
+
+    def generate(
+        self, server_cfg: dict[str, Any], samples: list[Sample], **gen: Any
+    ) -> tuple[ShardStats, dict[str, Any]]:
+        gen_cfg = {"request_timeout_s": 10, "max_attempts": 4, "backoff_base_s": 0.01, "concurrency": 16}
+        gen_cfg.update(gen)
+        with acquire_server(server_cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
+            stats = generate_shard(samples, self.journal, self.records, self.failed, gen_cfg, ep, "00000")
+        return stats, gen_cfg
+
+    def events(self) -> list[dict[str, Any]]:
+        return read_request_log(self.request_log)
+
+    def supervisor_log(self) -> str:
+        path = self.root / "logs" / "servers" / "gpu0.log"
+        return path.read_text() if path.exists() else ""
+
+    def cleanup(self) -> None:
+        stop_all_servers(self.root / "work" / "servers", grace_s=5)
+        for pid in server_pids_in(self.root):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def rig(tmp_workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
+    r = Rig(tmp_workdir, monkeypatch)
+    yield r
+    r.cleanup()
+
+
+def assert_each_sample_once(rig: Rig, samples: list[Sample]) -> tuple[list[dict], list[dict]]:
+    """Every sample exactly once in records or failures; nothing else there."""
+    recs, fails = read_jsonl(rig.records), read_jsonl(rig.failed)
+    ids = [r["id"] for r in recs] + [f["id"] for f in fails]
+    assert sorted(ids) == sorted(s.id for s in samples), "records + failures must be the shard, once each"
+    for f in fails:
+        assert f["reason"] and f["attempts"] >= 1 and f["error"]
+    return recs, fails
+
+
+def received_counts(rig: Rig) -> Counter[str]:
+    return Counter(e["id"] for e in rig.events() if e["event"] == "received" and e["id"])
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def test_crash_mid_shard_is_restarted_by_the_supervisor_and_the_shard_finishes(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    samples = make_samples(90)
+    cfg = rig.server_cfg({"crash_after": 35}, max_restarts=4)
+    caplog.set_level(logging.INFO, logger="regen")
+    # a retry budget (0.2+0.4+...+6.4 s) that outlasts a server restart
+    stats, _ = rig.generate(cfg, samples, max_attempts=7, backoff_base_s=0.2)
+    recs, fails = assert_each_sample_once(rig, samples)
+    assert not fails and stats.completed == 90 and stats.retried_requests > 0
+    crashes = [e for e in rig.events() if e["event"] == "fault:crash"]
+    assert len(crashes) == 2, "35 + 35 completions crash two server lifetimes; the third finishes"
+    assert len({e["pid"] for e in rig.events() if e["event"] == "received"}) == 3
+    log = rig.supervisor_log()
+    assert log.count("crash_after=35 reached: exiting") == 2
+    assert "exited with code 3" in log and "restart 1/4" in log and "restart 2/4" in log
+    # the client says why it retried: connection errors while the server was down
+    assert "connection_error" in caplog.text and "retrying" in caplog.text
+    # a finished id was never sent again: every id completes exactly once at the server...
+    completed = Counter(e["id"] for e in rig.events() if e["event"] == "completed" and e["id"])
+    lost_in_crash = {e["id"] for e in crashes}  # the reply that triggered the crash was delivered
+    assert all(completed[s.id] == 1 for s in samples), completed.most_common(3)
+    assert lost_in_crash <= {r["id"] for r in recs}
+
+
+def test_crash_with_a_short_retry_budget_fails_the_shard_then_a_rerun_finishes_without_resending(
+    rig: Rig,
+) -> None:
+    samples = make_samples(60)
+    cfg = rig.server_cfg({"crash_after": 30}, max_restarts=3)
+    with pytest.raises(ShardFailedError, match="server level"):
+        rig.generate(cfg, samples, max_attempts=2, backoff_base_s=0.001)
+    assert not rig.records.exists() and not rig.failed.exists(), "a failed shard writes no outputs"
+    journaled = {e["id"] for e in read_jsonl(rig.journal)}
+    assert 0 < len(journaled) <= 30
+    n_before = len(rig.events())
+    stats, _ = rig.generate(cfg, samples, max_attempts=6, backoff_base_s=0.2)  # the same slot, restarted
+    assert stats.skipped_resumed == len(journaled)
+    assert_each_sample_once(rig, samples)
+    resent = [e for e in rig.events()[n_before:] if e["event"] == "received" and e["id"] in journaled]
+    assert resent == [], "a journaled sample must not be requested again"
+    assert "restart 1/3" in rig.supervisor_log()
+
+
+def test_partly_wedged_server_requests_time_out_and_are_retried(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    samples = make_samples(40)
+    caplog.set_level(logging.INFO, logger="regen")
+    cfg = rig.server_cfg({"hang_rate": 0.15, "seed": 3})
+    t0 = time.monotonic()
+    stats, _ = rig.generate(cfg, samples, request_timeout_s=0.5, max_attempts=8)
+    recs, fails = assert_each_sample_once(rig, samples)
+    assert not fails and time.monotonic() - t0 < 25
+    hangs = [e["id"] for e in rig.events() if e["event"] == "fault:hang"]
+    assert hangs and stats.retried_requests >= len(hangs)
+    by_id = {r["id"]: r for r in recs}
+    for sid in set(hangs):
+        assert by_id[sid]["attempts"] >= 2
+    assert "timeout: no response within 0.5 s" in caplog.text
+
+
+def test_server_wedged_mid_shard_fails_the_shard_quickly_with_timeouts(rig: Rig) -> None:
+    samples = make_samples(30)
+    cfg = rig.server_cfg({"hang_for": [r"f\d+"]})  # passes the readiness probe, then never answers
+    t0 = time.monotonic()
+    with pytest.raises(ShardFailedError, match="timeout"):
+        rig.generate(cfg, samples, request_timeout_s=0.4, max_attempts=2, concurrency=4)
+    assert time.monotonic() - t0 < 20
+    assert rig.journal.read_bytes() == b"", "nothing finished, so nothing is journaled"
+    assert not rig.records.exists() and not rig.failed.exists()
+
+
+def test_server_wedged_from_the_start_never_passes_readiness(rig: Rig) -> None:
+    cfg = rig.server_cfg({"hang_rate": 1.0}, startup_timeout_s=1.5)
+    with pytest.raises(ServerError, match=r"startup deadline.*last probe: TimeoutError"):
+        rig.generate(cfg, make_samples(3))
+    assert not rig.journal.exists() or rig.journal.read_bytes() == b""
+
+
+def test_slow_start_beyond_the_readiness_deadline_is_a_clear_error_and_leaves_no_process(rig: Rig) -> None:
+    cfg = rig.server_cfg(simulated={"startup_delay_s": 60}, startup_timeout_s=1.5, max_restarts=2)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=r"startup deadline 1.5 s \(server.startup_timeout_s\)"):
+        rig.generate(cfg, make_samples(3))
+    assert time.monotonic() - t0 < 20
+    deadline = time.monotonic() + 10
+    while server_pids_in(rig.root) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server_pids_in(rig.root) == [], "no supervisor or server may outlive a failed start"
+    assert port_is_free("127.0.0.1", rig.port_base)
+    assert "server not ready within startup deadline" in rig.supervisor_log()
+    assert not rig.records.exists()
+
+
+@pytest.mark.parametrize(
+    ("faults", "category"),
+    [
+        ({"error_rate": 0.1}, "server_error: HTTP 5"),
+        ({"disconnect_rate": 0.1}, "connection_error"),
+        ({"malformed_rate": 0.1}, "malformed_response"),
+        ({"truncate_rate": 0.1}, "truncated_response"),
+    ],
+)
+def test_flaky_responses_are_retried_and_every_sample_lands_once(
+    rig: Rig, caplog: pytest.LogCaptureFixture, faults: dict[str, Any], category: str
+) -> None:
+    samples = make_samples(80)
+    caplog.set_level(logging.INFO, logger="regen")
+    stats, _ = rig.generate(rig.server_cfg({**faults, "seed": 11}), samples, max_attempts=6)
+    recs, fails = assert_each_sample_once(rig, samples)
+    assert not fails
+    injected = [e["id"] for e in rig.events() if e["event"].startswith("fault:")]
+    assert injected, "the fault rate must have hit some requests"
+    assert stats.retried_requests == len(injected) == sum(r["attempts"] - 1 for r in recs)
+    received = received_counts(rig)
+    for r in recs:  # one request per attempt, nothing more
+        assert received[r["id"]] == r["attempts"]
+    assert category in caplog.text and "retrying" in caplog.text
+
+
+def test_poison_samples_and_bad_requests_are_recorded_as_failed_with_reasons(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    samples = make_samples(40)
+    caplog.set_level(logging.INFO, logger="regen")
+    cfg = rig.server_cfg({"error_rate": 0.05, "error_for": ["f007"], "bad_request_for": ["f013"], "seed": 2})
+    stats, _ = rig.generate(cfg, samples, max_attempts=3)
+    recs, fails = assert_each_sample_once(rig, samples)
+    by_id = {f["id"]: f for f in fails}
+    assert set(by_id) == {"f007", "f013"}
+    assert by_id["f007"]["reason"] == "server_error" and by_id["f007"]["attempts"] == 3
+    assert by_id["f013"]["reason"].startswith("client_error: HTTP 400") and by_id["f013"]["attempts"] == 1
+    assert (stats.completed, stats.failed) == (38, 2) and len(recs) == 38
+    assert received_counts(rig)["f013"] == 1, "a 4xx is not retried"
+    assert "wrote 38 records, 2 failures" in caplog.text

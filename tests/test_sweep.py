@@ -1,0 +1,261 @@
+"""regen tune --sweep: live benchmark of candidate configs against simulated servers, and the projection.
+
+The simulated servers run the batch throughput model (``half_speed_running``): with N running requests
+each decodes at ``token_rate / (1 + N / half)``, so total output tok/s is ``N * token_rate / (1 + N / half)``.
+The winner of a sweep is therefore known from each candidate's cap, without hard-coding it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from regen.client import Endpoint
+from regen.io import write_json
+from regen.report import write_report_assets
+from regen.sglang.plan import cli as tune_cli
+from regen.sglang.server import live_supervisors, port_is_free
+from regen.sglang.simulated import start_simulated_server
+from regen.shards import write_shards
+from regen.status import status_report
+from regen.sweep import (
+    LengthStats,
+    Remaining,
+    SweepCandidate,
+    SweepResult,
+    count_remaining,
+    cycled,
+    drive_pilot,
+    percentile,
+    pilot_report,
+    project,
+    read_pilot,
+    run_sweep,
+)
+from regen.types import Message, Sample
+
+TOKEN_RATE = 1000.0
+HALF = 16
+GENERATE = {
+    "sampling": {"max_tokens": 256},
+    "request_timeout_s": 30,
+    "max_attempts": 2,
+    "backoff_base_s": 0.05,
+}
+SECONDS = 2.5
+MODELS = Path(__file__).parent / "data" / "models"
+
+
+def model_tok_s(cap: int) -> float:
+    """Total output tok/s of the simulated batch model at ``cap`` running requests."""
+    return cap * TOKEN_RATE / (1 + cap / HALF)
+
+
+def make_samples(n: int, prefix: str = "s") -> list[Sample]:
+    return [
+        Sample(f"{prefix}{i}", (Message("user", f"question {i} " * 4), Message("assistant", "old answer")))
+        for i in range(n)
+    ]
+
+
+def free_base() -> int:
+    return next(p for p in range(32100, 32400, 7) if port_is_free("127.0.0.1", p))
+
+
+def server_cfg(port_base: int, **sim: Any) -> dict[str, Any]:
+    return {
+        "mode": "simulated",
+        "port_base": port_base,
+        "idle_timeout_s": 30,
+        "startup_timeout_s": 20,
+        "max_restarts": 0,
+        "args": ["--max-running-requests", "999"],  # user args: must not override the candidates'
+        "simulated": {"token_rate": TOKEN_RATE, "half_speed_running": HALF, "startup_delay_s": 0.1, **sim},
+    }
+
+
+# ------------------------------------------------------------------------------ pure parts --
+def test_percentile_and_length_stats() -> None:
+    ordered = list(range(1, 101))
+    assert [percentile(ordered, q) for q in (0.5, 0.9, 0.99, 1.0)] == [50, 90, 99, 100]
+    stats = LengthStats.of([30, 10, 20, 40], truncated=1)
+    assert (stats.count, stats.mean, stats.p50, stats.max, stats.truncation_rate) == (4, 25.0, 20, 40, 0.25)
+    assert LengthStats.of([], 0).count == 0
+
+
+def test_cycled_pilot_repeats_with_fresh_ids() -> None:
+    it = cycled(make_samples(3))
+    ids = [next(it).id for _ in range(7)]
+    assert ids == ["s0", "s1", "s2", "s0~r1", "s1~r1", "s2~r1", "s0~r2"]
+
+
+def test_projection_arithmetic() -> None:
+    p = project(remaining_samples=1000, tokens_per_sample=150.0, out_tok_s_per_server=500.0, gpus=8, tp=2)
+    # 4 servers: 150,000 tokens / (500 x 4) = 75 s; 75 s x 8 GPUs = 600 GPU-seconds
+    assert p.servers == 4 and p.wall_s == pytest.approx(75.0) and p.gpu_hours == pytest.approx(600 / 3600)
+
+
+# --------------------------------------------------------------------- bounded client run --
+def test_pilot_stops_at_its_time_and_the_client_stops_sending(tmp_path: Path) -> None:
+    cap = 8
+    url, stop = start_simulated_server(
+        max_running_requests=cap, token_rate=TOKEN_RATE, half_speed_running=HALF
+    )
+    try:
+        t0 = time.monotonic()
+        m = drive_pilot(Endpoint(url, "sim", cap), make_samples(10), GENERATE, 1.5, tmp_path / "j.jsonl")
+        elapsed = time.monotonic() - t0
+        received = [json.load(urllib.request.urlopen(url + "/_sim/stats"))["received"]]
+        time.sleep(0.5)
+        received.append(json.load(urllib.request.urlopen(url + "/_sim/stats"))["received"])
+    finally:
+        stop()
+    assert 1.5 <= m.stopped_at - m.started_at < 1.8 and elapsed < 2.5
+    assert received[0] == received[1], "the client kept sending after its time was up"
+    assert m.concurrency == cap and m.unfinished_at_stop <= cap
+    assert received[0] == m.completed + m.failed + m.unfinished_at_stop == m.sent
+    assert m.completed > 10  # the 10 pilot prompts were cycled to keep the server busy
+    assert m.out_tok_s == pytest.approx(m.window_output_tokens / m.window_s)
+    assert m.out_tok_s == pytest.approx(model_tok_s(cap), rel=0.25)
+
+
+# ----------------------------------------------------------------------------- the sweep --
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[SweepResult, list[SweepCandidate], float, Path]:
+    root = tmp_path_factory.mktemp("sweep")
+    # the tuner's first choice is not the fastest here: a small cap first, a bigger one second
+    candidates = [
+        SweepCandidate(("--max-running-requests", "4"), 4, "recommended"),
+        SweepCandidate(("--max-running-requests", "24", "--mem-fraction-static", "0.9"), 24, "tuner #2"),
+    ]
+    t0 = time.monotonic()
+    result = run_sweep(
+        server_cfg(free_base(), max_running_requests=2), candidates, make_samples(30), GENERATE, SECONDS,
+        root / "work" / "sweep", stop_grace_s=5,
+    )  # fmt: skip
+    return result, candidates, time.monotonic() - t0, root
+
+
+def test_sweep_keeps_the_candidate_with_the_higher_measured_throughput(sweep: Any) -> None:
+    result, candidates, _, _ = sweep
+    assert [r.ok for r in result.rows] == [True, True]
+    for row, cand in zip(result.rows, candidates, strict=True):
+        assert row.measurement is not None
+        # the simulated cap (and so the client's concurrency) follows the candidate's predicted cap
+        assert row.measurement.concurrency == cand.predicted_running
+        assert row.out_tok_s == pytest.approx(model_tok_s(cand.predicted_running), rel=0.25)
+    expected = max(range(len(candidates)), key=lambda i: model_tok_s(candidates[i].predicted_running or 0))
+    assert result.best_index == expected
+    assert result.best_args == candidates[expected].args
+    assert result.rows[expected].out_tok_s == max(r.out_tok_s for r in result.rows)
+
+
+def test_sweep_respects_time_and_leaves_no_server(sweep: Any) -> None:
+    result, candidates, wall, root = sweep
+    for row in result.rows:
+        m = row.measurement
+        assert SECONDS <= m.stopped_at - m.started_at < SECONDS + 0.5
+    assert wall < len(candidates) * (SECONDS + 8)  # startup + stop overhead per candidate is bounded
+    for cand_dir in sorted((root / "work" / "sweep").glob("cand*")):
+        assert live_supervisors(cand_dir / "servers") == []
+        url_files = list((cand_dir / "servers").glob("gpu*.url"))
+        for url_file in url_files:
+            text = url_file.read_text().split()
+            if text and text[0].startswith("http"):
+                assert port_is_free("127.0.0.1", int(text[0].rsplit(":", 1)[1]))
+
+
+def make_run(root: Path, n_samples: int, finished: int) -> Remaining:
+    """Two prompt shards and a journal with ``finished`` of the first shard's ids done."""
+    samples = make_samples(n_samples, prefix="p")
+    results, work = root / "results", root / "work"
+    counts = write_shards(
+        samples, (), [results / "shards" / "00000.parquet", results / "shards" / "00001.parquet"]
+    )
+    assert sum(counts) == n_samples
+    from regen.shards import read_shard
+
+    first = [s.id for s in read_shard(results / "shards" / "00000.parquet")][:finished]
+    journal = work / "journal" / "00000.jsonl"
+    journal.parent.mkdir(parents=True)
+    with open(journal, "w") as fh:
+        for sid in first:
+            fh.write(json.dumps({"kind": "record", "id": sid, "usage": {"completion_tokens": 5}}) + "\n")
+        fh.write('{"kind": "record", "id": "torn')  # a kill tore the last line
+    return count_remaining(results, work)
+
+
+def test_projection_from_the_measured_pilot_and_status_shows_it(sweep: Any, tmp_path: Path) -> None:
+    result, _, _, _ = sweep
+    remaining = make_run(tmp_path, n_samples=50, finished=7)
+    assert (remaining.samples, remaining.finished, remaining.remaining) == (50, 7, 43)
+    report = pilot_report(result, remaining, gpus=4, tp=2)
+    best = result.best.measurement
+    tokens = [t for r in result.rows for t in r.measurement.completion_tokens]
+    mean_tokens = sum(tokens) / len(tokens)
+    wall = 43 * mean_tokens / (best.window_output_tokens / best.window_s * 2)  # 2 servers of tp 2
+    proj = report["projection"]
+    assert proj["tokens_per_sample"] == pytest.approx(mean_tokens)
+    assert proj["wall_s"] == pytest.approx(wall) and proj["gpu_hours"] == pytest.approx(wall * 4 / 3600)
+    assert report["best_args"] == list(result.best_args)
+    write_json(tmp_path / "results" / "plan" / "pilot.json", report)
+    assert read_pilot(tmp_path / "results" / "plan" / "pilot.json")["projection"] == proj
+
+    text = status_report(tmp_path / "work", tmp_path / "results")
+    line = next(x for x in text.splitlines() if x.startswith("projection"))
+    assert "43 samples left" in line and f"{wall * 4 / 3600:.2f} GPU-hours" in line
+    assert f"{best.out_tok_s:.0f} out tok/s per server" in line
+
+    assets = write_report_assets(tmp_path / "results", tmp_path / "report", tmp_path / "work")
+    page = assets["server_plan.html"].read_text()
+    assert "projection for the remaining samples" in page and " ".join(result.best_args) in page
+
+
+def test_status_without_pilot_has_no_projection(tmp_path: Path) -> None:
+    make_run(tmp_path, n_samples=10, finished=0)
+    assert "projection" not in status_report(tmp_path / "work", tmp_path / "results")
+
+
+# ---------------------------------------------------------------------------------- the CLI --
+def test_tune_sweep_cli_on_simulated_servers(tmp_workdir: Path) -> None:
+    make_run(tmp_workdir, n_samples=40, finished=0)
+    config = {
+        "server": {
+            **server_cfg(free_base()),
+            "args": [],
+            "gpus": 2,
+            "model_config": str(MODELS / "qwen3-8b"),
+        },
+        "generate": GENERATE,
+    }
+    (tmp_workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    argv = [
+        "--sweep", "--server-config", "config.yaml", "--gpu-memory-mib", "24576", "--prompt-p50", "50",
+        "--prompt-p99", "200", "--seconds", "1.5", "--candidates", "1", "--plan-out", "server.json",
+    ]  # fmt: skip
+    out = io.StringIO()
+    from contextlib import redirect_stdout
+
+    with redirect_stdout(out):
+        assert tune_cli(argv) == 0
+    pilot = read_pilot("results/plan/pilot.json")
+    assert pilot is not None and pilot["candidates"][0]["label"] == "recommended"
+    assert pilot["projection"]["remaining_samples"] == 40 and pilot["projection"]["servers"] == 2
+    assert all(c["ok"] for c in pilot["candidates"])
+    best = pilot["candidates"][pilot["best_index"]]
+    assert best["out_tok_s"] == max(c["out_tok_s"] for c in pilot["candidates"])
+    plan = json.loads(Path("server.json").read_text())
+    assert plan["launch_args"] == best["args"]
+    assert "wrote results/plan/pilot.json" in out.getvalue()
+    for cand_dir in Path("work/sweep").glob("cand*"):
+        assert live_supervisors(cand_dir / "servers") == []
+    assert not list(Path("work/status").glob("*.json")) if Path("work/status").exists() else True
+    assert os.path.isdir("work/sweep")
