@@ -62,7 +62,8 @@ def test_dry_run_lists_every_gpu_job(wd: Path) -> None:
 
 
 def test_shard_count_is_config(wd: Path) -> None:
-    run = snakemake(wd, "-n", "--configfile", "config/demo.yaml", "--config", "shards={'count': 9}")
+    (wd / "config" / "nine.yaml").write_text("shards: {count: 9}\n")
+    run = snakemake(wd, "-n", "--configfile", "config/demo.yaml", "config/nine.yaml")
     assert run.returncode == 0, run.stderr + run.stdout
     assert job_counts(run.stdout + run.stderr)["generate"] == 9
 
