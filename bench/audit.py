@@ -21,7 +21,6 @@ import argparse
 import json
 import random
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,64 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from synthetic import WORDS, run_side
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "resources" / "demo-tokenizer"
 BATCH = 1024
-WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "with",
-    "was",
-    "on",
-    "be",
-    "by",
-    "this",
-    "are",
-    "or",
-    "from",
-    "at",
-    "an",
-    "which",
-    "but",
-    "not",
-    "have",
-    "model",
-    "token",
-    "reason",
-    "answer",
-    "step",
-    "first",
-    "then",
-    "because",
-    "value",
-    "number",
-    "compute",
-    "check",
-    "result",
-    "so",
-    "thus",
-    "water",
-    "energy",
-    "signal",
-    "system",
-    "pattern",
-    "balance",
-    "memory",
-    "process",
-    "example",
-    "structure",
-    "simple",
-    "clear",
-]
 
 
 def _text(rng: random.Random, words: int) -> str:
@@ -174,9 +120,7 @@ def _child(side: str, data: Path, out: Path) -> None:
 
 
 def _run_side(side: str, data: Path, out: Path) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", side, "--data", str(data), "--out", str(out)]
-    proc = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_side(__file__, ["--child", side, "--data", str(data), "--out", str(out)], cwd=REPO)
 
 
 def main() -> int:

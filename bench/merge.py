@@ -15,7 +15,6 @@ import argparse
 import json
 import random
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,49 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "with",
-    "was",
-    "on",
-    "be",
-    "by",
-    "this",
-    "are",
-    "or",
-    "from",
-    "at",
-    "an",
-    "which",
-    "but",
-    "not",
-    "have",
-    "model",
-    "token",
-    "reason",
-    "answer",
-    "step",
-    "first",
-    "then",
-    "because",
-    "value",
-    "number",
-    "compute",
-    "check",
-    "result",
-    "so",
-    "thus",
-]
+from synthetic import WORDS, run_side
 
 
 def _text(rng: random.Random, chars: int) -> str:
@@ -169,13 +126,7 @@ def side_pyarrow(src: Path, work: Path) -> dict[str, Any]:
 
 
 def _run_side(side: str, src: Path, work: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--side", side, "--src", str(src), "--work", str(work)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_side(__file__, ["--side", side, "--src", str(src), "--work", str(work)])
 
 
 def main(argv: list[str]) -> int:
