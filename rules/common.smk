@@ -10,10 +10,14 @@ validate(config, schema="../schemas/config.schema.yaml")
 
 
 # s3:// inputs and outputs; endpoint and credentials come from the usual AWS environment/config chain.
+S3_ENDPOINT = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+    "AWS_ENDPOINT_URL"
+)
+
+
 storage s3:
     provider="s3",
-    endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
-    or os.environ.get("AWS_ENDPOINT_URL"),
+    endpoint_url=S3_ENDPOINT,
     retries=10,
 
 
@@ -44,7 +48,11 @@ def shard_files(pattern):
 
 def get_final_outputs():
     """READY (re-audited), the reconciliation and the report; the S3 upload when configured."""
-    published = ["results/published.json"] if lookup(dpath="merge/output_prefix", within=config) else []
+    published = (
+        ["results/published.json"]
+        if lookup(dpath="merge/output_prefix", within=config)
+        else []
+    )
     return published + [
         "results/READY.json",
         "results/reconcile.json",
