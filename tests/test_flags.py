@@ -74,3 +74,17 @@ def test_real_parser_checks_names_and_values() -> None:
         check_flags(["--reasoning-parser", "bogus"])
     with pytest.raises(FlagError, match="--max-running-requests"):
         check_flags(["--max-running-requests", "many"])
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not has_sglang, reason="sglang not importable (parse-only install: /work/sgvenv)")
+def test_the_built_launch_command_passes_sglangs_own_parser() -> None:
+    """regen's whole launch command (interpreter and -m included) is checked on its flags only."""
+    from regen.sglang.server import ServerError, build_sglang_command
+
+    cfg = {"host": "127.0.0.1", "reasoning_parser": "qwen3", "use_tuner": True, "args": []}
+    plan = {"launch_args": ["--mem-fraction-static", "0.92", "--disable-radix-cache"]}
+    argv = build_sglang_command(cfg, plan, 30000, "/models/x")
+    assert argv[1:3] == ["-m", "sglang.launch_server"] and "--disable-radix-cache" in argv
+    with pytest.raises(ServerError, match="--max-running-request"):
+        build_sglang_command({**cfg, "args": ["--max-running-request", "8"]}, plan, 30000, "/models/x")

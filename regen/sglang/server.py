@@ -291,7 +291,10 @@ def launch_args_for(server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | Non
 
 
 def check_sglang_flags(argv: list[str]) -> None:
-    """Validate the launch command with ``regen.sglang.flags.check_flags`` when that module is installed."""
+    """Validate a launch command's flags (what follows ``sglang.launch_server``) with
+    ``regen.sglang.flags.check_flags`` - SGLang's own parser where sglang is importable."""
+    if "sglang.launch_server" in argv:
+        argv = argv[argv.index("sglang.launch_server") + 1 :]
     try:
         from regen.sglang.flags import check_flags
     except ImportError as exc:
