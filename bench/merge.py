@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import sys
@@ -71,42 +72,69 @@ def synthetic_record(i: int, text: TextPool, shard: str = "00000") -> dict[str, 
     }
 
 
-def write_records(path: Path, n: int) -> int:
-    """Stream ``n`` records to ``path``; returns bytes written."""
+def shard_paths(src: Path, shards: int) -> list[Path]:
+    return [src / f"{k:05d}.jsonl" for k in range(shards)]
+
+
+def write_records(src: Path, n: int, shards: int) -> int:
+    """Stream ``n`` records into ``shards`` generation files (as the generate jobs write them,
+    record i in shard i mod shards); returns bytes written."""
     text = TextPool(random.Random(1234))
     size = 0
-    with open(path, "wb") as fh:
-        buf: list[bytes] = []
+    paths = shard_paths(src, shards)
+    handles = [open(p, "wb") for p in paths]  # noqa: SIM115 - closed below
+    bufs: list[list[bytes]] = [[] for _ in paths]
+    try:
         for i in range(n):
-            buf.append(orjson.dumps(synthetic_record(i, text)))
-            if len(buf) == 10000:
-                chunk = b"\n".join(buf) + b"\n"
-                fh.write(chunk)
-                size += len(chunk)
-                buf.clear()
-        if buf:
-            chunk = b"\n".join(buf) + b"\n"
-            fh.write(chunk)
-            size += len(chunk)
+            k = i % shards
+            bufs[k].append(orjson.dumps(synthetic_record(i, text, shard=f"{k:05d}")))
+            if len(bufs[k]) == 10000 or i == n - 1:
+                for fh, buf in zip(handles, bufs, strict=True):
+                    if buf:
+                        chunk = b"\n".join(buf) + b"\n"
+                        fh.write(chunk)
+                        size += len(chunk)
+                        buf.clear()
+    finally:
+        for fh in handles:
+            fh.close()
     return size
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak RSS of this process or any child it waited for (a validate worker), whichever is larger."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / 1024
+
+
+def _validate_one(path: Path, work: Path) -> int:
+    from regen.validate import validate_shard
+
+    valid, quarantine = work / "valid" / f"{path.stem}.parquet", work / "quarantine" / f"{path.stem}.jsonl"
+    stats = validate_shard(path, valid, quarantine, {})
+    return stats.records_in
 
 
 def side_regen(src: Path, work: Path) -> dict[str, Any]:
-    from regen.merge import merge
-    from regen.validate import validate_shard
+    """The workflow's shape: one validate job per shard, run side by side (Snakemake with
+    --cores N runs them concurrently), then one merge over the valid shards."""
+    from concurrent.futures import ProcessPoolExecutor
 
+    from regen.merge import merge
+
+    paths = sorted(src.glob("*.jsonl"))
     t0 = time.perf_counter()
-    stats = validate_shard(src, work / "valid" / "00000.parquet", work / "quarantine" / "00000.jsonl", {})
+    with ProcessPoolExecutor(max_workers=len(paths)) as pool:
+        records_in = sum(pool.map(_validate_one, paths, [work] * len(paths)))
     t1 = time.perf_counter()
-    manifest = merge([work / "valid" / "00000.parquet"], work / "dataset", {}, {"bench": True})
+    valid = [work / "valid" / f"{p.stem}.parquet" for p in paths]
+    manifest = merge(valid, work / "dataset", {}, {"bench": True})
     t2 = time.perf_counter()
     return {
         "rows": manifest.total_rows,
-        "records_in": stats.records_in,
+        "records_in": records_in,
+        "shards": len(paths),
         "validate_s": t1 - t0,
         "merge_s": t2 - t1,
         "seconds": t2 - t0,
@@ -115,14 +143,23 @@ def side_regen(src: Path, work: Path) -> dict[str, Any]:
 
 
 def side_pyarrow(src: Path, work: Path) -> dict[str, Any]:
+    """pyarrow's own conversion of the same shard files (multithreaded JSON reader), one Parquet file."""
     import pyarrow.json as pj
     import pyarrow.parquet as pq
 
     t0 = time.perf_counter()
-    table = pj.read_json(src)
-    pq.write_table(table, work / "pyarrow.parquet", compression="zstd")
+    rows = 0
+    writer = None
+    for path in sorted(src.glob("*.jsonl")):
+        table = pj.read_json(path)
+        if writer is None:
+            writer = pq.ParquetWriter(work / "pyarrow.parquet", table.schema, compression="zstd")
+        writer.write_table(table)
+        rows += table.num_rows
+    if writer is not None:
+        writer.close()
     t1 = time.perf_counter()
-    return {"rows": table.num_rows, "seconds": t1 - t0, "peak_rss_mb": _peak_rss_mb()}
+    return {"rows": rows, "seconds": t1 - t0, "peak_rss_mb": _peak_rss_mb()}
 
 
 def _run_side(side: str, src: Path, work: Path) -> dict[str, Any]:
@@ -132,6 +169,9 @@ def _run_side(side: str, src: Path, work: Path) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="bench/merge.py", description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="records to generate")
+    ap.add_argument(
+        "--shards", type=int, default=os.cpu_count() or 1, help="generation shards (default: one per core)"
+    )
     ap.add_argument("--side", choices=["regen", "pyarrow"], help=argparse.SUPPRESS)
     ap.add_argument("--src", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -142,9 +182,10 @@ def main(argv: list[str]) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-merge-") as tmp:
         work = Path(tmp)
-        src = work / "00000.jsonl"
+        src = work / "generations"
+        src.mkdir()
         t0 = time.perf_counter()
-        size = write_records(src, args.n)
+        size = write_records(src, args.n, args.shards)
         print(f"generated {args.n} records, {size / 1e6:.0f} MB ({size / args.n:.0f} B/record) "
               f"in {time.perf_counter() - t0:.1f}s")  # fmt: skip
         ref = _run_side("pyarrow", src, work)
