@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,11 @@ def test_demo_end_to_end_resume_and_report(wd: Path) -> None:
     assert report.returncode == 0, report.stderr[-3000:]
     html = (wd / "report.html").read_text(errors="replace")
     assert len(html) > 10_000 and "throughput" in html
+    zipped = snakemake(wd, "--configfile", "config/demo.yaml", "--report", "report.zip")
+    assert zipped.returncode == 0, zipped.stderr[-3000:]
+    with zipfile.ZipFile(wd / "report.zip") as archive:
+        names = archive.namelist()
+    assert any(n.endswith("throughput.svg") for n in names) and any(n.endswith("summary.json") for n in names)
 
 
 def _live_regen_servers() -> list[str]:
