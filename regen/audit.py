@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import logging
 import sys
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -390,6 +392,9 @@ class Auditor:
         self.excluded = 0
         self.supervised_hist = Log2Histogram()
         self.prompt_hist = Log2Histogram()
+        # prompt lengths of the samples that go on to generation (4 bytes each): exact percentiles
+        # for the server planner, which sizes the KV cache for running x (p99 + max_tokens)
+        self.kept_prompt_tokens = array("I")
 
     def _finish(self, audit: SampleAudit) -> SampleAudit:
         self.total += 1
@@ -397,6 +402,8 @@ class Auditor:
         if audit.excluded:
             self.excluded += 1
             self.excluded_reasons[audit.exclude_reason or ""] += 1
+        elif audit.prompt_tokens is not None:
+            self.kept_prompt_tokens.append(audit.prompt_tokens)
         return audit
 
     def _exclusion(self, flags: Sequence[str]) -> str | None:
@@ -495,8 +502,21 @@ class Auditor:
             },
             gates=evaluate_gates(self.total, self.flag_counts, self.cfg.gates),
             overridden=self.cfg.override_gates,
-            context={"context_limit": self.cfg.context_limit, **(context or {})},
+            context={
+                "context_limit": self.cfg.context_limit,
+                **kept_prompt_percentiles(self.kept_prompt_tokens),
+                **(context or {}),
+            },
         )
+
+
+def kept_prompt_percentiles(tokens: array) -> dict[str, int]:
+    """``prompt_tokens_p50``/``p99`` of the kept samples (the observed value at or above each quantile)."""
+    if not tokens:
+        return {}
+    values = np.frombuffer(tokens, dtype=np.uint32)
+    p50, p99 = np.percentile(values, [50, 99], method="higher")
+    return {"prompt_tokens_p50": int(p50), "prompt_tokens_p99": int(p99)}
 
 
 def _batched(it: Iterable[Sample], size: int) -> Iterator[list[Sample]]:

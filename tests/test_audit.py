@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -298,3 +299,25 @@ def test_cli_stop_on_bad_row_names_file_and_row(
     assert rc == 2
     assert str(dataset) in err and f"row {bad_row}" in err
     assert not (out / "flags.parquet").exists()  # nothing half-written
+
+
+def test_summary_has_exact_prompt_percentiles_of_kept_samples(demo_tokenizer_dir: Path) -> None:
+    """The planner sizes KV for running x (p99 + max_tokens): p50/p99 are exact, over kept samples only."""
+    from regen.audit import audit_records
+    from regen.chat import ChatTemplate
+    from regen.types import Message, Sample
+
+    chat = ChatTemplate.from_dir(demo_tokenizer_dir)
+    samples = [
+        Sample(f"s{i}", (Message("user", " ".join(["word"] * (i + 1))), Message("assistant", "ok")))
+        for i in range(200)
+    ]
+    huge = Sample("huge", (Message("user", "word " * 5000), Message("assistant", "ok")))
+    audits, summary = audit_records([*samples, huge], {"context_limit": 2048}, chat)
+    kept = sorted(a.prompt_tokens for a in audits if not a.excluded)
+    assert len(kept) == 200  # the over-length prompt is excluded and does not count
+    doc = summary.to_json()
+    # the observed value at or above each quantile: index ceil(q * (n - 1)) of the sorted values
+    assert doc["prompt_tokens_p50"] == kept[math.ceil(0.50 * (len(kept) - 1))]
+    assert doc["prompt_tokens_p99"] == kept[math.ceil(0.99 * (len(kept) - 1))]
+    assert doc["prompt_tokens_p99"] < 2048 < max(a.prompt_tokens for a in audits)

@@ -222,3 +222,36 @@ def test_cli_json_and_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert plan_file["sglang_version"] == "0.5.17" and plan_file["gpu_memory_mib"] == H200_MIB
     rc = cli(["--model-config", str(MODELS / "qwen3-8b"), "--gpu-memory-mib", "81559"])
     assert rc == 0 and "binding constraint" in capsys.readouterr().out
+
+
+def test_workflow_plan_file_from_the_audit_summary(tmp_path: Path) -> None:
+    """The tune rule: exact prompt p99 from the audit, KV sized for running x (p99 + max_tokens)."""
+    from regen.io import read_json, write_json
+    from regen.sglang.plan import write_plan_for_workflow
+
+    summary = tmp_path / "summary.json"
+    write_json(summary, {"prompt_tokens_p50": 300, "prompt_tokens_p99": 900, "context_limit": 4096})
+    out = tmp_path / "server.json"
+    cfg = {
+        "mode": "sglang",
+        "model_path": "unused",
+        "model_config": str(MODELS / "qwen3-8b"),
+        "gpu_memory_mib": 81920,
+        "tp": 1,
+        "args": [],
+        "use_tuner": True,
+        "sglang_version": "0.5.23",
+    }
+    write_plan_for_workflow(server_cfg=cfg, max_tokens=2048, audit_summary=str(summary), out_path=str(out))
+    plan = read_json(out)
+    rec = plan["recommended"]
+    assert plan["launched"] == "recommended" and plan["launch_args"]
+    assert rec["kv_cache_tokens"] >= rec["effective_max_running_requests"] * (900 + 2048)
+    external = tmp_path / "external.json"
+    write_plan_for_workflow(
+        server_cfg={**cfg, "mode": "external"},
+        max_tokens=2048,
+        audit_summary=str(summary),
+        out_path=str(external),
+    )
+    assert read_json(external)["launch_args"] == []

@@ -495,3 +495,30 @@ def test_owner_is_the_outermost_snakemake_ancestor(tmp_path: Path) -> None:
     from regen.sglang.server import find_owner_pid
 
     assert find_owner_pid() == os.getppid()  # no snakemake above pytest: the parent
+
+
+def test_startup_facts_survive_a_long_log(tmp_path: Path) -> None:
+    """The allocation lines of the latest start are found however many decode lines follow them."""
+    from regen.sglang.server import SERVER_START_MARK, startup_log_text
+
+    log_path = tmp_path / "gpu0.log"
+    old = f"{SERVER_START_MARK} (old)\nKV Cache is allocated. #tokens: 111\n"
+    new = f"{SERVER_START_MARK} (new)\nKV Cache is allocated. #tokens: 222\n"
+    decode = "Decode batch, #running-req: 64, gen throughput (token/s): 5000.0\n" * 3000  # ~200 KB
+    log_path.write_text(old + decode + new + decode)
+    text = startup_log_text(log_path)
+    assert text.startswith(SERVER_START_MARK + " (new)")
+    assert "#tokens: 222" in text and "#tokens: 111" not in text
+
+
+def test_plan_repeating_the_users_args_is_not_an_override(caplog: pytest.LogCaptureFixture) -> None:
+    from regen.sglang.server import merge_launch_args
+
+    user = ["--load-format", "dummy"]
+    with caplog.at_level("WARNING", logger="regen"):
+        merged = merge_launch_args(["--load-format", "dummy", "--disable-radix-cache"], user)
+    assert merged.count("--load-format") == 1 and "--disable-radix-cache" in merged
+    assert "overrides" not in caplog.text
+    with caplog.at_level("WARNING", logger="regen"):
+        merge_launch_args(["--load-format", "auto"], user)
+    assert "overrides the tuner's --load-format auto" in caplog.text

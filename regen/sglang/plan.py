@@ -1044,8 +1044,10 @@ def histogram_percentile(hist: dict[str, Any], q: float) -> int:
 
 
 def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> Workload:
-    """Prompt p50/p99 from the audit's prompt-token histogram, capped at the context limit
-    (longer prompts are excluded from generation, so they never reach a server)."""
+    """Prompt p50/p99 from the audit: its exact percentiles over the kept samples when present, else
+    its prompt-token histogram capped at the context limit (longer prompts never reach a server)."""
+    if "prompt_tokens_p99" in summary:  # exact, over the samples that go on to generation
+        return workload_from_audit(summary, max_tokens=max_tokens)
     hist = summary.get("histograms", {}).get("prompt_tokens", {})
     limit = int(summary.get("context_limit") or 1 << 30)
     p50 = min(histogram_percentile(hist, 0.50), limit) or DEFAULT_WORKLOAD.prompt_p50

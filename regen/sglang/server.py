@@ -211,6 +211,26 @@ def log_tail(path: str | os.PathLike[str], lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def startup_log_text(path: str | os.PathLike[str], limit: int = 512 * 1024) -> str:
+    """The log of the latest server start: from the last start marker forward (``limit`` bytes),
+    so the allocation lines are found however many decode lines followed them."""
+    mark = SERVER_START_MARK.encode()
+    start = 0
+    try:
+        with open(path, "rb") as fh:
+            offset, carry = 0, b""
+            while chunk := fh.read(1 << 20):
+                found = (carry + chunk).rfind(mark)
+                if found >= 0:
+                    start = offset - len(carry) + found
+                carry = chunk[-len(mark) :]
+                offset += len(chunk)
+            fh.seek(start)
+            return fh.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def port_is_free(host: str, port: int) -> bool:
     """True when nothing listens on ``host:port`` (TIME_WAIT sockets do not count)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -250,12 +270,13 @@ def split_flags(args: Sequence[str]) -> list[list[str]]:
 def merge_launch_args(plan_args: Sequence[str], user_args: Sequence[str]) -> list[str]:
     """The plan's flags overridden by the user's explicit ones (each override logged)."""
     user_groups = split_flags(user_args)
-    user_names = {_flag_name(g[0]) for g in user_groups}
+    user_by_name = {_flag_name(g[0]): g for g in user_groups}
     merged: list[str] = []
     for group in split_flags(plan_args):
         name = _flag_name(group[0])
-        if name in user_names:
-            log.warning("server.args sets %s; it overrides the tuner's %s", name, " ".join(group))
+        if name in user_by_name:
+            if list(user_by_name[name]) != list(group):  # the plan repeats the user's args as given
+                log.warning("server.args sets %s; it overrides the tuner's %s", name, " ".join(group))
             continue
         merged.extend(group)
     for group in user_groups:
@@ -656,9 +677,7 @@ def write_realized(
         log.warning("regen.sglang.plan not importable (%s); realized memory map not computed", exc)
         write_json(files.realized, out)
         return
-    text = log_tail(files.log, lines=5000)
-    header = text.rfind(SERVER_START_MARK)
-    startup = parse_startup_log(text[header:] if header >= 0 else text)
+    startup = parse_startup_log(startup_log_text(files.log))
     realized = realized_from_server_info(dict(info), startup)
     out["startup_log"] = _jsonable(startup)
     out["realized"] = _jsonable(realized)
@@ -754,10 +773,11 @@ def acquire_server(
             assert state.url is not None
             info = fetch_server_info(state.url, api_key)
             server_id = f"gpu{slot}"
-            try:
-                write_realized(files, plan, info, server_id, state.url)
-            except (OSError, ValueError, TypeError, KeyError) as exc:
-                log.warning("GPU slot %d: could not write %s: %s", slot, files.realized, exc)
+            if started is not None or not files.realized.exists():  # once per server start
+                try:
+                    write_realized(files, plan, info, server_id, state.url)
+                except (OSError, ValueError, TypeError, KeyError) as exc:
+                    log.warning("GPU slot %d: could not write %s: %s", slot, files.realized, exc)
             yield Endpoint(
                 url=state.url,
                 server_id=server_id,
