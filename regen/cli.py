@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report-assets": ("regen.report", "write the report's plots and tables"),
     "serve-simulated": ("regen.sglang.simulated", "run the SGLang-compatible simulated server"),
     "demo": ("regen.demo", "rebuild the demo tokenizer and dataset"),
+    "soak": ("regen.soak", "kill the demo workflow at random moments and check nothing is lost"),
 }
 
 

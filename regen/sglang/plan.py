@@ -907,9 +907,9 @@ _ROWS = [
 
 def render_table(rec: Recommendation) -> str:
     g, r = rec.given, rec.recommended
-    lines = [f"{'GiB / count':<28}{'given':>18}{'recommended':>18}"]
+    lines = [f"{'GiB / count':<28}{'given':>24}{'recommended':>24}"]
     for label, attr in _ROWS:
-        lines.append(f"{label:<28}{getattr(g, attr):>18.2f}{getattr(r, attr):>18.2f}")
+        lines.append(f"{label:<28}{getattr(g, attr):>24.2f}{getattr(r, attr):>24.2f}")
     for label, attr in [
         ("mem_fraction_static", "mem_fraction_static"),
         ("KV tokens", "kv_cache_tokens"),
@@ -919,7 +919,7 @@ def render_table(rec: Recommendation) -> str:
         ("workload concurrency", "workload_concurrency"),
         ("binding constraint", "binding_constraint"),
     ]:
-        lines.append(f"{label:<28}{_cell(getattr(g, attr)):>18}{_cell(getattr(r, attr)):>18}")
+        lines.append(f"{label:<28}{_cell(getattr(g, attr)):>24}{_cell(getattr(r, attr)):>24}")
     lines.append("")
     lines.append("recommended flags: " + " ".join(rec.args))
     lines += [f"  reason: {x}" for x in rec.reasons]
@@ -970,10 +970,11 @@ def cli(argv: list[str]) -> int:
         model = ModelShape.from_config(ns.model_config)
         gpu = ns.gpu_memory_mib or gpu_memory_from_nvidia_smi()
         base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
-        p50 = ns.prompt_p50 or base.prompt_p50
+        p99 = ns.prompt_p99 or base.prompt_p99
+        p50 = ns.prompt_p50 or min(base.prompt_p50, p99)  # a given p99 below the default p50 bounds it
         workload = Workload(
             prompt_p50=p50,
-            prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
+            prompt_p99=max(p99, p50),
             max_tokens=ns.max_tokens or base.max_tokens,
             target_concurrency=ns.concurrency,
         )
