@@ -689,10 +689,9 @@ def cli(argv: list[str]) -> int:
     """``regen tune --sweep``: recommend, benchmark the top configs live, write pilot.json."""
     from regen.sglang.models import ModelShape
     from regen.sglang.plan import (
-        DEFAULT_VERSION,
         DEFAULT_WORKLOAD,
-        SUPPORTED_VERSIONS,
         Workload,
+        add_planning_arguments,
         gpu_memory_from_nvidia_smi,
         recommend,
         workload_from_audit,
@@ -707,13 +706,8 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--model-config", help="HF model dir or config.json (default: server.model_config)")
     p.add_argument("--gpu-memory-mib", type=int, help="default: server.gpu_memory_mib, nvidia-smi")
     p.add_argument("--tp", type=int, help="tensor parallel size (default: server.tp)")
-    p.add_argument("--sglang-version", default=DEFAULT_VERSION, choices=SUPPORTED_VERSIONS)
-    p.add_argument("--prompt-p50", type=int)
-    p.add_argument("--prompt-p99", type=int)
+    add_planning_arguments(p)
     p.add_argument("--max-tokens", type=int, help="default: generate.sampling.max_tokens")
-    p.add_argument("--audit-summary", help="audit summary.json with prompt-token percentiles")
-    p.add_argument("--allow-bf16-state", action="store_true")
-    p.add_argument("--allow-fp8-kv", action="store_true")
     p.add_argument("--server-config", help="config.yaml: its server: and generate: sections are used")
     p.add_argument("--simulated", action="store_true", help="run simulated servers (server.mode simulated)")
     p.add_argument("--pilot-shard", help="default: first results/shards/*.parquet")

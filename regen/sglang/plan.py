@@ -905,6 +905,16 @@ _ROWS = [
 ]
 
 
+def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options ``regen tune`` and ``regen tune --sweep`` share: version, workload, quality opt-ins."""
+    parser.add_argument("--sglang-version", default=DEFAULT_VERSION, choices=SUPPORTED_VERSIONS)
+    parser.add_argument("--prompt-p50", type=int)
+    parser.add_argument("--prompt-p99", type=int)
+    parser.add_argument("--audit-summary", help="audit summary.json with prompt-token percentiles")
+    parser.add_argument("--allow-bf16-state", action="store_true", help="linear-attention state in bf16")
+    parser.add_argument("--allow-fp8-kv", action="store_true", help="fp8 KV cache")
+
+
 def render_table(rec: Recommendation) -> str:
     g, r = rec.given, rec.recommended
     lines = [f"{'GiB / count':<28}{'given':>24}{'recommended':>24}"]
@@ -952,15 +962,10 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--model-config", required=True, help="HF model dir or config.json")
     parser.add_argument("--gpu-memory-mib", type=int, help="GPU memory (default: nvidia-smi)")
     parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--sglang-version", default=DEFAULT_VERSION, choices=SUPPORTED_VERSIONS)
-    parser.add_argument("--prompt-p50", type=int)
-    parser.add_argument("--prompt-p99", type=int)
+    add_planning_arguments(parser)
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--concurrency", type=int, help="target concurrency (default: as high as fits)")
-    parser.add_argument("--allow-bf16-state", action="store_true")
-    parser.add_argument("--allow-fp8-kv", action="store_true")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--audit-summary", help="audit summary.json with prompt-token percentiles")
     parser.add_argument("--out", help="write a plan file (launch_args + plans)")
     parser.add_argument(
         "--sweep", action="store_true", help="benchmark the top configs live; `regen tune --sweep --help`"
