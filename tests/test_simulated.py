@@ -313,3 +313,23 @@ def test_cli_subprocess_logs_sglang_lines(tmp_path: Path) -> None:
     assert re.search(
         r"Decode batch, #running-req: \d+, .*gen throughput \(token/s\): [\d.]+, #queue-req: \d+", text
     )
+
+
+@pytest.mark.parametrize(("kind", "check"), [("think_leak", "</think>"), ("empty_answer", "")])
+def test_bad_output_faults_reach_validation(kind: str, check: str, tmp_path: Path) -> None:
+    """Well-formed 200 responses whose answer is bad: the validation stage must catch them."""
+    from regen.validate import SemanticLimits, answer_problem
+
+    url, stop = start_simulated_server(inline=True, faults={f"{kind}_rate": 1.0})
+    try:
+        status, body = chat(url, sid="s1", max_tokens=200)
+        _, stats = get(url, "/_sim/stats")
+    finally:
+        stop()
+    assert status == 200
+    message = body["choices"][0]["message"]
+    assert message["reasoning_content"]
+    assert message["content"].startswith(check) if check else message["content"] == ""
+    assert orjson.loads(stats)["faults"] == {kind: 1}
+    limits = SemanticLimits.from_cfg({})
+    assert answer_problem(message["content"], message["reasoning_content"], "stop", limits) is not None

@@ -114,6 +114,10 @@ class Faults:
     bad_request_for: tuple[str, ...] = ()
     error_for: tuple[str, ...] = ()  # ids/patterns that always get HTTP 500 (poison samples)
     hang_for: tuple[str, ...] = ()  # ids/patterns whose requests are accepted and never answered
+    # bad model output (HTTP 200, well-formed JSON): drawn independently of the transport faults above,
+    # for the validation stage to catch
+    think_leak_rate: float = 0.0  # the answer carries a stray "</think>"
+    empty_answer_rate: float = 0.0  # reasoning but no answer
     seed: int = 0
 
     @classmethod
@@ -146,6 +150,15 @@ class Faults:
 
     def is_bad_request(self, sample_id: str | None) -> bool:
         return _matches(sample_id, self.bad_request_for)
+
+    def spoil(self, completion: Completion, key: str, nth: int) -> tuple[Completion, str | None]:
+        """The completion with a bad-output fault applied (and its name), or unchanged (None)."""
+        u = _unit_hash(self.seed, "output", key, nth)
+        if u < self.think_leak_rate:
+            return replace(completion, content="</think>\n" + completion.content), "think_leak"
+        if u < self.think_leak_rate + self.empty_answer_rate and completion.reasoning:
+            return replace(completion, content=""), "empty_answer"
+        return completion, None
 
     def is_poison(self, sample_id: str | None) -> bool:
         return _matches(sample_id, self.error_for)
@@ -591,10 +604,16 @@ class SimulatedServer:
         temperature = 1.0 if temperature is None else float(temperature)
         seed = req.get("seed")
         ignore_eos = bool(req.get("ignore_eos", False))
-        choices = [
-            synth_completion(messages, seed, temperature, max_tokens, thinking, ignore_eos, self.opts, i)
-            for i in range(n)
-        ]
+        choices = []
+        for i in range(n):
+            made = synth_completion(
+                messages, seed, temperature, max_tokens, thinking, ignore_eos, self.opts, i
+            )
+            made, spoiled = self.opts.faults.spoil(made, key, self.received_by_id[key] * n + i)
+            if spoiled is not None:
+                self.fault_counts[spoiled] += 1
+                self.request_log(f"fault:{spoiled}", sid)
+            choices.append(made)
         prompt_tokens = _prompt_tokens(messages)
         n_out = sum(c.completion_tokens for c in choices)
         if not self.opts.inline:
