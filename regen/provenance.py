@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pyarrow.dataset as ds
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from regen import __version__
 from regen.io import read_json
@@ -49,18 +50,18 @@ def realized_servers(workdir: str = "work/servers") -> list[dict[str, Any]]:
 
 
 def generation_window(valid_paths: list[str]) -> tuple[float | None, float | None]:
-    """Earliest request start and latest request end over the valid records."""
+    """Earliest request start and latest request end over the valid records (column-wise)."""
     start = end = None
     for path in valid_paths:
-        table = ds.dataset(path, format="parquet").to_table()
-        if table.num_rows == 0 or "timings" not in table.column_names:
+        table = pq.read_table(path, columns=["started_at", "latency_s"])  # regen.merge.VALID_SCHEMA
+        if table.num_rows == 0:
             continue
-        for t in table.column("timings").to_pylist():
-            if not t or t.get("started_at") is None:
-                continue
-            s, e = t["started_at"], t["started_at"] + (t.get("latency_s") or 0.0)
-            start = s if start is None else min(start, s)
-            end = e if end is None else max(end, e)
+        began = table.column("started_at")
+        ended = pc.add(began, table.column("latency_s"))
+        lo, hi = pc.min(began).as_py(), pc.max(ended).as_py()
+        if lo is not None:
+            start = lo if start is None else min(start, lo)
+            end = hi if end is None else max(end, hi)
     return start, end
 
 
