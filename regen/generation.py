@@ -18,9 +18,9 @@ from regen.storage import sink_from_config
 log = logging.getLogger("regen.generation")
 
 
-def server_workdir(base: str = "work/servers") -> str:
-    """Where this job's GPU slot files live: per Slurm job on a cluster (its GPUs are its own, and
-    slot files on a shared filesystem must not collide across nodes), else per node."""
+def per_allocation(base: str) -> str:
+    """Where this job's GPU slot files and server logs live: per Slurm job on a cluster (its GPUs are
+    its own, and files on a shared filesystem must not collide across nodes), else per node."""
     job = os.environ.get("SLURM_JOB_ID")
     return f"{base}/slurm-{job}" if job else base
 
@@ -36,13 +36,14 @@ def run_generate_job(
     generate_cfg: dict[str, Any],
     server_cfg: dict[str, Any],
     gpu_slots: int,
-    workdir: str | None = None,
+    workdir: str = "work/servers",
     log_dir: str = "logs/servers",
 ) -> None:
     """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed."""
     plan = read_json(plan_path)
     cfg = {**server_cfg, "gpus": int(gpu_slots)}
-    with acquire_server(cfg, plan, workdir=workdir or server_workdir(), log_dir=log_dir) as endpoint:
+    slots, logs = per_allocation(workdir), per_allocation(log_dir)
+    with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
         log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
         stats = generate_shard(
             shard_path,

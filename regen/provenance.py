@@ -46,7 +46,9 @@ def model_revision(model_path: str) -> str | None:
 
 def realized_servers(workdir: str = "work/servers") -> list[dict[str, Any]]:
     """What each GPU server reported at start-up (version, flags, memory), recorded by the server module."""
-    return [read_json(p) for p in sorted(glob.glob(f"{workdir}/gpu*.realized.json"))]
+    # per node (work/servers/gpuK) or per Slurm job (work/servers/slurm-JOB/gpuK)
+    found = glob.glob(f"{workdir}/gpu*.realized.json") + glob.glob(f"{workdir}/slurm-*/gpu*.realized.json")
+    return [read_json(p) for p in sorted(found)]
 
 
 def generation_window(valid_paths: list[str]) -> tuple[float | None, float | None]:

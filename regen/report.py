@@ -353,7 +353,8 @@ def write_report_assets(
     plot_quarantine_reasons(results / "quarantine", paths[QUARANTINE_REASONS_SVG])
     plot_throughput(results / "generations", paths[THROUGHPUT_SVG])
     _write_text(paths[RECONCILE_HTML], reconcile_table_html(results / "reconcile.json"))
-    realized = sorted(Path(work_dir).glob("servers/gpu*.realized.json"))
+    servers = Path(work_dir) / "servers"  # per node, or per Slurm job (servers/slurm-JOB/)
+    realized = sorted([*servers.glob("gpu*.realized.json"), *servers.glob("slurm-*/gpu*.realized.json")])
     plan_page = server_plan_html(results / "plan" / "server.json", realized)
     _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, results / "plan" / "pilot.json"))
     return paths

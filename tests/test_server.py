@@ -522,3 +522,15 @@ def test_plan_repeating_the_users_args_is_not_an_override(caplog: pytest.LogCapt
     with caplog.at_level("WARNING", logger="regen"):
         merge_launch_args(["--load-format", "auto"], user)
     assert "overrides the tuner's --load-format auto" in caplog.text
+
+
+def test_slot_files_are_per_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cluster each Slurm job owns its GPUs: its slot files and server logs must not collide
+    with another node's on the shared filesystem."""
+    from regen.generation import per_allocation
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert per_allocation("work/servers") == "work/servers"
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert per_allocation("work/servers") == "work/servers/slurm-4242"
+    assert per_allocation("logs/servers") == "logs/servers/slurm-4242"
