@@ -36,7 +36,7 @@ EXPECTED = {
     "non_string_content.jsonl": ("structure_error", 1),
     "bad_role_order.jsonl": ("structure_error", 1),
     "giant_prompt.jsonl": ("over_length", 1),
-    "duplicate_ids.jsonl": ("bad_row", 1),
+    "duplicate_ids.jsonl": ("structure_error", 1),  # duplicate_id: the later copy is kept out
     "mixed_formats.jsonl": ("ok", None),
 }
 

@@ -1,0 +1,79 @@
+"""The bad-input corpus (tests/data/bad/, made by make_bad.py): every kind gets a clear message naming
+file, row and field, the skip-or-stop policy applies, and nothing bad reaches a prompt shard."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import orjson
+import pytest
+
+from regen.audit import run_audit
+from regen.dataset import iter_samples
+from regen.shards import make_shards, read_shard
+from regen.types import BadInputError, BadRow
+
+BAD_DIR = Path(__file__).parent / "data" / "bad"
+_spec = importlib.util.spec_from_file_location("make_bad", BAD_DIR / "make_bad.py")
+assert _spec and _spec.loader
+make_bad = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_bad)
+EXPECTED: dict[str, tuple[str, int | None]] = make_bad.EXPECTED
+UNREADABLE = {"bad_row", "file"}
+
+
+def test_corpus_is_complete() -> None:
+    on_disk = {p.name for p in BAD_DIR.iterdir() if p.suffix in {".jsonl", ".json", ".parquet"}}
+    assert on_disk == set(EXPECTED)
+    assert len(EXPECTED) >= 15
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (kind, _) in EXPECTED.items() if kind in UNREADABLE))
+def test_unreadable_rows_are_named_and_skipped(name: str) -> None:
+    kind, row = EXPECTED[name]
+    bad: list[BadRow] = []
+    samples = list(iter_samples(BAD_DIR / name, id_column="id", on_bad_row="skip", bad_rows=bad))
+    assert [b.row for b in bad] == [row]
+    message = str(bad[0])
+    assert name in message and f"row {row}" in message and re.search(r"field '[^']+'", message)
+    assert bad[0].field == "<file>" or kind == "bad_row"
+    assert all(s.source["row"] != row for s in samples)  # the good rows around it are kept
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (kind, _) in EXPECTED.items() if kind in UNREADABLE))
+def test_stop_policy_raises_with_the_same_message(name: str) -> None:
+    _, row = EXPECTED[name]
+    with pytest.raises(BadInputError) as info:
+        list(iter_samples(BAD_DIR / name, id_column="id", on_bad_row="stop"))
+    assert info.value.bad.row == row and name in str(info.value)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_nothing_bad_reaches_a_prompt_shard(name: str, tmp_path: Path, demo_tokenizer_dir: Path) -> None:
+    """Audit then shard, as the workflow does: the bad row is excluded with its reason, the rest go on."""
+    kind, row = EXPECTED[name]
+    cfg = {"context_limit": 4096, "override_gates": True}  # tiny files: gate fractions are meaningless
+    run_audit(BAD_DIR / name, tmp_path / "audit", cfg, demo_tokenizer_dir, id_column="id")
+    excluded = [
+        orjson.loads(line) for line in (tmp_path / "audit" / "excluded.jsonl").read_bytes().splitlines()
+    ]
+    shards = [tmp_path / f"{k:05d}.parquet" for k in range(2)]
+    make_shards(
+        BAD_DIR / name,
+        tmp_path / "audit" / "excluded.jsonl",
+        shards,
+        "auto",
+        "id",
+        "skip",
+        demo_tokenizer_dir,
+    )
+    rows_in_shards = {s.source["row"] for p in shards for s in read_shard(p)}
+    if kind == "ok":
+        assert not excluded and rows_in_shards == {0, 1, 2}
+        return
+    assert [e["row"] for e in excluded] == [row]
+    assert excluded[0]["reason"] == ("bad_row" if kind in UNREADABLE else kind)
+    assert row not in rows_in_shards
+    assert rows_in_shards or kind == "file"  # the good rows still go on; an unreadable file has none
