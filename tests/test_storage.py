@@ -52,22 +52,6 @@ def test_split_s3_uri() -> None:
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture
-def s3_prefix(monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh ``s3://bucket/test-<uuid>`` prefix on the test server; boto3 pointed at it."""
-    if not ENDPOINT:
-        pytest.skip("no S3 test server: set REGEN_TEST_S3_ENDPOINT (start one with .ci/s3-up.sh)")
-    if not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
-        pytest.skip("REGEN_TEST_S3_ENDPOINT is set but AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY are not")
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", ENDPOINT)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # never probe a metadata address
-    client = s3_client()
-    if BUCKET not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
-        client.create_bucket(Bucket=BUCKET)
-    return f"s3://{BUCKET}/test-{uuid.uuid4().hex[:12]}"
-
-
 def record(i: int, shard: str = "00003") -> bytes:
     return orjson.dumps({"id": f"s{i:04d}", "shard": shard, "content": f"answer {i}"}) + b"\n"
 
