@@ -88,6 +88,11 @@ class SoakOptions:
     kill_delay_s: dict[str, float] = field(
         default_factory=lambda: {"generate": 4.0, "validate": 0.6, "merge": 0.6}
     )
+    #: how often each phase is aimed at: generation holds the state that matters most (journals,
+    #: servers), and a kill aimed at it lands later anyway once a campaign's generation is done
+    phase_weights: dict[str, float] = field(
+        default_factory=lambda: {"generate": 3.0, "validate": 1.0, "merge": 1.0}
+    )
     run_timeout_s: float = 300.0
     finish_attempts: int = 4
     keep: bool = False  # keep campaign directories
@@ -577,7 +582,7 @@ def run_soak(opts: SoakOptions, say: Any = None) -> SoakResult:
             camp = Campaign(len(campaigns), base / f"campaign{len(campaigns):02d}", opts, rng)
             try:
                 while rounds < opts.rounds:
-                    phase = rng.choice(PHASES)
+                    phase = rng.choices(PHASES, weights=[opts.phase_weights[p] for p in PHASES])[0]
                     delay = rng.uniform(0.0, opts.kill_delay_s.get(phase, 1.0))
                     r = camp.run(phase, delay)
                     camp.last_returncode = r.returncode
