@@ -198,14 +198,20 @@ def _tojson(
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def compile_template(source: str) -> jinja2.Template:
-    """Compile a chat template the way ``transformers`` does (sandboxed, trim/lstrip blocks)."""
+def hf_template_env() -> ImmutableSandboxedEnvironment:
+    """A jinja2 environment like the one ``transformers`` renders chat templates in
+    (sandboxed, trim/lstrip blocks, loop controls, ``tojson`` and ``raise_exception``)."""
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
-    return env.from_string(source)
+    return env
+
+
+def compile_template(source: str) -> jinja2.Template:
+    """Compile a chat template the way ``transformers`` does."""
+    return hf_template_env().from_string(source)
 
 
 def _token_text(value: Any) -> str | None:

@@ -36,6 +36,7 @@ from typing import IO, Any
 
 import orjson
 
+from regen.chat import compile_template
 from regen.types import FORMATS, BadInputError, BadRow, Message, Sample
 
 FILE_FIELD = "<file>"
@@ -376,32 +377,10 @@ _PROBE_REASONING = "\ue001R"
 _PROBE_CONTENT = "\ue002C"
 
 
-def hf_template_env() -> Any:
-    """A jinja2 environment like the one transformers renders chat templates in."""
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise TemplateError(message)
-
-    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **kw: Any) -> str:
-        return json.dumps(
-            value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=kw.get("sort_keys", False)
-        )
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = tojson
-    return env
-
-
 def markers_from_template(template: str, added_tokens: Iterable[str]) -> ChatMarkers:
     """Find the turn markers by rendering probe conversations through ``template``."""
     tokens = sorted(set(added_tokens), key=len, reverse=True)
-    env = hf_template_env()
-    tpl = env.from_string(template)
+    tpl = compile_template(template)
     text = tpl.render(messages=[{"role": "user", "content": _PROBE_USER}], add_generation_prompt=False)
     head, _, tail = text.partition(_PROBE_USER)
     before_role, found_role, role_sep = head.rpartition("user")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from regen.io import atomic_open, atomic_path, write_json
+from regen.types import Message
 
 # --------------------------------------------------------------------------------------
 # Tokenizer
@@ -568,37 +569,10 @@ def _demo_lines(n: int, seed: int) -> list[bytes]:
     return lines
 
 
-def _render(template: Any, messages: Sequence[dict[str, Any]]) -> str:
-    return template.render(messages=list(messages), add_generation_prompt=False)
-
-
-def encode_with_loss_mask(
-    tokenizer: Any, template: Any, messages: Sequence[dict[str, Any]]
-) -> tuple[list[int], list[int]]:
-    """Render ``messages`` and mark every assistant turn's body and end marker as supervised."""
-    text = _render(template, messages)
-    enc = tokenizer.encode(text, add_special_tokens=False)
-    head = f"{IM_START}assistant\n"
-    spans: list[tuple[int, int]] = []
-    start = text.find(head)
-    while start >= 0:
-        body = start + len(head)
-        end = text.find(IM_END, body)
-        end = len(text) if end < 0 else end + len(IM_END)
-        spans.append((body, end))
-        start = text.find(head, end)
-    mask = [int(any(b <= s < e for b, e in spans)) for s, _ in enc.offsets]
-    return list(enc.ids), mask
-
-
 def _tokenized_rows(n: int, seed: int, tokenizer_dir: Path) -> dict[str, list[Any]]:
-    from tokenizers import Tokenizer
+    from regen.chat import ChatTemplate
 
-    from regen.dataset import hf_template_env
-
-    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    cfg = orjson.loads((tokenizer_dir / "tokenizer_config.json").read_bytes())
-    template = hf_template_env().from_string(cfg["chat_template"])
+    chat = ChatTemplate.from_dir(tokenizer_dir)
     rng = random.Random(seed + 1)
     cols: dict[str, list[Any]] = {"id": [], "input_ids": [], "loss_mask": []}
     for i in range(n):
@@ -606,7 +580,7 @@ def _tokenized_rows(n: int, seed: int, tokenizer_dir: Path) -> dict[str, list[An
         msgs = _good_conversation(rng, multi_turn=i % 4 == 1 and not scaffolding_only)
         if scaffolding_only:  # the mask covers <think>\n\n</think>\n\n<|im_end|> and nothing else
             msgs[-1] = _turn("assistant", "")
-        ids, mask = encode_with_loss_mask(tok, template, msgs)
+        ids, mask = chat.encode_with_loss_mask([Message(**m) for m in msgs])
         cols["id"].append(f"tok-{i:04d}")
         cols["input_ids"].append(ids)
         cols["loss_mask"].append(mask)

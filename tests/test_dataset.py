@@ -18,14 +18,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from regen import dataset as ds
-from regen.dataset import content_id, detect_format, hf_template_env, iter_samples
-from regen.demo import (
-    DEMO_CONTEXT_LIMIT,
-    IM_END,
-    build_demo_dataset,
-    build_demo_tokenizer,
-    encode_with_loss_mask,
-)
+from regen.chat import ChatTemplate, hf_template_env
+from regen.dataset import content_id, detect_format, iter_samples
+from regen.demo import DEMO_CONTEXT_LIMIT, IM_END, build_demo_dataset, build_demo_tokenizer
 from regen.types import BadInputError, BadRow, Message, Sample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -229,8 +224,7 @@ def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
 
 
 def _tokenized_rows(tokenizer_dir: Path) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
-    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    tpl = _template(tokenizer_dir)
+    chat = ChatTemplate.from_dir(tokenizer_dir)
     convos = [
         GOOD,
         _conv(("user", "Hi"), ("assistant", "")),  # scaffolding only
@@ -240,7 +234,7 @@ def _tokenized_rows(tokenizer_dir: Path) -> tuple[list[list[dict[str, Any]]], li
     ]
     rows = []
     for c in convos:
-        ids, mask = encode_with_loss_mask(tok, tpl, c)
+        ids, mask = chat.encode_with_loss_mask([Message(**m) for m in c])
         rows.append({"input_ids": ids, "loss_mask": mask})
     return convos, rows
 
