@@ -6,13 +6,16 @@ The server's life belongs to ``regen.sglang.server``; the requests, journal and 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
+from pathlib import Path
 from typing import Any
 
-from regen.client import generate_shard
+from regen.client import Endpoint, generate_shard
 from regen.io import read_json
-from regen.sglang.server import acquire_server
+from regen.sglang.server import ServerError, acquire_server, find_owner_pid
 from regen.storage import sink_from_config
 
 log = logging.getLogger("regen.generation")
@@ -38,21 +41,61 @@ def run_generate_job(
     gpu_slots: int,
     workdir: str = "work/servers",
     log_dir: str = "logs/servers",
+    log_path: str | None = None,
 ) -> None:
-    """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed."""
+    """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed.
+
+    A server that cannot start fails every shard on it for the same reason: the first shard states
+    the cause in full, the others in one line pointing at it (``SystemExit``, no traceback).
+    """
     plan = read_json(plan_path)
     cfg = {**server_cfg, "gpus": int(gpu_slots)}
     slots, logs = per_allocation(workdir), per_allocation(log_dir)
-    with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
-        log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
-        stats = generate_shard(
-            shard_path,
-            journal_path,
-            records_out,
-            failed_out,
-            generate_cfg,
-            endpoint,
-            shard,
-            journal_sync=sink_from_config(generate_cfg.get("journal_sync"), shard),
-        )
+    try:
+        with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
+            _generate(shard_path, journal_path, records_out, failed_out, generate_cfg, endpoint, shard)
+    except ServerError as exc:
+        raise SystemExit(once_per_cause(exc, shard, log_path, Path(slots) / "failures")) from None
+
+
+def once_per_cause(exc: Exception, shard: str, log_path: str | None, cause_dir: Path) -> str:
+    """The message for a shard failed by ``exc``: in full for the first shard of this Snakemake run
+    with that cause, else one line naming the shard (and log) that has it in full."""
+    text = str(exc)
+    first_line = text.splitlines()[0] if text else type(exc).__name__
+    cause = re.sub(r"\d+", "N", first_line)  # the same failure on slot 0 and slot 5 is one cause
+    key = hashlib.sha256(f"{find_owner_pid()} {cause}".encode()).hexdigest()[:16]
+    cause_dir.mkdir(parents=True, exist_ok=True)
+    marker = cause_dir / f"{key}.txt"
+    here = f"shard {shard}" + (f" ({log_path})" if log_path else "")
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        first = marker.read_text().strip() or "another shard"
+        return f"shard {shard}: {first_line}\n(same cause as {first}: the full message is there)"
+    with os.fdopen(fd, "w") as fh:
+        fh.write(here + "\n")
+    return f"shard {shard}: {text}"
+
+
+def _generate(
+    shard_path: str,
+    journal_path: str,
+    records_out: str,
+    failed_out: str,
+    generate_cfg: dict[str, Any],
+    endpoint: Endpoint,
+    shard: str,
+) -> None:
+    log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
+    stats = generate_shard(
+        shard_path,
+        journal_path,
+        records_out,
+        failed_out,
+        generate_cfg,
+        endpoint,
+        shard,
+        journal_sync=sink_from_config(generate_cfg.get("journal_sync"), shard),
+    )
     log.info("shard %s done: %s", shard, stats)

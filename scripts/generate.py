@@ -14,4 +14,5 @@ run_generate_job(
     generate_cfg=snakemake.params.generate,
     server_cfg=snakemake.params.server,
     gpu_slots=snakemake.params.gpu_slots,
+    log_path=snakemake.log[0],
 )

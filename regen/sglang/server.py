@@ -42,8 +42,8 @@ SUPERVISOR_MODULE = "regen.sglang.supervisor"
 MANAGED_FLAGS: frozenset[str] = frozenset(
     {"--model-path", "--model", "--host", "--port", "--reasoning-parser", "--enable-metrics"}
 )
-#: how long a job waits for a slot's port to be released (e.g. by a server that was just killed)
-PORT_WAIT_S = 3.0
+#: how long a job waits for a slot's preferred port to be released before taking any free port
+PORT_WAIT_S = 1.0
 
 try:  # the client helper owns the Endpoint type
     from regen.client import Endpoint
@@ -808,12 +808,7 @@ def _live_or_start(
             return state
         wait_supervisor_gone(state.supervisor_pid, 30)
     host = str(server_cfg.get("host", "127.0.0.1"))
-    port = int(server_cfg.get("port_base", 30000)) + files.slot
-    if not _wait_port_free(host, port, PORT_WAIT_S):
-        raise ServerError(
-            f"GPU slot {files.slot}: port {port} on {host} is already in use by another process "
-            f"(not a regen server); free it or change server.port_base"
-        )
+    port = pick_port(host, int(server_cfg.get("port_base", 30000)) + files.slot, files.slot)
     model = str(server_cfg.get("model_path", "Qwen/Qwen3-8B"))
     builder = command_builder or build_server_command
     command = builder(server_cfg, plan, port, model)
@@ -835,6 +830,25 @@ def _live_or_start(
         api_key_env=server_cfg.get("api_key_env") if api_key else None,
     )
     return start_supervisor(spec)
+
+
+def pick_port(host: str, preferred: int, slot: int) -> int:
+    """``preferred`` (port_base + slot) when free, else a free port the kernel picks.
+
+    Another run or checkout on this node may hold the preferred port; the port actually used is
+    recorded in the slot's url file (``UrlState.url``), which is where every job and ``regen status``
+    read it from, so side-by-side runs never need to agree on ports.
+    """
+    if _wait_port_free(host, preferred, PORT_WAIT_S):
+        return preferred
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port = int(sock.getsockname()[1])
+    log.info(
+        "GPU slot %d: port %d on %s is in use (another run?); using free port %d", slot, preferred, host, port
+    )
+    return port
 
 
 def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:
