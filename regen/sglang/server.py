@@ -385,7 +385,24 @@ def build_simulated_command(
         "--faults",
         json.dumps(sim.get("faults") or {}, sort_keys=True),
         *(["--half-speed-running", str(sim["half_speed_running"])] if sim.get("half_speed_running") else []),
+        *simulated_memory_options(server_cfg, plan),
     ]
+
+
+def simulated_memory_options(server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None) -> list[str]:
+    """``--options`` making the simulated server report the memory map of the plan it is launched
+    with (an SGLang started with those flags reports its own allocation; the simulated one has none)."""
+    chosen = "recommended" if server_cfg.get("use_tuner", True) else "given"
+    planned = (plan or {}).get(chosen) or {}
+    fields = {
+        "weights_gib": planned.get("weights_gib"),
+        "kv_cache_gib": planned.get("kv_cache_gib"),
+        "max_total_num_tokens": planned.get("kv_cache_tokens"),
+        "mem_fraction_static": planned.get("mem_fraction_static"),
+        "available_gpu_mem_gib": planned.get("free_gib"),
+    }
+    options = {k: v for k, v in fields.items() if v is not None}
+    return ["--options", json.dumps(options, sort_keys=True)] if options else []
 
 
 #: (server_cfg, plan, port, model_path) -> argv; tests pass their own stand-in builder

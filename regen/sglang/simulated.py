@@ -198,6 +198,12 @@ class SimOptions:
     log_interval_s: float = 5.0
     request_log: str | None = None  # JSONL of received/completed chat requests (see module doc)
     faults: Faults = field(default_factory=Faults)
+    # the memory map SGLang reports (/server_info memory_usage, startup log); regen launches the
+    # simulated server with the plan's values so realized matches what the plan predicted
+    weights_gib: float = 15.3
+    kv_cache_gib: float = 40.1
+    mem_fraction_static: float = 0.85
+    available_gpu_mem_gib: float = 12.34
 
     @property
     def model_name(self) -> str:
@@ -368,7 +374,7 @@ class SimulatedServer:
         self.log(
             f"max_total_num_tokens={o.max_total_num_tokens}, chunked_prefill_size=8192, "
             f"max_prefill_tokens=16384, max_running_requests={o.running_cap}, "
-            f"context_len={o.context_len}, available_gpu_mem=12.34 GB"
+            f"context_len={o.context_len}, available_gpu_mem={o.available_gpu_mem_gib:.2f} GB"
         )
         self._ticker = asyncio.create_task(self._tick())
         if o.startup_delay_s <= 0:
@@ -428,7 +434,7 @@ class SimulatedServer:
             "tp_size": 1,
             "dp_size": 1,
             "max_running_requests": o.max_running_requests,
-            "mem_fraction_static": 0.85,
+            "mem_fraction_static": o.mem_fraction_static,
             "chunked_prefill_size": 8192,
             "page_size": 1,
             "context_length": o.context_len,
@@ -447,9 +453,9 @@ class SimulatedServer:
                     "last_gen_throughput": self.last_gen_throughput,
                     "avg_spec_accept_length": None,
                     "memory_usage": {
-                        "weight": 15.3,
-                        "kvcache": 40.1,
-                        "startup_available": 12.34,
+                        "weight": o.weights_gib,
+                        "kvcache": o.kv_cache_gib,
+                        "startup_available": o.available_gpu_mem_gib,
                         "token_capacity": o.max_total_num_tokens,
                         "graph": {"decode": 1.2},
                     },
