@@ -46,6 +46,7 @@ from regen.chat import ChatTemplate, ChatTemplateError, TokenAccount, to_templat
 from regen.dataset import iter_samples
 from regen.io import atomic_open, atomic_path, write_json
 from regen.types import KNOWN_ROLES, BadInputError, BadRow, Message, Sample
+from regen.verdict import keep_verdict
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +362,7 @@ def gate_failure_message(summary: AuditSummary, summary_path: str | Path | None 
         )
     lines.append(f"  ({summary.total} samples audited)")
     if summary_path is not None:
-        lines.append(f"details: {summary_path} (flags per sample in flags.parquet beside it)")
+        lines.append(f"details: {summary_path}")
     lines.append(
         "to go on anyway, raise the limit in the config (audit.gates.<name>) or set "
         "audit.override_gates: true (CLI: --override-gates); violated gates are then reported as warnings."
@@ -678,10 +679,12 @@ def run_audit(
     fmt: str = "auto",
     id_column: str | None = None,
     on_bad_row: str = "skip",
+    verdict_out: str | Path | None = None,
 ) -> AuditSummary:
     """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl and the plots.
 
-    Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not overridden.
+    Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not overridden;
+    the summary is also kept at ``verdict_out`` (beside the log), which survives the failed job.
     """
     config = AuditConfig.from_dict(cfg)
     chat = ChatTemplate.from_dir(tokenizer_dir)
@@ -713,8 +716,9 @@ def run_audit(
     )
     _plot_histogram(summary.histograms["prompt_tokens"], "prompt tokens per sample", paths.prompt_plot)
     write_json(paths.summary, summary.to_json())
+    keep_verdict(summary.to_json(), verdict_out)
     if not summary.passed:
-        message = gate_failure_message(summary, paths.summary)
+        message = gate_failure_message(summary, verdict_out or paths.summary)
         if not config.override_gates:
             raise AuditGateError(message)
         log.warning("gates overridden (audit.override_gates: true):\n%s", message)
