@@ -14,9 +14,6 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
-report: "report/workflow.rst"
-
-
 include: "rules/common.smk"
 include: "rules/audit.smk"
 include: "rules/tune.smk"
@@ -25,6 +22,9 @@ include: "rules/validate.smk"
 include: "rules/merge.smk"
 include: "rules/report.smk"
 include: "rules/publish.smk"
+
+
+report: report_landing_page()
 
 
 localrules:

@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_reaudit import GATES, merged, record
 
 from regen.io import read_json
 from regen.reaudit import OutputGateError, reaudit_dataset
 from regen.verdict import verdict_path_for
-from test_reaudit import GATES, merged, record
 
 
-def test_failed_output_gate_keeps_its_verdict_beside_the_log(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
+def test_failed_output_gate_keeps_its_verdict_beside_the_log(
+    tmp_path: Path, demo_tokenizer_dir: Path
+) -> None:
     records = [record(i, f"Cut short {i}", f"thinking {i}", finish="length") for i in range(20)]
     dataset = merged(tmp_path, records)
     verdict = verdict_path_for(tmp_path / "logs" / "reaudit.log")
