@@ -46,6 +46,10 @@ rule all:
         get_final_outputs(),
 
 
+onstart:
+    run_preflight()
+
+
 onsuccess:
     stop_gpu_servers()
 

@@ -339,6 +339,8 @@ class _ShardRun:
         self.timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
         self.rng = random.Random(_hash64("backoff", shard))
         self.seen: set[str] = set()
+        self.in_flight: dict[str, float] = {}  # sample id -> when its first request was sent (regen status)
+        self.retrying: set[str] = set()  # sample ids waiting out a back-off before their next attempt
         self.held: list[dict[str, Any]] = []
         self.attempted = 0
         self.consecutive_server_failures = 0
@@ -519,7 +521,23 @@ class _ShardRun:
         max_tokens: int,
         attempts: list[int],
     ) -> _Answer:
-        """POST with retries; raises SampleFailed."""
+        """POST with retries; raises SampleFailed. The sample counts as in flight meanwhile."""
+        self.in_flight.setdefault(sid, time.time())
+        try:
+            return await self._request_with_retries(sid, messages, seed, thinking, max_tokens, attempts)
+        finally:
+            self.in_flight.pop(sid, None)
+            self.retrying.discard(sid)
+
+    async def _request_with_retries(
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        seed: int,
+        thinking: bool,
+        max_tokens: int,
+        attempts: list[int],
+    ) -> _Answer:
         s = self.cfg.sampling
         body = orjson.dumps(
             {
@@ -541,7 +559,9 @@ class _ShardRun:
         for attempt in range(1, self.cfg.max_attempts + 1):
             if attempt > 1:
                 self.stats.retried_requests += 1
+                self.retrying.add(sid)
                 await asyncio.sleep(delay)
+                self.retrying.discard(sid)
             attempts[0] += 1
             try:
                 return await self.post_once(body, headers, max_tokens)
@@ -611,6 +631,10 @@ class _Reporter:
             "out_tok_s": round(st.output_tokens / elapsed, 1),
             "eta_s": None if eta is None else round(eta, 1),
             "updated_at": time.time(),
+            "in_flight": len(self.run.in_flight),
+            "retrying": len(self.run.retrying),
+            "retried_requests": st.retried_requests,
+            "oldest_in_flight_at": min(self.run.in_flight.values(), default=None),
         }
 
     def write_status(self, final: bool = False) -> None:

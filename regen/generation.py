@@ -6,19 +6,27 @@ The server's life belongs to ``regen.sglang.server``; the requests, journal and 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import re
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from regen.client import Endpoint, generate_shard
 from regen.io import read_json
 from regen.sglang.server import ServerError, acquire_server, find_owner_pid
+from regen.status import progress_line
 from regen.storage import sink_from_config
 
 log = logging.getLogger("regen.generation")
+
+#: how often the job on GPU slot 0 prints the run's progress line to Snakemake's console
+CONSOLE_PROGRESS_EVERY_S = 15.0
 
 
 def per_allocation(base: str) -> str:
@@ -52,10 +60,48 @@ def run_generate_job(
     cfg = {**server_cfg, "gpus": int(gpu_slots)}
     slots, logs = per_allocation(workdir), per_allocation(log_dir)
     try:
-        with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
+        with (
+            acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint,
+            console_progress(
+                endpoint.server_id, Path(journal_path).parent.parent, Path(records_out).parent.parent
+            ),
+        ):
             _generate(shard_path, journal_path, records_out, failed_out, generate_cfg, endpoint, shard)
     except ServerError as exc:
         raise SystemExit(once_per_cause(exc, shard, log_path, Path(slots) / "failures")) from None
+
+
+@contextlib.contextmanager
+def console_progress(
+    server_id: str, workdir: Path, results: Path, every_s: float = CONSOLE_PROGRESS_EVERY_S
+) -> Iterator[None]:
+    """While the job on GPU slot 0 runs, print ``regen status``'s one-line progress of the whole run
+    to the console Snakemake runs in (the job's own stderr goes to its log). One job at a time holds
+    slot 0, so the console gets one line per interval, not one per GPU."""
+    if server_id != "gpu0":
+        yield
+        return
+    console = sys.__stderr__
+    stop = threading.Event()
+
+    def loop() -> None:
+        while True:
+            try:
+                line = progress_line(workdir, results)
+            except (OSError, ValueError) as exc:
+                line = f"regen: progress unavailable ({exc})"
+            if console is not None:
+                print(line, file=console, flush=True)
+            if stop.wait(every_s):
+                return
+
+    thread = threading.Thread(target=loop, name="console-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
 
 
 def once_per_cause(exc: Exception, shard: str, log_path: str | None, cause_dir: Path) -> str:

@@ -1,8 +1,10 @@
 # Config validation (once, with the schema's defaults filled in) and named input functions.
 import os
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from regen.check import preflight, report_for_missing_dataset
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
@@ -29,9 +31,27 @@ wildcard_constraints:
 
 
 def dataset_path():
-    """The input dataset: a local path, or an s3:// URI fetched by the S3 storage plugin."""
+    """The input dataset: a local path, or an s3:// URI fetched by the S3 storage plugin.
+    A local dataset that is missing stops the workflow here with every preflight problem at once.
+    """
     path = lookup(dpath="dataset/path", within=config)
-    return storage.s3(path) if path.startswith("s3://") else path
+    if path.startswith("s3://"):
+        return storage.s3(path)
+    if not os.path.exists(path):
+        raise WorkflowError(report_for_missing_dataset(config, requested_gpus()))
+    return path
+
+
+def requested_gpus():
+    """N of --resources gpu=N, or None when not given."""
+    given = workflow.global_resources.get("gpu")
+    value = getattr(given, "value", given)
+    return None if value is None else int(value)
+
+
+def run_preflight():
+    """`regen check` as the workflow's first step (onstart): every problem at once, before any job."""
+    preflight(config, requested_gpus())
 
 
 def gpu_slots():

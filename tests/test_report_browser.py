@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,9 +135,22 @@ def test_failed_output_gate_keeps_its_verdict_and_the_report_says_not_ready(demo
     wd = demo_report
     (wd / "config" / "strict.yaml").write_text("reaudit: {max_truncated_fraction: 0.0}\n")
     run = snakemake(wd, "--cores", "2", "--configfile", "config/demo.yaml", "config/strict.yaml")
-    out = run.stdout + run.stderr
     assert run.returncode != 0
-    assert "NOT training-ready" in out and "Details: logs/reaudit.verdict.json" in out, out[-3000:]
+    message = (wd / "logs" / "reaudit.log").read_text()
+    assert "NOT training-ready" in message and "Details: logs/reaudit.verdict.json" in message, message[
+        -3000:
+    ]
     assert not (wd / "results" / "reaudit" / "summary.json").exists()  # Snakemake removed the output
     kept = json.loads((wd / "logs" / "reaudit.verdict.json").read_text())
     assert kept["passed"] is False and kept["gates"]["max_truncated_fraction"]["passed"] is False
+    # the report pages, rebuilt by hand after the failure, say why it is not ready
+    assets = subprocess.run(
+        [sys.executable, "-m", "regen.cli", "report-assets", "results/report"],
+        cwd=wd,
+        capture_output=True,
+        text=True,
+    )
+    assert assets.returncode == 0, assets.stderr[-2000:]
+    landing = (wd / "results" / "report" / "landing.rst").read_text()
+    assert landing.startswith("**NOT READY**") and "reaudit.max\\_truncated\\_fraction" in landing, landing
+    assert "logs/reaudit.verdict.json" in landing
