@@ -771,12 +771,31 @@ def cli(argv: list[str]) -> int:
         default="auto",
         choices=["auto", "messages", "sharegpt", "prompt", "tokenized"],
         dest="fmt",
+        help="row format of INPUT (default: auto, detected from the first rows)",
     )
     parser.add_argument("--tokenizer", default="resources/demo-tokenizer", help="tokenizer directory")
-    parser.add_argument("--context-limit", type=int, default=DEFAULT_CONTEXT_LIMIT)
-    parser.add_argument("--scaffolding-max-tokens", type=int, default=DEFAULT_SCAFFOLDING_MAX_TOKENS)
-    parser.add_argument("--id-column", default=None)
-    parser.add_argument("--on-bad-row", default="skip", choices=["skip", "stop"])
+    parser.add_argument(
+        "--context-limit",
+        type=int,
+        default=DEFAULT_CONTEXT_LIMIT,
+        help=f"longer prompts (tokens) are flagged over_length (default {DEFAULT_CONTEXT_LIMIT})",
+    )
+    parser.add_argument(
+        "--scaffolding-max-tokens",
+        type=int,
+        default=DEFAULT_SCAFFOLDING_MAX_TOKENS,
+        help="an old answer with at most this many supervised tokens beyond the template scaffolding "
+        f"is flagged empty_response (default {DEFAULT_SCAFFOLDING_MAX_TOKENS})",
+    )
+    parser.add_argument(
+        "--id-column", default=None, help="column with a stable sample id (default: hash the content)"
+    )
+    parser.add_argument(
+        "--on-bad-row",
+        default="skip",
+        choices=["skip", "stop"],
+        help="skip: record unreadable rows and go on; stop: fail at the first (default skip)",
+    )
     parser.add_argument("--override-gates", action="store_true", help="report failed gates as warnings")
     parser.add_argument("--out", required=True, help="output directory")
     args = parser.parse_args(argv)

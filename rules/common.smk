@@ -83,3 +83,12 @@ def get_final_outputs():
 def stop_gpu_servers():
     """Stop the per-GPU servers this run started (called on success and on error)."""
     stop_all_servers("work/servers")
+
+
+def report_landing_page():
+    """The report's first page: the run's verdict (written by report_assets) once it exists, else the
+    static introduction."""
+    landing = "results/report/landing.rst"
+    return (
+        os.path.abspath(landing) if os.path.isfile(landing) else "report/workflow.rst"
+    )

@@ -1,14 +1,5 @@
 # The report's pages: plots, gate tables, the server memory map and the landing page (READY or not, why).
 # `snakemake --report` uses results/report/landing.rst as its first page once it exists (Snakefile `report:`).
-def report_landing_page():
-    """The report's first page: the run's verdict (written by report_assets) once it exists, else the
-    static introduction."""
-    landing = "results/report/landing.rst"
-    return (
-        os.path.abspath(landing) if os.path.isfile(landing) else "report/workflow.rst"
-    )
-
-
 rule report_assets:
     input:
         dataset="results/dataset",

@@ -881,11 +881,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="regen simulate-server", description=__doc__.split("\n")[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--model-path", default="demo-model")
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port to listen on; 0 picks a free one")
+    p.add_argument("--model-path", default="demo-model", help="model name it reports")
+    p.add_argument("--served-model-name", default=None, help="served name (default: --model-path)")
+    p.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=64,
+        help="concurrent requests decoded at once (default 64)",
+    )
     p.add_argument("--token-rate", type=float, default=0.0, help="decode tokens/s per request; 0 = instant")
     p.add_argument("--startup-delay", type=float, default=0.0, help="seconds until /health answers 200")
     p.add_argument(
@@ -895,10 +900,12 @@ def cli(argv: list[str]) -> int:
         help="batch model: per-request rate = token-rate / (1 + running / N); default: no batch effect",
     )
     p.add_argument("--faults", default=None, help="JSON object of Faults fields")
-    p.add_argument("--version", default="0.5.23")
-    p.add_argument("--log-file", default=None)
+    p.add_argument("--version", default="0.5.23", help="SGLang version it reports and imitates")
+    p.add_argument("--log-file", default=None, help="write SGLang-style log lines here (default stderr)")
     p.add_argument("--inline", action="store_true", help="answer inside the handler (no queue, no sleeps)")
-    p.add_argument("--context-length", type=int, default=32768)
+    p.add_argument(
+        "--context-length", type=int, default=32768, help="context length it reports (default 32768)"
+    )
     p.add_argument("--options", default=None, help="JSON object of further SimOptions fields")
     p.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT (several processes on one port)")
     p.add_argument("--print-url", action="store_true", help="print the bound URL on stdout once listening")
