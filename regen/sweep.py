@@ -708,15 +708,20 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--tp", type=int, help="tensor parallel size (default: server.tp)")
     add_planning_arguments(p)
     p.add_argument("--max-tokens", type=int, help="default: generate.sampling.max_tokens")
-    p.add_argument("--server-config", help="config.yaml: its server: and generate: sections are used")
+    p.add_argument(
+        "--configfile",
+        "--server-config",
+        dest="server_config",
+        help="the run's config file: its server: and generate: sections are used",
+    )
     p.add_argument("--simulated", action="store_true", help="run simulated servers (server.mode simulated)")
     p.add_argument("--pilot-shard", help="default: first results/shards/*.parquet")
     p.add_argument("--pilot-samples", type=int, default=300, help="pilot prompts (cycled) (default 300)")
     p.add_argument("--seconds", type=float, default=20.0, help="measurement time per candidate (default 20)")
     p.add_argument("--candidates", type=int, default=2, help="tuner configs to try besides the given flags")
     p.add_argument("--gpus", type=int, help="GPUs for the projection (default: server.gpus)")
-    p.add_argument("--results", default="results")
-    p.add_argument("--work", default="work")
+    p.add_argument("--results", default="results", help="the run's results directory (default: results)")
+    p.add_argument("--work", default="work", help="the run's work directory (default: work)")
     p.add_argument("--out", default=None, help="pilot file (default: RESULTS/plan/pilot.json)")
     p.add_argument("--plan-out", help="also write a plan file (like results/plan/server.json) with the best")
     ns = p.parse_args(argv)

@@ -908,9 +908,16 @@ _ROWS = [
 
 def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     """The options ``regen tune`` and ``regen tune --sweep`` share: version, workload, quality opt-ins."""
-    parser.add_argument("--sglang-version", default=DEFAULT_VERSION, choices=SUPPORTED_VERSIONS)
-    parser.add_argument("--prompt-p50", type=int)
-    parser.add_argument("--prompt-p99", type=int)
+    parser.add_argument(
+        "--sglang-version",
+        default=DEFAULT_VERSION,
+        choices=SUPPORTED_VERSIONS,
+        help=f"the SGLang whose allocation rules are modelled (default {DEFAULT_VERSION})",
+    )
+    parser.add_argument("--prompt-p50", type=int, help="median prompt tokens (default: from --audit-summary)")
+    parser.add_argument(
+        "--prompt-p99", type=int, help="99th-percentile prompt tokens (default: --audit-summary)"
+    )
     parser.add_argument("--audit-summary", help="audit summary.json with prompt-token percentiles")
     parser.add_argument("--allow-bf16-state", action="store_true", help="linear-attention state in bf16")
     parser.add_argument("--allow-fp8-kv", action="store_true", help="fp8 KV cache")
@@ -962,11 +969,13 @@ def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="regen tune", description="Plan SGLang memory and flags.")
     parser.add_argument("--model-config", required=True, help="HF model dir or config.json")
     parser.add_argument("--gpu-memory-mib", type=int, help="GPU memory (default: nvidia-smi)")
-    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per server (default 1)")
     add_planning_arguments(parser)
-    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument(
+        "--max-tokens", type=int, help="answer budget per request (generate.sampling.max_tokens)"
+    )
     parser.add_argument("--concurrency", type=int, help="target concurrency (default: as high as fits)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the recommendation as JSON, not a table")
     parser.add_argument("--out", help="write a plan file (launch_args + plans)")
     parser.add_argument(
         "--sweep", action="store_true", help="benchmark the top configs live; `regen tune --sweep --help`"
