@@ -34,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ import orjson
 
 from regen.io import write_json
 from regen.journal import Journal, JournalSink
-from regen.types import Message, Sample
+from regen.types import Message, Sample, prompt_end
 
 log = logging.getLogger(__name__)
 
@@ -196,22 +197,30 @@ def thinking_for(sample_id: str, mode: str, fraction: float) -> bool:
 
 
 def _wire(m: Message) -> dict[str, Any]:
-    return {"role": m.role, "content": m.content}
+    """A turn as SGLang's chat API takes it (tool calls and tool-call ids included when set)."""
+    out = m.to_json()
+    out.pop("reasoning_content", None)
+    return out
+
+
+def sample_id_header(sample_id: str) -> str:
+    """The sample id as an HTTP header value: percent-encoded, so no id (newlines, non-ASCII) can
+    break or inject a header. The simulated server decodes it; real SGLang ignores the header."""
+    return urllib.parse.quote(sample_id, safe="")
 
 
 def prompt_for_last(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
-    """Messages before the last assistant turn; all of them when there is no assistant turn."""
-    last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
-    kept = messages if last is None else messages[:last]
-    return [_wire(m) for m in kept]
+    """The prompt: every turn before a final assistant turn; all of them when the conversation ends
+    with a user or tool turn (that turn is what gets answered)."""
+    return [_wire(m) for m in messages[: prompt_end([m.role for m in messages])]]
 
 
 def turn_prefixes(messages: tuple[Message, ...]) -> list[tuple[Message, ...]]:
-    """For ``regenerate: all``: the non-assistant turns that precede each assistant turn.
+    """For ``regenerate: all``: the non-assistant turns that precede each answer.
 
-    Segment k holds the turns between assistant turn k-1 and assistant turn k; turns after
-    the last assistant turn are dropped (as with ``last``). With no assistant turn, one segment
-    holds every turn.
+    Segment k holds the turns between assistant turn k-1 and assistant turn k; turns after the
+    last assistant turn form a last segment, answered too (as with ``last``). With no assistant
+    turn, one segment holds every turn.
     """
     segments: list[tuple[Message, ...]] = []
     current: list[Message] = []
@@ -221,7 +230,7 @@ def turn_prefixes(messages: tuple[Message, ...]) -> list[tuple[Message, ...]]:
             current = []
         else:
             current.append(m)
-    if not segments:
+    if current or not segments:
         segments.append(tuple(current))
     return segments
 
@@ -273,6 +282,7 @@ class _Answer:
     started_at: float
     latency_s: float
     max_tokens: int
+    tool_calls: list[Any] | None = None  # parsed by the server's tool-call parser, when it has one
 
 
 def _parse_answer(body: bytes, started_at: float, latency: float, max_tokens: int) -> _Answer:
@@ -297,6 +307,7 @@ def _parse_answer(body: bytes, started_at: float, latency: float, max_tokens: in
             started_at=started_at,
             latency_s=latency,
             max_tokens=max_tokens,
+            tool_calls=msg.get("tool_calls") or None,
         )
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise RequestError("malformed_response", f"{type(exc).__name__}: {exc}", True) from exc
@@ -393,11 +404,12 @@ class _ShardRun:
         sid = sample.id
         seed = derive_seed(cfg.sampling.seed, sid)
         thinking = thinking_for(sid, cfg.thinking, cfg.thinking_fraction)
+        tools = list(sample.tools) if sample.tools else None
         attempts = [0]
         try:
             if cfg.regenerate == "last":
                 prompt = prompt_for_last(sample.messages)
-                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts)
+                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts, tools)
                 turns = None
             else:
                 prompt = []
@@ -408,9 +420,11 @@ class _ShardRun:
                         prev: dict[str, Any] = {"role": "assistant", "content": answer.content}
                         if answer.reasoning_content is not None:
                             prev["reasoning_content"] = answer.reasoning_content
+                        if answer.tool_calls:
+                            prev["tool_calls"] = answer.tool_calls
                         prompt.append(prev)
                     prompt.extend(_wire(m) for m in segment)
-                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts)
+                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts, tools)
                     if answer is None:
                         break
                     turns.append(
@@ -419,6 +433,7 @@ class _ShardRun:
                             "content": answer.content,
                             "finish_reason": answer.finish_reason,
                             "usage": answer.usage,
+                            **({"tool_calls": answer.tool_calls} if answer.tool_calls else {}),
                         }
                     )
         except SampleFailed as exc:
@@ -472,6 +487,10 @@ class _ShardRun:
         }
         if turns is not None:
             record["turns"] = turns
+        if tools:
+            record["tools"] = tools
+        if answer.tool_calls:
+            record["tool_calls"] = answer.tool_calls
         return record
 
     def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:
@@ -498,17 +517,23 @@ class _ShardRun:
         return None
 
     async def answer_turn(
-        self, sid: str, messages: list[dict[str, Any]], seed: int, thinking: bool, attempts: list[int]
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        seed: int,
+        thinking: bool,
+        attempts: list[int],
+        tools: list[Any] | None = None,
     ) -> _Answer | None:
         """One regenerated turn under the truncation policy; None means dropped."""
         cfg = self.cfg
-        answer = await self.request(sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts)
+        answer = await self.request(sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts, tools)
         if answer.finish_reason != "length" or cfg.truncation == "keep":
             return answer
         if cfg.truncation == "drop":
             return None
         bigger = math.ceil(cfg.sampling.max_tokens * cfg.retry_max_tokens_factor)
-        return await self.request(sid, messages, seed, thinking, bigger, attempts)
+        return await self.request(sid, messages, seed, thinking, bigger, attempts, tools)
 
     async def request(
         self,
@@ -518,8 +543,9 @@ class _ShardRun:
         thinking: bool,
         max_tokens: int,
         attempts: list[int],
+        tools: list[Any] | None = None,
     ) -> _Answer:
-        """POST with retries; raises SampleFailed."""
+        """POST with retries; raises SampleFailed. ``tools`` (the sample's tool definitions) go with it."""
         s = self.cfg.sampling
         body = orjson.dumps(
             {
@@ -534,9 +560,10 @@ class _ShardRun:
                 "seed": seed,
                 "chat_template_kwargs": {"enable_thinking": thinking},
                 "separate_reasoning": True,
+                **({"tools": tools} if tools else {}),
             }
         )
-        headers = {**self.base_headers, SAMPLE_ID_HEADER: sid}
+        headers = {**self.base_headers, SAMPLE_ID_HEADER: sample_id_header(sid)}
         delay = 0.0
         for attempt in range(1, self.cfg.max_attempts + 1):
             if attempt > 1:

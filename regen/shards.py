@@ -19,7 +19,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from regen.chat import content_as_text
+from regen.chat import ChatTemplate, content_as_text
 from regen.dataset import iter_samples
 from regen.types import Message, Sample
 
@@ -28,6 +28,10 @@ MESSAGE_TYPE = pa.struct(
         pa.field("role", pa.string()),
         pa.field("content", pa.string()),
         pa.field("reasoning_content", pa.string()),
+        # OpenAI tool calls are free-form JSON (arguments as a string or an object): kept as JSON text
+        pa.field("tool_calls_json", pa.string()),
+        pa.field("tool_call_id", pa.string()),
+        pa.field("name", pa.string()),
     ]
 )
 SHARD_SCHEMA = pa.schema(
@@ -37,6 +41,7 @@ SHARD_SCHEMA = pa.schema(
         pa.field("source_file", pa.string()),
         pa.field("source_row", pa.int64()),
         pa.field("source_format", pa.string()),
+        pa.field("tools_json", pa.string()),  # the sample's tool definitions as JSON text, null when none
     ]
 )
 ROWS_PER_BATCH = 4096
@@ -55,12 +60,31 @@ def shard_index(sample_id: str, n: int) -> int:
     return int.from_bytes(digest, "big") % n
 
 
+def _json_text(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(list(value)).decode()
+
+
 def _message_row(m: Message) -> dict[str, Any]:
     return {
         "role": m.role,
         "content": content_as_text(m.content) if m.content is not None else None,
         "reasoning_content": m.reasoning_content,
+        "tool_calls_json": _json_text(m.tool_calls),
+        "tool_call_id": m.tool_call_id,
+        "name": m.name,
     }
+
+
+def _message_from_row(m: dict[str, Any]) -> Message:
+    calls = m.get("tool_calls_json")
+    return Message(
+        m["role"],
+        m["content"],
+        m["reasoning_content"],
+        tuple(orjson.loads(calls)) if calls else None,
+        m.get("tool_call_id"),
+        m.get("name"),
+    )
 
 
 class _ShardBuffer:
@@ -78,6 +102,7 @@ class _ShardBuffer:
         c["source_file"].append(sample.source.get("file"))
         c["source_row"].append(sample.source.get("row"))
         c["source_format"].append(sample.source.get("format"))
+        c["tools_json"].append(_json_text(sample.tools))
         self.rows += 1
         if len(c["id"]) >= ROWS_PER_BATCH:
             self.flush()
@@ -135,11 +160,15 @@ def read_shard(path: str | os.PathLike[str]) -> Iterator[Sample]:
     pf = pq.ParquetFile(path)
     for batch in pf.iter_batches(batch_size=ROWS_PER_BATCH):
         for row in batch.to_pylist():
-            messages = tuple(
-                Message(m["role"], m["content"], m["reasoning_content"]) for m in (row["messages"] or ())
-            )
+            messages = tuple(_message_from_row(m) for m in (row["messages"] or ()))
             source = {"file": row["source_file"], "row": row["source_row"], "format": row["source_format"]}
-            yield Sample(id=row["id"], messages=messages, source=source)
+            tools = row.get("tools_json")
+            yield Sample(
+                id=row["id"],
+                messages=messages,
+                source=source,
+                tools=tuple(orjson.loads(tools)) if tools else None,
+            )
 
 
 def read_excluded(excluded_jsonl: str | os.PathLike[str]) -> tuple[frozenset[str], frozenset[int]]:
@@ -177,5 +206,8 @@ def make_shards(
     occurrence must stay).
     """
     _ids, rows = read_excluded(excluded_jsonl)
-    samples = iter_samples(input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows=None)
+    developer_role = ChatTemplate.from_dir(tokenizer_dir).developer_role if tokenizer_dir else "system"
+    samples = iter_samples(
+        input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows=None, developer_role=developer_role
+    )
     return write_shards(samples, frozenset(), out_paths, excluded_rows=rows)
