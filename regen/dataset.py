@@ -49,6 +49,7 @@ import logging
 import lzma
 import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -751,21 +752,29 @@ def _decompressing(raw: IO[bytes], compression: str) -> IO[bytes]:
 
 
 # what a failing decompressor or disk raises part-way through a file
-_STREAM_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, ValueError, lzma.LZMAError)
+_STREAM_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error)
 
 
-def _parse_json_bytes(raw: bytes, file: str, row: int, id_column: str | None = None) -> Any:
+_LINE_END = frozenset(b"\r\n")
+
+
+def _blank(piece: bytes | memoryview) -> bool:
+    """True for an empty or all-whitespace line (copies only a line that starts with whitespace)."""
+    return not piece or (bytes(piece[:1]).isspace() and not bytes(piece).strip())
+
+
+def _parse_json_bytes(raw: bytes | memoryview, file: str, row: int, id_column: str | None = None) -> Any:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         try:
-            raw.decode("utf-8")
+            bytes(raw).decode("utf-8")
         except UnicodeDecodeError as uexc:
             return BadRow(file, row, ROW_FIELD, f"invalid UTF-8 at byte {uexc.start}")
         return BadRow(file, row, ROW_FIELD, f"malformed JSON: {exc}")
     if id_column and isinstance(value, dict) and isinstance(value.get(id_column), float):
         # orjson reads integers wider than 64 bits as floats; the standard parser keeps every digit
-        exact = json.loads(raw)
+        exact = json.loads(bytes(raw))
         if isinstance(exact, dict):
             value[id_column] = exact.get(id_column)
     return value
@@ -808,10 +817,16 @@ def _iter_jsonl(path: Path, id_column: str | None) -> Iterator[tuple[int, Any]]:
                 src.read_bytes += len(line)
                 if row < 0 and line.startswith(UTF8_BOM):
                     line = line[len(UTF8_BOM) :]
-                body = line.rstrip(b"\r\n")
-                for piece in _split_cr(body) if b"\r" in body else (body,):
+                end = len(line)
+                while end and line[end - 1] in _LINE_END:
+                    end -= 1
+                if line.find(b"\r", 0, end) >= 0:
+                    pieces: Iterable[bytes | memoryview] = _split_cr(line[:end])
+                else:  # a view, not a copy: one huge line is held once
+                    pieces = (memoryview(line)[:end],)
+                for piece in pieces:
                     row += 1
-                    if not piece.strip():
+                    if _blank(piece):
                         continue
                     seen_any = True
                     yield row, _parse_json_bytes(piece, file, row, id_column)

@@ -7,6 +7,11 @@ Two Arrow schemas live here, one place each:
 * ``dataset_schema(include_token_ids)``: the output rows, one conversation each, whose
   ``messages`` end with the regenerated assistant turn (``reasoning_content`` + ``content``).
 
+Tool use survives as JSON text (OpenAI tool calls are free-form: arguments as a string or an
+object, extra keys): a message's ``tool_calls_json``, ``tool_call_id`` and ``name``, the record's
+``tools_json`` (the tool definitions sent) and ``tool_calls_json`` (the regenerated turn's parsed
+calls, which end up on the output's final assistant message).
+
 ``merge`` streams batch by batch (never the whole dataset in memory), writes bounded files
 ``part-00000.parquet …`` into a temporary directory, writes ``_manifest.json`` last and then
 renames the directory into place, replacing ``out_dir`` as a whole.
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -38,6 +44,9 @@ MESSAGE_TYPE = pa.struct(
         pa.field("role", pa.string(), nullable=False),
         pa.field("content", pa.string()),
         pa.field("reasoning_content", pa.string()),
+        pa.field("tool_calls_json", pa.string()),
+        pa.field("tool_call_id", pa.string()),
+        pa.field("name", pa.string()),
     ]
 )
 MESSAGES_TYPE = pa.list_(pa.field("item", MESSAGE_TYPE, nullable=False))
@@ -49,6 +58,7 @@ TURN_TYPE = pa.struct(
         pa.field("prompt_tokens", pa.int64()),
         pa.field("completion_tokens", pa.int64()),
         pa.field("reasoning_tokens", pa.int64()),
+        pa.field("tool_calls_json", pa.string()),
     ]
 )
 
@@ -78,6 +88,8 @@ VALID_SCHEMA = pa.schema(
         pa.field("started_at", pa.float64(), nullable=False),
         pa.field("latency_s", pa.float64(), nullable=False),
         pa.field("turns", pa.list_(pa.field("item", TURN_TYPE, nullable=False))),
+        pa.field("tools_json", pa.string()),
+        pa.field("tool_calls_json", pa.string()),
     ],
     metadata={b"regen.schema": b"valid/1"},
 )
@@ -97,6 +109,7 @@ _PASSTHROUGH = (
     "max_tokens",
     "seed",
     "shard",
+    "tools_json",
 )
 
 SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
@@ -183,7 +196,7 @@ class ValidColumns:
         timings = rec["timings"]
         c["id"].append(rec["id"])
         c["shard"].append(rec["shard"])
-        c["messages"].append(rec["messages"])
+        c["messages"].append([_message_row(m) for m in rec["messages"]])
         c["reasoning_content"].append(rec["reasoning_content"])
         c["content"].append(rec["content"])
         c["finish_reason"].append(rec["finish_reason"])
@@ -207,6 +220,8 @@ class ValidColumns:
         c["latency_s"].append(float(timings["latency_s"]))
         turns = rec.get("turns")
         c["turns"].append(None if turns is None else [_turn_row(t) for t in turns])
+        c["tools_json"].append(_json_text(rec.get("tools")))
+        c["tool_calls_json"].append(_json_text(rec.get("tool_calls")))
 
     def to_batch(self) -> pa.RecordBatch:
         """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
@@ -215,6 +230,34 @@ class ValidColumns:
         for lst in self.cols.values():
             lst.clear()
         return batch
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value).decode()
+
+
+def _message_row(m: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "role": m["role"],
+        "content": m["content"],
+        "reasoning_content": m.get("reasoning_content"),
+        "tool_calls_json": _json_text(m.get("tool_calls")),
+        "tool_call_id": m.get("tool_call_id"),
+        "name": m.get("name"),
+    }
+
+
+def message_from_row(m: dict[str, Any]) -> Message:
+    """A ``MESSAGE_TYPE`` row as a Message (tool calls decoded)."""
+    calls = m.get("tool_calls_json")
+    return Message(
+        m["role"],
+        m["content"],
+        m["reasoning_content"],
+        tuple(orjson.loads(calls)) if calls else None,
+        m.get("tool_call_id"),
+        m.get("name"),
+    )
 
 
 def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:
@@ -227,6 +270,7 @@ def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": int(usage["prompt_tokens"]),
         "completion_tokens": int(usage["completion_tokens"]),
         "reasoning_tokens": None if rt is None else int(rt),
+        "tool_calls_json": _json_text(turn.get("tool_calls")),
     }
 
 
@@ -235,15 +279,19 @@ def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _append_assistant_turn(messages: pa.ListArray, content: pa.Array, reasoning: pa.Array) -> pa.ListArray:
-    """Append ``{"role": "assistant", content, reasoning_content}`` to every row's list (vectorised)."""
+def _append_assistant_turn(
+    messages: pa.ListArray, content: pa.Array, reasoning: pa.Array, tool_calls: pa.Array
+) -> pa.ListArray:
+    """Append ``{"role": "assistant", content, reasoning_content, tool_calls_json}`` to every row's list
+    (vectorised)."""
     n = len(messages)
     offsets = messages.offsets.to_numpy().astype(np.int64)
     values = messages.values.slice(offsets[0], offsets[-1] - offsets[0])
     offsets = offsets - offsets[0]
     m = len(values)
+    no_text = pa.nulls(n, pa.string())
     assistant = pa.StructArray.from_arrays(
-        [pa.array(["assistant"] * n, pa.string()), content, reasoning],
+        [pa.array(["assistant"] * n, pa.string()), content, reasoning, tool_calls, no_text, no_text],
         fields=list(MESSAGE_TYPE),
     )
     new_offsets = offsets + np.arange(n + 1, dtype=np.int64)
@@ -266,13 +314,16 @@ def to_dataset_batch(valid: pa.RecordBatch, encoder: Any | None = None) -> pa.Re
     if valid.schema.remove_metadata() != VALID_SCHEMA.remove_metadata():
         valid = _conform(valid)
     messages = _append_assistant_turn(
-        valid.column("messages"), valid.column("content"), valid.column("reasoning_content")
+        valid.column("messages"),
+        valid.column("content"),
+        valid.column("reasoning_content"),
+        valid.column("tool_calls_json"),
     )
     arrays: list[pa.Array] = [valid.column("id"), messages]
     arrays += [valid.column(name) for name in _PASSTHROUGH]
     schema = dataset_schema(encoder is not None)
     if encoder is not None:
-        pairs = encoder(messages.to_pylist())
+        pairs = encoder([[message_from_row(m) for m in conv] for conv in messages.to_pylist()])
         arrays.append(pa.array([p[0] for p in pairs], schema.field("input_ids").type))
         arrays.append(pa.array([p[1] for p in pairs], schema.field("loss_mask").type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -502,7 +553,7 @@ def iter_dataset_samples(dataset_dir: str | os.PathLike[str], batch_rows: int = 
             for sid, msgs in zip(ids, convs, strict=True):
                 yield Sample(
                     id=sid,
-                    messages=tuple(Message(m["role"], m["content"], m["reasoning_content"]) for m in msgs),
+                    messages=tuple(message_from_row(m) for m in msgs),
                     source={"file": str(part), "row": row, "format": "messages"},
                 )
                 row += 1

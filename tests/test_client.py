@@ -382,7 +382,11 @@ def test_ids_are_data_not_header_syntax(sim: str, tmp_path: Path) -> None:
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+}
 
 
 def test_tool_calls_and_tools_reach_the_server_and_the_record(sim: str, tmp_path: Path) -> None:
