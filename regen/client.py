@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ import orjson
 
 from regen.io import write_json
 from regen.journal import Journal, JournalSink
-from regen.types import Message, Sample
+from regen.types import Endpoint, Message, Sample
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +52,6 @@ SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
 DEFAULT_CONCURRENCY = 64
 MAX_BACKOFF_S = 60.0
 RETRY_STATUSES = frozenset({408, 429})
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """A running server, as ``regen.sglang.server.acquire_server`` hands it over."""
-
-    url: str
-    server_id: str
-    max_running_requests: int | None = None
-    version: str | None = None
-    model: str | None = None
-    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

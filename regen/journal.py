@@ -69,6 +69,44 @@ def _parse_line(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
     return entry
 
 
+def scan_journal(path: Path, data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """Every complete entry of a journal's bytes, and where the complete lines end.
+
+    The one torn-line rule: a kill can tear only the last line, so a last line with no newline after
+    it, or a final line that does not parse, is torn and left out; an unreadable line anywhere else
+    raises :class:`JournalError` naming file and line.
+    """
+    entries: list[dict[str, Any]] = []
+    good_end = pos = lineno = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        lineno += 1
+        if nl == -1:  # torn: no newline after the last line
+            break
+        last = data.find(b"\n", nl + 1) == -1 and not data[nl + 1 :].strip()
+        raw = data[pos:nl]
+        if raw.strip():
+            try:
+                entries.append(_parse_line(path, lineno, raw))
+            except JournalError:
+                if last:  # a complete-looking but unreadable final line: torn too
+                    break
+                raise
+        pos = nl + 1
+        good_end = pos
+    return entries, good_end
+
+
+def read_journal_entries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The entries of a journal file, read-only ([] when it does not exist); a torn last line is left out."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        return []
+    return scan_journal(p, data)[0]
+
+
 class Journal:
     """An open journal. Use ``Journal.open``; single writer (one generate job per shard)."""
 
@@ -112,31 +150,14 @@ class Journal:
         n_records = n_failed = 0
         if p.exists():
             data = p.read_bytes()
-            good_end = 0
-            pos = 0
-            lineno = 0
-            while pos < len(data):
-                nl = data.find(b"\n", pos)
-                lineno += 1
-                last = nl == -1 or (data.find(b"\n", nl + 1) == -1 and not data[nl + 1 :].strip())
-                raw = data[pos:] if nl == -1 else data[pos:nl]
-                if nl == -1:  # torn: no newline after the last line
-                    break
-                if raw.strip():
-                    try:
-                        entry = _parse_line(p, lineno, raw)
-                    except JournalError:
-                        if last:  # a complete-looking but unreadable final line: torn too
-                            break
-                        raise
-                    if entry["id"] not in finished:
-                        finished.add(entry["id"])
-                        if entry["kind"] == "record":
-                            n_records += 1
-                        else:
-                            n_failed += 1
-                pos = nl + 1
-                good_end = pos
+            entries, good_end = scan_journal(p, data)
+            for entry in entries:
+                if entry["id"] not in finished:
+                    finished.add(entry["id"])
+                    if entry["kind"] == "record":
+                        n_records += 1
+                    else:
+                        n_failed += 1
             if good_end < len(data):
                 with open(p, "r+b") as fh:
                     fh.truncate(good_end)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from regen.io import read_json
+from regen.projection import fmt_duration, project
 from regen.sglang.server import is_supervisor, read_url_state
 
 #: a shard's status older than this (and not finished) is shown as stale
@@ -204,15 +205,6 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:.{digits}f}"
 
 
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = round(seconds)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
-
-
 def render_table(
     statuses: list[ShardStatus], servers: list[ServerView], planned: set[str], finished: set[str], now: float
 ) -> str:
@@ -284,8 +276,6 @@ def projection_lines(pilot_path: Path, remaining_now: int | None) -> list[str]:
     """The pilot's projection (``regen tune --sweep``), re-projected for the samples left now when known."""
     if not pilot_path.is_file():
         return []
-    from regen.sweep import project  # the one projection formula
-
     try:
         pilot = read_json(pilot_path)
         proj = pilot["projection"]

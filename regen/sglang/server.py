@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from regen.io import write_json
+from regen.sglang.flags import check_flags
+from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
+from regen.types import Endpoint
 
 log = logging.getLogger("regen.sglang.server")
 
@@ -44,21 +47,6 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
 )
 #: how long a job waits for a slot's port to be released (e.g. by a server that was just killed)
 PORT_WAIT_S = 3.0
-
-try:  # the client helper owns the Endpoint type
-    from regen.client import Endpoint
-except ImportError:  # pragma: no cover - fallback until regen.client exists
-
-    @dataclass(frozen=True, slots=True)
-    class Endpoint:  # type: ignore[no-redef]
-        """Where a shard sends its requests (same fields as ``regen.client.Endpoint``)."""
-
-        url: str
-        server_id: str
-        max_running_requests: int | None = None
-        version: str | None = None
-        model: str | None = None
-        api_key: str | None = None
 
 
 class ServerError(RuntimeError):
@@ -316,11 +304,6 @@ def check_sglang_flags(argv: list[str]) -> None:
     ``regen.sglang.flags.check_flags`` - SGLang's own parser where sglang is importable."""
     if "sglang.launch_server" in argv:
         argv = argv[argv.index("sglang.launch_server") + 1 :]
-    try:
-        from regen.sglang.flags import check_flags
-    except ImportError as exc:
-        log.warning("regen.sglang.flags.check_flags is not importable (%s); launch flags not checked", exc)
-        return
     try:
         check_flags(argv)  # raises on a bad flag; returns which check ran
     except ValueError as exc:
@@ -666,17 +649,6 @@ def write_realized(
         "written_at": time.time(),
         "server_info": {k: info.get(k) for k in ("version", "internal_states") if k in info},
     }
-    try:
-        from regen.sglang.plan import (
-            compare,
-            launched_section,
-            parse_startup_log,
-            realized_from_server_info,
-        )
-    except ImportError as exc:
-        log.warning("regen.sglang.plan not importable (%s); realized memory map not computed", exc)
-        write_json(files.realized, out)
-        return
     startup = parse_startup_log(startup_log_text(files.log))
     realized = realized_from_server_info(dict(info), startup)
     out["startup_log"] = _jsonable(startup)
