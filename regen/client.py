@@ -44,6 +44,7 @@ import orjson
 
 from regen.io import write_json
 from regen.journal import Journal, JournalSink
+from regen.layout import RunLayout
 from regen.types import Endpoint, Message, Sample
 
 log = logging.getLogger(__name__)
@@ -727,7 +728,7 @@ async def generate_shard_async(
     gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
     if progress is None:
         jp = Path(journal_path)
-        progress = ProgressOptions(status_path=jp.parent.parent / "status" / f"{shard}.json")
+        progress = ProgressOptions(status_path=RunLayout.of_journal(jp).status(shard))
     it, total = _samples_and_total(samples, total)
     t0 = time.monotonic()
     stats = ShardStats(total=total)

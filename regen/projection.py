@@ -14,6 +14,7 @@ from typing import Any
 
 from regen.io import read_json
 from regen.journal import read_journal_entries
+from regen.layout import RunLayout
 
 
 class ProjectionError(RuntimeError):
@@ -60,13 +61,13 @@ def shard_ids(path: str | os.PathLike[str]) -> list[str]:
 
 def count_remaining(results_dir: str | os.PathLike[str], work_dir: str | os.PathLike[str]) -> Remaining:
     """Samples in ``results/shards/*.parquet`` minus the ids finished in ``work/journal/{shard}.jsonl``."""
-    shards = sorted(p for p in Path(results_dir, "shards").glob("*.parquet") if not p.name.startswith("."))
+    layout = RunLayout(results=Path(results_dir), work=Path(work_dir))
+    shards = layout.shard_files()
     total = finished = 0
     for shard in shards:
         ids = set(shard_ids(shard))
         total += len(ids)
-        journal = Path(work_dir, "journal", f"{shard.stem}.jsonl")
-        done = {str(e.get("id")) for e in read_journal_entries(journal)}
+        done = {str(e.get("id")) for e in read_journal_entries(layout.journal(shard.stem))}
         finished += len(ids & done)
     return Remaining(shards=len(shards), samples=total, finished=finished)
 

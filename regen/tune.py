@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.io import write_json
+from regen.layout import RunLayout
 from regen.projection import count_remaining, fmt_duration
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
@@ -272,17 +273,18 @@ def sweep_cli(argv: list[str]) -> int:
             allow_bf16_state=ns.allow_bf16_state or bool(server_cfg.get("allow_bf16_state")),
         )  # fmt: skip
         pairs = candidates_from_recommendation(rec, 1 + max(0, ns.candidates - 1))
-        shard = ns.pilot_shard or _first_shard(Path(ns.results))
+        layout = RunLayout(results=Path(ns.results), work=Path(ns.work))
+        shard = ns.pilot_shard or _first_shard(layout)
         samples = pilot_samples(shard, ns.pilot_samples)
         result = run_sweep(server_cfg, [c for c, _ in pairs], samples, generate_cfg, ns.seconds,
-                           Path(ns.work) / "sweep")  # fmt: skip
+                           layout.sweep_dir)  # fmt: skip
         remaining = count_remaining(ns.results, ns.work)
         report = pilot_report(
             result, remaining, gpus, tp,
             extra={"pilot_shard": str(shard), "model_config": str(model_config), "gpu_memory_mib": gpu_mib,
                    "server_mode": server_cfg.get("mode", "sglang"), "sglang_version": ns.sglang_version},
         )  # fmt: skip
-        out = Path(ns.out) if ns.out else Path(ns.results) / "plan" / "pilot.json"
+        out = Path(ns.out) if ns.out else layout.pilot
         write_json(out, report)
         if ns.plan_out:
             best_cand, best_plan = pairs[[c.args for c, _ in pairs].index(result.best_args)]
@@ -303,10 +305,10 @@ def sweep_cli(argv: list[str]) -> int:
     return 0
 
 
-def _first_shard(results: Path) -> Path:
-    shards = sorted(p for p in (results / "shards").glob("*.parquet") if not p.name.startswith("."))
+def _first_shard(layout: RunLayout) -> Path:
+    shards = layout.shard_files()
     if not shards:
-        raise SweepError(f"no prompt shard under {results / 'shards'}: pass --pilot-shard")
+        raise SweepError(f"no prompt shard under {layout.shards_dir}: pass --pilot-shard")
     return shards[0]
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.io import write_json
+from regen.layout import RUN, SlotFiles, url_files
 from regen.sglang.flags import check_flags
 from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
 from regen.types import Endpoint
@@ -55,30 +56,6 @@ class ServerError(RuntimeError):
 
 # --------------------------------------------------------------------------------------------------
 # per-slot files and process checks
-
-
-@dataclass(frozen=True, slots=True)
-class SlotFiles:
-    """The files of GPU slot ``k`` (``work/servers/gpu{k}.*`` and ``logs/servers/gpu{k}.log``)."""
-
-    slot: int
-    lock: Path
-    lease: Path
-    url: Path
-    realized: Path
-    log: Path
-
-    @classmethod
-    def of(cls, slot: int, workdir: str | os.PathLike[str], log_dir: str | os.PathLike[str]) -> SlotFiles:
-        w = Path(workdir)
-        return cls(
-            slot=slot,
-            lock=w / f"gpu{slot}.lock",
-            lease=w / f"gpu{slot}.lease",
-            url=w / f"gpu{slot}.url",
-            realized=w / f"gpu{slot}.realized.json",
-            log=Path(log_dir) / f"gpu{slot}.log",
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -707,8 +684,8 @@ def _served_model(info: Mapping[str, Any], default: str) -> str:
 def acquire_server(
     server_cfg: Mapping[str, Any],
     plan: Mapping[str, Any] | None = None,
-    workdir: str | os.PathLike[str] = "work/servers",
-    log_dir: str | os.PathLike[str] = "logs/servers",
+    workdir: str | os.PathLike[str] = RUN.servers_root,
+    log_dir: str | os.PathLike[str] = RUN.server_logs_root,
     *,
     gpu_slots: int | None = None,
     owner_pid: int | None = None,
@@ -823,17 +800,20 @@ def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:
 
 
 def live_supervisors(workdir: str | os.PathLike[str]) -> list[tuple[Path, UrlState]]:
-    """(url file, state) of every slot whose recorded supervisor PID is really a live supervisor."""
+    """(url file, state) of every slot whose recorded supervisor PID is really a live supervisor, in
+    ``workdir`` and in its per-Slurm-job slot directories (``regen.layout.url_files``)."""
     found = []
-    for url_file in sorted(Path(workdir).glob("gpu*.url")):
+    for url_file in url_files(workdir):
         state = read_url_state(url_file)
         if state is not None and is_supervisor(state.supervisor_pid, url_file):
             found.append((url_file, state))
     return found
 
 
-def stop_all_servers(workdir: str | os.PathLike[str] = "work/servers", grace_s: float = 30.0) -> int:
+def stop_all_servers(workdir: str | os.PathLike[str] = RUN.servers_root, grace_s: float = 30.0) -> int:
     """SIGTERM every live supervisor (verified PIDs), wait, then SIGKILL; returns how many were stopped.
+
+    ``workdir`` is the run's slot root: its per-node slots and every per-Slurm-job slot directory.
 
     Safe to call from Snakemake's ``onsuccess``/``onerror`` when no server runs.
     """
