@@ -45,6 +45,7 @@ import orjson
 from regen.io import write_json
 from regen.journal import Journal, JournalSink
 from regen.layout import RunLayout
+from regen.records import GenerationRecord, RecordSampling
 from regen.types import Endpoint, Message, Sample
 
 log = logging.getLogger(__name__)
@@ -436,31 +437,25 @@ class _ShardRun:
         self.stats.output_tokens += out_tokens
         if truncated:
             self.stats.truncated += 1
-        record: dict[str, Any] = {
-            "kind": "record",
-            "id": sid,
-            "shard": self.shard,
-            "messages": prompt,
-            "reasoning_content": answer.reasoning_content,
-            "content": answer.content,
-            "finish_reason": answer.finish_reason,
-            "truncated": truncated,
-            "thinking": thinking,
-            "usage": answer.usage,
-            "sampling": {
-                "temperature": s.temperature,
-                "top_p": s.top_p,
-                "top_k": s.top_k,
-                "max_tokens": answer.max_tokens,
-            },
-            "seed": seed,
-            "model": answer.model or self.model,
-            "server": self.server,
-            "attempts": attempts[0],
-            "timings": {"started_at": answer.started_at, "latency_s": answer.latency_s},
-        }
-        if turns is not None:
-            record["turns"] = turns
+        record = GenerationRecord(
+            id=sid,
+            shard=self.shard,
+            messages=prompt,
+            reasoning_content=answer.reasoning_content,
+            content=answer.content,
+            finish_reason=answer.finish_reason,
+            truncated=truncated,
+            thinking=thinking,
+            usage=answer.usage,
+            sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens),
+            seed=seed,
+            model=answer.model or self.model,
+            server=self.server,
+            attempts=attempts[0],
+            started_at=answer.started_at,
+            latency_s=answer.latency_s,
+            turns=turns,
+        ).journal_entry()
         return record
 
     def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:

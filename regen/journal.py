@@ -69,32 +69,45 @@ def _parse_line(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
     return entry
 
 
-def scan_journal(path: Path, data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """Every complete entry of a journal's bytes, and where the complete lines end.
+def _is_entry_like(raw: bytes) -> bool:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("id"), str)
 
-    The one torn-line rule: a kill can tear only the last line, so a last line with no newline after
-    it, or a final line that does not parse, is torn and left out; an unreadable line anywhere else
-    raises :class:`JournalError` naming file and line.
+
+def complete_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
+    """The journal's complete lines as ``(line number, line without its newline)`` (blank lines
+    skipped), and the byte offset where they end.
+
+    The one torn-line rule (every reader of a journal uses it): a kill can tear only the last line,
+    so the bytes after the last newline are torn, and so is a final line that is not a JSON object
+    with a string ``id`` (a complete-looking but unreadable write).
     """
-    entries: list[dict[str, Any]] = []
+    lines: list[tuple[int, bytes]] = []
     good_end = pos = lineno = 0
     while pos < len(data):
         nl = data.find(b"\n", pos)
         lineno += 1
         if nl == -1:  # torn: no newline after the last line
             break
-        last = data.find(b"\n", nl + 1) == -1 and not data[nl + 1 :].strip()
         raw = data[pos:nl]
         if raw.strip():
-            try:
-                entries.append(_parse_line(path, lineno, raw))
-            except JournalError:
-                if last:  # a complete-looking but unreadable final line: torn too
-                    break
-                raise
+            last = not data[nl + 1 :].strip()
+            if last and not _is_entry_like(raw):  # a complete-looking but unreadable final line: torn too
+                break
+            lines.append((lineno, raw))
         pos = nl + 1
         good_end = pos
-    return entries, good_end
+    return lines, good_end
+
+
+def scan_journal(path: Path, data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """Every complete entry of a journal's bytes (:func:`complete_lines`), and where they end; an
+    unreadable line that is not the torn last one raises :class:`JournalError` naming file and line."""
+    lines, good_end = complete_lines(data)
+    return [_parse_line(path, lineno, raw) for lineno, raw in lines], good_end
 
 
 def read_journal_entries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

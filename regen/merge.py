@@ -1,11 +1,8 @@
 """Training-ready Parquet: merge the validated shards into ``results/dataset/``.
 
-Two Arrow schemas live here, one place each:
-
-* ``VALID_SCHEMA``: ``results/valid/{shard}.parquet`` (written by ``regen.validate``), a flat
-  copy of every generation record field the later stages use.
-* ``dataset_schema(include_token_ids)``: the output rows, one conversation each, whose
-  ``messages`` end with the regenerated assistant turn (``reasoning_content`` + ``content``).
+It reads ``VALID_SCHEMA`` rows (``results/valid/{shard}.parquet``) and writes
+``dataset_schema(include_token_ids)`` rows: one conversation each, whose ``messages`` end with the
+regenerated assistant turn (``reasoning_content`` + ``content``); both schemas live in ``regen.records``.
 
 ``merge`` streams batch by batch (never the whole dataset in memory), writes bounded files
 ``part-00000.parquet …`` into a temporary directory, writes ``_manifest.json`` last and then
@@ -31,91 +28,17 @@ import pyarrow.parquet as pq
 
 from regen.io import read_json, write_json
 from regen.provenance import build_provenance
+from regen.records import (
+    DATASET_PASSTHROUGH,
+    MESSAGE_TYPE,
+    MESSAGES_TYPE,
+    VALID_SCHEMA,
+    dataset_schema,
+)
 from regen.types import Message, Sample
-
-MESSAGE_TYPE = pa.struct(
-    [
-        pa.field("role", pa.string(), nullable=False),
-        pa.field("content", pa.string()),
-        pa.field("reasoning_content", pa.string()),
-    ]
-)
-MESSAGES_TYPE = pa.list_(pa.field("item", MESSAGE_TYPE, nullable=False))
-TURN_TYPE = pa.struct(
-    [
-        pa.field("reasoning_content", pa.string()),
-        pa.field("content", pa.string()),
-        pa.field("finish_reason", pa.string()),
-        pa.field("prompt_tokens", pa.int64()),
-        pa.field("completion_tokens", pa.int64()),
-        pa.field("reasoning_tokens", pa.int64()),
-    ]
-)
-
-VALID_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("shard", pa.string(), nullable=False),
-        pa.field("messages", MESSAGES_TYPE, nullable=False),
-        pa.field("reasoning_content", pa.string()),
-        pa.field("content", pa.string(), nullable=False),
-        pa.field("finish_reason", pa.string(), nullable=False),
-        pa.field("truncated", pa.bool_(), nullable=False),
-        pa.field("thinking", pa.bool_(), nullable=False),
-        pa.field("prompt_tokens", pa.int64(), nullable=False),
-        pa.field("completion_tokens", pa.int64(), nullable=False),
-        pa.field("reasoning_tokens", pa.int64()),
-        pa.field("temperature", pa.float64(), nullable=False),
-        pa.field("top_p", pa.float64(), nullable=False),
-        pa.field("top_k", pa.int64(), nullable=False),
-        pa.field("max_tokens", pa.int64(), nullable=False),
-        pa.field("seed", pa.int64(), nullable=False),
-        pa.field("model", pa.string(), nullable=False),
-        pa.field("server_id", pa.string(), nullable=False),
-        pa.field("server_url", pa.string()),
-        pa.field("server_version", pa.string()),
-        pa.field("attempts", pa.int64(), nullable=False),
-        pa.field("started_at", pa.float64(), nullable=False),
-        pa.field("latency_s", pa.float64(), nullable=False),
-        pa.field("turns", pa.list_(pa.field("item", TURN_TYPE, nullable=False))),
-    ],
-    metadata={b"regen.schema": b"valid/1"},
-)
-
-# Columns copied unchanged from the valid shards into the dataset, in output order.
-_PASSTHROUGH = (
-    "model",
-    "finish_reason",
-    "truncated",
-    "thinking",
-    "prompt_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_tokens",
-    "seed",
-    "shard",
-)
 
 SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
 SCRUBBED = "<scrubbed>"
-
-
-def dataset_schema(include_token_ids: bool = False) -> pa.Schema:
-    """The explicit Arrow schema of the training-ready rows."""
-    fields = [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("messages", MESSAGES_TYPE, nullable=False),
-    ]
-    fields += [VALID_SCHEMA.field(name) for name in _PASSTHROUGH]
-    if include_token_ids:
-        fields += [
-            pa.field("input_ids", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
-            pa.field("loss_mask", pa.list_(pa.field("item", pa.int8(), nullable=False)), nullable=False),
-        ]
-    return pa.schema(fields, metadata={b"regen.schema": b"dataset/1"})
 
 
 class MergeError(RuntimeError):
@@ -159,78 +82,6 @@ class Manifest:
 
 
 # ---------------------------------------------------------------------------------------------
-# Record (JSON) -> valid columns; used by regen.validate
-# ---------------------------------------------------------------------------------------------
-
-
-class ValidColumns:
-    """Column lists for a batch of valid records, appended one record at a time."""
-
-    __slots__ = ("cols",)
-
-    def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {name: [] for name in VALID_SCHEMA.names}
-
-    def __len__(self) -> int:
-        return len(self.cols["id"])
-
-    def append(self, rec: dict[str, Any]) -> None:
-        """Append one schema-valid record (ints that arrived as 1.0 are coerced)."""
-        c = self.cols
-        usage = rec["usage"]
-        sampling = rec["sampling"]
-        server = rec["server"]
-        timings = rec["timings"]
-        c["id"].append(rec["id"])
-        c["shard"].append(rec["shard"])
-        c["messages"].append(rec["messages"])
-        c["reasoning_content"].append(rec["reasoning_content"])
-        c["content"].append(rec["content"])
-        c["finish_reason"].append(rec["finish_reason"])
-        c["truncated"].append(rec["truncated"])
-        c["thinking"].append(rec["thinking"])
-        c["prompt_tokens"].append(int(usage["prompt_tokens"]))
-        c["completion_tokens"].append(int(usage["completion_tokens"]))
-        rt = usage.get("reasoning_tokens")
-        c["reasoning_tokens"].append(None if rt is None else int(rt))
-        c["temperature"].append(float(sampling["temperature"]))
-        c["top_p"].append(float(sampling["top_p"]))
-        c["top_k"].append(int(sampling["top_k"]))
-        c["max_tokens"].append(int(sampling["max_tokens"]))
-        c["seed"].append(int(rec["seed"]))
-        c["model"].append(rec["model"])
-        c["server_id"].append(server["id"])
-        c["server_url"].append(server.get("url"))
-        c["server_version"].append(server.get("version"))
-        c["attempts"].append(int(rec["attempts"]))
-        c["started_at"].append(float(timings["started_at"]))
-        c["latency_s"].append(float(timings["latency_s"]))
-        turns = rec.get("turns")
-        c["turns"].append(None if turns is None else [_turn_row(t) for t in turns])
-
-    def to_batch(self) -> pa.RecordBatch:
-        """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
-        arrays = [pa.array(self.cols[f.name], type=f.type) for f in VALID_SCHEMA]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=VALID_SCHEMA)
-        for lst in self.cols.values():
-            lst.clear()
-        return batch
-
-
-def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:
-    usage = turn["usage"]
-    rt = usage.get("reasoning_tokens")
-    return {
-        "reasoning_content": turn["reasoning_content"],
-        "content": turn["content"],
-        "finish_reason": turn["finish_reason"],
-        "prompt_tokens": int(usage["prompt_tokens"]),
-        "completion_tokens": int(usage["completion_tokens"]),
-        "reasoning_tokens": None if rt is None else int(rt),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
 # Valid batch -> dataset batch
 # ---------------------------------------------------------------------------------------------
 
@@ -269,7 +120,7 @@ def to_dataset_batch(valid: pa.RecordBatch, encoder: Any | None = None) -> pa.Re
         valid.column("messages"), valid.column("content"), valid.column("reasoning_content")
     )
     arrays: list[pa.Array] = [valid.column("id"), messages]
-    arrays += [valid.column(name) for name in _PASSTHROUGH]
+    arrays += [valid.column(name) for name in DATASET_PASSTHROUGH]
     schema = dataset_schema(encoder is not None)
     if encoder is not None:
         pairs = encoder(messages.to_pylist())

@@ -55,7 +55,7 @@ def generation_window(valid_paths: list[str]) -> tuple[float | None, float | Non
     """Earliest request start and latest request end over the valid records (column-wise)."""
     start = end = None
     for path in valid_paths:
-        table = pq.read_table(path, columns=["started_at", "latency_s"])  # regen.merge.VALID_SCHEMA
+        table = pq.read_table(path, columns=["started_at", "latency_s"])  # regen.records.VALID_SCHEMA
         if table.num_rows == 0:
             continue
         began = table.column("started_at")

@@ -21,24 +21,9 @@ import pyarrow.parquet as pq
 
 from regen.chat import content_as_text
 from regen.dataset import iter_samples
+from regen.records import SHARD_SCHEMA
 from regen.types import Message, Sample
 
-MESSAGE_TYPE = pa.struct(
-    [
-        pa.field("role", pa.string()),
-        pa.field("content", pa.string()),
-        pa.field("reasoning_content", pa.string()),
-    ]
-)
-SHARD_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("messages", pa.list_(MESSAGE_TYPE), nullable=False),
-        pa.field("source_file", pa.string()),
-        pa.field("source_row", pa.int64()),
-        pa.field("source_format", pa.string()),
-    ]
-)
 ROWS_PER_BATCH = 4096
 
 
