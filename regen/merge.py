@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from regen.io import read_json, write_json
+from regen.io import read_json, shared_temp_dir, write_json
 from regen.provenance import build_provenance
 from regen.records import (
     DATASET_PASSTHROUGH,
@@ -282,7 +282,7 @@ def merge(
 
     target = Path(out_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    tmp = shared_temp_dir(target.parent, prefix=f".{target.name}.")  # a trainer may run as another user
     try:
         seen: dict[str, str] = {}
         writer = _PartWriter(tmp, schema, rg_rows, max_rows)

@@ -31,6 +31,8 @@ MESSAGE_TYPE = pa.struct(
     ]
 )
 MESSAGES_TYPE = pa.list_(pa.field("item", MESSAGE_TYPE, nullable=False))
+#: token ids as the server reported them (SGLang ``return_token_ids``); null when it sent none
+TOKEN_IDS_TYPE = pa.list_(pa.field("item", pa.int32(), nullable=False))
 TURN_TYPE = pa.struct(
     [
         pa.field("reasoning_content", pa.string()),
@@ -39,8 +41,11 @@ TURN_TYPE = pa.struct(
         pa.field("prompt_tokens", pa.int64()),
         pa.field("completion_tokens", pa.int64()),
         pa.field("reasoning_tokens", pa.int64()),
+        pa.field("prompt_token_ids", TOKEN_IDS_TYPE),
+        pa.field("completion_token_ids", TOKEN_IDS_TYPE),
     ]
 )
+TURNS_TYPE = pa.list_(pa.field("item", TURN_TYPE, nullable=False))
 
 VALID_SCHEMA = pa.schema(
     [
@@ -67,7 +72,9 @@ VALID_SCHEMA = pa.schema(
         pa.field("attempts", pa.int64(), nullable=False),
         pa.field("started_at", pa.float64(), nullable=False),
         pa.field("latency_s", pa.float64(), nullable=False),
-        pa.field("turns", pa.list_(pa.field("item", TURN_TYPE, nullable=False))),
+        pa.field("turns", TURNS_TYPE),
+        pa.field("prompt_token_ids", TOKEN_IDS_TYPE),
+        pa.field("completion_token_ids", TOKEN_IDS_TYPE),
     ],
     metadata={b"regen.schema": b"valid/1"},
 )
@@ -87,6 +94,9 @@ DATASET_PASSTHROUGH = (
     "max_tokens",
     "seed",
     "shard",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "turns",
 )
 
 SHARD_SCHEMA = pa.schema(
@@ -174,6 +184,8 @@ class ValidColumns:
         c["latency_s"].append(float(timings["latency_s"]))
         turns = rec.get("turns")
         c["turns"].append(None if turns is None else [_turn_row(t) for t in turns])
+        c["prompt_token_ids"].append(rec.get("prompt_token_ids"))
+        c["completion_token_ids"].append(rec.get("completion_token_ids"))
 
     def to_batch(self) -> pa.RecordBatch:
         """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
@@ -194,6 +206,8 @@ def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": int(usage["prompt_tokens"]),
         "completion_tokens": int(usage["completion_tokens"]),
         "reasoning_tokens": None if rt is None else int(rt),
+        "prompt_token_ids": turn.get("prompt_token_ids"),
+        "completion_token_ids": turn.get("completion_token_ids"),
     }
 
 
@@ -246,6 +260,10 @@ class GenerationRecord:
     started_at: float
     latency_s: float
     turns: list[dict[str, Any]] | None = None
+    #: the server's own token ids (``return_token_ids``): the rendered prompt and the raw completion;
+    #: both or neither (absent when the server sent none)
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record's JSON object (key order as written to the generations file)."""
@@ -266,6 +284,9 @@ class GenerationRecord:
             "attempts": self.attempts,
             "timings": {"started_at": self.started_at, "latency_s": self.latency_s},
         }
+        if self.prompt_token_ids is not None and self.completion_token_ids is not None:
+            out["prompt_token_ids"] = self.prompt_token_ids
+            out["completion_token_ids"] = self.completion_token_ids
         if self.turns is not None:
             out["turns"] = self.turns
         return out
