@@ -59,6 +59,7 @@ import pyarrow.parquet as pq
 from regen.chat import ChatTemplate, TokenAccount, to_template_dicts
 from regen.dataset import iter_samples
 from regen.io import atomic_open, atomic_path, write_json
+from regen.records import FLAGS_SCHEMA
 from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
 
 log = logging.getLogger(__name__)
@@ -97,23 +98,6 @@ GATE_MEANING: dict[str, str] = {
 BATCH_SIZE = 1024
 PARQUET_BATCH_ROWS = 65536
 DIGEST_BYTES = 8
-
-FLAGS_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("file", pa.string()),
-        pa.field("row", pa.int64()),
-        pa.field("format", pa.string()),
-        pa.field("flags", pa.list_(pa.string()), nullable=False),
-        pa.field("supervised_tokens", pa.int64()),
-        pa.field("prompt_tokens", pa.int64()),
-        pa.field("excluded", pa.bool_(), nullable=False),
-        pa.field("exclude_reason", pa.string()),
-        pa.field("detail", pa.string()),
-        # the id as the input wrote it (JSON: 1 or "1"); null for content-hash ids and unreadable rows
-        pa.field("id_json", pa.string()),
-    ]
-)
 
 
 class AuditGateError(RuntimeError):

@@ -36,7 +36,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,9 @@ import orjson
 
 from regen.io import write_json
 from regen.journal import Journal, JournalSink
-from regen.types import Message, Sample, prompt_end
+from regen.layout import RunLayout
+from regen.records import GenerationRecord, RecordSampling
+from regen.types import Endpoint, Message, Sample, prompt_end
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +55,6 @@ SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
 DEFAULT_CONCURRENCY = 64
 MAX_BACKOFF_S = 60.0
 RETRY_STATUSES = frozenset({408, 429})
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """A running server, as ``regen.sglang.server.acquire_server`` hands it over."""
-
-    url: str
-    server_id: str
-    max_running_requests: int | None = None
-    version: str | None = None
-    model: str | None = None
-    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,36 +485,28 @@ class _ShardRun:
         self.stats.output_tokens += out_tokens
         if truncated:
             self.stats.truncated += 1
-        record: dict[str, Any] = {
-            "kind": "record",
-            "id": sid,
-            "shard": self.shard,
-            "messages": prompt,
-            "reasoning_content": answer.reasoning_content,
-            "content": answer.content,
-            "finish_reason": answer.finish_reason,
-            "truncated": truncated,
-            "thinking": thinking,
-            "usage": answer.usage,
-            "sampling": {
-                "temperature": s.temperature,
-                "top_p": s.top_p,
-                "top_k": s.top_k,
-                "max_tokens": answer.max_tokens,
-            },
-            "seed": seed,
-            "model": answer.model or self.model,
-            "server": self.server,
-            "attempts": attempts[0],
-            "timings": {"started_at": answer.started_at, "latency_s": answer.latency_s},
+        record = GenerationRecord(
+            id=sid,
+            shard=self.shard,
+            messages=prompt,
+            reasoning_content=answer.reasoning_content,
+            content=answer.content,
+            finish_reason=answer.finish_reason,
+            truncated=truncated,
+            thinking=thinking,
+            usage=answer.usage,
+            sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens),
+            seed=seed,
+            model=answer.model or self.model,
+            server=self.server,
+            attempts=attempts[0],
+            started_at=answer.started_at,
+            latency_s=answer.latency_s,
+            turns=turns,
             **answer.token_id_fields(),
-        }
-        if turns is not None:
-            record["turns"] = turns
-        if tools:
-            record["tools"] = tools
-        if answer.tool_calls:
-            record["tool_calls"] = answer.tool_calls
+            tools=tools,
+            tool_calls=answer.tool_calls,
+        ).journal_entry()
         return record
 
     def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:
@@ -802,7 +784,7 @@ async def generate_shard_async(
     gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
     if progress is None:
         jp = Path(journal_path)
-        progress = ProgressOptions(status_path=jp.parent.parent / "status" / f"{shard}.json")
+        progress = ProgressOptions(status_path=RunLayout.of_journal(jp).status(shard))
     it, total = _samples_and_total(samples, total)
     t0 = time.monotonic()
     stats = ShardStats(total=total)

@@ -19,31 +19,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from regen.chat import ChatTemplate, content_as_text
+from regen.chat import ChatTemplate
 from regen.dataset import iter_samples
-from regen.types import Message, Sample
+from regen.records import SHARD_SCHEMA, json_text, message_from_row, message_row
+from regen.types import Sample
 
-MESSAGE_TYPE = pa.struct(
-    [
-        pa.field("role", pa.string()),
-        pa.field("content", pa.string()),
-        pa.field("reasoning_content", pa.string()),
-        # OpenAI tool calls are free-form JSON (arguments as a string or an object): kept as JSON text
-        pa.field("tool_calls_json", pa.string()),
-        pa.field("tool_call_id", pa.string()),
-        pa.field("name", pa.string()),
-    ]
-)
-SHARD_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("messages", pa.list_(MESSAGE_TYPE), nullable=False),
-        pa.field("source_file", pa.string()),
-        pa.field("source_row", pa.int64()),
-        pa.field("source_format", pa.string()),
-        pa.field("tools_json", pa.string()),  # the sample's tool definitions as JSON text, null when none
-    ]
-)
 ROWS_PER_BATCH = 4096
 
 
@@ -60,33 +40,6 @@ def shard_index(sample_id: str, n: int) -> int:
     return int.from_bytes(digest, "big") % n
 
 
-def _json_text(value: Any) -> str | None:
-    return None if value is None else orjson.dumps(list(value)).decode()
-
-
-def _message_row(m: Message) -> dict[str, Any]:
-    return {
-        "role": m.role,
-        "content": content_as_text(m.content) if m.content is not None else None,
-        "reasoning_content": m.reasoning_content,
-        "tool_calls_json": _json_text(m.tool_calls),
-        "tool_call_id": m.tool_call_id,
-        "name": m.name,
-    }
-
-
-def _message_from_row(m: dict[str, Any]) -> Message:
-    calls = m.get("tool_calls_json")
-    return Message(
-        m["role"],
-        m["content"],
-        m["reasoning_content"],
-        tuple(orjson.loads(calls)) if calls else None,
-        m.get("tool_call_id"),
-        m.get("name"),
-    )
-
-
 class _ShardBuffer:
     """Column buffers for one shard, flushed to its ParquetWriter every ``ROWS_PER_BATCH`` rows."""
 
@@ -98,11 +51,11 @@ class _ShardBuffer:
     def add(self, sample: Sample) -> None:
         c = self.cols
         c["id"].append(sample.id)
-        c["messages"].append([_message_row(m) for m in sample.messages])
+        c["messages"].append([message_row(m) for m in sample.messages])
         c["source_file"].append(sample.source.get("file"))
         c["source_row"].append(sample.source.get("row"))
         c["source_format"].append(sample.source.get("format"))
-        c["tools_json"].append(_json_text(sample.tools))
+        c["tools_json"].append(json_text(sample.tools))
         self.rows += 1
         if len(c["id"]) >= ROWS_PER_BATCH:
             self.flush()
@@ -160,7 +113,7 @@ def read_shard(path: str | os.PathLike[str]) -> Iterator[Sample]:
     pf = pq.ParquetFile(path)
     for batch in pf.iter_batches(batch_size=ROWS_PER_BATCH):
         for row in batch.to_pylist():
-            messages = tuple(_message_from_row(m) for m in (row["messages"] or ()))
+            messages = tuple(message_from_row(m) for m in (row["messages"] or ()))
             source = {"file": row["source_file"], "row": row["source_row"], "format": row["source_format"]}
             tools = row.get("tools_json")
             yield Sample(

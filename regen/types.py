@@ -113,3 +113,15 @@ class BadInputError(ValueError):
     def __init__(self, bad: BadRow) -> None:
         super().__init__(str(bad))
         self.bad = bad
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A running server, as ``regen.sglang.server.acquire_server`` hands it over to the client."""
+
+    url: str
+    server_id: str
+    max_running_requests: int | None = None
+    version: str | None = None
+    model: str | None = None
+    api_key: str | None = field(default=None, repr=False)

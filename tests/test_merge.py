@@ -15,7 +15,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from regen.merge import VALID_SCHEMA, MergeError, dataset_schema, iter_dataset_samples, merge, scrub_secrets
+from regen.merge import MergeError, iter_dataset_samples, merge, scrub_secrets
+from regen.records import VALID_SCHEMA, dataset_schema
 from regen.validate import validate_shard
 
 

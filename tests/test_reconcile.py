@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.audit import run_audit
-from regen.merge import dataset_schema
 from regen.reconcile import ReconcileError, cli, reconcile, reconcile_results
+from regen.records import dataset_schema
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:

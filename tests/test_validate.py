@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen import validate as V
-from regen.merge import VALID_SCHEMA
+from regen.records import VALID_SCHEMA
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
 CFG = {"max_content_chars": 1000, "max_reasoning_chars": 2000, "quarantine_truncated": True}
