@@ -17,23 +17,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from regen.client import Endpoint, generate_shard
+from regen.client import generate_shard
 from regen.io import read_json
+from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.sglang.server import ServerError, acquire_server, find_owner_pid
 from regen.status import progress_line
 from regen.storage import sink_from_config
+from regen.types import Endpoint
 
 log = logging.getLogger("regen.generation")
 
 #: how often the job on GPU slot 0 prints the run's progress line to Snakemake's console
 CONSOLE_PROGRESS_EVERY_S = 15.0
-
-
-def per_allocation(base: str) -> str:
-    """Where this job's GPU slot files and server logs live: per Slurm job on a cluster (its GPUs are
-    its own, and files on a shared filesystem must not collide across nodes), else per node."""
-    job = os.environ.get("SLURM_JOB_ID")
-    return f"{base}/slurm-{job}" if job else base
 
 
 def run_generate_job(
@@ -47,8 +42,7 @@ def run_generate_job(
     generate_cfg: dict[str, Any],
     server_cfg: dict[str, Any],
     gpu_slots: int,
-    workdir: str = "work/servers",
-    log_dir: str = "logs/servers",
+    layout: RunLayout = RUN,
     log_path: str | None = None,
 ) -> None:
     """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed.
@@ -58,13 +52,12 @@ def run_generate_job(
     """
     plan = read_json(plan_path)
     cfg = {**server_cfg, "gpus": int(gpu_slots)}
-    slots, logs = per_allocation(workdir), per_allocation(log_dir)
+    job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
+    slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)
     try:
         with (
             acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint,
-            console_progress(
-                endpoint.server_id, Path(journal_path).parent.parent, Path(records_out).parent.parent
-            ),
+            console_progress(endpoint.server_id, layout),
         ):
             _generate(shard_path, journal_path, records_out, failed_out, generate_cfg, endpoint, shard)
     except ServerError as exc:
@@ -73,7 +66,7 @@ def run_generate_job(
 
 @contextlib.contextmanager
 def console_progress(
-    server_id: str, workdir: Path, results: Path, every_s: float = CONSOLE_PROGRESS_EVERY_S
+    server_id: str, layout: RunLayout, every_s: float = CONSOLE_PROGRESS_EVERY_S
 ) -> Iterator[None]:
     """While the job on GPU slot 0 runs, print ``regen status``'s one-line progress of the whole run
     to the console Snakemake runs in (the job's own stderr goes to its log). One job at a time holds
@@ -87,7 +80,7 @@ def console_progress(
     def loop() -> None:
         while True:
             try:
-                line = progress_line(workdir, results)
+                line = progress_line(layout.work, layout.results)
             except (OSError, ValueError) as exc:
                 line = f"regen: progress unavailable ({exc})"
             if console is not None:

@@ -26,6 +26,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from regen.io import atomic_open, atomic_path, read_json
+from regen.layout import RunLayout
 
 TOKEN_LENGTHS_SVG = "token_lengths.svg"
 FINISH_REASONS_SVG = "finish_reasons.svg"
@@ -785,30 +786,24 @@ def write_report_assets(
     facts: RunFacts | None = None,
 ) -> dict[str, Path]:
     """Write every file in ``ASSET_NAMES`` under ``out_dir``; returns name -> path."""
-    results, logs = Path(results_dir), Path(logs_dir)
+    layout = RunLayout(results=Path(results_dir), work=Path(work_dir), logs=Path(logs_dir))
+    results, logs = layout.results, layout.logs
     facts = facts or RunFacts()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in ASSET_NAMES}
-    plot_token_lengths(results / "dataset", paths[TOKEN_LENGTHS_SVG])
-    plot_finish_reasons(results / "dataset", paths[FINISH_REASONS_SVG])
-    plot_quarantine_reasons(results / "quarantine", paths[QUARANTINE_REASONS_SVG])
-    plot_throughput(results / "generations", paths[THROUGHPUT_SVG])
-    _write_text(paths[RECONCILE_HTML], reconcile_table_html(results / "reconcile.json"))
-    _write_text(
-        paths[AUDIT_HTML], audit_page_html(results / "audit" / "summary.json", logs / "audit.verdict.json")
-    )
-    _write_text(
-        paths[REAUDIT_HTML],
-        reaudit_page_html(results / "reaudit" / "summary.json", logs / "reaudit.verdict.json"),
-    )
-    servers = Path(work_dir) / "servers"  # per node, or per Slurm job (servers/slurm-JOB/)
-    realized = sorted([*servers.glob("gpu*.realized.json"), *servers.glob("slurm-*/gpu*.realized.json")])
-    plan_page = server_plan_html(results / "plan" / "server.json", realized, facts.mode)
-    _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, results / "plan" / "pilot.json"))
+    plot_token_lengths(layout.dataset_dir, paths[TOKEN_LENGTHS_SVG])
+    plot_finish_reasons(layout.dataset_dir, paths[FINISH_REASONS_SVG])
+    plot_quarantine_reasons(layout.quarantine_dir, paths[QUARANTINE_REASONS_SVG])
+    plot_throughput(layout.generations_dir, paths[THROUGHPUT_SVG])
+    _write_text(paths[RECONCILE_HTML], reconcile_table_html(layout.reconcile))
+    _write_text(paths[AUDIT_HTML], audit_page_html(layout.audit_summary, logs / "audit.verdict.json"))
+    _write_text(paths[REAUDIT_HTML], reaudit_page_html(layout.reaudit_summary, logs / "reaudit.verdict.json"))
+    realized = layout.realized_files()  # per node and per Slurm job
+    plan_page = server_plan_html(layout.server_plan, realized, facts.mode)
+    _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, layout.pilot))
     verdict = readiness(results, logs, realized)
-    ready_path = results / "READY.json"
-    rows = read_json(ready_path).get("rows") if ready_path.is_file() else None
+    rows = read_json(layout.ready).get("rows") if layout.ready.is_file() else None
     _write_text(paths[LANDING_RST], landing_rst(verdict, facts, rows))
     return paths
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from regen.io import read_json
+from regen.layout import RunLayout, url_files
+from regen.projection import fmt_duration, project
 from regen.sglang.server import is_supervisor, read_url_state
 
 #: a shard's status older than this (and not finished) is shown as stale
@@ -130,11 +132,12 @@ def fetch_metrics(url: str, timeout: float = 2.0) -> dict[str, float] | None:
 
 
 def read_servers(servers_dir: Path) -> list[ServerView]:
-    """One view per ``gpu{k}.url`` file, with live metrics for ready servers."""
+    """One view per ``gpu{k}.url`` file (per node, and per Slurm job as ``slurm-{job}/gpu{k}``), with
+    live metrics for ready servers."""
     views = []
-    for url_file in sorted(servers_dir.glob("gpu*.url"), key=lambda p: _slot_key(p.stem)):
+    for url_file in sorted(url_files(servers_dir), key=lambda p: _slot_key(_server_id(p, servers_dir))):
         state = read_url_state(url_file)
-        sid = url_file.stem
+        sid = _server_id(url_file, servers_dir)
         if state is None or not is_supervisor(state.supervisor_pid, url_file):
             views.append(ServerView(sid, None, "gone"))
             continue
@@ -159,6 +162,11 @@ def read_servers(servers_dir: Path) -> list[ServerView]:
             )
         )
     return views
+
+
+def _server_id(url_file: Path, servers_dir: Path) -> str:
+    """``gpu{k}`` for a per-node slot, ``slurm-{job}/gpu{k}`` for a per-Slurm-job one."""
+    return url_file.stem if url_file.parent == servers_dir else f"{url_file.parent.name}/{url_file.stem}"
 
 
 def _slot_key(server_id: str) -> tuple[int, str]:
@@ -286,15 +294,6 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:.{digits}f}"
 
 
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = round(seconds)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
-
-
 def fmt_eta(eta_s: float | None, now: float) -> str:
     """ETA as the clock time it will be done, with the time left: ``07:42 (in 12m30s)``."""
     if eta_s is None:
@@ -383,8 +382,6 @@ def projection_lines(pilot_path: Path, remaining_now: int | None) -> list[str]:
     """The pilot's projection (``regen tune --sweep``), re-projected for the samples left now when known."""
     if not pilot_path.is_file():
         return []
-    from regen.sweep import project  # the one projection formula
-
     try:
         pilot = read_json(pilot_path)
         proj = pilot["projection"]
@@ -417,12 +414,11 @@ class RunSnapshot:
 
     @classmethod
     def read(cls, workdir: Path, results: Path) -> RunSnapshot:
-        generations = results / "generations"
+        layout = RunLayout(results=Path(results), work=Path(workdir))
         finished = {
-            name: count_lines(generations / f"{name}.failed.jsonl")
-            for name in shard_names(generations, ".jsonl")
+            name: count_lines(layout.failed(name)) for name in shard_names(layout.generations_dir, ".jsonl")
         }
-        return cls(read_shard_statuses(workdir / "status"), shard_sizes(results / "shards"), finished)
+        return cls(read_shard_statuses(layout.status_dir), shard_sizes(layout.shards_dir), finished)
 
     def totals(self, now: float, rate: float | None = None) -> RunTotals:
         return run_totals(self.statuses, self.planned, self.finished, now, rate)
@@ -430,13 +426,14 @@ class RunSnapshot:
 
 def status_report(workdir: Path, results: Path, now: float | None = None, rate: float | None = None) -> str:
     """Gather every source and render the table."""
-    snap = RunSnapshot.read(workdir, results)
-    servers = read_servers(workdir / "servers")
+    layout = RunLayout(results=Path(results), work=Path(workdir))
+    snap = RunSnapshot.read(layout.work, layout.results)
+    servers = read_servers(layout.servers_root)
     t_now = time.time() if now is None else now
     text = render_table(snap.statuses, servers, snap.planned, snap.finished, t_now, rate)
     totals = snap.totals(t_now, rate)
     left = totals.remaining if snap.statuses else None
-    extra = projection_lines(results / "plan" / "pilot.json", left)
+    extra = projection_lines(layout.pilot, left)
     return text + "".join(line + "\n" for line in extra)
 
 
