@@ -9,15 +9,8 @@ import urllib.request
 from pathlib import Path
 
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import (
-    Workload,
-    compare,
-    launched_section,
-    parse_startup_log,
-    realized_from_server_info,
-    recommend,
-    write_plan_file,
-)
+from regen.sglang.plan import Workload, recommend, write_plan_file
+from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
 from regen.sglang.server import build_simulated_command
 
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "resources/demo-model/config.json"
