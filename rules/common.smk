@@ -59,7 +59,9 @@ def gpu_slots():
     """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
     given = workflow.global_resources.get("gpu")
     value = getattr(given, "value", given)
-    return int(value) if value is not None else lookup(dpath="server/gpus", within=config)
+    return (
+        int(value) if value is not None else lookup(dpath="server/gpus", within=config)
+    )
 
 
 def shard_files(pattern):
