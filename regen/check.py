@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import yaml
 from snakemake.exceptions import WorkflowError
 
@@ -144,6 +145,13 @@ def check_dataset(config: Mapping[str, Any], host: Host) -> list[Problem]:
         return [Problem("dataset.path", path, "not readable (permissions)")]
     if p.stat().st_size == 0:
         return [Problem("dataset.path", path, "empty file")]
+    if p.suffix == ".parquet":
+        try:
+            rows = pq.ParquetFile(p).metadata.num_rows
+        except (OSError, ValueError) as exc:
+            return [Problem("dataset.path", path, f"not a readable Parquet file: {exc}")]
+        if rows == 0:
+            return [Problem("dataset.path", path, "has no rows: nothing to generate")]
     if (_get(config, "dataset.format") or "auto") == "auto":
         try:
             detect_format(p)
