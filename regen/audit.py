@@ -8,6 +8,8 @@ Flags (a sample may carry several):
 * ``over_length``: the prompt (conversation up to the last assistant turn, plus the
   generation prompt) has more tokens than ``context_limit``;
 * ``duplicate_prompt``: the prompt messages equal an earlier sample's (first one kept);
+* ``contaminated``: a prompt turn shares an n-gram with a benchmark prompt named in
+  ``audit.decontamination`` (``regen.decontam``); the detail names the benchmark and item;
 * ``empty_response``: every assistant turn is template scaffolding only (an empty think
   block and end-of-turn, or nothing); for tokenized rows also when the row's own loss
   mask sums to at most ``scaffolding_max_tokens``. Samples without any assistant turn
@@ -44,6 +46,14 @@ import pyarrow.parquet as pq
 
 from regen.chat import ChatTemplate, ChatTemplateError, TokenAccount, to_template_dicts
 from regen.dataset import iter_samples
+from regen.decontam import (
+    DEFAULT_NGRAM,
+    BenchmarkError,
+    BenchmarkIndex,
+    BenchmarkSpec,
+    Contamination,
+    DecontaminationConfig,
+)
 from regen.io import atomic_open, atomic_path, write_json
 from regen.types import KNOWN_ROLES, BadInputError, BadRow, Message, Sample
 
@@ -54,9 +64,17 @@ STRUCTURE_ERROR = "structure_error"
 OVER_LENGTH = "over_length"
 DUPLICATE_PROMPT = "duplicate_prompt"
 EMPTY_RESPONSE = "empty_response"
+CONTAMINATED = "contaminated"
 # also the priority order of exclude reasons
-FLAG_NAMES: tuple[str, ...] = (BAD_ROW, STRUCTURE_ERROR, OVER_LENGTH, DUPLICATE_PROMPT, EMPTY_RESPONSE)
-DEFAULT_EXCLUDE: tuple[str, ...] = (STRUCTURE_ERROR, OVER_LENGTH, DUPLICATE_PROMPT, BAD_ROW)
+FLAG_NAMES: tuple[str, ...] = (
+    BAD_ROW,
+    STRUCTURE_ERROR,
+    OVER_LENGTH,
+    CONTAMINATED,
+    DUPLICATE_PROMPT,
+    EMPTY_RESPONSE,
+)
+DEFAULT_EXCLUDE: tuple[str, ...] = (STRUCTURE_ERROR, OVER_LENGTH, DUPLICATE_PROMPT, BAD_ROW, CONTAMINATED)
 
 DEFAULT_CONTEXT_LIMIT = 32768
 DEFAULT_SCAFFOLDING_MAX_TOKENS = 8
@@ -108,6 +126,7 @@ class AuditConfig:
     gates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_GATES))
     override_gates: bool = False
     exclude: frozenset[str] = frozenset(DEFAULT_EXCLUDE)
+    decontamination: DecontaminationConfig = field(default_factory=DecontaminationConfig)
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any] | None) -> AuditConfig:
@@ -129,6 +148,7 @@ class AuditConfig:
             gates=gates,
             override_gates=bool(cfg.get("override_gates", False)),
             exclude=exclude,
+            decontamination=DecontaminationConfig.from_dict(cfg.get("decontamination")),
         )
 
 
@@ -293,6 +313,7 @@ class AuditSummary:
     gates: tuple[GateResult, ...]
     overridden: bool
     context: Mapping[str, Any]
+    contaminated_by: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -321,6 +342,8 @@ class AuditSummary:
             "duplicate_prompts": self.flag_counts.get(DUPLICATE_PROMPT, 0),
             "over_length": self.flag_counts.get(OVER_LENGTH, 0),
             "bad_rows": self.flag_counts.get(BAD_ROW, 0),
+            "contaminated": self.flag_counts.get(CONTAMINATED, 0),
+            "contaminated_by": dict(self.contaminated_by),
             "flag_counts": {f: self.flag_counts.get(f, 0) for f in FLAG_NAMES},
             "flag_fractions": {f: self.fraction(f) for f in FLAG_NAMES},
             "histograms": dict(self.histograms),
@@ -377,12 +400,16 @@ def gate_failure_message(summary: AuditSummary, summary_path: str | Path | None 
 class Auditor:
     """Stateful auditor: feed samples (in batches) and bad rows; read the summary at the end.
 
-    Memory: one 8-byte digest per distinct prompt and per distinct id, plus counters.
+    Memory: one 8-byte digest per distinct prompt and per distinct id, plus counters, plus
+    12 bytes per benchmark n-gram when decontamination is configured.
     """
 
     def __init__(self, cfg: AuditConfig, chat: ChatTemplate) -> None:
         self.cfg = cfg
         self.chat = chat
+        decontam = cfg.decontamination
+        self.benchmarks = BenchmarkIndex.build(decontam) if decontam.enabled else None
+        self.contaminated_by: Counter[str] = Counter()
         self._seen_prompts: set[bytes] = set()
         self._seen_ids: set[bytes] = set()
         self.flag_counts: Counter[str] = Counter()
@@ -442,9 +469,20 @@ class Auditor:
         accounts: Sequence[TokenAccount],
     ) -> list[SampleAudit]:
         """Verdicts from precomputed template dicts and token accounts (see ``iter_audits``)."""
-        return [self._audit_one(s, d, a) for s, d, a in zip(samples, dicts, accounts, strict=True)]
+        found: list[Contamination | None] = [None] * len(samples)
+        if self.benchmarks is not None:
+            found = self.benchmarks.check(s.messages for s in samples)
+        return [
+            self._audit_one(s, d, a, c) for s, d, a, c in zip(samples, dicts, accounts, found, strict=True)
+        ]
 
-    def _audit_one(self, sample: Sample, dicts: list[dict[str, Any]], acc: TokenAccount) -> SampleAudit:
+    def _audit_one(
+        self,
+        sample: Sample,
+        dicts: list[dict[str, Any]],
+        acc: TokenAccount,
+        found: Contamination | None = None,
+    ) -> SampleAudit:
         cfg = self.cfg
         flags: list[str] = []
         faults = structure_faults(sample.messages)
@@ -458,6 +496,9 @@ class Auditor:
             self.structure_kinds.update({fault_kind(f) for f in faults})
         if acc.prompt_tokens > cfg.context_limit:
             flags.append(OVER_LENGTH)
+        if found is not None:
+            flags.append(CONTAMINATED)
+            self.contaminated_by[found.benchmark] += 1
         if not faults:
             digest = prompt_digest(dicts)
             if digest in self._seen_prompts:
@@ -484,7 +525,7 @@ class Auditor:
                 prompt_tokens=acc.prompt_tokens,
                 excluded=reason is not None,
                 exclude_reason=reason,
-                detail="; ".join(faults) or None,
+                detail="; ".join([*faults, found.detail()] if found else faults) or None,
             )
         )
 
@@ -505,8 +546,10 @@ class Auditor:
             context={
                 "context_limit": self.cfg.context_limit,
                 **kept_prompt_percentiles(self.kept_prompt_tokens),
+                **({"decontamination": self.benchmarks.summary_json()} if self.benchmarks else {}),
                 **(context or {}),
             },
+            contaminated_by=dict(sorted(self.contaminated_by.items())),
         )
 
 
@@ -748,6 +791,8 @@ def format_summary(summary: AuditSummary) -> str:
     if summary.structure_error_kinds:
         kinds = ", ".join(f"{k}={v}" for k, v in summary.structure_error_kinds.items())
         lines.append(f"structure faults: {kinds}")
+    if summary.contaminated_by:
+        lines.append("contaminated by: " + ", ".join(f"{k}={v}" for k, v in summary.contaminated_by.items()))
     lines.append("gates:")
     for g in summary.gates:
         verdict = "ok" if g.passed else "FAILED"
@@ -774,18 +819,31 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--id-column", default=None)
     parser.add_argument("--on-bad-row", default="skip", choices=["skip", "stop"])
     parser.add_argument("--override-gates", action="store_true", help="report failed gates as warnings")
+    parser.add_argument(
+        "--benchmark",
+        action="append",
+        default=[],
+        metavar="NAME=PATH[:FIELD]",
+        help="flag samples sharing an n-gram with this benchmark's prompts (.jsonl, .jsonl.gz, .json, "
+        ".parquet; FIELD defaults to 'prompt'); repeatable",
+    )
+    parser.add_argument(
+        "--ngram", type=int, default=DEFAULT_NGRAM, help="words per n-gram for --benchmark matching"
+    )
     parser.add_argument("--out", required=True, help="output directory")
     args = parser.parse_args(argv)
-    cfg = {
-        "context_limit": args.context_limit,
-        "scaffolding_max_tokens": args.scaffolding_max_tokens,
-        "override_gates": args.override_gates,
-    }
     try:
+        benchmarks = [BenchmarkSpec.parse(b).to_json() for b in args.benchmark]
+        cfg = {
+            "context_limit": args.context_limit,
+            "scaffolding_max_tokens": args.scaffolding_max_tokens,
+            "override_gates": args.override_gates,
+            "decontamination": {"benchmarks": benchmarks, "ngram": args.ngram},
+        }
         summary = run_audit(
             args.input, args.out, cfg, args.tokenizer, args.fmt, args.id_column, args.on_bad_row
         )
-    except (BadInputError, FileNotFoundError, ChatTemplateError) as exc:
+    except (BadInputError, BenchmarkError, FileNotFoundError, ChatTemplateError) as exc:
         print(f"regen audit: {exc}", file=sys.stderr)
         return 2
     except AuditGateError as exc:
@@ -814,4 +872,5 @@ def _summary_from_file(path: Path) -> AuditSummary:
         gates=tuple(GateResult(k, v["limit"], v["value"], v["passed"]) for k, v in data["gates"].items()),
         overridden=data["overridden"],
         context={},
+        contaminated_by=data.get("contaminated_by", {}),
     )
