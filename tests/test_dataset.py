@@ -650,7 +650,7 @@ def test_demo_dataset_is_deterministic_and_matches_shipped(tmp_path: Path, demo_
     b = build_demo_dataset(tmp_path / "b", demo_tokenizer_dir, seed=0)
     c = build_demo_dataset(tmp_path / "c", demo_tokenizer_dir, seed=1)
     shipped = REPO / "data" / "demo"
-    for name in ("jsonl", "tokenized", "sharegpt"):
+    for name in ("jsonl", "tokenized", "sharegpt", "benchmark"):
         pa_, pb, pc = getattr(a, name), getattr(b, name), getattr(c, name)
         assert pa_.read_bytes() == pb.read_bytes(), name
         assert pa_.read_bytes() != pc.read_bytes(), name
