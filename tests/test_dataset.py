@@ -650,11 +650,14 @@ def test_demo_dataset_is_deterministic_and_matches_shipped(tmp_path: Path, demo_
     b = build_demo_dataset(tmp_path / "b", demo_tokenizer_dir, seed=0)
     c = build_demo_dataset(tmp_path / "c", demo_tokenizer_dir, seed=1)
     shipped = REPO / "data" / "demo"
-    for name in ("jsonl", "tokenized", "sharegpt", "benchmark"):
+    for name in ("jsonl", "tokenized", "sharegpt"):
         pa_, pb, pc = getattr(a, name), getattr(b, name), getattr(c, name)
         assert pa_.read_bytes() == pb.read_bytes(), name
         assert pa_.read_bytes() != pc.read_bytes(), name
         assert pa_.read_bytes() == (shipped / pa_.name).read_bytes(), f"data/demo/{pa_.name} is stale"
+    assert a.benchmark.read_bytes() == (shipped / "benchmark.jsonl").read_bytes(), (
+        "data/demo/benchmark.jsonl is stale"
+    )
     assert sum(p.stat().st_size for p in shipped.iterdir()) < 2 * 1024 * 1024
 
 
