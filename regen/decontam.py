@@ -272,8 +272,14 @@ class BenchmarkStats:
 class BenchmarkIndex:
     """Every benchmark n-gram hashed once: a sorted ``uint64`` array and the item each came from."""
 
-    def __init__(self, ngram: int, hashes: np.ndarray, refs: np.ndarray, items: list[tuple[str, str]],
-                 stats: list[BenchmarkStats]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ngram: int,
+        hashes: np.ndarray,
+        refs: np.ndarray,
+        items: list[tuple[str, str]],
+        stats: list[BenchmarkStats],
+    ) -> None:
         self.ngram = ngram
         self._weights = _ngram_weights(ngram)
         self._hashes = hashes
