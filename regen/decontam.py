@@ -20,6 +20,7 @@ binary search). Hashes are 64-bit: a false match needs a 64-bit collision.
 from __future__ import annotations
 
 import gzip
+import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ PROMPT_ROLES: frozenset[str] = frozenset({"user", "system"})
 # a benchmark row's item name: the first of these fields it has, else its row number
 ITEM_ID_FIELDS: tuple[str, ...] = ("task_id", "id", "question_id", "problem_id", "unique_id", "idx")
 PARQUET_BATCH_ROWS = 4096
+
+log = logging.getLogger(__name__)
 
 _WORD = re.compile(r"[^\W_]+")
 _HASH_SEED = 0x5EED_DEC0
@@ -311,6 +314,15 @@ class BenchmarkIndex:
                 ref_chunks.append(np.full(len(hashes), len(items), dtype=np.int32))
                 items.append((spec.name, item))
             stats.append(BenchmarkStats(spec.name, spec.path, spec.field, len(names), prompts, too_short))
+            if too_short:
+                log.warning(
+                    "benchmark %r: %d of %d prompts have fewer than %d words and cannot be matched "
+                    "(lower audit.decontamination.ngram to catch them)",
+                    spec.name,
+                    too_short,
+                    prompts,
+                    n,
+                )
         hashes = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint64)
         refs = np.concatenate(ref_chunks) if ref_chunks else np.zeros(0, dtype=np.int32)
         hashes, first = np.unique(hashes, return_index=True)  # sorted; first occurrence keeps its item

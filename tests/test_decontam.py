@@ -234,12 +234,15 @@ def test_ngram_length_is_configurable_and_exclusion_optional(demo_tokenizer_dir:
     assert summary.to_json()["contaminated_by"] == {"humaneval": 1} and summary.kept == 1
 
 
-def test_short_benchmark_prompts_are_counted_not_matched(tmp_path: Path) -> None:
+def test_short_benchmark_prompts_are_counted_not_matched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = write_jsonl(
         tmp_path / "short.jsonl", [{"prompt": "What is two plus two?"}, {"prompt": PROBLEMS[0]["prompt"]}]
     )
     index = BenchmarkIndex.build(DecontaminationConfig((BenchmarkSpec("s", str(path)),)))
     assert (index.stats[0].prompts, index.stats[0].too_short) == (2, 1)
+    assert "1 of 2 prompts have fewer than 13 words" in caplog.text
     found = index.check(
         [[Message("user", "what is two plus two?")], [Message("user", PROBLEMS[0]["prompt"])]]
     )
