@@ -4,6 +4,8 @@ It reads ``VALID_SCHEMA`` rows (``results/valid/{shard}.parquet``) and writes
 ``dataset_schema(include_token_ids)`` rows: one conversation each, whose ``messages`` end with the
 regenerated assistant turn (``reasoning_content`` + ``content``); both schemas live in ``regen.records``.
 
+The regenerated turn's parsed tool calls (``tool_calls_json``) go on that final assistant message.
+
 ``merge`` streams batch by batch (never the whole dataset in memory), writes bounded files
 ``part-00000.parquet …`` into a temporary directory, writes ``_manifest.json`` last and then
 renames the directory into place, replacing ``out_dir`` as a whole.
@@ -34,8 +36,9 @@ from regen.records import (
     MESSAGES_TYPE,
     VALID_SCHEMA,
     dataset_schema,
+    message_from_row,
 )
-from regen.types import Message, Sample
+from regen.types import Sample
 
 SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
 SCRUBBED = "<scrubbed>"
@@ -86,15 +89,19 @@ class Manifest:
 # ---------------------------------------------------------------------------------------------
 
 
-def _append_assistant_turn(messages: pa.ListArray, content: pa.Array, reasoning: pa.Array) -> pa.ListArray:
-    """Append ``{"role": "assistant", content, reasoning_content}`` to every row's list (vectorised)."""
+def _append_assistant_turn(
+    messages: pa.ListArray, content: pa.Array, reasoning: pa.Array, tool_calls: pa.Array
+) -> pa.ListArray:
+    """Append ``{"role": "assistant", content, reasoning_content, tool_calls_json}`` to every row's list
+    (vectorised)."""
     n = len(messages)
     offsets = messages.offsets.to_numpy().astype(np.int64)
     values = messages.values.slice(offsets[0], offsets[-1] - offsets[0])
     offsets = offsets - offsets[0]
     m = len(values)
+    no_text = pa.nulls(n, pa.string())
     assistant = pa.StructArray.from_arrays(
-        [pa.array(["assistant"] * n, pa.string()), content, reasoning],
+        [pa.array(["assistant"] * n, pa.string()), content, reasoning, tool_calls, no_text, no_text],
         fields=list(MESSAGE_TYPE),
     )
     new_offsets = offsets + np.arange(n + 1, dtype=np.int64)
@@ -117,13 +124,16 @@ def to_dataset_batch(valid: pa.RecordBatch, encoder: Any | None = None) -> pa.Re
     if valid.schema.remove_metadata() != VALID_SCHEMA.remove_metadata():
         valid = _conform(valid)
     messages = _append_assistant_turn(
-        valid.column("messages"), valid.column("content"), valid.column("reasoning_content")
+        valid.column("messages"),
+        valid.column("content"),
+        valid.column("reasoning_content"),
+        valid.column("tool_calls_json"),
     )
     arrays: list[pa.Array] = [valid.column("id"), messages]
     arrays += [valid.column(name) for name in DATASET_PASSTHROUGH]
     schema = dataset_schema(encoder is not None)
     if encoder is not None:
-        pairs = encoder(messages.to_pylist())
+        pairs = encoder([[message_from_row(m) for m in conv] for conv in messages.to_pylist()])
         arrays.append(pa.array([p[0] for p in pairs], schema.field("input_ids").type))
         arrays.append(pa.array([p[1] for p in pairs], schema.field("loss_mask").type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -353,7 +363,7 @@ def iter_dataset_samples(dataset_dir: str | os.PathLike[str], batch_rows: int = 
             for sid, msgs in zip(ids, convs, strict=True):
                 yield Sample(
                     id=sid,
-                    messages=tuple(Message(m["role"], m["content"], m["reasoning_content"]) for m in msgs),
+                    messages=tuple(message_from_row(m) for m in msgs),
                     source={"file": str(part), "row": row, "format": "messages"},
                 )
                 row += 1

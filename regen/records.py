@@ -10,6 +10,12 @@ files and the typed generation record (its JSON shape is pinned by ``schemas/rec
 * ``dataset_schema(include_token_ids)``: the training-ready rows of ``results/dataset/`` (``regen.merge``).
 
 ``MESSAGE_TYPE`` (one chat turn) is shared by the shards, the valid shards and the dataset.
+
+Tool use travels as JSON text, because OpenAI tool calls are free-form (arguments as a string or an
+object, extra keys): a message's ``tool_calls_json`` (with ``tool_call_id`` and ``name``), a row's
+``tools_json`` (the tool definitions sent with the request) and ``tool_calls_json`` (the regenerated
+turn's calls as the server's tool-call parser returned them; the dataset puts them on its final
+assistant message). :func:`message_row` and :func:`message_from_row` convert both ways.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
+
+from regen.types import Message
 
 #: the JSON schema of a generation record (``regen.validate`` checks every record against it)
 RECORD_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
@@ -28,6 +37,9 @@ MESSAGE_TYPE = pa.struct(
         pa.field("role", pa.string(), nullable=False),
         pa.field("content", pa.string()),
         pa.field("reasoning_content", pa.string()),
+        pa.field("tool_calls_json", pa.string()),
+        pa.field("tool_call_id", pa.string()),
+        pa.field("name", pa.string()),
     ]
 )
 MESSAGES_TYPE = pa.list_(pa.field("item", MESSAGE_TYPE, nullable=False))
@@ -43,6 +55,7 @@ TURN_TYPE = pa.struct(
         pa.field("reasoning_tokens", pa.int64()),
         pa.field("prompt_token_ids", TOKEN_IDS_TYPE),
         pa.field("completion_token_ids", TOKEN_IDS_TYPE),
+        pa.field("tool_calls_json", pa.string()),
     ]
 )
 TURNS_TYPE = pa.list_(pa.field("item", TURN_TYPE, nullable=False))
@@ -75,6 +88,8 @@ VALID_SCHEMA = pa.schema(
         pa.field("turns", TURNS_TYPE),
         pa.field("prompt_token_ids", TOKEN_IDS_TYPE),
         pa.field("completion_token_ids", TOKEN_IDS_TYPE),
+        pa.field("tools_json", pa.string()),
+        pa.field("tool_calls_json", pa.string()),
     ],
     metadata={b"regen.schema": b"valid/1"},
 )
@@ -97,6 +112,7 @@ DATASET_PASSTHROUGH = (
     "prompt_token_ids",
     "completion_token_ids",
     "turns",
+    "tools_json",
 )
 
 SHARD_SCHEMA = pa.schema(
@@ -106,6 +122,7 @@ SHARD_SCHEMA = pa.schema(
         pa.field("source_file", pa.string()),
         pa.field("source_row", pa.int64()),
         pa.field("source_format", pa.string()),
+        pa.field("tools_json", pa.string()),  # the sample's tool definitions, null when none
     ]
 )
 
@@ -121,6 +138,8 @@ FLAGS_SCHEMA = pa.schema(
         pa.field("excluded", pa.bool_(), nullable=False),
         pa.field("exclude_reason", pa.string()),
         pa.field("detail", pa.string()),
+        # the id as the input wrote it (JSON: 1 or "1"); null for content-hash ids and unreadable rows
+        pa.field("id_json", pa.string()),
     ]
 )
 
@@ -160,7 +179,7 @@ class ValidColumns:
         timings = rec["timings"]
         c["id"].append(rec["id"])
         c["shard"].append(rec["shard"])
-        c["messages"].append(rec["messages"])
+        c["messages"].append([message_row(m) for m in rec["messages"]])
         c["reasoning_content"].append(rec["reasoning_content"])
         c["content"].append(rec["content"])
         c["finish_reason"].append(rec["finish_reason"])
@@ -186,6 +205,8 @@ class ValidColumns:
         c["turns"].append(None if turns is None else [_turn_row(t) for t in turns])
         c["prompt_token_ids"].append(rec.get("prompt_token_ids"))
         c["completion_token_ids"].append(rec.get("completion_token_ids"))
+        c["tools_json"].append(json_text(rec.get("tools")))
+        c["tool_calls_json"].append(json_text(rec.get("tool_calls")))
 
     def to_batch(self) -> pa.RecordBatch:
         """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
@@ -208,7 +229,45 @@ def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:
         "reasoning_tokens": None if rt is None else int(rt),
         "prompt_token_ids": turn.get("prompt_token_ids"),
         "completion_token_ids": turn.get("completion_token_ids"),
+        "tool_calls_json": json_text(turn.get("tool_calls")),
     }
+
+
+def json_text(value: Any) -> str | None:
+    """Free-form JSON (tool calls, tool definitions) as the text a ``*_json`` column holds."""
+    return None if value is None else orjson.dumps(list(value)).decode()
+
+
+def message_row(m: Message | dict[str, Any]) -> dict[str, Any]:
+    """One chat turn (a Message, or a record's message object) as a ``MESSAGE_TYPE`` row."""
+    d = m.to_json() if isinstance(m, Message) else m
+    content = d.get("content")
+    return {
+        "role": d["role"],
+        # a shard keeps content as read; anything not text is audited out before it gets here
+        "content": content if content is None or isinstance(content, str) else _sorted_json(content),
+        "reasoning_content": d.get("reasoning_content"),
+        "tool_calls_json": json_text(d.get("tool_calls")),
+        "tool_call_id": d.get("tool_call_id"),
+        "name": d.get("name"),
+    }
+
+
+def _sorted_json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def message_from_row(row: dict[str, Any]) -> Message:
+    """A ``MESSAGE_TYPE`` row as a Message (tool calls decoded)."""
+    calls = row.get("tool_calls_json")
+    return Message(
+        row["role"],
+        row["content"],
+        row["reasoning_content"],
+        tuple(orjson.loads(calls)) if calls else None,
+        row.get("tool_call_id"),
+        row.get("name"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,6 +323,9 @@ class GenerationRecord:
     #: both or neither (absent when the server sent none)
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
+    #: the sample's tool definitions as sent, and the regenerated turn's parsed tool calls (absent when none)
+    tools: list[Any] | None = None
+    tool_calls: list[Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record's JSON object (key order as written to the generations file)."""
@@ -289,6 +351,10 @@ class GenerationRecord:
             out["completion_token_ids"] = self.completion_token_ids
         if self.turns is not None:
             out["turns"] = self.turns
+        if self.tools:
+            out["tools"] = self.tools
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
         return out
 
     def journal_entry(self) -> dict[str, Any]:

@@ -221,6 +221,7 @@ def test_mixed_shard_counts_reconcile_and_valid_parquet(tmp_path: Path) -> None:
     assert table.column("id").to_pylist() == [f"id-{i}" for i in range(25)]
     assert table.column("messages").to_pylist()[0][1] == {
         "role": "user", "content": "question 0", "reasoning_content": None,
+        "tool_calls_json": None, "tool_call_id": None, "name": None,
     }  # fmt: skip
     q = {(e["id"], e["reason"]): e for e in read_quarantine(tmp_path / "q.jsonl")}
     assert ("id-broken", V.UNPARSABLE) in q and (None, V.UNPARSABLE) in q
