@@ -7,6 +7,7 @@ The server's life belongs to ``regen.sglang.server``; the requests, journal and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -20,6 +21,7 @@ from typing import Any
 from regen.client import generate_shard
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
+from regen.sglang.config import ServerConfig
 from regen.sglang.server import ServerError, acquire_server, find_owner_pid
 from regen.status import progress_line
 from regen.storage import sink_from_config
@@ -51,7 +53,7 @@ def run_generate_job(
     the cause in full, the others in one line pointing at it (``SystemExit``, no traceback).
     """
     plan = read_json(plan_path)
-    cfg = {**server_cfg, "gpus": int(gpu_slots)}
+    cfg = dataclasses.replace(ServerConfig.from_mapping(server_cfg), gpus=int(gpu_slots))
     job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
     slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)
     try:

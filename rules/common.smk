@@ -55,6 +55,12 @@ def run_preflight():
     preflight(config, requested_gpus())
 
 
+def benchmark_files():
+    """The benchmark prompt files of audit.decontamination: the audit reruns when one changes."""
+    benchmarks = lookup(dpath="audit/decontamination/benchmarks", within=config)
+    return [b["path"] for b in benchmarks]
+
+
 def gpu_slots():
     """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
     given = workflow.global_resources.get("gpu")

@@ -4,6 +4,7 @@ rule report_assets:
     input:
         dataset="results/dataset",
         reconcile="results/reconcile.json",
+        audit="results/audit/summary.json",
         reaudit="results/reaudit/summary.json",
         plan="results/plan/server.json",
         records=shard_files("results/generations/{shard}.jsonl"),
