@@ -25,6 +25,7 @@ include: "rules/validate.smk"
 include: "rules/merge.smk"
 include: "rules/report.smk"
 include: "rules/publish.smk"
+include: "rules/export.smk"
 
 
 localrules:
@@ -38,6 +39,7 @@ localrules:
     reconcile,
     report_assets,
     publish,
+    export,
 
 
 rule all:

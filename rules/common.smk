@@ -47,17 +47,26 @@ def shard_files(pattern):
 
 
 def get_final_outputs():
-    """READY (re-audited), the reconciliation and the report; the S3 upload when configured."""
+    """READY (re-audited), the reconciliation and the report; the S3 upload and the trainer exports when configured."""
     published = (
         ["results/published.json"]
         if lookup(dpath="merge/output_prefix", within=config)
         else []
     )
-    return published + [
-        "results/READY.json",
-        "results/reconcile.json",
-        "results/report/throughput.svg",
-    ]
+    exported = (
+        ["results/export/manifest.json"]
+        if lookup(dpath="export/enabled", within=config)
+        else []
+    )
+    return (
+        published
+        + exported
+        + [
+            "results/READY.json",
+            "results/reconcile.json",
+            "results/report/throughput.svg",
+        ]
+    )
 
 
 def stop_gpu_servers():
