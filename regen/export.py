@@ -29,6 +29,7 @@ import pyarrow.dataset as ds
 from regen.chat import ChatTemplate
 from regen.io import atomic_open, write_json
 from regen.masks import MaskBuilder, MaskPolicy
+from regen.records import message_from_row
 
 READ_COLUMNS = (
     "id",
@@ -66,17 +67,18 @@ def specforge_line(row: Mapping[str, Any]) -> dict[str, Any]:
     """One ``specforge.jsonl`` object: the conversation with the regenerated turns, reasoning kept."""
     conversations = []
     for m in row["messages"]:
-        conversations.append({k: m[k] for k in SPECFORGE_MESSAGE_KEYS if m.get(k) is not None})
+        fields = message_from_row(m).to_json()
+        conversations.append({k: fields[k] for k in SPECFORGE_MESSAGE_KEYS if fields.get(k) is not None})
     out: dict[str, Any] = {"id": row["id"], "conversations": conversations}
-    if row.get("tools"):
-        out["tools"] = row["tools"]
+    if row.get("tools_json"):
+        out["tools"] = orjson.loads(row["tools_json"])  # SpecForge reads a list (or its JSON text)
     return out
 
 
 def iter_rows(dataset_dir: str | os.PathLike[str], batch_rows: int = 2000) -> Iterator[dict[str, Any]]:
     """The dataset's rows (only the columns the exports need), part file by part file."""
     dataset = ds.dataset(str(dataset_dir), format="parquet")
-    columns = [c for c in (*READ_COLUMNS, "tools") if c in dataset.schema.names]
+    columns = [c for c in READ_COLUMNS if c in dataset.schema.names]
     for batch in dataset.to_batches(columns=columns, batch_size=batch_rows):
         yield from batch.to_pylist()
 

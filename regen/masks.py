@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from regen.chat import ChatTemplate, to_template_dicts
+from regen.records import message_from_row
 
 SERVER_IDS = "server_ids"
 RETOKENIZED = "retokenized"
@@ -93,7 +94,7 @@ class MaskBuilder:
 
     def turns(self, row: Mapping[str, Any]) -> list[Turn]:
         """The regenerated turns of a dataset row (``regen.merge`` schema), in order."""
-        messages = to_template_dicts(row["messages"])
+        messages = to_template_dicts([message_from_row(m) for m in row["messages"]])
         turns = row.get("turns")
         if not turns:
             return [
