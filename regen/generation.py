@@ -6,12 +6,14 @@ The server's life belongs to ``regen.sglang.server``; the requests, journal and 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from regen.client import generate_shard
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
+from regen.sglang.config import ServerConfig
 from regen.sglang.server import acquire_server
 from regen.storage import sink_from_config
 
@@ -33,7 +35,7 @@ def run_generate_job(
 ) -> None:
     """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed."""
     plan = read_json(plan_path)
-    cfg = {**server_cfg, "gpus": int(gpu_slots)}
+    cfg = dataclasses.replace(ServerConfig.from_mapping(server_cfg), gpus=int(gpu_slots))
     job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
     slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)
     with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
