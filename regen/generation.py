@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from regen.client import generate_shard
+from regen.fingerprint import GenerationSettings, OperationalConfig
 from regen.io import read_json
 from regen.sglang.server import acquire_server
 from regen.storage import sink_from_config
@@ -33,15 +34,21 @@ def run_generate_job(
     failed_out: str,
     journal_path: str,
     shard: str,
-    generate_cfg: dict[str, Any],
-    server_cfg: dict[str, Any],
-    gpu_slots: int,
+    settings: dict[str, Any],
+    operational: OperationalConfig,
     workdir: str = "work/servers",
     log_dir: str = "logs/servers",
 ) -> None:
-    """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed."""
+    """Generate every sample of ``shard_path`` the journal does not hold under its current fingerprint;
+    raise if the shard failed.
+
+    ``settings`` is ``regen.fingerprint.decisive_config`` (what decides an answer), ``operational``
+    the rest (how the job runs).
+    """
     plan = read_json(plan_path)
-    cfg = {**server_cfg, "gpus": int(gpu_slots)}
+    generation = GenerationSettings.from_decisive(settings)
+    generate_cfg = {**operational.generate, **settings["generate"]}
+    cfg = {**operational.server, "gpus": operational.gpu_slots}
     slots, logs = per_allocation(workdir), per_allocation(log_dir)
     with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
         log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
@@ -54,5 +61,6 @@ def run_generate_job(
             endpoint,
             shard,
             journal_sync=sink_from_config(generate_cfg.get("journal_sync"), shard),
+            settings=generation,
         )
     log.info("shard %s done: %s", shard, stats)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -78,8 +79,12 @@ VALID_SCHEMA = pa.schema(
         pa.field("started_at", pa.float64(), nullable=False),
         pa.field("latency_s", pa.float64(), nullable=False),
         pa.field("turns", pa.list_(pa.field("item", TURN_TYPE, nullable=False))),
+        # regen.fingerprint: what decided the answer (request level, settings level, the settings as JSON)
+        pa.field("fingerprint", pa.string(), nullable=False),
+        pa.field("settings_fingerprint", pa.string(), nullable=False),
+        pa.field("settings", pa.string(), nullable=False),
     ],
-    metadata={b"regen.schema": b"valid/1"},
+    metadata={b"regen.schema": b"valid/2"},
 )
 
 # Columns copied unchanged from the valid shards into the dataset, in output order.
@@ -97,6 +102,8 @@ _PASSTHROUGH = (
     "max_tokens",
     "seed",
     "shard",
+    "fingerprint",
+    "settings_fingerprint",
 )
 
 SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
@@ -115,7 +122,7 @@ def dataset_schema(include_token_ids: bool = False) -> pa.Schema:
             pa.field("input_ids", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
             pa.field("loss_mask", pa.list_(pa.field("item", pa.int8(), nullable=False)), nullable=False),
         ]
-    return pa.schema(fields, metadata={b"regen.schema": b"dataset/1"})
+    return pa.schema(fields, metadata={b"regen.schema": b"dataset/2"})
 
 
 class MergeError(RuntimeError):
@@ -207,6 +214,9 @@ class ValidColumns:
         c["latency_s"].append(float(timings["latency_s"]))
         turns = rec.get("turns")
         c["turns"].append(None if turns is None else [_turn_row(t) for t in turns])
+        c["fingerprint"].append(rec["fingerprint"])
+        c["settings_fingerprint"].append(rec["settings_fingerprint"])
+        c["settings"].append(orjson.dumps(rec["settings"], option=orjson.OPT_SORT_KEYS).decode())
 
     def to_batch(self) -> pa.RecordBatch:
         """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
@@ -515,10 +525,9 @@ def merge_for_workflow(
     out_dir: str,
     merge_cfg: dict[str, Any],
     tokenizer_dir: str,
-    config: dict[str, Any],
 ) -> Manifest:
-    """The ``merge`` rule: provenance from the plan, the config and the servers, then ``merge``."""
+    """The ``merge`` rule: provenance from the records, the plan and the servers, then ``merge``."""
     provenance = build_provenance(
-        plan=read_json(plan_path), config=config, tokenizer_dir=tokenizer_dir, valid_paths=valid_paths
+        plan=read_json(plan_path), tokenizer_dir=tokenizer_dir, valid_paths=valid_paths
     )
     return merge(valid_paths, out_dir, merge_cfg, provenance, tokenizer_dir=tokenizer_dir)

@@ -3,6 +3,11 @@ import os
 
 from snakemake.utils import validate
 
+from regen.fingerprint import (
+    OperationalConfig,
+    decisive_config,
+    decisive_plan_config,
+)
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
@@ -39,6 +44,21 @@ def gpu_slots():
     given = workflow.global_resources.get("gpu")
     value = getattr(given, "value", given)
     return int(value) if value else lookup(dpath="server/gpus", within=config)
+
+
+def generation_settings():
+    """What decides an answer (model, chat template, sampling, modes): the generate rule's tracked param."""
+    return decisive_config(config)
+
+
+def plan_settings():
+    """What decides the server plan: the tune rule's tracked param."""
+    return decisive_plan_config(config)
+
+
+def operational_settings():
+    """How jobs run (ports, timeouts, idle time, restarts, concurrency, slots): never a rerun trigger."""
+    return OperationalConfig.from_config(config, gpu_slots())
 
 
 def shard_files(pattern):
