@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -233,6 +233,18 @@ class Journal:
             self.flush()
             self._fsync()
         return finalize_journal(self.path, records_out, failed_out, current)
+
+
+def iter_entries(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Read-only: every complete entry of a journal file, in order (a torn last line is skipped)."""
+    p = Path(path)
+    with open(p, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            if not raw.endswith(b"\n"):
+                return
+            yield _parse_line(p, lineno, raw)
 
 
 def _note_outcome(outcomes: dict[str, dict[str, str]], entry: Mapping[str, Any]) -> None:

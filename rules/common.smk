@@ -1,5 +1,6 @@
 # Config validation (once, with the schema's defaults filled in) and named input functions.
 import os
+import sys
 
 from snakemake.utils import validate
 
@@ -8,6 +9,7 @@ from regen.fingerprint import (
     decisive_config,
     decisive_plan_config,
 )
+from regen.replay import preview_lines
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
@@ -61,6 +63,13 @@ def operational_settings():
     return OperationalConfig.from_config(config, gpu_slots())
 
 
+def print_replay_preview():
+    """On a dry run: how many samples the generate jobs will replay, and how many regenerate and why."""
+    journals = expand("work/journal/{shard}.jsonl", shard=SHARDS)
+    for line in preview_lines(config, journals):
+        print(line, file=sys.stderr)
+
+
 def shard_files(pattern):
     """One path per shard: every per-shard job is known at plan time."""
     return expand(pattern, shard=SHARDS)
@@ -78,6 +87,14 @@ def get_final_outputs():
         "results/reconcile.json",
         "results/report/throughput.svg",
     ]
+
+
+def final_outputs(wildcards):
+    """The targets of rule all (an input function: evaluated once while the DAG is built, when Snakemake
+    knows whether this is a dry run); a dry run first prints the replay preview."""
+    if workflow.dryrun:
+        print_replay_preview()
+    return get_final_outputs()
 
 
 def stop_gpu_servers():
