@@ -90,7 +90,7 @@ def get_final_outputs():
 
 
 def final_outputs(wildcards):
-    """The targets of rule all (an input function: evaluated once while the DAG is built, when Snakemake
+    """The final targets, as an input function (evaluated once while the DAG is built, when Snakemake
     knows whether this is a dry run); a dry run first prints the replay preview."""
     if workflow.dryrun:
         print_replay_preview()

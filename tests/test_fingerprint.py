@@ -431,3 +431,48 @@ def test_reaudit_fails_loudly_on_mixed_settings(sim: str, tmp_path: Path, demo_t
             tokenizer_dir=str(demo_tokenizer_dir),
         )
     assert not (tmp_path / "READY.json").exists()
+
+
+# ------------------------------------------------------------------- S3 journal, other machine
+
+
+@pytest.mark.s3
+def test_s3_journal_from_a_machine_with_another_config(s3_prefix: str, sim: str, tmp_path: Path) -> None:
+    """Machine A journals to S3 at temperature 0.6 and is killed part-way; machine B, a fresh directory
+    with temperature 0.9, restores A's journal but replays none of it; machine C at 0.6 replays all."""
+    from regen.storage import S3JournalSink
+
+    batch = samples(24)
+
+    def run_on(machine: str, n: int | None = None, **cfg: Any):
+        sh = Shard(tmp_path / machine)
+        sink = S3JournalSink(s3_prefix, "00000", every_records=4, every_seconds=0.2)
+        merged = {**FAST, **cfg, "sampling": {**FAST["sampling"], **cfg.get("sampling", {})}}
+        stats = generate_shard(
+            batch if n is None else batch[:n],
+            sh.journal,
+            sh.out,
+            sh.failed,
+            merged,
+            Endpoint(sim, "gpu0"),
+            "00000",
+            journal_sync=sink,
+        )
+        return sh, stats
+
+    run_on("a", n=10)  # a partial shard: the first 10 samples, at 0.6
+    before = received(sim)
+    b, st = run_on("b", sampling={"temperature": 0.9})
+    assert b.journal.read_bytes().count(b'"temperature":0.6') >= 10, "A's entries were restored from S3"
+    assert (st.skipped_resumed, st.regenerated_changed, st.completed) == (0, 10, 24)
+    assert all(received(sim)[s.id] == before.get(s.id, 0) + 1 for s in batch)
+    assert {r["sampling"]["temperature"] for r in b.records()} == {0.9} and len(b.records()) == 24
+
+    after_b = received(sim)
+    c, st = run_on("c")
+    assert st.skipped_resumed == 10 and st.completed == 14  # A's 0.6 answers, from S3, are replayed
+    assert all(received(sim)[s.id] == after_b[s.id] + (1 if int(s.id[1:]) >= 10 else 0) for s in batch)
+    recs = c.records()
+    assert {r["sampling"]["temperature"] for r in recs} == {0.6} and len(
+        {r["settings_fingerprint"] for r in recs}
+    ) == 1
