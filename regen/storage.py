@@ -258,7 +258,7 @@ def _record_key(line: bytes) -> tuple[str, str | None] | None:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(obj, dict) or obj.get("kind") != "record" or not isinstance(obj.get("id"), str):
+    if not isinstance(obj, dict) or obj.get("kind") == "failed" or not isinstance(obj.get("id"), str):
         return None
     return obj["id"], obj.get("fingerprint")
 

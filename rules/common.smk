@@ -48,6 +48,13 @@ def gpu_slots():
     return int(value) if value else lookup(dpath="server/gpus", within=config)
 
 
+def chat_template_file():
+    """The target chat template: decides every prompt the servers render, so a change regenerates."""
+    return os.path.join(
+        lookup(dpath="tokenizer", within=config), "tokenizer_config.json"
+    )
+
+
 def generation_settings():
     """What decides an answer (model, chat template, sampling, modes): the generate rule's tracked param."""
     return decisive_config(config)

@@ -6,6 +6,7 @@ rule generate:
     input:
         shard="results/shards/{shard}.parquet",
         plan="results/plan/server.json",
+        chat_template=chat_template_file(),
     output:
         records="results/generations/{shard}.jsonl",
         failed="results/generations/{shard}.failed.jsonl",
