@@ -89,3 +89,68 @@ def test_rerun_after_operational_prompt_and_sampling_changes(wd: Path) -> None:
     ready = json.loads((wd / "results" / "READY.json").read_text())
     assert ready["ready"] and ready["settings_fingerprint"] == table[0]["settings_fingerprint"]
     assert ready["settings_fingerprint"] == provenance["settings_fingerprint"]
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(900)
+def test_killed_run_resumed_on_another_machine_with_another_config(s3_prefix: str, tmp_path: Path) -> None:
+    """Machine A (temperature 0.6) is SIGKILLed mid-generation with journal batches in S3; machine B, a
+    fresh directory with temperature 0.9, restores them, replays none and publishes only 0.9 answers."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from test_s3_workflow import finished_ids_in_s3, fresh_workdir, snakemake_cmd
+
+    from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
+    from regen.storage import download_file, upload_file
+
+    upload_file(
+        Path(__file__).resolve().parent.parent / "data" / "demo" / "dataset.jsonl",
+        f"{s3_prefix}/input/dataset.jsonl",
+    )
+    request_log = tmp_path / "requests.jsonl"
+    env = {**os.environ, REQUEST_LOG_ENV: str(request_log), "PYTHONUNBUFFERED": "1"}
+    port = random.randrange(40000, 60000, 2)
+
+    a = fresh_workdir(tmp_path / "machine-a", s3_prefix)
+    (a / "config" / "local.yaml").write_text(f"server: {{port_base: {port}}}\n")
+    proc = subprocess.Popen(
+        [*snakemake_cmd(), "config/local.yaml"], cwd=a, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    synced: set[str] = set()
+    while time.monotonic() < deadline and proc.poll() is None and len(synced) < 20:
+        time.sleep(0.5)
+        synced = finished_ids_in_s3(s3_prefix)
+    assert proc.poll() is None, "the run ended before it could be killed mid-generation"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1.0)
+    synced = finished_ids_in_s3(s3_prefix)
+    killed_at = max(e["t"] for e in read_request_log(request_log))
+
+    b = fresh_workdir(tmp_path / "machine-b", s3_prefix)
+    (b / "config" / "local.yaml").write_text(
+        f"server: {{port_base: {port + 2}}}\ngenerate: {{sampling: {{temperature: 0.9}}}}\n"
+    )
+    done = subprocess.run(
+        [*snakemake_cmd(), "config/local.yaml"], cwd=b, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    resent = {
+        e["id"] for e in read_request_log(request_log) if e["t"] > killed_at and e["event"] == "received"
+    }
+    assert synced <= resent, "an answer journaled under temperature 0.6 was replayed into a 0.9 run"
+    logs = "".join(p.read_text() for p in sorted((b / "logs" / "generate").glob("*.log")))
+    assert "0 replayed from the journals" in logs
+    table = ds.dataset(str(b / "results" / "dataset"), format="parquet").to_table(
+        columns=["temperature", "settings_fingerprint"]
+    )
+    assert set(table.column("temperature").to_pylist()) == {0.9}
+    assert len(set(table.column("settings_fingerprint").to_pylist())) == 1
+    manifest = download_file(f"{s3_prefix}/dataset/_manifest.json", tmp_path / "manifest.json")
+    provenance = json.loads(manifest.read_text())["provenance"]
+    assert provenance["sampling"]["temperature"] == 0.9 and not provenance["mixed_settings"]
