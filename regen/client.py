@@ -37,18 +37,21 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 
-from regen.fingerprint import GenerationSettings, decisive_prompt, request_fingerprint
+from regen.fingerprint import GenerationSettings, request_fingerprint
 from regen.io import write_json
 from regen.journal import FAILED, RECORD, Journal, JournalSink
-from regen.types import Message, Sample
+from regen.layout import RunLayout
+from regen.records import GenerationRecord, RecordSampling
+from regen.types import Endpoint, Message, Sample, prompt_end
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +59,6 @@ SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
 DEFAULT_CONCURRENCY = 64
 MAX_BACKOFF_S = 60.0
 RETRY_STATUSES = frozenset({408, 429})
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """A running server, as ``regen.sglang.server.acquire_server`` hands it over."""
-
-    url: str
-    server_id: str
-    max_running_requests: int | None = None
-    version: str | None = None
-    model: str | None = None
-    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +85,8 @@ class GenerateConfig:
     backoff_base_s: float = 1.0
     truncation: str = "keep"
     retry_max_tokens_factor: float = 2.0
+    #: ask for the server's own prompt and completion token ids (SGLang ``return_token_ids``)
+    return_token_ids: bool = True
     #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
     #: the fields regen sets itself
     extra_body: tuple[tuple[str, Any], ...] = ()
@@ -122,6 +115,7 @@ class GenerateConfig:
             backoff_base_s=float(cfg.get("backoff_base_s", 1.0)),
             truncation=cfg.get("truncation", "keep"),
             retry_max_tokens_factor=float(cfg.get("retry_max_tokens_factor", 2)),
+            return_token_ids=bool(cfg.get("return_token_ids", True)),
             extra_body=tuple(sorted((cfg.get("extra_body") or {}).items())),
             retry_failed=bool(cfg.get("retry_failed", True)),
         )
@@ -173,6 +167,7 @@ def settings_of(cfg: GenerateConfig, model_path: str = "default") -> GenerationS
         truncation=cfg.truncation,
         retry_max_tokens_factor=cfg.retry_max_tokens_factor,
         extra_body=dict(cfg.extra_body),
+        return_token_ids=cfg.return_token_ids,
     )
 
 
@@ -246,22 +241,30 @@ def thinking_for(sample_id: str, mode: str, fraction: float) -> bool:
 
 
 def _wire(m: Message) -> dict[str, Any]:
-    return {"role": m.role, "content": m.content}
+    """A turn as SGLang's chat API takes it (tool calls and tool-call ids included when set)."""
+    out = m.to_json()
+    out.pop("reasoning_content", None)
+    return out
+
+
+def sample_id_header(sample_id: str) -> str:
+    """The sample id as an HTTP header value: percent-encoded, so no id (newlines, non-ASCII) can
+    break or inject a header. The simulated server decodes it; real SGLang ignores the header."""
+    return urllib.parse.quote(sample_id, safe="")
 
 
 def prompt_for_last(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
-    """Messages before the last assistant turn; all of them when there is no assistant turn."""
-    last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
-    kept = messages if last is None else messages[:last]
-    return [_wire(m) for m in kept]
+    """The prompt: every turn before a final assistant turn; all of them when the conversation ends
+    with a user or tool turn (that turn is what gets answered)."""
+    return [_wire(m) for m in messages[: prompt_end([m.role for m in messages])]]
 
 
 def turn_prefixes(messages: tuple[Message, ...]) -> list[tuple[Message, ...]]:
-    """For ``regenerate: all``: the non-assistant turns that precede each assistant turn.
+    """For ``regenerate: all``: the non-assistant turns that precede each answer.
 
-    Segment k holds the turns between assistant turn k-1 and assistant turn k; turns after
-    the last assistant turn are dropped (as with ``last``). With no assistant turn, one segment
-    holds every turn.
+    Segment k holds the turns between assistant turn k-1 and assistant turn k; turns after the
+    last assistant turn form a last segment, answered too (as with ``last``). With no assistant
+    turn, one segment holds every turn.
     """
     segments: list[tuple[Message, ...]] = []
     current: list[Message] = []
@@ -271,9 +274,29 @@ def turn_prefixes(messages: tuple[Message, ...]) -> list[tuple[Message, ...]]:
             current = []
         else:
             current.append(m)
-    if not segments:
+    if current or not segments:
         segments.append(tuple(current))
     return segments
+
+
+def request_content(sample: Sample, regenerate: str) -> dict[str, Any]:
+    """Everything of a sample the requests send, nothing else (its fingerprint hashes this).
+
+    ``last``: the prompt (``prompt_for_last``). ``all``: the non-assistant turns of each segment
+    (``turn_prefixes``); the old assistant turns are regenerated, so their text decides nothing.
+    Plus the tool definitions. An old answer's text or reasoning never decides the new one.
+    """
+    if regenerate == "last":
+        messages: list[Any] = prompt_for_last(sample.messages)
+    else:
+        messages = [[_wire(m) for m in segment] for segment in turn_prefixes(sample.messages)]
+    return {"messages": messages, "tools": list(sample.tools) if sample.tools else None}
+
+
+def sample_fingerprint(settings: GenerationSettings, sample: Sample) -> str:
+    """The sample's request fingerprint under ``settings`` (what the journal replays by)."""
+    content = request_content(sample, settings.regenerate)
+    return request_fingerprint(settings.fingerprint, sample.id, content)
 
 
 def backoff_delay(base: float, attempt: int, rng: random.Random) -> float:
@@ -323,6 +346,34 @@ class _Answer:
     started_at: float
     latency_s: float
     max_tokens: int
+    tool_calls: list[Any] | None = None  # parsed by the server's tool-call parser, when it has one
+    #: the server's token ids (``return_token_ids``): the rendered prompt, and the raw completion
+    #: before reasoning parsing (end-of-turn included when the model stopped on it); None when absent
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+
+    def token_id_fields(self) -> dict[str, list[int]]:
+        """The journal's additive token-id fields (none when the server sent no ids)."""
+        if self.prompt_token_ids is None or self.completion_token_ids is None:
+            return {}
+        return {"prompt_token_ids": self.prompt_token_ids, "completion_token_ids": self.completion_token_ids}
+
+
+#: where SGLang puts the completion ids of a choice: ``token_ids`` up to 0.5.17, ``response_token_ids``
+#: in 0.5.23 (``ChatCompletionResponseChoice`` in srt/entrypoints/openai/protocol.py)
+COMPLETION_IDS_FIELDS = ("response_token_ids", "token_ids")
+
+
+def _token_ids(choice: dict[str, Any], names: tuple[str, ...]) -> list[int] | None:
+    """The first present field of ``names`` as a list of token ids; None when none is present."""
+    for name in names:
+        value = choice.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(type(t) is int and t >= 0 for t in value):
+            raise ValueError(f"choices[0].{name}: expected a list of non-negative integers")
+        return value
+    return None
 
 
 def _parse_answer(body: bytes, started_at: float, latency: float, max_tokens: int) -> _Answer:
@@ -347,6 +398,9 @@ def _parse_answer(body: bytes, started_at: float, latency: float, max_tokens: in
             started_at=started_at,
             latency_s=latency,
             max_tokens=max_tokens,
+            tool_calls=msg.get("tool_calls") or None,
+            prompt_token_ids=_token_ids(choice, ("prompt_token_ids",)),
+            completion_token_ids=_token_ids(choice, COMPLETION_IDS_FIELDS),
         )
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise RequestError("malformed_response", f"{type(exc).__name__}: {exc}", True) from exc
@@ -412,8 +466,8 @@ class _ShardRun:
                 log.warning("shard %s: duplicate sample id %r in the input; sent once", self.shard, sid)
                 continue
             self.seen.add(sid)
-            prompt = decisive_prompt(sample.messages, self.cfg.regenerate)
-            fingerprint = request_fingerprint(self.settings_fingerprint, sid, prompt)
+            content = request_content(sample, self.cfg.regenerate)
+            fingerprint = request_fingerprint(self.settings_fingerprint, sid, content)
             self.current[sid] = fingerprint
             outcome = self.journal.outcome(sid, fingerprint)
             if outcome == RECORD or (outcome == FAILED and not self.cfg.retry_failed):
@@ -469,11 +523,12 @@ class _ShardRun:
         sid = sample.id
         seed = derive_seed(cfg.sampling.seed, sid)
         thinking = thinking_for(sid, cfg.thinking, cfg.thinking_fraction)
+        tools = list(sample.tools) if sample.tools else None
         attempts = [0]
         try:
             if cfg.regenerate == "last":
                 prompt = prompt_for_last(sample.messages)
-                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts)
+                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts, tools)
                 turns = None
             else:
                 prompt = []
@@ -484,9 +539,11 @@ class _ShardRun:
                         prev: dict[str, Any] = {"role": "assistant", "content": answer.content}
                         if answer.reasoning_content is not None:
                             prev["reasoning_content"] = answer.reasoning_content
+                        if answer.tool_calls:
+                            prev["tool_calls"] = answer.tool_calls
                         prompt.append(prev)
                     prompt.extend(_wire(m) for m in segment)
-                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts)
+                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts, tools)
                     if answer is None:
                         break
                     turns.append(
@@ -495,6 +552,8 @@ class _ShardRun:
                             "content": answer.content,
                             "finish_reason": answer.finish_reason,
                             "usage": answer.usage,
+                            **({"tool_calls": answer.tool_calls} if answer.tool_calls else {}),
+                            **answer.token_id_fields(),
                         }
                     )
         except SampleFailed as exc:
@@ -523,31 +582,28 @@ class _ShardRun:
         self.stats.output_tokens += out_tokens
         if truncated:
             self.stats.truncated += 1
-        record: dict[str, Any] = {
-            "kind": "record",
-            "id": sid,
-            "shard": self.shard,
-            "messages": prompt,
-            "reasoning_content": answer.reasoning_content,
-            "content": answer.content,
-            "finish_reason": answer.finish_reason,
-            "truncated": truncated,
-            "thinking": thinking,
-            "usage": answer.usage,
-            "sampling": {
-                "temperature": s.temperature,
-                "top_p": s.top_p,
-                "top_k": s.top_k,
-                "max_tokens": answer.max_tokens,
-            },
-            "seed": seed,
-            "model": answer.model or self.model,
-            "server": self.server,
-            "attempts": attempts[0],
-            "timings": {"started_at": answer.started_at, "latency_s": answer.latency_s},
-        }
-        if turns is not None:
-            record["turns"] = turns
+        record = GenerationRecord(
+            id=sid,
+            shard=self.shard,
+            messages=prompt,
+            reasoning_content=answer.reasoning_content,
+            content=answer.content,
+            finish_reason=answer.finish_reason,
+            truncated=truncated,
+            thinking=thinking,
+            usage=answer.usage,
+            sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens),
+            seed=seed,
+            model=answer.model or self.model,
+            server=self.server,
+            attempts=attempts[0],
+            started_at=answer.started_at,
+            latency_s=answer.latency_s,
+            turns=turns,
+            **answer.token_id_fields(),
+            tools=tools,
+            tool_calls=answer.tool_calls,
+        ).journal_entry()
         return record
 
     def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:
@@ -580,17 +636,23 @@ class _ShardRun:
         return None
 
     async def answer_turn(
-        self, sid: str, messages: list[dict[str, Any]], seed: int, thinking: bool, attempts: list[int]
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        seed: int,
+        thinking: bool,
+        attempts: list[int],
+        tools: list[Any] | None = None,
     ) -> _Answer | None:
         """One regenerated turn under the truncation policy; None means dropped."""
         cfg = self.cfg
-        answer = await self.request(sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts)
+        answer = await self.request(sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts, tools)
         if answer.finish_reason != "length" or cfg.truncation == "keep":
             return answer
         if cfg.truncation == "drop":
             return None
         bigger = math.ceil(cfg.sampling.max_tokens * cfg.retry_max_tokens_factor)
-        return await self.request(sid, messages, seed, thinking, bigger, attempts)
+        return await self.request(sid, messages, seed, thinking, bigger, attempts, tools)
 
     async def request(
         self,
@@ -600,12 +662,15 @@ class _ShardRun:
         thinking: bool,
         max_tokens: int,
         attempts: list[int],
+        tools: list[Any] | None = None,
     ) -> _Answer:
-        """POST with retries; raises SampleFailed."""
+        """POST with retries; raises SampleFailed. ``tools`` (the sample's tool definitions) go with it."""
         s = self.cfg.sampling
+        token_ids = {"return_token_ids": True} if self.cfg.return_token_ids else {}
         body = orjson.dumps(
             {
                 **dict(self.cfg.extra_body),
+                **token_ids,
                 "model": self.model,
                 "messages": messages,
                 "temperature": s.temperature,
@@ -616,9 +681,10 @@ class _ShardRun:
                 "seed": seed,
                 "chat_template_kwargs": {"enable_thinking": thinking},
                 "separate_reasoning": True,
+                **({"tools": tools} if tools else {}),
             }
         )
-        headers = {**self.base_headers, SAMPLE_ID_HEADER: sid}
+        headers = {**self.base_headers, SAMPLE_ID_HEADER: sample_id_header(sid)}
         delay = 0.0
         for attempt in range(1, self.cfg.max_attempts + 1):
             if attempt > 1:
@@ -829,7 +895,7 @@ async def generate_shard_async(
     check_settings_match(gcfg, settings)
     if progress is None:
         jp = Path(journal_path)
-        progress = ProgressOptions(status_path=jp.parent.parent / "status" / f"{shard}.json")
+        progress = ProgressOptions(status_path=RunLayout.of_journal(jp).status(shard))
     it, total = _samples_and_total(samples, total)
     t0 = time.monotonic()
     stats = ShardStats(total=total)

@@ -4,12 +4,12 @@ Two levels:
 
 * ``GenerationSettings`` — what the config decides for every request: model path and revision,
   server mode, chat template hash, reasoning parser, regenerate and thinking modes, sampling
-  (temperature, top_p, top_k, max_tokens, n, seed), the truncation policy and the extra request
-  fields. Its ``fingerprint`` (``settings_fingerprint`` in records) is one per run: an output that
-  holds two of them mixes settings (the re-audit refuses it).
+  (temperature, top_p, top_k, max_tokens, n, seed), the truncation policy, the extra request
+  fields and whether token ids are kept. Its ``fingerprint`` (``settings_fingerprint`` in records)
+  is one per run: an output that holds two of them mixes settings (the re-audit refuses it).
 * ``request_fingerprint`` — one per sample: the settings fingerprint, the sample id (the seed
   and, with ``thinking: mix``, the thinking switch derive from it) and the hash of the exact
-  prompt content the requests send (``decisive_prompt``).
+  prompt content the requests send (``regen.client.request_content``).
 
 The journal stores both on every entry; a rerun replays an entry only when its request fingerprint
 equals the current one, so a changed setting regenerates everything and an edited prompt regenerates
@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-from regen.types import Message
 
 #: bump when the hashed content changes meaning: every old journal entry is then regenerated
 FINGERPRINT_VERSION = 1
@@ -84,6 +82,8 @@ class GenerationSettings:
     truncation: str
     retry_max_tokens_factor: float
     extra_body: dict[str, Any] = field(default_factory=dict)
+    #: whether records carry the server's token ids (what a replayed record holds)
+    return_token_ids: bool = True
     version: int = FINGERPRINT_VERSION
 
     @classmethod
@@ -111,6 +111,7 @@ class GenerationSettings:
             truncation=str(generate.get("truncation", "keep")),
             retry_max_tokens_factor=float(generate.get("retry_max_tokens_factor", 2)),
             extra_body=dict(generate.get("extra_body") or {}),
+            return_token_ids=bool(generate.get("return_token_ids", True)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -131,46 +132,13 @@ def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     return out
 
 
-# ------------------------------------------------------------------------------- the prompt
+# ------------------------------------------------------------------------------- the request
 
 
-def _wire(m: Message) -> dict[str, Any]:
-    return {"role": m.role, "content": m.content}
-
-
-def decisive_prompt(messages: tuple[Message, ...], regenerate: str) -> list[Any]:
-    """The sample content the requests send, nothing else.
-
-    ``last``: every turn before the last assistant turn (all turns without one), role and content
-    (an old turn's reasoning is not sent). ``all``: the non-assistant turns of each segment before
-    an assistant turn; the old assistant turns are regenerated, so their text decides nothing.
-    Turns after the last assistant turn are never sent.
-    """
-    last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
-    if regenerate == "last":
-        kept = messages if last is None else messages[:last]
-        return [_wire(m) for m in kept]
-    segments: list[list[dict[str, Any]]] = []
-    current: list[dict[str, Any]] = []
-    for m in messages:
-        if m.role == "assistant":
-            segments.append(current)
-            current = []
-        else:
-            current.append(_wire(m))
-    if not segments:
-        segments.append(current)
-    return segments
-
-
-def request_fingerprint(settings_fingerprint: str, sample_id: str, prompt: list[Any]) -> str:
-    """One sample's fingerprint: settings, id (seed, thinking switch) and the exact prompt content."""
-    return _digest(["request", settings_fingerprint, sample_id, prompt])
-
-
-def sample_fingerprint(settings: GenerationSettings, sample_id: str, messages: tuple[Message, ...]) -> str:
-    prompt = decisive_prompt(messages, settings.regenerate)
-    return request_fingerprint(settings.fingerprint, sample_id, prompt)
+def request_fingerprint(settings_fingerprint: str, sample_id: str, content: Any) -> str:
+    """One sample's fingerprint: settings, id (seed, thinking switch) and ``content``, exactly what of
+    the sample the requests send (``regen.client.request_content``)."""
+    return _digest(["request", settings_fingerprint, sample_id, content])
 
 
 # ------------------------------------------------------------ decisive vs operational config
@@ -185,6 +153,7 @@ DECISIVE_GENERATE_KEYS = (
     "truncation",
     "retry_max_tokens_factor",
     "extra_body",
+    "return_token_ids",
 )
 #: ``server`` keys that decide the tuner's plan (the ``tune`` rule's params)
 PLAN_SERVER_KEYS = (

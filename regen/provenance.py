@@ -8,7 +8,7 @@ fingerprint is marked ``mixed`` here and refused by the re-audit.
 
 from __future__ import annotations
 
-import glob
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from regen import __version__
 from regen.fingerprint import chat_template_hash
 from regen.io import read_json
+from regen.layout import RUN, realized_files
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,9 @@ def settings_in_records(valid_paths: list[str]) -> list[SettingsGroup]:
     rows: dict[str, int] = {}
     settings: dict[str, str] = {}
     for path in valid_paths:
-        table = pq.read_table(path, columns=["settings_fingerprint", "settings"])  # regen.merge.VALID_SCHEMA
+        table = pq.read_table(
+            path, columns=["settings_fingerprint", "settings"]
+        )  # regen.records.VALID_SCHEMA
         if table.num_rows == 0:
             continue
         counts = table.group_by(["settings_fingerprint", "settings"]).aggregate([("settings", "count")])
@@ -53,18 +56,17 @@ def settings_in_records(valid_paths: list[str]) -> list[SettingsGroup]:
     return sorted(groups, key=lambda g: (-g.rows, g.fingerprint))
 
 
-def realized_servers(workdir: str = "work/servers") -> list[dict[str, Any]]:
-    """What each GPU server reported at start-up (version, flags, memory), recorded by the server module."""
-    # per node (work/servers/gpuK) or per Slurm job (work/servers/slurm-JOB/gpuK)
-    found = glob.glob(f"{workdir}/gpu*.realized.json") + glob.glob(f"{workdir}/slurm-*/gpu*.realized.json")
-    return [read_json(p) for p in sorted(found)]
+def realized_servers(workdir: str | os.PathLike[str] = RUN.servers_root) -> list[dict[str, Any]]:
+    """What each GPU server reported at start-up (version, flags, memory), recorded by the server module
+    per node or per Slurm job (``regen.layout.realized_files``)."""
+    return [read_json(p) for p in realized_files(workdir)]
 
 
 def generation_window(valid_paths: list[str]) -> tuple[float | None, float | None]:
     """Earliest request start and latest request end over the valid records (column-wise)."""
     start = end = None
     for path in valid_paths:
-        table = pq.read_table(path, columns=["started_at", "latency_s"])  # regen.merge.VALID_SCHEMA
+        table = pq.read_table(path, columns=["started_at", "latency_s"])  # regen.records.VALID_SCHEMA
         if table.num_rows == 0:
             continue
         began = table.column("started_at")

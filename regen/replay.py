@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.fingerprint import GenerationSettings, changed_settings, decisive_config, sample_fingerprint
-from regen.journal import FAILED, RECORD, iter_entries
+from regen.client import sample_fingerprint
+from regen.fingerprint import GenerationSettings, changed_settings, decisive_config
+from regen.journal import FAILED, RECORD, read_journal_entries
 from regen.types import Sample
 
 
@@ -38,9 +39,7 @@ class JournalIndex:
     def read(cls, paths: Iterable[str | os.PathLike[str]]) -> JournalIndex:
         index = cls()
         for path in paths:
-            if not Path(path).exists():
-                continue
-            for entry in iter_entries(path):
+            for entry in read_journal_entries(path):
                 sfp = entry.get("settings_fingerprint")
                 seen = _Seen(entry.get("fingerprint"), sfp, entry["kind"])
                 index.by_id.setdefault(entry["id"], []).append(seen)
@@ -112,7 +111,7 @@ def plan_replay(
             continue
         seen_ids.add(sample.id)
         plan.samples += 1
-        fingerprint = sample_fingerprint(settings, sample.id, sample.messages)
+        fingerprint = sample_fingerprint(settings, sample)
         entries = index.by_id.get(sample.id, [])
         kinds = {e.kind for e in entries if e.fingerprint == fingerprint}
         if RECORD in kinds:

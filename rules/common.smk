@@ -9,6 +9,7 @@ from regen.fingerprint import (
     decisive_config,
     decisive_plan_config,
 )
+from regen.layout import RUN
 from regen.replay import preview_lines
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
@@ -72,7 +73,7 @@ def operational_settings():
 
 def print_replay_preview():
     """On a dry run: how many samples the generate jobs will replay, and how many regenerate and why."""
-    journals = expand("work/journal/{shard}.jsonl", shard=SHARDS)
+    journals = [str(RUN.journal(shard)) for shard in SHARDS]
     for line in preview_lines(config, journals):
         print(line, file=sys.stderr)
 
@@ -105,5 +106,5 @@ def final_outputs(wildcards):
 
 
 def stop_gpu_servers():
-    """Stop the per-GPU servers this run started (called on success and on error)."""
-    stop_all_servers("work/servers")
+    """Stop the per-GPU servers this run started, per node and per Slurm job (on success and on error)."""
+    stop_all_servers(RUN.servers_root)

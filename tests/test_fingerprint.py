@@ -21,6 +21,8 @@ from regen.client import (
     generate_shard,
     generate_shard_async,
     prompt_for_last,
+    request_content,
+    sample_fingerprint,
     settings_of,
     turn_prefixes,
 )
@@ -29,8 +31,6 @@ from regen.fingerprint import (
     GenerationSettings,
     OperationalConfig,
     decisive_config,
-    decisive_prompt,
-    sample_fingerprint,
 )
 from regen.journal import Journal, finalize_journal
 from regen.merge import merge
@@ -128,6 +128,7 @@ BASE = GenerationSettings.from_decisive(
         {"truncation": "retry"},
         {"retry_max_tokens_factor": 3.0},
         {"extra_body": {"min_p": 0.1}},
+        {"return_token_ids": False},
     ],
 )
 def test_every_decisive_setting_changes_the_fingerprint(change: dict[str, Any]) -> None:
@@ -162,24 +163,37 @@ def test_fingerprint_is_stable_and_ignores_operational_keys(demo_tokenizer_dir: 
     assert operational.generate["concurrency"] == 3 and operational.gpu_slots == 2
 
 
-def test_decisive_prompt_is_exactly_what_the_requests_send() -> None:
+def test_request_content_is_exactly_what_the_requests_send() -> None:
     conv = (
         Message("system", "sys"),
         Message("user", "u1"),
         Message("assistant", "a1", "r1"),
         Message("user", "u2"),
         Message("assistant", "a2"),
-        Message("user", "trailing"),
     )
-    assert decisive_prompt(conv, "last") == prompt_for_last(conv)
+    sample = Sample("x", conv)
+    assert request_content(sample, "last") == {"messages": prompt_for_last(conv), "tools": None}
     segments = [[{"role": m.role, "content": m.content} for m in seg] for seg in turn_prefixes(conv)]
-    assert decisive_prompt(conv, "all") == segments
-    # what is not sent decides nothing: the last old answer, an old reasoning, a trailing turn
-    same = (*conv[:4], Message("assistant", "another old answer"), Message("user", "other trailing"))
-    assert sample_fingerprint(BASE, "x", same) == sample_fingerprint(BASE, "x", conv)
-    edited = (conv[0], Message("user", "u1 edited"), *conv[2:])
-    assert sample_fingerprint(BASE, "x", edited) != sample_fingerprint(BASE, "x", conv)
-    assert sample_fingerprint(BASE, "y", conv) != sample_fingerprint(BASE, "x", conv)  # seed derives from id
+    assert request_content(sample, "all") == {"messages": segments, "tools": None}
+    every = dataclasses.replace(BASE, regenerate="all")
+
+    def fp(s: Sample, settings: GenerationSettings = BASE) -> str:
+        return sample_fingerprint(settings, s)
+
+    # what is not sent decides nothing: the answer being regenerated, an old turn's reasoning
+    same = Sample(
+        "x", (*conv[:2], Message("assistant", "a1", "other reasoning"), conv[3], Message("assistant", "?"))
+    )
+    assert fp(same) == fp(sample) and fp(same, every) == fp(sample, every)
+    # an earlier old answer is part of the prompt under last, regenerated (not sent) under all
+    other_a1 = Sample("x", (*conv[:2], Message("assistant", "a1 rewritten"), *conv[3:]))
+    assert fp(other_a1) != fp(sample) and fp(other_a1, every) == fp(sample, every)
+    edited = Sample("x", (conv[0], Message("user", "u1 edited"), *conv[2:]))
+    assert fp(edited) != fp(sample) and fp(edited, every) != fp(sample, every)
+    assert fp(dataclasses.replace(sample, tools=({"type": "function", "function": {"name": "f"}},))) != fp(
+        sample
+    )
+    assert fp(dataclasses.replace(sample, id="y")) != fp(sample)  # the seed derives from the id
 
 
 # ------------------------------------------------------------------------- replay on the client
@@ -385,7 +399,7 @@ def test_replay_preview_counts_and_explains(tmp_path: Path) -> None:
     hot = settings_of(GenerateConfig.from_dict({"sampling": {"temperature": 0.9}}))
     batch = samples(6)
     path = tmp_path / "00000.jsonl"
-    fp = {s.id: sample_fingerprint(settings, s.id, s.messages) for s in batch}
+    fp = {s.id: sample_fingerprint(settings, s) for s in batch}
     lines = [
         entry("record", "s0", fp["s0"], settings_fingerprint=settings.fingerprint),
         entry("record", "s1", "0" * 16, settings_fingerprint=settings.fingerprint),  # prompt since edited

@@ -10,8 +10,9 @@ import pytest
 
 from regen.client import GenerateConfig, settings_of
 from regen.io import read_json
-from regen.merge import VALID_SCHEMA, ValidColumns, merge
+from regen.merge import merge
 from regen.reaudit import OutputGateError, reaudit_dataset
+from regen.records import VALID_SCHEMA, ValidColumns
 
 GATES = {
     "max_empty_answer_fraction": 0.05,
