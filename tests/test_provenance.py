@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from regen.client import GenerateConfig, settings_of
 from regen.fingerprint import chat_template_hash
-from regen.merge import VALID_SCHEMA, ValidColumns
+from regen.records import VALID_SCHEMA, ValidColumns
 from regen.provenance import build_provenance, generation_window, settings_in_records
 
 
