@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 
 from regen.client import GenerateConfig, settings_of
 from regen.fingerprint import chat_template_hash
-from regen.records import VALID_SCHEMA, ValidColumns
 from regen.provenance import build_provenance, generation_window, settings_in_records
+from regen.records import VALID_SCHEMA, ValidColumns
 
 
 def test_generation_window_spans_every_request(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,25 @@ def generate_logs(wd: Path) -> str:
     return "".join(p.read_text() for p in sorted((wd / "logs" / "generate").glob("*.log")))
 
 
+def free_port_base(slots: int = 2) -> int:
+    """A base port whose next ``slots`` ports are free now, below the ephemeral range (ports are
+    operational: a range of our own keeps parallel runs on this machine from colliding)."""
+    for _ in range(200):
+        base = random.randrange(20000, 32000, slots)
+        try:
+            for port in range(base, base + slots):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range")
+
+
 @pytest.fixture
 def wd(tmp_path: Path) -> Path:
     wd = copy_workflow(tmp_path / "wf")
-    # ports are operational: a free range of our own, so parallel runs on this machine do not collide
-    (wd / "config" / "local.yaml").write_text(f"server: {{port_base: {random.randrange(40000, 60000, 2)}}}\n")
+    (wd / "config" / "local.yaml").write_text(f"server: {{port_base: {free_port_base()}}}\n")
     return wd
 
 
@@ -45,7 +60,7 @@ def test_rerun_after_operational_prompt_and_sampling_changes(wd: Path) -> None:
 
     # 1. operational keys (timeouts, ports, idle time, restarts, concurrency, retries): nothing to do
     (wd / "config" / "ops.yaml").write_text(
-        "server: {idle_timeout_s: 7, port_base: 40100, startup_timeout_s: 99, max_restarts: 5,"
+        "server: {idle_timeout_s: 7, port_base: 31900, startup_timeout_s: 99, max_restarts: 5,"
         " simulated: {token_rate: 9000}}\n"
         "generate: {request_timeout_s: 12, concurrency: 3, max_attempts: 2, backoff_base_s: 0.5}\n"
     )
@@ -112,7 +127,7 @@ def test_killed_run_resumed_on_another_machine_with_another_config(s3_prefix: st
     )
     request_log = tmp_path / "requests.jsonl"
     env = {**os.environ, REQUEST_LOG_ENV: str(request_log), "PYTHONUNBUFFERED": "1"}
-    port = random.randrange(40000, 60000, 2)
+    port = free_port_base(4)
 
     a = fresh_workdir(tmp_path / "machine-a", s3_prefix)
     (a / "config" / "local.yaml").write_text(f"server: {{port_base: {port}}}\n")
