@@ -6,6 +6,7 @@ The server's life belongs to ``regen.sglang.server``; the requests, journal and 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -13,6 +14,7 @@ from regen.client import generate_shard
 from regen.fingerprint import GenerationSettings, OperationalConfig
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
+from regen.sglang.config import ServerConfig
 from regen.sglang.server import acquire_server
 from regen.storage import sink_from_config
 
@@ -40,7 +42,7 @@ def run_generate_job(
     plan = read_json(plan_path)
     generation = GenerationSettings.from_decisive(settings)
     generate_cfg = {**operational.generate, **settings["generate"]}
-    cfg = {**operational.server, "gpus": operational.gpu_slots}
+    cfg = dataclasses.replace(ServerConfig.from_mapping(operational.server), gpus=operational.gpu_slots)
     job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
     slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)
     with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
