@@ -59,7 +59,7 @@ import pyarrow.parquet as pq
 from regen.chat import ChatTemplate, TokenAccount, to_template_dicts
 from regen.dataset import iter_samples
 from regen.io import atomic_open, atomic_path, write_json
-from regen.records import FLAGS_SCHEMA
+from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
 from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
 
 log = logging.getLogger(__name__)
@@ -809,6 +809,11 @@ class AuditPaths:
         return self.out_dir / "excluded.jsonl"
 
     @property
+    def samples(self) -> Path:
+        """The kept samples, normalized (``SHARD_SCHEMA``): the shard step's input."""
+        return self.out_dir / "samples.parquet"
+
+    @property
     def supervised_plot(self) -> Path:
         return self.out_dir / "supervised_tokens.svg"
 
@@ -826,7 +831,8 @@ def run_audit(
     id_column: str | None = None,
     on_bad_row: str = "skip",
 ) -> AuditSummary:
-    """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl and the plots.
+    """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl, the kept samples
+    (samples.parquet, the shard step's input) and the plots.
 
     Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not
     overridden, and ``NothingToGenerateError`` when no sample is left for generation.
@@ -839,17 +845,31 @@ def run_audit(
     samples = iter_samples(
         input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows, developer_role=chat.developer_role
     )
+    awaiting_verdict: dict[tuple[Any, Any], Sample] = {}  # the shard step gets the kept ones: one parse
+
+    def remembered(stream: Iterable[Sample]) -> Iterator[Sample]:
+        for sample in stream:
+            awaiting_verdict[(sample.source.get("file"), sample.source.get("row"))] = sample
+            yield sample
+
     with (
         atomic_path(paths.flags) as flags_tmp,
         pq.ParquetWriter(flags_tmp, FLAGS_SCHEMA, compression="zstd") as pw,
         atomic_open(paths.excluded, "wb") as excluded_fh,
+        atomic_path(paths.samples) as samples_tmp,
+        pq.ParquetWriter(samples_tmp, SHARD_SCHEMA, compression="zstd") as samples_pw,
     ):
         flags_writer = FlagsWriter(pw)
-        for audit in iter_audits(auditor, samples, bad_rows):
+        kept = SampleRows(samples_pw)
+        for audit in iter_audits(auditor, remembered(samples), bad_rows):
             flags_writer.add(audit)
+            sample = awaiting_verdict.pop((audit.file, audit.row), None)
             if audit.excluded:
                 excluded_fh.write(orjson.dumps(audit.excluded_json()) + b"\n")
+            elif sample is not None:
+                kept.add(sample)
         flags_writer.flush()
+        kept.flush()
     summary = auditor.summary(
         {
             "input": str(input_path),
