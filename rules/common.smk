@@ -35,6 +35,12 @@ def dataset_path():
     return storage.s3(path) if path.startswith("s3://") else path
 
 
+def benchmark_files():
+    """The benchmark prompt files of audit.decontamination: the audit reruns when one changes."""
+    benchmarks = lookup(dpath="audit/decontamination/benchmarks", within=config)
+    return [b["path"] for b in benchmarks]
+
+
 def gpu_slots():
     """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
     given = workflow.global_resources.get("gpu")
