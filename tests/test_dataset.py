@@ -662,6 +662,9 @@ def test_demo_dataset_is_deterministic_and_matches_shipped(tmp_path: Path, demo_
         assert pa_.read_bytes() == pb.read_bytes(), name
         assert pa_.read_bytes() != pc.read_bytes(), name
         assert pa_.read_bytes() == (shipped / pa_.name).read_bytes(), f"data/demo/{pa_.name} is stale"
+    assert a.benchmark.read_bytes() == (shipped / "benchmark.jsonl").read_bytes(), (
+        "data/demo/benchmark.jsonl is stale"
+    )
     assert sum(p.stat().st_size for p in shipped.iterdir()) < 2 * 1024 * 1024
 
 
