@@ -215,18 +215,14 @@ def fault_kind(fault: str) -> str:
 
 # every whitespace character (str.isspace) mapped to nothing: one C pass, no per-word objects
 _DROP_WHITESPACE = {c: None for c in range(0x3001) if chr(c).isspace()}
+_ASCII_WHITESPACE = bytes(c for c in range(128) if chr(c).isspace())
 
 
-def _prompt_payload(dicts: Sequence[Mapping[str, Any]], squash: bool) -> bytes:
-    def text(value: Any) -> Any:
-        return value.translate(_DROP_WHITESPACE) if squash and isinstance(value, str) else value
-
-    return orjson.dumps(
-        [
-            (d["role"], text(d["content"]), text(d.get("reasoning_content")), d.get("tool_calls"))
-            for d in dicts[: prompt_end([d["role"] for d in dicts])]
-        ]
-    )
+def _without_whitespace(text: str) -> bytes:
+    """``text`` as UTF-8 with every whitespace character left out (ASCII text: one C pass)."""
+    if not text.isascii():
+        text = text.translate(_DROP_WHITESPACE)
+    return text.encode("utf-8", "surrogatepass").translate(None, _ASCII_WHITESPACE)
 
 
 def prompt_digest(dicts: Sequence[Mapping[str, Any]], squash_whitespace: bool = False) -> bytes:
@@ -235,7 +231,21 @@ def prompt_digest(dicts: Sequence[Mapping[str, Any]], squash_whitespace: bool = 
     With ``squash_whitespace`` whitespace is left out, so prompts that differ only in whitespace get
     one digest.
     """
-    return hashlib.blake2b(_prompt_payload(dicts, squash_whitespace), digest_size=DIGEST_BYTES).digest()
+    prompt = dicts[: prompt_end([d["role"] for d in dicts])]
+    if not squash_whitespace:
+        payload = orjson.dumps(
+            [(d["role"], d["content"], d.get("reasoning_content"), d.get("tool_calls")) for d in prompt]
+        )
+        return hashlib.blake2b(payload, digest_size=DIGEST_BYTES).digest()
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for d in prompt:
+        reasoning, calls = d.get("reasoning_content"), d.get("tool_calls")
+        h.update(d["role"].encode() + b"\x00")
+        h.update(_without_whitespace(d["content"]) + b"\x00")
+        h.update(b"\x01" if reasoning is None else _without_whitespace(reasoning) + b"\x00")
+        h.update(b"\x01" if calls is None else orjson.dumps(calls).translate(None, _ASCII_WHITESPACE))
+        h.update(b"\x1e")
+    return h.digest()
 
 
 def bad_row_id(bad: BadRow) -> str:
