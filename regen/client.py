@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -64,6 +64,19 @@ class Endpoint:
     version: str | None = None
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)
+
+
+class Lenders(Protocol):
+    """Other GPU slots' servers with room to spare (``regen.lending.SlotLenders``): a job whose own
+    server is full sends its next samples there, so no GPU drains or idles while samples wait."""
+
+    poll_s: float
+
+    async def spare(self, session: aiohttp.ClientSession) -> list[tuple[Endpoint, int]]:
+        """(server, how many more requests this job may send it now) for each server with room."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +286,7 @@ class _Answer:
     started_at: float
     latency_s: float
     max_tokens: int
+    lender: str | None = None  # the lent server's chat URL when another slot's server answered
 
 
 def _parse_answer(body: bytes, started_at: float, latency: float, max_tokens: int) -> _Answer:
@@ -346,6 +360,7 @@ class _ShardRun:
         self.abort: str | None = None
         self._flush_scheduled = False
         self.session: aiohttp.ClientSession | None = None
+        self.exhausted = False  # every sample has been handed out
 
     # ------------------------------------------------------------------ samples
     def next_sample(self) -> Sample | None:
@@ -359,6 +374,7 @@ class _ShardRun:
                 continue
             self.seen.add(sid)
             return sample
+        self.exhausted = True
         return None
 
     async def worker(self) -> None:
@@ -366,12 +382,37 @@ class _ShardRun:
             sample = self.next_sample()
             if sample is None:
                 return
-            self.attempted += 1
-            entry = await self.run_sample(sample)
-            if entry is None:
-                continue
-            self.journal.append(entry, flush=False)
-            self._schedule_flush()
+            await self.one_sample(sample, None)
+
+    async def one_sample(self, sample: Sample, lender: Endpoint | None) -> None:
+        self.attempted += 1
+        entry = await self.run_sample(sample, lender)
+        if entry is None:
+            return
+        self.journal.append(entry, flush=False)
+        self._schedule_flush()
+
+    async def lend(self, lenders: Lenders) -> None:
+        """Send samples to other slots' servers while they have room and samples are left; each sample
+        still goes out once and lands in this job's journal (exactly-once as with the own server)."""
+        assert self.session is not None
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while self.abort is None and not self.exhausted:
+                await asyncio.sleep(lenders.poll_s)
+                for lender, room in await lenders.spare(self.session):
+                    for _ in range(room):
+                        sample = None if self.abort is not None else self.next_sample()
+                        if sample is None:
+                            break
+                        task = asyncio.create_task(self.one_sample(sample, lender))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -388,16 +429,17 @@ class _ShardRun:
                 self.abort = f"cannot write the journal {self.journal.path}: {exc}"
 
     # ------------------------------------------------------------------ one sample
-    async def run_sample(self, sample: Sample) -> dict[str, Any] | None:
+    async def run_sample(self, sample: Sample, lender: Endpoint | None = None) -> dict[str, Any] | None:
         cfg = self.cfg
         sid = sample.id
+        first_url = None if lender is None else lender.url.rstrip("/") + "/v1/chat/completions"
         seed = derive_seed(cfg.sampling.seed, sid)
         thinking = thinking_for(sid, cfg.thinking, cfg.thinking_fraction)
         attempts = [0]
         try:
             if cfg.regenerate == "last":
                 prompt = prompt_for_last(sample.messages)
-                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts)
+                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts, first_url)
                 turns = None
             else:
                 prompt = []
@@ -410,7 +452,7 @@ class _ShardRun:
                             prev["reasoning_content"] = answer.reasoning_content
                         prompt.append(prev)
                     prompt.extend(_wire(m) for m in segment)
-                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts)
+                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts, first_url)
                     if answer is None:
                         break
                     turns.append(
@@ -466,13 +508,21 @@ class _ShardRun:
             },
             "seed": seed,
             "model": answer.model or self.model,
-            "server": self.server,
+            "server": self.server if answer.lender is None or lender is None else self.lent_server(lender),
             "attempts": attempts[0],
             "timings": {"started_at": answer.started_at, "latency_s": answer.latency_s},
         }
         if turns is not None:
             record["turns"] = turns
         return record
+
+    def lent_server(self, lender: Endpoint) -> dict[str, Any]:
+        """The record's ``server`` for an answer from another slot's server."""
+        return {
+            "id": lender.server_id,
+            "url": lender.url,
+            "version": lender.version or self.server["version"],
+        }
 
     def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:
         err = exc.err
@@ -498,11 +548,20 @@ class _ShardRun:
         return None
 
     async def answer_turn(
-        self, sid: str, messages: list[dict[str, Any]], seed: int, thinking: bool, attempts: list[int]
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        seed: int,
+        thinking: bool,
+        attempts: list[int],
+        first_url: str | None = None,
     ) -> _Answer | None:
-        """One regenerated turn under the truncation policy; None means dropped."""
+        """One regenerated turn under the truncation policy; None means dropped. ``first_url``: a lent
+        server for the first request (retries go to the job's own server)."""
         cfg = self.cfg
-        answer = await self.request(sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts)
+        answer = await self.request(
+            sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts, first_url
+        )
         if answer.finish_reason != "length" or cfg.truncation == "keep":
             return answer
         if cfg.truncation == "drop":
@@ -518,8 +577,9 @@ class _ShardRun:
         thinking: bool,
         max_tokens: int,
         attempts: list[int],
+        first_url: str | None = None,
     ) -> _Answer:
-        """POST with retries; raises SampleFailed."""
+        """POST with retries (the first to ``first_url`` when given); raises SampleFailed."""
         s = self.cfg.sampling
         body = orjson.dumps(
             {
@@ -543,8 +603,11 @@ class _ShardRun:
                 self.stats.retried_requests += 1
                 await asyncio.sleep(delay)
             attempts[0] += 1
+            lent = first_url if attempt == 1 else None
             try:
-                return await self.post_once(body, headers, max_tokens)
+                answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
+                answer.lender = lent
+                return answer
             except RequestError as err:
                 if not err.retryable or attempt == self.cfg.max_attempts or self.abort is not None:
                     log.warning(
@@ -559,14 +622,12 @@ class _ShardRun:
                 )  # fmt: skip
         raise AssertionError("unreachable")
 
-    async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int) -> _Answer:
+    async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int, url: str) -> _Answer:
         assert self.session is not None
         started_at = time.time()
         t0 = time.perf_counter()
         try:
-            async with self.session.post(
-                self.chat_url, data=body, headers=headers, timeout=self.timeout
-            ) as resp:
+            async with self.session.post(url, data=body, headers=headers, timeout=self.timeout) as resp:
                 data = await resp.read()
                 status = resp.status
         except aiohttp.ClientPayloadError as exc:
@@ -734,8 +795,11 @@ async def generate_shard_async(
     *,
     total: int | None = None,
     journal_sync: JournalSink | None = None,
+    lenders: Lenders | None = None,
 ) -> ShardStats:
-    """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError."""
+    """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError.
+
+    ``lenders``: other GPU slots' servers this job may also use while they have room."""
     gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
     if progress is None:
         jp = Path(journal_path)
@@ -766,7 +830,8 @@ async def generate_shard_async(
             reporter = _Reporter(run, progress, t0)
             rep_task = asyncio.create_task(reporter.loop())
             try:
-                await asyncio.gather(*(run.worker() for _ in range(concurrency)))
+                lending = [run.lend(lenders)] if lenders is not None else []
+                await asyncio.gather(*(run.worker() for _ in range(concurrency)), *lending)
             finally:
                 rep_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -818,6 +883,7 @@ def generate_shard(
     *,
     total: int | None = None,
     journal_sync: JournalSink | None = None,
+    lenders: Lenders | None = None,
 ) -> ShardStats:
     """Blocking wrapper of ``generate_shard_async``; SIGTERM cancels cleanly (journal flushed)."""
 
@@ -839,6 +905,7 @@ def generate_shard(
                 progress,
                 total=total,
                 journal_sync=journal_sync,
+                lenders=lenders,
             )
         finally:
             if in_main:

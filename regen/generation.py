@@ -10,8 +10,9 @@ import logging
 import os
 from typing import Any
 
-from regen.client import generate_shard
+from regen.client import Endpoint, generate_shard
 from regen.io import read_json
+from regen.lending import SlotLenders
 from regen.sglang.server import acquire_server
 from regen.storage import sink_from_config
 
@@ -23,6 +24,18 @@ def per_allocation(base: str) -> str:
     its own, and files on a shared filesystem must not collide across nodes), else per node."""
     job = os.environ.get("SLURM_JOB_ID")
     return f"{base}/slurm-{job}" if job else base
+
+
+def other_slots(
+    endpoint: Endpoint, server_cfg: dict[str, Any], generate_cfg: dict[str, Any], slots: str
+) -> SlotLenders | None:
+    """The other GPU slots' servers this job may fill while they have room (``generate.spill``)."""
+    if not generate_cfg.get("spill", True) or not endpoint.server_id.startswith("gpu"):
+        return None
+    cap = generate_cfg.get("concurrency") or endpoint.max_running_requests
+    if not cap:
+        return None
+    return SlotLenders(slots, int(endpoint.server_id[3:]), int(cap))
 
 
 def run_generate_job(
@@ -45,14 +58,20 @@ def run_generate_job(
     slots, logs = per_allocation(workdir), per_allocation(log_dir)
     with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
         log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
-        stats = generate_shard(
-            shard_path,
-            journal_path,
-            records_out,
-            failed_out,
-            generate_cfg,
-            endpoint,
-            shard,
-            journal_sync=sink_from_config(generate_cfg.get("journal_sync"), shard),
-        )
+        lenders = other_slots(endpoint, cfg, generate_cfg, slots)
+        try:
+            stats = generate_shard(
+                shard_path,
+                journal_path,
+                records_out,
+                failed_out,
+                generate_cfg,
+                endpoint,
+                shard,
+                journal_sync=sink_from_config(generate_cfg.get("journal_sync"), shard),
+                lenders=lenders,
+            )
+        finally:
+            if lenders is not None:
+                lenders.close()
     log.info("shard %s done: %s", shard, stats)

@@ -3,6 +3,7 @@ import os
 
 from snakemake.utils import validate
 
+from regen.shard_count import shard_count
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
@@ -21,7 +22,6 @@ storage s3:
     retries=10,
 
 
-SHARDS = [shard_name(k) for k in range(lookup(dpath="shards/count", within=config))]
 
 
 wildcard_constraints:
@@ -39,6 +39,13 @@ def gpu_slots():
     given = workflow.global_resources.get("gpu")
     value = getattr(given, "value", given)
     return int(value) if value else lookup(dpath="server/gpus", within=config)
+
+
+# shards.count, or with "auto" one per GPU slot (persisted on the first run: regen.shard_count)
+SHARDS = [
+    shard_name(k)
+    for k in range(shard_count(lookup(dpath="shards/count", within=config), gpu_slots()))
+]
 
 
 def shard_files(pattern):

@@ -385,6 +385,7 @@ def build_simulated_command(
         "--faults",
         json.dumps(sim.get("faults") or {}, sort_keys=True),
         *(["--half-speed-running", str(sim["half_speed_running"])] if sim.get("half_speed_running") else []),
+        *(["--virtual", json.dumps(sim["virtual"], sort_keys=True)] if sim.get("virtual") else []),
     ]
 
 
