@@ -103,6 +103,10 @@ class GenerateConfig:
     backoff_base_s: float = 1.0
     truncation: str = "keep"
     retry_max_tokens_factor: float = 2.0
+    #: with ``concurrency`` null, requests kept waiting in the server's queue beyond its running cap, as a
+    #: fraction of the cap: a finished request's place is refilled at the next step, not after a round trip
+    #: to the client (which may be stalled)
+    queue_headroom: float = 0.25
     #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
     #: the fields regen sets itself
     extra_body: tuple[tuple[str, Any], ...] = ()
@@ -129,6 +133,7 @@ class GenerateConfig:
             backoff_base_s=float(cfg.get("backoff_base_s", 1.0)),
             truncation=cfg.get("truncation", "keep"),
             retry_max_tokens_factor=float(cfg.get("retry_max_tokens_factor", 2)),
+            queue_headroom=float(cfg.get("queue_headroom", 0.25)),
             extra_body=tuple(sorted((cfg.get("extra_body") or {}).items())),
         )
         out._check()
@@ -154,6 +159,8 @@ class GenerateConfig:
             bad("concurrency", self.concurrency, ">= 1 or null")
         if self.max_attempts < 1:
             bad("max_attempts", self.max_attempts, ">= 1")
+        if self.queue_headroom < 0:
+            bad("queue_headroom", self.queue_headroom, ">= 0")
         if self.retry_max_tokens_factor < 1:
             bad("retry_max_tokens_factor", self.retry_max_tokens_factor, ">= 1")
 
@@ -814,7 +821,11 @@ async def generate_shard_async(
             connector=connector, json_serialize=lambda o: orjson.dumps(o).decode()
         ) as sess:
             ep = await _discover(sess, endpoint, gcfg)
-            concurrency = gcfg.concurrency or ep.max_running_requests or DEFAULT_CONCURRENCY
+            concurrency = gcfg.concurrency or (
+                math.ceil(ep.max_running_requests * (1 + gcfg.queue_headroom))
+                if ep.max_running_requests
+                else DEFAULT_CONCURRENCY
+            )
             run = _ShardRun(gcfg, ep, shard, journal, stats, it)
             run.session = sess
             run.breaker_threshold = max(3, min(concurrency, 16))
