@@ -174,7 +174,7 @@ def main(argv: list[str]) -> int:
     (root / "config" / "efficiency.yaml").write_text(yaml.safe_dump(cfg, sort_keys=True))
     t0 = time.monotonic()
     gen = subprocess.run(
-        [*base, "--cores", str(args.gpus + 1), "--until", "generate", "--quiet", "all"],
+        [*base, "--cores", str(2 * args.gpus + 1), "--until", "generate", "--quiet", "all"],
         cwd=root,
         env=env,
         capture_output=True,

@@ -34,7 +34,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -368,6 +368,7 @@ class _ShardRun:
         self._flush_scheduled = False
         self.session: aiohttp.ClientSession | None = None
         self.exhausted = False  # every sample has been handed out
+        self.on_exhausted: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ samples
     def next_sample(self) -> Sample | None:
@@ -381,7 +382,10 @@ class _ShardRun:
                 continue
             self.seen.add(sid)
             return sample
-        self.exhausted = True
+        if not self.exhausted:
+            self.exhausted = True
+            if self.on_exhausted is not None:
+                self.on_exhausted()
         return None
 
     async def worker(self) -> None:
@@ -803,10 +807,12 @@ async def generate_shard_async(
     total: int | None = None,
     journal_sync: JournalSink | None = None,
     lenders: Lenders | None = None,
+    on_exhausted: Callable[[], None] | None = None,
 ) -> ShardStats:
     """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError.
 
-    ``lenders``: other GPU slots' servers this job may also use while they have room."""
+    ``lenders``: other GPU slots' servers this job may also use while they have room. ``on_exhausted``:
+    called once when every sample has been sent (only answers are awaited from then on)."""
     gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
     if progress is None:
         jp = Path(journal_path)
@@ -828,6 +834,7 @@ async def generate_shard_async(
             )
             run = _ShardRun(gcfg, ep, shard, journal, stats, it)
             run.session = sess
+            run.on_exhausted = on_exhausted
             run.breaker_threshold = max(3, min(concurrency, 16))
             log.info(
                 "shard %s: %s samples, %d already in the journal, concurrency %d against %s (%s)",
@@ -895,6 +902,7 @@ def generate_shard(
     total: int | None = None,
     journal_sync: JournalSink | None = None,
     lenders: Lenders | None = None,
+    on_exhausted: Callable[[], None] | None = None,
 ) -> ShardStats:
     """Blocking wrapper of ``generate_shard_async``; SIGTERM cancels cleanly (journal flushed)."""
 
@@ -917,6 +925,7 @@ def generate_shard(
                 total=total,
                 journal_sync=journal_sync,
                 lenders=lenders,
+                on_exhausted=on_exhausted,
             )
         finally:
             if in_main:

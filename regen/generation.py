@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from regen.client import Endpoint, generate_shard
@@ -56,7 +57,8 @@ def run_generate_job(
     plan = read_json(plan_path)
     cfg = {**server_cfg, "gpus": int(gpu_slots)}
     slots, logs = per_allocation(workdir), per_allocation(log_dir)
-    with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
+    give_slot_up: list[Callable[[], None]] = []
+    with acquire_server(cfg, plan, workdir=slots, log_dir=logs, on_slot=give_slot_up.append) as endpoint:
         log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
         lenders = other_slots(endpoint, cfg, generate_cfg, slots)
         try:
@@ -70,6 +72,7 @@ def run_generate_job(
                 shard,
                 journal_sync=sink_from_config(generate_cfg.get("journal_sync"), shard),
                 lenders=lenders,
+                on_exhausted=give_slot_up[0] if give_slot_up else None,
             )
         finally:
             if lenders is not None:

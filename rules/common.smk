@@ -34,11 +34,28 @@ def dataset_path():
     return storage.s3(path) if path.startswith("s3://") else path
 
 
-def gpu_slots():
-    """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
+def given_gpus():
+    """N of --resources gpu=N, or None."""
     given = workflow.global_resources.get("gpu")
     value = getattr(given, "value", given)
-    return int(value) if value else lookup(dpath="server/gpus", within=config)
+    return int(value) if value else None
+
+
+GPU_SLOTS = given_gpus() or lookup(dpath="server/gpus", within=config)
+
+
+def gpu_slots():
+    """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
+    return GPU_SLOTS
+
+
+# Run locally with --resources gpu=N, Snakemake may start JOBS_PER_GPU_SLOT generate jobs per GPU slot:
+# the next shard's job waits for a slot and takes it the moment the job on it has sent its last
+# sample, so its requests queue behind the draining ones and no GPU waits for Snakemake to start a
+# job (regen.sglang.server.acquire_server). Slurm group jobs are left as they are.
+JOBS_PER_GPU_SLOT = 2
+if workflow.local_exec and workflow.is_main_process and given_gpus():
+    workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
 
 
 # shards.count, or with "auto" one per GPU slot (persisted on the first run: regen.shard_count)

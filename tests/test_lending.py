@@ -122,3 +122,14 @@ def test_auto_shard_count_is_one_per_gpu_slot_and_survives_a_gpu_count_change(tm
     persisted.write_text('{"count": 0}')
     with pytest.raises(ValueError, match=r"shards\.json: field 'count'"):
         shard_count("auto", 3, persisted)
+
+
+def test_a_draining_job_gives_its_slot_to_the_next_job_which_shares_the_server(two_slots) -> None:
+    cfg, _ = two_slots
+    cfg = {**cfg, "gpus": 1}
+    releases: list = []
+    with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05, on_slot=releases.append) as first:
+        releases[0]()  # every sample sent: only answers are awaited from here on
+        releases[0]()  # idempotent
+        with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as second:
+            assert (second.server_id, second.url) == (first.server_id, first.url)
