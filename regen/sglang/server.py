@@ -386,6 +386,7 @@ def build_simulated_command(
         json.dumps(sim.get("faults") or {}, sort_keys=True),
         *(["--half-speed-running", str(sim["half_speed_running"])] if sim.get("half_speed_running") else []),
         *(["--virtual", json.dumps(sim["virtual"], sort_keys=True)] if sim.get("virtual") else []),
+        *(["--tokenizer-path", str(sim["tokenizer_path"])] if sim.get("tokenizer_path") else []),
     ]
 
 
