@@ -8,13 +8,19 @@ decode step of 13.2 ms + 0.154 ms per running request, 350 running at most (the 
 output lengths lognormal with mean 3,000 tokens capped at 8,192.
 
 Scaling, so that a 19-hour run takes a few minutes on a 2-core machine:
-- ``--scale K`` divides the samples (914,000 / K by default) and the running cap (350 / K) by K and
+- ``--scale K`` divides the samples (914,000 x G / 7 / K by default: the issue's 19-hour 7-GPU run, as
+  long at any GPU count) and the running cap (350 / K) by K and
   multiplies the per-running step cost by K: the full-batch step time and per-request decode speed
   are unchanged, each simulated request stands for K real ones;
 - virtual time runs ``speed`` times faster than real time, chosen so that the floor takes ``--minutes``.
 
 The floor is every generated token (read back from the shard outputs) at full-batch speed on every
-GPU. The wall is from the first request any server received to the last completion, in virtual time.
+GPU. The wall runs to the last completion, in virtual time, from each GPU's first request (averaged
+over the GPUs): Snakemake starting the first jobs one after another takes seconds on a node but
+minutes of virtual time here. Everything after a GPU's first request counts: drains, the gaps while
+Snakemake starts the next job, idle GPUs at the end. ``run_h`` (stderr) is first request to last.
+The bench is sensitive to CPU starvation (a stalled client is an idle GPU for ``speed`` times as
+long): run it on a quiet machine, and give it more ``--minutes`` when the machine is shared.
 The last line is ``efficiency: gpus=G shards=S samples=N wall_h=... floor_h=... ratio=...``.
 """
 
@@ -129,7 +135,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--gpus", type=int, default=7)
     p.add_argument("--shards", type=int, default=None, help="shards.count (default: the workflow's)")
     p.add_argument("--scale", type=int, default=10, help="samples and running cap divided by this")
-    p.add_argument("--samples", type=int, default=None, help=f"default {FULL_SAMPLES:,} / scale")
+    p.add_argument("--samples", type=int, default=None, help=f"default {FULL_SAMPLES:,} x gpus / 7 / scale")
     p.add_argument("--minutes", type=float, default=4.0, help="real minutes the floor should take")
     p.add_argument("--max-tokens", type=int, default=8192)
     p.add_argument("--step-ms", type=float, default=13.2)
@@ -139,7 +145,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dir", type=Path, default=None, help="work here (kept) instead of a temp dir")
     args = p.parse_args(argv)
 
-    samples = args.samples or FULL_SAMPLES // args.scale
+    samples = args.samples or FULL_SAMPLES * args.gpus // (7 * args.scale)  # a 19-hour run at any GPU count
     cap = max(1, round(FULL_CAP / args.scale))
     shape = {
         "step_ms": args.step_ms,
