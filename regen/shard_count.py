@@ -19,7 +19,9 @@ AUTO = "auto"
 PERSISTED = "work/plan/shards.json"
 
 
-def shard_count(configured: int | str, gpu_slots: int, persisted: str | os.PathLike[str] = PERSISTED) -> int:
+def shard_count(
+    configured: int | str, gpu_slots: int | None, persisted: str | os.PathLike[str] = PERSISTED
+) -> int:
     """``configured`` when a number; with ``auto`` the persisted count, else ``gpu_slots`` (persisted)."""
     if configured != AUTO:
         return int(configured)
@@ -30,6 +32,11 @@ def shard_count(configured: int | str, gpu_slots: int, persisted: str | os.PathL
         if not isinstance(count, int) or count < 1:
             raise ValueError(f"{path}: field 'count': expected a positive integer, got {count!r}")
         return count
+    if gpu_slots is None:
+        raise ValueError(
+            "config shards.count: auto takes one shard per GPU slot of a run on one node; on a cluster "
+            "set shards.count to a number (several per GPU: docs/scaling.md)"
+        )
     count = max(1, int(gpu_slots))
     write_json(path, {"count": count, "gpu_slots": int(gpu_slots), "rule": "one shard per GPU slot"})
     return count

@@ -22,8 +22,6 @@ storage s3:
     retries=10,
 
 
-
-
 wildcard_constraints:
     shard=r"\d{5}",
 
@@ -61,7 +59,12 @@ if workflow.local_exec and workflow.is_main_process and given_gpus():
 # shards.count, or with "auto" one per GPU slot (persisted on the first run: regen.shard_count)
 SHARDS = [
     shard_name(k)
-    for k in range(shard_count(lookup(dpath="shards/count", within=config), gpu_slots()))
+    for k in range(
+        shard_count(
+            lookup(dpath="shards/count", within=config),
+            gpu_slots() if workflow.local_exec else None,
+        )
+    )
 ]
 
 

@@ -119,6 +119,8 @@ def test_auto_shard_count_is_one_per_gpu_slot_and_survives_a_gpu_count_change(tm
     assert shard_count(12, 7, persisted) == 12 and not persisted.exists()
     assert shard_count("auto", 7, persisted) == 7
     assert shard_count("auto", 3, persisted) == 7  # the shards (and journals) of the first run stay
+    with pytest.raises(ValueError, match=r"on a cluster set shards\.count"):
+        shard_count("auto", None, tmp_path / "elsewhere.json")  # no GPU slots known to the planner
     persisted.write_text('{"count": 0}')
     with pytest.raises(ValueError, match=r"shards\.json: field 'count'"):
         shard_count("auto", 3, persisted)
