@@ -11,10 +11,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from regen.client import Endpoint, generate_shard
 from regen.io import read_json
 from regen.lending import SlotLenders
 from regen.sglang.server import acquire_server
+from regen.shards import read_shard
 from regen.storage import sink_from_config
 
 log = logging.getLogger("regen.generation")
@@ -57,20 +60,26 @@ def run_generate_job(
     plan = read_json(plan_path)
     cfg = {**server_cfg, "gpus": int(gpu_slots)}
     slots, logs = per_allocation(workdir), per_allocation(log_dir)
+    # what is slow (imports, opening the shard, the journal mirror) comes before taking the slot: the slot
+    # is a GPU's batch, and a job given it while the previous one drains must start sending at once
+    total = pq.ParquetFile(shard_path).metadata.num_rows
+    samples = read_shard(shard_path)
+    journal_sync = sink_from_config(generate_cfg.get("journal_sync"), shard)
     give_slot_up: list[Callable[[], None]] = []
     with acquire_server(cfg, plan, workdir=slots, log_dir=logs, on_slot=give_slot_up.append) as endpoint:
         log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
         lenders = other_slots(endpoint, cfg, generate_cfg, slots)
         try:
             stats = generate_shard(
-                shard_path,
+                samples,
                 journal_path,
                 records_out,
                 failed_out,
                 generate_cfg,
                 endpoint,
                 shard,
-                journal_sync=sink_from_config(generate_cfg.get("journal_sync"), shard),
+                total=total,
+                journal_sync=journal_sync,
                 lenders=lenders,
                 on_exhausted=give_slot_up[0] if give_slot_up else None,
             )
