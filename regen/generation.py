@@ -6,33 +6,27 @@ The server's life belongs to ``regen.sglang.server``; the requests, journal and 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from regen.client import Endpoint, generate_shard
+from regen.client import generate_shard
 from regen.io import read_json
+from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.lending import SlotLenders
+from regen.sglang.config import ServerConfig
 from regen.sglang.server import acquire_server
 from regen.shards import read_shard
 from regen.storage import sink_from_config
+from regen.types import Endpoint
 
 log = logging.getLogger("regen.generation")
 
 
-def per_allocation(base: str) -> str:
-    """Where this job's GPU slot files and server logs live: per Slurm job on a cluster (its GPUs are
-    its own, and files on a shared filesystem must not collide across nodes), else per node."""
-    job = os.environ.get("SLURM_JOB_ID")
-    return f"{base}/slurm-{job}" if job else base
-
-
-def other_slots(
-    endpoint: Endpoint, server_cfg: dict[str, Any], generate_cfg: dict[str, Any], slots: str
-) -> SlotLenders | None:
+def other_slots(endpoint: Endpoint, generate_cfg: dict[str, Any], slots: str) -> SlotLenders | None:
     """The other GPU slots' servers this job may fill while they have room (``generate.spill``)."""
     if not generate_cfg.get("spill", True) or not endpoint.server_id.startswith("gpu"):
         return None
@@ -53,13 +47,13 @@ def run_generate_job(
     generate_cfg: dict[str, Any],
     server_cfg: dict[str, Any],
     gpu_slots: int,
-    workdir: str = "work/servers",
-    log_dir: str = "logs/servers",
+    layout: RunLayout = RUN,
 ) -> None:
     """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed."""
     plan = read_json(plan_path)
-    cfg = {**server_cfg, "gpus": int(gpu_slots)}
-    slots, logs = per_allocation(workdir), per_allocation(log_dir)
+    cfg = dataclasses.replace(ServerConfig.from_mapping(server_cfg), gpus=int(gpu_slots))
+    job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
+    slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)
     # what is slow (imports, opening the shard, the journal mirror) comes before taking the slot: the slot
     # is a GPU's batch, and a job given it while the previous one drains must start sending at once
     total = pq.ParquetFile(shard_path).metadata.num_rows
@@ -68,7 +62,7 @@ def run_generate_job(
     give_slot_up: list[Callable[[], None]] = []
     with acquire_server(cfg, plan, workdir=slots, log_dir=logs, on_slot=give_slot_up.append) as endpoint:
         log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
-        lenders = other_slots(endpoint, cfg, generate_cfg, slots)
+        lenders = other_slots(endpoint, generate_cfg, str(slots))
         try:
             stats = generate_shard(
                 samples,

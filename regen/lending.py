@@ -24,9 +24,9 @@ from pathlib import Path
 
 import aiohttp
 
-from regen.client import Endpoint
 from regen.sglang.server import SlotFiles, is_supervisor, read_url_state
 from regen.status import parse_prometheus
+from regen.types import Endpoint
 
 #: seconds between looks at the other servers' load (SGLang refreshes its gauges every few seconds)
 DEFAULT_POLL_S = 0.5

@@ -1,6 +1,7 @@
 rule audit:
     input:
         dataset=dataset_path(),
+        benchmarks=benchmark_files(),
     output:
         summary=report(
             "results/audit/summary.json",

@@ -3,6 +3,7 @@ import os
 
 from snakemake.utils import validate
 
+from regen.layout import RUN
 from regen.shard_count import shard_count
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
@@ -30,6 +31,12 @@ def dataset_path():
     """The input dataset: a local path, or an s3:// URI fetched by the S3 storage plugin."""
     path = lookup(dpath="dataset/path", within=config)
     return storage.s3(path) if path.startswith("s3://") else path
+
+
+def benchmark_files():
+    """The benchmark prompt files of audit.decontamination: the audit reruns when one changes."""
+    benchmarks = lookup(dpath="audit/decontamination/benchmarks", within=config)
+    return [b["path"] for b in benchmarks]
 
 
 def given_gpus():
@@ -88,5 +95,5 @@ def get_final_outputs():
 
 
 def stop_gpu_servers():
-    """Stop the per-GPU servers this run started (called on success and on error)."""
-    stop_all_servers("work/servers")
+    """Stop the per-GPU servers this run started, per node and per Slurm job (on success and on error)."""
+    stop_all_servers(RUN.servers_root)
