@@ -43,7 +43,7 @@ localrules:
 rule all:
     default_target: True
     input:
-        get_final_outputs(),
+        final_outputs,
 
 
 onsuccess:

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from regen.client import generate_shard
+from regen.fingerprint import GenerationSettings, OperationalConfig
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.lending import SlotLenders
@@ -44,14 +45,20 @@ def run_generate_job(
     failed_out: str,
     journal_path: str,
     shard: str,
-    generate_cfg: dict[str, Any],
-    server_cfg: dict[str, Any],
-    gpu_slots: int,
+    settings: dict[str, Any],
+    operational: OperationalConfig,
     layout: RunLayout = RUN,
 ) -> None:
-    """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed."""
+    """Generate every sample of ``shard_path`` the journal does not hold under its current fingerprint;
+    raise if the shard failed.
+
+    ``settings`` is ``regen.fingerprint.decisive_config`` (what decides an answer), ``operational``
+    the rest (how the job runs).
+    """
     plan = read_json(plan_path)
-    cfg = dataclasses.replace(ServerConfig.from_mapping(server_cfg), gpus=int(gpu_slots))
+    generation = GenerationSettings.from_decisive(settings)
+    generate_cfg = {**operational.generate, **settings["generate"]}
+    cfg = dataclasses.replace(ServerConfig.from_mapping(operational.server), gpus=operational.gpu_slots)
     job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
     slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)
     # what is slow (imports, opening the shard, the journal mirror) comes before taking the slot: the slot
@@ -76,6 +83,7 @@ def run_generate_job(
                 journal_sync=journal_sync,
                 lenders=lenders,
                 on_exhausted=give_slot_up[0] if give_slot_up else None,
+                settings=generation,
             )
         finally:
             if lenders is not None:

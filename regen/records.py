@@ -90,6 +90,10 @@ VALID_SCHEMA = pa.schema(
         pa.field("completion_token_ids", TOKEN_IDS_TYPE),
         pa.field("tools_json", pa.string()),
         pa.field("tool_calls_json", pa.string()),
+        # regen.fingerprint: what decided the answer (request level, settings level, the settings as JSON)
+        pa.field("fingerprint", pa.string(), nullable=False),
+        pa.field("settings_fingerprint", pa.string(), nullable=False),
+        pa.field("settings", pa.string(), nullable=False),
     ],
     metadata={b"regen.schema": b"valid/1"},
 )
@@ -113,6 +117,8 @@ DATASET_PASSTHROUGH = (
     "completion_token_ids",
     "turns",
     "tools_json",
+    "fingerprint",
+    "settings_fingerprint",
 )
 
 SHARD_SCHEMA = pa.schema(
@@ -207,6 +213,9 @@ class ValidColumns:
         c["completion_token_ids"].append(rec.get("completion_token_ids"))
         c["tools_json"].append(json_text(rec.get("tools")))
         c["tool_calls_json"].append(json_text(rec.get("tool_calls")))
+        c["fingerprint"].append(rec["fingerprint"])
+        c["settings_fingerprint"].append(rec["settings_fingerprint"])
+        c["settings"].append(orjson.dumps(rec["settings"], option=orjson.OPT_SORT_KEYS).decode())
 
     def to_batch(self) -> pa.RecordBatch:
         """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""

@@ -1,9 +1,16 @@
 # Config validation (once, with the schema's defaults filled in) and named input functions.
 import os
+import sys
 
 from snakemake.utils import validate
 
+from regen.fingerprint import (
+    OperationalConfig,
+    decisive_config,
+    decisive_plan_config,
+)
 from regen.layout import RUN
+from regen.replay import preview_lines
 from regen.shard_count import shard_count
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
@@ -75,6 +82,35 @@ SHARDS = [
 ]
 
 
+def chat_template_file():
+    """The target chat template: decides every prompt the servers render, so a change regenerates."""
+    return os.path.join(
+        lookup(dpath="tokenizer", within=config), "tokenizer_config.json"
+    )
+
+
+def generation_settings():
+    """What decides an answer (model, chat template, sampling, modes): the generate rule's tracked param."""
+    return decisive_config(config)
+
+
+def plan_settings():
+    """What decides the server plan: the tune rule's tracked param."""
+    return decisive_plan_config(config)
+
+
+def operational_settings():
+    """How jobs run (ports, timeouts, idle time, restarts, concurrency, slots): never a rerun trigger."""
+    return OperationalConfig.from_config(config, gpu_slots())
+
+
+def print_replay_preview():
+    """On a dry run: how many samples the generate jobs will replay, and how many regenerate and why."""
+    journals = [str(RUN.journal(shard)) for shard in SHARDS]
+    for line in preview_lines(config, journals):
+        print(line, file=sys.stderr)
+
+
 def shard_files(pattern):
     """One path per shard: every per-shard job is known at plan time."""
     return expand(pattern, shard=SHARDS)
@@ -92,6 +128,14 @@ def get_final_outputs():
         "results/reconcile.json",
         "results/report/throughput.svg",
     ]
+
+
+def final_outputs(wildcards):
+    """The final targets, as an input function (evaluated once while the DAG is built, when Snakemake
+    knows whether this is a dry run); a dry run first prints the replay preview."""
+    if workflow.dryrun:
+        print_replay_preview()
+    return get_final_outputs()
 
 
 def stop_gpu_servers():

@@ -13,7 +13,6 @@ rule merge:
     params:
         merge=lookup(dpath="merge", within=config),
         tokenizer=lookup(dpath="tokenizer", within=config),
-        config=config,
     script:
         "../scripts/merge.py"
 
