@@ -26,8 +26,9 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from regen.types import Message
+from regen.types import Message, Sample
 
 #: the JSON schema of a generation record (``regen.validate`` checks every record against it)
 RECORD_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
@@ -369,3 +370,37 @@ class GenerationRecord:
     def journal_entry(self) -> dict[str, Any]:
         """The record as a journal line: ``{"kind": "record", ...record}``."""
         return {"kind": "record", **self.to_json()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sample rows (SHARD_SCHEMA): the shards and the audit's kept samples
+# ---------------------------------------------------------------------------------------------
+SAMPLE_ROWS_PER_BATCH = 4096
+
+
+class SampleRows:
+    """``SHARD_SCHEMA`` column buffers for one file (a shard, the audit's kept samples), flushed every
+    ``SAMPLE_ROWS_PER_BATCH`` rows."""
+
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self.writer = writer
+        self.cols: dict[str, list[Any]] = {name: [] for name in SHARD_SCHEMA.names}
+        self.rows = 0
+
+    def add(self, sample: Sample) -> None:
+        c = self.cols
+        c["id"].append(sample.id)
+        c["messages"].append([message_row(m) for m in sample.messages])
+        c["source_file"].append(sample.source.get("file"))
+        c["source_row"].append(sample.source.get("row"))
+        c["source_format"].append(sample.source.get("format"))
+        c["tools_json"].append(json_text(sample.tools))
+        self.rows += 1
+        if len(c["id"]) >= SAMPLE_ROWS_PER_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.cols["id"]:
+            self.writer.write_table(pa.table(self.cols, schema=SHARD_SCHEMA))
+            for col in self.cols.values():
+                col.clear()

@@ -29,7 +29,7 @@ import orjson
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
-from regen.io import atomic_path, write_json
+from regen.io import atomic_path
 from regen.journal import complete_lines
 
 log = logging.getLogger("regen.storage")
@@ -508,12 +508,3 @@ def sink_from_config(sync_cfg: dict[str, Any] | None, shard: str) -> S3JournalSi
         every_records=int(cfg.get("every_records", 500)),
         every_seconds=float(cfg.get("every_seconds", 60)),
     )
-
-
-def publish_dataset(dataset_dir: str, s3_prefix: str, record_out: str) -> list[str]:
-    """Upload the training-ready Parquet (manifest last) to ``s3_prefix`` and record what went where."""
-    if not is_s3_uri(s3_prefix):
-        raise StorageError(f"merge.output_prefix must be an s3:// URI, got {s3_prefix!r}")
-    keys = upload_dir(dataset_dir, s3_prefix)
-    write_json(record_out, {"prefix": s3_prefix, "objects": keys})
-    return keys
