@@ -16,12 +16,16 @@ configfile: "config/config.yaml"
 
 include: "rules/common.smk"
 include: "rules/audit.smk"
+include: "rules/shard.smk"
 include: "rules/tune.smk"
 include: "rules/generate.smk"
 include: "rules/validate.smk"
 include: "rules/merge.smk"
+include: "rules/reaudit.smk"
+include: "rules/reconcile.smk"
 include: "rules/report.smk"
 include: "rules/publish.smk"
+include: "rules/export.smk"
 
 
 report: report_landing_page()
@@ -38,12 +42,13 @@ localrules:
     reconcile,
     report_assets,
     publish,
+    export,
 
 
 rule all:
     default_target: True
     input:
-        get_final_outputs(),
+        final_outputs,
 
 
 onstart:

@@ -68,7 +68,7 @@ from regen.decontam import (
     DecontaminationConfig,
 )
 from regen.io import atomic_open, atomic_path, write_json
-from regen.records import FLAGS_SCHEMA
+from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
 from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
 from regen.verdict import keep_verdict
 
@@ -216,18 +216,14 @@ def fault_kind(fault: str) -> str:
 
 # every whitespace character (str.isspace) mapped to nothing: one C pass, no per-word objects
 _DROP_WHITESPACE = {c: None for c in range(0x3001) if chr(c).isspace()}
+_ASCII_WHITESPACE = bytes(c for c in range(128) if chr(c).isspace())
 
 
-def _prompt_payload(dicts: Sequence[Mapping[str, Any]], squash: bool) -> bytes:
-    def text(value: Any) -> Any:
-        return value.translate(_DROP_WHITESPACE) if squash and isinstance(value, str) else value
-
-    return orjson.dumps(
-        [
-            (d["role"], text(d["content"]), text(d.get("reasoning_content")), d.get("tool_calls"))
-            for d in dicts[: prompt_end([d["role"] for d in dicts])]
-        ]
-    )
+def _without_whitespace(text: str) -> bytes:
+    """``text`` as UTF-8 with every whitespace character left out (ASCII text: one C pass)."""
+    if not text.isascii():
+        text = text.translate(_DROP_WHITESPACE)
+    return text.encode("utf-8", "surrogatepass").translate(None, _ASCII_WHITESPACE)
 
 
 def prompt_digest(dicts: Sequence[Mapping[str, Any]], squash_whitespace: bool = False) -> bytes:
@@ -236,7 +232,21 @@ def prompt_digest(dicts: Sequence[Mapping[str, Any]], squash_whitespace: bool = 
     With ``squash_whitespace`` whitespace is left out, so prompts that differ only in whitespace get
     one digest.
     """
-    return hashlib.blake2b(_prompt_payload(dicts, squash_whitespace), digest_size=DIGEST_BYTES).digest()
+    prompt = dicts[: prompt_end([d["role"] for d in dicts])]
+    if not squash_whitespace:
+        payload = orjson.dumps(
+            [(d["role"], d["content"], d.get("reasoning_content"), d.get("tool_calls")) for d in prompt]
+        )
+        return hashlib.blake2b(payload, digest_size=DIGEST_BYTES).digest()
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for d in prompt:
+        reasoning, calls = d.get("reasoning_content"), d.get("tool_calls")
+        h.update(d["role"].encode() + b"\x00")
+        h.update(_without_whitespace(d["content"]) + b"\x00")
+        h.update(b"\x01" if reasoning is None else _without_whitespace(reasoning) + b"\x00")
+        h.update(b"\x01" if calls is None else orjson.dumps(calls).translate(None, _ASCII_WHITESPACE))
+        h.update(b"\x1e")
+    return h.digest()
 
 
 def bad_row_id(bad: BadRow) -> str:
@@ -844,6 +854,11 @@ class AuditPaths:
         return self.out_dir / "excluded.jsonl"
 
     @property
+    def samples(self) -> Path:
+        """The kept samples, normalized (``SHARD_SCHEMA``): the shard step's input."""
+        return self.out_dir / "samples.parquet"
+
+    @property
     def supervised_plot(self) -> Path:
         return self.out_dir / "supervised_tokens.svg"
 
@@ -862,7 +877,8 @@ def run_audit(
     on_bad_row: str = "skip",
     verdict_out: str | Path | None = None,
 ) -> AuditSummary:
-    """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl and the plots.
+    """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl, the kept samples
+    (samples.parquet, the shard step's input) and the plots.
 
     Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not
     overridden, and ``NothingToGenerateError`` when no sample is left for generation; the summary is
@@ -876,17 +892,31 @@ def run_audit(
     samples = iter_samples(
         input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows, developer_role=chat.developer_role
     )
+    awaiting_verdict: dict[tuple[Any, Any], Sample] = {}  # the shard step gets the kept ones: one parse
+
+    def remembered(stream: Iterable[Sample]) -> Iterator[Sample]:
+        for sample in stream:
+            awaiting_verdict[(sample.source.get("file"), sample.source.get("row"))] = sample
+            yield sample
+
     with (
         atomic_path(paths.flags) as flags_tmp,
         pq.ParquetWriter(flags_tmp, FLAGS_SCHEMA, compression="zstd") as pw,
         atomic_open(paths.excluded, "wb") as excluded_fh,
+        atomic_path(paths.samples) as samples_tmp,
+        pq.ParquetWriter(samples_tmp, SHARD_SCHEMA, compression="zstd") as samples_pw,
     ):
         flags_writer = FlagsWriter(pw)
-        for audit in iter_audits(auditor, samples, bad_rows):
+        kept = SampleRows(samples_pw)
+        for audit in iter_audits(auditor, remembered(samples), bad_rows):
             flags_writer.add(audit)
+            sample = awaiting_verdict.pop((audit.file, audit.row), None)
             if audit.excluded:
                 excluded_fh.write(orjson.dumps(audit.excluded_json()) + b"\n")
+            elif sample is not None:
+                kept.add(sample)
         flags_writer.flush()
+        kept.flush()
     summary = auditor.summary(
         {
             "input": str(input_path),

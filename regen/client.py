@@ -2,8 +2,11 @@
 
 ``generate_shard`` keeps the server saturated with a fixed pool of worker tasks pulling from
 the sample iterator; each finished sample goes to the journal (``regen.journal``) at once, so a
-killed job resumes where it stopped and never re-sends a finished id. At the end the shard
-outputs are written atomically from the journal.
+killed job resumes where it stopped and never re-sends a finished sample. A journaled sample is
+replayed only when its generation fingerprint (``regen.fingerprint``: settings, id and prompt
+content) equals the current one; otherwise it is generated again, so an output never mixes
+settings. Journaled failures are retried unless ``retry_failed`` is off. At the end the shard
+outputs are written atomically from the journal, from entries with the current fingerprints only.
 
 Failure semantics
 -----------------
@@ -35,16 +38,17 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
+from regen.fingerprint import GenerationSettings, request_fingerprint
 from regen.io import write_json
-from regen.journal import Journal, JournalSink
+from regen.journal import FAILED, RECORD, Journal, JournalSink
 from regen.layout import RunLayout
 from regen.records import GenerationRecord, RecordSampling
 from regen.types import Endpoint, Message, Sample, prompt_end
@@ -55,6 +59,20 @@ SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
 DEFAULT_CONCURRENCY = 64
 MAX_BACKOFF_S = 60.0
 RETRY_STATUSES = frozenset({408, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class Lenders(Protocol):
+    """Other GPU slots' servers with room to spare (``regen.lending.SlotLenders``): a job whose own
+    server is full sends its next samples there, so no GPU drains or idles while samples wait."""
+
+    poll_s: float
+
+    async def spare(self, session: aiohttp.ClientSession) -> list[tuple[Endpoint, int]]:
+        """(server, how many more requests this job may send it now) for each server with room."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +99,17 @@ class GenerateConfig:
     backoff_base_s: float = 1.0
     truncation: str = "keep"
     retry_max_tokens_factor: float = 2.0
+    #: with ``concurrency`` null, requests kept waiting in the server's queue beyond its running cap, as a
+    #: fraction of the cap: a finished request's place is refilled at the next step, not after a round trip
+    #: to the client (which may be stalled)
+    queue_headroom: float = 0.25
     #: ask for the server's own prompt and completion token ids (SGLang ``return_token_ids``)
     return_token_ids: bool = True
     #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
     #: the fields regen sets itself
     extra_body: tuple[tuple[str, Any], ...] = ()
+    #: retry samples the journal holds as failures (under the current fingerprint) on a rerun
+    retry_failed: bool = True
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> GenerateConfig:
@@ -109,8 +133,10 @@ class GenerateConfig:
             backoff_base_s=float(cfg.get("backoff_base_s", 1.0)),
             truncation=cfg.get("truncation", "keep"),
             retry_max_tokens_factor=float(cfg.get("retry_max_tokens_factor", 2)),
+            queue_headroom=float(cfg.get("queue_headroom", 0.25)),
             return_token_ids=bool(cfg.get("return_token_ids", True)),
             extra_body=tuple(sorted((cfg.get("extra_body") or {}).items())),
+            retry_failed=bool(cfg.get("retry_failed", True)),
         )
         out._check()
         return out
@@ -135,14 +161,60 @@ class GenerateConfig:
             bad("concurrency", self.concurrency, ">= 1 or null")
         if self.max_attempts < 1:
             bad("max_attempts", self.max_attempts, ">= 1")
+        if self.queue_headroom < 0:
+            bad("queue_headroom", self.queue_headroom, ">= 0")
         if self.retry_max_tokens_factor < 1:
             bad("retry_max_tokens_factor", self.retry_max_tokens_factor, ">= 1")
+
+
+def settings_of(cfg: GenerateConfig, model_path: str = "default") -> GenerationSettings:
+    """The fingerprinted settings of a bare generate config (no model revision, no chat template)."""
+    s = cfg.sampling
+    return GenerationSettings(
+        model_path=model_path,
+        model_revision=None,
+        server_mode="unknown",
+        chat_template_sha256=None,
+        reasoning_parser="unknown",
+        regenerate=cfg.regenerate,
+        thinking=cfg.thinking,
+        thinking_fraction=cfg.thinking_fraction,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_tokens=s.max_tokens,
+        n=s.n,
+        seed=s.seed,
+        truncation=cfg.truncation,
+        retry_max_tokens_factor=cfg.retry_max_tokens_factor,
+        extra_body=dict(cfg.extra_body),
+        return_token_ids=cfg.return_token_ids,
+    )
+
+
+def check_settings_match(cfg: GenerateConfig, settings: GenerationSettings) -> None:
+    """The requests are built from ``cfg``; the fingerprint from ``settings``: they must agree."""
+    bare = settings_of(cfg).to_json()
+    given = settings.to_json()
+    keys = [k for k in bare if k not in _NOT_IN_GENERATE_CONFIG]
+    differ = [f"{k}: config {bare[k]!r}, settings {given[k]!r}" for k in keys if bare[k] != given[k]]
+    if differ:
+        raise ValueError("generate config and fingerprinted settings disagree: " + "; ".join(differ))
+
+
+_NOT_IN_GENERATE_CONFIG = frozenset(
+    {"model_path", "model_revision", "server_mode", "chat_template_sha256", "reasoning_parser", "version"}
+)
 
 
 @dataclass(slots=True)
 class ShardStats:
     total: int | None = None
     skipped_resumed: int = 0
+    #: journaled under another fingerprint (changed settings or edited prompt): generated again
+    regenerated_changed: int = 0
+    #: journaled as failures under the current fingerprint: tried again
+    retried_failed: int = 0
     completed: int = 0
     failed: int = 0
     truncated: int = 0
@@ -228,6 +300,26 @@ def turn_prefixes(messages: tuple[Message, ...]) -> list[tuple[Message, ...]]:
     return segments
 
 
+def request_content(sample: Sample, regenerate: str) -> dict[str, Any]:
+    """Everything of a sample the requests send, nothing else (its fingerprint hashes this).
+
+    ``last``: the prompt (``prompt_for_last``). ``all``: the non-assistant turns of each segment
+    (``turn_prefixes``); the old assistant turns are regenerated, so their text decides nothing.
+    Plus the tool definitions. An old answer's text or reasoning never decides the new one.
+    """
+    if regenerate == "last":
+        messages: list[Any] = prompt_for_last(sample.messages)
+    else:
+        messages = [[_wire(m) for m in segment] for segment in turn_prefixes(sample.messages)]
+    return {"messages": messages, "tools": list(sample.tools) if sample.tools else None}
+
+
+def sample_fingerprint(settings: GenerationSettings, sample: Sample) -> str:
+    """The sample's request fingerprint under ``settings`` (what the journal replays by)."""
+    content = request_content(sample, settings.regenerate)
+    return request_fingerprint(settings.fingerprint, sample.id, content)
+
+
 def backoff_delay(base: float, attempt: int, rng: random.Random) -> float:
     return min(MAX_BACKOFF_S, base * 2.0 ** (attempt - 1)) * rng.uniform(0.5, 1.5)
 
@@ -276,6 +368,7 @@ class _Answer:
     latency_s: float
     max_tokens: int
     tool_calls: list[Any] | None = None  # parsed by the server's tool-call parser, when it has one
+    lender: str | None = None  # the lent server's chat URL when another slot's server answered
     #: the server's token ids (``return_token_ids``): the rendered prompt, and the raw completion
     #: before reasoning parsing (end-of-turn included when the model stopped on it); None when absent
     prompt_token_ids: list[int] | None = None
@@ -356,8 +449,14 @@ class _ShardRun:
         journal: Journal,
         stats: ShardStats,
         samples: Iterator[Sample],
+        settings: GenerationSettings,
     ) -> None:
         self.cfg = cfg
+        self.settings = settings
+        self.settings_json = settings.to_json()
+        self.settings_fingerprint = settings.fingerprint
+        #: every sample id read from the shard -> its current fingerprint (finalize keeps only these)
+        self.current: dict[str, str] = {}
         self.endpoint = endpoint
         self.shard = shard
         self.journal = journal
@@ -381,32 +480,73 @@ class _ShardRun:
         self.abort: str | None = None
         self._flush_scheduled = False
         self.session: aiohttp.ClientSession | None = None
+        self.exhausted = False  # every sample has been handed out
+        self.on_exhausted: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ samples
-    def next_sample(self) -> Sample | None:
+    def next_sample(self) -> tuple[Sample, str] | None:
+        """The next sample to send and its fingerprint; replays (skips) what the journal already holds."""
         for sample in self.samples:
             sid = sample.id
-            if sid in self.journal.finished_ids:
-                self.stats.skipped_resumed += 1
-                continue
             if sid in self.seen:
                 log.warning("shard %s: duplicate sample id %r in the input; sent once", self.shard, sid)
                 continue
             self.seen.add(sid)
-            return sample
+            content = request_content(sample, self.cfg.regenerate)
+            fingerprint = request_fingerprint(self.settings_fingerprint, sid, content)
+            self.current[sid] = fingerprint
+            outcome = self.journal.outcome(sid, fingerprint)
+            if outcome == RECORD or (outcome == FAILED and not self.cfg.retry_failed):
+                self.stats.skipped_resumed += 1
+                continue
+            if outcome == FAILED:
+                self.stats.retried_failed += 1
+            elif sid in self.journal.finished_ids:
+                self.stats.regenerated_changed += 1
+            return sample, fingerprint
+        if not self.exhausted:
+            self.exhausted = True
+            if self.on_exhausted is not None:
+                self.on_exhausted()
         return None
 
     async def worker(self) -> None:
         while self.abort is None:
-            sample = self.next_sample()
-            if sample is None:
+            nxt = self.next_sample()
+            if nxt is None:
                 return
-            self.attempted += 1
-            entry = await self.run_sample(sample)
-            if entry is None:
-                continue
-            self.journal.append(entry, flush=False)
-            self._schedule_flush()
+            await self.one_sample(*nxt, None)
+
+    async def one_sample(self, sample: Sample, fingerprint: str, lender: Endpoint | None) -> None:
+        self.attempted += 1
+        entry = await self.run_sample(sample, lender)
+        if entry is None:
+            return
+        self.stamp(entry, fingerprint)
+        self.journal.append(entry, flush=False)
+        self._schedule_flush()
+
+    async def lend(self, lenders: Lenders) -> None:
+        """Send samples to other slots' servers while they have room and samples are left; each sample
+        still goes out once and lands in this job's journal (exactly-once as with the own server)."""
+        assert self.session is not None
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while self.abort is None and not self.exhausted:
+                await asyncio.sleep(lenders.poll_s)
+                for lender, room in await lenders.spare(self.session):
+                    for _ in range(room):
+                        nxt = None if self.abort is not None else self.next_sample()
+                        if nxt is None:
+                            break
+                        task = asyncio.create_task(self.one_sample(*nxt, lender))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -422,10 +562,20 @@ class _ShardRun:
                 log.error("shard %s: cannot write the journal %s: %s", self.shard, self.journal.path, exc)
                 self.abort = f"cannot write the journal {self.journal.path}: {exc}"
 
+    def stamp(self, entry: dict[str, Any], fingerprint: str) -> None:
+        """Add what decided the entry: its fingerprints (and, on records, the settings themselves)."""
+        entry["fingerprint"] = fingerprint
+        entry["settings_fingerprint"] = self.settings_fingerprint
+        if entry["kind"] == RECORD:
+            entry["settings"] = self.settings_json
+        else:
+            entry["at"] = time.time()
+
     # ------------------------------------------------------------------ one sample
-    async def run_sample(self, sample: Sample) -> dict[str, Any] | None:
+    async def run_sample(self, sample: Sample, lender: Endpoint | None = None) -> dict[str, Any] | None:
         cfg = self.cfg
         sid = sample.id
+        first_url = None if lender is None else lender.url.rstrip("/") + "/v1/chat/completions"
         seed = derive_seed(cfg.sampling.seed, sid)
         thinking = thinking_for(sid, cfg.thinking, cfg.thinking_fraction)
         tools = list(sample.tools) if sample.tools else None
@@ -433,7 +583,7 @@ class _ShardRun:
         try:
             if cfg.regenerate == "last":
                 prompt = prompt_for_last(sample.messages)
-                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts, tools)
+                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts, tools, first_url)
                 turns = None
             else:
                 prompt = []
@@ -448,7 +598,9 @@ class _ShardRun:
                             prev["tool_calls"] = answer.tool_calls
                         prompt.append(prev)
                     prompt.extend(_wire(m) for m in segment)
-                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts, tools)
+                    answer = await self.answer_turn(
+                        sid, list(prompt), seed, thinking, attempts, tools, first_url
+                    )
                     if answer is None:
                         break
                     turns.append(
@@ -500,7 +652,7 @@ class _ShardRun:
             sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens),
             seed=seed,
             model=answer.model or self.model,
-            server=self.server,
+            server=self.server if answer.lender is None or lender is None else self.lent_server(lender),
             attempts=attempts[0],
             started_at=answer.started_at,
             latency_s=answer.latency_s,
@@ -510,6 +662,14 @@ class _ShardRun:
             tool_calls=answer.tool_calls,
         ).journal_entry()
         return record
+
+    def lent_server(self, lender: Endpoint) -> dict[str, Any]:
+        """The record's ``server`` for an answer from another slot's server."""
+        return {
+            "id": lender.server_id,
+            "url": lender.url,
+            "version": lender.version or self.server["version"],
+        }
 
     def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:
         err = exc.err
@@ -523,9 +683,15 @@ class _ShardRun:
                 "attempts": exc.attempts,
                 "error": str(err),
             }
-        self.held.append(
-            {"kind": "failed", "id": sid, "reason": err.category, "attempts": exc.attempts, "error": str(err)}
-        )
+        held = {
+            "kind": FAILED,
+            "id": sid,
+            "reason": err.category,
+            "attempts": exc.attempts,
+            "error": str(err),
+        }
+        self.stamp(held, self.current[sid])
+        self.held.append(held)
         self.consecutive_server_failures += 1
         if self.consecutive_server_failures >= self.breaker_threshold and self.abort is None:
             self.abort = (
@@ -542,10 +708,14 @@ class _ShardRun:
         thinking: bool,
         attempts: list[int],
         tools: list[Any] | None = None,
+        first_url: str | None = None,
     ) -> _Answer | None:
-        """One regenerated turn under the truncation policy; None means dropped."""
+        """One regenerated turn under the truncation policy; None means dropped. ``first_url``: a lent
+        server for the first request (retries go to the job's own server)."""
         cfg = self.cfg
-        answer = await self.request(sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts, tools)
+        answer = await self.request(
+            sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts, tools, first_url
+        )
         if answer.finish_reason != "length" or cfg.truncation == "keep":
             return answer
         if cfg.truncation == "drop":
@@ -562,13 +732,14 @@ class _ShardRun:
         max_tokens: int,
         attempts: list[int],
         tools: list[Any] | None = None,
+        first_url: str | None = None,
     ) -> _Answer:
-        """POST with retries; raises SampleFailed. ``tools`` (the sample's tool definitions) go with it.
-        The sample counts as in flight meanwhile (``regen status``)."""
+        """POST with retries (the first to ``first_url`` when given); raises SampleFailed. ``tools`` (the
+        sample's tool definitions) go with it. The sample counts as in flight meanwhile (``regen status``)."""
         self.in_flight.setdefault(sid, time.time())
         try:
             return await self._request_with_retries(
-                sid, messages, seed, thinking, max_tokens, attempts, tools
+                sid, messages, seed, thinking, max_tokens, attempts, tools, first_url
             )
         finally:
             self.in_flight.pop(sid, None)
@@ -583,6 +754,7 @@ class _ShardRun:
         max_tokens: int,
         attempts: list[int],
         tools: list[Any] | None = None,
+        first_url: str | None = None,
     ) -> _Answer:
         s = self.cfg.sampling
         token_ids = {"return_token_ids": True} if self.cfg.return_token_ids else {}
@@ -612,8 +784,11 @@ class _ShardRun:
                 await asyncio.sleep(delay)
                 self.retrying.discard(sid)
             attempts[0] += 1
+            lent = first_url if attempt == 1 else None
             try:
-                return await self.post_once(body, headers, max_tokens)
+                answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
+                answer.lender = lent
+                return answer
             except RequestError as err:
                 if not err.retryable or attempt == self.cfg.max_attempts or self.abort is not None:
                     log.warning(
@@ -628,14 +803,12 @@ class _ShardRun:
                 )  # fmt: skip
         raise AssertionError("unreachable")
 
-    async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int) -> _Answer:
+    async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int, url: str) -> _Answer:
         assert self.session is not None
         started_at = time.time()
         t0 = time.perf_counter()
         try:
-            async with self.session.post(
-                self.chat_url, data=body, headers=headers, timeout=self.timeout
-            ) as resp:
+            async with self.session.post(url, data=body, headers=headers, timeout=self.timeout) as resp:
                 data = await resp.read()
                 status = resp.status
         except aiohttp.ClientPayloadError as exc:
@@ -807,9 +980,21 @@ async def generate_shard_async(
     *,
     total: int | None = None,
     journal_sync: JournalSink | None = None,
+    lenders: Lenders | None = None,
+    on_exhausted: Callable[[], None] | None = None,
+    settings: GenerationSettings | None = None,
 ) -> ShardStats:
-    """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError."""
+    """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError.
+
+    ``lenders``: other GPU slots' servers this job may also use while they have room. ``on_exhausted``:
+    called once when every sample has been sent (only answers are awaited from then on).
+    ``settings`` is what the fingerprint covers (``GenerationSettings.from_decisive`` in a workflow
+    job); without it, the generate config's own decisive values are used.
+    """
     gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
+    if settings is None:
+        settings = settings_of(gcfg)
+    check_settings_match(gcfg, settings)
     if progress is None:
         jp = Path(journal_path)
         progress = ProgressOptions(status_path=RunLayout.of_journal(jp).status(shard))
@@ -823,15 +1008,21 @@ async def generate_shard_async(
             connector=connector, json_serialize=lambda o: orjson.dumps(o).decode()
         ) as sess:
             ep = await _discover(sess, endpoint, gcfg)
-            concurrency = gcfg.concurrency or ep.max_running_requests or DEFAULT_CONCURRENCY
-            run = _ShardRun(gcfg, ep, shard, journal, stats, it)
+            concurrency = gcfg.concurrency or (
+                math.ceil(ep.max_running_requests * (1 + gcfg.queue_headroom))
+                if ep.max_running_requests
+                else DEFAULT_CONCURRENCY
+            )
+            run = _ShardRun(gcfg, ep, shard, journal, stats, it, settings)
             run.session = sess
+            run.on_exhausted = on_exhausted
             run.breaker_threshold = max(3, min(concurrency, 16))
             log.info(
-                "shard %s: %s samples, %d already in the journal, concurrency %d against %s (%s)",
+                "shard %s: %s samples, %d in the journal, settings %s, concurrency %d against %s (%s)",
                 shard,
                 total if total is not None else "?",
                 len(journal.finished_ids),
+                run.settings_fingerprint,
                 concurrency,
                 ep.url,
                 ep.server_id,
@@ -839,7 +1030,8 @@ async def generate_shard_async(
             reporter = _Reporter(run, progress, t0)
             rep_task = asyncio.create_task(reporter.loop())
             try:
-                await asyncio.gather(*(run.worker() for _ in range(concurrency)))
+                lending = [run.lend(lenders)] if lenders is not None else []
+                await asyncio.gather(*(run.worker() for _ in range(concurrency)), *lending)
             finally:
                 rep_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -856,10 +1048,19 @@ async def generate_shard_async(
             journal.append(entry, flush=False)
             stats.failed += 1
         journal.close()
-        counts = journal.finalize(records_out, failed_out)
+        counts = journal.finalize(records_out, failed_out, run.current)
         stats.wall_s = time.monotonic() - t0
         reporter.write_status(final=True)
         reporter.log_line()
+        log.info(
+            "shard %s: %d replayed from the journal, %d regenerated (changed since journaled), "
+            "%d earlier failures retried; %d stale journal entries left out",
+            shard,
+            stats.skipped_resumed,
+            stats.regenerated_changed,
+            stats.retried_failed,
+            counts.stale_ignored,
+        )
         log.info("shard %s: wrote %d records, %d failures; %s", shard, counts.records, counts.failed, stats)
         return stats
     finally:
@@ -891,6 +1092,9 @@ def generate_shard(
     *,
     total: int | None = None,
     journal_sync: JournalSink | None = None,
+    lenders: Lenders | None = None,
+    on_exhausted: Callable[[], None] | None = None,
+    settings: GenerationSettings | None = None,
 ) -> ShardStats:
     """Blocking wrapper of ``generate_shard_async``; SIGTERM cancels cleanly (journal flushed)."""
 
@@ -912,6 +1116,9 @@ def generate_shard(
                 progress,
                 total=total,
                 journal_sync=journal_sync,
+                lenders=lenders,
+                on_exhausted=on_exhausted,
+                settings=settings,
             )
         finally:
             if in_main:

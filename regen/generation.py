@@ -14,23 +14,35 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from regen.client import generate_shard
+from regen.fingerprint import GenerationSettings, OperationalConfig
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
+from regen.lending import SlotLenders
 from regen.sglang.config import ServerConfig
 from regen.sglang.server import ServerError, acquire_server, find_owner_pid
+from regen.shards import read_shard
 from regen.status import progress_line
 from regen.storage import sink_from_config
 from regen.types import Endpoint
 
 log = logging.getLogger("regen.generation")
 
-#: how often the job on GPU slot 0 prints the run's progress line to Snakemake's console
-CONSOLE_PROGRESS_EVERY_S = 15.0
+
+def other_slots(endpoint: Endpoint, generate_cfg: dict[str, Any], slots: str) -> SlotLenders | None:
+    """The other GPU slots' servers this job may fill while they have room (``generate.spill``)."""
+    if not generate_cfg.get("spill", True) or not endpoint.server_id.startswith("gpu"):
+        return None
+    cap = generate_cfg.get("concurrency") or endpoint.max_running_requests
+    if not cap:
+        return None
+    return SlotLenders(slots, int(endpoint.server_id[3:]), int(cap))
 
 
 def run_generate_job(
@@ -41,29 +53,74 @@ def run_generate_job(
     failed_out: str,
     journal_path: str,
     shard: str,
-    generate_cfg: dict[str, Any],
-    server_cfg: dict[str, Any],
-    gpu_slots: int,
+    settings: dict[str, Any],
+    operational: OperationalConfig,
     layout: RunLayout = RUN,
     log_path: str | None = None,
 ) -> None:
-    """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed.
+    """Generate every sample of ``shard_path`` the journal does not hold under its current fingerprint;
+    raise if the shard failed.
 
-    A server that cannot start fails every shard on it for the same reason: the first shard states
-    the cause in full, the others in one line pointing at it (``SystemExit``, no traceback).
+    ``settings`` is ``regen.fingerprint.decisive_config`` (what decides an answer), ``operational``
+    the rest (how the job runs). A server that cannot start fails every shard on it for the same
+    reason: the first shard states the cause in full, the others in one line pointing at it.
     """
     plan = read_json(plan_path)
-    cfg = dataclasses.replace(ServerConfig.from_mapping(server_cfg), gpus=int(gpu_slots))
+    generation = GenerationSettings.from_decisive(settings)
+    generate_cfg = {**operational.generate, **settings["generate"]}
+    cfg = dataclasses.replace(ServerConfig.from_mapping(operational.server), gpus=operational.gpu_slots)
     job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
     slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)
+    # what is slow (imports, opening the shard, the journal mirror) comes before taking the slot: the slot
+    # is a GPU's batch, and a job given it while the previous one drains must start sending at once
+    total = pq.ParquetFile(shard_path).metadata.num_rows
+    samples = read_shard(shard_path)
+    journal_sync = sink_from_config(generate_cfg.get("journal_sync"), shard)
+    give_slot_up: list[Callable[[], None]] = []
     try:
         with (
-            acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint,
+            acquire_server(cfg, plan, workdir=slots, log_dir=logs, on_slot=give_slot_up.append) as endpoint,
             console_progress(endpoint.server_id, layout),
         ):
-            _generate(shard_path, journal_path, records_out, failed_out, generate_cfg, endpoint, shard)
+            stats = _generate_on(
+                endpoint, samples, journal_path, records_out, failed_out, generate_cfg, shard, total,
+                journal_sync, give_slot_up, generation, str(slots),
+            )  # fmt: skip
     except ServerError as exc:
         raise SystemExit(once_per_cause(exc, shard, log_path, Path(slots) / "failures")) from None
+    log.info("shard %s done: %s", shard, stats)
+
+
+def _generate_on(
+    endpoint: Any, samples: Any, journal_path: str, records_out: str, failed_out: str,
+    generate_cfg: dict[str, Any], shard: str, total: int, journal_sync: Any,
+    give_slot_up: list[Callable[[], None]], generation: Any, slots: str,
+) -> Any:  # fmt: skip
+    log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
+    lenders = other_slots(endpoint, generate_cfg, slots)
+    try:
+        stats = generate_shard(
+            samples,
+            journal_path,
+            records_out,
+            failed_out,
+            generate_cfg,
+            endpoint,
+            shard,
+            total=total,
+            journal_sync=journal_sync,
+            lenders=lenders,
+            on_exhausted=give_slot_up[0] if give_slot_up else None,
+            settings=generation,
+        )
+    finally:
+        if lenders is not None:
+            lenders.close()
+    return stats
+
+
+#: how often the job on GPU slot 0 prints the run's progress line to Snakemake's console
+CONSOLE_PROGRESS_EVERY_S = 15.0
 
 
 @contextlib.contextmanager
@@ -117,26 +174,3 @@ def once_per_cause(exc: Exception, shard: str, log_path: str | None, cause_dir: 
     with os.fdopen(fd, "w") as fh:
         fh.write(here + "\n")
     return f"shard {shard}: {text}"
-
-
-def _generate(
-    shard_path: str,
-    journal_path: str,
-    records_out: str,
-    failed_out: str,
-    generate_cfg: dict[str, Any],
-    endpoint: Endpoint,
-    shard: str,
-) -> None:
-    log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
-    stats = generate_shard(
-        shard_path,
-        journal_path,
-        records_out,
-        failed_out,
-        generate_cfg,
-        endpoint,
-        shard,
-        journal_sync=sink_from_config(generate_cfg.get("journal_sync"), shard),
-    )
-    log.info("shard %s done: %s", shard, stats)

@@ -4,6 +4,8 @@ The same per-sample audit that ran on the input (``regen.audit``) runs on the me
 assistant turns are now the regenerated ones: scaffolding-only answers, supervised-token counts and
 duplicate prompts; plus what only the output has: the truncation rate and duplicate answers.
 Gates decide whether ``READY.json`` is written; a violated gate raises, so the run fails loudly.
+An output whose rows carry more than one settings fingerprint (answers made under different
+settings, ``regen.fingerprint``) is never ready: that raises ``MixedSettingsError``, no override.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pyarrow.dataset as ds
 from regen.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.chat import ChatTemplate
 from regen.io import read_json, write_json
+from regen.masks import completion_retokenizes_differently
 from regen.merge import iter_dataset_samples
 from regen.types import Sample
 from regen.verdict import keep_verdict
@@ -36,6 +39,34 @@ _NO_INPUT_GATES = {
 
 class OutputGateError(RuntimeError):
     """The merged output failed a re-audit gate: it is not training-ready."""
+
+
+class MixedSettingsError(OutputGateError):
+    """The merged output mixes answers generated under different settings."""
+
+
+def settings_fingerprint_counts(dataset_dir: str | Path) -> dict[str, int]:
+    """Rows per ``settings_fingerprint`` over the merged Parquet."""
+    dataset = ds.dataset(str(dataset_dir), format="parquet")
+    counts: dict[str, int] = {}
+    for batch in dataset.to_batches(columns=["settings_fingerprint"]):
+        for item in batch.column(0).value_counts().to_pylist():
+            counts[item["values"]] = counts.get(item["values"], 0) + int(item["counts"])
+    return counts
+
+
+def check_single_settings(dataset_dir: str | Path) -> str | None:
+    """The one settings fingerprint of the output (None when empty); ``MixedSettingsError`` if mixed."""
+    counts = settings_fingerprint_counts(dataset_dir)
+    if len(counts) > 1:
+        listed = ", ".join(f"{fp}: {n} rows" for fp, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        raise MixedSettingsError(
+            f"The merged output {dataset_dir} is NOT training-ready: its rows were generated under "
+            f"{len(counts)} different settings ({listed}). Column settings_fingerprint tells them apart; "
+            f"_manifest.json provenance.settings_fingerprints lists them. Rerun the generate jobs with one "
+            f"config (snakemake -R generate) so every sample is answered under the same settings."
+        )
+    return next(iter(counts), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +89,8 @@ class OutputCounts:
     truncated: int = 0
     duplicate_answers: int = 0
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    with_token_ids: int = 0  # records carrying the server's token ids
+    retokenize_mismatch: int = 0  # ... whose text re-tokenizes differently from those ids
     _seen: set[bytes] = field(default_factory=set)
 
     def add_finish_reasons(self, dataset_dir: str | Path) -> None:
@@ -67,6 +100,21 @@ class OutputCounts:
                 self.rows += 1
                 self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + 1
                 self.truncated += reason == "length"
+
+    def add_token_id_checks(self, dataset_dir: str | Path, template: ChatTemplate) -> None:
+        """Count records whose generated text re-tokenizes differently from the ids the model produced."""
+        dataset = ds.dataset(str(dataset_dir), format="parquet")
+        if "completion_token_ids" not in dataset.schema.names:
+            return
+        for batch in dataset.to_batches(columns=["completion_token_ids", "turns"]):
+            for ids, turns in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
+                completions = [t.get("completion_token_ids") for t in turns] if turns else [ids]
+                if any(c is None for c in completions):
+                    continue
+                self.with_token_ids += 1
+                self.retokenize_mismatch += any(
+                    completion_retokenizes_differently(template, c) for c in completions
+                )
 
     def counting_answers(self, samples: Iterable[Sample]) -> Iterator[Sample]:
         """Pass samples through, counting answers (reasoning + content) identical to an earlier one."""
@@ -130,10 +178,13 @@ def reaudit_dataset(
 
     The summary is also kept at ``verdict_out`` (beside the log): Snakemake deletes a failed job's
     outputs, so that copy is where a failed gate's details stay."""
+    settings_fingerprint = check_single_settings(dataset_dir)
     config = AuditConfig.from_dict({**audit_cfg, "gates": _NO_INPUT_GATES, "exclude": []})
-    auditor = Auditor(config, ChatTemplate.from_dir(tokenizer_dir))
+    template = ChatTemplate.from_dir(tokenizer_dir)
+    auditor = Auditor(config, template)
     counts = OutputCounts()
     counts.add_finish_reasons(dataset_dir)
+    counts.add_token_id_checks(dataset_dir, template)
     for _ in iter_audits(auditor, counts.counting_answers(iter_dataset_samples(dataset_dir))):
         pass
     audit = auditor.summary().to_json()
@@ -144,10 +195,17 @@ def reaudit_dataset(
     manifest_path = Path(dataset_dir) / "_manifest.json"
     summary = {
         "rows": counts.rows,
+        "settings_fingerprint": settings_fingerprint,
         "empty_answers": empty,
         "truncated": counts.truncated,
         "duplicate_answers": counts.duplicate_answers,
         "finish_reasons": dict(counts.finish_reasons),
+        "token_ids": {
+            "records_with_server_ids": counts.with_token_ids,
+            "text_retokenizes_differently": counts.retokenize_mismatch,
+            "meaning": "records whose generated text does not tokenize back to the ids the model produced "
+            "(a text-based trainer would train on a sequence the target never emitted)",
+        },
         "gates": {g.name: g.to_json() for g in results},
         "passed": passed,
         "overridden": overridden,
@@ -167,6 +225,7 @@ def reaudit_dataset(
             "ready": True,
             "overridden": overridden,
             "rows": counts.rows,
+            "settings_fingerprint": settings_fingerprint,
             "dataset": str(dataset_dir),
             "manifest_sha256": {f["path"]: f["sha256"] for f in manifest.get("files", [])},
         },

@@ -1,11 +1,19 @@
 # Config validation (once, with the schema's defaults filled in) and named input functions.
 import os
+import sys
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from regen.check import preflight, report_for_missing_dataset
+from regen.fingerprint import (
+    OperationalConfig,
+    decisive_config,
+    decisive_plan_config,
+)
 from regen.layout import RUN
+from regen.replay import preview_lines
+from regen.shard_count import shard_count
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
@@ -24,9 +32,6 @@ storage s3:
     retries=10,
 
 
-SHARDS = [shard_name(k) for k in range(lookup(dpath="shards/count", within=config))]
-
-
 wildcard_constraints:
     shard=r"\d{5}",
 
@@ -39,7 +44,7 @@ def dataset_path():
     if path.startswith("s3://"):
         return storage.s3(path)
     if not os.path.exists(path):
-        raise WorkflowError(report_for_missing_dataset(config, requested_gpus()))
+        raise WorkflowError(report_for_missing_dataset(config, REQUESTED_GPUS))
     return path
 
 
@@ -52,7 +57,7 @@ def requested_gpus():
 
 def run_preflight():
     """`regen check` as the workflow's first step (onstart): every problem at once, before any job."""
-    preflight(config, requested_gpus())
+    preflight(config, REQUESTED_GPUS)
 
 
 def benchmark_files():
@@ -61,13 +66,72 @@ def benchmark_files():
     return [b["path"] for b in benchmarks]
 
 
-def gpu_slots():
-    """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
+def given_gpus():
+    """N of --resources gpu=N, or None."""
     given = workflow.global_resources.get("gpu")
     value = getattr(given, "value", given)
-    return (
-        int(value) if value is not None else lookup(dpath="server/gpus", within=config)
+    return int(value) if value else None
+
+
+REQUESTED_GPUS = (
+    requested_gpus()
+)  # as given, before the JOBS_PER_GPU_SLOT widening below (preflight)
+GPU_SLOTS = given_gpus() or lookup(dpath="server/gpus", within=config)
+
+
+def gpu_slots():
+    """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
+    return GPU_SLOTS
+
+
+# Run locally with --resources gpu=N, Snakemake may start JOBS_PER_GPU_SLOT generate jobs per GPU slot:
+# the next shard's job waits for a slot and takes it the moment the job on it has sent its last
+# sample, so its requests queue behind the draining ones and no GPU waits for Snakemake to start a
+# job (regen.sglang.server.acquire_server). Slurm group jobs are left as they are.
+JOBS_PER_GPU_SLOT = 2
+if workflow.local_exec and workflow.is_main_process and given_gpus():
+    workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
+
+
+# shards.count, or with "auto" one per GPU slot (persisted on the first run: regen.shard_count)
+SHARDS = [
+    shard_name(k)
+    for k in range(
+        shard_count(
+            lookup(dpath="shards/count", within=config),
+            gpu_slots() if workflow.local_exec else None,
+        )
     )
+]
+
+
+def chat_template_file():
+    """The target chat template: decides every prompt the servers render, so a change regenerates."""
+    return os.path.join(
+        lookup(dpath="tokenizer", within=config), "tokenizer_config.json"
+    )
+
+
+def generation_settings():
+    """What decides an answer (model, chat template, sampling, modes): the generate rule's tracked param."""
+    return decisive_config(config)
+
+
+def plan_settings():
+    """What decides the server plan: the tune rule's tracked param."""
+    return decisive_plan_config(config)
+
+
+def operational_settings():
+    """How jobs run (ports, timeouts, idle time, restarts, concurrency, slots): never a rerun trigger."""
+    return OperationalConfig.from_config(config, gpu_slots())
+
+
+def print_replay_preview():
+    """On a dry run: how many samples the generate jobs will replay, and how many regenerate and why."""
+    journals = [str(RUN.journal(shard)) for shard in SHARDS]
+    for line in preview_lines(config, journals):
+        print(line, file=sys.stderr)
 
 
 def shard_files(pattern):
@@ -76,17 +140,34 @@ def shard_files(pattern):
 
 
 def get_final_outputs():
-    """READY (re-audited), the reconciliation and the report; the S3 upload when configured."""
+    """READY (re-audited), the reconciliation and the report; the S3 upload and the trainer exports when configured."""
     published = (
         ["results/published.json"]
         if lookup(dpath="merge/output_prefix", within=config)
         else []
     )
-    return published + [
-        "results/READY.json",
-        "results/reconcile.json",
-        "results/report/throughput.svg",
-    ]
+    exported = (
+        ["results/export/manifest.json"]
+        if lookup(dpath="export/enabled", within=config)
+        else []
+    )
+    return (
+        published
+        + exported
+        + [
+            "results/READY.json",
+            "results/reconcile.json",
+            "results/report/throughput.svg",
+        ]
+    )
+
+
+def final_outputs(wildcards):
+    """The final targets, as an input function (evaluated once while the DAG is built, when Snakemake
+    knows whether this is a dry run); a dry run first prints the replay preview."""
+    if workflow.dryrun:
+        print_replay_preview()
+    return get_final_outputs()
 
 
 def stop_gpu_servers():

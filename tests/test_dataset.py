@@ -1,4 +1,4 @@
-"""Ingest (regen.dataset), the demo tokenizer and the demo datasets (regen.demo)."""
+"""Ingest (regen.dataset), the demo tokenizer and the demo datasets (tools/demo_assets.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from tokenizers import Tokenizer
 from regen import dataset as ds
 from regen.chat import ChatTemplate, hf_template_env
 from regen.dataset import content_id, detect_format, iter_samples
-from regen.demo import DEMO_CONTEXT_LIMIT, IM_END, build_demo_dataset, build_demo_tokenizer
 from regen.types import BadInputError, BadRow, Message, Sample
+from tools.demo_assets import DEMO_CONTEXT_LIMIT, IM_END, build_demo_dataset, build_demo_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 

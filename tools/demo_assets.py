@@ -1,8 +1,8 @@
 """Demo assets: a small Qwen3-style tokenizer and a demo dataset full of known faults.
 
 Both are generated from fixed seeds with no downloads, so the same call gives
-byte-identical files. ``python -m regen.demo tokenizer OUT_DIR`` and
-``python -m regen.demo dataset OUT_DIR`` (or ``regen demo ...``) write them.
+byte-identical files. ``python tools/demo_assets.py tokenizer OUT_DIR`` and
+``python tools/demo_assets.py dataset OUT_DIR`` write them (a repository harness, not a product command).
 """
 
 from __future__ import annotations
@@ -687,7 +687,7 @@ def build_demo_dataset(
 
 
 def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="regen demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tools/demo_assets.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     p_tok = sub.add_parser("tokenizer", help="build the demo tokenizer")
     p_tok.add_argument("out_dir", nargs="?", default="resources/demo-tokenizer", help="where to write it")
