@@ -328,8 +328,8 @@ def preflight(config: Mapping[str, Any], requested_gpus: int | None) -> None:
 
 
 def report_for_missing_dataset(config: Mapping[str, Any], requested_gpus: int | None) -> str:
-    """The message when the workflow cannot even build its jobs (the local dataset is missing):
-    every preflight problem, not only that one."""
+    """The message when the workflow cannot even build its jobs (the local dataset or the chat
+    template is missing): every preflight problem, not only that one."""
     return report(check_config(config, requested_gpus))
 
 

@@ -106,10 +106,14 @@ SHARDS = [
 
 
 def chat_template_file():
-    """The target chat template: decides every prompt the servers render, so a change regenerates."""
-    return os.path.join(
+    """The target chat template: decides every prompt the servers render, so a change regenerates.
+    A missing one stops the workflow here with every preflight problem at once."""
+    path = os.path.join(
         lookup(dpath="tokenizer", within=config), "tokenizer_config.json"
     )
+    if not os.path.exists(path):
+        raise WorkflowError(report_for_missing_dataset(config, REQUESTED_GPUS))
+    return path
 
 
 def generation_settings():
