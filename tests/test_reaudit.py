@@ -7,8 +7,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from stamped import fingerprint_fields
 
-from regen.client import GenerateConfig, settings_of
 from regen.io import read_json
 from regen.merge import merge
 from regen.reaudit import OutputGateError, reaudit_dataset
@@ -21,18 +21,6 @@ GATES = {
     "min_rows": 1,
     "override_gates": False,
 }
-
-
-# What the client stamps on every record (regen.fingerprint): default settings, one fingerprint per id.
-SETTINGS = settings_of(GenerateConfig())
-
-
-def fingerprint_fields(i: int) -> dict[str, Any]:
-    return {
-        "fingerprint": f"{i:016x}",
-        "settings_fingerprint": SETTINGS.fingerprint,
-        "settings": SETTINGS.to_json(),
-    }
 
 
 def record(i: int, content: str, reasoning: str | None, finish: str = "stop") -> dict[str, Any]:

@@ -10,23 +10,12 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+from stamped import fingerprint_fields
 
 from regen import report as R
-from regen.client import GenerateConfig, settings_of
 from regen.merge import merge
 from regen.reconcile import reconcile_results
 from regen.validate import validate_shard
-
-# What the client stamps on every record (regen.fingerprint): default settings, one fingerprint per id.
-SETTINGS = settings_of(GenerateConfig())
-
-
-def fingerprint_fields(i: int) -> dict[str, Any]:
-    return {
-        "fingerprint": f"{i:016x}",
-        "settings_fingerprint": SETTINGS.fingerprint,
-        "settings": SETTINGS.to_json(),
-    }
 
 
 def make_record(

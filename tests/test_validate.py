@@ -12,25 +12,13 @@ import jsonschema
 import orjson
 import pyarrow.parquet as pq
 import pytest
+from stamped import fingerprint_fields
 
 from regen import validate as V
-from regen.client import GenerateConfig, settings_of
 from regen.records import VALID_SCHEMA
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
 CFG = {"max_content_chars": 1000, "max_reasoning_chars": 2000, "quarantine_truncated": True}
-
-
-# What the client stamps on every record (regen.fingerprint): default settings, one fingerprint per id.
-SETTINGS = settings_of(GenerateConfig())
-
-
-def fingerprint_fields(i: int) -> dict[str, Any]:
-    return {
-        "fingerprint": f"{i:016x}",
-        "settings_fingerprint": SETTINGS.fingerprint,
-        "settings": SETTINGS.to_json(),
-    }
 
 
 def make_record(i: int = 0, shard: str = "00000", **over: Any) -> dict[str, Any]:

@@ -1,0 +1,20 @@
+"""What the client stamps on every record (regen.fingerprint): default settings, one fingerprint per id.
+
+Shared by the tests that build generation records by hand (merge, reaudit, report, validate).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from regen.client import GenerateConfig, settings_of
+
+SETTINGS = settings_of(GenerateConfig())
+
+
+def fingerprint_fields(i: int) -> dict[str, Any]:
+    return {
+        "fingerprint": f"{i:016x}",
+        "settings_fingerprint": SETTINGS.fingerprint,
+        "settings": SETTINGS.to_json(),
+    }
