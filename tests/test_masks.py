@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pyarrow.parquet as pq
 import pytest
+from conversations import two_turn_samples
 
 from regen.chat import ChatTemplate
 from regen.client import Endpoint, generate_shard
@@ -17,7 +18,7 @@ from regen.export import export_dataset
 from regen.masks import RETOKENIZED, SERVER_IDS, MaskBuilder, MaskPolicy
 from regen.merge import merge
 from regen.sglang.simulated import start_simulated_server
-from regen.types import Message, Sample
+from regen.types import Sample
 from regen.validate import validate_shard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,19 +31,7 @@ def template() -> ChatTemplate:
 
 
 def conversations(n: int) -> list[Sample]:
-    return [
-        Sample(
-            id=f"c{i}",
-            messages=(
-                Message("system", "you are terse"),
-                Message("user", f"question number {i}"),
-                Message("assistant", "old answer one", "old reasoning"),
-                Message("user", "and then?"),
-                Message("assistant", "old answer two"),
-            ),
-        )
-        for i in range(n)
-    ]
+    return two_turn_samples(n, id_prefix="c")
 
 
 def make_dataset(root: Path, n: int, *, sim: dict[str, Any] | None = None, **cfg: Any) -> Path:

@@ -11,6 +11,7 @@ from typing import Any
 import jsonschema
 import orjson
 import pytest
+from conversations import two_turn_samples
 
 from regen.chat import ChatTemplate
 from regen.client import Endpoint, generate_shard
@@ -19,7 +20,7 @@ from regen.sglang.simulated import (
     parse_qwen3_reasoning,
     start_simulated_server,
 )
-from regen.types import Message, Sample
+from regen.types import Sample
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = str(ROOT / "resources" / "demo-tokenizer")
@@ -33,19 +34,7 @@ def template() -> ChatTemplate:
 
 
 def samples(n: int) -> list[Sample]:
-    return [
-        Sample(
-            id=f"s{i}",
-            messages=(
-                Message("system", "you are terse"),
-                Message("user", f"question number {i}"),
-                Message("assistant", "old answer one", "old reasoning"),
-                Message("user", "and then?"),
-                Message("assistant", "old answer two"),
-            ),
-        )
-        for i in range(n)
-    ]
+    return two_turn_samples(n, id_prefix="s")
 
 
 def run_shard(tmp_path: Path, url: str, items: list[Sample], **cfg: Any) -> list[dict[str, Any]]:
