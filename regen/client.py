@@ -738,27 +738,24 @@ class _ShardRun:
         sample's tool definitions) go with it. The sample counts as in flight meanwhile (``regen status``)."""
         self.in_flight.setdefault(sid, time.time())
         try:
-            return await self._request_with_retries(
-                sid, messages, seed, thinking, max_tokens, attempts, tools, first_url
-            )
+            body = self._body(messages, seed, thinking, max_tokens, tools)
+            return await self._post_with_retries(sid, body, max_tokens, attempts, first_url)
         finally:
             self.in_flight.pop(sid, None)
             self.retrying.discard(sid)
 
-    async def _request_with_retries(
+    def _body(
         self,
-        sid: str,
         messages: list[dict[str, Any]],
         seed: int,
         thinking: bool,
         max_tokens: int,
-        attempts: list[int],
-        tools: list[Any] | None = None,
-        first_url: str | None = None,
-    ) -> _Answer:
+        tools: list[Any] | None,
+    ) -> bytes:
+        """The chat-completions request body for one sample."""
         s = self.cfg.sampling
         token_ids = {"return_token_ids": True} if self.cfg.return_token_ids else {}
-        body = orjson.dumps(
+        return orjson.dumps(
             {
                 **dict(self.cfg.extra_body),
                 **token_ids,
@@ -775,6 +772,10 @@ class _ShardRun:
                 **({"tools": tools} if tools else {}),
             }
         )
+
+    async def _post_with_retries(
+        self, sid: str, body: bytes, max_tokens: int, attempts: list[int], first_url: str | None
+    ) -> _Answer:
         headers = {**self.base_headers, SAMPLE_ID_HEADER: sample_id_header(sid)}
         delay = 0.0
         for attempt in range(1, self.cfg.max_attempts + 1):
