@@ -12,7 +12,7 @@ import html
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -365,14 +365,31 @@ def _verdict_line(summary: Mapping[str, Any], source: Path) -> str:
     return f"<p class='fail'>FAILED: see the gates below (details kept in {html.escape(str(source))}).</p>"
 
 
+def _verdict_page(
+    title: str,
+    paths: tuple[Path, Path],
+    gate_config_prefix: str,
+    meanings: Mapping[str, str] | None,
+    sections: Callable[[Mapping[str, Any]], list[str]],
+) -> str:
+    """An audit or re-audit page: verdict line, gates table, then the page's own ``sections`` of the
+    summary found at ``paths`` (the rule's output, else the copy kept beside its log)."""
+    summary, source = read_verdict(*paths)
+    if summary is None or source is None:
+        return _page(title, _note(f"no data: neither {paths[0]} nor {paths[1]} exists"))
+    gates = _gates_table(gate_rows(summary, meanings), gate_config_prefix)
+    return _page(title, _verdict_line(summary, source), gates, *sections(summary))
+
+
 def audit_page_html(summary_path: Path, kept_path: Path) -> str:
     """Input audit: verdict, each gate's value/limit/verdict, flag counts and exclusions."""
-    title = "Input audit"
-    summary, source = read_verdict(summary_path, kept_path)
-    if summary is None or source is None:
-        return _page(title, _note(f"no data: neither {summary_path} nor {kept_path} exists"))
     from regen.audit import GATE_MEANING  # the audit owns what its gates mean
 
+    paths = (summary_path, kept_path)
+    return _verdict_page("Input audit", paths, "audit.gates.", GATE_MEANING, _audit_sections)
+
+
+def _audit_sections(summary: Mapping[str, Any]) -> list[str]:
     counts = [
         ["samples audited", summary.get("total")],
         ["kept for generation", summary.get("kept")],
@@ -389,22 +406,20 @@ def audit_page_html(summary_path: Path, kept_path: Path) -> str:
         for k, v in (summary.get("flag_counts") or {}).items()
     ]
     excluded = [[k, v] for k, v in sorted((summary.get("excluded_reasons") or {}).items())]
-    return _page(
-        title,
-        _verdict_line(summary, source),
-        _gates_table(gate_rows(summary, GATE_MEANING), "audit.gates."),
+    return [
         _table(["", "count"], counts, "samples"),
         _table(["flag", "samples", "fraction"], flags, "flags (a sample can have several)"),
         _table(["reason", "samples"], excluded, "excluded before generation") if excluded else "",
-    )
+    ]
 
 
 def reaudit_page_html(summary_path: Path, kept_path: Path) -> str:
     """Output re-audit: verdict, each gate's value/limit/verdict, finish reasons."""
     title = "Output audit (re-audit of the merged dataset)"
-    summary, source = read_verdict(summary_path, kept_path)
-    if summary is None or source is None:
-        return _page(title, _note(f"no data: neither {summary_path} nor {kept_path} exists"))
+    return _verdict_page(title, (summary_path, kept_path), "reaudit.", None, _reaudit_sections)
+
+
+def _reaudit_sections(summary: Mapping[str, Any]) -> list[str]:
     counts = [
         ["rows", summary.get("rows")],
         ["empty answers", summary.get("empty_answers")],
@@ -412,13 +427,10 @@ def reaudit_page_html(summary_path: Path, kept_path: Path) -> str:
         ["duplicate answers", summary.get("duplicate_answers")],
     ]
     reasons = [[k, v] for k, v in sorted((summary.get("finish_reasons") or {}).items())]
-    return _page(
-        title,
-        _verdict_line(summary, source),
-        _gates_table(gate_rows(summary), "reaudit."),
+    return [
         _table(["", "count"], counts, "rows"),
         _table(["finish reason", "rows"], reasons, "finish reasons"),
-    )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
