@@ -619,11 +619,7 @@ def pilot_tables_html(pilot_json: str | os.PathLike[str]) -> str:
 
 def with_pilot(page: str, pilot_json: str | os.PathLike[str]) -> str:
     """``page`` with the pilot tables added before ``</body>`` (unchanged without a pilot file)."""
-    extra = pilot_tables_html(pilot_json)
-    if not extra:
-        return page
-    head, sep, tail = page.rpartition("</body>")
-    return head + extra + sep + tail if sep else page + extra
+    return _with_extra(page, pilot_tables_html(pilot_json))
 
 
 # ---------------------------------------------------------------------------------------------
