@@ -66,17 +66,9 @@ def benchmark_files():
     return [b["path"] for b in benchmarks]
 
 
-def given_gpus():
-    """N of --resources gpu=N, or None."""
-    given = workflow.global_resources.get("gpu")
-    value = getattr(given, "value", given)
-    return int(value) if value else None
-
-
-REQUESTED_GPUS = (
-    requested_gpus()
-)  # as given, before the JOBS_PER_GPU_SLOT widening below (preflight)
-GPU_SLOTS = given_gpus() or lookup(dpath="server/gpus", within=config)
+# as given, before the JOBS_PER_GPU_SLOT widening below (preflight); gpu=0 counts as not given
+REQUESTED_GPUS = requested_gpus()
+GPU_SLOTS = REQUESTED_GPUS or lookup(dpath="server/gpus", within=config)
 
 
 def gpu_slots():
@@ -89,7 +81,7 @@ def gpu_slots():
 # sample, so its requests queue behind the draining ones and no GPU waits for Snakemake to start a
 # job (regen.sglang.server.acquire_server). Slurm group jobs are left as they are.
 JOBS_PER_GPU_SLOT = 2
-if workflow.local_exec and workflow.is_main_process and given_gpus():
+if workflow.local_exec and workflow.is_main_process and REQUESTED_GPUS:
     workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
 
 
