@@ -249,18 +249,22 @@ class Completion:
     finish_reason: str
 
 
-def synth_completion(
-    messages: list[Any],
-    seed: int | None,
-    temperature: float,
-    max_tokens: int,
-    thinking: bool,
-    ignore_eos: bool,
-    opts: SimOptions,
-    index: int = 0,
-) -> Completion:
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What one chat-completions request asks of each of its ``n`` choices."""
+
+    messages: list[Any]
+    seed: int | None
+    temperature: float
+    max_tokens: int
+    thinking: bool
+    ignore_eos: bool
+
+
+def synth_completion(ask: Ask, opts: SimOptions, index: int = 0) -> Completion:
     """Deterministic synthetic completion for (messages, seed, index)."""
-    key = orjson.dumps(messages) + repr((None if temperature == 0 else seed, index)).encode()
+    max_tokens, thinking, ignore_eos = ask.max_tokens, ask.thinking, ask.ignore_eos
+    key = orjson.dumps(ask.messages) + repr((None if ask.temperature == 0 else ask.seed, index)).encode()
     rng = random.Random(hashlib.blake2b(key, digest_size=8).digest())
     r_len = rng.randint(1, 2 * opts.mean_reasoning_tokens) if thinking else 0
     a_len = rng.randint(1, 2 * opts.mean_answer_tokens)
@@ -776,11 +780,12 @@ class SimulatedServer:
         temperature = 1.0 if temperature is None else float(temperature)
         seed = req.get("seed")
         ignore_eos = bool(req.get("ignore_eos", False))
+        ask = Ask(messages, seed, temperature, max_tokens, thinking, ignore_eos)
         choices = []
         tokenized: list[TokenCompletion] = []
         prompt_ids = self.tokens.prompt_ids(messages, thinking) if self.tokens is not None else None
         for i in range(n):
-            made = self.make_completion(messages, seed, temperature, max_tokens, thinking, ignore_eos, i, key)
+            made = self.make_completion(ask, i, key)
             nth = self.received_by_id[key] * n + i
             made, spoiled = self.opts.faults.spoil(made, key, nth)
             if spoiled is not None:
@@ -822,21 +827,9 @@ class SimulatedServer:
         self.on_crash()
         return resp
 
-    def make_completion(
-        self,
-        messages: list[Any],
-        seed: int | None,
-        temperature: float,
-        max_tokens: int,
-        thinking: bool,
-        ignore_eos: bool,
-        index: int,
-        key: str,
-    ) -> Completion:
+    def make_completion(self, ask: Ask, index: int, key: str) -> Completion:
         """The completion for one choice (``key``: the sample id, or a per-request stand-in)."""
-        return synth_completion(
-            messages, seed, temperature, max_tokens, thinking, ignore_eos, self.opts, index
-        )
+        return synth_completion(ask, self.opts, index)
 
     def per_request_rate(self) -> float:
         """Decode tokens/s of one request with ``self.running`` requests in the batch (itself included)."""
@@ -1102,21 +1095,12 @@ class VirtualSimulatedServer(SimulatedServer):
         self.timer: asyncio.TimerHandle | None = None
         self.tokens = None  # lengths are modelled, not tokenized (a tokenizer would recount the few words)
 
-    def make_completion(
-        self,
-        messages: list[Any],
-        seed: int | None,
-        temperature: float,
-        max_tokens: int,
-        thinking: bool,
-        ignore_eos: bool,
-        index: int,
-        key: str,
-    ) -> Completion:
+    def make_completion(self, ask: Ask, index: int, key: str) -> Completion:
+        max_tokens, ignore_eos, thinking = ask.max_tokens, ask.ignore_eos, ask.thinking
         wanted = self.clock.output_tokens(f"{key}#{index}", 1 << 30)
         total = max_tokens if ignore_eos else min(wanted, max_tokens)
         finish = "length" if ignore_eos or wanted > max_tokens else "stop"
-        rng = random.Random(_unit_hash(self.clock.seed, "vtext", key, seed, index))
+        rng = random.Random(_unit_hash(self.clock.seed, "vtext", key, ask.seed, index))
         reasoning = " ".join(rng.choices(WORDS, k=4)) if thinking else None
         r_tokens = total * 3 // 4 if thinking else 0
         return Completion(reasoning, " ".join(rng.choices(WORDS, k=4)), r_tokens, total, finish)
