@@ -112,11 +112,9 @@ def test_killed_run_resumed_on_another_machine_with_another_config(s3_prefix: st
     """Machine A (temperature 0.6) is SIGKILLed mid-generation with journal batches in S3; machine B, a
     fresh directory with temperature 0.9, restores them, replays none and publishes only 0.9 answers."""
     import os
-    import signal
     import subprocess
-    import time
 
-    from test_s3_workflow import finished_ids_in_s3, fresh_workdir, snakemake_cmd
+    from test_s3_workflow import fresh_workdir, kill_once_synced, snakemake_cmd
 
     from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
     from regen.storage import download_file, upload_file
@@ -131,20 +129,7 @@ def test_killed_run_resumed_on_another_machine_with_another_config(s3_prefix: st
 
     a = fresh_workdir(tmp_path / "machine-a", s3_prefix)
     (a / "config" / "local.yaml").write_text(f"server: {{port_base: {port}}}\n")
-    proc = subprocess.Popen(
-        [*snakemake_cmd(), "config/local.yaml"], cwd=a, env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 240
-    synced: set[str] = set()
-    while time.monotonic() < deadline and proc.poll() is None and len(synced) < 20:
-        time.sleep(0.5)
-        synced = finished_ids_in_s3(s3_prefix)
-    assert proc.poll() is None, "the run ended before it could be killed mid-generation"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    time.sleep(1.0)
-    synced = finished_ids_in_s3(s3_prefix)
+    synced = kill_once_synced([*snakemake_cmd(), "config/local.yaml"], a, env, s3_prefix)
     killed_at = max(e["t"] for e in read_request_log(request_log))
 
     b = fresh_workdir(tmp_path / "machine-b", s3_prefix)

@@ -67,6 +67,25 @@ def finished_ids_in_s3(prefix: str) -> set[str]:
     return ids
 
 
+def kill_once_synced(cmd: list[str], workdir: Path, env: dict[str, str], prefix: str) -> set[str]:
+    """Run ``cmd`` in ``workdir`` and SIGKILL its whole process group once 20 finished ids are in the S3
+    journal under ``prefix``; the ids S3 holds after the kill."""
+    proc = subprocess.Popen(
+        cmd, cwd=workdir, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    synced: set[str] = set()
+    while time.monotonic() < deadline and proc.poll() is None and len(synced) < 20:
+        time.sleep(0.5)
+        synced = finished_ids_in_s3(prefix)
+    assert proc.poll() is None, "the run ended before it could be killed mid-generation"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1.0)  # a batch upload in flight at the kill may still land: count what S3 holds now
+    return finished_ids_in_s3(prefix)
+
+
 @pytest.mark.s3
 @pytest.mark.timeout(600)
 def test_resume_on_another_machine_from_the_s3_journal(s3_prefix: str, tmp_path: Path) -> None:
@@ -76,20 +95,7 @@ def test_resume_on_another_machine_from_the_s3_journal(s3_prefix: str, tmp_path:
 
     # machine A: killed (SIGKILL to the whole process group) once some journal batches are in S3
     a = fresh_workdir(tmp_path / "machine-a", s3_prefix)
-    proc = subprocess.Popen(
-        snakemake_cmd(), cwd=a, env=env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 240
-    synced: set[str] = set()
-    while time.monotonic() < deadline and proc.poll() is None and len(synced) < 20:
-        time.sleep(0.5)
-        synced = finished_ids_in_s3(s3_prefix)
-    assert proc.poll() is None, "the run ended before it could be killed mid-generation"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    time.sleep(1.0)  # a batch upload in flight at the kill may still land: count what S3 holds now
-    synced = finished_ids_in_s3(s3_prefix)
+    synced = kill_once_synced(snakemake_cmd(), a, env, s3_prefix)
     assert len(synced) >= 20
     killed_at = max(e["t"] for e in read_request_log(request_log))
 
