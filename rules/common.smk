@@ -2,8 +2,10 @@
 import os
 import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from regen.check import preflight, report_for_missing_dataset
 from regen.fingerprint import (
     OperationalConfig,
     decisive_config,
@@ -11,6 +13,7 @@ from regen.fingerprint import (
 )
 from regen.layout import RUN
 from regen.replay import preview_lines
+from regen.shard_count import shard_count
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
@@ -29,17 +32,32 @@ storage s3:
     retries=10,
 
 
-SHARDS = [shard_name(k) for k in range(lookup(dpath="shards/count", within=config))]
-
-
 wildcard_constraints:
     shard=r"\d{5}",
 
 
 def dataset_path():
-    """The input dataset: a local path, or an s3:// URI fetched by the S3 storage plugin."""
+    """The input dataset: a local path, or an s3:// URI fetched by the S3 storage plugin.
+    A local dataset that is missing stops the workflow here with every preflight problem at once.
+    """
     path = lookup(dpath="dataset/path", within=config)
-    return storage.s3(path) if path.startswith("s3://") else path
+    if path.startswith("s3://"):
+        return storage.s3(path)
+    if not os.path.exists(path):
+        raise WorkflowError(report_for_missing_dataset(config, REQUESTED_GPUS))
+    return path
+
+
+def requested_gpus():
+    """N of --resources gpu=N, or None when not given."""
+    given = workflow.global_resources.get("gpu")
+    value = getattr(given, "value", given)
+    return None if value is None else int(value)
+
+
+def run_preflight():
+    """`regen check` as the workflow's first step (onstart): every problem at once, before any job."""
+    preflight(config, REQUESTED_GPUS)
 
 
 def benchmark_files():
@@ -48,18 +66,54 @@ def benchmark_files():
     return [b["path"] for b in benchmarks]
 
 
-def gpu_slots():
-    """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
+def given_gpus():
+    """N of --resources gpu=N, or None."""
     given = workflow.global_resources.get("gpu")
     value = getattr(given, "value", given)
-    return int(value) if value else lookup(dpath="server/gpus", within=config)
+    return int(value) if value else None
+
+
+REQUESTED_GPUS = (
+    requested_gpus()
+)  # as given, before the JOBS_PER_GPU_SLOT widening below (preflight)
+GPU_SLOTS = given_gpus() or lookup(dpath="server/gpus", within=config)
+
+
+def gpu_slots():
+    """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
+    return GPU_SLOTS
+
+
+# Run locally with --resources gpu=N, Snakemake may start JOBS_PER_GPU_SLOT generate jobs per GPU slot:
+# the next shard's job waits for a slot and takes it the moment the job on it has sent its last
+# sample, so its requests queue behind the draining ones and no GPU waits for Snakemake to start a
+# job (regen.sglang.server.acquire_server). Slurm group jobs are left as they are.
+JOBS_PER_GPU_SLOT = 2
+if workflow.local_exec and workflow.is_main_process and given_gpus():
+    workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
+
+
+# shards.count, or with "auto" one per GPU slot (persisted on the first run: regen.shard_count)
+SHARDS = [
+    shard_name(k)
+    for k in range(
+        shard_count(
+            lookup(dpath="shards/count", within=config),
+            gpu_slots() if workflow.local_exec else None,
+        )
+    )
+]
 
 
 def chat_template_file():
-    """The target chat template: decides every prompt the servers render, so a change regenerates."""
-    return os.path.join(
+    """The target chat template: decides every prompt the servers render, so a change regenerates.
+    A missing one stops the workflow here with every preflight problem at once."""
+    path = os.path.join(
         lookup(dpath="tokenizer", within=config), "tokenizer_config.json"
     )
+    if not os.path.exists(path):
+        raise WorkflowError(report_for_missing_dataset(config, REQUESTED_GPUS))
+    return path
 
 
 def generation_settings():
@@ -90,17 +144,26 @@ def shard_files(pattern):
 
 
 def get_final_outputs():
-    """READY (re-audited), the reconciliation and the report; the S3 upload when configured."""
+    """READY (re-audited), the reconciliation and the report; the S3 upload and the trainer exports when configured."""
     published = (
         ["results/published.json"]
         if lookup(dpath="merge/output_prefix", within=config)
         else []
     )
-    return published + [
-        "results/READY.json",
-        "results/reconcile.json",
-        "results/report/throughput.svg",
-    ]
+    exported = (
+        ["results/export/manifest.json"]
+        if lookup(dpath="export/enabled", within=config)
+        else []
+    )
+    return (
+        published
+        + exported
+        + [
+            "results/READY.json",
+            "results/reconcile.json",
+            "results/report/throughput.svg",
+        ]
+    )
 
 
 def final_outputs(wildcards):
@@ -114,3 +177,12 @@ def final_outputs(wildcards):
 def stop_gpu_servers():
     """Stop the per-GPU servers this run started, per node and per Slurm job (on success and on error)."""
     stop_all_servers(RUN.servers_root)
+
+
+def report_landing_page():
+    """The report's first page: the run's verdict (written by report_assets) once it exists, else the
+    static introduction."""
+    landing = "results/report/landing.rst"
+    return (
+        os.path.abspath(landing) if os.path.isfile(landing) else "report/workflow.rst"
+    )
