@@ -303,3 +303,18 @@ def test_token_id_items_checked_as_the_schema_says(schema: dict[str, Any], bad: 
     )
     assert jsonschema.Draft202012Validator(schema).is_valid(ok)
     assert v.schema_problem(ok) is None
+
+
+def test_token_ids_reach_valid_parquet_as_sent(tmp_path: Path) -> None:
+    """Rows with and without server token ids (and empty ones) keep exactly their ids in the valid shard."""
+    recs = [
+        make_record(0, prompt_token_ids=[1, 2, 3], completion_token_ids=[151000, 0]),
+        make_record(1),
+        make_record(2, prompt_token_ids=[], completion_token_ids=[7]),
+    ]
+    src = write_jsonl(tmp_path / "00000.jsonl", recs)
+    stats = V.validate_shard(src, tmp_path / "v.parquet", tmp_path / "q.jsonl", CFG)
+    assert stats.valid == 3
+    table = pq.read_table(tmp_path / "v.parquet")
+    assert table.column("prompt_token_ids").to_pylist() == [[1, 2, 3], None, []]
+    assert table.column("completion_token_ids").to_pylist() == [[151000, 0], None, [7]]
