@@ -34,7 +34,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,14 @@ class GenerateConfig:
     #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
     #: the fields regen sets itself
     extra_body: tuple[tuple[str, Any], ...] = ()
+    #: per-sample ``max_tokens`` (not a config key): benchmarks and the live sweep emulate an output-length
+    #: spread with ``ignore_eos`` on dummy weights; samples not listed use ``sampling.max_tokens``
+    max_tokens_by_id: Mapping[str, int] | None = field(default=None, compare=False)
+
+    def max_tokens_for(self, sample_id: str) -> int:
+        if self.max_tokens_by_id is not None and sample_id in self.max_tokens_by_id:
+            return int(self.max_tokens_by_id[sample_id])
+        return self.sampling.max_tokens
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> GenerateConfig:
@@ -502,12 +510,13 @@ class _ShardRun:
     ) -> _Answer | None:
         """One regenerated turn under the truncation policy; None means dropped."""
         cfg = self.cfg
-        answer = await self.request(sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts)
+        limit = cfg.max_tokens_for(sid)
+        answer = await self.request(sid, messages, seed, thinking, limit, attempts)
         if answer.finish_reason != "length" or cfg.truncation == "keep":
             return answer
         if cfg.truncation == "drop":
             return None
-        bigger = math.ceil(cfg.sampling.max_tokens * cfg.retry_max_tokens_factor)
+        bigger = math.ceil(limit * cfg.retry_max_tokens_factor)
         return await self.request(sid, messages, seed, thinking, bigger, attempts)
 
     async def request(
