@@ -9,7 +9,9 @@ Model: one decode step of a batch of ``b`` running requests takes ``fixed_s + pe
 (weights streamed once per step plus per-request state/KV/GEMM work; SGLang's plateau ``gen
 throughput`` already includes the prefills between decode steps). Each request needs as many steps as
 it has output tokens. :func:`closed_loop_wall_s` plays the run out exactly: requests are admitted in
-order as slots free up, and the time advances from one completion to the next.
+order as slots free up, and the time advances from one completion to the next. ``ramp_s`` is the dead
+time before the first full batch decodes (the burst of ``concurrency`` prefills at the start; a pilot
+measures it as the time from its first request to the first decode line at the running plateau).
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class StepModel:
 @dataclass(frozen=True, slots=True)
 class RunEstimate:
     wall_s: float
-    plateau_s: float  # until the last request was admitted
+    ramp_s: float  # the start burst (counted in wall_s)
+    plateau_s: float  # from the end of the ramp until the last request was admitted
     drain_s: float  # from the last admission to the last completion
     output_tokens: int
     requests: int
@@ -77,6 +80,7 @@ class RunEstimate:
     def to_json(self) -> dict[str, float | int]:
         return {
             "wall_s": round(self.wall_s, 2),
+            "ramp_s": round(self.ramp_s, 2),
             "plateau_s": round(self.plateau_s, 2),
             "drain_s": round(self.drain_s, 2),
             "output_tokens": self.output_tokens,
@@ -85,7 +89,9 @@ class RunEstimate:
         }
 
 
-def closed_loop_wall_s(lengths: Sequence[int], concurrency: int, step: StepModel) -> RunEstimate:
+def closed_loop_wall_s(
+    lengths: Sequence[int], concurrency: int, step: StepModel, ramp_s: float = 0.0
+) -> RunEstimate:
     """Play out ``lengths`` (output tokens per request, in admission order) at ``concurrency``."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -106,7 +112,8 @@ def closed_loop_wall_s(lengths: Sequence[int], concurrency: int, step: StepModel
         while running and running[0] == steps:
             heapq.heappop(running)
     return RunEstimate(
-        wall_s=now,
+        wall_s=max(0.0, ramp_s) + now,
+        ramp_s=max(0.0, ramp_s),
         plateau_s=last_admission_s,
         drain_s=now - last_admission_s,
         output_tokens=sum(todo),

@@ -169,6 +169,14 @@ class CandidateResult:
         return m.server.median_tps if m is not None and m.server is not None else None
 
     @property
+    def ramp_s(self) -> float | None:
+        """From the pilot's first request to the server's first decode line at the running plateau."""
+        m = self.measurement
+        if m is None or m.server is None or m.server.plateau_from is None:
+            return None
+        return max(0.0, m.server.plateau_from - m.started_at)
+
+    @property
     def rate_tok_s(self) -> float:
         """What candidates are ranked and runs projected by: the server's steady rate, else the client's."""
         decode = self.decode_tok_s
@@ -201,6 +209,7 @@ class CandidateResult:
                     "latency_p90_s": round(m.latency_p90_s, 3),
                     "decode_tok_s": None if self.decode_tok_s is None else round(self.decode_tok_s, 1),
                     "rate_tok_s": round(self.rate_tok_s, 2),
+                    "ramp_s": None if self.ramp_s is None else round(self.ramp_s, 1),
                     "server_steady_state": None if m.server is None else m.server.to_json(),
                 }
             )
@@ -652,9 +661,15 @@ def project(
 
 
 def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel | None:
-    """Decode-step cost line fitted to the measured plateaus of candidates with the best one's state dtype
-    (``fixed_step_s``, e.g. weights over bandwidth, when they all ran at one batch size)."""
+    """The decode-step cost line: through the best candidate's plateau with ``fixed_step_s`` as its
+    batch-independent part (e.g. the weights over the memory bandwidth) when given, else fitted to the
+    plateaus of the candidates that share the best one's state dtype. None without a server reading."""
     best = result.best
+    m = best.measurement
+    if m is None or m.server is None:
+        return None
+    if fixed_step_s > 0:
+        return StepModel.from_plateau(m.server.plateau_running, m.server.median_tps, fixed_step_s)
 
     def dtype(args: Sequence[str]) -> str | None:
         a = list(args)
@@ -666,18 +681,17 @@ def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel |
         if r.ok and r.measurement is not None and r.measurement.server is not None
         and dtype(r.args) == dtype(best.args)
     ]  # fmt: skip
-    if not points:
-        return None
-    return StepModel.fit(points, fixed_step_s)
+    return StepModel.fit(points)
 
 
 def closed_loop_projection(
     result: SweepResult, remaining: int, gpus: int, tp: int, *, lengths: Sequence[int] | None = None,
     fixed_step_s: float = 0.0, seed: int = 0,
 ) -> dict[str, Any] | None:  # fmt: skip
-    """Wall time and GPU-hours with the drain at the end (:mod:`regen.closedloop`): each server takes an
-    equal share of ``remaining`` samples whose output lengths are ``lengths`` (default: drawn from the
-    pilot's completed lengths) at the best candidate's concurrency. None without a server reading."""
+    """Wall time and GPU-hours with the start burst and the drain (:mod:`regen.closedloop`): each server
+    takes an equal share of ``remaining`` samples whose output lengths are ``lengths`` (default: drawn from
+    the pilot's completed lengths) at the best candidate's concurrency, after the ramp its pilot measured.
+    None without a server reading."""
     step = step_model_of(result, fixed_step_s)
     best = result.best.measurement
     if step is None or best is None or remaining <= 0:
@@ -692,7 +706,7 @@ def closed_loop_projection(
         rng = random.Random(seed)
         lengths = [rng.choice(pool) for _ in range(remaining)]
     per_server = list(lengths)[::servers] if servers > 1 else list(lengths)
-    est = closed_loop_wall_s(per_server, best.concurrency, step)
+    est = closed_loop_wall_s(per_server, best.concurrency, step, result.best.ramp_s or 0.0)
     return {
         **est.to_json(),
         "servers": servers,

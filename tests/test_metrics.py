@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from pathlib import Path
 
@@ -29,7 +30,9 @@ def test_steady_state_of_a_real_sglang_log_reproduces_the_published_h200_figure(
     text = REAL_LOG.read_text()
     samples = decode_samples(text)
     assert len(samples) == 25 and "Prefill batch" in text  # prefill lines are not decode samples
-    assert samples[0] == DecodeSample(512, 154094, 1181.91, 0, True)
+    at = time.mktime(time.strptime("2026-11-29 19:19:30", "%Y-%m-%d %H:%M:%S"))
+    assert samples[0] == DecodeSample(512, 154094, 1181.91, 0, True, at)
+    assert samples[1].at == at + 3  # a line every 40 decode steps, ~3 s at 512 running
     st = steady_state(samples)
     assert st is not None
     assert (st.plateau_running, st.samples) == (512, 24)  # the first plateau line (ramp) is dropped
@@ -37,6 +40,7 @@ def test_steady_state_of_a_real_sglang_log_reproduces_the_published_h200_figure(
     assert st.peak_tps == pytest.approx(6949.13)
     assert st.mean_context == pytest.approx(800.96, abs=0.01)
     assert st.cuda_graph_fraction == 1.0 and "plateau" in st.method
+    assert st.plateau_from == at  # where the plateau starts (the ramp ends), from the log's stamps
 
 
 def test_plateau_excludes_ramp_and_tail() -> None:
@@ -87,6 +91,7 @@ def test_closed_loop_counts_the_drain_a_plain_projection_misses() -> None:
     # 3 waves of 10 steps at batch 4, then the long one alone for 100 steps of a batch of 1
     assert est.plateau_s == pytest.approx(30 * 0.010)
     assert est.wall_s == pytest.approx(30 * 0.010 + 100 * step.step_s(1))
+    assert closed_loop_wall_s(lengths, 4, step, ramp_s=2.5).wall_s == pytest.approx(est.wall_s + 2.5)
     assert est.drain_s == pytest.approx(100 * 0.00625)
     plain = sum(lengths) / 400.0
     assert est.wall_s > 1.2 * plain

@@ -22,6 +22,7 @@ Last line: ``sweep: recommended_tps=… best_tps=… best_vs_recommended=… bou
 measured_h=… projection_error=… prompt_ids_equal=…``.
 """
 
+# ruff: noqa: E501
 from __future__ import annotations
 
 import argparse
@@ -187,7 +188,7 @@ async def _post_all(url: str, bodies: list[dict[str, Any]], concurrency: int) ->
 def exact_ids_check(
     url: str, model: str, model_dir: Path, samples: list[Sample], max_tokens: int
 ) -> dict[str, Any]:
-    """SGLang's prompt_token_ids vs regen's rendered prompt ids, and completion re-tokenization, per request."""  # noqa: E501
+    """SGLang's prompt_token_ids vs regen's rendered prompt ids, and completion re-tokenization, per request."""
     from regen.chat import ChatTemplate, to_template_dicts
 
     tpl = ChatTemplate.from_dir(model_dir)
@@ -232,7 +233,7 @@ def exact_ids_check(
                 (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
                 min(len(got), len(want)),
             )
-            first_diff.append({"id": s.id, "at": k, "sglang": got[max(0, k - 3) : k + 3], "regen": want[max(0, k - 3) : k + 3],  # noqa: E501
+            first_diff.append({"id": s.id, "at": k, "sglang": got[max(0, k - 3) : k + 3], "regen": want[max(0, k - 3) : k + 3],
                                "len_sglang": len(got), "len_regen": len(want)})  # fmt: skip
         out_ids = choice.get("token_ids")
         if out_ids is not None:
@@ -249,8 +250,125 @@ def exact_ids_check(
         "completion_retokenize_mismatch_rate": round(completion_mismatch / returned, 4) if returned else None,
         "first_differences": first_diff,
         "wall_s": round(time.monotonic() - t0, 1),
-        "how": "direct HTTP /v1/chat/completions with return_token_ids (regen.client does not ask for ids yet)",  # noqa: E501
+        "how": "direct HTTP /v1/chat/completions with return_token_ids (regen.client does not ask for ids yet)",
     }
+
+
+def ids_in_records(records: Path, model_dir: Path, samples: dict[str, Sample]) -> dict[str, Any]:
+    """The same comparison on what regen's client journaled (``prompt_token_ids`` / ``completion_token_ids``
+    of each record, when the client asks for them), for every request of a run."""
+    from regen.chat import ChatTemplate
+
+    tpl = ChatTemplate.from_dir(model_dir)
+    n = returned = equal = mismatch = 0
+    first: list[dict[str, Any]] = []
+    for line in records.read_text().splitlines():
+        rec = json.loads(line)
+        n += 1
+        got, out_ids = rec.get("prompt_token_ids"), rec.get("completion_token_ids")
+        sample = samples.get(rec["id"])
+        if got is None or sample is None:
+            continue
+        returned += 1
+        text = tpl.render_dicts(tpl.prompt_messages(sample.messages), True, False)
+        want = tpl.tokenizer.encode(text, add_special_tokens=False).ids
+        if list(got) == list(want):
+            equal += 1
+        elif len(first) < 3:
+            first.append({"id": rec["id"], "len_sglang": len(got), "len_regen": len(want)})
+        if out_ids is not None:
+            again = tpl.tokenizer.encode(tpl.tokenizer.decode(list(out_ids), skip_special_tokens=False),
+                                         add_special_tokens=False).ids  # fmt: skip
+            mismatch += again != list(out_ids)
+    return {
+        "records": n,
+        "prompt_ids_returned": returned,
+        "prompt_ids_equal": equal,
+        "prompt_ids_equal_fraction": round(equal / n, 4) if n else None,
+        "completion_retokenize_mismatch": mismatch,
+        "completion_retokenize_mismatch_rate": round(mismatch / returned, 4) if returned else None,
+        "first_differences": first,
+        "how": "regen.client's journaled ids (return_token_ids) vs regen.chat's rendering of each record's prompt",
+    }
+
+
+def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: bool) -> dict[str, Any]:
+    """The workflow (Snakemake) with token ids on, against the running winner (``server.mode: external``):
+    audit -> shard -> tune -> generate -> validate -> merge -> re-audit; then every record's ids checked."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    wf = work / "workflow"
+    shutil.rmtree(wf, ignore_errors=True)
+    wf.mkdir(parents=True)
+    for name in ("Snakefile", "rules", "scripts", "schemas", "envs", "report", "regen", "pyproject.toml"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, wf / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, wf / name)
+    samples = prompts(64 if dry else 512, 256, "wf", 9)
+    with open(wf / "dataset.jsonl", "w") as fh:
+        for smp in samples:
+            fh.write(json.dumps({"id": smp.id, "messages": [m.to_json() for m in smp.messages]}) + "\n")
+    cfg = {
+        "dataset": {"path": "dataset.jsonl", "format": "messages", "id_column": "id", "on_bad_row": "stop"},
+        "tokenizer": str(model_dir),
+        "audit": {"context_limit": 4096},
+        "shards": {"count": 4},
+        "generate": {
+            "regenerate": "last",
+            "thinking": "off",
+            "sampling": {
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "top_k": -1,
+                "max_tokens": 32 if dry else 256,
+                "seed": 0,
+            },
+            "extra_body": {"ignore_eos": True},
+            "return_token_ids": True,
+            "request_timeout_s": 600,
+            "max_attempts": 3,
+            "backoff_base_s": 1.0,
+        },
+        "server": {
+            "mode": "external",
+            "url": url,
+            "model_path": str(model_dir),
+            "model_config": str(model_dir),
+        },
+    }
+    (wf / "config.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "8", "--configfile", "config.yaml",
+           "--scheduler", "greedy", "results/reaudit/summary.json"]  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=wf, capture_output=True, text=True, timeout=budget_s)
+        rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+    except subprocess.TimeoutExpired as exc:
+        rc, tail = 124, str(exc.stdout or "")[-1500:] + str(exc.stderr or "")[-1500:]
+    out: dict[str, Any] = {"snakemake_rc": rc, "wall_s": round(time.monotonic() - t0, 1), "tail": tail,
+                           "records": 0, "command": " ".join(cmd[2:])}  # fmt: skip
+    by_id = {smp.id: smp for smp in samples}
+    recs = sorted((wf / "results" / "generations").glob("*.jsonl"))
+    merged = wf / "_all_records.jsonl"
+    with open(merged, "w") as fh:
+        for r in recs:
+            if not r.name.endswith(".failed.jsonl"):
+                fh.write(r.read_text())
+    out["ids"] = ids_in_records(merged, model_dir, by_id)
+    out["records"] = out["ids"]["records"]
+    summary = wf / "results" / "reaudit" / "summary.json"
+    if summary.exists():
+        out["reaudit_summary"] = json.loads(summary.read_text())
+    logs = work / "winner" / "logs"
+    shutil.copytree(wf / "logs", logs / "workflow-logs", dirs_exist_ok=True) if (
+        wf / "logs"
+    ).exists() else None
+    return out
 
 
 # --------------------------------------------------------------------------------------- the winner
@@ -262,7 +380,7 @@ def read_log(path: Path, offset: int) -> str:
 
 def run_on_winner(
     cand: Any, model_dir: Path, dry: bool, work: Path, long_samples: list[Sample], long_lengths: list[int],
-    id_samples: list[Sample], decode_requests: int, decode_tokens: int,
+    id_samples: list[Sample], decode_requests: int, decode_tokens: int, workflow_s: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """Restart the winner through acquire_server; exact ids, the long run, the pure-decode plateau."""
     from regen.client import generate_shard
@@ -283,7 +401,7 @@ def run_on_winner(
             log(f"winner {cand.label}: ready in {out['ready_s']} s, cap {ep.max_running_requests}")
             out["exact_ids"] = exact_ids_check(ep.url, ep.model or "default", model_dir, id_samples, 32)
             log(
-                f"exact ids: {json.dumps({k: v for k, v in out['exact_ids'].items() if k != 'first_differences'})}"  # noqa: E501
+                f"exact ids: {json.dumps({k: v for k, v in out['exact_ids'].items() if k != 'first_differences'})}"
             )
             by_id = {s.id: n for s, n in zip(long_samples, long_lengths, strict=True)}
             d = work / "winner" / "long"
@@ -315,6 +433,11 @@ def run_on_winner(
                 "wall_method": "regen.client.generate_shard: first request sent to last answer",
             }
             log(f"long run: {reasons} records, {tokens} tokens in {wall:.1f} s")
+            by_sample = {smp.id: smp for smp in long_samples}
+            out["long_run_ids"] = ids_in_records(d / "records.jsonl", model_dir, by_sample)
+            log(
+                f"long run ids: {json.dumps({k: v for k, v in out['long_run_ids'].items() if k != 'first_differences'})}"
+            )
             # pure decode plateau: every request at once, one fixed length (the 2026-11-29 method)
             d2 = work / "winner" / "decode"
             d2.mkdir(parents=True, exist_ok=True)
@@ -331,6 +454,11 @@ def run_on_winner(
                 "server_steady_state": steady.to_json() if steady else None,
             }
             log(f"pure decode: {out['pure_decode']}")
+            if workflow_s > 0:
+                out["workflow"] = workflow_step(ep.url, model_dir, work, workflow_s, dry)
+                log(
+                    f"workflow: {json.dumps({k: v for k, v in out['workflow'].items() if k not in ('tail', 'reaudit_summary')})}"
+                )
     except Exception as exc:  # keep what was measured
         out["error"] = f"{type(exc).__name__}: {exc}"[:3000]
         log(f"winner: FAILED {out['error']}")
@@ -367,9 +495,9 @@ def final_line(s: dict[str, Any]) -> str:
 
     return (
         f"sweep: recommended_tps={f(s.get('recommended_tps'))} best_tps={f(s.get('best_tps'))} "
-        f"best_vs_recommended={f(s.get('best_vs_recommended'), 3)} bound_fraction={f(s.get('bound_fraction'), 3)} "  # noqa: E501
+        f"best_vs_recommended={f(s.get('best_vs_recommended'), 3)} bound_fraction={f(s.get('bound_fraction'), 3)} "
         f"projected_h={f(s.get('projected_h'), 4)} measured_h={f(s.get('measured_h'), 4)} "
-        f"projection_error={f(s.get('projection_error'), 3)} prompt_ids_equal={f(s.get('prompt_ids_equal'), 3)}"  # noqa: E501
+        f"projection_error={f(s.get('projection_error'), 3)} prompt_ids_equal={f(s.get('prompt_ids_equal'), 3)}"
     )
 
 
@@ -403,9 +531,33 @@ def summarize(doc: dict[str, Any], shape: HybridShape) -> dict[str, Any]:
         s["plain_projected_h"] = proj.get("plain", {}).get("gpu_hours")
         if s["plain_projected_h"]:
             s["plain_projection_error"] = round(s["plain_projected_h"] / s["measured_h"] - 1, 4)
-    ids = win.get("exact_ids") or {}
-    s["prompt_ids_equal"] = ids.get("prompt_ids_equal_fraction")
-    s["completion_retokenize_mismatch_rate"] = ids.get("completion_retokenize_mismatch_rate")
+    checks = {
+        "direct_http": (win.get("exact_ids") or {}, "requests"),
+        "long_run_client": (win.get("long_run_ids") or {}, "records"),
+        "workflow": ((win.get("workflow") or {}).get("ids") or {}, "records"),
+    }
+    total = equal = returned = mismatch = 0
+    per: dict[str, Any] = {}
+    for name, (c, key) in checks.items():
+        if not c.get(key):
+            continue
+        total += c[key]
+        equal += c["prompt_ids_equal"]
+        returned += c["prompt_ids_returned"]
+        mismatch += c["completion_retokenize_mismatch"]
+        per[name] = {k: c.get(k) for k in (key, "prompt_ids_returned", "prompt_ids_equal",
+                                            "completion_retokenize_mismatch_rate")}  # fmt: skip
+    s["prompt_ids_checks"] = per
+    s["prompt_ids_requests"] = total
+    s["prompt_ids_equal"] = round(equal / total, 4) if total else None
+    s["completion_retokenize_mismatch_rate"] = round(mismatch / returned, 4) if returned else None
+    wf = win.get("workflow") or {}
+    if wf:
+        s["workflow"] = {
+            "snakemake_rc": wf.get("snakemake_rc"),
+            "records": wf.get("records"),
+            "wall_s": wf.get("wall_s"),
+        }
     return s
 
 
@@ -417,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--pilot-s", type=float, default=None)
     p.add_argument("--deadline-s", type=float, default=1150)
+    p.add_argument("--workflow-s", type=float, default=None, help="budget of the workflow step (0: off)")
     a = p.parse_args(argv)
     dry = a.dry_cpu
     work = a.work or Path("/tmp/regen-tune-live" + ("-dry" if dry else ""))
@@ -435,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     lengths = (
         Lengths(median=24, sigma=0.7, lo=4, hi=96) if dry else Lengths(median=512, sigma=0.7, lo=64, hi=2048)
     )
-    pilot_s = a.pilot_s or (12.0 if dry else 60.0)
+    pilot_s = a.pilot_s or (12.0 if dry else 50.0)
+    a.workflow_s = 150.0 if a.workflow_s is None else a.workflow_s
     prompt_tokens = 256
 
     hw = measure_hw(dry)
@@ -486,14 +640,14 @@ def main(argv: list[str] | None = None) -> int:
     pilot = prompts(n_pilot, prompt_tokens, "pilot", 1)
     pilot_by_id = dict(zip((s.id for s in pilot), lengths.draw(n_pilot, 2), strict=True))
     log(f"sweep: {len(cands)} candidates x {pilot_s:.0f} s")
-    result = run_sweep(server_cfg(model_dir, dry), cands, pilot, generate_cfg(lengths.hi, pilot_by_id), pilot_s,  # noqa: E501
+    result = run_sweep(server_cfg(model_dir, dry), cands, pilot, generate_cfg(lengths.hi, pilot_by_id), pilot_s,
                        work / "sweep", stop_grace_s=60)  # fmt: skip
     doc["sweep"] = result.to_json()
     doc["elapsed_after_sweep_s"] = round(elapsed(), 1)
     write_json(json_path, doc)
     best = result.best
     log(
-        f"sweep: best {best.label} at {best.rate_tok_s:.0f} tok/s ({result.rate_method}); elapsed {elapsed():.0f} s"  # noqa: E501
+        f"sweep: best {best.label} at {best.rate_tok_s:.0f} tok/s ({result.rate_method}); elapsed {elapsed():.0f} s"
     )
 
     # ---- the long run: sized from the time left ----------------------------------------------------
@@ -501,30 +655,37 @@ def main(argv: list[str] | None = None) -> int:
     decode_tokens = 24 if dry else 512
     decode_requests = int(best.measurement.concurrency) if best.measurement else 64
     decode_s = 15 if dry else decode_requests * decode_tokens / max(1.0, best.rate_tok_s) + 30
-    reserve = restart_s + decode_s + (10 if dry else 60) + (5 if dry else 20)
+    import importlib.util
+
+    workflow_s = a.workflow_s if importlib.util.find_spec("snakemake") is not None else 0.0
+    if workflow_s <= 0:
+        log("workflow step: off (snakemake not importable or --workflow-s 0)")
+    reserve = restart_s + decode_s + (10 if dry else 60) + (5 if dry else 20) + workflow_s
     long_s = max(0.0, min(300.0 if not dry else 30.0, a.deadline_s - elapsed() - reserve))
     n_long = int(long_s * best.rate_tok_s / mean_len)
     log(
-        f"long run: {n_long} requests (~{long_s:.0f} s at {best.rate_tok_s:.0f} tok/s); reserve {reserve:.0f} s"  # noqa: E501
+        f"long run: {n_long} requests (~{long_s:.0f} s at {best.rate_tok_s:.0f} tok/s); reserve {reserve:.0f} s"
     )
     long_samples = prompts(n_long, prompt_tokens, "long", 3)
     long_lengths = lengths.draw(n_long, 4)
     fixed_s = shape.gemm_params() * 2.0 / hw["hbm_bytes_per_s"]  # weights streamed once per decode step
     if n_long > 0:
         closed = closed_loop_projection(result, n_long, 1, 1, lengths=long_lengths, fixed_step_s=fixed_s)
+        fitted = closed_loop_projection(result, n_long, 1, 1, lengths=long_lengths)
         plain = project(n_long, statistics.fmean(long_lengths), best.rate_tok_s, 1, 1)
         doc["projection"] = {
             "closed_loop": closed,
+            "closed_loop_fit": fitted,
             "plain": plain.to_json(),
             "fixed_step_s": fixed_s,
-            "how": "closed_loop: regen.closedloop with the step model fitted to the sweep's plateaus of the best "  # noqa: E501
-            "one's state dtype (weights/bandwidth as the fixed part when one batch size); plain: tokens / rate",  # noqa: E501
+            "how": "closed_loop: regen.closedloop with the step model fitted to the sweep's plateaus of the best "
+            "one's state dtype (weights/bandwidth as the fixed part when one batch size); plain: tokens / rate",
         }
         log(f"projection: {json.dumps(doc['projection'])}")
     write_json(json_path, doc)
     id_samples = prompts(16 if dry else 256, prompt_tokens, "ids", 5)
     doc["winner"] = run_on_winner(best, model_dir, dry, work, long_samples, long_lengths, id_samples,
-                                  decode_requests, decode_tokens)  # fmt: skip
+                                  decode_requests, decode_tokens, workflow_s)  # fmt: skip
     doc["summary"] = summarize(doc, shape)
     doc["final_line"] = final_line(doc["summary"])
     doc["elapsed_s"] = round(elapsed(), 1)
@@ -539,14 +700,14 @@ def markdown(doc: dict[str, Any]) -> str:
     hw = doc["hardware"]
     w = doc["workload"]
     lines = [
-        f"# regen tune --sweep live on {'(DRY RUN: simulated server) ' if doc['dry_cpu'] else ''}{hw.get('gpu', '?')} — {doc['date']}",  # noqa: E501
+        f"# regen tune --sweep live on {'(DRY RUN: simulated server) ' if doc['dry_cpu'] else ''}{hw.get('gpu', '?')} — {doc['date']}",
         "",
         f"SGLang {doc['sglang_version']}, dummy Qwen3.6-27B-shaped model (64 layers, `--load-format dummy`). "
         f"Workload: {w['prompt_tokens']}-token prompts, per-request max_tokens log-normal {w['lengths']} "
         f"(mean {w['mean_output_tokens']}), ignore_eos; pilot {w['pilot_s']:.0f} s per candidate. "
-        f"Hardware measured in the run: {hw['hbm_bytes_per_s'] / 1e12:.2f} TB/s copy, {hw['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s bf16.",  # noqa: E501
+        f"Hardware measured in the run: {hw['hbm_bytes_per_s'] / 1e12:.2f} TB/s copy, {hw['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s bf16.",
         "",
-        "| candidate | flags | predicted cap | plateau running | decode tok/s (server, plateau median) | client out tok/s (window) |",  # noqa: E501
+        "| candidate | flags | predicted cap | plateau running | decode tok/s (server, plateau median) | client out tok/s (window) |",
         "|---|---|---|---|---|---|",
     ]
     sw = doc.get("sweep") or {}
@@ -554,10 +715,24 @@ def markdown(doc: dict[str, Any]) -> str:
         st = r.get("server_steady_state") or {}
         mark = " **(best)**" if i == sw.get("best_index") else ""
         lines.append(
-            f"| {r['label']}{mark} | `{' '.join(r['args'])}` | {r.get('predicted_running')} | {st.get('plateau_running', '–')} "  # noqa: E501
+            f"| {r['label']}{mark} | `{' '.join(r['args'])}` | {r.get('predicted_running')} | {st.get('plateau_running', '–')} "
             f"| {r.get('decode_tok_s') or '–'} | {r.get('out_tok_s', '–')} |"
-            if r["ok"] else f"| {r['label']} | `{' '.join(r['args'])}` | {r.get('predicted_running')} | failed: {str(r.get('error'))[:200]} | | |"  # noqa: E501
+            if r["ok"] else f"| {r['label']} | `{' '.join(r['args'])}` | {r.get('predicted_running')} | failed: {str(r.get('error'))[:200]} | | |"
         )  # fmt: skip
+    proj = doc.get("projection") or {}
+    win = doc.get("winner") or {}
+    lines += [
+        "",
+        "## Projection vs the measured run (winner restarted)",
+        "",
+        f"- projection (headline, closed loop, fixed step part = weights / measured bandwidth): "
+        f"`{json.dumps(proj.get('closed_loop'))}`",
+        f"- projection (closed loop, step line fitted to the sweep's plateaus): `{json.dumps(proj.get('closed_loop_fit'))}`",
+        f"- projection (plain: tokens / steady rate): `{json.dumps(proj.get('plain'))}`",
+        f"- measured long run: `{json.dumps(win.get('long_run'))}`",
+        f"- pure-decode plateau: `{json.dumps(win.get('pure_decode'))}`",
+        f"- exact ids: `{json.dumps(win.get('exact_ids'))}`",
+    ]
     lines += ["", "## Summary", ""]
     for k, v in s.items():
         lines.append(f"- {k}: {json.dumps(v) if isinstance(v, dict | list) else v}")

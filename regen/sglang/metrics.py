@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,10 +30,12 @@ METHOD_LOG = "median gen throughput of the server log's Decode batch lines at th
 METHOD_METRICS = "median sglang:gen_throughput of /metrics samples at the num_running_reqs plateau"
 
 _DECODE = re.compile(
+    r"(?:^\[(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]\n]*\] )?"
     r"Decode batch(?: \[\d+\])?, #running-req: (?P<running>\d+), .*?"
     r"#(?:full )?token: (?P<tokens>\d+), .*?"
     r"(?:cuda graph|graph): (?P<graph>True|False), "
-    r"gen throughput \(token/s\): (?P<tps>[0-9.]+), #queue-req: (?P<queue>\d+)"
+    r"gen throughput \(token/s\): (?P<tps>[0-9.]+), #queue-req: (?P<queue>\d+)",
+    re.MULTILINE,
 )
 _PROM = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eEinfINFaN]+)")
 
@@ -46,6 +49,7 @@ class DecodeSample:
     gen_tps: float
     queue: int
     cuda_graph: bool | None = None
+    at: float | None = None  # epoch seconds (the log line's local-time stamp; None for /metrics polls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,7 @@ class SteadyState:
     mean_context: float
     cuda_graph_fraction: float | None
     method: str
+    plateau_from: float | None = None  # epoch seconds of the first sample at the plateau (log stamps)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +76,7 @@ class SteadyState:
             if self.cuda_graph_fraction is None
             else round(self.cuda_graph_fraction, 3),
             "method": self.method,
+            "plateau_from": self.plateau_from,
         }
 
 
@@ -83,6 +89,7 @@ def decode_samples(log_text: str) -> list[DecodeSample]:
             gen_tps=float(m["tps"]),
             queue=int(m["queue"]),
             cuda_graph=m["graph"] == "True",
+            at=time.mktime(time.strptime(m["at"], "%Y-%m-%d %H:%M:%S")) if m["at"] else None,
         )
         for m in _DECODE.finditer(log_text)
     ]
@@ -116,6 +123,7 @@ def steady_state(
         return None
     top = max(s.running for s in live)
     at = [s for s in live if s.running >= top * (1 - tolerance)]
+    plateau_from = at[0].at
     if len(at) > 2:
         at = at[1:]
     graphs = [s.cuda_graph for s in at if s.cuda_graph is not None]
@@ -127,6 +135,7 @@ def steady_state(
         mean_context=statistics.median(s.tokens / max(1, s.running) for s in at),
         cuda_graph_fraction=sum(graphs) / len(graphs) if graphs else None,
         method=method,
+        plateau_from=plateau_from,
     )
 
 
