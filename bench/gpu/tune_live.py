@@ -329,7 +329,6 @@ def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: b
                 "seed": 0,
             },
             "extra_body": {"ignore_eos": True},
-            "return_token_ids": True,
             "request_timeout_s": 600,
             "max_attempts": 3,
             "backoff_base_s": 1.0,
@@ -341,6 +340,8 @@ def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: b
             "model_config": str(model_dir),
         },
     }
+    if "return_token_ids" in (REPO / "schemas" / "config.schema.yaml").read_text():
+        cfg["generate"]["return_token_ids"] = True  # the client's token-id switch (issue 13)
     (wf / "config.yaml").write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "snakemake", "--cores", "8", "--configfile", "config.yaml",
            "--scheduler", "greedy", "results/reaudit/summary.json"]  # fmt: skip
