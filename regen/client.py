@@ -90,6 +90,8 @@ class GenerateConfig:
     backoff_base_s: float = 1.0
     truncation: str = "keep"
     retry_max_tokens_factor: float = 2.0
+    #: ask for the server's own prompt and completion token ids (SGLang ``return_token_ids``)
+    return_token_ids: bool = True
     #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
     #: the fields regen sets itself
     extra_body: tuple[tuple[str, Any], ...] = ()
@@ -124,6 +126,7 @@ class GenerateConfig:
             backoff_base_s=float(cfg.get("backoff_base_s", 1.0)),
             truncation=cfg.get("truncation", "keep"),
             retry_max_tokens_factor=float(cfg.get("retry_max_tokens_factor", 2)),
+            return_token_ids=bool(cfg.get("return_token_ids", True)),
             extra_body=tuple(sorted((cfg.get("extra_body") or {}).items())),
         )
         out._check()
@@ -281,6 +284,33 @@ class _Answer:
     started_at: float
     latency_s: float
     max_tokens: int
+    #: the server's token ids (``return_token_ids``): the rendered prompt, and the raw completion
+    #: before reasoning parsing (end-of-turn included when the model stopped on it); None when absent
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+
+    def token_id_fields(self) -> dict[str, list[int]]:
+        """The journal's additive token-id fields (none when the server sent no ids)."""
+        if self.prompt_token_ids is None or self.completion_token_ids is None:
+            return {}
+        return {"prompt_token_ids": self.prompt_token_ids, "completion_token_ids": self.completion_token_ids}
+
+
+#: where SGLang puts the completion ids of a choice: ``token_ids`` up to 0.5.17, ``response_token_ids``
+#: in 0.5.23 (``ChatCompletionResponseChoice`` in srt/entrypoints/openai/protocol.py)
+COMPLETION_IDS_FIELDS = ("response_token_ids", "token_ids")
+
+
+def _token_ids(choice: dict[str, Any], names: tuple[str, ...]) -> list[int] | None:
+    """The first present field of ``names`` as a list of token ids; None when none is present."""
+    for name in names:
+        value = choice.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(type(t) is int and t >= 0 for t in value):
+            raise ValueError(f"choices[0].{name}: expected a list of non-negative integers")
+        return value
+    return None
 
 
 def _parse_answer(body: bytes, started_at: float, latency: float, max_tokens: int) -> _Answer:
@@ -305,6 +335,8 @@ def _parse_answer(body: bytes, started_at: float, latency: float, max_tokens: in
             started_at=started_at,
             latency_s=latency,
             max_tokens=max_tokens,
+            prompt_token_ids=_token_ids(choice, ("prompt_token_ids",)),
+            completion_token_ids=_token_ids(choice, COMPLETION_IDS_FIELDS),
         )
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise RequestError("malformed_response", f"{type(exc).__name__}: {exc}", True) from exc
@@ -427,6 +459,7 @@ class _ShardRun:
                             "content": answer.content,
                             "finish_reason": answer.finish_reason,
                             "usage": answer.usage,
+                            **answer.token_id_fields(),
                         }
                     )
         except SampleFailed as exc:
@@ -477,6 +510,7 @@ class _ShardRun:
             "server": self.server,
             "attempts": attempts[0],
             "timings": {"started_at": answer.started_at, "latency_s": answer.latency_s},
+            **answer.token_id_fields(),
         }
         if turns is not None:
             record["turns"] = turns
@@ -530,9 +564,11 @@ class _ShardRun:
     ) -> _Answer:
         """POST with retries; raises SampleFailed."""
         s = self.cfg.sampling
+        token_ids = {"return_token_ids": True} if self.cfg.return_token_ids else {}
         body = orjson.dumps(
             {
                 **dict(self.cfg.extra_body),
+                **token_ids,
                 "model": self.model,
                 "messages": messages,
                 "temperature": s.temperature,

@@ -18,6 +18,13 @@ def _umask() -> int:
     return mask
 
 
+def shared_temp_dir(parent: str | os.PathLike[str], prefix: str, suffix: str = ".tmp") -> Path:
+    """A fresh directory in ``parent`` readable as the umask allows (``mkdtemp`` makes it 0700)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
+    os.chmod(path, 0o777 & ~_umask())
+    return path
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` only on success.

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from regen.io import read_json, write_json
+from regen.io import read_json, shared_temp_dir, write_json
 from regen.provenance import build_provenance
 from regen.types import Message, Sample
 
@@ -41,6 +41,8 @@ MESSAGE_TYPE = pa.struct(
     ]
 )
 MESSAGES_TYPE = pa.list_(pa.field("item", MESSAGE_TYPE, nullable=False))
+#: token ids as the server reported them (SGLang ``return_token_ids``); null when it sent none
+TOKEN_IDS_TYPE = pa.list_(pa.field("item", pa.int32(), nullable=False))
 TURN_TYPE = pa.struct(
     [
         pa.field("reasoning_content", pa.string()),
@@ -49,8 +51,11 @@ TURN_TYPE = pa.struct(
         pa.field("prompt_tokens", pa.int64()),
         pa.field("completion_tokens", pa.int64()),
         pa.field("reasoning_tokens", pa.int64()),
+        pa.field("prompt_token_ids", TOKEN_IDS_TYPE),
+        pa.field("completion_token_ids", TOKEN_IDS_TYPE),
     ]
 )
+TURNS_TYPE = pa.list_(pa.field("item", TURN_TYPE, nullable=False))
 
 VALID_SCHEMA = pa.schema(
     [
@@ -77,7 +82,9 @@ VALID_SCHEMA = pa.schema(
         pa.field("attempts", pa.int64(), nullable=False),
         pa.field("started_at", pa.float64(), nullable=False),
         pa.field("latency_s", pa.float64(), nullable=False),
-        pa.field("turns", pa.list_(pa.field("item", TURN_TYPE, nullable=False))),
+        pa.field("turns", TURNS_TYPE),
+        pa.field("prompt_token_ids", TOKEN_IDS_TYPE),
+        pa.field("completion_token_ids", TOKEN_IDS_TYPE),
     ],
     metadata={b"regen.schema": b"valid/1"},
 )
@@ -97,6 +104,9 @@ _PASSTHROUGH = (
     "max_tokens",
     "seed",
     "shard",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "turns",
 )
 
 SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
@@ -207,6 +217,8 @@ class ValidColumns:
         c["latency_s"].append(float(timings["latency_s"]))
         turns = rec.get("turns")
         c["turns"].append(None if turns is None else [_turn_row(t) for t in turns])
+        c["prompt_token_ids"].append(rec.get("prompt_token_ids"))
+        c["completion_token_ids"].append(rec.get("completion_token_ids"))
 
     def to_batch(self) -> pa.RecordBatch:
         """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
@@ -227,6 +239,8 @@ def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": int(usage["prompt_tokens"]),
         "completion_tokens": int(usage["completion_tokens"]),
         "reasoning_tokens": None if rt is None else int(rt),
+        "prompt_token_ids": turn.get("prompt_token_ids"),
+        "completion_token_ids": turn.get("completion_token_ids"),
     }
 
 
@@ -431,7 +445,7 @@ def merge(
 
     target = Path(out_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    tmp = shared_temp_dir(target.parent, prefix=f".{target.name}.")  # a trainer may run as another user
     try:
         seen: dict[str, str] = {}
         writer = _PartWriter(tmp, schema, rg_rows, max_rows)

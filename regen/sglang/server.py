@@ -385,6 +385,7 @@ def build_simulated_command(
         "--faults",
         json.dumps(sim.get("faults") or {}, sort_keys=True),
         *(["--half-speed-running", str(sim["half_speed_running"])] if sim.get("half_speed_running") else []),
+        *(["--tokenizer-path", str(sim["tokenizer_path"])] if sim.get("tokenizer_path") else []),
     ]
 
 

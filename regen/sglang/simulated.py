@@ -16,6 +16,19 @@ temperature 0 the seed is ignored, as in greedy decoding. Thinking on gives reas
 answer; a budget that runs out inside the reasoning gives ``content == ""`` like SGLang's
 Qwen3 reasoning parser on an unclosed think block.
 
+Token ids: with ``tokenizer_path`` (SGLang's ``--tokenizer-path``) the server works in tokens, as
+SGLang does. The prompt is the chat template rendered with the generation prompt and
+``chat_template_kwargs`` and tokenized (``prompt_tokens``); the completion is a token sequence
+(``<think>\n`` reasoning ``\n</think>\n\n`` answer, then the end-of-turn token on a natural
+stop) cut at ``max_tokens``; its text is the ids decoded without special tokens and split by the
+Qwen3 reasoning parser exactly as 0.5.23 does (no stripping: ``reasoning_content`` keeps the
+newlines around the think block, ``content`` the two after it). With ``"return_token_ids": true`` each
+choice carries ``prompt_token_ids`` and the raw completion ids before reasoning parsing, under
+``response_token_ids`` (0.5.23) or ``token_ids`` (versions before 0.5.23, e.g. 0.5.17).
+``Faults.noncanonical_rate`` makes a completion's ids differ from its text's canonical encoding (one
+token emitted as two), which a real model does now and then. Without a tokenizer, words stand in
+for tokens and no ids are returned.
+
 Faults are drawn per request from ``hash(faults.seed, sample id, n-th request for that id)``,
 so one run's faults do not depend on request order. The sample id is the
 ``X-Regen-Sample-Id`` header (real SGLang ignores it) or else the request's ``rid``.
@@ -118,6 +131,9 @@ class Faults:
     # for the validation stage to catch
     think_leak_rate: float = 0.0  # the answer carries a stray "</think>"
     empty_answer_rate: float = 0.0  # reasoning but no answer
+    # token mode only: the completion's ids split one multi-character token in two, so the text
+    # re-tokenizes differently from the ids the model produced
+    noncanonical_rate: float = 0.0
     seed: int = 0
 
     @classmethod
@@ -160,6 +176,9 @@ class Faults:
             return replace(completion, content=""), "empty_answer"
         return completion, None
 
+    def is_noncanonical(self, key: str, nth: int) -> bool:
+        return _unit_hash(self.seed, "noncanonical", key, nth) < self.noncanonical_rate
+
     def is_poison(self, sample_id: str | None) -> bool:
         return _matches(sample_id, self.error_for)
 
@@ -197,6 +216,7 @@ class SimOptions:
     long_factor: int = 64
     log_interval_s: float = 5.0
     request_log: str | None = None  # JSONL of received/completed chat requests (see module doc)
+    tokenizer_path: str | None = None  # tokenizer.json + chat template: work in tokens (module doc)
     faults: Faults = field(default_factory=Faults)
 
     @property
@@ -242,6 +262,144 @@ def synth_completion(
     # a budget spent inside the think block leaves no answer (unclosed <think>)
     content = " ".join(rng.choices(WORDS, k=total - r_used)) if r_used == r_len else ""
     return Completion(reasoning, content, r_used, total, finish)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.5.23"`` -> ``(0, 5, 23)`` (non-numeric parts end it)."""
+    out: list[int] = []
+    for part in version.split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
+def completion_ids_field(version: str) -> str:
+    """The choice field SGLang puts completion ids in: ``response_token_ids`` from 0.5.23 on."""
+    return "response_token_ids" if version_tuple(version) >= (0, 5, 23) else "token_ids"
+
+
+def parse_qwen3_reasoning(text: str, thinking: bool) -> tuple[str | None, str]:
+    """SGLang 0.5.23's Qwen3 reasoning parser on a whole completion (``detect_and_parse``).
+
+    With thinking on the parser forces reasoning mode: leading ``<think>`` tags are dropped, the text
+    up to the first ``</think>`` is the reasoning (all of it when there is none) and the rest the
+    answer, neither stripped. With thinking off the text is the answer.
+    """
+    if not thinking and THINK_OPEN not in text:
+        return None, text
+    while text.startswith(THINK_OPEN):
+        text = text[len(THINK_OPEN) :]
+    if THINK_CLOSE not in text:
+        return text or None, ""
+    reasoning, answer = text.split(THINK_CLOSE, 1)
+    return reasoning or None, answer
+
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCompletion:
+    """A completion made in tokens: what SGLang's chat endpoint reports for one choice."""
+
+    completion: Completion
+    ids: list[int]
+    matched_stop: int | None
+
+
+class TokenModel:
+    """The simulated model's token side: the target tokenizer and chat template (``regen.chat``)."""
+
+    def __init__(self, tokenizer_path: str) -> None:
+        from regen.chat import ChatTemplate  # only in token mode
+
+        self.template = ChatTemplate.from_dir(tokenizer_path)
+        tok = self.template.tokenizer
+        self.tokenizer = tok
+        self.eos_id = tok.token_to_id(self.template.end_of_turn)
+        self.think_close_id = tok.token_to_id(THINK_CLOSE)
+        self._word_tokens: dict[str, int] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def prompt_ids(self, messages: list[Any], thinking: bool) -> list[int]:
+        """The prompt as SGLang tokenizes it: the chat template with the generation prompt."""
+        text = self.template.render(messages, add_generation_prompt=True, enable_thinking=thinking)
+        return self.encode(text)
+
+    def complete(
+        self, made: Completion, thinking: bool, max_tokens: int, ignore_eos: bool, noncanonical: bool
+    ) -> TokenCompletion:
+        """Turn a synthetic completion into the model's raw tokens and SGLang's parsed view of them."""
+        made = replace(
+            made,
+            reasoning=(
+                self._fit(made.reasoning, made.reasoning_tokens)
+                if made.reasoning is not None and (made.content or made.finish_reason == "stop")
+                else made.reasoning
+            ),
+            content=(  # a cut answer keeps a word per token, so its tokens still reach max_tokens
+                self._fit(made.content, made.completion_tokens - made.reasoning_tokens)
+                if made.finish_reason == "stop"
+                else made.content
+            ),
+        )
+        raw = made.content
+        if made.reasoning is not None:
+            raw = f"{THINK_OPEN}\n{made.reasoning}"
+            if made.content or made.finish_reason == "stop":  # a budget spent inside the think block
+                raw += f"\n{THINK_CLOSE}\n\n{made.content}"
+        ids = self.encode(raw)
+        if noncanonical:
+            ids = self._split_one_token(ids)
+        stopped = made.finish_reason == "stop" and not ignore_eos
+        if stopped:
+            ids.append(self.eos_id)
+        if len(ids) > max_tokens:
+            ids, stopped = ids[:max_tokens], False
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        reasoning, content = parse_qwen3_reasoning(text, thinking)
+        if reasoning is None:
+            reasoning_tokens = 0
+        elif self.think_close_id in ids:
+            reasoning_tokens = ids.index(self.think_close_id) + 1
+        else:
+            reasoning_tokens = len(ids)
+        finish = "stop" if stopped else "length"
+        completion = Completion(reasoning, content, reasoning_tokens, len(ids), finish)
+        return TokenCompletion(completion, ids, self.eos_id if stopped else None)
+
+    def _fit(self, words: str, n_tokens: int) -> str:
+        """The leading words of ``words`` whose tokens fit in ``n_tokens`` (at least one word): the
+        synthetic lengths are drawn in tokens, the text in words."""
+        if not words:
+            return words
+        kept: list[str] = []
+        used = 0
+        for w in words.split(" "):
+            cost = self._word_tokens.get(w)
+            if cost is None:
+                cost = self._word_tokens[w] = len(self.encode(" " + w))
+            if kept and used + cost > n_tokens:
+                break
+            kept.append(w)
+            used += cost
+        return " ".join(kept)
+
+    def _split_one_token(self, ids: list[int]) -> list[int]:
+        """Emit the longest plain token as two (its first character, then the rest)."""
+        best, best_len = -1, 1
+        for i, tid in enumerate(ids):
+            piece = self.tokenizer.decode([tid], skip_special_tokens=False)
+            if len(piece) > best_len and piece.isalpha():
+                best, best_len = i, len(piece)
+        if best < 0:
+            return ids
+        piece = self.tokenizer.decode([ids[best]], skip_special_tokens=False)
+        return ids[:best] + self.encode(piece[:1]) + self.encode(piece[1:]) + ids[best + 1 :]
 
 
 def _prompt_tokens(messages: list[Any]) -> int:
@@ -344,6 +502,7 @@ class SimulatedServer:
         self.hung: set[asyncio.Future[None]] = set()
         self.crashed = False
         self.request_log = RequestLog(opts.request_log)
+        self.tokens = TokenModel(opts.tokenizer_path) if opts.tokenizer_path else None
 
     # -------------------------------------------------------------------- app
     def app(self) -> web.Application:
@@ -605,23 +764,35 @@ class SimulatedServer:
         seed = req.get("seed")
         ignore_eos = bool(req.get("ignore_eos", False))
         choices = []
+        tokenized: list[TokenCompletion] = []
+        prompt_ids = self.tokens.prompt_ids(messages, thinking) if self.tokens is not None else None
         for i in range(n):
             made = synth_completion(
                 messages, seed, temperature, max_tokens, thinking, ignore_eos, self.opts, i
             )
-            made, spoiled = self.opts.faults.spoil(made, key, self.received_by_id[key] * n + i)
+            nth = self.received_by_id[key] * n + i
+            made, spoiled = self.opts.faults.spoil(made, key, nth)
             if spoiled is not None:
                 self.fault_counts[spoiled] += 1
                 self.request_log(f"fault:{spoiled}", sid)
+            if self.tokens is not None:
+                noncanonical = self.opts.faults.is_noncanonical(key, nth)
+                if noncanonical:
+                    self.fault_counts["noncanonical"] += 1
+                done = self.tokens.complete(made, thinking, max_tokens, ignore_eos, noncanonical)
+                tokenized.append(done)
+                made = done.completion
             choices.append(made)
-        prompt_tokens = _prompt_tokens(messages)
+        prompt_tokens = _prompt_tokens(messages) if prompt_ids is None else len(prompt_ids)
         n_out = sum(c.completion_tokens for c in choices)
         if not self.opts.inline:
             await self._schedule(n_out)
             if self.crashed:
                 _abort(request)
                 return web.Response(status=500)
-        body = self._response_body(req, choices, prompt_tokens, bool(req.get("separate_reasoning", True)))
+        body = self._response_body(
+            req, choices, prompt_tokens, bool(req.get("separate_reasoning", True)), prompt_ids, tokenized
+        )
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n_out
         self.window_tokens += n_out
@@ -662,10 +833,19 @@ class SimulatedServer:
             self.slots.release()
 
     def _response_body(
-        self, req: dict[str, Any], choices: list[Completion], prompt_tokens: int, sep: bool
+        self,
+        req: dict[str, Any],
+        choices: list[Completion],
+        prompt_tokens: int,
+        sep: bool,
+        prompt_ids: list[int] | None = None,
+        tokenized: list[TokenCompletion] | None = None,
     ) -> bytes:
         out_choices = []
         reasoning_tokens = 0
+        want_ids = bool(req.get("return_token_ids")) and prompt_ids is not None and tokenized
+        want_prompt_ids = want_ids or (bool(req.get("return_prompt_token_ids")) and prompt_ids is not None)
+        ids_field = completion_ids_field(self.opts.version)
         for i, c in enumerate(choices):
             reasoning_tokens += c.reasoning_tokens
             if sep or c.reasoning is None:
@@ -683,9 +863,17 @@ class SimulatedServer:
                     "message": message,
                     "logprobs": None,
                     "finish_reason": c.finish_reason,
-                    "matched_stop": QWEN_IM_END_ID if c.finish_reason == "stop" else None,
+                    "matched_stop": (
+                        tokenized[i].matched_stop
+                        if tokenized
+                        else (QWEN_IM_END_ID if c.finish_reason == "stop" else None)
+                    ),
                 }
             )
+            if want_prompt_ids:
+                out_choices[-1]["prompt_token_ids"] = prompt_ids
+            if want_ids:
+                out_choices[-1][ids_field] = tokenized[i].ids  # type: ignore[index]
         completion_tokens = sum(c.completion_tokens for c in choices)
         usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens * len(choices),
@@ -893,6 +1081,11 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--log-file", default=None)
     p.add_argument("--inline", action="store_true", help="answer inside the handler (no queue, no sleeps)")
     p.add_argument("--context-length", type=int, default=32768)
+    p.add_argument(
+        "--tokenizer-path",
+        default=None,
+        help="directory with tokenizer.json and the chat template: work in tokens and return token ids",
+    )
     p.add_argument("--options", default=None, help="JSON object of further SimOptions fields")
     p.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT (several processes on one port)")
     p.add_argument("--print-url", action="store_true", help="print the bound URL on stdout once listening")
@@ -916,6 +1109,7 @@ def cli(argv: list[str]) -> int:
         inline=a.inline,
         context_len=a.context_length,
         request_log=a.request_log,
+        tokenizer_path=a.tokenizer_path,
         faults=Faults.from_json(orjson.loads(a.faults) if a.faults else None),
     )
     opts = replace(opts, **extra)
