@@ -24,6 +24,9 @@ PRESENT = {
 }
 
 
+KEEP_AWS = {"s3", "sts"}
+
+
 def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -59,6 +62,11 @@ def main(out_dir: str) -> int:
                 path = Path(str(dist.locate_file(f)))
                 s = str(f)
                 skip = s.startswith(("..", "pulp/solverdir/")) or "__pycache__" in s  # CBC: greedy scheduler
+                # botocore's service models: S3 (regen.storage) and STS only
+                parts = s.split("/")
+                skip = skip or (
+                    parts[:2] == ["botocore", "data"] and len(parts) > 3 and parts[2] not in KEEP_AWS
+                )
                 if skip or s.endswith((".so", ".pyc")) or not path.is_file():
                     continue
                 tar.add(path, arcname=s)
