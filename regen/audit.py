@@ -8,13 +8,27 @@ Flags (a sample may carry several):
 * ``over_length``: the prompt (conversation up to the last assistant turn, plus the
   generation prompt) has more tokens than ``context_limit``;
 * ``duplicate_prompt``: the prompt messages equal an earlier sample's (first one kept);
+* ``whitespace_duplicate_prompt``: the prompt equals an earlier sample's except for whitespace
+  (compared with all whitespace left out); kept by default, excluded when listed in ``exclude``;
 * ``empty_response``: every assistant turn is template scaffolding only (an empty think
   block and end-of-turn, or nothing); for tokenized rows also when the row's own loss
   mask sums to at most ``scaffolding_max_tokens``. Samples without any assistant turn
   (prompt-only rows) have no old answer and are not flagged.
 
-Role rules: ``system`` only at index 0; after it the conversation starts with ``user``;
-``user`` and ``assistant`` alternate (two users or two assistants in a row are a fault);
+Every input row gets exactly one verdict: unreadable rows under a placeholder id
+(``row/<n>:<file>``; real ids cannot contain ``/``), the rest under their id. A file whose tail
+cannot be read (truncated compression, I/O error, broken structure) fails the gate
+``max_unread_tail_files`` (0 by default) with how much was unread, and a dataset with no sample
+left for generation fails whatever the gates say: both before any server starts.
+
+Content that is a list with non-text parts is a ``non_text_content`` fault naming the part types;
+an over-long row (more characters than ``context_limit`` tokens could hold under the tokenizer's
+longest token) is flagged ``over_length`` without being tokenized, so one huge line costs memory in
+proportion to its size, not to its token count.
+
+Role rules: ``system`` (or ``developer``, for templates that render it) only at index 0; after
+it the conversation starts with ``user``; ``user`` and ``assistant`` alternate (two users or two
+assistants in a row are a fault);
 ``tool`` turns may follow an assistant turn or another tool turn, and the turn after
 tool results is ``assistant`` or ``tool``. ``user``/``tool`` content must be non-empty text;
 system content may be empty; assistant content may be empty (that is ``empty_response``).
@@ -42,10 +56,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from regen.chat import ChatTemplate, ChatTemplateError, TokenAccount, to_template_dicts
+from regen.chat import ChatTemplate, TokenAccount, to_template_dicts
 from regen.dataset import iter_samples
 from regen.io import atomic_open, atomic_path, write_json
-from regen.types import KNOWN_ROLES, BadInputError, BadRow, Message, Sample
+from regen.records import FLAGS_SCHEMA
+from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +68,17 @@ BAD_ROW = "bad_row"
 STRUCTURE_ERROR = "structure_error"
 OVER_LENGTH = "over_length"
 DUPLICATE_PROMPT = "duplicate_prompt"
+WHITESPACE_DUPLICATE_PROMPT = "whitespace_duplicate_prompt"
 EMPTY_RESPONSE = "empty_response"
 # also the priority order of exclude reasons
-FLAG_NAMES: tuple[str, ...] = (BAD_ROW, STRUCTURE_ERROR, OVER_LENGTH, DUPLICATE_PROMPT, EMPTY_RESPONSE)
+FLAG_NAMES: tuple[str, ...] = (
+    BAD_ROW,
+    STRUCTURE_ERROR,
+    OVER_LENGTH,
+    DUPLICATE_PROMPT,
+    WHITESPACE_DUPLICATE_PROMPT,
+    EMPTY_RESPONSE,
+)
 DEFAULT_EXCLUDE: tuple[str, ...] = (STRUCTURE_ERROR, OVER_LENGTH, DUPLICATE_PROMPT, BAD_ROW)
 
 DEFAULT_CONTEXT_LIMIT = 32768
@@ -64,34 +87,25 @@ DEFAULT_GATES: dict[str, float] = {
     "max_empty_response_fraction": 0.5,
     "max_structure_error_fraction": 0.2,
     "max_over_length_fraction": 0.1,
+    "max_unread_tail_files": 0,
 }
 GATE_MEANING: dict[str, str] = {
     "max_empty_response_fraction": "fraction of samples whose old answer is template scaffolding only",
     "max_structure_error_fraction": "fraction of samples with structure faults or unreadable rows",
     "max_over_length_fraction": "fraction of prompts longer than audit.context_limit tokens",
+    "max_unread_tail_files": "input files that could not be read to the end (their remaining rows are lost)",
 }
 BATCH_SIZE = 1024
 PARQUET_BATCH_ROWS = 65536
 DIGEST_BYTES = 8
 
-FLAGS_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("file", pa.string()),
-        pa.field("row", pa.int64()),
-        pa.field("format", pa.string()),
-        pa.field("flags", pa.list_(pa.string()), nullable=False),
-        pa.field("supervised_tokens", pa.int64()),
-        pa.field("prompt_tokens", pa.int64()),
-        pa.field("excluded", pa.bool_(), nullable=False),
-        pa.field("exclude_reason", pa.string()),
-        pa.field("detail", pa.string()),
-    ]
-)
-
 
 class AuditGateError(RuntimeError):
     """A dataset-level gate failed; the message says which, by how much, and how to override."""
+
+
+class NothingToGenerateError(AuditGateError):
+    """No sample is left for generation (an empty input, or everything excluded); not overridable."""
 
 
 # --------------------------------------------------------------------------------------
@@ -153,14 +167,14 @@ def structure_faults(messages: Sequence[Message]) -> list[str]:
     has_user = False
     for i, m in enumerate(messages):
         role, content = m.role, m.content
-        if role not in KNOWN_ROLES:
+        if role not in KNOWN_ROLES and role != DEVELOPER_ROLE:
             faults.append(f"unknown_role: message {i} has role {role!r}")
             continue
         if content is not None and not isinstance(content, str):
-            faults.append(f"non_text_content: message {i} ({role}) has {type(content).__name__} content")
+            faults.append(f"non_text_content: message {i} ({role}) has {_content_kind(content)}")
         elif role in ("user", "tool") and (content is None or not content.strip()):
             faults.append(f"empty_content: message {i} ({role}) is empty")
-        if role == "system":
+        if role in ("system", DEVELOPER_ROLE):
             if i != 0:
                 faults.append(f"system_not_first: message {i} is a system turn")
             continue
@@ -174,24 +188,47 @@ def structure_faults(messages: Sequence[Message]) -> list[str]:
     return faults
 
 
+def _content_kind(content: Any) -> str:
+    """``list content with parts image_url, text`` / ``int content``: what a non-text content holds."""
+    if isinstance(content, list):
+        kinds = sorted({p.get("type") if isinstance(p, dict) else type(p).__name__ for p in content}, key=str)
+        return f"list content with parts {', '.join(map(str, kinds)) or 'none'} (only text parts are read)"
+    return f"{type(content).__name__} content"
+
+
 def fault_kind(fault: str) -> str:
     return fault.split(":", 1)[0]
 
 
-def prompt_digest(dicts: Sequence[Mapping[str, Any]]) -> bytes:
-    """8-byte blake2b of the prompt messages (everything before the last assistant turn)."""
-    end = len(dicts)
-    for i in range(len(dicts) - 1, -1, -1):
-        if dicts[i]["role"] == "assistant":
-            end = i
-            break
-    payload = orjson.dumps([(d["role"], d["content"], d.get("reasoning_content")) for d in dicts[:end]])
-    return hashlib.blake2b(payload, digest_size=DIGEST_BYTES).digest()
+# every whitespace character (str.isspace) mapped to nothing: one C pass, no per-word objects
+_DROP_WHITESPACE = {c: None for c in range(0x3001) if chr(c).isspace()}
+
+
+def _prompt_payload(dicts: Sequence[Mapping[str, Any]], squash: bool) -> bytes:
+    def text(value: Any) -> Any:
+        return value.translate(_DROP_WHITESPACE) if squash and isinstance(value, str) else value
+
+    return orjson.dumps(
+        [
+            (d["role"], text(d["content"]), text(d.get("reasoning_content")), d.get("tool_calls"))
+            for d in dicts[: prompt_end([d["role"] for d in dicts])]
+        ]
+    )
+
+
+def prompt_digest(dicts: Sequence[Mapping[str, Any]], squash_whitespace: bool = False) -> bytes:
+    """8-byte blake2b of the prompt messages (everything before a final assistant turn).
+
+    With ``squash_whitespace`` whitespace is left out, so prompts that differ only in whitespace get
+    one digest.
+    """
+    return hashlib.blake2b(_prompt_payload(dicts, squash_whitespace), digest_size=DIGEST_BYTES).digest()
 
 
 def bad_row_id(bad: BadRow) -> str:
-    """The placeholder id of an unreadable row (design.md): ``row:<file>:<n>``."""
-    return f"row:{bad.file}:{bad.row}"
+    """The placeholder id of an unreadable row: ``row/<n>:<file>``. Real ids cannot contain ``/``
+    (``regen.dataset.check_id``), so a placeholder never equals a real id."""
+    return f"row/{bad.row}:{bad.file}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +245,7 @@ class SampleAudit:
     excluded: bool
     exclude_reason: str | None
     detail: str | None
+    id_json: str | None = None
 
     def excluded_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -216,6 +254,8 @@ class SampleAudit:
             "file": self.file,
             "row": self.row,
         }
+        if self.id_json is not None:
+            out["id_json"] = self.id_json
         if self.detail:
             out["detail"] = self.detail
         return out
@@ -293,6 +333,7 @@ class AuditSummary:
     gates: tuple[GateResult, ...]
     overridden: bool
     context: Mapping[str, Any]
+    unread_tails: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -321,6 +362,8 @@ class AuditSummary:
             "duplicate_prompts": self.flag_counts.get(DUPLICATE_PROMPT, 0),
             "over_length": self.flag_counts.get(OVER_LENGTH, 0),
             "bad_rows": self.flag_counts.get(BAD_ROW, 0),
+            "whitespace_duplicate_prompts": self.flag_counts.get(WHITESPACE_DUPLICATE_PROMPT, 0),
+            "unread_tails": list(self.unread_tails),
             "flag_counts": {f: self.flag_counts.get(f, 0) for f in FLAG_NAMES},
             "flag_fractions": {f: self.fraction(f) for f in FLAG_NAMES},
             "histograms": dict(self.histograms),
@@ -332,7 +375,7 @@ class AuditSummary:
 
 
 def evaluate_gates(
-    total: int, flag_counts: Mapping[str, int], limits: Mapping[str, float]
+    total: int, flag_counts: Mapping[str, int], limits: Mapping[str, float], unread_tail_files: int = 0
 ) -> tuple[GateResult, ...]:
     """Each gate's value against its limit (a value equal to the limit passes)."""
 
@@ -345,6 +388,7 @@ def evaluate_gates(
             flag_counts.get(STRUCTURE_ERROR, 0) + flag_counts.get(BAD_ROW, 0)
         ),
         "max_over_length_fraction": frac(flag_counts.get(OVER_LENGTH, 0)),
+        "max_unread_tail_files": float(unread_tail_files),
     }
     return tuple(
         GateResult(name, limits[name], values[name], values[name] <= limits[name]) for name in values
@@ -359,6 +403,8 @@ def gate_failure_message(summary: AuditSummary, summary_path: str | Path | None 
             f"  - audit.gates.{g.name}: value {g.value:.4f} > limit {g.limit:.4f} "
             f"({GATE_MEANING.get(g.name, g.name)})"
         )
+    for tail in summary.unread_tails:
+        lines.append(f"  - unread tail: {tail}")
     lines.append(f"  ({summary.total} samples audited)")
     if summary_path is not None:
         lines.append(f"details: {summary_path} (flags per sample in flags.parquet beside it)")
@@ -374,6 +420,20 @@ def gate_failure_message(summary: AuditSummary, summary_path: str | Path | None 
 # --------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class OversizeAccount:
+    """The token account of a row too long to tokenize: prompt tokens (exact, or a lower bound)."""
+
+    prompt_tokens: int
+    note: str
+
+
+def _turn_chars(d: Mapping[str, Any]) -> int:
+    n = len(d["content"]) + len(d.get("reasoning_content") or "")
+    calls = d.get("tool_calls")
+    return n + (len(orjson.dumps(calls, default=str)) if calls else 0)
+
+
 class Auditor:
     """Stateful auditor: feed samples (in batches) and bad rows; read the summary at the end.
 
@@ -384,7 +444,11 @@ class Auditor:
         self.cfg = cfg
         self.chat = chat
         self._seen_prompts: set[bytes] = set()
+        self._seen_squashed_prompts: set[bytes] = set()
         self._seen_ids: set[bytes] = set()
+        self.unread_tails: list[str] = []
+        # rows with more characters than this are not tokenized (see oversize_chars)
+        self.untokenized_chars = cfg.context_limit * chat.max_token_chars
         self.flag_counts: Counter[str] = Counter()
         self.structure_kinds: Counter[str] = Counter()
         self.excluded_reasons: Counter[str] = Counter()
@@ -410,7 +474,9 @@ class Auditor:
         return next((f for f in FLAG_NAMES if f in flags and f in self.cfg.exclude), None)
 
     def audit_bad_row(self, bad: BadRow) -> SampleAudit:
-        """The verdict for an unreadable row."""
+        """The verdict for an unreadable row (an unreadable tail is also listed for its gate)."""
+        if bad.unread_tail:
+            self.unread_tails.append(str(bad))
         flags = (BAD_ROW,)
         reason = self._exclusion(flags)
         detail = f"field {bad.field!r}: {bad.problem}"
@@ -432,25 +498,86 @@ class Auditor:
     def audit_batch(self, samples: Sequence[Sample]) -> list[SampleAudit]:
         """Verdicts for a batch of samples, in order (duplicates judged against everything seen so far)."""
         dicts = [to_template_dicts(s.messages) for s in samples]
-        accounts = self.chat.account_batch_dicts(dicts)
-        return self.finish_batch(samples, dicts, accounts)
+        oversize = [self.oversize_chars(d) for d in dicts]
+        normal = [i for i, n in enumerate(oversize) if n is None]
+        rendered = self.chat.render_batch([dicts[i] for i in normal], [samples[i].tools for i in normal])
+        accounts = self.chat.account_encoded(rendered, self.chat.encode_rendered(rendered))
+        return self.finish_batch(samples, dicts, self.merge_accounts(samples, dicts, normal, accounts))
+
+    def oversize_chars(self, dicts: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:
+        """``(prompt chars, total chars)`` of a conversation too long to tokenize whole, else None.
+
+        Too long: more characters than ``context_limit`` tokens can stand for. Such a row is judged
+        from character counts (its prompt is tokenized only when short enough), so memory stays in
+        proportion to the row's size.
+        """
+        sizes = [_turn_chars(d) for d in dicts]
+        total = sum(sizes)
+        if total <= self.untokenized_chars:
+            return None
+        return sum(sizes[: prompt_end([d["role"] for d in dicts])]), total
+
+    def merge_accounts(
+        self,
+        samples: Sequence[Sample],
+        dicts: Sequence[list[dict[str, Any]]],
+        normal: Sequence[int],
+        accounts: Sequence[TokenAccount],
+    ) -> list[TokenAccount | OversizeAccount]:
+        """Token accounts for the rows at ``normal``, character-based ones for the oversize rest."""
+        out: list[TokenAccount | OversizeAccount] = []
+        it = iter(accounts)
+        normal_set = set(normal)
+        for i, (sample, d) in enumerate(zip(samples, dicts, strict=True)):
+            out.append(next(it) if i in normal_set else self._oversize_account(sample, d))
+        return out
+
+    def _oversize_account(self, sample: Sample, dicts: list[dict[str, Any]]) -> OversizeAccount:
+        sizes = self.oversize_chars(dicts)
+        assert sizes is not None
+        prompt_chars, total_chars = sizes
+        if prompt_chars > self.untokenized_chars:
+            tokens = -(-prompt_chars // self.chat.max_token_chars)
+            note = f"prompt of {prompt_chars:,} characters: at least {tokens:,} tokens (not tokenized)"
+        else:
+            prompt = dicts[: prompt_end([d["role"] for d in dicts])]
+            text = self.chat.render_dicts(prompt, True, True, tools=sample.tools)
+            tokens = len(self.chat.tokenizer.encode(text, add_special_tokens=False))
+            note = f"conversation of {total_chars:,} characters: answer not tokenized"
+        return OversizeAccount(tokens, note)
 
     def finish_batch(
         self,
         samples: Sequence[Sample],
         dicts: Sequence[list[dict[str, Any]]],
-        accounts: Sequence[TokenAccount],
+        accounts: Sequence[TokenAccount | OversizeAccount],
     ) -> list[SampleAudit]:
         """Verdicts from precomputed template dicts and token accounts (see ``iter_audits``)."""
         return [self._audit_one(s, d, a) for s, d, a in zip(samples, dicts, accounts, strict=True)]
 
-    def _audit_one(self, sample: Sample, dicts: list[dict[str, Any]], acc: TokenAccount) -> SampleAudit:
+    def _duplicate_prompt_flag(self, dicts: list[dict[str, Any]]) -> str | None:
+        digest = prompt_digest(dicts)
+        squashed = prompt_digest(dicts, squash_whitespace=True)
+        if digest in self._seen_prompts:
+            return DUPLICATE_PROMPT
+        self._seen_prompts.add(digest)
+        if squashed in self._seen_squashed_prompts:
+            return WHITESPACE_DUPLICATE_PROMPT
+        self._seen_squashed_prompts.add(squashed)
+        return None
+
+    def _audit_one(
+        self, sample: Sample, dicts: list[dict[str, Any]], acc: TokenAccount | OversizeAccount
+    ) -> SampleAudit:
         cfg = self.cfg
         flags: list[str] = []
         faults = structure_faults(sample.messages)
+        source = sample.source
+        id_json = source.get("id_json")
         id_digest = hashlib.blake2b(sample.id.encode(), digest_size=DIGEST_BYTES).digest()
         if id_digest in self._seen_ids:
-            faults.append(f"duplicate_id: id {sample.id!r} was used by an earlier sample")
+            written = f' (written {id_json}; ids compare as text, so 1 and "1" are one id)' if id_json else ""
+            faults.append(f"duplicate_id: id {sample.id!r} was used by an earlier sample{written}")
         else:
             self._seen_ids.add(id_digest)
         if faults:
@@ -459,18 +586,24 @@ class Auditor:
         if acc.prompt_tokens > cfg.context_limit:
             flags.append(OVER_LENGTH)
         if not faults:
-            digest = prompt_digest(dicts)
-            if digest in self._seen_prompts:
-                flags.append(DUPLICATE_PROMPT)
-            else:
-                self._seen_prompts.add(digest)
-        source = sample.source
+            dup = self._duplicate_prompt_flag(dicts)
+            if dup is not None:
+                flags.append(dup)
+        notes = list(faults)
         mask_tokens = source.get("mask_supervised_tokens")
-        supervised = acc.supervised_tokens if mask_tokens is None else int(mask_tokens)
-        empty = acc.scaffolding_only or (mask_tokens is not None and supervised <= cfg.scaffolding_max_tokens)
-        if empty:
-            flags.append(EMPTY_RESPONSE)
-        self.supervised_hist.add(supervised)
+        supervised: int | None
+        if isinstance(acc, OversizeAccount):
+            notes.append(acc.note)
+            supervised = None if mask_tokens is None else int(mask_tokens)
+        else:
+            supervised = acc.supervised_tokens if mask_tokens is None else int(mask_tokens)
+            empty = acc.scaffolding_only or (
+                mask_tokens is not None and supervised <= cfg.scaffolding_max_tokens
+            )
+            if empty:
+                flags.append(EMPTY_RESPONSE)
+        if supervised is not None:
+            self.supervised_hist.add(supervised)
         self.prompt_hist.add(acc.prompt_tokens)
         reason = self._exclusion(flags)
         return self._finish(
@@ -484,7 +617,8 @@ class Auditor:
                 prompt_tokens=acc.prompt_tokens,
                 excluded=reason is not None,
                 exclude_reason=reason,
-                detail="; ".join(faults) or None,
+                detail="; ".join(notes) or None,
+                id_json=id_json,
             )
         )
 
@@ -500,13 +634,14 @@ class Auditor:
                 "supervised_tokens": self.supervised_hist.to_json(),
                 "prompt_tokens": self.prompt_hist.to_json(),
             },
-            gates=evaluate_gates(self.total, self.flag_counts, self.cfg.gates),
+            gates=evaluate_gates(self.total, self.flag_counts, self.cfg.gates, len(self.unread_tails)),
             overridden=self.cfg.override_gates,
             context={
                 "context_limit": self.cfg.context_limit,
                 **kept_prompt_percentiles(self.kept_prompt_tokens),
                 **(context or {}),
             },
+            unread_tails=tuple(self.unread_tails),
         )
 
 
@@ -550,26 +685,37 @@ def iter_audits(
             bad_rows.clear()
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-encode") as pool:
-        pending: tuple[list[Sample], list[list[dict[str, Any]]], Any, Future[Any]] | None = None
+        pending: _Pending | None = None
         for batch in _batched(samples, batch_size):
             dicts = [to_template_dicts(s.messages) for s in batch]
-            rendered = chat.render_batch(dicts)
+            normal = [i for i, d in enumerate(dicts) if auditor.oversize_chars(d) is None]
+            rendered = chat.render_batch([dicts[i] for i in normal], [batch[i].tools for i in normal])
             future = pool.submit(chat.encode_rendered, rendered)
             if pending is not None:
                 yield from _finish_pending(auditor, pending)
             yield from drain()
-            pending = (batch, dicts, rendered, future)
+            pending = _Pending(batch, dicts, normal, rendered, future)
         if pending is not None:
             yield from _finish_pending(auditor, pending)
         yield from drain()
 
 
-def _finish_pending(
-    auditor: Auditor, pending: tuple[list[Sample], list[list[dict[str, Any]]], Any, Future[Any]]
-) -> list[SampleAudit]:
-    batch, dicts, rendered, future = pending
-    accounts = auditor.chat.account_encoded(rendered, future.result())
-    return auditor.finish_batch(batch, dicts, accounts)
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A batch rendered and queued for encoding; ``normal`` indexes the rows that are tokenized."""
+
+    batch: list[Sample]
+    dicts: list[list[dict[str, Any]]]
+    normal: list[int]
+    rendered: Any
+    future: Future[Any]
+
+
+def _finish_pending(auditor: Auditor, p: _Pending) -> list[SampleAudit]:
+    accounts = auditor.chat.account_encoded(p.rendered, p.future.result())
+    return auditor.finish_batch(
+        p.batch, p.dicts, auditor.merge_accounts(p.batch, p.dicts, p.normal, accounts)
+    )
 
 
 def audit_records(
@@ -612,6 +758,7 @@ class FlagsWriter:
         c["excluded"].append(a.excluded)
         c["exclude_reason"].append(a.exclude_reason)
         c["detail"].append(a.detail)
+        c["id_json"].append(a.id_json)
         if len(c["id"]) >= self._rows:
             self.flush()
 
@@ -681,14 +828,17 @@ def run_audit(
 ) -> AuditSummary:
     """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl and the plots.
 
-    Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not overridden.
+    Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not
+    overridden, and ``NothingToGenerateError`` when no sample is left for generation.
     """
     config = AuditConfig.from_dict(cfg)
     chat = ChatTemplate.from_dir(tokenizer_dir)
     paths = AuditPaths(Path(out_dir))
     auditor = Auditor(config, chat)
     bad_rows: list[BadRow] = []
-    samples = iter_samples(input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows)
+    samples = iter_samples(
+        input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows, developer_role=chat.developer_role
+    )
     with (
         atomic_path(paths.flags) as flags_tmp,
         pq.ParquetWriter(flags_tmp, FLAGS_SCHEMA, compression="zstd") as pw,
@@ -713,12 +863,27 @@ def run_audit(
     )
     _plot_histogram(summary.histograms["prompt_tokens"], "prompt tokens per sample", paths.prompt_plot)
     write_json(paths.summary, summary.to_json())
+    if summary.kept == 0:
+        raise NothingToGenerateError(nothing_to_generate_message(summary, input_path, paths.summary))
     if not summary.passed:
         message = gate_failure_message(summary, paths.summary)
         if not config.override_gates:
             raise AuditGateError(message)
         log.warning("gates overridden (audit.override_gates: true):\n%s", message)
     return summary
+
+
+def nothing_to_generate_message(summary: AuditSummary, input_path: str | Path, summary_path: Path) -> str:
+    """Why no sample is left: an empty input, or every row excluded (with the reasons)."""
+    if summary.total == 0:
+        what = f"{input_path}: the dataset has no rows"
+    else:
+        reasons = ", ".join(f"{r}={n}" for r, n in summary.excluded_reasons.items())
+        what = f"{input_path}: all {summary.total} rows are excluded ({reasons})"
+    return (
+        f"{what}, so there is nothing to generate; stopping before any server starts "
+        f"(details: {summary_path}; this is not a gate and cannot be overridden)"
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -785,7 +950,7 @@ def cli(argv: list[str]) -> int:
         summary = run_audit(
             args.input, args.out, cfg, args.tokenizer, args.fmt, args.id_column, args.on_bad_row
         )
-    except (BadInputError, FileNotFoundError, ChatTemplateError) as exc:
+    except (BadInputError, OSError, ValueError) as exc:  # bad input, missing file, directory, bad template
         print(f"regen audit: {exc}", file=sys.stderr)
         return 2
     except AuditGateError as exc:
@@ -814,4 +979,5 @@ def _summary_from_file(path: Path) -> AuditSummary:
         gates=tuple(GateResult(k, v["limit"], v["value"], v["passed"]) for k, v in data["gates"].items()),
         overridden=data["overridden"],
         context={},
+        unread_tails=tuple(data.get("unread_tails", ())),
     )

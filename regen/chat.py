@@ -35,7 +35,7 @@ import orjson
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Encoding, Tokenizer
 
-from regen.types import Message
+from regen.types import DEVELOPER_ROLE, Message, prompt_end
 
 ChatDict = dict[str, Any]
 Conversation = Sequence[Message] | Sequence[Mapping[str, Any]]
@@ -61,22 +61,34 @@ def content_as_text(content: Any) -> str:
     return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
 
 
+TOOL_FIELDS: tuple[str, ...] = ("tool_calls", "tool_call_id", "name")
+
+
 def to_template_dicts(messages: Conversation) -> list[ChatDict]:
-    """Plain dicts for the template; non-text content becomes its JSON string so rendering never fails."""
+    """Plain dicts for the template; non-text content becomes its JSON string so rendering never fails.
+
+    ``tool_calls``, ``tool_call_id`` and ``name`` are passed on when set (templates render them).
+    """
     out: list[ChatDict] = []
     for m in messages:
-        if isinstance(m, Message):
-            role, content, reasoning = m.role, m.content, m.reasoning_content
-        else:
-            role, content, reasoning = m.get("role"), m.get("content"), m.get("reasoning_content")
+        fields = m.to_json() if isinstance(m, Message) else m
+        role, content, reasoning = fields.get("role"), fields.get("content"), fields.get("reasoning_content")
         d: ChatDict = {
             "role": role if isinstance(role, str) else str(role),
             "content": content_as_text(content),
         }
         if isinstance(reasoning, str):
             d["reasoning_content"] = reasoning
+        for key in TOOL_FIELDS:
+            if fields.get(key) is not None:
+                d[key] = list(fields[key]) if key == "tool_calls" else fields[key]
         out.append(d)
     return out
+
+
+def _needs_jinja(messages: Sequence[ChatDict], tools: Sequence[Any] | None) -> bool:
+    """Tools and tool calls are rendered by the model's own template only (the fast renderer has neither)."""
+    return bool(tools) or any("tool_calls" in m for m in messages)
 
 
 # --------------------------------------------------------------------------------------
@@ -255,7 +267,7 @@ class TokenAccount:
 class _Rendered:
     text: str
     spans: tuple[TurnSpan, ...]
-    last_header_start: int  # -1 when there is no assistant turn
+    last_header_start: int  # -1 when no assistant turn ends the conversation (the prompt is all of it)
 
 
 # --------------------------------------------------------------------------------------
@@ -356,13 +368,19 @@ class ChatTemplate:
     # ---------------------------------------------------------------- rendering
 
     def _render_jinja(
-        self, messages: Sequence[ChatDict], add_generation_prompt: bool, enable_thinking: bool
+        self,
+        messages: Sequence[ChatDict],
+        add_generation_prompt: bool,
+        enable_thinking: bool,
+        tools: Sequence[Any] | None = None,
     ) -> str:
+        extra = {"tools": list(tools)} if tools else {}
         try:
             return self._template.render(
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 enable_thinking=enable_thinking,
+                **extra,
                 **self._special_tokens,
             )
         except jinja2.exceptions.TemplateError as exc:
@@ -374,11 +392,31 @@ class ChatTemplate:
         add_generation_prompt: bool = False,
         enable_thinking: bool = True,
         use_jinja: bool = False,
+        tools: Sequence[Any] | None = None,
     ) -> str:
-        """Render plain message dicts (as made by ``to_template_dicts``)."""
-        if self._fast is not None and not use_jinja:
+        """Render plain message dicts (as made by ``to_template_dicts``), with the row's ``tools`` if any."""
+        if self._fast is not None and not use_jinja and not _needs_jinja(messages, tools):
             return self._fast(messages, add_generation_prompt, enable_thinking)
-        return self._render_jinja(messages, add_generation_prompt, enable_thinking)
+        return self._render_jinja(messages, add_generation_prompt, enable_thinking, tools)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for (the longest vocabulary entry, byte-level
+        entries counting one character per byte): ``chars / max_token_chars`` tokens at least."""
+        return max(1, max(map(len, self.tokenizer.get_vocab(with_added_tokens=True)), default=1))
+
+    @functools.cached_property
+    def developer_role(self) -> str:
+        """The role a ``developer`` turn is given: ``developer`` when the template renders that role, else
+        ``system`` (OpenAI's meaning; templates without a developer branch would drop the turn)."""
+        probe = "\ue010D"
+        try:
+            text = self._render_jinja(
+                [{"role": DEVELOPER_ROLE, "content": probe}, {"role": "user", "content": "x"}], False, True
+            )
+        except ChatTemplateError:
+            return "system"
+        return DEVELOPER_ROLE if probe in text else "system"
 
     def render(
         self,
@@ -392,8 +430,10 @@ class ChatTemplate:
             to_template_dicts(messages), add_generation_prompt, enable_thinking, use_jinja
         )
 
-    def _render_with_spans(self, messages: Sequence[ChatDict], use_jinja: bool = False) -> _Rendered:
-        text = self.render_dicts(messages, False, True, use_jinja)
+    def _render_with_spans(
+        self, messages: Sequence[ChatDict], use_jinja: bool = False, tools: Sequence[Any] | None = None
+    ) -> _Rendered:
+        text = self.render_dicts(messages, False, True, use_jinja, tools)
         header, eot = self.assistant_header, self.end_of_turn
         spans: list[TurnSpan] = []
         last = -1
@@ -405,6 +445,10 @@ class ChatTemplate:
             spans.append(TurnSpan(start, end))
             last = pos
             pos = text.find(header, end)
+        if messages and messages[-1]["role"] != "assistant":
+            last = (
+                -1
+            )  # a conversation ending with a user/tool turn is answered whole: no turn is the prompt's end
         return _Rendered(text, tuple(spans), last)
 
     # ---------------------------------------------------------------- accounting
@@ -439,7 +483,8 @@ class ChatTemplate:
             supervised += last - first
             if scaffolding:
                 scaffolding = self._scaffold_ids.issuperset(ids[first:last])
-        return TokenAccount(supervised, tok + self.header_tokens, n_tokens, len(spans), scaffolding)
+        prompt = tok if rendered.last_header_start >= 0 else n_tokens
+        return TokenAccount(supervised, prompt + self.header_tokens, n_tokens, len(spans), scaffolding)
 
     def _account(self, rendered: _Rendered, enc: Encoding) -> TokenAccount:
         n_tokens = len(enc)
@@ -472,9 +517,15 @@ class ChatTemplate:
             return 0, 0
         return first, last + 1
 
-    def render_batch(self, conversations: Sequence[Sequence[ChatDict]]) -> list[_Rendered]:
-        """Step 1 of batch accounting: render each conversation and locate its assistant turns."""
-        return [self._render_with_spans(c) for c in conversations]
+    def render_batch(
+        self,
+        conversations: Sequence[Sequence[ChatDict]],
+        tools: Sequence[Sequence[Any] | None] | None = None,
+    ) -> list[_Rendered]:
+        """Step 1 of batch accounting: render each conversation (with its tools), find its assistant turns."""
+        if tools is None:
+            return [self._render_with_spans(c) for c in conversations]
+        return [self._render_with_spans(c, tools=t) for c, t in zip(conversations, tools, strict=True)]
 
     def encode_rendered(self, rendered: Sequence[_Rendered]) -> list[Encoding]:
         """Step 2: one batch encode (releases the GIL, so it can run in a worker thread)."""
@@ -551,12 +602,9 @@ class ChatTemplate:
         return [a.scaffolding_only for a in self.account_batch(convs)]
 
     def prompt_messages(self, messages: Conversation) -> list[ChatDict]:
-        """The conversation before its last assistant turn (all of it when there is none)."""
+        """The prompt: the conversation before a final assistant turn (all of it when it ends otherwise)."""
         dicts = to_template_dicts(messages)
-        for i in range(len(dicts) - 1, -1, -1):
-            if dicts[i]["role"] == "assistant":
-                return dicts[:i]
-        return dicts
+        return dicts[: prompt_end([d["role"] for d in dicts])]
 
     def prompt_token_count(self, messages: Conversation, enable_thinking: bool = True) -> int:
         """Tokens before the last assistant turn plus the generation prompt (rendered exactly)."""

@@ -7,7 +7,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("regen.audit", "audit a chat dataset before generating (flags, supervised tokens, gates)"),
-    "tune": ("regen.sglang.plan", "plan SGLang's memory and flags for a model and GPU"),
+    "tune": ("regen.tune", "plan SGLang's memory and flags for a model and GPU"),
     "status": ("regen.status", "per-GPU progress, throughput and ETA of a running workflow"),
     "validate": ("regen.validate", "validate one shard's generation records"),
     "reconcile": ("regen.reconcile", "check every input id ended in exactly one place"),

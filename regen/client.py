@@ -34,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +45,9 @@ import orjson
 
 from regen.io import write_json
 from regen.journal import Journal, JournalSink
-from regen.types import Message, Sample
+from regen.layout import RunLayout
+from regen.records import GenerationRecord, RecordSampling
+from regen.types import Endpoint, Message, Sample, prompt_end
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +55,6 @@ SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
 DEFAULT_CONCURRENCY = 64
 MAX_BACKOFF_S = 60.0
 RETRY_STATUSES = frozenset({408, 429})
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """A running server, as ``regen.sglang.server.acquire_server`` hands it over."""
-
-    url: str
-    server_id: str
-    max_running_requests: int | None = None
-    version: str | None = None
-    model: str | None = None
-    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,22 +198,30 @@ def thinking_for(sample_id: str, mode: str, fraction: float) -> bool:
 
 
 def _wire(m: Message) -> dict[str, Any]:
-    return {"role": m.role, "content": m.content}
+    """A turn as SGLang's chat API takes it (tool calls and tool-call ids included when set)."""
+    out = m.to_json()
+    out.pop("reasoning_content", None)
+    return out
+
+
+def sample_id_header(sample_id: str) -> str:
+    """The sample id as an HTTP header value: percent-encoded, so no id (newlines, non-ASCII) can
+    break or inject a header. The simulated server decodes it; real SGLang ignores the header."""
+    return urllib.parse.quote(sample_id, safe="")
 
 
 def prompt_for_last(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
-    """Messages before the last assistant turn; all of them when there is no assistant turn."""
-    last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
-    kept = messages if last is None else messages[:last]
-    return [_wire(m) for m in kept]
+    """The prompt: every turn before a final assistant turn; all of them when the conversation ends
+    with a user or tool turn (that turn is what gets answered)."""
+    return [_wire(m) for m in messages[: prompt_end([m.role for m in messages])]]
 
 
 def turn_prefixes(messages: tuple[Message, ...]) -> list[tuple[Message, ...]]:
-    """For ``regenerate: all``: the non-assistant turns that precede each assistant turn.
+    """For ``regenerate: all``: the non-assistant turns that precede each answer.
 
-    Segment k holds the turns between assistant turn k-1 and assistant turn k; turns after
-    the last assistant turn are dropped (as with ``last``). With no assistant turn, one segment
-    holds every turn.
+    Segment k holds the turns between assistant turn k-1 and assistant turn k; turns after the
+    last assistant turn form a last segment, answered too (as with ``last``). With no assistant
+    turn, one segment holds every turn.
     """
     segments: list[tuple[Message, ...]] = []
     current: list[Message] = []
@@ -232,7 +231,7 @@ def turn_prefixes(messages: tuple[Message, ...]) -> list[tuple[Message, ...]]:
             current = []
         else:
             current.append(m)
-    if not segments:
+    if current or not segments:
         segments.append(tuple(current))
     return segments
 
@@ -284,6 +283,7 @@ class _Answer:
     started_at: float
     latency_s: float
     max_tokens: int
+    tool_calls: list[Any] | None = None  # parsed by the server's tool-call parser, when it has one
     #: the server's token ids (``return_token_ids``): the rendered prompt, and the raw completion
     #: before reasoning parsing (end-of-turn included when the model stopped on it); None when absent
     prompt_token_ids: list[int] | None = None
@@ -335,6 +335,7 @@ def _parse_answer(body: bytes, started_at: float, latency: float, max_tokens: in
             started_at=started_at,
             latency_s=latency,
             max_tokens=max_tokens,
+            tool_calls=msg.get("tool_calls") or None,
             prompt_token_ids=_token_ids(choice, ("prompt_token_ids",)),
             completion_token_ids=_token_ids(choice, COMPLETION_IDS_FIELDS),
         )
@@ -433,11 +434,12 @@ class _ShardRun:
         sid = sample.id
         seed = derive_seed(cfg.sampling.seed, sid)
         thinking = thinking_for(sid, cfg.thinking, cfg.thinking_fraction)
+        tools = list(sample.tools) if sample.tools else None
         attempts = [0]
         try:
             if cfg.regenerate == "last":
                 prompt = prompt_for_last(sample.messages)
-                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts)
+                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts, tools)
                 turns = None
             else:
                 prompt = []
@@ -448,9 +450,11 @@ class _ShardRun:
                         prev: dict[str, Any] = {"role": "assistant", "content": answer.content}
                         if answer.reasoning_content is not None:
                             prev["reasoning_content"] = answer.reasoning_content
+                        if answer.tool_calls:
+                            prev["tool_calls"] = answer.tool_calls
                         prompt.append(prev)
                     prompt.extend(_wire(m) for m in segment)
-                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts)
+                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts, tools)
                     if answer is None:
                         break
                     turns.append(
@@ -459,6 +463,7 @@ class _ShardRun:
                             "content": answer.content,
                             "finish_reason": answer.finish_reason,
                             "usage": answer.usage,
+                            **({"tool_calls": answer.tool_calls} if answer.tool_calls else {}),
                             **answer.token_id_fields(),
                         }
                     )
@@ -488,32 +493,28 @@ class _ShardRun:
         self.stats.output_tokens += out_tokens
         if truncated:
             self.stats.truncated += 1
-        record: dict[str, Any] = {
-            "kind": "record",
-            "id": sid,
-            "shard": self.shard,
-            "messages": prompt,
-            "reasoning_content": answer.reasoning_content,
-            "content": answer.content,
-            "finish_reason": answer.finish_reason,
-            "truncated": truncated,
-            "thinking": thinking,
-            "usage": answer.usage,
-            "sampling": {
-                "temperature": s.temperature,
-                "top_p": s.top_p,
-                "top_k": s.top_k,
-                "max_tokens": answer.max_tokens,
-            },
-            "seed": seed,
-            "model": answer.model or self.model,
-            "server": self.server,
-            "attempts": attempts[0],
-            "timings": {"started_at": answer.started_at, "latency_s": answer.latency_s},
+        record = GenerationRecord(
+            id=sid,
+            shard=self.shard,
+            messages=prompt,
+            reasoning_content=answer.reasoning_content,
+            content=answer.content,
+            finish_reason=answer.finish_reason,
+            truncated=truncated,
+            thinking=thinking,
+            usage=answer.usage,
+            sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens),
+            seed=seed,
+            model=answer.model or self.model,
+            server=self.server,
+            attempts=attempts[0],
+            started_at=answer.started_at,
+            latency_s=answer.latency_s,
+            turns=turns,
             **answer.token_id_fields(),
-        }
-        if turns is not None:
-            record["turns"] = turns
+            tools=tools,
+            tool_calls=answer.tool_calls,
+        ).journal_entry()
         return record
 
     def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:
@@ -540,18 +541,24 @@ class _ShardRun:
         return None
 
     async def answer_turn(
-        self, sid: str, messages: list[dict[str, Any]], seed: int, thinking: bool, attempts: list[int]
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        seed: int,
+        thinking: bool,
+        attempts: list[int],
+        tools: list[Any] | None = None,
     ) -> _Answer | None:
         """One regenerated turn under the truncation policy; None means dropped."""
         cfg = self.cfg
         limit = cfg.max_tokens_for(sid)
-        answer = await self.request(sid, messages, seed, thinking, limit, attempts)
+        answer = await self.request(sid, messages, seed, thinking, limit, attempts, tools)
         if answer.finish_reason != "length" or cfg.truncation == "keep":
             return answer
         if cfg.truncation == "drop":
             return None
         bigger = math.ceil(limit * cfg.retry_max_tokens_factor)
-        return await self.request(sid, messages, seed, thinking, bigger, attempts)
+        return await self.request(sid, messages, seed, thinking, bigger, attempts, tools)
 
     async def request(
         self,
@@ -561,8 +568,9 @@ class _ShardRun:
         thinking: bool,
         max_tokens: int,
         attempts: list[int],
+        tools: list[Any] | None = None,
     ) -> _Answer:
-        """POST with retries; raises SampleFailed."""
+        """POST with retries; raises SampleFailed. ``tools`` (the sample's tool definitions) go with it."""
         s = self.cfg.sampling
         token_ids = {"return_token_ids": True} if self.cfg.return_token_ids else {}
         body = orjson.dumps(
@@ -579,9 +587,10 @@ class _ShardRun:
                 "seed": seed,
                 "chat_template_kwargs": {"enable_thinking": thinking},
                 "separate_reasoning": True,
+                **({"tools": tools} if tools else {}),
             }
         )
-        headers = {**self.base_headers, SAMPLE_ID_HEADER: sid}
+        headers = {**self.base_headers, SAMPLE_ID_HEADER: sample_id_header(sid)}
         delay = 0.0
         for attempt in range(1, self.cfg.max_attempts + 1):
             if attempt > 1:
@@ -784,7 +793,7 @@ async def generate_shard_async(
     gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
     if progress is None:
         jp = Path(journal_path)
-        progress = ProgressOptions(status_path=jp.parent.parent / "status" / f"{shard}.json")
+        progress = ProgressOptions(status_path=RunLayout.of_journal(jp).status(shard))
     it, total = _samples_and_total(samples, total)
     t0 = time.monotonic()
     stats = ShardStats(total=total)

@@ -1,9 +1,18 @@
 """Streaming ingest of chat datasets into :class:`regen.types.Sample`.
 
-Files: ``.jsonl`` (``.jsonl.gz``), ``.json`` (an array, or an object with a ``data``/``rows``
-list) and ``.parquet``. Row formats, detected per row unless one is configured:
+Files: ``.jsonl``, ``.json`` (an array, or an object with a ``data``/``rows`` list) and
+``.parquet``. JSON and JSON Lines may be compressed (gzip, bz2, xz, zstd): recognised by content
+as well as by name (``.jsonl.gz``, ``.json.gz``, ``.jsonl.zst`` ...). JSON Lines may end lines
+with LF, CRLF or CR alone; a ``.jsonl`` file that holds one JSON array is read as that array.
 
-* ``messages``: OpenAI ``{"messages": [{"role", "content", "reasoning_content"?}]}``
+Row formats, detected per row unless one is configured:
+
+* ``messages``: OpenAI ``{"messages": [{"role", "content", "reasoning_content"?, "tool_calls"?,
+  "tool_call_id"?, "name"?}], "tools"?}``. Content given as a list of text parts
+  (``[{"type": "text", "text": ...}]``) is joined with spaces, as SGLang does for string-content
+  templates; a list with other parts (images ...) is kept as read for the audit to exclude.
+  The ``developer`` role becomes what the target chat template renders (``system`` unless the
+  template knows ``developer``).
 * ``sharegpt``: ``{"conversations": [{"from", "value"}], "system"?}``
 * ``prompt``: ``{"prompt": str, "system"?: str}`` → one user turn
 * ``tokenized``: ``{"input_ids", "loss_mask" | "labels"}`` decoded with the tokenizer and split
@@ -14,7 +23,13 @@ Two kinds of trouble are kept apart. An *unreadable row* cannot become a Sample 
 it becomes a :class:`BadRow` naming file, row and field, and ``on_bad_row`` decides
 (``skip``: record it in ``bad_rows`` and go on; ``stop``: raise :class:`BadInputError`).
 A *structure fault* (unknown role, empty or non-text content, no user turn, odd role order)
-is kept in the Sample exactly as read, for the audit to flag.
+is kept in the Sample exactly as read, for the audit to flag. A file that becomes unreadable
+part-way (a truncated compressed stream, an I/O error, broken JSON structure, a damaged Parquet
+row group) gives one BadRow with ``unread_tail`` set whose problem says how much was unread:
+those rows are lost input, and the audit fails the run on it by default.
+
+Ids (``id_column``) may be strings or integers of any size; ``source["id_json"]`` keeps the id
+as written (``1`` vs ``"1"``), while ``Sample.id`` is its text.
 
 Memory stays flat in the dataset size: JSONL is read line by line, Parquet by record
 batches, and a JSON array by an incremental scanner that holds one record at a time. The one
@@ -24,11 +39,17 @@ exception: a JSON object whose first key is not ``data``/``rows`` is read whole 
 
 from __future__ import annotations
 
+import bz2
+import contextlib
 import functools
 import gzip
 import hashlib
 import json
+import logging
+import lzma
+import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +58,9 @@ from typing import IO, Any
 import orjson
 
 from regen.chat import compile_template
-from regen.types import FORMATS, BadInputError, BadRow, Message, Sample
+from regen.types import DEVELOPER_ROLE, FORMATS, BadInputError, BadRow, Message, Sample
+
+log = logging.getLogger(__name__)
 
 FILE_FIELD = "<file>"
 ROW_FIELD = "<row>"
@@ -45,12 +68,22 @@ ON_BAD_ROW_CHOICES: tuple[str, ...] = ("skip", "stop")
 FORMAT_CHOICES: tuple[str, ...] = ("auto", *FORMATS)
 SUFFIXES: dict[str, str] = {
     ".jsonl": "jsonl",
-    ".jsonl.gz": "jsonl",
     ".ndjson": "jsonl",
     ".json": "json",
     ".parquet": "parquet",
     ".pq": "parquet",
 }
+# a compression suffix after the container suffix (``.jsonl.gz``); the content decides in the end
+COMPRESSION_SUFFIXES: dict[str, str] = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
+COMPRESSION_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bz2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+)
+TEXT_PART_TYPES = frozenset({"text", "input_text"})
+# SGLang flattens text parts this way for templates that take string content
+TEXT_PART_SEPARATOR = " "
 # the field whose presence identifies each row format, in auto-detection order
 FORMAT_FIELDS: tuple[tuple[str, str], ...] = (
     ("messages", "messages"),
@@ -65,6 +98,8 @@ SHAREGPT_ROLES: dict[str, str] = {
     "gpt": "assistant",
     "assistant": "assistant",
     "tool": "tool",
+    "observation": "tool",
+    "developer": DEVELOPER_ROLE,
 }
 JSON_CONTAINER_KEYS: tuple[str, ...] = ("data", "rows")
 PARQUET_BATCH_ROWS = 1024
@@ -103,14 +138,45 @@ def check_on_bad_row(policy: str) -> str:
 
 
 def file_kind(path: str | Path) -> str:
-    """The container type of ``path`` from its name: ``jsonl``, ``json`` or ``parquet``."""
+    """The container type of ``path`` from its name: ``jsonl``, ``json`` or ``parquet``
+    (a compression suffix such as ``.gz`` after it is allowed)."""
     name = Path(path).name.lower()
+    stem = next((name[: -len(c)] for c in COMPRESSION_SUFFIXES if name.endswith(c)), name)
     for suffix, kind in sorted(SUFFIXES.items(), key=lambda kv: -len(kv[0])):
-        if name.endswith(suffix):
+        if stem.endswith(suffix):
             return kind
     raise ValueError(
         f"{path}: cannot tell the file type from its name; expected one of: {', '.join(SUFFIXES)}"
+        f" (optionally followed by {', '.join(COMPRESSION_SUFFIXES)})"
     )
+
+
+def compression_of(path: str | Path) -> str | None:
+    """The compression of ``path`` judged by its first bytes (gzip, bz2, xz, zstd); None if plain."""
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    return next((kind for magic, kind in COMPRESSION_MAGIC if head.startswith(magic)), None)
+
+
+def check_dataset_path(path: str | Path) -> Path:
+    """``path`` as a Path if it is a readable dataset file; a clear error if it is missing or a directory."""
+    p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(
+            f"{path}: is a directory, not a dataset file; point dataset.path at one "
+            f".jsonl/.json/.parquet file (files in it: {_listing(p)})"
+        )
+    if not p.is_file():
+        raise FileNotFoundError(f"{path}: dataset file not found")
+    file_kind(p)
+    return p
+
+
+def _listing(directory: Path, limit: int = 5) -> str:
+    names = sorted(c.name for c in directory.iterdir())
+    if not names:
+        return "none"
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def row_format(record: dict[str, Any]) -> str | None:
@@ -123,7 +189,7 @@ def row_format(record: dict[str, Any]) -> str | None:
 
 def detect_format(path: str | Path, max_rows: int = 100) -> str:
     """The row format of the first readable record among the first ``max_rows`` of ``path``."""
-    for n, (_row, item) in enumerate(_iter_records(Path(path))):
+    for n, (_row, item) in enumerate(_iter_records(Path(path), None)):
         if n >= max_rows:
             break
         if isinstance(item, dict):
@@ -160,6 +226,7 @@ def iter_samples(
     on_bad_row: str = "skip",
     tokenizer_dir: str | Path | None = None,
     bad_rows: list[BadRow] | None = None,
+    developer_role: str = "system",
 ) -> Iterator[Sample]:
     """Stream the samples of one dataset file; unreadable rows go to ``bad_rows`` or raise.
 
@@ -168,25 +235,37 @@ def iter_samples(
     ``bad_rows`` (when given) and skipped; with ``"stop"`` the first one raises
     :class:`BadInputError`. Samples come in file order; ``Sample.source`` holds file, row
     and format (tokenized rows add ``mask_supervised_tokens`` and ``input_tokens``).
+    ``developer_role`` is the role ``developer`` turns become (``ChatTemplate.developer_role``).
     """
     check_format(fmt)
     policy = _BadRowPolicy(check_on_bad_row(on_bad_row), bad_rows)
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{path}: dataset file not found")
-    file_kind(p)
-    return _iter_samples(p, str(path), fmt, id_column, policy, _LazyDecoder(tokenizer_dir))
+    p = check_dataset_path(path)
+    return _iter_samples(p, str(path), fmt, id_column, policy, _LazyDecoder(tokenizer_dir), developer_role)
 
 
 def _iter_samples(
-    p: Path, file: str, fmt: str, id_column: str | None, policy: _BadRowPolicy, decoder: _LazyDecoder
+    p: Path,
+    file: str,
+    fmt: str,
+    id_column: str | None,
+    policy: _BadRowPolicy,
+    decoder: _LazyDecoder,
+    developer_role: str,
 ) -> Iterator[Sample]:
-    for row, item in _iter_records(p):
+    for row, item in _iter_records(p, id_column):
         if isinstance(item, BadRow):
             policy.handle(item)
             continue
         try:
-            sample = record_to_sample(item, file=file, row=row, fmt=fmt, id_column=id_column, decoder=decoder)
+            sample = record_to_sample(
+                item,
+                file=file,
+                row=row,
+                fmt=fmt,
+                id_column=id_column,
+                decoder=decoder,
+                developer_role=developer_role,
+            )
         except UnreadableRow as exc:
             policy.handle(BadRow(file, row, exc.field, exc.problem))
             continue
@@ -201,6 +280,7 @@ def record_to_sample(
     fmt: str = "auto",
     id_column: str | None = None,
     decoder: _LazyDecoder | None = None,
+    developer_role: str = "system",
 ) -> Sample:
     """Turn one parsed record into a Sample; raises ``UnreadableRow`` for an unreadable row."""
     if not isinstance(record, dict):
@@ -224,8 +304,19 @@ def record_to_sample(
             decoder = _LazyDecoder(None)
         messages, stats = decoder.get().decode_record(record)
         source.update(stats)
-    sample_id = _row_id(record, id_column) if id_column else content_id(messages)
-    return Sample(id=sample_id, messages=messages, source=source)
+    if developer_role != DEVELOPER_ROLE and any(m.role == DEVELOPER_ROLE for m in messages):
+        messages = tuple(_renamed(m, developer_role) if m.role == DEVELOPER_ROLE else m for m in messages)
+        source["developer_as"] = developer_role
+    tools = _parse_tools(record.get("tools")) if row_fmt in ("messages", "sharegpt") else None
+    if id_column:
+        sample_id, source["id_json"] = _row_id(record, id_column)
+    else:
+        sample_id = content_id(messages, tools)
+    return Sample(id=sample_id, messages=messages, source=source, tools=tools)
+
+
+def _renamed(m: Message, role: str) -> Message:
+    return Message(role, m.content, m.reasoning_content, m.tool_calls, m.tool_call_id, m.name)
 
 
 # --------------------------------------------------------------------------------------
@@ -258,14 +349,79 @@ def _optional_str(value: Any, field_name: str) -> str | None:
     return value
 
 
-def _message(role: Any, content: Any, reasoning: Any, where: str, role_key: str, content_key: str) -> Message:
+def _message(
+    role: Any,
+    content: Any,
+    reasoning: Any,
+    where: str,
+    role_key: str,
+    content_key: str,
+    turn: dict[str, Any] | None = None,
+) -> Message:
     if not isinstance(role, str):
         raise UnreadableRow(f"{where}.{role_key}", f"expected a string role, got {_type_name(role)}")
     _check_text(role, f"{where}.{role_key}")
+    content = joined_text_parts(content)
     _check_text(content, f"{where}.{content_key}")
+    tool_calls = tool_call_id = name = None
+    if turn is not None:
+        tool_calls = _parse_tool_calls(turn.get("tool_calls"), f"{where}.tool_calls")
+        tool_call_id = _optional_str(turn.get("tool_call_id"), f"{where}.tool_call_id")
+        name = _optional_str(turn.get("name"), f"{where}.name")
+    if content is None and tool_calls:  # OpenAI's content: null beside tool calls means no text
+        content = ""
     return Message(
-        role=role, content=content, reasoning_content=_optional_str(reasoning, f"{where}.reasoning_content")
+        role=role,
+        content=content,
+        reasoning_content=_optional_str(reasoning, f"{where}.reasoning_content"),
+        tool_calls=tool_calls,
+        tool_call_id=tool_call_id,
+        name=name,
     )
+
+
+def joined_text_parts(content: Any) -> Any:
+    """OpenAI content parts that are all text, joined into one string; any other content as given.
+
+    A list holding other parts (images, audio ...) stays a list, for the audit to exclude with the
+    part types named.
+    """
+    if not isinstance(content, list) or not content:
+        return content
+    texts: list[str] = []
+    for part in content:
+        if not (isinstance(part, dict) and part.get("type") in TEXT_PART_TYPES):
+            return content
+        text = part.get("text")
+        if not isinstance(text, str):
+            return content
+        texts.append(text)
+    return TEXT_PART_SEPARATOR.join(texts)
+
+
+def _parse_tool_calls(value: Any, field_name: str) -> tuple[Any, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+        raise UnreadableRow(field_name, f"expected a list of tool-call objects, got {_type_name(value)}")
+    for i, call in enumerate(value):
+        function = call.get("function", call)
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise UnreadableRow(f"{field_name}[{i}]", "a tool call needs function.name (a string)")
+    return tuple(value) if value else None
+
+
+def _parse_tools(value: Any) -> tuple[Any, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):  # some exports store the tool list as a JSON string
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise UnreadableRow("tools", f"a string that is not a JSON list of tools: {exc}") from None
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise UnreadableRow("tools", f"expected a list of tool objects, got {_type_name(value)}")
+    return tuple(value) if value else None
 
 
 def _turn_list(record: dict[str, Any], field_name: str, fmt: str) -> list[Any]:
@@ -285,7 +441,13 @@ def _parse_messages(record: dict[str, Any]) -> tuple[Message, ...]:
             raise UnreadableRow(f"{where}.role", "missing")
         out.append(
             _message(
-                turn["role"], turn.get("content"), turn.get("reasoning_content"), where, "role", "content"
+                turn["role"],
+                turn.get("content"),
+                turn.get("reasoning_content"),
+                where,
+                "role",
+                "content",
+                turn,
             )
         )
     return tuple(out)
@@ -328,11 +490,12 @@ def _parse_prompt(record: dict[str, Any]) -> tuple[Message, ...]:
 # --------------------------------------------------------------------------------------
 
 
-def content_id(messages: Iterable[Message]) -> str:
+def content_id(messages: Iterable[Message], tools: Iterable[Any] | None = None) -> str:
     """blake2b-128 hex of the canonical JSON of the conversation (independent of key order)."""
-    canonical = orjson.dumps(
-        [m.to_json() for m in messages], option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=repr
-    )
+    payload: Any = [m.to_json() for m in messages]
+    if tools is not None:
+        payload = {"messages": payload, "tools": list(tools)}
+    canonical = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=repr)
     return hashlib.blake2b(canonical, digest_size=16).hexdigest()
 
 
@@ -343,7 +506,8 @@ def check_id(value: str, field_name: str) -> str:
     return value
 
 
-def _row_id(record: dict[str, Any], id_column: str) -> str:
+def _row_id(record: dict[str, Any], id_column: str) -> tuple[str, str]:
+    """The row's id as text, and as written (JSON: ``1`` or ``"1"``)."""
     if id_column not in record:
         raise UnreadableRow(id_column, "missing (configured as id_column)")
     raw = record[id_column]
@@ -352,7 +516,8 @@ def _row_id(record: dict[str, Any], id_column: str) -> str:
     value = str(raw)
     if not value:
         raise UnreadableRow(id_column, "id is empty")
-    return check_id(value, id_column)
+    as_written = str(raw) if isinstance(raw, int) else orjson.dumps(raw).decode()
+    return check_id(value, id_column), as_written
 
 
 # --------------------------------------------------------------------------------------
@@ -513,51 +678,162 @@ class _LazyDecoder:
 # --------------------------------------------------------------------------------------
 
 
-def _iter_records(path: Path) -> Iterator[tuple[int, Any]]:
+def _iter_records(path: Path, id_column: str | None) -> Iterator[tuple[int, Any]]:
     kind = file_kind(path)
     if kind == "parquet":
         yield from _iter_parquet(path)
     elif kind == "json":
-        yield from _iter_json(path)
+        yield from _iter_json(path, id_column)
     else:
-        yield from _iter_jsonl(path)
+        yield from _iter_jsonl(path, id_column)
 
 
 def _empty(path: Path) -> tuple[int, BadRow]:
     return 0, BadRow(str(path), 0, FILE_FIELD, "file is empty")
 
 
-def _open_binary(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+@dataclass(slots=True)
+class _Input:
+    """An open dataset file: ``stream`` yields its (decompressed) bytes, ``raw`` is the file itself."""
+
+    stream: IO[bytes]
+    raw: IO[bytes]
+    compression: str | None
+    size: int
+    read_bytes: int = 0  # bytes taken from ``stream`` so far
+
+    def unread_problem(self, exc: BaseException, rows_read: int) -> str:
+        """How much of the file could not be read, for the unread-tail BadRow."""
+        what = f"{type(exc).__name__}: {exc}"
+        if self.compression is None:
+            unread = max(0, self.size - self.read_bytes)
+            return (
+                f"file unreadable after {self.read_bytes:,} of {self.size:,} bytes ({unread:,} bytes, "
+                f"every row after row {rows_read - 1}, unread): {what}"
+            )
+        with contextlib.suppress(OSError, ValueError):
+            consumed = self.raw.tell()
+            if consumed < self.size:
+                return (
+                    f"{self.compression} data unreadable after {consumed:,} of {self.size:,} compressed "
+                    f"bytes ({self.size - consumed:,} unread; {self.read_bytes:,} bytes decompressed, rows 0-"
+                    f"{rows_read - 1}): {what}"
+                )
+        return (
+            f"the {self.compression} stream is cut off: all {self.size:,} compressed bytes gave only "
+            f"{self.read_bytes:,} bytes (rows 0-{rows_read - 1}) before it ended early; the rest of the "
+            f"original file is missing, its size unknown: {what}"
+        )
 
 
-def _parse_json_bytes(raw: bytes, file: str, row: int) -> Any:
+@contextlib.contextmanager
+def _open_input(path: Path) -> Iterator[_Input]:
+    """Open ``path``, decompressing by content (gzip, bz2, xz, zstd) whatever its name says."""
+    compression = compression_of(path)
+    with open(path, "rb") as raw:
+        size = os.fstat(raw.fileno()).st_size
+        if compression is None:
+            yield _Input(raw, raw, None, size)
+            return
+        with _decompressing(raw, compression) as stream:
+            yield _Input(stream, raw, compression, size)
+
+
+def _decompressing(raw: IO[bytes], compression: str) -> IO[bytes]:
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if compression == "bz2":
+        return bz2.BZ2File(raw, mode="rb")
+    if compression == "xz":
+        return lzma.LZMAFile(raw, mode="rb")
+    import pyarrow as pa
+
+    return pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), "zstd")  # type: ignore[return-value]
+
+
+# what a failing decompressor or disk raises part-way through a file
+_STREAM_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error)
+
+
+_LINE_END = frozenset(b"\r\n")
+
+
+def _blank(piece: bytes | memoryview) -> bool:
+    """True for an empty or all-whitespace line (copies only a line that starts with whitespace)."""
+    return not piece or (bytes(piece[:1]).isspace() and not bytes(piece).strip())
+
+
+def _parse_json_bytes(raw: bytes | memoryview, file: str, row: int, id_column: str | None = None) -> Any:
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         try:
-            raw.decode("utf-8")
+            bytes(raw).decode("utf-8")
         except UnicodeDecodeError as uexc:
             return BadRow(file, row, ROW_FIELD, f"invalid UTF-8 at byte {uexc.start}")
         return BadRow(file, row, ROW_FIELD, f"malformed JSON: {exc}")
+    if id_column and isinstance(value, dict) and isinstance(value.get(id_column), float):
+        # orjson reads integers wider than 64 bits as floats; the standard parser keeps every digit
+        exact = json.loads(bytes(raw))
+        if isinstance(exact, dict):
+            value[id_column] = exact.get(id_column)
+    return value
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+def _split_cr(body: bytes) -> list[bytes]:
+    """One physical line that still holds CRs: old-Mac line ends (split) or CR as JSON whitespace (kept)."""
+    try:
+        orjson.loads(body)
+        return [body]
+    except orjson.JSONDecodeError:
+        return body.split(b"\r")
+
+
+def _first_byte(path: Path) -> int | None:
+    """The first non-whitespace byte of the (decompressed) file, None when there is none."""
+    with _open_input(path) as src:
+        while chunk := src.stream.read(1 << 16):
+            stripped = chunk.lstrip(UTF8_BOM).lstrip() if chunk.startswith(UTF8_BOM) else chunk.lstrip()
+            if stripped:
+                return stripped[0]
+    return None
+
+
+def _iter_jsonl(path: Path, id_column: str | None) -> Iterator[tuple[int, Any]]:
     file = str(path)
+    try:
+        first = _first_byte(path)
+    except _STREAM_ERRORS:
+        first = None  # the line reader below reports it with the amounts
+    if first == ord("["):
+        log.warning("%s: holds one JSON array, not JSON Lines: reading it as a JSON array", file)
+        yield from _iter_json(path, id_column, note=" (the .jsonl file holds a JSON array)")
+        return
     seen_any = False
     row = -1
-    try:
-        with _open_binary(path) as fh:
-            for row, line in enumerate(fh):
-                if row == 0 and line.startswith(UTF8_BOM):
+    with _open_input(path) as src:
+        try:
+            for line in src.stream:
+                src.read_bytes += len(line)
+                if row < 0 and line.startswith(UTF8_BOM):
                     line = line[len(UTF8_BOM) :]
-                if not line.strip():
-                    continue
-                seen_any = True
-                yield row, _parse_json_bytes(line.rstrip(b"\r\n"), file, row)
-    except (OSError, EOFError) as exc:  # e.g. a truncated .gz
-        yield row + 1, BadRow(file, row + 1, FILE_FIELD, f"file unreadable from here on: {exc}")
-        return
+                end = len(line)
+                while end and line[end - 1] in _LINE_END:
+                    end -= 1
+                if line.find(b"\r", 0, end) >= 0:
+                    pieces: Iterable[bytes | memoryview] = _split_cr(line[:end])
+                else:  # a view, not a copy: one huge line is held once
+                    pieces = (memoryview(line)[:end],)
+                for piece in pieces:
+                    row += 1
+                    if _blank(piece):
+                        continue
+                    seen_any = True
+                    yield row, _parse_json_bytes(piece, file, row, id_column)
+        except _STREAM_ERRORS as exc:  # a truncated compressed stream, an I/O error
+            problem = src.unread_problem(exc, row + 1)
+            yield row + 1, BadRow(file, row + 1, FILE_FIELD, problem, unread_tail=True)
+            return
     if not seen_any:
         yield _empty(path)
 
@@ -573,7 +849,9 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
-        yield 0, BadRow(file, 0, FILE_FIELD, f"not a readable Parquet file: {exc}")
+        size = path.stat().st_size
+        problem = f"not a readable Parquet file (all {size:,} bytes unread): {exc}"
+        yield 0, BadRow(file, 0, FILE_FIELD, problem, unread_tail=True)
         return
     row = 0
     # one row group at a time (the reader would otherwise read ahead into later groups, and
@@ -586,10 +864,12 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
             except StopIteration:
                 break
             except (pa.ArrowException, OSError) as exc:
+                total = pf.metadata.num_rows
                 problem = (
-                    f"Parquet data unreadable from row {row} on (row group {group}); later rows are lost"
+                    f"Parquet data unreadable from row {row} on (row group {group} of {pf.num_row_groups}): "
+                    f"{total - row:,} of the file's {total:,} rows unread"
                 )
-                yield row, BadRow(file, row, FILE_FIELD, f"{problem}: {str(exc).strip()}")
+                yield row, BadRow(file, row, FILE_FIELD, f"{problem}: {str(exc).strip()}", unread_tail=True)
                 return
             for record in batch.to_pylist():
                 yield row, record
@@ -622,12 +902,14 @@ class _JsonScanner:
         self._buf = b""
         self.pos = 0
         self._eof = False
+        self.consumed = 0  # bytes read from the file so far
 
     def _more(self, keep_from: int) -> int:
         """Read another chunk, dropping bytes before ``keep_from``; return how far positions moved."""
         if self._eof:
             return -1
         data = self._fh.read(self._chunk)
+        self.consumed += len(data)
         if not data:
             self._eof = True
             return -1
@@ -710,10 +992,11 @@ class _JsonScanner:
             start, i = start - shift, resume - shift
 
 
-def _iter_json(path: Path) -> Iterator[tuple[int, Any]]:
+def _iter_json(path: Path, id_column: str | None = None, note: str = "") -> Iterator[tuple[int, Any]]:
     file = str(path)
-    with _open_binary(path) as fh:
-        scanner = _JsonScanner(fh)
+    with _open_input(path) as src:
+        scanner = _JsonScanner(src.stream)
+        rows = _RowCounter()
         try:
             scanner.skip_bom()
             first = scanner.peek()
@@ -723,14 +1006,28 @@ def _iter_json(path: Path) -> Iterator[tuple[int, Any]]:
             if first == ord("["):
                 scanner.take()
                 for row, raw in _iter_array(scanner):
-                    yield row, _parse_json_bytes(raw, file, row)
+                    rows.next = row + 1
+                    yield row, _parse_json_bytes(raw, file, row, id_column)
+                if scanner.peek() is not None:
+                    raise _ScanError("more data after the array's closing ']'", rows.next)
                 return
             if first != ord("{"):
                 raise _ScanError(f"expected a JSON array or object, found {chr(first)!r}")
-            yield from _iter_json_object(scanner, file)
+            for row, item in _iter_json_object(scanner, file, id_column):
+                rows.next = row + 1
+                yield row, item
         except _ScanError as exc:
-            problem = f"{exc.problem} (the records from here on are lost)"
-            yield exc.row, BadRow(file, exc.row, FILE_FIELD, problem)
+            problem = f"{exc.problem}{note} (the records from here on are lost)"
+            yield exc.row, BadRow(file, exc.row, FILE_FIELD, problem, unread_tail=True)
+        except _STREAM_ERRORS as exc:
+            src.read_bytes = scanner.consumed
+            problem = src.unread_problem(exc, rows.next) + note
+            yield rows.next, BadRow(file, rows.next, FILE_FIELD, problem, unread_tail=True)
+
+
+@dataclass(slots=True)
+class _RowCounter:
+    next: int = 0
 
 
 def _iter_array(scanner: _JsonScanner) -> Iterator[tuple[int, bytes]]:
@@ -758,7 +1055,9 @@ def _iter_array(scanner: _JsonScanner) -> Iterator[tuple[int, bytes]]:
             raise _ScanError(f"expected ',' or ']' after row {row - 1}, found {chr(nxt)!r}", row)
 
 
-def _iter_json_object(scanner: _JsonScanner, file: str) -> Iterator[tuple[int, Any]]:
+def _iter_json_object(
+    scanner: _JsonScanner, file: str, id_column: str | None = None
+) -> Iterator[tuple[int, Any]]:
     """A top-level object: stream its data/rows list; a lone row object is one record."""
     scanner.take()  # '{'
     skipped: dict[str, Any] = {}
@@ -774,7 +1073,7 @@ def _iter_json_object(scanner: _JsonScanner, file: str) -> Iterator[tuple[int, A
         if key in JSON_CONTAINER_KEYS and scanner.peek() == ord("["):
             scanner.take()
             for row, raw in _iter_array(scanner):
-                yield row, _parse_json_bytes(raw, file, row)
+                yield row, _parse_json_bytes(raw, file, row, id_column)
             return
         raw_value = scanner.value()
         skipped[key] = _parse_json_bytes(raw_value, file, 0)

@@ -7,22 +7,15 @@ The server's life belongs to ``regen.sglang.server``; the requests, journal and 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from regen.client import generate_shard
 from regen.io import read_json
+from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.sglang.server import acquire_server
 from regen.storage import sink_from_config
 
 log = logging.getLogger("regen.generation")
-
-
-def per_allocation(base: str) -> str:
-    """Where this job's GPU slot files and server logs live: per Slurm job on a cluster (its GPUs are
-    its own, and files on a shared filesystem must not collide across nodes), else per node."""
-    job = os.environ.get("SLURM_JOB_ID")
-    return f"{base}/slurm-{job}" if job else base
 
 
 def run_generate_job(
@@ -36,13 +29,13 @@ def run_generate_job(
     generate_cfg: dict[str, Any],
     server_cfg: dict[str, Any],
     gpu_slots: int,
-    workdir: str = "work/servers",
-    log_dir: str = "logs/servers",
+    layout: RunLayout = RUN,
 ) -> None:
     """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed."""
     plan = read_json(plan_path)
     cfg = {**server_cfg, "gpus": int(gpu_slots)}
-    slots, logs = per_allocation(workdir), per_allocation(log_dir)
+    job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
+    slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)
     with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
         log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
         stats = generate_shard(

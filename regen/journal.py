@@ -69,6 +69,57 @@ def _parse_line(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
     return entry
 
 
+def _is_entry_like(raw: bytes) -> bool:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("id"), str)
+
+
+def complete_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
+    """The journal's complete lines as ``(line number, line without its newline)`` (blank lines
+    skipped), and the byte offset where they end.
+
+    The one torn-line rule (every reader of a journal uses it): a kill can tear only the last line,
+    so the bytes after the last newline are torn, and so is a final line that is not a JSON object
+    with a string ``id`` (a complete-looking but unreadable write).
+    """
+    lines: list[tuple[int, bytes]] = []
+    good_end = pos = lineno = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        lineno += 1
+        if nl == -1:  # torn: no newline after the last line
+            break
+        raw = data[pos:nl]
+        if raw.strip():
+            last = not data[nl + 1 :].strip()
+            if last and not _is_entry_like(raw):  # a complete-looking but unreadable final line: torn too
+                break
+            lines.append((lineno, raw))
+        pos = nl + 1
+        good_end = pos
+    return lines, good_end
+
+
+def scan_journal(path: Path, data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """Every complete entry of a journal's bytes (:func:`complete_lines`), and where they end; an
+    unreadable line that is not the torn last one raises :class:`JournalError` naming file and line."""
+    lines, good_end = complete_lines(data)
+    return [_parse_line(path, lineno, raw) for lineno, raw in lines], good_end
+
+
+def read_journal_entries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The entries of a journal file, read-only ([] when it does not exist); a torn last line is left out."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        return []
+    return scan_journal(p, data)[0]
+
+
 class Journal:
     """An open journal. Use ``Journal.open``; single writer (one generate job per shard)."""
 
@@ -112,31 +163,14 @@ class Journal:
         n_records = n_failed = 0
         if p.exists():
             data = p.read_bytes()
-            good_end = 0
-            pos = 0
-            lineno = 0
-            while pos < len(data):
-                nl = data.find(b"\n", pos)
-                lineno += 1
-                last = nl == -1 or (data.find(b"\n", nl + 1) == -1 and not data[nl + 1 :].strip())
-                raw = data[pos:] if nl == -1 else data[pos:nl]
-                if nl == -1:  # torn: no newline after the last line
-                    break
-                if raw.strip():
-                    try:
-                        entry = _parse_line(p, lineno, raw)
-                    except JournalError:
-                        if last:  # a complete-looking but unreadable final line: torn too
-                            break
-                        raise
-                    if entry["id"] not in finished:
-                        finished.add(entry["id"])
-                        if entry["kind"] == "record":
-                            n_records += 1
-                        else:
-                            n_failed += 1
-                pos = nl + 1
-                good_end = pos
+            entries, good_end = scan_journal(p, data)
+            for entry in entries:
+                if entry["id"] not in finished:
+                    finished.add(entry["id"])
+                    if entry["kind"] == "record":
+                        n_records += 1
+                    else:
+                        n_failed += 1
             if good_end < len(data):
                 with open(p, "r+b") as fh:
                     fh.truncate(good_end)

@@ -1,11 +1,10 @@
 """Training-ready Parquet: merge the validated shards into ``results/dataset/``.
 
-Two Arrow schemas live here, one place each:
+It reads ``VALID_SCHEMA`` rows (``results/valid/{shard}.parquet``) and writes
+``dataset_schema(include_token_ids)`` rows: one conversation each, whose ``messages`` end with the
+regenerated assistant turn (``reasoning_content`` + ``content``); both schemas live in ``regen.records``.
 
-* ``VALID_SCHEMA``: ``results/valid/{shard}.parquet`` (written by ``regen.validate``), a flat
-  copy of every generation record field the later stages use.
-* ``dataset_schema(include_token_ids)``: the output rows, one conversation each, whose
-  ``messages`` end with the regenerated assistant turn (``reasoning_content`` + ``content``).
+The regenerated turn's parsed tool calls (``tool_calls_json``) go on that final assistant message.
 
 ``merge`` streams batch by batch (never the whole dataset in memory), writes bounded files
 ``part-00000.parquet …`` into a temporary directory, writes ``_manifest.json`` last and then
@@ -31,101 +30,18 @@ import pyarrow.parquet as pq
 
 from regen.io import read_json, shared_temp_dir, write_json
 from regen.provenance import build_provenance
-from regen.types import Message, Sample
-
-MESSAGE_TYPE = pa.struct(
-    [
-        pa.field("role", pa.string(), nullable=False),
-        pa.field("content", pa.string()),
-        pa.field("reasoning_content", pa.string()),
-    ]
+from regen.records import (
+    DATASET_PASSTHROUGH,
+    MESSAGE_TYPE,
+    MESSAGES_TYPE,
+    VALID_SCHEMA,
+    dataset_schema,
+    message_from_row,
 )
-MESSAGES_TYPE = pa.list_(pa.field("item", MESSAGE_TYPE, nullable=False))
-#: token ids as the server reported them (SGLang ``return_token_ids``); null when it sent none
-TOKEN_IDS_TYPE = pa.list_(pa.field("item", pa.int32(), nullable=False))
-TURN_TYPE = pa.struct(
-    [
-        pa.field("reasoning_content", pa.string()),
-        pa.field("content", pa.string()),
-        pa.field("finish_reason", pa.string()),
-        pa.field("prompt_tokens", pa.int64()),
-        pa.field("completion_tokens", pa.int64()),
-        pa.field("reasoning_tokens", pa.int64()),
-        pa.field("prompt_token_ids", TOKEN_IDS_TYPE),
-        pa.field("completion_token_ids", TOKEN_IDS_TYPE),
-    ]
-)
-TURNS_TYPE = pa.list_(pa.field("item", TURN_TYPE, nullable=False))
-
-VALID_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("shard", pa.string(), nullable=False),
-        pa.field("messages", MESSAGES_TYPE, nullable=False),
-        pa.field("reasoning_content", pa.string()),
-        pa.field("content", pa.string(), nullable=False),
-        pa.field("finish_reason", pa.string(), nullable=False),
-        pa.field("truncated", pa.bool_(), nullable=False),
-        pa.field("thinking", pa.bool_(), nullable=False),
-        pa.field("prompt_tokens", pa.int64(), nullable=False),
-        pa.field("completion_tokens", pa.int64(), nullable=False),
-        pa.field("reasoning_tokens", pa.int64()),
-        pa.field("temperature", pa.float64(), nullable=False),
-        pa.field("top_p", pa.float64(), nullable=False),
-        pa.field("top_k", pa.int64(), nullable=False),
-        pa.field("max_tokens", pa.int64(), nullable=False),
-        pa.field("seed", pa.int64(), nullable=False),
-        pa.field("model", pa.string(), nullable=False),
-        pa.field("server_id", pa.string(), nullable=False),
-        pa.field("server_url", pa.string()),
-        pa.field("server_version", pa.string()),
-        pa.field("attempts", pa.int64(), nullable=False),
-        pa.field("started_at", pa.float64(), nullable=False),
-        pa.field("latency_s", pa.float64(), nullable=False),
-        pa.field("turns", TURNS_TYPE),
-        pa.field("prompt_token_ids", TOKEN_IDS_TYPE),
-        pa.field("completion_token_ids", TOKEN_IDS_TYPE),
-    ],
-    metadata={b"regen.schema": b"valid/1"},
-)
-
-# Columns copied unchanged from the valid shards into the dataset, in output order.
-_PASSTHROUGH = (
-    "model",
-    "finish_reason",
-    "truncated",
-    "thinking",
-    "prompt_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_tokens",
-    "seed",
-    "shard",
-    "prompt_token_ids",
-    "completion_token_ids",
-    "turns",
-)
+from regen.types import Sample
 
 SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
 SCRUBBED = "<scrubbed>"
-
-
-def dataset_schema(include_token_ids: bool = False) -> pa.Schema:
-    """The explicit Arrow schema of the training-ready rows."""
-    fields = [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("messages", MESSAGES_TYPE, nullable=False),
-    ]
-    fields += [VALID_SCHEMA.field(name) for name in _PASSTHROUGH]
-    if include_token_ids:
-        fields += [
-            pa.field("input_ids", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
-            pa.field("loss_mask", pa.list_(pa.field("item", pa.int8(), nullable=False)), nullable=False),
-        ]
-    return pa.schema(fields, metadata={b"regen.schema": b"dataset/1"})
 
 
 class MergeError(RuntimeError):
@@ -169,95 +85,23 @@ class Manifest:
 
 
 # ---------------------------------------------------------------------------------------------
-# Record (JSON) -> valid columns; used by regen.validate
-# ---------------------------------------------------------------------------------------------
-
-
-class ValidColumns:
-    """Column lists for a batch of valid records, appended one record at a time."""
-
-    __slots__ = ("cols",)
-
-    def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {name: [] for name in VALID_SCHEMA.names}
-
-    def __len__(self) -> int:
-        return len(self.cols["id"])
-
-    def append(self, rec: dict[str, Any]) -> None:
-        """Append one schema-valid record (ints that arrived as 1.0 are coerced)."""
-        c = self.cols
-        usage = rec["usage"]
-        sampling = rec["sampling"]
-        server = rec["server"]
-        timings = rec["timings"]
-        c["id"].append(rec["id"])
-        c["shard"].append(rec["shard"])
-        c["messages"].append(rec["messages"])
-        c["reasoning_content"].append(rec["reasoning_content"])
-        c["content"].append(rec["content"])
-        c["finish_reason"].append(rec["finish_reason"])
-        c["truncated"].append(rec["truncated"])
-        c["thinking"].append(rec["thinking"])
-        c["prompt_tokens"].append(int(usage["prompt_tokens"]))
-        c["completion_tokens"].append(int(usage["completion_tokens"]))
-        rt = usage.get("reasoning_tokens")
-        c["reasoning_tokens"].append(None if rt is None else int(rt))
-        c["temperature"].append(float(sampling["temperature"]))
-        c["top_p"].append(float(sampling["top_p"]))
-        c["top_k"].append(int(sampling["top_k"]))
-        c["max_tokens"].append(int(sampling["max_tokens"]))
-        c["seed"].append(int(rec["seed"]))
-        c["model"].append(rec["model"])
-        c["server_id"].append(server["id"])
-        c["server_url"].append(server.get("url"))
-        c["server_version"].append(server.get("version"))
-        c["attempts"].append(int(rec["attempts"]))
-        c["started_at"].append(float(timings["started_at"]))
-        c["latency_s"].append(float(timings["latency_s"]))
-        turns = rec.get("turns")
-        c["turns"].append(None if turns is None else [_turn_row(t) for t in turns])
-        c["prompt_token_ids"].append(rec.get("prompt_token_ids"))
-        c["completion_token_ids"].append(rec.get("completion_token_ids"))
-
-    def to_batch(self) -> pa.RecordBatch:
-        """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
-        arrays = [pa.array(self.cols[f.name], type=f.type) for f in VALID_SCHEMA]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=VALID_SCHEMA)
-        for lst in self.cols.values():
-            lst.clear()
-        return batch
-
-
-def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:
-    usage = turn["usage"]
-    rt = usage.get("reasoning_tokens")
-    return {
-        "reasoning_content": turn["reasoning_content"],
-        "content": turn["content"],
-        "finish_reason": turn["finish_reason"],
-        "prompt_tokens": int(usage["prompt_tokens"]),
-        "completion_tokens": int(usage["completion_tokens"]),
-        "reasoning_tokens": None if rt is None else int(rt),
-        "prompt_token_ids": turn.get("prompt_token_ids"),
-        "completion_token_ids": turn.get("completion_token_ids"),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
 # Valid batch -> dataset batch
 # ---------------------------------------------------------------------------------------------
 
 
-def _append_assistant_turn(messages: pa.ListArray, content: pa.Array, reasoning: pa.Array) -> pa.ListArray:
-    """Append ``{"role": "assistant", content, reasoning_content}`` to every row's list (vectorised)."""
+def _append_assistant_turn(
+    messages: pa.ListArray, content: pa.Array, reasoning: pa.Array, tool_calls: pa.Array
+) -> pa.ListArray:
+    """Append ``{"role": "assistant", content, reasoning_content, tool_calls_json}`` to every row's list
+    (vectorised)."""
     n = len(messages)
     offsets = messages.offsets.to_numpy().astype(np.int64)
     values = messages.values.slice(offsets[0], offsets[-1] - offsets[0])
     offsets = offsets - offsets[0]
     m = len(values)
+    no_text = pa.nulls(n, pa.string())
     assistant = pa.StructArray.from_arrays(
-        [pa.array(["assistant"] * n, pa.string()), content, reasoning],
+        [pa.array(["assistant"] * n, pa.string()), content, reasoning, tool_calls, no_text, no_text],
         fields=list(MESSAGE_TYPE),
     )
     new_offsets = offsets + np.arange(n + 1, dtype=np.int64)
@@ -280,13 +124,16 @@ def to_dataset_batch(valid: pa.RecordBatch, encoder: Any | None = None) -> pa.Re
     if valid.schema.remove_metadata() != VALID_SCHEMA.remove_metadata():
         valid = _conform(valid)
     messages = _append_assistant_turn(
-        valid.column("messages"), valid.column("content"), valid.column("reasoning_content")
+        valid.column("messages"),
+        valid.column("content"),
+        valid.column("reasoning_content"),
+        valid.column("tool_calls_json"),
     )
     arrays: list[pa.Array] = [valid.column("id"), messages]
-    arrays += [valid.column(name) for name in _PASSTHROUGH]
+    arrays += [valid.column(name) for name in DATASET_PASSTHROUGH]
     schema = dataset_schema(encoder is not None)
     if encoder is not None:
-        pairs = encoder(messages.to_pylist())
+        pairs = encoder([[message_from_row(m) for m in conv] for conv in messages.to_pylist()])
         arrays.append(pa.array([p[0] for p in pairs], schema.field("input_ids").type))
         arrays.append(pa.array([p[1] for p in pairs], schema.field("loss_mask").type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -516,7 +363,7 @@ def iter_dataset_samples(dataset_dir: str | os.PathLike[str], batch_rows: int = 
             for sid, msgs in zip(ids, convs, strict=True):
                 yield Sample(
                     id=sid,
-                    messages=tuple(Message(m["role"], m["content"], m["reasoning_content"]) for m in msgs),
+                    messages=tuple(message_from_row(m) for m in msgs),
                     source={"file": str(part), "row": row, "format": "messages"},
                 )
                 row += 1

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from regen import __version__
 from regen.io import read_json
+from regen.layout import RUN, realized_files
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
@@ -44,18 +45,17 @@ def model_revision(model_path: str) -> str | None:
     return None
 
 
-def realized_servers(workdir: str = "work/servers") -> list[dict[str, Any]]:
-    """What each GPU server reported at start-up (version, flags, memory), recorded by the server module."""
-    # per node (work/servers/gpuK) or per Slurm job (work/servers/slurm-JOB/gpuK)
-    found = glob.glob(f"{workdir}/gpu*.realized.json") + glob.glob(f"{workdir}/slurm-*/gpu*.realized.json")
-    return [read_json(p) for p in sorted(found)]
+def realized_servers(workdir: str | os.PathLike[str] = RUN.servers_root) -> list[dict[str, Any]]:
+    """What each GPU server reported at start-up (version, flags, memory), recorded by the server module
+    per node or per Slurm job (``regen.layout.realized_files``)."""
+    return [read_json(p) for p in realized_files(workdir)]
 
 
 def generation_window(valid_paths: list[str]) -> tuple[float | None, float | None]:
     """Earliest request start and latest request end over the valid records (column-wise)."""
     start = end = None
     for path in valid_paths:
-        table = pq.read_table(path, columns=["started_at", "latency_s"])  # regen.merge.VALID_SCHEMA
+        table = pq.read_table(path, columns=["started_at", "latency_s"])  # regen.records.VALID_SCHEMA
         if table.num_rows == 0:
             continue
         began = table.column("started_at")

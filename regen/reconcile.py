@@ -5,6 +5,11 @@ Buckets: ``output`` (the merged dataset), ``quarantine`` (validation, with reaso
 gave up, with reason). Input ids come from the audit's ``results/audit/flags.parquet``
 (column ``id``: one row per input sample, unreadable rows included under placeholder ids).
 
+The accounting key of a row the audit kept is its id (ids of kept rows are unique: the audit
+excludes later copies). A row the audit excluded is accounted by id *and* place
+(``excluded_key``), so a later copy of an id, e.g. ``1`` after ``"1"``, is one excluded row and
+never collides with the copy that went on to generation.
+
 Memory: ids are held in Python dicts/sets (~100-150 bytes per id), fine up to a few
 million ids; beyond that, partition by id hash and reconcile per partition.
 """
@@ -110,20 +115,42 @@ def _head(d: dict[str, Any], n: int = 5) -> dict[str, Any]:
     return dict(list(d.items())[:n])
 
 
+class MissingAuditError(FileNotFoundError):
+    """There is nothing to reconcile against: the audit has not run."""
+
+
+def excluded_key(rid: str, file: Any, row: Any) -> str:
+    """The accounting key of an excluded row: its id and where it was read."""
+    return f"{rid} (excluded row {row} of {file})"
+
+
+def keys_by_place(flags_path: str | os.PathLike[str]) -> bool:
+    """True when flags.parquet says which rows were excluded (then they are keyed by place)."""
+    return {"excluded", "file", "row"} <= set(pq.ParquetFile(flags_path).schema_arrow.names)
+
+
 def read_input_ids(flags_path: str | os.PathLike[str]) -> Iterator[str]:
-    """The ``id`` column of the audit's flags.parquet, streamed."""
+    """The accounting key of every input row in the audit's flags.parquet, streamed: the id, or
+    ``excluded_key`` for an excluded row (when the file has the ``excluded``/``file``/``row`` columns)."""
     pf = pq.ParquetFile(flags_path)
-    if "id" not in pf.schema_arrow.names:
-        raise ValueError(f"{flags_path}: no 'id' column (columns: {pf.schema_arrow.names})")
-    for batch in pf.iter_batches(columns=["id"], batch_size=65536):
-        for i, value in enumerate(batch.column(0).to_pylist()):
+    names = pf.schema_arrow.names
+    if "id" not in names:
+        raise ValueError(f"{flags_path}: no 'id' column (columns: {names})")
+    by_place = keys_by_place(flags_path)
+    columns = ["id", "excluded", "file", "row"] if by_place else ["id"]
+    for batch in pf.iter_batches(columns=columns, batch_size=65536):
+        cols = [batch.column(k).to_pylist() for k in range(len(columns))]
+        for i, value in enumerate(cols[0]):
             if value is None:
                 raise ValueError(f"{flags_path}: null id in a batch at position {i}")
-            yield value
+            yield excluded_key(value, cols[2][i], cols[3][i]) if by_place and cols[1][i] else value
 
 
-def read_reason_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str | None, str]]:
-    """``(id, reason)`` per line of an excluded/failed/quarantine JSONL file."""
+def read_reason_jsonl(
+    path: str | os.PathLike[str], by_place: bool = False
+) -> Iterator[tuple[str | None, str]]:
+    """``(id, reason)`` per line of an excluded/failed/quarantine JSONL file (``excluded_key`` as the id
+    with ``by_place``)."""
     with open(path, "rb") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
@@ -135,7 +162,12 @@ def read_reason_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[str | None
             if not isinstance(obj, dict) or "reason" not in obj:
                 raise ValueError(f"{path}: line {lineno}: field 'reason' missing")
             rid = obj.get("id")
-            yield (rid if isinstance(rid, str) else None), str(obj["reason"])
+            if not isinstance(rid, str):
+                yield None, str(obj["reason"])
+            elif by_place:
+                yield excluded_key(rid, obj.get("file"), obj.get("row")), str(obj["reason"])
+            else:
+                yield rid, str(obj["reason"])
 
 
 def read_output_ids(dataset_dir: str | os.PathLike[str]) -> Iterator[str]:
@@ -158,8 +190,10 @@ def reconcile(
     With ``strict`` (default) raises ``ReconcileError`` (carrying the result) when any id is
     lost, duplicated or unknown; ``strict=False`` only returns the result.
     """
+    by_place = False
     if isinstance(input_ids_source, str | os.PathLike):
         input_iter: Iterable[str] = read_input_ids(input_ids_source)
+        by_place = keys_by_place(input_ids_source)
     else:
         input_iter = input_ids_source
     input_ids: set[str] = set()
@@ -194,7 +228,7 @@ def reconcile(
                 continue
             put("quarantine", rid, reason)
     if excluded_jsonl is not None:
-        for rid, reason in read_reason_jsonl(excluded_jsonl):
+        for rid, reason in read_reason_jsonl(excluded_jsonl, by_place):
             put("excluded", rid, reason)
     for path in failed_paths:
         for rid, reason in read_reason_jsonl(path):
@@ -231,6 +265,12 @@ def reconcile_results(results: str | os.PathLike[str] = "results", strict: bool 
     ``ReconcileError`` is raised if the result is inconsistent.
     """
     root = Path(results)
+    flags = root / "audit" / "flags.parquet"
+    if not flags.is_file():
+        raise MissingAuditError(
+            f"{flags}: not found, so there is nothing to reconcile against; the audit writes it "
+            f"(run the workflow, or `regen audit DATASET --out {root / 'audit'}`), then reconcile"
+        )
     result = reconcile(
         root / "audit" / "flags.parquet",
         root / "audit" / "excluded.jsonl" if (root / "audit" / "excluded.jsonl").exists() else None,
@@ -249,7 +289,11 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--results", default="results", help="results directory (default: results)")
     ap.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     args = ap.parse_args(argv)
-    result = reconcile_results(args.results, strict=False)
+    try:
+        result = reconcile_results(args.results, strict=False)
+    except (MissingAuditError, ValueError) as exc:
+        print(f"regen reconcile: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:

@@ -25,6 +25,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from regen.io import atomic_open, atomic_path, read_json
+from regen.layout import RunLayout
 
 TOKEN_LENGTHS_SVG = "token_lengths.svg"
 FINISH_REASONS_SVG = "finish_reasons.svg"
@@ -344,19 +345,18 @@ def write_report_assets(
     work_dir: str | os.PathLike[str] = "work",
 ) -> dict[str, Path]:
     """Write every file in ``ASSET_NAMES`` under ``out_dir``; returns name -> path."""
-    results = Path(results_dir)
+    layout = RunLayout(results=Path(results_dir), work=Path(work_dir))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in ASSET_NAMES}
-    plot_token_lengths(results / "dataset", paths[TOKEN_LENGTHS_SVG])
-    plot_finish_reasons(results / "dataset", paths[FINISH_REASONS_SVG])
-    plot_quarantine_reasons(results / "quarantine", paths[QUARANTINE_REASONS_SVG])
-    plot_throughput(results / "generations", paths[THROUGHPUT_SVG])
-    _write_text(paths[RECONCILE_HTML], reconcile_table_html(results / "reconcile.json"))
-    servers = Path(work_dir) / "servers"  # per node, or per Slurm job (servers/slurm-JOB/)
-    realized = sorted([*servers.glob("gpu*.realized.json"), *servers.glob("slurm-*/gpu*.realized.json")])
-    plan_page = server_plan_html(results / "plan" / "server.json", realized)
-    _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, results / "plan" / "pilot.json"))
+    plot_token_lengths(layout.dataset_dir, paths[TOKEN_LENGTHS_SVG])
+    plot_finish_reasons(layout.dataset_dir, paths[FINISH_REASONS_SVG])
+    plot_quarantine_reasons(layout.quarantine_dir, paths[QUARANTINE_REASONS_SVG])
+    plot_throughput(layout.generations_dir, paths[THROUGHPUT_SVG])
+    _write_text(paths[RECONCILE_HTML], reconcile_table_html(layout.reconcile))
+    realized = layout.realized_files()  # per node and per Slurm job
+    plan_page = server_plan_html(layout.server_plan, realized)
+    _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, layout.pilot))
     return paths
 
 

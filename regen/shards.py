@@ -19,26 +19,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from regen.chat import content_as_text
+from regen.chat import ChatTemplate
 from regen.dataset import iter_samples
-from regen.types import Message, Sample
+from regen.records import SHARD_SCHEMA, json_text, message_from_row, message_row
+from regen.types import Sample
 
-MESSAGE_TYPE = pa.struct(
-    [
-        pa.field("role", pa.string()),
-        pa.field("content", pa.string()),
-        pa.field("reasoning_content", pa.string()),
-    ]
-)
-SHARD_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("messages", pa.list_(MESSAGE_TYPE), nullable=False),
-        pa.field("source_file", pa.string()),
-        pa.field("source_row", pa.int64()),
-        pa.field("source_format", pa.string()),
-    ]
-)
 ROWS_PER_BATCH = 4096
 
 
@@ -55,14 +40,6 @@ def shard_index(sample_id: str, n: int) -> int:
     return int.from_bytes(digest, "big") % n
 
 
-def _message_row(m: Message) -> dict[str, Any]:
-    return {
-        "role": m.role,
-        "content": content_as_text(m.content) if m.content is not None else None,
-        "reasoning_content": m.reasoning_content,
-    }
-
-
 class _ShardBuffer:
     """Column buffers for one shard, flushed to its ParquetWriter every ``ROWS_PER_BATCH`` rows."""
 
@@ -74,10 +51,11 @@ class _ShardBuffer:
     def add(self, sample: Sample) -> None:
         c = self.cols
         c["id"].append(sample.id)
-        c["messages"].append([_message_row(m) for m in sample.messages])
+        c["messages"].append([message_row(m) for m in sample.messages])
         c["source_file"].append(sample.source.get("file"))
         c["source_row"].append(sample.source.get("row"))
         c["source_format"].append(sample.source.get("format"))
+        c["tools_json"].append(json_text(sample.tools))
         self.rows += 1
         if len(c["id"]) >= ROWS_PER_BATCH:
             self.flush()
@@ -135,11 +113,15 @@ def read_shard(path: str | os.PathLike[str]) -> Iterator[Sample]:
     pf = pq.ParquetFile(path)
     for batch in pf.iter_batches(batch_size=ROWS_PER_BATCH):
         for row in batch.to_pylist():
-            messages = tuple(
-                Message(m["role"], m["content"], m["reasoning_content"]) for m in (row["messages"] or ())
-            )
+            messages = tuple(message_from_row(m) for m in (row["messages"] or ()))
             source = {"file": row["source_file"], "row": row["source_row"], "format": row["source_format"]}
-            yield Sample(id=row["id"], messages=messages, source=source)
+            tools = row.get("tools_json")
+            yield Sample(
+                id=row["id"],
+                messages=messages,
+                source=source,
+                tools=tuple(orjson.loads(tools)) if tools else None,
+            )
 
 
 def read_excluded(excluded_jsonl: str | os.PathLike[str]) -> tuple[frozenset[str], frozenset[int]]:
@@ -177,5 +159,8 @@ def make_shards(
     occurrence must stay).
     """
     _ids, rows = read_excluded(excluded_jsonl)
-    samples = iter_samples(input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows=None)
+    developer_role = ChatTemplate.from_dir(tokenizer_dir).developer_role if tokenizer_dir else "system"
+    samples = iter_samples(
+        input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows=None, developer_role=developer_role
+    )
     return write_shards(samples, frozenset(), out_paths, excluded_rows=rows)

@@ -45,6 +45,7 @@ from typing import Any
 import orjson
 import yaml
 
+from regen.journal import read_journal_entries
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -425,15 +426,7 @@ def journaled_ids(journal_dir: Path) -> set[str]:
     """Ids with a complete journal line (record or failure) in any shard journal."""
     ids: set[str] = set()
     for path in sorted(journal_dir.glob("*.jsonl")):
-        for raw in path.read_bytes().split(b"\n")[:-1]:  # the part after the last newline is torn
-            if not raw.strip():
-                continue
-            try:
-                entry = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-                ids.add(entry["id"])
+        ids.update(entry["id"] for entry in read_journal_entries(path))
     return ids
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from regen.io import read_json
+from regen.layout import RunLayout, url_files
+from regen.projection import fmt_duration, project
 from regen.sglang.server import is_supervisor, read_url_state
 
 #: a shard's status older than this (and not finished) is shown as stale
@@ -118,11 +120,12 @@ def fetch_metrics(url: str, timeout: float = 2.0) -> dict[str, float] | None:
 
 
 def read_servers(servers_dir: Path) -> list[ServerView]:
-    """One view per ``gpu{k}.url`` file, with live metrics for ready servers."""
+    """One view per ``gpu{k}.url`` file (per node, and per Slurm job as ``slurm-{job}/gpu{k}``), with
+    live metrics for ready servers."""
     views = []
-    for url_file in sorted(servers_dir.glob("gpu*.url"), key=lambda p: _slot_key(p.stem)):
+    for url_file in sorted(url_files(servers_dir), key=lambda p: _slot_key(_server_id(p, servers_dir))):
         state = read_url_state(url_file)
-        sid = url_file.stem
+        sid = _server_id(url_file, servers_dir)
         if state is None or not is_supervisor(state.supervisor_pid, url_file):
             views.append(ServerView(sid, None, "gone"))
             continue
@@ -147,6 +150,11 @@ def read_servers(servers_dir: Path) -> list[ServerView]:
             )
         )
     return views
+
+
+def _server_id(url_file: Path, servers_dir: Path) -> str:
+    """``gpu{k}`` for a per-node slot, ``slurm-{job}/gpu{k}`` for a per-Slurm-job one."""
+    return url_file.stem if url_file.parent == servers_dir else f"{url_file.parent.name}/{url_file.stem}"
 
 
 def _slot_key(server_id: str) -> tuple[int, str]:
@@ -202,15 +210,6 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     if value is None:
         return "-"
     return f"{value:.{digits}f}"
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = round(seconds)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
 
 
 def render_table(
@@ -284,8 +283,6 @@ def projection_lines(pilot_path: Path, remaining_now: int | None) -> list[str]:
     """The pilot's projection (``regen tune --sweep``), re-projected for the samples left now when known."""
     if not pilot_path.is_file():
         return []
-    from regen.sweep import project  # the one projection formula
-
     try:
         pilot = read_json(pilot_path)
         proj = pilot["projection"]
@@ -310,15 +307,16 @@ def projection_lines(pilot_path: Path, remaining_now: int | None) -> list[str]:
 
 def status_report(workdir: Path, results: Path, now: float | None = None) -> str:
     """Gather every source and render the table."""
-    statuses = read_shard_statuses(workdir / "status")
-    servers = read_servers(workdir / "servers")
-    planned = shard_names(results / "shards", ".parquet")
-    finished = shard_names(results / "generations", ".jsonl")
+    layout = RunLayout(results=Path(results), work=Path(workdir))
+    statuses = read_shard_statuses(layout.status_dir)
+    servers = read_servers(layout.servers_root)
+    planned = shard_names(layout.shards_dir, ".parquet")
+    finished = shard_names(layout.generations_dir, ".jsonl")
     t_now = time.time() if now is None else now
     text = render_table(statuses, servers, planned, finished, t_now)
     totals = run_totals(statuses, planned, finished, t_now)
     left = None if totals.total is None or not statuses else totals.total - totals.done
-    extra = projection_lines(results / "plan" / "pilot.json", left)
+    extra = projection_lines(layout.pilot, left)
     return text + "".join(line + "\n" for line in extra)
 
 

@@ -30,6 +30,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
 from regen.io import atomic_path, write_json
+from regen.journal import complete_lines
 
 log = logging.getLogger("regen.storage")
 
@@ -253,15 +254,12 @@ def _line_id(line: bytes) -> str | None:
 
 
 def _complete_lines(data: bytes) -> list[bytes]:
-    """Lines of a journal, each ending in a newline; a torn (unterminated, unparsable) tail is dropped."""
-    lines = data.splitlines(keepends=True)
-    if lines and not lines[-1].endswith(b"\n"):
-        tail = lines.pop()
-        if _line_id(tail) is not None:
-            lines.append(tail + b"\n")
-        elif tail.strip():
-            log.warning("dropping a torn last journal line (%d bytes)", len(tail))
-    return [ln for ln in lines if ln.strip()]
+    """Lines of a journal, each ending in a newline, under the journal's one torn-line rule
+    (``regen.journal.complete_lines``): a torn last line is dropped."""
+    lines, end = complete_lines(data)
+    if data[end:].strip():
+        log.warning("dropping a torn last journal line (%d bytes)", len(data) - end)
+    return [raw + b"\n" for _, raw in lines]
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,6 @@ report's ``server_plan.html``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import copy
@@ -42,18 +41,16 @@ import math
 import os
 import random
 import socket
-import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from regen.client import Endpoint, GenerateConfig, ProgressOptions, ShardFailedError, generate_shard_async
+from regen.client import GenerateConfig, ProgressOptions, ShardFailedError, generate_shard_async
 from regen.closedloop import StepModel, closed_loop_wall_s
-from regen.io import read_json, write_json
+from regen.journal import read_journal_entries
+from regen.projection import PROJECTION_ASSUMPTIONS, Remaining, project
 from regen.sglang.metrics import (
     DecodeSample,
     SteadyState,
@@ -69,11 +66,10 @@ from regen.sglang.server import (
     build_simulated_command,
     stop_all_servers,
 )
-from regen.types import Sample
+from regen.types import Endpoint, Sample
 
 log = logging.getLogger("regen.sweep")
 
-PILOT_JSON = Path("results/plan/pilot.json")
 REPEAT_MARK = "~r"
 DEFAULT_WARMUP_FRACTION = 0.2
 SWEEP_SHARD = "pilot"
@@ -265,38 +261,6 @@ class SweepResult:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Remaining:
-    shards: int
-    samples: int
-    finished: int
-
-    @property
-    def remaining(self) -> int:
-        return self.samples - self.finished
-
-
-@dataclass(frozen=True, slots=True)
-class Projection:
-    """Wall time and GPU-hours for ``remaining_samples`` at the pilot's measured rate."""
-
-    remaining_samples: int
-    tokens_per_sample: float
-    out_tok_s_per_server: float
-    gpus: int
-    tp: int
-    servers: int
-    remaining_output_tokens: float
-    wall_s: float
-    gpu_hours: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **dataclasses.asdict(self),
-            "wall_h": self.wall_s / 3600,
-        }
-
-
 # ------------------------------------------------------------------------------ helpers --
 def percentile(ordered: Sequence[float], q: float) -> Any:
     """Nearest-rank percentile of an ascending sequence (an element of it)."""
@@ -322,26 +286,6 @@ def _completion_tokens(entry: Mapping[str, Any]) -> int:
     if turns:
         return sum(int((t.get("usage") or {}).get("completion_tokens") or 0) for t in turns)
     return int((entry.get("usage") or {}).get("completion_tokens") or 0)
-
-
-def read_journal_entries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Parsed journal lines (a torn last line is skipped; any other bad line raises)."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    lines = p.read_bytes().split(b"\n")
-    out = []
-    for n, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            entry = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            if n == len(lines):  # no newline after it: torn by a kill
-                break
-            raise SweepError(f"{p}: line {n}: not JSON ({exc})") from exc
-        out.append(entry)
-    return out
 
 
 def measure_journal(
@@ -617,49 +561,6 @@ def run_sweep(
 
 
 # --------------------------------------------------------------------------- projection --
-def shard_ids(path: str | os.PathLike[str]) -> list[str]:
-    import pyarrow.parquet as pq
-
-    return [str(x) for x in pq.read_table(path, columns=["id"]).column("id").to_pylist()]
-
-
-def count_remaining(results_dir: str | os.PathLike[str], work_dir: str | os.PathLike[str]) -> Remaining:
-    """Samples in ``results/shards/*.parquet`` minus the ids finished in ``work/journal/{shard}.jsonl``."""
-    shards = sorted(p for p in Path(results_dir, "shards").glob("*.parquet") if not p.name.startswith("."))
-    total = finished = 0
-    for shard in shards:
-        ids = set(shard_ids(shard))
-        total += len(ids)
-        journal = Path(work_dir, "journal", f"{shard.stem}.jsonl")
-        done = {str(e.get("id")) for e in read_journal_entries(journal)}
-        finished += len(ids & done)
-    return Remaining(shards=len(shards), samples=total, finished=finished)
-
-
-def project(
-    remaining_samples: int, tokens_per_sample: float, out_tok_s_per_server: float, gpus: int, tp: int = 1
-) -> Projection:
-    """wall = remaining x tokens/sample / (tok/s per server x servers); GPU-hours = wall x servers x tp."""
-    if out_tok_s_per_server <= 0:
-        raise SweepError("cannot project from a measured rate of 0 tok/s")
-    servers = gpus // tp
-    if servers < 1:
-        raise SweepError(f"{gpus} GPU(s) cannot hold one server of tp={tp}")
-    tokens = remaining_samples * tokens_per_sample
-    wall = tokens / (out_tok_s_per_server * servers)
-    return Projection(
-        remaining_samples=remaining_samples,
-        tokens_per_sample=tokens_per_sample,
-        out_tok_s_per_server=out_tok_s_per_server,
-        gpus=gpus,
-        tp=tp,
-        servers=servers,
-        remaining_output_tokens=tokens,
-        wall_s=wall,
-        gpu_hours=wall * servers * tp / 3600,
-    )
-
-
 def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel | None:
     """The decode-step cost line: through the best candidate's plateau with ``fixed_step_s`` as its
     batch-independent part (e.g. the weights over the memory bandwidth) when given, else fitted to the
@@ -715,14 +616,6 @@ def closed_loop_projection(
     }
 
 
-PROJECTION_ASSUMPTIONS = (
-    "every server sustains the best candidate's measured output tok/s (same model, flags, GPU kind)",
-    "remaining samples produce the pilot's mean completion tokens per sample (same sampling and thinking)",
-    "servers scale linearly; server startup, retries and stragglers at the end of shards are not counted",
-    "GPU-hours count every GPU of every server for the whole wall time",
-)
-
-
 def pilot_report(
     result: SweepResult, remaining: Remaining, gpus: int, tp: int, *, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -748,211 +641,14 @@ def pilot_report(
     }
 
 
-def read_pilot(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``pilot.json`` if present (None otherwise)."""
-    p = Path(path)
-    if not p.is_file():
-        return None
-    data = read_json(p)
-    if not isinstance(data, dict) or "projection" not in data:
-        raise SweepError(f"{p}: not a pilot file (no 'projection' field)")
-    return data
-
-
-# ----------------------------------------------------------------------------------- CLI --
-def _load_config(path: str | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    import yaml
-
-    with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
-    if not isinstance(data, dict):
-        raise SweepError(f"{path}: not a YAML mapping")
-    return data
-
-
-def pilot_samples(shard: str | os.PathLike[str], limit: int) -> list[Sample]:
-    from regen.shards import read_shard
-
-    out: list[Sample] = []
-    for sample in read_shard(shard):
-        out.append(sample)
-        if len(out) >= limit:
-            break
-    if not out:
-        raise SweepError(f"{shard}: no samples for the pilot")
-    return out
-
-
-def candidates_from_recommendation(rec: Any, top: int) -> list[tuple[SweepCandidate, Any]]:
-    """(candidate, its MemoryPlan): the recommended config, the tuner's next best, then the given flags.
-
-    The simulated cap (and the label) uses the plan's workload concurrency when known: beyond it the KV
-    cache cannot hold every running request at full length, so a real server would preempt.
-    """
-
-    def cap(p: Any) -> int:
-        return int(p.workload_concurrency or p.effective_max_running_requests)
-
-    found: list[tuple[SweepCandidate, Any]] = [
-        (SweepCandidate(tuple(rec.args), cap(rec.recommended), "recommended"), rec.recommended)
-    ]
-    for i, c in enumerate(rec.candidates[1:top], start=1):
-        found.append((SweepCandidate(tuple(c.args), cap(c.plan), f"tuner #{i + 1}"), c.plan))
-    found.append((SweepCandidate(tuple(rec.given.args), cap(rec.given), "given"), rec.given))
-    seen: set[tuple[str, ...]] = set()
-    unique = []
-    for cand, p in found:
-        if cand.args not in seen:
-            seen.add(cand.args)
-            unique.append((cand, p))
-    return unique
-
-
-def render_result(report: Mapping[str, Any]) -> str:
-    from regen.status import fmt_duration
-
-    lines = [f"{'candidate':<14}{'cap':>6}{'out tok/s':>12}{'req/s':>9}{'p50':>7}{'p99':>7}  args"]
-    for i, row in enumerate(report["candidates"]):
-        mark = "*" if i == report["best_index"] else " "
-        if not row["ok"]:
-            lines.append(f"{mark}{row['label']:<13}{'':>6}{'failed':>12}  {row['error']}")
-            continue
-        lines.append(
-            f"{mark}{row['label']:<13}{row['concurrency']:>6}{row['out_tok_s']:>12.1f}{row['req_s']:>9.2f}"
-            f"{row['lengths']['p50']:>7}{row['lengths']['p99']:>7}  {' '.join(row['args'])}"
-        )
-    p = report["projection"]
-    lines += [
-        "",
-        f"best: {report['best_label']} ({report['best_out_tok_s']:.1f} out tok/s per server)",
-        f"remaining: {p['remaining_samples']} samples x {p['tokens_per_sample']:.1f} tokens on "
-        f"{p['servers']} server(s) of tp={p['tp']}: wall {fmt_duration(p['wall_s'])}, "
-        f"{p['gpu_hours']:.2f} GPU-hours",
-    ]
-    return "\n".join(lines)
-
-
-def cli(argv: list[str]) -> int:
-    """``regen tune --sweep``: recommend, benchmark the top configs live, write pilot.json."""
-    from regen.sglang.models import ModelShape
-    from regen.sglang.plan import (
-        DEFAULT_WORKLOAD,
-        Workload,
-        add_planning_arguments,
-        gpu_memory_from_nvidia_smi,
-        recommend,
-        workload_from_audit,
-        write_plan_file,
-    )
-
-    sglang_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, sglang_args = argv[:cut], argv[cut + 1 :]
-    p = argparse.ArgumentParser(prog="regen tune --sweep", description=__doc__.splitlines()[0])
-    p.add_argument("--model-config", help="HF model dir or config.json (default: server.model_config)")
-    p.add_argument("--gpu-memory-mib", type=int, help="default: server.gpu_memory_mib, nvidia-smi")
-    p.add_argument("--tp", type=int, help="tensor parallel size (default: server.tp)")
-    add_planning_arguments(p)
-    p.add_argument("--max-tokens", type=int, help="default: generate.sampling.max_tokens")
-    p.add_argument("--server-config", help="config.yaml: its server: and generate: sections are used")
-    p.add_argument("--simulated", action="store_true", help="run simulated servers (server.mode simulated)")
-    p.add_argument("--pilot-shard", help="default: first results/shards/*.parquet")
-    p.add_argument("--pilot-samples", type=int, default=300, help="pilot prompts (cycled) (default 300)")
-    p.add_argument("--seconds", type=float, default=20.0, help="measurement time per candidate (default 20)")
-    p.add_argument("--candidates", type=int, default=2, help="tuner configs to try besides the given flags")
-    p.add_argument("--gpus", type=int, help="GPUs for the projection (default: server.gpus)")
-    p.add_argument("--results", default="results")
-    p.add_argument("--work", default="work")
-    p.add_argument("--out", default=None, help="pilot file (default: RESULTS/plan/pilot.json)")
-    p.add_argument("--plan-out", help="also write a plan file (like results/plan/server.json) with the best")
-    ns = p.parse_args(argv)
-    try:
-        config = _load_config(ns.server_config)
-        server_cfg = dict(config.get("server") or {})
-        generate_cfg = dict(config.get("generate") or {})
-        if ns.simulated:
-            server_cfg["mode"] = "simulated"
-        if server_cfg.get("mode") == "external":
-            raise SweepError("server.mode external: regen does not launch the server, nothing to sweep")
-        if not sglang_args:
-            sglang_args = [str(a) for a in server_cfg.get("args") or []]
-        model_config = ns.model_config or server_cfg.get("model_config") or server_cfg.get("model_path")
-        if not model_config:
-            raise SweepError("--model-config is required (or server.model_config in --server-config)")
-        model = ModelShape.from_config(model_config)
-        gpu_mib = ns.gpu_memory_mib or server_cfg.get("gpu_memory_mib") or gpu_memory_from_nvidia_smi()
-        tp = int(ns.tp or server_cfg.get("tp", 1) or 1)
-        gpus = int(ns.gpus or server_cfg.get("gpus", 1) or 1)
-        max_tokens = ns.max_tokens or (generate_cfg.get("sampling") or {}).get("max_tokens")
-        base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
-        p50 = ns.prompt_p50 or base.prompt_p50
-        workload = Workload(
-            prompt_p50=p50,
-            prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
-            max_tokens=int(max_tokens or base.max_tokens),
-            expected_output_tokens=ns.expected_output_tokens,
-        )
-        rec = recommend(
-            model, int(gpu_mib), tp, sglang_args, workload, ns.sglang_version,
-            allow_fp8_kv=ns.allow_fp8_kv or bool(server_cfg.get("allow_fp8_kv")),
-            allow_bf16_state=ns.allow_bf16_state or bool(server_cfg.get("allow_bf16_state")),
-        )  # fmt: skip
-        pairs = candidates_from_recommendation(rec, 1 + max(0, ns.candidates - 1))
-        shard = ns.pilot_shard or _first_shard(Path(ns.results))
-        samples = pilot_samples(shard, ns.pilot_samples)
-        result = run_sweep(server_cfg, [c for c, _ in pairs], samples, generate_cfg, ns.seconds,
-                           Path(ns.work) / "sweep")  # fmt: skip
-        remaining = count_remaining(ns.results, ns.work)
-        report = pilot_report(
-            result, remaining, gpus, tp,
-            extra={"pilot_shard": str(shard), "model_config": str(model_config), "gpu_memory_mib": gpu_mib,
-                   "server_mode": server_cfg.get("mode", "sglang"), "sglang_version": ns.sglang_version},
-        )  # fmt: skip
-        out = Path(ns.out) if ns.out else Path(ns.results) / "plan" / "pilot.json"
-        write_json(out, report)
-        if ns.plan_out:
-            best_cand, best_plan = pairs[[c.args for c, _ in pairs].index(result.best_args)]
-            chosen = dataclasses.replace(
-                rec,
-                recommended=best_plan,
-                args=best_cand.args,
-                reasons=(f"fastest in the pilot sweep: {result.best.out_tok_s:.1f} out tok/s "
-                         f"({best_cand.label}); see {out}",),
-            )  # fmt: skip
-            write_plan_file(ns.plan_out, chosen, sglang_version=ns.sglang_version,
-                            model_config=str(model_config), gpu_memory_mib=int(gpu_mib))  # fmt: skip
-    except (ValueError, OSError, RuntimeError) as exc:
-        print(f"regen tune --sweep: {exc}", file=sys.stderr)
-        return 2
-    print(render_result(report))
-    print(f"wrote {out}")
-    return 0
-
-
-def _first_shard(results: Path) -> Path:
-    shards = sorted(p for p in (results / "shards").glob("*.parquet") if not p.name.startswith("."))
-    if not shards:
-        raise SweepError(f"no prompt shard under {results / 'shards'}: pass --pilot-shard")
-    return shards[0]
-
-
 __all__ = [
     "CandidateResult",
     "LengthStats",
     "PilotMeasurement",
-    "Projection",
-    "Remaining",
     "SweepCandidate",
     "SweepError",
     "SweepResult",
-    "cli",
-    "count_remaining",
     "drive_pilot",
     "pilot_report",
-    "project",
-    "read_pilot",
     "run_sweep",
 ]

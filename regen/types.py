@@ -6,28 +6,54 @@ where it is stored as Parquet, one Arrow schema in the module that writes it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
 KNOWN_ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+#: OpenAI's newer name for the system turn; the reader maps it to what the target chat template renders
+DEVELOPER_ROLE = "developer"
 DatasetFormat = Literal["messages", "sharegpt", "prompt", "tokenized"]
 FORMATS: tuple[str, ...] = ("messages", "sharegpt", "prompt", "tokenized")
 
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One chat turn. ``content`` is kept as read (it may be non-text in bad input)."""
+    """One chat turn. ``content`` is kept as read (it may be non-text in bad input).
+
+    ``tool_calls`` (an assistant turn's OpenAI tool calls, as read), ``tool_call_id`` and ``name``
+    (a tool turn's) go to the chat template and the server unchanged.
+    """
 
     role: str
     content: Any
     reasoning_content: str | None = None
+    tool_calls: tuple[Any, ...] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.reasoning_content is not None:
             out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls is not None:
+            out["tool_calls"] = list(self.tool_calls)
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
         return out
+
+
+def prompt_end(roles: Sequence[str]) -> int:
+    """How many leading turns form the prompt: everything before a final assistant turn, else all.
+
+    A conversation that ends with an assistant turn has that turn regenerated; one that ends with a
+    user (or tool) turn is answered as it stands, so its last turn is never dropped.
+    """
+    n = len(roles)
+    return n - 1 if n and roles[-1] == "assistant" else n
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,13 +67,18 @@ class Sample:
     id: str
     messages: tuple[Message, ...]
     source: dict[str, Any] = field(default_factory=dict)
+    #: the row's OpenAI tool definitions (``tools``), passed to the chat template and the server
+    tools: tuple[Any, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "messages": [m.to_json() for m in self.messages],
             "source": dict(self.source),
         }
+        if self.tools is not None:
+            out["tools"] = list(self.tools)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +89,22 @@ class BadRow:
     row: int
     field: str
     problem: str
+    #: the file is unreadable from this row on: everything after it is lost input, not one bad row
+    unread_tail: bool = False
 
     def __str__(self) -> str:
         return f"{self.file}: row {self.row}: field {self.field!r}: {self.problem}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "row": self.row, "field": self.field, "problem": self.problem}
+        out: dict[str, Any] = {
+            "file": self.file,
+            "row": self.row,
+            "field": self.field,
+            "problem": self.problem,
+        }
+        if self.unread_tail:
+            out["unread_tail"] = True
+        return out
 
 
 class BadInputError(ValueError):
@@ -72,3 +113,15 @@ class BadInputError(ValueError):
     def __init__(self, bad: BadRow) -> None:
         super().__init__(str(bad))
         self.bad = bad
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A running server, as ``regen.sglang.server.acquire_server`` hands it over to the client."""
+
+    url: str
+    server_id: str
+    max_running_requests: int | None = None
+    version: str | None = None
+    model: str | None = None
+    api_key: str | None = field(default=None, repr=False)

@@ -1,7 +1,7 @@
 """Per-record validation of a generation shard: valid Parquet + quarantine JSONL.
 
 Every line of ``results/generations/{shard}.jsonl`` ends up in exactly one of
-``results/valid/{shard}.parquet`` (Arrow schema ``regen.merge.VALID_SCHEMA``) or
+``results/valid/{shard}.parquet`` (Arrow schema ``regen.records.VALID_SCHEMA``) or
 ``results/quarantine/{shard}.jsonl`` (``{"id", "reason", "detail", "record"}``).
 
 The JSON Schema ``schemas/record.schema.json`` is the single source of truth for the record
@@ -29,9 +29,9 @@ import orjson
 import pyarrow.parquet as pq
 
 from regen.io import atomic_open, atomic_path, read_json
-from regen.merge import VALID_SCHEMA, ValidColumns
+from regen.records import RECORD_SCHEMA_PATH, VALID_SCHEMA, ValidColumns
 
-DEFAULT_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
+DEFAULT_SCHEMA_PATH = RECORD_SCHEMA_PATH
 BATCH_ROWS = 10000
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

@@ -3,6 +3,7 @@ import os
 
 from snakemake.utils import validate
 
+from regen.layout import RUN
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
@@ -61,5 +62,5 @@ def get_final_outputs():
 
 
 def stop_gpu_servers():
-    """Stop the per-GPU servers this run started (called on success and on error)."""
-    stop_all_servers("work/servers")
+    """Stop the per-GPU servers this run started, per node and per Slurm job (on success and on error)."""
+    stop_all_servers(RUN.servers_root)

@@ -1,7 +1,7 @@
-"""Snakemake script: plan the SGLang servers' memory and flags (regen.sglang.plan)."""
+"""Snakemake script: plan the SGLang servers' memory and flags (regen.tune)."""
 
 from regen.runlog import log_to
-from regen.sglang.plan import write_plan_for_workflow
+from regen.tune import write_plan_for_workflow
 
 log_to(snakemake.log[0])
 write_plan_for_workflow(

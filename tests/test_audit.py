@@ -140,6 +140,7 @@ def test_summary_counts_and_keys(dataset: Path, tmp_path: Path, demo_tokenizer_d
         "max_empty_response_fraction",
         "max_structure_error_fraction",
         "max_over_length_fraction",
+        "max_unread_tail_files",
     }
     assert all({"limit", "value", "passed"} <= set(g) for g in s["gates"].values())
     assert s["passed"] is True
@@ -171,7 +172,7 @@ def test_excluded_lists_reasons(dataset: Path, tmp_path: Path, demo_tokenizer_di
         else:
             assert row not in reasons
     bad = [e for e in lines if e["reason"] == "bad_row"]
-    assert all(e["id"] == f"row:{dataset}:{e['row']}" for e in bad)
+    assert all(e["id"] == f"row/{e['row']}:{dataset}" for e in bad)
     assert all({"id", "reason", "file", "row"} <= set(e) for e in lines)
 
 
@@ -245,7 +246,7 @@ def test_audit_records_without_files(demo_tokenizer_dir: Path) -> None:
     audits, summary = audit_records(samples, cfg(), demo_tokenizer_dir, bad_rows=bad)
     assert [a.flags for a in audits] == [(), ("empty_response",), ("bad_row",)]
     assert summary.total == 3
-    assert audits[2].id == "row:f.jsonl:7"
+    assert audits[2].id == "row/7:f.jsonl"  # '/' never occurs in a real id: no collision possible
 
 
 def test_structure_rules() -> None:

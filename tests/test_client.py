@@ -312,24 +312,27 @@ def test_multi_turn_modes(sim: str, tmp_path: Path) -> None:
         Message("assistant", "a3"),
         Message("user", "trailing"),
     )
-    assert prompt_for_last(conv) == [{"role": m.role, "content": m.content} for m in conv[:6]]
+    # the trailing user turn is answered (issue 14: never dropped); without it, a3 is regenerated
+    assert prompt_for_last(conv) == [{"role": m.role, "content": m.content} for m in conv]
+    assert prompt_for_last(conv[:7]) == [{"role": m.role, "content": m.content} for m in conv[:6]]
     assert prompt_for_last(conv[:2]) == [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "u1"},
     ]
-    assert [len(s) for s in turn_prefixes(conv)] == [2, 1, 1]
+    assert [len(s) for s in turn_prefixes(conv)] == [2, 1, 1, 1]
     sh = Shard(tmp_path)
     sh.run([Sample("c1", conv), Sample("c2", conv[:2])], sim, regenerate="all")
     recs = {r["id"]: r for r in read_jsonl(sh.out)}
     r = recs["c1"]
     jsonschema.validate(r, SCHEMA)
-    assert len(r["turns"]) == 3 and r["attempts"] == 3
+    assert len(r["turns"]) == 4 and r["attempts"] == 4
     roles = [m["role"] for m in r["messages"]]
-    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user"]
     assert r["messages"][2]["content"] == r["turns"][0]["content"] != "a1"
     assert r["messages"][2]["reasoning_content"] == r["turns"][0]["reasoning_content"]
     assert r["messages"][4]["content"] == r["turns"][1]["content"]
-    assert r["content"] == r["turns"][2]["content"]
+    assert r["messages"][6]["content"] == r["turns"][2]["content"]
+    assert r["messages"][-1]["content"] == "trailing" and r["content"] == r["turns"][3]["content"]
     assert len(recs["c2"]["turns"]) == 1
 
 
@@ -365,3 +368,42 @@ def test_concurrency_from_server_info(tmp_path: Path) -> None:
     finally:
         stop()
     assert peak == 3
+
+
+def test_ids_are_data_not_header_syntax(sim: str, tmp_path: Path) -> None:
+    """An id with a newline (or any character) travels percent-encoded; its shard completes (issue 14)."""
+    odd = ["line\nbreak", "cr\r\nlf: injected", "ünï code", "sp ace;%20"]
+    samples = [Sample(i, (Message("user", f"q {k}"),)) for k, i in enumerate(odd)]
+    sh = Shard(tmp_path)
+    stats = sh.run(samples, sim)
+    assert (stats.completed, stats.failed) == (4, 0)
+    assert sorted(r["id"] for r in read_jsonl(sh.out)) == sorted(odd)
+    assert set(stats_of(sim)["completed"]) == set(odd)  # the server decoded the very same ids
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+}
+
+
+def test_tool_calls_and_tools_reach_the_server_and_the_record(sim: str, tmp_path: Path) -> None:
+    conv = (
+        Message("user", "Weather in Oslo?"),
+        Message("assistant", "", tool_calls=(CALL,)),
+        Message("tool", '{"temp_c": 3}', tool_call_id="call_1"),
+        Message("assistant", "3 degrees."),
+    )
+    sh = Shard(tmp_path)
+    sh.run([Sample("t1", conv, tools=tuple(TOOLS)), Sample("t2", conv[:3])], sim)
+    recs = {r["id"]: r for r in read_jsonl(sh.out)}
+    for r in recs.values():
+        jsonschema.validate(r, SCHEMA)
+        assert r["messages"] == [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [CALL]},
+            {"role": "tool", "content": '{"temp_c": 3}', "tool_call_id": "call_1"},
+        ]
+    assert recs["t1"]["tools"] == TOOLS and "tools" not in recs["t2"]

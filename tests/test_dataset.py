@@ -137,7 +137,12 @@ def test_sharegpt_maps_speakers_and_system(formats_dir: Path, name: str) -> None
         {"role": "assistant", "content": "4"},
     ]
     assert [m.role for m in samples[1].messages] == ["system", "user", "assistant", "user", "assistant"]
-    assert samples[1].source == {"file": str(formats_dir / name), "row": 1, "format": "sharegpt"}
+    assert samples[1].source == {
+        "file": str(formats_dir / name),
+        "row": 1,
+        "format": "sharegpt",
+        "id_json": '"s-2"',
+    }
 
 
 def test_prompt_format_makes_a_user_turn(formats_dir: Path) -> None:
@@ -550,7 +555,9 @@ def test_structure_faults_are_kept_for_the_audit(tmp_path: Path) -> None:
     ]
     samples, bad = _read(_write_jsonl(tmp_path / "faults.jsonl", [{"messages": c} for c in convos]))
     assert bad == []
-    assert [[m.to_json() for m in s.messages] for s in samples[:6]] == convos[:6]
+    as_read = [[dict(m) for m in c] for c in convos[:6]]
+    as_read[2][0]["content"] = "Hi"  # a list of text parts is joined, as SGLang does
+    assert [[m.to_json() for m in s.messages] for s in samples[:6]] == as_read
     assert samples[6].messages == (Message("user", None),)
     assert samples[7].messages == ()
 

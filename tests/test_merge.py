@@ -15,7 +15,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from regen.merge import VALID_SCHEMA, MergeError, dataset_schema, iter_dataset_samples, merge, scrub_secrets
+from regen.merge import MergeError, iter_dataset_samples, merge, scrub_secrets
+from regen.records import VALID_SCHEMA, dataset_schema
 from regen.validate import validate_shard
 
 
@@ -78,10 +79,16 @@ def test_merge_rows_schema_and_messages(tmp_path: Path) -> None:
     assert table.num_rows == 12
     rows = {r["id"]: r for r in table.to_pylist()}
     r = rows["s00002-3"]
+    no_tools = {"tool_calls_json": None, "tool_call_id": None, "name": None}
     assert r["messages"] == [
-        {"role": "system", "content": "be brief", "reasoning_content": None},
-        {"role": "user", "content": "q3?", "reasoning_content": None},
-        {"role": "assistant", "content": "the answer is 3", "reasoning_content": "let me think about 3"},
+        {"role": "system", "content": "be brief", "reasoning_content": None, **no_tools},
+        {"role": "user", "content": "q3?", "reasoning_content": None, **no_tools},
+        {
+            "role": "assistant",
+            "content": "the answer is 3",
+            "reasoning_content": "let me think about 3",
+            **no_tools,
+        },
     ]
     assert (r["shard"], r["prompt_tokens"], r["seed"], r["finish_reason"]) == ("00002", 13, 21, "stop")
     assert rows["s00000-0"]["truncated"] is True

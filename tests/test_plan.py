@@ -11,15 +11,13 @@ import pytest
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     Workload,
-    cli,
-    compare,
     flag_warnings,
-    parse_startup_log,
     plan,
-    realized_from_server_info,
     recommend,
     workload_from_audit,
 )
+from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
+from regen.tune import cli
 
 MODELS = Path(__file__).parent / "data" / "models"
 H200_MIB = 143771  # nvidia-smi memory.total on the project's H200
@@ -255,7 +253,7 @@ def test_cli_json_and_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_workflow_plan_file_from_the_audit_summary(tmp_path: Path) -> None:
     """The tune rule: exact prompt p99 from the audit, KV sized for running x (p99 + max_tokens)."""
     from regen.io import read_json, write_json
-    from regen.sglang.plan import write_plan_for_workflow
+    from regen.tune import write_plan_for_workflow
 
     summary = tmp_path / "summary.json"
     write_json(summary, {"prompt_tokens_p50": 300, "prompt_tokens_p99": 900, "context_limit": 4096})

@@ -9,8 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.io import read_json
-from regen.merge import VALID_SCHEMA, ValidColumns, merge
+from regen.merge import merge
 from regen.reaudit import OutputGateError, reaudit_dataset
+from regen.records import VALID_SCHEMA, ValidColumns
 
 GATES = {
     "max_empty_answer_fraction": 0.05,

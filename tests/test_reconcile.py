@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from regen.merge import dataset_schema
+from regen.audit import run_audit
 from regen.reconcile import ReconcileError, cli, reconcile, reconcile_results
+from regen.records import dataset_schema
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -133,3 +135,60 @@ def test_bad_side_file_names_file_and_line(tmp_path: Path) -> None:
         fh.write(b'{"id": "id9"}\n')
     with pytest.raises(ValueError, match=r"00000\.failed\.jsonl: line 3: field 'reason' missing"):
         reconcile_results(root)
+
+
+def _audited_results(tmp_path: Path, rows: list[dict[str, Any]], tokenizer: Path) -> tuple[Path, list[str]]:
+    """Audit ``rows`` into results/audit and put every kept id in the output dataset."""
+    data = _jsonl(tmp_path / "in.jsonl", rows)
+    root = tmp_path / "results"
+    run_audit(data, root / "audit", {"override_gates": True}, tokenizer, id_column="id")
+    flags = pq.read_table(root / "audit" / "flags.parquet").to_pylist()
+    kept = [f["id"] for f in flags if not f["excluded"]]
+    _dataset(root / "dataset", kept)
+    return root, kept
+
+
+def _row(rid: Any, text: str) -> dict[str, Any]:
+    return {"id": rid, "messages": [{"role": "user", "content": text}, {"role": "assistant", "content": "a"}]}
+
+
+def test_string_and_integer_id_reconcile_as_audited(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
+    """ "1" then 1: the audit keeps the first and excludes the second as a duplicate id; reconcile agrees."""
+    root, kept = _audited_results(tmp_path, [_row("1", "first"), _row(1, "second"), _row(2, "third")],
+                                  demo_tokenizer_dir)  # fmt: skip
+    assert kept == ["1", "2"]
+    flags = pq.read_table(root / "audit" / "flags.parquet").to_pylist()
+    assert [f["id_json"] for f in flags] == ['"1"', "1", "2"]  # the type as written is kept
+    excluded = [orjson.loads(x) for x in (root / "audit" / "excluded.jsonl").read_bytes().splitlines()]
+    assert [(e["row"], e["reason"], e["id_json"]) for e in excluded] == [(1, "structure_error", "1")]
+    assert "ids compare as text" in excluded[0]["detail"]
+    result = reconcile_results(root)
+    assert result.ok and result.input_count == 3
+    assert result.counts == {"output": 2, "quarantine": 0, "excluded": 1, "failed": 0}
+
+
+def test_placeholder_ids_never_collide_with_real_ids(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
+    """A real id spelled like the old placeholder (row:<file>:<n>) and the unreadable row it names."""
+    data_name = "in.jsonl"
+    rows = [_row("a", "q"), "not json", _row(f"row:{data_name}:1", "q2")]
+    path = tmp_path / data_name
+    path.write_bytes(b"".join((r.encode() if isinstance(r, str) else orjson.dumps(r)) + b"\n" for r in rows))
+    root = tmp_path / "results"
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # a relative file name, as a user would give it
+    try:
+        run_audit(data_name, root / "audit", {"override_gates": True}, demo_tokenizer_dir, id_column="id")
+    finally:
+        os.chdir(cwd)
+    flags = pq.read_table(root / "audit" / "flags.parquet").to_pylist()
+    ids = [f["id"] for f in flags]
+    placeholder = next(f["id"] for f in flags if f["flags"] == ["bad_row"])
+    assert len(set(ids)) == 3 and "/" in placeholder  # the placeholder holds '/', which no real id may
+    _dataset(root / "dataset", ["a", f"row:{data_name}:1"])
+    assert reconcile_results(root).ok
+
+
+def test_reconcile_before_the_audit_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert "flags.parquet: not found" in err and "audit" in err and "Traceback" not in err

@@ -393,6 +393,20 @@ def test_stop_all_servers_leaves_no_process(rig: Rig) -> None:
     assert stop_all_servers(rig.root / "work/servers") == 0
 
 
+def test_stop_all_servers_finds_a_server_in_a_per_slurm_job_dir(rig: Rig) -> None:
+    """The Snakefile's onsuccess/onerror stop the run's slot root; a generate job on a Slurm cluster
+    keeps its slot files in ``work/servers/slurm-{job}/``, and its server must be stopped too."""
+    cfg = rig.cfg(gpus=1, idle_timeout_s=600)
+    per_job = rig.root / "work" / "servers" / "slurm-4242"
+    with acquire_server(cfg, None, per_job, rig.root / "logs" / "servers" / "slurm-4242",
+                        owner_pid=os.getpid(), command_builder=rig.builder(), poll_s=0.05):  # fmt: skip
+        pass
+    assert (per_job / "gpu0.url").is_file()
+    assert len(procs_mentioning(str(rig.root))) == 2  # the supervisor and its server outlive the job
+    assert stop_all_servers(rig.root / "work" / "servers", grace_s=5) == 1
+    wait_for(lambda: not procs_mentioning(str(rig.root)), 3, "no process left")
+
+
 def test_port_held_by_foreign_process_is_a_clear_error(rig: Rig) -> None:
     import socket
 
@@ -527,10 +541,11 @@ def test_plan_repeating_the_users_args_is_not_an_override(caplog: pytest.LogCapt
 def test_slot_files_are_per_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a cluster each Slurm job owns its GPUs: its slot files and server logs must not collide
     with another node's on the shared filesystem."""
-    from regen.generation import per_allocation
+    from regen.layout import RunLayout, slurm_job_id
 
+    layout = RunLayout()
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert per_allocation("work/servers") == "work/servers"
+    assert layout.servers_dir(slurm_job_id()) == Path("work/servers")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    assert per_allocation("work/servers") == "work/servers/slurm-4242"
-    assert per_allocation("logs/servers") == "logs/servers/slurm-4242"
+    assert layout.servers_dir(slurm_job_id()) == Path("work/servers/slurm-4242")
+    assert layout.server_logs_dir(slurm_job_id()) == Path("logs/servers/slurm-4242")

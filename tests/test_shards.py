@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.audit import run_audit
-from regen.shards import SHARD_SCHEMA, make_shards, read_shard, shard_index, shard_name, write_shards
+from regen.records import SHARD_SCHEMA
+from regen.shards import make_shards, read_shard, shard_index, shard_name, write_shards
 from regen.types import Message, Sample
 
 

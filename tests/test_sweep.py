@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from regen.client import Endpoint, GenerateConfig
+from regen.client import GenerateConfig
 from regen.io import write_json
+from regen.projection import Remaining, count_remaining, project, read_pilot
 from regen.report import write_report_assets
 from regen.sglang.metrics import METHOD_LOG, SteadyState
-from regen.sglang.plan import cli as tune_cli
 from regen.sglang.server import live_supervisors, port_is_free
 from regen.sglang.simulated import start_simulated_server
 from regen.shards import write_shards
@@ -33,19 +33,16 @@ from regen.sweep import (
     CandidateResult,
     LengthStats,
     PilotMeasurement,
-    Remaining,
     SweepCandidate,
     SweepResult,
-    count_remaining,
     cycled,
     drive_pilot,
     percentile,
     pilot_report,
-    project,
-    read_pilot,
     run_sweep,
 )
-from regen.types import Message, Sample
+from regen.tune import cli as tune_cli
+from regen.types import Endpoint, Message, Sample
 
 TOKEN_RATE = 1000.0
 HALF = 16

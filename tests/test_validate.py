@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen import validate as V
-from regen.merge import VALID_SCHEMA
+from regen.records import VALID_SCHEMA
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
 CFG = {"max_content_chars": 1000, "max_reasoning_chars": 2000, "quarantine_truncated": True}
@@ -221,6 +221,7 @@ def test_mixed_shard_counts_reconcile_and_valid_parquet(tmp_path: Path) -> None:
     assert table.column("id").to_pylist() == [f"id-{i}" for i in range(25)]
     assert table.column("messages").to_pylist()[0][1] == {
         "role": "user", "content": "question 0", "reasoning_content": None,
+        "tool_calls_json": None, "tool_call_id": None, "name": None,
     }  # fmt: skip
     q = {(e["id"], e["reason"]): e for e in read_quarantine(tmp_path / "q.jsonl")}
     assert ("id-broken", V.UNPARSABLE) in q and (None, V.UNPARSABLE) in q

@@ -322,7 +322,7 @@ def read_server_side(cfg: ServerConfig, log_text: str, info: dict[str, Any], ser
     if realized_file.exists():
         out["regen_realized_file"] = json.loads(realized_file.read_text())
     try:
-        from regen.sglang import plan as plan_mod
+        from regen.sglang import realized as plan_mod
 
         parsed = plan_mod.parse_startup_log(this_start)
         from_info = plan_mod.realized_from_server_info(dict(info))

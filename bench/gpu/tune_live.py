@@ -610,7 +610,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from regen.sglang.models import ModelShape
     from regen.sglang.plan import Workload, recommend
-    from regen.sweep import closed_loop_projection, project, run_sweep
+    from regen.projection import project
+    from regen.sweep import closed_loop_projection, run_sweep
 
     real_lengths = Lengths(median=512, sigma=0.7, lo=64, hi=2048)
     wl = Workload(

@@ -34,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from regen.io import write_json
+from regen.layout import RUN, SlotFiles, url_files
+from regen.sglang.flags import check_flags
+from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
+from regen.types import Endpoint
 
 log = logging.getLogger("regen.sglang.server")
 
@@ -45,21 +49,6 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
 #: how long a job waits for a slot's port to be released (e.g. by a server that was just killed)
 PORT_WAIT_S = 3.0
 
-try:  # the client helper owns the Endpoint type
-    from regen.client import Endpoint
-except ImportError:  # pragma: no cover - fallback until regen.client exists
-
-    @dataclass(frozen=True, slots=True)
-    class Endpoint:  # type: ignore[no-redef]
-        """Where a shard sends its requests (same fields as ``regen.client.Endpoint``)."""
-
-        url: str
-        server_id: str
-        max_running_requests: int | None = None
-        version: str | None = None
-        model: str | None = None
-        api_key: str | None = None
-
 
 class ServerError(RuntimeError):
     """A server could not be started, became unreachable, or its supervisor gave up."""
@@ -67,30 +56,6 @@ class ServerError(RuntimeError):
 
 # --------------------------------------------------------------------------------------------------
 # per-slot files and process checks
-
-
-@dataclass(frozen=True, slots=True)
-class SlotFiles:
-    """The files of GPU slot ``k`` (``work/servers/gpu{k}.*`` and ``logs/servers/gpu{k}.log``)."""
-
-    slot: int
-    lock: Path
-    lease: Path
-    url: Path
-    realized: Path
-    log: Path
-
-    @classmethod
-    def of(cls, slot: int, workdir: str | os.PathLike[str], log_dir: str | os.PathLike[str]) -> SlotFiles:
-        w = Path(workdir)
-        return cls(
-            slot=slot,
-            lock=w / f"gpu{slot}.lock",
-            lease=w / f"gpu{slot}.lease",
-            url=w / f"gpu{slot}.url",
-            realized=w / f"gpu{slot}.realized.json",
-            log=Path(log_dir) / f"gpu{slot}.log",
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,11 +281,6 @@ def check_sglang_flags(argv: list[str]) -> None:
     ``regen.sglang.flags.check_flags`` - SGLang's own parser where sglang is importable."""
     if "sglang.launch_server" in argv:
         argv = argv[argv.index("sglang.launch_server") + 1 :]
-    try:
-        from regen.sglang.flags import check_flags
-    except ImportError as exc:
-        log.warning("regen.sglang.flags.check_flags is not importable (%s); launch flags not checked", exc)
-        return
     try:
         check_flags(argv)  # raises on a bad flag; returns which check ran
     except ValueError as exc:
@@ -667,17 +627,6 @@ def write_realized(
         "written_at": time.time(),
         "server_info": {k: info.get(k) for k in ("version", "internal_states") if k in info},
     }
-    try:
-        from regen.sglang.plan import (
-            compare,
-            launched_section,
-            parse_startup_log,
-            realized_from_server_info,
-        )
-    except ImportError as exc:
-        log.warning("regen.sglang.plan not importable (%s); realized memory map not computed", exc)
-        write_json(files.realized, out)
-        return
     startup = parse_startup_log(startup_log_text(files.log))
     realized = realized_from_server_info(dict(info), startup)
     out["startup_log"] = _jsonable(startup)
@@ -736,8 +685,8 @@ def _served_model(info: Mapping[str, Any], default: str) -> str:
 def acquire_server(
     server_cfg: Mapping[str, Any],
     plan: Mapping[str, Any] | None = None,
-    workdir: str | os.PathLike[str] = "work/servers",
-    log_dir: str | os.PathLike[str] = "logs/servers",
+    workdir: str | os.PathLike[str] = RUN.servers_root,
+    log_dir: str | os.PathLike[str] = RUN.server_logs_root,
     *,
     gpu_slots: int | None = None,
     owner_pid: int | None = None,
@@ -852,17 +801,20 @@ def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:
 
 
 def live_supervisors(workdir: str | os.PathLike[str]) -> list[tuple[Path, UrlState]]:
-    """(url file, state) of every slot whose recorded supervisor PID is really a live supervisor."""
+    """(url file, state) of every slot whose recorded supervisor PID is really a live supervisor, in
+    ``workdir`` and in its per-Slurm-job slot directories (``regen.layout.url_files``)."""
     found = []
-    for url_file in sorted(Path(workdir).glob("gpu*.url")):
+    for url_file in url_files(workdir):
         state = read_url_state(url_file)
         if state is not None and is_supervisor(state.supervisor_pid, url_file):
             found.append((url_file, state))
     return found
 
 
-def stop_all_servers(workdir: str | os.PathLike[str] = "work/servers", grace_s: float = 30.0) -> int:
+def stop_all_servers(workdir: str | os.PathLike[str] = RUN.servers_root, grace_s: float = 30.0) -> int:
     """SIGTERM every live supervisor (verified PIDs), wait, then SIGKILL; returns how many were stopped.
+
+    ``workdir`` is the run's slot root: its per-node slots and every per-Slurm-job slot directory.
 
     Safe to call from Snakemake's ``onsuccess``/``onerror`` when no server runs.
     """

@@ -31,7 +31,8 @@ for tokens and no ids are returned.
 
 Faults are drawn per request from ``hash(faults.seed, sample id, n-th request for that id)``,
 so one run's faults do not depend on request order. The sample id is the
-``X-Regen-Sample-Id`` header (real SGLang ignores it) or else the request's ``rid``.
+``X-Regen-Sample-Id`` header, percent-encoded by the client (real SGLang ignores it) or else the
+request's ``rid``.
 ``GET /_sim/stats`` returns ``{"received", "completed": {id: n}, "received_by_id", "faults"}``.
 
 ``request_log`` (``--request-log PATH``, or the ``REGEN_SIM_REQUEST_LOG`` environment variable, which
@@ -57,6 +58,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -732,7 +734,8 @@ class SimulatedServer:
         messages = req.get("messages")
         if not isinstance(messages, list) or not messages:
             return _error("Messages cannot be empty.", 400)
-        sid = request.headers.get(SAMPLE_ID_HEADER) or (
+        header_id = request.headers.get(SAMPLE_ID_HEADER)
+        sid = (urllib.parse.unquote(header_id) if header_id else None) or (
             req.get("rid") if isinstance(req.get("rid"), str) else None
         )
         self.received += 1

@@ -1,0 +1,362 @@
+"""Every record shape that crosses a stage boundary, one owner each: the Arrow schemas of the Parquet
+files and the typed generation record (its JSON shape is pinned by ``schemas/record.schema.json``).
+
+* ``FLAGS_SCHEMA``: ``results/audit/flags.parquet`` (written by ``regen.audit``), one row per input sample;
+* ``SHARD_SCHEMA``: ``results/shards/{shard}.parquet`` (``regen.shards``), the prompts;
+* :class:`GenerationRecord`: one line of ``results/generations/{shard}.jsonl`` (and of the journal,
+  with ``"kind": "record"``), built by ``regen.client``;
+* ``VALID_SCHEMA``: ``results/valid/{shard}.parquet`` (``regen.validate``), a flat copy of every
+  generation record field the later stages use, filled by :class:`ValidColumns`;
+* ``dataset_schema(include_token_ids)``: the training-ready rows of ``results/dataset/`` (``regen.merge``).
+
+``MESSAGE_TYPE`` (one chat turn) is shared by the shards, the valid shards and the dataset.
+
+Tool use travels as JSON text, because OpenAI tool calls are free-form (arguments as a string or an
+object, extra keys): a message's ``tool_calls_json`` (with ``tool_call_id`` and ``name``), a row's
+``tools_json`` (the tool definitions sent with the request) and ``tool_calls_json`` (the regenerated
+turn's calls as the server's tool-call parser returned them; the dataset puts them on its final
+assistant message). :func:`message_row` and :func:`message_from_row` convert both ways.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from regen.types import Message
+
+#: the JSON schema of a generation record (``regen.validate`` checks every record against it)
+RECORD_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
+
+MESSAGE_TYPE = pa.struct(
+    [
+        pa.field("role", pa.string(), nullable=False),
+        pa.field("content", pa.string()),
+        pa.field("reasoning_content", pa.string()),
+        pa.field("tool_calls_json", pa.string()),
+        pa.field("tool_call_id", pa.string()),
+        pa.field("name", pa.string()),
+    ]
+)
+MESSAGES_TYPE = pa.list_(pa.field("item", MESSAGE_TYPE, nullable=False))
+#: token ids as the server reported them (SGLang ``return_token_ids``); null when it sent none
+TOKEN_IDS_TYPE = pa.list_(pa.field("item", pa.int32(), nullable=False))
+TURN_TYPE = pa.struct(
+    [
+        pa.field("reasoning_content", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("reasoning_tokens", pa.int64()),
+        pa.field("prompt_token_ids", TOKEN_IDS_TYPE),
+        pa.field("completion_token_ids", TOKEN_IDS_TYPE),
+        pa.field("tool_calls_json", pa.string()),
+    ]
+)
+TURNS_TYPE = pa.list_(pa.field("item", TURN_TYPE, nullable=False))
+
+VALID_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("shard", pa.string(), nullable=False),
+        pa.field("messages", MESSAGES_TYPE, nullable=False),
+        pa.field("reasoning_content", pa.string()),
+        pa.field("content", pa.string(), nullable=False),
+        pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("truncated", pa.bool_(), nullable=False),
+        pa.field("thinking", pa.bool_(), nullable=False),
+        pa.field("prompt_tokens", pa.int64(), nullable=False),
+        pa.field("completion_tokens", pa.int64(), nullable=False),
+        pa.field("reasoning_tokens", pa.int64()),
+        pa.field("temperature", pa.float64(), nullable=False),
+        pa.field("top_p", pa.float64(), nullable=False),
+        pa.field("top_k", pa.int64(), nullable=False),
+        pa.field("max_tokens", pa.int64(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("server_id", pa.string(), nullable=False),
+        pa.field("server_url", pa.string()),
+        pa.field("server_version", pa.string()),
+        pa.field("attempts", pa.int64(), nullable=False),
+        pa.field("started_at", pa.float64(), nullable=False),
+        pa.field("latency_s", pa.float64(), nullable=False),
+        pa.field("turns", TURNS_TYPE),
+        pa.field("prompt_token_ids", TOKEN_IDS_TYPE),
+        pa.field("completion_token_ids", TOKEN_IDS_TYPE),
+        pa.field("tools_json", pa.string()),
+        pa.field("tool_calls_json", pa.string()),
+    ],
+    metadata={b"regen.schema": b"valid/1"},
+)
+
+# Columns copied unchanged from the valid shards into the dataset, in output order.
+DATASET_PASSTHROUGH = (
+    "model",
+    "finish_reason",
+    "truncated",
+    "thinking",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "seed",
+    "shard",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "turns",
+    "tools_json",
+)
+
+SHARD_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("messages", MESSAGES_TYPE, nullable=False),
+        pa.field("source_file", pa.string()),
+        pa.field("source_row", pa.int64()),
+        pa.field("source_format", pa.string()),
+        pa.field("tools_json", pa.string()),  # the sample's tool definitions, null when none
+    ]
+)
+
+FLAGS_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("file", pa.string()),
+        pa.field("row", pa.int64()),
+        pa.field("format", pa.string()),
+        pa.field("flags", pa.list_(pa.string()), nullable=False),
+        pa.field("supervised_tokens", pa.int64()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("excluded", pa.bool_(), nullable=False),
+        pa.field("exclude_reason", pa.string()),
+        pa.field("detail", pa.string()),
+        # the id as the input wrote it (JSON: 1 or "1"); null for content-hash ids and unreadable rows
+        pa.field("id_json", pa.string()),
+    ]
+)
+
+
+def dataset_schema(include_token_ids: bool = False) -> pa.Schema:
+    """The explicit Arrow schema of the training-ready rows."""
+    fields = [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("messages", MESSAGES_TYPE, nullable=False),
+    ]
+    fields += [VALID_SCHEMA.field(name) for name in DATASET_PASSTHROUGH]
+    if include_token_ids:
+        fields += [
+            pa.field("input_ids", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
+            pa.field("loss_mask", pa.list_(pa.field("item", pa.int8(), nullable=False)), nullable=False),
+        ]
+    return pa.schema(fields, metadata={b"regen.schema": b"dataset/1"})
+
+
+class ValidColumns:
+    """Column lists for a batch of valid records, appended one record at a time."""
+
+    __slots__ = ("cols",)
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {name: [] for name in VALID_SCHEMA.names}
+
+    def __len__(self) -> int:
+        return len(self.cols["id"])
+
+    def append(self, rec: dict[str, Any]) -> None:
+        """Append one schema-valid record (ints that arrived as 1.0 are coerced)."""
+        c = self.cols
+        usage = rec["usage"]
+        sampling = rec["sampling"]
+        server = rec["server"]
+        timings = rec["timings"]
+        c["id"].append(rec["id"])
+        c["shard"].append(rec["shard"])
+        c["messages"].append([message_row(m) for m in rec["messages"]])
+        c["reasoning_content"].append(rec["reasoning_content"])
+        c["content"].append(rec["content"])
+        c["finish_reason"].append(rec["finish_reason"])
+        c["truncated"].append(rec["truncated"])
+        c["thinking"].append(rec["thinking"])
+        c["prompt_tokens"].append(int(usage["prompt_tokens"]))
+        c["completion_tokens"].append(int(usage["completion_tokens"]))
+        rt = usage.get("reasoning_tokens")
+        c["reasoning_tokens"].append(None if rt is None else int(rt))
+        c["temperature"].append(float(sampling["temperature"]))
+        c["top_p"].append(float(sampling["top_p"]))
+        c["top_k"].append(int(sampling["top_k"]))
+        c["max_tokens"].append(int(sampling["max_tokens"]))
+        c["seed"].append(int(rec["seed"]))
+        c["model"].append(rec["model"])
+        c["server_id"].append(server["id"])
+        c["server_url"].append(server.get("url"))
+        c["server_version"].append(server.get("version"))
+        c["attempts"].append(int(rec["attempts"]))
+        c["started_at"].append(float(timings["started_at"]))
+        c["latency_s"].append(float(timings["latency_s"]))
+        turns = rec.get("turns")
+        c["turns"].append(None if turns is None else [_turn_row(t) for t in turns])
+        c["prompt_token_ids"].append(rec.get("prompt_token_ids"))
+        c["completion_token_ids"].append(rec.get("completion_token_ids"))
+        c["tools_json"].append(json_text(rec.get("tools")))
+        c["tool_calls_json"].append(json_text(rec.get("tool_calls")))
+
+    def to_batch(self) -> pa.RecordBatch:
+        """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
+        arrays = [pa.array(self.cols[f.name], type=f.type) for f in VALID_SCHEMA]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=VALID_SCHEMA)
+        for lst in self.cols.values():
+            lst.clear()
+        return batch
+
+
+def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:
+    usage = turn["usage"]
+    rt = usage.get("reasoning_tokens")
+    return {
+        "reasoning_content": turn["reasoning_content"],
+        "content": turn["content"],
+        "finish_reason": turn["finish_reason"],
+        "prompt_tokens": int(usage["prompt_tokens"]),
+        "completion_tokens": int(usage["completion_tokens"]),
+        "reasoning_tokens": None if rt is None else int(rt),
+        "prompt_token_ids": turn.get("prompt_token_ids"),
+        "completion_token_ids": turn.get("completion_token_ids"),
+        "tool_calls_json": json_text(turn.get("tool_calls")),
+    }
+
+
+def json_text(value: Any) -> str | None:
+    """Free-form JSON (tool calls, tool definitions) as the text a ``*_json`` column holds."""
+    return None if value is None else orjson.dumps(list(value)).decode()
+
+
+def message_row(m: Message | dict[str, Any]) -> dict[str, Any]:
+    """One chat turn (a Message, or a record's message object) as a ``MESSAGE_TYPE`` row."""
+    d = m.to_json() if isinstance(m, Message) else m
+    content = d.get("content")
+    return {
+        "role": d["role"],
+        # a shard keeps content as read; anything not text is audited out before it gets here
+        "content": content if content is None or isinstance(content, str) else _sorted_json(content),
+        "reasoning_content": d.get("reasoning_content"),
+        "tool_calls_json": json_text(d.get("tool_calls")),
+        "tool_call_id": d.get("tool_call_id"),
+        "name": d.get("name"),
+    }
+
+
+def _sorted_json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def message_from_row(row: dict[str, Any]) -> Message:
+    """A ``MESSAGE_TYPE`` row as a Message (tool calls decoded)."""
+    calls = row.get("tool_calls_json")
+    return Message(
+        row["role"],
+        row["content"],
+        row["reasoning_content"],
+        tuple(orjson.loads(calls)) if calls else None,
+        row.get("tool_call_id"),
+        row.get("name"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The generation record (JSON): one line of results/generations/{shard}.jsonl
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSampling:
+    """The sampling a record was generated with (``max_tokens`` as last sent, after any retry raise)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_tokens": self.max_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRecord:
+    """One regenerated sample, as ``schemas/record.schema.json`` pins it (``docs/design.md``).
+
+    ``messages`` is the prompt the server saw for the last regenerated turn; ``turns`` is present
+    only with ``regenerate: all`` (one ``{reasoning_content, content, finish_reason, usage}`` per
+    regenerated turn).
+    """
+
+    id: str
+    shard: str
+    messages: list[dict[str, Any]]
+    reasoning_content: str | None
+    content: str
+    finish_reason: str
+    truncated: bool
+    thinking: bool
+    usage: dict[str, Any]
+    sampling: RecordSampling
+    seed: int
+    model: str | None
+    server: dict[str, Any]
+    attempts: int
+    started_at: float
+    latency_s: float
+    turns: list[dict[str, Any]] | None = None
+    #: the server's own token ids (``return_token_ids``): the rendered prompt and the raw completion;
+    #: both or neither (absent when the server sent none)
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    #: the sample's tool definitions as sent, and the regenerated turn's parsed tool calls (absent when none)
+    tools: list[Any] | None = None
+    tool_calls: list[Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's JSON object (key order as written to the generations file)."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "shard": self.shard,
+            "messages": self.messages,
+            "reasoning_content": self.reasoning_content,
+            "content": self.content,
+            "finish_reason": self.finish_reason,
+            "truncated": self.truncated,
+            "thinking": self.thinking,
+            "usage": self.usage,
+            "sampling": self.sampling.to_json(),
+            "seed": self.seed,
+            "model": self.model,
+            "server": self.server,
+            "attempts": self.attempts,
+            "timings": {"started_at": self.started_at, "latency_s": self.latency_s},
+        }
+        if self.prompt_token_ids is not None and self.completion_token_ids is not None:
+            out["prompt_token_ids"] = self.prompt_token_ids
+            out["completion_token_ids"] = self.completion_token_ids
+        if self.turns is not None:
+            out["turns"] = self.turns
+        if self.tools:
+            out["tools"] = self.tools
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        return out
+
+    def journal_entry(self) -> dict[str, Any]:
+        """The record as a journal line: ``{"kind": "record", ...record}``."""
+        return {"kind": "record", **self.to_json()}

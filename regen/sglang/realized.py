@@ -1,0 +1,151 @@
+"""What a launched server really allocated, and how far that is from the plan (drift).
+
+Parses SGLang's startup log and ``/server_info`` into :class:`RealizedMemory` and compares it with
+the planner's prediction for the flags that were launched (:func:`launched_section` of a plan file).
+The server module writes the result per GPU slot (``gpu{k}.realized.json``); the report reads it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the prediction's type only; the planner never imports this module
+    from regen.sglang.plan import MemoryPlan
+
+
+@dataclass(frozen=True, slots=True)
+class RealizedMemory:
+    max_total_num_tokens: int | None = None
+    max_running_requests: int | None = None
+    max_mamba_cache_size: int | None = None
+    chunked_prefill_size: int | None = None
+    context_len: int | None = None
+    available_gpu_mem_gib: float | None = None
+    weights_gib: float | None = None
+    kv_cache_gib: float | None = None
+    conv_state_gib: float | None = None
+    ssm_state_gib: float | None = None
+    mamba_slots_per_request: int | None = None
+    mem_fraction_static: float | None = None
+
+
+_NUM = r"([0-9][0-9.]*)"
+
+
+def parse_startup_log(text: str) -> RealizedMemory:
+    """Pull the allocation facts out of an SGLang server log (0.5.17 and 0.5.23 phrasing)."""
+    found: dict[str, Any] = {}
+
+    def grab(pattern: str, key: str, kind: type = int) -> None:
+        matches = re.findall(pattern, text)
+        if matches:
+            found[key] = kind(matches[-1])
+
+    grab(r"max_total_num_tokens=(\d+)", "max_total_num_tokens")
+    grab(r"chunked_prefill_size=(-?\d+)", "chunked_prefill_size")
+    grab(r"max_running_requests=(\d+)", "max_running_requests")
+    grab(r"context_len=(\d+)", "context_len")
+    grab(rf"available_gpu_mem={_NUM}", "available_gpu_mem_gib", float)
+    grab(r"max_mamba_cache_size:\s*(\d+)", "max_mamba_cache_size")
+    grab(rf"conv_state size:\s*{_NUM}\s*GB", "conv_state_gib", float)
+    grab(rf"ssm_state size:\s*{_NUM}\s*GB", "ssm_state_gib", float)
+    grab(r"KV Cache is allocated\..*?#tokens:\s*(\d+)", "max_total_num_tokens")
+    kv = re.findall(rf"KV Cache is allocated\..*?K size:\s*{_NUM}\s*GB,\s*V size:\s*{_NUM}\s*GB", text)
+    if kv:
+        found["kv_cache_gib"] = float(kv[-1][0]) + float(kv[-1][1])
+    cap = re.findall(
+        r"max_running_requests is capped to (\d+) by the mamba state cache.*?(\d+) state slots", text
+    )
+    if cap:
+        found["max_running_requests"] = int(cap[-1][0])
+        found["mamba_slots_per_request"] = int(cap[-1][1])
+    weights = re.findall(rf"Load weight end.*?mem usage={_NUM}\s*GB", text)
+    if weights:
+        found["weights_gib"] = float(weights[-1])
+    grab(rf"mem_fraction_static[=:]\s*{_NUM}", "mem_fraction_static", float)
+    return RealizedMemory(**found)
+
+
+def realized_from_server_info(info: dict[str, Any], startup: RealizedMemory | None = None) -> RealizedMemory:
+    """From GET /server_info (or /get_server_info): top level + internal_states[0]; fields the server
+    does not report are filled from the startup log lines (``startup``) when given."""
+    realized = _realized_from_info(info)
+    if startup is None:
+        return realized
+    return RealizedMemory(
+        **{
+            f: getattr(realized, f) if getattr(realized, f) is not None else getattr(startup, f)
+            for f in RealizedMemory.__dataclass_fields__
+        }
+    )
+
+
+def _realized_from_info(info: dict[str, Any]) -> RealizedMemory:
+    states = info.get("internal_states") or [{}]
+    state = states[0] if isinstance(states, list) and states else {}
+    usage = state.get("memory_usage") or {}
+    return RealizedMemory(
+        max_total_num_tokens=info.get("max_total_num_tokens"),
+        max_running_requests=state.get("effective_max_running_requests_per_dp"),
+        max_mamba_cache_size=state.get("max_mamba_cache_size", info.get("max_mamba_cache_size")),
+        chunked_prefill_size=info.get("chunked_prefill_size"),
+        context_len=info.get("context_length"),
+        weights_gib=usage.get("weight"),
+        kv_cache_gib=usage.get("kvcache"),
+        mem_fraction_static=info.get("mem_fraction_static"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    field: str
+    predicted: float
+    realized: float
+    relative: float
+
+    def __str__(self) -> str:
+        return (
+            f"{self.field}: predicted {self.predicted:g}, realized {self.realized:g} ({self.relative:+.1%})"
+        )
+
+
+def compare(
+    plan_: MemoryPlan | Mapping[str, Any], realized: RealizedMemory, tolerance: float = 0.05
+) -> list[Drift]:
+    """Fields whose realized value differs from the prediction by more than `tolerance` (relative).
+
+    ``plan_`` is a MemoryPlan or its JSON form (a plan file's ``given``/``recommended`` section)."""
+
+    def predicted(name: str) -> Any:
+        return plan_.get(name) if isinstance(plan_, Mapping) else getattr(plan_, name)
+
+    pairs: list[tuple[str, float | None, float | None]] = [
+        ("kv_cache_tokens", predicted("kv_cache_tokens"), realized.max_total_num_tokens),
+        (
+            "effective_max_running_requests",
+            predicted("effective_max_running_requests"),
+            realized.max_running_requests,
+        ),
+        ("max_mamba_cache_size", predicted("max_mamba_cache_size"), realized.max_mamba_cache_size),
+        ("mamba_slots_per_request", predicted("mamba_slots_per_request"), realized.mamba_slots_per_request),
+        ("weights_gib", predicted("weights_gib"), realized.weights_gib),
+        ("kv_cache_gib", predicted("kv_cache_gib"), realized.kv_cache_gib),
+        ("mem_fraction_static", predicted("mem_fraction_static"), realized.mem_fraction_static),
+    ]
+    drifts = []
+    for name, predicted, actual in pairs:
+        if predicted is None or actual is None:
+            continue
+        rel = (actual - predicted) / predicted if predicted else (math.inf if actual else 0.0)
+        if abs(rel) > tolerance:
+            drifts.append(Drift(name, float(predicted), float(actual), rel))
+    return drifts
+
+
+def launched_section(plan_file: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The prediction for the flags the servers are launched with (``recommended`` or ``given``)."""
+    return plan_file.get(plan_file.get("launched", "recommended")) or {}

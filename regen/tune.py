@@ -1,0 +1,397 @@
+"""The tune stage: ``regen tune`` (plan and recommend), ``regen tune --sweep`` (benchmark the top
+configs live) and the ``tune`` rule's entry (``results/plan/server.json`` from the audited workload).
+
+The memory model is :mod:`regen.sglang.plan`; the live benchmark :mod:`regen.sweep`; the projection
+:mod:`regen.projection`; what a launched server really got :mod:`regen.sglang.realized`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from regen.io import write_json
+from regen.layout import RunLayout
+from regen.projection import count_remaining, fmt_duration
+from regen.sglang.models import ModelShape
+from regen.sglang.plan import (
+    DEFAULT_VERSION,
+    DEFAULT_WORKLOAD,
+    SUPPORTED_VERSIONS,
+    Recommendation,
+    Workload,
+    gpu_memory_from_nvidia_smi,
+    recommend,
+    workload_from_audit,
+    write_plan_file,
+)
+from regen.shards import read_shard
+from regen.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
+from regen.types import Sample
+
+log = logging.getLogger("regen.tune")
+
+SWEEP_DESCRIPTION = "benchmark a few candidate server configs live, keep the fastest, project the run."
+
+
+# ----------------------------------------------------------------------------- regen tune --
+_ROWS = [
+    ("weights", "weights_gib"),
+    ("state pool", "state_pool_gib"),
+    ("spec scratch", "spec_scratch_gib"),
+    ("KV cache", "kv_cache_gib"),
+    ("graphs+activations reserve", "reserve_gib"),
+    ("slack (1-mfs)", "slack_gib"),
+    ("CUDA context", "context_gib"),
+    ("free", "free_gib"),
+]
+
+
+def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options ``regen tune`` and ``regen tune --sweep`` share: version, workload, quality opt-ins."""
+    parser.add_argument("--sglang-version", default=DEFAULT_VERSION, choices=SUPPORTED_VERSIONS)
+    parser.add_argument("--prompt-p50", type=int)
+    parser.add_argument("--prompt-p99", type=int)
+    parser.add_argument("--audit-summary", help="audit summary.json with prompt-token percentiles")
+    parser.add_argument("--allow-bf16-state", action="store_true", help="linear-attention state in bf16")
+    parser.add_argument("--allow-fp8-kv", action="store_true", help="fp8 KV cache")
+    parser.add_argument(
+        "--expected-output-tokens", type=int,
+        help="mean completion tokens expected: adds scheduler candidates sized for it (--sweep runs them)",
+    )  # fmt: skip
+
+
+def render_table(rec: Recommendation) -> str:
+    g, r = rec.given, rec.recommended
+    lines = [f"{'GiB / count':<28}{'given':>24}{'recommended':>24}"]
+    for label, attr in _ROWS:
+        lines.append(f"{label:<28}{getattr(g, attr):>24.2f}{getattr(r, attr):>24.2f}")
+    for label, attr in [
+        ("mem_fraction_static", "mem_fraction_static"),
+        ("KV tokens", "kv_cache_tokens"),
+        ("mamba slots (K)", "max_mamba_cache_size"),
+        ("slots per request", "mamba_slots_per_request"),
+        ("effective running", "effective_max_running_requests"),
+        ("workload concurrency", "workload_concurrency"),
+        ("binding constraint", "binding_constraint"),
+    ]:
+        lines.append(f"{label:<28}{_cell(getattr(g, attr)):>24}{_cell(getattr(r, attr)):>24}")
+    lines.append("")
+    lines.append("recommended flags: " + " ".join(rec.args))
+    lines += [f"  reason: {x}" for x in rec.reasons]
+    lines += [f"  warning: {x}" for x in rec.warnings]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def cli(argv: list[str]) -> int:
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    if "--sweep" in own:  # live benchmark of the top configs (regen.sweep measures them)
+        cut = own.index("--sweep")
+        return sweep_cli(argv[:cut] + argv[cut + 1 :])
+    sglang_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, sglang_args = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(prog="regen tune", description="Plan SGLang memory and flags.")
+    parser.add_argument("--model-config", required=True, help="HF model dir or config.json")
+    parser.add_argument("--gpu-memory-mib", type=int, help="GPU memory (default: nvidia-smi)")
+    parser.add_argument("--tp", type=int, default=1)
+    add_planning_arguments(parser)
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--concurrency", type=int, help="target concurrency (default: as high as fits)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", help="write a plan file (launch_args + plans)")
+    parser.add_argument(
+        "--sweep", action="store_true", help="benchmark the top configs live; `regen tune --sweep --help`"
+    )
+    ns = parser.parse_args(argv)
+    try:
+        model = ModelShape.from_config(ns.model_config)
+        gpu = ns.gpu_memory_mib or gpu_memory_from_nvidia_smi()
+        base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
+        p99 = ns.prompt_p99 or base.prompt_p99
+        p50 = ns.prompt_p50 or min(base.prompt_p50, p99)  # a given p99 below the default p50 bounds it
+        workload = Workload(
+            prompt_p50=p50,
+            prompt_p99=max(p99, p50),
+            max_tokens=ns.max_tokens or base.max_tokens,
+            target_concurrency=ns.concurrency,
+            expected_output_tokens=ns.expected_output_tokens,
+        )
+        rec = recommend(
+            model, gpu, ns.tp, sglang_args, workload, ns.sglang_version,
+            allow_fp8_kv=ns.allow_fp8_kv, allow_bf16_state=ns.allow_bf16_state,
+        )  # fmt: skip
+    except (ValueError, OSError) as exc:
+        print(f"regen tune: {exc}", file=sys.stderr)
+        return 2
+    if ns.out:
+        write_plan_file(ns.out, rec, sglang_version=ns.sglang_version, model_config=ns.model_config,
+                        gpu_memory_mib=gpu)  # fmt: skip
+    if ns.json:
+        print(json.dumps(rec.to_json(), indent=1))
+    else:
+        print(render_table(rec))
+    return 0
+
+
+# ------------------------------------------------------------------- regen tune --sweep --
+def _load_config(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    import yaml
+
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: not a YAML mapping")
+    return data
+
+
+def pilot_samples(shard: str | os.PathLike[str], limit: int) -> list[Sample]:
+    out: list[Sample] = []
+    for sample in read_shard(shard):
+        out.append(sample)
+        if len(out) >= limit:
+            break
+    if not out:
+        raise SweepError(f"{shard}: no samples for the pilot")
+    return out
+
+
+def candidates_from_recommendation(rec: Any, top: int) -> list[tuple[SweepCandidate, Any]]:
+    """(candidate, its MemoryPlan): the recommended config, the tuner's next best, then the given flags.
+
+    The simulated cap (and the label) uses the plan's workload concurrency when known: beyond it the KV
+    cache cannot hold every running request at full length, so a real server would preempt.
+    """
+
+    def cap(p: Any) -> int:
+        return int(p.workload_concurrency or p.effective_max_running_requests)
+
+    found: list[tuple[SweepCandidate, Any]] = [
+        (SweepCandidate(tuple(rec.args), cap(rec.recommended), "recommended"), rec.recommended)
+    ]
+    for i, c in enumerate(rec.candidates[1:top], start=1):
+        found.append((SweepCandidate(tuple(c.args), cap(c.plan), f"tuner #{i + 1}"), c.plan))
+    found.append((SweepCandidate(tuple(rec.given.args), cap(rec.given), "given"), rec.given))
+    seen: set[tuple[str, ...]] = set()
+    unique = []
+    for cand, p in found:
+        if cand.args not in seen:
+            seen.add(cand.args)
+            unique.append((cand, p))
+    return unique
+
+
+def render_result(report: Mapping[str, Any]) -> str:
+    lines = [f"{'candidate':<14}{'cap':>6}{'out tok/s':>12}{'req/s':>9}{'p50':>7}{'p99':>7}  args"]
+    for i, row in enumerate(report["candidates"]):
+        mark = "*" if i == report["best_index"] else " "
+        if not row["ok"]:
+            lines.append(f"{mark}{row['label']:<13}{'':>6}{'failed':>12}  {row['error']}")
+            continue
+        lines.append(
+            f"{mark}{row['label']:<13}{row['concurrency']:>6}{row['out_tok_s']:>12.1f}{row['req_s']:>9.2f}"
+            f"{row['lengths']['p50']:>7}{row['lengths']['p99']:>7}  {' '.join(row['args'])}"
+        )
+    p = report["projection"]
+    lines += [
+        "",
+        f"best: {report['best_label']} "
+        f"({report.get('best_rate_tok_s', report['best_out_tok_s']):.1f} tok/s per server; "
+        f"{report.get('rate_method', 'client window')})",
+        f"remaining: {p['remaining_samples']} samples x {p['tokens_per_sample']:.1f} tokens on "
+        f"{p['servers']} server(s) of tp={p['tp']}: wall {fmt_duration(p['wall_s'])}, "
+        f"{p['gpu_hours']:.2f} GPU-hours",
+    ]
+    return "\n".join(lines)
+
+
+def sweep_cli(argv: list[str]) -> int:
+    """``regen tune --sweep``: recommend, benchmark the top configs live, write pilot.json."""
+    sglang_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, sglang_args = argv[:cut], argv[cut + 1 :]
+    p = argparse.ArgumentParser(prog="regen tune --sweep", description=SWEEP_DESCRIPTION)
+    p.add_argument("--model-config", help="HF model dir or config.json (default: server.model_config)")
+    p.add_argument("--gpu-memory-mib", type=int, help="default: server.gpu_memory_mib, nvidia-smi")
+    p.add_argument("--tp", type=int, help="tensor parallel size (default: server.tp)")
+    add_planning_arguments(p)
+    p.add_argument("--max-tokens", type=int, help="default: generate.sampling.max_tokens")
+    p.add_argument("--server-config", help="config.yaml: its server: and generate: sections are used")
+    p.add_argument("--simulated", action="store_true", help="run simulated servers (server.mode simulated)")
+    p.add_argument("--pilot-shard", help="default: first results/shards/*.parquet")
+    p.add_argument("--pilot-samples", type=int, default=300, help="pilot prompts (cycled) (default 300)")
+    p.add_argument("--seconds", type=float, default=20.0, help="measurement time per candidate (default 20)")
+    p.add_argument("--candidates", type=int, default=2, help="tuner configs to try besides the given flags")
+    p.add_argument("--gpus", type=int, help="GPUs for the projection (default: server.gpus)")
+    p.add_argument("--results", default="results")
+    p.add_argument("--work", default="work")
+    p.add_argument("--out", default=None, help="pilot file (default: RESULTS/plan/pilot.json)")
+    p.add_argument("--plan-out", help="also write a plan file (like results/plan/server.json) with the best")
+    ns = p.parse_args(argv)
+    try:
+        config = _load_config(ns.server_config)
+        server_cfg = dict(config.get("server") or {})
+        generate_cfg = dict(config.get("generate") or {})
+        if ns.simulated:
+            server_cfg["mode"] = "simulated"
+        if server_cfg.get("mode") == "external":
+            raise SweepError("server.mode external: regen does not launch the server, nothing to sweep")
+        if not sglang_args:
+            sglang_args = [str(a) for a in server_cfg.get("args") or []]
+        model_config = ns.model_config or server_cfg.get("model_config") or server_cfg.get("model_path")
+        if not model_config:
+            raise SweepError("--model-config is required (or server.model_config in --server-config)")
+        model = ModelShape.from_config(model_config)
+        gpu_mib = ns.gpu_memory_mib or server_cfg.get("gpu_memory_mib") or gpu_memory_from_nvidia_smi()
+        tp = int(ns.tp or server_cfg.get("tp", 1) or 1)
+        gpus = int(ns.gpus or server_cfg.get("gpus", 1) or 1)
+        max_tokens = ns.max_tokens or (generate_cfg.get("sampling") or {}).get("max_tokens")
+        base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
+        p50 = ns.prompt_p50 or base.prompt_p50
+        workload = Workload(
+            prompt_p50=p50,
+            prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
+            max_tokens=int(max_tokens or base.max_tokens),
+            expected_output_tokens=ns.expected_output_tokens,
+        )
+        rec = recommend(
+            model, int(gpu_mib), tp, sglang_args, workload, ns.sglang_version,
+            allow_fp8_kv=ns.allow_fp8_kv or bool(server_cfg.get("allow_fp8_kv")),
+            allow_bf16_state=ns.allow_bf16_state or bool(server_cfg.get("allow_bf16_state")),
+        )  # fmt: skip
+        pairs = candidates_from_recommendation(rec, 1 + max(0, ns.candidates - 1))
+        layout = RunLayout(results=Path(ns.results), work=Path(ns.work))
+        shard = ns.pilot_shard or _first_shard(layout)
+        samples = pilot_samples(shard, ns.pilot_samples)
+        result = run_sweep(server_cfg, [c for c, _ in pairs], samples, generate_cfg, ns.seconds,
+                           layout.sweep_dir)  # fmt: skip
+        remaining = count_remaining(ns.results, ns.work)
+        report = pilot_report(
+            result, remaining, gpus, tp,
+            extra={"pilot_shard": str(shard), "model_config": str(model_config), "gpu_memory_mib": gpu_mib,
+                   "server_mode": server_cfg.get("mode", "sglang"), "sglang_version": ns.sglang_version},
+        )  # fmt: skip
+        out = Path(ns.out) if ns.out else layout.pilot
+        write_json(out, report)
+        if ns.plan_out:
+            best_cand, best_plan = pairs[[c.args for c, _ in pairs].index(result.best_args)]
+            chosen = dataclasses.replace(
+                rec,
+                recommended=best_plan,
+                args=best_cand.args,
+                reasons=(f"fastest in the pilot sweep: {result.best.rate_tok_s:.1f} tok/s "
+                         f"({best_cand.label}); see {out}",),
+            )  # fmt: skip
+            write_plan_file(ns.plan_out, chosen, sglang_version=ns.sglang_version,
+                            model_config=str(model_config), gpu_memory_mib=int(gpu_mib))  # fmt: skip
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"regen tune --sweep: {exc}", file=sys.stderr)
+        return 2
+    print(render_result(report))
+    print(f"wrote {out}")
+    return 0
+
+
+def _first_shard(layout: RunLayout) -> Path:
+    shards = layout.shard_files()
+    if not shards:
+        raise SweepError(f"no prompt shard under {layout.shards_dir}: pass --pilot-shard")
+    return shards[0]
+
+
+# ------------------------------------------------------------------------ workflow rule --
+PINNED_SGLANG_VERSION = DEFAULT_VERSION
+
+
+def installed_sglang_version() -> str | None:
+    """The sglang version importable here, if any (the plan follows the version that will run)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def histogram_percentile(hist: dict[str, Any], q: float) -> int:
+    """Upper edge of the histogram bucket holding quantile ``q`` (a conservative percentile)."""
+    total = int(hist.get("count", 0))
+    if total == 0:
+        return 0
+    seen = 0
+    for bucket in hist.get("buckets", []):
+        seen += int(bucket["count"])
+        if seen >= q * total:
+            return int(bucket["hi"])
+    return int(hist.get("max", 0))
+
+
+def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> Workload:
+    """Prompt p50/p99 from the audit: its exact percentiles over the kept samples when present, else
+    its prompt-token histogram capped at the context limit (longer prompts never reach a server)."""
+    if "prompt_tokens_p99" in summary:  # exact, over the samples that go on to generation
+        return workload_from_audit(summary, max_tokens=max_tokens)
+    hist = summary.get("histograms", {}).get("prompt_tokens", {})
+    limit = int(summary.get("context_limit") or 1 << 30)
+    p50 = min(histogram_percentile(hist, 0.50), limit) or DEFAULT_WORKLOAD.prompt_p50
+    p99 = min(histogram_percentile(hist, 0.99), limit) or DEFAULT_WORKLOAD.prompt_p99
+    return Workload(prompt_p50=p50, prompt_p99=max(p99, p50), max_tokens=int(max_tokens))
+
+
+def write_plan_for_workflow(
+    *, server_cfg: dict[str, Any], max_tokens: int, audit_summary: str, out_path: str
+) -> None:
+    """The ``tune`` rule: plan (and recommend) from the model config, the GPU and the audited workload."""
+    if server_cfg.get("mode") == "external":
+        write_json(out_path, {"launch_args": [], "external": True, "sglang_version": None})
+        log.info("server.mode external: nothing to plan, the endpoint is managed by the user")
+        return
+    model_config = server_cfg.get("model_config") or server_cfg["model_path"]
+    model = ModelShape.from_config(model_config)
+    gpu_mib = int(server_cfg.get("gpu_memory_mib") or gpu_memory_from_nvidia_smi())
+    version = server_cfg.get("sglang_version") or installed_sglang_version() or PINNED_SGLANG_VERSION
+    workload = workload_from_audit_histogram(json.loads(Path(audit_summary).read_text()), max_tokens)
+    rec = recommend(
+        model,
+        gpu_mib,
+        int(server_cfg.get("tp", 1)),
+        list(server_cfg.get("args", [])),
+        workload,
+        sglang_version=version,
+        allow_fp8_kv=bool(server_cfg.get("allow_fp8_kv", False)),
+        allow_bf16_state=bool(server_cfg.get("allow_bf16_state", False)),
+    )
+    write_plan_file(
+        out_path,
+        rec,
+        sglang_version=version,
+        model_config=str(model_config),
+        gpu_memory_mib=gpu_mib,
+        use_recommended=bool(server_cfg.get("use_tuner", True)),
+    )
+    log.info("plan for %s on %d MiB (sglang %s): %s", model_config, gpu_mib, version, workload)
+    for reason in rec.reasons:
+        log.info("recommend: %s", reason)
+    for warning in rec.warnings:
+        log.warning("%s", warning)
