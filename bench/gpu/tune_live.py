@@ -608,9 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     gpu_mib = gpu_memory_mib(dry)
     mean_len = lengths.mean()
 
+    from regen.projection import project
     from regen.sglang.models import ModelShape
     from regen.sglang.plan import Workload, recommend
-    from regen.projection import project
     from regen.sweep import closed_loop_projection, run_sweep
 
     real_lengths = Lengths(median=512, sigma=0.7, lo=64, hi=2048)
