@@ -69,7 +69,7 @@ if [ "$mode" = start ]; then
   extra=""
   [ "${DRY:-0}" = 1 ] && extra="--dry-cpu"
   (cd /tmp/repo && setsid nohup $PY bench/gpu/tune_live.py $extra $wf --out /tmp/live-out --work /tmp/live-work \
-      --deadline-s "${DEADLINE:-1150}" > /tmp/live.log 2>&1 < /dev/null &)
+      --deadline-s "${DEADLINE:-1230}" > /tmp/live.log 2>&1 < /dev/null &)
   sleep 2
 fi
 while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do

@@ -314,7 +314,7 @@ def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: b
             shutil.copytree(src, wf / name, ignore=shutil.ignore_patterns("__pycache__"))
         elif src.exists():
             shutil.copy2(src, wf / name)
-    samples = prompts(64 if dry else 512, 256, "wf", 9)
+    samples = prompts(64 if dry else 256, 256, "wf", 9)
     with open(wf / "dataset.jsonl", "w") as fh:
         for smp in samples:
             fh.write(json.dumps({"id": smp.id, "messages": [m.to_json() for m in smp.messages]}) + "\n")
@@ -330,7 +330,7 @@ def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: b
                 "temperature": 1.0,
                 "top_p": 1.0,
                 "top_k": -1,
-                "max_tokens": 32 if dry else 256,
+                "max_tokens": 32 if dry else 128,
                 "seed": 0,
             },
             "extra_body": {"ignore_eos": True},
@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None)
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--pilot-s", type=float, default=None)
-    p.add_argument("--deadline-s", type=float, default=1150)
+    p.add_argument("--deadline-s", type=float, default=1230)
     p.add_argument("--workflow-s", type=float, default=None, help="budget of the workflow step (0: off)")
     a = p.parse_args(argv)
     dry = a.dry_cpu
@@ -596,8 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     lengths = (
         Lengths(median=24, sigma=0.7, lo=4, hi=96) if dry else Lengths(median=512, sigma=0.7, lo=64, hi=2048)
     )
-    pilot_s = a.pilot_s or (12.0 if dry else 50.0)
-    a.workflow_s = 150.0 if a.workflow_s is None else a.workflow_s
+    pilot_s = a.pilot_s or (12.0 if dry else 45.0)
+    a.workflow_s = (150.0 if dry else 100.0) if a.workflow_s is None else a.workflow_s
     prompt_tokens = 256
 
     hw = measure_hw(dry)
@@ -667,10 +667,15 @@ def main(argv: list[str] | None = None) -> int:
     import importlib.util
 
     workflow_s = a.workflow_s if importlib.util.find_spec("snakemake") is not None else 0.0
+    reserve = restart_s + decode_s + (10 if dry else 60) + (5 if dry else 20)
+    left = a.deadline_s - elapsed() - reserve
+    min_long, max_long = (20.0, 30.0) if dry else (120.0, 300.0)
+    if left - workflow_s < min_long:  # the longer run (the projection check) goes before the workflow
+        workflow_s = 0.0
     if workflow_s <= 0:
-        log("workflow step: off (snakemake not importable or --workflow-s 0)")
-    reserve = restart_s + decode_s + (10 if dry else 60) + (5 if dry else 20) + workflow_s
-    long_s = max(0.0, min(300.0 if not dry else 30.0, a.deadline_s - elapsed() - reserve))
+        log("workflow step: off (snakemake not importable, --workflow-s 0, or no time left for it)")
+    reserve += workflow_s
+    long_s = max(min_long, min(max_long, left - workflow_s))
     n_long = int(long_s * best.rate_tok_s / mean_len)
     log(
         f"long run: {n_long} requests (~{long_s:.0f} s at {best.rate_tok_s:.0f} tok/s); reserve {reserve:.0f} s"
