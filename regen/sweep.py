@@ -140,6 +140,7 @@ class PilotMeasurement:
     truncated: int = 0
     polled: tuple[DecodeSample, ...] = dataclasses.field(default=(), repr=False)  # /metrics samples
     server: SteadyState | None = None  # the server's steady decode rate during the pilot
+    first_request_s: float | None = None  # the warm-up request before the window (see warm_up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +208,7 @@ class CandidateResult:
                     "rate_tok_s": round(self.rate_tok_s, 2),
                     "ramp_s": None if self.ramp_s is None else round(self.ramp_s, 1),
                     "server_steady_state": None if m.server is None else m.server.to_json(),
+                    "first_request_s": None if m.first_request_s is None else round(m.first_request_s, 2),
                 }
             )
         return out
@@ -444,6 +446,34 @@ def sweep_server_cfg(server_cfg: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+WARM_UP_MAX_TOKENS = 8
+
+
+def warm_up(
+    endpoint: Endpoint, sample: Sample, generate_cfg: Mapping[str, Any] | GenerateConfig, workdir: Path
+) -> float:
+    """One real request (the first pilot prompt, a few tokens) before the measurement window, so that a
+    server's first-request costs stay out of it; its seconds. (Seen on SGLang 0.5.17 on the H200,
+    2026-11-30: a fresh server's first 261-token chat request reached the scheduler only after ~110 s,
+    so 40-45 s pilots measured nothing; cause not found.)"""
+    gcfg = generate_cfg if isinstance(generate_cfg, GenerateConfig) else GenerateConfig.from_dict(
+        dict(generate_cfg)
+    )  # fmt: skip
+    sampling = dataclasses.replace(gcfg.sampling, max_tokens=WARM_UP_MAX_TOKENS)
+    gcfg = dataclasses.replace(gcfg, sampling=sampling, max_tokens_by_id=None, concurrency=1)
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in ("journal.jsonl", "records.jsonl", "failed.jsonl"):
+        (workdir / name).unlink(missing_ok=True)
+    one = dataclasses.replace(sample, id=f"{sample.id}{REPEAT_MARK}warmup")
+    t0 = time.monotonic()
+    asyncio.run(
+        generate_shard_async([one], workdir / "journal.jsonl", workdir / "records.jsonl",
+                             workdir / "failed.jsonl", gcfg, endpoint, "warmup",
+                             ProgressOptions(log_every_s=3600.0, status_path=None, bar=False))
+    )  # fmt: skip
+    return time.monotonic() - t0
+
+
 def sweep_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on, chosen by the OS from its ephemeral range: never one of the
     ``server.port_base + slot`` ports a running generation holds or is about to take."""
@@ -527,11 +557,14 @@ def run_sweep(
                 cand_cfg, candidate_plan(cand), servers, cand_dir / "logs",
                 owner_pid=os.getpid(), command_builder=sweep_command_builder,
             ) as endpoint:  # fmt: skip
+                first = warm_up(endpoint, samples[0], generate_cfg, cand_dir / "warmup")
                 offset = log_size(server_log)
                 m = drive_pilot(endpoint, samples, generate_cfg, seconds_per_candidate,
                                 cand_dir / "journal.jsonl", warm)  # fmt: skip
                 m = dataclasses.replace(
-                    m, server=server_steady_state(log_since(server_log, offset), m.polled)
+                    m,
+                    server=server_steady_state(log_since(server_log, offset), m.polled),
+                    first_request_s=first,
                 )
             rows.append(CandidateResult(cand.label, cand.args, cand.predicted_running, True, None, m))
             log.info(

@@ -61,6 +61,7 @@ if [ "$mode" = start ]; then
     || { echo "snakemake (or regen.generation) not importable: the workflow step is off"; wf="--workflow-s 0"; }
   rm -rf /tmp/repo /tmp/live-out /tmp/live-work && mkdir -p /tmp/repo
   (cd "$SRC" && tar --exclude=./.gpu --exclude=./.gpurun --exclude=./.venv --exclude=./.git -cf - .) | tar -xf - -C /tmp/repo
+  cd /tmp/repo || exit 1  # imports from the copy, not from the tree the call runs in
   $PY -c 'import orjson, regen.client, regen.sweep, regen.sglang.metrics, regen.closedloop' || exit 1
   if [ "${DRY:-0}" != 1 ]; then
     $PY -c 'import sglang, transformers; print("sglang", sglang.__version__, "transformers", transformers.__version__)' || exit 1
@@ -69,7 +70,7 @@ if [ "$mode" = start ]; then
   extra=""
   [ "${DRY:-0}" = 1 ] && extra="--dry-cpu"
   (cd /tmp/repo && setsid nohup $PY bench/gpu/tune_live.py $extra $wf --out /tmp/live-out --work /tmp/live-work \
-      --deadline-s "${DEADLINE:-1230}" > /tmp/live.log 2>&1 < /dev/null &)
+      --deadline-s "${DEADLINE:-1230}" ${TUNE_ARGS:-} > /tmp/live.log 2>&1 < /dev/null &)
   sleep 2
 fi
 while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do

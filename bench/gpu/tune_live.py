@@ -117,12 +117,11 @@ def generate_dict(max_tokens: int, timeout_s: float = 3600) -> dict[str, Any]:
     }
 
 
-def generate_cfg(max_tokens: int, by_id: dict[str, int] | None, extra: dict[str, Any] | None = None) -> Any:
+def generate_cfg(max_tokens: int, by_id: dict[str, int] | None, ids: bool = True) -> Any:
     from regen.client import GenerateConfig
 
     d = generate_dict(max_tokens)
-    d["extra_body"] = {**d["extra_body"], **(extra or {})}
-    return dataclasses.replace(GenerateConfig.from_dict(d), max_tokens_by_id=by_id)
+    return dataclasses.replace(GenerateConfig.from_dict(d), max_tokens_by_id=by_id, return_token_ids=ids)
 
 
 # --------------------------------------------------------------------------------------- server
@@ -412,40 +411,43 @@ def run_on_winner(
                 f"exact ids: {json.dumps({k: v for k, v in out['exact_ids'].items() if k != 'first_differences'})}"
             )
             by_id = {s.id: n for s, n in zip(long_samples, long_lengths, strict=True)}
-            d = work / "winner" / "long"
-            d.mkdir(parents=True, exist_ok=True)
-            offset = log_size(server_log)
-            t0 = time.time()
-            stats = generate_shard(long_samples, d / "journal.jsonl", d / "records.jsonl", d / "failed.jsonl",
-                                   generate_cfg(max(long_lengths), by_id), ep, "long")  # fmt: skip
-            wall = time.time() - t0
-            tokens = reasons = 0
-            finish: dict[str, int] = {}
-            for line in (d / "records.jsonl").read_text().splitlines():
-                rec = json.loads(line)
-                tokens += int((rec.get("usage") or {}).get("completion_tokens") or 0)
-                fr = str(rec.get("finish_reason"))
-                finish[fr] = finish.get(fr, 0) + 1
-                reasons += 1
-            steady = server_steady_state(read_log(server_log, offset))
-            out["long_run"] = {
-                "requests": len(long_samples),
-                "records": reasons,
-                "failed": int(getattr(stats, "failed", 0)),
-                "output_tokens": tokens,
-                "expected_output_tokens": sum(long_lengths),
-                "wall_s": round(wall, 2),
-                "client_out_tok_s": round(tokens / wall, 1),
-                "finish_reasons": finish,
-                "server_steady_state": steady.to_json() if steady else None,
-                "wall_method": "regen.client.generate_shard: first request sent to last answer",
-            }
-            log(f"long run: {reasons} records, {tokens} tokens in {wall:.1f} s")
-            by_sample = {smp.id: smp for smp in long_samples}
-            out["long_run_ids"] = ids_in_records(d / "records.jsonl", model_dir, by_sample)
-            log(
-                f"long run ids: {json.dumps({k: v for k, v in out['long_run_ids'].items() if k != 'first_differences'})}"
-            )
+            if not long_samples:  # the sweep measured no rate to size it from
+                out["long_run"] = {"skipped": "the sweep measured no rate to size it from"}
+            else:
+                d = work / "winner" / "long"
+                d.mkdir(parents=True, exist_ok=True)
+                offset = log_size(server_log)
+                t0 = time.time()
+                stats = generate_shard(long_samples, d / "journal.jsonl", d / "records.jsonl", d / "failed.jsonl",
+                                       generate_cfg(max(long_lengths), by_id), ep, "long")  # fmt: skip
+                wall = time.time() - t0
+                tokens = reasons = 0
+                finish: dict[str, int] = {}
+                for line in (d / "records.jsonl").read_text().splitlines():
+                    rec = json.loads(line)
+                    tokens += int((rec.get("usage") or {}).get("completion_tokens") or 0)
+                    fr = str(rec.get("finish_reason"))
+                    finish[fr] = finish.get(fr, 0) + 1
+                    reasons += 1
+                steady = server_steady_state(read_log(server_log, offset))
+                out["long_run"] = {
+                    "requests": len(long_samples),
+                    "records": reasons,
+                    "failed": int(getattr(stats, "failed", 0)),
+                    "output_tokens": tokens,
+                    "expected_output_tokens": sum(long_lengths),
+                    "wall_s": round(wall, 2),
+                    "client_out_tok_s": round(tokens / wall, 1),
+                    "finish_reasons": finish,
+                    "server_steady_state": steady.to_json() if steady else None,
+                    "wall_method": "regen.client.generate_shard: first request sent to last answer",
+                }
+                log(f"long run: {reasons} records, {tokens} tokens in {wall:.1f} s")
+                by_sample = {smp.id: smp for smp in long_samples}
+                out["long_run_ids"] = ids_in_records(d / "records.jsonl", model_dir, by_sample)
+                log(
+                    f"long run ids: {json.dumps({k: v for k, v in out['long_run_ids'].items() if k != 'first_differences'})}"
+                )
             # pure decode plateau: every request at once, one fixed length (the 2026-11-29 method)
             d2 = work / "winner" / "decode"
             d2.mkdir(parents=True, exist_ok=True)
@@ -578,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pilot-s", type=float, default=None)
     p.add_argument("--deadline-s", type=float, default=1230)
     p.add_argument("--workflow-s", type=float, default=None, help="budget of the workflow step (0: off)")
+    p.add_argument("--labels", default=None, help="comma-separated candidate labels to run (default: all)")
+    p.add_argument("--hw-json", default=None, help="measured hardware (hw.py's JSON) instead of measuring")
     a = p.parse_args(argv)
     dry = a.dry_cpu
     work = a.work or Path("/tmp/regen-tune-live" + ("-dry" if dry else ""))
@@ -600,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     a.workflow_s = (150.0 if dry else 100.0) if a.workflow_s is None else a.workflow_s
     prompt_tokens = 256
 
-    hw = measure_hw(dry)
+    hw = {**json.loads(a.hw_json), "measured": True} if a.hw_json else measure_hw(dry)
     log(f"hardware: {hw}")
     model_dir = work / "model"
     model_cfg = make_model(model_dir, 64)
@@ -622,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     rec = recommend(ModelShape.from_config(str(model_dir)), gpu_mib, 1, list(BASE_ARGS), wl, SGLANG_VERSION,
                     allow_bf16_state=True)  # fmt: skip
     cands = candidates_for(rec, dry)
+    if a.labels:
+        cands = [c for c in cands if c.label.replace(" ", "_") in a.labels.split(",")]
     for c in cands:
         log(f"candidate {c.label}: cap {c.predicted_running}: {' '.join(c.args)}")
     doc: dict[str, Any] = {
@@ -649,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     pilot = prompts(n_pilot, prompt_tokens, "pilot", 1)
     pilot_by_id = dict(zip((s.id for s in pilot), lengths.draw(n_pilot, 2), strict=True))
     log(f"sweep: {len(cands)} candidates x {pilot_s:.0f} s")
-    result = run_sweep(server_cfg(model_dir, dry), cands, pilot, generate_cfg(lengths.hi, pilot_by_id), pilot_s,
+    # pilots without token ids: SGLang 0.5.17 stalled ~100 s on a server's first return_token_ids request
+    result = run_sweep(server_cfg(model_dir, dry), cands, pilot, generate_cfg(lengths.hi, pilot_by_id, False), pilot_s,
                        work / "sweep", stop_grace_s=60)  # fmt: skip
     doc["sweep"] = result.to_json()
     doc["elapsed_after_sweep_s"] = round(elapsed(), 1)
@@ -661,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- the long run: sized from the time left ----------------------------------------------------
     restart_s = 20 if dry else 130
-    decode_tokens = 24 if dry else 512
+    decode_tokens = 24 if dry else 384
     decode_requests = int(best.measurement.concurrency) if best.measurement else 64
     decode_s = 15 if dry else decode_requests * decode_tokens / max(1.0, best.rate_tok_s) + 30
     import importlib.util
@@ -669,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     workflow_s = a.workflow_s if importlib.util.find_spec("snakemake") is not None else 0.0
     reserve = restart_s + decode_s + (10 if dry else 60) + (5 if dry else 20)
     left = a.deadline_s - elapsed() - reserve
-    min_long, max_long = (20.0, 30.0) if dry else (120.0, 300.0)
+    min_long, max_long = (20.0, 30.0) if dry else (100.0, 300.0)
     if left - workflow_s < min_long:  # the longer run (the projection check) goes before the workflow
         workflow_s = 0.0
     if workflow_s <= 0:
