@@ -153,6 +153,8 @@ def test_sweep_keeps_the_candidate_with_the_higher_measured_throughput(sweep: An
         assert row.measurement is not None
         # the simulated cap (and so the client's concurrency) follows the candidate's predicted cap
         assert row.measurement.concurrency == cand.predicted_running
+        # one warm-up request answered before the window opened (first-request costs stay out of it)
+        assert row.measurement.first_request_s is not None and row.measurement.first_request_s < SECONDS
         assert row.out_tok_s == pytest.approx(model_tok_s(cand.predicted_running), rel=0.25)
     expected = max(range(len(candidates)), key=lambda i: model_tok_s(candidates[i].predicted_running or 0))
     assert result.best_index == expected
