@@ -19,10 +19,13 @@ report: "report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/audit.smk"
+include: "rules/shard.smk"
 include: "rules/tune.smk"
 include: "rules/generate.smk"
 include: "rules/validate.smk"
 include: "rules/merge.smk"
+include: "rules/reaudit.smk"
+include: "rules/reconcile.smk"
 include: "rules/report.smk"
 include: "rules/publish.smk"
 
@@ -43,7 +46,7 @@ localrules:
 rule all:
     default_target: True
     input:
-        get_final_outputs(),
+        final_outputs,
 
 
 onsuccess:

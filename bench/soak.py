@@ -10,8 +10,11 @@ was lost, duplicated, re-sent after completion, half-written, leaked or left run
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from regen.soak import cli
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tools/ is no package
+
+from tools.soak import cli
 
 if __name__ == "__main__":
     raise SystemExit(cli(sys.argv[1:]))

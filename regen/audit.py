@@ -8,6 +8,8 @@ Flags (a sample may carry several):
 * ``over_length``: the prompt (conversation up to the last assistant turn, plus the
   generation prompt) has more tokens than ``context_limit``;
 * ``duplicate_prompt``: the prompt messages equal an earlier sample's (first one kept);
+* ``contaminated``: a prompt turn shares an n-gram with a benchmark prompt named in
+  ``audit.decontamination`` (``regen.decontam``); the detail names the benchmark and item;
 * ``whitespace_duplicate_prompt``: the prompt equals an earlier sample's except for whitespace
   (compared with all whitespace left out); kept by default, excluded when listed in ``exclude``;
 * ``empty_response``: every assistant turn is template scaffolding only (an empty think
@@ -58,8 +60,15 @@ import pyarrow.parquet as pq
 
 from regen.chat import ChatTemplate, TokenAccount, to_template_dicts
 from regen.dataset import iter_samples
+from regen.decontam import (
+    DEFAULT_NGRAM,
+    BenchmarkIndex,
+    BenchmarkSpec,
+    Contamination,
+    DecontaminationConfig,
+)
 from regen.io import atomic_open, atomic_path, write_json
-from regen.records import FLAGS_SCHEMA
+from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
 from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
 
 log = logging.getLogger(__name__)
@@ -70,16 +79,18 @@ OVER_LENGTH = "over_length"
 DUPLICATE_PROMPT = "duplicate_prompt"
 WHITESPACE_DUPLICATE_PROMPT = "whitespace_duplicate_prompt"
 EMPTY_RESPONSE = "empty_response"
+CONTAMINATED = "contaminated"
 # also the priority order of exclude reasons
 FLAG_NAMES: tuple[str, ...] = (
     BAD_ROW,
     STRUCTURE_ERROR,
     OVER_LENGTH,
+    CONTAMINATED,
     DUPLICATE_PROMPT,
     WHITESPACE_DUPLICATE_PROMPT,
     EMPTY_RESPONSE,
 )
-DEFAULT_EXCLUDE: tuple[str, ...] = (STRUCTURE_ERROR, OVER_LENGTH, DUPLICATE_PROMPT, BAD_ROW)
+DEFAULT_EXCLUDE: tuple[str, ...] = (STRUCTURE_ERROR, OVER_LENGTH, DUPLICATE_PROMPT, BAD_ROW, CONTAMINATED)
 
 DEFAULT_CONTEXT_LIMIT = 32768
 DEFAULT_SCAFFOLDING_MAX_TOKENS = 8
@@ -122,6 +133,7 @@ class AuditConfig:
     gates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_GATES))
     override_gates: bool = False
     exclude: frozenset[str] = frozenset(DEFAULT_EXCLUDE)
+    decontamination: DecontaminationConfig = field(default_factory=DecontaminationConfig)
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any] | None) -> AuditConfig:
@@ -143,6 +155,7 @@ class AuditConfig:
             gates=gates,
             override_gates=bool(cfg.get("override_gates", False)),
             exclude=exclude,
+            decontamination=DecontaminationConfig.from_dict(cfg.get("decontamination")),
         )
 
 
@@ -202,18 +215,14 @@ def fault_kind(fault: str) -> str:
 
 # every whitespace character (str.isspace) mapped to nothing: one C pass, no per-word objects
 _DROP_WHITESPACE = {c: None for c in range(0x3001) if chr(c).isspace()}
+_ASCII_WHITESPACE = bytes(c for c in range(128) if chr(c).isspace())
 
 
-def _prompt_payload(dicts: Sequence[Mapping[str, Any]], squash: bool) -> bytes:
-    def text(value: Any) -> Any:
-        return value.translate(_DROP_WHITESPACE) if squash and isinstance(value, str) else value
-
-    return orjson.dumps(
-        [
-            (d["role"], text(d["content"]), text(d.get("reasoning_content")), d.get("tool_calls"))
-            for d in dicts[: prompt_end([d["role"] for d in dicts])]
-        ]
-    )
+def _without_whitespace(text: str) -> bytes:
+    """``text`` as UTF-8 with every whitespace character left out (ASCII text: one C pass)."""
+    if not text.isascii():
+        text = text.translate(_DROP_WHITESPACE)
+    return text.encode("utf-8", "surrogatepass").translate(None, _ASCII_WHITESPACE)
 
 
 def prompt_digest(dicts: Sequence[Mapping[str, Any]], squash_whitespace: bool = False) -> bytes:
@@ -222,7 +231,21 @@ def prompt_digest(dicts: Sequence[Mapping[str, Any]], squash_whitespace: bool = 
     With ``squash_whitespace`` whitespace is left out, so prompts that differ only in whitespace get
     one digest.
     """
-    return hashlib.blake2b(_prompt_payload(dicts, squash_whitespace), digest_size=DIGEST_BYTES).digest()
+    prompt = dicts[: prompt_end([d["role"] for d in dicts])]
+    if not squash_whitespace:
+        payload = orjson.dumps(
+            [(d["role"], d["content"], d.get("reasoning_content"), d.get("tool_calls")) for d in prompt]
+        )
+        return hashlib.blake2b(payload, digest_size=DIGEST_BYTES).digest()
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for d in prompt:
+        reasoning, calls = d.get("reasoning_content"), d.get("tool_calls")
+        h.update(d["role"].encode() + b"\x00")
+        h.update(_without_whitespace(d["content"]) + b"\x00")
+        h.update(b"\x01" if reasoning is None else _without_whitespace(reasoning) + b"\x00")
+        h.update(b"\x01" if calls is None else orjson.dumps(calls).translate(None, _ASCII_WHITESPACE))
+        h.update(b"\x1e")
+    return h.digest()
 
 
 def bad_row_id(bad: BadRow) -> str:
@@ -334,6 +357,7 @@ class AuditSummary:
     overridden: bool
     context: Mapping[str, Any]
     unread_tails: tuple[str, ...] = ()
+    contaminated_by: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -364,6 +388,8 @@ class AuditSummary:
             "bad_rows": self.flag_counts.get(BAD_ROW, 0),
             "whitespace_duplicate_prompts": self.flag_counts.get(WHITESPACE_DUPLICATE_PROMPT, 0),
             "unread_tails": list(self.unread_tails),
+            "contaminated": self.flag_counts.get(CONTAMINATED, 0),
+            "contaminated_by": dict(self.contaminated_by),
             "flag_counts": {f: self.flag_counts.get(f, 0) for f in FLAG_NAMES},
             "flag_fractions": {f: self.fraction(f) for f in FLAG_NAMES},
             "histograms": dict(self.histograms),
@@ -437,12 +463,16 @@ def _turn_chars(d: Mapping[str, Any]) -> int:
 class Auditor:
     """Stateful auditor: feed samples (in batches) and bad rows; read the summary at the end.
 
-    Memory: one 8-byte digest per distinct prompt and per distinct id, plus counters.
+    Memory: one 8-byte digest per distinct prompt and per distinct id, plus counters, plus
+    12 bytes per benchmark n-gram when decontamination is configured.
     """
 
     def __init__(self, cfg: AuditConfig, chat: ChatTemplate) -> None:
         self.cfg = cfg
         self.chat = chat
+        decontam = cfg.decontamination
+        self.benchmarks = BenchmarkIndex.build(decontam) if decontam.enabled else None
+        self.contaminated_by: Counter[str] = Counter()
         self._seen_prompts: set[bytes] = set()
         self._seen_squashed_prompts: set[bytes] = set()
         self._seen_ids: set[bytes] = set()
@@ -553,7 +583,12 @@ class Auditor:
         accounts: Sequence[TokenAccount | OversizeAccount],
     ) -> list[SampleAudit]:
         """Verdicts from precomputed template dicts and token accounts (see ``iter_audits``)."""
-        return [self._audit_one(s, d, a) for s, d, a in zip(samples, dicts, accounts, strict=True)]
+        found: list[Contamination | None] = [None] * len(samples)
+        if self.benchmarks is not None:
+            found = self.benchmarks.check(s.messages for s in samples)
+        return [
+            self._audit_one(s, d, a, c) for s, d, a, c in zip(samples, dicts, accounts, found, strict=True)
+        ]
 
     def _duplicate_prompt_flag(self, dicts: list[dict[str, Any]]) -> str | None:
         digest = prompt_digest(dicts)
@@ -567,7 +602,11 @@ class Auditor:
         return None
 
     def _audit_one(
-        self, sample: Sample, dicts: list[dict[str, Any]], acc: TokenAccount | OversizeAccount
+        self,
+        sample: Sample,
+        dicts: list[dict[str, Any]],
+        acc: TokenAccount | OversizeAccount,
+        found: Contamination | None = None,
     ) -> SampleAudit:
         cfg = self.cfg
         flags: list[str] = []
@@ -585,6 +624,9 @@ class Auditor:
             self.structure_kinds.update({fault_kind(f) for f in faults})
         if acc.prompt_tokens > cfg.context_limit:
             flags.append(OVER_LENGTH)
+        if found is not None:
+            flags.append(CONTAMINATED)
+            self.contaminated_by[found.benchmark] += 1
         if not faults:
             dup = self._duplicate_prompt_flag(dicts)
             if dup is not None:
@@ -617,7 +659,7 @@ class Auditor:
                 prompt_tokens=acc.prompt_tokens,
                 excluded=reason is not None,
                 exclude_reason=reason,
-                detail="; ".join(notes) or None,
+                detail="; ".join([*notes, found.detail()] if found else notes) or None,
                 id_json=id_json,
             )
         )
@@ -639,9 +681,11 @@ class Auditor:
             context={
                 "context_limit": self.cfg.context_limit,
                 **kept_prompt_percentiles(self.kept_prompt_tokens),
+                **({"decontamination": self.benchmarks.summary_json()} if self.benchmarks else {}),
                 **(context or {}),
             },
             unread_tails=tuple(self.unread_tails),
+            contaminated_by=dict(sorted(self.contaminated_by.items())),
         )
 
 
@@ -809,6 +853,11 @@ class AuditPaths:
         return self.out_dir / "excluded.jsonl"
 
     @property
+    def samples(self) -> Path:
+        """The kept samples, normalized (``SHARD_SCHEMA``): the shard step's input."""
+        return self.out_dir / "samples.parquet"
+
+    @property
     def supervised_plot(self) -> Path:
         return self.out_dir / "supervised_tokens.svg"
 
@@ -826,7 +875,8 @@ def run_audit(
     id_column: str | None = None,
     on_bad_row: str = "skip",
 ) -> AuditSummary:
-    """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl and the plots.
+    """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl, the kept samples
+    (samples.parquet, the shard step's input) and the plots.
 
     Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not
     overridden, and ``NothingToGenerateError`` when no sample is left for generation.
@@ -839,17 +889,31 @@ def run_audit(
     samples = iter_samples(
         input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows, developer_role=chat.developer_role
     )
+    awaiting_verdict: dict[tuple[Any, Any], Sample] = {}  # the shard step gets the kept ones: one parse
+
+    def remembered(stream: Iterable[Sample]) -> Iterator[Sample]:
+        for sample in stream:
+            awaiting_verdict[(sample.source.get("file"), sample.source.get("row"))] = sample
+            yield sample
+
     with (
         atomic_path(paths.flags) as flags_tmp,
         pq.ParquetWriter(flags_tmp, FLAGS_SCHEMA, compression="zstd") as pw,
         atomic_open(paths.excluded, "wb") as excluded_fh,
+        atomic_path(paths.samples) as samples_tmp,
+        pq.ParquetWriter(samples_tmp, SHARD_SCHEMA, compression="zstd") as samples_pw,
     ):
         flags_writer = FlagsWriter(pw)
-        for audit in iter_audits(auditor, samples, bad_rows):
+        kept = SampleRows(samples_pw)
+        for audit in iter_audits(auditor, remembered(samples), bad_rows):
             flags_writer.add(audit)
+            sample = awaiting_verdict.pop((audit.file, audit.row), None)
             if audit.excluded:
                 excluded_fh.write(orjson.dumps(audit.excluded_json()) + b"\n")
+            elif sample is not None:
+                kept.add(sample)
         flags_writer.flush()
+        kept.flush()
     summary = auditor.summary(
         {
             "input": str(input_path),
@@ -913,6 +977,8 @@ def format_summary(summary: AuditSummary) -> str:
     if summary.structure_error_kinds:
         kinds = ", ".join(f"{k}={v}" for k, v in summary.structure_error_kinds.items())
         lines.append(f"structure faults: {kinds}")
+    if summary.contaminated_by:
+        lines.append("contaminated by: " + ", ".join(f"{k}={v}" for k, v in summary.contaminated_by.items()))
     lines.append("gates:")
     for g in summary.gates:
         verdict = "ok" if g.passed else "FAILED"
@@ -939,14 +1005,27 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--id-column", default=None)
     parser.add_argument("--on-bad-row", default="skip", choices=["skip", "stop"])
     parser.add_argument("--override-gates", action="store_true", help="report failed gates as warnings")
+    parser.add_argument(
+        "--benchmark",
+        action="append",
+        default=[],
+        metavar="NAME=PATH[:FIELD]",
+        help="flag samples sharing an n-gram with this benchmark's prompts (.jsonl, .jsonl.gz, .json, "
+        ".parquet; FIELD defaults to 'prompt'); repeatable",
+    )
+    parser.add_argument(
+        "--ngram", type=int, default=DEFAULT_NGRAM, help="words per n-gram for --benchmark matching"
+    )
     parser.add_argument("--out", required=True, help="output directory")
     args = parser.parse_args(argv)
-    cfg = {
-        "context_limit": args.context_limit,
-        "scaffolding_max_tokens": args.scaffolding_max_tokens,
-        "override_gates": args.override_gates,
-    }
     try:
+        benchmarks = [BenchmarkSpec.parse(b).to_json() for b in args.benchmark]
+        cfg = {
+            "context_limit": args.context_limit,
+            "scaffolding_max_tokens": args.scaffolding_max_tokens,
+            "override_gates": args.override_gates,
+            "decontamination": {"benchmarks": benchmarks, "ngram": args.ngram},
+        }
         summary = run_audit(
             args.input, args.out, cfg, args.tokenizer, args.fmt, args.id_column, args.on_bad_row
         )
@@ -980,4 +1059,5 @@ def _summary_from_file(path: Path) -> AuditSummary:
         overridden=data["overridden"],
         context={},
         unread_tails=tuple(data.get("unread_tails", ())),
+        contaminated_by=data.get("contaminated_by", {}),
     )

@@ -71,17 +71,22 @@ def to_template_dicts(messages: Conversation) -> list[ChatDict]:
     """
     out: list[ChatDict] = []
     for m in messages:
-        fields = m.to_json() if isinstance(m, Message) else m
-        role, content, reasoning = fields.get("role"), fields.get("content"), fields.get("reasoning_content")
+        if isinstance(m, Message):
+            role, content, reasoning = m.role, m.content, m.reasoning_content
+            tool_fields = (m.tool_calls, m.tool_call_id, m.name)
+        else:
+            role, content, reasoning = m.get("role"), m.get("content"), m.get("reasoning_content")
+            tool_fields = tuple(m.get(key) for key in TOOL_FIELDS)
         d: ChatDict = {
             "role": role if isinstance(role, str) else str(role),
             "content": content_as_text(content),
         }
         if isinstance(reasoning, str):
             d["reasoning_content"] = reasoning
-        for key in TOOL_FIELDS:
-            if fields.get(key) is not None:
-                d[key] = list(fields[key]) if key == "tool_calls" else fields[key]
+        if tool_fields != (None, None, None):
+            for key, value in zip(TOOL_FIELDS, tool_fields, strict=True):
+                if value is not None:
+                    d[key] = list(value) if key == "tool_calls" else value
         out.append(d)
     return out
 

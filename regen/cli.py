@@ -13,8 +13,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reconcile": ("regen.reconcile", "check every input id ended in exactly one place"),
     "report-assets": ("regen.report", "write the report's plots and tables"),
     "serve-simulated": ("regen.sglang.simulated", "run the SGLang-compatible simulated server"),
-    "demo": ("regen.demo", "rebuild the demo tokenizer and dataset"),
-    "soak": ("regen.soak", "kill the demo workflow at random moments and check nothing is lost"),
 }
 
 

@@ -2,8 +2,11 @@
 
 ``generate_shard`` keeps the server saturated with a fixed pool of worker tasks pulling from
 the sample iterator; each finished sample goes to the journal (``regen.journal``) at once, so a
-killed job resumes where it stopped and never re-sends a finished id. At the end the shard
-outputs are written atomically from the journal.
+killed job resumes where it stopped and never re-sends a finished sample. A journaled sample is
+replayed only when its generation fingerprint (``regen.fingerprint``: settings, id and prompt
+content) equals the current one; otherwise it is generated again, so an output never mixes
+settings. Journaled failures are retried unless ``retry_failed`` is off. At the end the shard
+outputs are written atomically from the journal, from entries with the current fingerprints only.
 
 Failure semantics
 -----------------
@@ -43,8 +46,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+from regen.fingerprint import GenerationSettings, request_fingerprint
 from regen.io import write_json
-from regen.journal import Journal, JournalSink
+from regen.journal import FAILED, RECORD, Journal, JournalSink
 from regen.layout import RunLayout
 from regen.records import GenerationRecord, RecordSampling
 from regen.types import Endpoint, Message, Sample, prompt_end
@@ -86,6 +90,8 @@ class GenerateConfig:
     #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
     #: the fields regen sets itself
     extra_body: tuple[tuple[str, Any], ...] = ()
+    #: retry samples the journal holds as failures (under the current fingerprint) on a rerun
+    retry_failed: bool = True
     #: per-sample ``max_tokens`` (not a config key): benchmarks and the live sweep emulate an output-length
     #: spread with ``ignore_eos`` on dummy weights; samples not listed use ``sampling.max_tokens``
     max_tokens_by_id: Mapping[str, int] | None = field(default=None, compare=False)
@@ -119,6 +125,7 @@ class GenerateConfig:
             retry_max_tokens_factor=float(cfg.get("retry_max_tokens_factor", 2)),
             return_token_ids=bool(cfg.get("return_token_ids", True)),
             extra_body=tuple(sorted((cfg.get("extra_body") or {}).items())),
+            retry_failed=bool(cfg.get("retry_failed", True)),
         )
         out._check()
         return out
@@ -147,10 +154,54 @@ class GenerateConfig:
             bad("retry_max_tokens_factor", self.retry_max_tokens_factor, ">= 1")
 
 
+def settings_of(cfg: GenerateConfig, model_path: str = "default") -> GenerationSettings:
+    """The fingerprinted settings of a bare generate config (no model revision, no chat template)."""
+    s = cfg.sampling
+    return GenerationSettings(
+        model_path=model_path,
+        model_revision=None,
+        server_mode="unknown",
+        chat_template_sha256=None,
+        reasoning_parser="unknown",
+        regenerate=cfg.regenerate,
+        thinking=cfg.thinking,
+        thinking_fraction=cfg.thinking_fraction,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_tokens=s.max_tokens,
+        n=s.n,
+        seed=s.seed,
+        truncation=cfg.truncation,
+        retry_max_tokens_factor=cfg.retry_max_tokens_factor,
+        extra_body=dict(cfg.extra_body),
+        return_token_ids=cfg.return_token_ids,
+    )
+
+
+def check_settings_match(cfg: GenerateConfig, settings: GenerationSettings) -> None:
+    """The requests are built from ``cfg``; the fingerprint from ``settings``: they must agree."""
+    bare = settings_of(cfg).to_json()
+    given = settings.to_json()
+    keys = [k for k in bare if k not in _NOT_IN_GENERATE_CONFIG]
+    differ = [f"{k}: config {bare[k]!r}, settings {given[k]!r}" for k in keys if bare[k] != given[k]]
+    if differ:
+        raise ValueError("generate config and fingerprinted settings disagree: " + "; ".join(differ))
+
+
+_NOT_IN_GENERATE_CONFIG = frozenset(
+    {"model_path", "model_revision", "server_mode", "chat_template_sha256", "reasoning_parser", "version"}
+)
+
+
 @dataclass(slots=True)
 class ShardStats:
     total: int | None = None
     skipped_resumed: int = 0
+    #: journaled under another fingerprint (changed settings or edited prompt): generated again
+    regenerated_changed: int = 0
+    #: journaled as failures under the current fingerprint: tried again
+    retried_failed: int = 0
     completed: int = 0
     failed: int = 0
     truncated: int = 0
@@ -234,6 +285,26 @@ def turn_prefixes(messages: tuple[Message, ...]) -> list[tuple[Message, ...]]:
     if current or not segments:
         segments.append(tuple(current))
     return segments
+
+
+def request_content(sample: Sample, regenerate: str) -> dict[str, Any]:
+    """Everything of a sample the requests send, nothing else (its fingerprint hashes this).
+
+    ``last``: the prompt (``prompt_for_last``). ``all``: the non-assistant turns of each segment
+    (``turn_prefixes``); the old assistant turns are regenerated, so their text decides nothing.
+    Plus the tool definitions. An old answer's text or reasoning never decides the new one.
+    """
+    if regenerate == "last":
+        messages: list[Any] = prompt_for_last(sample.messages)
+    else:
+        messages = [[_wire(m) for m in segment] for segment in turn_prefixes(sample.messages)]
+    return {"messages": messages, "tools": list(sample.tools) if sample.tools else None}
+
+
+def sample_fingerprint(settings: GenerationSettings, sample: Sample) -> str:
+    """The sample's request fingerprint under ``settings`` (what the journal replays by)."""
+    content = request_content(sample, settings.regenerate)
+    return request_fingerprint(settings.fingerprint, sample.id, content)
 
 
 def backoff_delay(base: float, attempt: int, rng: random.Random) -> float:
@@ -364,8 +435,14 @@ class _ShardRun:
         journal: Journal,
         stats: ShardStats,
         samples: Iterator[Sample],
+        settings: GenerationSettings,
     ) -> None:
         self.cfg = cfg
+        self.settings = settings
+        self.settings_json = settings.to_json()
+        self.settings_fingerprint = settings.fingerprint
+        #: every sample id read from the shard -> its current fingerprint (finalize keeps only these)
+        self.current: dict[str, str] = {}
         self.endpoint = endpoint
         self.shard = shard
         self.journal = journal
@@ -389,28 +466,39 @@ class _ShardRun:
         self.session: aiohttp.ClientSession | None = None
 
     # ------------------------------------------------------------------ samples
-    def next_sample(self) -> Sample | None:
+    def next_sample(self) -> tuple[Sample, str] | None:
+        """The next sample to send and its fingerprint; replays (skips) what the journal already holds."""
         for sample in self.samples:
             sid = sample.id
-            if sid in self.journal.finished_ids:
-                self.stats.skipped_resumed += 1
-                continue
             if sid in self.seen:
                 log.warning("shard %s: duplicate sample id %r in the input; sent once", self.shard, sid)
                 continue
             self.seen.add(sid)
-            return sample
+            content = request_content(sample, self.cfg.regenerate)
+            fingerprint = request_fingerprint(self.settings_fingerprint, sid, content)
+            self.current[sid] = fingerprint
+            outcome = self.journal.outcome(sid, fingerprint)
+            if outcome == RECORD or (outcome == FAILED and not self.cfg.retry_failed):
+                self.stats.skipped_resumed += 1
+                continue
+            if outcome == FAILED:
+                self.stats.retried_failed += 1
+            elif sid in self.journal.finished_ids:
+                self.stats.regenerated_changed += 1
+            return sample, fingerprint
         return None
 
     async def worker(self) -> None:
         while self.abort is None:
-            sample = self.next_sample()
-            if sample is None:
+            nxt = self.next_sample()
+            if nxt is None:
                 return
+            sample, fingerprint = nxt
             self.attempted += 1
             entry = await self.run_sample(sample)
             if entry is None:
                 continue
+            self.stamp(entry, fingerprint)
             self.journal.append(entry, flush=False)
             self._schedule_flush()
 
@@ -427,6 +515,15 @@ class _ShardRun:
             if self.abort is None:
                 log.error("shard %s: cannot write the journal %s: %s", self.shard, self.journal.path, exc)
                 self.abort = f"cannot write the journal {self.journal.path}: {exc}"
+
+    def stamp(self, entry: dict[str, Any], fingerprint: str) -> None:
+        """Add what decided the entry: its fingerprints (and, on records, the settings themselves)."""
+        entry["fingerprint"] = fingerprint
+        entry["settings_fingerprint"] = self.settings_fingerprint
+        if entry["kind"] == RECORD:
+            entry["settings"] = self.settings_json
+        else:
+            entry["at"] = time.time()
 
     # ------------------------------------------------------------------ one sample
     async def run_sample(self, sample: Sample) -> dict[str, Any] | None:
@@ -529,9 +626,15 @@ class _ShardRun:
                 "attempts": exc.attempts,
                 "error": str(err),
             }
-        self.held.append(
-            {"kind": "failed", "id": sid, "reason": err.category, "attempts": exc.attempts, "error": str(err)}
-        )
+        held = {
+            "kind": FAILED,
+            "id": sid,
+            "reason": err.category,
+            "attempts": exc.attempts,
+            "error": str(err),
+        }
+        self.stamp(held, self.current[sid])
+        self.held.append(held)
         self.consecutive_server_failures += 1
         if self.consecutive_server_failures >= self.breaker_threshold and self.abort is None:
             self.abort = (
@@ -788,9 +891,17 @@ async def generate_shard_async(
     *,
     total: int | None = None,
     journal_sync: JournalSink | None = None,
+    settings: GenerationSettings | None = None,
 ) -> ShardStats:
-    """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError."""
+    """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError.
+
+    ``settings`` is what the fingerprint covers (``GenerationSettings.from_decisive`` in a workflow
+    job); without it, the generate config's own decisive values are used.
+    """
     gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
+    if settings is None:
+        settings = settings_of(gcfg)
+    check_settings_match(gcfg, settings)
     if progress is None:
         jp = Path(journal_path)
         progress = ProgressOptions(status_path=RunLayout.of_journal(jp).status(shard))
@@ -805,14 +916,15 @@ async def generate_shard_async(
         ) as sess:
             ep = await _discover(sess, endpoint, gcfg)
             concurrency = gcfg.concurrency or ep.max_running_requests or DEFAULT_CONCURRENCY
-            run = _ShardRun(gcfg, ep, shard, journal, stats, it)
+            run = _ShardRun(gcfg, ep, shard, journal, stats, it, settings)
             run.session = sess
             run.breaker_threshold = max(3, min(concurrency, 16))
             log.info(
-                "shard %s: %s samples, %d already in the journal, concurrency %d against %s (%s)",
+                "shard %s: %s samples, %d in the journal, settings %s, concurrency %d against %s (%s)",
                 shard,
                 total if total is not None else "?",
                 len(journal.finished_ids),
+                run.settings_fingerprint,
                 concurrency,
                 ep.url,
                 ep.server_id,
@@ -837,10 +949,19 @@ async def generate_shard_async(
             journal.append(entry, flush=False)
             stats.failed += 1
         journal.close()
-        counts = journal.finalize(records_out, failed_out)
+        counts = journal.finalize(records_out, failed_out, run.current)
         stats.wall_s = time.monotonic() - t0
         reporter.write_status(final=True)
         reporter.log_line()
+        log.info(
+            "shard %s: %d replayed from the journal, %d regenerated (changed since journaled), "
+            "%d earlier failures retried; %d stale journal entries left out",
+            shard,
+            stats.skipped_resumed,
+            stats.regenerated_changed,
+            stats.retried_failed,
+            counts.stale_ignored,
+        )
         log.info("shard %s: wrote %d records, %d failures; %s", shard, counts.records, counts.failed, stats)
         return stats
     finally:
@@ -872,6 +993,7 @@ def generate_shard(
     *,
     total: int | None = None,
     journal_sync: JournalSink | None = None,
+    settings: GenerationSettings | None = None,
 ) -> ShardStats:
     """Blocking wrapper of ``generate_shard_async``; SIGTERM cancels cleanly (journal flushed)."""
 
@@ -893,6 +1015,7 @@ def generate_shard(
                 progress,
                 total=total,
                 journal_sync=journal_sync,
+                settings=settings,
             )
         finally:
             if in_main:

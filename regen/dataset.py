@@ -304,7 +304,7 @@ def record_to_sample(
             decoder = _LazyDecoder(None)
         messages, stats = decoder.get().decode_record(record)
         source.update(stats)
-    if developer_role != DEVELOPER_ROLE and any(m.role == DEVELOPER_ROLE for m in messages):
+    if developer_role != DEVELOPER_ROLE and DEVELOPER_ROLE in {m.role for m in messages}:
         messages = tuple(_renamed(m, developer_role) if m.role == DEVELOPER_ROLE else m for m in messages)
         source["developer_as"] = developer_role
     tools = _parse_tools(record.get("tools")) if row_fmt in ("messages", "sharegpt") else None
@@ -361,10 +361,11 @@ def _message(
     if not isinstance(role, str):
         raise UnreadableRow(f"{where}.{role_key}", f"expected a string role, got {_type_name(role)}")
     _check_text(role, f"{where}.{role_key}")
-    content = joined_text_parts(content)
+    if isinstance(content, list):
+        content = joined_text_parts(content)
     _check_text(content, f"{where}.{content_key}")
     tool_calls = tool_call_id = name = None
-    if turn is not None:
+    if turn is not None and len(turn) > 2 and not _TOOL_KEYS.isdisjoint(turn):
         tool_calls = _parse_tool_calls(turn.get("tool_calls"), f"{where}.tool_calls")
         tool_call_id = _optional_str(turn.get("tool_call_id"), f"{where}.tool_call_id")
         name = _optional_str(turn.get("name"), f"{where}.name")
@@ -378,6 +379,9 @@ def _message(
         tool_call_id=tool_call_id,
         name=name,
     )
+
+
+_TOOL_KEYS = frozenset({"tool_calls", "tool_call_id", "name"})
 
 
 def joined_text_parts(content: Any) -> Any:

@@ -6,12 +6,15 @@ The server's life belongs to ``regen.sglang.server``; the requests, journal and 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from regen.client import generate_shard
+from regen.fingerprint import GenerationSettings, OperationalConfig
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
+from regen.sglang.config import ServerConfig
 from regen.sglang.server import acquire_server
 from regen.storage import sink_from_config
 
@@ -26,14 +29,20 @@ def run_generate_job(
     failed_out: str,
     journal_path: str,
     shard: str,
-    generate_cfg: dict[str, Any],
-    server_cfg: dict[str, Any],
-    gpu_slots: int,
+    settings: dict[str, Any],
+    operational: OperationalConfig,
     layout: RunLayout = RUN,
 ) -> None:
-    """Generate every sample of ``shard_path`` not already in the journal; raise if the shard failed."""
+    """Generate every sample of ``shard_path`` the journal does not hold under its current fingerprint;
+    raise if the shard failed.
+
+    ``settings`` is ``regen.fingerprint.decisive_config`` (what decides an answer), ``operational``
+    the rest (how the job runs).
+    """
     plan = read_json(plan_path)
-    cfg = {**server_cfg, "gpus": int(gpu_slots)}
+    generation = GenerationSettings.from_decisive(settings)
+    generate_cfg = {**operational.generate, **settings["generate"]}
+    cfg = dataclasses.replace(ServerConfig.from_mapping(operational.server), gpus=operational.gpu_slots)
     job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
     slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)
     with acquire_server(cfg, plan, workdir=slots, log_dir=logs) as endpoint:
@@ -47,5 +56,6 @@ def run_generate_job(
             endpoint,
             shard,
             journal_sync=sink_from_config(generate_cfg.get("journal_sync"), shard),
+            settings=generation,
         )
     log.info("shard %s done: %s", shard, stats)

@@ -1,23 +1,30 @@
 """Append-only per-shard request journal: one JSON line per finished sample.
 
 A line is either a completed record ``{"kind": "record", ...record}`` or a terminal
-failure ``{"kind": "failed", "id", "reason", "attempts", "error"}``. The journal is not a
-Snakemake output: it survives a failed or killed job, and the next run skips every id in it.
+failure ``{"kind": "failed", "id", "reason", "attempts", "error", "at"}``. Both carry the sample's
+generation ``fingerprint`` and ``settings_fingerprint`` (``regen.fingerprint``). The journal is not a
+Snakemake output: it survives a failed or killed job. The next run replays an entry only when its
+fingerprint equals the sample's current one (``outcome``); an entry written under other settings or
+for an edited prompt stays in the file but is ignored, and the sample is generated again. A failure
+is retried on a rerun unless the run keeps failures; every failed line stays as attempt history.
 
 Durability: ``append`` buffers an encoded line; ``flush`` writes the buffer and flushes it to
 the OS (the client calls it once per event-loop tick), and fsyncs every ``fsync_every_records``
 lines or ``fsync_every_s`` seconds. A kill can therefore tear at most the last line, which
 ``Journal.open`` truncates away before appending.
 
-``finalize`` writes the shard outputs from the journal, atomically, each id exactly once (the
-first line for an id wins; the client never writes two, so duplicates are impossible by
-construction).
+``finalize`` writes the shard outputs from the journal, atomically, each id exactly once: given the
+current fingerprint of every sample (``current``), only entries with that fingerprint count; a record
+wins over failures, the first record wins over later ones, and the last failure stands when there is no
+record. The failures before it are its ``history``. Without ``current`` (a journal written before
+fingerprints) the first line per id wins.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -48,11 +55,17 @@ class JournalError(ValueError):
     """A journal line that is not the torn last line could not be read."""
 
 
+RECORD = "record"
+FAILED = "failed"
+
+
 @dataclass(frozen=True, slots=True)
 class FinalizeCounts:
     records: int
     failed: int
     duplicates_ignored: int
+    #: entries written under another fingerprint (changed settings or prompt) or for ids no longer sampled
+    stale_ignored: int = 0
 
 
 def _parse_line(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
@@ -127,6 +140,7 @@ class Journal:
         self,
         path: Path,
         finished: set[str],
+        outcomes: dict[str, dict[str, str]],
         n_records: int,
         n_failed: int,
         sync: JournalSink | None,
@@ -135,6 +149,7 @@ class Journal:
     ) -> None:
         self.path = path
         self.finished_ids = finished
+        self._outcomes = outcomes
         self.n_records = n_records
         self.n_failed = n_failed
         self._sync = sync
@@ -160,11 +175,13 @@ class Journal:
         if sync is not None:
             sync.restore(p)
         finished: set[str] = set()
+        outcomes: dict[str, dict[str, str]] = {}
         n_records = n_failed = 0
         if p.exists():
             data = p.read_bytes()
             entries, good_end = scan_journal(p, data)
             for entry in entries:
+                _note_outcome(outcomes, entry)
                 if entry["id"] not in finished:
                     finished.add(entry["id"])
                     if entry["kind"] == "record":
@@ -176,14 +193,23 @@ class Journal:
                     fh.truncate(good_end)
                     fh.flush()
                     os.fsync(fh.fileno())
-        return cls(p, finished, n_records, n_failed, sync, fsync_every_records, fsync_every_s)
+        return cls(p, finished, outcomes, n_records, n_failed, sync, fsync_every_records, fsync_every_s)
 
     def __contains__(self, sample_id: str) -> bool:
         return sample_id in self.finished_ids
 
+    def outcome(self, sample_id: str, fingerprint: str) -> str | None:
+        """``record``, ``failed`` or None: what the journal holds for this sample under this fingerprint."""
+        return self._outcomes.get(sample_id, {}).get(fingerprint)
+
+    def fingerprints(self, sample_id: str) -> dict[str, str]:
+        """Every fingerprint the journal holds for this sample, with its outcome."""
+        return dict(self._outcomes.get(sample_id, {}))
+
     def append(self, entry: dict[str, Any], *, flush: bool = True) -> None:
         """Add one finished sample (``entry["kind"]`` is ``record`` or ``failed``)."""
         line = orjson.dumps(entry) + b"\n"
+        _note_outcome(self._outcomes, entry)
         self.finished_ids.add(entry["id"])
         if entry["kind"] == "record":
             self.n_records += 1
@@ -231,24 +257,55 @@ class Journal:
         self.close()
 
     def finalize(
-        self, records_out: str | os.PathLike[str], failed_out: str | os.PathLike[str]
+        self,
+        records_out: str | os.PathLike[str],
+        failed_out: str | os.PathLike[str],
+        current: Mapping[str, str] | None = None,
     ) -> FinalizeCounts:
         """Write records and failures from the journal file, atomically, each id once."""
         if not self._fh.closed:
             self.flush()
             self._fsync()
-        return finalize_journal(self.path, records_out, failed_out)
+        return finalize_journal(self.path, records_out, failed_out, current)
+
+
+def _note_outcome(outcomes: dict[str, dict[str, str]], entry: Mapping[str, Any]) -> None:
+    fingerprint = entry.get("fingerprint")
+    if not isinstance(fingerprint, str):
+        return  # written before fingerprints: never replayed
+    by_fp = outcomes.setdefault(entry["id"], {})
+    if by_fp.get(fingerprint) != RECORD:
+        by_fp[fingerprint] = entry["kind"]
+
+
+def _failure_line(entry: Mapping[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("id", "reason", "attempts", "error", "fingerprint", "settings_fingerprint")
+    fail = {k: entry.get(k) for k in keys if k in entry or k in ("id", "reason", "attempts", "error")}
+    if history:
+        fail["history"] = history
+    return fail
+
+
+def _history_item(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: entry.get(k) for k in ("reason", "attempts", "error", "at")}
 
 
 def finalize_journal(
     journal_path: str | os.PathLike[str],
     records_out: str | os.PathLike[str],
     failed_out: str | os.PathLike[str],
+    current: Mapping[str, str] | None = None,
 ) -> FinalizeCounts:
-    """Write ``records_out`` (records without ``kind``) and ``failed_out`` from a journal file."""
+    """Write ``records_out`` (records without ``kind``) and ``failed_out`` from a journal file.
+
+    ``current`` maps every sample id of the shard to its current fingerprint; entries under another
+    fingerprint, or for ids not in it, are stale and left out. A record that follows failures of the
+    same fingerprint carries them as ``history``; so does a failure that follows earlier ones.
+    """
     path = Path(journal_path)
-    seen: set[str] = set()
-    n_rec = n_fail = dups = 0
+    written: set[str] = set()
+    failures: dict[str, list[dict[str, Any]]] = {}
+    n_rec = dups = stale = 0
     with (
         atomic_open(records_out, "wb") as rec_fh,
         atomic_open(failed_out, "wb") as fail_fh,
@@ -263,16 +320,27 @@ def finalize_journal(
                 )
             entry = _parse_line(path, lineno, raw)
             sid = entry["id"]
-            if sid in seen:
+            if current is not None and (sid not in current or entry.get("fingerprint") != current[sid]):
+                stale += 1
+                continue
+            if sid in written:
                 dups += 1
                 continue
-            seen.add(sid)
             kind = entry.pop("kind")
-            if kind == "record":
+            if kind == RECORD:
+                earlier = failures.pop(sid, [])
+                if earlier:
+                    entry["history"] = [_history_item(e) for e in earlier]
                 rec_fh.write(orjson.dumps(entry) + b"\n")
+                written.add(sid)
                 n_rec += 1
+            elif current is None:  # before fingerprints: the first line per id wins
+                fail_fh.write(orjson.dumps(_failure_line(entry, [])) + b"\n")
+                written.add(sid)
             else:
-                fail = {k: entry.get(k) for k in ("id", "reason", "attempts", "error")}
-                fail_fh.write(orjson.dumps(fail) + b"\n")
-                n_fail += 1
-    return FinalizeCounts(records=n_rec, failed=n_fail, duplicates_ignored=dups)
+                failures.setdefault(sid, []).append(entry)
+        for earlier in failures.values():
+            *history, last = earlier
+            fail_fh.write(orjson.dumps(_failure_line(last, [_history_item(e) for e in history])) + b"\n")
+    n_fail = len(failures) if current is not None else len(written) - n_rec
+    return FinalizeCounts(records=n_rec, failed=n_fail, duplicates_ignored=dups, stale_ignored=stale)

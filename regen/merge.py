@@ -376,10 +376,9 @@ def merge_for_workflow(
     out_dir: str,
     merge_cfg: dict[str, Any],
     tokenizer_dir: str,
-    config: dict[str, Any],
 ) -> Manifest:
-    """The ``merge`` rule: provenance from the plan, the config and the servers, then ``merge``."""
+    """The ``merge`` rule: provenance from the records, the plan and the servers, then ``merge``."""
     provenance = build_provenance(
-        plan=read_json(plan_path), config=config, tokenizer_dir=tokenizer_dir, valid_paths=valid_paths
+        plan=read_json(plan_path), tokenizer_dir=tokenizer_dir, valid_paths=valid_paths
     )
     return merge(valid_paths, out_dir, merge_cfg, provenance, tokenizer_dir=tokenizer_dir)

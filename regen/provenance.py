@@ -1,13 +1,17 @@
-"""Provenance for the manifest: what produced the dataset, exactly, and when."""
+"""Provenance for the manifest: what produced the dataset, exactly, and when.
+
+What decided the answers is read from the records themselves (their ``settings_fingerprint`` and the
+settings it hashes, ``regen.fingerprint``), never from the config of the run that merged them: a config
+edited after generation cannot make the manifest lie. An output holding more than one settings
+fingerprint is marked ``mixed`` here and refused by the re-audit.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -15,34 +19,41 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from regen import __version__
+from regen.fingerprint import chat_template_hash
 from regen.io import read_json
 from regen.layout import RUN, realized_files
 
 
-def config_hash(config: Mapping[str, Any]) -> str:
-    """sha256 of the validated config (defaults filled in), keys sorted."""
-    return hashlib.sha256(orjson.dumps(config, option=orjson.OPT_SORT_KEYS)).hexdigest()
+@dataclass(frozen=True, slots=True)
+class SettingsGroup:
+    """The rows generated under one settings fingerprint."""
+
+    fingerprint: str
+    rows: int
+    settings: dict[str, Any]
 
 
-def chat_template_hash(tokenizer_dir: str) -> str | None:
-    """sha256 of the chat template string the prompts were rendered with, if there is one."""
-    path = Path(tokenizer_dir) / "tokenizer_config.json"
-    if not path.exists():
-        return None
-    template = json.loads(path.read_text()).get("chat_template")
-    if not isinstance(template, str):
-        return None
-    return hashlib.sha256(template.encode()).hexdigest()
-
-
-def model_revision(model_path: str) -> str | None:
-    """The checkpoint revision when the model directory says (HF cache snapshot or a `.revision` file)."""
-    path = Path(model_path)
-    if (path / ".revision").exists():
-        return (path / ".revision").read_text().strip()
-    if path.parent.name == "snapshots":
-        return path.name
-    return None
+def settings_in_records(valid_paths: list[str]) -> list[SettingsGroup]:
+    """Every settings fingerprint in the valid shards, with its row count and settings; most rows first."""
+    rows: dict[str, int] = {}
+    settings: dict[str, str] = {}
+    for path in valid_paths:
+        table = pq.read_table(
+            path, columns=["settings_fingerprint", "settings"]
+        )  # regen.records.VALID_SCHEMA
+        if table.num_rows == 0:
+            continue
+        counts = table.group_by(["settings_fingerprint", "settings"]).aggregate([("settings", "count")])
+        for fp, text, n in zip(
+            counts.column("settings_fingerprint").to_pylist(),
+            counts.column("settings").to_pylist(),
+            counts.column("settings_count").to_pylist(),
+            strict=True,
+        ):
+            rows[fp] = rows.get(fp, 0) + int(n)
+            settings.setdefault(fp, text)
+    groups = [SettingsGroup(fp, n, orjson.loads(settings[fp])) for fp, n in rows.items()]
+    return sorted(groups, key=lambda g: (-g.rows, g.fingerprint))
 
 
 def realized_servers(workdir: str | os.PathLike[str] = RUN.servers_root) -> list[dict[str, Any]]:
@@ -68,30 +79,39 @@ def generation_window(valid_paths: list[str]) -> tuple[float | None, float | Non
 
 
 def build_provenance(
-    *, plan: Mapping[str, Any], config: Mapping[str, Any], tokenizer_dir: str, valid_paths: list[str]
+    *, plan: Mapping[str, Any], tokenizer_dir: str, valid_paths: list[str]
 ) -> dict[str, Any]:
-    """Everything the manifest records about how the dataset was made (no credentials: only env var names)."""
-    server = config.get("server", {})
-    generate = config.get("generate", {})
+    """Everything the manifest records about how the dataset was made (no credentials: only env var names).
+
+    The generation settings come from the records; ``chat_template_sha256`` is the template the merge
+    renders token ids with (``generation_chat_template_sha256`` the one the answers were made under).
+    """
+    groups = settings_in_records(valid_paths)
+    only = groups[0].settings if len(groups) == 1 else {}
     servers = realized_servers()
     start, end = generation_window(valid_paths)
+    sampling_keys = ("temperature", "top_p", "top_k", "max_tokens", "n", "seed")
     return {
         "regen_version": __version__,
-        "config_hash": config_hash(config),
-        "model_path": server.get("model_path"),
-        "model_revision": model_revision(str(server.get("model_path", ""))),
-        "server_mode": server.get("mode"),
+        "settings_fingerprint": groups[0].fingerprint if len(groups) == 1 else None,
+        "settings_fingerprints": {g.fingerprint: g.rows for g in groups},
+        "mixed_settings": len(groups) > 1,
+        "settings": only or None,
+        "model_path": only.get("model_path"),
+        "model_revision": only.get("model_revision"),
+        "server_mode": only.get("server_mode"),
         "sglang_version": next(
             (s.get("version") for s in servers if s.get("version")), plan.get("sglang_version")
         ),
-        "server_flags": list(plan.get("launch_args") or server.get("args") or []),
+        "server_flags": list(plan.get("launch_args") or []),
         "servers": [
             {k: s.get(k) for k in ("server_id", "version", "launch_command") if k in s} for s in servers
         ],
         "chat_template_sha256": chat_template_hash(tokenizer_dir),
-        "sampling": dict(generate.get("sampling", {})),
+        "generation_chat_template_sha256": only.get("chat_template_sha256"),
+        "sampling": {k: only[k] for k in sampling_keys if k in only} or None,
         "seed_rule": "seed = derive_seed(sampling.seed, sample id) (blake2b, 31-bit)",
-        "thinking": generate.get("thinking"),
+        "thinking": only.get("thinking"),
         "generation_started_at": start,
         "generation_ended_at": end,
         "merged_at": time.time(),

@@ -4,6 +4,8 @@ The same per-sample audit that ran on the input (``regen.audit``) runs on the me
 assistant turns are now the regenerated ones: scaffolding-only answers, supervised-token counts and
 duplicate prompts; plus what only the output has: the truncation rate and duplicate answers.
 Gates decide whether ``READY.json`` is written; a violated gate raises, so the run fails loudly.
+An output whose rows carry more than one settings fingerprint (answers made under different
+settings, ``regen.fingerprint``) is never ready: that raises ``MixedSettingsError``, no override.
 """
 
 from __future__ import annotations
@@ -35,6 +37,34 @@ _NO_INPUT_GATES = {
 
 class OutputGateError(RuntimeError):
     """The merged output failed a re-audit gate: it is not training-ready."""
+
+
+class MixedSettingsError(OutputGateError):
+    """The merged output mixes answers generated under different settings."""
+
+
+def settings_fingerprint_counts(dataset_dir: str | Path) -> dict[str, int]:
+    """Rows per ``settings_fingerprint`` over the merged Parquet."""
+    dataset = ds.dataset(str(dataset_dir), format="parquet")
+    counts: dict[str, int] = {}
+    for batch in dataset.to_batches(columns=["settings_fingerprint"]):
+        for item in batch.column(0).value_counts().to_pylist():
+            counts[item["values"]] = counts.get(item["values"], 0) + int(item["counts"])
+    return counts
+
+
+def check_single_settings(dataset_dir: str | Path) -> str | None:
+    """The one settings fingerprint of the output (None when empty); ``MixedSettingsError`` if mixed."""
+    counts = settings_fingerprint_counts(dataset_dir)
+    if len(counts) > 1:
+        listed = ", ".join(f"{fp}: {n} rows" for fp, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        raise MixedSettingsError(
+            f"The merged output {dataset_dir} is NOT training-ready: its rows were generated under "
+            f"{len(counts)} different settings ({listed}). Column settings_fingerprint tells them apart; "
+            f"_manifest.json provenance.settings_fingerprints lists them. Rerun the generate jobs with one "
+            f"config (snakemake -R generate) so every sample is answered under the same settings."
+        )
+    return next(iter(counts), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +155,7 @@ def reaudit_dataset(
     tokenizer_dir: str,
 ) -> dict[str, Any]:
     """Audit the merged output, write its summary, and write READY.json only if every gate passes."""
+    settings_fingerprint = check_single_settings(dataset_dir)
     config = AuditConfig.from_dict({**audit_cfg, "gates": _NO_INPUT_GATES, "exclude": []})
     auditor = Auditor(config, ChatTemplate.from_dir(tokenizer_dir))
     counts = OutputCounts()
@@ -139,6 +170,7 @@ def reaudit_dataset(
     manifest_path = Path(dataset_dir) / "_manifest.json"
     summary = {
         "rows": counts.rows,
+        "settings_fingerprint": settings_fingerprint,
         "empty_answers": empty,
         "truncated": counts.truncated,
         "duplicate_answers": counts.duplicate_answers,
@@ -160,6 +192,7 @@ def reaudit_dataset(
             "ready": True,
             "overridden": overridden,
             "rows": counts.rows,
+            "settings_fingerprint": settings_fingerprint,
             "dataset": str(dataset_dir),
             "manifest_sha256": {f["path"]: f["sha256"] for f in manifest.get("files", [])},
         },

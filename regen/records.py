@@ -26,8 +26,9 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from regen.types import Message
+from regen.types import Message, Sample
 
 #: the JSON schema of a generation record (``regen.validate`` checks every record against it)
 RECORD_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
@@ -90,6 +91,10 @@ VALID_SCHEMA = pa.schema(
         pa.field("completion_token_ids", TOKEN_IDS_TYPE),
         pa.field("tools_json", pa.string()),
         pa.field("tool_calls_json", pa.string()),
+        # regen.fingerprint: what decided the answer (request level, settings level, the settings as JSON)
+        pa.field("fingerprint", pa.string(), nullable=False),
+        pa.field("settings_fingerprint", pa.string(), nullable=False),
+        pa.field("settings", pa.string(), nullable=False),
     ],
     metadata={b"regen.schema": b"valid/1"},
 )
@@ -113,6 +118,8 @@ DATASET_PASSTHROUGH = (
     "completion_token_ids",
     "turns",
     "tools_json",
+    "fingerprint",
+    "settings_fingerprint",
 )
 
 SHARD_SCHEMA = pa.schema(
@@ -207,6 +214,9 @@ class ValidColumns:
         c["completion_token_ids"].append(rec.get("completion_token_ids"))
         c["tools_json"].append(json_text(rec.get("tools")))
         c["tool_calls_json"].append(json_text(rec.get("tool_calls")))
+        c["fingerprint"].append(rec["fingerprint"])
+        c["settings_fingerprint"].append(rec["settings_fingerprint"])
+        c["settings"].append(orjson.dumps(rec["settings"], option=orjson.OPT_SORT_KEYS).decode())
 
     def to_batch(self) -> pa.RecordBatch:
         """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
@@ -360,3 +370,37 @@ class GenerationRecord:
     def journal_entry(self) -> dict[str, Any]:
         """The record as a journal line: ``{"kind": "record", ...record}``."""
         return {"kind": "record", **self.to_json()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sample rows (SHARD_SCHEMA): the shards and the audit's kept samples
+# ---------------------------------------------------------------------------------------------
+SAMPLE_ROWS_PER_BATCH = 4096
+
+
+class SampleRows:
+    """``SHARD_SCHEMA`` column buffers for one file (a shard, the audit's kept samples), flushed every
+    ``SAMPLE_ROWS_PER_BATCH`` rows."""
+
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self.writer = writer
+        self.cols: dict[str, list[Any]] = {name: [] for name in SHARD_SCHEMA.names}
+        self.rows = 0
+
+    def add(self, sample: Sample) -> None:
+        c = self.cols
+        c["id"].append(sample.id)
+        c["messages"].append([message_row(m) for m in sample.messages])
+        c["source_file"].append(sample.source.get("file"))
+        c["source_row"].append(sample.source.get("row"))
+        c["source_format"].append(sample.source.get("format"))
+        c["tools_json"].append(json_text(sample.tools))
+        self.rows += 1
+        if len(c["id"]) >= SAMPLE_ROWS_PER_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.cols["id"]:
+            self.writer.write_table(pa.table(self.cols, schema=SHARD_SCHEMA))
+            for col in self.cols.values():
+                col.clear()

@@ -329,6 +329,32 @@ def with_pilot(page: str, pilot_json: str | os.PathLike[str]) -> str:
     return head + extra + sep + tail if sep else page + extra
 
 
+def contamination_table_html(audit_summary_json: str | os.PathLike[str]) -> str:
+    """Samples the audit flagged ``contaminated``, per benchmark; '' when no benchmark was named."""
+    path = Path(audit_summary_json)
+    summary = read_json(path) if path.is_file() else {}
+    decontam = summary.get("decontamination")
+    if not decontam:
+        return ""
+    by = summary.get("contaminated_by") or {}
+    rows = [
+        [name, b.get("items"), b.get("too_short"), by.get(name, 0)]
+        for name, b in decontam["benchmarks"].items()
+    ]
+    esc = html.escape
+    head = "".join(f"<th>{h}</th>" for h in ("benchmark", "items", "too short to match", "samples flagged"))
+    body = "".join("<tr>" + "".join(f"<td>{esc(_fmt(c))}</td>" for c in r) + "</tr>" for r in rows)
+    caption = f"benchmark contamination ({decontam.get('ngram')}-word n-grams, audit): flagged samples"
+    return (
+        f"<table><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    )
+
+
+def _with_extra(page: str, extra: str) -> str:
+    head, sep, tail = page.rpartition("</body>")
+    return head + extra + sep + tail if sep else page + extra
+
+
 def _write_text(path: Path, text: str) -> None:
     with atomic_open(path, "w") as fh:
         fh.write(text)
@@ -353,7 +379,9 @@ def write_report_assets(
     plot_finish_reasons(layout.dataset_dir, paths[FINISH_REASONS_SVG])
     plot_quarantine_reasons(layout.quarantine_dir, paths[QUARANTINE_REASONS_SVG])
     plot_throughput(layout.generations_dir, paths[THROUGHPUT_SVG])
-    _write_text(paths[RECONCILE_HTML], reconcile_table_html(layout.reconcile))
+    reconcile_page = reconcile_table_html(layout.reconcile)
+    contamination = contamination_table_html(layout.audit_summary)
+    _write_text(paths[RECONCILE_HTML], _with_extra(reconcile_page, contamination))
     realized = layout.realized_files()  # per node and per Slurm job
     plan_page = server_plan_html(layout.server_plan, realized)
     _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, layout.pilot))

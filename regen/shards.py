@@ -13,15 +13,13 @@ import hashlib
 import os
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import orjson
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.chat import ChatTemplate
 from regen.dataset import iter_samples
-from regen.records import SHARD_SCHEMA, json_text, message_from_row, message_row
+from regen.records import SHARD_SCHEMA, SampleRows, message_from_row
 from regen.types import Sample
 
 ROWS_PER_BATCH = 4096
@@ -38,33 +36,6 @@ def shard_index(sample_id: str, n: int) -> int:
         raise ValueError(f"shard count must be at least 1, got {n}")
     digest = hashlib.blake2b(sample_id.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % n
-
-
-class _ShardBuffer:
-    """Column buffers for one shard, flushed to its ParquetWriter every ``ROWS_PER_BATCH`` rows."""
-
-    def __init__(self, writer: pq.ParquetWriter) -> None:
-        self.writer = writer
-        self.cols: dict[str, list[Any]] = {name: [] for name in SHARD_SCHEMA.names}
-        self.rows = 0
-
-    def add(self, sample: Sample) -> None:
-        c = self.cols
-        c["id"].append(sample.id)
-        c["messages"].append([message_row(m) for m in sample.messages])
-        c["source_file"].append(sample.source.get("file"))
-        c["source_row"].append(sample.source.get("row"))
-        c["source_format"].append(sample.source.get("format"))
-        c["tools_json"].append(json_text(sample.tools))
-        self.rows += 1
-        if len(c["id"]) >= ROWS_PER_BATCH:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.cols["id"]:
-            self.writer.write_table(pa.table(self.cols, schema=SHARD_SCHEMA))
-            for col in self.cols.values():
-                col.clear()
 
 
 def write_shards(
@@ -90,7 +61,7 @@ def write_shards(
             temps.append(target.with_name(f".{target.name}.{os.getpid()}.tmp"))
         with contextlib.ExitStack() as stack:
             buffers = [
-                _ShardBuffer(stack.enter_context(pq.ParquetWriter(tmp, SHARD_SCHEMA, compression="zstd")))
+                SampleRows(stack.enter_context(pq.ParquetWriter(tmp, SHARD_SCHEMA, compression="zstd")))
                 for tmp in temps
             ]
             for sample in samples:
@@ -106,6 +77,14 @@ def write_shards(
         for tmp in temps:
             if tmp.exists():
                 tmp.unlink()
+
+
+def shard_audited(
+    samples_parquet: str | os.PathLike[str], out_paths: Sequence[str | os.PathLike[str]]
+) -> list[int]:
+    """Shard the samples the audit kept (``results/audit/samples.parquet``, already normalized and
+    filtered): the dataset is parsed once, by the audit."""
+    return write_shards(read_shard(samples_parquet), frozenset(), out_paths)
 
 
 def read_shard(path: str | os.PathLike[str]) -> Iterator[Sample]:

@@ -326,9 +326,36 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
     p.add_argument(
         "--results", type=Path, default=Path("results"), help="results directory (default: results)"
     )
+    p.add_argument(
+        "--configfile",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="the workflow's config file(s), as given to snakemake: also say how many samples a rerun "
+        "replays from the journals and how many it generates again, and why",
+    )
     args = p.parse_args(argv)
-    (out or sys.stdout).write(status_report(args.workdir, args.results))
+    text = status_report(args.workdir, args.results)
+    if args.configfile:
+        from regen.replay import preview_lines  # reads the dataset and the journals: only when asked
+
+        config = load_workflow_config(args.configfile)
+        journals = sorted(str(j) for j in (args.workdir / "journal").glob("*.jsonl"))
+        text += "\n" + "".join(line + "\n" for line in preview_lines(config, journals, str(args.results)))
+    (out or sys.stdout).write(text)
     return 0
+
+
+def load_workflow_config(paths: list[Path]) -> dict[str, Any]:
+    """The config Snakemake would see: the files merged in order, validated, defaults filled in."""
+    import yaml
+    from snakemake.utils import update_config, validate
+
+    config: dict[str, Any] = {}
+    for path in paths:
+        update_config(config, yaml.safe_load(path.read_text()) or {})
+    validate(config, str(Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"))
+    return config
 
 
 if __name__ == "__main__":

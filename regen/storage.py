@@ -29,7 +29,7 @@ import orjson
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
-from regen.io import atomic_path, write_json
+from regen.io import atomic_path
 from regen.journal import complete_lines
 
 log = logging.getLogger("regen.storage")
@@ -253,6 +253,17 @@ def _line_id(line: bytes) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _record_key(line: bytes) -> tuple[str, str | None] | None:
+    """(id, fingerprint) of a record line; None for failures (every failure line is attempt history)."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or obj.get("kind") == "failed" or not isinstance(obj.get("id"), str):
+        return None
+    return obj["id"], obj.get("fingerprint")
+
+
 def _complete_lines(data: bytes) -> list[bytes]:
     """Lines of a journal, each ending in a newline, under the journal's one torn-line rule
     (``regen.journal.complete_lines``): a torn last line is dropped."""
@@ -321,8 +332,10 @@ class S3JournalSink:
     def restore(self, local_path: str | os.PathLike[str]) -> RestoreResult:
         """Merge every uploaded batch of this shard into ``local_path`` (atomically).
 
-        Local lines are kept; an S3 line is added unless the same line, or a line with the same
-        sample ``id``, is already local. Local lines missing from S3 are queued for the next batch.
+        Local lines are kept; an S3 line is added unless the same line, or a record with the same
+        sample ``id`` and generation fingerprint, is already local (records of other fingerprints,
+        e.g. from a machine with another config, are kept: the journal replays only the current
+        fingerprint's). Local lines missing from S3 are queued for the next batch.
         The next batch number follows the highest one found.
         """
         path = Path(local_path)
@@ -332,12 +345,12 @@ class S3JournalSink:
             remote.extend(_complete_lines(self._get(key)))
         local = _complete_lines(path.read_bytes()) if path.exists() else []
         local_set = set(local)
-        local_ids = {i for i in map(_line_id, local) if i is not None}
+        local_records = {k for k in map(_record_key, local) if k is not None}
         added: list[bytes] = []
         seen = set(local_set)
         for line in remote:
-            line_id = _line_id(line)
-            if line in seen or (line_id is not None and line_id in local_ids):
+            key = _record_key(line)
+            if line in seen or (key is not None and key in local_records):
                 continue
             seen.add(line)
             added.append(line)
@@ -495,12 +508,3 @@ def sink_from_config(sync_cfg: dict[str, Any] | None, shard: str) -> S3JournalSi
         every_records=int(cfg.get("every_records", 500)),
         every_seconds=float(cfg.get("every_seconds", 60)),
     )
-
-
-def publish_dataset(dataset_dir: str, s3_prefix: str, record_out: str) -> list[str]:
-    """Upload the training-ready Parquet (manifest last) to ``s3_prefix`` and record what went where."""
-    if not is_s3_uri(s3_prefix):
-        raise StorageError(f"merge.output_prefix must be an s3:// URI, got {s3_prefix!r}")
-    keys = upload_dir(dataset_dir, s3_prefix)
-    write_json(record_out, {"prefix": s3_prefix, "objects": keys})
-    return keys

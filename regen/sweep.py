@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import logging
 import math
@@ -51,6 +50,7 @@ from regen.client import GenerateConfig, ProgressOptions, ShardFailedError, gene
 from regen.closedloop import StepModel, closed_loop_wall_s
 from regen.journal import read_journal_entries
 from regen.projection import PROJECTION_ASSUMPTIONS, Remaining, project
+from regen.sglang.config import ServerConfig, ServerConfigLike
 from regen.sglang.metrics import (
     DecodeSample,
     SteadyState,
@@ -432,18 +432,19 @@ def drive_pilot(
 
 
 # -------------------------------------------------------------------------------- sweep --
-def sweep_server_cfg(server_cfg: Mapping[str, Any]) -> dict[str, Any]:
+def sweep_server_cfg(server_cfg: ServerConfigLike) -> ServerConfig:
     """The server config each candidate runs with: the candidate's args are complete (user args are
     already in them), the plan is used, and the simulated cap follows the plan."""
-    cfg = copy.deepcopy(dict(server_cfg))
-    cfg["use_tuner"] = True
-    cfg["args"] = []
-    cfg["gpus"] = int(cfg.get("tp", 1) or 1)  # one slot: the sweep measures one server at a time
-    sim = dict(cfg.get("simulated") or {})
-    if sim.pop("max_running_requests", None):
+    cfg = ServerConfig.of(server_cfg)
+    if cfg.simulated.max_running_requests:
         log.warning("sweep: server.simulated.max_running_requests ignored: each cap follows its plan")
-    cfg["simulated"] = sim
-    return cfg
+    return dataclasses.replace(
+        cfg,
+        use_tuner=True,
+        args=(),
+        gpus=cfg.tp,  # one slot: the sweep measures one server at a time
+        simulated=dataclasses.replace(cfg.simulated, max_running_requests=None),
+    )
 
 
 WARM_UP_MAX_TOKENS = 8
@@ -482,13 +483,13 @@ def sweep_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def sweep_command_builder(server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None, port: int,
+def sweep_command_builder(server_cfg: ServerConfig, plan: Mapping[str, Any] | None, port: int,
                           model_path: str) -> list[str]:  # fmt: skip
     """The workflow's server command, plus the simulated batch model (``simulated.half_speed_running``)."""
-    if server_cfg.get("mode") != "simulated":
+    if server_cfg.mode != "simulated":
         return build_server_command(server_cfg, plan, port, model_path)
     argv = build_simulated_command(server_cfg, port, model_path, plan)
-    half = (server_cfg.get("simulated") or {}).get("half_speed_running")
+    half = server_cfg.simulated.half_speed_running
     if half and "--half-speed-running" not in argv:
         argv += ["--half-speed-running", str(int(half))]
     return argv
@@ -520,7 +521,7 @@ def as_candidates(candidates: Iterable[SweepCandidate | Sequence[str]]) -> list[
 
 
 def run_sweep(
-    server_cfg: Mapping[str, Any],
+    server_cfg: ServerConfigLike,
     candidates: Iterable[SweepCandidate | Sequence[str]],
     samples: Sequence[Sample],
     generate_cfg: Mapping[str, Any] | GenerateConfig,
@@ -550,7 +551,7 @@ def run_sweep(
         cand_dir = root / f"cand{i:02d}"
         servers = cand_dir / "servers"
         log.info("sweep: %s (%s), predicted cap %s", cand.label, " ".join(cand.args), cand.predicted_running)
-        cand_cfg = {**cfg, "port_base": sweep_port(str(cfg.get("host", "127.0.0.1")))}
+        cand_cfg = dataclasses.replace(cfg, port_base=sweep_port(cfg.host))
         server_log = cand_dir / "logs" / "gpu0.log"
         try:
             with acquire_server(

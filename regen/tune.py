@@ -20,6 +20,7 @@ from typing import Any
 from regen.io import write_json
 from regen.layout import RunLayout
 from regen.projection import count_remaining, fmt_duration
+from regen.sglang.config import ServerConfig, ServerConfigLike
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     DEFAULT_VERSION,
@@ -251,21 +252,19 @@ def sweep_cli(argv: list[str]) -> int:
     ns = p.parse_args(argv)
     try:
         config = _load_config(ns.server_config)
-        server_cfg = dict(config.get("server") or {})
+        server_cfg = ServerConfig.from_mapping(config.get("server"))
         generate_cfg = dict(config.get("generate") or {})
         if ns.simulated:
-            server_cfg["mode"] = "simulated"
-        if server_cfg.get("mode") == "external":
+            server_cfg = dataclasses.replace(server_cfg, mode="simulated")
+        if server_cfg.mode == "external":
             raise SweepError("server.mode external: regen does not launch the server, nothing to sweep")
         if not sglang_args:
-            sglang_args = [str(a) for a in server_cfg.get("args") or []]
-        model_config = ns.model_config or server_cfg.get("model_config") or server_cfg.get("model_path")
-        if not model_config:
-            raise SweepError("--model-config is required (or server.model_config in --server-config)")
+            sglang_args = list(server_cfg.args)
+        model_config = ns.model_config or server_cfg.planned_model
         model = ModelShape.from_config(model_config)
-        gpu_mib = ns.gpu_memory_mib or server_cfg.get("gpu_memory_mib") or gpu_memory_from_nvidia_smi()
-        tp = int(ns.tp or server_cfg.get("tp", 1) or 1)
-        gpus = int(ns.gpus or server_cfg.get("gpus", 1) or 1)
+        gpu_mib = ns.gpu_memory_mib or server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi()
+        tp = int(ns.tp or server_cfg.tp)
+        gpus = int(ns.gpus or server_cfg.gpus)
         max_tokens = ns.max_tokens or (generate_cfg.get("sampling") or {}).get("max_tokens")
         base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
         p50 = ns.prompt_p50 or base.prompt_p50
@@ -277,8 +276,8 @@ def sweep_cli(argv: list[str]) -> int:
         )
         rec = recommend(
             model, int(gpu_mib), tp, sglang_args, workload, ns.sglang_version,
-            allow_fp8_kv=ns.allow_fp8_kv or bool(server_cfg.get("allow_fp8_kv")),
-            allow_bf16_state=ns.allow_bf16_state or bool(server_cfg.get("allow_bf16_state")),
+            allow_fp8_kv=ns.allow_fp8_kv or server_cfg.allow_fp8_kv,
+            allow_bf16_state=ns.allow_bf16_state or server_cfg.allow_bf16_state,
         )  # fmt: skip
         pairs = candidates_from_recommendation(rec, 1 + max(0, ns.candidates - 1))
         layout = RunLayout(results=Path(ns.results), work=Path(ns.work))
@@ -290,7 +289,7 @@ def sweep_cli(argv: list[str]) -> int:
         report = pilot_report(
             result, remaining, gpus, tp,
             extra={"pilot_shard": str(shard), "model_config": str(model_config), "gpu_memory_mib": gpu_mib,
-                   "server_mode": server_cfg.get("mode", "sglang"), "sglang_version": ns.sglang_version},
+                   "server_mode": server_cfg.mode, "sglang_version": ns.sglang_version},
         )  # fmt: skip
         out = Path(ns.out) if ns.out else layout.pilot
         write_json(out, report)
@@ -360,27 +359,28 @@ def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> W
 
 
 def write_plan_for_workflow(
-    *, server_cfg: dict[str, Any], max_tokens: int, audit_summary: str, out_path: str
+    *, server_cfg: ServerConfigLike, max_tokens: int, audit_summary: str, out_path: str
 ) -> None:
     """The ``tune`` rule: plan (and recommend) from the model config, the GPU and the audited workload."""
-    if server_cfg.get("mode") == "external":
+    cfg = ServerConfig.of(server_cfg)
+    if cfg.mode == "external":
         write_json(out_path, {"launch_args": [], "external": True, "sglang_version": None})
         log.info("server.mode external: nothing to plan, the endpoint is managed by the user")
         return
-    model_config = server_cfg.get("model_config") or server_cfg["model_path"]
+    model_config = cfg.planned_model
     model = ModelShape.from_config(model_config)
-    gpu_mib = int(server_cfg.get("gpu_memory_mib") or gpu_memory_from_nvidia_smi())
-    version = server_cfg.get("sglang_version") or installed_sglang_version() or PINNED_SGLANG_VERSION
+    gpu_mib = int(cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi())
+    version = cfg.sglang_version or installed_sglang_version() or PINNED_SGLANG_VERSION
     workload = workload_from_audit_histogram(json.loads(Path(audit_summary).read_text()), max_tokens)
     rec = recommend(
         model,
         gpu_mib,
-        int(server_cfg.get("tp", 1)),
-        list(server_cfg.get("args", [])),
+        cfg.tp,
+        list(cfg.args),
         workload,
         sglang_version=version,
-        allow_fp8_kv=bool(server_cfg.get("allow_fp8_kv", False)),
-        allow_bf16_state=bool(server_cfg.get("allow_bf16_state", False)),
+        allow_fp8_kv=cfg.allow_fp8_kv,
+        allow_bf16_state=cfg.allow_bf16_state,
     )
     write_plan_file(
         out_path,
@@ -388,7 +388,7 @@ def write_plan_for_workflow(
         sglang_version=version,
         model_config=str(model_config),
         gpu_memory_mib=gpu_mib,
-        use_recommended=bool(server_cfg.get("use_tuner", True)),
+        use_recommended=cfg.use_tuner,  # the one place the launched section is decided
     )
     log.info("plan for %s on %d MiB (sglang %s): %s", model_config, gpu_mib, version, workload)
     for reason in rec.reasons:

@@ -1,6 +1,7 @@
 rule audit:
     input:
         dataset=dataset_path(),
+        benchmarks=benchmark_files(),
     output:
         summary=report(
             "results/audit/summary.json",
@@ -9,6 +10,7 @@ rule audit:
         ),
         flags="results/audit/flags.parquet",
         excluded="results/audit/excluded.jsonl",
+        samples="results/audit/samples.parquet",
         supervised_plot=report(
             "results/audit/supervised_tokens.svg",
             caption="../report/audit_supervised.rst",
@@ -31,22 +33,3 @@ rule audit:
         tokenizer=lookup(dpath="tokenizer", within=config),
     script:
         "../scripts/audit.py"
-
-
-rule shard:
-    input:
-        dataset=dataset_path(),
-        excluded="results/audit/excluded.jsonl",
-    output:
-        shards=shard_files("results/shards/{shard}.parquet"),
-    log:
-        "logs/shard.log",
-    benchmark:
-        "benchmarks/shard.tsv"
-    conda:
-        "../envs/regen.yaml"
-    params:
-        dataset=lookup(dpath="dataset", within=config),
-        tokenizer=lookup(dpath="tokenizer", within=config),
-    script:
-        "../scripts/shard.py"

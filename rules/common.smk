@@ -1,9 +1,16 @@
 # Config validation (once, with the schema's defaults filled in) and named input functions.
 import os
+import sys
 
 from snakemake.utils import validate
 
+from regen.fingerprint import (
+    OperationalConfig,
+    decisive_config,
+    decisive_plan_config,
+)
 from regen.layout import RUN
+from regen.replay import preview_lines
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
@@ -35,11 +42,46 @@ def dataset_path():
     return storage.s3(path) if path.startswith("s3://") else path
 
 
+def benchmark_files():
+    """The benchmark prompt files of audit.decontamination: the audit reruns when one changes."""
+    benchmarks = lookup(dpath="audit/decontamination/benchmarks", within=config)
+    return [b["path"] for b in benchmarks]
+
+
 def gpu_slots():
     """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
     given = workflow.global_resources.get("gpu")
     value = getattr(given, "value", given)
     return int(value) if value else lookup(dpath="server/gpus", within=config)
+
+
+def chat_template_file():
+    """The target chat template: decides every prompt the servers render, so a change regenerates."""
+    return os.path.join(
+        lookup(dpath="tokenizer", within=config), "tokenizer_config.json"
+    )
+
+
+def generation_settings():
+    """What decides an answer (model, chat template, sampling, modes): the generate rule's tracked param."""
+    return decisive_config(config)
+
+
+def plan_settings():
+    """What decides the server plan: the tune rule's tracked param."""
+    return decisive_plan_config(config)
+
+
+def operational_settings():
+    """How jobs run (ports, timeouts, idle time, restarts, concurrency, slots): never a rerun trigger."""
+    return OperationalConfig.from_config(config, gpu_slots())
+
+
+def print_replay_preview():
+    """On a dry run: how many samples the generate jobs will replay, and how many regenerate and why."""
+    journals = [str(RUN.journal(shard)) for shard in SHARDS]
+    for line in preview_lines(config, journals):
+        print(line, file=sys.stderr)
 
 
 def shard_files(pattern):
@@ -59,6 +101,14 @@ def get_final_outputs():
         "results/reconcile.json",
         "results/report/throughput.svg",
     ]
+
+
+def final_outputs(wildcards):
+    """The final targets, as an input function (evaluated once while the DAG is built, when Snakemake
+    knows whether this is a dry run); a dry run first prints the replay preview."""
+    if workflow.dryrun:
+        print_replay_preview()
+    return get_final_outputs()
 
 
 def stop_gpu_servers():

@@ -2,6 +2,7 @@ rule report_assets:
     input:
         dataset="results/dataset",
         reconcile="results/reconcile.json",
+        audit="results/audit/summary.json",
         plan="results/plan/server.json",
         records=shard_files("results/generations/{shard}.jsonl"),
         quarantine=shard_files("results/quarantine/{shard}.jsonl"),

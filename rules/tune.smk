@@ -12,7 +12,6 @@ rule tune:
     conda:
         "../envs/regen.yaml"
     params:
-        server=lookup(dpath="server", within=config),
-        max_tokens=lookup(dpath="generate/sampling/max_tokens", within=config),
+        settings=plan_settings(),
     script:
         "../scripts/tune.py"

@@ -11,7 +11,6 @@ run_generate_job(
     failed_out=snakemake.output.failed,
     journal_path=snakemake.params.journal,
     shard=snakemake.wildcards.shard,
-    generate_cfg=snakemake.params.generate,
-    server_cfg=snakemake.params.server,
-    gpu_slots=snakemake.params.gpu_slots,
+    settings=snakemake.params.settings,
+    operational=snakemake.params.operational,
 )

@@ -10,5 +10,4 @@ merge_for_workflow(
     out_dir=snakemake.output.dataset,
     merge_cfg=snakemake.params.merge,
     tokenizer_dir=snakemake.params.tokenizer,
-    config=snakemake.params.config,
 )

@@ -5,8 +5,8 @@ from regen.tune import write_plan_for_workflow
 
 log_to(snakemake.log[0])
 write_plan_for_workflow(
-    server_cfg=snakemake.params.server,
-    max_tokens=snakemake.params.max_tokens,
+    server_cfg=snakemake.params.settings["server"],
+    max_tokens=snakemake.params.settings["max_tokens"],
     audit_summary=snakemake.input.audit,
     out_path=snakemake.output.plan,
 )

@@ -1,4 +1,4 @@
-"""Ingest (regen.dataset), the demo tokenizer and the demo datasets (regen.demo)."""
+"""Ingest (regen.dataset), the demo tokenizer and the demo datasets (tools/demo_assets.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from tokenizers import Tokenizer
 from regen import dataset as ds
 from regen.chat import ChatTemplate, hf_template_env
 from regen.dataset import content_id, detect_format, iter_samples
-from regen.demo import DEMO_CONTEXT_LIMIT, IM_END, build_demo_dataset, build_demo_tokenizer
 from regen.types import BadInputError, BadRow, Message, Sample
+from tools.demo_assets import DEMO_CONTEXT_LIMIT, IM_END, build_demo_dataset, build_demo_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -662,6 +662,9 @@ def test_demo_dataset_is_deterministic_and_matches_shipped(tmp_path: Path, demo_
         assert pa_.read_bytes() == pb.read_bytes(), name
         assert pa_.read_bytes() != pc.read_bytes(), name
         assert pa_.read_bytes() == (shipped / pa_.name).read_bytes(), f"data/demo/{pa_.name} is stale"
+    assert a.benchmark.read_bytes() == (shipped / "benchmark.jsonl").read_bytes(), (
+        "data/demo/benchmark.jsonl is stale"
+    )
     assert sum(p.stat().st_size for p in shipped.iterdir()) < 2 * 1024 * 1024
 
 

@@ -15,9 +15,21 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from regen.client import GenerateConfig, settings_of
 from regen.merge import MergeError, iter_dataset_samples, merge, scrub_secrets
 from regen.records import VALID_SCHEMA, dataset_schema
 from regen.validate import validate_shard
+
+# What the client stamps on every record (regen.fingerprint): default settings, one fingerprint per id.
+SETTINGS = settings_of(GenerateConfig())
+
+
+def fingerprint_fields(i: int) -> dict[str, Any]:
+    return {
+        "fingerprint": f"{i:016x}",
+        "settings_fingerprint": SETTINGS.fingerprint,
+        "settings": SETTINGS.to_json(),
+    }
 
 
 def make_record(i: int, shard: str, **over: Any) -> dict[str, Any]:
@@ -37,6 +49,7 @@ def make_record(i: int, shard: str, **over: Any) -> dict[str, Any]:
         "server": {"id": "gpu0", "url": "http://127.0.0.1:30000", "version": None},
         "attempts": 1,
         "timings": {"started_at": 1.7e9 + i, "latency_s": 0.5},
+        **fingerprint_fields(i),
     }
     rec.update(over)
     return rec

@@ -8,6 +8,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from regen.client import GenerateConfig, settings_of
 from regen.io import read_json
 from regen.merge import merge
 from regen.reaudit import OutputGateError, reaudit_dataset
@@ -20,6 +21,18 @@ GATES = {
     "min_rows": 1,
     "override_gates": False,
 }
+
+
+# What the client stamps on every record (regen.fingerprint): default settings, one fingerprint per id.
+SETTINGS = settings_of(GenerateConfig())
+
+
+def fingerprint_fields(i: int) -> dict[str, Any]:
+    return {
+        "fingerprint": f"{i:016x}",
+        "settings_fingerprint": SETTINGS.fingerprint,
+        "settings": SETTINGS.to_json(),
+    }
 
 
 def record(i: int, content: str, reasoning: str | None, finish: str = "stop") -> dict[str, Any]:
@@ -39,6 +52,7 @@ def record(i: int, content: str, reasoning: str | None, finish: str = "stop") ->
         "server": {"id": "gpu0", "url": "http://127.0.0.1:1", "version": "0.5.23"},
         "attempts": 1,
         "timings": {"started_at": 1.7e9 + i, "latency_s": 0.2},
+        **fingerprint_fields(i),
     }
 
 

@@ -33,7 +33,8 @@ def _dataset(path: Path, ids: list[str]) -> Path:
     cols["messages"] = [[{"role": "assistant", "content": "a", "reasoning_content": None}]] * n
     for name, v in (("model", "m"), ("finish_reason", "stop"), ("truncated", False), ("thinking", True),
                     ("prompt_tokens", 1), ("completion_tokens", 1), ("temperature", 0.6), ("top_p", 0.9),
-                    ("top_k", 20), ("max_tokens", 8), ("seed", 1), ("shard", "00000")):  # fmt: skip
+                    ("top_k", 20), ("max_tokens", 8), ("seed", 1), ("shard", "00000"),
+                    ("fingerprint", "0" * 16), ("settings_fingerprint", "1" * 16)):  # fmt: skip
         cols[name] = [v] * n
     pq.write_table(pa.table(cols, schema=schema), path / "part-00000.parquet")
     return path

@@ -12,9 +12,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen import report as R
+from regen.client import GenerateConfig, settings_of
 from regen.merge import merge
 from regen.reconcile import reconcile_results
 from regen.validate import validate_shard
+
+# What the client stamps on every record (regen.fingerprint): default settings, one fingerprint per id.
+SETTINGS = settings_of(GenerateConfig())
+
+
+def fingerprint_fields(i: int) -> dict[str, Any]:
+    return {
+        "fingerprint": f"{i:016x}",
+        "settings_fingerprint": SETTINGS.fingerprint,
+        "settings": SETTINGS.to_json(),
+    }
 
 
 def make_record(
@@ -28,7 +40,7 @@ def make_record(
         "usage": {"prompt_tokens": 5 + i, "completion_tokens": tokens, "reasoning_tokens": tokens // 2},
         "sampling": {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 512},
         "seed": i, "model": "demo", "server": {"id": server, "url": "http://127.0.0.1:1"},
-        "attempts": 1, "timings": {"started_at": start, "latency_s": latency},
+        "attempts": 1, "timings": {"started_at": start, "latency_s": latency}, **fingerprint_fields(i),
     }  # fmt: skip
     rec.update(over)
     return rec

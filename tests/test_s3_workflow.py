@@ -21,6 +21,7 @@ from regen.storage import list_keys, s3_client, split_s3_uri, upload_file
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 PARTS = ("Snakefile", "rules", "scripts", "schemas", "report", "envs", "config", "resources")
+BENCHMARK = "data/demo/benchmark.jsonl"  # config/demo.yaml audit.decontamination names it
 
 
 def fresh_workdir(path: Path, prefix: str) -> Path:
@@ -32,6 +33,8 @@ def fresh_workdir(path: Path, prefix: str) -> Path:
             subprocess.run(["cp", "-r", str(src), str(path / part)], check=True)
         else:
             subprocess.run(["cp", str(src), str(path / part)], check=True)
+    (path / BENCHMARK).parent.mkdir(parents=True)
+    subprocess.run(["cp", str(ROOT / BENCHMARK), str(path / BENCHMARK)], check=True)
     (path / "config" / "s3.yaml").write_text(
         f"""
 dataset: {{path: "{prefix}/input/dataset.jsonl"}}

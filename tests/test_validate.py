@@ -14,10 +14,23 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen import validate as V
+from regen.client import GenerateConfig, settings_of
 from regen.records import VALID_SCHEMA
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
 CFG = {"max_content_chars": 1000, "max_reasoning_chars": 2000, "quarantine_truncated": True}
+
+
+# What the client stamps on every record (regen.fingerprint): default settings, one fingerprint per id.
+SETTINGS = settings_of(GenerateConfig())
+
+
+def fingerprint_fields(i: int) -> dict[str, Any]:
+    return {
+        "fingerprint": f"{i:016x}",
+        "settings_fingerprint": SETTINGS.fingerprint,
+        "settings": SETTINGS.to_json(),
+    }
 
 
 def make_record(i: int = 0, shard: str = "00000", **over: Any) -> dict[str, Any]:
@@ -37,6 +50,7 @@ def make_record(i: int = 0, shard: str = "00000", **over: Any) -> dict[str, Any]
         "server": {"id": "gpu0", "url": "http://127.0.0.1:30000", "version": "0.5.0"},
         "attempts": 1,
         "timings": {"started_at": 1732900000.0 + i, "latency_s": 0.25},
+        **fingerprint_fields(i),
     }
     rec.update(over)
     return rec

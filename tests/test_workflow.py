@@ -116,6 +116,10 @@ def test_demo_end_to_end_resume_and_report(wd: Path) -> None:
     reconcile = json.loads((wd / "results" / "reconcile.json").read_text())
     assert reconcile["ok"] and reconcile["lost_count"] == 0 and reconcile["duplicated_count"] == 0
     assert sum(reconcile["counts"].values()) == reconcile["input"]
+    # the demo's planted benchmark prompts (config/demo.yaml audit.decontamination) are kept out
+    audit = json.loads((wd / "results" / "audit" / "summary.json").read_text())
+    assert audit["contaminated"] == 3 and audit["contaminated_by"] == {"demo-bench": 3}
+    assert reconcile["reasons"]["excluded"]["contaminated"] == 3
 
     # Exactly one record per generated sample across shards.
     records = [p for p in (wd / "results" / "generations").glob("*.jsonl") if ".failed" not in p.name]

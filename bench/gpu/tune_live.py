@@ -395,7 +395,7 @@ def run_on_winner(
     from regen.sglang.server import acquire_server, stop_all_servers
     from regen.sweep import candidate_plan, sweep_command_builder, sweep_port, sweep_server_cfg
 
-    cfg = {**sweep_server_cfg(server_cfg(model_dir, dry)), "port_base": sweep_port()}
+    cfg = dataclasses.replace(sweep_server_cfg(server_cfg(model_dir, dry)), port_base=sweep_port())
     servers, logs = work / "winner" / "servers", work / "winner" / "logs"
     server_log = logs / "gpu0.log"
     out: dict[str, Any] = {"label": cand.label, "args": list(cand.args)}

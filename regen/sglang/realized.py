@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from regen.sglang.config import PlanFile
+
 if TYPE_CHECKING:  # the prediction's type only; the planner never imports this module
     from regen.sglang.plan import MemoryPlan
 
@@ -100,6 +102,19 @@ def _realized_from_info(info: dict[str, Any]) -> RealizedMemory:
     )
 
 
+#: (prediction field of a plan section / ``MemoryPlan``, :class:`RealizedMemory` field) pairs naming the
+#: same quantity: the join of predicted and realized values (drift here, the report's table)
+PREDICTED_VS_REALIZED: tuple[tuple[str, str], ...] = (
+    ("kv_cache_tokens", "max_total_num_tokens"),
+    ("effective_max_running_requests", "max_running_requests"),
+    ("max_mamba_cache_size", "max_mamba_cache_size"),
+    ("mamba_slots_per_request", "mamba_slots_per_request"),
+    ("weights_gib", "weights_gib"),
+    ("kv_cache_gib", "kv_cache_gib"),
+    ("mem_fraction_static", "mem_fraction_static"),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Drift:
     field: str
@@ -123,19 +138,7 @@ def compare(
     def predicted(name: str) -> Any:
         return plan_.get(name) if isinstance(plan_, Mapping) else getattr(plan_, name)
 
-    pairs: list[tuple[str, float | None, float | None]] = [
-        ("kv_cache_tokens", predicted("kv_cache_tokens"), realized.max_total_num_tokens),
-        (
-            "effective_max_running_requests",
-            predicted("effective_max_running_requests"),
-            realized.max_running_requests,
-        ),
-        ("max_mamba_cache_size", predicted("max_mamba_cache_size"), realized.max_mamba_cache_size),
-        ("mamba_slots_per_request", predicted("mamba_slots_per_request"), realized.mamba_slots_per_request),
-        ("weights_gib", predicted("weights_gib"), realized.weights_gib),
-        ("kv_cache_gib", predicted("kv_cache_gib"), realized.kv_cache_gib),
-        ("mem_fraction_static", predicted("mem_fraction_static"), realized.mem_fraction_static),
-    ]
+    pairs = [(name, predicted(name), getattr(realized, got)) for name, got in PREDICTED_VS_REALIZED]
     drifts = []
     for name, predicted, actual in pairs:
         if predicted is None or actual is None:
@@ -147,5 +150,7 @@ def compare(
 
 
 def launched_section(plan_file: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The prediction for the flags the servers are launched with (``recommended`` or ``given``)."""
-    return plan_file.get(plan_file.get("launched", "recommended")) or {}
+    """The prediction for the flags the servers are launched with (``recommended`` or ``given``, as the
+    tuner recorded in the plan file: :attr:`regen.sglang.config.PlanFile.launched_section`)."""
+    plan = PlanFile.from_json(plan_file)
+    return plan.launched_section if plan is not None else {}

@@ -35,6 +35,7 @@ from typing import Any
 
 from regen.io import write_json
 from regen.layout import RUN, SlotFiles, url_files
+from regen.sglang.config import ServerConfig, ServerConfigLike
 from regen.sglang.flags import check_flags
 from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
 from regen.types import Endpoint
@@ -260,16 +261,17 @@ def _drop_managed(args: Sequence[str], origin: str) -> list[str]:
     return kept
 
 
-def launch_args_for(server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None) -> list[str]:
+def launch_args_for(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None) -> list[str]:
     """Extra launch flags: the tuner's (``use_tuner`` and a plan) with the user's ``args`` on top."""
-    user = [str(a) for a in server_cfg.get("args") or []]
-    if server_cfg.get("use_tuner", True) and plan is not None:
+    cfg = ServerConfig.of(server_cfg)
+    user = list(cfg.args)
+    if cfg.use_tuner and plan is not None:
         plan_args = [str(a) for a in plan.get("launch_args") or []]
         args = merge_launch_args(_drop_managed(plan_args, "the plan"), user)
     else:
         args = list(user)
     args = _drop_managed(args, "server.args")
-    tp = int(server_cfg.get("tp", 1) or 1)
+    tp = cfg.tp
     names = {_flag_name(g[0]) for g in split_flags(args)}
     if tp > 1 and not names & {"--tp-size", "--tp", "--tensor-parallel-size"}:
         args += ["--tp-size", str(tp)]
@@ -288,9 +290,10 @@ def check_sglang_flags(argv: list[str]) -> None:
 
 
 def build_sglang_command(
-    server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None, port: int, model_path: str
+    server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None, port: int, model_path: str
 ) -> list[str]:
     """``python -m sglang.launch_server`` for one slot, checked with ``regen.sglang.flags``."""
+    cfg = ServerConfig.of(server_cfg)
     argv = [
         sys.executable,
         "-m",
@@ -298,70 +301,71 @@ def build_sglang_command(
         "--model-path",
         model_path,
         "--host",
-        str(server_cfg.get("host", "127.0.0.1")),
+        cfg.host,
         "--port",
         str(port),
         "--reasoning-parser",
-        str(server_cfg.get("reasoning_parser", "qwen3")),
+        cfg.reasoning_parser,
         "--enable-metrics",
-        *launch_args_for(server_cfg, plan),
+        *launch_args_for(cfg, plan),
     ]
     check_sglang_flags(argv)
     return argv
 
 
-def simulated_running_cap(server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None) -> int:
-    """The simulated server's concurrency cap: explicit config, else the plan's effective cap
-    (so the simulated server behaves like the SGLang the tuner planned), else 64."""
-    explicit = (server_cfg.get("simulated") or {}).get("max_running_requests")
+def simulated_running_cap(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None) -> int:
+    """The simulated server's concurrency cap: explicit config, else the launched plan section's
+    effective cap (so the simulated server behaves like the SGLang the tuner planned), else 64."""
+    explicit = ServerConfig.of(server_cfg).simulated.max_running_requests
     if explicit:
         return int(explicit)
-    chosen = "recommended" if server_cfg.get("use_tuner", True) else "given"
-    planned = ((plan or {}).get(chosen) or {}).get("effective_max_running_requests")
+    planned = launched_section(plan).get("effective_max_running_requests") if plan is not None else None
     return int(planned) if planned else 64
 
 
 def build_simulated_command(
-    server_cfg: Mapping[str, Any], port: int, model_path: str, plan: Mapping[str, Any] | None = None
+    server_cfg: ServerConfigLike, port: int, model_path: str, plan: Mapping[str, Any] | None = None
 ) -> list[str]:
     """``python -m regen.sglang.simulated`` with the ``server.simulated`` behaviour."""
-    sim = server_cfg.get("simulated") or {}
+    cfg = ServerConfig.of(server_cfg)
+    sim = cfg.simulated
     return [
         sys.executable,
         "-m",
         "regen.sglang.simulated",
         "--host",
-        str(server_cfg.get("host", "127.0.0.1")),
+        cfg.host,
         "--port",
         str(port),
         "--model-path",
         model_path,
         "--max-running-requests",
-        str(simulated_running_cap(server_cfg, plan)),
+        str(simulated_running_cap(cfg, plan)),
         "--token-rate",
-        str(sim.get("token_rate", 2000)),
+        str(sim.token_rate),
         "--startup-delay",
-        str(sim.get("startup_delay_s", 0.5)),
+        str(sim.startup_delay_s),
         "--faults",
-        json.dumps(sim.get("faults") or {}, sort_keys=True),
-        *(["--half-speed-running", str(sim["half_speed_running"])] if sim.get("half_speed_running") else []),
-        *(["--tokenizer-path", str(sim["tokenizer_path"])] if sim.get("tokenizer_path") else []),
+        json.dumps(dict(sim.faults), sort_keys=True),
+        *(["--half-speed-running", str(sim.half_speed_running)] if sim.half_speed_running else []),
+        *(["--tokenizer-path", str(sim.tokenizer_path)] if sim.tokenizer_path else []),
     ]
 
 
-#: (server_cfg, plan, port, model_path) -> argv; tests pass their own stand-in builder
-CommandBuilder = Callable[[Mapping[str, Any], Mapping[str, Any] | None, int, str], list[str]]
+#: (server config, plan, port, model_path) -> argv; tests pass their own stand-in builder
+CommandBuilder = Callable[[ServerConfig, Mapping[str, Any] | None, int, str], list[str]]
 
 
 def build_server_command(
-    server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None, port: int, model_path: str
+    server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None, port: int, model_path: str
 ) -> list[str]:
     """The server command for ``server.mode`` (sglang or simulated)."""
-    mode = server_cfg.get("mode", "sglang")
+    cfg = ServerConfig.of(server_cfg)
+    mode = cfg.mode
     if mode == "sglang":
-        return build_sglang_command(server_cfg, plan, port, model_path)
+        return build_sglang_command(cfg, plan, port, model_path)
     if mode == "simulated":
-        return build_simulated_command(server_cfg, port, model_path, plan)
+        return build_simulated_command(cfg, port, model_path, plan)
     raise ServerError(f"server.mode {mode!r} does not launch a server")
 
 
@@ -381,10 +385,11 @@ def visible_devices_for(slot: int, tp: int, inherited: str | None) -> str:
     return ",".join(visible[d] for d in wanted)
 
 
-def slot_count(server_cfg: Mapping[str, Any], gpu_slots: int | None) -> int:
+def slot_count(server_cfg: ServerConfigLike, gpu_slots: int | None) -> int:
     """Server slots on this node: GPUs (``gpu_slots`` or ``server.gpus``) divided by ``server.tp``."""
-    gpus = int(gpu_slots if gpu_slots else server_cfg.get("gpus", 1))
-    tp = int(server_cfg.get("tp", 1) or 1)
+    cfg = ServerConfig.of(server_cfg)
+    gpus = int(gpu_slots if gpu_slots else cfg.gpus)
+    tp = cfg.tp
     if gpus < tp:
         raise ServerError(f"server.tp={tp} needs at least {tp} GPUs, but only {gpus} are available")
     return gpus // tp
@@ -490,9 +495,9 @@ def take_slot(lock_dir: Path, slots: int, poll_s: float = 0.5) -> tuple[int, int
         time.sleep(poll_s)
 
 
-def api_key_from(server_cfg: Mapping[str, Any]) -> str | None:
+def api_key_from(server_cfg: ServerConfigLike) -> str | None:
     """The API key from the environment variable named by ``server.api_key_env``."""
-    name = server_cfg.get("api_key_env")
+    name = ServerConfig.of(server_cfg).api_key_env
     if not name:
         return None
     key = os.environ.get(name)
@@ -655,14 +660,14 @@ def _jsonable(value: Any) -> Any:
 SERVER_START_MARK = "=== regen supervisor: starting server"
 
 
-def external_endpoint(server_cfg: Mapping[str, Any], plan: Mapping[str, Any] | None) -> Endpoint:
+def external_endpoint(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None) -> Endpoint:
     """mode external: the configured URL, checked once with a one-token generation."""
-    url = server_cfg.get("url")
-    if not url:
+    cfg = ServerConfig.of(server_cfg)
+    if not cfg.url:
         raise ServerError("server.mode is external but server.url is not set")
-    url = str(url).rstrip("/")
-    api_key = api_key_from(server_cfg)
-    model = str(server_cfg.get("model_path", "default"))
+    url = cfg.url.rstrip("/")
+    api_key = api_key_from(cfg)
+    model = cfg.model_path
     problem = one_token_generation(url, model, api_key, timeout=60)
     if problem is not None:
         raise ServerError(f"external server {url} failed a one-token generation: {problem}")
@@ -683,7 +688,7 @@ def _served_model(info: Mapping[str, Any], default: str) -> str:
 
 @contextlib.contextmanager
 def acquire_server(
-    server_cfg: Mapping[str, Any],
+    server_cfg: ServerConfigLike,
     plan: Mapping[str, Any] | None = None,
     workdir: str | os.PathLike[str] = RUN.servers_root,
     log_dir: str | os.PathLike[str] = RUN.server_logs_root,
@@ -699,14 +704,12 @@ def acquire_server(
     process whose death (with no lease held) stops the server (default: the Snakemake ancestor);
     ``command_builder`` replaces :func:`build_server_command` (tests use a stand-in server).
     """
-    mode = server_cfg.get("mode", "sglang")
-    if mode == "external":
-        yield external_endpoint(server_cfg, plan)
+    cfg = ServerConfig.of(server_cfg)
+    if cfg.mode == "external":
+        yield external_endpoint(cfg, plan)
         return
-    if mode not in ("sglang", "simulated"):
-        raise ServerError(f"unknown server.mode {mode!r} (sglang, simulated, external)")
-    api_key = api_key_from(server_cfg)
-    slots = slot_count(server_cfg, gpu_slots)
+    api_key = api_key_from(cfg)
+    slots = slot_count(cfg, gpu_slots)
     slot, lock_fd = take_slot(Path(workdir), slots, poll_s=max(poll_s, 0.1))
     files = SlotFiles.of(slot, workdir, log_dir)
     try:
@@ -714,11 +717,10 @@ def acquire_server(
         try:
             # blocks while the previous supervisor is exiting (it holds LOCK_EX while it stops)
             fcntl.flock(lease_fd, fcntl.LOCK_SH)
-            found = _live_or_start(files, server_cfg, plan, api_key, owner_pid, command_builder)
+            found = _live_or_start(files, cfg, plan, api_key, owner_pid, command_builder)
             pid = found.pid if isinstance(found, subprocess.Popen) else found.supervisor_pid
             started = found if isinstance(found, subprocess.Popen) else None
-            startup = float(server_cfg.get("startup_timeout_s", 1200))
-            budget = startup * (int(server_cfg.get("max_restarts", 2)) + 1) + 120
+            budget = cfg.startup_timeout_s * (cfg.max_restarts + 1) + 120
             state = wait_until_ready(files, pid, budget, poll_s, started)
             assert state.url is not None
             info = fetch_server_info(state.url, api_key)
@@ -733,7 +735,7 @@ def acquire_server(
                 server_id=server_id,
                 max_running_requests=effective_max_running(info, plan),
                 version=info.get("version"),
-                model=_served_model(info, str(server_cfg.get("model_path", "default"))),
+                model=_served_model(info, cfg.model_path),
                 api_key=api_key,
             )
         finally:
@@ -744,7 +746,7 @@ def acquire_server(
 
 def _live_or_start(
     files: SlotFiles,
-    server_cfg: Mapping[str, Any],
+    cfg: ServerConfig,
     plan: Mapping[str, Any] | None,
     api_key: str | None,
     owner_pid: int | None,
@@ -757,17 +759,17 @@ def _live_or_start(
             log.info("GPU slot %d: reusing server supervisor PID %d", files.slot, state.supervisor_pid)
             return state
         wait_supervisor_gone(state.supervisor_pid, 30)
-    host = str(server_cfg.get("host", "127.0.0.1"))
-    port = int(server_cfg.get("port_base", 30000)) + files.slot
+    host = cfg.host
+    port = cfg.port_base + files.slot
     if not _wait_port_free(host, port, PORT_WAIT_S):
         raise ServerError(
             f"GPU slot {files.slot}: port {port} on {host} is already in use by another process "
             f"(not a regen server); free it or change server.port_base"
         )
-    model = str(server_cfg.get("model_path", "Qwen/Qwen3-8B"))
+    model = cfg.model_path
     builder = command_builder or build_server_command
-    command = builder(server_cfg, plan, port, model)
-    tp = int(server_cfg.get("tp", 1) or 1)
+    command = builder(cfg, plan, port, model)
+    tp = cfg.tp
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = visible_devices_for(files.slot, tp, os.environ.get("CUDA_VISIBLE_DEVICES"))
     spec = LaunchSpec(
@@ -778,11 +780,11 @@ def _live_or_start(
         model=model,
         command=command,
         env=env,
-        idle_timeout_s=float(server_cfg.get("idle_timeout_s", 300)),
-        startup_timeout_s=float(server_cfg.get("startup_timeout_s", 1200)),
-        max_restarts=int(server_cfg.get("max_restarts", 2)),
+        idle_timeout_s=cfg.idle_timeout_s,
+        startup_timeout_s=cfg.startup_timeout_s,
+        max_restarts=cfg.max_restarts,
         owner_pid=owner_pid if owner_pid is not None else find_owner_pid(),
-        api_key_env=server_cfg.get("api_key_env") if api_key else None,
+        api_key_env=cfg.api_key_env if api_key else None,
     )
     return start_supervisor(spec)
 

@@ -1,8 +1,8 @@
 """Demo assets: a small Qwen3-style tokenizer and a demo dataset full of known faults.
 
 Both are generated from fixed seeds with no downloads, so the same call gives
-byte-identical files. ``python -m regen.demo tokenizer OUT_DIR`` and
-``python -m regen.demo dataset OUT_DIR`` (or ``regen demo ...``) write them.
+byte-identical files. ``python tools/demo_assets.py tokenizer OUT_DIR`` and
+``python tools/demo_assets.py dataset OUT_DIR`` write them (a repository harness, not a product command).
 """
 
 from __future__ import annotations
@@ -458,6 +458,39 @@ UNREADABLE_LINES: tuple[str, ...] = (
 )
 
 
+# A made-up benchmark the demo keeps out of its training data (config/demo.yaml
+# audit.decontamination); three of its prompts are planted after the demo rows, plus a near miss.
+DEMO_BENCHMARK_PROMPTS: tuple[str, ...] = (
+    'def running_maximum(numbers: list[int]) -> list[int]:\n    """Return a list whose i-th element is the '
+    "largest of numbers[0], ..., numbers[i].\n    >>> running_maximum([1, 3, 2, 5, 4])\n    [1, 3, 3, 5, 5]\n"
+    '    """\n',
+    "A baker fills 14 trays with 12 rolls each in the morning and sells all but 23 of them before noon. "
+    "In the afternoon she bakes 5 more trays and sells 41 rolls. How many rolls are left at closing time?",
+    "Write a function that takes a sentence and returns the words sorted by their number of vowels, "
+    "keeping the original order for words with the same count, and ignoring punctuation marks.",
+    "A train leaves the station at a quarter past nine and travels 180 kilometres at 72 kilometres per "
+    "hour, then waits 25 minutes and returns at 90 kilometres per hour. At what time does it arrive back?",
+)
+
+
+def _planted_lines(first_row: int, seed: int) -> list[bytes]:
+    """Rows carrying benchmark prompts: verbatim, re-cased and re-spaced, inside a longer turn, near miss."""
+    rng = random.Random(seed + 3)
+    bench = DEMO_BENCHMARK_PROMPTS
+    user_turns = (
+        bench[0],
+        "CAN YOU SOLVE THIS?   " + "  ".join(bench[1].upper().split()),
+        "Here is an exercise from my course; please explain how to approach it.\n\n" + bench[2],
+        " ".join(bench[3].split()[:12]) + " ... I forgot the rest, can you guess the question?",
+    )
+    lines = []
+    for i, user in enumerate(user_turns):
+        topic = rng.choice(TOPICS)
+        msgs = [_turn("user", user), _turn("assistant", _answer(rng, topic), _reasoning(rng, topic))]
+        lines.append(orjson.dumps({"id": f"demo-{first_row + i:04d}", "messages": msgs}))
+    return lines
+
+
 @dataclass(frozen=True, slots=True)
 class DemoFiles:
     """Paths written by :func:`build_demo_dataset`."""
@@ -465,6 +498,7 @@ class DemoFiles:
     jsonl: Path
     tokenized: Path
     sharegpt: Path
+    benchmark: Path
 
 
 def _turn(role: str, content: Any, reasoning: str | None = None) -> dict[str, Any]:
@@ -616,17 +650,23 @@ def build_demo_dataset(
 ) -> DemoFiles:
     """Write the demo datasets (messages JSONL, tokenized Parquet, ShareGPT JSON) into ``out_dir``.
 
-    The JSONL mixes good conversations with every fault the audit detects (see
-    ``DEMO_FAULT_SHARES``) and a few unreadable lines. Same arguments → byte-identical files.
+    The JSONL mixes ``n`` good conversations with every fault the audit detects (see
+    ``DEMO_FAULT_SHARES``) and a few unreadable lines, then four rows with benchmark prompts from
+    ``benchmark.jsonl`` (also written). Same arguments → byte-identical files.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     out = Path(out_dir)
-    files = DemoFiles(out / "dataset.jsonl", out / "tokenized.parquet", out / "sharegpt.json")
+    files = DemoFiles(
+        out / "dataset.jsonl", out / "tokenized.parquet", out / "sharegpt.json", out / "benchmark.jsonl"
+    )
     with atomic_open(files.jsonl, "wb") as fh:
-        for line in _demo_lines(n, seed):
+        for line in [*_demo_lines(n, seed), *_planted_lines(n, seed)]:
             fh.write(line + b"\n")
+    with atomic_open(files.benchmark, "wb") as fh:
+        for i, prompt in enumerate(DEMO_BENCHMARK_PROMPTS):
+            fh.write(orjson.dumps({"task_id": f"demo-bench/{i}", "prompt": prompt}) + b"\n")
     cols = _tokenized_rows(n_tokenized, seed, Path(tokenizer_dir))
     schema = pa.schema(
         [("id", pa.string()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8()))]
@@ -636,7 +676,7 @@ def build_demo_dataset(
         pq.write_table(table, tmp, compression="zstd")
     with atomic_open(files.sharegpt, "wb") as fh:
         fh.write(orjson.dumps(_sharegpt_rows(n_sharegpt, seed), option=orjson.OPT_INDENT_2) + b"\n")
-    for path in (files.jsonl, files.tokenized, files.sharegpt):
+    for path in (files.jsonl, files.tokenized, files.sharegpt, files.benchmark):
         path.chmod(0o644)
     return files
 
@@ -647,7 +687,7 @@ def build_demo_dataset(
 
 
 def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="regen demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tools/demo_assets.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     p_tok = sub.add_parser("tokenizer", help="build the demo tokenizer")
     p_tok.add_argument("out_dir", nargs="?", default="resources/demo-tokenizer")
@@ -663,7 +703,7 @@ def cli(argv: list[str]) -> int:
         print(f"wrote {out}/tokenizer.json and {out}/tokenizer_config.json")
     else:
         files = build_demo_dataset(args.out_dir, args.tokenizer, n=args.n, seed=args.seed)
-        print(f"wrote {files.jsonl}, {files.tokenized} and {files.sharegpt}")
+        print(f"wrote {files.jsonl}, {files.tokenized}, {files.sharegpt} and {files.benchmark}")
     return 0
 
 

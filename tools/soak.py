@@ -608,8 +608,8 @@ def run_soak(opts: SoakOptions, say: Any = None) -> SoakResult:
 
 
 def cli(argv: list[str]) -> int:
-    """``regen soak --rounds N``: kill the demo workflow anywhere N times; exit 1 if anything was lost."""
-    p = argparse.ArgumentParser(prog="regen soak", description=__doc__.splitlines()[0])
+    """``python bench/soak.py --rounds N``: kill the demo workflow anywhere N times; exit 1 on any loss."""
+    p = argparse.ArgumentParser(prog="bench/soak.py", description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3, help="Snakemake runs to kill (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cores", type=int, default=2)

@@ -1,0 +1,221 @@
+"""The generation fingerprint: a stable hash of everything that decides an answer.
+
+Two levels:
+
+* ``GenerationSettings`` — what the config decides for every request: model path and revision,
+  server mode, chat template hash, reasoning parser, regenerate and thinking modes, sampling
+  (temperature, top_p, top_k, max_tokens, n, seed), the truncation policy, the extra request
+  fields and whether token ids are kept. Its ``fingerprint`` (``settings_fingerprint`` in records)
+  is one per run: an output that holds two of them mixes settings (the re-audit refuses it).
+* ``request_fingerprint`` — one per sample: the settings fingerprint, the sample id (the seed
+  and, with ``thinking: mix``, the thinking switch derive from it) and the hash of the exact
+  prompt content the requests send (``regen.client.request_content``).
+
+The journal stores both on every entry; a rerun replays an entry only when its request fingerprint
+equals the current one, so a changed setting regenerates everything and an edited prompt regenerates
+that sample alone. Operational settings (timeouts, ports, idle time, restarts, concurrency, retries)
+are not part of it, so changing them never invalidates work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+#: bump when the hashed content changes meaning: every old journal entry is then regenerated
+FINGERPRINT_VERSION = 1
+_DIGEST_BYTES = 8  # 16 hex characters: collisions need ~4e9 distinct settings or prompts per id
+
+
+def _digest(payload: Any) -> str:
+    raw = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    return hashlib.blake2b(raw, digest_size=_DIGEST_BYTES).hexdigest()
+
+
+def chat_template_hash(tokenizer_dir: str | None) -> str | None:
+    """sha256 of the chat template string in ``tokenizer_dir/tokenizer_config.json``, if there is one."""
+    if not tokenizer_dir:
+        return None
+    path = Path(tokenizer_dir) / "tokenizer_config.json"
+    if not path.exists():
+        return None
+    template = json.loads(path.read_text()).get("chat_template")
+    if not isinstance(template, str):
+        return None
+    return hashlib.sha256(template.encode()).hexdigest()
+
+
+def model_revision(model_path: str) -> str | None:
+    """The checkpoint revision when the model directory says (HF cache snapshot or a `.revision` file)."""
+    path = Path(model_path)
+    if (path / ".revision").exists():
+        return (path / ".revision").read_text().strip()
+    if path.parent.name == "snapshots":
+        return path.name
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSettings:
+    """The config's part of what decides an answer (see the module docstring)."""
+
+    model_path: str
+    model_revision: str | None
+    server_mode: str
+    chat_template_sha256: str | None
+    reasoning_parser: str
+    regenerate: str
+    thinking: str
+    thinking_fraction: float
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    n: int
+    seed: int
+    truncation: str
+    retry_max_tokens_factor: float
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    #: whether records carry the server's token ids (what a replayed record holds)
+    return_token_ids: bool = True
+    version: int = FINGERPRINT_VERSION
+
+    @classmethod
+    def from_decisive(cls, decisive: Mapping[str, Any]) -> GenerationSettings:
+        """From the ``generate`` rule's ``settings`` param (``decisive_config``): reads the chat
+        template hash and the model revision from disk."""
+        generate = decisive.get("generate") or {}
+        sampling = generate.get("sampling") or {}
+        model_path = str(decisive.get("model_path", "default"))
+        return cls(
+            model_path=model_path,
+            model_revision=model_revision(model_path),
+            server_mode=str(decisive.get("server_mode", "sglang")),
+            chat_template_sha256=chat_template_hash(decisive.get("tokenizer")),
+            reasoning_parser=str(decisive.get("reasoning_parser", "qwen3")),
+            regenerate=str(generate.get("regenerate", "last")),
+            thinking=str(generate.get("thinking", "on")),
+            thinking_fraction=float(generate.get("thinking_fraction", 0.5)),
+            temperature=float(sampling.get("temperature", 0.6)),
+            top_p=float(sampling.get("top_p", 0.95)),
+            top_k=int(sampling.get("top_k", 20)),
+            max_tokens=int(sampling.get("max_tokens", 4096)),
+            n=int(sampling.get("n", 1)),
+            seed=int(sampling.get("seed", 0)),
+            truncation=str(generate.get("truncation", "keep")),
+            retry_max_tokens_factor=float(generate.get("retry_max_tokens_factor", 2)),
+            extra_body=dict(generate.get("extra_body") or {}),
+            return_token_ids=bool(generate.get("return_token_ids", True)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable over processes and machines: blake2b of the sorted-key JSON of every field."""
+        return _digest(self.to_json())
+
+
+def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Names of the settings that differ, as ``name old→new`` (for logs and dry-run reasons)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            out.append(f"{key} {old.get(key)!r}→{new.get(key)!r}")
+    return out
+
+
+# ------------------------------------------------------------------------------- the request
+
+
+def request_fingerprint(settings_fingerprint: str, sample_id: str, content: Any) -> str:
+    """One sample's fingerprint: settings, id (seed, thinking switch) and ``content``, exactly what of
+    the sample the requests send (``regen.client.request_content``)."""
+    return _digest(["request", settings_fingerprint, sample_id, content])
+
+
+# ------------------------------------------------------------ decisive vs operational config
+
+#: ``generate`` keys that decide an answer; the rest (timeouts, retries, concurrency, journal upload,
+#: retry_failed) only decide how the job runs
+DECISIVE_GENERATE_KEYS = (
+    "regenerate",
+    "thinking",
+    "thinking_fraction",
+    "sampling",
+    "truncation",
+    "retry_max_tokens_factor",
+    "extra_body",
+    "return_token_ids",
+)
+#: ``server`` keys that decide the tuner's plan (the ``tune`` rule's params)
+PLAN_SERVER_KEYS = (
+    "mode",
+    "model_path",
+    "model_config",
+    "gpu_memory_mib",
+    "sglang_version",
+    "tp",
+    "args",
+    "allow_fp8_kv",
+    "allow_bf16_state",
+    "use_tuner",
+)
+
+
+def decisive_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``generate`` rule's ``settings`` param: every config value that decides an answer.
+
+    A plain dict, so Snakemake compares it between runs: a change reruns the generate jobs, which
+    regenerate exactly the samples whose fingerprint changed.
+    """
+    generate = config.get("generate") or {}
+    server = config.get("server") or {}
+    return {
+        "generate": {k: generate[k] for k in DECISIVE_GENERATE_KEYS if k in generate},
+        "model_path": server.get("model_path"),
+        "server_mode": server.get("mode"),
+        "reasoning_parser": server.get("reasoning_parser"),
+        "tokenizer": config.get("tokenizer"),
+    }
+
+
+def decisive_plan_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``tune`` rule's params: the server keys the plan depends on, and the answer budget."""
+    server = config.get("server") or {}
+    return {
+        "server": {k: server[k] for k in PLAN_SERVER_KEYS if k in server},
+        "max_tokens": ((config.get("generate") or {}).get("sampling") or {}).get("max_tokens", 4096),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class OperationalConfig:
+    """How a generate job runs, not what it produces: the server section (ports, timeouts, idle time,
+    restarts, the simulator's knobs), the client's operational ``generate`` keys and the slot count.
+
+    Passed as a rule param of a non-builtin type on purpose: Snakemake compares only builtin-typed
+    params between runs (others are "unrepresentable" and skipped), so changing any of these never
+    reruns a job. What of the server section decides outputs reaches the jobs as tracked params too:
+    ``decisive_config`` (generate) and ``decisive_plan_config`` (tune, through the plan file).
+    """
+
+    server: dict[str, Any]
+    generate: dict[str, Any]
+    gpu_slots: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], gpu_slots: int) -> OperationalConfig:
+        generate = config.get("generate") or {}
+        return cls(
+            server=dict(config.get("server") or {}),
+            generate={k: v for k, v in generate.items() if k not in DECISIVE_GENERATE_KEYS},
+            gpu_slots=int(gpu_slots),
+        )

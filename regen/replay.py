@@ -1,0 +1,168 @@
+"""Before anything runs: how many samples a rerun will replay from the journals, and how many it will
+generate again, and why (``snakemake -n`` and ``regen status --configfile`` print it).
+
+A sample is replayed when a journal holds a record under its current fingerprint
+(``regen.fingerprint``). Otherwise it is generated: new (never journaled), an earlier failure retried,
+its settings changed (which ones are named), its prompt edited (same settings, other content), or
+journaled before fingerprints existed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from regen.client import sample_fingerprint
+from regen.fingerprint import GenerationSettings, changed_settings, decisive_config
+from regen.journal import FAILED, RECORD, read_journal_entries
+from regen.types import Sample
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    fingerprint: str | None
+    settings_fingerprint: str | None
+    kind: str
+
+
+@dataclass(slots=True)
+class JournalIndex:
+    """What the journals hold per sample id, and the settings of each settings fingerprint seen."""
+
+    by_id: dict[str, list[_Seen]] = field(default_factory=dict)
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, paths: Iterable[str | os.PathLike[str]]) -> JournalIndex:
+        index = cls()
+        for path in paths:
+            for entry in read_journal_entries(path):
+                sfp = entry.get("settings_fingerprint")
+                seen = _Seen(entry.get("fingerprint"), sfp, entry["kind"])
+                index.by_id.setdefault(entry["id"], []).append(seen)
+                if sfp is not None and sfp not in index.settings and isinstance(entry.get("settings"), dict):
+                    index.settings[sfp] = entry["settings"]
+        return index
+
+
+@dataclass(slots=True)
+class ReplayPlan:
+    """Counts over the samples of a run (see the module docstring)."""
+
+    samples: int = 0
+    replay: int = 0
+    new: int = 0
+    retry_failed: int = 0
+    keep_failed: int = 0
+    settings_changed: int = 0
+    prompt_changed: int = 0
+    before_fingerprints: int = 0
+    #: per earlier settings fingerprint: the settings that differ from now ("temperature 0.6→0.9")
+    changes: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def to_generate(self) -> int:
+        return (
+            self.new
+            + self.retry_failed
+            + self.settings_changed
+            + self.prompt_changed
+            + self.before_fingerprints
+        )
+
+    def lines(self) -> list[str]:
+        out = [
+            f"regen: {self.samples} samples: {self.replay} replayed from the journals, "
+            f"{self.to_generate} to generate"
+            + (
+                f", {self.keep_failed} earlier failures kept (generate.retry_failed: false)"
+                if self.keep_failed
+                else ""
+            )
+        ]
+        if self.new:
+            out.append(f"  {self.new} new (never generated)")
+        if self.settings_changed:
+            out.append(f"  {self.settings_changed} regenerated because settings changed:")
+            for fp, diff in self.changes.items():
+                out.append(f"    since {fp}: " + (", ".join(diff) if diff else "settings unknown"))
+        if self.prompt_changed:
+            out.append(f"  {self.prompt_changed} regenerated because their prompt changed")
+        if self.retry_failed:
+            out.append(f"  {self.retry_failed} earlier failures retried")
+        if self.before_fingerprints:
+            out.append(f"  {self.before_fingerprints} regenerated: journaled before generation fingerprints")
+        return out
+
+
+def plan_replay(
+    samples: Iterable[Sample], index: JournalIndex, settings: GenerationSettings, retry_failed: bool = True
+) -> ReplayPlan:
+    """Classify every sample the way ``regen.client`` will decide on it."""
+    plan = ReplayPlan()
+    now = settings.fingerprint
+    now_json = settings.to_json()
+    seen_ids: set[str] = set()
+    for sample in samples:
+        if sample.id in seen_ids:
+            continue
+        seen_ids.add(sample.id)
+        plan.samples += 1
+        fingerprint = sample_fingerprint(settings, sample)
+        entries = index.by_id.get(sample.id, [])
+        kinds = {e.kind for e in entries if e.fingerprint == fingerprint}
+        if RECORD in kinds:
+            plan.replay += 1
+        elif FAILED in kinds:
+            if retry_failed:
+                plan.retry_failed += 1
+            else:
+                plan.keep_failed += 1
+        elif not entries:
+            plan.new += 1
+        elif any(e.settings_fingerprint == now for e in entries):
+            plan.prompt_changed += 1
+        elif all(e.settings_fingerprint is None for e in entries):
+            plan.before_fingerprints += 1
+        else:
+            plan.settings_changed += 1
+            for e in entries:
+                sfp = e.settings_fingerprint
+                if sfp is not None and sfp != now and sfp not in plan.changes:
+                    old = index.settings.get(sfp)
+                    plan.changes[sfp] = changed_settings(old, now_json) if old is not None else []
+    return plan
+
+
+def workflow_samples(config: Mapping[str, Any], results: str = "results") -> Iterable[Sample] | None:
+    """The samples the shard job will write (dataset minus the audit's excluded rows); None when the
+    dataset is not a local file."""
+    from regen.dataset import iter_samples  # the dataset reader (heavy imports) only when previewing
+    from regen.shards import read_excluded
+
+    dataset = config["dataset"]
+    path = dataset["path"]
+    if str(path).startswith("s3://") or not Path(path).is_file():
+        return None
+    excluded = Path(results) / "audit" / "excluded.jsonl"
+    rows = read_excluded(excluded)[1] if excluded.exists() else frozenset()
+    samples = iter_samples(
+        path, dataset.get("format", "auto"), dataset.get("id_column"), "skip", config.get("tokenizer")
+    )
+    return (s for s in samples if s.source.get("row") not in rows)
+
+
+def preview_lines(
+    config: Mapping[str, Any], journal_paths: Iterable[str], results: str = "results"
+) -> list[str]:
+    """The dry-run lines for a validated workflow config and its journals."""
+    samples = workflow_samples(config, results)
+    if samples is None:
+        return [f"regen: dataset {config['dataset']['path']} is not a local file: no replay preview"]
+    settings = GenerationSettings.from_decisive(decisive_config(config))
+    retry = bool((config.get("generate") or {}).get("retry_failed", True))
+    plan = plan_replay(samples, JournalIndex.read(journal_paths), settings, retry)
+    return [f"regen: generation settings fingerprint {settings.fingerprint}", *plan.lines()]

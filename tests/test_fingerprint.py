@@ -1,0 +1,492 @@
+"""Resume keyed by what decides an answer (regen.fingerprint): a rerun replays a journaled sample only
+under the same settings and prompt; a changed setting regenerates everything, an edited prompt that
+sample alone, failures are retried with their history, and the output never mixes settings."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.dataset as ds
+import pytest
+
+from regen.client import (
+    Endpoint,
+    GenerateConfig,
+    ProgressOptions,
+    generate_shard,
+    generate_shard_async,
+    prompt_for_last,
+    request_content,
+    sample_fingerprint,
+    settings_of,
+    turn_prefixes,
+)
+from regen.fingerprint import (
+    DECISIVE_GENERATE_KEYS,
+    GenerationSettings,
+    OperationalConfig,
+    decisive_config,
+)
+from regen.journal import Journal, finalize_journal
+from regen.merge import merge
+from regen.reaudit import MixedSettingsError, reaudit_dataset
+from regen.replay import JournalIndex, plan_replay
+from regen.sglang.simulated import start_simulated_server
+from regen.types import Message, Sample
+from regen.validate import validate_shard
+
+FAST = {"backoff_base_s": 0.001, "request_timeout_s": 5, "concurrency": 8, "sampling": {"max_tokens": 256}}
+
+
+def samples(n: int, edit: dict[int, str] | None = None) -> list[Sample]:
+    edit = edit or {}
+    return [
+        Sample(
+            id=f"s{i}",
+            messages=(
+                Message("system", "be brief"),
+                Message("user", edit.get(i, f"question {i}")),
+                Message("assistant", "old answer", "old reasoning"),
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def received(url: str) -> dict[str, int]:
+    import aiohttp
+
+    async def go() -> dict[str, int]:
+        async with aiohttp.ClientSession() as s, s.get(url + "/_sim/stats") as r:
+            return orjson.loads(await r.read())["received_by_id"]
+
+    return asyncio.run(go())
+
+
+class Shard:
+    def __init__(self, root: Path) -> None:
+        self.journal = root / "work" / "journal" / "00000.jsonl"
+        self.out = root / "results" / "generations" / "00000.jsonl"
+        self.failed = root / "results" / "generations" / "00000.failed.jsonl"
+
+    def run(self, batch: list[Sample], url: str, **cfg: Any):
+        merged = {**FAST, **cfg, "sampling": {**FAST["sampling"], **cfg.get("sampling", {})}}
+        return generate_shard(
+            batch, self.journal, self.out, self.failed, merged, Endpoint(url, "gpu0"), "00000"
+        )
+
+    def records(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.out)
+
+
+@pytest.fixture
+def sim() -> Iterator[str]:
+    url, stop = start_simulated_server(inline=True, mean_answer_tokens=8, mean_reasoning_tokens=8)
+    yield url
+    stop()
+
+
+# ------------------------------------------------------------------------------------ the hash
+
+BASE = GenerationSettings.from_decisive(
+    {
+        "generate": {"sampling": {"temperature": 0.6, "max_tokens": 512}},
+        "model_path": "demo-model",
+        "server_mode": "simulated",
+        "reasoning_parser": "qwen3",
+        "tokenizer": "resources/demo-tokenizer",
+    }
+)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"model_path": "other-model"},
+        {"model_revision": "abc123"},
+        {"server_mode": "sglang"},
+        {"chat_template_sha256": "0" * 64},
+        {"reasoning_parser": "deepseek-r1"},
+        {"regenerate": "all"},
+        {"thinking": "off"},
+        {"thinking_fraction": 0.25},
+        {"temperature": 0.9},
+        {"top_p": 0.5},
+        {"top_k": -1},
+        {"max_tokens": 300},
+        {"n": 2},
+        {"seed": 1},
+        {"truncation": "retry"},
+        {"retry_max_tokens_factor": 3.0},
+        {"extra_body": {"min_p": 0.1}},
+        {"return_token_ids": False},
+    ],
+)
+def test_every_decisive_setting_changes_the_fingerprint(change: dict[str, Any]) -> None:
+    assert dataclasses.replace(BASE, **change).fingerprint != BASE.fingerprint
+
+
+def test_fingerprint_is_stable_and_ignores_operational_keys(demo_tokenizer_dir: Path) -> None:
+    config = {
+        "tokenizer": str(demo_tokenizer_dir),
+        "generate": {
+            "sampling": {"temperature": 0.6},
+            "extra_body": {"b": 1, "a": 2},
+            "request_timeout_s": 30,
+        },
+        "server": {"model_path": "m", "mode": "simulated", "reasoning_parser": "qwen3", "port_base": 31000},
+    }
+    ops = {
+        "generate": {"request_timeout_s": 99, "concurrency": 3, "max_attempts": 9, "backoff_base_s": 2.0},
+        "server": {"port_base": 32000, "idle_timeout_s": 5, "startup_timeout_s": 9, "max_restarts": 0},
+    }
+    changed = {
+        "tokenizer": config["tokenizer"],
+        "generate": {**config["generate"], **ops["generate"], "extra_body": {"a": 2, "b": 1}},
+        "server": {**config["server"], **ops["server"]},
+    }
+    a = GenerationSettings.from_decisive(decisive_config(config))
+    b = GenerationSettings.from_decisive(decisive_config(changed))
+    assert a == b and a.fingerprint == b.fingerprint and len(a.fingerprint) == 16
+    assert a.chat_template_sha256 is not None  # the demo template is hashed
+    operational = OperationalConfig.from_config(changed, 2)
+    assert not set(operational.generate) & set(DECISIVE_GENERATE_KEYS)
+    assert operational.generate["concurrency"] == 3 and operational.gpu_slots == 2
+
+
+def test_request_content_is_exactly_what_the_requests_send() -> None:
+    conv = (
+        Message("system", "sys"),
+        Message("user", "u1"),
+        Message("assistant", "a1", "r1"),
+        Message("user", "u2"),
+        Message("assistant", "a2"),
+    )
+    sample = Sample("x", conv)
+    assert request_content(sample, "last") == {"messages": prompt_for_last(conv), "tools": None}
+    segments = [[{"role": m.role, "content": m.content} for m in seg] for seg in turn_prefixes(conv)]
+    assert request_content(sample, "all") == {"messages": segments, "tools": None}
+    every = dataclasses.replace(BASE, regenerate="all")
+
+    def fp(s: Sample, settings: GenerationSettings = BASE) -> str:
+        return sample_fingerprint(settings, s)
+
+    # what is not sent decides nothing: the answer being regenerated, an old turn's reasoning
+    same = Sample(
+        "x", (*conv[:2], Message("assistant", "a1", "other reasoning"), conv[3], Message("assistant", "?"))
+    )
+    assert fp(same) == fp(sample) and fp(same, every) == fp(sample, every)
+    # an earlier old answer is part of the prompt under last, regenerated (not sent) under all
+    other_a1 = Sample("x", (*conv[:2], Message("assistant", "a1 rewritten"), *conv[3:]))
+    assert fp(other_a1) != fp(sample) and fp(other_a1, every) == fp(sample, every)
+    edited = Sample("x", (conv[0], Message("user", "u1 edited"), *conv[2:]))
+    assert fp(edited) != fp(sample) and fp(edited, every) != fp(sample, every)
+    assert fp(dataclasses.replace(sample, tools=({"type": "function", "function": {"name": "f"}},))) != fp(
+        sample
+    )
+    assert fp(dataclasses.replace(sample, id="y")) != fp(sample)  # the seed derives from the id
+
+
+# ------------------------------------------------------------------------- replay on the client
+
+
+def test_sampling_change_regenerates_every_sample_and_never_mixes(sim: str, tmp_path: Path) -> None:
+    sh = Shard(tmp_path)
+    first = sh.run(samples(20), sim)
+    assert first.completed == 20
+    old = {r["id"]: r for r in sh.records()}
+    before = received(sim)
+
+    st = sh.run(samples(20), sim, sampling={"temperature": 0.9})
+    assert (st.skipped_resumed, st.regenerated_changed, st.completed) == (0, 20, 20)
+    assert all(received(sim)[f"s{i}"] == before[f"s{i}"] + 1 for i in range(20))
+    recs = sh.records()
+    assert len(recs) == 20 and {r["sampling"]["temperature"] for r in recs} == {0.9}
+    assert len({r["settings_fingerprint"] for r in recs}) == 1
+    assert {r["settings_fingerprint"] for r in recs} != {r["settings_fingerprint"] for r in old.values()}
+    assert all(r["settings"]["temperature"] == 0.9 for r in recs)
+
+    # back to the first settings: every sample is in the journal under them again, nothing is sent
+    before = received(sim)
+    st = sh.run(samples(20), sim)
+    assert (st.skipped_resumed, st.completed) == (20, 0) and received(sim) == before
+    assert {r["id"]: r["content"] for r in sh.records()} == {i: r["content"] for i, r in old.items()}
+
+
+def test_max_tokens_change_reaches_every_row(sim: str, tmp_path: Path) -> None:
+    sh = Shard(tmp_path)
+    sh.run(samples(10), sim, sampling={"max_tokens": 512})
+    st = sh.run(samples(10), sim, sampling={"max_tokens": 300})
+    assert st.regenerated_changed == 10
+    assert {r["sampling"]["max_tokens"] for r in sh.records()} == {300}
+
+
+def test_edited_prompt_regenerates_that_sample_alone(sim: str, tmp_path: Path) -> None:
+    sh = Shard(tmp_path)
+    sh.run(samples(15), sim)
+    before = received(sim)
+    st = sh.run(samples(15, edit={7: "question 7, edited"}), sim)
+    assert (st.skipped_resumed, st.regenerated_changed, st.completed) == (14, 1, 1)
+    now = received(sim)
+    assert [k for k in now if now[k] != before.get(k)] == ["s7"]
+    [rec] = [r for r in sh.records() if r["id"] == "s7"]
+    assert rec["messages"][-1] == {"role": "user", "content": "question 7, edited"}
+    assert len(sh.records()) == 15
+
+
+def test_journal_from_before_fingerprints_is_regenerated(sim: str, tmp_path: Path) -> None:
+    sh = Shard(tmp_path)
+    sh.journal.parent.mkdir(parents=True)
+    old = [{"kind": "record", "id": f"s{i}", "content": "stale"} for i in range(5)]
+    sh.journal.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in old))
+    st = sh.run(samples(5), sim)
+    assert (st.skipped_resumed, st.regenerated_changed) == (0, 5)
+    assert all(r["content"] != "stale" and "fingerprint" in r for r in sh.records())
+
+
+def test_failures_are_retried_on_rerun_with_their_history(tmp_path: Path) -> None:
+    sh = Shard(tmp_path)
+    url, stop = start_simulated_server(inline=True, faults={"error_for": ["s3"]})
+    try:
+        st = sh.run(samples(12), url, max_attempts=2)
+    finally:
+        stop()
+    assert (st.completed, st.failed) == (11, 1)
+    [failed] = read_jsonl(sh.failed)
+    assert failed["id"] == "s3" and failed["reason"] == "server_error" and "fingerprint" in failed
+
+    # keep failures: the failed sample is replayed as a failure, nothing is sent
+    healthy, stop = start_simulated_server(inline=True)
+    try:
+        kept = sh.run(samples(12), healthy, retry_failed=False)
+        assert received(healthy) == {} and kept.skipped_resumed == 12
+        assert [f["id"] for f in read_jsonl(sh.failed)] == ["s3"]
+        # the default retries it (the cause is gone): a record, with the earlier failure as history
+        st = sh.run(samples(12), healthy)
+        assert received(healthy) == {"s3": 1} and (st.retried_failed, st.completed) == (1, 1)
+    finally:
+        stop()
+    assert read_jsonl(sh.failed) == []
+    [rec] = [r for r in sh.records() if r["id"] == "s3"]
+    assert [h["reason"] for h in rec["history"]] == ["server_error"] and rec["history"][0]["attempts"] == 2
+    kinds = [e["kind"] for e in read_jsonl(sh.journal) if e["id"] == "s3"]
+    assert kinds == ["failed", "record"]  # every try stays in the journal
+
+
+def test_a_failure_failing_again_keeps_the_whole_history(tmp_path: Path) -> None:
+    sh = Shard(tmp_path)
+    url, stop = start_simulated_server(inline=True, faults={"bad_request_for": ["s1"]})
+    try:
+        sh.run(samples(4), url)
+        sh.run(samples(4), url)
+        st = sh.run(samples(4), url)
+    finally:
+        stop()
+    assert st.retried_failed == 1
+    [failed] = read_jsonl(sh.failed)
+    assert failed["id"] == "s1" and failed["reason"].startswith("client_error")
+    assert len(failed["history"]) == 2 and all(h["at"] for h in failed["history"])
+
+
+def test_kill_in_the_middle_of_a_config_change(tmp_path: Path) -> None:
+    """Complete at 0.6; switch to 0.9 and kill mid-way; rerun at 0.9: the killed run's 0.9 answers are
+    replayed, the rest regenerated, no 0.6 answer survives. Back to 0.6: everything replays."""
+    batch = samples(60)
+    sh = Shard(tmp_path)
+    url, stop = start_simulated_server(
+        token_rate=2000,
+        mean_answer_tokens=20,
+        mean_reasoning_tokens=20,
+        long_fraction=0.0,
+        max_running_requests=8,
+    )
+    try:
+        sh.run(batch, url)
+        at_06 = sh.journal.read_bytes().count(b"\n")
+
+        async def killed_at_09() -> None:
+            cfg = {**FAST, "sampling": {**FAST["sampling"], "temperature": 0.9}}
+            task = asyncio.create_task(
+                generate_shard_async(
+                    batch,
+                    sh.journal,
+                    sh.out,
+                    sh.failed,
+                    cfg,
+                    Endpoint(url, "gpu0"),
+                    "00000",
+                    ProgressOptions(),
+                )
+            )
+            while sh.journal.read_bytes().count(b"\n") < at_06 + 15:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(killed_at_09())
+        new_entries = read_jsonl(sh.journal)[at_06:]
+        done_at_09 = {e["id"] for e in new_entries}
+        assert 15 <= len(done_at_09) < 60
+        # the outputs of the 0.6 run are still there, untouched, until the 0.9 run finishes
+        assert {r["sampling"]["temperature"] for r in sh.records()} == {0.6}
+
+        before = received(url)
+        st = sh.run(batch, url, sampling={"temperature": 0.9})
+        after = received(url)
+        assert st.skipped_resumed == len(done_at_09) and st.regenerated_changed == 60 - len(done_at_09)
+        assert all(after[sid] == before[sid] for sid in done_at_09), "a 0.9 answer was sent again"
+        recs = sh.records()
+        assert len(recs) == 60 and {r["sampling"]["temperature"] for r in recs} == {0.9}
+        assert len({r["settings_fingerprint"] for r in recs}) == 1
+
+        st = sh.run(batch, url)
+        assert st.skipped_resumed == 60 and received(url) == after
+        assert {r["sampling"]["temperature"] for r in sh.records()} == {0.6}
+    finally:
+        stop()
+
+
+# ---------------------------------------------------------------------------------- journal
+
+
+def entry(kind: str, sid: str, fp: str, **more: Any) -> dict[str, Any]:
+    base = {"kind": kind, "id": sid, "fingerprint": fp, "settings_fingerprint": "f" * 16}
+    if kind == "failed":
+        base |= {"reason": "timeout", "attempts": 3, "error": "no response", "at": 1.0}
+    return base | more
+
+
+def test_finalize_keeps_only_current_fingerprints(tmp_path: Path) -> None:
+    path = tmp_path / "00000.jsonl"
+    lines = [
+        entry("record", "a", "old", content="a-old"),
+        entry("record", "a", "new", content="a-new"),
+        entry("failed", "b", "new"),
+        entry("record", "b", "new", content="b-new"),
+        entry("failed", "c", "new"),
+        entry("failed", "c", "new", reason="server_error"),
+        entry("record", "gone", "new", content="not sampled any more"),
+        entry("record", "a", "new", content="a-duplicate"),
+    ]
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in lines))
+    with Journal.open(path) as j:
+        assert j.outcome("a", "new") == "record" and j.outcome("a", "old") == "record"
+        assert j.outcome("b", "new") == "record" and j.outcome("c", "new") == "failed"
+        assert j.outcome("a", "other") is None
+    counts = finalize_journal(
+        path, tmp_path / "r.jsonl", tmp_path / "f.jsonl", {"a": "new", "b": "new", "c": "new"}
+    )
+    assert (counts.records, counts.failed, counts.duplicates_ignored, counts.stale_ignored) == (2, 1, 1, 2)
+    recs = {r["id"]: r for r in read_jsonl(tmp_path / "r.jsonl")}
+    assert recs["a"]["content"] == "a-new" and "history" not in recs["a"]
+    assert recs["b"]["history"] == [{"reason": "timeout", "attempts": 3, "error": "no response", "at": 1.0}]
+    [c] = read_jsonl(tmp_path / "f.jsonl")
+    assert c["reason"] == "server_error" and [h["reason"] for h in c["history"]] == ["timeout"]
+
+
+def test_replay_preview_counts_and_explains(tmp_path: Path) -> None:
+    settings = settings_of(GenerateConfig())
+    hot = settings_of(GenerateConfig.from_dict({"sampling": {"temperature": 0.9}}))
+    batch = samples(6)
+    path = tmp_path / "00000.jsonl"
+    fp = {s.id: sample_fingerprint(settings, s) for s in batch}
+    lines = [
+        entry("record", "s0", fp["s0"], settings_fingerprint=settings.fingerprint),
+        entry("record", "s1", "0" * 16, settings_fingerprint=settings.fingerprint),  # prompt since edited
+        entry("failed", "s2", fp["s2"], settings_fingerprint=settings.fingerprint),
+        entry("record", "s3", "1" * 16, settings_fingerprint=hot.fingerprint, settings=hot.to_json()),
+        {"kind": "record", "id": "s4"},  # before fingerprints
+    ]
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in lines))
+    plan = plan_replay(batch, JournalIndex.read([path, tmp_path / "missing.jsonl"]), settings)
+    assert (plan.replay, plan.prompt_changed, plan.retry_failed, plan.settings_changed) == (1, 1, 1, 1)
+    assert (plan.before_fingerprints, plan.new, plan.to_generate) == (1, 1, 5)
+    assert plan.changes == {hot.fingerprint: ["temperature 0.9→0.6"]}
+    text = "\n".join(plan.lines())
+    assert "6 samples: 1 replayed" in text and "temperature 0.9→0.6" in text
+    kept = plan_replay(batch, JournalIndex.read([path]), settings, retry_failed=False)
+    assert (kept.keep_failed, kept.retry_failed) == (1, 0)
+
+
+# --------------------------------------------------------------------------- merge + re-audit
+
+
+def test_reaudit_fails_loudly_on_mixed_settings(sim: str, tmp_path: Path, demo_tokenizer_dir: Path) -> None:
+    a, b = Shard(tmp_path / "a"), Shard(tmp_path / "b")
+    a.run(samples(6), sim)
+    b.run([dataclasses.replace(s, id=f"t{i}") for i, s in enumerate(samples(6))], sim, sampling={"seed": 5})
+    valid = []
+    for k, sh in enumerate((a, b)):
+        out = tmp_path / "valid" / f"0000{k}.parquet"
+        validate_shard(sh.out, out, tmp_path / "q" / f"0000{k}.jsonl", {"quarantine_truncated": False})
+        valid.append(out)
+    merge(valid, tmp_path / "dataset", {}, {})
+    table = ds.dataset(str(tmp_path / "dataset"), format="parquet").to_table()
+    assert len(set(table.column("settings_fingerprint").to_pylist())) == 2
+    assert len(set(table.column("fingerprint").to_pylist())) == table.num_rows
+    gates = {"max_empty_answer_fraction": 1, "max_truncated_fraction": 1, "max_duplicate_fraction": 1}
+    with pytest.raises(MixedSettingsError, match="2 different settings"):
+        reaudit_dataset(
+            dataset_dir=str(tmp_path / "dataset"),
+            summary_out=str(tmp_path / "summary.json"),
+            ready_out=str(tmp_path / "READY.json"),
+            gates={**gates, "override_gates": True},  # no override for mixed settings
+            audit_cfg={},
+            tokenizer_dir=str(demo_tokenizer_dir),
+        )
+    assert not (tmp_path / "READY.json").exists()
+
+
+# ------------------------------------------------------------------- S3 journal, other machine
+
+
+@pytest.mark.s3
+def test_s3_journal_from_a_machine_with_another_config(s3_prefix: str, sim: str, tmp_path: Path) -> None:
+    """Machine A journals to S3 at temperature 0.6 and is killed part-way; machine B, a fresh directory
+    with temperature 0.9, restores A's journal but replays none of it; machine C at 0.6 replays all."""
+    from regen.storage import S3JournalSink
+
+    batch = samples(24)
+
+    def run_on(machine: str, n: int | None = None, **cfg: Any):
+        sh = Shard(tmp_path / machine)
+        sink = S3JournalSink(s3_prefix, "00000", every_records=4, every_seconds=0.2)
+        merged = {**FAST, **cfg, "sampling": {**FAST["sampling"], **cfg.get("sampling", {})}}
+        stats = generate_shard(
+            batch if n is None else batch[:n],
+            sh.journal,
+            sh.out,
+            sh.failed,
+            merged,
+            Endpoint(sim, "gpu0"),
+            "00000",
+            journal_sync=sink,
+        )
+        return sh, stats
+
+    run_on("a", n=10)  # a partial shard: the first 10 samples, at 0.6
+    before = received(sim)
+    b, st = run_on("b", sampling={"temperature": 0.9})
+    assert b.journal.read_bytes().count(b'"temperature":0.6') >= 10, "A's entries were restored from S3"
+    assert (st.skipped_resumed, st.regenerated_changed, st.completed) == (0, 10, 24)
+    assert all(received(sim)[s.id] == before.get(s.id, 0) + 1 for s in batch)
+    assert {r["sampling"]["temperature"] for r in b.records()} == {0.9} and len(b.records()) == 24
+
+    after_b = received(sim)
+    c, st = run_on("c")
+    assert st.skipped_resumed == 10 and st.completed == 14  # A's 0.6 answers, from S3, are replayed
+    assert all(received(sim)[s.id] == after_b[s.id] + (1 if int(s.id[1:]) >= 10 else 0) for s in batch)
+    recs = c.records()
+    assert {r["sampling"]["temperature"] for r in recs} == {0.6} and len(
+        {r["settings_fingerprint"] for r in recs}
+    ) == 1

@@ -1,0 +1,36 @@
+"""The dataset is parsed once: the audit keeps the samples it read, and the shard step shards those."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+
+from regen.audit import run_audit
+from regen.records import SHARD_SCHEMA
+from regen.shards import make_shards, read_shard, shard_audited
+
+DEMO_DATASET = Path(__file__).resolve().parent.parent / "data" / "demo" / "dataset.jsonl"
+
+
+def test_shards_from_the_audits_samples_equal_shards_from_parsing_the_dataset_again(
+    tmp_path: Path, demo_tokenizer_dir: Path
+) -> None:
+    loose = {"gates": {"max_structure_error_fraction": 1.0, "max_over_length_fraction": 1.0}}
+    summary = run_audit(DEMO_DATASET, tmp_path / "audit", loose, demo_tokenizer_dir)
+    kept = tmp_path / "audit" / "samples.parquet"
+    assert pq.read_schema(kept).equals(SHARD_SCHEMA)
+    assert pq.ParquetFile(kept).metadata.num_rows == summary.kept
+    excluded_lines = (tmp_path / "audit" / "excluded.jsonl").read_bytes().splitlines()
+    excluded = [orjson.loads(line) for line in excluded_lines]
+    excluded_rows = {s.source["row"] for s in read_shard(kept)} & {e.get("row") for e in excluded}
+    assert not excluded_rows, "no excluded row reaches the kept samples"
+
+    once = [tmp_path / "once" / f"{k:05d}.parquet" for k in range(4)]
+    twice = [tmp_path / "twice" / f"{k:05d}.parquet" for k in range(4)]
+    assert shard_audited(kept, once) == make_shards(
+        DEMO_DATASET, tmp_path / "audit" / "excluded.jsonl", twice, tokenizer_dir=demo_tokenizer_dir
+    )
+    for a, b in zip(once, twice, strict=True):
+        assert pq.read_table(a).to_pylist() == pq.read_table(b).to_pylist()
