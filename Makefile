@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint test-sglang-parser clean-demo
+.PHONY: setup demo test lint test-sglang-parser test-trainers clean-demo
 
 $(BIN)/regen: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,18 @@ $(SGVENV)/bin/python:
 
 test-sglang-parser: $(SGVENV)/bin/python
 	PYTHONPATH=$(CURDIR) $(SGVENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_flags.py
+
+# The demo's exports read by the drafter trainers' own data code: SpecForge 0.2.0 and speculators 0.9.0
+# (--no-deps, CPU torch, only what their data-preparation modules import), kept in their own venv.
+TRVENV := .venv-trainers
+$(TRVENV)/bin/python:
+	$(PY) -m venv $(TRVENV)
+	$(TRVENV)/bin/pip install -q torch==2.13.0
+	$(TRVENV)/bin/pip install -q --no-deps specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0
+	$(TRVENV)/bin/pip install -q transformers==5.8.1 datasets==5.1.0 tqdm openai typer loguru
+
+test-trainers: setup $(TRVENV)/bin/python
+	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -s -p no:cacheprovider tests/test_trainers.py
 
 clean-demo:
 	rm -rf results work logs benchmarks .snakemake

@@ -28,6 +28,7 @@ include: "rules/reaudit.smk"
 include: "rules/reconcile.smk"
 include: "rules/report.smk"
 include: "rules/publish.smk"
+include: "rules/export.smk"
 
 
 localrules:
@@ -41,6 +42,7 @@ localrules:
     reconcile,
     report_assets,
     publish,
+    export,
 
 
 rule all:

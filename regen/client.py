@@ -38,10 +38,10 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -59,6 +59,20 @@ SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
 DEFAULT_CONCURRENCY = 64
 MAX_BACKOFF_S = 60.0
 RETRY_STATUSES = frozenset({408, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class Lenders(Protocol):
+    """Other GPU slots' servers with room to spare (``regen.lending.SlotLenders``): a job whose own
+    server is full sends its next samples there, so no GPU drains or idles while samples wait."""
+
+    poll_s: float
+
+    async def spare(self, session: aiohttp.ClientSession) -> list[tuple[Endpoint, int]]:
+        """(server, how many more requests this job may send it now) for each server with room."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +99,10 @@ class GenerateConfig:
     backoff_base_s: float = 1.0
     truncation: str = "keep"
     retry_max_tokens_factor: float = 2.0
+    #: with ``concurrency`` null, requests kept waiting in the server's queue beyond its running cap, as a
+    #: fraction of the cap: a finished request's place is refilled at the next step, not after a round trip
+    #: to the client (which may be stalled)
+    queue_headroom: float = 0.25
     #: ask for the server's own prompt and completion token ids (SGLang ``return_token_ids``)
     return_token_ids: bool = True
     #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
@@ -123,6 +141,7 @@ class GenerateConfig:
             backoff_base_s=float(cfg.get("backoff_base_s", 1.0)),
             truncation=cfg.get("truncation", "keep"),
             retry_max_tokens_factor=float(cfg.get("retry_max_tokens_factor", 2)),
+            queue_headroom=float(cfg.get("queue_headroom", 0.25)),
             return_token_ids=bool(cfg.get("return_token_ids", True)),
             extra_body=tuple(sorted((cfg.get("extra_body") or {}).items())),
             retry_failed=bool(cfg.get("retry_failed", True)),
@@ -150,6 +169,8 @@ class GenerateConfig:
             bad("concurrency", self.concurrency, ">= 1 or null")
         if self.max_attempts < 1:
             bad("max_attempts", self.max_attempts, ">= 1")
+        if self.queue_headroom < 0:
+            bad("queue_headroom", self.queue_headroom, ">= 0")
         if self.retry_max_tokens_factor < 1:
             bad("retry_max_tokens_factor", self.retry_max_tokens_factor, ">= 1")
 
@@ -355,6 +376,7 @@ class _Answer:
     latency_s: float
     max_tokens: int
     tool_calls: list[Any] | None = None  # parsed by the server's tool-call parser, when it has one
+    lender: str | None = None  # the lent server's chat URL when another slot's server answered
     #: the server's token ids (``return_token_ids``): the rendered prompt, and the raw completion
     #: before reasoning parsing (end-of-turn included when the model stopped on it); None when absent
     prompt_token_ids: list[int] | None = None
@@ -464,6 +486,8 @@ class _ShardRun:
         self.abort: str | None = None
         self._flush_scheduled = False
         self.session: aiohttp.ClientSession | None = None
+        self.exhausted = False  # every sample has been handed out
+        self.on_exhausted: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ samples
     def next_sample(self) -> tuple[Sample, str] | None:
@@ -486,6 +510,10 @@ class _ShardRun:
             elif sid in self.journal.finished_ids:
                 self.stats.regenerated_changed += 1
             return sample, fingerprint
+        if not self.exhausted:
+            self.exhausted = True
+            if self.on_exhausted is not None:
+                self.on_exhausted()
         return None
 
     async def worker(self) -> None:
@@ -493,14 +521,38 @@ class _ShardRun:
             nxt = self.next_sample()
             if nxt is None:
                 return
-            sample, fingerprint = nxt
-            self.attempted += 1
-            entry = await self.run_sample(sample)
-            if entry is None:
-                continue
-            self.stamp(entry, fingerprint)
-            self.journal.append(entry, flush=False)
-            self._schedule_flush()
+            await self.one_sample(*nxt, None)
+
+    async def one_sample(self, sample: Sample, fingerprint: str, lender: Endpoint | None) -> None:
+        self.attempted += 1
+        entry = await self.run_sample(sample, lender)
+        if entry is None:
+            return
+        self.stamp(entry, fingerprint)
+        self.journal.append(entry, flush=False)
+        self._schedule_flush()
+
+    async def lend(self, lenders: Lenders) -> None:
+        """Send samples to other slots' servers while they have room and samples are left; each sample
+        still goes out once and lands in this job's journal (exactly-once as with the own server)."""
+        assert self.session is not None
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while self.abort is None and not self.exhausted:
+                await asyncio.sleep(lenders.poll_s)
+                for lender, room in await lenders.spare(self.session):
+                    for _ in range(room):
+                        nxt = None if self.abort is not None else self.next_sample()
+                        if nxt is None:
+                            break
+                        task = asyncio.create_task(self.one_sample(*nxt, lender))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -526,9 +578,10 @@ class _ShardRun:
             entry["at"] = time.time()
 
     # ------------------------------------------------------------------ one sample
-    async def run_sample(self, sample: Sample) -> dict[str, Any] | None:
+    async def run_sample(self, sample: Sample, lender: Endpoint | None = None) -> dict[str, Any] | None:
         cfg = self.cfg
         sid = sample.id
+        first_url = None if lender is None else lender.url.rstrip("/") + "/v1/chat/completions"
         seed = derive_seed(cfg.sampling.seed, sid)
         thinking = thinking_for(sid, cfg.thinking, cfg.thinking_fraction)
         tools = list(sample.tools) if sample.tools else None
@@ -536,7 +589,7 @@ class _ShardRun:
         try:
             if cfg.regenerate == "last":
                 prompt = prompt_for_last(sample.messages)
-                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts, tools)
+                answer = await self.answer_turn(sid, prompt, seed, thinking, attempts, tools, first_url)
                 turns = None
             else:
                 prompt = []
@@ -551,7 +604,9 @@ class _ShardRun:
                             prev["tool_calls"] = answer.tool_calls
                         prompt.append(prev)
                     prompt.extend(_wire(m) for m in segment)
-                    answer = await self.answer_turn(sid, list(prompt), seed, thinking, attempts, tools)
+                    answer = await self.answer_turn(
+                        sid, list(prompt), seed, thinking, attempts, tools, first_url
+                    )
                     if answer is None:
                         break
                     turns.append(
@@ -603,7 +658,7 @@ class _ShardRun:
             sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens),
             seed=seed,
             model=answer.model or self.model,
-            server=self.server,
+            server=self.server if answer.lender is None or lender is None else self.lent_server(lender),
             attempts=attempts[0],
             started_at=answer.started_at,
             latency_s=answer.latency_s,
@@ -613,6 +668,14 @@ class _ShardRun:
             tool_calls=answer.tool_calls,
         ).journal_entry()
         return record
+
+    def lent_server(self, lender: Endpoint) -> dict[str, Any]:
+        """The record's ``server`` for an answer from another slot's server."""
+        return {
+            "id": lender.server_id,
+            "url": lender.url,
+            "version": lender.version or self.server["version"],
+        }
 
     def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:
         err = exc.err
@@ -651,11 +714,13 @@ class _ShardRun:
         thinking: bool,
         attempts: list[int],
         tools: list[Any] | None = None,
+        first_url: str | None = None,
     ) -> _Answer | None:
-        """One regenerated turn under the truncation policy; None means dropped."""
+        """One regenerated turn under the truncation policy; None means dropped. ``first_url``: a lent
+        server for the first request (retries go to the job's own server)."""
         cfg = self.cfg
         limit = cfg.max_tokens_for(sid)
-        answer = await self.request(sid, messages, seed, thinking, limit, attempts, tools)
+        answer = await self.request(sid, messages, seed, thinking, limit, attempts, tools, first_url)
         if answer.finish_reason != "length" or cfg.truncation == "keep":
             return answer
         if cfg.truncation == "drop":
@@ -672,8 +737,10 @@ class _ShardRun:
         max_tokens: int,
         attempts: list[int],
         tools: list[Any] | None = None,
+        first_url: str | None = None,
     ) -> _Answer:
-        """POST with retries; raises SampleFailed. ``tools`` (the sample's tool definitions) go with it."""
+        """POST with retries (the first to ``first_url`` when given); raises SampleFailed. ``tools`` (the
+        sample's tool definitions) go with it."""
         s = self.cfg.sampling
         token_ids = {"return_token_ids": True} if self.cfg.return_token_ids else {}
         body = orjson.dumps(
@@ -700,8 +767,11 @@ class _ShardRun:
                 self.stats.retried_requests += 1
                 await asyncio.sleep(delay)
             attempts[0] += 1
+            lent = first_url if attempt == 1 else None
             try:
-                return await self.post_once(body, headers, max_tokens)
+                answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
+                answer.lender = lent
+                return answer
             except RequestError as err:
                 if not err.retryable or attempt == self.cfg.max_attempts or self.abort is not None:
                     log.warning(
@@ -716,14 +786,12 @@ class _ShardRun:
                 )  # fmt: skip
         raise AssertionError("unreachable")
 
-    async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int) -> _Answer:
+    async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int, url: str) -> _Answer:
         assert self.session is not None
         started_at = time.time()
         t0 = time.perf_counter()
         try:
-            async with self.session.post(
-                self.chat_url, data=body, headers=headers, timeout=self.timeout
-            ) as resp:
+            async with self.session.post(url, data=body, headers=headers, timeout=self.timeout) as resp:
                 data = await resp.read()
                 status = resp.status
         except aiohttp.ClientPayloadError as exc:
@@ -891,10 +959,14 @@ async def generate_shard_async(
     *,
     total: int | None = None,
     journal_sync: JournalSink | None = None,
+    lenders: Lenders | None = None,
+    on_exhausted: Callable[[], None] | None = None,
     settings: GenerationSettings | None = None,
 ) -> ShardStats:
     """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError.
 
+    ``lenders``: other GPU slots' servers this job may also use while they have room. ``on_exhausted``:
+    called once when every sample has been sent (only answers are awaited from then on).
     ``settings`` is what the fingerprint covers (``GenerationSettings.from_decisive`` in a workflow
     job); without it, the generate config's own decisive values are used.
     """
@@ -915,9 +987,14 @@ async def generate_shard_async(
             connector=connector, json_serialize=lambda o: orjson.dumps(o).decode()
         ) as sess:
             ep = await _discover(sess, endpoint, gcfg)
-            concurrency = gcfg.concurrency or ep.max_running_requests or DEFAULT_CONCURRENCY
+            concurrency = gcfg.concurrency or (
+                math.ceil(ep.max_running_requests * (1 + gcfg.queue_headroom))
+                if ep.max_running_requests
+                else DEFAULT_CONCURRENCY
+            )
             run = _ShardRun(gcfg, ep, shard, journal, stats, it, settings)
             run.session = sess
+            run.on_exhausted = on_exhausted
             run.breaker_threshold = max(3, min(concurrency, 16))
             log.info(
                 "shard %s: %s samples, %d in the journal, settings %s, concurrency %d against %s (%s)",
@@ -932,7 +1009,8 @@ async def generate_shard_async(
             reporter = _Reporter(run, progress, t0)
             rep_task = asyncio.create_task(reporter.loop())
             try:
-                await asyncio.gather(*(run.worker() for _ in range(concurrency)))
+                lending = [run.lend(lenders)] if lenders is not None else []
+                await asyncio.gather(*(run.worker() for _ in range(concurrency)), *lending)
             finally:
                 rep_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -993,6 +1071,8 @@ def generate_shard(
     *,
     total: int | None = None,
     journal_sync: JournalSink | None = None,
+    lenders: Lenders | None = None,
+    on_exhausted: Callable[[], None] | None = None,
     settings: GenerationSettings | None = None,
 ) -> ShardStats:
     """Blocking wrapper of ``generate_shard_async``; SIGTERM cancels cleanly (journal flushed)."""
@@ -1015,6 +1095,8 @@ def generate_shard(
                 progress,
                 total=total,
                 journal_sync=journal_sync,
+                lenders=lenders,
+                on_exhausted=on_exhausted,
                 settings=settings,
             )
         finally:

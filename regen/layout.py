@@ -150,6 +150,11 @@ class RunLayout:
         return self.results / "READY.json"
 
     @property
+    def export_dir(self) -> Path:
+        """Trainer exports (``regen.export``): specforge.jsonl, tokenized.jsonl, manifest.json."""
+        return self.results / "export"
+
+    @property
     def reconcile(self) -> Path:
         return self.results / "reconcile.json"
 

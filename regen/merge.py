@@ -119,7 +119,7 @@ def _append_assistant_turn(
 def to_dataset_batch(valid: pa.RecordBatch, encoder: Any | None = None) -> pa.RecordBatch:
     """Turn a ``VALID_SCHEMA`` batch into a dataset batch (token ids when ``encoder`` is given).
 
-    ``encoder`` maps a list of conversations (lists of message dicts) to ``(input_ids, loss_mask)`` pairs.
+    ``encoder`` maps a list of dataset rows (dicts) to ``(input_ids, loss_mask)`` pairs.
     """
     if valid.schema.remove_metadata() != VALID_SCHEMA.remove_metadata():
         valid = _conform(valid)
@@ -133,7 +133,8 @@ def to_dataset_batch(valid: pa.RecordBatch, encoder: Any | None = None) -> pa.Re
     arrays += [valid.column(name) for name in DATASET_PASSTHROUGH]
     schema = dataset_schema(encoder is not None)
     if encoder is not None:
-        pairs = encoder([[message_from_row(m) for m in conv] for conv in messages.to_pylist()])
+        plain = pa.RecordBatch.from_arrays(arrays, schema=dataset_schema(False))
+        pairs = encoder(plain.to_pylist())
         arrays.append(pa.array([p[0] for p in pairs], schema.field("input_ids").type))
         arrays.append(pa.array([p[1] for p in pairs], schema.field("loss_mask").type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -149,15 +150,24 @@ def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def make_token_encoder(tokenizer_dir: str | os.PathLike[str]) -> Any:
-    """Return ``encode(conversations) -> [(input_ids, loss_mask), ...]`` from the target chat template.
+    """Return ``encode(rows) -> [(input_ids, loss_mask), ...]`` under the one mask policy (``regen.masks``).
 
-    ``regen.chat`` renders with thinking included and puts the loss (1) on assistant-turn
-    tokens only.
+    Each row gets its last regenerated turn with the context the model saw, from the server's ids
+    when it sent them; a truncated answer keeps its ids without an end-of-turn it did not produce.
     """
     from regen.chat import ChatTemplate  # late: only needed with include_token_ids
+    from regen.masks import MaskBuilder, MaskPolicy
 
-    template = ChatTemplate.from_dir(tokenizer_dir)
-    return template.encode_with_loss_mask_batch
+    builder = MaskBuilder(ChatTemplate.from_dir(tokenizer_dir), MaskPolicy(include_truncated=True))
+
+    def encode(rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+        out = []
+        for row in rows:
+            made = builder.turn_row(row["id"], builder.turns(row)[-1])
+            out.append((made.input_ids, made.loss_mask))
+        return out
+
+    return encode
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import pyarrow.dataset as ds
 from regen.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.chat import ChatTemplate
 from regen.io import read_json, write_json
+from regen.masks import completion_retokenizes_differently
 from regen.merge import iter_dataset_samples
 from regen.types import Sample
 
@@ -87,6 +88,8 @@ class OutputCounts:
     truncated: int = 0
     duplicate_answers: int = 0
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    with_token_ids: int = 0  # records carrying the server's token ids
+    retokenize_mismatch: int = 0  # ... whose text re-tokenizes differently from those ids
     _seen: set[bytes] = field(default_factory=set)
 
     def add_finish_reasons(self, dataset_dir: str | Path) -> None:
@@ -96,6 +99,21 @@ class OutputCounts:
                 self.rows += 1
                 self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + 1
                 self.truncated += reason == "length"
+
+    def add_token_id_checks(self, dataset_dir: str | Path, template: ChatTemplate) -> None:
+        """Count records whose generated text re-tokenizes differently from the ids the model produced."""
+        dataset = ds.dataset(str(dataset_dir), format="parquet")
+        if "completion_token_ids" not in dataset.schema.names:
+            return
+        for batch in dataset.to_batches(columns=["completion_token_ids", "turns"]):
+            for ids, turns in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
+                completions = [t.get("completion_token_ids") for t in turns] if turns else [ids]
+                if any(c is None for c in completions):
+                    continue
+                self.with_token_ids += 1
+                self.retokenize_mismatch += any(
+                    completion_retokenizes_differently(template, c) for c in completions
+                )
 
     def counting_answers(self, samples: Iterable[Sample]) -> Iterator[Sample]:
         """Pass samples through, counting answers (reasoning + content) identical to an earlier one."""
@@ -157,9 +175,11 @@ def reaudit_dataset(
     """Audit the merged output, write its summary, and write READY.json only if every gate passes."""
     settings_fingerprint = check_single_settings(dataset_dir)
     config = AuditConfig.from_dict({**audit_cfg, "gates": _NO_INPUT_GATES, "exclude": []})
-    auditor = Auditor(config, ChatTemplate.from_dir(tokenizer_dir))
+    template = ChatTemplate.from_dir(tokenizer_dir)
+    auditor = Auditor(config, template)
     counts = OutputCounts()
     counts.add_finish_reasons(dataset_dir)
+    counts.add_token_id_checks(dataset_dir, template)
     for _ in iter_audits(auditor, counts.counting_answers(iter_dataset_samples(dataset_dir))):
         pass
     audit = auditor.summary().to_json()
@@ -175,6 +195,12 @@ def reaudit_dataset(
         "truncated": counts.truncated,
         "duplicate_answers": counts.duplicate_answers,
         "finish_reasons": dict(counts.finish_reasons),
+        "token_ids": {
+            "records_with_server_ids": counts.with_token_ids,
+            "text_retokenizes_differently": counts.retokenize_mismatch,
+            "meaning": "records whose generated text does not tokenize back to the ids the model produced "
+            "(a text-based trainer would train on a sequence the target never emitted)",
+        },
         "gates": {g.name: g.to_json() for g in results},
         "passed": passed,
         "overridden": overridden,

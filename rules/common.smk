@@ -11,6 +11,7 @@ from regen.fingerprint import (
 )
 from regen.layout import RUN
 from regen.replay import preview_lines
+from regen.shard_count import shard_count
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
@@ -29,9 +30,6 @@ storage s3:
     retries=10,
 
 
-SHARDS = [shard_name(k) for k in range(lookup(dpath="shards/count", within=config))]
-
-
 wildcard_constraints:
     shard=r"\d{5}",
 
@@ -48,11 +46,40 @@ def benchmark_files():
     return [b["path"] for b in benchmarks]
 
 
-def gpu_slots():
-    """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
+def given_gpus():
+    """N of --resources gpu=N, or None."""
     given = workflow.global_resources.get("gpu")
     value = getattr(given, "value", given)
-    return int(value) if value else lookup(dpath="server/gpus", within=config)
+    return int(value) if value else None
+
+
+GPU_SLOTS = given_gpus() or lookup(dpath="server/gpus", within=config)
+
+
+def gpu_slots():
+    """GPU slots on this node: --resources gpu=N when given, else server.gpus."""
+    return GPU_SLOTS
+
+
+# Run locally with --resources gpu=N, Snakemake may start JOBS_PER_GPU_SLOT generate jobs per GPU slot:
+# the next shard's job waits for a slot and takes it the moment the job on it has sent its last
+# sample, so its requests queue behind the draining ones and no GPU waits for Snakemake to start a
+# job (regen.sglang.server.acquire_server). Slurm group jobs are left as they are.
+JOBS_PER_GPU_SLOT = 2
+if workflow.local_exec and workflow.is_main_process and given_gpus():
+    workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
+
+
+# shards.count, or with "auto" one per GPU slot (persisted on the first run: regen.shard_count)
+SHARDS = [
+    shard_name(k)
+    for k in range(
+        shard_count(
+            lookup(dpath="shards/count", within=config),
+            gpu_slots() if workflow.local_exec else None,
+        )
+    )
+]
 
 
 def chat_template_file():
@@ -90,17 +117,26 @@ def shard_files(pattern):
 
 
 def get_final_outputs():
-    """READY (re-audited), the reconciliation and the report; the S3 upload when configured."""
+    """READY (re-audited), the reconciliation and the report; the S3 upload and the trainer exports when configured."""
     published = (
         ["results/published.json"]
         if lookup(dpath="merge/output_prefix", within=config)
         else []
     )
-    return published + [
-        "results/READY.json",
-        "results/reconcile.json",
-        "results/report/throughput.svg",
-    ]
+    exported = (
+        ["results/export/manifest.json"]
+        if lookup(dpath="export/enabled", within=config)
+        else []
+    )
+    return (
+        published
+        + exported
+        + [
+            "results/READY.json",
+            "results/reconcile.json",
+            "results/report/throughput.svg",
+        ]
+    )
 
 
 def final_outputs(wildcards):

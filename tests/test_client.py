@@ -367,7 +367,7 @@ def test_concurrency_from_server_info(tmp_path: Path) -> None:
         asyncio.run(go())
     finally:
         stop()
-    assert peak == 3
+    assert peak == 4  # the effective cap of 3 running, plus ceil(3 x queue_headroom 0.25) waiting
 
 
 def test_ids_are_data_not_header_syntax(sim: str, tmp_path: Path) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -333,3 +335,50 @@ def test_bad_output_faults_reach_validation(kind: str, check: str, tmp_path: Pat
     assert orjson.loads(stats)["faults"] == {kind: 1}
     limits = SemanticLimits.from_cfg({})
     assert answer_problem(message["content"], message["reasoning_content"], "stop", limits) is not None
+
+
+def test_virtual_time_batch_completes_each_request_at_its_modelled_time() -> None:
+    from regen.sglang.simulated import FluidBatch, VirtualTime
+
+    # steps of 10 ms + 5 ms per running request; two may run, the third waits in the queue
+    clock = VirtualTime(speed=1.0, epoch=0.0, step_ms=10.0, step_ms_per_running=5.0)
+    loop = asyncio.new_event_loop()
+    try:
+        batch = FluidBatch(clock, cap=2)
+        batch.at = 0.0
+        a, b, c = (loop.create_future() for _ in range(3))
+        batch.arrive(100, a)
+        batch.arrive(200, b)
+        batch.arrive(50, c)
+        assert (len(batch.running), len(batch.waiting)) == (2, 1)
+        batch.advance(10.0)
+        # a: 100 steps of 20 ms = 2.0; c then runs beside b: 50 steps of 20 ms = 3.0;
+        # b: 150 tokens by 3.0, its last 50 alone at 15 ms = 3.75
+        assert a.result() == pytest.approx(2.0)
+        assert c.result() == pytest.approx(3.0)
+        assert b.result() == pytest.approx(3.75)
+        assert clock.full_batch_tokens_per_s(2) == pytest.approx(100.0)
+    finally:
+        loop.close()
+
+
+def test_virtual_time_server_keeps_sglangs_response_shape() -> None:
+    virtual = {"speed": 5000.0, "epoch": time.time(), "length_mean": 50.0}
+    url, stop = start_simulated_server(max_running_requests=4, virtual=virtual)
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096}
+        req = urllib.request.Request(
+            url + "/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "X-Regen-Sample-Id": "v1"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            out = json.loads(resp.read())
+    finally:
+        stop()
+    from regen.sglang.simulated import VirtualTime
+
+    expected = VirtualTime.from_json(virtual).output_tokens("v1#0", 4096)
+    assert out["object"] == "chat.completion" and out["choices"][0]["finish_reason"] == "stop"
+    assert out["usage"]["completion_tokens"] == expected
+    assert out["choices"][0]["message"]["reasoning_content"] and out["choices"][0]["message"]["content"]

@@ -62,6 +62,7 @@ class SimulatedConfig:
     half_speed_running: int | None
     tokenizer_path: str | None
     faults: Mapping[str, Any] = field(default_factory=dict)
+    virtual: Mapping[str, Any] | None = None  # VirtualTime fields (bench/efficiency.py); None: real time
 
 
 @dataclass(frozen=True, slots=True)

@@ -349,6 +349,7 @@ def build_simulated_command(
         json.dumps(dict(sim.faults), sort_keys=True),
         *(["--half-speed-running", str(sim.half_speed_running)] if sim.half_speed_running else []),
         *(["--tokenizer-path", str(sim.tokenizer_path)] if sim.tokenizer_path else []),
+        *(["--virtual", json.dumps(dict(sim.virtual), sort_keys=True)] if sim.virtual else []),
     ]
 
 
@@ -697,12 +698,16 @@ def acquire_server(
     owner_pid: int | None = None,
     command_builder: CommandBuilder | None = None,
     poll_s: float = 0.25,
+    on_slot: Callable[[Callable[[], None]], None] | None = None,
 ) -> Iterator[Endpoint]:
     """Hold a GPU slot and its server for the duration of the ``with`` block; yields the Endpoint.
 
     ``gpu_slots`` overrides ``server.gpus`` (Snakemake's ``--resources gpu=N``); ``owner_pid`` is the
     process whose death (with no lease held) stops the server (default: the Snakemake ancestor);
     ``command_builder`` replaces :func:`build_server_command` (tests use a stand-in server).
+    ``on_slot`` is called with a function that gives the slot up before the block ends (idempotent): the
+    next job waiting for a slot takes it and shares the server while this job's last requests drain
+    (this job's lease keeps the server up until the block ends).
     """
     cfg = ServerConfig.of(server_cfg)
     if cfg.mode == "external":
@@ -712,6 +717,13 @@ def acquire_server(
     slots = slot_count(cfg, gpu_slots)
     slot, lock_fd = take_slot(Path(workdir), slots, poll_s=max(poll_s, 0.1))
     files = SlotFiles.of(slot, workdir, log_dir)
+    held = [lock_fd]
+
+    def give_slot_up() -> None:
+        if held:
+            os.close(held.pop())
+            log.info("GPU slot %d: given up to the next job (this one drains)", slot)
+
     try:
         lease_fd = os.open(files.lease, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -730,6 +742,8 @@ def acquire_server(
                     write_realized(files, plan, info, server_id, state.url)
                 except (OSError, ValueError, TypeError, KeyError) as exc:
                     log.warning("GPU slot %d: could not write %s: %s", slot, files.realized, exc)
+            if on_slot is not None:
+                on_slot(give_slot_up)
             yield Endpoint(
                 url=state.url,
                 server_id=server_id,
@@ -741,7 +755,8 @@ def acquire_server(
         finally:
             os.close(lease_fd)
     finally:
-        os.close(lock_fd)
+        if held:
+            os.close(held.pop())
 
 
 def _live_or_start(

@@ -49,7 +49,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import hashlib
+import heapq
+import math
 import os
 import random
 import re
@@ -60,7 +63,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import IO, Any
@@ -220,6 +223,7 @@ class SimOptions:
     request_log: str | None = None  # JSONL of received/completed chat requests (see module doc)
     tokenizer_path: str | None = None  # tokenizer.json + chat template: work in tokens (module doc)
     faults: Faults = field(default_factory=Faults)
+    virtual: VirtualTime | None = None  # virtual-time mode (VirtualSimulatedServer); None: real time
 
     @property
     def model_name(self) -> str:
@@ -452,10 +456,10 @@ class RequestLog:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
 
-    def __call__(self, event: str, sample_id: str | None) -> None:
+    def __call__(self, event: str, sample_id: str | None, **extra: Any) -> None:
         if self._fd is None:
             return
-        line = orjson.dumps({"event": event, "id": sample_id, "pid": os.getpid(), "t": time.time()})
+        line = orjson.dumps({"event": event, "id": sample_id, "pid": os.getpid(), "t": time.time(), **extra})
         os.write(self._fd, line + b"\n")  # one write with O_APPEND: lines never interleave
 
     def close(self) -> None:
@@ -770,9 +774,7 @@ class SimulatedServer:
         tokenized: list[TokenCompletion] = []
         prompt_ids = self.tokens.prompt_ids(messages, thinking) if self.tokens is not None else None
         for i in range(n):
-            made = synth_completion(
-                messages, seed, temperature, max_tokens, thinking, ignore_eos, self.opts, i
-            )
+            made = self.make_completion(messages, seed, temperature, max_tokens, thinking, ignore_eos, i, key)
             nth = self.received_by_id[key] * n + i
             made, spoiled = self.opts.faults.spoil(made, key, nth)
             if spoiled is not None:
@@ -813,6 +815,22 @@ class SimulatedServer:
         self.log(f"crash_after={self.opts.faults.crash_after} reached: exiting", prefix="")
         self.on_crash()
         return resp
+
+    def make_completion(
+        self,
+        messages: list[Any],
+        seed: int | None,
+        temperature: float,
+        max_tokens: int,
+        thinking: bool,
+        ignore_eos: bool,
+        index: int,
+        key: str,
+    ) -> Completion:
+        """The completion for one choice (``key``: the sample id, or a per-request stand-in)."""
+        return synth_completion(
+            messages, seed, temperature, max_tokens, thinking, ignore_eos, self.opts, index
+        )
 
     def per_request_rate(self) -> float:
         """Decode tokens/s of one request with ``self.running`` requests in the batch (itself included)."""
@@ -937,6 +955,203 @@ def _abort(request: web.Request) -> None:
         transport.abort()
 
 
+# ------------------------------------------------------------------------- virtual time
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualTime:
+    """A GPU-shaped server in virtual time, for run-level benchmarks (``bench/efficiency.py``).
+
+    Virtual seconds = ``speed`` x (real seconds since the Unix time ``epoch``), the same on every server
+    that gets the same ``epoch``. A decode step with N running requests takes ``step_ms +
+    step_ms_per_running x N`` virtual ms and gives each running request one token (the H200 fit of
+    issue #16 by default: 350 running decode 5,220 tok/s); requests beyond the running cap wait in a
+    FIFO queue, as in SGLang. A request's output length is drawn per sample id from a lognormal of mean
+    ``length_mean`` and shape ``length_sigma``, capped at ``length_cap`` and at the request's
+    ``max_tokens``. Text is a few synthetic words (the usage counts the modelled tokens): the response
+    keeps SGLang's shape, not its size.
+    """
+
+    speed: float
+    epoch: float
+    step_ms: float = 13.2
+    step_ms_per_running: float = 0.154
+    length_mean: float = 3000.0
+    length_sigma: float = 1.0
+    length_cap: int = 8192
+    seed: int = 0
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> VirtualTime:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise ValueError(f"--virtual: unknown key(s) {unknown}; known: {sorted(known)}")
+        out = cls(**obj)
+        if out.speed <= 0 or out.step_ms <= 0 or out.step_ms_per_running < 0 or out.length_cap < 1:
+            raise ValueError(f"--virtual: speed and step_ms must be > 0, length_cap >= 1: {obj}")
+        return out
+
+    def now(self) -> float:
+        """Virtual seconds now."""
+        return (time.time() - self.epoch) * self.speed
+
+    def real_time(self, virtual_s: float) -> float:
+        """The Unix time at which virtual time ``virtual_s`` is reached."""
+        return self.epoch + virtual_s / self.speed
+
+    def step_s(self, running: int) -> float:
+        """Virtual seconds of one decode step with ``running`` requests."""
+        return (self.step_ms + self.step_ms_per_running * running) / 1000.0
+
+    def full_batch_tokens_per_s(self, cap: int) -> float:
+        """Decode tokens per virtual second of one server running ``cap`` requests."""
+        return cap / self.step_s(cap)
+
+    def output_tokens(self, sample_key: str, max_tokens: int) -> int:
+        """The modelled output length of ``sample_key`` (deterministic), at most ``max_tokens``."""
+        u1 = max(_unit_hash(self.seed, "vlen1", sample_key), 1e-12)
+        u2 = _unit_hash(self.seed, "vlen2", sample_key)
+        normal = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+        mu = math.log(self.length_mean) - self.length_sigma**2 / 2.0
+        drawn = max(1, round(math.exp(mu + self.length_sigma * normal)))
+        return min(drawn, self.length_cap, max_tokens)
+
+
+class FluidBatch:
+    """Continuous batching in virtual time: every running request gains one token per step, so one
+    progress counter (tokens per request so far) orders all completions; the running set changes only
+    at arrivals and completions, between which the step time is constant."""
+
+    def __init__(self, clock: VirtualTime, cap: int) -> None:
+        self.clock = clock
+        self.cap = cap
+        self.progress = 0.0
+        self.at = clock.now()
+        self.running: list[
+            tuple[float, int, asyncio.Future[float]]
+        ] = []  # heap of (done at progress, seq, fut)
+        self.waiting: deque[tuple[int, asyncio.Future[float]]] = deque()
+        self.seq = 0
+
+    def next_completion(self) -> float | None:
+        """Virtual time of the next completion (None when nothing runs)."""
+        if not self.running:
+            return None
+        return self.at + (self.running[0][0] - self.progress) * self.clock.step_s(len(self.running))
+
+    def advance(self, now: float) -> None:
+        """Complete every request due by virtual time ``now`` (each at its own virtual time)."""
+        while (due := self.next_completion()) is not None and due <= now:
+            target, _, fut = heapq.heappop(self.running)
+            self.progress, self.at = target, due
+            if not fut.done():
+                fut.set_result(due)
+            self._admit()
+        if self.running:
+            self.progress += (now - self.at) / self.clock.step_s(len(self.running))
+        self.at = max(self.at, now)
+
+    def arrive(self, tokens: int, fut: asyncio.Future[float]) -> None:
+        self.waiting.append((tokens, fut))
+        self._admit()
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.cap:
+            tokens, fut = self.waiting.popleft()
+            if fut.done():  # the client went away while it waited
+                continue
+            self.seq += 1
+            heapq.heappush(self.running, (self.progress + tokens, self.seq, fut))
+
+
+#: the modelled virtual completion time of the request the current handler task serves
+_DONE_AT: contextvars.ContextVar[float | None] = contextvars.ContextVar("regen_sim_done_at", default=None)
+
+
+class VirtualRequestLog(RequestLog):
+    """The request log with each event's virtual time ``vt`` (for ``completed``: the modelled
+    completion time, not the later moment the handler got to answer)."""
+
+    def __init__(self, path: str | None, clock: VirtualTime) -> None:
+        super().__init__(path)
+        self.clock = clock
+
+    def __call__(self, event: str, sample_id: str | None, **extra: Any) -> None:
+        done_at = _DONE_AT.get() if event == "completed" else None
+        super().__call__(event, sample_id, vt=self.clock.now() if done_at is None else done_at, **extra)
+
+
+class VirtualSimulatedServer(SimulatedServer):
+    """The simulated server in virtual time (``SimOptions.virtual``): same HTTP surface and shapes, a
+    batch-dependent decode step instead of a fixed token rate, modelled output lengths."""
+
+    def __init__(self, opts: SimOptions, log: LogWriter, on_crash: Callable[[], None]) -> None:
+        super().__init__(opts, log, on_crash)
+        assert opts.virtual is not None
+        self.clock = opts.virtual
+        self.request_log.close()
+        self.request_log = VirtualRequestLog(opts.request_log, self.clock)
+        self.batch = FluidBatch(self.clock, opts.running_cap)
+        self.timer: asyncio.TimerHandle | None = None
+        self.tokens = None  # lengths are modelled, not tokenized (a tokenizer would recount the few words)
+
+    def make_completion(
+        self,
+        messages: list[Any],
+        seed: int | None,
+        temperature: float,
+        max_tokens: int,
+        thinking: bool,
+        ignore_eos: bool,
+        index: int,
+        key: str,
+    ) -> Completion:
+        wanted = self.clock.output_tokens(f"{key}#{index}", 1 << 30)
+        total = max_tokens if ignore_eos else min(wanted, max_tokens)
+        finish = "length" if ignore_eos or wanted > max_tokens else "stop"
+        rng = random.Random(_unit_hash(self.clock.seed, "vtext", key, seed, index))
+        reasoning = " ".join(rng.choices(WORDS, k=4)) if thinking else None
+        r_tokens = total * 3 // 4 if thinking else 0
+        return Completion(reasoning, " ".join(rng.choices(WORDS, k=4)), r_tokens, total, finish)
+
+    async def _schedule(self, n_tokens: int) -> None:
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.batch.advance(self.clock.now())
+        self.batch.arrive(n_tokens, fut)
+        self._sync_counts()
+        self._arm()
+        try:
+            _DONE_AT.set(await fut)
+        finally:
+            if not fut.done():
+                fut.cancel()
+                self.batch.running = [r for r in self.batch.running if r[2] is not fut]
+                heapq.heapify(self.batch.running)
+                self._sync_counts()
+
+    def _sync_counts(self) -> None:
+        self.running = len(self.batch.running)
+        self.queued = len(self.batch.waiting)
+
+    def _arm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        due = self.batch.next_completion()
+        if due is None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, self.clock.real_time(due) - time.time())
+        self.timer = loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        self.batch.advance(self.clock.now())
+        self._sync_counts()
+        self._arm()
+
+
 # ---------------------------------------------------------------------------------- runners
 
 
@@ -948,7 +1163,7 @@ async def _serve(
     on_crash: Callable[[], None],
     reuse_port: bool = False,
 ) -> tuple[web.AppRunner, int]:
-    server = SimulatedServer(opts, log, on_crash)
+    server = (VirtualSimulatedServer if opts.virtual is not None else SimulatedServer)(opts, log, on_crash)
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
@@ -976,6 +1191,8 @@ def start_simulated_server(
         return _start_subprocess(port, host, cpus, log_file, opts)
     if "faults" in opts and not isinstance(opts["faults"], Faults):
         opts["faults"] = Faults.from_json(opts["faults"])
+    if isinstance(opts.get("virtual"), dict):
+        opts["virtual"] = VirtualTime.from_json(opts["virtual"])
     options = SimOptions(**opts)
     loop = asyncio.new_event_loop()
     started = threading.Event()
@@ -1080,6 +1297,7 @@ def cli(argv: list[str]) -> int:
         help="batch model: per-request rate = token-rate / (1 + running / N); default: no batch effect",
     )
     p.add_argument("--faults", default=None, help="JSON object of Faults fields")
+    p.add_argument("--virtual", default=None, help="JSON object of VirtualTime fields: run in virtual time")
     p.add_argument("--version", default="0.5.23")
     p.add_argument("--log-file", default=None)
     p.add_argument("--inline", action="store_true", help="answer inside the handler (no queue, no sleeps)")
@@ -1114,6 +1332,7 @@ def cli(argv: list[str]) -> int:
         request_log=a.request_log,
         tokenizer_path=a.tokenizer_path,
         faults=Faults.from_json(orjson.loads(a.faults) if a.faults else None),
+        virtual=VirtualTime.from_json(orjson.loads(a.virtual)) if a.virtual else None,
     )
     opts = replace(opts, **extra)
     log = LogWriter(a.log_file) if a.log_file else LogWriterStderr()

@@ -1,0 +1,42 @@
+"""How many prompt shards a run has: the configured number, or one per GPU slot (``shards.count: auto``).
+
+With ``auto`` the count is derived from the GPU slots of the first run and written to
+``work/plan/shards.json``; later runs read it back, so a rerun with another ``--resources gpu=N``
+keeps the shards (and journals) it already has. The count is known when Snakemake plans the DAG.
+
+One shard per GPU: no GPU waits between jobs, and at the end of the run the GPUs whose shard is done
+serve the shards still running (``generate.spill``), so the run ends when the work does.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from regen.io import read_json, write_json
+
+AUTO = "auto"
+PERSISTED = "work/plan/shards.json"
+
+
+def shard_count(
+    configured: int | str, gpu_slots: int | None, persisted: str | os.PathLike[str] = PERSISTED
+) -> int:
+    """``configured`` when a number; with ``auto`` the persisted count, else ``gpu_slots`` (persisted)."""
+    if configured != AUTO:
+        return int(configured)
+    path = Path(persisted)
+    if path.exists():
+        saved = read_json(path)
+        count = saved.get("count") if isinstance(saved, dict) else None
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"{path}: field 'count': expected a positive integer, got {count!r}")
+        return count
+    if gpu_slots is None:
+        raise ValueError(
+            "config shards.count: auto takes one shard per GPU slot of a run on one node; on a cluster "
+            "set shards.count to a number (several per GPU: docs/scaling.md)"
+        )
+    count = max(1, int(gpu_slots))
+    write_json(path, {"count": count, "gpu_slots": int(gpu_slots), "rule": "one shard per GPU slot"})
+    return count

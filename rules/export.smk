@@ -1,0 +1,24 @@
+# Exports drafter trainers read as they are (regen.export): SpecForge conversations and
+# token-exact input_ids/loss_mask from the server's own ids (one mask policy: regen.masks).
+rule export:
+    input:
+        dataset="results/dataset",
+        ready="results/READY.json",
+    output:
+        specforge="results/export/specforge.jsonl",
+        tokenized="results/export/tokenized.jsonl",
+        manifest=report(
+            "results/export/manifest.json",
+            caption="../report/export.rst",
+            category="4. Output audit",
+        ),
+    log:
+        "logs/export.log",
+    conda:
+        "../envs/regen.yaml"
+    params:
+        export=lookup(dpath="export", within=config),
+        tokenizer=lookup(dpath="tokenizer", within=config),
+        regenerate=lookup(dpath="generate/regenerate", within=config),
+    script:
+        "../scripts/export.py"

@@ -1,0 +1,15 @@
+"""Snakemake script: write the trainer exports of the merged dataset (regen.export)."""
+
+from regen.export import export_dataset
+from regen.runlog import log_to
+
+log_to(snakemake.log[0])
+export_dataset(
+    dataset_dir=snakemake.input.dataset,
+    specforge_out=snakemake.output.specforge,
+    tokenized_out=snakemake.output.tokenized,
+    manifest_out=snakemake.output.manifest,
+    export_cfg=snakemake.params.export,
+    tokenizer_dir=snakemake.params.tokenizer,
+    regenerate=snakemake.params.regenerate,
+)

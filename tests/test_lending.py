@@ -1,0 +1,137 @@
+"""Spill-over (issue #16): a generate job also fills other GPU slots' servers while they have room;
+each sample still goes out once and lands in its own journal. Shard count ``auto``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from regen.client import generate_shard
+from regen.lending import SlotLenders
+from regen.sglang.server import acquire_server, stop_all_servers
+from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
+from regen.shard_count import shard_count
+from regen.types import Message, Sample
+
+
+def free_port_base(n: int) -> int:
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randint(20000, 60000)
+        ok = True
+        for port in range(base, base + n):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+        if ok:
+            return base
+    raise RuntimeError("no free ports")
+
+
+def samples(n: int) -> list[Sample]:
+    return [
+        Sample(f"s{i:04d}", (Message("user", f"question {i}"), Message("assistant", f"old answer {i}")))
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def two_slots(tmp_workdir: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(REQUEST_LOG_ENV, str(tmp_workdir / "requests.jsonl"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cfg = {
+        "mode": "simulated",
+        "gpus": 2,
+        "port_base": free_port_base(2),
+        "idle_timeout_s": 30,
+        "startup_timeout_s": 20,
+        "model_path": "demo-model",
+        # slow enough that the own server is full while the job still has samples to send
+        "simulated": {"max_running_requests": 4, "token_rate": 400, "startup_delay_s": 0.1},
+    }
+    yield cfg, tmp_workdir
+    stop_all_servers("work/servers", grace_s=5)
+
+
+def test_a_job_fills_another_slots_idle_server_and_sends_each_sample_once(two_slots) -> None:
+    cfg, root = two_slots
+    # slot 0's job sends nothing more (it drains, or waits for its next shard): its server has room
+    with (
+        acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as other,
+        acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as own,
+    ):
+        assert (other.server_id, own.server_id) == ("gpu0", "gpu1")
+        slot = int(own.server_id[3:])
+        lenders = SlotLenders("work/servers", slot, cap=4, poll_s=0.05)
+        try:
+            stats = generate_shard(
+                samples(60),
+                root / "journal.jsonl",
+                root / "records.jsonl",
+                root / "failed.jsonl",
+                {"sampling": {"max_tokens": 64}, "max_attempts": 2, "backoff_base_s": 0.01},
+                own,
+                "00000",
+                lenders=lenders,
+            )
+        finally:
+            lenders.close()
+    records = [orjson.loads(line) for line in (root / "records.jsonl").read_bytes().splitlines()]
+    assert stats.completed == 60 and len({r["id"] for r in records}) == 60
+    servers = Counter(r["server"]["id"] for r in records)
+    assert set(servers) == {"gpu0", "gpu1"}, servers  # both GPUs worked on the one shard
+    events = read_request_log(root / "requests.jsonl")
+    received = Counter(e["id"] for e in events if e["event"] == "received" and e["id"])  # not probes
+    assert set(received) == {f"s{i:04d}" for i in range(60)} and set(received.values()) == {1}
+
+
+def test_lenders_offer_only_room_on_other_live_servers(two_slots) -> None:
+    cfg, _ = two_slots
+    with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as own:
+        lenders = SlotLenders("work/servers", int(own.server_id[3:]), cap=4, poll_s=0.05)
+
+        async def offers() -> list:
+            async with aiohttp.ClientSession() as session:
+                return await lenders.spare(session)
+
+        try:
+            assert asyncio.run(offers()) == []  # no other slot has a server yet
+            with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as other:
+                ((lent, room),) = asyncio.run(offers())
+                assert lent.server_id == other.server_id and lent.url == other.url
+                assert room == 4  # idle: its whole batch, for the one job that may borrow it
+        finally:
+            lenders.close()
+
+
+def test_auto_shard_count_is_one_per_gpu_slot_and_survives_a_gpu_count_change(tmp_path: Path) -> None:
+    persisted = tmp_path / "work" / "plan" / "shards.json"
+    assert shard_count(12, 7, persisted) == 12 and not persisted.exists()
+    assert shard_count("auto", 7, persisted) == 7
+    assert shard_count("auto", 3, persisted) == 7  # the shards (and journals) of the first run stay
+    with pytest.raises(ValueError, match=r"on a cluster set shards\.count"):
+        shard_count("auto", None, tmp_path / "elsewhere.json")  # no GPU slots known to the planner
+    persisted.write_text('{"count": 0}')
+    with pytest.raises(ValueError, match=r"shards\.json: field 'count'"):
+        shard_count("auto", 3, persisted)
+
+
+def test_a_draining_job_gives_its_slot_to_the_next_job_which_shares_the_server(two_slots) -> None:
+    cfg, _ = two_slots
+    cfg = {**cfg, "gpus": 1}
+    releases: list = []
+    with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05, on_slot=releases.append) as first:
+        releases[0]()  # every sample sent: only answers are awaited from here on
+        releases[0]()  # idempotent
+        with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as second:
+            assert (second.server_id, second.url) == (first.server_id, first.url)
