@@ -14,9 +14,6 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
-report: "report/workflow.rst"
-
-
 include: "rules/common.smk"
 include: "rules/audit.smk"
 include: "rules/shard.smk"
@@ -29,6 +26,9 @@ include: "rules/reconcile.smk"
 include: "rules/report.smk"
 include: "rules/publish.smk"
 include: "rules/export.smk"
+
+
+report: report_landing_page()
 
 
 localrules:
@@ -49,6 +49,10 @@ rule all:
     default_target: True
     input:
         final_outputs,
+
+
+onstart:
+    run_preflight()
 
 
 onsuccess:

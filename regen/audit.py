@@ -70,6 +70,7 @@ from regen.decontam import (
 from regen.io import atomic_open, atomic_path, write_json
 from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
 from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
+from regen.verdict import keep_verdict
 
 log = logging.getLogger(__name__)
 
@@ -433,7 +434,7 @@ def gate_failure_message(summary: AuditSummary, summary_path: str | Path | None 
         lines.append(f"  - unread tail: {tail}")
     lines.append(f"  ({summary.total} samples audited)")
     if summary_path is not None:
-        lines.append(f"details: {summary_path} (flags per sample in flags.parquet beside it)")
+        lines.append(f"details: {summary_path}")
     lines.append(
         "to go on anyway, raise the limit in the config (audit.gates.<name>) or set "
         "audit.override_gates: true (CLI: --override-gates); violated gates are then reported as warnings."
@@ -874,12 +875,14 @@ def run_audit(
     fmt: str = "auto",
     id_column: str | None = None,
     on_bad_row: str = "skip",
+    verdict_out: str | Path | None = None,
 ) -> AuditSummary:
     """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl, the kept samples
     (samples.parquet, the shard step's input) and the plots.
 
     Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not
-    overridden, and ``NothingToGenerateError`` when no sample is left for generation.
+    overridden, and ``NothingToGenerateError`` when no sample is left for generation; the summary is
+    also kept at ``verdict_out`` (beside the log), which survives the failed job.
     """
     config = AuditConfig.from_dict(cfg)
     chat = ChatTemplate.from_dir(tokenizer_dir)
@@ -927,10 +930,13 @@ def run_audit(
     )
     _plot_histogram(summary.histograms["prompt_tokens"], "prompt tokens per sample", paths.prompt_plot)
     write_json(paths.summary, summary.to_json())
+    keep_verdict(summary.to_json(), verdict_out)
     if summary.kept == 0:
-        raise NothingToGenerateError(nothing_to_generate_message(summary, input_path, paths.summary))
+        raise NothingToGenerateError(
+            nothing_to_generate_message(summary, input_path, verdict_out or paths.summary)
+        )
     if not summary.passed:
-        message = gate_failure_message(summary, paths.summary)
+        message = gate_failure_message(summary, verdict_out or paths.summary)
         if not config.override_gates:
             raise AuditGateError(message)
         log.warning("gates overridden (audit.override_gates: true):\n%s", message)
@@ -998,12 +1004,31 @@ def cli(argv: list[str]) -> int:
         default="auto",
         choices=["auto", "messages", "sharegpt", "prompt", "tokenized"],
         dest="fmt",
+        help="row format of INPUT (default: auto, detected from the first rows)",
     )
     parser.add_argument("--tokenizer", default="resources/demo-tokenizer", help="tokenizer directory")
-    parser.add_argument("--context-limit", type=int, default=DEFAULT_CONTEXT_LIMIT)
-    parser.add_argument("--scaffolding-max-tokens", type=int, default=DEFAULT_SCAFFOLDING_MAX_TOKENS)
-    parser.add_argument("--id-column", default=None)
-    parser.add_argument("--on-bad-row", default="skip", choices=["skip", "stop"])
+    parser.add_argument(
+        "--context-limit",
+        type=int,
+        default=DEFAULT_CONTEXT_LIMIT,
+        help=f"longer prompts (tokens) are flagged over_length (default {DEFAULT_CONTEXT_LIMIT})",
+    )
+    parser.add_argument(
+        "--scaffolding-max-tokens",
+        type=int,
+        default=DEFAULT_SCAFFOLDING_MAX_TOKENS,
+        help="an old answer with at most this many supervised tokens beyond the template scaffolding "
+        f"is flagged empty_response (default {DEFAULT_SCAFFOLDING_MAX_TOKENS})",
+    )
+    parser.add_argument(
+        "--id-column", default=None, help="column with a stable sample id (default: hash the content)"
+    )
+    parser.add_argument(
+        "--on-bad-row",
+        default="skip",
+        choices=["skip", "stop"],
+        help="skip: record unreadable rows and go on; stop: fail at the first (default skip)",
+    )
     parser.add_argument("--override-gates", action="store_true", help="report failed gates as warnings")
     parser.add_argument(
         "--benchmark",

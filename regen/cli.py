@@ -8,6 +8,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("regen.audit", "audit a chat dataset before generating (flags, supervised tokens, gates)"),
     "tune": ("regen.tune", "plan SGLang's memory and flags for a model and GPU"),
+    "check": ("regen.check", "preflight: every problem with a config and this machine, before any job"),
     "status": ("regen.status", "per-GPU progress, throughput and ETA of a running workflow"),
     "validate": ("regen.validate", "validate one shard's generation records"),
     "reconcile": ("regen.reconcile", "check every input id ended in exactly one place"),

@@ -479,6 +479,8 @@ class _ShardRun:
         self.timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
         self.rng = random.Random(_hash64("backoff", shard))
         self.seen: set[str] = set()
+        self.in_flight: dict[str, float] = {}  # sample id -> when its first request was sent (regen status)
+        self.retrying: set[str] = set()  # sample ids waiting out a back-off before their next attempt
         self.held: list[dict[str, Any]] = []
         self.attempted = 0
         self.consecutive_server_failures = 0
@@ -740,7 +742,27 @@ class _ShardRun:
         first_url: str | None = None,
     ) -> _Answer:
         """POST with retries (the first to ``first_url`` when given); raises SampleFailed. ``tools`` (the
-        sample's tool definitions) go with it."""
+        sample's tool definitions) go with it. The sample counts as in flight meanwhile (``regen status``)."""
+        self.in_flight.setdefault(sid, time.time())
+        try:
+            return await self._request_with_retries(
+                sid, messages, seed, thinking, max_tokens, attempts, tools, first_url
+            )
+        finally:
+            self.in_flight.pop(sid, None)
+            self.retrying.discard(sid)
+
+    async def _request_with_retries(
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        seed: int,
+        thinking: bool,
+        max_tokens: int,
+        attempts: list[int],
+        tools: list[Any] | None = None,
+        first_url: str | None = None,
+    ) -> _Answer:
         s = self.cfg.sampling
         token_ids = {"return_token_ids": True} if self.cfg.return_token_ids else {}
         body = orjson.dumps(
@@ -765,7 +787,9 @@ class _ShardRun:
         for attempt in range(1, self.cfg.max_attempts + 1):
             if attempt > 1:
                 self.stats.retried_requests += 1
+                self.retrying.add(sid)
                 await asyncio.sleep(delay)
+                self.retrying.discard(sid)
             attempts[0] += 1
             lent = first_url if attempt == 1 else None
             try:
@@ -836,6 +860,10 @@ class _Reporter:
             "out_tok_s": round(st.output_tokens / elapsed, 1),
             "eta_s": None if eta is None else round(eta, 1),
             "updated_at": time.time(),
+            "in_flight": len(self.run.in_flight),
+            "retrying": len(self.run.retrying),
+            "retried_requests": st.retried_requests,
+            "oldest_in_flight_at": min(self.run.in_flight.values(), default=None),
         }
 
     def write_status(self, final: bool = False) -> None:

@@ -6,9 +6,16 @@ The server's life belongs to ``regen.sglang.server``; the requests, journal and 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import logging
-from collections.abc import Callable
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -19,8 +26,9 @@ from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.lending import SlotLenders
 from regen.sglang.config import ServerConfig
-from regen.sglang.server import acquire_server
+from regen.sglang.server import ServerError, acquire_server, find_owner_pid
 from regen.shards import read_shard
+from regen.status import progress_line
 from regen.storage import sink_from_config
 from regen.types import Endpoint
 
@@ -48,12 +56,14 @@ def run_generate_job(
     settings: dict[str, Any],
     operational: OperationalConfig,
     layout: RunLayout = RUN,
+    log_path: str | None = None,
 ) -> None:
     """Generate every sample of ``shard_path`` the journal does not hold under its current fingerprint;
     raise if the shard failed.
 
     ``settings`` is ``regen.fingerprint.decisive_config`` (what decides an answer), ``operational``
-    the rest (how the job runs).
+    the rest (how the job runs). A server that cannot start fails every shard on it for the same
+    reason: the first shard states the cause in full, the others in one line pointing at it.
     """
     plan = read_json(plan_path)
     generation = GenerationSettings.from_decisive(settings)
@@ -67,25 +77,100 @@ def run_generate_job(
     samples = read_shard(shard_path)
     journal_sync = sink_from_config(generate_cfg.get("journal_sync"), shard)
     give_slot_up: list[Callable[[], None]] = []
-    with acquire_server(cfg, plan, workdir=slots, log_dir=logs, on_slot=give_slot_up.append) as endpoint:
-        log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
-        lenders = other_slots(endpoint, generate_cfg, str(slots))
-        try:
-            stats = generate_shard(
-                samples,
-                journal_path,
-                records_out,
-                failed_out,
-                generate_cfg,
-                endpoint,
-                shard,
-                total=total,
-                journal_sync=journal_sync,
-                lenders=lenders,
-                on_exhausted=give_slot_up[0] if give_slot_up else None,
-                settings=generation,
-            )
-        finally:
-            if lenders is not None:
-                lenders.close()
+    try:
+        with (
+            acquire_server(cfg, plan, workdir=slots, log_dir=logs, on_slot=give_slot_up.append) as endpoint,
+            console_progress(endpoint.server_id, layout),
+        ):
+            stats = _generate_on(
+                endpoint, samples, journal_path, records_out, failed_out, generate_cfg, shard, total,
+                journal_sync, give_slot_up, generation, str(slots),
+            )  # fmt: skip
+    except ServerError as exc:
+        raise SystemExit(once_per_cause(exc, shard, log_path, Path(slots) / "failures")) from None
     log.info("shard %s done: %s", shard, stats)
+
+
+def _generate_on(
+    endpoint: Any, samples: Any, journal_path: str, records_out: str, failed_out: str,
+    generate_cfg: dict[str, Any], shard: str, total: int, journal_sync: Any,
+    give_slot_up: list[Callable[[], None]], generation: Any, slots: str,
+) -> Any:  # fmt: skip
+    log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
+    lenders = other_slots(endpoint, generate_cfg, slots)
+    try:
+        stats = generate_shard(
+            samples,
+            journal_path,
+            records_out,
+            failed_out,
+            generate_cfg,
+            endpoint,
+            shard,
+            total=total,
+            journal_sync=journal_sync,
+            lenders=lenders,
+            on_exhausted=give_slot_up[0] if give_slot_up else None,
+            settings=generation,
+        )
+    finally:
+        if lenders is not None:
+            lenders.close()
+    return stats
+
+
+#: how often the job on GPU slot 0 prints the run's progress line to Snakemake's console
+CONSOLE_PROGRESS_EVERY_S = 15.0
+
+
+@contextlib.contextmanager
+def console_progress(
+    server_id: str, layout: RunLayout, every_s: float = CONSOLE_PROGRESS_EVERY_S
+) -> Iterator[None]:
+    """While the job on GPU slot 0 runs, print ``regen status``'s one-line progress of the whole run
+    to the console Snakemake runs in (the job's own stderr goes to its log). One job at a time holds
+    slot 0, so the console gets one line per interval, not one per GPU."""
+    if server_id != "gpu0":
+        yield
+        return
+    console = sys.__stderr__
+    stop = threading.Event()
+
+    def loop() -> None:
+        while True:
+            try:
+                line = progress_line(layout.work, layout.results)
+            except (OSError, ValueError) as exc:
+                line = f"regen: progress unavailable ({exc})"
+            if console is not None:
+                print(line, file=console, flush=True)
+            if stop.wait(every_s):
+                return
+
+    thread = threading.Thread(target=loop, name="console-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def once_per_cause(exc: Exception, shard: str, log_path: str | None, cause_dir: Path) -> str:
+    """The message for a shard failed by ``exc``: in full for the first shard of this Snakemake run
+    with that cause, else one line naming the shard (and log) that has it in full."""
+    text = str(exc)
+    first_line = text.splitlines()[0] if text else type(exc).__name__
+    cause = re.sub(r"\d+", "N", first_line)  # the same failure on slot 0 and slot 5 is one cause
+    key = hashlib.sha256(f"{find_owner_pid()} {cause}".encode()).hexdigest()[:16]
+    cause_dir.mkdir(parents=True, exist_ok=True)
+    marker = cause_dir / f"{key}.txt"
+    here = f"shard {shard}" + (f" ({log_path})" if log_path else "")
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        first = marker.read_text().strip() or "another shard"
+        return f"shard {shard}: {first_line}\n(same cause as {first}: the full message is there)"
+    with os.fdopen(fd, "w") as fh:
+        fh.write(here + "\n")
+    return f"shard {shard}: {text}"

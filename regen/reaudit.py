@@ -25,6 +25,7 @@ from regen.io import read_json, write_json
 from regen.masks import completion_retokenizes_differently
 from regen.merge import iter_dataset_samples
 from regen.types import Sample
+from regen.verdict import keep_verdict
 
 log = logging.getLogger("regen.reaudit")
 
@@ -171,8 +172,12 @@ def reaudit_dataset(
     gates: Mapping[str, Any],
     audit_cfg: Mapping[str, Any],
     tokenizer_dir: str,
+    verdict_out: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Audit the merged output, write its summary, and write READY.json only if every gate passes."""
+    """Audit the merged output, write its summary, and write READY.json only if every gate passes.
+
+    The summary is also kept at ``verdict_out`` (beside the log): Snakemake deletes a failed job's
+    outputs, so that copy is where a failed gate's details stay."""
     settings_fingerprint = check_single_settings(dataset_dir)
     config = AuditConfig.from_dict({**audit_cfg, "gates": _NO_INPUT_GATES, "exclude": []})
     template = ChatTemplate.from_dir(tokenizer_dir)
@@ -207,10 +212,12 @@ def reaudit_dataset(
         "audit": audit,
     }
     write_json(summary_out, summary)
+    keep_verdict(summary, verdict_out)
+    details = str(verdict_out or summary_out)
     if not passed and not overridden:
-        raise OutputGateError(gate_failure_message(results, summary_out))
+        raise OutputGateError(gate_failure_message(results, details))
     if overridden:
-        log.warning("%s", gate_failure_message(results, summary_out))
+        log.warning("%s", gate_failure_message(results, details))
     manifest = read_json(manifest_path) if manifest_path.exists() else {}
     write_json(
         ready_out,

@@ -13,6 +13,7 @@ import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ QUARANTINE_REASONS_SVG = "quarantine_reasons.svg"
 THROUGHPUT_SVG = "throughput.svg"
 RECONCILE_HTML = "reconcile.html"
 SERVER_PLAN_HTML = "server_plan.html"
+AUDIT_HTML = "audit.html"
+REAUDIT_HTML = "reaudit.html"
+LANDING_RST = "landing.rst"
 ASSET_NAMES = (
     TOKEN_LENGTHS_SVG,
     FINISH_REASONS_SVG,
@@ -40,6 +44,9 @@ ASSET_NAMES = (
     THROUGHPUT_SVG,
     RECONCILE_HTML,
     SERVER_PLAN_HTML,
+    AUDIT_HTML,
+    REAUDIT_HTML,
+    LANDING_RST,
 )
 
 
@@ -216,26 +223,63 @@ def plot_throughput(generations_dir: str | os.PathLike[str], path: Path) -> dict
 # ---------------------------------------------------------------------------------------------
 
 
-def _html_table(headers: list[str], rows: list[list[Any]], caption: str) -> str:
+PAGE_STYLE = (
+    "body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin:0 0 1.5em}"
+    "td,th{border:1px solid #999;padding:3px 8px;text-align:left}caption{text-align:left;font-weight:bold;"
+    "padding:4px 0}.pass{color:#1a7f37;font-weight:bold}.fail{color:#cf222e;font-weight:bold}"
+    ".warn{color:#9a6700}.note{color:#555;max-width:60em}.bar{display:flex;height:28px;width:100%;"
+    "max-width:60em;border:1px solid #999;margin:0 0 1.5em}.bar div{overflow:hidden;white-space:nowrap;"
+    "font-size:11px;padding:2px;color:#000}"
+)
+
+
+def _page(title: str, *parts: str) -> str:
+    """A self-contained HTML page (the report shows it in an iframe)."""
+    esc = html.escape
+    return (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+        f"<style>{PAGE_STYLE}</style></head><body><h2>{esc(title)}</h2>{''.join(parts)}</body></html>\n"
+    )
+
+
+def _table(
+    headers: list[str], rows: list[list[Any]], caption: str, classes: list[list[str]] | None = None
+) -> str:
+    """An HTML table; ``classes`` gives a CSS class per cell (e.g. pass/fail)."""
     esc = html.escape
     head = "".join(f"<th>{esc(str(h))}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{esc(_fmt(c))}</td>" for c in r) + "</tr>" for r in rows)
+    body = []
+    for i, row in enumerate(rows):
+        cls = classes[i] if classes else [""] * len(row)
+        cells = "".join(
+            f"<td class='{c}'>{esc(_fmt(v))}</td>" if c else f"<td>{esc(_fmt(v))}</td>"
+            for v, c in zip(row, cls, strict=True)
+        )
+        body.append(f"<tr>{cells}</tr>")
     return (
-        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><style>"
-        "table{border-collapse:collapse;font-family:sans-serif}td,th{border:1px solid #999;padding:3px 8px}"
-        f"</style></head><body><table><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>"
-        f"<tbody>{body}</tbody></table></body></html>\n"
+        f"<table><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table>"
     )
 
 
 def _fmt(value: Any) -> str:
     if value is None:
         return "—"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict | list):
         return orjson.dumps(value).decode()
     return str(value)
+
+
+def _note(text: str, cls: str = "note") -> str:
+    return f"<p class='{cls}'>{html.escape(text)}</p>"
+
+
+def _html_table(headers: list[str], rows: list[list[Any]], caption: str) -> str:
+    return _page(caption, _table(headers, rows, caption))
 
 
 def reconcile_table_html(reconcile_json: str | os.PathLike[str]) -> str:
@@ -255,29 +299,270 @@ def reconcile_table_html(reconcile_json: str | os.PathLike[str]) -> str:
     return _html_table(["bucket", "count", "reasons"], rows, f"reconciliation: {verdict}")
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: obj}
+# ---------------------------------------------------------------------------------------------
+# Gate verdicts (input audit, output re-audit)
+# ---------------------------------------------------------------------------------------------
 
 
-def server_plan_html(plan_json: str | os.PathLike[str], realized_paths: list[Path]) -> str:
-    """Predicted (plan) vs realized (per-GPU) values, key by key; tolerant of any JSON shape."""
-    plan_path = Path(plan_json)
-    plan = _flatten(read_json(plan_path)) if plan_path.is_file() else {}
-    realized = {p.name.split(".")[0]: _flatten(read_json(p)) for p in realized_paths if p.is_file()}
-    keys = list(plan)
-    for values in realized.values():
-        keys += [k for k in values if k not in keys]
-    headers = ["key", "predicted", *realized]
-    rows = [[k, plan.get(k), *(r.get(k) for r in realized.values())] for k in keys]
-    caption = (
-        "server memory plan: predicted vs realized" if plan or realized else "server memory plan: no data"
+@dataclass(frozen=True, slots=True)
+class GateRow:
+    """One gate of the input audit or the output re-audit, as the report shows it."""
+
+    name: str
+    value: float
+    limit: float
+    passed: bool
+    meaning: str
+
+    @property
+    def relation(self) -> str:
+        at_least = self.name.startswith("min_")
+        if self.passed:
+            return ">=" if at_least else "<="
+        return "<" if at_least else ">"
+
+
+def gate_rows(summary: Mapping[str, Any], meanings: Mapping[str, str] | None = None) -> list[GateRow]:
+    """The ``gates`` block of an audit or re-audit summary, in name order."""
+    rows = []
+    for name, gate in sorted((summary.get("gates") or {}).items()):
+        rows.append(
+            GateRow(
+                name=name,
+                value=float(gate.get("value", 0.0)),
+                limit=float(gate.get("limit", 0.0)),
+                passed=bool(gate.get("passed", False)),
+                meaning=str(gate.get("meaning") or (meanings or {}).get(name, "")),
+            )
+        )
+    return rows
+
+
+def read_verdict(output: Path, kept: Path) -> tuple[dict[str, Any] | None, Path | None]:
+    """A gate summary: the rule's output when it exists, else the copy kept beside its log (a failed
+    job's outputs are deleted); ``(None, None)`` when neither exists."""
+    for path in (output, kept):
+        if path.is_file():
+            return read_json(path), path
+    return None, None
+
+
+def _gates_table(rows: list[GateRow], prefix: str) -> str:
+    table_rows = [
+        [f"{prefix}{g.name}", g.value, g.relation, g.limit, "PASS" if g.passed else "FAIL", g.meaning]
+        for g in rows
+    ]
+    classes = [["", "", "", "", "pass" if g.passed else "fail", ""] for g in rows]
+    return _table(["gate", "value", "", "limit", "verdict", "what it measures"], table_rows, "gates", classes)
+
+
+def _verdict_line(summary: Mapping[str, Any], source: Path) -> str:
+    passed, overridden = bool(summary.get("passed")), bool(summary.get("overridden"))
+    if passed:
+        return "<p class='pass'>PASSED: every gate holds.</p>"
+    if overridden:
+        return "<p class='warn'>FAILED gates, overridden by the config (override_gates: true).</p>"
+    return f"<p class='fail'>FAILED: see the gates below (details kept in {html.escape(str(source))}).</p>"
+
+
+def audit_page_html(summary_path: Path, kept_path: Path) -> str:
+    """Input audit: verdict, each gate's value/limit/verdict, flag counts and exclusions."""
+    title = "Input audit"
+    summary, source = read_verdict(summary_path, kept_path)
+    if summary is None or source is None:
+        return _page(title, _note(f"no data: neither {summary_path} nor {kept_path} exists"))
+    from regen.audit import GATE_MEANING  # the audit owns what its gates mean
+
+    counts = [
+        ["samples audited", summary.get("total")],
+        ["kept for generation", summary.get("kept")],
+        ["excluded", summary.get("excluded")],
+        ["unreadable rows", summary.get("bad_rows")],
+        [
+            "prompt tokens p50 / p99",
+            f"{summary.get('prompt_tokens_p50')} / {summary.get('prompt_tokens_p99')}",
+        ],
+        ["context limit", summary.get("context_limit")],
+    ]
+    flags = [
+        [k, v, (summary.get("flag_fractions") or {}).get(k)]
+        for k, v in (summary.get("flag_counts") or {}).items()
+    ]
+    excluded = [[k, v] for k, v in sorted((summary.get("excluded_reasons") or {}).items())]
+    return _page(
+        title,
+        _verdict_line(summary, source),
+        _gates_table(gate_rows(summary, GATE_MEANING), "audit.gates."),
+        _table(["", "count"], counts, "samples"),
+        _table(["flag", "samples", "fraction"], flags, "flags (a sample can have several)"),
+        _table(["reason", "samples"], excluded, "excluded before generation") if excluded else "",
     )
-    return _html_table(headers, rows, caption)
+
+
+def reaudit_page_html(summary_path: Path, kept_path: Path) -> str:
+    """Output re-audit: verdict, each gate's value/limit/verdict, finish reasons."""
+    title = "Output audit (re-audit of the merged dataset)"
+    summary, source = read_verdict(summary_path, kept_path)
+    if summary is None or source is None:
+        return _page(title, _note(f"no data: neither {summary_path} nor {kept_path} exists"))
+    counts = [
+        ["rows", summary.get("rows")],
+        ["empty answers", summary.get("empty_answers")],
+        ["truncated (finish_reason length)", summary.get("truncated")],
+        ["duplicate answers", summary.get("duplicate_answers")],
+    ]
+    reasons = [[k, v] for k, v in sorted((summary.get("finish_reasons") or {}).items())]
+    return _page(
+        title,
+        _verdict_line(summary, source),
+        _gates_table(gate_rows(summary), "reaudit."),
+        _table(["", "count"], counts, "rows"),
+        _table(["finish reason", "rows"], reasons, "finish reasons"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Server plan: the memory map, predicted and realized side by side
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MapField:
+    """One named quantity of the server plan: its key in the plan and how to read it from a
+    ``gpu{k}.realized.json`` ``realized`` block (None: SGLang does not report it)."""
+
+    label: str
+    predicted_key: str
+    realized_keys: tuple[str, ...] = ()
+    color: str = ""
+
+    def realized(self, realized: Mapping[str, Any]) -> float | None:
+        values = [realized.get(k) for k in self.realized_keys]
+        present = [float(v) for v in values if v is not None]
+        return sum(present) if present else None
+
+
+MEMORY_MAP = (
+    MapField("weights", "weights_gib", ("weights_gib",), "#4477aa"),
+    MapField("state pool (mamba)", "state_pool_gib", ("conv_state_gib", "ssm_state_gib"), "#66ccee"),
+    MapField("spec scratch", "spec_scratch_gib", (), "#228833"),
+    MapField("KV cache", "kv_cache_gib", ("kv_cache_gib",), "#ccbb44"),
+    MapField("CUDA graphs + activations", "reserve_gib", (), "#ee6677"),
+    MapField("slack (1 - mem_fraction_static)", "slack_gib", (), "#aa3377"),
+    MapField("CUDA context", "context_gib", (), "#bbbbbb"),
+    MapField("VLM cache", "vlm_cache_gib", (), "#dddddd"),
+    MapField("free", "free_gib", ("available_gpu_mem_gib",), "#ffffff"),
+)
+CAPACITY = (
+    MapField("KV cache tokens", "kv_cache_tokens", ("max_total_num_tokens",)),
+    MapField("max running requests", "effective_max_running_requests", ("max_running_requests",)),
+    MapField("max mamba cache size", "max_mamba_cache_size", ("max_mamba_cache_size",)),
+    MapField("mamba slots per request", "mamba_slots_per_request", ("mamba_slots_per_request",)),
+    MapField("mem_fraction_static", "mem_fraction_static", ("mem_fraction_static",)),
+    MapField("chunked prefill size", "chunked_prefill_size", ("chunked_prefill_size",)),
+)
+#: drift above this (relative) is highlighted, as regen.sglang.server logs it
+DRIFT_WARN = 0.05
+
+
+def drift(predicted: Any, realized: float | None) -> float | None:
+    """(realized - predicted) / predicted; None when either is missing or predicted is ~0."""
+    if realized is None or not isinstance(predicted, int | float) or abs(predicted) < 1e-3:
+        return None  # nothing predicted (a few MiB of "free" is no base for a percentage)
+    return (realized - float(predicted)) / float(predicted)
+
+
+def _side_by_side(
+    fields: tuple[MapField, ...],
+    predicted: Mapping[str, Any],
+    servers: Mapping[str, Mapping[str, Any]],
+    caption: str,
+) -> str:
+    headers = ["", "predicted"]
+    for sid in servers:
+        headers += [f"{sid} realized", f"{sid} drift"]
+    rows, classes = [], []
+    for f in fields:
+        row: list[Any] = [f.label, predicted.get(f.predicted_key)]
+        cls = ["", ""]
+        for realized in servers.values():
+            value = f.realized(realized) if f.realized_keys else None
+            d = drift(predicted.get(f.predicted_key), value)
+            row += [value if f.realized_keys else "not reported", None if d is None else f"{d:+.1%}"]
+            cls += ["", "fail" if d is not None and abs(d) > DRIFT_WARN else ""]
+        rows.append(row)
+        classes.append(cls)
+    return _table(headers, rows, caption, classes)
+
+
+def _memory_bar(section: Mapping[str, Any], total_gib: float) -> str:
+    parts = []
+    for f in MEMORY_MAP:
+        gib = float(section.get(f.predicted_key) or 0.0)
+        if gib <= 0 or total_gib <= 0:
+            continue
+        pct = 100.0 * gib / total_gib
+        label = html.escape(f"{f.label} {gib:.1f} GiB")
+        parts.append(f"<div style='width:{pct:.2f}%;background:{f.color}' title='{label}'>{label}</div>")
+    return f"<div class='bar'>{''.join(parts)}</div>"
+
+
+def server_plan_html(
+    plan_json: str | os.PathLike[str], realized_paths: list[Path], mode: str | None = None
+) -> str:
+    """The plan as a memory map (GiB per part of the GPU) and the capacities SGLang settles on,
+    predicted beside each server's realized value with the drift in %."""
+    title = "Server plan: memory map, predicted and realized"
+    plan_path = Path(plan_json)
+    if not plan_path.is_file():
+        return _page(title, _note(f"no data: {plan_path} missing"))
+    plan = read_json(plan_path)
+    if plan.get("external"):
+        return _page(
+            title, _note("server.mode external: the endpoint is managed by the user; nothing was planned.")
+        )
+    launched = str(plan.get("launched", "recommended"))
+    predicted = plan.get(launched) or {}
+    servers = {}
+    for p in realized_paths:
+        if p.is_file():
+            doc = read_json(p)
+            servers[str(doc.get("server_id") or p.name.split(".")[0])] = doc.get("realized") or {}
+    total_gib = float(plan.get("gpu_memory_mib") or 0) / 1024.0
+    parts = [
+        _note(
+            f"SGLang {plan.get('sglang_version')}, {total_gib:.0f} GiB GPU, "
+            f"model config {plan.get('model_config')}; servers launched with the {launched} flags: "
+            + (" ".join(plan.get("launch_args") or []) or "(none)")
+        ),
+        _memory_bar(predicted, total_gib),
+    ]
+    if mode == "simulated":
+        parts.append(
+            _note(
+                "server.mode simulated: no GPU was used. The simulated server reports the memory map of the "
+                "plan it was launched with, so realized equals predicted by construction.",
+                "warn",
+            )
+        )
+    if not servers:
+        parts.append(_note("no realized values: no server wrote work/servers/gpu*.realized.json"))
+    parts.append(_side_by_side(MEMORY_MAP, predicted, servers, "memory map (GiB per GPU)"))
+    parts.append(_side_by_side(CAPACITY, predicted, servers, "capacities"))
+    given, recommended = plan.get("given") or {}, plan.get("recommended") or {}
+    compare_rows = [
+        [f.label, given.get(f.predicted_key), recommended.get(f.predicted_key)]
+        for f in (*MEMORY_MAP, *CAPACITY)
+    ]
+    parts.append(
+        _table(["", "given flags", "recommended"], compare_rows, "given flags vs. the tuner's recommendation")
+    )
+    notes = [[r] for r in recommended.get("reasons") or []] + [
+        [f"warning: {w}"] for w in plan.get("warnings") or []
+    ]
+    if notes:
+        parts.append(_table(["why"], notes, "recommendation"))
+    return _page(title, *parts)
 
 
 PILOT_HEADERS = ["", "candidate", "args", "concurrency", "out tok/s", "req/s", "p50", "p90", "p99",
@@ -329,6 +614,160 @@ def with_pilot(page: str, pilot_json: str | os.PathLike[str]) -> str:
     return head + extra + sep + tail if sep else page + extra
 
 
+# ---------------------------------------------------------------------------------------------
+# The landing page: READY or not, and why
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What the landing page says about the run's set-up (from the config)."""
+
+    dataset: str = "?"
+    model: str = "?"
+    mode: str = "?"
+    shards: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """The run's verdict: ready or not, with every reason, and one line per stage."""
+
+    ready: bool
+    reasons: tuple[str, ...]
+    stages: tuple[tuple[str, str], ...]  # (report category, one-line summary)
+
+
+def _count_lines(paths: list[Path]) -> int:
+    n = 0
+    for path in paths:
+        with open(path, "rb") as fh:
+            n += sum(1 for line in fh if line.strip())
+    return n
+
+
+def _failed_gates(summary: Mapping[str, Any], prefix: str) -> list[str]:
+    return [
+        f"{prefix}{g.name} = {g.value:.4g} {g.relation} limit {g.limit:.4g}"
+        + (f" ({g.meaning})" if g.meaning else "")
+        for g in gate_rows(summary)
+        if not g.passed
+    ]
+
+
+def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
+    """READY when READY.json says so and reconciliation holds; otherwise every reason found."""
+    reasons: list[str] = []
+    stages: list[tuple[str, str]] = []
+    audit, audit_src = read_verdict(results / "audit" / "summary.json", logs / "audit.verdict.json")
+    if audit is None:
+        reasons.append("the input audit has not run")
+        stages.append(("1. Input audit", "not run"))
+    else:
+        failed = _failed_gates(audit, "audit.gates.")
+        if failed and not audit.get("overridden"):
+            reasons += [f"input audit gate failed: {f} (details: {audit_src})" for f in failed]
+        verdict = "PASSED" if not failed else ("gates overridden" if audit.get("overridden") else "FAILED")
+        stages.append(
+            ("1. Input audit", f"{verdict}: {audit.get('total')} samples, {audit.get('excluded')} excluded")
+        )
+    drifts = []
+    for path in servers:
+        if path.is_file():
+            doc = read_json(path)
+            for d in doc.get("drift") or []:
+                drifts.append(f"{doc.get('server_id')}: {d.get('field')} {float(d.get('relative', 0)):+.1%}")
+    plan_line = "planned" if (results / "plan" / "server.json").is_file() else "not planned"
+    stages.append(
+        (
+            "2. Server plan",
+            f"{plan_line}; {len(servers)} server(s) reported; drift over 5%: {', '.join(drifts) or 'none'}",
+        )
+    )
+    records = [p for p in (results / "generations").glob("*.jsonl") if not p.name.endswith(".failed.jsonl")]
+    failed_files = sorted((results / "generations").glob("*.failed.jsonl"))
+    quarantine = sorted((results / "quarantine").glob("*.jsonl"))
+    stages.append(
+        (
+            "3. Generation",
+            f"{_count_lines(records)} records from {len(records)} shard(s), "
+            f"{_count_lines(failed_files)} failed requests, "
+            f"{_count_lines(quarantine)} quarantined by validation",
+        )
+    )
+    reaudit, reaudit_src = read_verdict(results / "reaudit" / "summary.json", logs / "reaudit.verdict.json")
+    ready_doc = read_json(results / "READY.json") if (results / "READY.json").is_file() else None
+    if reaudit is None:
+        reasons.append("the merged output has not been re-audited")
+        stages.append(("4. Output audit", "not run"))
+    else:
+        failed = _failed_gates(reaudit, "reaudit.")
+        if failed and not reaudit.get("overridden"):
+            reasons += [f"output re-audit gate failed: {f} (details: {reaudit_src})" for f in failed]
+        verdict = "PASSED" if not failed else ("gates overridden" if reaudit.get("overridden") else "FAILED")
+        stages.append(("4. Output audit", f"{verdict}: {reaudit.get('rows')} rows"))
+    if ready_doc is None and reaudit is not None and not reasons:
+        reasons.append("results/READY.json is missing")
+    reconcile_path = results / "reconcile.json"
+    if reconcile_path.is_file():
+        rec = read_json(reconcile_path)
+        if not rec.get("ok"):
+            reasons.append(
+                f"reconciliation failed: {rec.get('lost_count', 0)} lost, {rec.get('duplicated_count', 0)} "
+                f"duplicated, {rec.get('unknown_count', 0)} unknown ids"
+            )
+        counts = ", ".join(f"{k} {v}" for k, v in (rec.get("counts") or {}).items())
+        stages.append(
+            (
+                "5. Reconciliation",
+                f"{'OK' if rec.get('ok') else 'FAILED'}: {rec.get('input')} input ids: {counts}",
+            )
+        )
+    else:
+        reasons.append("reconciliation has not run")
+        stages.append(("5. Reconciliation", "not run"))
+    ready = bool(ready_doc and ready_doc.get("ready")) and not reasons
+    if ready and ready_doc and ready_doc.get("overridden"):
+        reasons.append("READY with re-audit gates overridden by the config (reaudit.override_gates: true)")
+    return Readiness(ready, tuple(reasons), tuple(stages))
+
+
+def _rst_text(text: str) -> str:
+    """Text safe inside rst and the report's Jinja pass."""
+    for ch in "\\*`_|":
+        text = text.replace(ch, "\\" + ch)
+    return text.replace("{{", "{ {").replace("{%", "{ %")
+
+
+def landing_rst(verdict: Readiness, facts: RunFacts, rows: int | None) -> str:
+    """The report's first page (Snakefile ``report:``): the verdict first, then what ran."""
+    t = _rst_text
+    if verdict.ready:
+        head = f"**READY**: {rows} training-ready rows in ``results/dataset``."
+    else:
+        head = "**NOT READY**: the output is not training-ready yet."
+    lines = [head, ""]
+    if verdict.reasons:
+        lines += ["Why:" if not verdict.ready else "Note:", ""]
+        lines += [f"- {t(r)}" for r in verdict.reasons]
+        lines.append("")
+    lines += [
+        f"regen regenerated completions of ``{facts.dataset}`` with ``{facts.model}`` served by SGLang "
+        f"(server.mode ``{facts.mode}``) in {facts.shards if facts.shards is not None else '?'} shards.",
+        "",
+    ]
+    for category, summary in verdict.stages:
+        lines.append(f"- `{category}`_: {t(summary)}")
+    lines += [
+        "",
+        "Each category on the left holds the details: gate tables with value, limit and verdict, "
+        "the memory map predicted beside what each server realized, throughput per GPU over time, "
+        "length and finish-reason plots, quarantine reasons, and the reconciliation of every input id.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def contamination_table_html(audit_summary_json: str | os.PathLike[str]) -> str:
     """Samples the audit flagged ``contaminated``, per benchmark; '' when no benchmark was named."""
     path = Path(audit_summary_json)
@@ -369,9 +808,13 @@ def write_report_assets(
     results_dir: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
     work_dir: str | os.PathLike[str] = "work",
+    logs_dir: str | os.PathLike[str] = "logs",
+    facts: RunFacts | None = None,
 ) -> dict[str, Path]:
     """Write every file in ``ASSET_NAMES`` under ``out_dir``; returns name -> path."""
-    layout = RunLayout(results=Path(results_dir), work=Path(work_dir))
+    layout = RunLayout(results=Path(results_dir), work=Path(work_dir), logs=Path(logs_dir))
+    results, logs = layout.results, layout.logs
+    facts = facts or RunFacts()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in ASSET_NAMES}
@@ -382,19 +825,25 @@ def write_report_assets(
     reconcile_page = reconcile_table_html(layout.reconcile)
     contamination = contamination_table_html(layout.audit_summary)
     _write_text(paths[RECONCILE_HTML], _with_extra(reconcile_page, contamination))
+    _write_text(paths[AUDIT_HTML], audit_page_html(layout.audit_summary, logs / "audit.verdict.json"))
+    _write_text(paths[REAUDIT_HTML], reaudit_page_html(layout.reaudit_summary, logs / "reaudit.verdict.json"))
     realized = layout.realized_files()  # per node and per Slurm job
-    plan_page = server_plan_html(layout.server_plan, realized)
+    plan_page = server_plan_html(layout.server_plan, realized, facts.mode)
     _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, layout.pilot))
+    verdict = readiness(results, logs, realized)
+    rows = read_json(layout.ready).get("rows") if layout.ready.is_file() else None
+    _write_text(paths[LANDING_RST], landing_rst(verdict, facts, rows))
     return paths
 
 
 def cli(argv: list[str]) -> int:
-    """``regen report-assets [--results results] [--work work] OUT_DIR``."""
+    """``regen report-assets [--results results] [--work work] [--logs logs] OUT_DIR``."""
     ap = argparse.ArgumentParser(prog="regen report-assets", description=__doc__.splitlines()[0])
-    ap.add_argument("out_dir")
-    ap.add_argument("--results", default="results")
-    ap.add_argument("--work", default="work")
+    ap.add_argument("out_dir", help="directory the plots, tables and landing page are written to")
+    ap.add_argument("--results", default="results", help="the run's results directory (default: results)")
+    ap.add_argument("--work", default="work", help="the run's work directory (default: work)")
+    ap.add_argument("--logs", default="logs", help="the run's log directory, where gate verdicts are kept")
     args = ap.parse_args(argv)
-    for name, path in write_report_assets(args.results, args.out_dir, args.work).items():
+    for name, path in write_report_assets(args.results, args.out_dir, args.work, args.logs).items():
         print(f"{name}: {path}")
     return 0

@@ -1,9 +1,11 @@
-"""``regen status``: one table of a generation run's progress, per GPU server and overall.
+"""``regen status [--watch]``: a generation run's progress, per GPU server and overall.
 
 Sources (all optional, so it works with no server running):
-``work/status/{shard}.json`` (written by the client), each live server's ``/metrics``
-(found through ``work/servers/gpu{k}.url``), finished ``results/generations/*.jsonl`` and planned
-``results/shards/*.parquet``.
+``work/status/{shard}.json`` (written by the client every few seconds: done, failed, retrying, in
+flight, oldest request), each live server's ``/metrics`` (found through ``work/servers/gpu{k}.url``),
+finished ``results/generations/*.jsonl`` (+ ``.failed.jsonl``) and the planned
+``results/shards/*.parquet``, whose row counts (Parquet metadata) make the totals exact.
+``progress_line`` is the same in one line; generate jobs print it to Snakemake's console.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ class ShardStatus:
     eta_s: float | None
     updated_at: float
     finished: bool
+    in_flight: int = 0
+    retrying: int = 0
+    retried_requests: int = 0
+    oldest_in_flight_at: float | None = None
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], path: Path) -> ShardStatus:
@@ -63,6 +69,12 @@ class ShardStatus:
                 eta_s=None if obj.get("eta_s") is None else float(obj["eta_s"]),
                 updated_at=float(obj.get("updated_at") or 0.0),
                 finished=bool(obj.get("finished", False)),
+                in_flight=int(obj.get("in_flight") or 0),
+                retrying=int(obj.get("retrying") or 0),
+                retried_requests=int(obj.get("retried_requests") or 0),
+                oldest_in_flight_at=(
+                    None if obj.get("oldest_in_flight_at") is None else float(obj["oldest_in_flight_at"])
+                ),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{path}: bad status field: {exc}") from exc
@@ -162,6 +174,29 @@ def _slot_key(server_id: str) -> tuple[int, str]:
     return (int(digits) if digits else 1 << 30, server_id)
 
 
+def shard_sizes(shards_dir: Path) -> dict[str, int | None]:
+    """Rows per planned shard from its Parquet footer (None when the file cannot be read yet)."""
+    import pyarrow.parquet as pq
+
+    sizes: dict[str, int | None] = {}
+    for path in sorted(shards_dir.glob("*.parquet")):
+        if path.name.startswith("."):
+            continue
+        try:
+            sizes[path.stem] = pq.ParquetFile(path).metadata.num_rows
+        except (OSError, ValueError):
+            sizes[path.stem] = None
+    return sizes
+
+
+def count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError:
+        return 0
+
+
 @dataclass(frozen=True, slots=True)
 class RunTotals:
     planned_shards: int
@@ -171,38 +206,85 @@ class RunTotals:
     failed: int
     req_s: float
     eta_s: float | None
+    retrying: int = 0
+    in_flight: int = 0
+    out_tok_s: float = 0.0
+    oldest_in_flight_s: float | None = None
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.total is None else max(0, self.total - self.done)
 
 
-def run_totals(statuses: list[ShardStatus], planned: set[str], finished: set[str], now: float) -> RunTotals:
-    """Whole-run progress; shards not started yet are counted at the mean size of the known ones."""
+def _latest_per_server(statuses: list[ShardStatus], now: float) -> list[ShardStatus]:
+    """Each server's most recently updated status, if fresh: the rate a GPU runs at now, also in the
+    gap between its shards."""
+    latest: dict[str, ShardStatus] = {}
+    for st in statuses:
+        key = st.server_id or st.shard
+        if now - st.updated_at < STALE_AFTER_S and (
+            key not in latest or st.updated_at > latest[key].updated_at
+        ):
+            latest[key] = st
+    return list(latest.values())
+
+
+def run_totals(
+    statuses: list[ShardStatus],
+    planned: set[str] | dict[str, int | None],
+    finished: set[str] | dict[str, int],
+    now: float,
+    rate: float | None = None,
+) -> RunTotals:
+    """Whole-run progress. ``planned``: shard -> rows (exact, from the shard files) or a set of names;
+    ``finished``: shard -> failed samples, or a set of names. ``rate`` (samples/s, e.g. measured over
+    a window by ``--watch``) replaces the shards' own rates for the ETA."""
+    sizes = planned if isinstance(planned, dict) else dict.fromkeys(planned)
+    failed_by_shard = finished if isinstance(finished, dict) else dict.fromkeys(finished, 0)
     by_shard = {s.shard: s for s in statuses}
-    known_totals = [s.total for s in statuses if s.total is not None]
-    mean_total = sum(known_totals) / len(known_totals) if known_totals else None
-    shards = planned | finished | set(by_shard)
-    done = sum(s.done for s in statuses)
-    total: float | None = 0.0
-    for shard in shards:
+    total: int | None = 0
+    done = failed = 0
+    for shard in set(sizes) | set(failed_by_shard) | set(by_shard):
         st = by_shard.get(shard)
-        size = st.total if st is not None and st.total is not None else mean_total
+        size = sizes.get(shard)
+        if size is None and st is not None:
+            size = st.total
         if size is None:
             total = None
-            break
-        total += size
+        elif total is not None:
+            total += size
+        if shard in failed_by_shard:
+            done += size if size is not None else (st.done if st is not None else 0)
+            failed += failed_by_shard[shard] if isinstance(finished, dict) else (st.failed if st else 0)
+        elif st is not None:
+            done += st.done
+            failed += st.failed
     active = [
         s
         for s in statuses
-        if not s.finished and s.shard not in finished and now - s.updated_at < STALE_AFTER_S
+        if not s.finished and s.shard not in failed_by_shard and now - s.updated_at < STALE_AFTER_S
     ]
-    rate = sum(s.req_s for s in active)
-    eta = (total - done) / rate if total is not None and rate > 0 else None
+    recent = _latest_per_server(statuses, now)
+    req_s = rate if rate is not None else sum(s.req_s for s in recent)
+    remaining = None if total is None else max(0, total - done)
+    eta = None
+    if remaining == 0:
+        eta = 0.0
+    elif remaining is not None and req_s > 0:
+        eta = remaining / req_s
+    oldest = min((s.oldest_in_flight_at for s in active if s.oldest_in_flight_at is not None), default=None)
     return RunTotals(
-        planned_shards=len(planned),
-        finished_shards=len(finished),
+        planned_shards=len(sizes),
+        finished_shards=len(failed_by_shard),
         done=done,
-        total=None if total is None else round(total),
-        failed=sum(s.failed for s in statuses),
-        req_s=rate,
-        eta_s=None if eta is None else max(0.0, eta),
+        total=total,
+        failed=failed,
+        req_s=req_s,
+        eta_s=eta,
+        retrying=sum(s.retrying for s in active),
+        in_flight=sum(s.in_flight for s in active),
+        out_tok_s=sum(s.out_tok_s for s in recent),
+        oldest_in_flight_s=None if oldest is None else max(0.0, now - oldest),
     )
 
 
@@ -212,34 +294,51 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:.{digits}f}"
 
 
+def fmt_eta(eta_s: float | None, now: float) -> str:
+    """ETA as the clock time it will be done, with the time left: ``07:42 (in 12m30s)``."""
+    if eta_s is None:
+        return "?"
+    at = time.localtime(now + eta_s)
+    clock = time.strftime("%H:%M" if eta_s < 86400 else "%a %H:%M", at)
+    return f"{clock} (in {fmt_duration(eta_s)})"
+
+
+def summary_line(t: RunTotals, now: float) -> str:
+    """The whole run in one line (``regen status`` footer and the generate jobs' console line)."""
+    pct = f" ({100.0 * t.done / t.total:.1f}%)" if t.total else ""
+    oldest = "" if t.oldest_in_flight_s is None else f", oldest {fmt_duration(t.oldest_in_flight_s)}"
+    return (
+        f"samples: {t.done}/{'?' if t.total is None else t.total}{pct} done, {t.failed} failed, "
+        f"{t.retrying} retrying, {t.in_flight} in flight{oldest}; {t.req_s:.1f} req/s, "
+        f"{t.out_tok_s:.0f} out tok/s; ETA {fmt_eta(t.eta_s, now)}"
+    )
+
+
 def render_table(
-    statuses: list[ShardStatus], servers: list[ServerView], planned: set[str], finished: set[str], now: float
+    statuses: list[ShardStatus],
+    servers: list[ServerView],
+    planned: set[str] | dict[str, int | None],
+    finished: set[str] | dict[str, int],
+    now: float,
+    rate: float | None = None,
 ) -> str:
     """The status table (per GPU, then the whole run) as text."""
     server_by_id = {v.server_id: v for v in servers}
+    finished_names = set(finished)
     in_progress: dict[str, ShardStatus] = {}
     for st in sorted(statuses, key=lambda s: s.updated_at):
-        if st.finished or st.shard in finished or st.server_id is None:
+        if st.finished or st.shard in finished_names or st.server_id is None:
             continue
         in_progress[st.server_id] = st  # the most recently updated shard on that server
     ids = sorted(set(server_by_id) | set(in_progress), key=_slot_key)
-    header = (
-        "gpu",
-        "server",
-        "shard",
-        "done/total",
-        "failed",
-        "req/s",
-        "out tok/s",
-        "running",
-        "queued",
-        "updated",
-    )
+    header = ("gpu", "server", "shard", "done/total", "failed", "retrying", "in flight", "oldest", "req/s",
+              "out tok/s", "running", "queued", "updated")  # fmt: skip
     rows: list[tuple[str, ...]] = [header]
     for sid in ids:
         view = server_by_id.get(sid)
         st = in_progress.get(sid)
         age = None if st is None else now - st.updated_at
+        oldest = None if st is None or st.oldest_in_flight_at is None else now - st.oldest_in_flight_at
         rows.append(
             (
                 sid,
@@ -249,6 +348,9 @@ def render_table(
                 else st.shard + (" (stale)" if age is not None and age > STALE_AFTER_S else ""),
                 "-" if st is None else f"{st.done}/{'?' if st.total is None else st.total}",
                 "-" if st is None else str(st.failed),
+                "-" if st is None else str(st.retrying),
+                "-" if st is None else str(st.in_flight),
+                "-" if oldest is None else fmt_duration(oldest),
                 "-" if st is None else _fmt(st.req_s, 1),
                 "-" if st is None else _fmt(st.out_tok_s, 0),
                 "-" if view is None else _fmt(view.running),
@@ -260,13 +362,10 @@ def render_table(
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if len(rows) == 1:
         lines.append("(no GPU server or shard in progress)")
-    t = run_totals(statuses, planned, finished, now)
-    total = "?" if t.total is None else str(t.total)
-    pct = f" ({100.0 * t.done / t.total:.1f}%)" if t.total else ""
+    t = run_totals(statuses, planned, finished, now, rate)
     lines.append("")
     lines.append(f"shards: {t.finished_shards}/{t.planned_shards} finished")
-    eta = fmt_duration(t.eta_s)
-    lines.append(f"samples: {t.done}/{total}{pct} done, {t.failed} failed, {t.req_s:.1f} req/s, ETA {eta}")
+    lines.append(summary_line(t, now))
     return "\n".join(lines) + "\n"
 
 
@@ -305,19 +404,84 @@ def projection_lines(pilot_path: Path, remaining_now: int | None) -> list[str]:
     ]
 
 
-def status_report(workdir: Path, results: Path, now: float | None = None) -> str:
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """Everything ``regen status`` reads, read once."""
+
+    statuses: list[ShardStatus]
+    planned: dict[str, int | None]
+    finished: dict[str, int]  # shard -> failed samples
+
+    @classmethod
+    def read(cls, workdir: Path, results: Path) -> RunSnapshot:
+        layout = RunLayout(results=Path(results), work=Path(workdir))
+        finished = {
+            name: count_lines(layout.failed(name)) for name in shard_names(layout.generations_dir, ".jsonl")
+        }
+        return cls(read_shard_statuses(layout.status_dir), shard_sizes(layout.shards_dir), finished)
+
+    def totals(self, now: float, rate: float | None = None) -> RunTotals:
+        return run_totals(self.statuses, self.planned, self.finished, now, rate)
+
+
+def status_report(workdir: Path, results: Path, now: float | None = None, rate: float | None = None) -> str:
     """Gather every source and render the table."""
     layout = RunLayout(results=Path(results), work=Path(workdir))
-    statuses = read_shard_statuses(layout.status_dir)
+    snap = RunSnapshot.read(layout.work, layout.results)
     servers = read_servers(layout.servers_root)
-    planned = shard_names(layout.shards_dir, ".parquet")
-    finished = shard_names(layout.generations_dir, ".jsonl")
     t_now = time.time() if now is None else now
-    text = render_table(statuses, servers, planned, finished, t_now)
-    totals = run_totals(statuses, planned, finished, t_now)
-    left = None if totals.total is None or not statuses else totals.total - totals.done
+    text = render_table(snap.statuses, servers, snap.planned, snap.finished, t_now, rate)
+    totals = snap.totals(t_now, rate)
+    left = totals.remaining if snap.statuses else None
     extra = projection_lines(layout.pilot, left)
     return text + "".join(line + "\n" for line in extra)
+
+
+def progress_line(workdir: Path, results: Path, now: float | None = None) -> str:
+    """The whole run in one line, prefixed with ``regen:`` (for Snakemake's console)."""
+    t_now = time.time() if now is None else now
+    snap = RunSnapshot.read(workdir, results)
+    t = snap.totals(t_now)
+    return f"regen: shards {t.finished_shards}/{t.planned_shards}; {summary_line(t, t_now)}"
+
+
+class RateWindow:
+    """Samples/s over the last ``window_s`` seconds of ``--watch`` refreshes: stalls (retries, a
+    restarting server) lower it at once, unlike a shard's average since its start."""
+
+    def __init__(self, window_s: float = 120.0) -> None:
+        self.window_s = window_s
+        self.points: list[tuple[float, int]] = []
+
+    def add(self, now: float, done: int) -> float | None:
+        self.points.append((now, done))
+        self.points = [(t, d) for t, d in self.points if now - t <= self.window_s]
+        (t0, d0), (t1, d1) = self.points[0], self.points[-1]
+        return (d1 - d0) / (t1 - t0) if t1 - t0 >= 10.0 else None
+
+
+def watch(workdir: Path, results: Path, every_s: float, out: TextIO, max_frames: int | None = None) -> int:
+    """Redraw the status in place every ``every_s`` seconds until every shard is finished (or Ctrl-C)."""
+    window = RateWindow()
+    tty = out.isatty()
+    frames = 0
+    try:
+        while True:
+            now = time.time()
+            snap = RunSnapshot.read(workdir, results)
+            rate = window.add(now, snap.totals(now).done)
+            text = status_report(workdir, results, now=now, rate=rate)
+            stamp = time.strftime("%H:%M:%S", time.localtime(now))
+            frame = f"regen status  {stamp}  (every {every_s:g} s, Ctrl-C to stop)\n\n{text}"
+            out.write(("\x1b[H\x1b[2J" + frame) if tty else frame + "\n")
+            out.flush()
+            frames += 1
+            done = bool(snap.planned) and set(snap.planned) <= set(snap.finished)
+            if done or (max_frames is not None and frames >= max_frames):
+                return 0
+            time.sleep(every_s)
+    except KeyboardInterrupt:
+        return 0
 
 
 def cli(argv: list[str], out: TextIO | None = None) -> int:
@@ -325,6 +489,15 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=Path("work"), help="working directory (default: work)")
     p.add_argument(
         "--results", type=Path, default=Path("results"), help="results directory (default: results)"
+    )
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=5.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh in place every SECONDS (default 5) until the run's shards are all finished",
     )
     p.add_argument(
         "--configfile",
@@ -335,6 +508,9 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
         "replays from the journals and how many it generates again, and why",
     )
     args = p.parse_args(argv)
+    stream = out or sys.stdout
+    if args.watch is not None:
+        return watch(args.workdir, args.results, max(0.5, args.watch), stream)
     text = status_report(args.workdir, args.results)
     if args.configfile:
         from regen.replay import preview_lines  # reads the dataset and the journals: only when asked
@@ -342,7 +518,7 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
         config = load_workflow_config(args.configfile)
         journals = sorted(str(j) for j in (args.workdir / "journal").glob("*.jsonl"))
         text += "\n" + "".join(line + "\n" for line in preview_lines(config, journals, str(args.results)))
-    (out or sys.stdout).write(text)
+    stream.write(text)
     return 0
 
 

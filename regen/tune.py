@@ -57,9 +57,16 @@ _ROWS = [
 
 def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     """The options ``regen tune`` and ``regen tune --sweep`` share: version, workload, quality opt-ins."""
-    parser.add_argument("--sglang-version", default=DEFAULT_VERSION, choices=SUPPORTED_VERSIONS)
-    parser.add_argument("--prompt-p50", type=int)
-    parser.add_argument("--prompt-p99", type=int)
+    parser.add_argument(
+        "--sglang-version",
+        default=DEFAULT_VERSION,
+        choices=SUPPORTED_VERSIONS,
+        help=f"the SGLang whose allocation rules are modelled (default {DEFAULT_VERSION})",
+    )
+    parser.add_argument("--prompt-p50", type=int, help="median prompt tokens (default: from --audit-summary)")
+    parser.add_argument(
+        "--prompt-p99", type=int, help="99th-percentile prompt tokens (default: --audit-summary)"
+    )
     parser.add_argument("--audit-summary", help="audit summary.json with prompt-token percentiles")
     parser.add_argument("--allow-bf16-state", action="store_true", help="linear-attention state in bf16")
     parser.add_argument("--allow-fp8-kv", action="store_true", help="fp8 KV cache")
@@ -113,11 +120,13 @@ def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="regen tune", description="Plan SGLang memory and flags.")
     parser.add_argument("--model-config", required=True, help="HF model dir or config.json")
     parser.add_argument("--gpu-memory-mib", type=int, help="GPU memory (default: nvidia-smi)")
-    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per server (default 1)")
     add_planning_arguments(parser)
-    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument(
+        "--max-tokens", type=int, help="answer budget per request (generate.sampling.max_tokens)"
+    )
     parser.add_argument("--concurrency", type=int, help="target concurrency (default: as high as fits)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the recommendation as JSON, not a table")
     parser.add_argument("--out", help="write a plan file (launch_args + plans)")
     parser.add_argument(
         "--sweep", action="store_true", help="benchmark the top configs live; `regen tune --sweep --help`"
@@ -238,15 +247,20 @@ def sweep_cli(argv: list[str]) -> int:
     p.add_argument("--tp", type=int, help="tensor parallel size (default: server.tp)")
     add_planning_arguments(p)
     p.add_argument("--max-tokens", type=int, help="default: generate.sampling.max_tokens")
-    p.add_argument("--server-config", help="config.yaml: its server: and generate: sections are used")
+    p.add_argument(
+        "--configfile",
+        "--server-config",
+        dest="server_config",
+        help="the run's config file: its server: and generate: sections are used",
+    )
     p.add_argument("--simulated", action="store_true", help="run simulated servers (server.mode simulated)")
     p.add_argument("--pilot-shard", help="default: first results/shards/*.parquet")
     p.add_argument("--pilot-samples", type=int, default=300, help="pilot prompts (cycled) (default 300)")
     p.add_argument("--seconds", type=float, default=20.0, help="measurement time per candidate (default 20)")
     p.add_argument("--candidates", type=int, default=2, help="tuner configs to try besides the given flags")
     p.add_argument("--gpus", type=int, help="GPUs for the projection (default: server.gpus)")
-    p.add_argument("--results", default="results")
-    p.add_argument("--work", default="work")
+    p.add_argument("--results", default="results", help="the run's results directory (default: results)")
+    p.add_argument("--work", default="work", help="the run's work directory (default: work)")
     p.add_argument("--out", default=None, help="pilot file (default: RESULTS/plan/pilot.json)")
     p.add_argument("--plan-out", help="also write a plan file (like results/plan/server.json) with the best")
     ns = p.parse_args(argv)

@@ -313,10 +313,22 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("records", help="generation shard JSONL")
     ap.add_argument("valid", help="output Parquet of valid records")
     ap.add_argument("quarantine", help="output JSONL of quarantined records")
-    ap.add_argument("--max-content-chars", type=int, default=200000)
-    ap.add_argument("--max-reasoning-chars", type=int, default=400000)
+    ap.add_argument(
+        "--max-content-chars",
+        type=int,
+        default=200000,
+        help="longer answers are quarantined (default 200000)",
+    )
+    ap.add_argument(
+        "--max-reasoning-chars",
+        type=int,
+        default=400000,
+        help="longer reasoning is quarantined (default 400000)",
+    )
     ap.add_argument("--keep-truncated", action="store_true", help="do not quarantine truncated reasoning")
-    ap.add_argument("--schema", default=str(DEFAULT_SCHEMA_PATH))
+    ap.add_argument(
+        "--schema", default=str(DEFAULT_SCHEMA_PATH), help="record JSON schema (default: the bundled one)"
+    )
     args = ap.parse_args(argv)
     cfg = {
         "max_content_chars": args.max_content_chars,

@@ -2,8 +2,10 @@
 import os
 import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from regen.check import preflight, report_for_missing_dataset
 from regen.fingerprint import (
     OperationalConfig,
     decisive_config,
@@ -35,9 +37,27 @@ wildcard_constraints:
 
 
 def dataset_path():
-    """The input dataset: a local path, or an s3:// URI fetched by the S3 storage plugin."""
+    """The input dataset: a local path, or an s3:// URI fetched by the S3 storage plugin.
+    A local dataset that is missing stops the workflow here with every preflight problem at once.
+    """
     path = lookup(dpath="dataset/path", within=config)
-    return storage.s3(path) if path.startswith("s3://") else path
+    if path.startswith("s3://"):
+        return storage.s3(path)
+    if not os.path.exists(path):
+        raise WorkflowError(report_for_missing_dataset(config, REQUESTED_GPUS))
+    return path
+
+
+def requested_gpus():
+    """N of --resources gpu=N, or None when not given."""
+    given = workflow.global_resources.get("gpu")
+    value = getattr(given, "value", given)
+    return None if value is None else int(value)
+
+
+def run_preflight():
+    """`regen check` as the workflow's first step (onstart): every problem at once, before any job."""
+    preflight(config, REQUESTED_GPUS)
 
 
 def benchmark_files():
@@ -53,6 +73,9 @@ def given_gpus():
     return int(value) if value else None
 
 
+REQUESTED_GPUS = (
+    requested_gpus()
+)  # as given, before the JOBS_PER_GPU_SLOT widening below (preflight)
 GPU_SLOTS = given_gpus() or lookup(dpath="server/gpus", within=config)
 
 
@@ -83,10 +106,14 @@ SHARDS = [
 
 
 def chat_template_file():
-    """The target chat template: decides every prompt the servers render, so a change regenerates."""
-    return os.path.join(
+    """The target chat template: decides every prompt the servers render, so a change regenerates.
+    A missing one stops the workflow here with every preflight problem at once."""
+    path = os.path.join(
         lookup(dpath="tokenizer", within=config), "tokenizer_config.json"
     )
+    if not os.path.exists(path):
+        raise WorkflowError(report_for_missing_dataset(config, REQUESTED_GPUS))
+    return path
 
 
 def generation_settings():
@@ -150,3 +177,12 @@ def final_outputs(wildcards):
 def stop_gpu_servers():
     """Stop the per-GPU servers this run started, per node and per Slurm job (on success and on error)."""
     stop_all_servers(RUN.servers_root)
+
+
+def report_landing_page():
+    """The report's first page: the run's verdict (written by report_assets) once it exists, else the
+    static introduction."""
+    landing = "results/report/landing.rst"
+    return (
+        os.path.abspath(landing) if os.path.isfile(landing) else "report/workflow.rst"
+    )

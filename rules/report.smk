@@ -1,8 +1,11 @@
+# The report's pages: plots, gate tables, the server memory map and the landing page (READY or not, why).
+# `snakemake --report` uses results/report/landing.rst as its first page once it exists (Snakefile `report:`).
 rule report_assets:
     input:
         dataset="results/dataset",
         reconcile="results/reconcile.json",
         audit="results/audit/summary.json",
+        reaudit="results/reaudit/summary.json",
         plan="results/plan/server.json",
         records=shard_files("results/generations/{shard}.jsonl"),
         quarantine=shard_files("results/quarantine/{shard}.jsonl"),
@@ -32,14 +35,30 @@ rule report_assets:
             caption="../report/plan.rst",
             category="2. Server plan",
         ),
+        audit=report(
+            "results/report/audit.html",
+            caption="../report/audit.rst",
+            category="1. Input audit",
+        ),
+        reaudit=report(
+            "results/report/reaudit.html",
+            caption="../report/reaudit.rst",
+            category="4. Output audit",
+        ),
         reconcile=report(
             "results/report/reconcile.html",
             caption="../report/reconcile.rst",
             category="5. Reconciliation",
         ),
+        landing="results/report/landing.rst",
     log:
         "logs/report_assets.log",
     conda:
         "../envs/regen.yaml"
+    params:
+        dataset=lookup(dpath="dataset/path", within=config),
+        model=lookup(dpath="server/model_path", within=config),
+        mode=lookup(dpath="server/mode", within=config),
+        shards=lookup(dpath="shards/count", within=config),
     script:
         "../scripts/report_assets.py"

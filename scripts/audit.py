@@ -2,6 +2,7 @@
 
 from regen.audit import run_audit
 from regen.runlog import log_to
+from regen.verdict import verdict_path_for
 
 log_to(snakemake.log[0])
 dataset = snakemake.params.dataset
@@ -13,4 +14,5 @@ run_audit(
     fmt=dataset["format"],
     id_column=dataset["id_column"],
     on_bad_row=dataset["on_bad_row"],
+    verdict_out=verdict_path_for(snakemake.log[0]),
 )

@@ -13,4 +13,5 @@ run_generate_job(
     shard=snakemake.wildcards.shard,
     settings=snakemake.params.settings,
     operational=snakemake.params.operational,
+    log_path=snakemake.log[0],
 )

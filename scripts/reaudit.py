@@ -2,6 +2,7 @@
 
 from regen.reaudit import reaudit_dataset
 from regen.runlog import log_to
+from regen.verdict import verdict_path_for
 
 log_to(snakemake.log[0])
 reaudit_dataset(
@@ -11,4 +12,5 @@ reaudit_dataset(
     gates=snakemake.params.reaudit,
     audit_cfg=snakemake.params.audit,
     tokenizer_dir=snakemake.params.tokenizer,
+    verdict_out=verdict_path_for(snakemake.log[0]),
 )

@@ -60,7 +60,14 @@ def build_results(root: Path) -> Path:
     reconcile_results(root, strict=False)
     (root / "plan").mkdir()
     (root / "plan" / "server.json").write_bytes(
-        orjson.dumps({"mem_fraction_static": 0.85, "kv_cache_tokens": 120000, "flags": ["--tp", "1"]})
+        orjson.dumps(
+            {
+                "launched": "recommended",
+                "recommended": {"mem_fraction_static": 0.85, "kv_cache_tokens": 120000, "weights_gib": 15.0},
+                "launch_args": ["--tp", "1"],
+                "gpu_memory_mib": 81920,
+            }
+        )
     )
     return root
 
@@ -70,7 +77,7 @@ def test_write_report_assets_real_files(tmp_path: Path) -> None:
     work = tmp_path / "work"
     (work / "servers").mkdir(parents=True)
     (work / "servers" / "gpu0.realized.json").write_bytes(
-        orjson.dumps({"kv_cache_tokens": 118000, "peak_mib": 70000})
+        orjson.dumps({"server_id": "gpu0", "realized": {"max_total_num_tokens": 118000, "weights_gib": 15.0}})
     )
     paths = R.write_report_assets(results, tmp_path / "assets", work)
     assert sorted(p.name for p in paths.values()) == sorted(R.ASSET_NAMES)
@@ -85,9 +92,10 @@ def test_write_report_assets_real_files(tmp_path: Path) -> None:
     recon = paths[R.RECONCILE_HTML].read_text()
     assert "FAILED" in recon and "<td>lost</td><td>1</td>" in recon
     plan = paths[R.SERVER_PLAN_HTML].read_text()
-    assert "<th>key</th><th>predicted</th><th>gpu0</th>" in plan
-    assert "<td>kv_cache_tokens</td><td>120000</td><td>118000</td>" in plan
-    assert "gpu0" in plan and "peak_mib" in plan
+    assert "<th></th><th>predicted</th><th>gpu0 realized</th><th>gpu0 drift</th>" in plan
+    assert "<td>KV cache tokens</td><td>120000</td><td>118000</td><td>-1.7%</td>" in plan
+    assert "<td>weights</td><td>15</td><td>15</td><td>+0.0%</td>" in plan
+    assert "--tp 1" in plan
 
 
 def test_missing_inputs_still_write_every_asset(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -407,18 +408,23 @@ def test_stop_all_servers_finds_a_server_in_a_per_slurm_job_dir(rig: Rig) -> Non
     wait_for(lambda: not procs_mentioning(str(rig.root)), 3, "no process left")
 
 
-def test_port_held_by_foreign_process_is_a_clear_error(rig: Rig) -> None:
+def test_port_held_by_another_process_moves_the_server_to_a_free_port(rig: Rig) -> None:
+    """Two runs on one node: the slot's preferred port is taken, so the server listens elsewhere and
+    the url file (what every job and ``regen status`` read) records the port really used."""
     import socket
 
     cfg = rig.cfg()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", rig.port_base))
         sock.listen()
-        with (
-            pytest.raises(ServerError, match=f"port {rig.port_base}.*in use"),
-            acquire_server(cfg, None, owner_pid=os.getpid(), command_builder=rig.builder()),
-        ):
-            pass
+        with acquire_server(cfg, None, owner_pid=os.getpid(), command_builder=rig.builder()) as ep:
+            port = int(ep.url.rsplit(":", 1)[1])
+            assert port != rig.port_base
+            state = read_url_state(rig.root / "work/servers/gpu0.url")
+            assert state is not None and state.url == ep.url
+            with urllib.request.urlopen(ep.url + "/server_info", timeout=5) as resp:
+                assert resp.status == 200
+    assert stop_all_servers(rig.root / "work/servers", grace_s=5) == 1
 
 
 def test_external_mode_yields_configured_url(rig: Rig) -> None:

@@ -7,11 +7,22 @@ import os
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from regen.io import write_json
 from regen.sglang.server import acquire_server, port_is_free, stop_all_servers
-from regen.status import cli, parse_prometheus, run_totals, status_report
+from regen.status import (
+    RateWindow,
+    RunSnapshot,
+    cli,
+    parse_prometheus,
+    progress_line,
+    run_totals,
+    status_report,
+    watch,
+)
 
 
 def write_status(
@@ -30,39 +41,87 @@ def write_status(
             "out_tok_s": req_s * 100,
             "eta_s": None,
             "updated_at": extra.get("updated_at", time.time()),
+            "retrying": extra.get("retrying", 0),
+            "in_flight": extra.get("in_flight", 0),
+            "oldest_in_flight_at": extra.get("oldest_in_flight_at"),
             **({"finished": True} if extra.get("finished") else {}),
         },
     )
 
 
+SHARD_ROWS = {"00000": 100, "00001": 100, "00002": 50, "00003": 80}
+
+
 def make_run(root: Path) -> None:
+    """4 planned shards (exact sizes in their Parquet footers): 00000 finished with 2 failed samples,
+    00001 and 00002 in progress, 00003 not started."""
     work, results = root / "work", root / "results"
     (results / "shards").mkdir(parents=True)
     (results / "generations").mkdir(parents=True)
-    for shard in ("00000", "00001", "00002", "00003"):
-        (results / "shards" / f"{shard}.parquet").write_bytes(b"")
+    for shard, rows in SHARD_ROWS.items():
+        pq.write_table(
+            pa.table({"id": [f"{shard}-{i}" for i in range(rows)]}), results / "shards" / f"{shard}.parquet"
+        )
     (results / "generations" / "00000.jsonl").write_text("{}\n")
-    (results / "generations" / "00000.failed.jsonl").write_text("")
-    write_status(work, "00000", "gpu0", 100, 100, 5.0, finished=True, failed=2)
-    write_status(work, "00001", "gpu0", 30, 100, 2.0)
-    write_status(work, "00002", "gpu1", 10, 50, 1.0)
+    (results / "generations" / "00000.failed.jsonl").write_text('{"id": "a"}\n{"id": "b"}\n')
+    write_status(work, "00000", "gpu0", 100, 100, 5.0, finished=True, failed=2, updated_at=time.time() - 5)
+    write_status(
+        work, "00001", "gpu0", 30, 100, 2.0, retrying=3, in_flight=8, oldest_in_flight_at=time.time() - 75
+    )
+    write_status(work, "00002", "gpu1", 10, 50, 1.0, in_flight=4)
 
 
 def test_table_from_status_files_without_servers(tmp_path: Path) -> None:
     make_run(tmp_path)
-    text = status_report(tmp_path / "work", tmp_path / "results")
+    now = time.time()
+    text = status_report(tmp_path / "work", tmp_path / "results", now=now)
     lines = text.splitlines()
     gpu0 = next(line for line in lines if line.startswith("gpu0"))
     gpu1 = next(line for line in lines if line.startswith("gpu1"))
     assert "00001" in gpu0 and "30/100" in gpu0 and "00000" not in gpu0
+    assert gpu0.split()[5:8] == ["3", "8", "1m15s"]  # retrying, in flight, oldest request
     assert "00002" in gpu1 and "10/50" in gpu1
     assert "shards: 1/4 finished" in text
-    # 3 known shard sizes (100, 100, 50); the unstarted 4th counts at their mean
-    expected_total = round(100 + 100 + 50 + 250 / 3)
-    assert f"samples: 140/{expected_total}" in text and "2 failed" in text and "3.0 req/s" in text
-    eta = (100 + 100 + 50 + 250 / 3 - 140) / 3.0
-    secs = round(eta)
-    assert f"ETA {secs // 60}m{secs % 60:02d}s" in text
+    # exact total from the shard files, unstarted shard included; done counts the finished shard whole
+    assert "samples: 140/330 (42.4%) done, 2 failed, 3 retrying, 12 in flight, oldest 1m15s" in text
+    assert "3.0 req/s" in text
+    eta = (330 - 140) / 3.0
+    clock = time.strftime("%H:%M", time.localtime(now + eta))
+    assert f"ETA {clock} (in {round(eta) // 60}m{round(eta) % 60:02d}s)" in text
+
+
+def test_totals_do_not_move_as_shards_start(tmp_path: Path) -> None:
+    make_run(tmp_path)
+    before = RunSnapshot.read(tmp_path / "work", tmp_path / "results").totals(time.time())
+    write_status(tmp_path / "work", "00003", "gpu1", 0, 80, 0.0)
+    after = RunSnapshot.read(tmp_path / "work", tmp_path / "results").totals(time.time())
+    assert before.total == after.total == sum(SHARD_ROWS.values())
+
+
+def test_eta_between_shards_uses_the_gpu_last_rate(tmp_path: Path) -> None:
+    """The GPU just finished a shard and has not reported the next one: the ETA stays known."""
+    make_run(tmp_path)
+    for shard in ("00001", "00002"):
+        (tmp_path / "work" / "status" / f"{shard}.json").unlink()
+    t = RunSnapshot.read(tmp_path / "work", tmp_path / "results").totals(time.time())
+    assert t.req_s == 5.0 and t.eta_s is not None and abs(t.eta_s - (330 - 100) / 5.0) < 1e-6
+
+
+def test_watch_rate_falls_when_retries_stall_progress() -> None:
+    window = RateWindow(window_s=120)
+    assert window.add(1000.0, 100) is None  # not enough span yet
+    assert window.add(1030.0, 400) == 10.0
+    assert window.add(1090.0, 400) == pytest.approx(300 / 90)  # stalled for a minute: the rate drops
+    assert window.add(1200.0, 400) == 0.0  # the window holds only the stall now
+
+
+def test_progress_line_and_watch(tmp_path: Path) -> None:
+    make_run(tmp_path)
+    line = progress_line(tmp_path / "work", tmp_path / "results")
+    assert line.startswith("regen: shards 1/4; samples: 140/330") and "\n" not in line
+    out = io.StringIO()
+    assert watch(tmp_path / "work", tmp_path / "results", 0.5, out, max_frames=2) == 0
+    assert out.getvalue().count("regen status") == 2 and "samples: 140/330" in out.getvalue()
 
 
 def test_stale_status_is_marked_and_excluded_from_rate(tmp_path: Path) -> None:
@@ -76,7 +135,7 @@ def test_empty_run_renders(tmp_path: Path) -> None:
     out = io.StringIO()
     assert cli(["--workdir", str(tmp_path / "w"), "--results", str(tmp_path / "r")], out=out) == 0
     assert "no GPU server or shard in progress" in out.getvalue()
-    assert "shards: 0/0 finished" in out.getvalue() and "ETA ?" in out.getvalue()
+    assert "shards: 0/0 finished" in out.getvalue()
 
 
 def test_parse_prometheus_sums_label_sets() -> None:
@@ -112,7 +171,7 @@ def test_live_server_metrics_in_table(tmp_workdir: Path) -> None:
     cells = gpu0.split()
     assert cells[1] == "ready"
     # running and queued come from /metrics: numbers, not the '-' shown without a server
-    assert cells[-4].isdigit() and cells[-3].isdigit(), gpu0
+    assert cells[-4].isdigit() and cells[-3].isdigit(), gpu0  # running, queued (then "Ns ago")
     gpu1 = next(line for line in text.splitlines() if line.startswith("gpu1"))
     assert gpu1.split()[1] == "-"
 

@@ -611,13 +611,28 @@ def cli(argv: list[str]) -> int:
     """``python bench/soak.py --rounds N``: kill the demo workflow anywhere N times; exit 1 on any loss."""
     p = argparse.ArgumentParser(prog="bench/soak.py", description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3, help="Snakemake runs to kill (default 3)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0, help="seed of the kill times and faults (default 0)")
+    p.add_argument("--cores", type=int, default=2, help="snakemake --cores for each round (default 2)")
     p.add_argument("--dir", type=Path, default=None, help="where campaigns go (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep campaign directories")
-    p.add_argument("--token-rate", type=float, default=SoakOptions().token_rate)
-    p.add_argument("--error-rate", type=float, default=SoakOptions().error_rate)
-    p.add_argument("--crash-after", type=int, default=SoakOptions().crash_after)
+    p.add_argument(
+        "--token-rate",
+        type=float,
+        default=SoakOptions().token_rate,
+        help="simulated decode tokens/s per request",
+    )
+    p.add_argument(
+        "--error-rate",
+        type=float,
+        default=SoakOptions().error_rate,
+        help="share of requests the simulated server answers with a 5xx",
+    )
+    p.add_argument(
+        "--crash-after",
+        type=int,
+        default=SoakOptions().crash_after,
+        help="the simulated server crashes after this many requests",
+    )
     a = p.parse_args(argv)
     opts = SoakOptions(
         rounds=a.rounds,

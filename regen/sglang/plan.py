@@ -591,7 +591,8 @@ def recommend(
     best = candidates[0]
     warnings = flag_warnings(args, model, sglang_version)
     if (
-        given.effective_max_running_requests > DEFAULT_DECODE_GRAPH_LIMIT_NOTE
+        args  # about flags the user gave; with none, the recommendation sets the graph limit itself
+        and given.effective_max_running_requests > DEFAULT_DECODE_GRAPH_LIMIT_NOTE
         and user_flags.cuda_graph_max_bs is None
     ):
         warnings.append(

@@ -47,8 +47,8 @@ SUPERVISOR_MODULE = "regen.sglang.supervisor"
 MANAGED_FLAGS: frozenset[str] = frozenset(
     {"--model-path", "--model", "--host", "--port", "--reasoning-parser", "--enable-metrics"}
 )
-#: how long a job waits for a slot's port to be released (e.g. by a server that was just killed)
-PORT_WAIT_S = 3.0
+#: how long a job waits for a slot's preferred port to be released before taking any free port
+PORT_WAIT_S = 1.0
 
 
 class ServerError(RuntimeError):
@@ -350,7 +350,23 @@ def build_simulated_command(
         *(["--half-speed-running", str(sim.half_speed_running)] if sim.half_speed_running else []),
         *(["--tokenizer-path", str(sim.tokenizer_path)] if sim.tokenizer_path else []),
         *(["--virtual", json.dumps(dict(sim.virtual), sort_keys=True)] if sim.virtual else []),
+        *simulated_memory_options(plan),
     ]
+
+
+def simulated_memory_options(plan: Mapping[str, Any] | None) -> list[str]:
+    """``--options`` making the simulated server report the memory map of the launched plan section
+    (an SGLang started with those flags reports its own allocation; the simulated one has none)."""
+    planned = launched_section(plan) if plan is not None else {}
+    fields = {
+        "weights_gib": planned.get("weights_gib"),
+        "kv_cache_gib": planned.get("kv_cache_gib"),
+        "max_total_num_tokens": planned.get("kv_cache_tokens"),
+        "mem_fraction_static": planned.get("mem_fraction_static"),
+        "available_gpu_mem_gib": planned.get("free_gib"),
+    }
+    options = {k: v for k, v in fields.items() if v is not None}
+    return ["--options", json.dumps(options, sort_keys=True)] if options else []
 
 
 #: (server config, plan, port, model_path) -> argv; tests pass their own stand-in builder
@@ -775,12 +791,7 @@ def _live_or_start(
             return state
         wait_supervisor_gone(state.supervisor_pid, 30)
     host = cfg.host
-    port = cfg.port_base + files.slot
-    if not _wait_port_free(host, port, PORT_WAIT_S):
-        raise ServerError(
-            f"GPU slot {files.slot}: port {port} on {host} is already in use by another process "
-            f"(not a regen server); free it or change server.port_base"
-        )
+    port = pick_port(host, cfg.port_base + files.slot, files.slot)
     model = cfg.model_path
     builder = command_builder or build_server_command
     command = builder(cfg, plan, port, model)
@@ -802,6 +813,25 @@ def _live_or_start(
         api_key_env=cfg.api_key_env if api_key else None,
     )
     return start_supervisor(spec)
+
+
+def pick_port(host: str, preferred: int, slot: int) -> int:
+    """``preferred`` (port_base + slot) when free, else a free port the kernel picks.
+
+    Another run or checkout on this node may hold the preferred port; the port actually used is
+    recorded in the slot's url file (``UrlState.url``), which is where every job and ``regen status``
+    read it from, so side-by-side runs never need to agree on ports.
+    """
+    if _wait_port_free(host, preferred, PORT_WAIT_S):
+        return preferred
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port = int(sock.getsockname()[1])
+    log.info(
+        "GPU slot %d: port %d on %s is in use (another run?); using free port %d", slot, preferred, host, port
+    )
+    return port
 
 
 def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:

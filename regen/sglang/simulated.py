@@ -224,6 +224,12 @@ class SimOptions:
     tokenizer_path: str | None = None  # tokenizer.json + chat template: work in tokens (module doc)
     faults: Faults = field(default_factory=Faults)
     virtual: VirtualTime | None = None  # virtual-time mode (VirtualSimulatedServer); None: real time
+    # the memory map SGLang reports (/server_info memory_usage, startup log); regen launches the
+    # simulated server with the plan's values so realized matches what the plan predicted
+    weights_gib: float = 15.3
+    kv_cache_gib: float = 40.1
+    mem_fraction_static: float = 0.85
+    available_gpu_mem_gib: float = 12.34
 
     @property
     def model_name(self) -> str:
@@ -533,7 +539,7 @@ class SimulatedServer:
         self.log(
             f"max_total_num_tokens={o.max_total_num_tokens}, chunked_prefill_size=8192, "
             f"max_prefill_tokens=16384, max_running_requests={o.running_cap}, "
-            f"context_len={o.context_len}, available_gpu_mem=12.34 GB"
+            f"context_len={o.context_len}, available_gpu_mem={o.available_gpu_mem_gib:.2f} GB"
         )
         self._ticker = asyncio.create_task(self._tick())
         if o.startup_delay_s <= 0:
@@ -593,7 +599,7 @@ class SimulatedServer:
             "tp_size": 1,
             "dp_size": 1,
             "max_running_requests": o.max_running_requests,
-            "mem_fraction_static": 0.85,
+            "mem_fraction_static": o.mem_fraction_static,
             "chunked_prefill_size": 8192,
             "page_size": 1,
             "context_length": o.context_len,
@@ -612,9 +618,9 @@ class SimulatedServer:
                     "last_gen_throughput": self.last_gen_throughput,
                     "avg_spec_accept_length": None,
                     "memory_usage": {
-                        "weight": 15.3,
-                        "kvcache": 40.1,
-                        "startup_available": 12.34,
+                        "weight": o.weights_gib,
+                        "kvcache": o.kv_cache_gib,
+                        "startup_available": o.available_gpu_mem_gib,
                         "token_capacity": o.max_total_num_tokens,
                         "graph": {"decode": 1.2},
                     },
@@ -1283,11 +1289,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="regen simulate-server", description=__doc__.split("\n")[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--model-path", default="demo-model")
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=30000, help="port to listen on; 0 picks a free one")
+    p.add_argument("--model-path", default="demo-model", help="model name it reports")
+    p.add_argument("--served-model-name", default=None, help="served name (default: --model-path)")
+    p.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=64,
+        help="concurrent requests decoded at once (default 64)",
+    )
     p.add_argument("--token-rate", type=float, default=0.0, help="decode tokens/s per request; 0 = instant")
     p.add_argument("--startup-delay", type=float, default=0.0, help="seconds until /health answers 200")
     p.add_argument(
@@ -1298,10 +1309,12 @@ def cli(argv: list[str]) -> int:
     )
     p.add_argument("--faults", default=None, help="JSON object of Faults fields")
     p.add_argument("--virtual", default=None, help="JSON object of VirtualTime fields: run in virtual time")
-    p.add_argument("--version", default="0.5.23")
-    p.add_argument("--log-file", default=None)
+    p.add_argument("--version", default="0.5.23", help="SGLang version it reports and imitates")
+    p.add_argument("--log-file", default=None, help="write SGLang-style log lines here (default stderr)")
     p.add_argument("--inline", action="store_true", help="answer inside the handler (no queue, no sleeps)")
-    p.add_argument("--context-length", type=int, default=32768)
+    p.add_argument(
+        "--context-length", type=int, default=32768, help="context length it reports (default 32768)"
+    )
     p.add_argument(
         "--tokenizer-path",
         default=None,

@@ -1,0 +1,387 @@
+"""``regen check --configfile FILE``: every problem a run would hit, found at once, before any job.
+
+Each problem names the config key and the path it concerns: the dataset is readable, the tokenizer
+has a chat template, the model config parses, SGLang imports at the version the planner assumes in
+the Python that will launch it, ``--resources gpu=N`` fits the GPUs present, the disk has room for the
+outputs, and S3 answers where the config uses it. The workflow runs the same checks first (Snakefile
+``onstart``), so a bad set-up stops before any job instead of one problem per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import yaml
+from snakemake.exceptions import WorkflowError
+
+from regen.chat import ChatTemplate, ChatTemplateError
+from regen.dataset import detect_format
+from regen.sglang.models import ModelConfigError, ModelShape
+from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS
+from regen.storage import is_s3_uri, parse_location
+
+SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+#: outputs take about this many times the input (prompt shards, generation JSONL with reasoning,
+#: valid shards, the merged Parquet, journals); a rough floor, not a promise
+OUTPUT_SIZE_FACTOR = 4.0
+MIN_FREE_BYTES = 1 << 30
+SGLANG_IMPORT_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing that would fail the run: the config key, the path it concerns, what is wrong."""
+
+    key: str
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.path}): {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """What the checks read from the machine; tests pass their own."""
+
+    python: str = sys.executable
+    results_dir: str = "results"
+    gpus_present: Callable[[], int | None] = lambda: count_gpus()
+    sglang_version: Callable[[str], tuple[str | None, str]] = lambda python: sglang_version_in(python)
+    s3_probe: Callable[[str], str | None] = lambda uri: probe_s3(uri)
+
+
+# --------------------------------------------------------------------------------------------------
+# the machine
+
+
+def count_gpus() -> int | None:
+    """NVIDIA GPUs this process may use (CUDA_VISIBLE_DEVICES respected); None without nvidia-smi."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def sglang_version_in(python: str) -> tuple[str | None, str]:
+    """(sglang version, '') when ``python`` imports sglang, else (None, why not)."""
+    code = "import importlib.metadata as m, sglang; print(m.version('sglang'))"
+    try:
+        out = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=SGLANG_IMPORT_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        return None, lines[-1] if lines else f"exit status {out.returncode}"
+    return out.stdout.strip().splitlines()[-1], ""
+
+
+def probe_s3(uri: str) -> str | None:
+    """None when the object (or, for a prefix, its bucket) answers; else why not. Fails fast."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    loc = parse_location(uri)
+    client = boto3.session.Session().client(
+        "s3",
+        config=Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=10),
+    )
+    try:
+        if loc.key and not uri.endswith("/"):
+            try:
+                client.head_object(Bucket=loc.bucket, Key=loc.key)
+                return None
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                    raise
+        client.list_objects_v2(Bucket=loc.bucket, Prefix=loc.key, MaxKeys=1)
+        return None
+    except (BotoCoreError, ClientError) as exc:
+        return str(exc)
+
+
+# --------------------------------------------------------------------------------------------------
+# the checks
+
+
+def _get(config: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+def check_dataset(config: Mapping[str, Any], host: Host) -> list[Problem]:
+    path = str(_get(config, "dataset.path") or "")
+    if not path:
+        return [Problem("dataset.path", "-", "not set")]
+    if is_s3_uri(path):
+        why = host.s3_probe(path)
+        return [] if why is None else [Problem("dataset.path", path, f"S3 object not reachable: {why}")]
+    p = Path(path)
+    if not p.is_file():
+        return [Problem("dataset.path", path, "no such file" if not p.exists() else "not a file")]
+    if not os.access(p, os.R_OK):
+        return [Problem("dataset.path", path, "not readable (permissions)")]
+    if p.stat().st_size == 0:
+        return [Problem("dataset.path", path, "empty file")]
+    if p.suffix == ".parquet":
+        try:
+            rows = pq.ParquetFile(p).metadata.num_rows
+        except (OSError, ValueError) as exc:
+            return [Problem("dataset.path", path, f"not a readable Parquet file: {exc}")]
+        if rows == 0:
+            return [Problem("dataset.path", path, "has no rows: nothing to generate")]
+    if (_get(config, "dataset.format") or "auto") == "auto":
+        try:
+            detect_format(p)
+        except (OSError, ValueError) as exc:
+            return [Problem("dataset.format", path, str(exc))]
+    return []
+
+
+def check_tokenizer(config: Mapping[str, Any]) -> list[Problem]:
+    path = str(_get(config, "tokenizer") or "")
+    if not path:
+        return [Problem("tokenizer", "-", "not set")]
+    p = Path(path)
+    if not p.is_dir():
+        return [Problem("tokenizer", path, "no such directory (tokenizer.json + tokenizer_config.json)")]
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if not (p / name).is_file():
+            return [Problem("tokenizer", str(p / name), "missing")]
+    try:
+        ChatTemplate.from_dir(p)
+    except (ChatTemplateError, OSError, ValueError, KeyError) as exc:
+        return [Problem("tokenizer", path, f"no usable chat template: {exc}")]
+    return []
+
+
+def model_config_path(config: Mapping[str, Any]) -> str:
+    explicit = _get(config, "server.model_config")
+    if explicit:
+        return str(explicit)
+    model = str(_get(config, "server.model_path") or "")
+    return str(Path(model) / "config.json") if model else ""
+
+
+def check_model_config(config: Mapping[str, Any]) -> list[Problem]:
+    if _get(config, "server.mode") == "external":
+        return []
+    key = "server.model_config" if _get(config, "server.model_config") else "server.model_path"
+    path = model_config_path(config)
+    if not path:
+        return [Problem(key, "-", "not set")]
+    try:
+        ModelShape.from_config(path)
+    except (ModelConfigError, OSError, ValueError, KeyError) as exc:
+        return [Problem(key, path, f"model config unusable for the planner: {exc}")]
+    return []
+
+
+def check_sglang(config: Mapping[str, Any], host: Host) -> list[Problem]:
+    """mode sglang: the Python that launches the servers imports sglang at the planner's version."""
+    if _get(config, "server.mode") != "sglang":
+        return []
+    pinned = _get(config, "server.sglang_version")
+    version, why = host.sglang_version(host.python)
+    if version is None:
+        return [
+            Problem(
+                "server.mode",
+                host.python,
+                f"sglang is not importable ({why}); install it into this Python: "
+                f"{host.python} -m pip install sglang=={pinned or DEFAULT_VERSION}",
+            )
+        ]
+    if pinned and version != str(pinned):
+        return [
+            Problem(
+                "server.sglang_version",
+                host.python,
+                f"the planner assumes sglang {pinned} but this Python has {version}; "
+                "set server.sglang_version to the installed one or install the pinned one",
+            )
+        ]
+    if not pinned and version not in SUPPORTED_VERSIONS:
+        return [
+            Problem(
+                "server.sglang_version",
+                host.python,
+                f"sglang {version} is installed; the planner knows {', '.join(SUPPORTED_VERSIONS)} "
+                "(memory plans for other versions are unverified)",
+            )
+        ]
+    return []
+
+
+def check_gpus(config: Mapping[str, Any], requested: int | None, host: Host) -> list[Problem]:
+    """``--resources gpu=N`` (else server.gpus) x server.tp against the GPUs present (mode sglang)."""
+    key = "--resources gpu" if requested is not None else "server.gpus"
+    slots = requested if requested is not None else int(_get(config, "server.gpus") or 1)
+    if slots < 1:
+        return [
+            Problem(key, f"gpu={slots}", "no GPU slot: generate jobs need gpu=1 each; give gpu=N with N >= 1")
+        ]
+    if _get(config, "server.mode") != "sglang":
+        return []
+    tp = int(_get(config, "server.tp") or 1)
+    present = host.gpus_present()
+    if present is None:
+        return [Problem(key, "nvidia-smi", "no NVIDIA GPU found (nvidia-smi missing or failing)")]
+    if slots * tp > present:
+        return [
+            Problem(
+                key,
+                f"gpu={slots}",
+                f"{slots} slot(s) x server.tp {tp} = {slots * tp} GPUs, but {present} present",
+            )
+        ]
+    return []
+
+
+def check_disk(config: Mapping[str, Any], host: Host) -> list[Problem]:
+    path = str(_get(config, "dataset.path") or "")
+    local = bool(path) and not is_s3_uri(path) and Path(path).is_file()
+    size = Path(path).stat().st_size if local else 0
+    where = Path(host.results_dir)
+    probe = where if where.exists() else Path(".")
+    free = shutil.disk_usage(probe).free
+    need = max(int(size * OUTPUT_SIZE_FACTOR), MIN_FREE_BYTES)
+    if free < need:
+        return [
+            Problem(
+                "dataset.path",
+                str(where),
+                f"{free / 2**30:.1f} GiB free; the outputs need about {need / 2**30:.1f} GiB "
+                f"({OUTPUT_SIZE_FACTOR:g} x the input)",
+            )
+        ]
+    return []
+
+
+def check_s3(config: Mapping[str, Any], host: Host) -> list[Problem]:
+    problems = []
+    for key in ("generate.journal_sync.s3_prefix", "merge.output_prefix"):
+        uri = _get(config, key)
+        if uri and is_s3_uri(str(uri)):
+            why = host.s3_probe(str(uri))
+            if why is not None:
+                problems.append(Problem(key, str(uri), f"S3 not reachable: {why}"))
+    return problems
+
+
+def check_config(
+    config: Mapping[str, Any], requested_gpus: int | None = None, host: Host | None = None
+) -> list[Problem]:
+    """Every problem at once (an empty list: the run can start)."""
+    host = host or Host()
+    return [
+        *check_dataset(config, host),
+        *check_tokenizer(config),
+        *check_model_config(config),
+        *check_sglang(config, host),
+        *check_gpus(config, requested_gpus, host),
+        *check_disk(config, host),
+        *check_s3(config, host),
+    ]
+
+
+def report(problems: list[Problem]) -> str:
+    if not problems:
+        return "regen check: OK"
+    lines = [f"regen check: {len(problems)} problem(s) found before any job ran:"]
+    lines += [f"  - {p}" for p in problems]
+    return "\n".join(lines)
+
+
+class PreflightError(RuntimeError):
+    """The workflow's first step found problems (the message lists them all)."""
+
+
+def preflight(config: Mapping[str, Any], requested_gpus: int | None) -> None:
+    """The workflow's ``onstart``: raise with every problem, else say OK."""
+    problems = check_config(config, requested_gpus)
+    if problems:
+        raise PreflightError(report(problems))
+    print(report(problems), file=sys.stderr)
+
+
+def report_for_missing_dataset(config: Mapping[str, Any], requested_gpus: int | None) -> str:
+    """The message when the workflow cannot even build its jobs (the local dataset or the chat
+    template is missing): every preflight problem, not only that one."""
+    return report(check_config(config, requested_gpus))
+
+
+# --------------------------------------------------------------------------------------------------
+# the command
+
+
+def load_config(files: list[str]) -> dict[str, Any]:
+    """The config files merged in order (later keys win, as Snakemake does), validated against the
+    schema with its defaults filled in."""
+    from snakemake.utils import validate  # the same validation, with defaults, as the workflow's
+
+    merged: dict[str, Any] = {}
+    for name in files:
+        with open(name) as fh:
+            _deep_update(merged, yaml.safe_load(fh) or {})
+    validate(merged, schema=str(SCHEMA), set_default=True)
+    return merged
+
+
+def _deep_update(base: dict[str, Any], new: Mapping[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_update(base[key], value)
+        else:
+            base[key] = value
+
+
+def cli(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="regen check", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--configfile",
+        nargs="+",
+        action="extend",
+        required=True,
+        help="the config file(s) the run will use, in the order given to snakemake",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="the N of the run's --resources gpu=N (default: server.gpus from the config)",
+    )
+    args = p.parse_args(argv)
+    try:
+        config = load_config(args.configfile)
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"regen check: cannot read the config: {exc}", file=sys.stderr)
+        return 2
+    except WorkflowError as exc:  # a schema violation
+        print(f"regen check: the config does not match {SCHEMA.name}: {exc}", file=sys.stderr)
+        return 2
+    problems = check_config(config, args.gpus)
+    print(report(problems), file=sys.stderr if problems else sys.stdout)
+    return 1 if problems else 0

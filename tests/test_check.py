@@ -1,0 +1,110 @@
+"""``regen check``: every problem at once, each naming its config key and path; exit non-zero.
+The workflow runs the same checks before any job."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_workflow import copy_workflow, snakemake
+
+from regen.check import Host, check_config, cli, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def demo_config() -> dict:
+    return load_config([str(ROOT / "config" / "demo.yaml")])
+
+
+def fake_host(tmp_path: Path, gpus: int | None = 2, sglang: str | None = "0.5.23") -> Host:
+    return Host(
+        python="/opt/env/bin/python",
+        results_dir=str(tmp_path),
+        gpus_present=lambda: gpus,
+        sglang_version=lambda python: (sglang, "" if sglang else "No module named 'sglang'"),
+        s3_probe=lambda uri: "Could not connect to the endpoint URL",
+    )
+
+
+def test_the_demo_config_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    assert check_config(demo_config(), None, fake_host(tmp_path)) == []
+
+
+def test_every_problem_at_once_with_key_and_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    no_template = tmp_path / "tok"
+    shutil.copytree(ROOT / "resources" / "demo-tokenizer", no_template)
+    cfg_path = no_template / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("chat_template", None)
+    cfg_path.write_text(json.dumps(cfg))
+    config = demo_config()
+    config["dataset"]["path"] = str(tmp_path / "missing.jsonl")
+    config["tokenizer"] = str(no_template)
+    config["server"].update(mode="sglang", model_config=str(tmp_path / "nope" / "config.json"), tp=2)
+    config["merge"]["output_prefix"] = "s3://bucket/out/"
+    problems = check_config(config, 3, fake_host(tmp_path, gpus=4, sglang=None))
+    by_key = {p.key: p for p in problems}
+    expected = {"dataset.path", "tokenizer", "server.model_config", "server.mode", "--resources gpu",
+                "merge.output_prefix"}  # fmt: skip
+    assert set(by_key) == expected, problems
+    assert by_key["dataset.path"].path.endswith("missing.jsonl")
+    assert "chat template" in by_key["tokenizer"].message
+    assert "No module named 'sglang'" in by_key["server.mode"].message
+    assert (
+        by_key["server.mode"].path == "/opt/env/bin/python"
+        and "pip install sglang==" in by_key["server.mode"].message
+    )
+    assert "3 slot(s) x server.tp 2 = 6 GPUs, but 4 present" in by_key["--resources gpu"].message
+    assert by_key["merge.output_prefix"].path == "s3://bucket/out/"
+
+
+def test_gpu_count_and_version_mismatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    config = demo_config()
+    config["server"].update(mode="sglang", sglang_version="0.5.17")
+    keys = [p.key for p in check_config(config, 0, fake_host(tmp_path))]
+    assert keys == ["server.sglang_version", "--resources gpu"]
+    assert [p.key for p in check_config(config, 2, fake_host(tmp_path, gpus=None, sglang="0.5.17"))] == [
+        "--resources gpu"
+    ]  # no nvidia-smi: no GPU
+
+
+def test_cli_exits_non_zero_and_lists_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"dataset: {{path: {tmp_path}/none.jsonl}}\ntokenizer: {tmp_path}/none\n")
+    assert cli(["--configfile", str(ROOT / "config" / "demo.yaml"), str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "2 problem(s)" in err and "dataset.path" in err and "tokenizer" in err
+    out = subprocess.run(
+        [sys.executable, "-m", "regen.cli", "check", "--configfile", str(ROOT / "config" / "demo.yaml")],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0 and "regen check: OK" in out.stdout
+
+
+def test_the_workflow_checks_first_and_names_every_problem(tmp_path: Path) -> None:
+    wd = copy_workflow(tmp_path / "wf")
+    (wd / "config" / "bad.yaml").write_text(
+        "dataset: {path: data/none.jsonl}\ntokenizer: resources/none\n"
+        "server: {model_config: resources/none.json}\n"
+    )
+    run = snakemake(wd, "--cores", "1", "--configfile", "config/demo.yaml", "config/bad.yaml")
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    for needle in ("3 problem(s)", "dataset.path (data/none.jsonl)", "tokenizer (resources/none)",
+                   "server.model_config (resources/none.json)"):  # fmt: skip
+        assert needle in out, out[-3000:]
+    assert not (wd / "results").exists()
+    # the dataset exists but the tokenizer does not: the workflow's onstart stops it before any job
+    (wd / "config" / "bad.yaml").write_text("tokenizer: resources/none\n")
+    run = snakemake(wd, "--cores", "1", "--configfile", "config/demo.yaml", "config/bad.yaml")
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and "tokenizer (resources/none)" in out, out[-3000:]
+    assert not (wd / "results").exists()

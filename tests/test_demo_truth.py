@@ -1,0 +1,51 @@
+"""The demo tells the truth: a simulated server launched from a plan reports that plan's memory map,
+and the tuner warns only about flags the user actually gave."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from regen.sglang.models import ModelShape
+from regen.sglang.plan import Workload, recommend, write_plan_file
+from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
+from regen.sglang.server import build_simulated_command
+
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "resources/demo-model/config.json"
+DEMO_WORKLOAD = Workload(prompt_p50=35, prompt_p99=238, max_tokens=512)
+
+
+def demo_plan(tmp_path: Path, args: list[str]) -> dict:
+    rec = recommend(ModelShape.from_config(DEMO_MODEL), 81920, 1, args, DEMO_WORKLOAD)
+    out = tmp_path / "server.json"
+    write_plan_file(out, rec, sglang_version="0.5.23", model_config=str(DEMO_MODEL), gpu_memory_mib=81920)
+    return json.loads(out.read_text())
+
+
+def test_simulated_server_reports_the_memory_map_of_its_plan(tmp_path: Path) -> None:
+    plan = demo_plan(tmp_path, [])
+    cfg = {"mode": "simulated", "simulated": {"startup_delay_s": 0}}
+    log_file = tmp_path / "server.log"
+    argv = [*build_simulated_command(cfg, 0, "demo-model", plan), "--print-url", "--log-file", str(log_file)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        with urllib.request.urlopen(url + "/server_info", timeout=10) as resp:
+            info = json.loads(resp.read())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    realized = realized_from_server_info(info, parse_startup_log(log_file.read_text()))
+    predicted = launched_section(plan)
+    assert realized.weights_gib == predicted["weights_gib"]
+    assert realized.max_total_num_tokens == predicted["kv_cache_tokens"]
+    assert compare(predicted, realized) == []
+
+
+def test_no_warning_about_flags_nobody_gave(tmp_path: Path) -> None:
+    assert not any("given flags" in w for w in demo_plan(tmp_path, [])["warnings"])
+    given = demo_plan(tmp_path, ["--max-running-requests", "4096"])["warnings"]
+    assert any("the given flags allow" in w for w in given), given

@@ -1,0 +1,68 @@
+"""The report's own pages on data the test makes: the verdict (READY or not, and why) and the
+server plan's memory map with realized values and drift."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from regen.report import landing_rst, readiness, server_plan_html
+
+
+def write(path: Path, doc: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+GATE_OK = {"value": 0.01, "limit": 0.05, "passed": True}
+
+
+def test_failed_output_gate_is_not_ready_and_points_at_the_kept_verdict(tmp_path: Path) -> None:
+    results, logs = tmp_path / "results", tmp_path / "logs"
+    write(results / "audit" / "summary.json", {"total": 10, "excluded": 0, "passed": True, "gates": {}})
+    write(results / "reconcile.json", {"ok": True, "input": 10, "counts": {"output": 10}})
+    # the re-audit job failed: Snakemake removed its output; the verdict kept beside the log remains
+    truncated = {"value": 0.68, "limit": 0.2, "passed": False, "meaning": "answers cut at max_tokens"}
+    write(
+        logs / "reaudit.verdict.json",
+        {"rows": 10, "passed": False, "gates": {"max_truncated_fraction": truncated, "min_rows": GATE_OK}},
+    )
+    verdict = readiness(results, logs, [])
+    assert not verdict.ready
+    assert any("reaudit.max_truncated_fraction = 0.68 > limit 0.2" in r for r in verdict.reasons)
+    assert any(str(logs / "reaudit.verdict.json") in r for r in verdict.reasons)
+    page = landing_rst(verdict, rows=None, facts=__import__("regen.report").report.RunFacts())
+    assert page.startswith("**NOT READY**") and "`4. Output audit`_: FAILED" in page
+
+
+def test_ready_needs_ready_json_and_a_clean_reconciliation(tmp_path: Path) -> None:
+    results, logs = tmp_path / "results", tmp_path / "logs"
+    write(results / "audit" / "summary.json", {"total": 10, "excluded": 0, "passed": True, "gates": {}})
+    write(results / "reaudit" / "summary.json", {"rows": 10, "passed": True, "gates": {"min_rows": GATE_OK}})
+    write(results / "READY.json", {"ready": True, "rows": 10})
+    write(results / "reconcile.json", {"ok": True, "input": 10, "counts": {"output": 10}})
+    assert readiness(results, logs, []).ready
+    write(results / "reconcile.json", {"ok": False, "input": 10, "lost_count": 1, "counts": {"output": 9}})
+    verdict = readiness(results, logs, [])
+    assert not verdict.ready and any("1 lost" in r for r in verdict.reasons)
+
+
+def test_memory_map_puts_realized_beside_predicted_with_drift(tmp_path: Path) -> None:
+    section = {"weights_gib": 10.0, "kv_cache_gib": 50.0, "kv_cache_tokens": 1000, "reserve_gib": 5.0}
+    plan = write(
+        tmp_path / "server.json",
+        {"launched": "recommended", "recommended": section, "given": section, "gpu_memory_mib": 81920},
+    )
+    realized = write(
+        tmp_path / "gpu0.realized.json",
+        {
+            "server_id": "gpu0",
+            "realized": {"weights_gib": 10.0, "kv_cache_gib": 40.0, "max_total_num_tokens": 800},
+        },
+    )
+    page = server_plan_html(plan, [realized], "sglang")
+    assert "gpu0 realized" in page and "gpu0 drift" in page
+    assert "<td class='fail'>-20.0%</td>" in page  # KV cache 50 -> 40 GiB, and 1000 -> 800 tokens
+    assert "<td>+0.0%</td>" in page  # weights as planned
+    assert "simulated" not in page
