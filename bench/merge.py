@@ -3,7 +3,7 @@
 The reference side (``pyarrow.json.read_json`` + ``pyarrow.parquet.write_table``, no checks at
 all) is the floor of this job. Each side runs in its own subprocess so its peak RSS is its own.
 
-    .venv/bin/python bench/merge.py            # 1M records (~2 KB each)
+    .venv/bin/python bench/merge.py            # 1M records (~6 KB each)
     .venv/bin/python bench/merge.py --n 100000
 
 Last line: ``merge: regen_rps=… pyarrow_rps=… ratio=… peak_rss_mb=…`` (peak_rss_mb is regen's).
@@ -37,20 +37,72 @@ def _text(rng: random.Random, chars: int) -> str:
 
 
 class TextPool:
-    """Pre-made texts of a few sizes, picked at random (generating words per record is slow)."""
+    """Pre-made texts of a few sizes and token id lists, picked at random (generating words or ids per
+    record is slow)."""
 
     def __init__(self, rng: random.Random, per_size: int = 64) -> None:
         self.rng = rng
         self.pool = {c: [_text(rng, c) for _ in range(per_size)] for c in (120, 350, 380, 900, 1250)}
+        self.ids = [[rng.randrange(VOCAB) for _ in range(MAX_IDS)] for _ in range(per_size)]
 
     def __call__(self, chars: int) -> str:
         return self.rng.choice(self.pool[chars])
 
+    def token_ids(self, n: int) -> list[int]:
+        """``n`` token ids (a slice of a pre-made list)."""
+        return self.rng.choice(self.ids)[:n]
+
+
+#: Qwen3's vocabulary size (token ids as the server reports them are below it)
+VOCAB = 151_669
+MAX_IDS = 400
+#: the fingerprinted settings (regen.fingerprint.GenerationSettings.to_json) every record carries
+SETTINGS = {
+    "model_path": "Qwen/Qwen3-8B",
+    "model_revision": None,
+    "server_mode": "external",
+    "chat_template_sha256": "a55ee1b1660128b7098723e0abcd92caa0788061051c62d51cbe87d9cf1974d8",
+    "reasoning_parser": "qwen3",
+    "regenerate": "last",
+    "thinking": "on",
+    "thinking_fraction": 0.75,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "top_k": 20,
+    "max_tokens": 4096,
+    "n": 1,
+    "seed": 0,
+    "truncation": "keep",
+    "retry_max_tokens_factor": 2.0,
+    "extra_body": {"skip_special_tokens": False},  # non-empty: Parquet cannot write an empty struct
+    "return_token_ids": True,
+    "version": 1,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
 
 def synthetic_record(i: int, text: TextPool, shard: str = "00000") -> dict[str, Any]:
-    """One record as the generation stage writes it, ~2 KB serialised."""
+    """One record as the generation stage writes it (``regen.records.GenerationRecord.to_json`` with the
+    client's fingerprint stamp), ~6 KB serialised: the server's token ids (``return_token_ids`` is on by
+    default; ~4 characters a token), fingerprints and settings on every record; every 10th sample has
+    tools, every 20th answers with a tool call."""
     thinking = i % 4 != 0
-    return {
+    prompt_tokens = 130 + i % 21
+    completion_tokens = 290 + i % 41
+    rec: dict[str, Any] = {
         "id": f"{i:016x}",
         "shard": shard,
         "messages": [
@@ -59,17 +111,37 @@ def synthetic_record(i: int, text: TextPool, shard: str = "00000") -> dict[str, 
         ],
         "reasoning_content": text(900) if thinking else None,
         "content": text(350 if thinking else 1250),
-        "finish_reason": "stop" if i % 50 else "length",
+        "finish_reason": "tool_calls" if i % 20 == 5 else ("stop" if i % 50 else "length"),
         "truncated": i % 50 == 0,
         "thinking": thinking,
-        "usage": {"prompt_tokens": 120 + i % 97, "completion_tokens": 300 + i % 301, "reasoning_tokens": 200},
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "reasoning_tokens": 220 if thinking else None,
+        },
         "sampling": {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 4096},
         "seed": (i * 2654435761) % (2**31),
         "model": "Qwen/Qwen3-8B",
-        "server": {"id": f"gpu{i % 8}", "url": f"http://127.0.0.1:{30000 + i % 8}", "version": "0.5.0"},
+        "server": {"id": f"gpu{i % 8}", "url": f"http://127.0.0.1:{30000 + i % 8}", "version": "0.5.23"},
         "attempts": 1,
         "timings": {"started_at": 1732900000.0 + i * 0.01, "latency_s": 1.5 + (i % 7) * 0.1},
+        "prompt_token_ids": text.token_ids(prompt_tokens),
+        "completion_token_ids": text.token_ids(completion_tokens),
     }
+    if i % 10 == 5:
+        rec["tools"] = TOOLS
+    if i % 20 == 5:
+        rec["tool_calls"] = [
+            {
+                "id": f"call_{i:08x}",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'},
+            }
+        ]
+    rec["fingerprint"] = f"{(i * 0x9E3779B97F4A7C15) % 2**64:016x}"
+    rec["settings_fingerprint"] = "81a465f8322df173"
+    rec["settings"] = SETTINGS
+    return rec
 
 
 def shard_paths(src: Path, shards: int) -> list[Path]:
@@ -143,21 +215,18 @@ def side_regen(src: Path, work: Path) -> dict[str, Any]:
 
 
 def side_pyarrow(src: Path, work: Path) -> dict[str, Any]:
-    """pyarrow's own conversion of the same shard files (multithreaded JSON reader), one Parquet file."""
+    """pyarrow's own conversion of the same shard files (multithreaded JSON reader, schema inferred),
+    one Parquet file per shard (shards infer different schemas: tools appear in some only)."""
     import pyarrow.json as pj
     import pyarrow.parquet as pq
 
     t0 = time.perf_counter()
     rows = 0
-    writer = None
     for path in sorted(src.glob("*.jsonl")):
         table = pj.read_json(path)
-        if writer is None:
-            writer = pq.ParquetWriter(work / "pyarrow.parquet", table.schema, compression="zstd")
-        writer.write_table(table)
+        pq.write_table(table, work / f"pyarrow-{path.stem}.parquet", compression="zstd")
         rows += table.num_rows
-    if writer is not None:
-        writer.close()
+        del table
     t1 = time.perf_counter()
     return {"rows": rows, "seconds": t1 - t0, "peak_rss_mb": _peak_rss_mb()}
 

@@ -38,8 +38,8 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -110,6 +110,14 @@ class GenerateConfig:
     extra_body: tuple[tuple[str, Any], ...] = ()
     #: retry samples the journal holds as failures (under the current fingerprint) on a rerun
     retry_failed: bool = True
+    #: per-sample ``max_tokens`` (not a config key): benchmarks and the live sweep emulate an output-length
+    #: spread with ``ignore_eos`` on dummy weights; samples not listed use ``sampling.max_tokens``
+    max_tokens_by_id: Mapping[str, int] | None = field(default=None, compare=False)
+
+    def max_tokens_for(self, sample_id: str) -> int:
+        if self.max_tokens_by_id is not None and sample_id in self.max_tokens_by_id:
+            return int(self.max_tokens_by_id[sample_id])
+        return self.sampling.max_tokens
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> GenerateConfig:
@@ -713,14 +721,13 @@ class _ShardRun:
         """One regenerated turn under the truncation policy; None means dropped. ``first_url``: a lent
         server for the first request (retries go to the job's own server)."""
         cfg = self.cfg
-        answer = await self.request(
-            sid, messages, seed, thinking, cfg.sampling.max_tokens, attempts, tools, first_url
-        )
+        limit = cfg.max_tokens_for(sid)
+        answer = await self.request(sid, messages, seed, thinking, limit, attempts, tools, first_url)
         if answer.finish_reason != "length" or cfg.truncation == "keep":
             return answer
         if cfg.truncation == "drop":
             return None
-        bigger = math.ceil(cfg.sampling.max_tokens * cfg.retry_max_tokens_factor)
+        bigger = math.ceil(limit * cfg.retry_max_tokens_factor)
         return await self.request(sid, messages, seed, thinking, bigger, attempts, tools)
 
     async def request(

@@ -20,10 +20,12 @@ assistant message). :func:`message_row` and :func:`message_from_row` convert bot
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -220,11 +222,34 @@ class ValidColumns:
 
     def to_batch(self) -> pa.RecordBatch:
         """Build one Arrow batch with ``VALID_SCHEMA`` and clear the lists."""
-        arrays = [pa.array(self.cols[f.name], type=f.type) for f in VALID_SCHEMA]
+        arrays = [
+            token_ids_array(self.cols[f.name])
+            if f.type == TOKEN_IDS_TYPE
+            else pa.array(self.cols[f.name], type=f.type)
+            for f in VALID_SCHEMA
+        ]
         batch = pa.RecordBatch.from_arrays(arrays, schema=VALID_SCHEMA)
         for lst in self.cols.values():
             lst.clear()
         return batch
+
+
+def token_ids_array(rows: list[list[int] | None]) -> pa.Array:
+    """A ``TOKEN_IDS_TYPE`` column from per-row id lists (None: null), flattened through numpy: what
+    ``pa.array`` gives, an order of magnitude faster (it converts nested ints one by one). An id
+    beyond int32 raises ``ArrowInvalid`` as ``pa.array`` does."""
+    n = len(rows)
+    lengths = np.fromiter((0 if r is None else len(r) for r in rows), np.int64, n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return pa.array(rows, type=TOKEN_IDS_TYPE)
+    flat = np.fromiter(itertools.chain.from_iterable(r for r in rows if r is not None), np.int64, offsets[-1])
+    values = pa.array(flat).cast(pa.int32())  # safe cast
+    mask = pa.array([r is None for r in rows], pa.bool_()) if None in rows else None
+    return pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), values, type=TOKEN_IDS_TYPE, mask=mask
+    )
 
 
 def _turn_row(turn: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,15 @@ is up, stops the server and measures, from the journal:
   the generation flow; the warmup skips the ramp where no request has finished yet;
 - the output-length distribution (p50/p90/p99 completion tokens, truncation rate) of completed requests.
   Requests still running at the stop are *censored* (not counted); their number is reported because
-  many of them bias the lengths short.
+  many of them bias the lengths short;
+- the server's own steady-state decode rate (:mod:`regen.sglang.metrics`): the median ``gen throughput``
+  of the server log's ``Decode batch`` lines at the ``#running-req`` plateau during the pilot (``/metrics``
+  samples when the log has none). This is the rate candidates are ranked and the run projected by
+  (:attr:`CandidateResult.rate_tok_s`); the client window rate stays as a fallback and a cross-check: with
+  long outputs a short window sees few completions, while the server counts every generated token.
+
+Each candidate's server listens on a port the OS reports free (not ``server.port_base + slot``), so a
+sweep run while a generation holds its slots' ports cannot collide with them.
 
 The pilot prompts are cycled (repeats get an id suffix ``~r{k}``, so a different seed) so the server
 stays saturated for the whole window whatever the pilot size.
@@ -30,6 +38,8 @@ import dataclasses
 import logging
 import math
 import os
+import random
+import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,9 +47,18 @@ from pathlib import Path
 from typing import Any
 
 from regen.client import GenerateConfig, ProgressOptions, ShardFailedError, generate_shard_async
+from regen.closedloop import StepModel, closed_loop_wall_s
 from regen.journal import read_journal_entries
 from regen.projection import PROJECTION_ASSUMPTIONS, Remaining, project
 from regen.sglang.config import ServerConfig, ServerConfigLike
+from regen.sglang.metrics import (
+    DecodeSample,
+    SteadyState,
+    log_since,
+    log_size,
+    sample_metrics,
+    server_steady_state,
+)
 from regen.sglang.server import (
     ServerError,
     acquire_server,
@@ -119,6 +138,9 @@ class PilotMeasurement:
     latency_p90_s: float
     completion_tokens: tuple[int, ...] = dataclasses.field(default=(), repr=False)
     truncated: int = 0
+    polled: tuple[DecodeSample, ...] = dataclasses.field(default=(), repr=False)  # /metrics samples
+    server: SteadyState | None = None  # the server's steady decode rate during the pilot
+    first_request_s: float | None = None  # the warm-up request before the window (see warm_up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +156,28 @@ class CandidateResult:
 
     @property
     def out_tok_s(self) -> float:
+        """Client-side: completion tokens finished inside the measurement window, per second."""
         return self.measurement.out_tok_s if self.measurement is not None else 0.0
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Server-side steady decode rate (None when the server gave no reading)."""
+        m = self.measurement
+        return m.server.median_tps if m is not None and m.server is not None else None
+
+    @property
+    def ramp_s(self) -> float | None:
+        """From the pilot's first request to the server's first decode line at the running plateau."""
+        m = self.measurement
+        if m is None or m.server is None or m.server.plateau_from is None:
+            return None
+        return max(0.0, m.server.plateau_from - m.started_at)
+
+    @property
+    def rate_tok_s(self) -> float:
+        """What candidates are ranked and runs projected by: the server's steady rate, else the client's."""
+        decode = self.decode_tok_s
+        return decode if decode else self.out_tok_s
 
     def to_json(self) -> dict[str, Any]:
         m = self.measurement
@@ -161,6 +204,11 @@ class CandidateResult:
                     "lengths": dataclasses.asdict(m.lengths),
                     "latency_p50_s": round(m.latency_p50_s, 3),
                     "latency_p90_s": round(m.latency_p90_s, 3),
+                    "decode_tok_s": None if self.decode_tok_s is None else round(self.decode_tok_s, 1),
+                    "rate_tok_s": round(self.rate_tok_s, 2),
+                    "ramp_s": None if self.ramp_s is None else round(self.ramp_s, 1),
+                    "server_steady_state": None if m.server is None else m.server.to_json(),
+                    "first_request_s": None if m.first_request_s is None else round(m.first_request_s, 2),
                 }
             )
         return out
@@ -177,6 +225,13 @@ class SweepResult:
     @property
     def best(self) -> CandidateResult:
         return self.rows[self.best_index]
+
+    @property
+    def rate_method(self) -> str:
+        m = self.best.measurement
+        if m is not None and m.server is not None:
+            return m.server.method
+        return "client: completion tokens finished in the window / window"
 
     @property
     def best_args(self) -> tuple[str, ...]:
@@ -198,6 +253,8 @@ class SweepResult:
             "best_label": self.best.label,
             "best_args": list(self.best_args),
             "best_out_tok_s": round(self.best.out_tok_s, 2),
+            "best_rate_tok_s": round(self.best.rate_tok_s, 2),
+            "rate_method": self.rate_method,
             "seconds_per_candidate": self.seconds_per_candidate,
             "warmup_s": self.warmup_s,
             "pilot_samples": self.pilot_samples,
@@ -307,6 +364,7 @@ async def drive_pilot_async(
     seconds: float,
     journal_path: str | os.PathLike[str],
     warmup_s: float | None = None,
+    metrics_every_s: float = 2.0,
 ) -> PilotMeasurement:
     """Drive ``endpoint`` with the real client for ``seconds``, then cancel it and measure the journal.
 
@@ -332,15 +390,30 @@ async def drive_pilot_async(
         stream, journal, records_out, failed_out, gcfg, endpoint, SWEEP_SHARD, progress
     )
     task = asyncio.create_task(run)
+    polled: list[DecodeSample] = []
+    poller = asyncio.create_task(poll_metrics(endpoint, polled, metrics_every_s))
     done, _ = await asyncio.wait({task}, timeout=seconds)
     stopped = time.time()
+    poller.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await poller
     if done:  # only a failure ends a cycled pilot early
         task.result()
         raise SweepError("the pilot client stopped before its time was up")  # pragma: no cover
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    return measure_journal(journal, started, stopped, warm, int(concurrency), stream.count)
+    m = measure_journal(journal, started, stopped, warm, int(concurrency), stream.count)
+    return dataclasses.replace(m, polled=tuple(polled))
+
+
+async def poll_metrics(endpoint: Endpoint, into: list[DecodeSample], every_s: float) -> None:
+    """Append a ``/metrics`` reading every ``every_s`` seconds until cancelled."""
+    while True:
+        await asyncio.sleep(every_s)
+        found = await asyncio.to_thread(sample_metrics, endpoint.url, endpoint.api_key)
+        if found is not None:
+            into.append(found)
 
 
 def drive_pilot(
@@ -350,9 +423,12 @@ def drive_pilot(
     seconds: float,
     journal_path: str | os.PathLike[str],
     warmup_s: float | None = None,
+    metrics_every_s: float = 2.0,
 ) -> PilotMeasurement:
     """Blocking :func:`drive_pilot_async`."""
-    return asyncio.run(drive_pilot_async(endpoint, samples, generate_cfg, seconds, journal_path, warmup_s))
+    return asyncio.run(
+        drive_pilot_async(endpoint, samples, generate_cfg, seconds, journal_path, warmup_s, metrics_every_s)
+    )
 
 
 # -------------------------------------------------------------------------------- sweep --
@@ -366,8 +442,45 @@ def sweep_server_cfg(server_cfg: ServerConfigLike) -> ServerConfig:
         cfg,
         use_tuner=True,
         args=(),
+        gpus=cfg.tp,  # one slot: the sweep measures one server at a time
         simulated=dataclasses.replace(cfg.simulated, max_running_requests=None),
     )
+
+
+WARM_UP_MAX_TOKENS = 8
+
+
+def warm_up(
+    endpoint: Endpoint, sample: Sample, generate_cfg: Mapping[str, Any] | GenerateConfig, workdir: Path
+) -> float:
+    """One real request (the first pilot prompt, a few tokens) before the measurement window, so that a
+    server's first-request costs stay out of it; its seconds. (Seen on SGLang 0.5.17 on the H200,
+    2026-11-30: a fresh server's first 261-token chat request reached the scheduler only after ~110 s,
+    so 40-45 s pilots measured nothing; cause not found.)"""
+    gcfg = generate_cfg if isinstance(generate_cfg, GenerateConfig) else GenerateConfig.from_dict(
+        dict(generate_cfg)
+    )  # fmt: skip
+    sampling = dataclasses.replace(gcfg.sampling, max_tokens=WARM_UP_MAX_TOKENS)
+    gcfg = dataclasses.replace(gcfg, sampling=sampling, max_tokens_by_id=None, concurrency=1)
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in ("journal.jsonl", "records.jsonl", "failed.jsonl"):
+        (workdir / name).unlink(missing_ok=True)
+    one = dataclasses.replace(sample, id=f"{sample.id}{REPEAT_MARK}warmup")
+    t0 = time.monotonic()
+    asyncio.run(
+        generate_shard_async([one], workdir / "journal.jsonl", workdir / "records.jsonl",
+                             workdir / "failed.jsonl", gcfg, endpoint, "warmup",
+                             ProgressOptions(log_every_s=3600.0, status_path=None, bar=False))
+    )  # fmt: skip
+    return time.monotonic() - t0
+
+
+def sweep_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on, chosen by the OS from its ephemeral range: never one of the
+    ``server.port_base + slot`` ports a running generation holds or is about to take."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def sweep_command_builder(server_cfg: ServerConfig, plan: Mapping[str, Any] | None, port: int,
@@ -438,19 +551,31 @@ def run_sweep(
         cand_dir = root / f"cand{i:02d}"
         servers = cand_dir / "servers"
         log.info("sweep: %s (%s), predicted cap %s", cand.label, " ".join(cand.args), cand.predicted_running)
+        cand_cfg = dataclasses.replace(cfg, port_base=sweep_port(cfg.host))
+        server_log = cand_dir / "logs" / "gpu0.log"
         try:
             with acquire_server(
-                cfg, candidate_plan(cand), servers, cand_dir / "logs",
+                cand_cfg, candidate_plan(cand), servers, cand_dir / "logs",
                 owner_pid=os.getpid(), command_builder=sweep_command_builder,
             ) as endpoint:  # fmt: skip
+                first = warm_up(endpoint, samples[0], generate_cfg, cand_dir / "warmup")
+                offset = log_size(server_log)
                 m = drive_pilot(endpoint, samples, generate_cfg, seconds_per_candidate,
                                 cand_dir / "journal.jsonl", warm)  # fmt: skip
+                m = dataclasses.replace(
+                    m,
+                    server=server_steady_state(log_since(server_log, offset), m.polled),
+                    first_request_s=first,
+                )
             rows.append(CandidateResult(cand.label, cand.args, cand.predicted_running, True, None, m))
             log.info(
-                "sweep: %s: %.1f out tok/s, %.2f req/s at concurrency %d (%d unfinished at stop)",
-                cand.label, m.out_tok_s, m.req_s, m.concurrency, m.unfinished_at_stop,
+                "sweep: %s: steady decode %s tok/s (%s running); client %.1f out tok/s, %.2f req/s at "
+                "concurrency %d (%d unfinished at stop)",
+                cand.label, f"{m.server.median_tps:.1f}" if m.server else "-",
+                m.server.plateau_running if m.server else "-", m.out_tok_s, m.req_s, m.concurrency,
+                m.unfinished_at_stop,
             )  # fmt: skip
-            if m.window_s < 3 * m.latency_p90_s:
+            if m.server is None and m.window_s < 3 * m.latency_p90_s:
                 log.warning(
                     "sweep: %s: the %.0f s window is shorter than 3x the p90 latency (%.1f s): tok/s and "
                     "lengths are biased low; raise --seconds",
@@ -465,17 +590,72 @@ def run_sweep(
     if not measured:
         errors = "; ".join(f"{r.label}: {r.error}" for r in rows)
         raise SweepError(f"no candidate could be measured: {errors}")
-    best = max(measured, key=lambda i: (rows[i].out_tok_s, -i))  # ties: the earlier (recommended) one
+    best = max(measured, key=lambda i: (rows[i].rate_tok_s, -i))  # ties: the earlier (recommended) one
     return SweepResult(tuple(rows), best, float(seconds_per_candidate), float(warm), len(samples))
 
 
 # --------------------------------------------------------------------------- projection --
+def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel | None:
+    """The decode-step cost line: through the best candidate's plateau with ``fixed_step_s`` as its
+    batch-independent part (e.g. the weights over the memory bandwidth) when given, else fitted to the
+    plateaus of the candidates that share the best one's state dtype. None without a server reading."""
+    best = result.best
+    m = best.measurement
+    if m is None or m.server is None:
+        return None
+    if fixed_step_s > 0:
+        return StepModel.from_plateau(m.server.plateau_running, m.server.median_tps, fixed_step_s)
+
+    def dtype(args: Sequence[str]) -> str | None:
+        a = list(args)
+        return a[a.index("--mamba-ssm-dtype") + 1] if "--mamba-ssm-dtype" in a[:-1] else None
+
+    points = [
+        (r.measurement.server.plateau_running, r.measurement.server.median_tps)
+        for r in result.rows
+        if r.ok and r.measurement is not None and r.measurement.server is not None
+        and dtype(r.args) == dtype(best.args)
+    ]  # fmt: skip
+    return StepModel.fit(points)
+
+
+def closed_loop_projection(
+    result: SweepResult, remaining: int, gpus: int, tp: int, *, lengths: Sequence[int] | None = None,
+    fixed_step_s: float = 0.0, seed: int = 0,
+) -> dict[str, Any] | None:  # fmt: skip
+    """Wall time and GPU-hours with the start burst and the drain (:mod:`regen.closedloop`): each server
+    takes an equal share of ``remaining`` samples whose output lengths are ``lengths`` (default: drawn from
+    the pilot's completed lengths) at the best candidate's concurrency, after the ramp its pilot measured.
+    None without a server reading."""
+    step = step_model_of(result, fixed_step_s)
+    best = result.best.measurement
+    if step is None or best is None or remaining <= 0:
+        return None
+    servers = max(1, gpus // tp)
+    if lengths is None:
+        pool = list(best.completion_tokens) or [
+            t for r in result.rows if r.measurement is not None for t in r.measurement.completion_tokens
+        ]
+        if not pool:
+            return None
+        rng = random.Random(seed)
+        lengths = [rng.choice(pool) for _ in range(remaining)]
+    per_server = list(lengths)[::servers] if servers > 1 else list(lengths)
+    est = closed_loop_wall_s(per_server, best.concurrency, step, result.best.ramp_s or 0.0)
+    return {
+        **est.to_json(),
+        "servers": servers,
+        "gpu_hours": est.wall_s * servers * tp / 3600,
+        "step_model": {"fixed_s": step.fixed_s, "per_request_s": step.per_request_s},
+    }
+
+
 def pilot_report(
     result: SweepResult, remaining: Remaining, gpus: int, tp: int, *, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The content of ``results/plan/pilot.json``."""
     lengths = result.pooled_lengths()
-    proj = project(remaining.remaining, lengths.mean, result.best.out_tok_s, gpus, tp)
+    proj = project(remaining.remaining, lengths.mean, result.best.rate_tok_s, gpus, tp)
     assumptions = list(PROJECTION_ASSUMPTIONS)
     censored = sum(r.measurement.unfinished_at_stop for r in result.rows if r.measurement is not None)
     if censored:
@@ -483,11 +663,13 @@ def pilot_report(
             f"{censored} pilot requests were still running when their time was up and are not in the "
             "length distribution (long outputs are under-represented when this is large)"
         )
+    closed = closed_loop_projection(result, remaining.remaining, gpus, tp)
     return {
         "created_at": time.time(),
         **result.to_json(),
         "remaining": {**dataclasses.asdict(remaining), "remaining": remaining.remaining},
         "projection": proj.to_json(),
+        "projection_closed_loop": closed,
         "assumptions": assumptions,
         **dict(extra or {}),
     }

@@ -70,6 +70,10 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--audit-summary", help="audit summary.json with prompt-token percentiles")
     parser.add_argument("--allow-bf16-state", action="store_true", help="linear-attention state in bf16")
     parser.add_argument("--allow-fp8-kv", action="store_true", help="fp8 KV cache")
+    parser.add_argument(
+        "--expected-output-tokens", type=int,
+        help="mean completion tokens expected: adds scheduler candidates sized for it (--sweep runs them)",
+    )  # fmt: skip
 
 
 def render_table(rec: Recommendation) -> str:
@@ -139,6 +143,7 @@ def cli(argv: list[str]) -> int:
             prompt_p99=max(p99, p50),
             max_tokens=ns.max_tokens or base.max_tokens,
             target_concurrency=ns.concurrency,
+            expected_output_tokens=ns.expected_output_tokens,
         )
         rec = recommend(
             model, gpu, ns.tp, sglang_args, workload, ns.sglang_version,
@@ -220,7 +225,9 @@ def render_result(report: Mapping[str, Any]) -> str:
     p = report["projection"]
     lines += [
         "",
-        f"best: {report['best_label']} ({report['best_out_tok_s']:.1f} out tok/s per server)",
+        f"best: {report['best_label']} "
+        f"({report.get('best_rate_tok_s', report['best_out_tok_s']):.1f} tok/s per server; "
+        f"{report.get('rate_method', 'client window')})",
         f"remaining: {p['remaining_samples']} samples x {p['tokens_per_sample']:.1f} tokens on "
         f"{p['servers']} server(s) of tp={p['tp']}: wall {fmt_duration(p['wall_s'])}, "
         f"{p['gpu_hours']:.2f} GPU-hours",
@@ -279,6 +286,7 @@ def sweep_cli(argv: list[str]) -> int:
             prompt_p50=p50,
             prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
             max_tokens=int(max_tokens or base.max_tokens),
+            expected_output_tokens=ns.expected_output_tokens,
         )
         rec = recommend(
             model, int(gpu_mib), tp, sglang_args, workload, ns.sglang_version,
@@ -305,7 +313,7 @@ def sweep_cli(argv: list[str]) -> int:
                 rec,
                 recommended=best_plan,
                 args=best_cand.args,
-                reasons=(f"fastest in the pilot sweep: {result.best.out_tok_s:.1f} out tok/s "
+                reasons=(f"fastest in the pilot sweep: {result.best.rate_tok_s:.1f} tok/s "
                          f"({best_cand.label}); see {out}",),
             )  # fmt: skip
             write_plan_file(ns.plan_out, chosen, sglang_version=ns.sglang_version,

@@ -13,6 +13,7 @@ naming the field. The semantic checks the schema cannot express follow.
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import gc
 import os
@@ -101,17 +102,40 @@ class SemanticLimits:
         )
 
 
+#: the items of a token id array (``$defs.token_ids``), checked in C by ``_token_ids_conform``
+TOKEN_IDS_DEF = "token_ids"
+TOKEN_ID_ITEM = {"type": "integer", "minimum": 0}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIdPaths:
+    """Where a record holds token id arrays: top-level keys and keys of each ``turns`` item."""
+
+    top: tuple[str, ...]
+    per_turn: tuple[str, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class RecordValidator:
-    """The compiled schema (fast path) and the reference validator (messages on failure)."""
+    """The compiled schema (fast path) and the reference validator (messages on failure).
+
+    Token id arrays (hundreds of integers a record) are the bulk of a record: ``fast`` is compiled
+    from the schema with their items unconstrained and ``_token_ids_conform`` checks the items
+    (integer, >= 0) in C; only when that says no does ``full`` (the whole schema, compiled) decide.
+    """
 
     fast: Callable[[Any], Any]
+    full: Callable[[Any], Any]
     reference: jsonschema.Draft202012Validator
+    token_ids: TokenIdPaths | None
 
     def schema_problem(self, rec: Any) -> Problem | None:
         """None when the record conforms; else the reference validator's best message."""
         try:
             self.fast(rec)
+            if self.token_ids is None or _token_ids_conform(rec, self.token_ids):
+                return None
+            self.full(rec)  # ints as 1.0, say: the schema's own rule decides
             return None
         except fastjsonschema.JsonSchemaValueException as exc:
             fast_msg = exc.message
@@ -121,14 +145,56 @@ class RecordValidator:
         return Problem(SCHEMA, f"{err.json_path}: {_short(err.message)}")
 
 
+def _ids_conform(ids: list[Any]) -> bool:
+    """Every item a (non-bool) int >= 0; C loops only (``type`` of a bool is not ``int``)."""
+    return not ids or (set(map(type, ids)) == {int} and min(ids) >= 0)
+
+
+def _token_ids_conform(rec: dict[str, Any], paths: TokenIdPaths) -> bool:
+    """The token id arrays of a record that passed ``fast`` (so they are lists) meet ``TOKEN_ID_ITEM``."""
+    for key in paths.top:
+        ids = rec.get(key)
+        if ids is not None and not _ids_conform(ids):
+            return False
+    if paths.per_turn:
+        for turn in rec.get("turns") or ():
+            for key in paths.per_turn:
+                ids = turn.get(key)
+                if ids is not None and not _ids_conform(ids):
+                    return False
+    return True
+
+
+def _token_id_paths(schema: dict[str, Any]) -> TokenIdPaths | None:
+    """Where the schema refers to ``$defs.token_ids``; None (no C check: the whole schema is compiled)
+    when the definition is not exactly ``TOKEN_ID_ITEM`` items or is referred to anywhere else."""
+    ref = f"#/$defs/{TOKEN_IDS_DEF}"
+    defn = schema.get("$defs", {}).get(TOKEN_IDS_DEF)
+    if defn is None or defn.get("items") != TOKEN_ID_ITEM or set(defn) - {"type", "items", "description"}:
+        return None
+    top = tuple(k for k, v in schema.get("properties", {}).items() if v.get("$ref") == ref)
+    turns = schema.get("properties", {}).get("turns", {}).get("items", {}).get("properties", {})
+    per_turn = tuple(k for k, v in turns.items() if v.get("$ref") == ref)
+    found = len(top) + len(per_turn)
+    if found == 0 or orjson.dumps(schema).count(orjson.dumps(ref)) != found:
+        return None
+    return TokenIdPaths(top, per_turn)
+
+
 @functools.lru_cache(maxsize=4)
 def load_validator(schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH) -> RecordValidator:
     """Compile ``schema_path`` once per process (fast path without detailed messages: on a failure
     the reference validator explains)."""
     schema = read_json(schema_path)
     jsonschema.Draft202012Validator.check_schema(schema)
-    fast = fastjsonschema.compile(schema, detailed_exceptions=False)
-    return RecordValidator(fast, jsonschema.Draft202012Validator(schema))
+    paths = _token_id_paths(schema)  # before compiling: fastjsonschema rewrites the $refs it resolves
+    reference = jsonschema.Draft202012Validator(copy.deepcopy(schema))
+    fast = full = fastjsonschema.compile(copy.deepcopy(schema), detailed_exceptions=False)
+    if paths is not None:
+        relaxed = copy.deepcopy(schema)
+        del relaxed["$defs"][TOKEN_IDS_DEF]["items"]
+        fast = fastjsonschema.compile(relaxed, detailed_exceptions=False)
+    return RecordValidator(fast, full, reference, paths)
 
 
 def _short(text: str, limit: int = 300) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -171,6 +172,33 @@ def test_recommend_holds_kv_and_never_picks_bf16_silently(gpu_model: ModelShape)
     assert allowed.recommended.effective_max_running_requests >= best.effective_max_running_requests
     for cand in rec.candidates:
         assert cand.plan.kv_cache_tokens >= cand.plan.effective_max_running_requests * wl.tokens_per_request
+
+
+def test_scheduler_candidates_size_the_cap_for_the_expected_length(gpu_model: ModelShape) -> None:
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, target_concurrency=4096)
+    static = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_bf16_state=True)
+    assert not any("expected" in c.reasons[0] for c in static.candidates)  # none without an expectation
+    expect = dataclasses.replace(wl, expected_output_tokens=640)
+    rec = recommend(gpu_model, H200_MIB, 1, [], expect, "0.5.17", allow_bf16_state=True)
+    assert rec.args == static.args  # the static recommendation keeps its guarantee at max_tokens
+    assert rec.candidates[0].args == rec.args
+    sized, batched = rec.candidates[1], rec.candidates[2]
+    n = sized.plan.effective_max_running_requests
+    assert n > rec.recommended.effective_max_running_requests
+    assert sized.plan.kv_cache_tokens >= n * (261 + 640)  # holds the expected length, not max_tokens
+    assert sized.plan.kv_cache_tokens < n * wl.tokens_per_request
+    for flag in ("--mamba-ssm-dtype", "--disable-radix-cache", "--mem-fraction-static"):
+        assert flag in sized.args  # same state dtype, radix choice and memory fraction as the best
+    graph = sized.args.index("--cuda-graph-max-bs-decode")
+    assert sized.args[graph + 1] == str(n)
+    assert batched.args == (*sized.args, "--min-free-slots-delay", "4")
+    assert "expected 640 output tokens" in sized.reasons[0]
+    too_long = dataclasses.replace(
+        wl, expected_output_tokens=4096
+    )  # no less than max_tokens: nothing to gain
+    assert not any(
+        "expected" in c.reasons[0] for c in recommend(gpu_model, H200_MIB, 1, [], too_long).candidates
+    )
 
 
 def test_warnings_for_ignored_and_renamed_flags(gpu_model: ModelShape) -> None:

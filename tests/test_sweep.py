@@ -7,9 +7,11 @@ The winner of a sweep is therefore known from each candidate's cap, without hard
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
+import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -18,15 +20,19 @@ from typing import Any
 import pytest
 import yaml
 
+from regen.client import GenerateConfig
 from regen.io import write_json
 from regen.projection import Remaining, count_remaining, project, read_pilot
 from regen.report import write_report_assets
+from regen.sglang.metrics import METHOD_LOG, SteadyState
 from regen.sglang.server import live_supervisors, port_is_free
 from regen.sglang.simulated import start_simulated_server
 from regen.shards import write_shards
 from regen.status import status_report
 from regen.sweep import (
+    CandidateResult,
     LengthStats,
+    PilotMeasurement,
     SweepCandidate,
     SweepResult,
     cycled,
@@ -147,6 +153,8 @@ def test_sweep_keeps_the_candidate_with_the_higher_measured_throughput(sweep: An
         assert row.measurement is not None
         # the simulated cap (and so the client's concurrency) follows the candidate's predicted cap
         assert row.measurement.concurrency == cand.predicted_running
+        # one warm-up request answered before the window opened (first-request costs stay out of it)
+        assert row.measurement.first_request_s is not None and row.measurement.first_request_s < SECONDS
         assert row.out_tok_s == pytest.approx(model_tok_s(cand.predicted_running), rel=0.25)
     expected = max(range(len(candidates)), key=lambda i: model_tok_s(candidates[i].predicted_running or 0))
     assert result.best_index == expected
@@ -255,3 +263,47 @@ def test_tune_sweep_cli_on_simulated_servers(tmp_workdir: Path) -> None:
         assert live_supervisors(cand_dir / "servers") == []
     assert not list(Path("work/status").glob("*.json")) if Path("work/status").exists() else True
     assert os.path.isdir("work/sweep")
+
+
+def test_a_sweep_beside_a_generation_takes_another_port_and_honours_per_sample_lengths(
+    tmp_path: Path,
+) -> None:
+    base = free_base()
+    generation = socket.socket()  # a generation's slot-0 server listening on server.port_base
+    generation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    generation.bind(("127.0.0.1", base))
+    generation.listen()
+    lengths = {f"s{i}": 3 + i % 5 for i in range(40)}
+    gcfg = dataclasses.replace(
+        GenerateConfig.from_dict({**GENERATE, "extra_body": {"ignore_eos": True}}), max_tokens_by_id=lengths
+    )
+    try:
+        result = run_sweep(
+            server_cfg(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")], make_samples(40),
+            gcfg, 2.0, tmp_path / "sweep", stop_grace_s=5,
+        )  # fmt: skip
+    finally:
+        generation.close()
+    assert result.rows[0].ok, result.rows[0].error
+    supervisor_log = (tmp_path / "sweep" / "cand00" / "logs" / "gpu0.log").read_text()
+    port = int(supervisor_log.split(" url=http://127.0.0.1:", 1)[1].split()[0])
+    assert port != base
+    records = [
+        json.loads(x) for x in (tmp_path / "sweep" / "cand00" / "journal.jsonl").read_text().splitlines()
+    ]
+    done = [r for r in records if r.get("kind") == "record" and r["id"] in lengths]
+    assert done and all(r["usage"]["completion_tokens"] == lengths[r["id"]] for r in done)
+
+
+def test_candidates_are_ranked_by_the_servers_steady_rate_when_it_gave_one() -> None:
+    def row(label: str, client: float, server: float | None) -> CandidateResult:
+        lengths = LengthStats.of([10], 0)
+        steady = None if server is None else SteadyState(8, 5, server, server, 100.0, 1.0, METHOD_LOG)
+        m = PilotMeasurement(8, 0.0, 10.0, 8.0, 20, 10, 0, 8, 10, 100, client, 1.0, lengths, 1.0, 1.0,
+                             server=steady)  # fmt: skip
+        return CandidateResult(label, (label,), 8, True, None, m)
+
+    assert row("a", 50.0, None).rate_tok_s == 50.0
+    assert row("b", 50.0, 400.0).rate_tok_s == 400.0 and row("b", 50.0, 400.0).decode_tok_s == 400.0
+    result = SweepResult((row("a", 90.0, 300.0), row("b", 50.0, 400.0)), 1, 10.0, 2.0, 20)
+    assert result.to_json()["best_rate_tok_s"] == 400.0 and result.rate_method == METHOD_LOG

@@ -258,3 +258,51 @@ def test_cli_prints_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert V.cli([str(src), str(tmp_path / "v.parquet"), str(tmp_path / "q.jsonl")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out == {"shard": "00001", "records_in": 2, "valid": 2, "quarantined": 0, "reasons": {}}
+
+
+TURN = {
+    "reasoning_content": None,
+    "content": "t",
+    "finish_reason": "stop",
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+}
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "7", None, [3]])
+@pytest.mark.parametrize("where", ["prompt_token_ids", "completion_token_ids", "turn"])
+def test_token_id_items_checked_as_the_schema_says(schema: dict[str, Any], bad: Any, where: str) -> None:
+    """Token id arrays skip the compiled item loop (checked in C): every item the schema rejects, at
+    the top level or in a turn, is still a schema problem naming the item; what it accepts passes."""
+    v = V.load_validator(str(SCHEMA_PATH))
+    assert v.token_ids is not None and v.fast is not v.full
+    ids = [5, 0, bad, 9]
+    if where == "turn":
+        rec = make_record(turns=[{**TURN, "prompt_token_ids": [1], "completion_token_ids": ids}])
+        path = "$.turns[0].completion_token_ids[2]"
+    else:
+        rec = make_record(**{"prompt_token_ids": [1, 2], "completion_token_ids": [3], where: ids})
+        path = f"$.{where}[2]"
+    assert not jsonschema.Draft202012Validator(schema).is_valid(rec)
+    problem = v.schema_problem(rec)
+    assert problem is not None and problem.reason == V.SCHEMA and problem.detail.startswith(path)
+    good = [5, 0, 1.0, 2**40] if where != "turn" else [5]
+    ok = make_record(
+        prompt_token_ids=good, completion_token_ids=[], turns=[{**TURN, "completion_token_ids": good}]
+    )
+    assert jsonschema.Draft202012Validator(schema).is_valid(ok)
+    assert v.schema_problem(ok) is None
+
+
+def test_token_ids_reach_valid_parquet_as_sent(tmp_path: Path) -> None:
+    """Rows with and without server token ids (and empty ones) keep exactly their ids in the valid shard."""
+    recs = [
+        make_record(0, prompt_token_ids=[1, 2, 3], completion_token_ids=[151000, 0]),
+        make_record(1),
+        make_record(2, prompt_token_ids=[], completion_token_ids=[7]),
+    ]
+    src = write_jsonl(tmp_path / "00000.jsonl", recs)
+    stats = V.validate_shard(src, tmp_path / "v.parquet", tmp_path / "q.jsonl", CFG)
+    assert stats.valid == 3
+    table = pq.read_table(tmp_path / "v.parquet")
+    assert table.column("prompt_token_ids").to_pylist() == [[1, 2, 3], None, []]
+    assert table.column("completion_token_ids").to_pylist() == [[151000, 0], None, [7]]

@@ -85,6 +85,9 @@ class Workload:
     max_tokens: int
     target_concurrency: int | None = None
     unique_prompts: bool = True
+    #: mean completion tokens expected (source answers, a pilot); adds scheduler candidates (see
+    #: ``scheduler_candidates``) that size the running cap for it instead of for max_tokens
+    expected_output_tokens: int | None = None
 
     @property
     def tokens_per_request(self) -> int:
@@ -596,14 +599,73 @@ def recommend(
             f"the given flags allow {given.effective_max_running_requests} running requests; decode graphs "
             f"are captured only up to {given.cuda_graph_max_bs}; larger batches decode eagerly (slower)"
         )
+    sched = scheduler_candidates(model, gpu_memory_mib, tp, base, workload, sglang_version, best)
     return Recommendation(
         given=given,
         recommended=best.plan,
         args=best.args,
         reasons=best.reasons,
         warnings=tuple(warnings),
-        candidates=tuple(candidates[:top_k]),
+        candidates=(best, *sched, *candidates[1:top_k]),
     )
+
+
+#: SGLang admits new requests one scheduler pass at a time: at a full running cap with outputs of spread
+#: lengths, about one request frees per decode step and each is prefilled in a forward pass of its own.
+#: ``--min-free-slots-delay N`` (SGLang caps N at 4) waits for N free slots and prefills them together.
+MIN_FREE_SLOTS_DELAY = 4
+
+
+def scheduler_candidates(
+    model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str,
+    best: Candidate,
+) -> list[Candidate]:  # fmt: skip
+    """Candidates that trade the static guarantee for throughput, to be measured by ``regen tune --sweep``.
+
+    With ``workload.expected_output_tokens`` below ``max_tokens``: the running cap sized so the KV cache
+    holds every running request at prompt p99 + the *expected* output (the mean context of a running set
+    stays under that while the lengths' squared coefficient of variation is below 1), relying on SGLang's
+    own admission (free KV) and retraction for the rare overflow; then the same with prefill refills
+    batched (``--min-free-slots-delay``). Same state dtype, KV dtype, radix choice and memory fraction as
+    ``best``. Empty when no expected length is given.
+    """
+    expected = workload.expected_output_tokens
+    if not expected or expected >= workload.max_tokens:
+        return []
+    chosen = parse_flags(list(best.args))
+    wl = Workload(
+        prompt_p50=workload.prompt_p50, prompt_p99=workload.prompt_p99, max_tokens=int(expected),
+        target_concurrency=None, unique_prompts=workload.unique_prompts,
+    )  # fmt: skip
+    found = _best_running(
+        model, gpu_mib, tp, base, wl, version, 4096, chosen.disable_radix_cache, chosen.mamba_ssm_dtype,
+        chosen.kv_cache_dtype, chosen.mem_fraction_static,
+    )  # fmt: skip
+    if found is None or found.plan.effective_max_running_requests <= best.plan.effective_max_running_requests:
+        return []
+    n = found.plan.effective_max_running_requests
+    sized = Candidate(
+        args=found.args,
+        plan=found.plan,
+        score=found.score,
+        reasons=(
+            f"--max-running-requests {n}: sized for the expected {expected} output tokens per request "
+            f"(not max_tokens {workload.max_tokens}); SGLang admits by free KV and retracts on overflow",
+            *found.reasons[1:],
+        ),
+    )
+    delay = ("--min-free-slots-delay", str(MIN_FREE_SLOTS_DELAY))
+    batched = Candidate(
+        args=(*found.args, *delay),
+        plan=found.plan,
+        score=found.score,
+        reasons=(
+            *sized.reasons,
+            f"--min-free-slots-delay {MIN_FREE_SLOTS_DELAY}: prefill refills {MIN_FREE_SLOTS_DELAY} at a "
+            "time instead of one forward pass per freed slot",
+        ),
+    )
+    return [sized, batched]
 
 
 def _tradeoffs(args: tuple[str, ...]) -> int:
