@@ -654,6 +654,17 @@ def _count_lines(paths: list[Path]) -> int:
     return n
 
 
+def _gate_verdict(
+    summary: Mapping[str, Any], prefix: str, stage: str, source: Path | None
+) -> tuple[str, list[str]]:
+    """PASSED / gates overridden / FAILED, and the reasons (one per failed gate, ``source`` holding the
+    details) that keep the dataset from READY: none when the config overrides the gates."""
+    failed = _failed_gates(summary, prefix)
+    overridden = bool(summary.get("overridden"))
+    verdict = "PASSED" if not failed else ("gates overridden" if overridden else "FAILED")
+    return verdict, [] if overridden else [f"{stage} gate failed: {f} (details: {source})" for f in failed]
+
+
 def _failed_gates(summary: Mapping[str, Any], prefix: str) -> list[str]:
     return [
         f"{prefix}{g.name} = {g.value:.4g} {g.relation} limit {g.limit:.4g}"
@@ -672,10 +683,8 @@ def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
         reasons.append("the input audit has not run")
         stages.append(("1. Input audit", "not run"))
     else:
-        failed = _failed_gates(audit, "audit.gates.")
-        if failed and not audit.get("overridden"):
-            reasons += [f"input audit gate failed: {f} (details: {audit_src})" for f in failed]
-        verdict = "PASSED" if not failed else ("gates overridden" if audit.get("overridden") else "FAILED")
+        verdict, blocking = _gate_verdict(audit, "audit.gates.", "input audit", audit_src)
+        reasons += blocking
         stages.append(
             ("1. Input audit", f"{verdict}: {audit.get('total')} samples, {audit.get('excluded')} excluded")
         )
@@ -709,10 +718,8 @@ def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
         reasons.append("the merged output has not been re-audited")
         stages.append(("4. Output audit", "not run"))
     else:
-        failed = _failed_gates(reaudit, "reaudit.")
-        if failed and not reaudit.get("overridden"):
-            reasons += [f"output re-audit gate failed: {f} (details: {reaudit_src})" for f in failed]
-        verdict = "PASSED" if not failed else ("gates overridden" if reaudit.get("overridden") else "FAILED")
+        verdict, blocking = _gate_verdict(reaudit, "reaudit.", "output re-audit", reaudit_src)
+        reasons += blocking
         stages.append(("4. Output audit", f"{verdict}: {reaudit.get('rows')} rows"))
     if ready_doc is None and reaudit is not None and not reasons:
         reasons.append("results/READY.json is missing")
