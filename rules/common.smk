@@ -79,10 +79,17 @@ def gpu_slots():
 # Run locally with --resources gpu=N, Snakemake may start JOBS_PER_GPU_SLOT generate jobs per GPU slot:
 # the next shard's job waits for a slot and takes it the moment the job on it has sent its last
 # sample, so its requests queue behind the draining ones and no GPU waits for Snakemake to start a
-# job (regen.sglang.server.acquire_server). Slurm group jobs are left as they are.
+# job (regen.sglang.server.acquire_server). Slurm group jobs are left as they are. The executor is
+# known only once Snakemake builds the DAG (while the Snakefile is parsed every run looks local and a
+# Slurm group job would ask for 2 GPUs), so final_outputs widens the counter, before the scheduler reads it.
 JOBS_PER_GPU_SLOT = 2
-if workflow.local_exec and workflow.is_main_process and REQUESTED_GPUS:
-    workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
+
+
+def widen_gpu_counter_for_local_runs():
+    """A local run with --resources gpu=N may start JOBS_PER_GPU_SLOT generate jobs per GPU slot."""
+    local = workflow.executor_plugin is not None and workflow.local_exec
+    if local and workflow.is_main_process and REQUESTED_GPUS:
+        workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
 
 
 # shards.count, or with "auto" one per GPU slot (persisted on the first run: regen.shard_count)
@@ -163,6 +170,7 @@ def final_outputs(wildcards):
     knows whether this is a dry run); a dry run first prints the replay preview."""
     if workflow.dryrun:
         print_replay_preview()
+    widen_gpu_counter_for_local_runs()
     return get_final_outputs()
 
 
