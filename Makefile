@@ -36,7 +36,7 @@ $(SGVENV)/bin/python:
 	$(SGVENV)/bin/pip install -q torch==2.13.0
 	$(SGVENV)/bin/pip install -q --no-deps sglang==0.5.23
 	$(SGVENV)/bin/pip install -q numpy orjson psutil pybase64 requests packaging pillow starlette \
-		msgspec pydantic pyzmq tqdm ipython aiohttp triton pytest
+		msgspec pydantic pyzmq tqdm ipython aiohttp triton pytest jsonschema pyyaml
 
 test-sglang-parser: $(SGVENV)/bin/python
 	PYTHONPATH=$(CURDIR) $(SGVENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_flags.py
