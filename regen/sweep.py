@@ -454,9 +454,10 @@ def warm_up(
     endpoint: Endpoint, sample: Sample, generate_cfg: Mapping[str, Any] | GenerateConfig, workdir: Path
 ) -> float:
     """One real request (the first pilot prompt, a few tokens) before the measurement window, so that a
-    server's first-request costs stay out of it; its seconds. (Seen on SGLang 0.5.17 on the H200,
-    2026-11-30: a fresh server's first 261-token chat request reached the scheduler only after ~110 s,
-    so 40-45 s pilots measured nothing; cause not found.)"""
+    server's first-request costs stay out of it; its seconds. (SGLang 0.5.17 on a fresh H200 machine
+    builds flashinfer's sampling kernels on the first top-k/top-p request, ~110 s with nothing served;
+    the readiness probe now pays that, see ``one_token_generation``; this keeps any other first-use
+    cost out of the window too.)"""
     gcfg = generate_cfg if isinstance(generate_cfg, GenerateConfig) else GenerateConfig.from_dict(
         dict(generate_cfg)
     )  # fmt: skip
@@ -530,12 +531,15 @@ def run_sweep(
     *,
     warmup_s: float | None = None,
     stop_grace_s: float = 30.0,
+    budget_s: float | None = None,
 ) -> SweepResult:
     """Benchmark each candidate for ``seconds_per_candidate`` (plus its server's startup) and keep the best.
 
     A candidate whose server does not start or fails the pilot is a row with ``ok=False`` (e.g. an
     aggressive config that runs out of memory); the sweep raises :class:`SweepError` only when no
     candidate could be measured. Every candidate's server is stopped before the next one starts.
+    With ``budget_s``, no candidate after the first starts once that many seconds have passed since the
+    sweep began: the rest are rows with ``ok=False`` saying so (order candidates by priority).
     """
     if seconds_per_candidate <= 0:
         raise SweepError(f"seconds per candidate must be > 0, got {seconds_per_candidate}")
@@ -547,7 +551,13 @@ def run_sweep(
     warm = seconds_per_candidate * DEFAULT_WARMUP_FRACTION if warmup_s is None else warmup_s
     root = Path(workdir)
     rows: list[CandidateResult] = []
+    began = time.monotonic()
     for i, cand in enumerate(cands):
+        if i > 0 and budget_s is not None and time.monotonic() - began > budget_s:
+            why = f"not started: the sweep's {budget_s:g} s budget was spent"
+            log.warning("sweep: %s %s", cand.label, why)
+            rows.append(CandidateResult(cand.label, cand.args, cand.predicted_running, False, why))
+            continue
         cand_dir = root / f"cand{i:02d}"
         servers = cand_dir / "servers"
         log.info("sweep: %s (%s), predicted cap %s", cand.label, " ".join(cand.args), cand.predicted_running)

@@ -555,3 +555,29 @@ def test_slot_files_are_per_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     assert layout.servers_dir(slurm_job_id()) == Path("work/servers/slurm-4242")
     assert layout.server_logs_dir(slurm_job_id()) == Path("logs/servers/slurm-4242")
+
+
+def test_readiness_probe_pays_the_first_sampled_request_cost() -> None:
+    """SGLang 0.5.17 builds its sampling kernels on the first top-k/top-p request (~110 s on a fresh
+    H200, nothing served meanwhile). The readiness probe samples like a run does, so once a server is
+    ready a run's first request is answered at once; a greedy probe would leave the stall to it."""
+    from regen.sglang.server import one_token_generation
+    from regen.sglang.simulated import start_simulated_server
+
+    url, stop = start_simulated_server(inline=True, sampling_build_s=1.5)
+    try:
+        run_request = {"model": "demo-model", "messages": [{"role": "user", "content": "x"}],
+                       "max_tokens": 4, "temperature": 0.6, "top_p": 0.95, "top_k": 20}  # fmt: skip
+        t0 = time.monotonic()
+        assert one_token_generation(url, "demo-model", None, timeout=30) is None
+        probe_s = time.monotonic() - t0
+        req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(run_request).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        t0 = time.monotonic()
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200
+        first_s = time.monotonic() - t0
+    finally:
+        stop()
+    assert probe_s >= 1.4, "the probe did not build the sampling kernels"
+    assert first_s < 0.5, f"the run's first request still waited {first_s:.2f} s"

@@ -307,3 +307,19 @@ def test_candidates_are_ranked_by_the_servers_steady_rate_when_it_gave_one() -> 
     assert row("b", 50.0, 400.0).rate_tok_s == 400.0 and row("b", 50.0, 400.0).decode_tok_s == 400.0
     result = SweepResult((row("a", 90.0, 300.0), row("b", 50.0, 400.0)), 1, 10.0, 2.0, 20)
     assert result.to_json()["best_rate_tok_s"] == 400.0 and result.rate_method == METHOD_LOG
+
+
+def test_sweep_budget_stops_starting_candidates_and_says_so(tmp_path: Path) -> None:
+    """With a budget, candidates after it are rows saying they were not started; the measured ones rank."""
+    candidates = [
+        SweepCandidate(("--max-running-requests", "4"), 4, "recommended"),
+        SweepCandidate(("--max-running-requests", "8"), 8, "second"),
+    ]
+    result = run_sweep(
+        server_cfg(free_base(), max_running_requests=2), candidates, make_samples(10), GENERATE, 0.5,
+        tmp_path / "sweep", stop_grace_s=5, budget_s=0.0,
+    )  # fmt: skip
+    assert [r.ok for r in result.rows] == [True, False]
+    assert "budget" in (result.rows[1].error or "")
+    assert result.best_index == 0
+    assert not (tmp_path / "sweep" / "cand01").exists()

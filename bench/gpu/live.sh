@@ -26,6 +26,7 @@ export PYTHONPATH=/tmp/site:/tmp/snk:/tmp/repo HF_HUB_OFFLINE=1 TRANSFORMERS_OFF
 collect() {
   mkdir -p "$OUT" /tmp/live-collect
   cp /tmp/live.log "$OUT/bench.log" 2>/dev/null
+  cp /tmp/fi-prewarm.log "$OUT/fi-prewarm.log" 2>/dev/null
   cp /tmp/live-out/*.json /tmp/live-out/*.md "$OUT/" 2>/dev/null
   rm -rf /tmp/live-collect/* && mkdir -p /tmp/live-collect/logs
   for d in /tmp/live-work/sweep/cand* /tmp/live-work/winner; do
@@ -69,8 +70,18 @@ if [ "$mode" = start ]; then
   fi
   extra=""
   [ "${DRY:-0}" = 1 ] && extra="--dry-cpu"
+  if [ "${DRY:-0}" != 1 ]; then
+    # SGLang 0.5.17 builds flashinfer's sampling kernels (nvcc) on the first top-k/top-p request: ~110 s
+    # on a fresh machine. Build them now on the CPU (no GPU: CUDA hidden, arch given) while the first
+    # server starts; the server's own build then finds them (same arch dir, same lock).
+    (CUDA_VISIBLE_DEVICES= FLASHINFER_CUDA_ARCH_LIST=9.0 setsid nohup $PY -c 'import time; t = time.time()
+from flashinfer.jit.sampling import gen_sampling_module
+spec = gen_sampling_module(); spec.build(verbose=False)
+print("flashinfer sampling module built in", round(time.time() - t, 1), "s:", spec.jit_library_path, spec.is_compiled)' \
+      > /tmp/fi-prewarm.log 2>&1 < /dev/null &)
+  fi
   (cd /tmp/repo && setsid nohup $PY bench/gpu/tune_live.py $extra $wf --out /tmp/live-out --work /tmp/live-work \
-      --deadline-s "${DEADLINE:-1230}" ${TUNE_ARGS:-} > /tmp/live.log 2>&1 < /dev/null &)
+      --deadline-s "${DEADLINE:-1330}" ${TUNE_ARGS:-} > /tmp/live.log 2>&1 < /dev/null &)
   sleep 2
 fi
 while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do

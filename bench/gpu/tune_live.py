@@ -157,12 +157,17 @@ def candidates_for(rec: Any, dry: bool) -> list[Any]:
         return max(4, n // 8) if dry else n
 
     out = [SweepCandidate(tuple(rec.args), cap(rec.recommended), "recommended")]
+    sized = None
     for c in rec.candidates:
         if "sized for the expected" in (c.reasons[0] if c.reasons else ""):
             label = "expected-length cap" + (
                 " + refill batching" if "--min-free-slots-delay" in c.args else ""
             )
             out.append(SweepCandidate(tuple(c.args), cap(c.plan), label))
+            sized = sized or (c if "--min-free-slots-delay" not in c.args else None)
+    if sized is not None:  # SGLang's prefill/decode interleaving knob, on the expected-length cap
+        out.append(SweepCandidate((*sized.args, "--enable-mixed-chunk"), cap(sized.plan),
+                                  "expected-length cap + mixed chunk"))  # fmt: skip
     return out
 
 
@@ -296,6 +301,33 @@ def ids_in_records(records: Path, model_dir: Path, samples: dict[str, Sample]) -
     }
 
 
+def token_export_check(tokenized: Path, records: Path) -> dict[str, Any]:
+    """Each row of the workflow's token export against the ids SGLang returned for that sample: the
+    input_ids are the prompt ids then the completion ids, and the loss mask covers the completion only
+    (one regenerated turn, truncated: no end-of-turn added)."""
+    if not tokenized.exists():
+        return {"rows": 0, "error": f"{tokenized.name} not written"}
+    served = {}
+    for line in records.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("prompt_token_ids") is not None and rec.get("completion_token_ids") is not None:
+            served[rec["id"]] = (list(rec["prompt_token_ids"]), list(rec["completion_token_ids"]))
+    rows = exact = 0
+    first: list[dict[str, Any]] = []
+    for line in tokenized.read_text().splitlines():
+        row = json.loads(line)
+        rows += 1
+        prompt, completion = served.get(str(row["id"]), (None, None))
+        ok = prompt is not None and row["input_ids"] == prompt + completion and row["loss_mask"] == (
+            [0] * len(prompt) + [1] * len(completion)
+        )
+        exact += ok
+        if not ok and len(first) < 3:
+            first.append({"id": row["id"], "len_input_ids": len(row["input_ids"]), "served": prompt is not None})
+    return {"rows": rows, "equal_to_served_ids": exact, "first_differences": first,
+            "how": "input_ids == SGLang's prompt_token_ids + token_ids; loss_mask 1 exactly on the completion"}  # fmt: skip
+
+
 def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: bool) -> dict[str, Any]:
     """The workflow (Snakemake) with token ids on, against the running winner (``server.mode: external``):
     audit -> shard -> tune -> generate -> validate -> merge -> re-audit; then every record's ids checked."""
@@ -345,12 +377,14 @@ def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: b
         },
         # dummy weights with ignore_eos: every answer ends at max_tokens, which the truncation gate rejects
         "reaudit": {"override_gates": True},
+        # ... and which the token export leaves out by default: keep them (without an end-of-turn)
+        "export": {"enabled": True, "include_truncated": True},
     }
     if "return_token_ids" in (REPO / "schemas" / "config.schema.yaml").read_text():
         cfg["generate"]["return_token_ids"] = True  # the client's token-id switch (issue 13)
     (wf / "config.yaml").write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "snakemake", "--cores", "8", "--configfile", "config.yaml",
-           "--scheduler", "greedy", "results/reaudit/summary.json"]  # fmt: skip
+           "--scheduler", "greedy"]  # fmt: skip
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=wf, capture_output=True, text=True, timeout=budget_s)
@@ -371,6 +405,7 @@ def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: b
     summary = wf / "results" / "reaudit" / "summary.json"
     if summary.exists():
         out["reaudit_summary"] = json.loads(summary.read_text())
+    out["token_export"] = token_export_check(wf / "results" / "export" / "tokenized.jsonl", merged)
     logs = work / "winner" / "logs"
     shutil.copytree(wf / "logs", logs / "workflow-logs", dirs_exist_ok=True) if (
         wf / "logs"
@@ -567,6 +602,9 @@ def summarize(doc: dict[str, Any], shape: HybridShape) -> dict[str, Any]:
             "snakemake_rc": wf.get("snakemake_rc"),
             "records": wf.get("records"),
             "wall_s": wf.get("wall_s"),
+            "prompt_ids_equal": (wf.get("ids") or {}).get("prompt_ids_equal"),
+            "token_export_rows": (wf.get("token_export") or {}).get("rows"),
+            "token_export_equal_to_served_ids": (wf.get("token_export") or {}).get("equal_to_served_ids"),
         }
     return s
 
@@ -578,7 +616,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None)
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--pilot-s", type=float, default=None)
-    p.add_argument("--deadline-s", type=float, default=1230)
+    p.add_argument("--deadline-s", type=float, default=1330)
+    p.add_argument("--sweep-budget-s", type=float, default=None,
+                   help="no candidate after the first starts past this many seconds of the sweep")  # fmt: skip
     p.add_argument("--workflow-s", type=float, default=None, help="budget of the workflow step (0: off)")
     p.add_argument("--labels", default=None, help="comma-separated candidate labels to run (default: all)")
     p.add_argument("--hw-json", default=None, help="measured hardware (hw.py's JSON) instead of measuring")
@@ -601,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         Lengths(median=24, sigma=0.7, lo=4, hi=96) if dry else Lengths(median=512, sigma=0.7, lo=64, hi=2048)
     )
     pilot_s = a.pilot_s or (12.0 if dry else 45.0)
+    a.sweep_budget_s = (80.0 if dry else 600.0) if a.sweep_budget_s is None else a.sweep_budget_s
     a.workflow_s = (150.0 if dry else 100.0) if a.workflow_s is None else a.workflow_s
     prompt_tokens = 256
 
@@ -655,9 +696,9 @@ def main(argv: list[str] | None = None) -> int:
     pilot = prompts(n_pilot, prompt_tokens, "pilot", 1)
     pilot_by_id = dict(zip((s.id for s in pilot), lengths.draw(n_pilot, 2), strict=True))
     log(f"sweep: {len(cands)} candidates x {pilot_s:.0f} s")
-    # pilots without token ids: SGLang 0.5.17 stalled ~100 s on a server's first return_token_ids request
-    result = run_sweep(server_cfg(model_dir, dry), cands, pilot, generate_cfg(lengths.hi, pilot_by_id, False), pilot_s,
-                       work / "sweep", stop_grace_s=60)  # fmt: skip
+    # pilots as a run sends them (token ids on); candidates in priority order, no new one after the budget
+    result = run_sweep(server_cfg(model_dir, dry), cands, pilot, generate_cfg(lengths.hi, pilot_by_id), pilot_s,
+                       work / "sweep", stop_grace_s=60, budget_s=a.sweep_budget_s)  # fmt: skip
     doc["sweep"] = result.to_json()
     doc["elapsed_after_sweep_s"] = round(elapsed(), 1)
     write_json(json_path, doc)

@@ -427,12 +427,18 @@ def one_token_generation(url: str, model: str, api_key: str | None, timeout: flo
     """POST a one-token chat completion; None on success, else why it failed.
 
     SGLang's ``/health`` can answer OK while the scheduler cannot serve; a real generation cannot.
+    The token is sampled with top-k/top-p filters, as a run's requests are: SGLang 0.5.17 builds
+    flashinfer's sampling kernels on the first such request (~110 s on a fresh H200 machine, the
+    scheduler serving nothing meanwhile), so that cost belongs to startup, not to the first shard's
+    requests or a sweep's measurement window. A greedy probe never builds them.
     """
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "Hi"}],
         "max_tokens": 1,
-        "temperature": 0,
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "top_k": 20,
     }
     req = urllib.request.Request(
         url.rstrip("/") + "/v1/chat/completions",
@@ -677,6 +683,10 @@ def _jsonable(value: Any) -> Any:
 SERVER_START_MARK = "=== regen supervisor: starting server"
 
 
+#: an external server's first sampled request may build sampling kernels (see one_token_generation)
+EXTERNAL_PROBE_TIMEOUT_S = 300.0
+
+
 def external_endpoint(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None) -> Endpoint:
     """mode external: the configured URL, checked once with a one-token generation."""
     cfg = ServerConfig.of(server_cfg)
@@ -685,7 +695,7 @@ def external_endpoint(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | No
     url = cfg.url.rstrip("/")
     api_key = api_key_from(cfg)
     model = cfg.model_path
-    problem = one_token_generation(url, model, api_key, timeout=60)
+    problem = one_token_generation(url, model, api_key, timeout=EXTERNAL_PROBE_TIMEOUT_S)
     if problem is not None:
         raise ServerError(f"external server {url} failed a one-token generation: {problem}")
     info = fetch_server_info(url, api_key)

@@ -230,6 +230,10 @@ class SimOptions:
     kv_cache_gib: float = 40.1
     mem_fraction_static: float = 0.85
     available_gpu_mem_gib: float = 12.34
+    # SGLang 0.5.17 builds flashinfer's sampling kernels (JIT, nvcc) on the first request that needs
+    # top-k/top-p/min-p sampling: on a fresh H200 machine its scheduler served nothing for ~110 s
+    # (2026-11-30); greedy requests never build them. Seconds of that stall; 0: none.
+    sampling_build_s: float = 0.0
 
     @property
     def model_name(self) -> str:
@@ -418,6 +422,22 @@ class TokenModel:
         return ids[:best] + self.encode(piece[:1]) + self.encode(piece[1:]) + ids[best + 1 :]
 
 
+def needs_filtered_sampling(req: dict[str, Any]) -> bool:
+    """SGLang samples with flashinfer's top-k/top-p/min-p kernels unless the request is greedy
+    (temperature 0, or top_k 1) or its filters are off (top_k -1 or 2**30, top_p 1, min_p 0)."""
+    temperature = req.get("temperature")
+    top_k = req.get("top_k")
+    if (temperature is not None and float(temperature) <= 1e-6) or top_k == 1:
+        return False
+    top_p = req.get("top_p")
+    min_p = req.get("min_p")
+    return (
+        (top_k is not None and 0 < int(top_k) < 1 << 30)
+        or (top_p is not None and float(top_p) < 1.0)
+        or (min_p is not None and float(min_p) > 0.0)
+    )
+
+
 def _prompt_tokens(messages: list[Any]) -> int:
     n = 3
     for m in messages:
@@ -519,6 +539,7 @@ class SimulatedServer:
         self.crashed = False
         self.request_log = RequestLog(opts.request_log)
         self.tokens = TokenModel(opts.tokenizer_path) if opts.tokenizer_path else None
+        self.sampling_built_at: float | None = None  # monotonic time the sampling kernels are ready
 
     # -------------------------------------------------------------------- app
     def app(self) -> web.Application:
@@ -774,6 +795,7 @@ class SimulatedServer:
             self.request_log(f"fault:{fault}", sid)
             return await self._fault(request, fault)
 
+        await self._sampling_kernels(req)
         ctk = req.get("chat_template_kwargs") or {}
         thinking = bool(ctk.get("enable_thinking", True)) and req.get("reasoning_effort") != "none"
         temperature = req.get("temperature")
@@ -826,6 +848,17 @@ class SimulatedServer:
         self.log(f"crash_after={self.opts.faults.crash_after} reached: exiting", prefix="")
         self.on_crash()
         return resp
+
+    async def _sampling_kernels(self, req: dict[str, Any]) -> None:
+        """The first request needing filtered sampling starts the kernel build; until it ends, every
+        request waits (SGLang's scheduler is busy building)."""
+        if self.opts.sampling_build_s <= 0:
+            return
+        if self.sampling_built_at is None and needs_filtered_sampling(req):
+            self.sampling_built_at = time.monotonic() + self.opts.sampling_build_s
+            self.log(f"building the sampling kernels ({self.opts.sampling_build_s:g} s)", prefix="")
+        if self.sampling_built_at is not None:
+            await asyncio.sleep(max(0.0, self.sampling_built_at - time.monotonic()))
 
     def make_completion(self, ask: Ask, index: int, key: str) -> Completion:
         """The completion for one choice (``key``: the sample id, or a per-request stand-in)."""
