@@ -318,12 +318,16 @@ def token_export_check(tokenized: Path, records: Path) -> dict[str, Any]:
         row = json.loads(line)
         rows += 1
         prompt, completion = served.get(str(row["id"]), (None, None))
-        ok = prompt is not None and row["input_ids"] == prompt + completion and row["loss_mask"] == (
-            [0] * len(prompt) + [1] * len(completion)
+        ok = (
+            prompt is not None
+            and row["input_ids"] == prompt + completion
+            and row["loss_mask"] == ([0] * len(prompt) + [1] * len(completion))
         )
         exact += ok
         if not ok and len(first) < 3:
-            first.append({"id": row["id"], "len_input_ids": len(row["input_ids"]), "served": prompt is not None})
+            first.append(
+                {"id": row["id"], "len_input_ids": len(row["input_ids"]), "served": prompt is not None}
+            )
     return {"rows": rows, "equal_to_served_ids": exact, "first_differences": first,
             "how": "input_ids == SGLang's prompt_token_ids + token_ids; loss_mask 1 exactly on the completion"}  # fmt: skip
 
