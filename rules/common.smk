@@ -20,16 +20,17 @@ from regen.sglang.server import stop_all_servers
 validate(config, schema="../schemas/config.schema.yaml")
 
 
-# s3:// inputs and outputs; endpoint and credentials come from the usual AWS environment/config chain.
+# An s3:// dataset is fetched by the S3 storage plugin (endpoint and credentials from the usual AWS
+# environment/config chain); a local run does not need the plugin installed.
 S3_ENDPOINT = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
     "AWS_ENDPOINT_URL"
 )
+if str(config["dataset"]["path"]).startswith("s3://"):
 
-
-storage s3:
-    provider="s3",
-    endpoint_url=S3_ENDPOINT,
-    retries=10,
+    storage s3:
+        provider="s3",
+        endpoint_url=S3_ENDPOINT,
+        retries=10,
 
 
 wildcard_constraints:

@@ -58,7 +58,7 @@ if [ "$mode" = start ]; then
     fi
   fi
   wf=""
-  $PY -c 'import snakemake.cli, regen.generation; print("snakemake", snakemake.__version__)' \
+  $PY -m snakemake --version && $PY -c 'import regen.generation' \
     || { echo "snakemake (or regen.generation) not importable: the workflow step is off"; wf="--workflow-s 0"; }
   rm -rf /tmp/repo /tmp/live-out /tmp/live-work && mkdir -p /tmp/repo
   (cd "$SRC" && tar --exclude=./.gpu --exclude=./.gpurun --exclude=./.venv --exclude=./.git -cf - .) | tar -xf - -C /tmp/repo

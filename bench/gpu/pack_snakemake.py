@@ -18,7 +18,7 @@ from pathlib import Path
 PRESENT = {
     *("aiohttp", "attrs", "certifi", "charset-normalizer", "click", "idna", "jinja2", "markupsafe", "numpy"),
     *("packaging", "pandas", "psutil", "pyarrow", "pyyaml", "requests", "tabulate", "urllib3", "wrapt"),
-    *("python-dateutil", "six", "typing-extensions", "platformdirs", "annotated-types", "jsonschema"),
+    *("python-dateutil", "six", "typing-extensions", "annotated-types", "jsonschema"),
     *("jsonschema-specifications", "referencing", "rpds-py", "pydantic", "pydantic-core"),
     *("typing-inspection", "orjson", "tokenizers", "greenlet", "matplotlib"),
 }

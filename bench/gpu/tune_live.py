@@ -5,7 +5,8 @@ One campaign, in this order (every step through regen's own code):
 1. ``hw.py``: copy bandwidth and bf16 matmul rate (the roofline's ceilings).
 2. The tuner (``regen.sglang.plan.recommend``, bf16 state allowed, ``expected_output_tokens`` given)
    proposes the static recommendation (its running cap holds every request at prompt + max_tokens) and
-   two scheduler candidates (cap sized for the expected length; the same plus ``--min-free-slots-delay``).
+   two scheduler candidates (cap sized for the expected length; the same plus ``--min-free-slots-delay``);
+   this script adds the expected-length cap with ``--enable-mixed-chunk`` (measured 2026-11-30: -37%).
 3. ``regen.sweep.run_sweep`` measures each for ``--pilot-s`` seconds on a workload with a thinking-length
    spread: 256-token prompts, per-request ``max_tokens`` drawn from a clipped log-normal, ``ignore_eos``.
    Candidates are ranked by the server's steady decode rate (``regen.sglang.metrics``: median gen
