@@ -22,7 +22,10 @@ PERSISTED = "work/plan/shards.json"
 def shard_count(
     configured: int | str, gpu_slots: int | None, persisted: str | os.PathLike[str] = PERSISTED
 ) -> int:
-    """``configured`` when a number; with ``auto`` the persisted count, else ``gpu_slots`` (persisted)."""
+    """``configured`` when a number; with ``auto`` the persisted count, else ``gpu_slots``.
+
+    Nothing is written here: the Snakefile is parsed before Snakemake knows the executor, so the count
+    of a first ``auto`` run is settled later, once it does (:func:`settle_auto_count`)."""
     if configured != AUTO:
         return int(configured)
     path = Path(persisted)
@@ -33,10 +36,26 @@ def shard_count(
             raise ValueError(f"{path}: field 'count': expected a positive integer, got {count!r}")
         return count
     if gpu_slots is None:
-        raise ValueError(
-            "config shards.count: auto takes one shard per GPU slot of a run on one node; on a cluster "
-            "set shards.count to a number (several per GPU: docs/scaling.md)"
-        )
-    count = max(1, int(gpu_slots))
-    write_json(path, {"count": count, "gpu_slots": int(gpu_slots), "rule": "one shard per GPU slot"})
-    return count
+        raise ValueError(CLUSTER_REFUSAL)
+    return max(1, int(gpu_slots))
+
+
+CLUSTER_REFUSAL = (
+    "config shards.count: auto takes one shard per GPU slot of a run on one node; on a cluster set "
+    "shards.count to a number (several per GPU: docs/scaling.md)"
+)
+
+
+def settle_auto_count(
+    configured: int | str, count: int, gpu_slots: int, on_cluster: bool, dry_run: bool,
+    persisted: str | os.PathLike[str] = PERSISTED,
+) -> None:  # fmt: skip
+    """Once the executor is known: a first ``auto`` run writes its count (a dry run writes nothing); on a
+    cluster ``auto`` is refused unless an earlier run on one node already settled it."""
+    path = Path(persisted)
+    if configured != AUTO or path.exists():
+        return
+    if on_cluster:
+        raise ValueError(CLUSTER_REFUSAL)
+    if not dry_run:
+        write_json(path, {"count": int(count), "gpu_slots": int(gpu_slots), "rule": "one shard per GPU slot"})

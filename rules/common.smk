@@ -13,7 +13,7 @@ from regen.fingerprint import (
 )
 from regen.layout import RUN
 from regen.replay import preview_lines
-from regen.shard_count import shard_count
+from regen.shard_count import settle_auto_count, shard_count
 from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
@@ -93,16 +93,30 @@ def widen_gpu_counter_for_local_runs():
         workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
 
 
-# shards.count, or with "auto" one per GPU slot (persisted on the first run: regen.shard_count)
+# shards.count, or with "auto" one per GPU slot (settled by final_outputs: regen.shard_count)
 SHARDS = [
     shard_name(k)
     for k in range(
-        shard_count(
-            lookup(dpath="shards/count", within=config),
-            gpu_slots() if workflow.local_exec else None,
-        )
+        shard_count(lookup(dpath="shards/count", within=config), gpu_slots())
     )
 ]
+
+
+def settle_shard_count():
+    """shards.count auto, once the executor is known: written on a first local run, refused on a cluster."""
+    if not workflow.is_main_process:
+        return
+    on_cluster = workflow.executor_plugin is not None and not workflow.local_exec
+    try:
+        settle_auto_count(
+            lookup(dpath="shards/count", within=config),
+            len(SHARDS),
+            GPU_SLOTS,
+            on_cluster,
+            workflow.dryrun,
+        )
+    except ValueError as exc:
+        raise WorkflowError(str(exc)) from exc
 
 
 def chat_template_file():
@@ -171,6 +185,7 @@ def final_outputs(wildcards):
     knows whether this is a dry run); a dry run first prints the replay preview."""
     if workflow.dryrun:
         print_replay_preview()
+    settle_shard_count()
     widen_gpu_counter_for_local_runs()
     return get_final_outputs()
 

@@ -18,7 +18,7 @@ from regen.client import generate_shard
 from regen.lending import SlotLenders
 from regen.sglang.server import acquire_server, stop_all_servers
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
-from regen.shard_count import shard_count
+from regen.shard_count import settle_auto_count, shard_count
 from regen.types import Message, Sample
 
 
@@ -117,8 +117,16 @@ def test_lenders_offer_only_room_on_other_live_servers(two_slots) -> None:
 def test_auto_shard_count_is_one_per_gpu_slot_and_survives_a_gpu_count_change(tmp_path: Path) -> None:
     persisted = tmp_path / "work" / "plan" / "shards.json"
     assert shard_count(12, 7, persisted) == 12 and not persisted.exists()
-    assert shard_count("auto", 7, persisted) == 7
+    assert shard_count("auto", 7, persisted) == 7 and not persisted.exists()  # parsing writes nothing
+    settle_auto_count("auto", 7, 7, on_cluster=False, dry_run=True, persisted=persisted)
+    assert not persisted.exists()  # a preview settles nothing
+    # a first run under a cluster executor is refused: the planner knows no GPU count there
+    with pytest.raises(ValueError, match=r"on a cluster set shards\.count"):
+        settle_auto_count("auto", 7, 7, on_cluster=True, dry_run=False, persisted=persisted)
+    settle_auto_count("auto", 7, 7, on_cluster=False, dry_run=False, persisted=persisted)
     assert shard_count("auto", 3, persisted) == 7  # the shards (and journals) of the first run stay
+    # once settled on one node, a cluster run keeps that count
+    settle_auto_count("auto", 7, 3, on_cluster=True, dry_run=False, persisted=persisted)
     with pytest.raises(ValueError, match=r"on a cluster set shards\.count"):
         shard_count("auto", None, tmp_path / "elsewhere.json")  # no GPU slots known to the planner
     persisted.write_text('{"count": 0}')

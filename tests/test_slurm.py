@@ -118,3 +118,24 @@ def test_demo_workflow_runs_its_gpu_jobs_as_slurm_jobs(tmp_path: Path) -> None:
     assert all(jobs[j][1] == "COMPLETED" for j in gpu_jobs), {j: jobs[j] for j in gpu_jobs}
     shards = list((work / "results" / "generations").glob("*.jsonl"))
     assert shards, "no generation outputs"
+
+
+@pytest.mark.timeout(300)
+def test_auto_shard_count_is_refused_under_the_slurm_executor_before_any_job(tmp_path: Path) -> None:
+    """``shards.count: auto`` takes one shard per GPU of one node; under the Slurm executor there is no
+    such count, so the run stops while the DAG is built, before a job is submitted or a count written."""
+    work = tmp_path / "regen"
+    work.mkdir()
+    for name in DEMO_FILES:
+        src = REPO_ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, work / name)
+    proc = run_snakemake(
+        work, "--configfile", "config/demo.yaml", "--config", "shards={'count': 'auto'}", kill_after_s=240
+    )
+    assert proc.returncode != 0
+    assert "on a cluster set shards.count to a number" in proc.stderr, proc.stderr[-3000:]
+    assert "has been submitted with SLURM jobid" not in proc.stderr
+    assert not (work / "work" / "plan" / "shards.json").exists()
