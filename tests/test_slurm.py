@@ -92,12 +92,8 @@ def test_two_gpu_shards_form_one_slurm_group_job_with_one_gpu(tmp_path: Path) ->
 DEMO_FILES = ("Snakefile", "rules", "scripts", "config", "schemas", "envs", "resources", "data", "regen")
 
 
-@pytest.mark.timeout(700)
-def test_demo_workflow_runs_its_gpu_jobs_as_slurm_jobs(tmp_path: Path) -> None:
-    missing = [name for name in (*DEMO_FILES[:3], "config/demo.yaml") if not (REPO_ROOT / name).exists()]
-    if missing:
-        pytest.skip(f"the demo workflow is not in the tree yet: missing {missing}")
-    work = tmp_path / "regen"
+def copy_demo(work: Path) -> Path:
+    """The demo workflow's files, copied into ``work``."""
     work.mkdir()
     for name in DEMO_FILES:
         src = REPO_ROOT / name
@@ -105,6 +101,15 @@ def test_demo_workflow_runs_its_gpu_jobs_as_slurm_jobs(tmp_path: Path) -> None:
             shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__"))
         elif src.exists():
             shutil.copy2(src, work / name)
+    return work
+
+
+@pytest.mark.timeout(700)
+def test_demo_workflow_runs_its_gpu_jobs_as_slurm_jobs(tmp_path: Path) -> None:
+    missing = [name for name in (*DEMO_FILES[:3], "config/demo.yaml") if not (REPO_ROOT / name).exists()]
+    if missing:
+        pytest.skip(f"the demo workflow is not in the tree yet: missing {missing}")
+    work = copy_demo(tmp_path / "regen")
 
     proc = run_snakemake(work, "--configfile", "config/demo.yaml", kill_after_s=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -124,14 +129,7 @@ def test_demo_workflow_runs_its_gpu_jobs_as_slurm_jobs(tmp_path: Path) -> None:
 def test_auto_shard_count_is_refused_under_the_slurm_executor_before_any_job(tmp_path: Path) -> None:
     """``shards.count: auto`` takes one shard per GPU of one node; under the Slurm executor there is no
     such count, so the run stops while the DAG is built, before a job is submitted or a count written."""
-    work = tmp_path / "regen"
-    work.mkdir()
-    for name in DEMO_FILES:
-        src = REPO_ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            shutil.copy2(src, work / name)
+    work = copy_demo(tmp_path / "regen")
     proc = run_snakemake(
         work, "--configfile", "config/demo.yaml", "--config", "shards={'count': 'auto'}", kill_after_s=240
     )
