@@ -48,6 +48,8 @@ MESSAGE_TYPE = pa.struct(
 MESSAGES_TYPE = pa.list_(pa.field("item", MESSAGE_TYPE, nullable=False))
 #: token ids as the server reported them (SGLang ``return_token_ids``); null when it sent none
 TOKEN_IDS_TYPE = pa.list_(pa.field("item", pa.int32(), nullable=False))
+#: the largest id TOKEN_IDS_TYPE holds (no vocabulary comes near it); the record schema's maximum
+TOKEN_ID_MAX = 2**31 - 1
 TURN_TYPE = pa.struct(
     [
         pa.field("reasoning_content", pa.string()),

@@ -30,7 +30,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from regen.io import atomic_open, atomic_path, read_json
-from regen.records import RECORD_SCHEMA_PATH, VALID_SCHEMA, ValidColumns
+from regen.records import RECORD_SCHEMA_PATH, TOKEN_ID_MAX, VALID_SCHEMA, ValidColumns
 
 DEFAULT_SCHEMA_PATH = RECORD_SCHEMA_PATH
 BATCH_ROWS = 10000
@@ -104,7 +104,7 @@ class SemanticLimits:
 
 #: the items of a token id array (``$defs.token_ids``), checked in C by ``_token_ids_conform``
 TOKEN_IDS_DEF = "token_ids"
-TOKEN_ID_ITEM = {"type": "integer", "minimum": 0}
+TOKEN_ID_ITEM = {"type": "integer", "minimum": 0, "maximum": TOKEN_ID_MAX}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +121,8 @@ class RecordValidator:
 
     Token id arrays (hundreds of integers a record) are the bulk of a record: ``fast`` is compiled
     from the schema with their items unconstrained and ``_token_ids_conform`` checks the items
-    (integer, >= 0) in C; only when that says no does ``full`` (the whole schema, compiled) decide.
+    (integer, 0 to the int32 maximum of the Parquet column) in C; only when that says no does ``full``
+    (the whole schema, compiled) decide.
     """
 
     fast: Callable[[Any], Any]
@@ -146,8 +147,8 @@ class RecordValidator:
 
 
 def _ids_conform(ids: list[Any]) -> bool:
-    """Every item a (non-bool) int >= 0; C loops only (``type`` of a bool is not ``int``)."""
-    return not ids or (set(map(type, ids)) == {int} and min(ids) >= 0)
+    """Every item a (non-bool) int in [0, TOKEN_ID_MAX]; C loops only (``type`` of a bool is not ``int``)."""
+    return not ids or (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) <= TOKEN_ID_MAX)
 
 
 def _token_ids_conform(rec: dict[str, Any], paths: TokenIdPaths) -> bool:
@@ -208,9 +209,11 @@ def _has_unclosed_think(text: str) -> bool:
 
 
 def answer_problem(
-    content: str, reasoning: str | None, finish_reason: str, limits: SemanticLimits, where: str = ""
-) -> Problem | None:
-    """Semantic checks on one (reasoning, answer) pair; ``where`` prefixes the detail (e.g. 'turn 0: ')."""
+    content: str, reasoning: str | None, finish_reason: str, limits: SemanticLimits, where: str = "",
+    tool_calls: bool = False,
+) -> Problem | None:  # fmt: skip
+    """Semantic checks on one (reasoning, answer) pair; ``where`` prefixes the detail (e.g. 'turn 0: ').
+    An answer that is a tool call (``tool_calls``) may have empty content, as in OpenAI's shape."""
     reasoning = reasoning or ""
     if len(content) > limits.max_content_chars:
         return Problem(
@@ -220,7 +223,7 @@ def answer_problem(
         return Problem(
             REASONING_TOO_LONG, f"{where}reasoning has {len(reasoning)} chars > {limits.max_reasoning_chars}"
         )
-    blank = not content.strip()
+    blank = not content.strip() and not tool_calls
     if finish_reason == "length" and blank and reasoning.strip():
         if limits.quarantine_truncated:
             return Problem(
@@ -245,13 +248,13 @@ def record_problem(rec: dict[str, Any], shard: str | None, limits: SemanticLimit
     """Semantic checks on a schema-valid record (the top-level answer and every turn)."""
     if shard is not None and rec["shard"] != shard:
         return Problem(SHARD_MISMATCH, f"record shard {rec['shard']!r} in file of shard {shard!r}")
-    p = answer_problem(rec["content"], rec["reasoning_content"], rec["finish_reason"], limits)
+    p = answer_problem(rec["content"], rec["reasoning_content"], rec["finish_reason"], limits,
+                       tool_calls=bool(rec.get("tool_calls")))  # fmt: skip
     if p is not None:
         return p
     for k, turn in enumerate(rec.get("turns") or ()):
-        p = answer_problem(
-            turn["content"], turn["reasoning_content"], turn["finish_reason"], limits, f"turn {k}: "
-        )
+        p = answer_problem(turn["content"], turn["reasoning_content"], turn["finish_reason"], limits,
+                           f"turn {k}: ", tool_calls=bool(turn.get("tool_calls")))  # fmt: skip
         if p is not None:
             return p
     return None

@@ -268,7 +268,7 @@ TURN = {
 }
 
 
-@pytest.mark.parametrize("bad", [-1, True, 1.5, "7", None, [3]])
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "7", None, [3], 2**31])
 @pytest.mark.parametrize("where", ["prompt_token_ids", "completion_token_ids", "turn"])
 def test_token_id_items_checked_as_the_schema_says(schema: dict[str, Any], bad: Any, where: str) -> None:
     """Token id arrays skip the compiled item loop (checked in C): every item the schema rejects, at
@@ -285,7 +285,7 @@ def test_token_id_items_checked_as_the_schema_says(schema: dict[str, Any], bad: 
     assert not jsonschema.Draft202012Validator(schema).is_valid(rec)
     problem = v.schema_problem(rec)
     assert problem is not None and problem.reason == V.SCHEMA and problem.detail.startswith(path)
-    good = [5, 0, 1.0, 2**40] if where != "turn" else [5]
+    good = [5, 0, 1.0, 2**31 - 1] if where != "turn" else [5]
     ok = make_record(
         prompt_token_ids=good, completion_token_ids=[], turns=[{**TURN, "completion_token_ids": good}]
     )
@@ -306,3 +306,34 @@ def test_token_ids_reach_valid_parquet_as_sent(tmp_path: Path) -> None:
     table = pq.read_table(tmp_path / "v.parquet")
     assert table.column("prompt_token_ids").to_pylist() == [[1, 2, 3], None, []]
     assert table.column("completion_token_ids").to_pylist() == [[151000, 0], None, [7]]
+
+
+def test_a_token_id_beyond_the_int32_column_is_quarantined_not_a_crash(tmp_path: Path) -> None:
+    """The Parquet token-id column is int32: a larger id (a broken server) is a schema problem for that
+    record, and the rest of the shard is written."""
+    recs = [make_record(0, prompt_token_ids=[1], completion_token_ids=[2**31 - 1]),
+            make_record(1, prompt_token_ids=[1], completion_token_ids=[5, 2**31])]  # fmt: skip
+    src = write_jsonl(tmp_path / "00000.jsonl", recs)
+    stats = V.validate_shard(src, tmp_path / "v.parquet", tmp_path / "q.jsonl", CFG)
+    assert (stats.valid, stats.quarantined) == (1, 1)
+    q = read_quarantine(tmp_path / "q.jsonl")
+    assert q[0]["id"] == "id-1" and q[0]["reason"] == V.SCHEMA
+    assert "line 2: $.completion_token_ids[1]: 2147483648 is greater than the maximum" in q[0]["detail"]
+
+
+def test_an_answer_that_is_a_tool_call_is_valid_with_empty_content(tmp_path: Path) -> None:
+    """With tools, the regenerated answer may be a tool call: empty content, reasoning before it and
+    finish_reason tool_calls (OpenAI's shape, SGLang's with a tool-call parser). That is an answer;
+    empty content without a call is still quarantined."""
+    call = {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    recs = [
+        make_record(0, content="", reasoning_content="the user wants the weather", finish_reason="tool_calls",
+                    tool_calls=[call]),
+        make_record(1, content="", reasoning_content="thinking only", finish_reason="stop"),
+    ]  # fmt: skip
+    src = write_jsonl(tmp_path / "00000.jsonl", recs)
+    stats = V.validate_shard(src, tmp_path / "v.parquet", tmp_path / "q.jsonl", CFG)
+    assert (stats.valid, stats.quarantined) == (1, 1)
+    assert [(e["id"], e["reason"]) for e in read_quarantine(tmp_path / "q.jsonl")] == [
+        ("id-1", V.EMPTY_ANSWER_WITH_REASONING)
+    ]
