@@ -50,6 +50,27 @@ SGLANG_VERSION = "0.5.17"
 # workload
 
 
+def word_prompts(n: int, prompt_tokens: int, prefix: str, seed: int, lowest_id: int = 1) -> list[Sample]:
+    """``n`` one-turn samples of exactly ``prompt_tokens`` words ``t<i>`` (one token each with the
+    WordLevel tokenizer of ``make_model.py``; special ids skipped), ids ``{prefix}-{k:05d}``."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(n):
+        words: list[str] = []
+        while len(words) < prompt_tokens:
+            i = rng.randrange(lowest_id, 248000)
+            if i not in SPECIAL_IDS:
+                words.append(f"t{i}")
+        out.append(
+            Sample(
+                id=f"{prefix}-{k:05d}",
+                messages=(Message("user", " ".join(words)), Message("assistant", "t1")),
+                source={"file": "bench", "row": k, "format": "messages"},
+            )
+        )
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     """N requests of exactly ``prompt_tokens`` words ``t<i>`` (one token each), fixed output length."""
@@ -60,22 +81,7 @@ class Workload:
     seed: int = 1234
 
     def samples(self) -> list[Sample]:
-        rng = random.Random(self.seed)
-        out = []
-        for k in range(self.requests):
-            words = []
-            while len(words) < self.prompt_tokens:
-                i = rng.randrange(1, 248000)
-                if i not in SPECIAL_IDS:
-                    words.append(f"t{i}")
-            out.append(
-                Sample(
-                    id=f"bench-{k:05d}",
-                    messages=(Message("user", " ".join(words)), Message("assistant", "t1")),
-                    source={"file": "bench", "row": k, "format": "messages"},
-                )
-            )
-        return out
+        return word_prompts(self.requests, self.prompt_tokens, "bench", self.seed)
 
     def generate_cfg(self, concurrency: int | None) -> dict[str, Any]:
         """``generate`` config for regen's client: ignore_eos so every answer has the full length."""

@@ -45,12 +45,19 @@ REPO = HERE.parent.parent
 sys.path[:0] = [str(HERE), str(REPO)]
 
 from roofline import HybridShape, decode_step_cost  # noqa: E402
-from run import BASE_ARGS, SGLANG_VERSION, gpu_memory_mib, make_model, measure_hw, wait_gpu_free  # noqa: E402
+from run import (  # noqa: E402
+    BASE_ARGS,
+    SGLANG_VERSION,
+    gpu_memory_mib,
+    make_model,
+    measure_hw,
+    wait_gpu_free,
+    word_prompts,
+)
 
 from regen.io import write_json  # noqa: E402
-from regen.types import Message, Sample  # noqa: E402
+from regen.types import Sample  # noqa: E402
 
-SPECIAL_IDS = frozenset({248044, 248045, 248046})
 TEMPLATE_TOKENS = 5
 
 
@@ -80,22 +87,7 @@ class Lengths:
 
 
 def prompts(n: int, prompt_tokens: int, prefix: str, seed: int) -> list[Sample]:
-    rng = random.Random(seed)
-    out = []
-    for k in range(n):
-        words = []
-        while len(words) < prompt_tokens:
-            i = rng.randrange(10, 248000)
-            if i not in SPECIAL_IDS:
-                words.append(f"t{i}")
-        out.append(
-            Sample(
-                id=f"{prefix}-{k:05d}",
-                messages=(Message("user", " ".join(words)), Message("assistant", "t1")),
-                source={"file": "bench", "row": k, "format": "messages"},
-            )
-        )
-    return out
+    return word_prompts(n, prompt_tokens, prefix, seed, lowest_id=10)
 
 
 def generate_dict(max_tokens: int, timeout_s: float = 3600) -> dict[str, Any]:
