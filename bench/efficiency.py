@@ -20,7 +20,10 @@ over the GPUs): Snakemake starting the first jobs one after another takes second
 minutes of virtual time here. Everything after a GPU's first request counts: drains, the gaps while
 Snakemake starts the next job, idle GPUs at the end. ``run_h`` (stderr) is first request to last.
 The bench is sensitive to CPU starvation (a stalled client is an idle GPU for ``speed`` times as
-long): run it on a quiet machine, and give it more ``--minutes`` when the machine is shared.
+long): run it on a quiet machine, and give it more ``--minutes`` when the machine is shared. Every job
+start (a Python process, its imports, its shard) also costs ``speed`` times its CPU seconds: with many
+shards per GPU keep ``speed`` (stderr) below ~100 (e.g. 7 GPUs x 140 shards: ``--minutes 4``, speed
+275, gave 0.868 on 2 cores; ``--minutes 12``, speed 92, gave 0.997).
 The last line is ``efficiency: gpus=G shards=S samples=N wall_h=... floor_h=... ratio=...``.
 """
 
