@@ -307,12 +307,34 @@ def check_config(
     ]
 
 
-def report(problems: list[Problem]) -> str:
+#: SGLang applies a request's ``seed`` only with this launch flag (0.5.17's sampler builds the
+#: per-request seed tensor only under deterministic inference)
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+
+
+def notes_for(config: Mapping[str, Any]) -> list[str]:
+    """What does not stop the run but makes the output claim more than it holds (printed, not fatal)."""
+    server = config.get("server") or {}
+    if server.get("mode") not in ("sglang", "external"):
+        return []
+    flags = {str(a).split("=", 1)[0] for a in server.get("args") or ()}
+    if DETERMINISTIC_FLAG in flags:
+        return []
+    launched = "is not launched" if server.get("mode") == "sglang" else "may not be launched"
+    return [
+        f"generate.sampling.seed (server.args): SGLang {launched} with {DETERMINISTIC_FLAG}, and applies "
+        "a request's seed only with it: each record keeps its seed, but its sampling cannot be "
+        "reproduced from it"
+    ]
+
+
+def report(problems: list[Problem], notes: list[str] | None = None) -> str:
+    tail = [f"  note: {n}" for n in notes or ()]
     if not problems:
-        return "regen check: OK"
+        return "\n".join(["regen check: OK", *tail])
     lines = [f"regen check: {len(problems)} problem(s) found before any job ran:"]
     lines += [f"  - {p}" for p in problems]
-    return "\n".join(lines)
+    return "\n".join([*lines, *tail])
 
 
 class PreflightError(RuntimeError):
@@ -323,8 +345,8 @@ def preflight(config: Mapping[str, Any], requested_gpus: int | None) -> None:
     """The workflow's ``onstart``: raise with every problem, else say OK."""
     problems = check_config(config, requested_gpus)
     if problems:
-        raise PreflightError(report(problems))
-    print(report(problems), file=sys.stderr)
+        raise PreflightError(report(problems, notes_for(config)))
+    print(report(problems, notes_for(config)), file=sys.stderr)
 
 
 def report_for_missing_dataset(config: Mapping[str, Any], requested_gpus: int | None) -> str:
@@ -383,5 +405,5 @@ def cli(argv: list[str]) -> int:
         print(f"regen check: the config does not match {SCHEMA.name}: {exc}", file=sys.stderr)
         return 2
     problems = check_config(config, args.gpus)
-    print(report(problems), file=sys.stderr if problems else sys.stdout)
+    print(report(problems, notes_for(config)), file=sys.stderr if problems else sys.stdout)
     return 1 if problems else 0

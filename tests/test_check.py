@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_workflow import copy_workflow, snakemake
 
-from regen.check import Host, check_config, cli, load_config
+from regen.check import Host, check_config, cli, load_config, notes_for, report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,3 +108,17 @@ def test_the_workflow_checks_first_and_names_every_problem(tmp_path: Path) -> No
     out = run.stdout + run.stderr
     assert run.returncode != 0 and "tokenizer (resources/none)" in out, out[-3000:]
     assert not (wd / "results").exists()
+
+
+def test_a_seed_sglang_will_not_apply_is_noted_not_fatal() -> None:
+    """SGLang applies a request's seed only with --enable-deterministic-inference: a run on real SGLang
+    without it gets a note (records keep a seed that did not decide their sampling), not a problem."""
+    cfg = demo_config()
+    assert notes_for(cfg) == []  # the demo's simulated server
+    cfg["server"] = {**cfg["server"], "mode": "sglang", "args": ["--mem-fraction-static", "0.9"]}
+    (note,) = notes_for(cfg)
+    assert note.startswith("generate.sampling.seed (server.args)")
+    assert "--enable-deterministic-inference" in note
+    assert report([], [note]) == f"regen check: OK\n  note: {note}"
+    cfg["server"]["args"] = ["--enable-deterministic-inference"]
+    assert notes_for(cfg) == []
