@@ -71,6 +71,28 @@ def word_prompts(n: int, prompt_tokens: int, prefix: str, seed: int, lowest_id: 
     return out
 
 
+def generate_dict(max_tokens: int, concurrency: int | None = None, timeout_s: float = 3600) -> dict[str, Any]:
+    """``generate`` config for regen's client: ignore_eos so every answer has the full length."""
+    return {
+        "regenerate": "last",
+        "thinking": "off",
+        "sampling": {
+            "temperature": 0.6,
+            "top_p": 0.95,
+            "top_k": 20,
+            "max_tokens": max_tokens,
+            "n": 1,
+            "seed": 0,
+        },
+        "extra_body": {"ignore_eos": True},
+        "concurrency": concurrency,
+        "request_timeout_s": timeout_s,
+        "max_attempts": 2,
+        "backoff_base_s": 1.0,
+        "truncation": "keep",
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     """N requests of exactly ``prompt_tokens`` words ``t<i>`` (one token each), fixed output length."""
@@ -84,25 +106,7 @@ class Workload:
         return word_prompts(self.requests, self.prompt_tokens, "bench", self.seed)
 
     def generate_cfg(self, concurrency: int | None) -> dict[str, Any]:
-        """``generate`` config for regen's client: ignore_eos so every answer has the full length."""
-        return {
-            "regenerate": "last",
-            "thinking": "off",
-            "sampling": {
-                "temperature": 0.6,
-                "top_p": 0.95,
-                "top_k": 20,
-                "max_tokens": self.output_tokens,
-                "n": 1,
-                "seed": 0,
-            },
-            "extra_body": {"ignore_eos": True},
-            "concurrency": concurrency,
-            "request_timeout_s": 3600,
-            "max_attempts": 2,
-            "backoff_base_s": 1.0,
-            "truncation": "keep",
-        }
+        return generate_dict(self.output_tokens, concurrency)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -48,6 +48,7 @@ from roofline import HybridShape, decode_step_cost  # noqa: E402
 from run import (  # noqa: E402
     BASE_ARGS,
     SGLANG_VERSION,
+    generate_dict,
     gpu_memory_mib,
     make_model,
     measure_hw,
@@ -88,26 +89,6 @@ class Lengths:
 
 def prompts(n: int, prompt_tokens: int, prefix: str, seed: int) -> list[Sample]:
     return word_prompts(n, prompt_tokens, prefix, seed, lowest_id=10)
-
-
-def generate_dict(max_tokens: int, timeout_s: float = 3600) -> dict[str, Any]:
-    return {
-        "regenerate": "last",
-        "thinking": "off",
-        "sampling": {
-            "temperature": 0.6,
-            "top_p": 0.95,
-            "top_k": 20,
-            "max_tokens": max_tokens,
-            "n": 1,
-            "seed": 0,
-        },
-        "extra_body": {"ignore_eos": True},
-        "request_timeout_s": timeout_s,
-        "max_attempts": 2,
-        "backoff_base_s": 1.0,
-        "truncation": "keep",
-    }
 
 
 def generate_cfg(max_tokens: int, by_id: dict[str, int] | None, ids: bool = True) -> Any:
@@ -187,22 +168,28 @@ async def _post_all(url: str, bodies: list[dict[str, Any]], concurrency: int) ->
     return out
 
 
+def rendered_prompt_ids(tpl: Any, sample: Sample) -> list[int]:
+    """regen's ids of a sample's prompt: ``regen.chat`` renders the prompt turns (generation prompt,
+    thinking off) and the model's tokenizer encodes them, as SGLang should."""
+    text = tpl.render_dicts(tpl.prompt_messages(sample.messages), True, False)
+    return tpl.tokenizer.encode(text, add_special_tokens=False).ids
+
+
 def exact_ids_check(
     url: str, model: str, model_dir: Path, samples: list[Sample], max_tokens: int
 ) -> dict[str, Any]:
     """SGLang's prompt_token_ids vs regen's rendered prompt ids, and completion re-tokenization, per request."""
     from regen.chat import ChatTemplate, to_template_dicts
+    from regen.masks import completion_retokenizes_differently
 
     tpl = ChatTemplate.from_dir(model_dir)
-    bodies, expected = [], []
+    bodies = []
+    expected = [rendered_prompt_ids(tpl, s) for s in samples]
     for s in samples:
-        prompt = tpl.prompt_messages(s.messages)
-        text = tpl.render_dicts(prompt, True, False)
-        expected.append(tpl.tokenizer.encode(text, add_special_tokens=False).ids)
         bodies.append(
             {
                 "model": model,
-                "messages": to_template_dicts(prompt),
+                "messages": to_template_dicts(tpl.prompt_messages(s.messages)),
                 "max_tokens": max_tokens,
                 "temperature": 0.6,
                 "top_p": 0.95,
@@ -239,9 +226,7 @@ def exact_ids_check(
                                "len_sglang": len(got), "len_regen": len(want)})  # fmt: skip
         out_ids = choice.get("token_ids", choice.get("response_token_ids"))
         if out_ids is not None:
-            text = tpl.tokenizer.decode(list(out_ids), skip_special_tokens=False)
-            if tpl.tokenizer.encode(text, add_special_tokens=False).ids != list(out_ids):
-                completion_mismatch += 1
+            completion_mismatch += completion_retokenizes_differently(tpl, out_ids)
     n = len(samples)
     return {
         "requests": n,
@@ -260,6 +245,7 @@ def ids_in_records(records: Path, model_dir: Path, samples: dict[str, Sample]) -
     """The same comparison on what regen's client journaled (``prompt_token_ids`` / ``completion_token_ids``
     of each record, when the client asks for them), for every request of a run."""
     from regen.chat import ChatTemplate
+    from regen.masks import completion_retokenizes_differently
 
     tpl = ChatTemplate.from_dir(model_dir)
     n = returned = equal = mismatch = 0
@@ -272,16 +258,13 @@ def ids_in_records(records: Path, model_dir: Path, samples: dict[str, Sample]) -
         if got is None or sample is None:
             continue
         returned += 1
-        text = tpl.render_dicts(tpl.prompt_messages(sample.messages), True, False)
-        want = tpl.tokenizer.encode(text, add_special_tokens=False).ids
+        want = rendered_prompt_ids(tpl, sample)
         if list(got) == list(want):
             equal += 1
         elif len(first) < 3:
             first.append({"id": rec["id"], "len_sglang": len(got), "len_regen": len(want)})
         if out_ids is not None:
-            again = tpl.tokenizer.encode(tpl.tokenizer.decode(list(out_ids), skip_special_tokens=False),
-                                         add_special_tokens=False).ids  # fmt: skip
-            mismatch += again != list(out_ids)
+            mismatch += completion_retokenizes_differently(tpl, out_ids)
     return {
         "records": n,
         "prompt_ids_returned": returned,
