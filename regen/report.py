@@ -459,6 +459,7 @@ MEMORY_MAP = (
     MapField("state pool (mamba)", "state_pool_gib", ("conv_state_gib", "ssm_state_gib"), "#66ccee"),
     MapField("spec scratch", "spec_scratch_gib", (), "#228833"),
     MapField("KV cache", "kv_cache_gib", ("kv_cache_gib",), "#ccbb44"),
+    MapField("ReplaySSM ring (from the slack)", "replay_ring_gib", ("replay_ring_gib",), "#994455"),
     MapField("CUDA graphs + activations", "reserve_gib", (), "#ee6677"),
     MapField("slack (1 - mem_fraction_static)", "slack_gib", (), "#aa3377"),
     MapField("CUDA context", "context_gib", (), "#bbbbbb"),

@@ -48,6 +48,7 @@ _ROWS = [
     ("state pool", "state_pool_gib"),
     ("spec scratch", "spec_scratch_gib"),
     ("KV cache", "kv_cache_gib"),
+    ("ReplaySSM ring (outside the pool budget)", "replay_ring_gib"),
     ("graphs+activations reserve", "reserve_gib"),
     ("slack (1-mfs)", "slack_gib"),
     ("CUDA context", "context_gib"),

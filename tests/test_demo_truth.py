@@ -8,6 +8,8 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import Workload, recommend, write_plan_file
 from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
@@ -17,15 +19,25 @@ DEMO_MODEL = Path(__file__).resolve().parents[1] / "resources/demo-model/config.
 DEMO_WORKLOAD = Workload(prompt_p50=35, prompt_p99=238, max_tokens=512)
 
 
-def demo_plan(tmp_path: Path, args: list[str]) -> dict:
-    rec = recommend(ModelShape.from_config(DEMO_MODEL), 81920, 1, args, DEMO_WORKLOAD)
+HYBRID_MODEL = Path(__file__).resolve().parent / "data/models/gpu-qwen3.6-27b-text/config.json"
+
+
+def demo_plan(tmp_path: Path, args: list[str], model: Path = DEMO_MODEL) -> dict:
+    rec = recommend(ModelShape.from_config(model), 81920, 1, args, DEMO_WORKLOAD)
     out = tmp_path / "server.json"
-    write_plan_file(out, rec, sglang_version="0.5.23", model_config=str(DEMO_MODEL), gpu_memory_mib=81920)
+    write_plan_file(out, rec, sglang_version="0.5.23", model_config=str(model), gpu_memory_mib=81920)
     return json.loads(out.read_text())
 
 
-def test_simulated_server_reports_the_memory_map_of_its_plan(tmp_path: Path) -> None:
-    plan = demo_plan(tmp_path, [])
+@pytest.mark.parametrize(
+    ("model", "args"),
+    [(DEMO_MODEL, []), (HYBRID_MODEL, ["--enable-linear-replayssm", "--disable-radix-cache"])],
+    ids=["demo", "hybrid-replay-ring"],
+)
+def test_simulated_server_reports_the_memory_map_of_its_plan(
+    tmp_path: Path, model: Path, args: list[str]
+) -> None:
+    plan = demo_plan(tmp_path, args, model)
     cfg = {"mode": "simulated", "simulated": {"startup_delay_s": 0}}
     log_file = tmp_path / "server.log"
     argv = [*build_simulated_command(cfg, 0, "demo-model", plan), "--print-url", "--log-file", str(log_file)]
@@ -43,6 +55,8 @@ def test_simulated_server_reports_the_memory_map_of_its_plan(tmp_path: Path) -> 
     assert realized.weights_gib == predicted["weights_gib"]
     assert realized.max_total_num_tokens == predicted["kv_cache_tokens"]
     assert compare(predicted, realized) == []
+    assert (realized.replay_ring_gib or 0.0) == pytest.approx(predicted["replay_ring_gib"], abs=1e-3)
+    assert (predicted["replay_ring_gib"] > 0) == ("--enable-linear-replayssm" in args)
 
 
 def test_no_warning_about_flags_nobody_gave(tmp_path: Path) -> None:

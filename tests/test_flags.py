@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,19 @@ def test_the_built_launch_command_passes_sglangs_own_parser() -> None:
     assert argv[1:3] == ["-m", "sglang.launch_server"] and "--disable-radix-cache" in argv
     with pytest.raises(ServerError, match="--max-running-request"):
         build_sglang_command({**cfg, "args": ["--max-running-request", "8"]}, plan, 30000, "/models/x")
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not has_sglang, reason="sglang not importable (parse-only install: /work/sgvenv)")
+def test_every_tuner_candidate_passes_sglangs_own_parser() -> None:
+    """The static recommendation and every scheduler candidate (ReplaySSM decode included) as launched."""
+    from regen.sglang.models import ModelShape
+    from regen.sglang.plan import Workload, recommend
+
+    model = ModelShape.from_config(Path(__file__).parent / "data/models/gpu-qwen3.6-27b-text")
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, expected_output_tokens=636)
+    rec = recommend(model, 143771, 1, ["--load-format", "dummy"], wl, "0.5.23", allow_bf16_state=True)
+    launched = [c.args for c in rec.candidates]
+    assert any("--enable-linear-replayssm" in args for args in launched)
+    for args in launched:
+        assert check_flags(list(args)).method == "sglang-parser", args

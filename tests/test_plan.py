@@ -201,6 +201,82 @@ def test_scheduler_candidates_size_the_cap_for_the_expected_length(gpu_model: Mo
     )
 
 
+def test_replay_ring_follows_mamba_pool_and_sits_outside_the_budget(gpu_model: ModelShape) -> None:
+    # MambaPool: replayssm_d [HV, L, V] and replayssm_k [H, L, K] in the SSM dtype, replayssm_g [HV, L] fp32
+    bf16_slot = 48 * 16 * (48 * 128 * 2 + 16 * 128 * 2 + 48 * 4)
+    assert gpu_model.replay_ring_bytes_per_slot(1, "bfloat16", 16) == bf16_slot
+    assert gpu_model.replay_ring_bytes_per_slot(1, None, 16) == 48 * 16 * (
+        48 * 128 * 4 + 16 * 128 * 4 + 48 * 4
+    )
+    assert gpu_model.replay_ring_bytes_per_slot(2, "bfloat16", 8) == 48 * 8 * (
+        24 * 128 * 2 + 8 * 128 * 2 + 24 * 4
+    )
+    base = ["--disable-radix-cache", "--mamba-ssm-dtype", "bfloat16", "--max-running-requests", "608",
+            "--mem-fraction-static", "0.92"]  # fmt: skip
+    off = plan(gpu_model, H200_MIB, 1, base, None, "0.5.17")
+    on = plan(gpu_model, H200_MIB, 1, [*base, "--enable-linear-replayssm"], None, "0.5.17")
+    # SGLang's solver charges only the spec-verify ring: the pools are sized exactly as without the flag
+    assert (on.kv_cache_tokens, on.max_mamba_cache_size) == (off.kv_cache_tokens, off.max_mamba_cache_size)
+    assert on.replay_ring_gib == pytest.approx(609 * bf16_slot / GIB)
+    assert off.replay_ring_gib == 0.0 and off.notes == ()
+    # 7.2 GiB of an 11.1 GiB slack (5.5 GB was still free after graphs at this cap on the H200): a warning
+    assert "out-of-memory" in on.notes[-1] and "--mem-fraction-static 0.868" in on.notes[-1]
+    realized = parse_startup_log(
+        "GDN ReplaySSM ring buffers allocated (record_len=16, fold=False): d=5.336GB, k=1.779GB, g=0.083GB \n"
+    )
+    assert realized.replay_ring_gib == pytest.approx(5.336 + 1.779 + 0.083)
+    assert [d.field for d in compare(on, realized)] == []
+    assert [d.field for d in compare(off, realized)] == ["replay_ring_gib"]  # a ring nobody planned for
+
+
+def test_replay_candidate_keeps_the_runtime_slack(gpu_model: ModelShape) -> None:
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, target_concurrency=4096,
+                  expected_output_tokens=636)  # fmt: skip
+    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_bf16_state=True)
+    sized, batched, replay = rec.candidates[1:4]
+    assert "--enable-linear-replayssm" in replay.args and "--enable-linear-replayssm" not in batched.args
+    assert replay.args[-2:] == ("--min-free-slots-delay", "4")
+    assert "expected 636 output tokens" in replay.reasons[0]
+    ring = replay.plan.replay_ring_gib
+    assert ring > 5
+    assert (
+        replay.plan.slack_gib - ring >= sized.plan.slack_gib
+    )  # the ring came out of the pools, not the slack
+    assert replay.plan.mem_fraction_static < sized.plan.mem_fraction_static
+    assert not any("out-of-memory" in n for n in replay.plan.notes)
+    n = replay.plan.effective_max_running_requests
+    assert 0.85 * sized.plan.effective_max_running_requests < n < sized.plan.effective_max_running_requests
+    assert replay.plan.kv_cache_tokens >= n * (261 + 636)
+    # one step more memory fraction and the ring would no longer fit in what was given up
+    assert plan(gpu_model, H200_MIB, 1, list(replay.args), None, "0.5.17").replay_ring_gib == pytest.approx(
+        ring
+    )
+    # fp32 state (bf16 not opted in): the ring is fp32 too, and the same rule holds
+    fp32 = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17")
+    r32 = next(c for c in fp32.candidates if "--enable-linear-replayssm" in c.args)
+    assert r32.plan.slack_gib - r32.plan.replay_ring_gib >= fp32.candidates[1].plan.slack_gib
+
+
+def test_replay_flag_refusals_are_warned(gpu_model: ModelShape) -> None:
+    radix = flag_warnings(["--enable-linear-replayssm"], gpu_model, "0.5.23")  # auto: extra_buffer
+    assert any("no_buffer" in w and "--disable-radix-cache" in w for w in radix)
+    backend = [
+        "--enable-linear-replayssm",
+        "--disable-radix-cache",
+        "--linear-attn-decode-backend",
+        "flashinfer",
+    ]
+    assert any("triton" in w for w in flag_warnings(backend, gpu_model, "0.5.17"))
+    assert flag_warnings(["--enable-linear-replayssm", "--disable-radix-cache"], gpu_model, "0.5.17") == []
+    dense = ModelShape.from_config(MODELS / "qwen3-8b")
+    assert any("no linear-attention" in w for w in flag_warnings(["--enable-linear-replayssm"], dense))
+    # a request for shared prefixes keeps the radix cache, where SGLang refuses the flag: no replay candidate
+    shared = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, unique_prompts=False,
+                      expected_output_tokens=636)  # fmt: skip
+    rec = recommend(gpu_model, H200_MIB, 1, [], shared, "0.5.23", allow_bf16_state=True)
+    assert not any("--enable-linear-replayssm" in c.args for c in rec.candidates)
+
+
 def test_warnings_for_ignored_and_renamed_flags(gpu_model: ModelShape) -> None:
     args = ["--max-mamba-cache-size", "100", "--mamba-full-memory-ratio", "0.5"]
     args += ["--num-continuous-decode-steps", "4", "--mamba-scheduler-strategy", "no_buffer"]

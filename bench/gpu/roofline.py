@@ -96,6 +96,16 @@ class HybridShape:
         conv = self.conv_dim() * (self.conv_kernel - 1) * DTYPE_BYTES[conv_dtype]
         return self.n_linear * (ssm + conv)
 
+    def ssm_bytes_per_request(self, ssm_dtype: str) -> int:
+        return self.n_linear * self.lin_v_heads * self.lin_v_dim * self.lin_k_dim * DTYPE_BYTES[ssm_dtype]
+
+    def replay_record_bytes(self, ssm_dtype: str) -> int:
+        """One decode step's ReplaySSM ring record per request: d [HV, V] and k [H, K] in the SSM dtype,
+        g [HV] fp32, over the linear-attention layers (SGLang's MambaPool ring layout)."""
+        e = DTYPE_BYTES[ssm_dtype]
+        per_layer = self.lin_v_heads * self.lin_v_dim * e + self.lin_k_heads * self.lin_k_dim * e
+        return self.n_linear * (per_layer + self.lin_v_heads * 4)
+
     def kv_bytes_per_token(self, kv_dtype_bytes: int = 2) -> int:
         return self.n_full * 2 * self.n_kv_heads * self.head_dim * kv_dtype_bytes
 
@@ -139,9 +149,20 @@ class StepCost:
         }
 
 
-def decode_step_cost(shape: HybridShape, batch: int, mean_context: float, ssm_dtype: str) -> StepCost:
-    """Bytes and FLOPs of one decode step (bf16 weights and KV)."""
+def decode_step_cost(
+    shape: HybridShape, batch: int, mean_context: float, ssm_dtype: str, replay_ring_len: int | None = None
+) -> StepCost:
+    """Bytes and FLOPs of one decode step (bf16 weights and KV).
+
+    The state is read and written every step. With ``replay_ring_len`` L (SGLang's
+    ``--enable-linear-replayssm``) the SSM state is read every step and written once every L steps; each
+    step appends one ring record and reads the records buffered so far ((L - 1) / 2 on average)."""
     state = 2.0 * batch * shape.state_bytes_per_request(ssm_dtype)  # read + write
+    if replay_ring_len:
+        ssm = shape.ssm_bytes_per_request(ssm_dtype)
+        record = shape.replay_record_bytes(ssm_dtype)
+        state -= batch * ssm * (1.0 - 1.0 / replay_ring_len)
+        state += batch * record * (1.0 + (replay_ring_len - 1) / 2.0)
     kv = batch * mean_context * shape.kv_bytes_per_token()
     attn_flops = 4.0 * batch * mean_context * shape.n_full * shape.n_heads * shape.head_dim
     return StepCost(

@@ -5,7 +5,8 @@ One campaign, in this order (every step through regen's own code):
 1. ``hw.py``: copy bandwidth and bf16 matmul rate (the roofline's ceilings).
 2. The tuner (``regen.sglang.plan.recommend``, bf16 state allowed, ``expected_output_tokens`` given)
    proposes the static recommendation (its running cap holds every request at prompt + max_tokens) and
-   two scheduler candidates (cap sized for the expected length; the same plus ``--min-free-slots-delay``);
+   three scheduler candidates (cap sized for the expected length; the same plus ``--min-free-slots-delay``;
+   that plus ReplaySSM decode, ``--enable-linear-replayssm``, in the memory its ring leaves);
    this script adds the expected-length cap with ``--enable-mixed-chunk`` (measured 2026-11-30: -37%).
 3. ``regen.sweep.run_sweep`` measures each for ``--pilot-s`` seconds on a workload with a thinking-length
    spread: 256-token prompts, per-request ``max_tokens`` drawn from a clipped log-normal, ``ignore_eos``.
@@ -16,7 +17,8 @@ One campaign, in this order (every step through regen's own code):
    re-tokenization; (b) a longer run of the same workload through ``regen.client.generate_shard``, sized
    from the time left, against the sweep's projection of it (``regen.closedloop``, drain included);
    (c) a pure-decode plateau (all requests at once, fixed length), the method of the 2026-11-29 run, for
-   the fraction of the compute+bandwidth decode bound.
+   the fraction of the compute+bandwidth decode bound (state read and written every step, as the issue
+   defines it; for a ReplaySSM winner also against the bound of its own, smaller, state traffic).
 
 ``--dry-cpu`` runs every step against regen's simulated server with a small workload.
 Last line: ``sweep: recommended_tps=… best_tps=… best_vs_recommended=… bound_fraction=… projected_h=…
@@ -134,8 +136,10 @@ def candidates_for(rec: Any, dry: bool) -> list[Any]:
     sized = None
     for c in rec.candidates:
         if "sized for the expected" in (c.reasons[0] if c.reasons else ""):
-            label = "expected-length cap" + (
-                " + refill batching" if "--min-free-slots-delay" in c.args else ""
+            label = (
+                "expected-length cap"
+                + (" + refill batching" if "--min-free-slots-delay" in c.args else "")
+                + (" + replay decode" if "--enable-linear-replayssm" in c.args else "")
             )
             out.append(SweepCandidate(tuple(c.args), cap(c.plan), label))
             sized = sized or (c if "--min-free-slots-delay" not in c.args else None)
@@ -496,15 +500,18 @@ def run_on_winner(
 
 # --------------------------------------------------------------------------------------- summary
 def bound_for(
-    shape: HybridShape, steady: dict[str, Any] | None, hw: dict[str, Any], ssm: str
+    shape: HybridShape, steady: dict[str, Any] | None, hw: dict[str, Any], ssm: str, ring: int | None = None
 ) -> dict[str, Any] | None:
+    """The compute+bandwidth bound of the measured plateau: the issue's (state read and written every
+    step), or with ``ring`` the traffic of ReplaySSM decode (state written every ``ring`` steps)."""
     if not steady:
         return None
-    cost = decode_step_cost(shape, steady["plateau_running"], steady["mean_context_tokens"], ssm)
+    cost = decode_step_cost(shape, steady["plateau_running"], steady["mean_context_tokens"], ssm, ring)
     bw, fl = hw["hbm_bytes_per_s"], hw["bf16_flops_per_s"]
     gemm = cost.gemm_peak_bound_tps(fl, bw)
     return {
         "ssm_dtype": ssm,
+        "state_traffic": f"ReplaySSM, ring {ring}" if ring else "read + write every step",
         "step": cost.to_json(),
         "bandwidth_bound_tps": round(cost.bandwidth_bound_tps(bw), 0),
         "compute_bandwidth_bound_tps": round(gemm, 0),
@@ -512,6 +519,14 @@ def bound_for(
         "fraction": round(steady["median_decode_tps"] / gemm, 4),
         "method": steady["method"],
     }
+
+
+def replay_ring_len(args: list[str]) -> int | None:
+    """The ReplaySSM ring length of a launch (``--linear-replayssm-cache-len``); None: off."""
+    from regen.sglang.plan import parse_flags
+
+    flags = parse_flags(list(args))
+    return flags.linear_replayssm_cache_len if flags.enable_linear_replayssm else None
 
 
 def final_line(s: dict[str, Any]) -> str:
@@ -547,6 +562,10 @@ def summarize(doc: dict[str, Any], shape: HybridShape) -> dict[str, Any]:
         shape, (best or {}).get("server_steady_state"), doc["hardware"], ssm
     )
     s["bound_fraction"] = (s["bound_pure_decode"] or {}).get("fraction")
+    ring = replay_ring_len(best["args"]) if best else None
+    if ring:  # the winner moves less state than the issue's bound assumes: its own bound too
+        s["bound_pure_decode_replay_traffic"] = bound_for(shape, pure, doc["hardware"], ssm, ring)
+        s["bound_fraction_replay_traffic"] = (s["bound_pure_decode_replay_traffic"] or {}).get("fraction")
     proj = doc.get("projection") or {}
     lr = win.get("long_run") or {}
     if proj.get("closed_loop") and lr.get("wall_s"):

@@ -198,6 +198,20 @@ class ModelShape:
         per_layer = self.conv_state_bytes_per_layer(tp) + self.ssm_state_bytes_per_layer(tp, ssm_dtype)
         return self.linear_attention_layers * per_layer
 
+    def replay_ring_bytes_per_slot(self, tp: int, ssm_dtype: str | None, ring_len: int) -> int:
+        """Bytes per state slot of the ``--enable-linear-replayssm`` decode ring (``MambaPool``'s
+        ``replayssm_d`` [HV, L, V] and ``replayssm_k`` [H, L, K] in the SSM dtype, ``replayssm_g`` [HV, L]
+        in fp32), over every linear-attention layer; 0 for non-hybrid models."""
+        if not self.is_hybrid:
+            return 0
+        lin = self._need_linear()
+        element = _dtype_bytes(ssm_dtype or lin.ssm_dtype)
+        v_heads, k_heads = lin.num_value_heads // tp, lin.num_key_heads // tp
+        per_layer = ring_len * (
+            v_heads * lin.value_head_dim * element + k_heads * lin.key_head_dim * element + v_heads * 4
+        )
+        return self.linear_attention_layers * per_layer
+
     # ---- KV cell (DefaultPoolConfigurator._compute_cell_size, MHA branch) ----
     def kv_cell_bytes(self, tp: int = 1, kv_dtype: str = "auto", draft_layers: int = 0) -> float:
         """Bytes of KV per token over the full-attention layers (+ MTP draft layers for EAGLE/NEXTN)."""

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,11 @@ VLM_CACHE_GIB = 0.1  # SGLANG_VLM_CACHE_SIZE_MB=100 (kv_cache_configurator.mm_ru
 MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3  # kv_cache_configurator.py
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # ServerArgs.mamba_full_memory_ratio
 DEFAULT_DECODE_GRAPH_LIMIT_NOTE = 256
+#: ServerArgs.linear_replayssm_cache_len default: decode steps between the ReplaySSM ring's state flushes
+REPLAY_RING_LEN = 16
+#: the memory fraction the tuner tries besides SGLang's default (measured on the H200: 5.5 GB still free
+#: after CUDA graphs at a 608 cap, 2026-11-30); its slack is the least runtime headroom regen plans for
+TUNER_MEM_FRACTION = 0.92
 
 # Architectures whose "auto" mamba radix strategy resolves to extra_buffer
 # (srt/arg_groups/overrides.py::_MAMBA_EXTRA_BUFFER_ARCHS, Qwen families only listed here).
@@ -119,6 +125,15 @@ class ServerFlags:
     page_size: int = 1
     tp: int | None = None
     num_continuous_decode_steps: int | None = None
+    enable_linear_replayssm: bool = False
+    linear_replayssm_cache_len: int = REPLAY_RING_LEN
+    linear_attn_backend: str = "triton"
+    linear_attn_decode_backend: str | None = None
+
+    @property
+    def decode_backend(self) -> str:
+        """``--linear-attn-decode-backend``, else ``--linear-attn-backend`` (server_args, 0.5.17/0.5.23)."""
+        return self.linear_attn_decode_backend or self.linear_attn_backend
 
 
 _VALUE_FLAGS: dict[str, tuple[str, type]] = {
@@ -144,12 +159,16 @@ _VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--tp": ("tp", int),
     "--tensor-parallel-size": ("tp", int),
     "--num-continuous-decode-steps": ("num_continuous_decode_steps", int),
+    "--linear-replayssm-cache-len": ("linear_replayssm_cache_len", int),
+    "--linear-attn-backend": ("linear_attn_backend", str),
+    "--linear-attn-decode-backend": ("linear_attn_decode_backend", str),
 }
 _BOOL_FLAGS: dict[str, str] = {
     "--disable-radix-cache": "disable_radix_cache",
     "--disable-overlap-schedule": "disable_overlap_schedule",
     "--disable-cuda-graph": "disable_cuda_graph",
     "--disable-decode-cuda-graph": "disable_cuda_graph",
+    "--enable-linear-replayssm": "enable_linear_replayssm",
 }
 
 
@@ -208,6 +227,9 @@ class MemoryPlan:
     binding_constraint: str
     workload_concurrency: int | None = None  # running requests the KV cache holds at p99 prompt + max_tokens
     notes: tuple[str, ...] = ()
+    #: --enable-linear-replayssm decode ring: allocated per state slot outside SGLang's pool budget (its
+    #: solver charges only the spec-verify ring), so it comes out of the (1 - mfs) runtime slack
+    replay_ring_gib: float = 0.0
 
     @property
     def mamba_pool_gib(self) -> float:
@@ -225,6 +247,7 @@ class MemoryPlan:
             "effective_max_running_requests": self.effective_max_running_requests,
             "binding_constraint": self.binding_constraint,
             "workload_concurrency": self.workload_concurrency,
+            "replay_ring_gib": round(self.replay_ring_gib, 3),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -358,6 +381,7 @@ def plan(
 
     ssm_dtype = flags.mamba_ssm_dtype
     per_req = model.state_bytes_per_request(tp, ssm_dtype) if model.is_hybrid else 0
+    ring_gib = 0.0
     k: int | None = None
     slots: int | None = None
     strategy: str | None = None
@@ -373,6 +397,12 @@ def plan(
         state_gib = (k + 1) * per_req / GIB
         scratch_gib = scratch_bytes / GIB
         rest_gib -= state_gib + scratch_gib
+        if flags.enable_linear_replayssm:
+            ring_gib = (k + 1) * model.replay_ring_bytes_per_slot(
+                tp, ssm_dtype, flags.linear_replayssm_cache_len
+            )
+            ring_gib /= GIB
+            notes += replay_ring_notes(ring_gib, slack_gib, reserve_mib / 1024, mfs, pre_load_gib)
     else:
         for flag in ("--max-mamba-cache-size", "--mamba-full-memory-ratio", "--mamba-ssm-dtype"):
             if any(a.split("=")[0] == flag for a in args):
@@ -430,7 +460,28 @@ def plan(
         binding_constraint=binding,
         workload_concurrency=workload_running,
         notes=tuple(notes),
+        replay_ring_gib=ring_gib,
     )
+
+
+def replay_ring_notes(
+    ring_gib: float, slack_gib: float, reserve_gib: float, mfs: float, pre_load_gib: float
+) -> list[str]:
+    """What the ReplaySSM decode ring does to the runtime headroom (CUDA graphs, activations): a note when
+    it leaves less than both SGLang's reserve estimate and the slack of the tuner's own memory fraction."""
+    left = slack_gib - ring_gib
+    notes = [
+        f"--enable-linear-replayssm: its decode ring takes {ring_gib:.2f} GiB outside SGLang's pool budget, "
+        f"leaving {left:.2f} GiB of the {slack_gib:.2f} GiB runtime slack"
+    ]
+    needed = min(reserve_gib, (1 - TUNER_MEM_FRACTION) * pre_load_gib)
+    if left < needed:
+        fit = math.floor((mfs - (needed - left) / pre_load_gib) * 1000) / 1000
+        notes.append(
+            f"that is less than the {needed:.2f} GiB kept for CUDA graphs and activations: expect an "
+            f"out-of-memory error at graph capture; --mem-fraction-static {fit:g} keeps it"
+        )
+    return notes
 
 
 def _mamba_pool(
@@ -537,10 +588,38 @@ def flag_warnings(args: list[str], model: ModelShape, sglang_version: str = DEFA
         for flag in ("--max-mamba-cache-size", "--mamba-full-memory-ratio", "--mamba-ssm-dtype"):
             if flag in names:
                 out.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
+    out += replay_flag_problems(flags, model, sglang_version)
     if (flags.mamba_radix_cache_strategy == "no_buffer") and not flags.disable_overlap_schedule:
         out.append(
             "--mamba-radix-cache-strategy no_buffer requires --disable-overlap-schedule (SGLang asserts)"
         )
+    return out
+
+
+def replay_flag_problems(flags: ServerFlags, model: ModelShape, version: str) -> list[str]:
+    """Why ``--enable-linear-replayssm`` would do nothing or be refused (server_args
+    ``_handle_linear_attn_backend``, 0.5.17 and 0.5.23); empty when it applies."""
+    if not flags.enable_linear_replayssm:
+        return []
+    if not model.is_hybrid:
+        return [
+            f"--enable-linear-replayssm has no effect: {model.architecture} has no linear-attention layers"
+        ]
+    out = []
+    if flags.decode_backend != "triton":
+        out.append(
+            "--enable-linear-replayssm requires the triton linear-attention decode backend "
+            f"(SGLang refuses --linear-attn-decode-backend {flags.decode_backend})"
+        )
+    _, strategy = mamba_slots_per_request(model, flags, version)
+    if strategy in ("extra_buffer", "extra_buffer_lazy"):
+        out.append(
+            "--enable-linear-replayssm requires the no_buffer mamba cache strategy (SGLang refuses "
+            f"{strategy}, which the radix cache resolves to here); add --disable-radix-cache for unique "
+            "prompts"
+        )
+    if flags.linear_replayssm_cache_len < 1:
+        out.append("--linear-replayssm-cache-len must be >= 1 (SGLang refuses it)")
     return out
 
 
@@ -568,7 +647,7 @@ def recommend(
         kv_dtypes.append("fp8_e4m3")
     mfs_options: list[float | None] = [user_flags.mem_fraction_static]
     if user_flags.mem_fraction_static is None:
-        mfs_options += [0.92]
+        mfs_options += [TUNER_MEM_FRACTION]
     target = workload.target_concurrency or 4096
     candidates: list[Candidate] = []
     for disable_radix in radix_options:
@@ -665,7 +744,63 @@ def scheduler_candidates(
             "time instead of one forward pass per freed slot",
         ),
     )
-    return [sized, batched]
+    return [sized, batched, *_replay_candidate(model, gpu_mib, tp, base, wl, version, chosen, found, batched)]
+
+
+def _replay_candidate(
+    model: ModelShape, gpu_mib: int, tp: int, base: list[str], wl: Workload, version: str,
+    chosen: ServerFlags, sized: Candidate, batched: Candidate,
+) -> list[Candidate]:  # fmt: skip
+    """``batched`` with SGLang's ReplaySSM decode (``--enable-linear-replayssm``): each decode step reads
+    the linear-attention state and appends a small record to a per-slot ring, writing the state back only
+    every ``REPLAY_RING_LEN`` steps, instead of reading and writing it every step. The ring lives outside
+    SGLang's pool budget, so the memory fraction drops by its share (the runtime slack stays as it was)
+    and the cap is re-solved. Empty where SGLang would refuse the flag or it does nothing."""
+    flags = replace(chosen, enable_linear_replayssm=True)
+    if flags.speculative_algorithm or replay_flag_problems(flags, model, version):
+        return []
+    pre_load_gib = gpu_mib / 1024 - CUDA_CONTEXT_GIB
+    top = round(sized.plan.mem_fraction_static * 1000)
+
+    def at(thousandths: int) -> Candidate | None:
+        """The cap solved at this memory fraction, if the ring it implies fits in the fraction given up."""
+        got = _best_running(
+            model, gpu_mib, tp, [*base, "--enable-linear-replayssm"], wl, version, 4096,
+            chosen.disable_radix_cache, chosen.mamba_ssm_dtype, chosen.kv_cache_dtype, thousandths / 1000,
+        )  # fmt: skip
+        given_up = (top - thousandths) / 1000 * pre_load_gib
+        return got if got is not None and got.plan.replay_ring_gib <= given_up else None
+
+    lo, hi, found = top - 200, top, None  # highest fraction whose cap's ring fits: the slack is kept
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        got = at(mid)
+        if got is not None:
+            found, lo = got, mid + 1
+        else:
+            hi = mid - 1
+    if found is None:
+        return []
+    mfs, ring_gib = found.plan.mem_fraction_static, found.plan.replay_ring_gib
+    n = found.plan.effective_max_running_requests
+    delay = batched.args[len(sized.args) :]
+    return [
+        Candidate(
+            args=(*found.args, *delay),
+            plan=found.plan,
+            score=found.score,
+            reasons=(
+                f"--max-running-requests {n}: sized for the expected {wl.max_tokens} output tokens per "
+                "request, as the refill-batched candidate, in the memory the ring leaves",
+                "--enable-linear-replayssm: decode reads the linear-attention state and appends to a "
+                f"per-slot ring, writing the state back every {flags.linear_replayssm_cache_len} steps "
+                "instead of every step (about half the state traffic)",
+                f"--mem-fraction-static {mfs:g}: {sized.plan.mem_fraction_static:g} less the ring's "
+                f"{ring_gib:.2f} GiB, which SGLang allocates outside its pool budget",
+                *batched.reasons[len(sized.reasons) :],
+            ),
+        )
+    ]
 
 
 def _tradeoffs(args: tuple[str, ...]) -> int:

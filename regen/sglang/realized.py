@@ -33,6 +33,7 @@ class RealizedMemory:
     ssm_state_gib: float | None = None
     mamba_slots_per_request: int | None = None
     mem_fraction_static: float | None = None
+    replay_ring_gib: float | None = None
 
 
 _NUM = r"([0-9][0-9.]*)"
@@ -69,6 +70,9 @@ def parse_startup_log(text: str) -> RealizedMemory:
     if weights:
         found["weights_gib"] = float(weights[-1])
     grab(rf"mem_fraction_static[=:]\s*{_NUM}", "mem_fraction_static", float)
+    ring = re.findall(rf"ReplaySSM ring buffers allocated.*?d={_NUM}GB, k={_NUM}GB, g={_NUM}GB", text)
+    if ring:
+        found["replay_ring_gib"] = sum(float(part) for part in ring[-1])
     return RealizedMemory(**found)
 
 
@@ -112,6 +116,7 @@ PREDICTED_VS_REALIZED: tuple[tuple[str, str], ...] = (
     ("weights_gib", "weights_gib"),
     ("kv_cache_gib", "kv_cache_gib"),
     ("mem_fraction_static", "mem_fraction_static"),
+    ("replay_ring_gib", "replay_ring_gib"),
 )
 
 

@@ -364,6 +364,8 @@ def simulated_memory_options(plan: Mapping[str, Any] | None) -> list[str]:
         "max_total_num_tokens": planned.get("kv_cache_tokens"),
         "mem_fraction_static": planned.get("mem_fraction_static"),
         "available_gpu_mem_gib": planned.get("free_gib"),
+        "replay_ring_gib": planned.get("replay_ring_gib") or None,
+        "max_mamba_cache_size": planned.get("max_mamba_cache_size"),
     }
     options = {k: v for k, v in fields.items() if v is not None}
     return ["--options", json.dumps(options, sort_keys=True)] if options else []

@@ -230,6 +230,10 @@ class SimOptions:
     kv_cache_gib: float = 40.1
     mem_fraction_static: float = 0.85
     available_gpu_mem_gib: float = 12.34
+    # --enable-linear-replayssm's decode ring (the plan's prediction); logged in SGLang's phrasing, all of
+    # it as the d ring (SGLang splits it into d, k and g; regen reads their sum); 0: flag off
+    replay_ring_gib: float = 0.0
+    max_mamba_cache_size: int | None = None  # the plan's (hybrid models); None: 5 x the running cap
     # SGLang 0.5.17 builds flashinfer's sampling kernels (JIT, nvcc) on the first request that needs
     # top-k/top-p/min-p sampling: on a fresh H200 machine its scheduler served nothing for ~110 s
     # (2026-11-30); greedy requests never build them. Seconds of that stall; 0: none.
@@ -566,6 +570,11 @@ class SimulatedServer:
             f"max_prefill_tokens=16384, max_running_requests={o.running_cap}, "
             f"context_len={o.context_len}, available_gpu_mem={o.available_gpu_mem_gib:.2f} GB"
         )
+        if o.replay_ring_gib > 0:
+            self.log(
+                "GDN ReplaySSM ring buffers allocated (record_len=16, fold=False): "
+                f"d={o.replay_ring_gib:.3f}GB, k=0.000GB, g=0.000GB "
+            )
         self._ticker = asyncio.create_task(self._tick())
         if o.startup_delay_s <= 0:
             self.log("The server is fired up and ready to roll!", prefix="")
@@ -639,7 +648,7 @@ class SimulatedServer:
             "internal_states": [
                 {
                     "effective_max_running_requests_per_dp": o.running_cap,
-                    "max_mamba_cache_size": 5 * o.running_cap,
+                    "max_mamba_cache_size": o.max_mamba_cache_size or 5 * o.running_cap,
                     "last_gen_throughput": self.last_gen_throughput,
                     "avg_spec_accept_length": None,
                     "memory_usage": {
