@@ -52,6 +52,44 @@ def measure(copy_gib: float = 4.0, n: int = 8192, reps: int = 10) -> dict[str, f
     }
 
 
+def decode_gemms(gemms: list[tuple[str, int, int, int]], batch: int, reps: int = 20) -> dict[str, object]:
+    """Each decode GEMM (``roofline.HybridShape.decode_gemms``) at ``batch`` rows, timed as SGLang runs an
+    unquantized bf16 linear layer (``F.linear``); the step's GEMM time is the sum over layers."""
+    import torch
+    import torch.nn.functional as F
+
+    dev = torch.device("cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rows, step_s, flops = [], 0.0, 0.0
+    for name, k, n, times in gemms:
+        x = torch.randn(batch, k, dtype=torch.bfloat16, device=dev)
+        w = torch.randn(n, k, dtype=torch.bfloat16, device=dev)
+        for _ in range(3):
+            F.linear(x, w)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(reps):
+            F.linear(x, w)
+        end.record()
+        torch.cuda.synchronize()
+        s = start.elapsed_time(end) / 1e3 / reps
+        f = 2.0 * batch * k * n
+        rows.append({"gemm": name, "k": k, "n": n, "per_step": times, "us": round(s * 1e6, 1),
+                     "tflop_s": round(f / s / 1e12, 1)})  # fmt: skip
+        step_s += s * times
+        flops += f * times
+        del x, w
+    return {"batch": batch, "gemms": rows, "step_gemm_s": step_s, "step_gemm_tflop_s": flops / step_s / 1e12}
+
+
 if __name__ == "__main__":
-    json.dump(measure(), sys.stdout)
+    if len(sys.argv) == 4 and sys.argv[1] == "--decode-gemms":  # --decode-gemms CONFIG_JSON BATCH
+        sys.path.insert(0, __file__.rsplit("/", 1)[0])
+        from roofline import HybridShape
+
+        with open(sys.argv[2]) as fh:
+            shape = HybridShape.from_config(json.load(fh))
+        json.dump(decode_gemms(shape.decode_gemms(), int(sys.argv[3])), sys.stdout)
+    else:
+        json.dump(measure(), sys.stdout)
     print()

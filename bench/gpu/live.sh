@@ -15,6 +15,7 @@
 #   carry [.gpu/p04, .gpurun]: SRC=.gpurun bash .gpurun/bench/gpu/live.sh start 540
 #   then: SRC=.gpurun bash .gpurun/bench/gpu/live.sh wait 590 (as often as needed)
 # With Snakemake staged, tune_live.py ends with the workflow (token ids on) against the winner.
+# PROG=bench/gpu/profile_step.py runs the decode-step profile instead (TUNE_ARGS are its arguments).
 mode=$1
 budget=${2:-540}
 t0=$(date +%s)
@@ -29,7 +30,8 @@ collect() {
   cp /tmp/fi-prewarm.log "$OUT/fi-prewarm.log" 2>/dev/null
   cp /tmp/live-out/*.json /tmp/live-out/*.md "$OUT/" 2>/dev/null
   rm -rf /tmp/live-collect/* && mkdir -p /tmp/live-collect/logs
-  for d in /tmp/live-work/sweep/cand* /tmp/live-work/winner; do
+  find /tmp/live-work/trace -name '*.trace.json*' -size -40M -exec cp {} "$OUT/" \; 2>/dev/null
+  for d in /tmp/live-work/sweep/cand* /tmp/live-work/winner /tmp/live-work; do
     [ -d "$d/logs" ] || continue
     n=$(basename "$d")
     mkdir -p "/tmp/live-collect/logs/$n" && cp -r "$d"/logs/. "/tmp/live-collect/logs/$n/"
@@ -80,12 +82,14 @@ spec = gen_sampling_module(); spec.build(verbose=False)
 print("flashinfer sampling module built in", round(time.time() - t, 1), "s:", spec.jit_library_path, spec.is_compiled)' \
       > /tmp/fi-prewarm.log 2>&1 < /dev/null &)
   fi
-  (cd /tmp/repo && setsid nohup $PY bench/gpu/tune_live.py $extra $wf --out /tmp/live-out --work /tmp/live-work \
-      --deadline-s "${DEADLINE:-1330}" ${TUNE_ARGS:-} > /tmp/live.log 2>&1 < /dev/null &)
+  PROG=${PROG:-bench/gpu/tune_live.py}
+  [ "$PROG" = bench/gpu/tune_live.py ] && extra="$extra $wf --deadline-s ${DEADLINE:-1330}"
+  (cd /tmp/repo && setsid nohup $PY "$PROG" $extra --out /tmp/live-out --work /tmp/live-work ${TUNE_ARGS:-} \
+      > /tmp/live.log 2>&1 < /dev/null &)
   sleep 2
 fi
 while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
-  grep -q '^sweep:' /tmp/live.log 2>/dev/null && break
+  grep -qE '^(sweep|profile):' /tmp/live.log 2>/dev/null && break
   grep -q 'Traceback' /tmp/live.log 2>/dev/null && { echo "tune_live.py failed"; break; }
   sleep 5
 done

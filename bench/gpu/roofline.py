@@ -87,6 +87,22 @@ class HybridShape:
         layers = self.n_full * self.full_attn_params() + self.n_linear * self.linear_attn_params()
         return layers + self.n_layers * self.mlp_params() + self.vocab * self.hidden
 
+    def decode_gemms(self) -> list[tuple[str, int, int, int]]:
+        """(name, in_features, out_features, times per step) of the matrices a decode step multiplies by:
+        the projections of both layer kinds, the MLP and the LM head (the depthwise conv is no GEMM)."""
+        v = self.lin_v_heads * self.lin_v_dim
+        q_out = self.n_heads * self.head_dim * (2 if self.attn_output_gate else 1)
+        return [
+            ("full_attn.qkv", self.hidden, q_out + 2 * self.n_kv_heads * self.head_dim, self.n_full),
+            ("full_attn.o", self.n_heads * self.head_dim, self.hidden, self.n_full),
+            ("linear_attn.in_qkvz", self.hidden, self.conv_dim() + v, self.n_linear),
+            ("linear_attn.in_ba", self.hidden, 2 * self.lin_v_heads, self.n_linear),
+            ("linear_attn.out", v, self.hidden, self.n_linear),
+            ("mlp.gate_up", self.hidden, 2 * self.intermediate, self.n_layers),
+            ("mlp.down", self.intermediate, self.hidden, self.n_layers),
+            ("lm_head", self.hidden, self.vocab, 1),
+        ]
+
     def total_params(self) -> int:
         return self.gemm_params() + self.vocab * self.hidden  # + input embedding table
 
