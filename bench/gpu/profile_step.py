@@ -79,7 +79,9 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
         "steps": steps,
         "span_ms_per_step": round(span_us / steps / 1e3, 2),
         "busy_ms_per_step": round(busy_us / steps / 1e3, 2),
-        "ms_per_step": {k: round(v / steps / 1e3, 2) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "ms_per_step": {
+            k: round(v / steps / 1e3, 2) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])
+        },
         "top_kernels_ms_per_step": {
             n[:120]: round(v / steps / 1e3, 3) for n, v in sorted(top.items(), key=lambda kv: -kv[1])[:15]
         },
@@ -88,20 +90,26 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
 
 
 def running_now(log_path: Path) -> int:
-    found = re.findall(r"#running-req: (\d+)", log_path.read_text(errors="replace")) if log_path.exists() else []
+    found = (
+        re.findall(r"#running-req: (\d+)", log_path.read_text(errors="replace")) if log_path.exists() else []
+    )
     return int(found[-1]) if found else 0
 
 
 def post_json(url: str, body: dict[str, Any], timeout: float) -> str:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return resp.read().decode()[:500]
 
 
-def profile_server(cand: Any, model_dir: Path, work: Path, batch: int, tokens: int, steps: int, dry: bool) -> dict[str, Any]:
+def profile_server(
+    cand: Any, model_dir: Path, work: Path, batch: int, tokens: int, steps: int, dry: bool
+) -> dict[str, Any]:
     """The winner restarted; a pure-decode load; SGLang's profiler over ``steps`` plateau steps."""
     from regen.client import generate_shard
-    from regen.sglang.metrics import log_size, log_since, server_steady_state
+    from regen.sglang.metrics import log_since, log_size, server_steady_state
     from regen.sglang.server import acquire_server, stop_all_servers
     from regen.sweep import candidate_plan, sweep_command_builder, sweep_port, sweep_server_cfg
 
@@ -121,8 +129,15 @@ def profile_server(cand: Any, model_dir: Path, work: Path, batch: int, tokens: i
             offset = log_size(server_log)
             load = threading.Thread(
                 target=generate_shard,
-                args=(prompts(batch, 256, "prof", 13), d / "journal.jsonl", d / "records.jsonl", d / "failed.jsonl",
-                      generate_cfg(tokens, None), ep, "profile"),  # fmt: skip
+                args=(
+                    prompts(batch, 256, "prof", 13),
+                    d / "journal.jsonl",
+                    d / "records.jsonl",
+                    d / "failed.jsonl",
+                    generate_cfg(tokens, None),
+                    ep,
+                    "profile",
+                ),
                 daemon=True,
             )
             load.start()
@@ -151,7 +166,9 @@ def profile_server(cand: Any, model_dir: Path, work: Path, batch: int, tokens: i
     return out
 
 
-def bounds(shape: HybridShape, steady: dict[str, Any], hw: dict[str, Any], gemm_s: float | None) -> dict[str, Any]:
+def bounds(
+    shape: HybridShape, steady: dict[str, Any], hw: dict[str, Any], gemm_s: float | None
+) -> dict[str, Any]:
     """The issue's bound (GEMMs at the peak) and the achievable one (GEMMs as measured at this batch)."""
     batch, ctx = steady["plateau_running"], steady["mean_context_tokens"]
     cost = decode_step_cost(shape, batch, ctx, "bfloat16")
@@ -194,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
                     SGLANG_VERSION, allow_bf16_state=True)  # fmt: skip
     cand = next(c for c in candidates_for(rec, dry) if c.label == a.label)
     batch = a.batch or cand.predicted_running
-    doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "dry_cpu": dry, "sglang_version": SGLANG_VERSION}
+    doc: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "dry_cpu": dry,
+        "sglang_version": SGLANG_VERSION,
+    }
     doc["hardware"] = measure_hw(dry)
     log(f"hardware: {doc['hardware']}")
     gemm_s = None
@@ -203,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                               str(batch)], capture_output=True, text=True, check=True)  # fmt: skip
         doc["decode_gemms"] = json.loads(got.stdout.strip().splitlines()[-1])
         gemm_s = doc["decode_gemms"]["step_gemm_s"]
-        log(f"decode GEMMs at {batch} rows: {gemm_s * 1e3:.1f} ms/step, {doc['decode_gemms']['step_gemm_tflop_s']:.0f} TFLOP/s")
+        log(
+            f"decode GEMMs at {batch} rows: {gemm_s * 1e3:.1f} ms/step, {doc['decode_gemms']['step_gemm_tflop_s']:.0f} TFLOP/s"
+        )
     doc["server"] = profile_server(cand, model_dir, a.work, batch, 24 if dry else a.tokens, a.steps, dry)
     steady = doc["server"].get("pure_decode")
     doc["bounds"] = bounds(shape, steady, doc["hardware"], gemm_s) if steady else None
@@ -214,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     def f(v: Any, nd: int = 1) -> str:
         return "none" if v is None else f"{v:.{nd}f}"
 
-    other = sum(v for k, v in ms.items() if k not in ("gemm", "linear_attn", "attention", "sampling")) if ms else None
+    other = (
+        sum(v for k, v in ms.items() if k not in ("gemm", "linear_attn", "attention", "sampling"))
+        if ms
+        else None
+    )
     doc["final_line"] = (
         f"profile: batch={batch} step_ms={f(tr.get('span_ms_per_step'))} gemm_ms={f(ms.get('gemm'))} "
         f"linear_attn_ms={f(ms.get('linear_attn'))} attention_ms={f(ms.get('attention'))} "
