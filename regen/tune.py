@@ -72,6 +72,11 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-bf16-state", action="store_true", help="linear-attention state in bf16")
     parser.add_argument("--allow-fp8-kv", action="store_true", help="fp8 KV cache")
     parser.add_argument(
+        "--allow-replay-decode", action="store_true",
+        help="with --expected-output-tokens: add a ReplaySSM decode candidate (--enable-linear-replayssm); "
+        "measured on an H200 (27B hybrid, SGLang 0.5.17): no gain",
+    )  # fmt: skip
+    parser.add_argument(
         "--expected-output-tokens", type=int,
         help="mean completion tokens expected: adds scheduler candidates sized for it (--sweep runs them)",
     )  # fmt: skip
@@ -149,6 +154,7 @@ def cli(argv: list[str]) -> int:
         rec = recommend(
             model, gpu, ns.tp, sglang_args, workload, ns.sglang_version,
             allow_fp8_kv=ns.allow_fp8_kv, allow_bf16_state=ns.allow_bf16_state,
+            allow_replay_decode=ns.allow_replay_decode,
         )  # fmt: skip
     except (ValueError, OSError) as exc:
         print(f"regen tune: {exc}", file=sys.stderr)
@@ -293,6 +299,7 @@ def sweep_cli(argv: list[str]) -> int:
             model, int(gpu_mib), tp, sglang_args, workload, ns.sglang_version,
             allow_fp8_kv=ns.allow_fp8_kv or server_cfg.allow_fp8_kv,
             allow_bf16_state=ns.allow_bf16_state or server_cfg.allow_bf16_state,
+            allow_replay_decode=ns.allow_replay_decode,
         )  # fmt: skip
         pairs = candidates_from_recommendation(rec, 1 + max(0, ns.candidates - 1))
         layout = RunLayout(results=Path(ns.results), work=Path(ns.work))

@@ -100,7 +100,8 @@ def test_every_tuner_candidate_passes_sglangs_own_parser() -> None:
 
     model = ModelShape.from_config(Path(__file__).parent / "data/models/gpu-qwen3.6-27b-text")
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, expected_output_tokens=636)
-    rec = recommend(model, 143771, 1, ["--load-format", "dummy"], wl, "0.5.23", allow_bf16_state=True)
+    rec = recommend(model, 143771, 1, ["--load-format", "dummy"], wl, "0.5.23", allow_bf16_state=True,
+                    allow_replay_decode=True)  # fmt: skip
     launched = [c.args for c in rec.candidates]
     assert any("--enable-linear-replayssm" in args for args in launched)
     for args in launched:

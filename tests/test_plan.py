@@ -232,9 +232,13 @@ def test_replay_ring_follows_mamba_pool_and_sits_outside_the_budget(gpu_model: M
 def test_replay_candidate_keeps_the_runtime_slack(gpu_model: ModelShape) -> None:
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, target_concurrency=4096,
                   expected_output_tokens=636)  # fmt: skip
-    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_bf16_state=True)
+    default = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_bf16_state=True)
+    assert not any("--enable-linear-replayssm" in c.args for c in default.candidates)  # opt-in: no H200 gain
+    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_bf16_state=True, allow_replay_decode=True)
     sized, batched, replay = rec.candidates[1:4]
     assert "--enable-linear-replayssm" in replay.args and "--enable-linear-replayssm" not in batched.args
+    backend = replay.args.index("--linear-attn-decode-backend")  # SM100 + bf16 state would pick flashinfer
+    assert replay.args[backend + 1] == "triton"
     assert replay.args[-2:] == ("--min-free-slots-delay", "4")
     assert "expected 636 output tokens" in replay.reasons[0]
     ring = replay.plan.replay_ring_gib
@@ -252,7 +256,7 @@ def test_replay_candidate_keeps_the_runtime_slack(gpu_model: ModelShape) -> None
         ring
     )
     # fp32 state (bf16 not opted in): the ring is fp32 too, and the same rule holds
-    fp32 = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17")
+    fp32 = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_replay_decode=True)
     r32 = next(c for c in fp32.candidates if "--enable-linear-replayssm" in c.args)
     assert r32.plan.slack_gib - r32.plan.replay_ring_gib >= fp32.candidates[1].plan.slack_gib
 
@@ -268,12 +272,18 @@ def test_replay_flag_refusals_are_warned(gpu_model: ModelShape) -> None:
     ]
     assert any("triton" in w for w in flag_warnings(backend, gpu_model, "0.5.17"))
     assert flag_warnings(["--enable-linear-replayssm", "--disable-radix-cache"], gpu_model, "0.5.17") == []
+    bf16 = ["--enable-linear-replayssm", "--disable-radix-cache", "--mamba-ssm-dtype", "bfloat16"]
+    assert any("SM100" in w for w in flag_warnings(bf16, gpu_model, "0.5.23"))
+    named = [*bf16, "--linear-attn-decode-backend", "triton"]
+    assert flag_warnings(named, gpu_model, "0.5.23") == []
     dense = ModelShape.from_config(MODELS / "qwen3-8b")
     assert any("no linear-attention" in w for w in flag_warnings(["--enable-linear-replayssm"], dense))
     # a request for shared prefixes keeps the radix cache, where SGLang refuses the flag: no replay candidate
     shared = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, unique_prompts=False,
                       expected_output_tokens=636)  # fmt: skip
-    rec = recommend(gpu_model, H200_MIB, 1, [], shared, "0.5.23", allow_bf16_state=True)
+    rec = recommend(
+        gpu_model, H200_MIB, 1, [], shared, "0.5.23", allow_bf16_state=True, allow_replay_decode=True
+    )
     assert not any("--enable-linear-replayssm" in c.args for c in rec.candidates)
 
 

@@ -664,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
         expected_output_tokens=round(real_lengths.mean()),
     )  # fmt: skip
     rec = recommend(ModelShape.from_config(str(model_dir)), gpu_mib, 1, list(BASE_ARGS), wl, SGLANG_VERSION,
-                    allow_bf16_state=True)  # fmt: skip
+                    allow_bf16_state=True, allow_replay_decode=True)  # fmt: skip
     cands = candidates_for(rec, dry)
     if a.labels:
         cands = [c for c in cands if c.label.replace(" ", "_") in a.labels.split(",")]

@@ -620,6 +620,12 @@ def replay_flag_problems(flags: ServerFlags, model: ModelShape, version: str) ->
         )
     if flags.linear_replayssm_cache_len < 1:
         out.append("--linear-replayssm-cache-len must be >= 1 (SGLang refuses it)")
+    if flags.linear_attn_decode_backend is None and flags.mamba_ssm_dtype == "bfloat16":
+        out.append(
+            "--enable-linear-replayssm with --mamba-ssm-dtype bfloat16: on SM100+ GPUs (B200) SGLang then "
+            "defaults the decode backend to flashinfer and refuses the flag; add "
+            "--linear-attn-decode-backend triton there"
+        )
     return out
 
 
@@ -633,6 +639,7 @@ def recommend(
     allow_fp8_kv: bool = False,
     allow_bf16_state: bool = False,
     top_k: int = 5,
+    allow_replay_decode: bool = False,
 ) -> Recommendation:
     """Search the flag space for the config whose KV cache holds the most concurrent workload requests."""
     given = plan(model, gpu_memory_mib, tp, args, workload, sglang_version)
@@ -678,7 +685,9 @@ def recommend(
             f"the given flags allow {given.effective_max_running_requests} running requests; decode graphs "
             f"are captured only up to {given.cuda_graph_max_bs}; larger batches decode eagerly (slower)"
         )
-    sched = scheduler_candidates(model, gpu_memory_mib, tp, base, workload, sglang_version, best)
+    sched = scheduler_candidates(
+        model, gpu_memory_mib, tp, base, workload, sglang_version, best, allow_replay_decode
+    )
     return Recommendation(
         given=given,
         recommended=best.plan,
@@ -697,7 +706,7 @@ MIN_FREE_SLOTS_DELAY = 4
 
 def scheduler_candidates(
     model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str,
-    best: Candidate,
+    best: Candidate, replay_decode: bool = False,
 ) -> list[Candidate]:  # fmt: skip
     """Candidates that trade the static guarantee for throughput, to be measured by ``regen tune --sweep``.
 
@@ -706,7 +715,10 @@ def scheduler_candidates(
     stays under that while the lengths' squared coefficient of variation is below 1), relying on SGLang's
     own admission (free KV) and retraction for the rare overflow; then the same with prefill refills
     batched (``--min-free-slots-delay``). Same state dtype, KV dtype, radix choice and memory fraction as
-    ``best``. Empty when no expected length is given.
+    ``best``. Empty when no expected length is given. With ``replay_decode``, also the batched one with
+    ReplaySSM decode (opt-in: on the H200, 27B hybrid shape, SGLang 0.5.17, it gained nothing at equal
+    batch and its ring costs about 9% of the cap; its decode kernel already runs the state at 90% of the
+    copy bandwidth without it).
     """
     expected = workload.expected_output_tokens
     if not expected or expected >= workload.max_tokens:
@@ -744,6 +756,8 @@ def scheduler_candidates(
             "time instead of one forward pass per freed slot",
         ),
     )
+    if not replay_decode:
+        return [sized, batched]
     return [sized, batched, *_replay_candidate(model, gpu_mib, tp, base, wl, version, chosen, found, batched)]
 
 
@@ -756,7 +770,9 @@ def _replay_candidate(
     every ``REPLAY_RING_LEN`` steps, instead of reading and writing it every step. The ring lives outside
     SGLang's pool budget, so the memory fraction drops by its share (the runtime slack stays as it was)
     and the cap is re-solved. Empty where SGLang would refuse the flag or it does nothing."""
-    flags = replace(chosen, enable_linear_replayssm=True)
+    # the triton decode backend named: on SM100+ with bf16 state SGLang would default to flashinfer and refuse
+    replay = ["--enable-linear-replayssm", "--linear-attn-decode-backend", "triton"]
+    flags = replace(chosen, enable_linear_replayssm=True, linear_attn_decode_backend="triton")
     if flags.speculative_algorithm or replay_flag_problems(flags, model, version):
         return []
     pre_load_gib = gpu_mib / 1024 - CUDA_CONTEXT_GIB
@@ -765,7 +781,7 @@ def _replay_candidate(
     def at(thousandths: int) -> Candidate | None:
         """The cap solved at this memory fraction, if the ring it implies fits in the fraction given up."""
         got = _best_running(
-            model, gpu_mib, tp, [*base, "--enable-linear-replayssm"], wl, version, 4096,
+            model, gpu_mib, tp, [*base, *replay], wl, version, 4096,
             chosen.disable_radix_cache, chosen.mamba_ssm_dtype, chosen.kv_cache_dtype, thousandths / 1000,
         )  # fmt: skip
         given_up = (top - thousandths) / 1000 * pre_load_gib
