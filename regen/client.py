@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from regen.fingerprint import GenerationSettings, request_fingerprint
+from regen.fingerprint import GenerationSettings, request_fingerprint, server_numerics
 from regen.io import write_json
 from regen.journal import FAILED, RECORD, Journal, JournalSink
 from regen.layout import RunLayout
@@ -211,8 +211,9 @@ def check_settings_match(cfg: GenerateConfig, settings: GenerationSettings) -> N
 
 
 _NOT_IN_GENERATE_CONFIG = frozenset(
-    {"model_path", "model_revision", "server_mode", "chat_template_sha256", "reasoning_parser", "version"}
-)
+    {"model_path", "model_revision", "server_mode", "chat_template_sha256", "reasoning_parser", "version",
+     "server_numerics"}
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -921,11 +922,12 @@ class _Reporter:
 
 
 async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: GenerateConfig) -> Endpoint:
-    """Fill model, max_running_requests and version from the server when unknown."""
+    """Fill model, max_running_requests, version and numerics from the server when unknown."""
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     base = endpoint.url.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=30)
     model, mrr, version = endpoint.model, endpoint.max_running_requests, endpoint.version
+    numerics = endpoint.numerics
     if model is None:
         try:
             async with session.get(base + "/v1/models", headers=headers, timeout=timeout) as r:
@@ -939,27 +941,44 @@ async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: Gen
             orjson.JSONDecodeError,
         ) as exc:
             log.warning("could not read the model name from %s/v1/models (%s); sending 'default'", base, exc)
-    if (mrr is None and cfg.concurrency is None) or version is None:
+    if (mrr is None and cfg.concurrency is None) or version is None or numerics is None:
+        info = await _server_info(session, base, headers, timeout)
+        version = version or info.get("version")
+        # a server without /server_info (not SGLang) has no numerics to report: the same {} every run
+        numerics = server_numerics(info) if numerics is None and info else (numerics or {})
+        if mrr is None:
+            states = info.get("internal_states") or [{}]
+            first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+            mrr = first.get("effective_max_running_requests_per_dp") or info.get("max_running_requests")
+    return Endpoint(endpoint.url, endpoint.server_id, mrr, version, model, endpoint.api_key, numerics)
+
+
+#: how long the client waits for a server that does not answer ``/server_info`` (restarting after a
+#: crash): its numerics decide which journaled answers replay, so they are worth waiting for
+SERVER_INFO_WAIT_S = 60.0
+
+
+async def _server_info(
+    session: aiohttp.ClientSession, base: str, headers: dict[str, str], timeout: aiohttp.ClientTimeout
+) -> dict[str, Any]:
+    """``/server_info``; retried while the server cannot be reached; {} when it has none (not SGLang)."""
+    deadline = time.monotonic() + SERVER_INFO_WAIT_S
+    while True:
         try:
             async with session.get(base + "/server_info", headers=headers, timeout=timeout) as r:
+                if r.status >= 400:
+                    log.warning("%s/server_info answered HTTP %d: no server numerics", base, r.status)
+                    return {}
                 info = orjson.loads(await r.read())
-            version = version or info.get("version")
-            if mrr is None:
-                states = info.get("internal_states") or [{}]
-                mrr = states[0].get("effective_max_running_requests_per_dp") or info.get(
-                    "max_running_requests"
-                )
-        except (
-            aiohttp.ClientError,
-            TimeoutError,
-            KeyError,
-            IndexError,
-            TypeError,
-            AttributeError,
-            orjson.JSONDecodeError,
-        ) as exc:
+            return info if isinstance(info, dict) else {}
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            if time.monotonic() > deadline:
+                log.warning("could not reach %s/server_info for %.0f s (%s)", base, SERVER_INFO_WAIT_S, exc)
+                return {}
+            await asyncio.sleep(0.5)
+        except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
             log.warning("could not read %s/server_info (%s)", base, exc)
-    return Endpoint(endpoint.url, endpoint.server_id, mrr, version, model, endpoint.api_key)
+            return {}
 
 
 def _samples_and_total(samples: Iterable[Sample] | str | os.PathLike[str], total: int | None):
@@ -1021,7 +1040,8 @@ async def generate_shard_async(
                 if ep.max_running_requests
                 else DEFAULT_CONCURRENCY
             )
-            run = _ShardRun(gcfg, ep, shard, journal, stats, it, settings)
+            # the answers come from this server: its numerics are part of what decides them
+            run = _ShardRun(gcfg, ep, shard, journal, stats, it, settings.served_by(ep.numerics or {}))
             run.session = sess
             run.on_exhausted = on_exhausted
             run.breaker_threshold = max(3, min(concurrency, 16))

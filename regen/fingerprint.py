@@ -5,7 +5,11 @@ Two levels:
 * ``GenerationSettings`` — what the config decides for every request: model path and revision,
   server mode, chat template hash, reasoning parser, regenerate and thinking modes, sampling
   (temperature, top_p, top_k, max_tokens, n, seed), the truncation policy, the extra request
-  fields and whether token ids are kept. Its ``fingerprint`` (``settings_fingerprint`` in records)
+  fields and whether token ids are kept; and what the server reports of its own numerics (its
+  SGLang version, weight/KV/state dtypes, quantization, deterministic inference:
+  ``SERVER_NUMERICS_KEYS``), filled in by the client from ``/server_info`` once it has a server, so a
+  journal written by a bf16-state server is not replayed under an fp32-state one. Its
+  ``fingerprint`` (``settings_fingerprint`` in records)
   is one per run: an output that holds two of them mixes settings (the re-audit refuses it).
 * ``request_fingerprint`` — one per sample: the settings fingerprint, the sample id (the seed
   and, with ``thinking: mix``, the thinking switch derive from it) and the hash of the exact
@@ -22,14 +26,33 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 #: bump when the hashed content changes meaning: every old journal entry is then regenerated
-FINGERPRINT_VERSION = 1
+#: (2: the server's numerics joined the settings)
+FINGERPRINT_VERSION = 2
+#: the ``/server_info`` fields (SGLang: every server arg, and its version) that change an answer's numbers
+#: for the same model, prompt and sampling: the rest (ports, timeouts, scheduler knobs, memory sizes)
+#: decide only how fast answers come
+SERVER_NUMERICS_KEYS = (
+    "version",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "mamba_ssm_dtype",
+    "enable_deterministic_inference",
+)
+
+
+def server_numerics(server_info: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a server's ``/server_info`` decides an answer's numbers (missing fields: None)."""
+    return {key: server_info.get(key) for key in SERVER_NUMERICS_KEYS}
+
+
 _DIGEST_BYTES = 8  # 16 hex characters: collisions need ~4e9 distinct settings or prompts per id
 
 
@@ -84,7 +107,13 @@ class GenerationSettings:
     extra_body: dict[str, Any] = field(default_factory=dict)
     #: whether records carry the server's token ids (what a replayed record holds)
     return_token_ids: bool = True
+    #: ``server_numerics`` of the server the answers come from; empty until the client has asked it
+    server_numerics: dict[str, Any] = field(default_factory=dict)
     version: int = FINGERPRINT_VERSION
+
+    def served_by(self, numerics: Mapping[str, Any]) -> GenerationSettings:
+        """These settings as answered by a server reporting ``numerics``."""
+        return replace(self, server_numerics=dict(numerics))
 
     @classmethod
     def from_decisive(cls, decisive: Mapping[str, Any]) -> GenerationSettings:

@@ -164,5 +164,23 @@ def preview_lines(
         return [f"regen: dataset {config['dataset']['path']} is not a local file: no replay preview"]
     settings = GenerationSettings.from_decisive(decisive_config(config))
     retry = bool((config.get("generate") or {}).get("retry_failed", True))
-    plan = plan_replay(samples, JournalIndex.read(journal_paths), settings, retry)
-    return [f"regen: generation settings fingerprint {settings.fingerprint}", *plan.lines()]
+    index = JournalIndex.read(journal_paths)
+    served = numerics_last_reported(index, settings)
+    assumed = []
+    if served is not None:  # no server to ask before the run: assume it reports what it did last time
+        settings = settings.served_by(served)
+        shown = ", ".join(f"{k} {v}" for k, v in served.items())
+        assumed = [f"regen: assuming the server reports the numerics it reported before ({shown}); "
+                   "one that reports others regenerates every sample"]  # fmt: skip
+    plan = plan_replay(samples, index, settings, retry)
+    return [f"regen: generation settings fingerprint {settings.fingerprint}", *assumed, *plan.lines()]
+
+
+def numerics_last_reported(index: JournalIndex, settings: GenerationSettings) -> dict[str, Any] | None:
+    """The server numerics of the journaled settings that equal ``settings`` in everything else (the
+    most recently first-seen such settings); None when the journals hold none."""
+    others = {k: v for k, v in settings.to_json().items() if k != "server_numerics"}
+    for seen in reversed(list(index.settings.values())):
+        if {k: v for k, v in seen.items() if k != "server_numerics"} == others:
+            return dict(seen.get("server_numerics") or {})
+    return None

@@ -125,3 +125,5 @@ class Endpoint:
     version: str | None = None
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    #: ``regen.fingerprint.server_numerics`` of its ``/server_info``; None: not asked yet
+    numerics: dict[str, Any] | None = None

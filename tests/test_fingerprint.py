@@ -35,7 +35,7 @@ from regen.fingerprint import (
 from regen.journal import Journal, finalize_journal
 from regen.merge import merge
 from regen.reaudit import MixedSettingsError, reaudit_dataset
-from regen.replay import JournalIndex, plan_replay
+from regen.replay import JournalIndex, numerics_last_reported, plan_replay
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
 from regen.validate import validate_shard
@@ -129,6 +129,7 @@ BASE = GenerationSettings.from_decisive(
         {"retry_max_tokens_factor": 3.0},
         {"extra_body": {"min_p": 0.1}},
         {"return_token_ids": False},
+        {"server_numerics": {"mamba_ssm_dtype": "bfloat16"}},
     ],
 )
 def test_every_decisive_setting_changes_the_fingerprint(change: dict[str, Any]) -> None:
@@ -220,6 +221,34 @@ def test_sampling_change_regenerates_every_sample_and_never_mixes(sim: str, tmp_
     st = sh.run(samples(20), sim)
     assert (st.skipped_resumed, st.completed) == (20, 0) and received(sim) == before
     assert {r["id"]: r["content"] for r in sh.records()} == {i: r["content"] for i, r in old.items()}
+
+
+def test_a_server_with_other_numerics_regenerates_and_says_so(tmp_path: Path) -> None:
+    """Same config, but the server now keeps the linear-attention state in bf16 (or runs another SGLang):
+    nothing journaled under the fp32-state server is replayed, and each record names its server."""
+    fp32, stop32 = start_simulated_server(inline=True, mamba_ssm_dtype="float32")
+    bf16, stop16 = start_simulated_server(inline=True, mamba_ssm_dtype="bfloat16")
+    newer, stop_newer = start_simulated_server(inline=True, mamba_ssm_dtype="bfloat16", version="0.5.24")
+    try:
+        sh = Shard(tmp_path)
+        assert sh.run(samples(8), fp32).completed == 8
+        st = sh.run(samples(8), bf16)
+        assert (st.skipped_resumed, st.regenerated_changed) == (0, 8)
+        recs = sh.records()
+        assert {r["settings"]["server_numerics"]["mamba_ssm_dtype"] for r in recs} == {"bfloat16"}
+        assert {r["settings"]["server_numerics"]["version"] for r in recs} == {"0.5.23"}
+        assert sh.run(samples(8), bf16).skipped_resumed == 8  # the same server again: all replayed
+        assert sh.run(samples(8), newer).regenerated_changed == 8
+        # the dry-run preview has no server: it assumes the numerics the journal's records last reported
+        index = JournalIndex.read([sh.journal])
+        cfg = GenerateConfig.from_dict(FAST)
+        seen = numerics_last_reported(index, settings_of(cfg))
+        assert seen is not None and seen["version"] == "0.5.24"
+        assert plan_replay(samples(8), index, settings_of(cfg).served_by(seen)).replay == 8
+    finally:
+        stop32()
+        stop16()
+        stop_newer()
 
 
 def test_max_tokens_change_reaches_every_row(sim: str, tmp_path: Path) -> None:

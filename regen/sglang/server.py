@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from regen.fingerprint import server_numerics
 from regen.io import write_json
 from regen.layout import RUN, SlotFiles, url_files
 from regen.sglang.config import ServerConfig, ServerConfigLike
 from regen.sglang.flags import check_flags
+from regen.sglang.plan import parse_flags
 from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
 from regen.types import Endpoint
 
@@ -350,14 +352,15 @@ def build_simulated_command(
         *(["--half-speed-running", str(sim.half_speed_running)] if sim.half_speed_running else []),
         *(["--tokenizer-path", str(sim.tokenizer_path)] if sim.tokenizer_path else []),
         *(["--virtual", json.dumps(dict(sim.virtual), sort_keys=True)] if sim.virtual else []),
-        *simulated_memory_options(plan),
+        *simulated_plan_options(plan),
     ]
 
 
-def simulated_memory_options(plan: Mapping[str, Any] | None) -> list[str]:
-    """``--options`` making the simulated server report the memory map of the launched plan section
-    (an SGLang started with those flags reports its own allocation; the simulated one has none)."""
+def simulated_plan_options(plan: Mapping[str, Any] | None) -> list[str]:
+    """``--options`` making the simulated server report the memory map of the launched plan section and
+    the state/KV dtypes of its launch flags (an SGLang started with those flags reports its own)."""
     planned = launched_section(plan) if plan is not None else {}
+    flags = parse_flags(list(plan.get("launch_args") or [])) if plan is not None else None
     fields = {
         "weights_gib": planned.get("weights_gib"),
         "kv_cache_gib": planned.get("kv_cache_gib"),
@@ -366,6 +369,8 @@ def simulated_memory_options(plan: Mapping[str, Any] | None) -> list[str]:
         "available_gpu_mem_gib": planned.get("free_gib"),
         "replay_ring_gib": planned.get("replay_ring_gib") or None,
         "max_mamba_cache_size": planned.get("max_mamba_cache_size"),
+        "kv_cache_dtype": flags.kv_cache_dtype if flags is not None else None,
+        "mamba_ssm_dtype": flags.mamba_ssm_dtype if flags is not None else None,
     }
     options = {k: v for k, v in fields.items() if v is not None}
     return ["--options", json.dumps(options, sort_keys=True)] if options else []
@@ -708,6 +713,7 @@ def external_endpoint(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | No
         version=info.get("version"),
         model=_served_model(info, model),
         api_key=api_key,
+        numerics=server_numerics(info) if info else None,  # None: the client asks again
     )
 
 
@@ -779,6 +785,7 @@ def acquire_server(
                 version=info.get("version"),
                 model=_served_model(info, cfg.model_path),
                 api_key=api_key,
+                numerics=server_numerics(info) if info else None,  # None: the client asks again
             )
         finally:
             os.close(lease_fd)

@@ -234,6 +234,12 @@ class SimOptions:
     # it as the d ring (SGLang splits it into d, k and g; regen reads their sum); 0: flag off
     replay_ring_gib: float = 0.0
     max_mamba_cache_size: int | None = None  # the plan's (hybrid models); None: 5 x the running cap
+    # numerics SGLang reports in /server_info (regen.fingerprint.SERVER_NUMERICS_KEYS): the launch flags'
+    kv_cache_dtype: str = "auto"
+    mamba_ssm_dtype: str | None = None
+    dtype: str = "auto"
+    quantization: str | None = None
+    enable_deterministic_inference: bool = False
     # SGLang 0.5.17 builds flashinfer's sampling kernels (JIT, nvcc) on the first request that needs
     # top-k/top-p/min-p sampling: on a fresh H200 machine its scheduler served nothing for ~110 s
     # (2026-11-30); greedy requests never build them. Seconds of that stall; 0: none.
@@ -638,6 +644,11 @@ class SimulatedServer:
             "page_size": 1,
             "context_length": o.context_len,
             "attention_backend": "fa3",
+            "dtype": o.dtype,
+            "quantization": o.quantization,
+            "kv_cache_dtype": o.kv_cache_dtype,
+            "mamba_ssm_dtype": o.mamba_ssm_dtype,
+            "enable_deterministic_inference": o.enable_deterministic_inference,
             "reasoning_parser": "qwen3",
             "mamba_full_memory_ratio": 0.9,
             "max_mamba_cache_size": None,
