@@ -76,7 +76,15 @@ SETTINGS = {
     "retry_max_tokens_factor": 2.0,
     "extra_body": {"skip_special_tokens": False},  # non-empty: Parquet cannot write an empty struct
     "return_token_ids": True,
-    "version": 1,
+    "server_numerics": {
+        "version": "0.5.23",
+        "dtype": "auto",
+        "quantization": None,
+        "kv_cache_dtype": "auto",
+        "mamba_ssm_dtype": None,
+        "enable_deterministic_inference": False,
+    },
+    "version": 2,
 }
 TOOLS = [
     {

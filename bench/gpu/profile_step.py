@@ -20,7 +20,6 @@ sampling_ms=… other_ms=… gemm_tflop_s=… bound_fraction=… achievable_frac
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gzip
 import json
 import os
@@ -39,7 +38,7 @@ sys.path[:0] = [str(HERE), str(REPO)]
 
 from roofline import HybridShape, decode_step_cost  # noqa: E402
 from run import BASE_ARGS, SGLANG_VERSION, gpu_memory_mib, make_model, measure_hw  # noqa: E402
-from tune_live import TEMPLATE_TOKENS, Lengths, candidates_for, generate_cfg, log, prompts, server_cfg  # noqa: E402
+from tune_live import TEMPLATE_TOKENS, Lengths, candidates_for, generate_cfg, log, prompts, restarted  # noqa: E402
 
 from regen.io import write_json  # noqa: E402
 
@@ -110,19 +109,12 @@ def profile_server(
     """The winner restarted; a pure-decode load; SGLang's profiler over ``steps`` plateau steps."""
     from regen.client import generate_shard
     from regen.sglang.metrics import log_since, log_size, server_steady_state
-    from regen.sglang.server import acquire_server, stop_all_servers
-    from regen.sweep import candidate_plan, sweep_command_builder, sweep_port, sweep_server_cfg
 
-    cfg = dataclasses.replace(sweep_server_cfg(server_cfg(model_dir, dry)), port_base=sweep_port())
-    servers, logs = work / "servers", work / "logs"
-    server_log = logs / "gpu0.log"
+    server_log = work / "logs" / "gpu0.log"
     trace_dir = work / "trace"
     out: dict[str, Any] = {"label": cand.label, "args": list(cand.args)}
-    t = time.monotonic()
     try:
-        with acquire_server(cfg, candidate_plan(cand), servers, logs, owner_pid=os.getpid(),
-                            command_builder=sweep_command_builder) as ep:  # fmt: skip
-            out["ready_s"] = round(time.monotonic() - t, 1)
+        with restarted(cand, model_dir, dry, work) as (ep, out["ready_s"]):
             log(f"{cand.label}: ready in {out['ready_s']} s, cap {ep.max_running_requests}")
             d = work / "decode"
             d.mkdir(parents=True, exist_ok=True)
@@ -161,8 +153,6 @@ def profile_server(
     except Exception as exc:  # keep what was measured
         out["error"] = f"{type(exc).__name__}: {exc}"[:3000]
         log(f"FAILED {out['error']}")
-    finally:
-        stop_all_servers(servers, grace_s=60)
     return out
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -39,6 +40,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -404,6 +406,23 @@ def read_log(path: Path, offset: int) -> str:
     return log_since(path, offset)
 
 
+@contextlib.contextmanager
+def restarted(cand: Any, model_dir: Path, dry: bool, root: Path) -> Iterator[tuple[Any, float]]:
+    """The candidate's server started afresh through ``acquire_server`` on an OS-chosen port (servers and
+    logs under ``root``); yields (endpoint, seconds to ready); stops it afterwards."""
+    from regen.sglang.server import acquire_server, stop_all_servers
+    from regen.sweep import candidate_plan, sweep_command_builder, sweep_port, sweep_server_cfg
+
+    cfg = dataclasses.replace(sweep_server_cfg(server_cfg(model_dir, dry)), port_base=sweep_port())
+    t = time.monotonic()
+    try:
+        with acquire_server(cfg, candidate_plan(cand), root / "servers", root / "logs", owner_pid=os.getpid(),
+                            command_builder=sweep_command_builder) as ep:  # fmt: skip
+            yield ep, round(time.monotonic() - t, 1)
+    finally:
+        stop_all_servers(root / "servers", grace_s=60)
+
+
 def run_on_winner(
     cand: Any, model_dir: Path, dry: bool, work: Path, long_samples: list[Sample], long_lengths: list[int],
     id_samples: list[Sample], decode_requests: int, decode_tokens: int, workflow_s: float = 0.0,
@@ -411,18 +430,11 @@ def run_on_winner(
     """Restart the winner through acquire_server; exact ids, the long run, the pure-decode plateau."""
     from regen.client import generate_shard
     from regen.sglang.metrics import log_size, server_steady_state
-    from regen.sglang.server import acquire_server, stop_all_servers
-    from regen.sweep import candidate_plan, sweep_command_builder, sweep_port, sweep_server_cfg
 
-    cfg = dataclasses.replace(sweep_server_cfg(server_cfg(model_dir, dry)), port_base=sweep_port())
-    servers, logs = work / "winner" / "servers", work / "winner" / "logs"
-    server_log = logs / "gpu0.log"
+    server_log = work / "winner" / "logs" / "gpu0.log"
     out: dict[str, Any] = {"label": cand.label, "args": list(cand.args)}
-    t = time.monotonic()
     try:
-        with acquire_server(cfg, candidate_plan(cand), servers, logs, owner_pid=os.getpid(),
-                            command_builder=sweep_command_builder) as ep:  # fmt: skip
-            out["ready_s"] = round(time.monotonic() - t, 1)
+        with restarted(cand, model_dir, dry, work / "winner") as (ep, out["ready_s"]):
             out["effective_cap"] = ep.max_running_requests
             log(f"winner {cand.label}: ready in {out['ready_s']} s, cap {ep.max_running_requests}")
             out["exact_ids"] = exact_ids_check(ep.url, ep.model or "default", model_dir, id_samples, 32)
@@ -492,7 +504,6 @@ def run_on_winner(
         out["error"] = f"{type(exc).__name__}: {exc}"[:3000]
         log(f"winner: FAILED {out['error']}")
     finally:
-        stop_all_servers(servers, grace_s=60)
         if not dry:
             out["gpu_used_after_stop_mib"] = wait_gpu_free()
     return out
