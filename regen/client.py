@@ -944,8 +944,8 @@ async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: Gen
     if (mrr is None and cfg.concurrency is None) or version is None or numerics is None:
         info = await _server_info(session, base, headers, timeout)
         version = version or info.get("version")
-        # a server without /server_info (not SGLang) has no numerics to report: the same {} every run
-        numerics = server_numerics(info) if numerics is None and info else (numerics or {})
+        if numerics is None:  # a server without /server_info (not SGLang) reports none: {} every run
+            numerics = server_numerics(info) if info else {}
         if mrr is None:
             states = info.get("internal_states") or [{}]
             first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}

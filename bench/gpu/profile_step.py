@@ -168,7 +168,7 @@ def bounds(
     out = {"step": cost.to_json(), "state_kv_s": traffic_s, "issue_bound_tps": round(issue, 1),
            "measured_tps": steady["median_decode_tps"], "bound_fraction": round(steady["median_decode_tps"] / issue, 4)}  # fmt: skip
     if gemm_s:
-        achievable = batch / (max(gemm_s, cost.weight_bytes / bw) + traffic_s)
+        achievable = cost.bound_tps(gemm_s, bw)
         out |= {"measured_gemm_s": gemm_s, "achievable_bound_tps": round(achievable, 1),
                 "achievable_fraction": round(steady["median_decode_tps"] / achievable, 4)}  # fmt: skip
     return out

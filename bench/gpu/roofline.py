@@ -147,9 +147,13 @@ class StepCost:
         return self.batch / (self.total_bytes / hbm_bytes_per_s)
 
     def gemm_peak_bound_tps(self, flops_per_s: float, hbm_bytes_per_s: float) -> float:
-        """Tokens/s with the GEMMs at measured peak plus state/KV traffic at measured bandwidth
-        (the weights stream while the GEMMs run, so they are inside the GEMM time)."""
-        gemm_s = max(self.gemm_flops / flops_per_s, self.weight_bytes / hbm_bytes_per_s)
+        """Tokens/s with the GEMMs at measured peak plus state/KV traffic at measured bandwidth."""
+        return self.bound_tps(self.gemm_flops / flops_per_s, hbm_bytes_per_s)
+
+    def bound_tps(self, gemm_s: float, hbm_bytes_per_s: float) -> float:
+        """Tokens/s when the GEMMs take ``gemm_s`` and state/KV move at the bandwidth (the weights stream
+        while the GEMMs run, so they are inside the GEMM time)."""
+        gemm_s = max(gemm_s, self.weight_bytes / hbm_bytes_per_s)
         return self.batch / (gemm_s + (self.state_bytes + self.kv_bytes) / hbm_bytes_per_s)
 
     def to_json(self) -> dict[str, float]:

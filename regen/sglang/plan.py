@@ -25,15 +25,17 @@ import logging
 import math
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from regen.io import write_json
 from regen.sglang.flags import cuda_graph_max_bs_flag, renamed_flag_warnings
 from regen.sglang.models import ModelShape
 
 log = logging.getLogger("regen.tune")
+T = TypeVar("T")
 
 GIB = 1 << 30
 DEFAULT_VERSION = "0.5.23"
@@ -787,16 +789,10 @@ def _replay_candidate(
         given_up = (top - thousandths) / 1000 * pre_load_gib
         return got if got is not None and got.plan.replay_ring_gib <= given_up else None
 
-    lo, hi, found = top - 200, top, None  # highest fraction whose cap's ring fits: the slack is kept
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        got = at(mid)
-        if got is not None:
-            found, lo = got, mid + 1
-        else:
-            hi = mid - 1
-    if found is None:
+    highest = _highest(top - 200, top, at)  # the highest fraction whose cap's ring fits: the slack is kept
+    if highest is None:
         return []
+    found = highest[1]
     mfs, ring_gib = found.plan.mem_fraction_static, found.plan.replay_ring_gib
     n = found.plan.effective_max_running_requests
     delay = batched.args[len(sized.args) :]
@@ -817,6 +813,20 @@ def _replay_candidate(
             ),
         )
     ]
+
+
+def _highest(lo: int, hi: int, attempt: Callable[[int], T | None]) -> tuple[int, T] | None:
+    """The highest n in [lo, hi] that ``attempt`` accepts, with what it returned (bisection: ``attempt``
+    must accept every n below one it accepts); None when it accepts none."""
+    best = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        found = attempt(mid)
+        if found is not None:
+            best, lo = (mid, found), mid + 1
+        else:
+            hi = mid - 1
+    return best
 
 
 def _tradeoffs(args: tuple[str, ...]) -> int:
@@ -867,14 +877,7 @@ def _best_running(
         holds = p.kv_cache_tokens >= n * workload.tokens_per_request
         return p if holds and p.effective_max_running_requests >= n else None
 
-    lo, hi, best = 1, max(1, target), None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        found = attempt(mid)
-        if found is not None:
-            best, lo = (mid, found), mid + 1
-        else:
-            hi = mid - 1
+    best = _highest(1, max(1, target), attempt)
     if best is None:
         return None
     n, p = best
