@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import orjson
+import zstandard
 
 
 def _umask() -> int:
@@ -53,6 +54,48 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
     """Open a temporary file for writing; it replaces ``path`` only if the block succeeds."""
     with atomic_path(path) as tmp, open(tmp, mode) as fh:
         yield fh
+
+
+#: a stage's JSON-lines output that copies answers (generation records, quarantine) is zstd-compressed:
+#: the journal already holds every answer once, and at thousands of tokens an answer, each plain copy
+#: costs as much disk (and S3 sync) as the journal itself
+COMPRESSED_SUFFIX = ".zst"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+@contextlib.contextmanager
+def atomic_lines_writer(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
+    """A binary writer of a JSON-lines output that replaces ``path`` only if the block succeeds;
+    zstd-compressed when ``path`` ends in ``.zst``."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw:
+        if str(path).endswith(COMPRESSED_SUFFIX):
+            with zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False) as fh:
+                yield fh  # type: ignore[misc]
+        else:
+            yield raw
+
+
+@contextlib.contextmanager
+def open_lines(path: str | os.PathLike[str]) -> Iterator[Iterator[bytes]]:
+    """The lines of a JSON-lines file (newline kept), plain or zstd-compressed (told by content). A
+    compressed file cut short raises ``ValueError`` naming it, at the end, instead of reading as less."""
+    with open(path, "rb") as raw:
+        compressed = raw.read(4) == _ZSTD_MAGIC
+        raw.seek(0)
+        yield _zstd_lines(raw, path) if compressed else iter(raw)
+
+
+def _zstd_lines(raw: IO[bytes], path: str | os.PathLike[str]) -> Iterator[bytes]:
+    stream = zstandard.ZstdDecompressor().decompressobj()
+    rest = b""
+    while chunk := raw.read(1 << 20):
+        *lines, rest = (rest + stream.decompress(chunk)).split(b"\n")
+        for line in lines:
+            yield line + b"\n"
+    if not stream.eof:
+        raise ValueError(f"{path}: the compressed data is cut short (a torn write)")
+    if rest:
+        yield rest
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from regen.io import atomic_open
+from regen.io import atomic_lines_writer
 
 
 @runtime_checkable
@@ -82,6 +82,9 @@ def _parse_line(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
     return entry
 
 
+_WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
+
+
 def _is_entry_like(raw: bytes) -> bool:
     try:
         obj = orjson.loads(raw)
@@ -90,15 +93,18 @@ def _is_entry_like(raw: bytes) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("id"), str)
 
 
-def complete_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
-    """The journal's complete lines as ``(line number, line without its newline)`` (blank lines
-    skipped), and the byte offset where they end.
+def complete_lines(data: bytes) -> tuple[list[tuple[int, int, bytes]], int]:
+    """The journal's complete lines as ``(line number, byte offset, line without its newline)`` (blank
+    lines skipped), and the byte offset where they end.
 
     The one torn-line rule (every reader of a journal uses it): a kill can tear only the last line,
     so the bytes after the last newline are torn, and so is a final line that is not a JSON object
-    with a string ``id`` (a complete-looking but unreadable write).
+    with a string ``id`` (a complete-looking but unreadable write). Linear in the size of ``data``.
     """
-    lines: list[tuple[int, bytes]] = []
+    lines: list[tuple[int, int, bytes]] = []
+    content_end = len(data)  # a line ending at or after this is the last one (no copy of ``data``)
+    while content_end and data[content_end - 1] in _WHITESPACE:
+        content_end -= 1
     good_end = pos = lineno = 0
     while pos < len(data):
         nl = data.find(b"\n", pos)
@@ -107,10 +113,10 @@ def complete_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
             break
         raw = data[pos:nl]
         if raw.strip():
-            last = not data[nl + 1 :].strip()
+            last = nl + 1 >= content_end
             if last and not _is_entry_like(raw):  # a complete-looking but unreadable final line: torn too
                 break
-            lines.append((lineno, raw))
+            lines.append((lineno, pos, raw))
         pos = nl + 1
         good_end = pos
     return lines, good_end
@@ -120,7 +126,7 @@ def scan_journal(path: Path, data: bytes) -> tuple[list[dict[str, Any]], int]:
     """Every complete entry of a journal's bytes (:func:`complete_lines`), and where they end; an
     unreadable line that is not the torn last one raises :class:`JournalError` naming file and line."""
     lines, good_end = complete_lines(data)
-    return [_parse_line(path, lineno, raw) for lineno, raw in lines], good_end
+    return [_parse_line(path, lineno, raw) for lineno, _, raw in lines], good_end
 
 
 def read_journal_entries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -133,28 +139,173 @@ def read_journal_entries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return scan_journal(p, data)[0]
 
 
+# ----------------------------------------------------------------------------------- the index
+# Beside each journal, ``{journal}.index`` holds one short JSON array per journal line: what resume and
+# the dry-run preview need (id, kind, fingerprints), never the answer, so opening a journal costs the
+# same at 64 or 8,192 tokens an answer. It is a cache of the journal: written after the journal's own
+# line, checked against the journal on every read (its last entry must be the journal line it names),
+# caught up from the journal lines it lacks, and rebuilt from the journal when it does not match.
+#   ["record"|"failed", id, fingerprint, settings_fingerprint, start, end]   one journal line's head
+#   ["settings", settings_fingerprint, settings]                             first sight of settings
+
+
+def index_path(journal_path: str | os.PathLike[str]) -> Path:
+    """The journal's index: ``00000.jsonl`` → ``00000.jsonl.index``."""
+    p = Path(journal_path)
+    return p.with_name(p.name + ".index")
+
+
+@dataclass(frozen=True, slots=True)
+class EntryHead:
+    """What resume and the preview need of one journal entry: never its answer."""
+
+    id: str
+    kind: str
+    fingerprint: str | None
+    settings_fingerprint: str | None
+
+
+@dataclass(slots=True)
+class JournalHeads:
+    """Every complete entry of a journal, by head, in journal order."""
+
+    heads: list[EntryHead]
+    #: settings fingerprint -> the settings first seen with it
+    settings: dict[str, dict[str, Any]]
+    #: byte offset where the journal's complete lines end (a torn tail after it)
+    good_end: int
+    #: index lines for the journal lines the index lacks (``Journal.open`` writes them)
+    missing_index_lines: list[bytes]
+    #: where the index's usable lines end; None when it is missing or does not match the journal, so
+    #: ``missing_index_lines`` is the whole index anew
+    index_end: int | None
+
+
+def _head_of(entry: Mapping[str, Any]) -> EntryHead:
+    fp, sfp = entry.get("fingerprint"), entry.get("settings_fingerprint")
+    return EntryHead(
+        entry["id"], entry["kind"], fp if isinstance(fp, str) else None, sfp if isinstance(sfp, str) else None
+    )
+
+
+def _index_lines(entry: Mapping[str, Any], start: int, end: int, settings_seen: set[str]) -> list[bytes]:
+    """The index lines of one journal entry written at ``[start, end)``."""
+    out: list[bytes] = []
+    sfp = entry.get("settings_fingerprint")
+    if isinstance(sfp, str) and sfp not in settings_seen and isinstance(entry.get("settings"), dict):
+        settings_seen.add(sfp)
+        out.append(orjson.dumps(["settings", sfp, entry["settings"]]) + b"\n")
+    head = [entry["kind"], entry["id"], entry.get("fingerprint"), sfp, start, end]
+    out.append(orjson.dumps(head) + b"\n")
+    return out
+
+
+def _read_index(path: Path) -> tuple[list[list[Any]], int] | None:
+    """The index's complete rows (a torn last line left out) and the byte length they take; None when
+    it is missing or unreadable."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    end = data.rfind(b"\n") + 1
+    try:
+        rows = orjson.loads(b"[" + data[:end].rstrip(b"\n").replace(b"\n", b",") + b"]")
+    except orjson.JSONDecodeError:
+        lines = data[:end].splitlines()  # a torn but newline-ended last line: drop it, nothing else
+        try:
+            rows = orjson.loads(b"[" + b",".join(lines[:-1]) + b"]")
+        except orjson.JSONDecodeError:
+            return None
+        end -= len(lines[-1]) + 1
+    if not all(isinstance(r, list) and len(r) in (3, 6) for r in rows):
+        return None
+    return rows, end
+
+
+def _span_matches(fh: Any, row: list[Any]) -> bool:
+    """Whether the journal line at the index row's ``[start, end)`` is the entry the row names."""
+    start, end = row[4], row[5]
+    if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end):
+        return False
+    fh.seek(start)
+    raw = fh.read(end - start)
+    if not raw.endswith(b"\n"):
+        return False
+    try:
+        entry = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return (
+        isinstance(entry, dict) and [entry.get("kind"), entry.get("id"), entry.get("fingerprint")] == row[:3]
+    )
+
+
+def read_heads(path: str | os.PathLike[str]) -> JournalHeads:
+    """Every complete entry of a journal by its head, from the index where it matches the journal and
+    from the journal lines after it (empty when the journal does not exist). An unreadable journal line
+    that is not the torn last one raises :class:`JournalError` naming file and line."""
+    p = Path(path)
+    if not p.exists():
+        return JournalHeads([], {}, 0, [], None)
+    index = _read_index(index_path(p))
+    heads: list[EntryHead] = []
+    settings: dict[str, dict[str, Any]] = {}
+    covered = 0
+    index_end = None
+    with open(p, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        entries = [r for r in index[0] if len(r) == 6] if index is not None else []
+        if index is not None and (
+            not entries
+            or (entries[-1][5] <= size and _span_matches(fh, entries[0]) and _span_matches(fh, entries[-1]))
+        ):
+            index_end = index[1]
+            for row in index[0]:
+                if len(row) == 3:
+                    settings.setdefault(row[1], row[2])
+                else:
+                    heads.append(EntryHead(row[1], row[0], row[2], row[3]))
+            covered = entries[-1][5] if entries else 0
+        fh.seek(covered)
+        tail = fh.read()
+    lines, tail_end = complete_lines(tail)
+    missing: list[bytes] = []
+    seen = set(settings)
+    lines_before = len(heads)  # the journal lines the index covers (the writer writes no blank lines)
+    for lineno, start, raw in lines:
+        entry = _parse_line(p, lines_before + lineno, raw)
+        heads.append(_head_of(entry))
+        sfp = entry.get("settings_fingerprint")
+        if isinstance(sfp, str) and isinstance(entry.get("settings"), dict):
+            settings.setdefault(sfp, entry["settings"])
+        missing.extend(_index_lines(entry, covered + start, covered + start + len(raw) + 1, seen))
+    return JournalHeads(heads, settings, covered + tail_end, missing, index_end)
+
+
 class Journal:
     """An open journal. Use ``Journal.open``; single writer (one generate job per shard)."""
 
     def __init__(
         self,
         path: Path,
-        finished: set[str],
-        outcomes: dict[str, dict[str, str]],
-        n_records: int,
-        n_failed: int,
+        heads: JournalHeads,
         sync: JournalSink | None,
         fsync_every_records: int,
         fsync_every_s: float,
     ) -> None:
         self.path = path
-        self.finished_ids = finished
-        self._outcomes = outcomes
-        self.n_records = n_records
-        self.n_failed = n_failed
+        self.finished_ids: set[str] = set()
+        self._outcomes: dict[str, dict[str, str]] = {}
+        self.n_records = self.n_failed = 0
+        for head in heads.heads:
+            self._note(head.id, head.kind, head.fingerprint)
         self._sync = sync
         self._fh = open(path, "ab")  # noqa: SIM115 - kept open for the journal's lifetime
+        self._size = heads.good_end
+        self._index_fh = open(index_path(path), "ab")  # noqa: SIM115 - closed with the journal
+        self._settings_indexed = set(heads.settings)
         self._buf: list[bytes] = []
+        self._index_buf: list[bytes] = []
         self._fsync_every_records = fsync_every_records
         self._fsync_every_s = fsync_every_s
         self._unsynced = 0
@@ -169,31 +320,26 @@ class Journal:
         fsync_every_records: int = 256,
         fsync_every_s: float = 5.0,
     ) -> Journal:
-        """Open (creating) the journal; read the finished ids; cut a torn last line away."""
+        """Open (creating) the journal; read the finished ids (from its index, :func:`read_heads`); cut
+        a torn last line away; bring the index up to date."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         if sync is not None:
             sync.restore(p)
-        finished: set[str] = set()
-        outcomes: dict[str, dict[str, str]] = {}
-        n_records = n_failed = 0
-        if p.exists():
-            data = p.read_bytes()
-            entries, good_end = scan_journal(p, data)
-            for entry in entries:
-                _note_outcome(outcomes, entry)
-                if entry["id"] not in finished:
-                    finished.add(entry["id"])
-                    if entry["kind"] == "record":
-                        n_records += 1
-                    else:
-                        n_failed += 1
-            if good_end < len(data):
-                with open(p, "r+b") as fh:
-                    fh.truncate(good_end)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-        return cls(p, finished, outcomes, n_records, n_failed, sync, fsync_every_records, fsync_every_s)
+        heads = read_heads(p)
+        if p.exists() and heads.good_end < p.stat().st_size:
+            _truncate(p, heads.good_end)
+        ipath = index_path(p)
+        if heads.index_end is None:
+            with atomic_lines_writer(ipath) as fh:
+                fh.write(b"".join(heads.missing_index_lines))
+        else:
+            if heads.index_end < ipath.stat().st_size:
+                _truncate(ipath, heads.index_end)
+            if heads.missing_index_lines:
+                with open(ipath, "ab") as fh:
+                    fh.write(b"".join(heads.missing_index_lines))
+        return cls(p, heads, sync, fsync_every_records, fsync_every_s)
 
     def __contains__(self, sample_id: str) -> bool:
         return sample_id in self.finished_ids
@@ -209,25 +355,41 @@ class Journal:
     def append(self, entry: dict[str, Any], *, flush: bool = True) -> None:
         """Add one finished sample (``entry["kind"]`` is ``record`` or ``failed``)."""
         line = orjson.dumps(entry) + b"\n"
-        _note_outcome(self._outcomes, entry)
-        self.finished_ids.add(entry["id"])
-        if entry["kind"] == "record":
-            self.n_records += 1
-        else:
-            self.n_failed += 1
+        fingerprint = entry.get("fingerprint")
+        self._note(entry["id"], entry["kind"], fingerprint if isinstance(fingerprint, str) else None)
         self._buf.append(line)
+        end = self._size + len(line)
+        self._index_buf.extend(_index_lines(entry, self._size, end, self._settings_indexed))
+        self._size = end
         if self._sync is not None:
             self._sync.on_append(line)
         if flush:
             self.flush()
 
+    def _note(self, sample_id: str, kind: str, fingerprint: str | None) -> None:
+        if sample_id not in self.finished_ids:
+            self.finished_ids.add(sample_id)
+            if kind == RECORD:
+                self.n_records += 1
+            else:
+                self.n_failed += 1
+        if fingerprint is None:
+            return  # written before fingerprints: never replayed
+        by_fp = self._outcomes.setdefault(sample_id, {})
+        if by_fp.get(fingerprint) != RECORD:
+            by_fp[fingerprint] = kind
+
     def flush(self) -> None:
-        """Write buffered lines and flush them to the OS; fsync by the configured policy."""
+        """Write buffered lines and flush them to the OS (the journal first, then its index); fsync the
+        journal by the configured policy (the index is rebuilt from the journal when it lags)."""
         if self._buf:
             self._fh.write(b"".join(self._buf))
             self._unsynced += len(self._buf)
             self._buf.clear()
             self._fh.flush()
+            self._index_fh.write(b"".join(self._index_buf))
+            self._index_buf.clear()
+            self._index_fh.flush()
         if self._unsynced and (
             self._unsynced >= self._fsync_every_records
             or time.monotonic() - self._last_fsync >= self._fsync_every_s
@@ -246,6 +408,7 @@ class Journal:
         self.flush()
         self._fsync()
         self._fh.close()
+        self._index_fh.close()
         if self._sync is not None:
             self._sync.flush()
             self._sync.close()
@@ -269,13 +432,11 @@ class Journal:
         return finalize_journal(self.path, records_out, failed_out, current)
 
 
-def _note_outcome(outcomes: dict[str, dict[str, str]], entry: Mapping[str, Any]) -> None:
-    fingerprint = entry.get("fingerprint")
-    if not isinstance(fingerprint, str):
-        return  # written before fingerprints: never replayed
-    by_fp = outcomes.setdefault(entry["id"], {})
-    if by_fp.get(fingerprint) != RECORD:
-        by_fp[fingerprint] = entry["kind"]
+def _truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(size)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def _failure_line(entry: Mapping[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -307,8 +468,8 @@ def finalize_journal(
     failures: dict[str, list[dict[str, Any]]] = {}
     n_rec = dups = stale = 0
     with (
-        atomic_open(records_out, "wb") as rec_fh,
-        atomic_open(failed_out, "wb") as fail_fh,
+        atomic_lines_writer(records_out) as rec_fh,
+        atomic_lines_writer(failed_out) as fail_fh,
         open(path, "rb") as src,
     ):
         for lineno, raw in enumerate(src, start=1):

@@ -118,7 +118,15 @@ class RunLayout:
         return self.results / "generations"
 
     def records(self, shard: str) -> Path:
-        return self.generations_dir / f"{shard}.jsonl"
+        return self.generations_dir / f"{shard}.jsonl.zst"
+
+    def record_files(self) -> list[Path]:
+        """Every shard's generation records (``records``) written so far."""
+        return self.record_files_in(self.generations_dir)
+
+    @staticmethod
+    def record_files_in(generations_dir: str | os.PathLike[str]) -> list[Path]:
+        return sorted(Path(generations_dir).glob("[0-9]*.jsonl.zst"))
 
     def failed(self, shard: str) -> Path:
         return self.generations_dir / f"{shard}.failed.jsonl"
@@ -135,7 +143,14 @@ class RunLayout:
         return self.results / "quarantine"
 
     def quarantine(self, shard: str) -> Path:
-        return self.quarantine_dir / f"{shard}.jsonl"
+        return self.quarantine_dir / f"{shard}.jsonl.zst"
+
+    def quarantine_files(self) -> list[Path]:
+        return self.quarantine_files_in(self.quarantine_dir)
+
+    @staticmethod
+    def quarantine_files_in(quarantine_dir: str | os.PathLike[str]) -> list[Path]:
+        return sorted(Path(quarantine_dir).glob("[0-9]*.jsonl.zst"))
 
     @property
     def dataset_dir(self) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.io import read_json
-from regen.journal import read_journal_entries
+from regen.journal import read_heads
 from regen.layout import RunLayout
 
 
@@ -67,7 +67,7 @@ def count_remaining(results_dir: str | os.PathLike[str], work_dir: str | os.Path
     for shard in shards:
         ids = set(shard_ids(shard))
         total += len(ids)
-        done = {str(e.get("id")) for e in read_journal_entries(layout.journal(shard.stem))}
+        done = {head.id for head in read_heads(layout.journal(shard.stem)).heads}
         finished += len(ids & done)
     return Remaining(shards=len(shards), samples=total, finished=finished)
 

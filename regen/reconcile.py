@@ -28,7 +28,8 @@ from typing import Any
 import orjson
 import pyarrow.parquet as pq
 
-from regen.io import write_json
+from regen.io import open_lines, write_json
+from regen.layout import RunLayout
 
 BUCKETS = ("output", "quarantine", "excluded", "failed")
 # A quarantined later copy of an id already handled in its shard is not a membership.
@@ -151,7 +152,7 @@ def read_reason_jsonl(
 ) -> Iterator[tuple[str | None, str]]:
     """``(id, reason)`` per line of an excluded/failed/quarantine JSONL file (``excluded_key`` as the id
     with ``by_place``)."""
-    with open(path, "rb") as fh:
+    with open_lines(path) as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
@@ -275,7 +276,7 @@ def reconcile_results(results: str | os.PathLike[str] = "results", strict: bool 
         root / "audit" / "flags.parquet",
         root / "audit" / "excluded.jsonl" if (root / "audit" / "excluded.jsonl").exists() else None,
         sorted((root / "generations").glob("*.failed.jsonl")),
-        sorted((root / "quarantine").glob("*.jsonl")),
+        RunLayout(results=root).quarantine_files(),
         root / "dataset",
         strict=False,
     )

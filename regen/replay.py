@@ -17,34 +17,28 @@ from typing import Any
 
 from regen.client import sample_fingerprint
 from regen.fingerprint import GenerationSettings, changed_settings, decisive_config
-from regen.journal import FAILED, RECORD, read_journal_entries
+from regen.journal import FAILED, RECORD, EntryHead, read_heads
 from regen.types import Sample
-
-
-@dataclass(frozen=True, slots=True)
-class _Seen:
-    fingerprint: str | None
-    settings_fingerprint: str | None
-    kind: str
 
 
 @dataclass(slots=True)
 class JournalIndex:
     """What the journals hold per sample id, and the settings of each settings fingerprint seen."""
 
-    by_id: dict[str, list[_Seen]] = field(default_factory=dict)
+    by_id: dict[str, list[EntryHead]] = field(default_factory=dict)
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def read(cls, paths: Iterable[str | os.PathLike[str]]) -> JournalIndex:
+        """The heads of every journal entry (``regen.journal.read_heads``: the journals' indexes, never
+        their answers)."""
         index = cls()
         for path in paths:
-            for entry in read_journal_entries(path):
-                sfp = entry.get("settings_fingerprint")
-                seen = _Seen(entry.get("fingerprint"), sfp, entry["kind"])
-                index.by_id.setdefault(entry["id"], []).append(seen)
-                if sfp is not None and sfp not in index.settings and isinstance(entry.get("settings"), dict):
-                    index.settings[sfp] = entry["settings"]
+            journal = read_heads(path)
+            for head in journal.heads:
+                index.by_id.setdefault(head.id, []).append(head)
+            for sfp, settings in journal.settings.items():
+                index.settings.setdefault(sfp, settings)
         return index
 
 

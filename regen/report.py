@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 import pyarrow.parquet as pq
 
-from regen.io import atomic_open, atomic_path, read_json
+from regen.io import atomic_open, atomic_path, open_lines, read_json
 from regen.layout import RunLayout
 
 TOKEN_LENGTHS_SVG = "token_lengths.svg"
@@ -67,8 +67,8 @@ def read_dataset_columns(dataset_dir: str | os.PathLike[str], columns: list[str]
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Dict lines of a JSONL file; unparsable lines are skipped (they are reported elsewhere)."""
-    with open(path, "rb") as fh:
+    """Dict lines of a JSONL file (plain or zstd); unparsable lines are skipped (reported elsewhere)."""
+    with open_lines(path) as fh:
         for line in fh:
             if not line.strip():
                 continue
@@ -82,7 +82,7 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 def quarantine_reason_counts(quarantine_dir: str | os.PathLike[str]) -> Counter[str]:
     counts: Counter[str] = Counter()
-    for path in sorted(Path(quarantine_dir).glob("*.jsonl")):
+    for path in RunLayout.quarantine_files_in(quarantine_dir):
         for obj in iter_jsonl(path):
             counts[str(obj.get("reason", "unknown"))] += 1
     return counts
@@ -98,9 +98,7 @@ def throughput_series(
     bucket 0 starts at the earliest request.
     """
     spans: list[tuple[str, float, float, int]] = []
-    for path in sorted(Path(generations_dir).glob("*.jsonl")):
-        if path.name.endswith(".failed.jsonl"):
-            continue
+    for path in RunLayout.record_files_in(generations_dir):
         for rec in iter_jsonl(path):
             try:
                 server = str(rec["server"]["id"])
@@ -650,7 +648,7 @@ class Readiness:
 def _count_lines(paths: list[Path]) -> int:
     n = 0
     for path in paths:
-        with open(path, "rb") as fh:
+        with open_lines(path) as fh:
             n += sum(1 for line in fh if line.strip())
     return n
 
@@ -702,9 +700,10 @@ def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
             f"{plan_line}; {len(servers)} server(s) reported; drift over 5%: {', '.join(drifts) or 'none'}",
         )
     )
-    records = [p for p in (results / "generations").glob("*.jsonl") if not p.name.endswith(".failed.jsonl")]
-    failed_files = sorted((results / "generations").glob("*.failed.jsonl"))
-    quarantine = sorted((results / "quarantine").glob("*.jsonl"))
+    run = RunLayout(results=results)
+    records = run.record_files()
+    failed_files = sorted(run.generations_dir.glob("*.failed.jsonl"))
+    quarantine = run.quarantine_files()
     stages.append(
         (
             "3. Generation",

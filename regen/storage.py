@@ -270,7 +270,7 @@ def _complete_lines(data: bytes) -> list[bytes]:
     lines, end = complete_lines(data)
     if data[end:].strip():
         log.warning("dropping a torn last journal line (%d bytes)", len(data) - end)
-    return [raw + b"\n" for _, raw in lines]
+    return [raw + b"\n" for _, _, raw in lines]
 
 
 @dataclass(frozen=True, slots=True)

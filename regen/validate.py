@@ -29,7 +29,7 @@ import jsonschema
 import orjson
 import pyarrow.parquet as pq
 
-from regen.io import atomic_open, atomic_path, read_json
+from regen.io import atomic_lines_writer, atomic_path, open_lines, read_json
 from regen.records import RECORD_SCHEMA_PATH, TOKEN_ID_MAX, VALID_SCHEMA, ValidColumns
 
 DEFAULT_SCHEMA_PATH = RECORD_SCHEMA_PATH
@@ -332,9 +332,9 @@ def _validate_lines(
     first_line: dict[str, int] = {}
     n_in = n_valid = n_bad = 0
     with (
-        open(src, "rb") as fh,
+        open_lines(src) as fh,
         atomic_path(valid_path) as valid_tmp,
-        atomic_open(quarantine_path, "wb") as qfh,
+        atomic_lines_writer(quarantine_path) as qfh,
         pq.ParquetWriter(valid_tmp, VALID_SCHEMA, compression="lz4") as writer,
     ):
         for lineno, line in enumerate(fh, start=1):

@@ -8,7 +8,7 @@ rule generate:
         plan="results/plan/server.json",
         chat_template=chat_template_file(),
     output:
-        records="results/generations/{shard}.jsonl",
+        records="results/generations/{shard}.jsonl.zst",
         failed="results/generations/{shard}.failed.jsonl",
     log:
         "logs/generate/{shard}.log",

@@ -4,7 +4,7 @@ rule reconcile:
         flags="results/audit/flags.parquet",
         excluded="results/audit/excluded.jsonl",
         failed=shard_files("results/generations/{shard}.failed.jsonl"),
-        quarantine=shard_files("results/quarantine/{shard}.jsonl"),
+        quarantine=shard_files("results/quarantine/{shard}.jsonl.zst"),
         dataset="results/dataset",
     output:
         table=report(

@@ -7,8 +7,8 @@ rule report_assets:
         audit="results/audit/summary.json",
         reaudit="results/reaudit/summary.json",
         plan="results/plan/server.json",
-        records=shard_files("results/generations/{shard}.jsonl"),
-        quarantine=shard_files("results/quarantine/{shard}.jsonl"),
+        records=shard_files("results/generations/{shard}.jsonl.zst"),
+        quarantine=shard_files("results/quarantine/{shard}.jsonl.zst"),
     output:
         throughput=report(
             "results/report/throughput.svg",

@@ -1,9 +1,9 @@
 rule validate:
     input:
-        records="results/generations/{shard}.jsonl",
+        records="results/generations/{shard}.jsonl.zst",
     output:
         valid="results/valid/{shard}.parquet",
-        quarantine="results/quarantine/{shard}.jsonl",
+        quarantine="results/quarantine/{shard}.jsonl.zst",
     log:
         "logs/validate/{shard}.log",
     conda:

@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from regen.journal import Journal, JournalError, JournalSink, finalize_journal
+from regen.journal import Journal, JournalError, JournalSink, finalize_journal, index_path, read_heads
 
 
 def rec(i: int, content: str = "x") -> dict[str, object]:
@@ -83,7 +83,7 @@ def test_finalize_is_atomic_on_error(tmp_path: Path) -> None:
         finalize_journal(path, out, tmp_path / "out.failed.jsonl")
     assert out.read_text() == "previous\n"
     assert not (tmp_path / "out.failed.jsonl").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000.jsonl", "out.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000.jsonl", "00000.jsonl.index", "out.jsonl"]
 
 
 def test_buffered_appends_reach_disk_on_flush(tmp_path: Path) -> None:
@@ -133,3 +133,76 @@ def test_sink_restores_and_mirrors(tmp_path: Path) -> None:
     j2 = Journal.open(tmp_path / "b" / "00000.jsonl", DirSink(remote))
     assert j2.finished_ids == {"s1", "s2"}
     j2.close()
+
+
+# ------------------------------------------------------------------------ the index beside the journal
+
+
+def test_index_holds_heads_and_reopen_reads_them_without_the_answers(tmp_path: Path) -> None:
+    path = tmp_path / "00000.jsonl"
+    settings = {"temperature": 0.6}
+    with Journal.open(path) as j:
+        for i in range(3):
+            j.append(
+                {
+                    **rec(i, "x" * 1000),
+                    "fingerprint": f"f{i}",
+                    "settings_fingerprint": "S",
+                    "settings": settings,
+                }
+            )
+    index = [orjson.loads(x) for x in index_path(path).read_bytes().splitlines()]
+    assert index[0] == ["settings", "S", settings], "settings are indexed once, at first sight"
+    assert [row[:4] for row in index[1:]] == [["record", f"s{i}", f"f{i}", "S"] for i in range(3)]
+    assert max(len(orjson.dumps(row)) for row in index[1:]) < 100, "the index never holds the answer"
+    heads = read_heads(path)
+    assert [h.id for h in heads.heads] == ["s0", "s1", "s2"] and heads.settings == {"S": settings}
+    with Journal.open(path) as j2:
+        assert j2.outcome("s1", "f1") == "record" and j2.outcome("s1", "other") is None
+
+
+def test_journal_lines_the_index_lacks_are_read_and_indexed(tmp_path: Path) -> None:
+    """A kill between the journal's write and its index's: the journal's extra lines still count."""
+    path = tmp_path / "00000.jsonl"
+    with Journal.open(path) as j:
+        j.append(rec(1))
+    with open(path, "ab") as fh:
+        fh.write(orjson.dumps(rec(2)) + b"\n" + orjson.dumps(rec(3))[:9])  # one whole line, one torn
+    with Journal.open(path) as j:
+        assert j.finished_ids == {"s1", "s2"}
+        j.append(rec(4))
+    assert [e["id"] for e in lines(path)] == ["s1", "s2", "s4"]
+    assert [h.id for h in read_heads(path).heads] == ["s1", "s2", "s4"]
+    assert len(index_path(path).read_bytes().splitlines()) == 3, "the index caught up"
+
+
+def test_torn_index_line_is_dropped_and_rewritten(tmp_path: Path) -> None:
+    path = tmp_path / "00000.jsonl"
+    with Journal.open(path) as j:
+        j.append(rec(1))
+        j.append(rec(2))
+    index = index_path(path)
+    index.write_bytes(index.read_bytes()[:-7])  # the last index line torn
+    with Journal.open(path) as j:
+        assert j.finished_ids == {"s1", "s2"}
+    assert [orjson.loads(x)[1] for x in index.read_bytes().splitlines()] == ["s1", "s2"]
+
+
+@pytest.mark.parametrize("how", ["replaced", "garbage", "shorter"])
+def test_an_index_that_does_not_match_its_journal_is_rebuilt(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "00000.jsonl"
+    with Journal.open(path) as j:
+        for i in range(4):
+            j.append(rec(i))
+    index = index_path(path)
+    if how == "replaced":  # another journal under the same name (e.g. restored from elsewhere)
+        path.write_bytes(b"".join(orjson.dumps(rec(i)) + b"\n" for i in (7, 8, 9, 10, 11)))
+    elif how == "garbage":
+        index.write_bytes(b"not json\n[1,2]\n")
+    else:  # the journal lost lines the index names
+        path.write_bytes(b"".join(orjson.dumps(rec(i)) + b"\n" for i in (0, 1)))
+    want = {"replaced": {"s7", "s8", "s9", "s10", "s11"}, "garbage": {f"s{i}" for i in range(4)}}
+    with Journal.open(path) as j:
+        assert j.finished_ids == want.get(how, {"s0", "s1"})
+    assert {h.id for h in read_heads(path).heads} == want.get(how, {"s0", "s1"})
+    assert len(index.read_bytes().splitlines()) == len(lines(path))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import zstandard
 
 from tools.soak import (
     Campaign,
@@ -51,12 +52,14 @@ def test_kill_anywhere_loses_nothing(tmp_path: Path) -> None:
 def test_checks_detect_half_written_files_resends_and_lost_ids(tmp_path: Path) -> None:
     results = tmp_path / "results"
     (results / "generations").mkdir(parents=True)
-    (results / "generations" / "00000.jsonl").write_bytes(b'{"id": "a"}\n{"id": "b"')
+    (results / "generations" / "00000.jsonl.zst").write_bytes(
+        zstandard.compress(b'{"id": "a"}\n{"id": "b"\n')[:-6]
+    )
     (results / "generations" / ".00000.jsonl.x.tmp").write_bytes(b"partial")  # hidden temp: ignored
     (results / "valid").mkdir()
     (results / "valid" / "00000.parquet").write_bytes(b"PAR1 not really")
     bad = incomplete_outputs(results)
-    assert len(bad) == 2 and all(name.startswith(("generations/00000.jsonl", "valid/")) for name in bad)
+    assert len(bad) == 2 and all(name.startswith(("generations/00000.jsonl.zst", "valid/")) for name in bad)
 
     journal_dir = tmp_path / "work" / "journal"
     journal_dir.mkdir(parents=True)

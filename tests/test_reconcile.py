@@ -13,13 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.audit import run_audit
+from regen.io import atomic_lines_writer
 from regen.reconcile import ReconcileError, cli, reconcile, reconcile_results
 from regen.records import dataset_schema
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    with atomic_lines_writer(path) as fh:  # compressed where the name ends in .zst, as the workflow writes
+        fh.write(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return path
 
 
@@ -58,7 +59,7 @@ def make_results(
     _jsonl(root / "generations" / "00000.failed.jsonl",
            [{"id": i, "reason": r, "attempts": 5, "error": "x"} for i, r in failed])  # fmt: skip
     _jsonl(
-        root / "quarantine" / "00000.jsonl",
+        root / "quarantine" / "00000.jsonl.zst",
         [{"id": i, "reason": r, "detail": "", "record": {}} for i, r in quarantine],
     )
     _dataset(root / "dataset", output)
@@ -123,8 +124,9 @@ def test_detects_problems(tmp_path: Path, change: dict[str, Any], kind: str, bad
 def test_unattributed_quarantine_leaves_the_id_lost(tmp_path: Path) -> None:
     change = {"quarantine": [(None, "unparsable_json"), ("id6", "schema")]}
     root = make_results(tmp_path / "results", **{**GOOD, **change})
+    quarantine = root / "quarantine" / "00000.jsonl.zst"
     result = reconcile(root / "audit" / "flags.parquet", root / "audit" / "excluded.jsonl",
-                       [root / "generations" / "00000.failed.jsonl"], [root / "quarantine" / "00000.jsonl"],
+                       [root / "generations" / "00000.failed.jsonl"], [quarantine],
                        root / "dataset", strict=False)  # fmt: skip
     assert result.lost == ("id5",)
     assert result.unattributed == {"quarantine": 1}

@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import zstandard
 from stamped import fingerprint_fields
 
 from regen import report as R
@@ -38,10 +39,10 @@ def make_record(
 def build_results(root: Path) -> Path:
     recs = [make_record(i, f"gpu{i % 2}", 1000.0 + i, 10.0, 100 * (1 + i % 2)) for i in range(12)]
     recs.append(make_record(12, "gpu0", 1005.0, 1.0, 10, content=""))  # quarantined
-    gen = root / "generations" / "00000.jsonl"
+    gen = root / "generations" / "00000.jsonl.zst"  # as the workflow writes it: compressed
     gen.parent.mkdir(parents=True)
-    gen.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs) + b"{broken\n")
-    validate_shard(gen, root / "valid" / "00000.parquet", root / "quarantine" / "00000.jsonl", {})
+    gen.write_bytes(zstandard.compress(b"".join(orjson.dumps(r) + b"\n" for r in recs) + b"{broken\n"))
+    validate_shard(gen, root / "valid" / "00000.parquet", root / "quarantine" / "00000.jsonl.zst", {})
     merge([root / "valid" / "00000.parquet"], root / "dataset", {}, {})
     ids = [f"id{i}" for i in range(13)] + ["lost-one"]
     (root / "audit").mkdir()
@@ -99,7 +100,7 @@ def test_throughput_buckets_conserve_tokens(tmp_path: Path) -> None:
     gen.mkdir()
     recs = [make_record(0, "gpu0", 0.0, 10.0, 1000), make_record(1, "gpu1", 5.0, 2.0, 300),
             make_record(2, "gpu0", 3.0, 0.0, 50)]  # fmt: skip
-    (gen / "00000.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    (gen / "00000.jsonl.zst").write_bytes(zstandard.compress(b"".join(orjson.dumps(r) + b"\n" for r in recs)))
     (gen / "00000.failed.jsonl").write_bytes(b'{"id": "x", "reason": "r"}\n')
     bucket_s, series = R.throughput_series(gen, bucket_s=1.0)
     assert bucket_s == 1.0 and set(series) == {"gpu0", "gpu1"}

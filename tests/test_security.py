@@ -217,6 +217,7 @@ def test_no_file_name_is_derived_from_a_sample_id(tmp_workdir: Path) -> None:
         "run/results/generations/00000.failed.jsonl",
         "run/results/generations/00000.jsonl",
         "run/work/journal/00000.jsonl",
+        "run/work/journal/00000.jsonl.index",
         "run/work/status/00000.json",
     ]
     assert not any("escaped" in p.name for p in Path("/tmp").iterdir())

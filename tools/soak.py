@@ -45,7 +45,9 @@ from typing import Any
 import orjson
 import yaml
 
+from regen.io import open_lines
 from regen.journal import read_journal_entries
+from regen.layout import RunLayout
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -365,7 +367,7 @@ class Campaign:
                 if (results / "audit" / "excluded.jsonl").exists()
                 else None,
                 sorted((results / "generations").glob("*.failed.jsonl")),
-                sorted((results / "quarantine").glob("*.jsonl")),
+                RunLayout(results=results).quarantine_files(),
                 results / "dataset",
                 strict=False,
             )
@@ -471,8 +473,9 @@ def incomplete_outputs(results: Path) -> list[str]:
         try:
             if path.suffix == ".parquet":
                 pq.read_table(path)
-            elif path.suffix == ".jsonl":
-                data = path.read_bytes()
+            elif path.name.endswith((".jsonl", ".jsonl.zst")):
+                with open_lines(path) as lines:  # a torn compressed file fails to read back
+                    data = b"".join(lines)
                 if data and not data.endswith(b"\n"):
                     raise ValueError("no newline at the end")
                 for line in data.splitlines():

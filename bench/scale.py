@@ -1,0 +1,354 @@
+"""Benchmark: resume and the dry run at the scale regen is for (914,000 samples on 7 GPU slots).
+
+It builds the state of such a run through the project's own parts: a synthetic chat dataset, the
+workflow's real audit and shard jobs (Snakemake), then every shard's journal written by
+``regen.journal.Journal`` with records shaped as the client writes them (answers of ``--answer-tokens``
+tokens with their token ids, fingerprints and settings as a simulated SGLang server reports them).
+On the half-finished state, then on the finished one, it times:
+
+* ``open_s``: ``Journal.open`` of one shard's journal (what every generate job does when it resumes);
+  beside it ``scan_s``, the same journal read without its index (the linear torn-line scan), and
+  ``orjson_s``, a plain ``orjson`` parse of every line of the file: the reference;
+* ``plan_s``: ``snakemake -n`` on the run (it prints the replay preview from every journal);
+* ``resume_first_request_s``: a generate job for shard 0 (the client as the workflow runs it, in its own
+  process) until the server receives its first new request;
+* ``disk_gb``: bytes written before the Parquet (journals, generations, valid shards, quarantine)
+  once ``--disk-shards`` shards are finalized and validated, and ``parquet_gb``: the merged Parquet
+  (both scaled to all shards when fewer are finalized; the line says how many were).
+
+    .venv/bin/python bench/scale.py                       # 914,000 samples, 64-token answers
+    .venv/bin/python bench/scale.py --answer-tokens 3000 --disk-shards 1
+
+Last line: ``scale: samples=… answer_tokens=… entry_kb=… open_s=… plan_s=… resume_first_request_s=…
+disk_gb=… parquet_gb=…`` (plus the half-finished plan time, the scan and reference times and the
+disk ratio to the journals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+from audit import synthetic_rows  # noqa: E402  (bench/audit.py: the audit bench's synthetic chats)
+from merge import TextPool, synthetic_record  # noqa: E402  (bench/merge.py: a record as written)
+
+from regen.check import load_config  # noqa: E402
+from regen.client import prompt_for_last, request_content  # noqa: E402
+from regen.fingerprint import (  # noqa: E402
+    GenerationSettings,
+    OperationalConfig,
+    decisive_config,
+    request_fingerprint,
+    server_numerics,
+)
+from regen.journal import Journal, index_path, read_heads  # noqa: E402
+from regen.layout import RunLayout  # noqa: E402
+from regen.sglang.simulated import read_request_log  # noqa: E402
+from regen.shards import read_shard, shard_name  # noqa: E402
+from tools.soak import copy_workflow  # noqa: E402
+
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+REGEN = str(Path(sys.executable).with_name("regen"))
+CONFIGS = ("config/demo.yaml", "config/scale.yaml")
+
+
+def scale_config(samples: int, shards: int, answer_tokens: int) -> dict[str, Any]:
+    """The demo config at scale: the synthetic dataset, ``shards`` shards, answers of ``answer_tokens``."""
+    return {
+        "dataset": {"path": "data/scale.jsonl"},
+        "audit": {"decontamination": {"benchmarks": []}},
+        "shards": {"count": shards},
+        "generate": {"sampling": {"max_tokens": answer_tokens}},
+        "server": {"gpus": 1, "simulated": {"faults": {}}},
+        "export": {"enabled": False},
+    }
+
+
+def snakemake(wd: Path, *args: str) -> float:
+    """Run Snakemake in ``wd``; its wall time."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [SNAKEMAKE, *args, "--cores", "2", "--configfile", *CONFIGS],
+        cwd=wd,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - t0
+
+
+class Answers:
+    """Records for the journals: a sample's prompt, an answer of ``tokens`` tokens and its ids."""
+
+    def __init__(self, tokens: int) -> None:
+        rng = random.Random(7)
+        self.pool = TextPool(rng)
+        words = self.pool(1250).split()
+        self.texts = [" ".join(rng.choice(words) for _ in range(tokens)) for _ in range(16)]
+        self.ids = [[rng.randrange(151_000) for _ in range(tokens)] for _ in range(16)]
+        self.tokens = tokens
+
+    def entry(
+        self, i: int, shard: str, sample: Any, settings: GenerationSettings, settings_json: dict[str, Any]
+    ) -> dict[str, Any]:
+        rec = synthetic_record(i, self.pool, shard)
+        rec.pop("tools", None)
+        rec.pop("tool_calls", None)
+        rec.update(
+            id=sample.id,
+            messages=prompt_for_last(sample.messages),
+            reasoning_content=None,
+            content=self.texts[i % 16],
+            finish_reason="stop",
+            truncated=False,
+            completion_token_ids=self.ids[i % 16],
+            fingerprint=request_fingerprint(
+                settings.fingerprint, sample.id, request_content(sample, settings.regenerate)
+            ),
+            settings_fingerprint=settings.fingerprint,
+            settings=settings_json,
+        )
+        rec["usage"] = {"prompt_tokens": len(rec["prompt_token_ids"]), "completion_tokens": self.tokens}
+        return {"kind": "record", **rec}
+
+
+def write_journals(
+    layout: RunLayout, shards: list[str], answers: Answers, settings: GenerationSettings, second_half: bool
+) -> int:
+    """Append the records of the first (or second) half of every shard's samples to its journal, as a
+    run killed half-way has them; the entries written."""
+    settings_json = settings.to_json()
+    n = 0
+    for shard in shards:
+        samples = list(read_shard(layout.shard(shard)))
+        half = len(samples) // 2
+        samples = samples[half:] if second_half else samples[:half]
+        with Journal.open(layout.journal(shard)) as journal:
+            for i, sample in enumerate(samples):
+                journal.append(answers.entry(n + i, shard, sample, settings, settings_json), flush=False)
+                if i % 2000 == 1999:
+                    journal.flush()
+        n += len(samples)
+    return n
+
+
+def time_open(journal: Path) -> dict[str, float]:
+    """``Journal.open`` (index), the scan without the index, and a plain orjson parse of the file."""
+    t0 = time.perf_counter()
+    Journal.open(journal).close()
+    open_s = time.perf_counter() - t0
+    index = index_path(journal)
+    saved = index.with_name(index.name + ".saved")
+    index.rename(saved)
+    t0 = time.perf_counter()
+    read_heads(journal)
+    scan_s = time.perf_counter() - t0
+    saved.rename(index)
+    t0 = time.perf_counter()
+    with open(journal, "rb") as fh:
+        for line in fh:
+            orjson.loads(line)
+    orjson_s = time.perf_counter() - t0
+    return {"open_s": open_s, "scan_s": scan_s, "orjson_s": orjson_s}
+
+
+def start_server(wd: Path, request_log: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [REGEN, "serve-simulated", "--port", "0", "--print-url", "--request-log", str(request_log),
+         "--model-path", "demo-model", "--inline"],
+        cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    return proc, url
+
+
+def served_settings(config: dict[str, Any], url: str) -> GenerationSettings:
+    with urllib.request.urlopen(url + "/server_info", timeout=5) as resp:
+        info = orjson.loads(resp.read())
+    return GenerationSettings.from_decisive(decisive_config(config)).served_by(server_numerics(info))
+
+
+def time_resume(wd: Path, url: str, request_log: Path, shard: str) -> float:
+    """Seconds from a generate job's start (a fresh process) to the server's first new request."""
+    started = time.time()
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child-resume", url, "--shard", shard], cwd=wd,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        while proc.poll() is None:
+            events = read_request_log(request_log)
+            received = [e["t"] for e in events if e.get("event") == "received" and e["t"] >= started]
+            if received:
+                return min(received) - started
+            time.sleep(0.05)
+        raise SystemExit(f"the resumed generate job ended before any request:\n{proc.stderr.read()[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def child_resume(url: str, shard: str) -> None:
+    """A generate job for ``shard`` in this process (run from the workflow copy): what the generate rule
+    runs, against the bench's server."""
+    from regen.client import generate_shard
+    from regen.types import Endpoint
+
+    config = load_config(list(CONFIGS))
+    layout = RunLayout()
+    op = OperationalConfig.from_config(config, 1)
+    decisive = decisive_config(config)
+    settings = GenerationSettings.from_decisive(decisive)
+    generate_cfg = {**op.generate, **decisive["generate"]}
+    path = layout.shard(shard)
+    generate_shard(
+        read_shard(path), layout.journal(shard), layout.records(shard), layout.failed(shard),
+        generate_cfg, Endpoint(url=url, server_id="bench"), shard, settings=settings,
+    )  # fmt: skip
+
+
+def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: GenerationSettings) -> dict:
+    """Finalize and validate ``shards`` and merge them: the bytes of each stage's files."""
+    from regen.journal import finalize_journal
+    from regen.merge import merge
+    from regen.validate import validate_shard
+
+    config = load_config(list(CONFIGS))
+    cwd = os.getcwd()
+    os.chdir(wd)
+    try:
+        for shard in shards:
+            current = {
+                s.id: request_fingerprint(settings.fingerprint, s.id, request_content(s, settings.regenerate))
+                for s in read_shard(layout.shard(shard))
+            }
+            layout.records(shard).parent.mkdir(parents=True, exist_ok=True)
+            finalize_journal(layout.journal(shard), layout.records(shard), layout.failed(shard), current)
+            validate_shard(
+                layout.records(shard), layout.valid(shard), layout.quarantine(shard), config["validate"]
+            )
+        out = wd / "bench-dataset"
+        merge([layout.valid(s) for s in shards], out, {}, {"bench": True})
+    finally:
+        os.chdir(cwd)
+    size = {
+        "journal": sum(layout.journal(s).stat().st_size for s in shards),
+        "index": sum(index_path(layout.journal(s)).stat().st_size for s in shards),
+        "generations": sum(
+            layout.records(s).stat().st_size + layout.failed(s).stat().st_size for s in shards
+        ),
+        "valid": sum(layout.valid(s).stat().st_size for s in shards),
+        "quarantine": sum(layout.quarantine(s).stat().st_size for s in shards),
+        "parquet": sum(p.stat().st_size for p in out.rglob("*.parquet")),
+    }
+    return size
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=914_000)
+    ap.add_argument("--shards", type=int, default=7)
+    ap.add_argument("--answer-tokens", type=int, default=64)
+    ap.add_argument("--disk-shards", type=int, default=None, help="shards finalized for disk (default all)")
+    ap.add_argument("--work", type=Path, default=None, help="keep the run here (default: a temporary dir)")
+    ap.add_argument("--child-resume", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child_resume:
+        child_resume(args.child_resume, args.shard)
+        return 0
+    tmp = None if args.work else tempfile.TemporaryDirectory(prefix="bench-scale-")
+    wd = (args.work or Path(tmp.name)) / "wf"  # type: ignore[union-attr]
+    try:
+        return run(wd, args)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def run(wd: Path, args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    copy_workflow(REPO, wd)
+    with open(wd / "data" / "scale.jsonl", "wb") as fh:
+        for row in synthetic_rows(args.samples):
+            fh.write(orjson.dumps(row) + b"\n")
+    (wd / CONFIGS[1]).write_text(yaml.safe_dump(scale_config(args.samples, args.shards, args.answer_tokens)))
+    shards = [shard_name(k) for k in range(args.shards)]
+    shard_s = snakemake(wd, *(f"results/shards/{s}.parquet" for s in shards))
+    print(f"dataset, audit and {args.shards} shards in {time.perf_counter() - t0:.0f} s "
+          f"(audit + shard jobs {shard_s:.0f} s)", flush=True)  # fmt: skip
+    os.chdir(wd)
+    config = load_config(list(CONFIGS))
+    layout = RunLayout()
+    request_log = wd / "work" / "bench-requests.jsonl"
+    server, url = start_server(wd, request_log)
+    try:
+        settings = served_settings(config, url)
+        answers = Answers(args.answer_tokens)
+        t0 = time.perf_counter()
+        n_half = write_journals(layout, shards, answers, settings, second_half=False)
+        print(f"half-finished: {n_half} entries journaled in {time.perf_counter() - t0:.0f} s", flush=True)
+        half = time_open(layout.journal(shards[0]))
+        plan_half_s = snakemake(wd, "-n")
+        resume_s = time_resume(wd, url, request_log, shards[0])
+        print(
+            f"half-finished: {half} plan_s={plan_half_s:.2f} resume_first_request_s={resume_s:.2f}",
+            flush=True,
+        )
+        t0 = time.perf_counter()
+        n_rest = write_journals(layout, shards, answers, settings, second_half=True)
+        print(f"finished: {n_rest} more entries journaled in {time.perf_counter() - t0:.0f} s", flush=True)
+    finally:
+        server.terminate()
+        server.wait()
+    entries = len(read_heads(layout.journal(shards[0])).heads)
+    full = time_open(layout.journal(shards[0]))
+    plan_s = snakemake(wd, "-n")
+    journal_bytes = sum(layout.journal(s).stat().st_size for s in shards)
+    entry_kb = journal_bytes / (n_half + n_rest) / 1024
+    print(f"finished: {entries} entries in shard {shards[0]}: {full} plan_s={plan_s:.2f}", flush=True)
+    disk_shards = shards[: args.disk_shards or len(shards)]
+    t0 = time.perf_counter()
+    size = measure_disk(wd, layout, disk_shards, settings)
+    print(f"disk ({len(disk_shards)} shards, {time.perf_counter() - t0:.0f} s): {size}", flush=True)
+    scale = len(shards) / len(disk_shards)
+    before = sum(size[k] for k in ("journal", "index", "generations", "valid", "quarantine"))
+    print(
+        f"scale: samples={n_half + n_rest} answer_tokens={args.answer_tokens} entry_kb={entry_kb:.2f} "
+        f"shard_entries={entries} open_s={full['open_s']:.2f} scan_s={full['scan_s']:.2f} "
+        f"orjson_s={full['orjson_s']:.2f} scan_vs_orjson={full['scan_s'] / full['orjson_s']:.2f} "
+        f"plan_s={plan_s:.2f} plan_half_s={plan_half_s:.2f} resume_first_request_s={resume_s:.2f} "
+        f"disk_gb={before * scale / 1e9:.2f} disk_vs_journal={before / size['journal']:.2f} "
+        f"parquet_gb={size['parquet'] * scale / 1e9:.3f} disk_shards={len(disk_shards)}"
+    )
+    shutil.rmtree(wd / "bench-dataset", ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
