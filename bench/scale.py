@@ -49,16 +49,15 @@ from audit import synthetic_rows  # noqa: E402  (bench/audit.py: the audit bench
 from merge import TextPool, synthetic_record  # noqa: E402  (bench/merge.py: a record as written)
 
 from regen.check import load_config  # noqa: E402
-from regen.client import prompt_for_last, request_content  # noqa: E402
 from regen.fingerprint import (  # noqa: E402
     GenerationSettings,
     OperationalConfig,
     decisive_config,
-    request_fingerprint,
     server_numerics,
 )
 from regen.journal import Journal, index_path, read_heads  # noqa: E402
 from regen.layout import RunLayout  # noqa: E402
+from regen.prompts import prompt_for_last, sample_request_fingerprint  # noqa: E402
 from regen.sglang.simulated import read_request_log  # noqa: E402
 from regen.shards import read_shard, shard_name  # noqa: E402
 from tools.soak import copy_workflow  # noqa: E402
@@ -68,7 +67,7 @@ REGEN = str(Path(sys.executable).with_name("regen"))
 CONFIGS = ("config/demo.yaml", "config/scale.yaml")
 
 
-def scale_config(samples: int, shards: int, answer_tokens: int) -> dict[str, Any]:
+def scale_config(shards: int, answer_tokens: int) -> dict[str, Any]:
     """The demo config at scale: the synthetic dataset, ``shards`` shards, answers of ``answer_tokens``."""
     return {
         "dataset": {"path": "data/scale.jsonl"},
@@ -106,7 +105,7 @@ class Answers:
         self.tokens = tokens
 
     def entry(
-        self, i: int, shard: str, sample: Any, settings: GenerationSettings, settings_json: dict[str, Any]
+        self, i: int, shard: str, sample: Any, settings_fp: str, settings_json: dict[str, Any]
     ) -> dict[str, Any]:
         rec = synthetic_record(i, self.pool, shard)
         rec.pop("tools", None)
@@ -119,10 +118,8 @@ class Answers:
             finish_reason="stop",
             truncated=False,
             completion_token_ids=self.ids[i % 16],
-            fingerprint=request_fingerprint(
-                settings.fingerprint, sample.id, request_content(sample, settings.regenerate)
-            ),
-            settings_fingerprint=settings.fingerprint,
+            fingerprint=sample_request_fingerprint(settings_fp, sample, settings_json["regenerate"]),
+            settings_fingerprint=settings_fp,
             settings=settings_json,
         )
         rec["usage"] = {"prompt_tokens": len(rec["prompt_token_ids"]), "completion_tokens": self.tokens}
@@ -134,7 +131,7 @@ def write_journals(
 ) -> int:
     """Append the records of the first (or second) half of every shard's samples to its journal, as a
     run killed half-way has them; the entries written."""
-    settings_json = settings.to_json()
+    settings_json, settings_fp = settings.to_json(), settings.fingerprint
     n = 0
     for shard in shards:
         samples = list(read_shard(layout.shard(shard)))
@@ -142,7 +139,7 @@ def write_journals(
         samples = samples[half:] if second_half else samples[:half]
         with Journal.open(layout.journal(shard)) as journal:
             for i, sample in enumerate(samples):
-                journal.append(answers.entry(n + i, shard, sample, settings, settings_json), flush=False)
+                journal.append(answers.entry(n + i, shard, sample, settings_fp, settings_json), flush=False)
                 if i % 2000 == 1999:
                     journal.flush()
         n += len(samples)
@@ -241,12 +238,11 @@ def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: Gener
     config = load_config(list(CONFIGS))
     cwd = os.getcwd()
     os.chdir(wd)
+    now = settings.fingerprint
     try:
         for shard in shards:
-            current = {
-                s.id: request_fingerprint(settings.fingerprint, s.id, request_content(s, settings.regenerate))
-                for s in read_shard(layout.shard(shard))
-            }
+            samples = read_shard(layout.shard(shard))
+            current = {s.id: sample_request_fingerprint(now, s, settings.regenerate) for s in samples}
             layout.records(shard).parent.mkdir(parents=True, exist_ok=True)
             finalize_journal(layout.journal(shard), layout.records(shard), layout.failed(shard), current)
             validate_shard(
@@ -276,6 +272,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--answer-tokens", type=int, default=64)
     ap.add_argument("--disk-shards", type=int, default=None, help="shards finalized for disk (default all)")
     ap.add_argument("--work", type=Path, default=None, help="keep the run here (default: a temporary dir)")
+    ap.add_argument("--reuse", action="store_true", help="keep --work's dataset and shards (new journals)")
     ap.add_argument("--child-resume", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -293,15 +290,22 @@ def main(argv: list[str]) -> int:
 
 def run(wd: Path, args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    copy_workflow(REPO, wd)
-    with open(wd / "data" / "scale.jsonl", "wb") as fh:
-        for row in synthetic_rows(args.samples):
-            fh.write(orjson.dumps(row) + b"\n")
-    (wd / CONFIGS[1]).write_text(yaml.safe_dump(scale_config(args.samples, args.shards, args.answer_tokens)))
     shards = [shard_name(k) for k in range(args.shards)]
-    shard_s = snakemake(wd, *(f"results/shards/{s}.parquet" for s in shards))
-    print(f"dataset, audit and {args.shards} shards in {time.perf_counter() - t0:.0f} s "
-          f"(audit + shard jobs {shard_s:.0f} s)", flush=True)  # fmt: skip
+    if args.reuse and (wd / "results" / "audit" / "samples.parquet").exists():
+        for stale in ("work", "results/shards", "results/generations", "results/valid", "results/quarantine"):
+            shutil.rmtree(wd / stale, ignore_errors=True)  # the audit stays, the rest is made anew
+        (wd / CONFIGS[1]).write_text(yaml.safe_dump(scale_config(args.shards, args.answer_tokens)))
+        shard_s = snakemake(wd, *(f"results/shards/{s}.parquet" for s in shards))
+        print(f"reusing the dataset and audit of {wd}; {args.shards} shards in {shard_s:.0f} s", flush=True)
+    else:
+        copy_workflow(REPO, wd)
+        with open(wd / "data" / "scale.jsonl", "wb") as fh:
+            for row in synthetic_rows(args.samples):
+                fh.write(orjson.dumps(row) + b"\n")
+        (wd / CONFIGS[1]).write_text(yaml.safe_dump(scale_config(args.shards, args.answer_tokens)))
+        shard_s = snakemake(wd, *(f"results/shards/{s}.parquet" for s in shards))
+        print(f"dataset, audit and {args.shards} shards in {time.perf_counter() - t0:.0f} s "
+              f"(audit + shard jobs {shard_s:.0f} s)", flush=True)  # fmt: skip
     os.chdir(wd)
     config = load_config(list(CONFIGS))
     layout = RunLayout()

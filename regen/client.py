@@ -46,12 +46,19 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from regen.fingerprint import GenerationSettings, request_fingerprint, server_numerics
+from regen.fingerprint import GenerationSettings, content_digest, request_fingerprint, server_numerics
 from regen.io import write_json
 from regen.journal import FAILED, RECORD, Journal, JournalSink
 from regen.layout import RunLayout
+from regen.prompts import (
+    prompt_for_last,
+    request_content,
+    sample_request_fingerprint,
+    turn_prefixes,
+    wire,
+)
 from regen.records import GenerationRecord, RecordSampling
-from regen.types import Endpoint, Message, Sample, prompt_end
+from regen.types import Endpoint, Sample
 
 log = logging.getLogger(__name__)
 
@@ -270,63 +277,15 @@ def thinking_for(sample_id: str, mode: str, fraction: float) -> bool:
     return _hash64("thinking", sample_id) / 2.0**64 < fraction
 
 
-def _wire(m: Message) -> dict[str, Any]:
-    """A turn as SGLang's chat API takes it (tool calls and tool-call ids included when set)."""
-    out = m.to_json()
-    out.pop("reasoning_content", None)
-    return out
-
-
 def sample_id_header(sample_id: str) -> str:
     """The sample id as an HTTP header value: percent-encoded, so no id (newlines, non-ASCII) can
     break or inject a header. The simulated server decodes it; real SGLang ignores the header."""
     return urllib.parse.quote(sample_id, safe="")
 
 
-def prompt_for_last(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
-    """The prompt: every turn before a final assistant turn; all of them when the conversation ends
-    with a user or tool turn (that turn is what gets answered)."""
-    return [_wire(m) for m in messages[: prompt_end([m.role for m in messages])]]
-
-
-def turn_prefixes(messages: tuple[Message, ...]) -> list[tuple[Message, ...]]:
-    """For ``regenerate: all``: the non-assistant turns that precede each answer.
-
-    Segment k holds the turns between assistant turn k-1 and assistant turn k; turns after the
-    last assistant turn form a last segment, answered too (as with ``last``). With no assistant
-    turn, one segment holds every turn.
-    """
-    segments: list[tuple[Message, ...]] = []
-    current: list[Message] = []
-    for m in messages:
-        if m.role == "assistant":
-            segments.append(tuple(current))
-            current = []
-        else:
-            current.append(m)
-    if current or not segments:
-        segments.append(tuple(current))
-    return segments
-
-
-def request_content(sample: Sample, regenerate: str) -> dict[str, Any]:
-    """Everything of a sample the requests send, nothing else (its fingerprint hashes this).
-
-    ``last``: the prompt (``prompt_for_last``). ``all``: the non-assistant turns of each segment
-    (``turn_prefixes``); the old assistant turns are regenerated, so their text decides nothing.
-    Plus the tool definitions. An old answer's text or reasoning never decides the new one.
-    """
-    if regenerate == "last":
-        messages: list[Any] = prompt_for_last(sample.messages)
-    else:
-        messages = [[_wire(m) for m in segment] for segment in turn_prefixes(sample.messages)]
-    return {"messages": messages, "tools": list(sample.tools) if sample.tools else None}
-
-
 def sample_fingerprint(settings: GenerationSettings, sample: Sample) -> str:
     """The sample's request fingerprint under ``settings`` (what the journal replays by)."""
-    content = request_content(sample, settings.regenerate)
-    return request_fingerprint(settings.fingerprint, sample.id, content)
+    return sample_request_fingerprint(settings.fingerprint, sample, settings.regenerate)
 
 
 def backoff_delay(base: float, attempt: int, rng: random.Random) -> float:
@@ -501,7 +460,7 @@ class _ShardRun:
                 log.warning("shard %s: duplicate sample id %r in the input; sent once", self.shard, sid)
                 continue
             self.seen.add(sid)
-            content = request_content(sample, self.cfg.regenerate)
+            content = content_digest(request_content(sample, self.cfg.regenerate))
             fingerprint = request_fingerprint(self.settings_fingerprint, sid, content)
             self.current[sid] = fingerprint
             outcome = self.journal.outcome(sid, fingerprint)
@@ -606,7 +565,7 @@ class _ShardRun:
                         if answer.tool_calls:
                             prev["tool_calls"] = answer.tool_calls
                         prompt.append(prev)
-                    prompt.extend(_wire(m) for m in segment)
+                    prompt.extend(wire(m) for m in segment)
                     answer = await self.answer_turn(
                         sid, list(prompt), seed, thinking, attempts, tools, first_url
                     )

@@ -12,8 +12,9 @@ Two levels:
   ``fingerprint`` (``settings_fingerprint`` in records)
   is one per run: an output that holds two of them mixes settings (the re-audit refuses it).
 * ``request_fingerprint`` — one per sample: the settings fingerprint, the sample id (the seed
-  and, with ``thinking: mix``, the thinking switch derive from it) and the hash of the exact
-  prompt content the requests send (``regen.client.request_content``).
+  and, with ``thinking: mix``, the thinking switch derive from it) and the digest of the exact
+  prompt content the requests send (``content_digest`` of ``regen.prompts.request_content``; the
+  shards carry it per ``regenerate`` mode).
 
 The journal stores both on every entry; a rerun replays an entry only when its request fingerprint
 equals the current one, so a changed setting regenerates everything and an edited prompt regenerates
@@ -33,8 +34,9 @@ from typing import Any
 import orjson
 
 #: bump when the hashed content changes meaning: every old journal entry is then regenerated
-#: (2: the server's numerics joined the settings)
-FINGERPRINT_VERSION = 2
+#: (2: the server's numerics joined the settings; 3: a request hashes its content's digest, which the
+#: shard writer stores beside each prompt, so the dry run need not rebuild 914,000 prompts)
+FINGERPRINT_VERSION = 3
 #: the ``/server_info`` fields (SGLang: every server arg, and its version) that change an answer's numbers
 #: for the same model, prompt and sampling: the rest (ports, timeouts, scheduler knobs, memory sizes)
 #: decide only how fast answers come
@@ -164,10 +166,15 @@ def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
 # ------------------------------------------------------------------------------- the request
 
 
-def request_fingerprint(settings_fingerprint: str, sample_id: str, content: Any) -> str:
-    """One sample's fingerprint: settings, id (seed, thinking switch) and ``content``, exactly what of
-    the sample the requests send (``regen.client.request_content``)."""
-    return _digest(["request", settings_fingerprint, sample_id, content])
+def content_digest(content: Any) -> str:
+    """The digest of what of a sample the requests send (``regen.prompts.request_content``)."""
+    return _digest(["content", content])
+
+
+def request_fingerprint(settings_fingerprint: str, sample_id: str, content_digest: str) -> str:
+    """One sample's fingerprint: settings, id (seed, thinking switch) and the digest of exactly what of
+    the sample the requests send (:func:`content_digest`)."""
+    return _digest(["request", settings_fingerprint, sample_id, content_digest])
 
 
 # ------------------------------------------------------------ decisive vs operational config

@@ -112,7 +112,7 @@ def complete_lines(data: bytes) -> tuple[list[tuple[int, int, bytes]], int]:
         if nl == -1:  # torn: no newline after the last line
             break
         raw = data[pos:nl]
-        if raw.strip():
+        if raw and not raw.isspace():
             last = nl + 1 >= content_end
             if last and not _is_entry_like(raw):  # a complete-looking but unreadable final line: torn too
                 break

@@ -99,6 +99,11 @@ class RunLayout:
         return self.audit_dir / "flags.parquet"
 
     @property
+    def audit_samples(self) -> Path:
+        """The samples the audit kept, normalized: the shard step's input."""
+        return self.audit_dir / "samples.parquet"
+
+    @property
     def audit_excluded(self) -> Path:
         return self.audit_dir / "excluded.jsonl"
 

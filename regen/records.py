@@ -30,6 +30,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from regen.prompts import request_digests
 from regen.types import Message, Sample
 
 #: the JSON schema of a generation record (``regen.validate`` checks every record against it)
@@ -134,6 +135,10 @@ SHARD_SCHEMA = pa.schema(
         pa.field("source_row", pa.int64()),
         pa.field("source_format", pa.string()),
         pa.field("tools_json", pa.string()),  # the sample's tool definitions, null when none
+        # regen.prompts.request_digests: what the requests send under each regenerate mode, digested once
+        # here so the dry run fingerprints a sample without rebuilding its prompt
+        pa.field("request_digest_last", pa.string()),
+        pa.field("request_digest_all", pa.string()),
     ]
 )
 
@@ -422,6 +427,9 @@ class SampleRows:
         c["source_row"].append(sample.source.get("row"))
         c["source_format"].append(sample.source.get("format"))
         c["tools_json"].append(json_text(sample.tools))
+        digests = request_digests(sample)
+        c["request_digest_last"].append(digests["last"])
+        c["request_digest_all"].append(digests["all"])
         self.rows += 1
         if len(c["id"]) >= SAMPLE_ROWS_PER_BATCH:
             self.flush()

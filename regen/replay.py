@@ -10,14 +10,17 @@ journaled before fingerprints existed.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.client import sample_fingerprint
-from regen.fingerprint import GenerationSettings, changed_settings, decisive_config
+import pyarrow.parquet as pq
+
+from regen.fingerprint import GenerationSettings, changed_settings, decisive_config, request_fingerprint
 from regen.journal import FAILED, RECORD, EntryHead, read_heads
+from regen.layout import RunLayout
+from regen.prompts import sample_request_fingerprint
 from regen.types import Sample
 
 
@@ -96,17 +99,29 @@ def plan_replay(
     samples: Iterable[Sample], index: JournalIndex, settings: GenerationSettings, retry_failed: bool = True
 ) -> ReplayPlan:
     """Classify every sample the way ``regen.client`` will decide on it."""
+    now, mode = settings.fingerprint, settings.regenerate
+    return plan_replay_fingerprints(
+        ((s.id, sample_request_fingerprint(now, s, mode)) for s in samples), index, settings, retry_failed
+    )
+
+
+def plan_replay_fingerprints(
+    fingerprints: Iterable[tuple[str, str]],
+    index: JournalIndex,
+    settings: GenerationSettings,
+    retry_failed: bool = True,
+) -> ReplayPlan:
+    """Classify every sample, given as ``(id, request fingerprint under settings)``."""
     plan = ReplayPlan()
     now = settings.fingerprint
     now_json = settings.to_json()
     seen_ids: set[str] = set()
-    for sample in samples:
-        if sample.id in seen_ids:
+    for sample_id, fingerprint in fingerprints:
+        if sample_id in seen_ids:
             continue
-        seen_ids.add(sample.id)
+        seen_ids.add(sample_id)
         plan.samples += 1
-        fingerprint = sample_fingerprint(settings, sample)
-        entries = index.by_id.get(sample.id, [])
+        entries = index.by_id.get(sample_id, [])
         kinds = {e.kind for e in entries if e.fingerprint == fingerprint}
         if RECORD in kinds:
             plan.replay += 1
@@ -149,13 +164,37 @@ def workflow_samples(config: Mapping[str, Any], results: str = "results") -> Ite
     return (s for s in samples if s.source.get("row") not in rows)
 
 
+def shard_fingerprints(
+    shard_paths: list[Path], settings: GenerationSettings, upstream: list[Path]
+) -> Iterator[tuple[str, str]] | None:
+    """``(id, request fingerprint)`` of every sample of the shard files, from the request digests the
+    shard writer stored (two columns read, no prompt rebuilt); None when a shard is missing, older than
+    a file it is made from (it will be rewritten), or written before the digests existed."""
+    if not shard_paths or not all(p.is_file() for p in shard_paths):
+        return None
+    newest_upstream = max((p.stat().st_mtime for p in upstream if p.is_file()), default=0.0)
+    if min(p.stat().st_mtime for p in shard_paths) < newest_upstream:
+        return None
+    column = f"request_digest_{settings.regenerate}"
+    if any(column not in pq.read_schema(p).names for p in shard_paths):
+        return None
+    now = settings.fingerprint
+
+    def rows() -> Iterator[tuple[str, str]]:
+        for path in shard_paths:
+            table = pq.read_table(path, columns=["id", column])
+            ids, digests = table.column("id").to_pylist(), table.column(column).to_pylist()
+            for sample_id, digest in zip(ids, digests, strict=True):
+                yield sample_id, request_fingerprint(now, sample_id, digest)
+
+    return rows()
+
+
 def preview_lines(
     config: Mapping[str, Any], journal_paths: Iterable[str], results: str = "results"
 ) -> list[str]:
-    """The dry-run lines for a validated workflow config and its journals."""
-    samples = workflow_samples(config, results)
-    if samples is None:
-        return [f"regen: dataset {config['dataset']['path']} is not a local file: no replay preview"]
+    """The dry-run lines for a validated workflow config and its journals (one per shard)."""
+    journal_paths = list(journal_paths)
     settings = GenerationSettings.from_decisive(decisive_config(config))
     retry = bool((config.get("generate") or {}).get("retry_failed", True))
     index = JournalIndex.read(journal_paths)
@@ -166,7 +205,17 @@ def preview_lines(
         shown = ", ".join(f"{k} {v}" for k, v in served.items())
         assumed = [f"regen: assuming the server reports the numerics it reported before ({shown}); "
                    "one that reports others regenerates every sample"]  # fmt: skip
-    plan = plan_replay(samples, index, settings, retry)
+    layout = RunLayout(results=Path(results))
+    upstream = [layout.audit_samples, Path(config["dataset"]["path"])]
+    shards = [layout.shard(Path(j).name.removesuffix(".jsonl")) for j in journal_paths]
+    fingerprints = shard_fingerprints(shards, settings, upstream)
+    if fingerprints is None:  # before the shards are (re)written: the dataset itself, prompts rebuilt
+        samples = workflow_samples(config, results)
+        if samples is None:
+            return [f"regen: dataset {config['dataset']['path']} is not a local file: no replay preview"]
+        plan = plan_replay(samples, index, settings, retry)
+    else:
+        plan = plan_replay_fingerprints(fingerprints, index, settings, retry)
     return [f"regen: generation settings fingerprint {settings.fingerprint}", *assumed, *plan.lines()]
 
 
