@@ -1154,7 +1154,7 @@ def format_summary(summary: AuditSummary) -> str:
             f"{'|'.join(regenerate_setting()['enum'])})"
         )
     else:
-        lines.append(f"regenerate: {empty.regenerate} (generate.regenerate)")
+        lines.append(f"regenerate: {empty.regenerate} (the run's generate.regenerate)")
     lines.append(f"empty old answers: {empty.in_words()}")
     lines.append("gates:")
     for g in summary.gates:
