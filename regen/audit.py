@@ -432,14 +432,17 @@ class EmptyAnswers:
         if self.regenerated == self.empty:
             which = "all of them are" if self.empty > 1 else "it is"
             return f"{head}; {which} regenerated ({self.mode_words}), so none stays in the training data"
-        parts = [f"{self.regenerated:,} regenerated"] if self.regenerated else []
+        parts = [f"{self.regenerated:,} regenerated ({self.mode_words})"] if self.regenerated else []
         if self.context:
             samples = self.samples_with_empty_context
-            parts.append(f"{self.context:,} kept as context in {samples:,} sample{'s' * (samples != 1)}")
+            mode = "" if self.regenerated else f"{self.mode_words}; "
+            parts.append(
+                f"{self.context:,} kept as context in {samples:,} sample{'s' * (samples != 1)} "
+                f"({mode}generate.regenerate: all would regenerate them)"
+            )
         if self.excluded:
             parts.append(f"{self.excluded:,} in excluded samples (not generated)")
-        hint = "; generate.regenerate: all would regenerate those kept as context" if self.context else ""
-        return f"{head}: {', '.join(parts)} ({self.mode_words}{hint})"
+        return f"{head}: {', '.join(parts)}"
 
     def to_json(self) -> dict[str, Any]:
         return {
