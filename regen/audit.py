@@ -17,6 +17,12 @@ Flags (a sample may carry several):
   mask sums to at most ``scaffolding_max_tokens``. Samples without any assistant turn
   (prompt-only rows) have no old answer and are not flagged.
 
+Empty old answers are also counted one by one, by fate under ``generate.regenerate``
+(``EmptyAnswers``): in turns this run regenerates (replaced, so reported and never blocking), in
+turns kept as context (with ``last``, every assistant turn but a final one; with ``all``, none), and
+in excluded samples. The gate ``max_empty_response_fraction`` judges only what stays: the fraction of
+samples that keep an empty old answer as context.
+
 Every input row gets exactly one verdict: unreadable rows under a placeholder id
 (``row/<n>:<file>``; real ids cannot contain ``/``), the rest under their id. A file whose tail
 cannot be read (truncated compression, I/O error, broken structure) fails the gate
@@ -42,6 +48,7 @@ merged output can be re-audited without a file.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import logging
 import sys
@@ -49,7 +56,7 @@ from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +64,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 from regen.chat import ChatTemplate, TokenAccount, to_template_dicts
 from regen.dataset import iter_samples
@@ -69,6 +77,7 @@ from regen.decontam import (
 )
 from regen.io import atomic_open, atomic_path, write_json
 from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
+from regen.sglang.config import CONFIG_SCHEMA_PATH
 from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
 from regen.verdict import keep_verdict
 
@@ -102,7 +111,8 @@ DEFAULT_GATES: dict[str, float] = {
     "max_unread_tail_files": 0,
 }
 GATE_MEANING: dict[str, str] = {
-    "max_empty_response_fraction": "fraction of samples whose old answer is template scaffolding only",
+    "max_empty_response_fraction": "fraction of samples that keep an empty old answer (template scaffolding "
+    "only) as context: a turn generate.regenerate does not replace",
     "max_structure_error_fraction": "fraction of samples with structure faults or unreadable rows",
     "max_over_length_fraction": "fraction of prompts longer than audit.context_limit tokens",
     "max_unread_tail_files": "input files that could not be read to the end (their remaining rows are lost)",
@@ -135,10 +145,17 @@ class AuditConfig:
     override_gates: bool = False
     exclude: frozenset[str] = frozenset(DEFAULT_EXCLUDE)
     decontamination: DecontaminationConfig = field(default_factory=DecontaminationConfig)
+    #: ``generate.regenerate`` (which old answers this run replaces); None: not given, the schema's
+    #: default is assumed and the summary says so
+    regenerate: str | None = None
 
     @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any] | None) -> AuditConfig:
+    def from_dict(cls, cfg: Mapping[str, Any] | None, regenerate: str | None = None) -> AuditConfig:
+        """The ``audit`` section; ``regenerate`` is ``generate.regenerate`` (None: not known here)."""
         cfg = cfg or {}
+        modes = regenerate_setting()["enum"]
+        if regenerate is not None and regenerate not in modes:
+            raise ValueError(f"generate.regenerate: {regenerate!r} is not one of {', '.join(modes)}")
         gates = dict(DEFAULT_GATES)
         gates.update({k: float(v) for k, v in (cfg.get("gates") or {}).items()})
         unknown_gates = set(gates) - set(DEFAULT_GATES)
@@ -157,7 +174,16 @@ class AuditConfig:
             override_gates=bool(cfg.get("override_gates", False)),
             exclude=exclude,
             decontamination=DecontaminationConfig.from_dict(cfg.get("decontamination")),
+            regenerate=regenerate,
         )
+
+
+@functools.cache
+def regenerate_setting() -> dict[str, Any]:
+    """``generate.regenerate`` as the config schema defines it: ``enum`` and ``default`` live there."""
+    with open(CONFIG_SCHEMA_PATH) as fh:
+        schema = yaml.safe_load(fh)
+    return schema["properties"]["generate"]["properties"]["regenerate"]
 
 
 # --------------------------------------------------------------------------------------
@@ -344,6 +370,109 @@ class GateResult:
         return {"limit": self.limit, "value": self.value, "passed": self.passed}
 
 
+def _percent(fraction: float) -> str:
+    """``87%``, ``0.4%``: a fraction in plain words (one decimal at most)."""
+    text = f"{100 * fraction:.1f}".removesuffix(".0")
+    return f"{text}%"
+
+
+@dataclass(slots=True)
+class EmptyAnswers:
+    """Empty old answers (template scaffolding only), one by one, by fate under ``generate.regenerate``.
+
+    ``regenerated``: in turns this run replaces (reported, never blocking); ``context``: in turns kept
+    as context (``last``: every assistant turn but a final one; ``all``: none); ``excluded``: in samples
+    kept out of generation. ``samples_with_empty_context`` is what the gate
+    ``max_empty_response_fraction`` counts. ``regenerate_assumed``: the mode was not given (``regen
+    audit`` without ``--regenerate``), the schema's default was assumed. The auditor counts with
+    ``add``; a summary holds a copy.
+    """
+
+    regenerate: str
+    regenerate_assumed: bool
+    old_answers: int = 0
+    empty: int = 0
+    regenerated: int = 0
+    context: int = 0
+    excluded: int = 0
+    samples_with_empty_context: int = 0
+
+    def add(self, empty_turns: Sequence[bool], ends_with_answer: bool, excluded: bool) -> None:
+        """One sample: per old answer (assistant turn, in order) whether it is empty."""
+        n_empty = sum(empty_turns)
+        self.old_answers += len(empty_turns)
+        self.empty += n_empty
+        if not n_empty:
+            return
+        if excluded:
+            self.excluded += n_empty
+            return
+        replaced = regenerated_turns(len(empty_turns), ends_with_answer, self.regenerate)
+        in_context = sum(e and not r for e, r in zip(empty_turns, replaced, strict=True))
+        self.regenerated += n_empty - in_context
+        self.context += in_context
+        self.samples_with_empty_context += in_context > 0
+
+    @property
+    def mode_words(self) -> str:
+        if self.regenerate_assumed:
+            return f"regenerate: {self.regenerate}, assumed"
+        return f"generate.regenerate: {self.regenerate}"
+
+    def in_words(self) -> str:
+        """One sentence: how many old answers are empty and what becomes of them."""
+        if not self.old_answers:
+            return "no sample has an old answer (every conversation ends with a prompt)"
+        if not self.empty:
+            return f"none of the {self.old_answers:,} old answers is empty"
+        head = (
+            f"{_percent(self.empty / self.old_answers)} of old answers are empty "
+            f"({self.empty:,} of {self.old_answers:,}, template scaffolding only)"
+        )
+        if self.regenerated == self.empty:
+            which = "all of them are" if self.empty > 1 else "it is"
+            return f"{head}; {which} regenerated ({self.mode_words}), so none stays in the training data"
+        parts = [f"{self.regenerated:,} regenerated ({self.mode_words})"] if self.regenerated else []
+        if self.context:
+            samples = self.samples_with_empty_context
+            mode = "" if self.regenerated else f"{self.mode_words}; "
+            parts.append(
+                f"{self.context:,} kept as context in {samples:,} sample{'s' * (samples != 1)} "
+                f"({mode}generate.regenerate: all would regenerate them)"
+            )
+        if self.excluded:
+            parts.append(f"{self.excluded:,} in excluded samples (not generated)")
+        return f"{head}: {', '.join(parts)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "regenerate": self.regenerate,
+            "regenerate_assumed": self.regenerate_assumed,
+            "old_answers": self.old_answers,
+            "empty": self.empty,
+            "regenerated": self.regenerated,
+            "context": self.context,
+            "excluded": self.excluded,
+            "samples_with_empty_context": self.samples_with_empty_context,
+            "in_words": self.in_words(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EmptyAnswers:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def regenerated_turns(n_answers: int, ends_with_answer: bool, regenerate: str) -> list[bool]:
+    """Per old answer (assistant turn, in order): does this run replace it?
+
+    ``all`` replaces every one; ``last`` only a final assistant turn (a conversation ending with a user
+    or tool turn gets a new answer and keeps every old one as context).
+    """
+    if regenerate == "all":
+        return [True] * n_answers
+    return [ends_with_answer and i == n_answers - 1 for i in range(n_answers)]
+
+
 @dataclass(frozen=True, slots=True)
 class AuditSummary:
     """Dataset-level result of an audit; ``to_json`` is ``summary.json``."""
@@ -357,6 +486,7 @@ class AuditSummary:
     gates: tuple[GateResult, ...]
     overridden: bool
     context: Mapping[str, Any]
+    empty_answers: EmptyAnswers
     unread_tails: tuple[str, ...] = ()
     contaminated_by: Mapping[str, int] = field(default_factory=dict)
 
@@ -382,6 +512,7 @@ class AuditSummary:
             "excluded_reasons": dict(self.excluded_reasons),
             "flagged_empty_response": self.flag_counts.get(EMPTY_RESPONSE, 0),
             "flagged_empty_response_fraction": self.fraction(EMPTY_RESPONSE),
+            "empty_old_answers": self.empty_answers.to_json(),
             "structure_errors": self.flag_counts.get(STRUCTURE_ERROR, 0),
             "structure_error_kinds": dict(self.structure_error_kinds),
             "duplicate_prompts": self.flag_counts.get(DUPLICATE_PROMPT, 0),
@@ -402,15 +533,23 @@ class AuditSummary:
 
 
 def evaluate_gates(
-    total: int, flag_counts: Mapping[str, int], limits: Mapping[str, float], unread_tail_files: int = 0
+    total: int,
+    flag_counts: Mapping[str, int],
+    limits: Mapping[str, float],
+    empty_answers: EmptyAnswers,
+    unread_tail_files: int = 0,
 ) -> tuple[GateResult, ...]:
-    """Each gate's value against its limit (a value equal to the limit passes)."""
+    """Each gate's value against its limit (a value equal to the limit passes).
+
+    ``max_empty_response_fraction`` counts the samples that keep an empty old answer as context:
+    empty answers this run regenerates are reported (``empty_answers``), never blocking.
+    """
 
     def frac(n: int) -> float:
         return n / total if total else 0.0
 
     values = {
-        "max_empty_response_fraction": frac(flag_counts.get(EMPTY_RESPONSE, 0)),
+        "max_empty_response_fraction": frac(empty_answers.samples_with_empty_context),
         "max_structure_error_fraction": frac(
             flag_counts.get(STRUCTURE_ERROR, 0) + flag_counts.get(BAD_ROW, 0)
         ),
@@ -430,6 +569,13 @@ def gate_failure_message(summary: AuditSummary, summary_path: str | Path | None 
             f"  - audit.gates.{g.name}: value {g.value:.4f} > limit {g.limit:.4f} "
             f"({GATE_MEANING.get(g.name, g.name)})"
         )
+        if g.name == "max_empty_response_fraction":
+            lines.append(f"    {summary.empty_answers.in_words()};")
+            kept = summary.empty_answers.context
+            lines.append(
+                "    set generate.regenerate: all (regen audit --regenerate all) to regenerate every "
+                f"assistant turn instead of keeping the {kept:,} empty one(s) as context"
+            )
     for tail in summary.unread_tails:
         lines.append(f"  - unread tail: {tail}")
     lines.append(f"  ({summary.total} samples audited)")
@@ -487,6 +633,9 @@ class Auditor:
         self.excluded = 0
         self.supervised_hist = Log2Histogram()
         self.prompt_hist = Log2Histogram()
+        self.empty_answers = EmptyAnswers(
+            cfg.regenerate or regenerate_setting()["default"], regenerate_assumed=cfg.regenerate is None
+        )
         # prompt lengths of the samples that go on to generation (4 bytes each): exact percentiles
         # for the server planner, which sizes the KV cache for running x (p99 + max_tokens)
         self.kept_prompt_tokens = array("I")
@@ -635,20 +784,25 @@ class Auditor:
         notes = list(faults)
         mask_tokens = source.get("mask_supervised_tokens")
         supervised: int | None
+        empty_turns: tuple[bool, ...]  # per old answer: template scaffolding only?
         if isinstance(acc, OversizeAccount):
             notes.append(acc.note)
             supervised = None if mask_tokens is None else int(mask_tokens)
+            empty_turns = (False,) * sum(m.role == "assistant" for m in sample.messages)  # not tokenized
         else:
             supervised = acc.supervised_tokens if mask_tokens is None else int(mask_tokens)
-            empty = acc.scaffolding_only or (
-                mask_tokens is not None and supervised <= cfg.scaffolding_max_tokens
-            )
-            if empty:
+            empty_turns = acc.scaffolding_turns
+            mask_empty = mask_tokens is not None and supervised <= cfg.scaffolding_max_tokens
+            if mask_empty:  # the row's own loss mask supervises next to nothing: every old answer is empty
+                empty_turns = (True,) * len(empty_turns)
+            if acc.scaffolding_only or mask_empty:
                 flags.append(EMPTY_RESPONSE)
         if supervised is not None:
             self.supervised_hist.add(supervised)
         self.prompt_hist.add(acc.prompt_tokens)
         reason = self._exclusion(flags)
+        roles = [m.role for m in sample.messages]
+        self.empty_answers.add(empty_turns, prompt_end(roles) < len(roles), excluded=reason is not None)
         return self._finish(
             SampleAudit(
                 id=sample.id,
@@ -677,7 +831,9 @@ class Auditor:
                 "supervised_tokens": self.supervised_hist.to_json(),
                 "prompt_tokens": self.prompt_hist.to_json(),
             },
-            gates=evaluate_gates(self.total, self.flag_counts, self.cfg.gates, len(self.unread_tails)),
+            gates=evaluate_gates(
+                self.total, self.flag_counts, self.cfg.gates, self.empty_answers, len(self.unread_tails)
+            ),
             overridden=self.cfg.override_gates,
             context={
                 "context_limit": self.cfg.context_limit,
@@ -685,6 +841,7 @@ class Auditor:
                 **({"decontamination": self.benchmarks.summary_json()} if self.benchmarks else {}),
                 **(context or {}),
             },
+            empty_answers=replace(self.empty_answers),
             unread_tails=tuple(self.unread_tails),
             contaminated_by=dict(sorted(self.contaminated_by.items())),
         )
@@ -768,9 +925,12 @@ def audit_records(
     cfg: Mapping[str, Any] | AuditConfig | None,
     chat: ChatTemplate | str | Path,
     bad_rows: Iterable[BadRow] = (),
+    regenerate: str | None = None,
 ) -> tuple[list[SampleAudit], AuditSummary]:
-    """Audit an in-memory stream of samples (no files): per-sample verdicts and the summary."""
-    config = cfg if isinstance(cfg, AuditConfig) else AuditConfig.from_dict(cfg)
+    """Audit an in-memory stream of samples (no files): per-sample verdicts and the summary.
+
+    ``regenerate`` (``generate.regenerate``) applies when ``cfg`` is the config section's dict."""
+    config = cfg if isinstance(cfg, AuditConfig) else AuditConfig.from_dict(cfg, regenerate)
     template = chat if isinstance(chat, ChatTemplate) else ChatTemplate.from_dir(chat)
     auditor = Auditor(config, template)
     audits = list(iter_audits(auditor, samples))
@@ -876,15 +1036,19 @@ def run_audit(
     id_column: str | None = None,
     on_bad_row: str = "skip",
     verdict_out: str | Path | None = None,
+    regenerate: str | None = None,
 ) -> AuditSummary:
     """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl, the kept samples
     (samples.parquet, the shard step's input) and the plots.
+
+    ``regenerate`` is ``generate.regenerate``: which old answers this run replaces, so which empty ones
+    the gate ``max_empty_response_fraction`` judges (None: the schema's default, assumed and said so).
 
     Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not
     overridden, and ``NothingToGenerateError`` when no sample is left for generation; the summary is
     also kept at ``verdict_out`` (beside the log), which survives the failed job.
     """
-    config = AuditConfig.from_dict(cfg)
+    config = AuditConfig.from_dict(cfg, regenerate)
     chat = ChatTemplate.from_dir(tokenizer_dir)
     paths = AuditPaths(Path(out_dir))
     auditor = Auditor(config, chat)
@@ -931,6 +1095,7 @@ def run_audit(
     _plot_histogram(summary.histograms["prompt_tokens"], "prompt tokens per sample", paths.prompt_plot)
     write_json(paths.summary, summary.to_json())
     keep_verdict(summary.to_json(), verdict_out)
+    log.info("empty old answers: %s", summary.empty_answers.in_words())
     if summary.kept == 0:
         raise NothingToGenerateError(
             nothing_to_generate_message(summary, input_path, verdict_out or paths.summary)
@@ -985,6 +1150,15 @@ def format_summary(summary: AuditSummary) -> str:
         lines.append(f"structure faults: {kinds}")
     if summary.contaminated_by:
         lines.append("contaminated by: " + ", ".join(f"{k}={v}" for k, v in summary.contaminated_by.items()))
+    empty = summary.empty_answers
+    if empty.regenerate_assumed:
+        lines.append(
+            f"regenerate: {empty.regenerate} (assumed: no workflow config; choose with --regenerate "
+            f"{'|'.join(regenerate_setting()['enum'])})"
+        )
+    else:
+        lines.append(f"regenerate: {empty.regenerate} (the run's generate.regenerate)")
+    lines.append(f"empty old answers: {empty.in_words()}")
     lines.append("gates:")
     for g in summary.gates:
         verdict = "ok" if g.passed else "FAILED"
@@ -1029,6 +1203,14 @@ def cli(argv: list[str]) -> int:
         choices=["skip", "stop"],
         help="skip: record unreadable rows and go on; stop: fail at the first (default skip)",
     )
+    parser.add_argument(
+        "--regenerate",
+        choices=regenerate_setting()["enum"],
+        default=None,
+        help="the run's generate.regenerate: which old answers are replaced, so which empty ones the gate "
+        "max_empty_response_fraction judges (only those kept as context); default: "
+        f"{regenerate_setting()['default']}, assumed and said so",
+    )
     parser.add_argument("--override-gates", action="store_true", help="report failed gates as warnings")
     parser.add_argument(
         "--benchmark",
@@ -1052,7 +1234,14 @@ def cli(argv: list[str]) -> int:
             "decontamination": {"benchmarks": benchmarks, "ngram": args.ngram},
         }
         summary = run_audit(
-            args.input, args.out, cfg, args.tokenizer, args.fmt, args.id_column, args.on_bad_row
+            args.input,
+            args.out,
+            cfg,
+            args.tokenizer,
+            args.fmt,
+            args.id_column,
+            args.on_bad_row,
+            regenerate=args.regenerate,
         )
     except (BadInputError, OSError, ValueError) as exc:  # bad input, missing file, directory, bad template
         print(f"regen audit: {exc}", file=sys.stderr)
@@ -1083,6 +1272,7 @@ def _summary_from_file(path: Path) -> AuditSummary:
         gates=tuple(GateResult(k, v["limit"], v["value"], v["passed"]) for k, v in data["gates"].items()),
         overridden=data["overridden"],
         context={},
+        empty_answers=EmptyAnswers.from_json(data["empty_old_answers"]),
         unread_tails=tuple(data.get("unread_tails", ())),
         contaminated_by=data.get("contaminated_by", {}),
     )

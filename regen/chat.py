@@ -256,16 +256,20 @@ class TurnSpan:
 class TokenAccount:
     """Token accounting of one conversation under the chat template.
 
-    ``assistant_turns`` counts assistant turns found in the rendered text;
-    ``scaffolding_only`` is True when there is at least one assistant turn and every
-    one of them is scaffolding only.
+    ``assistant_turns`` counts assistant turns found in the rendered text; ``scaffolding_turns``
+    says, per assistant turn in order, whether it is scaffolding only; ``scaffolding_only`` is True
+    when there is at least one assistant turn and every one of them is scaffolding only.
     """
 
     supervised_tokens: int
     prompt_tokens: int
     total_tokens: int
     assistant_turns: int
-    scaffolding_only: bool
+    scaffolding_turns: tuple[bool, ...]
+
+    @property
+    def scaffolding_only(self) -> bool:
+        return bool(self.scaffolding_turns) and all(self.scaffolding_turns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,13 +468,13 @@ class ChatTemplate:
         n_tokens = len(ids)
         spans = rendered.spans
         if not spans:
-            return TokenAccount(0, n_tokens + self.header_tokens, n_tokens, 0, False)
+            return TokenAccount(0, n_tokens + self.header_tokens, n_tokens, 0, ())
         text, marker, start_id, end_id = rendered.text, self.turn_start, self._start_id, self._end_id
         if text.count(marker) != ids.count(start_id):  # type: ignore[arg-type]
             return None
         header_len = len(self.assistant_header)
         supervised = 0
-        scaffolding = True
+        scaffolding: list[bool] = []
         tok = -1  # token index of the last turn-start marker found
         seen = 0  # turn-start markers before it in the text
         for span in spans:
@@ -486,30 +490,25 @@ class ChatTemplate:
             except ValueError:
                 last = n_tokens
             supervised += last - first
-            if scaffolding:
-                scaffolding = self._scaffold_ids.issuperset(ids[first:last])
+            scaffolding.append(self._scaffold_ids.issuperset(ids[first:last]))
         prompt = tok if rendered.last_header_start >= 0 else n_tokens
-        return TokenAccount(supervised, prompt + self.header_tokens, n_tokens, len(spans), scaffolding)
+        return TokenAccount(supervised, prompt + self.header_tokens, n_tokens, len(spans), tuple(scaffolding))
 
     def _account(self, rendered: _Rendered, enc: Encoding) -> TokenAccount:
         n_tokens = len(enc)
         supervised = 0
-        scaffolding = bool(rendered.spans)
-        ids: list[int] | None = None
+        scaffolding: list[bool] = []
+        ids = enc.ids if rendered.spans else []
         for span in rendered.spans:
             first, last = self._span_tokens(enc, span, n_tokens)
-            count = last - first
-            supervised += count
-            if scaffolding and count:
-                if ids is None:
-                    ids = enc.ids
-                scaffolding = self._scaffold_ids.issuperset(ids[first:last])
+            supervised += last - first
+            scaffolding.append(self._scaffold_ids.issuperset(ids[first:last]))
         if rendered.last_header_start >= 0:
             prefix = enc.char_to_token(rendered.last_header_start)
             prompt = (n_tokens if prefix is None else prefix) + self.header_tokens
         else:
             prompt = n_tokens + self.header_tokens
-        return TokenAccount(supervised, prompt, n_tokens, len(rendered.spans), scaffolding)
+        return TokenAccount(supervised, prompt, n_tokens, len(rendered.spans), tuple(scaffolding))
 
     @staticmethod
     def _span_tokens(enc: Encoding, span: TurnSpan, n_tokens: int) -> tuple[int, int]:

@@ -31,5 +31,7 @@ rule audit:
         dataset=lookup(dpath="dataset", within=config),
         audit=lookup(dpath="audit", within=config),
         tokenizer=lookup(dpath="tokenizer", within=config),
+        # which old answers this run replaces decides which empty ones the gate judges
+        regenerate=lookup(dpath="generate/regenerate", within=config),
     script:
         "../scripts/audit.py"

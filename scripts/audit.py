@@ -15,4 +15,5 @@ run_audit(
     id_column=dataset["id_column"],
     on_bad_row=dataset["on_bad_row"],
     verdict_out=verdict_path_for(snakemake.log[0]),
+    regenerate=snakemake.params.regenerate,
 )
