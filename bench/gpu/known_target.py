@@ -17,7 +17,8 @@ The chain (one state per token id; a token's embedding fixes its successors, so 
       back to stage 1 (another round, prob ``reasoning_round``) or "</think>"
   "</think>" -> "\\n\\n" (the thinking-off prompt also ends in "\\n\\n": it starts the answer directly)
   "\\n\\n" -> text answer (answer stages, rounds, then "<|im_end|>") or a tool call:
-      <tool_call>\\n{"name": "get_weather", "arguments": {"city": CITY, "unit": UNIT}}\\n</tool_call><|im_end|>
+      <tool_call>\\n{"name": "get_weather", "arguments": {"city": CITY, "unit": UNIT}}\\n</tool_call>
+      then <|im_end|>
   spelled with token ids used nowhere else (a non-canonical split where the canonical one repeats ids).
 Every branch keeps probability >= ``MIN_BRANCH`` after temperature, so SGLang's top-k (20) and
 top-p (0.95) keep all designed successors and drop everything else: the distribution SGLang samples
@@ -44,6 +45,7 @@ model.safetensors, chain.json, designed.json}.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -165,7 +167,12 @@ class Chain:
             "sampling": asdict(self.sampling),
             "spec": asdict(self.spec),
             "states": [
-                {"token": s.token, "piece": s.piece, "role": s.role, "succ": [[t, lg] for t, lg in s.succ.items()]}
+                {
+                    "token": s.token,
+                    "piece": s.piece,
+                    "role": s.role,
+                    "succ": [[t, lg] for t, lg in s.succ.items()],
+                }
                 for s in self.states.values()
             ],
         }
@@ -173,7 +180,9 @@ class Chain:
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Chain:
         states = {
-            int(s["token"]): State(int(s["token"]), s["piece"], s["role"], {int(t): float(lg) for t, lg in s["succ"]})
+            int(s["token"]): State(
+                int(s["token"]), s["piece"], s["role"], {int(t): float(lg) for t, lg in s["succ"]}
+            )
             for s in obj["states"]
         }
         spec = dict(obj["spec"])
@@ -329,7 +338,7 @@ def design_chain(spec: ChainSpec, tokenizer_dir: Path) -> Chain:
     add(a_words[-1], "answer", {a_words[0]: spec.answer_round, eos: 1 - spec.answer_round})
 
     def seq(ids: list[int], nxt: dict[int, float]) -> None:
-        for a, b in zip(ids, ids[1:], strict=False):
+        for a, b in itertools.pairwise(ids):
             add(a, "tool", {b: 1.0})
         add(ids[-1], "tool", nxt)
 
@@ -431,7 +440,7 @@ def mtp_acceptance(chain: Chain, token_visits: dict[int, float], steps: int = 3)
 
 def designed_stats(chain: Chain, max_tokens: int, retry_factor: int = 2) -> dict[str, Any]:
     """What a run of ``max_tokens`` should measure, from the chain alone (thinking on)."""
-    horizon = retry_factor * max_tokens
+    horizon = 4 * retry_factor * max_tokens  # the lengths' own distributions, far past the budget
     r = first_passage(chain, chain.start_thinking, {chain.think_close}, horizon)[chain.think_close]
     a_eos = first_passage(chain, chain.think_close, {chain.eos}, horizon)[chain.eos]
     a_tool = first_passage(chain, chain.tool_first, {chain.eos}, horizon)[chain.eos]
@@ -445,6 +454,7 @@ def designed_stats(chain: Chain, max_tokens: int, retry_factor: int = 2) -> dict
     total = np.convolve(r, a_eos)[: horizon + 1]
     total_tool = np.convolve(r, tool_pmf)[: horizon + 1]
     m = max_tokens
+    m2 = retry_factor * m
     stop = float(total[: m + 1].sum())
     stop_tool = float(total_tool[: m + 1].sum())
     r_within = float(r[: m + 1].sum())
@@ -457,9 +467,11 @@ def designed_stats(chain: Chain, max_tokens: int, retry_factor: int = 2) -> dict
         "tool_call_fraction_of_stopped": stop_tool / stop,
         "retry": {
             "max_tokens": retry_factor * m,
-            "finishes_if_fresh_draw": float(total.sum()),  # real SGLang: the seed is ignored (flashinfer)
-            "finishes_given_first_truncated_if_same_draw": float(total[m + 1 :].sum() / max(1e-300, 1 - stop)),
-            "stop_fraction_after_retry_fresh": stop + (1 - stop) * float(total.sum()),
+            "finishes_if_fresh_draw": float(total[: m2 + 1].sum()),  # real SGLang ignores the seed here
+            "finishes_given_first_truncated_if_same_draw": float(
+                total[m + 1 : m2 + 1].sum() / max(1e-300, 1 - stop)
+            ),
+            "stop_fraction_after_retry_fresh": stop + (1 - stop) * float(total[: m2 + 1].sum()),
         },
         "reasoning_tokens": pmf_stats(r),  # "<think>" .. "</think>" inclusive, untruncated
         "answer_tokens": pmf_stats(a_eos),  # after "</think>", "<|im_end|>" included
@@ -480,11 +492,8 @@ def tool_arguments(chain: Chain) -> dict[str, float]:
 
 
 def design_report(chain: Chain, max_tokens: list[int]) -> dict[str, Any]:
-    horizon = 2 * max(max_tokens)
+    horizon = 8 * max(max_tokens)
     vis = visits(chain, chain.start_thinking, chain.eos, horizon)
-    realized = {}
-    for t, st in chain.states.items():
-        realized[st.piece] = {chain.states[u].piece: round(p, 6) for u, p in chain.probs(t).items()}
     return {
         "tool": {"name": TOOL_NAME, "arguments": tool_arguments(chain)},
         "mtp": mtp_acceptance(chain, vis),
@@ -703,7 +712,11 @@ def write_safetensors(path: Path, specs: list[tuple[str, tuple[int, ...]]], writ
 
 def byte_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map (the byte-level BPE alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -790,7 +803,9 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     base = TINY if a.tiny else Shape()
     shape = Shape(**{**asdict(base), "layers": a.layers or base.layers})
-    spec = ChainSpec(a.reasoning_stages, a.stay, a.reasoning_round, a.answer_stages, a.answer_round, a.tool_share)
+    spec = ChainSpec(
+        a.reasoning_stages, a.stay, a.reasoning_round, a.answer_stages, a.answer_round, a.tool_share
+    )
     a.out.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(a.out).free / 2**30
     if free < a.min_free_gib + 4:  # lm_head + fc + embeddings: ~3 GB on disk at the full shape
