@@ -39,7 +39,7 @@ Usage:
   python bench/gpu/known_target.py OUT [--layers 64] [--max-tokens 4096 8192] [--tiny]
   (--tiny: same construction at a small shape, for the CPU test; needs only numpy and tokenizers)
 Writes OUT/{config.json, generation_config.json, tokenizer.json, tokenizer_config.json,
-model.safetensors, chain.json, designed.json}.
+model[-0000i-of-0000n].safetensors (+ index), chain.json, designed.json}.
 """
 
 from __future__ import annotations
@@ -479,6 +479,38 @@ def designed_stats(chain: Chain, max_tokens: int, retry_factor: int = 2) -> dict
         "answer_tokens_tool": pmf_stats(tool_pmf),
         "completion_tokens": pmf_stats(total),
         "completion_tokens_stopped_within_max": pmf_stats(total[: m + 1]),
+        "final_rows": final_rows(r, a_eos, total, m, m2),
+    }
+
+
+def final_rows(r: np.ndarray, a: np.ndarray, total: np.ndarray, m: int, m2: int) -> dict[str, Any]:
+    """The rows a run with ``truncation: retry`` keeps: a first attempt at ``m`` tokens, and for the
+    truncated ones a fresh draw at ``m2`` (SGLang ignores the seed). Length distributions of the rows that
+    end on a stop (completion and reasoning tokens), and the tokens generated per prompt (both attempts)."""
+    f_m = float(total[: m + 1].sum())
+    a_cdf = np.cumsum(a)
+    k = np.arange(len(r))
+
+    def reasoning_given_stop(budget: int) -> np.ndarray:
+        out = np.zeros(budget + 1)
+        out[: budget + 1] = r[: budget + 1] * a_cdf[budget - k[: budget + 1]]
+        return out
+
+    comp = np.zeros(m2 + 1)
+    comp[: m + 1] += total[: m + 1]
+    comp += (1 - f_m) * total[: m2 + 1]
+    reas = np.zeros(m2 + 1)
+    reas[: m + 1] += reasoning_given_stop(m)
+    reas += (1 - f_m) * reasoning_given_stop(m2)
+    t = np.arange(len(total))
+    gen_first = float((np.minimum(t, m) * total).sum() + m * (1 - total.sum()))
+    gen_retry = float((np.minimum(t, m2) * total).sum() + m2 * (1 - total.sum()))
+    return {
+        "retry_fraction": 1 - f_m,
+        "stop_fraction": float(comp.sum()),
+        "completion_tokens_stopped": pmf_stats(comp),
+        "reasoning_tokens_stopped": pmf_stats(reas),
+        "generated_tokens_per_prompt": gen_first + (1 - f_m) * gen_retry,
     }
 
 
@@ -703,11 +735,45 @@ def write_safetensors(path: Path, specs: list[tuple[str, tuple[int, ...]]], writ
             for r0 in range(0, rows, chunk):
                 r1 = min(rows, r0 + chunk)
                 a = writers[name](slice(r0, r1))
+                if not a.any():
+                    continue  # a hole, like the all-zero tensors
                 fh.seek(base + start + 2 * r0 * math.prod(shp[1:]))
                 fh.write(bf16_bits(a).tobytes())
         fh.truncate(base + off)
     os.replace(tmp, path)
     return os.stat(path).st_blocks * 512
+
+
+def write_shards(
+    out: Path, specs: list[tuple[str, tuple[int, ...]]], writers: dict[str, Any], shard_bytes: int = 4 << 30
+) -> tuple[int, int]:
+    """The checkpoint as Hugging Face shards (``model-0000i-of-0000n.safetensors`` + index) of about
+    ``shard_bytes`` each, so no reader maps 54 GB at once. Returns (bytes on disk, apparent bytes)."""
+    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shp in specs:
+        n = 2 * math.prod(shp)
+        if groups[-1] and size + n > shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, shp))
+        size += n
+    for old in out.glob("model*.safetensors*"):
+        old.unlink()
+    weight_map = {}
+    on_disk = apparent = 0
+    for i, g in enumerate(groups):
+        fname = (
+            f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" if len(groups) > 1 else "model.safetensors"
+        )
+        on_disk += write_safetensors(out / fname, g, {k: w for k, w in writers.items() if k in dict(g)})
+        apparent += (out / fname).stat().st_size
+        weight_map.update({name: fname for name, _ in g})
+    if len(groups) > 1:
+        total = sum(2 * math.prod(shp) for _, shp in specs)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    return on_disk, apparent
 
 
 def byte_unicode() -> dict[int, str]:
@@ -771,9 +837,7 @@ def build(out: Path, shape: Shape, spec: ChainSpec, max_tokens: list[int]) -> di
     (out / "generation_config.json").write_text(
         json.dumps({"eos_token_id": [chain.eos, endoftext], "pad_token_id": endoftext, "do_sample": True})
     )
-    specs = tensor_specs(shape)
-    on_disk = write_safetensors(out / "model.safetensors", specs, nonzero_tensors(chain, shape))
-    apparent = (out / "model.safetensors").stat().st_size
+    on_disk, apparent = write_shards(out, tensor_specs(shape), nonzero_tensors(chain, shape))
     (out / "chain.json").write_text(json.dumps(chain.to_json()))
     report = design_report(chain, max_tokens)
     report["checkpoint"] = {

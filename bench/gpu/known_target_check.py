@@ -76,17 +76,19 @@ def main(argv: list[str]) -> int:
     # MTP as SGLang's Qwen3_5ForCausalLMMTP computes it, from the checkpoint tensors
     cfg = json.loads((a.model / "config.json").read_text())
     eps = cfg["rms_norm_eps"]
-    with safe_open(str(a.model / "model.safetensors"), "pt") as f:
-        emb, head = f.get_tensor("model.embed_tokens.weight"), f.get_tensor("lm_head.weight")
-        fc = f.get_tensor("mtp.fc.weight")
-        n_e, n_h, n_o = (
-            f.get_tensor(f"mtp.{n}.weight") for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
-        )
-        zero_outputs = all(
-            not f.get_tensor(k).any()
-            for k in f.keys()  # noqa: SIM118
-            if k.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight"))
-        )
+    tensors = {}
+    for path in sorted(a.model.glob("model*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            tensors.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+    emb, head, fc = tensors["model.embed_tokens.weight"], tensors["lm_head.weight"], tensors["mtp.fc.weight"]
+    n_e, n_h, n_o = (
+        tensors[f"mtp.{n}.weight"] for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
+    )
+    zero_outputs = all(
+        not v.any()
+        for k, v in tensors.items()
+        if k.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight"))
+    )
     t = torch.tensor(states)
     hidden = torch.randn(len(states), emb.shape[1], dtype=torch.bfloat16)  # the target's hidden: unused by fc
     x = torch.cat([gemma_norm(emb[t], n_e, eps), gemma_norm(hidden, n_h, eps)], dim=-1) @ fc.T
