@@ -159,3 +159,64 @@ def test_transformers_generate_follows_the_chain(checked: dict, chain: kt.Chain)
             if a == chain.eos:
                 break
             assert b in chain.probs(a), (a, b)
+
+
+def test_simulated_server_answers_from_the_chain_like_sglang(
+    built: tuple[Path, dict], chain: kt.Chain
+) -> None:
+    """regen's simulated SGLang in chain mode (the CPU rehearsal's server): ids follow the chain, the
+    reasoning split sits at ``</think>``, and with tools a tool-call answer comes back parsed (qwen25)."""
+    import urllib.request
+
+    from tokenizers import Tokenizer
+
+    from regen.sglang.simulated import parse_qwen3_reasoning, start_simulated_server
+
+    model = built[0]
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    url, stop = start_simulated_server(
+        inline=True,
+        tokenizer_path=str(model),
+        chain_path=str(model / "chain.json"),
+        tool_call_parser="qwen25",
+    )
+    tools = [{"type": "function", "function": {"name": kt.TOOL_NAME, "parameters": {"type": "object"}}}]
+    finishes, calls = set(), 0
+    try:
+        for i in range(60):
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": f"q{i}"}],
+                "max_tokens": 3000,
+                "temperature": 0.6,
+                "top_p": 0.95,
+                "top_k": 20,
+                "seed": i,
+                "tools": tools,
+                "return_token_ids": True,
+            }
+            req = urllib.request.Request(
+                f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                choice = json.load(resp)["choices"][0]
+            ids = choice["response_token_ids"]
+            prev = chain.start_thinking
+            for t in ids:
+                assert t in chain.probs(prev)
+                prev = t
+            reasoning, content = parse_qwen3_reasoning(tok.decode(ids, skip_special_tokens=True), True)
+            assert choice["message"]["reasoning_content"] == reasoning
+            finishes.add(choice["finish_reason"])
+            if choice["message"].get("tool_calls"):
+                calls += 1
+                fn = choice["message"]["tool_calls"][0]["function"]
+                args = json.dumps(json.loads(fn["arguments"]), sort_keys=True)
+                assert fn["name"] == kt.TOOL_NAME and args in kt.tool_arguments(chain)
+                assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == ""
+                assert choice["matched_stop"] is None
+            elif choice["finish_reason"] == "stop":
+                assert choice["message"]["content"] == content and choice["matched_stop"] == chain.eos
+    finally:
+        stop()
+    assert calls > 0 and {"stop", "tool_calls"} <= finishes
