@@ -88,8 +88,12 @@ def write_config(path: Path, a: argparse.Namespace, dataset: Path) -> None:
         "export": {"enabled": True},
         "server": {"mode": a.mode, "model_path": model, "gpus": 1},
     }
+    cfg["generate"]["return_token_ids"] = True
     if a.mode == "sglang":
-        cfg["server"]["args"] = ["--tool-call-parser", "qwen25"]
+        cfg["generate"]["request_timeout_s"] = 3600
+        cfg["server"].update(
+            {"args": ["--tool-call-parser", "qwen25"], "startup_timeout_s": 900, "idle_timeout_s": 1800}
+        )
     else:
         full = a.work / "full-shape-config.json"  # the tuner plans for the real shape, as on the GPU
         full.write_text(json.dumps(kt.config_json(kt.Shape(), 2, 0)))
