@@ -267,11 +267,13 @@ class Vocab:
         return i
 
     def words(self, n: int) -> list[int]:
-        """``n`` unused word tokens (" word", alphabetic), in id order (deterministic)."""
+        """``n`` unused word tokens (" word", alphabetic, the canonical encoding of their text), in id order."""
         out = []
         for i in range(self.size):
             p = self.pieces[i]
-            if i not in self.used and p.startswith(" ") and p[1:].isalpha() and len(p) >= 4:
+            word = p.startswith(" ") and p[1:].isalpha() and len(p) >= 4
+            # canonical: the text of a run of such words tokenizes back to the same ids
+            if i not in self.used and word and self.tok.encode(p, add_special_tokens=False).ids == [i]:
                 out.append(self.take(i))
                 if len(out) == n:
                     return out
