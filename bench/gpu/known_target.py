@@ -267,7 +267,7 @@ class Vocab:
         return i
 
     def words(self, n: int) -> list[int]:
-        """``n`` unused word tokens (" word", alphabetic, the canonical encoding of their text), in id order."""
+        """``n`` unused word tokens (" word", alphabetic, their text's canonical encoding), in id order."""
         out = []
         for i in range(self.size):
             p = self.pieces[i]

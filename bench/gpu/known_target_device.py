@@ -1,6 +1,6 @@
 """The known-target campaign on the H200 through the device tool (issue 27), one call at a time.
 
-  known_target_device.py start BUDGET_S [run args]
+  known_target_device.py start BUDGET_S [--build-args "known_target.py args"] [known_target_run.py args]
       build /tmp/site (SGLang payload) and /tmp/snk (Snakemake), copy this tree to /tmp/repo, build the
       full-shape model at /tmp/kt-model (~20 s, 2.7 GB on disk), start known_target_run.py --mode sglang
       detached (its own session: it outlives the call), wait, collect
@@ -84,7 +84,12 @@ def setup() -> None:
         )
 
 
-def start(budget: float, run_args: list[str]) -> None:
+def start(budget: float, args: list[str]) -> None:
+    build_args: list[str] = []
+    if "--build-args" in args:  # the chain's knobs for known_target.py, as one string
+        i = args.index("--build-args")
+        build_args = args[i + 1].split()
+        args = args[:i] + args[i + 2 :]
     if not DRY:
         setup()
     shutil.rmtree(TMP / "repo", ignore_errors=True)
@@ -93,15 +98,14 @@ def start(budget: float, run_args: list[str]) -> None:
     )
     if not (MODEL / "chain.json").exists():
         tiny = ["--tiny"] if DRY else []
-        if subprocess.run(
-            [PY, str(TMP / "repo/bench/gpu/known_target.py"), str(MODEL), *tiny], env=env()
-        ).returncode:
+        builder = [PY, str(TMP / "repo/bench/gpu/known_target.py"), str(MODEL), *tiny, *build_args]
+        if subprocess.run(builder, env=env()).returncode:
             raise SystemExit("model build failed")
     mode = "simulated" if DRY else "sglang"
     cmd = [PY, "bench/gpu/known_target_run.py", "--model", str(MODEL), "--work", str(WORK), "--mode", mode]
     with open(LOG, "w") as fh:
         subprocess.Popen(
-            [*cmd, *run_args],
+            [*cmd, *args],
             cwd=TMP / "repo",
             env=env(),
             stdout=fh,
@@ -124,7 +128,8 @@ def wait(t0: float, budget: float) -> None:
 def collect() -> None:
     out = Path(os.environ.get("OUT", TMP / "kt-collected"))
     out.mkdir(parents=True, exist_ok=True)
-    for f in (LOG, MODEL / "designed.json", WORK / "known_target_measured.json", WORK / "snakemake.log"):
+    measured = (WORK / "known_target_measured.json", WORK / "known_target_measured.md")
+    for f in (LOG, MODEL / "designed.json", *measured, WORK / "snakemake.log"):
         if f.exists():
             shutil.copy(f, out / f.name)
     for f in (TMP / "fi-prewarm.log", WORK / "config.yaml"):
