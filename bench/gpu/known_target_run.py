@@ -297,13 +297,21 @@ def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
     return "target: " + " ".join(f"{k}={f(v)}" for k, v in fields.items())
 
 
+def fmt(x: Any) -> str:
+    return f"{x:.4g}" if isinstance(x, float) else ("" if x is None else str(x))
+
+
 def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
     """The measurements against the design, as bench/results/ keeps them."""
     rows = [
         ("requests", m["requests"], ""),
         ("stop fraction (after one retry)", m["stop_fraction"], m["designed_stop_fraction"]),
         ("rows retried at 2x max_tokens / finished", f"{m['retried']} / {m['retried_finished']}", ""),
-        ("first-attempt stop fraction", "", m["designed_first_attempt_stop_fraction"]),
+        (
+            "first-attempt stop fraction",
+            1 - m["retried"] / max(1, m["requests"]),
+            m["designed_first_attempt_stop_fraction"],
+        ),
         ("reasoning split exact (rows)", m["reasoning_split_exact"], 1.0),
         ("every step a designed transition (rows)", m["chain_steps_valid"], 1.0),
         ("tool rows / tool calls spelled", f"{m['tool_rows']} / {m['tool_calls_spelled']}", ""),
@@ -325,7 +333,7 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
         "",
         "| measure | measured | designed |",
         "|---|---|---|",
-        *(f"| {k} | {v} | {w} |" for k, v, w in rows),
+        *(f"| {k} | {fmt(v)} | {fmt(w)} |" for k, v, w in rows),
         "",
         f"Re-audit passed: {(m.get('reaudit') or {}).get('passed')}; "
         f"READY: {(m.get('ready') or {}).get('ready')}.",
