@@ -370,7 +370,8 @@ def main(argv: list[str]) -> int:
         write_config(cfg, a, dataset)
         run = a.work / "run"
         run.mkdir(exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]  # keep /tmp/site etc.
+        env = {**os.environ, "PYTHONPATH": ":".join(paths)}
         if a.mode == "simulated":
             env.update(
                 {
