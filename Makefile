@@ -52,6 +52,7 @@ $(TRVENV)/bin/python:
 
 test-trainers: setup $(TRVENV)/bin/python
 	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -s -p no:cacheprovider tests/test_trainers.py
+	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -p no:cacheprovider tests/test_known_target.py
 
 clean-demo:
 	rm -rf results work logs benchmarks .snakemake

@@ -52,6 +52,7 @@ import contextlib
 import contextvars
 import hashlib
 import heapq
+import json
 import math
 import os
 import random
@@ -75,6 +76,10 @@ SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
 QWEN_IM_END_ID = 151645  # <|im_end|>: what matched_stop reports for a natural stop on Qwen3
 FAULT_KINDS: tuple[str, ...] = ("error", "hang", "disconnect", "malformed", "truncate")
 REQUEST_LOG_ENV = "REGEN_SIM_REQUEST_LOG"
+# chain mode (known-answer target, bench/gpu/known_target.py): answer from that model's designed chain;
+# read from the environment like the request log, so a workflow's simulated servers inherit them
+CHAIN_ENV = "REGEN_SIM_CHAIN"  # path of the model's chain.json
+TOOL_CALL_PARSER_ENV = "REGEN_SIM_TOOL_CALL_PARSER"  # like SGLang's --tool-call-parser (qwen25, hermes)
 
 
 def _make_words() -> tuple[str, ...]:
@@ -244,6 +249,10 @@ class SimOptions:
     # top-k/top-p/min-p sampling: on a fresh H200 machine its scheduler served nothing for ~110 s
     # (2026-11-30); greedy requests never build them. Seconds of that stall; 0: none.
     sampling_build_s: float = 0.0
+    # chain mode (ChainModel): the completion ids are sampled from a known target's chain, as SGLang
+    # samples that model (needs tokenizer_path: the model's tokenizer); None: synthetic text
+    chain_path: str | None = None
+    tool_call_parser: str | None = None  # qwen25 / hermes: parse <tool_call> blocks when tools are sent
 
     @property
     def model_name(self) -> str:
@@ -432,6 +441,97 @@ class TokenModel:
         return ids[:best] + self.encode(piece[:1]) + self.encode(piece[1:]) + ids[best + 1 :]
 
 
+class ChainModel:
+    """A known-answer target's chain (``chain.json`` of ``bench/gpu/known_target.py``): each token's
+    successors and their logits. Sampled as SGLang 0.5.17 samples: logits / temperature, softmax over the
+    vocabulary (every other id at ``other_logit``), then top-k and top-p ("joint": kept when among the k
+    largest and the mass strictly above is below top_p), renormalized; temperature 0 is greedy."""
+
+    def __init__(self, path: str) -> None:
+        with open(path, "rb") as fh:
+            obj = orjson.loads(fh.read())
+        self.succ = {int(s["token"]): [(int(t), float(lg)) for t, lg in s["succ"]] for s in obj["states"]}
+        self.eos = int(obj["eos"])
+        self._cache: dict[tuple[int, float, int, float], tuple[list[int], list[float]]] = {}
+
+    def dist(self, token: int, temperature: float, top_k: int, top_p: float) -> tuple[list[int], list[float]]:
+        """The kept successors of ``token`` and their cumulative probabilities."""
+        key = (token, temperature, top_k, top_p)
+        if key not in self._cache:
+            pairs = sorted(self.succ.get(token, []), key=lambda x: -x[1])
+            if not pairs:  # a token outside the chain (uniform over the vocabulary): end the turn instead
+                pairs = [(self.eos, 0.0)]
+            if temperature <= 1e-6 or top_k == 1:
+                self._cache[key] = ([pairs[0][0]], [1.0])
+            else:
+                w = [math.exp((lg - pairs[0][1]) / temperature) for _, lg in pairs]
+                total = sum(w)
+                kept, above = [], 0.0
+                for i, (t, _) in enumerate(pairs):
+                    if (top_k <= 0 or i < top_k) and above < top_p:
+                        kept.append((t, w[i] / total))
+                    above += w[i] / total
+                norm = sum(p for _, p in kept)
+                cum, acc = [], 0.0
+                for _, p in kept:
+                    acc += p / norm
+                    cum.append(acc)
+                self._cache[key] = ([t for t, _ in kept], cum)
+        return self._cache[key]
+
+    def sample(
+        self,
+        start: int,
+        rng: random.Random,
+        max_tokens: int,
+        ignore_eos: bool,
+        sampling: tuple[float, int, float],
+    ) -> tuple[list[int], bool]:
+        """Completion ids after a prompt ending in ``start``; True when it ended on the end-of-turn id."""
+        ids: list[int] = []
+        cur = start
+        while len(ids) < max_tokens:
+            toks, cum = self.dist(cur, *sampling)
+            u = rng.random()
+            cur = toks[next((i for i, c in enumerate(cum) if u < c), len(toks) - 1)]
+            ids.append(cur)
+            if cur == self.eos and not ignore_eos:
+                return ids, True
+        return ids, False
+
+
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
+
+
+def parse_qwen25_tool_calls(text: str, tools: list[Any]) -> tuple[str, list[dict[str, Any]]] | None:
+    """SGLang 0.5.17's Qwen25Detector.detect_and_parse and serving_chat's ToolCall list: None when the
+    text has no ``<tool_call>`` line; else (the text before it, stripped; the calls to known tools)."""
+    idx = text.find(TOOL_CALL_OPEN)
+    if idx < 0:
+        return None
+    names = [t.get("function", {}).get("name") if isinstance(t, dict) else None for t in tools]
+    calls = []
+    for body in re.findall(re.escape(TOOL_CALL_OPEN) + "(.*?)" + re.escape(TOOL_CALL_CLOSE), text, re.DOTALL):
+        try:
+            act = orjson.loads(body.strip())
+        except orjson.JSONDecodeError:
+            continue
+        for a in act if isinstance(act, list) else [act]:
+            name = a.get("name") if isinstance(a, dict) else None
+            if not name or name not in names:
+                continue  # SGLang drops calls to undefined functions
+            args = a.get("parameters") or a.get("arguments", {})
+            calls.append(
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "index": names.index(name),
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+                }
+            )
+    return text[:idx].strip(), calls
+
+
 def needs_filtered_sampling(req: dict[str, Any]) -> bool:
     """SGLang samples with flashinfer's top-k/top-p/min-p kernels unless the request is greedy
     (temperature 0, or top_k 1) or its filters are off (top_k -1 or 2**30, top_p 1, min_p 0)."""
@@ -549,6 +649,7 @@ class SimulatedServer:
         self.crashed = False
         self.request_log = RequestLog(opts.request_log)
         self.tokens = TokenModel(opts.tokenizer_path) if opts.tokenizer_path else None
+        self.chain = ChainModel(opts.chain_path) if opts.chain_path and self.tokens is not None else None
         self.sampling_built_at: float | None = None  # monotonic time the sampling kernels are ready
 
     # -------------------------------------------------------------------- app
@@ -826,7 +927,14 @@ class SimulatedServer:
         choices = []
         tokenized: list[TokenCompletion] = []
         prompt_ids = self.tokens.prompt_ids(messages, thinking) if self.tokens is not None else None
+        calls: list[list[dict[str, Any]] | None] = []
         for i in range(n):
+            if self.chain is not None and prompt_ids:
+                done, made, choice_calls = self.chain_choice(req, ask, prompt_ids, i)
+                tokenized.append(done)
+                calls.append(choice_calls)
+                choices.append(made)
+                continue
             made = self.make_completion(ask, i, key)
             nth = self.received_by_id[key] * n + i
             made, spoiled = self.opts.faults.spoil(made, key, nth)
@@ -849,7 +957,13 @@ class SimulatedServer:
                 _abort(request)
                 return web.Response(status=500)
         body = self._response_body(
-            req, choices, prompt_tokens, bool(req.get("separate_reasoning", True)), prompt_ids, tokenized
+            req,
+            choices,
+            prompt_tokens,
+            bool(req.get("separate_reasoning", True)),
+            prompt_ids,
+            tokenized,
+            calls,
         )
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n_out
@@ -879,6 +993,41 @@ class SimulatedServer:
             self.log(f"building the sampling kernels ({self.opts.sampling_build_s:g} s)", prefix="")
         if self.sampling_built_at is not None:
             await asyncio.sleep(max(0.0, self.sampling_built_at - time.monotonic()))
+
+    def chain_choice(
+        self, req: dict[str, Any], ask: Ask, prompt_ids: list[int], index: int
+    ) -> tuple[TokenCompletion, Completion, list[dict[str, Any]] | None]:
+        """One choice sampled from the known target's chain, parsed as SGLang parses it (reasoning, then
+        tool calls when the request has tools and a tool-call parser is set). The draw depends on the
+        messages, seed, choice index and max_tokens: a retry with a larger budget is a fresh draw, as on
+        SGLang, whose flashinfer sampler ignores the request seed."""
+        assert self.chain is not None and self.tokens is not None
+        key = orjson.dumps(ask.messages) + repr((ask.seed, index, ask.max_tokens)).encode()
+        rng = random.Random(hashlib.blake2b(key, digest_size=8).digest())
+        top_k, top_p = req.get("top_k"), req.get("top_p")
+        sampling = (ask.temperature, int(top_k) if top_k is not None else -1, float(top_p) if top_p else 1.0)
+        ids, stopped = self.chain.sample(prompt_ids[-1], rng, ask.max_tokens, ask.ignore_eos, sampling)
+        text = self.tokens.tokenizer.decode(ids, skip_special_tokens=True)
+        reasoning, content = parse_qwen3_reasoning(text, ask.thinking)
+        if reasoning is None:
+            reasoning_tokens = 0
+        elif self.tokens.think_close_id in ids:
+            reasoning_tokens = ids.index(self.tokens.think_close_id) + 1
+        else:
+            reasoning_tokens = len(ids)
+        finish = "stop" if stopped else "length"
+        choice_calls = None
+        tools = req.get("tools")
+        if self.opts.tool_call_parser in ("qwen25", "hermes") and tools and req.get("tool_choice") != "none":
+            parsed = parse_qwen25_tool_calls(content, tools)
+            if parsed is not None:
+                content, found = parsed
+                if found:
+                    choice_calls = found
+                    finish = "tool_calls" if finish == "stop" else finish
+        made = Completion(reasoning, content, reasoning_tokens, len(ids), finish)
+        matched = self.chain.eos if finish == "stop" else None
+        return TokenCompletion(made, ids, matched), made, choice_calls
 
     def make_completion(self, ask: Ask, index: int, key: str) -> Completion:
         """The completion for one choice (``key``: the sample id, or a per-request stand-in)."""
@@ -913,6 +1062,7 @@ class SimulatedServer:
         sep: bool,
         prompt_ids: list[int] | None = None,
         tokenized: list[TokenCompletion] | None = None,
+        calls: list[list[dict[str, Any]] | None] | None = None,
     ) -> bytes:
         out_choices = []
         reasoning_tokens = 0
@@ -943,6 +1093,8 @@ class SimulatedServer:
                     ),
                 }
             )
+            if calls and calls[i]:
+                message["tool_calls"] = calls[i]
             if want_prompt_ids:
                 out_choices[-1]["prompt_token_ids"] = prompt_ids
             if want_ids:
@@ -1381,6 +1533,8 @@ def cli(argv: list[str]) -> int:
         context_len=a.context_length,
         request_log=a.request_log,
         tokenizer_path=a.tokenizer_path,
+        chain_path=os.environ.get(CHAIN_ENV) or None,
+        tool_call_parser=os.environ.get(TOOL_CALL_PARSER_ENV) or None,
         faults=Faults.from_json(orjson.loads(a.faults) if a.faults else None),
         virtual=VirtualTime.from_json(orjson.loads(a.virtual)) if a.virtual else None,
     )

@@ -1,0 +1,402 @@
+"""The known-target campaign (issue 27 items 2 and 5) and its CPU rehearsal (item 6): the whole workflow
+(``snakemake --cores all --resources gpu=1``, regen starting, tuning and stopping the server itself) on
+a dataset of prompts with tools on part of them, thinking on, truncation retry, token ids on, the export;
+then the measurements against the model's ``designed.json`` and the ``target: ...`` line.
+
+  --mode simulated  regen's simulated SGLang in chain mode (REGEN_SIM_CHAIN: the model's chain.json):
+                    the same chain the weights hold, sampled as SGLang samples; CPU, a few minutes
+  --mode sglang     real SGLang on the model dir (bench/gpu/known_target.py, full shape), with
+                    ``--tool-call-parser qwen25`` in server.args
+
+Measured from the journals and results (every row): finish reasons vs the designed stop fraction;
+reasoning/content split exact (SGLang's reasoning_content/content equal the Qwen3 split of the decoded
+completion ids at the chain's ``</think>``, and usage.reasoning_tokens equals the position of
+``</think>``); each step of every completion is a designed transition; tool calls parsed (rows with
+tools whose ids spell a tool call have ``tool_calls`` with designed arguments); truncation retries and
+how they ended; the exported ids equal the server's ids; the re-audit gates and READY verdict.
+Fields the campaign fills later (wall times of the baselines, projection error) print as ``na``.
+
+Usage: python bench/gpu/known_target_run.py --model DIR --work DIR [--mode simulated] [--n 2000]
+       [--max-tokens 4096] [--tools-fraction 0.3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import known_target as kt
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": kt.TOOL_NAME,
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def write_dataset(path: Path, n: int, tools_fraction: float) -> None:
+    every = max(1, round(1 / tools_fraction)) if tools_fraction > 0 else 0
+    with open(path, "w") as fh:
+        for i in range(n):
+            row: dict[str, Any] = {
+                "id": f"kt-{i:06d}",
+                "messages": [
+                    {"role": "user", "content": f"Question {i}: what should I wear today in town {i % 97}?"}
+                ],
+            }
+            if every and i % every == 0:
+                row["tools"] = TOOLS
+            fh.write(json.dumps(row) + "\n")
+
+
+def write_config(path: Path, a: argparse.Namespace, dataset: Path) -> None:
+    model = str(a.model.resolve())
+    cfg: dict[str, Any] = {
+        "dataset": {"path": str(dataset), "format": "auto", "id_column": "id"},
+        "tokenizer": model,
+        "audit": {"context_limit": 4096},
+        "generate": {
+            "thinking": "on",
+            "sampling": {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": a.max_tokens},
+            "truncation": "retry",
+            "retry_max_tokens_factor": 2,
+        },
+        "merge": {"include_token_ids": True},
+        "export": {"enabled": True},
+        "server": {"mode": a.mode, "model_path": model, "gpus": 1},
+    }
+    cfg["generate"]["return_token_ids"] = True
+    if a.mode == "sglang":
+        cfg["generate"]["request_timeout_s"] = 3600
+        cfg["server"].update(
+            {"args": ["--tool-call-parser", "qwen25"], "startup_timeout_s": 900, "idle_timeout_s": 1800}
+        )
+    else:
+        full = a.work / "full-shape-config.json"  # the tuner plans for the real shape, as on the GPU
+        full.write_text(json.dumps(kt.config_json(kt.Shape(), 2, 0)))
+        cfg["server"].update(
+            {
+                "model_config": str(full),
+                "gpu_memory_mib": 143771,
+                "startup_timeout_s": 120,
+                "simulated": {
+                    "token_rate": a.sim_token_rate,
+                    "startup_delay_s": 1.0,
+                    "tokenizer_path": model,
+                },
+            }
+        )
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def read_jsonl(pattern: str) -> list[dict[str, Any]]:
+    out = []
+    for f in sorted(glob.glob(pattern)):
+        with open(f) as fh:
+            out += [json.loads(line) for line in fh if line.strip()]
+    return out
+
+
+def measure(a: argparse.Namespace, wall_s: float) -> dict[str, Any]:
+    from tokenizers import Tokenizer
+
+    from regen.sglang.simulated import parse_qwen3_reasoning, parse_qwen25_tool_calls
+
+    chain = kt.Chain.from_json(json.loads((a.model / "chain.json").read_text()))
+    designed = json.loads((a.model / "designed.json").read_text())
+    d = next((b for b in designed["by_max_tokens"] if b["max_tokens"] == a.max_tokens), None)
+    d = d or kt.designed_stats(chain, a.max_tokens)  # a budget the build did not tabulate
+    tok = Tokenizer.from_file(str(a.model / "tokenizer.json"))
+    run = a.work / "run"
+    recs = [r for r in read_jsonl(str(run / "results" / "generations" / "*.jsonl")) if "id" in r]
+    n = len(recs)
+    stop = split_ok = steps_ok = tool_rows = tool_spelled = tool_parsed = args_ok = ids_missing = 0
+    retried = retried_done = 0
+    bad: list[str] = []
+    for r in recs:
+        ids = r.get("completion_token_ids")
+        fin = r.get("finish_reason")
+        stop += fin in ("stop", "tool_calls")
+        if ((r.get("sampling") or {}).get("max_tokens") or 0) > a.max_tokens:  # as last sent: raised
+            retried += 1
+            retried_done += fin in ("stop", "tool_calls")
+        if not ids:
+            ids_missing += 1
+            continue
+        prev = chain.start_thinking
+        ok = True
+        for t in ids:
+            if t not in chain.probs(prev):
+                ok = False
+                break
+            prev = t
+        steps_ok += ok
+        text = tok.decode(ids, skip_special_tokens=True)
+        reasoning, content = parse_qwen3_reasoning(text, True)
+        want_rt = ids.index(chain.think_close) + 1 if chain.think_close in ids else len(ids)
+        usage = r.get("usage") or {}
+        tools = r.get("tools")
+        calls = r.get("tool_calls")
+        if tools:
+            tool_rows += 1
+            parsed = parse_qwen25_tool_calls(content, tools)
+            if parsed is not None and parsed[1]:
+                tool_spelled += 1
+                content = parsed[0]
+                if calls:
+                    tool_parsed += 1
+                    got = json.dumps(json.loads(calls[0]["function"]["arguments"]), sort_keys=True)
+                    args_ok += (
+                        got in designed["tool"]["arguments"] and calls[0]["function"]["name"] == kt.TOOL_NAME
+                    )
+        exact = (
+            (r.get("reasoning_content") or None) == (reasoning or None)
+            and (r.get("content") or "") == (content or "")
+            and usage.get("reasoning_tokens", want_rt) == want_rt
+        )
+        split_ok += exact
+        if not exact and len(bad) < 3:
+            bad.append(r["id"])
+    lengths = length_check(recs, d, a.model)
+    export_ok = export_equal(run, recs)
+    ready = (
+        json.loads((run / "results" / "READY.json").read_text())
+        if (run / "results" / "READY.json").exists()
+        else {}
+    )
+    reaudit = run / "results" / "reaudit" / "summary.json"
+    return {
+        "requests": n,
+        "stop_fraction": stop / max(1, n),
+        "designed_stop_fraction": d["retry"]["stop_fraction_after_retry_fresh"] if d else None,
+        "designed_first_attempt_stop_fraction": d["stop_fraction"] if d else None,
+        "reasoning_split_exact": split_ok / max(1, n - ids_missing),
+        "chain_steps_valid": steps_ok / max(1, n - ids_missing),
+        "rows_without_ids": ids_missing,
+        "tool_rows": tool_rows,
+        "tool_calls_spelled": tool_spelled,
+        "tool_calls_parsed": tool_parsed / max(1, tool_spelled),
+        "tool_arguments_designed": args_ok / max(1, tool_parsed),
+        "designed_tool_share": d["tool_call_fraction_of_stopped"] if d else None,
+        "retried": retried,
+        "retried_finished": retried_done,
+        "export_ids_equal": export_ok,
+        "lengths": lengths,
+        "reaudit": json.loads(reaudit.read_text()) if reaudit.exists() else None,
+        "ready": ready,
+        "wall_s": wall_s,
+        "split_mismatch_examples": bad,
+    }
+
+
+def length_check(recs: list[dict[str, Any]], d: dict[str, Any] | None, model: Path) -> dict[str, Any]:
+    """Completion and reasoning tokens of the rows that ended on a stop, against the designed distribution
+    of a run with one retry (designed.json ``final_rows``): means, medians and the largest CDF gap (KS)."""
+    if d is None:
+        return {}
+    import numpy as np
+
+    chain = kt.Chain.from_json(json.loads((model / "chain.json").read_text()))
+    m, m2 = d["max_tokens"], d["retry"]["max_tokens"]
+    r = kt.first_passage(chain, chain.start_thinking, {chain.think_close}, 4 * m2)[chain.think_close]
+    a = kt.first_passage(chain, chain.think_close, {chain.eos}, 4 * m2)[chain.eos]
+    total = np.convolve(r, a)[: 4 * m2 + 1]
+    f_m = float(total[: m + 1].sum())
+    comp = np.zeros(m2 + 1)
+    comp[: m + 1] += total[: m + 1]
+    comp += (1 - f_m) * total[: m2 + 1]
+    stopped = [x for x in recs if x.get("finish_reason") in ("stop", "tool_calls")]
+    out: dict[str, Any] = {"rows": len(stopped)}
+    for name, designed_pmf, key in (
+        ("completion_tokens", comp, "completion_tokens"),
+        ("reasoning_tokens", None, "reasoning_tokens"),
+    ):
+        got = np.array([(x.get("usage") or {}).get(key, 0) for x in stopped], dtype=float)
+        want = d["final_rows"][f"{name}_stopped"]
+        row = {"mean": float(got.mean()) if len(got) else None, "designed_mean": want["mean"]}
+        row["p50"] = float(np.median(got)) if len(got) else None
+        row["designed_p50"] = want["p50"]
+        if designed_pmf is not None and len(got):
+            cdf = np.cumsum(designed_pmf) / designed_pmf.sum()
+            emp = np.searchsorted(np.sort(got), np.arange(len(cdf)), side="right") / len(got)
+            row["ks"] = float(np.abs(emp - cdf).max())
+            row["ks_1pct_critical"] = 1.63 / np.sqrt(len(got))
+        out[name] = row
+    return out
+
+
+def export_equal(run: Path, recs: list[dict[str, Any]]) -> float | None:
+    """Share of exported rows whose completion ids (the assistant part of the token-exact export) end with
+    the server's completion ids; None without an export."""
+    path = run / "results" / "export" / "tokenized.jsonl"
+    if not path.exists():
+        return None
+    by_id = {r["id"]: r.get("completion_token_ids") for r in recs}
+    ok = total = 0
+    with open(path) as fh:
+        for line in fh:
+            row = json.loads(line)
+            ids = by_id.get(row.get("id"))
+            inp = row.get("input_ids")
+            if not ids or inp is None:
+                continue
+            total += 1
+            ok += inp[-len(ids) :] == ids or any(
+                inp[i : i + len(ids)] == ids for i in range(len(inp) - len(ids) + 1)
+            )
+    return ok / total if total else None
+
+
+def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
+    """Issue 27 item 5's last line; the baselines' wall times and the sweep's projection come from the
+    campaign's other steps (``--default-wall-s``, ``--seed-wall-s``, ``--projected-s``), else ``na``."""
+
+    def f(x: Any) -> str:
+        return "na" if x is None or x != x else (f"{x:.4f}" if isinstance(x, float) else str(x))
+
+    wall = m["wall_s"]
+    ratio = lambda base: base / wall if base and wall == wall else None  # noqa: E731
+    proj = (a.projected_s - wall) / wall if a.projected_s and wall == wall else None
+    fields = {
+        "requests": m["requests"],
+        "stop_fraction": m["stop_fraction"],
+        "designed_stop_fraction": m["designed_stop_fraction"],
+        "reasoning_split_exact": m["reasoning_split_exact"],
+        "tool_calls_parsed": m["tool_calls_parsed"],
+        "export_ids_equal": m["export_ids_equal"],
+        "projection_error": proj,
+        "default_wall_s": a.default_wall_s,
+        "seed_wall_s": a.seed_wall_s,
+        "regen_wall_s": wall,
+        "vs_default": ratio(a.default_wall_s),
+        "vs_seed": ratio(a.seed_wall_s),
+    }
+    return "target: " + " ".join(f"{k}={f(v)}" for k, v in fields.items())
+
+
+def fmt(x: Any) -> str:
+    return f"{x:.4g}" if isinstance(x, float) else ("" if x is None else str(x))
+
+
+def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
+    """The measurements against the design, as bench/results/ keeps them."""
+    rows = [
+        ("requests", m["requests"], ""),
+        ("stop fraction (after one retry)", m["stop_fraction"], m["designed_stop_fraction"]),
+        ("rows retried at 2x max_tokens / finished", f"{m['retried']} / {m['retried_finished']}", ""),
+        (
+            "first-attempt stop fraction",
+            1 - m["retried"] / max(1, m["requests"]),
+            m["designed_first_attempt_stop_fraction"],
+        ),
+        ("reasoning split exact (rows)", m["reasoning_split_exact"], 1.0),
+        ("every step a designed transition (rows)", m["chain_steps_valid"], 1.0),
+        ("tool rows / tool calls spelled", f"{m['tool_rows']} / {m['tool_calls_spelled']}", ""),
+        (
+            "tool calls parsed / designed arguments",
+            f"{m['tool_calls_parsed']} / {m['tool_arguments_designed']}",
+            1.0,
+        ),
+        ("export ids equal the server's", m["export_ids_equal"], 1.0),
+    ]
+    for name in ("completion_tokens", "reasoning_tokens"):
+        x = m["lengths"].get(name) or {}
+        rows.append((f"{name} of stopped rows: mean", x.get("mean"), x.get("designed_mean")))
+        rows.append((f"{name} of stopped rows: median", x.get("p50"), x.get("designed_p50")))
+        if "ks" in x:
+            rows.append((f"{name}: KS distance (1% critical)", x["ks"], x["ks_1pct_critical"]))
+    out = [
+        f"# Known-answer target, mode {a.mode}: {m['requests']} prompts, max_tokens {a.max_tokens}",
+        "",
+        "| measure | measured | designed |",
+        "|---|---|---|",
+        *(f"| {k} | {fmt(v)} | {fmt(w)} |" for k, v, w in rows),
+        "",
+        f"Re-audit passed: {(m.get('reaudit') or {}).get('passed')}; "
+        f"READY: {(m.get('ready') or {}).get('ready')}.",
+        "",
+        "    " + line,
+        "",
+    ]
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", type=Path, required=True, help="known_target.py output (built if absent, tiny)")
+    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--mode", choices=("simulated", "sglang"), default="simulated")
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--tools-fraction", type=float, default=0.3)
+    p.add_argument("--sim-token-rate", type=float, default=20000.0, help="simulated decode tok/s per request")
+    p.add_argument("--snakemake", default=os.environ.get("SNAKEMAKE", f"{sys.executable} -m snakemake"))
+    p.add_argument("--measure-only", action="store_true", help="skip the workflow; measure an existing run")
+    p.add_argument("--default-wall-s", type=float, default=None, help="SGLang defaults, concurrency 48")
+    p.add_argument("--seed-wall-s", type=float, default=None, help="the original run's hand-tuned flags")
+    p.add_argument("--projected-s", type=float, default=None, help="the sweep's projection of this run")
+    a = p.parse_args(argv)
+    a.work.mkdir(parents=True, exist_ok=True)
+    if not (a.model / "chain.json").exists():
+        kt.build(a.model, kt.TINY, kt.ChainSpec(), [a.max_tokens])
+    wall = float("nan")
+    if not a.measure_only:
+        dataset = a.work / "dataset.jsonl"
+        write_dataset(dataset, a.n, a.tools_fraction)
+        cfg = a.work / "config.yaml"
+        write_config(cfg, a, dataset)
+        run = a.work / "run"
+        run.mkdir(exist_ok=True)
+        paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]  # keep /tmp/site etc.
+        env = {**os.environ, "PYTHONPATH": ":".join(paths)}
+        if a.mode == "simulated":
+            env.update(
+                {
+                    "REGEN_SIM_CHAIN": str((a.model / "chain.json").resolve()),
+                    "REGEN_SIM_TOOL_CALL_PARSER": "qwen25",
+                }
+            )
+        cmd = [*a.snakemake.split(), "-s", str(REPO / "Snakefile"), "--directory", str(run), "--cores", "all"]
+        cmd += ["--resources", "gpu=1", "--configfile", str(cfg)]
+        t0 = time.time()
+        with open(a.work / "snakemake.log", "w") as log:
+            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
+        wall = time.time() - t0
+        print(f"workflow rc={rc} in {wall:.0f} s (log: {a.work / 'snakemake.log'})")
+        if rc != 0:
+            return rc
+    m = measure(a, wall)
+    (a.work / "known_target_measured.json").write_text(json.dumps(m, indent=1))
+    print(json.dumps({k: v for k, v in m.items() if k not in ("reaudit",)}, indent=1))
+
+    line = target_line(m, a)
+    (a.work / "known_target_measured.md").write_text(markdown(m, a, line))
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
