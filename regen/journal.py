@@ -217,7 +217,7 @@ def _read_index(path: Path) -> tuple[list[list[Any]], int] | None:
         except orjson.JSONDecodeError:
             return None
         end -= len(lines[-1]) + 1
-    if not all(isinstance(r, list) and len(r) in (3, 6) for r in rows):
+    if not isinstance(rows, list) or not all(type(r) is list for r in rows):
         return None
     return rows, end
 
@@ -254,18 +254,18 @@ def read_heads(path: str | os.PathLike[str]) -> JournalHeads:
     index_end = None
     with open(p, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        entries = [r for r in index[0] if len(r) == 6] if index is not None else []
+        rows = index[0] if index is not None else []
+        first = next((r for r in rows if len(r) == 6), None)
+        last = next((r for r in reversed(rows) if len(r) == 6), None)
         if index is not None and (
-            not entries
-            or (entries[-1][5] <= size and _span_matches(fh, entries[0]) and _span_matches(fh, entries[-1]))
+            last is None or (last[5] <= size and _span_matches(fh, first) and _span_matches(fh, last))
         ):
             index_end = index[1]
-            for row in index[0]:
+            heads = [EntryHead(r[1], r[0], r[2], r[3]) for r in rows if len(r) == 6]
+            for row in rows:
                 if len(row) == 3:
                     settings.setdefault(row[1], row[2])
-                else:
-                    heads.append(EntryHead(row[1], row[0], row[2], row[3]))
-            covered = entries[-1][5] if entries else 0
+            covered = last[5] if last is not None else 0
         fh.seek(covered)
         tail = fh.read()
     lines, tail_end = complete_lines(tail)

