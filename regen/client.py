@@ -51,6 +51,7 @@ from regen.io import write_json
 from regen.journal import FAILED, RECORD, Journal, JournalSink
 from regen.layout import RunLayout
 from regen.records import GenerationRecord, RecordSampling
+from regen.toolcalls import answered_calls, tool_call_mismatch, with_answered_ids
 from regen.types import Endpoint, Message, Sample, prompt_end
 
 log = logging.getLogger(__name__)
@@ -589,6 +590,7 @@ class _ShardRun:
         thinking = thinking_for(sid, cfg.thinking, cfg.thinking_fraction)
         tools = list(sample.tools) if sample.tools else None
         attempts = [0]
+        cut: str | None = None  # regenerate all: the tool-call mismatch that ended the row early
         try:
             if cfg.regenerate == "last":
                 prompt = prompt_for_last(sample.messages)
@@ -598,13 +600,15 @@ class _ShardRun:
                 prompt = []
                 turns = []
                 answer = None
-                for segment in turn_prefixes(sample.messages):
+                segments = turn_prefixes(sample.messages)
+                answered = answered_calls(sample.messages)
+                for k, segment in enumerate(segments):
                     if answer is not None:
                         prev: dict[str, Any] = {"role": "assistant", "content": answer.content}
                         if answer.reasoning_content is not None:
                             prev["reasoning_content"] = answer.reasoning_content
-                        if answer.tool_calls:
-                            prev["tool_calls"] = answer.tool_calls
+                        if answer.tool_calls:  # under the ids the dataset's tool turns answer
+                            prev["tool_calls"] = with_answered_ids(answer.tool_calls, answered[k - 1])
                         prompt.append(prev)
                     prompt.extend(_wire(m) for m in segment)
                     answer = await self.answer_turn(
@@ -622,6 +626,11 @@ class _ShardRun:
                             **answer.token_id_fields(),
                         }
                     )
+                    # the next turns answer the dataset's calls: a turn that called otherwise ends the row
+                    if k + 1 < len(segments):
+                        cut = tool_call_mismatch(answer.tool_calls, answered[k])
+                        if cut is not None:
+                            break
         except SampleFailed as exc:
             return self.on_failure(sid, exc)
         self.consecutive_server_failures = 0
@@ -669,6 +678,7 @@ class _ShardRun:
             **answer.token_id_fields(),
             tools=tools,
             tool_calls=answer.tool_calls,
+            tool_call_mismatch=None if cut is None else {"turn": len(turns) - 1, "kind": cut},
         ).journal_entry()
         return record
 

@@ -33,8 +33,9 @@ from typing import Any
 import orjson
 
 #: bump when the hashed content changes meaning: every old journal entry is then regenerated
-#: (2: the server's numerics joined the settings)
-FINGERPRINT_VERSION = 2
+#: (2: the server's numerics joined the settings; 3: regenerate all ends a row at a turn whose tool calls
+#: differ from the dataset's, and sends matching calls under the ids its tool turns answer)
+FINGERPRINT_VERSION = 3
 #: the ``/server_info`` fields (SGLang: every server arg, and its version) that change an answer's numbers
 #: for the same model, prompt and sampling: the rest (ports, timeouts, scheduler knobs, memory sizes)
 #: decide only how fast answers come

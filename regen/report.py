@@ -427,10 +427,15 @@ def _reaudit_sections(summary: Mapping[str, Any]) -> list[str]:
         ["duplicate answers", summary.get("duplicate_answers")],
     ]
     reasons = [[k, v] for k, v in sorted((summary.get("finish_reasons") or {}).items())]
-    return [
+    out = [
         _table(["", "count"], counts, "rows"),
         _table(["finish reason", "rows"], reasons, "finish reasons"),
     ]
+    cuts = summary.get("tool_call_mismatch")
+    if cuts:
+        rows = [[kind, n] for kind, n in cuts["by_kind"].items()]
+        out.append(_table(["mismatch", "rows ended there"], rows, "tool-call cuts: " + cuts["meaning"]))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -721,7 +726,7 @@ def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
     else:
         verdict, blocking = _gate_verdict(reaudit, "reaudit.", "output re-audit", reaudit_src)
         reasons += blocking
-        stages.append(("4. Output audit", f"{verdict}: {reaudit.get('rows')} rows"))
+        stages.append(("4. Output audit", f"{verdict}: {reaudit.get('rows')} rows" + _drafter_facts(reaudit)))
     if ready_doc is None and reaudit is not None and not reasons:
         reasons.append("results/READY.json is missing")
     reconcile_path = results / "reconcile.json"
@@ -746,6 +751,15 @@ def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
     if ready and ready_doc and ready_doc.get("overridden"):
         reasons.append("READY with re-audit gates overridden by the config (reaudit.override_gates: true)")
     return Readiness(ready, tuple(reasons), tuple(stages))
+
+
+def _drafter_facts(reaudit: Mapping[str, Any]) -> str:
+    """What the drafter will see, from the re-audit summary: the tool-call cuts."""
+    cuts = reaudit.get("tool_call_mismatch") or {}
+    if not cuts.get("rows"):
+        return "; no row cut at a differing tool call"
+    kinds = ", ".join(f"{k} {n}" for k, n in cuts["by_kind"].items() if n)
+    return f"; {cuts['rows']} row(s) ended at a regenerated turn whose tool calls differ ({kinds})"
 
 
 def _rst_text(text: str) -> str:
