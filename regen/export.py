@@ -6,8 +6,11 @@
 * ``tokenized.jsonl``: ``{"id", "input_ids", "loss_mask"}`` built by ``regen.masks`` from the
   server's own token ids: SpecForge's pre-tokenized prompts path (``data.prompts_path``, DFlash)
   and ``speculators prepare-data`` read it as is.
-* ``manifest.json``: row counts, what was left out and why, the mask policy, and the SpecForge
-  chat template and ``train_only_last_turn`` setting that match this data.
+* ``specforge.eval.jsonl`` and ``tokenized.eval.jsonl``: the held-out eval split (``regen.split``), the
+  rows whose opening prompt hashes below ``export.eval_fraction``, in the same two formats; no prompt is
+  on both sides, and the split depends on the prompt text alone (stable over reruns and resumes).
+* ``manifest.json``: row counts, what was left out and why, the mask policy, the eval split, and the
+  SpecForge chat template and ``train_only_last_turn`` setting that match this data.
 
 Truncated rows (``finish_reason == "length"``) are left out of both by default: SpecForge's template
 would close them with an end-of-turn token the model never produced (``export.include_truncated``).
@@ -30,6 +33,8 @@ from regen.chat import ChatTemplate
 from regen.io import atomic_open, write_json
 from regen.masks import MaskBuilder, MaskPolicy
 from regen.records import message_from_row
+from regen.sglang.config import section_schema, with_schema_defaults
+from regen.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
 
 READ_COLUMNS = (
     "id",
@@ -48,12 +53,23 @@ SPECFORGE_MESSAGE_KEYS = ("role", "content", "reasoning_content", "tool_calls", 
 class ExportConfig:
     """The ``export`` config section."""
 
-    specforge_chat_template: str | None = "auto"
+    specforge_chat_template: str | None
+    eval_fraction: float
     policy: MaskPolicy = field(default_factory=MaskPolicy)
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> ExportConfig:
-        return cls(cfg.get("specforge_chat_template", "auto"), MaskPolicy.from_dict(cfg))
+        """From the ``export`` section, the schema's defaults filled in."""
+        filled = with_schema_defaults(cfg, section_schema("export"))
+        return cls(
+            filled["specforge_chat_template"], float(filled["eval_fraction"]), MaskPolicy.from_dict(filled)
+        )
+
+
+def eval_path(train_path: str | os.PathLike[str]) -> str:
+    """The eval-split file beside a training file: ``specforge.jsonl`` -> ``specforge.eval.jsonl``."""
+    path = Path(train_path)
+    return str(path.with_name(f"{path.stem}.eval{path.suffix}"))
 
 
 def specforge_template_name(configured: str | None, template: ChatTemplate) -> str | None:
@@ -93,29 +109,41 @@ def export_dataset(
     tokenizer_dir: str,
     regenerate: str,
 ) -> dict[str, Any]:
-    """Write the SpecForge and token exports of ``dataset_dir`` and their manifest; return the manifest."""
+    """Write the SpecForge and token exports of ``dataset_dir`` (training and eval split, ``eval_path``
+    beside each) and their manifest; return the manifest."""
     cfg = ExportConfig.from_dict(export_cfg)
     template = ChatTemplate.from_dir(tokenizer_dir)
     builder = MaskBuilder(template, cfg.policy)
-    rows_in = specforge_rows = 0
+    rows_in = 0
+    specforge_rows: Counter[str] = Counter()
     left_out: Counter[str] = Counter()
     sources: Counter[str] = Counter()
-    token_rows = supervised = 0
+    token_rows: Counter[str] = Counter()
+    supervised: Counter[str] = Counter()
+    split = SplitCounts(cfg.eval_fraction)
     for path in (specforge_out, tokenized_out):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(specforge_out, "wb") as sf, atomic_open(tokenized_out, "wb") as tk:
+    with (
+        atomic_open(specforge_out, "wb") as sf_train,
+        atomic_open(tokenized_out, "wb") as tk_train,
+        atomic_open(eval_path(specforge_out), "wb") as sf_eval,
+        atomic_open(eval_path(tokenized_out), "wb") as tk_eval,
+    ):
+        specforge_files = {TRAIN: sf_train, EVAL: sf_eval}
+        tokenized_files = {TRAIN: tk_train, EVAL: tk_eval}
         for row in iter_rows(dataset_dir):
             rows_in += 1
+            side = split.add(row["messages"])
             if row["truncated"] and not cfg.policy.include_truncated:
                 left_out["truncated"] += 1
             else:
-                sf.write(orjson.dumps(specforge_line(row)) + b"\n")
-                specforge_rows += 1
+                specforge_files[side].write(orjson.dumps(specforge_line(row)) + b"\n")
+                specforge_rows[side] += 1
             for out in builder.rows(row):
-                tk.write(orjson.dumps(out.to_json()) + b"\n")
+                tokenized_files[side].write(orjson.dumps(out.to_json()) + b"\n")
                 sources[out.source] += 1
-                token_rows += 1
-                supervised += sum(out.loss_mask)
+                token_rows[side] += 1
+                supervised[side] += sum(out.loss_mask)
     manifest = {
         "format": "regen-export/1",
         "dataset": str(dataset_dir),
@@ -128,9 +156,20 @@ def export_dataset(
             "include_truncated": cfg.policy.include_truncated,
             "after_end_of_turn": builder.after_end_of_turn,
         },
+        "eval_split": {
+            "eval_fraction": cfg.eval_fraction,
+            "key": SPLIT_KEY,
+            "dataset_rows": dict(split.rows),
+            "prompts_on_both_sides": split.prompts_on_both_sides,
+            "files": {"specforge": eval_path(specforge_out), "tokenized": eval_path(tokenized_out)},
+            "specforge_rows": specforge_rows[EVAL],
+            "tokenized_rows": token_rows[EVAL],
+            "supervised_tokens": supervised[EVAL],
+            "stable": "decided by the prompt text alone: the same on every rerun and resume",
+        },
         "specforge": {
             "path": str(specforge_out),
-            "rows": specforge_rows,
+            "rows": specforge_rows[TRAIN],
             "chat_template": specforge_template_name(cfg.specforge_chat_template, template),
             # regenerate last: earlier assistant turns are the old dataset's answers, context only
             "train_only_last_turn": regenerate == "last",
@@ -141,8 +180,8 @@ def export_dataset(
         },
         "tokenized": {
             "path": str(tokenized_out),
-            "rows": token_rows,
-            "supervised_tokens": supervised,
+            "rows": token_rows[TRAIN],
+            "supervised_tokens": supervised[TRAIN],
             "ids": dict(sources),
             "one_row_per": "regenerated assistant turn" if regenerate == "all" else "record",
         },

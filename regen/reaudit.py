@@ -21,9 +21,11 @@ import pyarrow.dataset as ds
 
 from regen.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.chat import ChatTemplate
+from regen.export import ExportConfig
 from regen.io import read_json, write_json
 from regen.masks import completion_retokenizes_differently
 from regen.merge import iter_dataset_samples
+from regen.split import SplitCounts
 from regen.toolcalls import MISMATCH_KINDS
 from regen.types import Sample
 from regen.verdict import keep_verdict
@@ -143,6 +145,15 @@ class OutputCounts:
             yield sample
 
 
+def eval_split_counts(dataset_dir: str | Path, eval_fraction: float) -> SplitCounts:
+    """The export's eval split over the merged rows (``regen.split``): rows per side, prompts on both."""
+    split = SplitCounts(eval_fraction)
+    dataset = ds.dataset(str(dataset_dir), format="parquet")
+    for batch in dataset.to_batches(columns=["messages"]):
+        split.add_all(batch.column(0).to_pylist())
+    return split
+
+
 def output_gates(rows: int, empty: int, counts: OutputCounts, limits: Mapping[str, Any]) -> list[OutputGate]:
     """Each output gate's value against its configured limit (equal to the limit passes)."""
 
@@ -186,6 +197,7 @@ def reaudit_dataset(
     audit_cfg: Mapping[str, Any],
     tokenizer_dir: str,
     verdict_out: str | Path | None = None,
+    export_cfg: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Audit the merged output, write its summary, and write READY.json only if every gate passes.
 
@@ -199,11 +211,16 @@ def reaudit_dataset(
     counts.add_finish_reasons(dataset_dir)
     counts.add_token_id_checks(dataset_dir, template)
     counts.add_tool_call_mismatches(dataset_dir)
+    split = eval_split_counts(dataset_dir, ExportConfig.from_dict(export_cfg or {}).eval_fraction)
     for _ in iter_audits(auditor, counts.counting_answers(iter_dataset_samples(dataset_dir))):
         pass
     audit = auditor.summary().to_json()
     empty = int(audit["flag_counts"].get(EMPTY_RESPONSE, 0))
     results = output_gates(counts.rows, empty, counts, gates)
+    leaks = split.prompts_on_both_sides
+    results.append(
+        OutputGate("eval_split_leaks", 0, leaks, leaks == 0, "prompts on both sides of the eval split")
+    )
     passed = all(g.passed for g in results)
     overridden = not passed and bool(gates.get("override_gates", False))
     manifest_path = Path(dataset_dir) / "_manifest.json"
@@ -227,6 +244,7 @@ def reaudit_dataset(
             "the dataset's next tool turns answer (count, function name, or arguments compared as JSON), "
             "so no tool result answers a call the model did not make",
         },
+        "eval_split": split.to_json(),
         "gates": {g.name: g.to_json() for g in results},
         "passed": passed,
         "overridden": overridden,

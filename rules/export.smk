@@ -7,6 +7,9 @@ rule export:
     output:
         specforge="results/export/specforge.jsonl",
         tokenized="results/export/tokenized.jsonl",
+        # the held-out eval split, beside the training files (regen.export.eval_path)
+        specforge_eval="results/export/specforge.eval.jsonl",
+        tokenized_eval="results/export/tokenized.eval.jsonl",
         manifest=report(
             "results/export/manifest.json",
             caption="../report/export.rst",
