@@ -9,7 +9,8 @@
 * ``specforge.eval.jsonl`` and ``tokenized.eval.jsonl``: the held-out eval split (``regen.split``), the
   rows whose opening prompt hashes below ``export.eval_fraction``, in the same two formats; no prompt is
   on both sides, and the split depends on the prompt text alone (stable over reruns and resumes).
-* ``manifest.json``: row counts, what was left out and why, the mask policy, the eval split, and the
+* ``manifest.json``: row counts, what was left out and why, the mask policy, the eval split, what survives
+  the trainer's window (``regen.window``; rows over ``export.max_length`` dropped or kept), and the
   SpecForge chat template and ``train_only_last_turn`` setting that match this data.
 
 Truncated rows (``finish_reason == "length"``) are left out of both by default: SpecForge's template
@@ -29,12 +30,13 @@ from typing import Any
 import orjson
 import pyarrow.dataset as ds
 
-from regen.chat import ChatTemplate
+from regen.chat import THINK_CLOSE, ChatTemplate
 from regen.io import atomic_open, write_json
 from regen.masks import MaskBuilder, MaskPolicy
 from regen.records import message_from_row
 from regen.sglang.config import section_schema, with_schema_defaults
 from regen.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
+from regen.window import WindowCoverage
 
 READ_COLUMNS = (
     "id",
@@ -55,15 +57,25 @@ class ExportConfig:
 
     specforge_chat_template: str | None
     eval_fraction: float
+    max_length: int | None  # the trainer's window (tokens); None: not named
+    over_max_length: str  # drop | keep: rows longer than max_length
     policy: MaskPolicy = field(default_factory=MaskPolicy)
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> ExportConfig:
         """From the ``export`` section, the schema's defaults filled in."""
-        filled = with_schema_defaults(cfg, section_schema("export"))
+        f = with_schema_defaults(cfg, section_schema("export"))
         return cls(
-            filled["specforge_chat_template"], float(filled["eval_fraction"]), MaskPolicy.from_dict(filled)
+            f["specforge_chat_template"],
+            float(f["eval_fraction"]),
+            None if f["max_length"] is None else int(f["max_length"]),
+            str(f["over_max_length"]),
+            MaskPolicy.from_dict(f),
         )
+
+    def drops(self, length: int) -> bool:
+        """Whether a token row of ``length`` tokens is left out (over ``max_length``, policy drop)."""
+        return self.max_length is not None and length > self.max_length and self.over_max_length == "drop"
 
 
 def eval_path(train_path: str | os.PathLike[str]) -> str:
@@ -99,6 +111,19 @@ def iter_rows(dataset_dir: str | os.PathLike[str], batch_rows: int = 2000) -> It
         yield from batch.to_pylist()
 
 
+def dataset_window_coverage(
+    dataset_dir: str | os.PathLike[str], template: ChatTemplate, cfg: ExportConfig
+) -> WindowCoverage:
+    """What survives the trainer's window (``regen.window``) over the token rows the export writes
+    (before any ``max_length`` drop)."""
+    builder = MaskBuilder(template, cfg.policy)
+    coverage = WindowCoverage.for_config(cfg.max_length)
+    think_close = template.tokenizer.token_to_id(THINK_CLOSE)
+    for row in iter_rows(dataset_dir):
+        coverage.add_all(((out.input_ids, out.loss_mask) for out in builder.rows(row)), think_close)
+    return coverage
+
+
 def export_dataset(
     *,
     dataset_dir: str,
@@ -121,6 +146,8 @@ def export_dataset(
     token_rows: Counter[str] = Counter()
     supervised: Counter[str] = Counter()
     split = SplitCounts(cfg.eval_fraction)
+    coverage = WindowCoverage.for_config(cfg.max_length)
+    think_close = template.tokenizer.token_to_id(THINK_CLOSE)
     for path in (specforge_out, tokenized_out):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     with (
@@ -134,12 +161,19 @@ def export_dataset(
         for row in iter_rows(dataset_dir):
             rows_in += 1
             side = split.add(row["messages"])
+            made = builder.rows(row)
+            lengths = [coverage.add(out.input_ids, out.loss_mask, think_close).length for out in made]
             if row["truncated"] and not cfg.policy.include_truncated:
                 left_out["truncated"] += 1
+            elif cfg.drops(max(lengths, default=0)):
+                left_out["over_max_length"] += 1  # SpecForge renders the whole conversation: its longest row
             else:
                 specforge_files[side].write(orjson.dumps(specforge_line(row)) + b"\n")
                 specforge_rows[side] += 1
-            for out in builder.rows(row):
+            for out, length in zip(made, lengths, strict=True):
+                if cfg.drops(length):
+                    left_out["token_rows_over_max_length"] += 1
+                    continue
                 tokenized_files[side].write(orjson.dumps(out.to_json()) + b"\n")
                 sources[out.source] += 1
                 token_rows[side] += 1
@@ -155,6 +189,15 @@ def export_dataset(
             "supervise_context_turns": cfg.policy.supervise_context_turns,
             "include_truncated": cfg.policy.include_truncated,
             "after_end_of_turn": builder.after_end_of_turn,
+        },
+        "trainer_window": {
+            **coverage.to_json(),
+            "max_length": cfg.max_length,
+            "over_max_length": cfg.over_max_length,
+            "dropped": {
+                "specforge_rows": left_out["over_max_length"],
+                "token_rows": left_out["token_rows_over_max_length"],
+            },
         },
         "eval_split": {
             "eval_fraction": cfg.eval_fraction,

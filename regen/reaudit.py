@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 
 from regen.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.chat import ChatTemplate
-from regen.export import ExportConfig
+from regen.export import ExportConfig, dataset_window_coverage
 from regen.io import read_json, write_json
 from regen.masks import completion_retokenizes_differently
 from regen.merge import iter_dataset_samples
@@ -211,7 +211,9 @@ def reaudit_dataset(
     counts.add_finish_reasons(dataset_dir)
     counts.add_token_id_checks(dataset_dir, template)
     counts.add_tool_call_mismatches(dataset_dir)
-    split = eval_split_counts(dataset_dir, ExportConfig.from_dict(export_cfg or {}).eval_fraction)
+    export = ExportConfig.from_dict(export_cfg or {})
+    split = eval_split_counts(dataset_dir, export.eval_fraction)
+    window = dataset_window_coverage(dataset_dir, template, export)
     for _ in iter_audits(auditor, counts.counting_answers(iter_dataset_samples(dataset_dir))):
         pass
     audit = auditor.summary().to_json()
@@ -245,6 +247,7 @@ def reaudit_dataset(
             "so no tool result answers a call the model did not make",
         },
         "eval_split": split.to_json(),
+        "trainer_window": window.to_json(),
         "gates": {g.name: g.to_json() for g in results},
         "passed": passed,
         "overridden": overridden,
