@@ -9,6 +9,8 @@
 * ``specforge.eval.jsonl`` and ``tokenized.eval.jsonl``: the held-out eval split (``regen.split``), the
   rows whose opening prompt hashes below ``export.eval_fraction``, in the same two formats; no prompt is
   on both sides, and the split depends on the prompt text alone (stable over reruns and resumes).
+* ``token_freq.json``: the training split's supervised tokens counted per id, for the draft vocabulary
+  (``regen.vocab``; ``regen vocab`` writes the trainers' mapping files from it).
 * ``manifest.json``: row counts, what was left out and why, the mask policy, the eval split, what survives
   the trainer's window (``regen.window``; rows over ``export.max_length`` dropped or kept), and the
   SpecForge chat template and ``train_only_last_turn`` setting that match this data.
@@ -36,6 +38,7 @@ from regen.masks import MaskBuilder, MaskPolicy
 from regen.records import message_from_row
 from regen.sglang.config import section_schema, with_schema_defaults
 from regen.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
+from regen.vocab import TokenCounts
 from regen.window import WindowCoverage
 
 READ_COLUMNS = (
@@ -76,6 +79,11 @@ class ExportConfig:
     def drops(self, length: int) -> bool:
         """Whether a token row of ``length`` tokens is left out (over ``max_length``, policy drop)."""
         return self.max_length is not None and length > self.max_length and self.over_max_length == "drop"
+
+
+def token_freq_path(tokenized_out: str | os.PathLike[str]) -> str:
+    """The supervised-token counts beside ``tokenized.jsonl`` (``regen.vocab``)."""
+    return str(Path(tokenized_out).with_name("token_freq.json"))
 
 
 def eval_path(train_path: str | os.PathLike[str]) -> str:
@@ -148,6 +156,7 @@ def export_dataset(
     split = SplitCounts(cfg.eval_fraction)
     coverage = WindowCoverage.for_config(cfg.max_length)
     think_close = template.tokenizer.token_to_id(THINK_CLOSE)
+    token_counts = TokenCounts()  # the training split's supervised tokens: the draft vocabulary's input
     for path in (specforge_out, tokenized_out):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     with (
@@ -175,6 +184,8 @@ def export_dataset(
                     left_out["token_rows_over_max_length"] += 1
                     continue
                 tokenized_files[side].write(orjson.dumps(out.to_json()) + b"\n")
+                if side == TRAIN:
+                    token_counts.add(out.input_ids, out.loss_mask)
                 sources[out.source] += 1
                 token_rows[side] += 1
                 supervised[side] += sum(out.loss_mask)
@@ -198,6 +209,12 @@ def export_dataset(
                 "specforge_rows": left_out["over_max_length"],
                 "token_rows": left_out["token_rows_over_max_length"],
             },
+        },
+        "token_freq": {
+            "path": token_freq_path(tokenized_out),
+            "total": sum(token_counts.counts.values()),
+            "distinct": len(token_counts.counts),
+            "draft_vocabulary": "regen vocab --draft-vocab-size N --model-config <target config.json>",
         },
         "eval_split": {
             "eval_fraction": cfg.eval_fraction,
@@ -229,5 +246,6 @@ def export_dataset(
             "one_row_per": "regenerated assistant turn" if regenerate == "all" else "record",
         },
     }
+    write_json(token_freq_path(tokenized_out), token_counts.to_json())
     write_json(manifest_out, manifest)
     return manifest

@@ -10,6 +10,8 @@ rule export:
         # the held-out eval split, beside the training files (regen.export.eval_path)
         specforge_eval="results/export/specforge.eval.jsonl",
         tokenized_eval="results/export/tokenized.eval.jsonl",
+        # supervised-token counts for the draft vocabulary (regen.export.token_freq_path, regen vocab)
+        token_freq="results/export/token_freq.json",
         manifest=report(
             "results/export/manifest.json",
             caption="../report/export.rst",

@@ -66,7 +66,14 @@ def trainers(demo: Path) -> dict[str, Any]:
     work.mkdir()
     script = ROOT / "tests" / "trainers" / "run_trainers.py"
     run = subprocess.run(
-        [TRAINERS_PYTHON, str(script), "results/export", "resources/demo-tokenizer", str(work)],  # type: ignore[list-item]
+        [
+            TRAINERS_PYTHON,
+            str(script),
+            "results/export",
+            "resources/demo-tokenizer",
+            str(work),  # type: ignore[list-item]
+            "resources/demo-model/config.json",
+        ],
         cwd=demo,
         capture_output=True,
         text=True,
@@ -86,6 +93,32 @@ def test_every_row_survives_the_trainers_minimums(demo: Path, trainers: dict[str
     assert trainers["eagle3_rows"] == manifest["specforge"]["rows"]
     assert trainers["dflash_rows"] == manifest["tokenized"]["rows"]
     assert len(trainers["speculators_rows"]) == manifest["tokenized"]["rows"]
+
+
+def test_the_eval_split_goes_through_the_trainers_too(demo: Path, trainers: dict[str, Any]) -> None:
+    manifest = json.loads((demo / "results/export/manifest.json").read_text())
+    split = manifest["eval_split"]
+    assert split["specforge_rows"] > 0 and split["prompts_on_both_sides"] == 0
+    assert trainers["eval"]["eagle3_rows"] == split["specforge_rows"]
+    assert trainers["eval"]["dflash_rows"] == split["tokenized_rows"]
+    ours = sorted(
+        [r["input_ids"], r["loss_mask"]] for r in read_jsonl(demo / "results/export/tokenized.eval.jsonl")
+    )
+    assert ours == sorted(trainers["eval"]["speculators_rows"])
+    train = {str(r["input_ids"]) for r in read_jsonl(demo / "results/export/tokenized.jsonl")}
+    assert not train & {str(r[0]) for r in ours}
+
+
+def test_the_draft_vocabulary_loads_in_both_trainers(demo: Path, trainers: dict[str, Any]) -> None:
+    """regen's counts equal speculators' own count over tokenized.jsonl; its d2t/t2d load through
+    speculators' loader and SpecForge's draft-model loader and consistency check, and equal the mapping
+    speculators builds from its own count."""
+    vocab = trainers["vocab"]
+    freq = json.loads((demo / "results/export/token_freq.json").read_text())
+    assert vocab["counts_equal"] and vocab["total"] == freq["total"] > 0
+    assert vocab["speculators_draft_vocab_size"] == 256 and vocab["speculators_mapping_equal"]
+    assert vocab["specforge_vocab_loaded"] and vocab["specforge_equals_speculators"]
+    assert vocab["npy_dtypes"] == ["int64", "bool"]
 
 
 def test_speculators_carries_regens_rows_through(demo: Path, trainers: dict[str, Any]) -> None:
