@@ -39,14 +39,14 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
-from regen.fingerprint import GenerationSettings, request_fingerprint, server_numerics
+from regen.fingerprint import GenerationSettings, request_fingerprint, sampling_overrides, server_numerics
 from regen.io import write_json
 from regen.journal import FAILED, RECORD, Journal, JournalSink
 from regen.layout import RunLayout
@@ -84,6 +84,21 @@ class SamplingConfig:
     max_tokens: int = 4096
     n: int = 1
     seed: int = 0
+    #: per-mode overrides (``sampling.thinking`` / ``sampling.non_thinking``): (key, value) pairs
+    thinking: tuple[tuple[str, Any], ...] = ()
+    non_thinking: tuple[tuple[str, Any], ...] = ()
+
+    def for_thinking(self, thinking: bool) -> tuple[SamplingConfig, str]:
+        """The sampling of a sample with thinking on or off, and the block it comes from: ``thinking`` or
+        ``non_thinking`` when that override block is configured, else ``sampling`` (one block for both)."""
+        overrides = self.thinking if thinking else self.non_thinking
+        if not overrides:
+            return self, SAMPLING_BLOCK
+        return replace(self, **dict(overrides)), "thinking" if thinking else "non_thinking"
+
+
+#: the block a sample's sampling comes from when no per-mode override applies
+SAMPLING_BLOCK = "sampling"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +109,8 @@ class GenerateConfig:
     thinking: str = "on"
     thinking_fraction: float = 0.5
     sampling: SamplingConfig = SamplingConfig()
+    #: the chat template's preserve_thinking (sent in chat_template_kwargs); None: not sent
+    preserve_thinking: bool | None = None
     concurrency: int | None = None
     request_timeout_s: float = 3600.0
     max_attempts: int = 5
@@ -130,12 +147,15 @@ class GenerateConfig:
             max_tokens=int(s.get("max_tokens", 4096)),
             n=int(s.get("n", 1)),
             seed=int(s.get("seed", 0)),
+            thinking=tuple(sampling_overrides(s.get("thinking")).items()),
+            non_thinking=tuple(sampling_overrides(s.get("non_thinking")).items()),
         )
         out = cls(
             regenerate=cfg.get("regenerate", "last"),
             thinking=str(cfg.get("thinking", "on")),
             thinking_fraction=float(cfg.get("thinking_fraction", 0.5)),
             sampling=sampling,
+            preserve_thinking=cfg.get("preserve_thinking"),
             concurrency=cfg.get("concurrency"),
             request_timeout_s=float(cfg.get("request_timeout_s", 3600)),
             max_attempts=int(cfg.get("max_attempts", 5)),
@@ -198,6 +218,9 @@ def settings_of(cfg: GenerateConfig, model_path: str = "default") -> GenerationS
         retry_max_tokens_factor=cfg.retry_max_tokens_factor,
         extra_body=dict(cfg.extra_body),
         return_token_ids=cfg.return_token_ids,
+        sampling_thinking=dict(s.thinking),
+        sampling_non_thinking=dict(s.non_thinking),
+        preserve_thinking=cfg.preserve_thinking,
     )
 
 
@@ -647,7 +670,7 @@ class _ShardRun:
         truncated = (
             any(t["finish_reason"] == "length" for t in turns) if turns else answer.finish_reason == "length"
         )
-        s = cfg.sampling
+        s, block = cfg.sampling.for_thinking(thinking)
         out_tokens = (
             sum(t["usage"]["completion_tokens"] for t in turns)
             if turns
@@ -667,7 +690,7 @@ class _ShardRun:
             truncated=truncated,
             thinking=thinking,
             usage=answer.usage,
-            sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens),
+            sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens, block),
             seed=seed,
             model=answer.model or self.model,
             server=self.server if answer.lender is None or lender is None else self.lent_server(lender),
@@ -771,8 +794,11 @@ class _ShardRun:
         tools: list[Any] | None,
     ) -> bytes:
         """The chat-completions request body for one sample."""
-        s = self.cfg.sampling
+        s = self.cfg.sampling.for_thinking(thinking)[0]
         token_ids = {"return_token_ids": True} if self.cfg.return_token_ids else {}
+        template_kwargs: dict[str, Any] = {"enable_thinking": thinking}
+        if self.cfg.preserve_thinking is not None:
+            template_kwargs["preserve_thinking"] = self.cfg.preserve_thinking
         return orjson.dumps(
             {
                 **dict(self.cfg.extra_body),
@@ -785,7 +811,7 @@ class _ShardRun:
                 "max_tokens": max_tokens,
                 "n": s.n,
                 "seed": seed,
-                "chat_template_kwargs": {"enable_thinking": thinking},
+                "chat_template_kwargs": template_kwargs,
                 "separate_reasoning": True,
                 **({"tools": tools} if tools else {}),
             }

@@ -9,6 +9,9 @@
 * ``specforge.eval.jsonl`` and ``tokenized.eval.jsonl``: the held-out eval split (``regen.split``), the
   rows whose opening prompt hashes below ``export.eval_fraction``, in the same two formats; no prompt is
   on both sides, and the split depends on the prompt text alone (stable over reruns and resumes).
+* ``thinking.jsonl``: each exported row's thinking mode and split side; the manifest's ``serving`` block
+  names the run's mix, ``preserve_thinking``, the system prompt SpecForge adds and to how many rows, the
+  template's sha256 and the sampling per thinking mode (``regen.serving``).
 * ``token_freq.json``: the training split's supervised tokens counted per id, for the draft vocabulary
   (``regen.vocab``; ``regen vocab`` writes the trainers' mapping files from it).
 * ``manifest.json``: row counts, what was left out and why, the mask policy, the eval split, what survives
@@ -33,9 +36,11 @@ import orjson
 import pyarrow.dataset as ds
 
 from regen.chat import THINK_CLOSE, ChatTemplate
-from regen.io import atomic_open, write_json
+from regen.fingerprint import chat_template_hash
+from regen.io import atomic_open, read_json, write_json
 from regen.masks import MaskBuilder, MaskPolicy
 from regen.records import message_from_row
+from regen.serving import serving_contract
 from regen.sglang.config import section_schema, with_schema_defaults
 from regen.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
 from regen.vocab import TokenCounts
@@ -46,6 +51,7 @@ READ_COLUMNS = (
     "messages",
     "finish_reason",
     "truncated",
+    "thinking",
     "prompt_token_ids",
     "completion_token_ids",
     "turns",
@@ -79,6 +85,11 @@ class ExportConfig:
     def drops(self, length: int) -> bool:
         """Whether a token row of ``length`` tokens is left out (over ``max_length``, policy drop)."""
         return self.max_length is not None and length > self.max_length and self.over_max_length == "drop"
+
+
+def thinking_path(tokenized_out: str | os.PathLike[str]) -> str:
+    """Each exported row's thinking mode and split side, beside ``tokenized.jsonl`` (``regen.serving``)."""
+    return str(Path(tokenized_out).with_name("thinking.jsonl"))
 
 
 def token_freq_path(tokenized_out: str | os.PathLike[str]) -> str:
@@ -119,6 +130,13 @@ def iter_rows(dataset_dir: str | os.PathLike[str], batch_rows: int = 2000) -> It
         yield from batch.to_pylist()
 
 
+def generation_settings(dataset_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The settings the dataset's answers were generated under (its manifest's provenance, taken from the
+    records); empty when the manifest does not name one set."""
+    path = Path(dataset_dir) / "_manifest.json"
+    return dict(((read_json(path) if path.is_file() else {}).get("provenance") or {}).get("settings") or {})
+
+
 def dataset_window_coverage(
     dataset_dir: str | os.PathLike[str], template: ChatTemplate, cfg: ExportConfig
 ) -> WindowCoverage:
@@ -157,6 +175,8 @@ def export_dataset(
     coverage = WindowCoverage.for_config(cfg.max_length)
     think_close = template.tokenizer.token_to_id(THINK_CLOSE)
     token_counts = TokenCounts()  # the training split's supervised tokens: the draft vocabulary's input
+    by_thinking: Counter[str] = Counter()
+    without_system = 0  # rows SpecForge will give its template's default system prompt
     for path in (specforge_out, tokenized_out):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     with (
@@ -164,6 +184,7 @@ def export_dataset(
         atomic_open(tokenized_out, "wb") as tk_train,
         atomic_open(eval_path(specforge_out), "wb") as sf_eval,
         atomic_open(eval_path(tokenized_out), "wb") as tk_eval,
+        atomic_open(thinking_path(tokenized_out), "wb") as modes,
     ):
         specforge_files = {TRAIN: sf_train, EVAL: sf_eval}
         tokenized_files = {TRAIN: tk_train, EVAL: tk_eval}
@@ -177,18 +198,24 @@ def export_dataset(
             elif cfg.drops(max(lengths, default=0)):
                 left_out["over_max_length"] += 1  # SpecForge renders the whole conversation: its longest row
             else:
-                specforge_files[side].write(orjson.dumps(specforge_line(row)) + b"\n")
+                line = specforge_line(row)
+                specforge_files[side].write(orjson.dumps(line) + b"\n")
                 specforge_rows[side] += 1
-            for out, length in zip(made, lengths, strict=True):
-                if cfg.drops(length):
-                    left_out["token_rows_over_max_length"] += 1
-                    continue
+                without_system += line["conversations"][0]["role"] != "system"
+            kept = [out for out, length in zip(made, lengths, strict=True) if not cfg.drops(length)]
+            if len(kept) < len(made):
+                left_out["token_rows_over_max_length"] += len(made) - len(kept)
+            for out in kept:
                 tokenized_files[side].write(orjson.dumps(out.to_json()) + b"\n")
                 if side == TRAIN:
                     token_counts.add(out.input_ids, out.loss_mask)
                 sources[out.source] += 1
                 token_rows[side] += 1
                 supervised[side] += sum(out.loss_mask)
+            if kept:  # the row is in the token export: its thinking mode, for serving to match
+                mode = "on" if row["thinking"] else "off"
+                by_thinking[mode] += 1
+                modes.write(orjson.dumps({"id": row["id"], "thinking": mode == "on", "split": side}) + b"\n")
     manifest = {
         "format": "regen-export/1",
         "dataset": str(dataset_dir),
@@ -246,6 +273,16 @@ def export_dataset(
             "one_row_per": "regenerated assistant turn" if regenerate == "all" else "record",
         },
     }
+    settings = generation_settings(dataset_dir)
+    sf_template = specforge_template_name(cfg.specforge_chat_template, template)
+    manifest["serving"] = serving_contract(
+        settings=settings,
+        rows_by_thinking=by_thinking,
+        thinking_file=thinking_path(tokenized_out),
+        export_template_sha256=chat_template_hash(tokenizer_dir),
+        specforge_template=sf_template,
+        specforge_rows_without_system=without_system,
+    )
     write_json(token_freq_path(tokenized_out), token_counts.to_json())
     write_json(manifest_out, manifest)
     return manifest

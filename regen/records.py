@@ -325,14 +325,19 @@ class RecordSampling:
     top_p: float
     top_k: int
     max_tokens: int
+    #: the config block these came from: ``sampling``, or its ``thinking`` / ``non_thinking`` override
+    block: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
             "max_tokens": self.max_tokens,
         }
+        if self.block is not None:
+            out["block"] = self.block
+        return out
 
 
 @dataclass(frozen=True, slots=True)

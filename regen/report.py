@@ -214,14 +214,15 @@ def plot_trainer_window(reaudit_summary: str | os.PathLike[str], path: Path) -> 
             ax.text(x[i], 4, f"{cut} cut\nin think", ha="center", va="bottom", fontsize=7, color="white")
     configured = cov.get("configured")
     labels = [
-        f"{int(w) // 1024}k" + (" (config)" if configured and int(w) == configured else "") for w in names
+        (f"{int(w) // 1024}k" if int(w) % 1024 == 0 else w) + (" (config)" if int(w) == configured else "")
+        for w in names
     ]
     ax.set_xticks(x, labels)
     ax.set_ylim(0, 112)
     ax.set_ylabel("% of token rows / supervised tokens")
     ax.set_xlabel("trainer window (tokens)")
     ax.set_title(f"what survives the trainer's window ({cov['rows']} token rows)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
     _save(fig, path)
 
 

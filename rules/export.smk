@@ -12,6 +12,8 @@ rule export:
         tokenized_eval="results/export/tokenized.eval.jsonl",
         # supervised-token counts for the draft vocabulary (regen.export.token_freq_path, regen vocab)
         token_freq="results/export/token_freq.json",
+        # each row's thinking mode and split side (regen.export.thinking_path; the manifest's serving block)
+        thinking="results/export/thinking.jsonl",
         manifest=report(
             "results/export/manifest.json",
             caption="../report/export.rst",

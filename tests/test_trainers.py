@@ -26,6 +26,8 @@ import pytest
 
 from regen.chat import ChatTemplate
 from regen.masks import completion_retokenizes_differently
+from regen.serving import trainer_settings_markdown
+from tools.readme_trainer_section import readme_section
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINERS_PYTHON = os.environ.get("REGEN_TRAINERS_PYTHON")
@@ -119,6 +121,13 @@ def test_the_draft_vocabulary_loads_in_both_trainers(demo: Path, trainers: dict[
     assert vocab["speculators_draft_vocab_size"] == 256 and vocab["speculators_mapping_equal"]
     assert vocab["specforge_vocab_loaded"] and vocab["specforge_equals_speculators"]
     assert vocab["npy_dtypes"] == ["int64", "bool"]
+
+
+def test_the_readme_shows_the_settings_of_the_demos_manifest(demo: Path) -> None:
+    """The README's trainer settings are generated from the manifest (tools/readme_trainer_section.py):
+    a fresh demo's manifest renders the same text."""
+    manifest = json.loads((demo / "results/export/manifest.json").read_text())
+    assert readme_section((ROOT / "README.md").read_text()) == trainer_settings_markdown(manifest)
 
 
 def test_speculators_carries_regens_rows_through(demo: Path, trainers: dict[str, Any]) -> None:

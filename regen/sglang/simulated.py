@@ -434,9 +434,18 @@ class TokenModel:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def prompt_ids(self, messages: list[Any], thinking: bool) -> list[int]:
-        """The prompt as SGLang tokenizes it: the chat template with the generation prompt."""
-        text = self.template.render(messages, add_generation_prompt=True, enable_thinking=thinking)
+    def prompt_ids(
+        self, messages: list[Any], thinking: bool, template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The prompt as SGLang tokenizes it: the chat template with the generation prompt and the
+        request's other ``chat_template_kwargs`` (e.g. ``preserve_thinking``)."""
+        if not template_kwargs:
+            text = self.template.render(messages, add_generation_prompt=True, enable_thinking=thinking)
+        else:
+            from regen.chat import to_template_dicts  # only in token mode
+
+            dicts = to_template_dicts(messages)
+            text = self.template.render_dicts(dicts, True, thinking, template_kwargs=template_kwargs)
         return self.encode(text)
 
     def complete(
@@ -918,7 +927,10 @@ class SimulatedServer:
         ask = Ask(messages, seed, temperature, max_tokens, thinking, ignore_eos)
         choices = []
         tokenized: list[TokenCompletion] = []
-        prompt_ids = self.tokens.prompt_ids(messages, thinking) if self.tokens is not None else None
+        more_kwargs = {k: v for k, v in ctk.items() if k != "enable_thinking"}
+        prompt_ids = (
+            self.tokens.prompt_ids(messages, thinking, more_kwargs) if self.tokens is not None else None
+        )
         for i in range(n):
             made = self.make_completion(ask, i, key)
             nth = self.received_by_id[key] * n + i
