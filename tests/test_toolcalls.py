@@ -11,7 +11,9 @@ from typing import Any
 
 import jsonschema
 import orjson
+import pyarrow.parquet as pq
 import pytest
+from test_workflow import copy_workflow, snakemake
 
 from regen.chat import ChatTemplate
 from regen.client import generate_shard
@@ -166,3 +168,53 @@ def test_token_mode_tool_call_ids_render_back(tmp_path: Path) -> None:
         in text
     )
     assert second["prompt_token_ids"][: len(first["prompt_token_ids"])] == first["prompt_token_ids"]
+
+
+def test_the_workflow_counts_tool_call_cuts_end_to_end(tmp_path: Path) -> None:
+    """Snakemake with regenerate: all on tool conversations, the simulated model scripted to call as the
+    dataset did or otherwise: the merged rows end at the differing turn, the re-audit counts them by kind,
+    and the report's landing page names the cuts."""
+    wd = copy_workflow(tmp_path / "wf")
+    kinds = {"match": 3, "name": 2, "arguments": 2, "none": 1}
+    lines = []
+    for kind, n in kinds.items():
+        for i in range(n):
+            conv = [
+                {"role": "user", "content": f"Weather in Oslo, question {kind} {i}?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [call("get_weather", OSLO["arguments"], f"c{i}")],
+                },
+                {"role": "tool", "content": '{"temp_c": 3}', "tool_call_id": f"c{i}"},
+                {"role": "assistant", "content": "3 degrees."},
+            ]
+            lines.append(orjson.dumps({"id": f"tool-{kind}-{i}", "messages": conv, "tools": list(TOOLS)}))
+    (wd / "data" / "tools.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    script = {f"tool-{kind}-.*": SCRIPT[kind] for kind in kinds}
+    override = {
+        "dataset": {"path": "data/tools.jsonl"},
+        "audit": {"decontamination": {"benchmarks": []}},
+        "shards": {"count": 1},
+        "generate": {"regenerate": "all"},
+        "server": {
+            "gpus": 1,
+            "port_base": 41500 + (hash(str(tmp_path)) % 400) * 2,
+            "simulated": {"faults": {"tool_calls_for": script, "error_rate": 0, "think_leak_rate": 0,
+                                     "empty_answer_rate": 0, "noncanonical_rate": 0}},
+        },
+        "reaudit": {"max_duplicate_fraction": 1.0},
+    }  # fmt: skip
+    (wd / "config" / "tools.yaml").write_text(json.dumps(override))
+    run = snakemake(wd, "--cores", "2", "--configfile", "config/demo.yaml", "config/tools.yaml", timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((wd / "results" / "reaudit" / "summary.json").read_text())
+    assert summary["tool_call_mismatch"]["by_kind"] == {"count": 1, "name": 2, "arguments": 2}
+    rows = {r["id"]: r for r in pq.read_table(wd / "results" / "dataset").to_pylist()}
+    assert all(len(rows[f"tool-match-{i}"]["turns"]) == 2 for i in range(3))
+    assert all(rows[f"tool-name-{i}"]["tool_call_mismatch"] == "name" for i in range(2))
+    assert [m["role"] for m in rows["tool-name-0"]["messages"]] == ["user", "assistant"]
+    landing = (wd / "results" / "report" / "landing.rst").read_text()
+    assert (
+        "5 rows ended at a regenerated turn whose tool calls differ (arguments 2, count 1, name 2)" in landing
+    )
