@@ -99,10 +99,13 @@ def trainer_settings_markdown(manifest: Mapping[str, Any]) -> str:
         )
     else:
         sys_line = "SpecForge's template adds no known system prompt"
+    rows = thinking["rows"]
+    used_modes = [m for m, key in zip(THINKING_BLOCKS, ("on", "off"), strict=True) if rows.get(key)]
+    used_modes = used_modes or list(THINKING_BLOCKS)  # the modes rows were made in: what serving must match
     samp = "; ".join(
         f"{m.replace('_', '-')}: temperature {s['temperature']}, top_p {s['top_p']}, top_k {s['top_k']}"
         + (f" (`generate.sampling.{m}`)" if s["block"] != "sampling" else "")
-        for m, s in ((m, serving["sampling"][m]) for m in THINKING_BLOCKS)
+        for m, s in ((m, serving["sampling"][m]) for m in used_modes)
     )
     preserve = serving["preserve_thinking"]
     lines = [
