@@ -22,7 +22,9 @@ optional extra ``regen[vocab]``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -158,6 +160,9 @@ def cli(argv: list[str]) -> int:
         "--out", default="results/export/vocab", help="directory for the files (default: %(default)s)"
     )
     args = ap.parse_args(argv)
+    if importlib.util.find_spec("torch") is None:
+        print("regen vocab: the trainers' .pt files need torch: pip install 'regen[vocab]'", file=sys.stderr)
+        return 2
     size = args.target_vocab_size or target_vocab_size_of(args.model_config)
     summary = write_vocab_files(args.token_freq, args.out, args.draft_vocab_size, size)
     covered = summary["covered_fraction"]

@@ -49,3 +49,13 @@ def test_export_counts_the_supervised_tokens_of_the_training_split(tmp_path: Pat
     # the eval split's tokens are not counted: the trainer builds its vocabulary on the training rows
     held = [orjson.loads(x) for x in (out / "tokenized.eval.jsonl").read_bytes().splitlines()]
     assert held and manifest["tokenized"]["supervised_tokens"] == doc["total"]
+
+
+def test_vocab_without_torch_says_which_extra_to_install(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    from regen import vocab
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert vocab.cli(["--draft-vocab-size", "8", "--target-vocab-size", "64", "--out", str(tmp_path)]) == 2
+    assert not any(tmp_path.iterdir())
