@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import os
 import sys
 from collections import Counter
@@ -47,7 +48,9 @@ class TokenCounts:
 
     def add(self, input_ids: Sequence[int], loss_mask: Sequence[int]) -> None:
         self.rows += 1
-        self.counts.update(t for t, m in zip(input_ids, loss_mask, strict=True) if m)
+        if len(input_ids) != len(loss_mask):
+            raise ValueError(f"input_ids has {len(input_ids)} tokens but loss_mask {len(loss_mask)}")
+        self.counts.update(itertools.compress(input_ids, loss_mask))  # C loops: ids where the mask is 1
 
     def to_json(self) -> dict[str, Any]:
         return {
