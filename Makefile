@@ -42,13 +42,16 @@ test-sglang-parser: $(SGVENV)/bin/python
 	PYTHONPATH=$(CURDIR) $(SGVENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_flags.py
 
 # The demo's exports read by the drafter trainers' own data code: SpecForge 0.2.0 and speculators 0.9.0
-# (--no-deps, CPU torch, only what their data-preparation modules import), kept in their own venv.
+# (--no-deps, CPU torch, only what their data-preparation modules import), kept in their own venv; the
+# training and eval files, and the draft vocabulary `regen vocab` writes (run there: it needs torch).
 TRVENV := .venv-trainers
 $(TRVENV)/bin/python:
 	$(PY) -m venv $(TRVENV)
 	$(TRVENV)/bin/pip install -q torch==2.13.0
 	$(TRVENV)/bin/pip install -q --no-deps specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0
 	$(TRVENV)/bin/pip install -q transformers==5.8.1 datasets==5.1.0 tqdm openai typer loguru
+	# speculators' train CLI (its vocabulary loader) and `regen vocab` (regen[vocab]: torch, numpy, orjson)
+	$(TRVENV)/bin/pip install -q pydantic-settings orjson
 
 test-trainers: setup $(TRVENV)/bin/python
 	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -s -p no:cacheprovider tests/test_trainers.py

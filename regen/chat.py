@@ -382,6 +382,7 @@ class ChatTemplate:
         add_generation_prompt: bool,
         enable_thinking: bool,
         tools: Sequence[Any] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         extra = {"tools": list(tools)} if tools else {}
         try:
@@ -390,6 +391,7 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 enable_thinking=enable_thinking,
                 **extra,
+                **(template_kwargs or {}),
                 **self._special_tokens,
             )
         except jinja2.exceptions.TemplateError as exc:
@@ -402,11 +404,15 @@ class ChatTemplate:
         enable_thinking: bool = True,
         use_jinja: bool = False,
         tools: Sequence[Any] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """Render plain message dicts (as made by ``to_template_dicts``), with the row's ``tools`` if any."""
-        if self._fast is not None and not use_jinja and not _needs_jinja(messages, tools):
+        """Render plain message dicts (as made by ``to_template_dicts``), with the row's ``tools`` if any
+        and further chat-template variables (``template_kwargs``, e.g. ``preserve_thinking``: the template
+        itself then renders, as SGLang does with ``chat_template_kwargs``)."""
+        fast_ok = not use_jinja and not template_kwargs and not _needs_jinja(messages, tools)
+        if self._fast is not None and fast_ok:
             return self._fast(messages, add_generation_prompt, enable_thinking)
-        return self._render_jinja(messages, add_generation_prompt, enable_thinking, tools)
+        return self._render_jinja(messages, add_generation_prompt, enable_thinking, tools, template_kwargs)
 
     @functools.cached_property
     def max_token_chars(self) -> int:

@@ -12,6 +12,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("regen.status", "per-GPU progress, throughput and ETA of a running workflow"),
     "validate": ("regen.validate", "validate one shard's generation records"),
     "reconcile": ("regen.reconcile", "check every input id ended in exactly one place"),
+    "vocab": (
+        "regen.vocab",
+        "write an EAGLE3 draft vocabulary (SpecForge, speculators) from the export's counts",
+    ),
     "report-assets": ("regen.report", "write the report's plots and tables"),
     "serve-simulated": ("regen.sglang.simulated", "run the SGLang-compatible simulated server"),
 }

@@ -39,14 +39,20 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
-from regen.fingerprint import GenerationSettings, content_digest, request_fingerprint, server_numerics
+from regen.fingerprint import (
+    GenerationSettings,
+    content_digest,
+    request_fingerprint,
+    sampling_overrides,
+    server_numerics,
+)
 from regen.io import write_json
 from regen.journal import FAILED, RECORD, Journal, JournalSink
 from regen.layout import RunLayout
@@ -58,6 +64,7 @@ from regen.prompts import (
     wire,
 )
 from regen.records import GenerationRecord, RecordSampling
+from regen.toolcalls import answered_calls, tool_call_mismatch, with_answered_ids
 from regen.types import Endpoint, Sample
 
 log = logging.getLogger(__name__)
@@ -90,6 +97,21 @@ class SamplingConfig:
     max_tokens: int = 4096
     n: int = 1
     seed: int = 0
+    #: per-mode overrides (``sampling.thinking`` / ``sampling.non_thinking``): (key, value) pairs
+    thinking: tuple[tuple[str, Any], ...] = ()
+    non_thinking: tuple[tuple[str, Any], ...] = ()
+
+    def for_thinking(self, thinking: bool) -> tuple[SamplingConfig, str]:
+        """The sampling of a sample with thinking on or off, and the block it comes from: ``thinking`` or
+        ``non_thinking`` when that override block is configured, else ``sampling`` (one block for both)."""
+        overrides = self.thinking if thinking else self.non_thinking
+        if not overrides:
+            return self, SAMPLING_BLOCK
+        return replace(self, **dict(overrides)), "thinking" if thinking else "non_thinking"
+
+
+#: the block a sample's sampling comes from when no per-mode override applies
+SAMPLING_BLOCK = "sampling"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +122,8 @@ class GenerateConfig:
     thinking: str = "on"
     thinking_fraction: float = 0.5
     sampling: SamplingConfig = SamplingConfig()
+    #: the chat template's preserve_thinking (sent in chat_template_kwargs); None: not sent
+    preserve_thinking: bool | None = None
     concurrency: int | None = None
     request_timeout_s: float = 3600.0
     max_attempts: int = 5
@@ -136,12 +160,15 @@ class GenerateConfig:
             max_tokens=int(s.get("max_tokens", 4096)),
             n=int(s.get("n", 1)),
             seed=int(s.get("seed", 0)),
+            thinking=tuple(sampling_overrides(s.get("thinking")).items()),
+            non_thinking=tuple(sampling_overrides(s.get("non_thinking")).items()),
         )
         out = cls(
             regenerate=cfg.get("regenerate", "last"),
             thinking=str(cfg.get("thinking", "on")),
             thinking_fraction=float(cfg.get("thinking_fraction", 0.5)),
             sampling=sampling,
+            preserve_thinking=cfg.get("preserve_thinking"),
             concurrency=cfg.get("concurrency"),
             request_timeout_s=float(cfg.get("request_timeout_s", 3600)),
             max_attempts=int(cfg.get("max_attempts", 5)),
@@ -204,6 +231,9 @@ def settings_of(cfg: GenerateConfig, model_path: str = "default") -> GenerationS
         retry_max_tokens_factor=cfg.retry_max_tokens_factor,
         extra_body=dict(cfg.extra_body),
         return_token_ids=cfg.return_token_ids,
+        sampling_thinking=dict(s.thinking),
+        sampling_non_thinking=dict(s.non_thinking),
+        preserve_thinking=cfg.preserve_thinking,
     )
 
 
@@ -548,6 +578,7 @@ class _ShardRun:
         thinking = thinking_for(sid, cfg.thinking, cfg.thinking_fraction)
         tools = list(sample.tools) if sample.tools else None
         attempts = [0]
+        cut: str | None = None  # regenerate all: the tool-call mismatch that ended the row early
         try:
             if cfg.regenerate == "last":
                 prompt = prompt_for_last(sample.messages)
@@ -557,13 +588,15 @@ class _ShardRun:
                 prompt = []
                 turns = []
                 answer = None
-                for segment in turn_prefixes(sample.messages):
+                segments = turn_prefixes(sample.messages)
+                answered = answered_calls(sample.messages)
+                for k, segment in enumerate(segments):
                     if answer is not None:
                         prev: dict[str, Any] = {"role": "assistant", "content": answer.content}
                         if answer.reasoning_content is not None:
                             prev["reasoning_content"] = answer.reasoning_content
-                        if answer.tool_calls:
-                            prev["tool_calls"] = answer.tool_calls
+                        if answer.tool_calls:  # under the ids the dataset's tool turns answer
+                            prev["tool_calls"] = with_answered_ids(answer.tool_calls, answered[k - 1])
                         prompt.append(prev)
                     prompt.extend(wire(m) for m in segment)
                     answer = await self.answer_turn(
@@ -581,6 +614,11 @@ class _ShardRun:
                             **answer.token_id_fields(),
                         }
                     )
+                    # the next turns answer the dataset's calls: a turn that called otherwise ends the row
+                    if k + 1 < len(segments):
+                        cut = tool_call_mismatch(answer.tool_calls, answered[k])
+                        if cut is not None:
+                            break
         except SampleFailed as exc:
             return self.on_failure(sid, exc)
         self.consecutive_server_failures = 0
@@ -597,7 +635,7 @@ class _ShardRun:
         truncated = (
             any(t["finish_reason"] == "length" for t in turns) if turns else answer.finish_reason == "length"
         )
-        s = cfg.sampling
+        s, block = cfg.sampling.for_thinking(thinking)
         out_tokens = (
             sum(t["usage"]["completion_tokens"] for t in turns)
             if turns
@@ -617,7 +655,7 @@ class _ShardRun:
             truncated=truncated,
             thinking=thinking,
             usage=answer.usage,
-            sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens),
+            sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens, block),
             seed=seed,
             model=answer.model or self.model,
             server=self.server if answer.lender is None or lender is None else self.lent_server(lender),
@@ -628,6 +666,7 @@ class _ShardRun:
             **answer.token_id_fields(),
             tools=tools,
             tool_calls=answer.tool_calls,
+            tool_call_mismatch=None if cut is None else {"turn": len(turns) - 1, "kind": cut},
         ).journal_entry()
         return record
 
@@ -720,8 +759,11 @@ class _ShardRun:
         tools: list[Any] | None,
     ) -> bytes:
         """The chat-completions request body for one sample."""
-        s = self.cfg.sampling
+        s = self.cfg.sampling.for_thinking(thinking)[0]
         token_ids = {"return_token_ids": True} if self.cfg.return_token_ids else {}
+        template_kwargs: dict[str, Any] = {"enable_thinking": thinking}
+        if self.cfg.preserve_thinking is not None:
+            template_kwargs["preserve_thinking"] = self.cfg.preserve_thinking
         return orjson.dumps(
             {
                 **dict(self.cfg.extra_body),
@@ -734,7 +776,7 @@ class _ShardRun:
                 "max_tokens": max_tokens,
                 "n": s.n,
                 "seed": seed,
-                "chat_template_kwargs": {"enable_thinking": thinking},
+                "chat_template_kwargs": template_kwargs,
                 "separate_reasoning": True,
                 **({"tools": tools} if tools else {}),
             }

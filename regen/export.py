@@ -6,8 +6,17 @@
 * ``tokenized.jsonl``: ``{"id", "input_ids", "loss_mask"}`` built by ``regen.masks`` from the
   server's own token ids: SpecForge's pre-tokenized prompts path (``data.prompts_path``, DFlash)
   and ``speculators prepare-data`` read it as is.
-* ``manifest.json``: row counts, what was left out and why, the mask policy, and the SpecForge
-  chat template and ``train_only_last_turn`` setting that match this data.
+* ``specforge.eval.jsonl`` and ``tokenized.eval.jsonl``: the held-out eval split (``regen.split``), the
+  rows whose opening prompt hashes below ``export.eval_fraction``, in the same two formats; no prompt is
+  on both sides, and the split depends on the prompt text alone (stable over reruns and resumes).
+* ``thinking.jsonl``: each exported row's thinking mode and split side; the manifest's ``serving`` block
+  names the run's mix, ``preserve_thinking``, the system prompt SpecForge adds and to how many rows, the
+  template's sha256 and the sampling per thinking mode (``regen.serving``).
+* ``token_freq.json``: the training split's supervised tokens counted per id, for the draft vocabulary
+  (``regen.vocab``; ``regen vocab`` writes the trainers' mapping files from it).
+* ``manifest.json``: row counts, what was left out and why, the mask policy, the eval split, what survives
+  the trainer's window (``regen.window``; rows over ``export.max_length`` dropped or kept), and the
+  SpecForge chat template and ``train_only_last_turn`` setting that match this data.
 
 Truncated rows (``finish_reason == "length"``) are left out of both by default: SpecForge's template
 would close them with an end-of-turn token the model never produced (``export.include_truncated``).
@@ -26,16 +35,23 @@ from typing import Any
 import orjson
 import pyarrow.dataset as ds
 
-from regen.chat import ChatTemplate
-from regen.io import atomic_open, write_json
+from regen.chat import THINK_CLOSE, ChatTemplate
+from regen.fingerprint import chat_template_hash
+from regen.io import atomic_open, read_json, write_json
 from regen.masks import MaskBuilder, MaskPolicy
 from regen.records import message_from_row
+from regen.serving import serving_contract
+from regen.sglang.config import section_schema, with_schema_defaults
+from regen.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
+from regen.vocab import TokenCounts
+from regen.window import WindowCoverage
 
 READ_COLUMNS = (
     "id",
     "messages",
     "finish_reason",
     "truncated",
+    "thinking",
     "prompt_token_ids",
     "completion_token_ids",
     "turns",
@@ -48,12 +64,43 @@ SPECFORGE_MESSAGE_KEYS = ("role", "content", "reasoning_content", "tool_calls", 
 class ExportConfig:
     """The ``export`` config section."""
 
-    specforge_chat_template: str | None = "auto"
+    specforge_chat_template: str | None
+    eval_fraction: float
+    max_length: int | None  # the trainer's window (tokens); None: not named
+    over_max_length: str  # drop | keep: rows longer than max_length
     policy: MaskPolicy = field(default_factory=MaskPolicy)
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> ExportConfig:
-        return cls(cfg.get("specforge_chat_template", "auto"), MaskPolicy.from_dict(cfg))
+        """From the ``export`` section, the schema's defaults filled in."""
+        f = with_schema_defaults(cfg, section_schema("export"))
+        return cls(
+            f["specforge_chat_template"],
+            float(f["eval_fraction"]),
+            None if f["max_length"] is None else int(f["max_length"]),
+            str(f["over_max_length"]),
+            MaskPolicy.from_dict(f),
+        )
+
+    def drops(self, length: int) -> bool:
+        """Whether a token row of ``length`` tokens is left out (over ``max_length``, policy drop)."""
+        return self.max_length is not None and length > self.max_length and self.over_max_length == "drop"
+
+
+def thinking_path(tokenized_out: str | os.PathLike[str]) -> str:
+    """Each exported row's thinking mode and split side, beside ``tokenized.jsonl`` (``regen.serving``)."""
+    return str(Path(tokenized_out).with_name("thinking.jsonl"))
+
+
+def token_freq_path(tokenized_out: str | os.PathLike[str]) -> str:
+    """The supervised-token counts beside ``tokenized.jsonl`` (``regen.vocab``)."""
+    return str(Path(tokenized_out).with_name("token_freq.json"))
+
+
+def eval_path(train_path: str | os.PathLike[str]) -> str:
+    """The eval-split file beside a training file: ``specforge.jsonl`` -> ``specforge.eval.jsonl``."""
+    path = Path(train_path)
+    return str(path.with_name(f"{path.stem}.eval{path.suffix}"))
 
 
 def specforge_template_name(configured: str | None, template: ChatTemplate) -> str | None:
@@ -83,6 +130,26 @@ def iter_rows(dataset_dir: str | os.PathLike[str], batch_rows: int = 2000) -> It
         yield from batch.to_pylist()
 
 
+def generation_settings(dataset_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The settings the dataset's answers were generated under (its manifest's provenance, taken from the
+    records); empty when the manifest does not name one set."""
+    path = Path(dataset_dir) / "_manifest.json"
+    return dict(((read_json(path) if path.is_file() else {}).get("provenance") or {}).get("settings") or {})
+
+
+def dataset_window_coverage(
+    dataset_dir: str | os.PathLike[str], template: ChatTemplate, cfg: ExportConfig
+) -> WindowCoverage:
+    """What survives the trainer's window (``regen.window``) over the token rows the export writes
+    (before any ``max_length`` drop)."""
+    builder = MaskBuilder(template, cfg.policy)
+    coverage = WindowCoverage.for_config(cfg.max_length)
+    think_close = template.tokenizer.token_to_id(THINK_CLOSE)
+    for row in iter_rows(dataset_dir):
+        coverage.add_all(((out.input_ids, out.loss_mask) for out in builder.rows(row)), think_close)
+    return coverage
+
+
 def export_dataset(
     *,
     dataset_dir: str,
@@ -93,29 +160,62 @@ def export_dataset(
     tokenizer_dir: str,
     regenerate: str,
 ) -> dict[str, Any]:
-    """Write the SpecForge and token exports of ``dataset_dir`` and their manifest; return the manifest."""
+    """Write the SpecForge and token exports of ``dataset_dir`` (training and eval split, ``eval_path``
+    beside each) and their manifest; return the manifest."""
     cfg = ExportConfig.from_dict(export_cfg)
     template = ChatTemplate.from_dir(tokenizer_dir)
     builder = MaskBuilder(template, cfg.policy)
-    rows_in = specforge_rows = 0
+    rows_in = 0
+    specforge_rows: Counter[str] = Counter()
     left_out: Counter[str] = Counter()
     sources: Counter[str] = Counter()
-    token_rows = supervised = 0
+    token_rows: Counter[str] = Counter()
+    supervised: Counter[str] = Counter()
+    split = SplitCounts(cfg.eval_fraction)
+    coverage = WindowCoverage.for_config(cfg.max_length)
+    think_close = template.tokenizer.token_to_id(THINK_CLOSE)
+    token_counts = TokenCounts()  # the training split's supervised tokens: the draft vocabulary's input
+    by_thinking: Counter[str] = Counter()
+    without_system = 0  # rows SpecForge will give its template's default system prompt
     for path in (specforge_out, tokenized_out):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(specforge_out, "wb") as sf, atomic_open(tokenized_out, "wb") as tk:
+    with (
+        atomic_open(specforge_out, "wb") as sf_train,
+        atomic_open(tokenized_out, "wb") as tk_train,
+        atomic_open(eval_path(specforge_out), "wb") as sf_eval,
+        atomic_open(eval_path(tokenized_out), "wb") as tk_eval,
+        atomic_open(thinking_path(tokenized_out), "wb") as modes,
+    ):
+        specforge_files = {TRAIN: sf_train, EVAL: sf_eval}
+        tokenized_files = {TRAIN: tk_train, EVAL: tk_eval}
         for row in iter_rows(dataset_dir):
             rows_in += 1
+            side = split.add(row["messages"])
+            made = builder.rows(row)
+            lengths = [coverage.add(out.input_ids, out.loss_mask, think_close).length for out in made]
             if row["truncated"] and not cfg.policy.include_truncated:
                 left_out["truncated"] += 1
+            elif cfg.drops(max(lengths, default=0)):
+                left_out["over_max_length"] += 1  # SpecForge renders the whole conversation: its longest row
             else:
-                sf.write(orjson.dumps(specforge_line(row)) + b"\n")
-                specforge_rows += 1
-            for out in builder.rows(row):
-                tk.write(orjson.dumps(out.to_json()) + b"\n")
+                line = specforge_line(row)
+                specforge_files[side].write(orjson.dumps(line) + b"\n")
+                specforge_rows[side] += 1
+                without_system += line["conversations"][0]["role"] != "system"
+            kept = [out for out, length in zip(made, lengths, strict=True) if not cfg.drops(length)]
+            if len(kept) < len(made):
+                left_out["token_rows_over_max_length"] += len(made) - len(kept)
+            for out in kept:
+                tokenized_files[side].write(orjson.dumps(out.to_json()) + b"\n")
+                if side == TRAIN:
+                    token_counts.add(out.input_ids, out.loss_mask)
                 sources[out.source] += 1
-                token_rows += 1
-                supervised += sum(out.loss_mask)
+                token_rows[side] += 1
+                supervised[side] += sum(out.loss_mask)
+            if kept:  # the row is in the token export: its thinking mode, for serving to match
+                mode = "on" if row["thinking"] else "off"
+                by_thinking[mode] += 1
+                modes.write(orjson.dumps({"id": row["id"], "thinking": mode == "on", "split": side}) + b"\n")
     manifest = {
         "format": "regen-export/1",
         "dataset": str(dataset_dir),
@@ -128,9 +228,35 @@ def export_dataset(
             "include_truncated": cfg.policy.include_truncated,
             "after_end_of_turn": builder.after_end_of_turn,
         },
+        "trainer_window": {
+            **coverage.to_json(),
+            "max_length": cfg.max_length,
+            "over_max_length": cfg.over_max_length,
+            "dropped": {
+                "specforge_rows": left_out["over_max_length"],
+                "token_rows": left_out["token_rows_over_max_length"],
+            },
+        },
+        "token_freq": {
+            "path": token_freq_path(tokenized_out),
+            "total": sum(token_counts.counts.values()),
+            "distinct": len(token_counts.counts),
+            "draft_vocabulary": "regen vocab --draft-vocab-size N --model-config <target config.json>",
+        },
+        "eval_split": {
+            "eval_fraction": cfg.eval_fraction,
+            "key": SPLIT_KEY,
+            "dataset_rows": dict(split.rows),
+            "prompts_on_both_sides": split.prompts_on_both_sides,
+            "files": {"specforge": eval_path(specforge_out), "tokenized": eval_path(tokenized_out)},
+            "specforge_rows": specforge_rows[EVAL],
+            "tokenized_rows": token_rows[EVAL],
+            "supervised_tokens": supervised[EVAL],
+            "stable": "decided by the prompt text alone: the same on every rerun and resume",
+        },
         "specforge": {
             "path": str(specforge_out),
-            "rows": specforge_rows,
+            "rows": specforge_rows[TRAIN],
             "chat_template": specforge_template_name(cfg.specforge_chat_template, template),
             # regenerate last: earlier assistant turns are the old dataset's answers, context only
             "train_only_last_turn": regenerate == "last",
@@ -141,11 +267,22 @@ def export_dataset(
         },
         "tokenized": {
             "path": str(tokenized_out),
-            "rows": token_rows,
-            "supervised_tokens": supervised,
+            "rows": token_rows[TRAIN],
+            "supervised_tokens": supervised[TRAIN],
             "ids": dict(sources),
             "one_row_per": "regenerated assistant turn" if regenerate == "all" else "record",
         },
     }
+    settings = generation_settings(dataset_dir)
+    sf_template = specforge_template_name(cfg.specforge_chat_template, template)
+    manifest["serving"] = serving_contract(
+        settings=settings,
+        rows_by_thinking=by_thinking,
+        thinking_file=thinking_path(tokenized_out),
+        export_template_sha256=chat_template_hash(tokenizer_dir),
+        specforge_template=sf_template,
+        specforge_rows_without_system=without_system,
+    )
+    write_json(token_freq_path(tokenized_out), token_counts.to_json())
     write_json(manifest_out, manifest)
     return manifest

@@ -35,7 +35,10 @@ import orjson
 
 #: bump when the hashed content changes meaning: every old journal entry is then regenerated
 #: (2: the server's numerics joined the settings; 3: a request hashes its content's digest, which the
-#: shard writer stores beside each prompt, so the dry run need not rebuild 914,000 prompts)
+#: shard writer stores beside each prompt, so the dry run need not rebuild 914,000 prompts; regenerate all
+#: ends a row at a turn whose tool calls differ from the dataset's, and sends matching calls under the
+#: ids its tool turns answer; the chat template's preserve_thinking and the per-thinking-mode sampling
+#: blocks joined the settings)
 FINGERPRINT_VERSION = 3
 #: the ``/server_info`` fields (SGLang: every server arg, and its version) that change an answer's numbers
 #: for the same model, prompt and sampling: the rest (ports, timeouts, scheduler knobs, memory sizes)
@@ -111,6 +114,11 @@ class GenerationSettings:
     return_token_ids: bool = True
     #: ``server_numerics`` of the server the answers come from; empty until the client has asked it
     server_numerics: dict[str, Any] = field(default_factory=dict)
+    #: ``sampling.thinking`` / ``sampling.non_thinking``: what samples of that thinking mode use instead
+    sampling_thinking: dict[str, Any] = field(default_factory=dict)
+    sampling_non_thinking: dict[str, Any] = field(default_factory=dict)
+    #: the chat template's ``preserve_thinking`` (earlier turns' reasoning in context); None: not sent
+    preserve_thinking: bool | None = None
     version: int = FINGERPRINT_VERSION
 
     def served_by(self, numerics: Mapping[str, Any]) -> GenerationSettings:
@@ -143,6 +151,9 @@ class GenerationSettings:
             retry_max_tokens_factor=float(generate.get("retry_max_tokens_factor", 2)),
             extra_body=dict(generate.get("extra_body") or {}),
             return_token_ids=bool(generate.get("return_token_ids", True)),
+            sampling_thinking=sampling_overrides(sampling.get("thinking")),
+            sampling_non_thinking=sampling_overrides(sampling.get("non_thinking")),
+            preserve_thinking=generate.get("preserve_thinking"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -152,6 +163,12 @@ class GenerationSettings:
     def fingerprint(self) -> str:
         """Stable over processes and machines: blake2b of the sorted-key JSON of every field."""
         return _digest(self.to_json())
+
+
+def sampling_overrides(block: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A ``sampling.thinking`` / ``sampling.non_thinking`` block with typed values, sorted by key."""
+    types = {"temperature": float, "top_p": float, "top_k": int}
+    return {k: types[k](v) for k, v in sorted((block or {}).items())}
 
 
 def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -192,6 +209,7 @@ DECISIVE_GENERATE_KEYS = (
     "retry_max_tokens_factor",
     "extra_body",
     "return_token_ids",
+    "preserve_thinking",
 )
 #: ``server`` keys that decide the tuner's plan (the ``tune`` rule's params)
 PLAN_SERVER_KEYS = (

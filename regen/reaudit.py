@@ -21,9 +21,12 @@ import pyarrow.dataset as ds
 
 from regen.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.chat import ChatTemplate
+from regen.export import ExportConfig, dataset_window_coverage
 from regen.io import read_json, write_json
 from regen.masks import completion_retokenizes_differently
 from regen.merge import iter_dataset_samples
+from regen.split import SplitCounts
+from regen.toolcalls import MISMATCH_KINDS
 from regen.types import Sample
 from regen.verdict import keep_verdict
 
@@ -91,6 +94,8 @@ class OutputCounts:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     with_token_ids: int = 0  # records carrying the server's token ids
     retokenize_mismatch: int = 0  # ... whose text re-tokenizes differently from those ids
+    #: regenerate all: rows ended early at a turn whose tool calls differ from the dataset's, by kind
+    tool_call_mismatch: dict[str, int] = field(default_factory=dict)
     _seen: set[bytes] = field(default_factory=set)
 
     def add_finish_reasons(self, dataset_dir: str | Path) -> None:
@@ -100,6 +105,16 @@ class OutputCounts:
                 self.rows += 1
                 self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + 1
                 self.truncated += reason == "length"
+
+    def add_tool_call_mismatches(self, dataset_dir: str | Path) -> None:
+        """Count the rows ended at a regenerated turn whose tool calls differ (``regen.toolcalls``)."""
+        dataset = ds.dataset(str(dataset_dir), format="parquet")
+        if "tool_call_mismatch" not in dataset.schema.names:
+            return
+        for batch in dataset.to_batches(columns=["tool_call_mismatch"]):
+            for item in batch.column(0).drop_null().value_counts().to_pylist():
+                kind = item["values"]
+                self.tool_call_mismatch[kind] = self.tool_call_mismatch.get(kind, 0) + int(item["counts"])
 
     def add_token_id_checks(self, dataset_dir: str | Path, template: ChatTemplate) -> None:
         """Count records whose generated text re-tokenizes differently from the ids the model produced."""
@@ -128,6 +143,15 @@ class OutputCounts:
             else:
                 self._seen.add(digest)
             yield sample
+
+
+def eval_split_counts(dataset_dir: str | Path, eval_fraction: float) -> SplitCounts:
+    """The export's eval split over the merged rows (``regen.split``): rows per side, prompts on both."""
+    split = SplitCounts(eval_fraction)
+    dataset = ds.dataset(str(dataset_dir), format="parquet")
+    for batch in dataset.to_batches(columns=["messages"]):
+        split.add_all(batch.column(0).to_pylist())
+    return split
 
 
 def output_gates(rows: int, empty: int, counts: OutputCounts, limits: Mapping[str, Any]) -> list[OutputGate]:
@@ -173,6 +197,7 @@ def reaudit_dataset(
     audit_cfg: Mapping[str, Any],
     tokenizer_dir: str,
     verdict_out: str | Path | None = None,
+    export_cfg: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Audit the merged output, write its summary, and write READY.json only if every gate passes.
 
@@ -185,11 +210,19 @@ def reaudit_dataset(
     counts = OutputCounts()
     counts.add_finish_reasons(dataset_dir)
     counts.add_token_id_checks(dataset_dir, template)
+    counts.add_tool_call_mismatches(dataset_dir)
+    export = ExportConfig.from_dict(export_cfg or {})
+    split = eval_split_counts(dataset_dir, export.eval_fraction)
+    window = dataset_window_coverage(dataset_dir, template, export)
     for _ in iter_audits(auditor, counts.counting_answers(iter_dataset_samples(dataset_dir))):
         pass
     audit = auditor.summary().to_json()
     empty = int(audit["flag_counts"].get(EMPTY_RESPONSE, 0))
     results = output_gates(counts.rows, empty, counts, gates)
+    leaks = split.prompts_on_both_sides
+    results.append(
+        OutputGate("eval_split_leaks", 0, leaks, leaks == 0, "prompts on both sides of the eval split")
+    )
     passed = all(g.passed for g in results)
     overridden = not passed and bool(gates.get("override_gates", False))
     manifest_path = Path(dataset_dir) / "_manifest.json"
@@ -206,6 +239,15 @@ def reaudit_dataset(
             "meaning": "records whose generated text does not tokenize back to the ids the model produced "
             "(a text-based trainer would train on a sequence the target never emitted)",
         },
+        "tool_call_mismatch": {
+            "rows": sum(counts.tool_call_mismatch.values()),
+            "by_kind": {k: counts.tool_call_mismatch.get(k, 0) for k in MISMATCH_KINDS},
+            "meaning": "regenerate all: rows ended at a regenerated turn whose tool calls differ from those "
+            "the dataset's next tool turns answer (count, function name, or arguments compared as JSON), "
+            "so no tool result answers a call the model did not make",
+        },
+        "eval_split": split.to_json(),
+        "trainer_window": window.to_json(),
         "gates": {g.name: g.to_json() for g in results},
         "passed": passed,
         "overridden": overridden,

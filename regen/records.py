@@ -96,6 +96,9 @@ VALID_SCHEMA = pa.schema(
         pa.field("completion_token_ids", TOKEN_IDS_TYPE),
         pa.field("tools_json", pa.string()),
         pa.field("tool_calls_json", pa.string()),
+        # regenerate all: the row ends early at a turn whose tool calls differ from the calls the dataset's
+        # next (tool) turns answer; the mismatch kind (regen.toolcalls), null when the row is whole
+        pa.field("tool_call_mismatch", pa.string()),
         # regen.fingerprint: what decided the answer (request level, settings level, the settings as JSON)
         pa.field("fingerprint", pa.string(), nullable=False),
         pa.field("settings_fingerprint", pa.string(), nullable=False),
@@ -123,6 +126,7 @@ DATASET_PASSTHROUGH = (
     "completion_token_ids",
     "turns",
     "tools_json",
+    "tool_call_mismatch",
     "fingerprint",
     "settings_fingerprint",
 )
@@ -223,6 +227,7 @@ class ValidColumns:
         c["completion_token_ids"].append(rec.get("completion_token_ids"))
         c["tools_json"].append(json_text(rec.get("tools")))
         c["tool_calls_json"].append(json_text(rec.get("tool_calls")))
+        c["tool_call_mismatch"].append((rec.get("tool_call_mismatch") or {}).get("kind"))
         c["fingerprint"].append(rec["fingerprint"])
         c["settings_fingerprint"].append(rec["settings_fingerprint"])
         c["settings"].append(orjson.dumps(rec["settings"], option=orjson.OPT_SORT_KEYS).decode())
@@ -325,14 +330,19 @@ class RecordSampling:
     top_p: float
     top_k: int
     max_tokens: int
+    #: the config block these came from: ``sampling``, or its ``thinking`` / ``non_thinking`` override
+    block: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
             "max_tokens": self.max_tokens,
         }
+        if self.block is not None:
+            out["block"] = self.block
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +378,9 @@ class GenerationRecord:
     #: the sample's tool definitions as sent, and the regenerated turn's parsed tool calls (absent when none)
     tools: list[Any] | None = None
     tool_calls: list[Any] | None = None
+    #: regenerate all: ``{"turn", "kind"}`` when the row ended early at that turn because its tool calls
+    #: differ from those the dataset's following tool turns answer (``regen.toolcalls``); absent otherwise
+    tool_call_mismatch: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record's JSON object (key order as written to the generations file)."""
@@ -397,6 +410,8 @@ class GenerationRecord:
             out["tools"] = self.tools
         if self.tool_calls:
             out["tool_calls"] = self.tool_calls
+        if self.tool_call_mismatch is not None:
+            out["tool_call_mismatch"] = self.tool_call_mismatch
         return out
 
     def journal_entry(self) -> dict[str, Any]:

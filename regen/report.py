@@ -32,6 +32,7 @@ TOKEN_LENGTHS_SVG = "token_lengths.svg"
 FINISH_REASONS_SVG = "finish_reasons.svg"
 QUARANTINE_REASONS_SVG = "quarantine_reasons.svg"
 THROUGHPUT_SVG = "throughput.svg"
+TRAINER_WINDOW_SVG = "trainer_window.svg"
 RECONCILE_HTML = "reconcile.html"
 SERVER_PLAN_HTML = "server_plan.html"
 AUDIT_HTML = "audit.html"
@@ -42,6 +43,7 @@ ASSET_NAMES = (
     FINISH_REASONS_SVG,
     QUARANTINE_REASONS_SVG,
     THROUGHPUT_SVG,
+    TRAINER_WINDOW_SVG,
     RECONCILE_HTML,
     SERVER_PLAN_HTML,
     AUDIT_HTML,
@@ -182,6 +184,43 @@ def _bar(counts: Mapping[str, int], title: str, path: Path, xlabel: str) -> None
     else:
         _no_data(ax, title)
     ax.set_title(title)
+    _save(fig, path)
+
+
+def plot_trainer_window(reaudit_summary: str | os.PathLike[str], path: Path) -> None:
+    """Per trainer window: the share of rows that fit and of supervised tokens kept, and the rows cut
+    inside their think block (the re-audit's ``trainer_window``); the configured window marked."""
+    summary = read_json(reaudit_summary) if Path(reaudit_summary).is_file() else {}
+    cov = summary.get("trainer_window") or {}
+    windows = cov.get("windows") or {}
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    if not windows or not cov.get("rows"):
+        _no_data(ax, "trainer window coverage (re-audit)")
+        _save(fig, path)
+        return
+    names = sorted(windows, key=int)
+    x = np.arange(len(names))
+    fit = [100 * windows[w]["rows_fit"] for w in names]
+    kept = [100 * windows[w]["supervised_kept"] for w in names]
+    ax.bar(x - 0.2, fit, 0.4, color="#4477aa", label="rows that fit whole")
+    ax.bar(x + 0.2, kept, 0.4, color="#228833", label="supervised tokens kept")
+    for i, w in enumerate(names):
+        ax.text(x[i] - 0.2, fit[i], f"{fit[i]:.0f}%", ha="center", va="bottom", fontsize=8)
+        ax.text(x[i] + 0.2, kept[i], f"{kept[i]:.0f}%", ha="center", va="bottom", fontsize=8)
+        cut = windows[w]["cut_in_think"]
+        if cut:
+            ax.text(x[i], 4, f"{cut} cut\nin think", ha="center", va="bottom", fontsize=7, color="white")
+    configured = cov.get("configured")
+    labels = [
+        (f"{int(w) // 1024}k" if int(w) % 1024 == 0 else w) + (" (config)" if int(w) == configured else "")
+        for w in names
+    ]
+    ax.set_xticks(x, labels)
+    ax.set_ylim(0, 112)
+    ax.set_ylabel("% of token rows / supervised tokens")
+    ax.set_xlabel("trainer window (tokens)")
+    ax.set_title(f"what survives the trainer's window ({cov['rows']} token rows)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
     _save(fig, path)
 
 
@@ -447,10 +486,15 @@ def _reaudit_sections(summary: Mapping[str, Any]) -> list[str]:
         ["duplicate answers", summary.get("duplicate_answers")],
     ]
     reasons = [[k, v] for k, v in sorted((summary.get("finish_reasons") or {}).items())]
-    return [
+    out = [
         _table(["", "count"], counts, "rows"),
         _table(["finish reason", "rows"], reasons, "finish reasons"),
     ]
+    cuts = summary.get("tool_call_mismatch")
+    if cuts:
+        rows = [[kind, n] for kind, n in cuts["by_kind"].items()]
+        out.append(_table(["mismatch", "rows ended there"], rows, "tool-call cuts: " + cuts["meaning"]))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -742,7 +786,7 @@ def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
     else:
         verdict, blocking = _gate_verdict(reaudit, "reaudit.", "output re-audit", reaudit_src)
         reasons += blocking
-        stages.append(("4. Output audit", f"{verdict}: {reaudit.get('rows')} rows"))
+        stages.append(("4. Output audit", f"{verdict}: {reaudit.get('rows')} rows" + _drafter_facts(reaudit)))
     if ready_doc is None and reaudit is not None and not reasons:
         reasons.append("results/READY.json is missing")
     reconcile_path = results / "reconcile.json"
@@ -767,6 +811,37 @@ def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
     if ready and ready_doc and ready_doc.get("overridden"):
         reasons.append("READY with re-audit gates overridden by the config (reaudit.override_gates: true)")
     return Readiness(ready, tuple(reasons), tuple(stages))
+
+
+def _drafter_facts(reaudit: Mapping[str, Any]) -> str:
+    """What the drafter will see, from the re-audit summary: the eval split, the coverage of the
+    configured trainer window (4k when none is named) and the tool-call cuts."""
+    parts = []
+    split = reaudit.get("eval_split")
+    if split:
+        held, fraction = split["rows"].get("eval", 0), split["eval_fraction"]
+        parts.append(
+            f"eval split {held} rows held out ({fraction:.0%} of prompts, "
+            f"{split['prompts_on_both_sides']} prompts on both sides)"
+        )
+    window = reaudit.get("trainer_window") or {}
+    if window.get("windows"):
+        w = window.get("configured") or 4096
+        at = window["windows"].get(str(w))
+        if at is not None:
+            named = "the configured" if window.get("configured") else "a (default)"
+            parts.append(
+                f"at {named} {w}-token trainer window {at['rows_fit']:.1%} of rows fit and "
+                f"{at['supervised_kept']:.1%} of supervised tokens are kept, {at['cut_in_think']} rows cut "
+                "inside their think block"
+            )
+    cuts = reaudit.get("tool_call_mismatch") or {}
+    if cuts.get("rows"):
+        kinds = ", ".join(f"{k} {n}" for k, n in cuts["by_kind"].items() if n)
+        parts.append(f"{cuts['rows']} rows ended at a regenerated turn whose tool calls differ ({kinds})")
+    elif cuts:
+        parts.append("no row cut at a differing tool call")
+    return "".join(f"; {p}" for p in parts)
 
 
 def _rst_text(text: str) -> str:
@@ -859,6 +934,7 @@ def write_report_assets(
     plot_finish_reasons(layout.dataset_dir, paths[FINISH_REASONS_SVG])
     plot_quarantine_reasons(layout.quarantine_dir, paths[QUARANTINE_REASONS_SVG])
     plot_throughput(layout.generations_dir, paths[THROUGHPUT_SVG])
+    plot_trainer_window(layout.reaudit_summary, paths[TRAINER_WINDOW_SVG])
     reconcile_page = reconcile_table_html(layout.reconcile)
     contamination = contamination_table_html(layout.audit_summary)
     _write_text(paths[RECONCILE_HTML], _with_extra(reconcile_page, contamination))

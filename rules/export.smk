@@ -7,6 +7,13 @@ rule export:
     output:
         specforge="results/export/specforge.jsonl",
         tokenized="results/export/tokenized.jsonl",
+        # the held-out eval split, beside the training files (regen.export.eval_path)
+        specforge_eval="results/export/specforge.eval.jsonl",
+        tokenized_eval="results/export/tokenized.eval.jsonl",
+        # supervised-token counts for the draft vocabulary (regen.export.token_freq_path, regen vocab)
+        token_freq="results/export/token_freq.json",
+        # each row's thinking mode and split side (regen.export.thinking_path; the manifest's serving block)
+        thinking="results/export/thinking.jsonl",
         manifest=report(
             "results/export/manifest.json",
             caption="../report/export.rst",

@@ -17,5 +17,6 @@ rule reaudit:
         reaudit=lookup(dpath="reaudit", within=config),
         audit=lookup(dpath="audit", within=config),
         tokenizer=lookup(dpath="tokenizer", within=config),
+        export=lookup(dpath="export", within=config),
     script:
         "../scripts/reaudit.py"

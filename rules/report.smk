@@ -30,6 +30,11 @@ rule report_assets:
             caption="../report/quarantine_reasons.rst",
             category="3. Generation",
         ),
+        window=report(
+            "results/report/trainer_window.svg",
+            caption="../report/trainer_window.rst",
+            category="4. Output audit",
+        ),
         plan=report(
             "results/report/server_plan.html",
             caption="../report/plan.rst",

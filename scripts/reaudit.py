@@ -13,4 +13,5 @@ reaudit_dataset(
     audit_cfg=snakemake.params.audit,
     tokenizer_dir=snakemake.params.tokenizer,
     verdict_out=verdict_path_for(snakemake.log[0]),
+    export_cfg=snakemake.params.export,
 )

@@ -166,7 +166,7 @@ def test_export_files_manifest_and_permissions(tmp_path: Path) -> None:
             specforge_out=str(out / "specforge.jsonl"),
             tokenized_out=str(out / "tokenized.jsonl"),
             manifest_out=str(out / "manifest.json"),
-            export_cfg={},
+            export_cfg={"eval_fraction": 0},  # the eval split: tests/test_split.py
             tokenizer_dir=TOKENIZER,
             regenerate="last",
         )
@@ -178,7 +178,7 @@ def test_export_files_manifest_and_permissions(tmp_path: Path) -> None:
     assert manifest["left_out"] == {"truncated": truncated}
     assert manifest["specforge"]["chat_template"] == "qwen3-thinking"
     assert manifest["specforge"]["train_only_last_turn"] is True
-    for name in ("specforge.jsonl", "tokenized.jsonl", "manifest.json"):
+    for name in ("specforge.jsonl", "tokenized.jsonl", "manifest.json", "specforge.eval.jsonl"):
         assert (out / name).stat().st_mode & 0o777 == 0o644
     sf = [orjson.loads(x) for x in (out / "specforge.jsonl").read_bytes().splitlines()]
     tk = [orjson.loads(x) for x in (out / "tokenized.jsonl").read_bytes().splitlines()]

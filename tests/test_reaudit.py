@@ -99,3 +99,13 @@ def test_override_marks_ready_but_says_so(tmp_path: Path, demo_tokenizer_dir: Pa
     _, ready = run(tmp_path, merged(tmp_path, records), demo_tokenizer_dir, override_gates=True)
     assert read_json(ready)["ready"] is True and read_json(ready)["overridden"] is True
     assert read_json(tmp_path / "reaudit.json")["gates"]["max_duplicate_fraction"]["passed"] is False
+
+
+def test_tool_call_cuts_are_counted_by_kind(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
+    """Rows the client ended at a turn whose tool calls differ from the dataset's are counted by kind."""
+    records = [record(i, f"The answer is {i}.", f"thinking about {i}") for i in range(8)]
+    for i, kind in ((0, "name"), (1, "arguments"), (2, "arguments"), (3, "count")):
+        records[i]["tool_call_mismatch"] = {"turn": 0, "kind": kind}
+    summary, _ = run(tmp_path, merged(tmp_path, records), demo_tokenizer_dir)
+    cut = read_json(summary)["tool_call_mismatch"]
+    assert cut["rows"] == 4 and cut["by_kind"] == {"count": 1, "name": 1, "arguments": 2}

@@ -26,6 +26,8 @@ import pytest
 
 from regen.chat import ChatTemplate
 from regen.masks import completion_retokenizes_differently
+from regen.serving import trainer_settings_markdown
+from tools.readme_trainer_section import readme_section
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINERS_PYTHON = os.environ.get("REGEN_TRAINERS_PYTHON")
@@ -66,7 +68,14 @@ def trainers(demo: Path) -> dict[str, Any]:
     work.mkdir()
     script = ROOT / "tests" / "trainers" / "run_trainers.py"
     run = subprocess.run(
-        [TRAINERS_PYTHON, str(script), "results/export", "resources/demo-tokenizer", str(work)],  # type: ignore[list-item]
+        [
+            TRAINERS_PYTHON,
+            str(script),
+            "results/export",
+            "resources/demo-tokenizer",
+            str(work),  # type: ignore[list-item]
+            "resources/demo-model/config.json",
+        ],
         cwd=demo,
         capture_output=True,
         text=True,
@@ -86,6 +95,39 @@ def test_every_row_survives_the_trainers_minimums(demo: Path, trainers: dict[str
     assert trainers["eagle3_rows"] == manifest["specforge"]["rows"]
     assert trainers["dflash_rows"] == manifest["tokenized"]["rows"]
     assert len(trainers["speculators_rows"]) == manifest["tokenized"]["rows"]
+
+
+def test_the_eval_split_goes_through_the_trainers_too(demo: Path, trainers: dict[str, Any]) -> None:
+    manifest = json.loads((demo / "results/export/manifest.json").read_text())
+    split = manifest["eval_split"]
+    assert split["specforge_rows"] > 0 and split["prompts_on_both_sides"] == 0
+    assert trainers["eval"]["eagle3_rows"] == split["specforge_rows"]
+    assert trainers["eval"]["dflash_rows"] == split["tokenized_rows"]
+    ours = sorted(
+        [r["input_ids"], r["loss_mask"]] for r in read_jsonl(demo / "results/export/tokenized.eval.jsonl")
+    )
+    assert ours == sorted(trainers["eval"]["speculators_rows"])
+    train = {str(r["input_ids"]) for r in read_jsonl(demo / "results/export/tokenized.jsonl")}
+    assert not train & {str(r[0]) for r in ours}
+
+
+def test_the_draft_vocabulary_loads_in_both_trainers(demo: Path, trainers: dict[str, Any]) -> None:
+    """regen's counts equal speculators' own count over tokenized.jsonl; its d2t/t2d load through
+    speculators' loader and SpecForge's draft-model loader and consistency check, and equal the mapping
+    speculators builds from its own count."""
+    vocab = trainers["vocab"]
+    freq = json.loads((demo / "results/export/token_freq.json").read_text())
+    assert vocab["counts_equal"] and vocab["total"] == freq["total"] > 0
+    assert vocab["speculators_draft_vocab_size"] == 256 and vocab["speculators_mapping_equal"]
+    assert vocab["specforge_vocab_loaded"] and vocab["specforge_equals_speculators"]
+    assert vocab["npy_dtypes"] == ["int64", "bool"]
+
+
+def test_the_readme_shows_the_settings_of_the_demos_manifest(demo: Path) -> None:
+    """The README's trainer settings are generated from the manifest (tools/readme_trainer_section.py):
+    a fresh demo's manifest renders the same text."""
+    manifest = json.loads((demo / "results/export/manifest.json").read_text())
+    assert readme_section((ROOT / "README.md").read_text()) == trainer_settings_markdown(manifest)
 
 
 def test_speculators_carries_regens_rows_through(demo: Path, trainers: dict[str, Any]) -> None:

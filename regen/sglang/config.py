@@ -41,6 +41,11 @@ def server_schema() -> dict[str, Any]:
     return _config_schema()["properties"]["server"]
 
 
+def section_schema(name: str) -> dict[str, Any]:
+    """One top-level section of the config schema (``export``, ``reaudit``, ...)."""
+    return _config_schema()["properties"][name]
+
+
 def with_schema_defaults(value: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
     """``value`` with every missing property that has a schema default filled in, recursively."""
     out = dict(value)

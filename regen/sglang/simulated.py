@@ -144,6 +144,10 @@ class Faults:
     # token mode only: the completion's ids split one multi-character token in two, so the text
     # re-tokenizes differently from the ids the model produced
     noncanonical_rate: float = 0.0
+    # scripted tool calls (a real model decides; tests and the demo script them): {id pattern: [calls of
+    # answer 0, calls of answer 1, ...]}, answer k being the one after k assistant turns of the request,
+    # each call {"name", "arguments"}; made only when the request sends tools and the answer stops
+    tool_calls_for: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = ()
     seed: int = 0
 
     @classmethod
@@ -158,6 +162,11 @@ class Faults:
         for key in ("bad_request_for", "error_for", "hang_for"):
             if key in kwargs:
                 kwargs[key] = tuple(str(x) for x in kwargs[key])
+        if "tool_calls_for" in kwargs:
+            kwargs["tool_calls_for"] = tuple(
+                (str(p), tuple(tuple(calls or ()) for calls in answers))
+                for p, answers in dict(kwargs["tool_calls_for"]).items()
+            )
         faults = cls(**kwargs)
         total = sum(getattr(faults, f"{k}_rate") for k in FAULT_KINDS)
         if total > 1.0 or any(getattr(faults, f"{k}_rate") < 0 for k in FAULT_KINDS):
@@ -194,6 +203,27 @@ class Faults:
 
     def is_wedged(self, sample_id: str | None) -> bool:
         return _matches(sample_id, self.hang_for)
+
+    def scripted_tool_calls(self, sample_id: str | None, messages: list[Any]) -> list[dict[str, Any]]:
+        """The tool calls scripted for this answer of ``sample_id`` (OpenAI shape, as SGLang's parser
+        returns them: ids, indexes, arguments as JSON text); none when not scripted."""
+        answer = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        for pattern, answers in self.tool_calls_for:
+            if _matches(sample_id, (pattern,)) and answer < len(answers):
+                return [
+                    {
+                        "id": "call_"
+                        + hashlib.blake2b(repr((sample_id, answer, i)).encode()).hexdigest()[:24],
+                        "index": i,
+                        "type": "function",
+                        "function": {
+                            "name": call["name"],
+                            "arguments": json.dumps(call.get("arguments") or {}, ensure_ascii=False),
+                        },
+                    }
+                    for i, call in enumerate(answers[answer])
+                ]
+        return []
 
 
 def _matches(sample_id: str | None, patterns: tuple[str, ...]) -> bool:
@@ -270,6 +300,7 @@ class Completion:
     reasoning_tokens: int
     completion_tokens: int
     finish_reason: str
+    tool_calls: tuple[dict[str, Any], ...] | None = None  # parsed calls (finish_reason "tool_calls")
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +332,53 @@ def synth_completion(ask: Ask, opts: SimOptions, index: int = 0) -> Completion:
     # a budget spent inside the think block leaves no answer (unclosed <think>)
     content = " ".join(rng.choices(WORDS, k=total - r_used)) if r_used == r_len else ""
     return Completion(reasoning, content, r_used, total, finish)
+
+
+def with_tool_calls(made: Completion, calls: list[dict[str, Any]]) -> Completion:
+    """A stopped completion that ends in ``calls``: SGLang's tool-call parser takes them out of the text,
+    reports them as ``message.tool_calls`` and turns finish_reason ``stop`` into ``tool_calls``."""
+    return replace(made, tool_calls=tuple(calls), finish_reason="tool_calls")
+
+
+def tool_call_text(calls: tuple[dict[str, Any], ...]) -> str:
+    """The calls as the Qwen3 chat template writes them in an assistant turn (what the model emits)."""
+    return "\n".join(
+        '<tool_call>\n{"name": "' + c["function"]["name"] + '", "arguments": ' + c["function"]["arguments"]
+        + "}\n</tool_call>"
+        for c in calls
+    )  # fmt: skip
+
+
+TOOL_CALL_OPEN = "<tool_call>"
+
+
+def tool_call_pairing_error(messages: list[Any]) -> str | None:
+    """SGLang 0.5.23's check (``serving_chat._tool_call_pairing_error``): every assistant tool call is
+    answered by exactly one following tool message, unless that assistant message is the last one."""
+    pending: set[Any] | None = None
+    unpaired_ids = False
+    for m in messages:
+        m = m if isinstance(m, dict) else {}
+        if m.get("role") == "tool":
+            if unpaired_ids:
+                continue
+            if pending is None:
+                return "A tool message must follow an assistant message with tool_calls."
+            if m.get("tool_call_id") not in pending:
+                return f"tool_call_id {m.get('tool_call_id')!r} does not match an unanswered tool call."
+            pending.discard(m.get("tool_call_id"))
+            continue
+        if pending:
+            return f"Tool calls {sorted(pending)} have no tool message answering them."
+        pending, unpaired_ids = None, False
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            call_ids = [c.get("id") if isinstance(c, dict) else None for c in m["tool_calls"]]
+            unpaired_ids = None in call_ids  # calls without ids cannot be paired: results unchecked
+            pending = None if unpaired_ids else set(call_ids)
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    if pending and last.get("role") == "tool":
+        return f"Tool calls {sorted(pending)} have no tool message answering them."
+    return None
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -364,15 +442,27 @@ class TokenModel:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def prompt_ids(self, messages: list[Any], thinking: bool) -> list[int]:
-        """The prompt as SGLang tokenizes it: the chat template with the generation prompt."""
-        text = self.template.render(messages, add_generation_prompt=True, enable_thinking=thinking)
+    def prompt_ids(
+        self, messages: list[Any], thinking: bool, template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The prompt as SGLang tokenizes it: the chat template with the generation prompt and the
+        request's other ``chat_template_kwargs`` (e.g. ``preserve_thinking``)."""
+        if not template_kwargs:
+            text = self.template.render(messages, add_generation_prompt=True, enable_thinking=thinking)
+        else:
+            from regen.chat import to_template_dicts  # only in token mode
+
+            dicts = to_template_dicts(messages)
+            text = self.template.render_dicts(dicts, True, thinking, template_kwargs=template_kwargs)
         return self.encode(text)
 
     def complete(
         self, made: Completion, thinking: bool, max_tokens: int, ignore_eos: bool, noncanonical: bool
     ) -> TokenCompletion:
         """Turn a synthetic completion into the model's raw tokens and SGLang's parsed view of them."""
+        calls = made.tool_calls
+        if calls:  # the model stops after its calls: the text ends with them, then the end of turn
+            made = replace(made, finish_reason="stop", tool_calls=None)
         made = replace(
             made,
             reasoning=(
@@ -391,6 +481,8 @@ class TokenModel:
             raw = f"{THINK_OPEN}\n{made.reasoning}"
             if made.content or made.finish_reason == "stop":  # a budget spent inside the think block
                 raw += f"\n{THINK_CLOSE}\n\n{made.content}"
+        if calls:
+            raw += ("\n" if made.content else "") + tool_call_text(calls)
         ids = self.encode(raw)
         if noncanonical:
             ids = self._split_one_token(ids)
@@ -408,6 +500,10 @@ class TokenModel:
         else:
             reasoning_tokens = len(ids)
         finish = "stop" if stopped else "length"
+        if calls and stopped:  # parsed out of the text (a call cut by max_tokens stays text, unparsed)
+            content = content.split(TOOL_CALL_OPEN, 1)[0].strip()
+            completion = Completion(reasoning, content, reasoning_tokens, len(ids), "tool_calls", calls)
+            return TokenCompletion(completion, ids, None)
         completion = Completion(reasoning, content, reasoning_tokens, len(ids), finish)
         return TokenCompletion(completion, ids, self.eos_id if stopped else None)
 
@@ -900,6 +996,11 @@ class SimulatedServer:
         self.request_log("received", sid)
         if self.opts.faults.is_bad_request(sid):
             return _error(f"Invalid request for sample {sid}: rejected by the simulator.", 400)
+        pairing = (
+            tool_call_pairing_error(messages) if version_tuple(self.opts.version) >= (0, 5, 23) else None
+        )
+        if pairing is not None:
+            return _error(pairing, 400)
         max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 128
         n = req.get("n", 1)
         if not isinstance(max_tokens, int) or max_tokens < 1 or not isinstance(n, int) or n < 1:
@@ -926,7 +1027,10 @@ class SimulatedServer:
         ask = Ask(messages, seed, temperature, max_tokens, thinking, ignore_eos)
         choices = []
         tokenized: list[TokenCompletion] = []
-        prompt_ids = self.tokens.prompt_ids(messages, thinking) if self.tokens is not None else None
+        more_kwargs = {k: v for k, v in ctk.items() if k != "enable_thinking"}
+        prompt_ids = (
+            self.tokens.prompt_ids(messages, thinking, more_kwargs) if self.tokens is not None else None
+        )
         calls: list[list[dict[str, Any]] | None] = []
         for i in range(n):
             if self.chain is not None and prompt_ids:
@@ -938,6 +1042,9 @@ class SimulatedServer:
             made = self.make_completion(ask, i, key)
             nth = self.received_by_id[key] * n + i
             made, spoiled = self.opts.faults.spoil(made, key, nth)
+            calls = self.opts.faults.scripted_tool_calls(sid, messages) if req.get("tools") else []
+            if calls and made.finish_reason == "stop":
+                made = with_tool_calls(made, calls)
             if spoiled is not None:
                 self.fault_counts[spoiled] += 1
                 self.request_log(f"fault:{spoiled}", sid)
@@ -1080,6 +1187,8 @@ class SimulatedServer:
                     "content": f"<think>{c.reasoning}{closed}{c.content}",
                     "reasoning_content": None,
                 }
+            if c.tool_calls:
+                message["tool_calls"] = list(c.tool_calls)
             out_choices.append(
                 {
                     "index": i,
@@ -1090,7 +1199,9 @@ class SimulatedServer:
                         tokenized[i].matched_stop
                         if tokenized
                         else (QWEN_IM_END_ID if c.finish_reason == "stop" else None)
-                    ),
+                    )
+                    if not c.tool_calls
+                    else None,
                 }
             )
             if calls and calls[i]:
