@@ -96,8 +96,8 @@ def test_demo_end_to_end_resume_and_report(wd: Path) -> None:
     # First only two shards' generations: a partial run.
     partial = snakemake(
         wd,
-        "results/generations/00000.jsonl",
-        "results/generations/00001.jsonl",
+        "results/generations/00000.jsonl.zst",
+        "results/generations/00001.jsonl.zst",
         "--cores",
         "2",
         "--configfile",

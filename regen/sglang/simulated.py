@@ -1031,12 +1031,12 @@ class SimulatedServer:
         prompt_ids = (
             self.tokens.prompt_ids(messages, thinking, more_kwargs) if self.tokens is not None else None
         )
-        calls: list[list[dict[str, Any]] | None] = []
+        chain_calls: list[list[dict[str, Any]] | None] = []  # per choice, in chain mode
         for i in range(n):
             if self.chain is not None and prompt_ids:
                 done, made, choice_calls = self.chain_choice(req, ask, prompt_ids, i)
                 tokenized.append(done)
-                calls.append(choice_calls)
+                chain_calls.append(choice_calls)
                 choices.append(made)
                 continue
             made = self.make_completion(ask, i, key)
@@ -1204,8 +1204,8 @@ class SimulatedServer:
                     else None,
                 }
             )
-            if calls and calls[i]:
-                message["tool_calls"] = calls[i]
+            if chain_calls and chain_calls[i]:
+                message["tool_calls"] = chain_calls[i]
             if want_prompt_ids:
                 out_choices[-1]["prompt_token_ids"] = prompt_ids
             if want_ids:
