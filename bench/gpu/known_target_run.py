@@ -26,6 +26,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,6 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import known_target as kt
 
 REPO = Path(__file__).resolve().parents[2]
+_SUPERVISOR = re.compile(
+    r"\[regen-supervisor gpu\d+ pid \d+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] "
+    r"(=== regen supervisor: starting server|server ready at)"
+)
 TOOLS = [
     {
         "type": "function",
@@ -113,14 +118,24 @@ def write_config(path: Path, a: argparse.Namespace, dataset: Path) -> None:
 
 
 def read_jsonl(pattern: str) -> list[dict[str, Any]]:
+    from regen.io import open_lines
+
     out = []
     for f in sorted(glob.glob(pattern)):
-        with open(f) as fh:
-            out += [json.loads(line) for line in fh if line.strip()]
+        with open_lines(f) as lines:
+            out += [json.loads(line) for line in lines if line.strip()]
     return out
 
 
-def measure(a: argparse.Namespace, wall_s: float) -> dict[str, Any]:
+def generation_records(run: Path) -> list[dict[str, Any]]:
+    """The run's generation records (``results/generations/{shard}.jsonl.zst``, regen.layout's names)."""
+    from regen.layout import RunLayout
+
+    files = RunLayout.record_files_in(run / "results" / "generations")
+    return [r for f in files for r in read_jsonl(str(f)) if "id" in r]
+
+
+def measure(a: argparse.Namespace, wall_s: float, phases: dict[str, Any] | None) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
     from regen.sglang.simulated import parse_qwen3_reasoning, parse_qwen25_tool_calls
@@ -131,7 +146,7 @@ def measure(a: argparse.Namespace, wall_s: float) -> dict[str, Any]:
     d = d or kt.designed_stats(chain, a.max_tokens)  # a budget the build did not tabulate
     tok = Tokenizer.from_file(str(a.model / "tokenizer.json"))
     run = a.work / "run"
-    recs = [r for r in read_jsonl(str(run / "results" / "generations" / "*.jsonl")) if "id" in r]
+    recs = generation_records(run)
     n = len(recs)
     stop = split_ok = steps_ok = tool_rows = tool_spelled = tool_parsed = args_ok = ids_missing = 0
     retried = retried_done = 0
@@ -201,6 +216,7 @@ def measure(a: argparse.Namespace, wall_s: float) -> dict[str, Any]:
         "tool_calls_parsed": tool_parsed / max(1, tool_spelled),
         "tool_arguments_designed": args_ok / max(1, tool_parsed),
         "designed_tool_share": d["tool_call_fraction_of_stopped"] if d else None,
+        "output_tokens": sum(int((r.get("usage") or {}).get("completion_tokens") or 0) for r in recs),
         "retried": retried,
         "retried_finished": retried_done,
         "export_ids_equal": export_ok,
@@ -208,6 +224,7 @@ def measure(a: argparse.Namespace, wall_s: float) -> dict[str, Any]:
         "reaudit": json.loads(reaudit.read_text()) if reaudit.exists() else None,
         "ready": ready,
         "wall_s": wall_s,
+        "phases": phases,
         "split_mismatch_examples": bad,
     }
 
@@ -270,6 +287,37 @@ def export_equal(run: Path, recs: list[dict[str, Any]]) -> float | None:
     return ok / total if total else None
 
 
+def supervisor_times(text: str) -> dict[str, float | None]:
+    """Epoch seconds (1 s resolution) of the supervisor's first 'starting server' and 'server ready' lines."""
+    out: dict[str, float | None] = {"start_mark": None, "ready": None}
+    for m in _SUPERVISOR.finditer(text):
+        key = "start_mark" if m[2].startswith("===") else "ready"
+        if out[key] is None:
+            out[key] = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S"))
+    return out
+
+
+def regen_phases(run: Path, started_at: float, ended_at: float) -> dict[str, Any]:
+    """Where regen's wall time went (issue 27 item 4), from its own files: before the server (prepare, audit,
+    shard, tune), the server's start (the supervisor's 'starting server' to 'server ready', 1 s
+    resolution), ready to the first request, generation (first request sent to last answer, retries
+    included), and after (merge, validate, re-audit, export, report, the server's stop)."""
+    logs = sorted((run / "logs" / "servers").rglob("gpu*.log"))
+    sup = supervisor_times(logs[0].read_text(errors="replace")) if logs else {}
+    recs = [r for r in generation_records(run) if "timings" in r]
+    first = min((r["timings"]["started_at"] for r in recs), default=None)
+    last = max((r["timings"]["started_at"] + r["timings"]["latency_s"] for r in recs), default=None)
+    marks = [started_at, sup.get("start_mark"), sup.get("ready"), first, last, ended_at]
+    names = ["before_server_s", "server_start_s", "ready_to_first_request_s", "generation_s", "after_s"]
+    out: dict[str, Any] = {"started_at": started_at, "ended_at": ended_at, "wall_s": ended_at - started_at}
+    for name, a, b in zip(names, marks[:-1], marks[1:], strict=True):
+        out[name] = round(b - a, 1) if a is not None and b is not None else None
+    out["launch_to_last_answer_s"] = (
+        round(last - sup["start_mark"], 1) if last and sup.get("start_mark") else None
+    )
+    return out
+
+
 def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
     """Issue 27 item 5's last line; the baselines' wall times and the sweep's projection come from the
     campaign's other steps (``--default-wall-s``, ``--seed-wall-s``, ``--projected-s``), else ``na``."""
@@ -301,6 +349,35 @@ def fmt(x: Any) -> str:
     return f"{x:.4g}" if isinstance(x, float) else ("" if x is None else str(x))
 
 
+def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
+    """The baselines (known_target_baselines.py's ``baseline-*.json`` in the work dir) next to regen."""
+    rows = []
+    for f in sorted(work.glob("baseline-*.json")):
+        b = json.loads(f.read_text())
+        ans = b["answers"]
+        acc = (b["mtp"]["measured_accept_len"] or {}).get("running_weighted_mean")
+        rows.append(
+            f"| {b['which']} (concurrency {b['concurrency']}) | {fmt(b['wall_s'])} "
+            f"| {fmt(b['server_start_s'])} | {fmt(b['generation_s'])} | {ans['output_tokens']} "
+            f"| {fmt(ans['stop_fraction'])} | {fmt(acc)} | `{' '.join(b['launch_args'])}` |"
+        )
+    if not rows:
+        return []
+    ph = m.get("phases") or {}
+    return [
+        "Baselines (server launch to last answer; regen: Snakemake start to end):",
+        "",
+        "| run | wall s | server start s | generation s | output tokens | stop fraction | accept len "
+        "| flags |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| regen | {fmt(m['wall_s'])} | {fmt(ph.get('server_start_s'))} | {fmt(ph.get('generation_s'))} "
+        f"| {m.get('output_tokens', '')} | {fmt(m['stop_fraction'])} | | tuned by regen |",
+        f"| regen, server launch to last answer | {fmt(ph.get('launch_to_last_answer_s'))} | | | | | | |",
+        *rows,
+        "",
+    ]
+
+
 def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
     """The measurements against the design, as bench/results/ keeps them."""
     rows = [
@@ -328,6 +405,11 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
         rows.append((f"{name} of stopped rows: median", x.get("p50"), x.get("designed_p50")))
         if "ks" in x:
             rows.append((f"{name}: KS distance (1% critical)", x["ks"], x["ks_1pct_critical"]))
+    ph = m.get("phases") or {}
+    timing = [
+        f"| {k} | {fmt(ph.get(k))} |"
+        for k in ("before_server_s", "server_start_s", "ready_to_first_request_s", "generation_s", "after_s")
+    ]
     out = [
         f"# Known-answer target, mode {a.mode}: {m['requests']} prompts, max_tokens {a.max_tokens}",
         "",
@@ -338,6 +420,13 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
         f"Re-audit passed: {(m.get('reaudit') or {}).get('passed')}; "
         f"READY: {(m.get('ready') or {}).get('ready')}.",
         "",
+        f"Where regen's {fmt(m['wall_s'])} s went (Snakemake start to end):",
+        "",
+        "| phase | s |",
+        "|---|---|",
+        *timing,
+        "",
+        *baselines_table(a.work, m),
         "    " + line,
         "",
     ]
@@ -363,6 +452,12 @@ def main(argv: list[str]) -> int:
     if not (a.model / "chain.json").exists():
         kt.build(a.model, kt.TINY, kt.ChainSpec(), [a.max_tokens])
     wall = float("nan")
+    phases = None
+    previous = a.work / "known_target_measured.json"
+    if a.measure_only and previous.exists():  # e.g. again with the baselines' wall times: keep the run's own
+        before = json.loads(previous.read_text())
+        wall = before["wall_s"] if before.get("wall_s") is not None else wall
+        phases = before.get("phases")
     if not a.measure_only:
         dataset = a.work / "dataset.jsonl"
         write_dataset(dataset, a.n, a.tools_fraction)
@@ -384,11 +479,14 @@ def main(argv: list[str]) -> int:
         t0 = time.time()
         with open(a.work / "snakemake.log", "w") as log:
             rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
-        wall = time.time() - t0
+        t1 = time.time()
+        wall = t1 - t0
         print(f"workflow rc={rc} in {wall:.0f} s (log: {a.work / 'snakemake.log'})")
         if rc != 0:
             return rc
-    m = measure(a, wall)
+        phases = regen_phases(run, t0, t1)
+        print("regen phases:", json.dumps(phases))
+    m = measure(a, wall, phases)
     (a.work / "known_target_measured.json").write_text(json.dumps(m, indent=1))
     print(json.dumps({k: v for k, v in m.items() if k not in ("reaudit",)}, indent=1))
 
