@@ -397,11 +397,21 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     pre = stop_leftovers(a.stop_first, a.dry_cpu) if a.stop_first else None
-    result = run_baseline(a)
+    out = a.work / f"baseline-{a.which}.json"
+    try:
+        result = run_baseline(a)
+    except Exception as exc:  # e.g. the server never got ready: record why, keep the campaign going
+        import traceback
+
+        traceback.print_exc()
+        line = f"baseline: which={a.which} error={type(exc).__name__}"
+        failed = {"which": a.which, "error": f"{type(exc).__name__}: {exc}", "before": pre, "line": line}
+        out.write_text(json.dumps(failed, indent=1, default=str))
+        print(line, flush=True)
+        return 1
     result["before"] = pre
     line = baseline_line(result)
     result["line"] = line
-    out = a.work / f"baseline-{a.which}.json"
     out.write_text(json.dumps(result, indent=1, default=str))
     print(
         json.dumps(

@@ -165,6 +165,7 @@ def sequence(args: list[str]) -> None:
     shared.add_argument("--n", default="2000")
     shared.add_argument("--max-tokens", default="4096")
     shared.add_argument("--tools-fraction", default="0.3")
+    shared.add_argument("--sim-token-rate", default="20000")
     same, _ = shared.parse_known_args(run_args)
     mode = "simulated" if DRY else "sglang"
     run = [PY, "bench/gpu/known_target_run.py", "--model", str(MODEL), "--work", str(WORK), "--mode", mode]
@@ -175,11 +176,12 @@ def sequence(args: list[str]) -> None:
         cmd = [PY, "bench/gpu/known_target_baselines.py", "--model", str(MODEL), "--work", str(WORK)]
         cmd += ["--which", which, "--n", same.n, "--max-tokens", same.max_tokens]
         cmd += ["--tools-fraction", same.tools_fraction, "--concurrency", str(concurrency)]
-        cmd += ["--stop-first", str(WORK / "run"), *(["--dry-cpu"] if DRY else [])]
+        cmd += ["--stop-first", str(WORK / "run")]
+        cmd += ["--dry-cpu", "--sim-token-rate", same.sim_token_rate] if DRY else []
         step(f"baseline {which}", cmd)
         result = WORK / f"baseline-{which}.json"
-        if result.exists():
-            walls[which] = json.loads(result.read_text())["wall_s"]
+        if result.exists() and "wall_s" in (done := json.loads(result.read_text())):
+            walls[which] = done["wall_s"]
     fill = [f"--{w}-wall-s={walls[w]}" for w in ("default", "seed") if w in walls]
     step("target", [*run, *run_args, "--measure-only", *fill])
     print(DONE, flush=True)

@@ -14,7 +14,9 @@ completion ids at the chain's ``</think>``, and usage.reasoning_tokens equals th
 ``</think>``); each step of every completion is a designed transition; tool calls parsed (rows with
 tools whose ids spell a tool call have ``tool_calls`` with designed arguments); truncation retries and
 how they ended; the exported ids equal the server's ids; the re-audit gates and READY verdict.
-Fields the campaign fills later (wall times of the baselines, projection error) print as ``na``.
+Fields the campaign fills later (the baselines' wall times: known_target_baselines.py) print as ``na``;
+the projection of the generation phase is made from the workflow's static plan, the designed lengths and
+a prior decode-step line (``projection``), unless ``--projected-s`` gives one.
 
 Usage: python bench/gpu/known_target_run.py --model DIR --work DIR [--mode simulated] [--n 2000]
        [--max-tokens 4096] [--tools-fraction 0.3]
@@ -229,6 +231,62 @@ def measure(a: argparse.Namespace, wall_s: float, phases: dict[str, Any] | None)
     }
 
 
+def completion_pmf(model: Path, m2: int) -> Any:
+    """The chain's completion length (tokens to ``<|im_end|>``, unbounded) as a pmf over 0..4*m2."""
+    import numpy as np
+
+    chain = kt.Chain.from_json(json.loads((model / "chain.json").read_text()))
+    r = kt.first_passage(chain, chain.start_thinking, {chain.think_close}, 4 * m2)[chain.think_close]
+    a = kt.first_passage(chain, chain.think_close, {chain.eos}, 4 * m2)[chain.eos]
+    return np.convolve(r, a)[: 4 * m2 + 1]
+
+
+#: decode plateaus (running requests, output tok/s) measured on this GPU at this shape with fp32 state,
+#: SGLang 0.5.17: its defaults (82) and regen's plan (350) (bench/results/gpu-2026-11-29.md)
+PRIOR_PLATEAUS = "82:3178,350:5220"
+
+
+def projection(a: argparse.Namespace, run: Path) -> dict[str, Any] | None:
+    """Issue 27 item 3, from what is known before generation starts: the workflow's static plan
+    (``results/plan/server.json``: the running cap), the designed length distribution (each row's first
+    attempt capped at max_tokens, a truncated row's retry a fresh draw capped at the raised budget) and a
+    decode-step line (``--prior-plateaus``; in simulated mode the simulated server's per-request rate),
+    played out by ``regen.closedloop`` (start burst and drain included, server start excluded, as regen's
+    projection excludes it). Compared with the generation phase (first request to last answer)."""
+    import numpy as np
+
+    from regen.closedloop import StepModel, closed_loop_wall_s
+    from regen.io import read_json
+    from regen.sglang.realized import launched_section
+
+    plan_file = run / "results" / "plan" / "server.json"
+    if not plan_file.exists():
+        return None
+    cap = launched_section(read_json(plan_file)).get("effective_max_running_requests")
+    if not cap:
+        return None
+    m, m2 = a.max_tokens, 2 * a.max_tokens  # the config's retry_max_tokens_factor: 2
+    pmf = completion_pmf(a.model, m2)
+    rng = np.random.default_rng(0)
+    first = rng.choice(len(pmf), size=a.n, p=pmf / pmf.sum())
+    again = rng.choice(len(pmf), size=a.n, p=pmf / pmf.sum())
+    lengths = np.minimum(first, m) + np.where(first > m, np.minimum(again, m2), 0)
+    if a.mode == "simulated":
+        step, source = StepModel(1.0 / a.sim_token_rate, 0.0), f"simulated {a.sim_token_rate:g} tok/s/request"
+    else:
+        pts = [tuple(float(x) for x in p.split(":")) for p in a.prior_plateaus.split(",")]
+        step = StepModel.fit([(int(b), tps) for b, tps in pts])
+        source = f"plateaus {a.prior_plateaus}"
+    est = closed_loop_wall_s([int(x) for x in lengths], int(cap), step)
+    return {
+        "generation_s": est.wall_s,
+        "estimate": est.to_json(),
+        "cap": int(cap),
+        "step_model": {"fixed_s": step.fixed_s, "per_request_s": step.per_request_s, "from": source},
+        "designed_tokens_per_prompt": float(lengths.mean()),
+    }
+
+
 def length_check(recs: list[dict[str, Any]], d: dict[str, Any] | None, model: Path) -> dict[str, Any]:
     """Completion and reasoning tokens of the rows that ended on a stop, against the designed distribution
     of a run with one retry (designed.json ``final_rows``): means, medians and the largest CDF gap (KS)."""
@@ -236,11 +294,8 @@ def length_check(recs: list[dict[str, Any]], d: dict[str, Any] | None, model: Pa
         return {}
     import numpy as np
 
-    chain = kt.Chain.from_json(json.loads((model / "chain.json").read_text()))
     m, m2 = d["max_tokens"], d["retry"]["max_tokens"]
-    r = kt.first_passage(chain, chain.start_thinking, {chain.think_close}, 4 * m2)[chain.think_close]
-    a = kt.first_passage(chain, chain.think_close, {chain.eos}, 4 * m2)[chain.eos]
-    total = np.convolve(r, a)[: 4 * m2 + 1]
+    total = completion_pmf(model, m2)
     f_m = float(total[: m + 1].sum())
     comp = np.zeros(m2 + 1)
     comp[: m + 1] += total[: m + 1]
@@ -327,7 +382,8 @@ def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
 
     wall = m["wall_s"]
     ratio = lambda base: base / wall if base and wall == wall else None  # noqa: E731
-    proj = (a.projected_s - wall) / wall if a.projected_s and wall == wall else None
+    gen = (m.get("phases") or {}).get("generation_s") or wall  # the projection excludes server start
+    proj = (a.projected_s - gen) / gen if a.projected_s and gen == gen else None
     fields = {
         "requests": m["requests"],
         "stop_fraction": m["stop_fraction"],
@@ -349,11 +405,27 @@ def fmt(x: Any) -> str:
     return f"{x:.4g}" if isinstance(x, float) else ("" if x is None else str(x))
 
 
+def projection_lines(m: dict[str, Any]) -> list[str]:
+    p = m.get("projection")
+    if not p:
+        return []
+    gen = (m.get("phases") or {}).get("generation_s")
+    return [
+        f"Projection of the generation phase (cap {p['cap']} from the static plan, designed lengths "
+        f"{p['designed_tokens_per_prompt']:.0f} tokens a prompt, step line from {p['step_model']['from']}): "
+        f"{p['generation_s']:.1f} s, measured {fmt(gen)} s.",
+        "",
+    ]
+
+
 def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
     """The baselines (known_target_baselines.py's ``baseline-*.json`` in the work dir) next to regen."""
     rows = []
     for f in sorted(work.glob("baseline-*.json")):
         b = json.loads(f.read_text())
+        if "error" in b:
+            rows.append(f"| {b['which']} | failed: {b['error'][:200]} | | | | | | |")
+            continue
         ans = b["answers"]
         acc = (b["mtp"]["measured_accept_len"] or {}).get("running_weighted_mean")
         rows.append(
@@ -426,6 +498,7 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
         "|---|---|",
         *timing,
         "",
+        *projection_lines(m),
         *baselines_table(a.work, m),
         "    " + line,
         "",
@@ -446,7 +519,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--measure-only", action="store_true", help="skip the workflow; measure an existing run")
     p.add_argument("--default-wall-s", type=float, default=None, help="SGLang defaults, concurrency 48")
     p.add_argument("--seed-wall-s", type=float, default=None, help="the original run's hand-tuned flags")
-    p.add_argument("--projected-s", type=float, default=None, help="the sweep's projection of this run")
+    p.add_argument("--projected-s", type=float, default=None, help="a projection of the generation phase")
+    p.add_argument("--prior-plateaus", default=PRIOR_PLATEAUS, help="running:tok/s,... for the projection")
+    p.add_argument("--no-projection", action="store_true", help="no projection from the plan and design")
     a = p.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     if not (a.model / "chain.json").exists():
@@ -487,6 +562,9 @@ def main(argv: list[str]) -> int:
         phases = regen_phases(run, t0, t1)
         print("regen phases:", json.dumps(phases))
     m = measure(a, wall, phases)
+    m["projection"] = projection(a, a.work / "run") if not a.no_projection else None
+    if a.projected_s is None and m["projection"] is not None:
+        a.projected_s = m["projection"]["generation_s"]
     (a.work / "known_target_measured.json").write_text(json.dumps(m, indent=1))
     print(json.dumps({k: v for k, v in m.items() if k not in ("reaudit",)}, indent=1))
 
