@@ -17,7 +17,8 @@ The client is aiohttp (what regen's own client uses, so client overhead is alike
 tools`` (rows with tools). Timed as regen's wall is: ``wall_s`` from launching the server to the last answer,
 split into ``server_start_s`` (launch to ready, the supervisor's readiness includes a sampled one-token
 request) and ``generation_s`` (first request to last answer); stopping the server is not counted.
-Measured: output tokens, finish reasons, tool calls, the server's decode plateau and (MTP) ``accept len``
+Measured: output tokens, finish reasons, tool calls, the server's decode plateau and (MTP) the accept
+length (``/server_info``'s ``avg_spec_accept_length`` after the run, and the decode lines' ``accept len``)
 against ``designed.json``, and regen's memory plan for the same flags (``regen.sglang.plan.plan``) against
 what the server realized (cap, mamba slots, KV tokens).
 
@@ -297,6 +298,10 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
             t_gen = time.monotonic()
             answers = asyncio.run(post_all(ep.url, rows, ep.model or str(a.model), a.max_tokens, concurrency))
             t_end = time.monotonic()
+            after = fetch_server_info(ep.url, None)  # SGLang's own average accept length over the run
+            result["avg_spec_accept_length"] = ((after.get("internal_states") or [{}])[0] or {}).get(
+                "avg_spec_accept_length"
+            )
             result["endpoint"] = {"url": ep.url, "max_running_requests": ep.max_running_requests,
                                   "version": ep.version}  # fmt: skip
     finally:
@@ -328,6 +333,7 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
     }
     designed = json.loads((a.model / "designed.json").read_text())
     result["mtp"] = {
+        "server_avg_accept_len": result.pop("avg_spec_accept_length", None),
         "measured_accept_len": accept_lengths(this),
         "designed_accept_len": designed["mtp"]["accept_length"],
         "designed_accept_len_simulated": designed["mtp"].get("accept_length_simulated"),
@@ -355,7 +361,9 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
 
 def baseline_line(r: dict[str, Any]) -> str:
     ans = r["answers"]
-    acc = (r["mtp"]["measured_accept_len"] or {}).get("running_weighted_mean")
+    acc = r["mtp"]["server_avg_accept_len"] or (r["mtp"]["measured_accept_len"] or {}).get(
+        "running_weighted_mean"
+    )
     pred = (r["plan"].get("predicted") or {}).get("effective_max_running_requests")
     real = r["server_info"].get("effective_max_running_requests_per_dp") or r["server_info"].get(
         "max_running_requests"

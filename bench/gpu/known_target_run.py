@@ -427,7 +427,9 @@ def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
             rows.append(f"| {b['which']} | failed: {b['error'][:200]} | | | | | | |")
             continue
         ans = b["answers"]
-        acc = (b["mtp"]["measured_accept_len"] or {}).get("running_weighted_mean")
+        acc = b["mtp"].get("server_avg_accept_len") or (b["mtp"]["measured_accept_len"] or {}).get(
+            "running_weighted_mean"
+        )
         rows.append(
             f"| {b['which']} (concurrency {b['concurrency']}) | {fmt(b['wall_s'])} "
             f"| {fmt(b['server_start_s'])} | {fmt(b['generation_s'])} | {ans['output_tokens']} "
