@@ -14,7 +14,9 @@ completion ids at the chain's ``</think>``, and usage.reasoning_tokens equals th
 ``</think>``); each step of every completion is a designed transition; tool calls parsed (rows with
 tools whose ids spell a tool call have ``tool_calls`` with designed arguments); truncation retries and
 how they ended; the exported ids equal the server's ids; the re-audit gates and READY verdict.
-Fields the campaign fills later (wall times of the baselines, projection error) print as ``na``.
+Fields the campaign fills later (the baselines' wall times: known_target_baselines.py) print as ``na``;
+the projection of the generation phase is made from the workflow's static plan, the designed lengths and
+a prior decode-step line (``projection``), unless ``--projected-s`` gives one.
 
 Usage: python bench/gpu/known_target_run.py --model DIR --work DIR [--mode simulated] [--n 2000]
        [--max-tokens 4096] [--tools-fraction 0.3]
@@ -26,6 +28,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,6 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import known_target as kt
 
 REPO = Path(__file__).resolve().parents[2]
+_SUPERVISOR = re.compile(
+    r"\[regen-supervisor gpu\d+ pid \d+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] "
+    r"(=== regen supervisor: starting server|server ready at)"
+)
 TOOLS = [
     {
         "type": "function",
@@ -113,14 +120,24 @@ def write_config(path: Path, a: argparse.Namespace, dataset: Path) -> None:
 
 
 def read_jsonl(pattern: str) -> list[dict[str, Any]]:
+    from regen.io import open_lines
+
     out = []
     for f in sorted(glob.glob(pattern)):
-        with open(f) as fh:
-            out += [json.loads(line) for line in fh if line.strip()]
+        with open_lines(f) as lines:
+            out += [json.loads(line) for line in lines if line.strip()]
     return out
 
 
-def measure(a: argparse.Namespace, wall_s: float) -> dict[str, Any]:
+def generation_records(run: Path) -> list[dict[str, Any]]:
+    """The run's generation records (``results/generations/{shard}.jsonl.zst``, regen.layout's names)."""
+    from regen.layout import RunLayout
+
+    files = RunLayout.record_files_in(run / "results" / "generations")
+    return [r for f in files for r in read_jsonl(str(f)) if "id" in r]
+
+
+def measure(a: argparse.Namespace, wall_s: float, phases: dict[str, Any] | None) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
     from regen.sglang.simulated import parse_qwen3_reasoning, parse_qwen25_tool_calls
@@ -131,7 +148,7 @@ def measure(a: argparse.Namespace, wall_s: float) -> dict[str, Any]:
     d = d or kt.designed_stats(chain, a.max_tokens)  # a budget the build did not tabulate
     tok = Tokenizer.from_file(str(a.model / "tokenizer.json"))
     run = a.work / "run"
-    recs = [r for r in read_jsonl(str(run / "results" / "generations" / "*.jsonl")) if "id" in r]
+    recs = generation_records(run)
     n = len(recs)
     stop = split_ok = steps_ok = tool_rows = tool_spelled = tool_parsed = args_ok = ids_missing = 0
     retried = retried_done = 0
@@ -201,6 +218,7 @@ def measure(a: argparse.Namespace, wall_s: float) -> dict[str, Any]:
         "tool_calls_parsed": tool_parsed / max(1, tool_spelled),
         "tool_arguments_designed": args_ok / max(1, tool_parsed),
         "designed_tool_share": d["tool_call_fraction_of_stopped"] if d else None,
+        "output_tokens": sum(int((r.get("usage") or {}).get("completion_tokens") or 0) for r in recs),
         "retried": retried,
         "retried_finished": retried_done,
         "export_ids_equal": export_ok,
@@ -208,7 +226,64 @@ def measure(a: argparse.Namespace, wall_s: float) -> dict[str, Any]:
         "reaudit": json.loads(reaudit.read_text()) if reaudit.exists() else None,
         "ready": ready,
         "wall_s": wall_s,
+        "phases": phases,
         "split_mismatch_examples": bad,
+    }
+
+
+def completion_pmf(model: Path, m2: int) -> Any:
+    """The chain's completion length (tokens to ``<|im_end|>``, unbounded) as a pmf over 0..4*m2."""
+    import numpy as np
+
+    chain = kt.Chain.from_json(json.loads((model / "chain.json").read_text()))
+    r = kt.first_passage(chain, chain.start_thinking, {chain.think_close}, 4 * m2)[chain.think_close]
+    a = kt.first_passage(chain, chain.think_close, {chain.eos}, 4 * m2)[chain.eos]
+    return np.convolve(r, a)[: 4 * m2 + 1]
+
+
+#: decode plateaus (running requests, output tok/s) measured on this GPU at this shape with fp32 state,
+#: SGLang 0.5.17: its defaults (82) and regen's plan (350) (bench/results/gpu-2026-11-29.md)
+PRIOR_PLATEAUS = "82:3178,350:5220"
+
+
+def projection(a: argparse.Namespace, run: Path) -> dict[str, Any] | None:
+    """Issue 27 item 3, from what is known before generation starts: the workflow's static plan
+    (``results/plan/server.json``: the running cap), the designed length distribution (each row's first
+    attempt capped at max_tokens, a truncated row's retry a fresh draw capped at the raised budget) and a
+    decode-step line (``--prior-plateaus``; in simulated mode the simulated server's per-request rate),
+    played out by ``regen.closedloop`` (start burst and drain included, server start excluded, as regen's
+    projection excludes it). Compared with the generation phase (first request to last answer)."""
+    import numpy as np
+
+    from regen.closedloop import StepModel, closed_loop_wall_s
+    from regen.io import read_json
+    from regen.sglang.realized import launched_section
+
+    plan_file = run / "results" / "plan" / "server.json"
+    if not plan_file.exists():
+        return None
+    cap = launched_section(read_json(plan_file)).get("effective_max_running_requests")
+    if not cap:
+        return None
+    m, m2 = a.max_tokens, 2 * a.max_tokens  # the config's retry_max_tokens_factor: 2
+    pmf = completion_pmf(a.model, m2)
+    rng = np.random.default_rng(0)
+    first = rng.choice(len(pmf), size=a.n, p=pmf / pmf.sum())
+    again = rng.choice(len(pmf), size=a.n, p=pmf / pmf.sum())
+    lengths = np.minimum(first, m) + np.where(first > m, np.minimum(again, m2), 0)
+    if a.mode == "simulated":
+        step, source = StepModel(1.0 / a.sim_token_rate, 0.0), f"simulated {a.sim_token_rate:g} tok/s/request"
+    else:
+        pts = [tuple(float(x) for x in p.split(":")) for p in a.prior_plateaus.split(",")]
+        step = StepModel.fit([(int(b), tps) for b, tps in pts])
+        source = f"plateaus {a.prior_plateaus}"
+    est = closed_loop_wall_s([int(x) for x in lengths], int(cap), step)
+    return {
+        "generation_s": est.wall_s,
+        "estimate": est.to_json(),
+        "cap": int(cap),
+        "step_model": {"fixed_s": step.fixed_s, "per_request_s": step.per_request_s, "from": source},
+        "designed_tokens_per_prompt": float(lengths.mean()),
     }
 
 
@@ -219,11 +294,8 @@ def length_check(recs: list[dict[str, Any]], d: dict[str, Any] | None, model: Pa
         return {}
     import numpy as np
 
-    chain = kt.Chain.from_json(json.loads((model / "chain.json").read_text()))
     m, m2 = d["max_tokens"], d["retry"]["max_tokens"]
-    r = kt.first_passage(chain, chain.start_thinking, {chain.think_close}, 4 * m2)[chain.think_close]
-    a = kt.first_passage(chain, chain.think_close, {chain.eos}, 4 * m2)[chain.eos]
-    total = np.convolve(r, a)[: 4 * m2 + 1]
+    total = completion_pmf(model, m2)
     f_m = float(total[: m + 1].sum())
     comp = np.zeros(m2 + 1)
     comp[: m + 1] += total[: m + 1]
@@ -270,6 +342,37 @@ def export_equal(run: Path, recs: list[dict[str, Any]]) -> float | None:
     return ok / total if total else None
 
 
+def supervisor_times(text: str) -> dict[str, float | None]:
+    """Epoch seconds (1 s resolution) of the supervisor's first 'starting server' and 'server ready' lines."""
+    out: dict[str, float | None] = {"start_mark": None, "ready": None}
+    for m in _SUPERVISOR.finditer(text):
+        key = "start_mark" if m[2].startswith("===") else "ready"
+        if out[key] is None:
+            out[key] = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S"))
+    return out
+
+
+def regen_phases(run: Path, started_at: float, ended_at: float) -> dict[str, Any]:
+    """Where regen's wall time went (issue 27 item 4), from its own files: before the server (prepare, audit,
+    shard, tune), the server's start (the supervisor's 'starting server' to 'server ready', 1 s
+    resolution), ready to the first request, generation (first request sent to last answer, retries
+    included), and after (merge, validate, re-audit, export, report, the server's stop)."""
+    logs = sorted((run / "logs" / "servers").rglob("gpu*.log"))
+    sup = supervisor_times(logs[0].read_text(errors="replace")) if logs else {}
+    recs = [r for r in generation_records(run) if "timings" in r]
+    first = min((r["timings"]["started_at"] for r in recs), default=None)
+    last = max((r["timings"]["started_at"] + r["timings"]["latency_s"] for r in recs), default=None)
+    marks = [started_at, sup.get("start_mark"), sup.get("ready"), first, last, ended_at]
+    names = ["before_server_s", "server_start_s", "ready_to_first_request_s", "generation_s", "after_s"]
+    out: dict[str, Any] = {"started_at": started_at, "ended_at": ended_at, "wall_s": ended_at - started_at}
+    for name, a, b in zip(names, marks[:-1], marks[1:], strict=True):
+        out[name] = round(b - a, 1) if a is not None and b is not None else None
+    out["launch_to_last_answer_s"] = (
+        round(last - sup["start_mark"], 1) if last and sup.get("start_mark") else None
+    )
+    return out
+
+
 def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
     """Issue 27 item 5's last line; the baselines' wall times and the sweep's projection come from the
     campaign's other steps (``--default-wall-s``, ``--seed-wall-s``, ``--projected-s``), else ``na``."""
@@ -279,7 +382,8 @@ def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
 
     wall = m["wall_s"]
     ratio = lambda base: base / wall if base and wall == wall else None  # noqa: E731
-    proj = (a.projected_s - wall) / wall if a.projected_s and wall == wall else None
+    gen = (m.get("phases") or {}).get("generation_s") or wall  # the projection excludes server start
+    proj = (a.projected_s - gen) / gen if a.projected_s and gen == gen else None
     fields = {
         "requests": m["requests"],
         "stop_fraction": m["stop_fraction"],
@@ -299,6 +403,53 @@ def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
 
 def fmt(x: Any) -> str:
     return f"{x:.4g}" if isinstance(x, float) else ("" if x is None else str(x))
+
+
+def projection_lines(m: dict[str, Any]) -> list[str]:
+    p = m.get("projection")
+    if not p:
+        return []
+    gen = (m.get("phases") or {}).get("generation_s")
+    return [
+        f"Projection of the generation phase (cap {p['cap']} from the static plan, designed lengths "
+        f"{p['designed_tokens_per_prompt']:.0f} tokens a prompt, step line from {p['step_model']['from']}): "
+        f"{p['generation_s']:.1f} s, measured {fmt(gen)} s.",
+        "",
+    ]
+
+
+def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
+    """The baselines (known_target_baselines.py's ``baseline-*.json`` in the work dir) next to regen."""
+    rows = []
+    for f in sorted(work.glob("baseline-*.json")):
+        b = json.loads(f.read_text())
+        if "error" in b:
+            rows.append(f"| {b['which']} | failed: {b['error'][:200]} | | | | | | |")
+            continue
+        ans = b["answers"]
+        acc = b["mtp"].get("server_avg_accept_len") or (b["mtp"]["measured_accept_len"] or {}).get(
+            "running_weighted_mean"
+        )
+        rows.append(
+            f"| {b['which']} (concurrency {b['concurrency']}) | {fmt(b['wall_s'])} "
+            f"| {fmt(b['server_start_s'])} | {fmt(b['generation_s'])} | {ans['output_tokens']} "
+            f"| {fmt(ans['stop_fraction'])} | {fmt(acc)} | `{' '.join(b['launch_args'])}` |"
+        )
+    if not rows:
+        return []
+    ph = m.get("phases") or {}
+    return [
+        "Baselines (server launch to last answer; regen: Snakemake start to end):",
+        "",
+        "| run | wall s | server start s | generation s | output tokens | stop fraction | accept len "
+        "| flags |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| regen | {fmt(m['wall_s'])} | {fmt(ph.get('server_start_s'))} | {fmt(ph.get('generation_s'))} "
+        f"| {m.get('output_tokens', '')} | {fmt(m['stop_fraction'])} | | tuned by regen |",
+        f"| regen, server launch to last answer | {fmt(ph.get('launch_to_last_answer_s'))} | | | | | | |",
+        *rows,
+        "",
+    ]
 
 
 def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
@@ -328,6 +479,11 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
         rows.append((f"{name} of stopped rows: median", x.get("p50"), x.get("designed_p50")))
         if "ks" in x:
             rows.append((f"{name}: KS distance (1% critical)", x["ks"], x["ks_1pct_critical"]))
+    ph = m.get("phases") or {}
+    timing = [
+        f"| {k} | {fmt(ph.get(k))} |"
+        for k in ("before_server_s", "server_start_s", "ready_to_first_request_s", "generation_s", "after_s")
+    ]
     out = [
         f"# Known-answer target, mode {a.mode}: {m['requests']} prompts, max_tokens {a.max_tokens}",
         "",
@@ -338,6 +494,14 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
         f"Re-audit passed: {(m.get('reaudit') or {}).get('passed')}; "
         f"READY: {(m.get('ready') or {}).get('ready')}.",
         "",
+        f"Where regen's {fmt(m['wall_s'])} s went (Snakemake start to end):",
+        "",
+        "| phase | s |",
+        "|---|---|",
+        *timing,
+        "",
+        *projection_lines(m),
+        *baselines_table(a.work, m),
         "    " + line,
         "",
     ]
@@ -357,12 +521,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--measure-only", action="store_true", help="skip the workflow; measure an existing run")
     p.add_argument("--default-wall-s", type=float, default=None, help="SGLang defaults, concurrency 48")
     p.add_argument("--seed-wall-s", type=float, default=None, help="the original run's hand-tuned flags")
-    p.add_argument("--projected-s", type=float, default=None, help="the sweep's projection of this run")
+    p.add_argument("--projected-s", type=float, default=None, help="a projection of the generation phase")
+    p.add_argument("--prior-plateaus", default=PRIOR_PLATEAUS, help="running:tok/s,... for the projection")
+    p.add_argument("--no-projection", action="store_true", help="no projection from the plan and design")
     a = p.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     if not (a.model / "chain.json").exists():
         kt.build(a.model, kt.TINY, kt.ChainSpec(), [a.max_tokens])
     wall = float("nan")
+    phases = None
+    previous = a.work / "known_target_measured.json"
+    if a.measure_only and previous.exists():  # e.g. again with the baselines' wall times: keep the run's own
+        before = json.loads(previous.read_text())
+        wall = before["wall_s"] if before.get("wall_s") is not None else wall
+        phases = before.get("phases")
     if not a.measure_only:
         dataset = a.work / "dataset.jsonl"
         write_dataset(dataset, a.n, a.tools_fraction)
@@ -384,11 +556,17 @@ def main(argv: list[str]) -> int:
         t0 = time.time()
         with open(a.work / "snakemake.log", "w") as log:
             rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
-        wall = time.time() - t0
+        t1 = time.time()
+        wall = t1 - t0
         print(f"workflow rc={rc} in {wall:.0f} s (log: {a.work / 'snakemake.log'})")
         if rc != 0:
             return rc
-    m = measure(a, wall)
+        phases = regen_phases(run, t0, t1)
+        print("regen phases:", json.dumps(phases))
+    m = measure(a, wall, phases)
+    m["projection"] = projection(a, a.work / "run") if not a.no_projection else None
+    if a.projected_s is None and m["projection"] is not None:
+        a.projected_s = m["projection"]["generation_s"]
     (a.work / "known_target_measured.json").write_text(json.dumps(m, indent=1))
     print(json.dumps({k: v for k, v in m.items() if k not in ("reaudit",)}, indent=1))
 
