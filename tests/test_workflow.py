@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from regen.io import open_lines
+from regen.layout import RunLayout
+
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "schemas", "report", "envs", "config", "resources", "data")
@@ -89,7 +92,8 @@ def test_bad_config_stops_before_any_job(wd: Path, override: str, names: list[st
 
 
 def read_jsonl_ids(path: Path) -> list[str]:
-    return [json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()]
+    with open_lines(path) as lines:  # the generation records are zstd-compressed
+        return [json.loads(line)["id"] for line in lines if line.strip()]
 
 
 def test_demo_end_to_end_resume_and_report(wd: Path) -> None:
@@ -122,7 +126,7 @@ def test_demo_end_to_end_resume_and_report(wd: Path) -> None:
     assert reconcile["reasons"]["excluded"]["contaminated"] == 3
 
     # Exactly one record per generated sample across shards.
-    records = [p for p in (wd / "results" / "generations").glob("*.jsonl") if ".failed" not in p.name]
+    records = RunLayout.under(wd).record_files()
     ids = [i for p in records for i in read_jsonl_ids(p)]
     assert len(records) == 4 and ids and len(ids) == len(set(ids))
 

@@ -1070,7 +1070,7 @@ class SimulatedServer:
             bool(req.get("separate_reasoning", True)),
             prompt_ids,
             tokenized,
-            calls,
+            chain_calls,
         )
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n_out
@@ -1204,8 +1204,8 @@ class SimulatedServer:
                     else None,
                 }
             )
-            if chain_calls and chain_calls[i]:
-                message["tool_calls"] = chain_calls[i]
+            if calls and calls[i]:
+                message["tool_calls"] = calls[i]
             if want_prompt_ids:
                 out_choices[-1]["prompt_token_ids"] = prompt_ids
             if want_ids:
