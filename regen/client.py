@@ -75,6 +75,19 @@ class Lenders(Protocol):
     def close(self) -> None: ...
 
 
+class ServerRestarts(Protocol):
+    """The job's own server across restarts (``regen.sglang.progress.SlotRestarts``): a request lost
+    because the server was restarted under it (stalled or crashed) is sent again to the restarted server,
+    once per restart, without using one of its attempts."""
+
+    generation: int  # server starts seen so far
+    failure: str | None  # the supervisor's cause when it gave up
+
+    async def lost_to_restart(self, generation: int) -> str | None:
+        """After a failed request sent at ``generation``: the server's URL when it was restarted since."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingConfig:
     temperature: float = 0.6
@@ -491,6 +504,7 @@ class _ShardRun:
         self.session: aiohttp.ClientSession | None = None
         self.exhausted = False  # every sample has been handed out
         self.on_exhausted: Callable[[], None] | None = None
+        self.restarts: ServerRestarts | None = None
 
     # ------------------------------------------------------------------ samples
     def next_sample(self) -> tuple[Sample, str] | None:
@@ -795,7 +809,10 @@ class _ShardRun:
             attempts[0] += 1
             lent = first_url if attempt == 1 else None
             try:
-                answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
+                if lent is not None:
+                    answer = await self.post_once(body, headers, max_tokens, lent)
+                else:
+                    answer = await self.post_own(body, headers, max_tokens, attempts, sid)
                 answer.lender = lent
                 return answer
             except RequestError as err:
@@ -811,6 +828,27 @@ class _ShardRun:
                     self.shard, sid, attempt, self.cfg.max_attempts, err, delay,
                 )  # fmt: skip
         raise AssertionError("unreachable")
+
+    async def post_own(
+        self, body: bytes, headers: dict[str, str], max_tokens: int, attempts: list[int], sid: str
+    ) -> _Answer:
+        """POST to the job's own server; a request lost to a restart of it goes again (``ServerRestarts``)."""
+        while True:
+            generation = self.restarts.generation if self.restarts is not None else 0
+            try:
+                return await self.post_once(body, headers, max_tokens, self.chat_url)
+            except RequestError as err:
+                if self.restarts is None or not err.retryable:
+                    raise
+                url = await self.restarts.lost_to_restart(generation)
+                if self.restarts.failure is not None and self.abort is None:
+                    self.abort = f"its server gave up: {self.restarts.failure}"
+                if url is None:
+                    raise
+                self.chat_url = url.rstrip("/") + "/v1/chat/completions"
+                attempts[0] += 1
+                log.warning("shard %s: sample %r: its request was lost to a server restart (%s); "
+                            "sending it again to %s", self.shard, sid, err.category, url)  # fmt: skip
 
     async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int, url: str) -> _Answer:
         assert self.session is not None
@@ -1010,13 +1048,15 @@ async def generate_shard_async(
     lenders: Lenders | None = None,
     on_exhausted: Callable[[], None] | None = None,
     settings: GenerationSettings | None = None,
+    restarts: ServerRestarts | None = None,
 ) -> ShardStats:
     """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError.
 
     ``lenders``: other GPU slots' servers this job may also use while they have room. ``on_exhausted``:
     called once when every sample has been sent (only answers are awaited from then on).
     ``settings`` is what the fingerprint covers (``GenerationSettings.from_decisive`` in a workflow
-    job); without it, the generate config's own decisive values are used.
+    job); without it, the generate config's own decisive values are used. ``restarts``: the own server's
+    restarts, so requests lost to one are sent again (and a server that gave up names its cause).
     """
     gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
     if settings is None:
@@ -1044,6 +1084,7 @@ async def generate_shard_async(
             run = _ShardRun(gcfg, ep, shard, journal, stats, it, settings.served_by(ep.numerics or {}))
             run.session = sess
             run.on_exhausted = on_exhausted
+            run.restarts = restarts
             run.breaker_threshold = max(3, min(concurrency, 16))
             log.info(
                 "shard %s: %s samples, %d in the journal, settings %s, concurrency %d against %s (%s)",
@@ -1123,6 +1164,7 @@ def generate_shard(
     lenders: Lenders | None = None,
     on_exhausted: Callable[[], None] | None = None,
     settings: GenerationSettings | None = None,
+    restarts: ServerRestarts | None = None,
 ) -> ShardStats:
     """Blocking wrapper of ``generate_shard_async``; SIGTERM cancels cleanly (journal flushed)."""
 
@@ -1147,6 +1189,7 @@ def generate_shard(
                 lenders=lenders,
                 on_exhausted=on_exhausted,
                 settings=settings,
+                restarts=restarts,
             )
         finally:
             if in_main:

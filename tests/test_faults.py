@@ -15,7 +15,7 @@ import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import orjson
 import pytest
 
 from regen.client import ShardFailedError, ShardStats, generate_shard
+from regen.sglang.progress import SlotRestarts
 from regen.sglang.server import ServerError, acquire_server, port_is_free, stop_all_servers
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
 from regen.types import Message, Sample
@@ -96,12 +97,24 @@ class Rig:
         return cfg
 
     def generate(
-        self, server_cfg: dict[str, Any], samples: list[Sample], **gen: Any
+        self,
+        server_cfg: dict[str, Any],
+        samples: list[Sample],
+        follow_restarts: bool = True,
+        on_exhausted: Callable[[], None] | None = None,
+        **gen: Any,
     ) -> tuple[ShardStats, dict[str, Any]]:
+        """One shard as a generate job runs it (``follow_restarts``: requests lost to a server restart are
+        sent again, as ``regen.generation`` has it; off: only the client's own retry budget)."""
         gen_cfg = {"request_timeout_s": 10, "max_attempts": 4, "backoff_base_s": 0.01, "concurrency": 16}
         gen_cfg.update(gen)
+        servers = self.root / "work" / "servers"
         with acquire_server(server_cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
-            stats = generate_shard(samples, self.journal, self.records, self.failed, gen_cfg, ep, "00000")
+            restarts = SlotRestarts.of(servers, ep.server_id, ep.url) if follow_restarts else None
+            stats = generate_shard(
+                samples, self.journal, self.records, self.failed, gen_cfg, ep, "00000",
+                restarts=restarts, on_exhausted=on_exhausted,
+            )  # fmt: skip
         return stats, gen_cfg
 
     def events(self) -> list[dict[str, Any]]:
@@ -148,7 +161,7 @@ def test_crash_mid_shard_is_restarted_by_the_supervisor_and_the_shard_finishes(
     cfg = rig.server_cfg({"crash_after": 35}, max_restarts=4)
     caplog.set_level(logging.INFO, logger="regen")
     # a retry budget (0.2+0.4+...+6.4 s) that outlasts a server restart
-    stats, _ = rig.generate(cfg, samples, max_attempts=7, backoff_base_s=0.2)
+    stats, _ = rig.generate(cfg, samples, follow_restarts=False, max_attempts=7, backoff_base_s=0.2)
     recs, fails = assert_each_sample_once(rig, samples)
     assert not fails and stats.completed == 90 and stats.retried_requests > 0
     crashes = [e for e in rig.events() if e["event"] == "fault:crash"]
@@ -172,7 +185,7 @@ def test_crash_with_a_short_retry_budget_fails_the_shard_then_a_rerun_finishes_w
     samples = make_samples(60)
     cfg = rig.server_cfg({"crash_after": 30}, max_restarts=3)
     with pytest.raises(ShardFailedError, match="server level"):
-        rig.generate(cfg, samples, max_attempts=2, backoff_base_s=0.001)
+        rig.generate(cfg, samples, follow_restarts=False, max_attempts=2, backoff_base_s=0.001)
     assert not rig.records.exists() and not rig.failed.exists(), "a failed shard writes no outputs"
     journaled = {e["id"] for e in read_jsonl(rig.journal)}
     assert 0 < len(journaled) <= 30

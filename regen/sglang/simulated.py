@@ -33,13 +33,15 @@ Faults are drawn per request from ``hash(faults.seed, sample id, n-th request fo
 so one run's faults do not depend on request order. The sample id is the
 ``X-Regen-Sample-Id`` header, percent-encoded by the client (real SGLang ignores it) or else the
 request's ``rid``.
-``GET /_sim/stats`` returns ``{"received", "completed": {id: n}, "received_by_id", "faults"}``.
+``GET /_sim/stats`` returns ``{"received", "completed": {id: n}, "received_by_id", "faults"}``;
+``POST /_sim/stall`` stalls the server at once (``Faults.stall_after_tokens`` and ``stall_at_s`` do it
+on their own): it stays up and healthy, takes requests, and generates nothing more.
 
 ``request_log`` (``--request-log PATH``, or the ``REGEN_SIM_REQUEST_LOG`` environment variable, which
 the server inherits through Snakemake and the supervisor) appends one JSON line per chat request
 received, per chat request completed and per fault injected:
 ``{"event": "received"|"completed"|"fault:<kind>", "id", "pid", "t"}`` (kinds as in ``FAULT_KINDS``, plus
-``poison`` and ``crash``).
+``poison``, ``crash`` and ``stall``).
 Lines are single ``O_APPEND`` writes, so several servers and server lifetimes share one file; it
 lets a test count, across restarts and kills, requests re-sent for ids already finished.
 """
@@ -139,6 +141,11 @@ class Faults:
     # token mode only: the completion's ids split one multi-character token in two, so the text
     # re-tokenizes differently from the ids the model produced
     noncanonical_rate: float = 0.0
+    # a stall as SGLang's (#30314, PR #34705): the process lives, /health and /metrics answer, requests are
+    # taken, and no token is generated any more, no decode batch logged; once this lifetime has generated
+    # this many tokens, or this many seconds after it became ready (``POST /_sim/stall`` stalls it at once)
+    stall_after_tokens: int | None = None
+    stall_at_s: float | None = None
     seed: int = 0
 
     @classmethod
@@ -547,6 +554,7 @@ class SimulatedServer:
         self.slots = asyncio.Semaphore(opts.running_cap)
         self.hung: set[asyncio.Future[None]] = set()
         self.crashed = False
+        self.stalled = False
         self.request_log = RequestLog(opts.request_log)
         self.tokens = TokenModel(opts.tokenizer_path) if opts.tokenizer_path else None
         self.sampling_built_at: float | None = None  # monotonic time the sampling kernels are ready
@@ -565,6 +573,7 @@ class SimulatedServer:
         r.add_get("/metrics", self.metrics)
         r.add_post("/v1/chat/completions", self.chat)
         r.add_get("/_sim/stats", self.stats)
+        r.add_post("/_sim/stall", self.stall_now)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_cleanup)
         return app
@@ -601,6 +610,11 @@ class SimulatedServer:
             if not announced and self.ready:
                 announced = True
                 self.log("The server is fired up and ready to roll!", prefix="")
+            at = self.opts.faults.stall_at_s
+            if at is not None and self.ready and time.time() >= self.ready_at + at:
+                self.stall(f"stall_at_s={at:g}")
+            if self.stalled:  # the scheduler is stuck: no decode batch, gauges keep their last values
+                continue
             now = time.monotonic()
             gap = now - self.window_start
             if gap >= self.opts.log_interval_s:
@@ -624,6 +638,28 @@ class SimulatedServer:
     @property
     def ready(self) -> bool:
         return time.time() >= self.ready_at
+
+    def stall(self, why: str) -> None:
+        """From now on nothing is generated (see ``Faults.stall_after_tokens``)."""
+        if self.stalled:
+            return
+        self.stalled = True
+        self.request_log("fault:stall", None, why=why)
+
+    async def _hold_if_stalled(self) -> None:
+        """A request on a stalled server waits forever (until the server is stopped)."""
+        if not self.stalled:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.hung.add(fut)
+        try:
+            await fut
+        finally:
+            self.hung.discard(fut)
+
+    async def stall_now(self, request: web.Request) -> web.Response:
+        self.stall("POST /_sim/stall")
+        return web.Response(status=200)
 
     # --------------------------------------------------------------- handlers
     async def health(self, request: web.Request) -> web.Response:
@@ -743,6 +779,13 @@ class SimulatedServer:
                 round(used / self.opts.max_total_num_tokens, 2),
             ),
             (
+                "sglang:mamba_usage",
+                "The mamba usage.",
+                "gauge",
+                sched,
+                round(self.running / max(1, self.opts.running_cap), 2),
+            ),
+            (
                 "sglang:prompt_tokens_total",
                 "Number of prefill tokens processed.",
                 "counter",
@@ -815,6 +858,7 @@ class SimulatedServer:
             self.request_log(f"fault:{fault}", sid)
             return await self._fault(request, fault)
 
+        await self._hold_if_stalled()
         await self._sampling_kernels(req)
         ctk = req.get("chat_template_kwargs") or {}
         thinking = bool(ctk.get("enable_thinking", True)) and req.get("reasoning_effort") != "none"
@@ -857,6 +901,9 @@ class SimulatedServer:
         self.completed[key] += 1
         self.n_completed += 1
         self.request_log("completed", sid)
+        stall_after = self.opts.faults.stall_after_tokens
+        if stall_after is not None and self.generation_tokens_total >= stall_after:
+            self.stall(f"stall_after_tokens={stall_after}")
         crash = self.opts.faults.crash_after is not None and self.n_completed >= self.opts.faults.crash_after
         if not crash:
             return web.Response(body=body, content_type="application/json")
@@ -899,8 +946,10 @@ class SimulatedServer:
             self.queued -= 1
         self.running += 1
         try:
+            await self._hold_if_stalled()
             if self.opts.token_rate > 0:
                 await asyncio.sleep(n_tokens / self.per_request_rate())
+            await self._hold_if_stalled()
         finally:
             self.running -= 1
             self.slots.release()
