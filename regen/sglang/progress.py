@@ -12,7 +12,10 @@ mamba-state eviction for minutes) and PR #34705 (two hybrid-model servers on one
 * ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs`` (else the last decode line's ``#running-req``
   and ``#queue-req``) say whether requests are in flight; an idle server is never stalled;
 * no progress for ``server.stall_timeout_s`` with requests in flight is a stall, and its cause is named
-  (``no tokens generated for 130 s with 412 requests in flight; mamba usage 1.00``).
+  (``no tokens generated for 130 s with 412 requests in flight; mamba usage 1.00``);
+* the gauges come from the scheduler, so a scheduler that stalled while idle keeps showing none in flight
+  while requests pile up unseen: after ``stall_timeout_s`` with no progress and none in flight, a
+  one-token generation (what readiness uses) must answer within the timeout, or that too is a stall.
 
 The supervisor writes :class:`ProgressState` (``gpu{k}.progress.json``, for ``regen status``) and one
 :func:`record_restart` line per restart or give-up (``gpu{k}.restarts.jsonl``, for the report and for a
@@ -38,7 +41,7 @@ import orjson
 from regen.io import read_json, write_json
 from regen.layout import SlotFiles
 from regen.sglang.metrics import parse_prometheus
-from regen.sglang.server import is_supervisor, pid_alive, read_url_state
+from regen.sglang.server import is_supervisor, one_token_generation, pid_alive, read_url_state
 
 GEN_TOKENS = "sglang:generation_tokens_total"
 RUNNING, QUEUED = "sglang:num_running_reqs", "sglang:num_queue_reqs"
@@ -90,12 +93,14 @@ class ProgressWatch:
         log_path: str | os.PathLike[str],
         timeout_s: float,
         server_pid: int,
+        model: str,
         api_key: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.log_path = Path(log_path)
         self.timeout_s = timeout_s
         self.server_pid = server_pid
+        self.model = model
         self.api_key = api_key
         self.offset = _size(self.log_path)
         self.tokens: float | None = None
@@ -109,12 +114,23 @@ class ProgressWatch:
         ``timeout_s`` while requests were in flight, else None."""
         progressed = self._read_metrics()
         progressed = self._read_log() or progressed
-        now = time.monotonic()
-        if progressed or self.in_flight == 0:
-            self.last_progress, self.last_progress_at = now, time.time()
+        idle = time.monotonic() - self.last_progress
+        if progressed:
+            self._progressed()
             return None
-        idle = now - self.last_progress
-        return stall_cause(idle, self.in_flight, self.mamba_usage) if idle >= self.timeout_s else None
+        if idle < self.timeout_s:
+            return None
+        if self.in_flight > 0:
+            return stall_cause(idle, self.in_flight, self.mamba_usage)
+        wait = min(self.timeout_s, 60.0)
+        problem = one_token_generation(self.url, self.model, self.api_key, timeout=wait)
+        if problem is None:
+            self._progressed()
+            return None
+        return f"no tokens generated for {idle:.0f} s; a one-token generation failed in {wait:g} s: {problem}"
+
+    def _progressed(self) -> None:
+        self.last_progress, self.last_progress_at = time.monotonic(), time.time()
 
     def state(self) -> ProgressState:
         idle = time.monotonic() - self.last_progress
@@ -249,10 +265,10 @@ class SlotRestarts:
     async def _settle(self) -> None:
         while True:
             state = read_url_state(self.files.url)
-            if state is None or not is_supervisor(state.supervisor_pid, self.files.url):
-                return
-            if state.failed:
+            if state is not None and state.failed:
                 self.failure = last_cause(self.files.restarts) or "the server supervisor gave up"
+                return
+            if state is None or not is_supervisor(state.supervisor_pid, self.files.url):
                 return
             if state.url is not None and (state.server_pid is None or pid_alive(state.server_pid)):
                 if state.server_pid != self.server_pid:

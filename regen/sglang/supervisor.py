@@ -234,10 +234,9 @@ class Supervisor:
         self.url = f"{self.url.rsplit(':', 1)[0]}:{new}"
         return True
 
-    def record(self, kind: str, cause: str) -> None:
+    def record(self, kind: str, cause: str, server_pid: int | None = None) -> None:
         if self.cfg.restarts_file is None:
             return
-        server_pid = self.child.pid if self.child is not None else None
         record_restart(
             self.cfg.restarts_file, slot=self.cfg.slot, kind=kind, cause=cause, restart=self.restarts,
             max_restarts=self.cfg.max_restarts, server_pid=server_pid, url=self.url,
@@ -265,15 +264,18 @@ class Supervisor:
                 else:
                     kind, cause = "crash", f"server PID {self.child.pid} exited with code {self.child.poll()}"
                 self.say(cause)
+                server_pid = self.child.pid
                 self.stop_server()
                 if self.restarts >= self.cfg.max_restarts:
                     self.say(f"giving up: {cause}; max_restarts={self.cfg.max_restarts} is used up")
-                    self.record("gave_up", f"{cause}; max_restarts={self.cfg.max_restarts} used up")
+                    self.record(
+                        "gave_up", f"{cause}; max_restarts={self.cfg.max_restarts} used up", server_pid
+                    )
                     self.write_state(UrlState(self.pid, failed=True))
                     return 1
                 self.restarts += 1
                 self.say(f"restart {self.restarts}/{self.cfg.max_restarts}")
-                self.record(kind, cause)
+                self.record(kind, cause, server_pid)
                 self.write_state(UrlState(self.pid))
         except Stop as stop:
             reason = str(stop)
@@ -298,7 +300,9 @@ class Supervisor:
         self.last_busy = time.monotonic()
         timeout = self.cfg.stall_timeout_s
         watch = (
-            ProgressWatch(self.url, self.cfg.log_file, timeout, child.pid, self.api_key) if timeout else None
+            ProgressWatch(self.url, self.cfg.log_file, timeout, child.pid, self.cfg.model, self.api_key)
+            if timeout
+            else None
         )
         while child.poll() is None:
             self.check_exit()
