@@ -54,6 +54,12 @@ class SlotFiles:
             restarts=w / f"gpu{slot}.restarts.jsonl",
         )
 
+    @classmethod
+    def beside(cls, url_file: str | os.PathLike[str]) -> SlotFiles:
+        """The slot files next to a ``gpu{k}.url`` (its log path is not known there: left beside it)."""
+        path = Path(url_file)
+        return cls.of(int(path.stem[3:]), path.parent, path.parent)
+
 
 def server_dirs(servers_root: str | os.PathLike[str]) -> list[Path]:
     """A slot directory and its per-Slurm-job subdirectories (``slurm-{job}/``), in a stable order."""

@@ -9,6 +9,7 @@ restarts) what the server really received.
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import random
@@ -26,7 +27,9 @@ import orjson
 import pytest
 
 from regen.client import ShardFailedError, ShardStats, generate_shard
+from regen.layout import RunLayout
 from regen.lending import SlotLenders
+from regen.report import server_restarts_table
 from regen.sglang.progress import SlotRestarts, read_restarts
 from regen.sglang.server import ServerError, acquire_server, port_is_free, read_url_state, stop_all_servers
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
@@ -272,6 +275,10 @@ def test_server_stalled_mid_shard_is_restarted_and_the_shard_finishes(
         assert restart["at"] - stall["t"] <= STALL_TIMEOUT_S + SUPERVISOR_POLL_S + 1.0
     log = rig.supervisor_log()
     assert "stalled: no tokens generated for" in log and "restart 1/6" in log
+    table = server_restarts_table(RunLayout.under(rig.root).restart_files())  # the report's
+    assert f"server restarts: {len(restarts)}" in table
+    for n, restart in enumerate(restarts, 1):
+        assert f"<td>gpu0</td><td>stall</td><td>{n}/6</td><td>{html.escape(restart['cause'])}</td>" in table
     assert "lost to a server restart" in caplog.text
     assert_sent_again_once_per_restart(rig, samples)
     assert any(r["attempts"] > 1 for r in recs), "the requests in flight at a stall went again"
