@@ -37,6 +37,8 @@ def test_kill_anywhere_loses_nothing(tmp_path: Path) -> None:
     assert result.lost == 0 and result.duplicated == 0 and result.resent == 0, detail
     assert result.problems == [], detail
     assert result.faults > 0, "server faults (5xx, crashes) must have been injected"
+    assert result.stalls > 0 and result.stall_detect_max_s is not None, "stalls injected and caught"
+    assert result.stall_detect_max_s <= SoakOptions().stall_timeout_s + 0.5 + 1.0, detail
     for c in result.campaigns:
         assert c.input_count >= 250, "the demo dataset was reconciled id by id"
         table = orjson.loads(Path(c.directory, "results", "reconcile.json").read_bytes())
