@@ -22,6 +22,7 @@ from regen.sglang.server import (
     ServerError,
     acquire_server,
     build_simulated_command,
+    group_listens_on,
     launch_args_for,
     merge_launch_args,
     port_is_free,
@@ -478,6 +479,27 @@ def test_two_runs_starting_one_slot_together_both_get_a_server_without_a_restart
     assert state is not None and state.url == got[loser][0]
     for n in ("a", "b"):
         assert stop_all_servers(rig.root / n / "work/servers", grace_s=5) == 1
+
+
+def test_the_listener_of_a_port_is_told_apart_from_another_process_group(rig: Rig) -> None:
+    """A supervisor whose probe is answered on its port checks that its own server listens there, not
+    another run's server that took the port first."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert group_listens_on(os.getpgid(0), port) is True
+        other = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
+        )
+        try:
+            assert group_listens_on(other.pid, port) is False
+        finally:
+            other.kill()
+            other.wait()
+    assert group_listens_on(os.getpgid(0), port) is None, "nobody listens there any more"
 
 
 def test_external_mode_yields_configured_url(rig: Rig) -> None:

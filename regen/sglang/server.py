@@ -230,18 +230,15 @@ def _listener_inodes(port: int) -> set[str] | None:
 
 def group_listens_on(pgid: int, port: int) -> bool | None:
     """Whether a process of group ``pgid`` (a server and its workers) holds the socket listening on
-    ``port``: a server that answers there may be another run's that took the port first. None when
-    the kernel's tables cannot be read."""
+    ``port``: False when another process is seen holding it (a server answering there may be another
+    run's that took the port first); None when no holder can be seen (the kernel's tables or the
+    processes' file descriptors cannot be read)."""
     inodes = _listener_inodes(port)
-    if inodes is None:
-        return None
     if not inodes:
-        return False
+        return None
+    other = False
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
-            continue
-        stat = proc_stat(int(entry))
-        if stat is None or stat[2] != pgid:
             continue
         try:
             fds = os.listdir(f"/proc/{entry}/fd")
@@ -250,8 +247,11 @@ def group_listens_on(pgid: int, port: int) -> bool | None:
         for fd in fds:
             with contextlib.suppress(OSError):
                 if os.readlink(f"/proc/{entry}/fd/{fd}") in inodes:
-                    return True
-    return False
+                    stat = proc_stat(int(entry))
+                    if stat is not None and stat[2] == pgid:
+                        return True
+                    other = True
+    return False if other else None
 
 
 def client_host(host: str) -> str:
