@@ -104,10 +104,12 @@ def test_campaign_copies_the_workflow_with_a_slow_faulty_server(tmp_path: Path) 
 
     import yaml
 
-    camp = Campaign(0, tmp_path / "c", SoakOptions(crash_after=40, error_rate=0.05), random.Random(0))
+    opts = SoakOptions(crash_after=40, error_rate=0.05, stall_after_tokens=900, stall_timeout_s=4)
+    camp = Campaign(0, tmp_path / "c", opts, random.Random(0))
     for item in ("Snakefile", "rules", "scripts", "config/demo.yaml", "data/demo", "resources"):
         assert (camp.root / item).exists()
     over = yaml.safe_load((camp.root / "config" / "soak.yaml").read_text())
-    assert over["server"]["simulated"]["faults"] == {"error_rate": 0.05, "crash_after": 40, "seed": 7}
+    faults = {"error_rate": 0.05, "crash_after": 40, "stall_after_tokens": 900, "seed": 7}
+    assert over["server"]["simulated"]["faults"] == faults and over["server"]["stall_timeout_s"] == 4
     assert over["server"]["simulated"]["token_rate"] > 0
     assert camp.env["REGEN_SIM_REQUEST_LOG"] == str(camp.request_log)
