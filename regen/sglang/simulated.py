@@ -603,10 +603,10 @@ class SimulatedServer:
 
     async def _tick(self) -> None:
         announced = self.opts.startup_delay_s <= 0
+        stall_due = self.opts.faults.stall_at_s is not None
         while True:
-            await asyncio.sleep(
-                min(self.opts.log_interval_s, 0.2) if not announced else self.opts.log_interval_s
-            )
+            soon = not announced or (stall_due and not self.stalled)  # look often until then
+            await asyncio.sleep(min(self.opts.log_interval_s, 0.2) if soon else self.opts.log_interval_s)
             if not announced and self.ready:
                 announced = True
                 self.log("The server is fired up and ready to roll!", prefix="")
