@@ -106,31 +106,33 @@ class ProgressWatch:
         self.tokens: float | None = None
         self.in_flight = 0
         self.mamba_usage: float | None = None
-        self.last_progress = time.monotonic()
+        self.last_progress = time.monotonic()  # or the last look with nothing in flight: nothing was owed
         self.last_progress_at = time.time()
+        self.last_sign = self.last_progress  # the last progress or answered probe
 
     def look(self) -> str | None:
         """Read the server's signals once; the stall's cause once no progress has been made for
         ``timeout_s`` while requests were in flight, else None."""
         progressed = self._read_metrics()
         progressed = self._read_log() or progressed
-        idle = time.monotonic() - self.last_progress
+        now = time.monotonic()
+        if progressed or self.in_flight == 0:
+            self.last_progress, self.last_progress_at = now, time.time()
         if progressed:
-            self._progressed()
-            return None
-        if idle < self.timeout_s:
+            self.last_sign = now
             return None
         if self.in_flight > 0:
-            return stall_cause(idle, self.in_flight, self.mamba_usage)
+            idle = now - self.last_progress
+            return stall_cause(idle, self.in_flight, self.mamba_usage) if idle >= self.timeout_s else None
+        idle = now - self.last_sign
+        if idle < self.timeout_s:
+            return None
         wait = min(self.timeout_s, 60.0)
         problem = one_token_generation(self.url, self.model, self.api_key, timeout=wait)
         if problem is None:
-            self._progressed()
+            self.last_sign = time.monotonic()
             return None
         return f"no tokens generated for {idle:.0f} s; a one-token generation failed in {wait:g} s: {problem}"
-
-    def _progressed(self) -> None:
-        self.last_progress, self.last_progress_at = time.monotonic(), time.time()
 
     def state(self) -> ProgressState:
         idle = time.monotonic() - self.last_progress

@@ -548,7 +548,7 @@ class SimulatedServer:
         self.queued = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self.window_tokens = 0
+        self.window_tokens = 0.0  # tokens decoded since the last decode line
         self.window_start = time.monotonic()
         self.last_gen_throughput = 0.0
         self.slots = asyncio.Semaphore(opts.running_cap)
@@ -603,10 +603,15 @@ class SimulatedServer:
 
     async def _tick(self) -> None:
         announced = self.opts.startup_delay_s <= 0
-        stall_due = self.opts.faults.stall_at_s is not None
+        last = time.monotonic()
         while True:
-            soon = not announced or (stall_due and not self.stalled)  # look often until then
-            await asyncio.sleep(min(self.opts.log_interval_s, 0.2) if soon else self.opts.log_interval_s)
+            await asyncio.sleep(min(self.opts.log_interval_s, 0.2))
+            now = time.monotonic()
+            if self.opts.token_rate > 0 and not self.stalled:
+                # as SGLang counts them, step by step: each running request decodes at its rate (an instant
+                # server, token_rate 0, counts a request's tokens when it completes)
+                self.window_tokens += self.running * self.per_request_rate() * (now - last)
+            last = now
             if not announced and self.ready:
                 announced = True
                 self.log("The server is fired up and ready to roll!", prefix="")
@@ -615,7 +620,6 @@ class SimulatedServer:
                 self.stall(f"stall_at_s={at:g}")
             if self.stalled:  # the scheduler is stuck: no decode batch, gauges keep their last values
                 continue
-            now = time.monotonic()
             gap = now - self.window_start
             if gap >= self.opts.log_interval_s:
                 self.last_gen_throughput = self.window_tokens / gap
@@ -897,7 +901,8 @@ class SimulatedServer:
         )
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n_out
-        self.window_tokens += n_out
+        if self.opts.token_rate <= 0:
+            self.window_tokens += n_out
         self.completed[key] += 1
         self.n_completed += 1
         self.request_log("completed", sid)
