@@ -14,8 +14,9 @@ mamba-state eviction for minutes) and PR #34705 (two hybrid-model servers on one
 * no progress for ``server.stall_timeout_s`` with requests in flight is a stall, and its cause is named
   (``no tokens generated for 130 s with 412 requests in flight; mamba usage 1.00``);
 * the gauges come from the scheduler, so a scheduler that stalled while idle keeps showing none in flight
-  while requests pile up unseen: after ``stall_timeout_s`` with no progress and none in flight, a
-  one-token generation (what readiness uses) must answer within the timeout, or that too is a stall.
+  while requests pile up unseen: after half of ``stall_timeout_s`` with no sign of life and none in
+  flight, a one-token generation (what readiness uses) must answer within the other half, or that too
+  is a stall. An idle healthy server answers it in milliseconds.
 
 The supervisor writes :class:`ProgressState` (``gpu{k}.progress.json``, for ``regen status``) and one
 :func:`record_restart` line per restart or give-up (``gpu{k}.restarts.jsonl``, for the report and for a
@@ -125,9 +126,9 @@ class ProgressWatch:
             idle = now - self.last_progress
             return stall_cause(idle, self.in_flight, self.mamba_usage) if idle >= self.timeout_s else None
         idle = now - self.last_sign
-        if idle < self.timeout_s:
+        if idle < self.timeout_s / 2:  # the probe's own wait makes up the rest of the timeout
             return None
-        wait = min(self.timeout_s, 60.0)
+        wait = min(self.timeout_s / 2, 60.0)
         problem = one_token_generation(self.url, self.model, self.api_key, timeout=wait)
         if problem is None:
             self.last_sign = time.monotonic()
