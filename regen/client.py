@@ -811,11 +811,16 @@ class _ShardRun:
                 self.retrying.discard(sid)
             attempts[0] += 1
             lent = first_url if attempt == 1 else None
+            generation = self.restarts.generation if self.restarts is not None else 0
             try:
-                if lent is not None:
-                    answer = await self.post_once(body, headers, max_tokens, lent)
-                else:
-                    answer = await self.post_own(body, headers, max_tokens, attempts, sid)
+                try:
+                    answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
+                except RequestError as err:
+                    if lent is not None or self.restarts is None or not err.retryable:
+                        raise
+                    answer = await self.resend_after_restart(
+                        err, generation, body, headers, max_tokens, attempts, sid
+                    )
                 answer.lender = lent
                 return answer
             except RequestError as err:
@@ -832,26 +837,31 @@ class _ShardRun:
                 )  # fmt: skip
         raise AssertionError("unreachable")
 
-    async def post_own(
-        self, body: bytes, headers: dict[str, str], max_tokens: int, attempts: list[int], sid: str
-    ) -> _Answer:
-        """POST to the job's own server; a request lost to a restart of it goes again (``ServerRestarts``)."""
+    async def resend_after_restart(
+        self, err: RequestError, generation: int, body: bytes, headers: dict[str, str], max_tokens: int,
+        attempts: list[int], sid: str,
+    ) -> _Answer:  # fmt: skip
+        """After a request to the job's own server failed (``err``, sent at server ``generation``): while it
+        was lost to a restart of that server, send it again to the restarted one (``ServerRestarts``);
+        otherwise raise the failure."""
+        assert self.restarts is not None
         while True:
-            generation = self.restarts.generation if self.restarts is not None else 0
+            url = await self.restarts.lost_to_restart(generation)
+            if self.restarts.failure is not None and self.abort is None:
+                self.abort = f"its server gave up: {self.restarts.failure}"
+            if url is None:
+                raise err
+            self.chat_url = url.rstrip("/") + "/v1/chat/completions"
+            attempts[0] += 1
+            log.warning("shard %s: sample %r: its request was lost to a server restart (%s); "
+                        "sending it again to %s", self.shard, sid, err.category, url)  # fmt: skip
+            generation = self.restarts.generation
             try:
                 return await self.post_once(body, headers, max_tokens, self.chat_url)
-            except RequestError as err:
-                if self.restarts is None or not err.retryable:
+            except RequestError as again:
+                if not again.retryable:
                     raise
-                url = await self.restarts.lost_to_restart(generation)
-                if self.restarts.failure is not None and self.abort is None:
-                    self.abort = f"its server gave up: {self.restarts.failure}"
-                if url is None:
-                    raise
-                self.chat_url = url.rstrip("/") + "/v1/chat/completions"
-                attempts[0] += 1
-                log.warning("shard %s: sample %r: its request was lost to a server restart (%s); "
-                            "sending it again to %s", self.shard, sid, err.category, url)  # fmt: skip
+                err = again
 
     async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int, url: str) -> _Answer:
         assert self.session is not None

@@ -95,9 +95,9 @@ class SoakOptions:
     max_running_requests: int = 16
     error_rate: float = 0.03
     crash_after: int | None = 60  # completions per server lifetime before it exits
-    #: tokens per server lifetime before it stalls: about what crash_after's 60 answers take, so some
-    #: lifetimes end in a crash and some in a stall
-    stall_after_tokens: int | None = 9500
+    #: tokens per server lifetime before it stalls: a little less than crash_after's 60 answers take, so
+    #: most lifetimes that run long end in a stall, some (long answers) in a crash
+    stall_after_tokens: int | None = 7000
     #: above the simulated server's 5 s decode-line interval, so only injected stalls are caught
     stall_timeout_s: float = 6.0
     idle_timeout_s: float = 8.0
