@@ -68,7 +68,7 @@ def test_requests_in_flight_and_no_progress_is_a_stall_named_with_its_load(tmp_p
         assert causes and causes[0].startswith(
             "no tokens generated for 1 s with 3 requests in flight; mamba usage"
         )
-        assert 1.0 <= time.monotonic() - t0 <= 1.5
+        assert 1.0 <= time.monotonic() - t0 <= 1.0 + 0.1 + 1.0  # timeout, one look, slack (busy machine)
         assert watch.state().stalled_since is not None
     finally:
         stop()
