@@ -3,7 +3,8 @@
     python bench/soak.py --rounds 20 [--seed 0] [--keep --dir /tmp/soak]
 
 Prints one line per round and campaign on stderr, then the summary on stdout, ending with exactly
-``soak: N rounds, L lost, D duplicated, R resent, faults=F kills=K``. Exit status 1 if anything
+``soak: N rounds, L lost, D duplicated, R resent, faults=F kills=K stalls=S stall_detect_max_s=T``
+(stalls injected; the longest time from a stall to its supervisor's restart). Exit status 1 if anything
 was lost, duplicated, re-sent after completion, half-written, leaked or left running.
 """
 

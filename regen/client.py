@@ -15,6 +15,9 @@ Failure semantics
   retried with jittered exponential backoff (``backoff_base_s * 2**(k-1) * U(0.5, 1.5)``,
   capped at 60 s) up to ``max_attempts`` requests. A sample that still fails is a
   *server-level* failure.
+- A request lost because the job's own server was restarted under it (it crashed, or its supervisor
+  restarted it for a stall: ``regen.sglang.progress``) waits for the restarted server and goes again,
+  once per restart, without using an attempt; a supervisor that gave up fails the shard with its cause.
 - Server-level failures are held back, not journaled, while the run goes on. The run aborts
   with ``ShardFailedError`` (outputs not written; the journal keeps every finished sample and a
   rerun retries the held ones) when ``breaker_threshold = clamp(concurrency, 3, 16)``
@@ -87,6 +90,19 @@ class Lenders(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class ServerRestarts(Protocol):
+    """The job's own server across restarts (``regen.sglang.progress.SlotRestarts``): a request lost
+    because the server was restarted under it (stalled or crashed) is sent again to the restarted server,
+    once per restart, without using one of its attempts."""
+
+    generation: int  # server starts seen so far
+    failure: str | None  # the supervisor's cause when it gave up
+
+    async def lost_to_restart(self, generation: int) -> str | None:
+        """After a failed request sent at ``generation``: the server's URL when it was restarted since."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,6 +496,7 @@ class _ShardRun:
         self.session: aiohttp.ClientSession | None = None
         self.exhausted = False  # every sample has been handed out
         self.on_exhausted: Callable[[], None] | None = None
+        self.restarts: ServerRestarts | None = None
 
     # ------------------------------------------------------------------ samples
     def next_sample(self) -> tuple[Sample, str] | None:
@@ -795,8 +812,16 @@ class _ShardRun:
                 self.retrying.discard(sid)
             attempts[0] += 1
             lent = first_url if attempt == 1 else None
+            generation = self.restarts.generation if self.restarts is not None else 0
             try:
-                answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
+                try:
+                    answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
+                except RequestError as err:
+                    if lent is not None or self.restarts is None or not err.retryable:
+                        raise
+                    answer = await self.resend_after_restart(
+                        err, generation, body, headers, max_tokens, attempts, sid
+                    )
                 answer.lender = lent
                 return answer
             except RequestError as err:
@@ -812,6 +837,32 @@ class _ShardRun:
                     self.shard, sid, attempt, self.cfg.max_attempts, err, delay,
                 )  # fmt: skip
         raise AssertionError("unreachable")
+
+    async def resend_after_restart(
+        self, err: RequestError, generation: int, body: bytes, headers: dict[str, str], max_tokens: int,
+        attempts: list[int], sid: str,
+    ) -> _Answer:  # fmt: skip
+        """After a request to the job's own server failed (``err``, sent at server ``generation``): while it
+        was lost to a restart of that server, send it again to the restarted one (``ServerRestarts``);
+        otherwise raise the failure."""
+        assert self.restarts is not None
+        while True:
+            url = await self.restarts.lost_to_restart(generation)
+            if self.restarts.failure is not None and self.abort is None:
+                self.abort = f"its server gave up: {self.restarts.failure}"
+            if url is None:
+                raise err
+            self.chat_url = url.rstrip("/") + "/v1/chat/completions"
+            attempts[0] += 1
+            log.warning("shard %s: sample %r: its request was lost to a server restart (%s); "
+                        "sending it again to %s", self.shard, sid, err.category, url)  # fmt: skip
+            generation = self.restarts.generation
+            try:
+                return await self.post_once(body, headers, max_tokens, self.chat_url)
+            except RequestError as again:
+                if not again.retryable:
+                    raise
+                err = again
 
     async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int, url: str) -> _Answer:
         assert self.session is not None
@@ -1011,13 +1062,15 @@ async def generate_shard_async(
     lenders: Lenders | None = None,
     on_exhausted: Callable[[], None] | None = None,
     settings: GenerationSettings | None = None,
+    restarts: ServerRestarts | None = None,
 ) -> ShardStats:
     """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError.
 
     ``lenders``: other GPU slots' servers this job may also use while they have room. ``on_exhausted``:
     called once when every sample has been sent (only answers are awaited from then on).
     ``settings`` is what the fingerprint covers (``GenerationSettings.from_decisive`` in a workflow
-    job); without it, the generate config's own decisive values are used.
+    job); without it, the generate config's own decisive values are used. ``restarts``: the own server's
+    restarts, so requests lost to one are sent again (and a server that gave up names its cause).
     """
     gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
     if settings is None:
@@ -1045,6 +1098,7 @@ async def generate_shard_async(
             run = _ShardRun(gcfg, ep, shard, journal, stats, it, settings.served_by(ep.numerics or {}))
             run.session = sess
             run.on_exhausted = on_exhausted
+            run.restarts = restarts
             run.breaker_threshold = max(3, min(concurrency, 16))
             log.info(
                 "shard %s: %s samples, %d in the journal, settings %s, concurrency %d against %s (%s)",
@@ -1124,6 +1178,7 @@ def generate_shard(
     lenders: Lenders | None = None,
     on_exhausted: Callable[[], None] | None = None,
     settings: GenerationSettings | None = None,
+    restarts: ServerRestarts | None = None,
 ) -> ShardStats:
     """Blocking wrapper of ``generate_shard_async``; SIGTERM cancels cleanly (journal flushed)."""
 
@@ -1148,6 +1203,7 @@ def generate_shard(
                 lenders=lenders,
                 on_exhausted=on_exhausted,
                 settings=settings,
+                restarts=restarts,
             )
         finally:
             if in_main:

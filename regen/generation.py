@@ -26,6 +26,7 @@ from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.lending import SlotLenders
 from regen.sglang.config import ServerConfig
+from regen.sglang.progress import SlotRestarts
 from regen.sglang.server import ServerError, acquire_server, find_owner_pid
 from regen.shards import read_shard
 from regen.status import progress_line
@@ -112,6 +113,7 @@ def _generate_on(
             lenders=lenders,
             on_exhausted=give_slot_up[0] if give_slot_up else None,
             settings=generation,
+            restarts=SlotRestarts.of(slots, endpoint.server_id, endpoint.url),
         )
     finally:
         if lenders is not None:

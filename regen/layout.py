@@ -35,6 +35,10 @@ class SlotFiles:
     url: Path
     realized: Path
     log: Path
+    #: the supervisor's latest look at its server (``regen.sglang.progress``): in flight, stalled since
+    progress: Path
+    #: one JSON line per server restart (and per give-up), with its cause (``regen.sglang.progress``)
+    restarts: Path
 
     @classmethod
     def of(cls, slot: int, workdir: str | os.PathLike[str], log_dir: str | os.PathLike[str]) -> SlotFiles:
@@ -46,7 +50,15 @@ class SlotFiles:
             url=w / f"gpu{slot}.url",
             realized=w / f"gpu{slot}.realized.json",
             log=Path(log_dir) / f"gpu{slot}.log",
+            progress=w / f"gpu{slot}.progress.json",
+            restarts=w / f"gpu{slot}.restarts.jsonl",
         )
+
+    @classmethod
+    def beside(cls, url_file: str | os.PathLike[str]) -> SlotFiles:
+        """The slot files next to a ``gpu{k}.url`` (its log path is not known there: left beside it)."""
+        path = Path(url_file)
+        return cls.of(int(path.stem[3:]), path.parent, path.parent)
 
 
 def server_dirs(servers_root: str | os.PathLike[str]) -> list[Path]:
@@ -58,6 +70,11 @@ def server_dirs(servers_root: str | os.PathLike[str]) -> list[Path]:
 def url_files(servers_root: str | os.PathLike[str]) -> list[Path]:
     """Every slot's ``gpu{k}.url`` under ``servers_root``, per node and per Slurm job."""
     return [f for d in server_dirs(servers_root) for f in sorted(d.glob("gpu*.url"))]
+
+
+def restart_files(servers_root: str | os.PathLike[str]) -> list[Path]:
+    """Every slot's ``gpu{k}.restarts.jsonl`` under ``servers_root``, per node and per Slurm job."""
+    return sorted(f for d in server_dirs(servers_root) for f in d.glob("gpu*.restarts.jsonl"))
 
 
 def realized_files(servers_root: str | os.PathLike[str]) -> list[Path]:
@@ -238,6 +255,9 @@ class RunLayout:
 
     def realized_files(self) -> list[Path]:
         return realized_files(self.servers_root)
+
+    def restart_files(self) -> list[Path]:
+        return restart_files(self.servers_root)
 
     @property
     def sweep_dir(self) -> Path:

@@ -11,6 +11,7 @@ import argparse
 import html
 import math
 import os
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import pyarrow.parquet as pq
 
 from regen.io import atomic_open, atomic_path, open_lines, read_json
 from regen.layout import RunLayout
+from regen.sglang.progress import read_restarts
 
 TOKEN_LENGTHS_SVG = "token_lengths.svg"
 FINISH_REASONS_SVG = "finish_reasons.svg"
@@ -642,6 +644,31 @@ def server_plan_html(
     return _page(title, *parts)
 
 
+def server_restarts_table(paths: list[Path]) -> str:
+    """Every server restart of the run with its cause (a crash, a stall, a port lost to another process,
+    a supervisor that gave up), from the slots' ``gpu{k}.restarts.jsonl`` (``regen.sglang.progress``)."""
+    rows = []
+    for path in paths:
+        slot = path.name.split(".")[0]
+        where = slot if path.parent.name == "servers" else f"{path.parent.name}/{slot}"
+        for entry in read_restarts(path):
+            at = entry.get("at")
+            when = (
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+                if isinstance(at, int | float)
+                else None
+            )
+            counted = (
+                f"{entry.get('restart')}/{entry.get('max_restarts')}"
+                if entry.get("kind") != "port"
+                else "not counted"
+            )
+            rows.append([when, where, entry.get("kind"), counted, entry.get("cause")])
+    rows.sort(key=lambda r: r[0] or "")
+    caption = f"server restarts: {sum(r[2] != 'port' for r in rows)}" if rows else "server restarts: none"
+    return _table(["when", "server", "kind", "restart", "cause"], rows, caption)
+
+
 PILOT_HEADERS = ["", "candidate", "args", "concurrency", "out tok/s", "req/s", "p50", "p90", "p99",
                  "truncated", "error"]  # fmt: skip
 
@@ -942,6 +969,7 @@ def write_report_assets(
     _write_text(paths[REAUDIT_HTML], reaudit_page_html(layout.reaudit_summary, logs / "reaudit.verdict.json"))
     realized = layout.realized_files()  # per node and per Slurm job
     plan_page = server_plan_html(layout.server_plan, realized, facts.mode)
+    plan_page = _with_extra(plan_page, server_restarts_table(layout.restart_files()))
     _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, layout.pilot))
     verdict = readiness(results, logs, realized)
     rows = read_json(layout.ready).get("rows") if layout.ready.is_file() else None

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from regen.io import read_json
-from regen.layout import RunLayout, url_files
+from regen.layout import RunLayout, SlotFiles, url_files
 from regen.projection import fmt_duration, project
+from regen.sglang.progress import ProgressState
 from regen.sglang.server import is_supervisor, read_url_state
 
 #: a shard's status older than this (and not finished) is shown as stale
@@ -86,10 +87,11 @@ class ServerView:
 
     server_id: str
     url: str | None
-    state: str  # ready | starting | failed | gone
+    state: str  # ready | stalled since HH:MM:SS | starting | failed | gone
     running: float | None = None
     queued: float | None = None
     gen_throughput: float | None = None
+    note: str | None = None  # what a stalled server's supervisor saw
 
 
 def parse_prometheus(text: str, names: Iterable[str] = METRIC_NAMES) -> dict[str, float]:
@@ -151,17 +153,33 @@ def read_servers(servers_dir: Path) -> list[ServerView]:
         if metrics is None:
             views.append(ServerView(sid, state.url, "unreachable"))
             continue
+        stalled = stall_of(ProgressState.read(SlotFiles.beside(url_file).progress), state.server_pid)
         views.append(
             ServerView(
                 sid,
                 state.url,
-                "ready",
+                stalled[0] if stalled else "ready",
                 running=metrics.get("sglang:num_running_reqs"),
                 queued=metrics.get("sglang:num_queue_reqs"),
                 gen_throughput=metrics.get("sglang:gen_throughput"),
+                note=stalled[1] if stalled else None,
             )
         )
     return views
+
+
+def stall_of(progress: ProgressState | None, server_pid: int | None) -> tuple[str, str] | None:
+    """(``stalled since 04:51:02``, what the supervisor saw) while its latest look at this server found
+    no progress overdue with requests in flight; None otherwise."""
+    if progress is None or progress.stalled_since is None or progress.server_pid != server_pid:
+        return None
+    since = time.strftime("%H:%M:%S", time.localtime(progress.stalled_since))
+    idle = max(0.0, progress.updated_at - progress.stalled_since)
+    mamba = f"; mamba usage {progress.mamba_usage:.2f}" if progress.mamba_usage is not None else ""
+    return f"stalled since {since}", (
+        f"no tokens generated for {idle:.0f} s with {progress.in_flight} requests in flight{mamba}; "
+        f"its supervisor restarts it at {progress.stall_timeout_s:.0f} s (server.stall_timeout_s)"
+    )
 
 
 def _server_id(url_file: Path, servers_dir: Path) -> str:
@@ -362,6 +380,7 @@ def render_table(
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     if len(rows) == 1:
         lines.append("(no GPU server or shard in progress)")
+    lines += [f"{v.server_id}: {v.note}" for v in servers if v.note]
     t = run_totals(statuses, planned, finished, now, rate)
     lines.append("")
     lines.append(f"shards: {t.finished_shards}/{t.planned_shards} finished")

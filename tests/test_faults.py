@@ -9,13 +9,17 @@ restarts) what the server really received.
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import random
+import re
 import signal
+import threading
 import time
+import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,11 @@ import orjson
 import pytest
 
 from regen.client import ShardFailedError, ShardStats, generate_shard
-from regen.sglang.server import ServerError, acquire_server, port_is_free, stop_all_servers
+from regen.layout import RunLayout
+from regen.lending import SlotLenders
+from regen.report import server_restarts_table
+from regen.sglang.progress import SlotRestarts, read_restarts
+from regen.sglang.server import ServerError, acquire_server, port_is_free, read_url_state, stop_all_servers
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
 from regen.types import Message, Sample
 
@@ -96,12 +104,24 @@ class Rig:
         return cfg
 
     def generate(
-        self, server_cfg: dict[str, Any], samples: list[Sample], **gen: Any
+        self,
+        server_cfg: dict[str, Any],
+        samples: list[Sample],
+        follow_restarts: bool = True,
+        on_exhausted: Callable[[], None] | None = None,
+        **gen: Any,
     ) -> tuple[ShardStats, dict[str, Any]]:
+        """One shard as a generate job runs it (``follow_restarts``: requests lost to a server restart are
+        sent again, as ``regen.generation`` has it; off: only the client's own retry budget)."""
         gen_cfg = {"request_timeout_s": 10, "max_attempts": 4, "backoff_base_s": 0.01, "concurrency": 16}
         gen_cfg.update(gen)
+        servers = self.root / "work" / "servers"
         with acquire_server(server_cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
-            stats = generate_shard(samples, self.journal, self.records, self.failed, gen_cfg, ep, "00000")
+            restarts = SlotRestarts.of(servers, ep.server_id, ep.url) if follow_restarts else None
+            stats = generate_shard(
+                samples, self.journal, self.records, self.failed, gen_cfg, ep, "00000",
+                restarts=restarts, on_exhausted=on_exhausted,
+            )  # fmt: skip
         return stats, gen_cfg
 
     def events(self) -> list[dict[str, Any]]:
@@ -148,7 +168,7 @@ def test_crash_mid_shard_is_restarted_by_the_supervisor_and_the_shard_finishes(
     cfg = rig.server_cfg({"crash_after": 35}, max_restarts=4)
     caplog.set_level(logging.INFO, logger="regen")
     # a retry budget (0.2+0.4+...+6.4 s) that outlasts a server restart
-    stats, _ = rig.generate(cfg, samples, max_attempts=7, backoff_base_s=0.2)
+    stats, _ = rig.generate(cfg, samples, follow_restarts=False, max_attempts=7, backoff_base_s=0.2)
     recs, fails = assert_each_sample_once(rig, samples)
     assert not fails and stats.completed == 90 and stats.retried_requests > 0
     crashes = [e for e in rig.events() if e["event"] == "fault:crash"]
@@ -172,7 +192,7 @@ def test_crash_with_a_short_retry_budget_fails_the_shard_then_a_rerun_finishes_w
     samples = make_samples(60)
     cfg = rig.server_cfg({"crash_after": 30}, max_restarts=3)
     with pytest.raises(ShardFailedError, match="server level"):
-        rig.generate(cfg, samples, max_attempts=2, backoff_base_s=0.001)
+        rig.generate(cfg, samples, follow_restarts=False, max_attempts=2, backoff_base_s=0.001)
     assert not rig.records.exists() and not rig.failed.exists(), "a failed shard writes no outputs"
     journaled = {e["id"] for e in read_jsonl(rig.journal)}
     assert 0 < len(journaled) <= 30
@@ -203,15 +223,170 @@ def test_partly_wedged_server_requests_time_out_and_are_retried(
     assert "timeout: no response within 0.5 s" in caplog.text
 
 
-def test_server_wedged_mid_shard_fails_the_shard_quickly_with_timeouts(rig: Rig) -> None:
-    samples = make_samples(30)
-    cfg = rig.server_cfg({"hang_for": [r"f\d+"]})  # passes the readiness probe, then never answers
+STALL_TIMEOUT_S = 1.5
+#: the supervisor looks at its server every 0.5 s (``--poll``); detection may take one look more
+SUPERVISOR_POLL_S = 0.5
+#: answers of at most 200 tokens take well under the stall timeout at the rates used here: the simulated
+#: server logs a decode line every 5 s (SGLang every 40 decode steps) and counts tokens when a request
+#: finishes (as SGLang does), so a lone 4,096-token answer would show no progress for seconds
+SHORT_ANSWERS = {"max_tokens": 200}
+
+
+def stall_restarts(rig: Rig, slot: int = 0) -> list[dict[str, Any]]:
+    return read_restarts(rig.root / "work" / "servers" / f"gpu{slot}.restarts.jsonl")
+
+
+def assert_sent_again_once_per_restart(rig: Rig, samples: list[Sample]) -> None:
+    """Each id completes once at the server; no id is received again after it completed; an id is
+    received at most once per server lifetime (a request lost to a restart goes again once)."""
+    events = rig.events()
+    completed = Counter(e["id"] for e in events if e["event"] == "completed" and e["id"])
+    assert all(completed[s.id] == 1 for s in samples), completed.most_common(3)
+    done_at: dict[str, float] = {e["id"]: e["t"] for e in events if e["event"] == "completed" and e["id"]}
+    late = [e for e in events if e["event"] == "received" and e["id"] and e["t"] > done_at[e["id"]]]
+    assert late == [], "a finished sample must not be sent again"
+    per_lifetime = Counter((e["id"], e["pid"]) for e in events if e["event"] == "received" and e["id"])
+    assert max(per_lifetime.values()) == 1, per_lifetime.most_common(3)
+
+
+def test_server_stalled_mid_shard_is_restarted_and_the_shard_finishes(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SGLang's stall: alive, healthy, taking requests, generating nothing. The supervisor sees no token
+    for stall_timeout_s with requests in flight, restarts the server, and the requests lost go again
+    once, without using an attempt (max_attempts 1 would fail any sample that used one)."""
+    samples = make_samples(90)
+    caplog.set_level(logging.INFO, logger="regen")
+    cfg = rig.server_cfg({"stall_after_tokens": 4000}, max_restarts=6, stall_timeout_s=STALL_TIMEOUT_S)
     t0 = time.monotonic()
-    with pytest.raises(ShardFailedError, match="timeout"):
-        rig.generate(cfg, samples, request_timeout_s=0.4, max_attempts=2, concurrency=4)
-    assert time.monotonic() - t0 < 20
-    assert rig.journal.read_bytes() == b"", "nothing finished, so nothing is journaled"
+    stats, _ = rig.generate(cfg, samples, request_timeout_s=120, max_attempts=1, sampling=SHORT_ANSWERS)
+    recs, fails = assert_each_sample_once(rig, samples)
+    assert not fails and stats.completed == 90 and stats.retried_requests == 0
+    assert time.monotonic() - t0 < 60
+    stalls = [e for e in rig.events() if e["event"] == "fault:stall"]
+    restarts = [r for r in stall_restarts(rig) if r["kind"] == "stall"]
+    assert len(stalls) >= 2 and len(restarts) == len(stalls), "every stall restarted the server"
+    for stall, restart in zip(stalls, restarts, strict=True):
+        assert re.fullmatch(
+            r"server PID \d+ stalled: no tokens generated for \d+ s with \d+ requests in flight; "
+            r"mamba usage [0-9.]+",
+            restart["cause"],
+        ), restart["cause"]
+        assert restart["at"] - stall["t"] <= STALL_TIMEOUT_S + SUPERVISOR_POLL_S + 1.0
+    log = rig.supervisor_log()
+    assert "stalled: no tokens generated for" in log and "restart 1/6" in log
+    table = server_restarts_table(RunLayout.under(rig.root).restart_files())  # the report's
+    assert f"server restarts: {len(restarts)}" in table
+    for n, restart in enumerate(restarts, 1):
+        assert f"<td>gpu0</td><td>stall</td><td>{n}/6</td><td>{html.escape(restart['cause'])}</td>" in table
+    assert "lost to a server restart" in caplog.text
+    assert_sent_again_once_per_restart(rig, samples)
+    assert any(r["attempts"] > 1 for r in recs), "the requests in flight at a stall went again"
+
+
+def test_server_stalled_during_the_drain_is_restarted_and_the_last_samples_finish(rig: Rig) -> None:
+    """Every sample handed out, the last ones in flight: the server stalls then (as a slot's server
+    does while its job drains), is restarted, and those samples finish."""
+    samples = make_samples(40)
+    cfg = rig.server_cfg(max_restarts=2, stall_timeout_s=STALL_TIMEOUT_S)
+    cfg["simulated"]["token_rate"] = 400  # requests stay in flight long enough to be caught by the stall
+    urls: list[str] = []
+
+    def stall_now() -> None:
+        state = read_url_state(rig.root / "work" / "servers" / "gpu0.url")
+        assert state is not None and state.url is not None
+        urls.append(state.url)
+        urllib.request.urlopen(urllib.request.Request(state.url + "/_sim/stall", method="POST"), timeout=5)
+
+    stats, _ = rig.generate(
+        cfg, samples, request_timeout_s=120, max_attempts=1, on_exhausted=stall_now, sampling=SHORT_ANSWERS
+    )
+    recs, fails = assert_each_sample_once(rig, samples)
+    assert urls and not fails and stats.completed == 40
+    events = rig.events()
+    stall_t = next(e["t"] for e in events if e["event"] == "fault:stall")
+    first_sent = {}
+    for e in events:
+        if e["event"] == "received" and e["id"]:
+            first_sent.setdefault(e["id"], e["t"])
+    assert max(first_sent.values()) <= stall_t, "the stall came after every sample was handed out"
+    assert [r["kind"] for r in stall_restarts(rig)] == ["stall"]
+    assert sum(r["attempts"] == 2 for r in recs) >= 1
+    assert_sent_again_once_per_restart(rig, samples)
+
+
+def test_stall_repeating_past_max_restarts_fails_the_shard_with_its_cause(rig: Rig) -> None:
+    samples = make_samples(30)
+    cfg = rig.server_cfg({"stall_after_tokens": 300}, max_restarts=1, stall_timeout_s=STALL_TIMEOUT_S)
+    t0 = time.monotonic()
+    with pytest.raises(ShardFailedError) as failed:
+        rig.generate(cfg, samples, request_timeout_s=120, max_attempts=3, sampling=SHORT_ANSWERS)
+    message = str(failed.value)
+    assert "its server gave up" in message and "no tokens generated for" in message, message
+    assert "max_restarts=1 used up" in message and "timeout" not in message
+    assert time.monotonic() - t0 < 30, "caught in seconds, not at the request timeout"
+    assert [r["kind"] for r in stall_restarts(rig)] == ["stall", "gave_up"]
+    assert "giving up: server PID" in rig.supervisor_log()
     assert not rig.records.exists() and not rig.failed.exists()
+    journaled = {e["id"] for e in read_jsonl(rig.journal)}
+    assert journaled and all(e["kind"] == "record" for e in read_jsonl(rig.journal))
+
+
+def test_stall_on_one_of_two_servers_of_a_node_restarts_only_that_one(rig: Rig) -> None:
+    """Two GPU slots, a shard on each; gpu0's server stalls mid-shard. gpu0's server is restarted, gpu1's
+    is not, and both shards finish with every sample once (gpu1 may take some of gpu0's samples)."""
+    cfg = rig.server_cfg(gpus=2, max_restarts=2, stall_timeout_s=STALL_TIMEOUT_S)
+    cfg["simulated"]["token_rate"] = 800
+    servers = rig.root / "work" / "servers"
+    shards = {name: make_samples(60, prefix=f"{name}-") for name in ("a", "b")}
+    results: dict[str, Any] = {}
+    both_up = threading.Barrier(2, timeout=30)
+
+    def job(name: str) -> None:
+        out = rig.root / "results" / "generations"
+        # a request lent to the other server and lost to its restart is retried here (an attempt)
+        gen_cfg = {"request_timeout_s": 120, "max_attempts": 3, "backoff_base_s": 0.01, "concurrency": 16,
+                   "sampling": SHORT_ANSWERS}  # fmt: skip
+        try:
+            with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
+                both_up.wait()
+                if ep.server_id == "gpu0":
+                    threading.Thread(target=stall_after, args=(ep.url, 15), daemon=True).start()
+                lenders = SlotLenders(servers, int(ep.server_id[3:]), 16, poll_s=0.2)
+                try:
+                    results[name] = (ep.server_id, generate_shard(
+                        shards[name], rig.root / "work" / "journal" / f"{name}.jsonl", out / f"{name}.jsonl",
+                        out / f"{name}.failed.jsonl", gen_cfg, ep, name, lenders=lenders,
+                        restarts=SlotRestarts.of(servers, ep.server_id, ep.url),
+                    ))  # fmt: skip
+                finally:
+                    lenders.close()
+        except BaseException as exc:  # reported by the assertion below
+            results[name] = exc
+
+    threads = [threading.Thread(target=job, args=(name,)) for name in shards]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert all(isinstance(results.get(n), tuple) for n in shards), results
+    for name, samples in shards.items():
+        recs = read_jsonl(rig.root / "results" / "generations" / f"{name}.jsonl")
+        assert sorted(r["id"] for r in recs) == sorted(s.id for s in samples)
+    assert [r["kind"] for r in stall_restarts(rig, 0)] == ["stall"]
+    assert stall_restarts(rig, 1) == [], "the other server never stalled and was never restarted"
+    assert_sent_again_once_per_restart(rig, [s for samples in shards.values() for s in samples])
+
+
+def stall_after(url: str, completed: int) -> None:
+    """Stall the simulated server at ``url`` once it has completed ``completed`` requests."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/_sim/stats", timeout=5) as resp:
+            if sum(orjson.loads(resp.read())["completed"].values()) >= completed:
+                break
+        time.sleep(0.02)
+    urllib.request.urlopen(urllib.request.Request(url + "/_sim/stall", method="POST"), timeout=5)
 
 
 def test_server_wedged_from_the_start_never_passes_readiness(rig: Rig) -> None:

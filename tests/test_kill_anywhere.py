@@ -38,6 +38,8 @@ def test_kill_anywhere_loses_nothing(tmp_path: Path) -> None:
     assert result.lost == 0 and result.duplicated == 0 and result.resent == 0, detail
     assert result.problems == [], detail
     assert result.faults > 0, "server faults (5xx, crashes) must have been injected"
+    assert result.stalls > 0 and result.stall_detect_max_s is not None, "stalls injected and caught"
+    assert result.stall_detect_max_s <= SoakOptions().stall_timeout_s + 0.5 + 1.0, detail
     for c in result.campaigns:
         assert c.input_count >= 250, "the demo dataset was reconciled id by id"
         table = orjson.loads(Path(c.directory, "results", "reconcile.json").read_bytes())
@@ -105,10 +107,12 @@ def test_campaign_copies_the_workflow_with_a_slow_faulty_server(tmp_path: Path) 
 
     import yaml
 
-    camp = Campaign(0, tmp_path / "c", SoakOptions(crash_after=40, error_rate=0.05), random.Random(0))
+    opts = SoakOptions(crash_after=40, error_rate=0.05, stall_after_tokens=900, stall_timeout_s=4)
+    camp = Campaign(0, tmp_path / "c", opts, random.Random(0))
     for item in ("Snakefile", "rules", "scripts", "config/demo.yaml", "data/demo", "resources"):
         assert (camp.root / item).exists()
     over = yaml.safe_load((camp.root / "config" / "soak.yaml").read_text())
-    assert over["server"]["simulated"]["faults"] == {"error_rate": 0.05, "crash_after": 40, "seed": 7}
+    faults = {"error_rate": 0.05, "crash_after": 40, "stall_after_tokens": 900, "seed": 7}
+    assert over["server"]["simulated"]["faults"] == faults and over["server"]["stall_timeout_s"] == 4
     assert over["server"]["simulated"]["token_rate"] > 0
     assert camp.env["REGEN_SIM_REQUEST_LOG"] == str(camp.request_log)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from regen.sglang.server import (
     ServerError,
     acquire_server,
     build_simulated_command,
+    group_listens_on,
     launch_args_for,
     merge_launch_args,
     port_is_free,
@@ -425,6 +427,79 @@ def test_port_held_by_another_process_moves_the_server_to_a_free_port(rig: Rig) 
             with urllib.request.urlopen(ep.url + "/server_info", timeout=5) as resp:
                 assert resp.status == 200
     assert stop_all_servers(rig.root / "work/servers", grace_s=5) == 1
+
+
+def test_two_runs_starting_one_slot_together_both_get_a_server_without_a_restart(rig: Rig) -> None:
+    """Two runs on one node start slot 0 at once: both find port_base free, both launch, and the server
+    that binds second finds the port taken (with SGLang, after minutes of loading). Its supervisor
+    relaunches at once on another free port, recorded in the url file, and counts no restart."""
+    cfg = rig.cfg(max_restarts=1)
+    builder = rig.builder("--delay", "2")  # loads before it binds, as SGLang does
+    got: dict[str, Any] = {}
+    both = threading.Barrier(2, timeout=60)
+
+    def run(name: str) -> None:
+        base = rig.root / name
+        try:
+            servers, logs = base / "work/servers", base / "logs/servers"
+            pid = os.getpid()
+            with acquire_server(
+                cfg, None, servers, logs, owner_pid=pid, command_builder=builder, poll_s=0.05
+            ) as ep:
+                got[name] = (ep.url, time.monotonic())
+                both.wait()
+        except BaseException as exc:  # reported by the assertion below
+            got[name] = exc
+            both.abort()
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(isinstance(got.get(n), tuple) for n in ("a", "b")), got
+    ports = {n: int(got[n][0].rsplit(":", 1)[1]) for n in ("a", "b")}
+    assert rig.port_base in ports.values() and len(set(ports.values())) == 2, ports
+    assert max(at for _, at in got.values()) - t0 < 12, "relaunched at once, not after a 15 s wait"
+    loser = next(n for n, port in ports.items() if port != rig.port_base)
+    logs = {n: (rig.root / n / "logs/servers/gpu0.log").read_text() for n in ("a", "b")}
+    assert (
+        f"port {rig.port_base} on 127.0.0.1" in logs[loser]
+        and "relaunching at once on free port" in logs[loser]
+    )
+    assert "not a crash: no restart counted" in logs[loser]
+    assert not any("restart 1/" in text for text in logs.values()), "a lost port is no crash"
+    moves = [
+        json.loads(x)
+        for x in (rig.root / loser / "work/servers/gpu0.restarts.jsonl").read_text().splitlines()
+    ]
+    assert [(m["kind"], m["restart"]) for m in moves] == [("port", 0)]
+    state = read_url_state(rig.root / loser / "work/servers/gpu0.url")
+    assert state is not None and state.url == got[loser][0]
+    for n in ("a", "b"):
+        assert stop_all_servers(rig.root / n / "work/servers", grace_s=5) == 1
+
+
+def test_the_listener_of_a_port_is_told_apart_from_another_process_group(rig: Rig) -> None:
+    """A supervisor whose probe is answered on its port checks that its own server listens there, not
+    another run's server that took the port first."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert group_listens_on(os.getpgid(0), port) is True
+        other = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
+        )
+        try:
+            assert group_listens_on(other.pid, port) is False
+        finally:
+            other.kill()
+            other.wait()
+    assert group_listens_on(os.getpgid(0), port) is None, "nobody listens there any more"
 
 
 def test_external_mode_yields_configured_url(rig: Rig) -> None:

@@ -282,6 +282,37 @@ def test_stats_and_crash_after() -> None:
         stop()
 
 
+@pytest.mark.parametrize(
+    "faults",
+    [{"stall_after_tokens": 1}, {"stall_at_s": 0.3}, {}],
+    ids=["after_tokens", "at_time", "on_demand"],
+)
+def test_a_stalled_server_stays_up_and_healthy_and_generates_nothing(faults: dict[str, Any]) -> None:
+    """As SGLang stalls (#30314, PR #34705): /health and /metrics answer, requests are taken, no token
+    comes out, and the token counter stands still."""
+    url, stop = start_simulated_server(token_rate=2000, faults=faults)
+    try:
+        if "stall_after_tokens" in faults:
+            assert chat(url, "first")[0] == 200  # its tokens reach the threshold
+        elif "stall_at_s" in faults:
+            time.sleep(0.8)  # the ticker notices the time within 0.2 s
+        else:
+            with urllib.request.urlopen(urllib.request.Request(url + "/_sim/stall", method="POST")) as r:
+                assert r.status == 200
+        tokens = _counter(url)
+        with pytest.raises(TimeoutError):
+            asyncio.run(_post(url, {"messages": MSGS, "max_tokens": 5}, "stuck", timeout=0.5))
+        assert get(url, "/health")[0] == 200
+        assert _counter(url) == tokens
+    finally:
+        stop()
+
+
+def _counter(url: str) -> float:
+    text = get(url, "/metrics")[1].decode()
+    return float(re.search(r"^sglang:generation_tokens_total\{[^}]*\} (\S+)$", text, re.MULTILINE)[1])
+
+
 def test_cli_subprocess_logs_sglang_lines(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     url, stop = start_simulated_server(

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import os
+import re
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -174,6 +179,61 @@ def test_live_server_metrics_in_table(tmp_workdir: Path) -> None:
     assert cells[-4].isdigit() and cells[-3].isdigit(), gpu0  # running, queued (then "Ns ago")
     gpu1 = next(line for line in text.splitlines() if line.startswith("gpu1"))
     assert gpu1.split()[1] == "-"
+
+
+def test_stalled_server_is_shown_stalled_with_since_when_before_its_restart(tmp_workdir: Path) -> None:
+    """A server that takes requests and generates nothing: ``regen status`` says so (and since when)
+    while its supervisor waits out server.stall_timeout_s, then the supervisor restarts it."""
+    base = next(p for p in range(31800, 31900) if port_is_free("127.0.0.1", p))
+    cfg = {
+        "mode": "simulated",
+        "port_base": base,
+        "idle_timeout_s": 30,
+        "startup_timeout_s": 20,
+        "stall_timeout_s": 6,
+        "simulated": {"startup_delay_s": 0.1, "token_rate": 10},
+    }
+    restarts = tmp_workdir / "work/servers/gpu0.restarts.jsonl"
+    try:
+        with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
+            for i in range(3):  # requests in flight (at 10 tok/s they run for seconds), then the stall
+                threading.Thread(target=post, args=(ep.url + "/v1/chat/completions", i), daemon=True).start()
+            while json.loads(urllib.request.urlopen(ep.url + "/_sim/stats", timeout=5).read())["running"] < 3:
+                time.sleep(0.05)
+            post(ep.url + "/_sim/stall")
+            stalled_at = time.time()
+            deadline = time.monotonic() + 6
+            text = ""
+            while "stalled since" not in text and time.monotonic() < deadline:
+                text = status_report(tmp_workdir / "work", tmp_workdir / "results")
+                time.sleep(0.2)
+            assert not restarts.exists(), "shown stalled before the restart"
+            gpu0 = next(line for line in text.splitlines() if line.startswith("gpu0 "))
+            since = time.strftime("%H:%M:%S", time.localtime(stalled_at))
+            assert (
+                "stalled since" in gpu0 and abs(_seconds(gpu0.split("since ")[1][:8]) - _seconds(since)) <= 2
+            )
+            assert re.search(
+                r"gpu0: no tokens generated for \d+ s with 3 requests in flight; mamba usage", text
+            )
+            deadline = time.monotonic() + 10
+            while not restarts.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "no tokens generated" in restarts.read_text()
+    finally:
+        stop_all_servers(tmp_workdir / "work/servers", grace_s=5)
+
+
+def post(url: str, i: int = 0) -> None:
+    body = json.dumps({"messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 50}).encode()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    with contextlib.suppress(OSError):
+        urllib.request.urlopen(req, timeout=30).read()
+
+
+def _seconds(hms: str) -> int:
+    h, m, s = (int(x) for x in hms.split(":"))
+    return h * 3600 + m * 60 + s
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ A *campaign* copies the workflow (Snakefile, rules, scripts, schemas, report, en
 resources, data/demo) into a fresh directory and runs
 ``snakemake --cores N --configfile config/demo.yaml config/soak.yaml --rerun-incomplete --keep-going``
 in a new process session. ``config/soak.yaml`` slows the simulated servers down (``token_rate``) so
-generation takes seconds, injects server faults (HTTP 5xx, ``crash_after``) and gives the job
-enough retries to ride out a server restart. Every server appends to one request log
-(``REGEN_SIM_REQUEST_LOG``, see ``regen.sglang.simulated``) across all its lifetimes.
+generation takes seconds, injects server faults (HTTP 5xx, ``crash_after``, and stalls: a server that
+stays up and generates nothing after ``stall_after_tokens``, which its supervisor must catch within
+``server.stall_timeout_s``) and gives the job enough retries to ride out a server restart. Every
+server appends to one request log (``REGEN_SIM_REQUEST_LOG``, see ``regen.sglang.simulated``) across
+all its lifetimes.
 
 A *round* is one Snakemake run: the harness picks (seeded RNG) a phase (generate, validate or
 merge) and a delay, waits until Snakemake starts a job of that phase (or a later one), sleeps the
@@ -22,7 +24,12 @@ Each campaign is then run to completion and checked:
 - ``resent``: a chat request received for an id that was already in a journal before that run
   started (completed requests must never be sent again);
 - no server process (supervisor or simulated server) is left running from the campaign directory
-  once the supervisors' idle timeout has passed.
+  once the supervisors' idle timeout has passed;
+- ``stalls`` / ``stall_detect_max_s``: every stall injected and restarted by its supervisor, caught
+  within ``server.stall_timeout_s`` plus one supervisor poll (``STALL_DETECT_SLACK_S`` more for a busy
+  machine's scheduling), measured from the server's ``fault:stall`` event to its supervisor's restart
+  record (``gpu{k}.restarts.jsonl``). A stalled server stopped for another reason first (its Snakemake
+  killed) is counted but has no detection time.
 """
 
 from __future__ import annotations
@@ -65,6 +72,10 @@ WORKFLOW_ITEMS: tuple[str, ...] = (
 PHASES: tuple[str, ...] = ("generate", "validate", "merge")
 RULE_LINE = re.compile(r"^(?:local)?rule (\w+):", re.MULTILINE)
 REQUEST_LOG_NAME = "soak-requests.jsonl"
+#: the supervisor looks at its server every 0.5 s (``regen.sglang.supervisor --poll``)
+SUPERVISOR_POLL_S = 0.5
+#: scheduling slack on a loaded machine, beyond the stall timeout and one poll
+STALL_DETECT_SLACK_S = 1.0
 #: fake secrets put in every run's environment; no file the workflow writes may contain them
 API_KEY_ENV = "REGEN_SOAK_API_KEY"
 FAKE_SECRETS: dict[str, str] = {
@@ -86,6 +97,11 @@ class SoakOptions:
     max_running_requests: int = 16
     error_rate: float = 0.03
     crash_after: int | None = 60  # completions per server lifetime before it exits
+    #: tokens per server lifetime before it stalls: a little less than crash_after's 60 answers take, so
+    #: most lifetimes that run long end in a stall, some (long answers) in a crash
+    stall_after_tokens: int | None = 7000
+    #: above the simulated server's 5 s decode-line interval, so only injected stalls are caught
+    stall_timeout_s: float = 6.0
     idle_timeout_s: float = 8.0
     max_restarts: int = 50
     kill_delay_s: dict[str, float] = field(
@@ -124,6 +140,8 @@ class CampaignResult:
     unknown: int = 0
     resent: int = 0
     faults: dict[str, int] = field(default_factory=dict)
+    stalls: int = 0
+    stall_detect_s: list[float] = field(default_factory=list)
     half_written: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -158,6 +176,15 @@ class SoakResult:
         return sum(sum(c.faults.values()) for c in self.campaigns)
 
     @property
+    def stalls(self) -> int:
+        return sum(c.stalls for c in self.campaigns)
+
+    @property
+    def stall_detect_max_s(self) -> float | None:
+        times = [t for c in self.campaigns for t in c.stall_detect_s]
+        return max(times) if times else None
+
+    @property
     def problems(self) -> list[str]:
         out = []
         for c in self.campaigns:
@@ -175,7 +202,8 @@ class SoakResult:
     def line(self) -> str:
         return (
             f"soak: {self.rounds} rounds, {self.lost} lost, {self.duplicated} duplicated, "
-            f"{self.resent} resent, faults={self.faults} kills={self.kills}"
+            f"{self.resent} resent, faults={self.faults} kills={self.kills} stalls={self.stalls} "
+            f"stall_detect_max_s={'-' if (m := self.stall_detect_max_s) is None else f'{m:.1f}'}"
         )
 
 
@@ -213,6 +241,8 @@ def soak_config(opts: SoakOptions, port_base: int) -> dict[str, Any]:
     faults: dict[str, Any] = {"error_rate": opts.error_rate, "seed": 7}
     if opts.crash_after:
         faults["crash_after"] = opts.crash_after
+    if opts.stall_after_tokens:
+        faults["stall_after_tokens"] = opts.stall_after_tokens
     return {
         "generate": {"max_attempts": 8, "backoff_base_s": 0.25, "request_timeout_s": 60},
         "server": {
@@ -220,6 +250,7 @@ def soak_config(opts: SoakOptions, port_base: int) -> dict[str, Any]:
             "port_base": port_base,
             "idle_timeout_s": opts.idle_timeout_s,
             "max_restarts": opts.max_restarts,
+            "stall_timeout_s": opts.stall_timeout_s,
             "simulated": {
                 "token_rate": opts.token_rate,
                 "max_running_requests": opts.max_running_requests,
@@ -386,6 +417,10 @@ class Campaign:
         res.half_written += incomplete_outputs(results)
         res.half_written = sorted(set(res.half_written))
         res.faults = count_faults(self.request_log)
+        res.stalls, res.stall_detect_s = stall_detections(self.request_log, self.root / "work" / "servers")
+        bound = self.opts.stall_timeout_s + SUPERVISOR_POLL_S + STALL_DETECT_SLACK_S
+        late = [t for t in res.stall_detect_s if t > bound]
+        res.problems += [f"a stall was caught after {t:.1f} s (bound {bound:.1f} s)" for t in late]
         res.orphans += wait_no_servers(self.root, self.opts.idle_timeout_s + 15)
         res.orphans += [f"{p}: {c}" for p, c in processes_in(self.root)]
         res.problems += [f"a secret leaked into {path}" for path in files_with_secrets(self.root)]
@@ -458,6 +493,22 @@ def count_faults(request_log: Path) -> dict[str, int]:
         if event.startswith("fault:"):
             counts[event.split(":", 1)[1]] += 1
     return dict(counts)
+
+
+def stall_detections(request_log: Path, servers_dir: Path) -> tuple[int, list[float]]:
+    """Stalls injected (``fault:stall`` events) and, for each one its supervisor restarted the server
+    for, the seconds from the stall to the restart record (``regen.sglang.progress``)."""
+    from regen.layout import restart_files
+    from regen.sglang.progress import read_restarts
+
+    caught = {
+        entry["server_pid"]: float(entry["at"])
+        for path in restart_files(servers_dir)
+        for entry in read_restarts(path)
+        if "stalled" in str(entry.get("cause")) and entry.get("server_pid")
+    }
+    stalls = [ev for ev in read_request_log(request_log) if ev.get("event") == "fault:stall"]
+    return len(stalls), [caught[ev["pid"]] - float(ev["t"]) for ev in stalls if ev.get("pid") in caught]
 
 
 def incomplete_outputs(results: Path) -> list[str]:
@@ -636,6 +687,18 @@ def cli(argv: list[str]) -> int:
         default=SoakOptions().crash_after,
         help="the simulated server crashes after this many requests",
     )
+    p.add_argument(
+        "--stall-after-tokens",
+        type=int,
+        default=SoakOptions().stall_after_tokens,
+        help="the simulated server stalls after generating this many tokens (0: never)",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=SoakOptions().stall_timeout_s,
+        help="server.stall_timeout_s: seconds without progress before a stalled server is restarted",
+    )
     a = p.parse_args(argv)
     opts = SoakOptions(
         rounds=a.rounds,
@@ -646,6 +709,8 @@ def cli(argv: list[str]) -> int:
         token_rate=a.token_rate,
         error_rate=a.error_rate,
         crash_after=a.crash_after or None,
+        stall_after_tokens=a.stall_after_tokens or None,
+        stall_timeout_s=a.stall_timeout,
     )
     result = run_soak(opts)
     for problem in result.problems:

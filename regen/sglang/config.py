@@ -93,6 +93,7 @@ class ServerConfig:
     startup_timeout_s: float
     idle_timeout_s: float
     max_restarts: int
+    stall_timeout_s: float
     simulated: SimulatedConfig
 
     @classmethod
@@ -127,6 +128,7 @@ class ServerConfig:
             startup_timeout_s=float(filled["startup_timeout_s"]),
             idle_timeout_s=float(filled["idle_timeout_s"]),
             max_restarts=int(filled["max_restarts"]),
+            stall_timeout_s=float(filled["stall_timeout_s"]),
             simulated=SimulatedConfig(**{k: v for k, v in sim.items() if k in known}),
         )
 

@@ -211,6 +211,49 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def _listener_inodes(port: int) -> set[str] | None:
+    """The socket inodes listening on ``port`` (any address); None when /proc/net cannot be read."""
+    found: set[str] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                found.add(f"socket:[{f[9]}]")
+    return found if readable else None
+
+
+def group_listens_on(pgid: int, port: int) -> bool | None:
+    """Whether a process of group ``pgid`` (a server and its workers) holds the socket listening on
+    ``port``: False when another process is seen holding it (a server answering there may be another
+    run's that took the port first); None when no holder can be seen (the kernel's tables or the
+    processes' file descriptors cannot be read)."""
+    inodes = _listener_inodes(port)
+    if not inodes:
+        return None
+    other = False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/fd/{fd}") in inodes:
+                    stat = proc_stat(int(entry))
+                    if stat is not None and stat[2] == pgid:
+                        return True
+                    other = True
+    return False if other else None
+
+
 def client_host(host: str) -> str:
     """The address a client uses to reach a server bound to ``host``."""
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
@@ -552,6 +595,8 @@ class LaunchSpec:
     max_restarts: int
     owner_pid: int
     api_key_env: str | None
+    #: no generated token for this long with requests in flight restarts the server; None: not watched
+    stall_timeout_s: float | None = None
 
 
 def supervisor_argv(spec: LaunchSpec) -> list[str]:
@@ -570,6 +615,10 @@ def supervisor_argv(spec: LaunchSpec) -> list[str]:
         str(spec.files.lease.resolve()),
         "--log-file",
         str(spec.files.log.resolve()),
+        "--progress-file",
+        str(spec.files.progress.resolve()),
+        "--restarts-file",
+        str(spec.files.restarts.resolve()),
         "--idle-timeout",
         str(spec.idle_timeout_s),
         "--startup-timeout",
@@ -587,6 +636,8 @@ def supervisor_argv(spec: LaunchSpec) -> list[str]:
     ]
     if spec.api_key_env:
         argv += ["--api-key-env", spec.api_key_env]
+    if spec.stall_timeout_s is not None:
+        argv += ["--stall-timeout", str(spec.stall_timeout_s)]
     return [*argv, "--", *spec.command]
 
 
@@ -830,6 +881,7 @@ def _live_or_start(
         max_restarts=cfg.max_restarts,
         owner_pid=owner_pid if owner_pid is not None else find_owner_pid(),
         api_key_env=cfg.api_key_env if api_key else None,
+        stall_timeout_s=cfg.stall_timeout_s,
     )
     return start_supervisor(spec)
 
@@ -843,14 +895,19 @@ def pick_port(host: str, preferred: int, slot: int) -> int:
     """
     if _wait_port_free(host, preferred, PORT_WAIT_S):
         return preferred
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port = int(sock.getsockname()[1])
+    port = any_free_port(host)
     log.info(
         "GPU slot %d: port %d on %s is in use (another run?); using free port %d", slot, preferred, host, port
     )
     return port
+
+
+def any_free_port(host: str) -> int:
+    """A port free on ``host`` now, as the kernel picks one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:

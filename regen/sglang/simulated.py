@@ -33,13 +33,15 @@ Faults are drawn per request from ``hash(faults.seed, sample id, n-th request fo
 so one run's faults do not depend on request order. The sample id is the
 ``X-Regen-Sample-Id`` header, percent-encoded by the client (real SGLang ignores it) or else the
 request's ``rid``.
-``GET /_sim/stats`` returns ``{"received", "completed": {id: n}, "received_by_id", "faults"}``.
+``GET /_sim/stats`` returns ``{"received", "completed": {id: n}, "received_by_id", "faults"}``;
+``POST /_sim/stall`` stalls the server at once (``Faults.stall_after_tokens`` and ``stall_at_s`` do it
+on their own): it stays up and healthy, takes requests, and generates nothing more.
 
 ``request_log`` (``--request-log PATH``, or the ``REGEN_SIM_REQUEST_LOG`` environment variable, which
 the server inherits through Snakemake and the supervisor) appends one JSON line per chat request
 received, per chat request completed and per fault injected:
 ``{"event": "received"|"completed"|"fault:<kind>", "id", "pid", "t"}`` (kinds as in ``FAULT_KINDS``, plus
-``poison`` and ``crash``).
+``poison``, ``crash`` and ``stall``).
 Lines are single ``O_APPEND`` writes, so several servers and server lifetimes share one file; it
 lets a test count, across restarts and kills, requests re-sent for ids already finished.
 """
@@ -148,6 +150,11 @@ class Faults:
     # answer 0, calls of answer 1, ...]}, answer k being the one after k assistant turns of the request,
     # each call {"name", "arguments"}; made only when the request sends tools and the answer stops
     tool_calls_for: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = ()
+    # a stall as SGLang's (#30314, PR #34705): the process lives, /health and /metrics answer, requests are
+    # taken, and no token is generated any more, no decode batch logged; once this lifetime has generated
+    # this many tokens, or this many seconds after it became ready (``POST /_sim/stall`` stalls it at once)
+    stall_after_tokens: int | None = None
+    stall_at_s: float | None = None
     seed: int = 0
 
     @classmethod
@@ -737,12 +744,13 @@ class SimulatedServer:
         self.queued = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self.window_tokens = 0
+        self.window_tokens = 0.0  # tokens decoded since the last decode line
         self.window_start = time.monotonic()
         self.last_gen_throughput = 0.0
         self.slots = asyncio.Semaphore(opts.running_cap)
         self.hung: set[asyncio.Future[None]] = set()
         self.crashed = False
+        self.stalled = False
         self.request_log = RequestLog(opts.request_log)
         self.tokens = TokenModel(opts.tokenizer_path) if opts.tokenizer_path else None
         self.chain = ChainModel(opts.chain_path) if opts.chain_path and self.tokens is not None else None
@@ -762,6 +770,7 @@ class SimulatedServer:
         r.add_get("/metrics", self.metrics)
         r.add_post("/v1/chat/completions", self.chat)
         r.add_get("/_sim/stats", self.stats)
+        r.add_post("/_sim/stall", self.stall_now)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_cleanup)
         return app
@@ -791,14 +800,23 @@ class SimulatedServer:
 
     async def _tick(self) -> None:
         announced = self.opts.startup_delay_s <= 0
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(
-                min(self.opts.log_interval_s, 0.2) if not announced else self.opts.log_interval_s
-            )
+            await asyncio.sleep(min(self.opts.log_interval_s, 0.2))
+            now = time.monotonic()
+            if self.opts.token_rate > 0 and not self.stalled:
+                # as SGLang counts them, step by step: each running request decodes at its rate (an instant
+                # server, token_rate 0, counts a request's tokens when it completes)
+                self.window_tokens += self.running * self.per_request_rate() * (now - last)
+            last = now
             if not announced and self.ready:
                 announced = True
                 self.log("The server is fired up and ready to roll!", prefix="")
-            now = time.monotonic()
+            at = self.opts.faults.stall_at_s
+            if at is not None and self.ready and time.time() >= self.ready_at + at:
+                self.stall(f"stall_at_s={at:g}")
+            if self.stalled:  # the scheduler is stuck: no decode batch, gauges keep their last values
+                continue
             gap = now - self.window_start
             if gap >= self.opts.log_interval_s:
                 self.last_gen_throughput = self.window_tokens / gap
@@ -821,6 +839,28 @@ class SimulatedServer:
     @property
     def ready(self) -> bool:
         return time.time() >= self.ready_at
+
+    def stall(self, why: str) -> None:
+        """From now on nothing is generated (see ``Faults.stall_after_tokens``)."""
+        if self.stalled:
+            return
+        self.stalled = True
+        self.request_log("fault:stall", None, why=why)
+
+    async def _hold_if_stalled(self) -> None:
+        """A request on a stalled server waits forever (until the server is stopped)."""
+        if not self.stalled:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.hung.add(fut)
+        try:
+            await fut
+        finally:
+            self.hung.discard(fut)
+
+    async def stall_now(self, request: web.Request) -> web.Response:
+        self.stall("POST /_sim/stall")
+        return web.Response(status=200)
 
     # --------------------------------------------------------------- handlers
     async def health(self, request: web.Request) -> web.Response:
@@ -940,6 +980,13 @@ class SimulatedServer:
                 round(used / self.opts.max_total_num_tokens, 2),
             ),
             (
+                "sglang:mamba_usage",
+                "The mamba usage.",
+                "gauge",
+                sched,
+                round(self.running / max(1, self.opts.running_cap), 2),
+            ),
+            (
                 "sglang:prompt_tokens_total",
                 "Number of prefill tokens processed.",
                 "counter",
@@ -1017,6 +1064,7 @@ class SimulatedServer:
             self.request_log(f"fault:{fault}", sid)
             return await self._fault(request, fault)
 
+        await self._hold_if_stalled()
         await self._sampling_kernels(req)
         ctk = req.get("chat_template_kwargs") or {}
         thinking = bool(ctk.get("enable_thinking", True)) and req.get("reasoning_effort") != "none"
@@ -1074,10 +1122,14 @@ class SimulatedServer:
         )
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n_out
-        self.window_tokens += n_out
+        if self.opts.token_rate <= 0:
+            self.window_tokens += n_out
         self.completed[key] += 1
         self.n_completed += 1
         self.request_log("completed", sid)
+        stall_after = self.opts.faults.stall_after_tokens
+        if stall_after is not None and self.generation_tokens_total >= stall_after:
+            self.stall(f"stall_after_tokens={stall_after}")
         crash = self.opts.faults.crash_after is not None and self.n_completed >= self.opts.faults.crash_after
         if not crash:
             return web.Response(body=body, content_type="application/json")
@@ -1155,8 +1207,10 @@ class SimulatedServer:
             self.queued -= 1
         self.running += 1
         try:
+            await self._hold_if_stalled()
             if self.opts.token_rate > 0:
                 await asyncio.sleep(n_tokens / self.per_request_rate())
+            await self._hold_if_stalled()
         finally:
             self.running -= 1
             self.slots.release()

@@ -5,7 +5,11 @@ process group, killed with the supervisor through ``PR_SET_PDEATHSIG``) and
 
 * writes ``--url-file`` atomically: ``starting PID`` at once, ``URL PID SERVER_PID`` once a real one-token
   generation succeeds, ``failed PID`` when it gives up;
-* restarts a server that dies (at most ``--max-restarts`` times, each logged);
+* restarts a server that dies, or that stalls: requests in flight and no token generated for
+  ``--stall-timeout`` seconds (``regen.sglang.progress``); at most ``--max-restarts`` times, each logged
+  with its cause here and in ``--restarts-file``; its latest look at the server goes to ``--progress-file``;
+* relaunches at once on another free port, not counting it as a crash, when the port was taken between
+  the check and the server's bind (another run on the node chose the same port);
 * exits, stopping the server (SIGTERM to its group, SIGKILL after a grace period), on SIGTERM/SIGINT;
   when ``--idle-timeout`` has passed with no lease held (it takes LOCK_EX on ``--lease-file`` and
   removes the url file under that lock, so a job cannot pick up a server that is going away); or
@@ -27,18 +31,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from regen.sglang.progress import ProgressWatch, record_restart, write_progress
 from regen.sglang.server import (
     SERVER_START_MARK,
     UrlState,
+    any_free_port,
+    group_listens_on,
     one_token_generation,
     pid_alive,
     port_is_free,
     proc_stat,
     read_url_state,
+    startup_log_text,
     write_url_state,
 )
 
 PR_SET_PDEATHSIG = 1
+#: relaunches on another port (a port lost to another process) before the supervisor gives up
+MAX_PORT_MOVES = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,9 @@ class SupervisorConfig:
     command: list[str]
     poll_s: float
     grace_s: float
+    progress_file: Path | None = None
+    restarts_file: Path | None = None
+    stall_timeout_s: float | None = None
 
 
 class Stop(Exception):
@@ -76,6 +89,10 @@ class Supervisor:
         self.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         self.child: subprocess.Popen[bytes] | None = None
         self.last_busy = time.monotonic()
+        # the port can change (lost to another process); the url file records the one in use
+        self.port, self.url, self.command = cfg.port, cfg.url, list(cfg.command)
+        self.port_moves = 0
+        self.restarts = 0
 
     # -- logging and state -------------------------------------------------------------------------
     def say(self, msg: str) -> None:
@@ -126,16 +143,18 @@ class Supervisor:
 
     # -- the server process -------------------------------------------------------------------------
     def launch(self, attempt: int) -> subprocess.Popen[bytes]:
+        if not port_is_free(self.cfg.host, self.port):
+            self.move_port("is in use by another process")
         deadline = time.monotonic() + 15
-        while not port_is_free(self.cfg.host, self.cfg.port):
+        while not port_is_free(self.cfg.host, self.port):  # a command whose port cannot be moved
             if time.monotonic() > deadline:
-                raise Stop(f"port {self.cfg.port} on {self.cfg.host} is in use by another process")
+                raise Stop(f"port {self.port} on {self.cfg.host} is in use by another process")
             time.sleep(0.25)
-        self.say(f"{SERVER_START_MARK} (attempt {attempt}): {' '.join(self.cfg.command)}")
-        self.say(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} url={self.cfg.url}")
+        self.say(f"{SERVER_START_MARK} (attempt {attempt}): {' '.join(self.command)}")
+        self.say(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} url={self.url}")
         parent = self.pid
         child = subprocess.Popen(
-            self.cfg.command,
+            self.command,
             stdin=subprocess.DEVNULL,
             stdout=self.log_fh,
             stderr=subprocess.STDOUT,
@@ -164,8 +183,10 @@ class Supervisor:
                     f"(server.startup_timeout_s); last probe: {last_problem}",
                 )
             problem = one_token_generation(
-                self.cfg.url, self.cfg.model, self.api_key, timeout=max(1.0, min(60.0, remaining))
+                self.url, self.cfg.model, self.api_key, timeout=max(1.0, min(60.0, remaining))
             )
+            if problem is None and group_listens_on(child.pid, self.port) is False:
+                return False  # another process answers on our port; ours cannot bind it (port_lost)
             if problem is None:
                 return True
             last_problem = problem
@@ -187,28 +208,74 @@ class Supervisor:
             child.wait(timeout=5)
         self.child = None
 
+    # -- port ---------------------------------------------------------------------------------------
+    def port_lost(self) -> bool:
+        """After our server failed to start: another process listens on its port (or it said so)."""
+        if self.child is not None and self.child.poll() is None:
+            return True  # it never bound: wait_ready found another process answering there
+        return not port_is_free(self.cfg.host, self.port) or (
+            "address already in use" in startup_log_text(self.cfg.log_file).lower()
+        )
+
+    def move_port(self, why: str) -> bool:
+        """Take another free port for the next launch (the url file records it once the server is
+        ready); False when the command names no ``--port`` to change."""
+        new = any_free_port(self.cfg.host)
+        command = _with_port(self.command, new)
+        if command is None:
+            return False
+        self.port_moves += 1
+        if self.port_moves > MAX_PORT_MOVES:
+            raise Stop(f"port {self.port} on {self.cfg.host} is in use by another process")
+        cause = f"port {self.port} on {self.cfg.host} {why}; relaunching at once on free port {new}"
+        self.say(f"{cause} (not a crash: no restart counted)")
+        self.record("port", cause)
+        self.port, self.command = new, command
+        self.url = f"{self.url.rsplit(':', 1)[0]}:{new}"
+        return True
+
+    def record(self, kind: str, cause: str, server_pid: int | None = None) -> None:
+        if self.cfg.restarts_file is None:
+            return
+        record_restart(
+            self.cfg.restarts_file, slot=self.cfg.slot, kind=kind, cause=cause, restart=self.restarts,
+            max_restarts=self.cfg.max_restarts, server_pid=server_pid, url=self.url,
+        )  # fmt: skip
+
     # -- main loop ----------------------------------------------------------------------------------
     def run(self) -> int:
         self.write_state(UrlState(self.pid))
-        restarts = 0
         try:
             while True:
-                self.child = self.launch(restarts + 1)
+                self.child = self.launch(self.restarts + 1)
+                stall = None
                 if self.wait_ready(self.child):
-                    self.say(f"server ready at {self.cfg.url}")
-                    self.write_state(UrlState(self.pid, url=self.cfg.url, server_pid=self.child.pid))
-                    self.monitor(self.child)
-                code = self.child.poll()
-                self.say(f"server PID {self.child.pid} exited with code {code}")
+                    self.say(f"server ready at {self.url}")
+                    self.write_state(UrlState(self.pid, url=self.url, server_pid=self.child.pid))
+                    stall = self.monitor(self.child)
+                elif self.port_lost() and self.move_port(
+                    "was taken by another process before our server bound it"
+                ):
+                    self.stop_server()
+                    continue
+                if stall is not None:
+                    kind, cause = "stall", f"server PID {self.child.pid} stalled: {stall}"
+                    self.write_state(UrlState(self.pid))  # jobs wait for the restart, not for a dead url
+                else:
+                    kind, cause = "crash", f"server PID {self.child.pid} exited with code {self.child.poll()}"
+                self.say(cause)
+                server_pid = self.child.pid
                 self.stop_server()
-                if restarts >= self.cfg.max_restarts:
-                    self.say(
-                        f"giving up: the server died and max_restarts={self.cfg.max_restarts} is used up"
+                if self.restarts >= self.cfg.max_restarts:
+                    self.say(f"giving up: {cause}; max_restarts={self.cfg.max_restarts} is used up")
+                    self.record(
+                        "gave_up", f"{cause}; max_restarts={self.cfg.max_restarts} used up", server_pid
                     )
                     self.write_state(UrlState(self.pid, failed=True))
                     return 1
-                restarts += 1
-                self.say(f"restart {restarts}/{self.cfg.max_restarts}")
+                self.restarts += 1
+                self.say(f"restart {self.restarts}/{self.cfg.max_restarts}")
+                self.record(kind, cause, server_pid)
                 self.write_state(UrlState(self.pid))
         except Stop as stop:
             reason = str(stop)
@@ -216,6 +283,7 @@ class Supervisor:
             self.say(f"exiting: {reason}")
             if failed:
                 self.stop_server()
+                self.record("gave_up", reason)
                 self.write_state(UrlState(self.pid, failed=True))
                 return 1
             # an idle or orphan exit holds LOCK_EX on the lease here: no job can pick up the url
@@ -226,12 +294,39 @@ class Supervisor:
         finally:
             self.stop_server()
 
-    def monitor(self, child: subprocess.Popen[bytes]) -> None:
-        """Return when the server died; raise Stop when the supervisor must exit."""
+    def monitor(self, child: subprocess.Popen[bytes]) -> str | None:
+        """Return None when the server died, the cause when it stalled; raise Stop when the supervisor
+        must exit."""
         self.last_busy = time.monotonic()
+        timeout = self.cfg.stall_timeout_s
+        watch = (
+            ProgressWatch(self.url, self.cfg.log_file, timeout, child.pid, self.cfg.model, self.api_key)
+            if timeout
+            else None
+        )
         while child.poll() is None:
             self.check_exit()
+            if watch is not None:
+                stall = watch.look()
+                if self.cfg.progress_file is not None:
+                    write_progress(self.cfg.progress_file, watch.state())
+                if stall is not None:
+                    return stall
             time.sleep(self.cfg.poll_s)
+        return None
+
+
+def _with_port(command: list[str], port: int) -> list[str] | None:
+    """``command`` with its ``--port`` value replaced (None when it has none)."""
+    out = list(command)
+    for i, token in enumerate(out):
+        if token == "--port" and i + 1 < len(out):
+            out[i + 1] = str(port)
+            return out
+        if token.startswith("--port="):
+            out[i] = f"--port={port}"
+            return out
+    return None
 
 
 def _start_time(pid: int) -> int | None:
@@ -276,6 +371,9 @@ def parse_args(argv: list[str]) -> SupervisorConfig:
     p.add_argument("--api-key-env", default=None)
     p.add_argument("--poll", type=float, default=0.5, help="seconds between checks")
     p.add_argument("--grace", type=float, default=20, help="seconds from SIGTERM to SIGKILL of the server")
+    p.add_argument("--progress-file", type=Path, default=None)
+    p.add_argument("--restarts-file", type=Path, default=None)
+    p.add_argument("--stall-timeout", type=float, default=None, help="seconds with no progress: a stall")
     a = p.parse_args(own)
     return SupervisorConfig(
         slot=a.slot,
@@ -294,6 +392,9 @@ def parse_args(argv: list[str]) -> SupervisorConfig:
         command=command,
         poll_s=a.poll,
         grace_s=a.grace,
+        progress_file=a.progress_file,
+        restarts_file=a.restarts_file,
+        stall_timeout_s=a.stall_timeout,
     )
 
 
