@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -323,9 +324,15 @@ def thinking_for(sample_id: str, mode: str, fraction: float) -> bool:
     return _hash64("thinking", sample_id) / 2.0**64 < fraction
 
 
+#: what ``urllib.parse.quote(..., safe="")`` leaves as it is
+_UNRESERVED_ID = re.compile(r"[A-Za-z0-9_.~-]+")
+
+
 def sample_id_header(sample_id: str) -> str:
     """The sample id as an HTTP header value: percent-encoded, so no id (newlines, non-ASCII) can
     break or inject a header. The simulated server decodes it; real SGLang ignores the header."""
+    if _UNRESERVED_ID.fullmatch(sample_id):  # the usual id: nothing to encode (and no quote() per request)
+        return sample_id
     return urllib.parse.quote(sample_id, safe="")
 
 

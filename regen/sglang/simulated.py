@@ -849,8 +849,11 @@ class SimulatedServer:
 
     async def _hold_if_stalled(self) -> None:
         """A request on a stalled server waits forever (until the server is stopped)."""
-        if not self.stalled:
-            return
+        if self.stalled:
+            await self._hang()
+
+    async def _hang(self) -> None:
+        """Wait until the server is stopped (a request that is never answered)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.hung.add(fut)
         try:
@@ -1292,12 +1295,7 @@ class SimulatedServer:
                 return _error("Internal server error (simulated).", 500, "InternalServerError")
             return _error("Service unavailable (simulated).", 503, "ServiceUnavailableError")
         if kind == "hang":
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self.hung.add(fut)
-            try:
-                await fut
-            finally:
-                self.hung.discard(fut)
+            await self._hang()
             return web.Response(status=500)
         if kind == "malformed":
             return web.Response(
