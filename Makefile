@@ -36,7 +36,7 @@ $(SGVENV)/bin/python:
 	$(SGVENV)/bin/pip install -q torch==2.13.0
 	$(SGVENV)/bin/pip install -q --no-deps sglang==0.5.23
 	$(SGVENV)/bin/pip install -q numpy orjson psutil pybase64 requests packaging pillow starlette \
-		msgspec pydantic pyzmq tqdm ipython aiohttp triton pytest jsonschema pyyaml
+		msgspec pydantic pyzmq tqdm ipython aiohttp triton pytest jsonschema pyyaml zstandard
 
 test-sglang-parser: $(SGVENV)/bin/python
 	PYTHONPATH=$(CURDIR) $(SGVENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_flags.py
@@ -50,8 +50,9 @@ $(TRVENV)/bin/python:
 	$(TRVENV)/bin/pip install -q torch==2.13.0
 	$(TRVENV)/bin/pip install -q --no-deps specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0
 	$(TRVENV)/bin/pip install -q transformers==5.8.1 datasets==5.1.0 tqdm openai typer loguru
-	# speculators' train CLI (its vocabulary loader) and `regen vocab` (regen[vocab]: torch, numpy, orjson)
-	$(TRVENV)/bin/pip install -q pydantic-settings orjson
+	# speculators' train CLI (its vocabulary loader) and `regen vocab` (regen[vocab]: torch, numpy, orjson,
+	# zstandard: regen.io)
+	$(TRVENV)/bin/pip install -q pydantic-settings orjson zstandard
 
 test-trainers: setup $(TRVENV)/bin/python
 	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -s -p no:cacheprovider tests/test_trainers.py
