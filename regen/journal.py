@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from regen.io import atomic_lines_writer
+from regen.io import atomic_lines_writer, gc_paused
 
 
 @runtime_checkable
@@ -126,7 +126,8 @@ def scan_journal(path: Path, data: bytes) -> tuple[list[dict[str, Any]], int]:
     """Every complete entry of a journal's bytes (:func:`complete_lines`), and where they end; an
     unreadable line that is not the torn last one raises :class:`JournalError` naming file and line."""
     lines, good_end = complete_lines(data)
-    return [_parse_line(path, lineno, raw) for lineno, _, raw in lines], good_end
+    with gc_paused():
+        return [_parse_line(path, lineno, raw) for lineno, _, raw in lines], good_end
 
 
 def read_journal_entries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -244,7 +245,11 @@ def read_heads(path: str | os.PathLike[str]) -> JournalHeads:
     """Every complete entry of a journal by its head, from the index where it matches the journal and
     from the journal lines after it (empty when the journal does not exist). An unreadable journal line
     that is not the torn last one raises :class:`JournalError` naming file and line."""
-    p = Path(path)
+    with gc_paused():
+        return _read_heads(Path(path))
+
+
+def _read_heads(p: Path) -> JournalHeads:
     if not p.exists():
         return JournalHeads([], {}, 0, [], None)
     index = _read_index(index_path(p))
@@ -463,7 +468,16 @@ def finalize_journal(
     fingerprint, or for ids not in it, are stale and left out. A record that follows failures of the
     same fingerprint carries them as ``history``; so does a failure that follows earlier ones.
     """
-    path = Path(journal_path)
+    with gc_paused():
+        return _finalize(Path(journal_path), records_out, failed_out, current)
+
+
+def _finalize(
+    path: Path,
+    records_out: str | os.PathLike[str],
+    failed_out: str | os.PathLike[str],
+    current: Mapping[str, str] | None,
+) -> FinalizeCounts:
     written: set[str] = set()
     failures: dict[str, list[dict[str, Any]]] = {}
     n_rec = dups = stale = 0

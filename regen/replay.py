@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from regen.fingerprint import GenerationSettings, changed_settings, decisive_config, request_fingerprint
+from regen.io import gc_paused
 from regen.journal import FAILED, RECORD, EntryHead, read_heads
 from regen.layout import RunLayout
 from regen.prompts import sample_request_fingerprint
@@ -40,6 +41,12 @@ class JournalIndex:
         """The heads of every journal entry (``regen.journal.read_heads``: the journals' indexes, never
         their answers)."""
         index = cls()
+        with gc_paused():
+            index._read(paths)
+        return index
+
+    def _read(self, paths: Iterable[str | os.PathLike[str]]) -> None:
+        index = self
         for path in paths:
             journal = read_heads(path)
             index.heads.extend(journal.heads)
@@ -51,7 +58,6 @@ class JournalIndex:
                 kinds[head.fingerprint] = head.kind
         kinds.update((h.fingerprint, RECORD) for h in index.heads if h.kind == RECORD)
         kinds.pop(None, None)  # entries written before fingerprints are never replayed
-        return index
 
     @property
     def by_id(self) -> dict[str, list[EntryHead]]:
