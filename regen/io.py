@@ -88,14 +88,18 @@ def open_lines(path: str | os.PathLike[str]) -> Iterator[Iterator[bytes]]:
 
 def _zstd_lines(raw: IO[bytes], path: str | os.PathLike[str]) -> Iterator[bytes]:
     stream = zstandard.ZstdDecompressor().decompressobj()
-    rest = b""
+    pending: list[bytes] = []  # the pieces of a line that spans chunks: joined once, when it ends
     while chunk := raw.read(1 << 20):
-        *lines, rest = (rest + stream.decompress(chunk)).split(b"\n")
-        for line in lines:
-            yield line + b"\n"
+        *lines, tail = stream.decompress(chunk).split(b"\n")
+        if lines:
+            lines[0] = b"".join([*pending, lines[0]])
+            pending.clear()
+            for line in lines:
+                yield line + b"\n"
+        pending.append(tail)
     if not stream.eof:
         raise ValueError(f"{path}: the compressed data is cut short (a torn write)")
-    if rest:
+    if rest := b"".join(pending):
         yield rest
 
 

@@ -144,11 +144,12 @@ class RunLayout:
 
     def record_files(self) -> list[Path]:
         """Every shard's generation records (``records``) written so far."""
-        return self.record_files_in(self.generations_dir)
+        return self.shard_outputs_in(self.generations_dir)
 
     @staticmethod
-    def record_files_in(generations_dir: str | os.PathLike[str]) -> list[Path]:
-        return sorted(Path(generations_dir).glob("[0-9]*.jsonl.zst"))
+    def shard_outputs_in(directory: str | os.PathLike[str]) -> list[Path]:
+        """The per-shard compressed outputs in ``directory`` (``records``, ``quarantine``)."""
+        return sorted(Path(directory).glob("[0-9]*.jsonl.zst"))
 
     def failed(self, shard: str) -> Path:
         return self.generations_dir / f"{shard}.failed.jsonl"
@@ -168,11 +169,7 @@ class RunLayout:
         return self.quarantine_dir / f"{shard}.jsonl.zst"
 
     def quarantine_files(self) -> list[Path]:
-        return self.quarantine_files_in(self.quarantine_dir)
-
-    @staticmethod
-    def quarantine_files_in(quarantine_dir: str | os.PathLike[str]) -> list[Path]:
-        return sorted(Path(quarantine_dir).glob("[0-9]*.jsonl.zst"))
+        return self.shard_outputs_in(self.quarantine_dir)
 
     @property
     def dataset_dir(self) -> Path:

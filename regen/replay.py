@@ -46,17 +46,16 @@ class JournalIndex:
         return index
 
     def _read(self, paths: Iterable[str | os.PathLike[str]]) -> None:
-        index = self
         for path in paths:
             journal = read_heads(path)
-            index.heads.extend(journal.heads)
+            self.heads.extend(journal.heads)
             for sfp, settings in journal.settings.items():
-                index.settings.setdefault(sfp, settings)
-        kinds = index.kind_by_fingerprint
-        for head in index.heads:  # failures first, then records over them: a record wins
+                self.settings.setdefault(sfp, settings)
+        kinds = self.kind_by_fingerprint
+        for head in self.heads:  # failures first, then records over them: a record wins
             if head.kind != RECORD:
                 kinds[head.fingerprint] = head.kind
-        kinds.update((h.fingerprint, RECORD) for h in index.heads if h.kind == RECORD)
+        kinds.update((h.fingerprint, RECORD) for h in self.heads if h.kind == RECORD)
         kinds.pop(None, None)  # entries written before fingerprints are never replayed
 
     @property
@@ -160,10 +159,8 @@ def plan_replay_fingerprints(
         if sample_id not in journaled_ids:
             plan.new += 1
             continue
-        entries = index.by_id[sample_id]
-        if not entries:
-            plan.new += 1
-        elif any(e.settings_fingerprint == now for e in entries):
+        entries = index.by_id[sample_id]  # journaled, never under the current fingerprint
+        if any(e.settings_fingerprint == now for e in entries):
             plan.prompt_changed += 1
         elif all(e.settings_fingerprint is None for e in entries):
             plan.before_fingerprints += 1

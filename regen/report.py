@@ -86,7 +86,7 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 def quarantine_reason_counts(quarantine_dir: str | os.PathLike[str]) -> Counter[str]:
     counts: Counter[str] = Counter()
-    for path in RunLayout.quarantine_files_in(quarantine_dir):
+    for path in RunLayout.shard_outputs_in(quarantine_dir):
         for obj in iter_jsonl(path):
             counts[str(obj.get("reason", "unknown"))] += 1
     return counts
@@ -102,7 +102,7 @@ def throughput_series(
     bucket 0 starts at the earliest request.
     """
     spans: list[tuple[str, float, float, int]] = []
-    for path in RunLayout.record_files_in(generations_dir):
+    for path in RunLayout.shard_outputs_in(generations_dir):
         for rec in iter_jsonl(path):
             try:
                 server = str(rec["server"]["id"])

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import gc
 import os
 import re
 from collections import Counter
@@ -29,7 +28,7 @@ import jsonschema
 import orjson
 import pyarrow.parquet as pq
 
-from regen.io import atomic_lines_writer, atomic_path, open_lines, read_json
+from regen.io import atomic_lines_writer, atomic_path, gc_paused, open_lines, read_json
 from regen.records import RECORD_SCHEMA_PATH, TOKEN_ID_MAX, VALID_SCHEMA, ValidColumns
 
 DEFAULT_SCHEMA_PATH = RECORD_SCHEMA_PATH
@@ -309,13 +308,8 @@ def validate_shard(
     limits = SemanticLimits.from_cfg(cfg)
     reasons: Counter[str] = Counter()
     cols = ValidColumns()
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # records are acyclic; a cyclic GC pass would only re-scan the live batch
-    try:
+    with gc_paused():  # records are acyclic; a cyclic GC pass would only re-scan the live batch
         stats = _validate_lines(src, shard, valid_path, quarantine_path, validator, limits, reasons, cols)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return stats
 
 

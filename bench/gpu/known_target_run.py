@@ -133,7 +133,7 @@ def generation_records(run: Path) -> list[dict[str, Any]]:
     """The run's generation records (``results/generations/{shard}.jsonl.zst``, regen.layout's names)."""
     from regen.layout import RunLayout
 
-    files = RunLayout.record_files_in(run / "results" / "generations")
+    files = RunLayout.shard_outputs_in(run / "results" / "generations")
     return [r for f in files for r in read_jsonl(str(f)) if "id" in r]
 
 
