@@ -222,28 +222,18 @@ def stop_leftovers(run_dir: Path, dry: bool) -> dict[str, Any]:
 
 
 def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "mode": "simulated" if a.dry_cpu else "sglang",
-        "model_path": str(a.model.resolve()),
-        "args": args,
-        "use_tuner": False,
-        "host": "127.0.0.1",
-        "port_base": a.port_base,
-        "gpus": 1,
-        "tp": 1,
-        "reasoning_parser": "qwen3",
-        "startup_timeout_s": 900,
-        "idle_timeout_s": 1800,
-        "max_restarts": 0,
+    from run import bench_server_cfg
+
+    simulated = {
+        "token_rate": a.sim_token_rate,
+        "startup_delay_s": 1.0,
+        "tokenizer_path": str(a.model.resolve()),
+        "max_running_requests": sim_cap or 64,
     }
-    if a.dry_cpu:
-        cfg["simulated"] = {
-            "token_rate": a.sim_token_rate,
-            "startup_delay_s": 1.0,
-            "tokenizer_path": str(a.model.resolve()),
-            "max_running_requests": sim_cap or 64,
-        }
-    return cfg
+    return bench_server_cfg(
+        a.model.resolve(), a.dry_cpu, args=args, use_tuner=False, port_base=a.port_base,
+        simulated=simulated if a.dry_cpu else None,
+    )  # fmt: skip
 
 
 def run_baseline(a: argparse.Namespace) -> dict[str, Any]:

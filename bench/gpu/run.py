@@ -189,12 +189,22 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def server_cfg_for(cfg: ServerConfig, model_dir: Path, dry: bool, port_base: int) -> dict[str, Any]:
-    return {
+def bench_server_cfg(
+    model_dir: Path,
+    dry: bool,
+    *,
+    args: list[str],
+    use_tuner: bool,
+    port_base: int,
+    simulated: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``server`` section every GPU bench starts its one server with (the simulated server's
+    behaviour, when given, for the CPU rehearsal)."""
+    cfg: dict[str, Any] = {
         "mode": "simulated" if dry else "sglang",
         "model_path": str(model_dir),
-        "args": list(cfg.args),
-        "use_tuner": cfg.plan is not None,
+        "args": list(args),
+        "use_tuner": use_tuner,
         "host": "127.0.0.1",
         "port_base": port_base,
         "gpus": 1,
@@ -203,12 +213,26 @@ def server_cfg_for(cfg: ServerConfig, model_dir: Path, dry: bool, port_base: int
         "startup_timeout_s": 900,
         "idle_timeout_s": 1800,
         "max_restarts": 0,
-        "simulated": {
-            "token_rate": 20,
-            "max_running_requests": int(cfg.predicted.get("running") or 16),
-            "startup_delay_s": 1.0,
-        },
     }
+    if simulated is not None:
+        cfg["simulated"] = simulated
+    return cfg
+
+
+def server_cfg_for(cfg: ServerConfig, model_dir: Path, dry: bool, port_base: int) -> dict[str, Any]:
+    simulated = {
+        "token_rate": 20,
+        "max_running_requests": int(cfg.predicted.get("running") or 16),
+        "startup_delay_s": 1.0,
+    }
+    return bench_server_cfg(
+        model_dir,
+        dry,
+        args=cfg.args,
+        use_tuner=cfg.plan is not None,
+        port_base=port_base,
+        simulated=simulated,
+    )
 
 
 def count_output_tokens(records_path: Path) -> tuple[int, int, dict[str, int]]:

@@ -52,6 +52,7 @@ from roofline import HybridShape, decode_step_cost  # noqa: E402
 from run import (  # noqa: E402
     BASE_ARGS,
     SGLANG_VERSION,
+    bench_server_cfg,
     generate_dict,
     gpu_memory_mib,
     make_model,
@@ -104,26 +105,13 @@ def generate_cfg(max_tokens: int, by_id: dict[str, int] | None, ids: bool = True
 
 # --------------------------------------------------------------------------------------- server
 def server_cfg(model_dir: Path, dry: bool) -> dict[str, Any]:
-    return {
-        "mode": "simulated" if dry else "sglang",
-        "model_path": str(model_dir),
-        "args": [],
-        "use_tuner": True,
-        "host": "127.0.0.1",
-        "port_base": 30000,
-        "gpus": 1,
-        "tp": 1,
-        "reasoning_parser": "qwen3",
-        "startup_timeout_s": 900,
-        "idle_timeout_s": 1800,
-        "max_restarts": 0,
-        "simulated": {
-            "token_rate": 40,
-            "half_speed_running": 48,
-            "startup_delay_s": 1.0,
-            "tokenizer_path": str(model_dir),
-        },
+    simulated = {
+        "token_rate": 40,
+        "half_speed_running": 48,
+        "startup_delay_s": 1.0,
+        "tokenizer_path": str(model_dir),
     }
+    return bench_server_cfg(model_dir, dry, args=[], use_tuner=True, port_base=30000, simulated=simulated)
 
 
 def candidates_for(rec: Any, dry: bool) -> list[Any]:
