@@ -590,7 +590,7 @@ def group_size(d: int) -> tuple[int, int]:
     raise ValueError(f"hidden size {d} has no power-of-4 quotient")
 
 
-def config_json(shape: Shape, eos: int, pad: int) -> dict[str, Any]:
+def config_json(shape: Shape, eos: int, pad: int | None) -> dict[str, Any]:
     nl = shape.layers
     return {
         "model_type": "qwen3_5_text",

@@ -7,56 +7,15 @@ import json
 import os
 import sys
 
+from known_target import Shape, config_json
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 out, nl = sys.argv[1], int(sys.argv[2])
 os.makedirs(out, exist_ok=True)
 V = 248320
 SPECIAL = {248044: "<|endoftext|>", 248045: "<|im_start|>", 248046: "<|im_end|>"}
-text_config = {
-    "model_type": "qwen3_5_text",
-    "architectures": ["Qwen3_5ForCausalLM"],
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "attn_output_gate": True,
-    "bos_token_id": None,
-    "eos_token_id": 248044,
-    "pad_token_id": None,
-    "full_attention_interval": 4,
-    "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(nl)],
-    "head_dim": 256,
-    "hidden_act": "silu",
-    "hidden_size": 5120,
-    "initializer_range": 0.02,
-    "intermediate_size": 17408,
-    "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 128,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 48,
-    "linear_value_head_dim": 128,
-    "mamba_ssm_dtype": "float32",
-    "max_position_embeddings": 262144,
-    "mlp_only_layers": [],
-    "mtp_num_hidden_layers": 1,
-    "mtp_use_dedicated_embeddings": False,
-    "num_attention_heads": 24,
-    "num_hidden_layers": nl,
-    "num_key_value_heads": 4,
-    "partial_rotary_factor": 0.25,
-    "rms_norm_eps": 1e-6,
-    "rope_parameters": {
-        "mrope_interleaved": True,
-        "mrope_section": [11, 11, 10],
-        "partial_rotary_factor": 0.25,
-        "rope_theta": 10000000,
-        "rope_type": "default",
-    },
-    "tie_word_embeddings": False,
-    "use_cache": True,
-    "vocab_size": V,
-    "torch_dtype": "bfloat16",
-    "dtype": "bfloat16",
-}
+# the known-answer target's config of the same shape (one definition of the Qwen3.6-27B-shaped config)
+text_config = config_json(Shape(layers=nl), eos=248044, pad=None)
 with open(os.path.join(out, "config.json"), "w") as fh:
     json.dump(text_config, fh, indent=1)
 with open(os.path.join(out, "generation_config.json"), "w") as fh:
