@@ -61,11 +61,8 @@ from regen.io import write_json
 from regen.journal import FAILED, RECORD, Journal, JournalSink
 from regen.layout import RunLayout
 from regen.prompts import (
-    prompt_for_last,
     request_content,
     sample_request_fingerprint,
-    turn_prefixes,
-    wire,
 )
 from regen.records import GenerationRecord, RecordSampling
 from regen.toolcalls import answered_calls, tool_call_mismatch, with_answered_ids
@@ -506,16 +503,17 @@ class _ShardRun:
         self.restarts: ServerRestarts | None = None
 
     # ------------------------------------------------------------------ samples
-    def next_sample(self) -> tuple[Sample, str] | None:
-        """The next sample to send and its fingerprint; replays (skips) what the journal already holds."""
+    def next_sample(self) -> tuple[Sample, str, list[Any]] | None:
+        """The next sample to send, its fingerprint and the messages it sends (``request_content``:
+        built once, hashed here and sent by ``run_sample``); replays (skips) what the journal holds."""
         for sample in self.samples:
             sid = sample.id
             if sid in self.seen:
                 log.warning("shard %s: duplicate sample id %r in the input; sent once", self.shard, sid)
                 continue
             self.seen.add(sid)
-            content = content_digest(request_content(sample, self.cfg.regenerate))
-            fingerprint = request_fingerprint(self.settings_fingerprint, sid, content)
+            content = request_content(sample, self.cfg.regenerate)
+            fingerprint = request_fingerprint(self.settings_fingerprint, sid, content_digest(content))
             self.current[sid] = fingerprint
             outcome = self.journal.outcome(sid, fingerprint)
             if outcome == RECORD or (outcome == FAILED and not self.cfg.retry_failed):
@@ -525,7 +523,7 @@ class _ShardRun:
                 self.stats.retried_failed += 1
             elif sid in self.journal.finished_ids:
                 self.stats.regenerated_changed += 1
-            return sample, fingerprint
+            return sample, fingerprint, content["messages"]
         if not self.exhausted:
             self.exhausted = True
             if self.on_exhausted is not None:
@@ -539,9 +537,11 @@ class _ShardRun:
                 return
             await self.one_sample(*nxt, None)
 
-    async def one_sample(self, sample: Sample, fingerprint: str, lender: Endpoint | None) -> None:
+    async def one_sample(
+        self, sample: Sample, fingerprint: str, messages: list[Any], lender: Endpoint | None
+    ) -> None:
         self.attempted += 1
-        entry = await self.run_sample(sample, lender)
+        entry = await self.run_sample(sample, messages, lender)
         if entry is None:
             return
         self.stamp(entry, fingerprint)
@@ -594,7 +594,11 @@ class _ShardRun:
             entry["at"] = time.time()
 
     # ------------------------------------------------------------------ one sample
-    async def run_sample(self, sample: Sample, lender: Endpoint | None = None) -> dict[str, Any] | None:
+    async def run_sample(
+        self, sample: Sample, messages: list[Any], lender: Endpoint | None = None
+    ) -> dict[str, Any] | None:
+        """One sample's answer(s); ``messages`` is its ``request_content``'s: the prompt (``last``) or the
+        turns before each answer (``all``)."""
         cfg = self.cfg
         sid = sample.id
         first_url = None if lender is None else lender.url.rstrip("/") + "/v1/chat/completions"
@@ -605,14 +609,14 @@ class _ShardRun:
         cut: str | None = None  # regenerate all: the tool-call mismatch that ended the row early
         try:
             if cfg.regenerate == "last":
-                prompt = prompt_for_last(sample.messages)
+                prompt = messages
                 answer = await self.answer_turn(sid, prompt, seed, thinking, attempts, tools, first_url)
                 turns = None
             else:
                 prompt = []
                 turns = []
                 answer = None
-                segments = turn_prefixes(sample.messages)
+                segments = messages
                 answered = answered_calls(sample.messages)
                 for k, segment in enumerate(segments):
                     if answer is not None:
@@ -622,7 +626,7 @@ class _ShardRun:
                         if answer.tool_calls:  # under the ids the dataset's tool turns answer
                             prev["tool_calls"] = with_answered_ids(answer.tool_calls, answered[k - 1])
                         prompt.append(prev)
-                    prompt.extend(wire(m) for m in segment)
+                    prompt.extend(segment)
                     answer = await self.answer_turn(
                         sid, list(prompt), seed, thinking, attempts, tools, first_url
                     )

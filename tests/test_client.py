@@ -20,10 +20,9 @@ from regen.client import (
     derive_seed,
     generate_shard,
     generate_shard_async,
-    prompt_for_last,
     thinking_for,
-    turn_prefixes,
 )
+from regen.prompts import prompt_for_last, turn_prefixes
 from regen.sglang.simulated import free_port, start_simulated_server
 from regen.types import Message, Sample
 

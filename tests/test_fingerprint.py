@@ -20,11 +20,8 @@ from regen.client import (
     ProgressOptions,
     generate_shard,
     generate_shard_async,
-    prompt_for_last,
-    request_content,
     sample_fingerprint,
     settings_of,
-    turn_prefixes,
 )
 from regen.fingerprint import (
     DECISIVE_GENERATE_KEYS,
@@ -34,6 +31,7 @@ from regen.fingerprint import (
 )
 from regen.journal import Journal, finalize_journal
 from regen.merge import merge
+from regen.prompts import prompt_for_last, request_content, turn_prefixes
 from regen.reaudit import MixedSettingsError, reaudit_dataset
 from regen.replay import JournalIndex, numerics_last_reported, plan_replay
 from regen.sglang.simulated import start_simulated_server
