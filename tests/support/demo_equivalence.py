@@ -318,86 +318,103 @@ def _collect(run_dir: Path) -> list[str]:
 
 # --- snakemake -n -------------------------------------------------------------------------------------------
 
-_JOB_HEAD = re.compile(r"^(?:localrule|rule) (\S+):$")
+_JOB_HEAD = re.compile(r"^(\s*)(?:localrule|rule) (\S+):$")  # indented inside a group job
+_GROUP_HEAD = re.compile(r"\] Group job (\S+) ")
 _STATS_ROW = re.compile(r"^(\S+)\s+(\d+)$")
+_JOB_FILE_KEYS = ("input", "output", "log", "benchmark")
 
 
 def _split_files(s: str) -> list[str]:
     return sorted(x.strip() for x in s.split(",") if x.strip())
 
 
+def _job(lines: list[str], i: int, rule: str, indent: int, group: str | None) -> tuple[dict, dict, int]:
+    """The job block whose head is line ``i - 1``: (checked, informational, index after the block)."""
+    job: dict[str, Any] = {"rule": rule, "group": group}
+    io: dict[str, Any] = {"rule": rule}
+    while i < len(lines) and lines[i].startswith(" " * (indent + 4)):
+        key, _, val = lines[i].strip().partition(": ")
+        if key == "reason":
+            parts = sorted(
+                (kind.strip(), _split_files(rest))
+                for kind, _, rest in (r.partition(":") for r in val.split("; "))
+            )
+            job["reason"] = [kind for kind, _ in parts]
+            io["reason"] = parts
+        elif key == "wildcards":
+            job["wildcards"] = io["wildcards"] = val
+        elif key == "resources":  # tmpdir is the host's
+            job["resources"] = sorted(r for r in _split_files(val) if not r.startswith("tmpdir="))
+        elif key in _JOB_FILE_KEYS:
+            io[key] = _split_files(val)
+        i += 1
+    return job, io, i
+
+
 def parse_dry_run(text: str, norm: Normaliser) -> tuple[dict[str, Any], dict[str, Any]]:
     """(checked, informational) summaries of ``snakemake -n`` output.
 
-    Checked: the job count per rule, every job's wildcards and reasons (their kinds), the closing "Reasons:"
-    table (kind -> rules), regen's own lines (fingerprint, how many samples are replayed or generated) and the
-    closing sentence. Informational: every job's input/output/log files and the files its reasons name (a
-    change that declares more inputs alters them)."""
-    text = norm.text(text)
-    lines = text.splitlines()
+    Checked: the job count per rule, every job's rule, group, wildcards, resources and reasons (their
+    kinds), the closing "Reasons:" table (kind -> rules), regen's own lines (fingerprint, how many samples
+    are replayed or generated, and the indented lines under them that say why) and the closing sentence.
+    Informational: every job's input/output/log/benchmark files and the files its reasons name (a change
+    that declares more inputs alters them). Left out: Snakemake's header (date, host, user, paths, workflow
+    id) and timestamps."""
+    lines = norm.text(text).splitlines()
     counts: dict[str, int] = {}
     jobs: list[dict[str, Any]] = []
     files: list[dict[str, Any]] = []
     regen_lines: list[str] = []
     reasons_table: dict[str, list[str]] = {}
     closing: list[str] = []
+    group: str | None = None
     i = 0
     while i < len(lines):
         line = lines[i]
-        head = _JOB_HEAD.match(line)
-        if head:
-            job: dict[str, Any] = {"rule": head.group(1)}
-            io: dict[str, Any] = {"rule": head.group(1)}
-            i += 1
-            while i < len(lines) and lines[i].startswith("    "):
-                key, _, val = lines[i].strip().partition(": ")
-                if key == "reason":
-                    parts = sorted(
-                        (kind.strip(), _split_files(rest))
-                        for kind, _, rest in (r.partition(":") for r in val.split("; "))
-                    )
-                    job["reason"] = [kind for kind, _ in parts]
-                    io["reason"] = parts
-                elif key == "wildcards":
-                    job["wildcards"] = val
-                    io["wildcards"] = val
-                elif key in ("input", "output", "log"):
-                    io[key] = _split_files(val)
-                i += 1
+        if head := _JOB_HEAD.match(line):
+            indent = len(head.group(1))
+            job, io, i = _job(lines, i + 1, head.group(2), indent, group if indent else None)
             jobs.append(job)
             files.append(io)
             continue
-        if line.startswith("Job stats:"):
-            i += 3  # header, rule of dashes
+        if g := _GROUP_HEAD.search(line):
+            group = g.group(1)
+        elif line.startswith("Job stats:"):
+            i += 3  # the header and the rule of dashes
             while i < len(lines) and (m := _STATS_ROW.match(lines[i])):
                 counts[m.group(1)] = int(m.group(2))
                 i += 1
             continue
-        if line.startswith("Reasons:"):
+        elif line.startswith("Reasons:"):
             i += 1
             kind = None
             while i < len(lines) and lines[i].startswith("    "):
                 if lines[i].startswith("        "):
-                    assert kind is not None, lines[i]
+                    if kind is None:
+                        raise ValueError(f"snakemake -n: rules before a reason: {lines[i]!r}")
                     reasons_table[kind] = _split_files(lines[i])
                 elif not lines[i].strip().startswith("("):
                     kind = lines[i].strip().rstrip(":")
                 i += 1
             continue
-        if line.startswith("regen"):
+        elif line.startswith("regen"):
             regen_lines.append(line)
+            i += 1
+            while i < len(lines) and lines[i].startswith("  ") and not _JOB_HEAD.match(lines[i]):
+                regen_lines.append(lines[i])  # regen's reasons under its line ("  298 new (never generated)")
+                i += 1
+            continue
         elif line.startswith(("Nothing to be done", "This was a dry-run")):
             closing.append(line)
         i += 1
-    key = lambda j: _canon(j)  # noqa: E731
     checked = {
         "job_counts": counts,
-        "jobs": sorted(jobs, key=key),
+        "jobs": sorted(jobs, key=_canon),
         "reasons": reasons_table,
         "regen": regen_lines,
         "closing": closing,
     }
-    return checked, {"job_files": sorted(files, key=key)}
+    return checked, {"job_files": sorted(files, key=_canon)}
 
 
 # --- running the demo ---------------------------------------------------------------------------------------
@@ -477,12 +494,14 @@ def cmd_digest(args: argparse.Namespace) -> int:
     venv = Path(sys.prefix)
     work = Path(tempfile.mkdtemp(prefix="demo-equivalence-", dir=args.tmp))
     clone = work / "regen"
+    done = False
     try:
         sha = clone_at(args.repo.resolve(), args.rev, clone)
         print(f"demo_equivalence: {args.rev} = {sha}, running the demo in {clone}", file=sys.stderr)
         entries, informational = digest_run(clone, venv, run_demo(clone, venv))
+        done = True
     finally:
-        if args.keep:
+        if args.keep or not done:  # a failed run stays, with its logs, for reading
             print(f"demo_equivalence: kept {clone}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
