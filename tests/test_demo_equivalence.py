@@ -76,12 +76,10 @@ def make_run(
         for k, i in enumerate(order)
     ]
     pq.write_table(pa.Table.from_pylist(rows), root / "results/valid/00000.parquet")
+    url = f"http://127.0.0.1:{31000 + int(started) % 7}"  # another port when 31000 is taken
+    server = {"id": f"gpu{int(started) % 2}", "url": url}  # the first free GPU slot took the shard
     lines = [
-        {
-            "id": r["id"],
-            "content": r["content"],
-            "server": {"url": f"http://127.0.0.1:{31000 + int(started) % 7}"},
-        }
+        {"id": r["id"], "content": r["content"], "server": server}
         | {"timings": {"started_at": r["started_at"], "latency_s": r["latency_s"]}}
         for r in rows
     ]
@@ -134,7 +132,9 @@ def test_a_changed_answer_count_or_plan_line_is_named(tmp_path: Path) -> None:
     assert compare(a, b, out.append) == 4
     text = "\n".join(out)
     assert "! results/valid/00000.parquet:\n    column content: differs\n    1 rows changed: b" in text
-    assert "! results/generations/00000.jsonl.zst:" in text
+    assert (
+        "! results/generations/00000.jsonl.zst:\n    column content: differs\n    1 rows changed: b" in text
+    )
     assert "lost_count: 0 -> 1" in text
     assert "-> '3 samples: 0 replayed from the journals, 3 to generate'" in text
     assert out[-1] == "equivalence: files=5 identical=1 differ=4"

@@ -70,7 +70,7 @@ class Volatile:
     the whole content (only the file's presence counts)."""
 
     glob: str
-    key: str
+    key: str  # "server.id": that path from a row's (or document's) root; "timings": that key at any depth
     why: str
     pattern: str | None = None
     repl: str = ""
@@ -92,6 +92,14 @@ VOLATILE: tuple[Volatile, ...] = (
         r": line \d+: ",
         ": line <n>: ",
     ),
+    Volatile(
+        "results/generations/*",
+        "server.id",
+        "which GPU's server answered a shard: a shard job takes the first free gpu{k}.lock, so two runs may "
+        "swap shards between gpu0 and gpu1 (the answers do not depend on it)",
+    ),
+    Volatile("results/quarantine/*", "record.server.id", "the same, for quarantined records"),
+    Volatile("results/valid/*", "server_id", "the same, in the valid shards"),
     Volatile("results/valid/*", "started_at", "wall-clock start of each request"),
     Volatile("results/valid/*", "latency_s", "the request's measured latency"),
     Volatile("results/dataset/_manifest.json", "created_at", "wall-clock time of the merge"),
@@ -213,20 +221,24 @@ class Normaliser:
             s = pattern.sub(repl, s)
         return s
 
-    def value(self, v: Any) -> Any:
+    def dropped(self, key: str, at: str) -> bool:
+        """A bare key is dropped at any depth, a dotted one (``server.id``) at that path from a row's root."""
+        return key in self.drop or f"{at}{key}" in self.drop
+
+    def value(self, v: Any, at: str = "") -> Any:
         if isinstance(v, dict):
-            return {k: self._field(k, x) for k, x in v.items() if k not in self.drop}
+            return {k: self._field(k, x, at) for k, x in v.items() if not self.dropped(k, at)}
         if isinstance(v, list | tuple):
-            return [self.value(x) for x in v]
+            return [self.value(x, at) for x in v]
         if isinstance(v, str):
             return self.text(v)
         return v
 
-    def _field(self, key: str, v: Any) -> Any:
+    def _field(self, key: str, v: Any, at: str) -> Any:
         if key in self.rewrite and isinstance(v, str):
             pattern, repl = self.rewrite[key]
             v = pattern.sub(repl, v)
-        return self.value(v)
+        return self.value(v, f"{at}{key}.")
 
 
 def _rows_entry(rows: list[dict[str, Any]], norm: Normaliser, schema: list[str] | None) -> dict[str, Any]:
