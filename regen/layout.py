@@ -1,8 +1,12 @@
-"""The run's file layout: every path under ``results/``, ``work/`` and ``logs/`` has one name here.
+"""The run's file layout: every path under ``results/``, ``work/``, ``logs/`` and ``benchmarks/`` has one
+name here, and so has the shard-name format.
 
-``results/`` holds the Snakemake outputs (the rules spell the same paths, as a table of contents);
+``results/`` holds the Snakemake outputs (the rules declare them through this module, and
+``tests/test_file_contract.py`` checks every rule of the loaded workflow against it); ``logs/`` the rules'
+logs and the gates' kept verdicts;
 ``work/`` holds what survives failed and killed jobs and is not a Snakemake output: the request
-journals, the per-shard status files, the per-GPU server slot files and the sweep's scratch.
+journals, the per-shard status files, the per-GPU server slot files, the settled shard count and the
+sweep's scratch.
 
 Server slot files live per node (``work/servers/gpu{k}.*``) or, on a Slurm cluster, per Slurm job
 (``work/servers/slurm-{job}/gpu{k}.*``): a job's GPUs are its own, and files on a shared filesystem
@@ -22,7 +26,7 @@ SLURM_DIR_PREFIX = "slurm-"
 
 #: a shard's name: its index, 5 digits zero-padded (the workflow's ``{shard}`` wildcard)
 SHARD_DIGITS = 5
-SHARD_PATTERN = rf"\d{{{SHARD_DIGITS}}}"
+SHARD_PATTERN = f"[0-9]{{{SHARD_DIGITS}}}"
 _SHARD_RE = re.compile(rf"^{SHARD_PATTERN}$")
 
 
