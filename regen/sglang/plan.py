@@ -360,7 +360,10 @@ def draft_weights_bytes(model: ModelShape) -> int:
     if model.mtp_layers <= 0:
         return 0
     draft = replace(
-        model, full_attention_layers=model.mtp_layers, linear_attention_layers=0, weights_bytes_from_index=None
+        model,
+        full_attention_layers=model.mtp_layers,
+        linear_attention_layers=0,
+        weights_bytes_from_index=None,
     )
     params = draft.estimated_parameters()
     h = model.hidden_size
@@ -477,8 +480,16 @@ def plan(
         workload_running = min(running, tokens // max(1, workload.tokens_per_request))
     kv_gib = tokens * cell / GIB
     free_gib = (
-        total_gib - cuda_context_gib - weights_gib - state_gib - scratch_gib - kv_gib - slack_gib - vlm_gib
-        - draft_weights_gib - draft_kv_gib
+        total_gib
+        - cuda_context_gib
+        - weights_gib
+        - state_gib
+        - scratch_gib
+        - kv_gib
+        - slack_gib
+        - vlm_gib
+        - draft_weights_gib
+        - draft_kv_gib
     )
     return MemoryPlan(
         sglang_version=sglang_version,
