@@ -600,8 +600,21 @@ def run_sweep(
     if not measured:
         errors = "; ".join(f"{r.label}: {r.error}" for r in rows)
         raise SweepError(f"no candidate could be measured: {errors}")
-    best = max(measured, key=lambda i: (rows[i].rate_tok_s, -i))  # ties: the earlier (recommended) one
+    best = measured[choose([rows[i].rate_tok_s for i in measured])]
     return SweepResult(tuple(rows), best, float(seconds_per_candidate), float(warm), len(samples))
+
+
+def choose(rates: Sequence[float]) -> int:
+    """The index of the candidate the sweep keeps among measured ones, by their :attr:`CandidateResult.
+    rate_tok_s`: the highest rate; ties go to the earlier (the tuner's recommendation comes first).
+
+    The rate is SGLang's ``gen throughput``, which counts every token a request gains (a speculative
+    verify step adds each request's accepted drafts and its bonus token: ``batch_result_processor`` and
+    ``MetricsReporter.update_spec_metrics``, 0.5.17 and 0.5.23), so MTP candidates rank by accepted
+    tokens per second, not by verify steps."""
+    if not rates:
+        raise SweepError("no measured candidate to choose from")
+    return max(range(len(rates)), key=lambda i: (rates[i], -i))
 
 
 # --------------------------------------------------------------------------- projection --
