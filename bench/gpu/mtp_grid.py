@@ -572,8 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--acceptances", default="2.9,1.5,3.5")
     p.add_argument("--acc-per-steps", choices=("chain", "flat"), default="chain")
     p.add_argument("--prompt-tokens", type=int, default=256)
-    p.add_argument("--answer-tokens", type=int, default=256)
-    p.add_argument("--decode-log-interval", type=int, default=10)
+    p.add_argument("--answer-tokens", type=int, default=192)
+    p.add_argument("--decode-log-interval", type=int, default=8)
     p.add_argument("--settle-s", type=float, default=1.0)
     p.add_argument(
         "--start-estimate-s",
