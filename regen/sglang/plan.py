@@ -603,6 +603,11 @@ class Recommendation:
     reasons: tuple[str, ...]
     warnings: tuple[str, ...]
     candidates: tuple[Candidate, ...] = field(default=())
+    #: what ``regen tune --sweep`` measures against the recommendation for speculative decoding (MTP at 1-3
+    #: steps when the model has MTP layers; the same without MTP when the given flags force it on)
+    speculative: tuple[Candidate, ...] = field(default=())
+    #: why MTP is on or off in this (static, unmeasured) plan
+    mtp_note: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -617,6 +622,11 @@ class Recommendation:
                 {"args": list(c.args), "score": c.score, "reasons": list(c.reasons), **c.plan.summary()}
                 for c in self.candidates
             ],
+            "speculative_candidates": [
+                {"args": list(c.args), "score": c.score, "reasons": list(c.reasons), **c.plan.summary()}
+                for c in self.speculative
+            ],
+            "mtp": self.mtp_note,
         }
 
 
@@ -770,6 +780,7 @@ def recommend(
     sched = scheduler_candidates(
         model, gpu_memory_mib, tp, base, workload, sglang_version, best, allow_replay_decode
     )
+    spec = speculative_alternatives(model, gpu_memory_mib, tp, base, workload, sglang_version, best)
     return Recommendation(
         given=given,
         recommended=best.plan,
@@ -777,6 +788,59 @@ def recommend(
         reasons=best.reasons,
         warnings=tuple(warnings),
         candidates=(best, *sched, *candidates[1:top_k]),
+        speculative=tuple(spec),
+        mtp_note=static_mtp_note(model, list(best.args)),
+    )
+
+
+def sweep_workload(workload: Workload) -> Workload:
+    """The workload the sweep's extra candidates are sized for: the expected output length when one is
+    given below ``max_tokens`` (as :func:`scheduler_candidates`), else ``workload`` itself."""
+    expected = workload.expected_output_tokens
+    if not expected or expected >= workload.max_tokens:
+        return workload
+    return Workload(
+        prompt_p50=workload.prompt_p50, prompt_p99=workload.prompt_p99, max_tokens=int(expected),
+        target_concurrency=None, unique_prompts=workload.unique_prompts,
+    )  # fmt: skip
+
+
+def speculative_alternatives(
+    model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str,
+    best: Candidate,
+) -> list[Candidate]:  # fmt: skip
+    """What the sweep measures against ``best`` to keep or drop MTP: the MTP candidates (1-3 steps,
+    :func:`mtp_candidates`) when the model has MTP layers, less the one ``best`` already is; and when
+    ``best`` runs speculative decoding (the given flags ask for it), the same without it, its cap
+    re-solved for the memory the verify buffers free."""
+    wl = sweep_workload(workload)
+    chosen = parse_flags(list(best.args))
+    out = [c for c in mtp_candidates(model, gpu_mib, tp, base, wl, version, best) if c.args != best.args]
+    if chosen.speculative_algorithm:
+        found = _best_running(
+            model, gpu_mib, tp, strip_speculative_args(base), wl, version, 4096, chosen.disable_radix_cache,
+            chosen.mamba_ssm_dtype, chosen.kv_cache_dtype, chosen.mem_fraction_static,
+        )  # fmt: skip
+        if found is not None:
+            n = found.plan.effective_max_running_requests
+            why = f"MTP off: the given flags' speculative decoding dropped; {n} running requests without it"
+            out.insert(0, replace(found, reasons=(why, *found.reasons)))
+    return out
+
+
+def static_mtp_note(model: ModelShape, args: list[str]) -> str:
+    """Why MTP is on or off in a plan nothing has measured (``regen tune`` without ``--sweep``)."""
+    flags = parse_flags(args)
+    if flags.speculative_algorithm:
+        return (
+            f"MTP on: the given server.args ask for {flags.speculative_algorithm} (not measured; "
+            "`regen tune --sweep` measures it against no MTP)"
+        )
+    if model.mtp_layers <= 0:
+        return "MTP off: the model has no MTP layers"
+    return (
+        "MTP off: not measured; the static plan keeps it off (`regen tune --sweep` measures 1-3 MTP steps "
+        "against it)"
     )
 
 

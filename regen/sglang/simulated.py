@@ -1077,6 +1077,13 @@ class SimulatedServer:
                 round(self.running / max(1, self.opts.running_cap), 2),
             ),
             (
+                "sglang:spec_accept_length",
+                "The average acceptance length of speculative decoding.",
+                "gauge",
+                sched,
+                accept_length(self.opts) or 0.0,
+            ),
+            (
                 "sglang:prompt_tokens_total",
                 "Number of prefill tokens processed.",
                 "counter",
