@@ -815,7 +815,11 @@ def speculative_alternatives(
     re-solved for the memory the verify buffers free."""
     wl = sweep_workload(workload)
     chosen = parse_flags(list(best.args))
-    out = [c for c in mtp_candidates(model, gpu_mib, tp, base, wl, version, best) if c.args != best.args]
+    given_steps = (chosen.speculative_num_steps or 3) if chosen.speculative_algorithm else None
+    out = [
+        c for c in mtp_candidates(model, gpu_mib, tp, base, wl, version, best)
+        if parse_flags(list(c.args)).speculative_num_steps != given_steps
+    ]  # fmt: skip
     if chosen.speculative_algorithm:
         found = _best_running(
             model, gpu_mib, tp, strip_speculative_args(base), wl, version, 4096, chosen.disable_radix_cache,
