@@ -786,7 +786,9 @@ __all__ = [
     "SweepCandidate",
     "SweepError",
     "SweepResult",
+    "choose",
     "drive_pilot",
+    "mtp_decision",
     "pilot_report",
     "run_sweep",
 ]

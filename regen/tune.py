@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from regen.sglang.plan import (
     Recommendation,
     Workload,
     gpu_memory_from_nvidia_smi,
+    parse_flags,
     recommend,
     workload_from_audit,
     write_plan_file,
@@ -101,6 +102,8 @@ def render_table(rec: Recommendation) -> str:
     lines.append("recommended flags: " + " ".join(rec.args))
     lines += [f"  reason: {x}" for x in rec.reasons]
     lines += [f"  warning: {x}" for x in rec.warnings]
+    if rec.mtp_note:
+        lines.append(rec.mtp_note)
     return "\n".join(lines)
 
 
@@ -208,6 +211,8 @@ def candidates_from_recommendation(rec: Any, top: int) -> list[tuple[SweepCandid
     ]
     for i, c in enumerate(rec.candidates[1:top], start=1):
         found.append((SweepCandidate(tuple(c.args), cap(c.plan), f"tuner #{i + 1}"), c.plan))
+    for c in rec.speculative:  # MTP on / off, measured next to the best without it
+        found.append((SweepCandidate(tuple(c.args), cap(c.plan), mtp_label(c.args)), c.plan))
     found.append((SweepCandidate(tuple(rec.given.args), cap(rec.given), "given"), rec.given))
     seen: set[tuple[str, ...]] = set()
     unique = []
@@ -216,6 +221,15 @@ def candidates_from_recommendation(rec: Any, top: int) -> list[tuple[SweepCandid
             seen.add(cand.args)
             unique.append((cand, p))
     return unique
+
+
+def mtp_label(args: Sequence[str]) -> str:
+    """A speculative candidate's sweep label: ``mtp 3 steps``, or ``mtp off`` (the given flags without it)."""
+    flags = parse_flags(list(args))
+    if not flags.speculative_algorithm:
+        return "mtp off"
+    steps = flags.speculative_num_steps or 3
+    return f"mtp {steps} step{'s' if steps != 1 else ''}"
 
 
 def render_result(report: Mapping[str, Any]) -> str:
@@ -239,6 +253,8 @@ def render_result(report: Mapping[str, Any]) -> str:
         f"{p['servers']} server(s) of tp={p['tp']}: wall {fmt_duration(p['wall_s'])}, "
         f"{p['gpu_hours']:.2f} GPU-hours",
     ]
+    if report.get("mtp"):
+        lines.append(str(report["mtp"]["why"]))
     return "\n".join(lines)
 
 
