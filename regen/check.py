@@ -26,8 +26,9 @@ from snakemake.exceptions import WorkflowError
 
 from regen.chat import ChatTemplate, ChatTemplateError
 from regen.dataset import detect_format
+from regen.layout import RunLayout
 from regen.sglang.models import ModelConfigError, ModelShape
-from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS
+from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, parse_flags
 from regen.storage import is_s3_uri, parse_location
 
 SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
@@ -335,9 +336,6 @@ def speculative_notes(
     """A warning when ``server.args`` force a speculative setting (``--speculative-algorithm``, its steps)
     that the last ``regen tune --sweep`` (``RESULTS/plan/pilot.json``) measured slower than another
     candidate; nothing without args forcing it, without a sweep file, or when it measured fastest."""
-    from regen.layout import RunLayout
-    from regen.sglang.plan import parse_flags
-
     server = config.get("server") or {}
     args = [str(a) for a in server.get("args") or ()]
     forced = parse_flags(args) if args else None
