@@ -336,13 +336,15 @@ def mamba_slots_per_request(model: ModelShape, flags: ServerFlags, version: str)
     return MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO + tracking, strategy
 
 
-#: architectures whose MTP draft SGLang loads from the model path itself (speculative_hook: it sets
-#: ``speculative_draft_model_path``, so the target's KV cell counts the draft layers), 0.5.17
+#: architectures whose MTP draft SGLang loads from the model path itself (speculative_hook
+#: ``_handle_eagle_family`` sets ``speculative_draft_model_path``, so the target's KV cell counts the draft
+#: layers), 0.5.17 and 0.5.23 (which adds the last two); for every other MTP model (Qwen3.5/3.6: its
+#: config has ``mtp_num_hidden_layers``, not ``num_nextn_predict_layers``) the cell is the target's alone
 _DRAFT_PATH_ARCHS = frozenset({
     "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "Glm4MoeForCausalLM",
     "Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM",
     "BailingMoeV2_5ForCausalLM", "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration",
-    "HYV3ForCausalLM",
+    "HYV3ForCausalLM", "HYV4ForCausalLM", "Qwen4ExpForConditionalGeneration",
 })  # fmt: skip
 
 
