@@ -455,3 +455,31 @@ def test_forced_speculative_flags_get_an_mtp_off_alternative(gpu_model: ModelSha
     others = [c.args[c.args.index("--speculative-num-steps") + 1] for c in rec.speculative[1:]]
     assert others == ["1", "2"]
     assert rec.to_json()["speculative_candidates"][0]["args"] == list(off.args)
+
+
+def test_tune_says_why_mtp_is_off_and_the_sweep_measures_it(
+    gpu_model: ModelShape, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from regen.tune import candidates_from_recommendation, render_result
+
+    args = ["--model-config", str(MODELS / "gpu-qwen3.6-27b-text"), "--gpu-memory-mib", str(H200_MIB)]
+    assert cli([*args, "--sglang-version", "0.5.17"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(
+        "MTP off: not measured; the static plan keeps it off (`regen tune --sweep` measures 1-3 MTP steps "
+        "against it)"
+    )
+    assert cli(["--model-config", str(MODELS / "qwen3-8b"), "--gpu-memory-mib", "81559"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("MTP off: the model has no MTP layers")
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
+    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17")
+    labels = [c.label for c, _ in candidates_from_recommendation(rec, 2)]
+    assert labels[0] == "recommended" and labels[-1] == "given"
+    assert [x for x in labels if x.startswith("mtp")] == ["mtp 1 step", "mtp 2 steps", "mtp 3 steps"]
+    report = {
+        "candidates": [], "best_index": 0, "best_label": "mtp 3 steps", "best_out_tok_s": 1.0,
+        "projection": {"remaining_samples": 0, "tokens_per_sample": 1.0, "servers": 1, "tp": 1, "wall_s": 1.0,
+                       "gpu_hours": 0.0},
+        "mtp": {"why": "MTP on: measured 1.30x the best without it"},
+    }  # fmt: skip
+    assert render_result(report).endswith("MTP on: measured 1.30x the best without it")
