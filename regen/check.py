@@ -362,7 +362,8 @@ def speculative_notes(
     best = max(rows, key=lambda r: float(r["rate_tok_s"]))
     if float(best["rate_tok_s"]) <= float(mine["rate_tok_s"]):
         return []
-    what = "no MTP" if setting(best.get("args") or []) is None else f"MTP {setting(best['args'])[1]} steps"
+    other = setting(best.get("args") or [])
+    what = "no MTP" if other is None else f"MTP {other[1]} step{'s' if other[1] != 1 else ''}"
     return [
         f"server.args force {forced.speculative_algorithm} with {wanted[1]} steps: the sweep ({pilot}) "
         f"measured it at {float(mine['rate_tok_s']):.0f} tok/s ({mine.get('label')}), slower than {what} at "
