@@ -10,6 +10,7 @@ import pytest
 
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
+    PlanError,
     Workload,
     flag_warnings,
     plan,
@@ -483,3 +484,15 @@ def test_tune_says_why_mtp_is_off_and_the_sweep_measures_it(
         "mtp": {"why": "MTP on: measured 1.30x the best without it"},
     }  # fmt: skip
     assert render_result(report).endswith("MTP on: measured 1.30x the best without it")
+
+
+def test_mtp_that_does_not_fit_is_no_candidate(gpu_model: ModelShape) -> None:
+    """On an 80 GiB GPU the 27B model's MTP draft (5.5 GiB more weights) leaves no KV at the default memory
+    fraction: the recommendation stands, without MTP candidates that SGLang would refuse."""
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
+    rec = recommend(gpu_model, 81920, 1, [], wl, "0.5.23")
+    assert rec.recommended.effective_max_running_requests > 0
+    for c in rec.speculative:
+        assert c.plan.kv_cache_tokens >= c.plan.effective_max_running_requests * wl.tokens_per_request
+    with pytest.raises(PlanError, match=r"MTP draft 5\.5 GiB"):
+        plan(gpu_model, 81920, 1, [*SEED_FLAGS[:8], "--disable-radix-cache"], None, "0.5.23")

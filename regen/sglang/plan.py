@@ -476,8 +476,10 @@ def plan(
             if any(a.split("=")[0] == flag for a in args):
                 notes.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
     if rest_gib <= 0:
+        draft = f" + MTP draft {draft_weights_gib:.1f} GiB" if draft_weights_gib else ""
         raise PlanError(
-            f"weights ({weights_gib:.1f} GiB) leave no KV cache memory at mem_fraction_static={mfs:.3f}"
+            f"weights ({weights_gib:.1f} GiB{draft}) leave no KV cache memory at "
+            f"mem_fraction_static={mfs:.3f}"
         )
     in_cell = draft_layers if draft_kv_in_cell(flags, model) else 0
     cell = model.kv_cell_bytes(tp, flags.kv_cache_dtype, in_cell)
@@ -823,10 +825,14 @@ def speculative_alternatives(
         if parse_flags(list(c.args)).speculative_num_steps != given_steps
     ]  # fmt: skip
     if chosen.speculative_algorithm:
-        found = _best_running(
-            model, gpu_mib, tp, strip_speculative_args(base), wl, version, 4096, chosen.disable_radix_cache,
-            chosen.mamba_ssm_dtype, chosen.kv_cache_dtype, chosen.mem_fraction_static,
-        )  # fmt: skip
+        try:
+            found = _best_running(
+                model, gpu_mib, tp, strip_speculative_args(base), wl, version, 4096,
+                chosen.disable_radix_cache, chosen.mamba_ssm_dtype, chosen.kv_cache_dtype,
+                chosen.mem_fraction_static,
+            )  # fmt: skip
+        except PlanError:
+            found = None
         if found is not None:
             n = found.plan.effective_max_running_requests
             why = f"MTP off: the given flags' speculative decoding dropped; {n} running requests without it"
@@ -960,10 +966,13 @@ def mtp_candidates(
     out = []
     for n_steps in steps:
         spec = list(speculative_args(n_steps))
-        found = _best_running(
-            model, gpu_mib, tp, [*plain, *spec], workload, version, 4096, chosen.disable_radix_cache,
-            chosen.mamba_ssm_dtype, chosen.kv_cache_dtype, chosen.mem_fraction_static,
-        )  # fmt: skip
+        try:
+            found = _best_running(
+                model, gpu_mib, tp, [*plain, *spec], workload, version, 4096, chosen.disable_radix_cache,
+                chosen.mamba_ssm_dtype, chosen.kv_cache_dtype, chosen.mem_fraction_static,
+            )  # fmt: skip
+        except PlanError:  # the draft model's weights and buffers do not fit: no MTP candidate at these steps
+            found = None
         if found is None:
             continue
         p = found.plan
