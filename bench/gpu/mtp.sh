@@ -5,7 +5,7 @@
 #                           copy this tree to /tmp/repo, start mtp_grid.py detached (its own session: it
 #                           outlives the call), wait up to SECONDS, collect
 #   mtp.sh wait SECONDS     wait up to SECONDS for its last line (mtp-grid: done), collect
-# Collect to $OUT (5 flat files): mtp.log, mtp-<date>.json, mtp-<date>.md, fi-prewarm.log, mtp-logs.tgz (every
+# Collect to $OUT (6 flat files): mtp.log, mtp-<date>.{json,md,svg}, fi-prewarm.log, mtp-logs.tgz (every
 # server's log, its supervisor's lines, nvidia-smi; a log over 6 MiB as its tail).
 # DEADLINE (default 880 s from the program's start) bounds the campaign, server starts included; GRID_ARGS
 # are further mtp_grid.py arguments (e.g. "--acceptances 2.9 --answer-tokens 192").
@@ -35,7 +35,7 @@ collect() {
   mkdir -p "$OUT" "$T/mtp-collect"
   cp "$T/mtp.log" "$OUT/mtp.log" 2>/dev/null
   cp "$T/fi-prewarm.log" "$OUT/fi-prewarm.log" 2>/dev/null
-  cp "$T"/mtp-out/*.json "$T"/mtp-out/*.md "$OUT/" 2>/dev/null
+  cp "$T"/mtp-out/*.json "$T"/mtp-out/*.md "$T"/mtp-out/*.svg "$OUT/" 2>/dev/null
   rm -rf "$T/mtp-collect"/* && mkdir -p "$T/mtp-collect/logs"
   for d in "$T"/mtp-work/*/logs; do
     [ -d "$d" ] || continue

@@ -36,7 +36,8 @@ point of any configuration at any level at that acceptance (``seed`` included). 
 KV tokens, state, verify buffers, draft weights and KV) against what each server's startup log and
 ``/server_info`` realized (``regen.sglang.realized``).
 
-Writes ``OUT/mtp-<date>.json`` (after every level) and ``.md``; the last lines are one
+Writes ``OUT/mtp-<date>.json`` (after every level), ``.md`` and ``.svg`` (decode tok/s against running
+requests, a panel per acceptance); the last lines are one
 ``mtp: acceptance=... best_off_tps=... best_on_tps=... choice_tps=... choice_vs_best=... seed_tps=...
 vs_seed=... predicted_cap=... realized_cap=...`` per acceptance (``na`` where nothing ran), then
 ``mtp-grid: done``. ``--dry-cpu`` runs the same sequence against regen's simulated server (speculative
@@ -550,6 +551,54 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def svg_plot(doc: dict[str, Any]) -> str:
+    """Decode tok/s against running requests, one panel per acceptance: ``off`` (shared), ``seed`` and
+    each ``mtp<s>`` as lines (issue 25 item 3: where MTP stops paying)."""
+    accs = [s["acceptance"] for s in doc["summary"]]
+    servers = [r for r in doc["servers"] if r.get("levels")]
+    pts = [(lv.get("running") or lv["concurrency"], lv["decode_tps"]) for r in servers for lv in r["levels"]
+           if lv.get("decode_tps")]  # fmt: skip
+    if not pts or not accs:
+        return '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>'
+    xmax = max(x for x, _ in pts) * 1.05
+    ymax = max(y for _, y in pts) * 1.1
+    w, h, pad = 420, 300, 50
+    colors = {"off": "#000", "seed": "#999", "mtp1": "#1f77b4", "mtp2": "#2ca02c", "mtp3": "#d62728"}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w * len(accs)}" height="{h + 40}" '
+           'font-family="sans-serif" font-size="11">']  # fmt: skip
+    for k, acc in enumerate(accs):
+        x0 = k * w
+
+        def sx(x: float, x0: int = x0) -> float:
+            return x0 + pad + (w - 1.5 * pad) * x / xmax
+
+        def sy(y: float) -> float:
+            return h - pad + 20 - (h - 1.5 * pad) * y / ymax
+
+        out.append(f'<text x="{x0 + w / 2}" y="14" text-anchor="middle">acceptance {acc:g}</text>')
+        out.append(f'<line x1="{sx(0)}" y1="{sy(0)}" x2="{sx(xmax)}" y2="{sy(0)}" stroke="#000"/>')
+        out.append(f'<line x1="{sx(0)}" y1="{sy(0)}" x2="{sx(0)}" y2="{sy(ymax)}" stroke="#000"/>')
+        for t in range(0, int(xmax) + 1, max(1, int(xmax // 5) // 50 * 50 or 50)):
+            out.append(f'<text x="{sx(t)}" y="{sy(0) + 14}" text-anchor="middle">{t}</text>')
+        for t in range(0, int(ymax) + 1, max(1, int(ymax // 5) // 500 * 500 or 500)):
+            out.append(f'<text x="{sx(0) - 4}" y="{sy(t) + 4}" text-anchor="end">{t}</text>')
+        out.append(f'<text x="{x0 + w / 2}" y="{h + 32}" text-anchor="middle">running requests</text>')
+        row = 0
+        for r in servers:
+            if r["name"] != "off" and r.get("acceptance") != acc:
+                continue
+            line = sorted((lv.get("running") or lv["concurrency"], lv["decode_tps"]) for lv in r["levels"]
+                          if lv.get("decode_tps"))  # fmt: skip
+            color = colors.get(r["name"], "#555")
+            coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line)
+            out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+            out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}"/>' for x, y in line]
+            out.append(f'<text x="{sx(xmax) - 60}" y="{32 + 13 * row}" fill="{color}">{r["name"]}</text>')
+            row += 1
+    out.append("</svg>")
+    return "\n".join(out)
+
+
 # --------------------------------------------------------------------------------------------------
 
 _PARTIAL: list[Any] = []
@@ -634,6 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["elapsed_s"] = round(time.monotonic() - t_start, 1)
         write_json(out_json, doc)
         (a.out / f"mtp-{date}.md").write_text(markdown(doc))
+        (a.out / f"mtp-{date}.svg").write_text(svg_plot(doc))
 
     _PARTIAL.append(write)
     for c in configs:
