@@ -19,6 +19,9 @@ every level):
 4. ``mtp3`` at 3.5, ``mtp1`` at 1.5 (the likely best MTP of each), ``mtp1`` at 3.5, ``mtp3`` at 1.5, then
    ``mtp2`` at 3.5 and 1.5, as the budget allows (``--deadline-s``: a server starts only if its start and
    its cap level fit in what is left).
+regen's MTP candidates run without the radix cache (unique prompts, 1 state slot per request, as its
+recommendation); should SGLang refuse that (never ready), the planner's same candidate with the radix cache
+(3 slots per request) is measured in its place and for every later MTP server, the failure kept in the JSON.
 Every server also gets ``--disable-prefill-cuda-graph`` (SGLang 0.5.17 captures 58 prefill graphs, ~33 s
 of every start; prefill graphs do not touch decode) and ``--decode-log-interval`` (more plateau lines).
 
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -101,6 +105,7 @@ class Config:
     source: str  # recommend | mtp_candidates | seed
     sim_accept_len: float | None = None  # SGLANG_SIMULATE_ACC_LEN for this server
     results: dict[str, Any] = field(default_factory=dict)
+    fallback: Config | None = None  # started instead when this one never gets ready
 
     @property
     def cap(self) -> int:
@@ -141,11 +146,14 @@ def plan_configs(model_dir: Path, gpu_mib: int, a: argparse.Namespace) -> tuple[
     wl = Workload(prompt_p50=prompt, prompt_p99=prompt, max_tokens=a.answer_tokens, unique_prompts=True)
     rec = recommend(model, gpu_mib, 1, BASE_ARGS, wl, SGLANG_VERSION)
     best = rec.candidates[0]
-    mtp = {c.plan.args: c for c in mtp_candidates(model, gpu_mib, 1, BASE_ARGS, wl, SGLANG_VERSION, best)}
-    by_steps = {}
-    for cand in mtp.values():
-        steps = int(cand.args[cand.args.index("--speculative-num-steps") + 1])
-        by_steps[steps] = cand
+
+    def by_steps_of(cands: list[Any]) -> dict[int, Any]:
+        return {int(c.args[c.args.index("--speculative-num-steps") + 1]): c for c in cands}
+
+    by_steps = by_steps_of(mtp_candidates(model, gpu_mib, 1, BASE_ARGS, wl, SGLANG_VERSION, best))
+    # the fallback should SGLang refuse MTP without the radix cache: the same with it (3 slots per request)
+    radix = dataclasses.replace(best, args=tuple(a for a in best.args if a != "--disable-radix-cache"))
+    with_radix = by_steps_of(mtp_candidates(model, gpu_mib, 1, BASE_ARGS, wl, SGLANG_VERSION, radix))
     seed_args = [*BASE_ARGS, *SEED_FLAGS]
     seed_plan = plan(model, gpu_mib, 1, seed_args, wl, SGLANG_VERSION)
     out = [Config("off", None, 0, list(best.args), best.plan, "recommend")]
@@ -164,17 +172,13 @@ def plan_configs(model_dir: Path, gpu_mib: int, a: argparse.Namespace) -> tuple[
         if cand is None:
             log(f"no feasible MTP candidate at {steps} steps: {name}@{acc:g} skipped")
             continue
-        out.append(
-            Config(
-                name,
-                acc,
-                steps,
-                list(cand.args),
-                cand.plan,
-                "mtp_candidates",
-                sim_accept_len(acc, steps, a.acc_per_steps),
-            )
-        )
+        accept = sim_accept_len(acc, steps, a.acc_per_steps)
+        cfg = Config(name, acc, steps, list(cand.args), cand.plan, "mtp_candidates", accept)
+        alt = with_radix.get(steps)
+        if alt is not None and "--disable-radix-cache" in cand.args:
+            source = "mtp_candidates (radix cache)"
+            cfg.fallback = Config(name, acc, steps, list(alt.args), alt.plan, source, accept)
+        out.append(cfg)
     return out, wl
 
 
@@ -302,8 +306,6 @@ def realized_of(cfg: Config, log_text: str, info: dict[str, Any]) -> dict[str, A
 
 
 def vars_of(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
     return dataclasses.asdict(obj)
 
 
@@ -689,6 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in configs:
         log(f"plan: {c.key}: cap {c.cap}, SIMULATE_ACC_LEN {c.sim_accept_len}, {' '.join(c.args)}")
     first = True
+    refused = False  # an MTP candidate without the radix cache never got ready
     for i, cfg in enumerate(configs):
         left = deadline - time.monotonic()
         need = a.start_estimate_s * (1.5 if first and not a.dry_cpu else 1.0) + a.level_reserve_s
@@ -706,8 +709,21 @@ def main(argv: list[str] | None = None) -> int:
             )
             log(f"{cfg.key}: {cfg.results['error']}")
             continue
+        if refused and cfg.fallback is not None:  # an earlier one was refused: the rest would be too
+            alt = cfg.fallback
+            cfg.args, cfg.plan, cfg.source, cfg.fallback = alt.args, alt.plan, alt.source, None
         run_server(cfg, model_dir, a, deadline, a.port_base + i)
         first = False
+        alt = cfg.fallback
+        if "start_s" not in cfg.results and alt is not None and deadline - time.monotonic() > need:
+            refused = True
+            # the server never got ready (e.g. SGLang refused MTP without the radix cache): measure the
+            # planner's same candidate with the radix cache in its place, the failure kept beside it
+            log(f"{cfg.key}: never ready ({cfg.results.get('error')}); trying {alt.source}")
+            failed = dict(cfg.results)
+            run_server(alt, model_dir, a, deadline, a.port_base + 50 + i)
+            cfg.args, cfg.plan, cfg.source = alt.args, alt.plan, alt.source
+            cfg.results = {**alt.results, "first_attempt": failed}
         write()
     write()
     for line in final_lines(doc["summary"]):
