@@ -17,8 +17,9 @@ every level):
 3. ``mtp3``, ``mtp2``, ``mtp1`` at 2.9: regen's MTP candidates (``regen.sglang.plan.mtp_candidates``: the
    running cap and pools re-solved for the verify buffers, draft weights and draft KV);
 4. ``mtp3`` at 3.5, ``mtp1`` at 1.5 (the likely best MTP of each), ``mtp1`` at 3.5, ``mtp3`` at 1.5, then
-   ``mtp2`` at 3.5 and 1.5, as the budget allows (``--deadline-s``: a server starts only if its start and
-   its cap level fit in what is left).
+   ``mtp2`` at 3.5 and 1.5, then ``off-bf16`` (regen's recommendation with ``--allow-bf16-state``,
+   reported beside the fp32 decision, not part of it), as the budget allows (``--deadline-s``: a server
+   starts only if its start and its cap level fit in what is left).
 regen's MTP candidates run without the radix cache (unique prompts, 1 state slot per request, as its
 recommendation); should SGLang refuse that (never ready), the planner's same candidate with the radix cache
 (3 slots per request) is measured in its place and for every later MTP server, the failure kept in the JSON.
@@ -179,6 +180,10 @@ def plan_configs(model_dir: Path, gpu_mib: int, a: argparse.Namespace) -> tuple[
             source = "mtp_candidates (radix cache)"
             cfg.fallback = Config(name, acc, steps, list(alt.args), alt.plan, source, accept)
         out.append(cfg)
+    # last, if time is left: regen's choice with --allow-bf16-state (issue 25 item 4: beside the fp32 one)
+    bf16 = recommend(model, gpu_mib, 1, BASE_ARGS, wl, SGLANG_VERSION, allow_bf16_state=True).candidates[0]
+    if "bfloat16" in bf16.args:
+        out.append(Config("off-bf16", None, 0, list(bf16.args), bf16.plan, "recommend --allow-bf16-state"))
     return out, wl
 
 
