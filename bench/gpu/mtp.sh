@@ -7,7 +7,7 @@
 #   mtp.sh wait SECONDS     wait up to SECONDS for its last line (mtp-grid: done), collect
 # Collect to $OUT (6 flat files): mtp.log, mtp-<date>.{json,md,svg}, fi-prewarm.log, mtp-logs.tgz (every
 # server's log, its supervisor's lines, nvidia-smi; a log over 6 MiB as its tail).
-# DEADLINE (default 880 s from the program's start) bounds the campaign, server starts included; GRID_ARGS
+# DEADLINE (default 860 s from the program's start) bounds the campaign, server starts included; GRID_ARGS
 # are further mtp_grid.py arguments (e.g. "--acceptances 2.9 --answer-tokens 192").
 # DRY=1 rehearses the same sequence here against regen's simulated server (PY=.venv/bin/python, no payload).
 #
@@ -83,7 +83,7 @@ print("flashinfer sampling module built in", round(time.time() - t, 1), "s")' > 
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
   fi
   (cd "$T/repo" && setsid nohup $PY bench/gpu/mtp_grid.py $extra --out "$T/mtp-out" --work "$T/mtp-work" \
-      --deadline-s "${DEADLINE:-880}" ${GRID_ARGS:-} > "$T/mtp.log" 2>&1 < /dev/null &)
+      --deadline-s "${DEADLINE:-860}" ${GRID_ARGS:-} > "$T/mtp.log" 2>&1 < /dev/null &)
   sleep 2
 fi
 state=running
