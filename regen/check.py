@@ -10,6 +10,7 @@ outputs, and S3 answers where the config uses it. The workflow runs the same che
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -25,8 +26,9 @@ from snakemake.exceptions import WorkflowError
 
 from regen.chat import ChatTemplate, ChatTemplateError
 from regen.dataset import detect_format
+from regen.layout import RunLayout
 from regen.sglang.models import ModelConfigError, ModelShape
-from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS
+from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, parse_flags
 from regen.storage import is_s3_uri, parse_location
 
 SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
@@ -328,6 +330,48 @@ def notes_for(config: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def speculative_notes(
+    config: Mapping[str, Any], results_dir: str | os.PathLike[str] = "results"
+) -> list[str]:
+    """A warning when ``server.args`` force a speculative setting (``--speculative-algorithm``, its steps)
+    that the last ``regen tune --sweep`` (``RESULTS/plan/pilot.json``) measured slower than another
+    candidate; nothing without args forcing it, without a sweep file, or when it measured fastest."""
+    server = config.get("server") or {}
+    args = [str(a) for a in server.get("args") or ()]
+    forced = parse_flags(args) if args else None
+    if forced is None or not forced.speculative_algorithm:
+        return []
+    pilot = RunLayout(results=Path(results_dir)).pilot
+    try:
+        report_ = json.loads(pilot.read_text())
+    except (OSError, ValueError):
+        return []
+
+    def setting(row_args: list[str]) -> tuple[str, int] | None:
+        flags = parse_flags([str(a) for a in row_args])
+        if not flags.speculative_algorithm:
+            return None
+        return flags.speculative_algorithm.upper().replace("NEXTN", "EAGLE"), flags.speculative_num_steps or 3
+
+    wanted = setting(args)
+    rows = [r for r in report_.get("candidates") or () if r.get("ok") and r.get("rate_tok_s")]
+    same = [r for r in rows if setting(r.get("args") or []) == wanted]
+    if not same:
+        return []
+    mine = max(same, key=lambda r: float(r["rate_tok_s"]))
+    best = max(rows, key=lambda r: float(r["rate_tok_s"]))
+    if float(best["rate_tok_s"]) <= float(mine["rate_tok_s"]):
+        return []
+    other = setting(best.get("args") or [])
+    what = "no MTP" if other is None else f"MTP {other[1]} step{'s' if other[1] != 1 else ''}"
+    return [
+        f"server.args force {forced.speculative_algorithm} with {wanted[1]} steps: the sweep ({pilot}) "
+        f"measured it at {float(mine['rate_tok_s']):.0f} tok/s ({mine.get('label')}), slower than {what} at "
+        f"{float(best['rate_tok_s']):.0f} tok/s ({best.get('label')}); drop the speculative flags from "
+        "server.args to let the tuner choose"
+    ]
+
+
 def report(problems: list[Problem], notes: list[str] | None = None) -> str:
     tail = [f"  note: {n}" for n in notes or ()]
     if not problems:
@@ -344,9 +388,10 @@ class PreflightError(RuntimeError):
 def preflight(config: Mapping[str, Any], requested_gpus: int | None) -> None:
     """The workflow's ``onstart``: raise with every problem, else say OK."""
     problems = check_config(config, requested_gpus)
+    notes = [*notes_for(config), *speculative_notes(config)]
     if problems:
-        raise PreflightError(report(problems, notes_for(config)))
-    print(report(problems, notes_for(config)), file=sys.stderr)
+        raise PreflightError(report(problems, notes))
+    print(report(problems, notes), file=sys.stderr)
 
 
 def report_for_missing_dataset(config: Mapping[str, Any], requested_gpus: int | None) -> str:
@@ -395,6 +440,11 @@ def cli(argv: list[str]) -> int:
         default=None,
         help="the N of the run's --resources gpu=N (default: server.gpus from the config)",
     )
+    p.add_argument(
+        "--results",
+        default="results",
+        help="the run's results directory, where a sweep's plan/pilot.json is read (default: results)",
+    )
     args = p.parse_args(argv)
     try:
         config = load_config(args.configfile)
@@ -405,5 +455,6 @@ def cli(argv: list[str]) -> int:
         print(f"regen check: the config does not match {SCHEMA.name}: {exc}", file=sys.stderr)
         return 2
     problems = check_config(config, args.gpus)
-    print(report(problems, notes_for(config)), file=sys.stderr if problems else sys.stdout)
+    notes = [*notes_for(config), *speculative_notes(config, args.results)]
+    print(report(problems, notes), file=sys.stderr if problems else sys.stdout)
     return 1 if problems else 0

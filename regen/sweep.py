@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -59,6 +60,7 @@ from regen.sglang.metrics import (
     sample_metrics,
     server_steady_state,
 )
+from regen.sglang.plan import parse_flags
 from regen.sglang.server import (
     ServerError,
     acquire_server,
@@ -175,9 +177,25 @@ class CandidateResult:
 
     @property
     def rate_tok_s(self) -> float:
-        """What candidates are ranked and runs projected by: the server's steady rate, else the client's."""
+        """What candidates are ranked and runs projected by: the server's steady rate, else the client's
+        (both count accepted tokens under speculative decoding: see :func:`choose`)."""
         decode = self.decode_tok_s
         return decode if decode else self.out_tok_s
+
+    @property
+    def accept_len(self) -> float | None:
+        """The accept length SGLang reported at the plateau (speculative decoding), else None."""
+        m = self.measurement
+        return m.server.accept_len if m is not None and m.server is not None else None
+
+    @property
+    def speculative(self) -> str | None:
+        """``NEXTN 3 steps``-style description of the candidate's speculative decoding, None without."""
+        flags = parse_flags(list(self.args))
+        if not flags.speculative_algorithm:
+            return None
+        steps = flags.speculative_num_steps or 3
+        return f"{flags.speculative_algorithm} {steps} step{'s' if steps != 1 else ''}"
 
     def to_json(self) -> dict[str, Any]:
         m = self.measurement
@@ -206,6 +224,7 @@ class CandidateResult:
                     "latency_p90_s": round(m.latency_p90_s, 3),
                     "decode_tok_s": None if self.decode_tok_s is None else round(self.decode_tok_s, 1),
                     "rate_tok_s": round(self.rate_tok_s, 2),
+                    "accept_len": self.accept_len,
                     "ramp_s": None if self.ramp_s is None else round(self.ramp_s, 1),
                     "server_steady_state": None if m.server is None else m.server.to_json(),
                     "first_request_s": None if m.first_request_s is None else round(m.first_request_s, 2),
@@ -258,8 +277,9 @@ class SweepResult:
             "seconds_per_candidate": self.seconds_per_candidate,
             "warmup_s": self.warmup_s,
             "pilot_samples": self.pilot_samples,
-            "candidates": [r.to_json() for r in self.rows],
+            "candidates": [r.to_json() | {"speculative": r.speculative} for r in self.rows],
             "lengths": dataclasses.asdict(self.pooled_lengths()),
+            "mtp": mtp_decision(self),
         }
 
 
@@ -493,7 +513,23 @@ def sweep_command_builder(server_cfg: ServerConfig, plan: Mapping[str, Any] | No
     half = server_cfg.simulated.half_speed_running
     if half and "--half-speed-running" not in argv:
         argv += ["--half-speed-running", str(int(half))]
-    return argv
+    return with_speculative_steps(argv, list((plan or {}).get("launch_args") or []))
+
+
+def with_speculative_steps(argv: list[str], launch_args: list[str]) -> list[str]:
+    """A simulated server's command with the candidate's speculative steps in its ``--options`` (a real
+    SGLang reads them from its flags; the acceptance comes from ``SGLANG_SIMULATE_ACC_LEN``, as SGLang's)."""
+    flags = parse_flags(launch_args)
+    if not flags.speculative_algorithm:
+        return argv
+    steps = flags.speculative_num_steps or 3
+    out = list(argv)
+    if "--options" in out:
+        i = out.index("--options")
+        options = json.loads(out[i + 1])
+        out[i + 1] = json.dumps({**options, "speculative_num_steps": steps}, sort_keys=True)
+        return out
+    return [*out, "--options", json.dumps({"speculative_num_steps": steps})]
 
 
 def candidate_plan(candidate: SweepCandidate) -> dict[str, Any]:
@@ -600,8 +636,66 @@ def run_sweep(
     if not measured:
         errors = "; ".join(f"{r.label}: {r.error}" for r in rows)
         raise SweepError(f"no candidate could be measured: {errors}")
-    best = max(measured, key=lambda i: (rows[i].rate_tok_s, -i))  # ties: the earlier (recommended) one
+    best = measured[choose([rows[i].rate_tok_s for i in measured])]
     return SweepResult(tuple(rows), best, float(seconds_per_candidate), float(warm), len(samples))
+
+
+def mtp_decision(result: SweepResult) -> dict[str, Any] | None:
+    """Why the sweep kept MTP on or off (None when it measured no speculative candidate nor tried one):
+    the best measured with and without speculative decoding, their ratio, the accept length SGLang
+    reported, and a sentence for ``regen tune``."""
+    spec = [r for r in result.rows if r.speculative]
+    if not spec:
+        return None
+    ok = [r for r in result.rows if r.ok and r.measurement is not None]
+    on = max((r for r in ok if r.speculative), key=lambda r: r.rate_tok_s, default=None)
+    off = max((r for r in ok if not r.speculative), key=lambda r: r.rate_tok_s, default=None)
+    best = result.best
+    out: dict[str, Any] = {
+        "on": best.speculative is not None,
+        "best_on": None if on is None else _row_brief(on),
+        "best_off": None if off is None else _row_brief(off),
+    }
+    ratio = on.rate_tok_s / off.rate_tok_s if on is not None and off is not None and off.rate_tok_s else None
+    out["on_over_off"] = None if ratio is None else round(ratio, 3)
+    if on is None:
+        errors = "; ".join(f"{r.label}: {r.error}" for r in spec if r.error)
+        out["why"] = f"MTP off: no speculative candidate could be measured ({errors or 'none ran'})"
+    elif off is None:
+        out["why"] = f"MTP on: nothing without speculative decoding could be measured ({on.label})"
+    else:
+        acc = f"accept length {on.accept_len:.2f}" if on.accept_len is not None else "accept length unknown"
+        if best.speculative is not None:
+            out["why"] = (
+                f"MTP on: measured {ratio:.2f}x the best without it ({best.label}, {best.speculative}, "
+                f"{best.rate_tok_s:.0f} vs {off.rate_tok_s:.0f} accepted tok/s, {acc})"
+            )
+        else:
+            out["why"] = (
+                f"MTP off: the best MTP candidate ({on.label}, {on.speculative}, {acc}) measured "
+                f"{ratio:.2f}x the best without it ({on.rate_tok_s:.0f} vs {off.rate_tok_s:.0f} accepted "
+                "tok/s)"
+            )
+    return out
+
+
+def _row_brief(row: CandidateResult) -> dict[str, Any]:
+    rate = round(row.rate_tok_s, 1)
+    brief = {"label": row.label, "speculative": row.speculative, "rate_tok_s": rate}
+    return {**brief, "accept_len": row.accept_len}
+
+
+def choose(rates: Sequence[float]) -> int:
+    """The index of the candidate the sweep keeps among measured ones, by their :attr:`CandidateResult.
+    rate_tok_s`: the highest rate; ties go to the earlier (the tuner's recommendation comes first).
+
+    The rate is SGLang's ``gen throughput``, which counts every token a request gains (a speculative
+    verify step adds each request's accepted drafts and its bonus token: ``batch_result_processor`` and
+    ``MetricsReporter.update_spec_metrics``, 0.5.17 and 0.5.23), so MTP candidates rank by accepted
+    tokens per second, not by verify steps."""
+    if not rates:
+        raise SweepError("no measured candidate to choose from")
+    return max(range(len(rates)), key=lambda i: (rates[i], -i))
 
 
 # --------------------------------------------------------------------------- projection --
@@ -692,7 +786,9 @@ __all__ = [
     "SweepCandidate",
     "SweepError",
     "SweepResult",
+    "choose",
     "drive_pilot",
+    "mtp_decision",
     "pilot_report",
     "run_sweep",
 ]

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from regen.sglang.plan import (
     Recommendation,
     Workload,
     gpu_memory_from_nvidia_smi,
+    parse_flags,
     recommend,
     workload_from_audit,
     write_plan_file,
@@ -101,6 +102,8 @@ def render_table(rec: Recommendation) -> str:
     lines.append("recommended flags: " + " ".join(rec.args))
     lines += [f"  reason: {x}" for x in rec.reasons]
     lines += [f"  warning: {x}" for x in rec.warnings]
+    if rec.mtp_note:
+        lines.append(rec.mtp_note)
     return "\n".join(lines)
 
 
@@ -193,8 +196,10 @@ def pilot_samples(shard: str | os.PathLike[str], limit: int) -> list[Sample]:
     return out
 
 
-def candidates_from_recommendation(rec: Any, top: int) -> list[tuple[SweepCandidate, Any]]:
-    """(candidate, its MemoryPlan): the recommended config, the tuner's next best, then the given flags.
+def candidates_from_recommendation(rec: Any, top: int, mtp: bool = True) -> list[tuple[SweepCandidate, Any]]:
+    """(candidate, its MemoryPlan): the recommended config, the tuner's next best, the speculative ones
+    (``rec.speculative``: MTP at 1-3 steps, or MTP off when the given flags force it; unless ``mtp`` is
+    False), then the given flags.
 
     The simulated cap (and the label) uses the plan's workload concurrency when known: beyond it the KV
     cache cannot hold every running request at full length, so a real server would preempt.
@@ -208,6 +213,8 @@ def candidates_from_recommendation(rec: Any, top: int) -> list[tuple[SweepCandid
     ]
     for i, c in enumerate(rec.candidates[1:top], start=1):
         found.append((SweepCandidate(tuple(c.args), cap(c.plan), f"tuner #{i + 1}"), c.plan))
+    for c in rec.speculative if mtp else ():  # MTP on / off, measured next to the best without it
+        found.append((SweepCandidate(tuple(c.args), cap(c.plan), mtp_label(c.args)), c.plan))
     found.append((SweepCandidate(tuple(rec.given.args), cap(rec.given), "given"), rec.given))
     seen: set[tuple[str, ...]] = set()
     unique = []
@@ -216,6 +223,15 @@ def candidates_from_recommendation(rec: Any, top: int) -> list[tuple[SweepCandid
             seen.add(cand.args)
             unique.append((cand, p))
     return unique
+
+
+def mtp_label(args: Sequence[str]) -> str:
+    """A speculative candidate's sweep label: ``mtp 3 steps``, or ``mtp off`` (the given flags without it)."""
+    flags = parse_flags(list(args))
+    if not flags.speculative_algorithm:
+        return "mtp off"
+    steps = flags.speculative_num_steps or 3
+    return f"mtp {steps} step{'s' if steps != 1 else ''}"
 
 
 def render_result(report: Mapping[str, Any]) -> str:
@@ -239,6 +255,8 @@ def render_result(report: Mapping[str, Any]) -> str:
         f"{p['servers']} server(s) of tp={p['tp']}: wall {fmt_duration(p['wall_s'])}, "
         f"{p['gpu_hours']:.2f} GPU-hours",
     ]
+    if report.get("mtp"):
+        lines.append(str(report["mtp"]["why"]))
     return "\n".join(lines)
 
 
@@ -265,6 +283,9 @@ def sweep_cli(argv: list[str]) -> int:
     p.add_argument("--pilot-samples", type=int, default=300, help="pilot prompts (cycled) (default 300)")
     p.add_argument("--seconds", type=float, default=20.0, help="measurement time per candidate (default 20)")
     p.add_argument("--candidates", type=int, default=2, help="tuner configs to try besides the given flags")
+    p.add_argument(
+        "--no-mtp", action="store_true", help="skip the MTP candidates (models with MTP layers: 1-3 steps)"
+    )
     p.add_argument("--gpus", type=int, help="GPUs for the projection (default: server.gpus)")
     p.add_argument("--results", default="results", help="the run's results directory (default: results)")
     p.add_argument("--work", default="work", help="the run's work directory (default: work)")
@@ -301,7 +322,7 @@ def sweep_cli(argv: list[str]) -> int:
             allow_bf16_state=ns.allow_bf16_state or server_cfg.allow_bf16_state,
             allow_replay_decode=ns.allow_replay_decode,
         )  # fmt: skip
-        pairs = candidates_from_recommendation(rec, 1 + max(0, ns.candidates - 1))
+        pairs = candidates_from_recommendation(rec, 1 + max(0, ns.candidates - 1), mtp=not ns.no_mtp)
         layout = RunLayout(results=Path(ns.results), work=Path(ns.work))
         shard = ns.pilot_shard or _first_shard(layout)
         samples = pilot_samples(shard, ns.pilot_samples)

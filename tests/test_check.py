@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_workflow import copy_workflow, snakemake
 
-from regen.check import Host, check_config, cli, load_config, notes_for, report
+from regen.check import Host, check_config, cli, load_config, notes_for, report, speculative_notes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,3 +122,59 @@ def test_a_seed_sglang_will_not_apply_is_noted_not_fatal() -> None:
     assert report([], [note]) == f"regen check: OK\n  note: {note}"
     cfg["server"]["args"] = ["--enable-deterministic-inference"]
     assert notes_for(cfg) == []
+
+
+SPEC = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps"]
+SEED_SPEC = [*SPEC, "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+MTP1 = [*SPEC, "1"]
+
+
+def write_pilot(results: Path, rows: list[tuple[str, list[str], float]]) -> None:
+    rows_json = [{"label": label, "args": args, "ok": True, "rate_tok_s": rate} for label, args, rate in rows]
+    (results / "plan").mkdir(parents=True, exist_ok=True)
+    (results / "plan" / "pilot.json").write_text(json.dumps({"candidates": rows_json, "best_index": 0}))
+
+
+def test_forced_mtp_the_sweep_measured_slower_is_warned(tmp_path: Path) -> None:
+    seed = [*SEED_SPEC, "--max-running-requests", "64"]
+    config = {"server": {"mode": "sglang", "args": seed}}
+    rows = [("recommended", ["--max-running-requests", "350"], 5371.0), ("given", seed, 3803.0)]
+    write_pilot(tmp_path, [*rows, ("mtp 1 step", MTP1, 4100.0)])
+    (note,) = speculative_notes(config, tmp_path)
+    assert note.startswith("server.args force NEXTN with 3 steps: the sweep (")
+    assert "measured it at 3803 tok/s (given), slower than no MTP at 5371 tok/s (recommended)" in note
+    # the sweep's own MTP candidate at the same steps counts as the same setting (NEXTN is SGLang's EAGLE)
+    eagle3 = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3"]
+    write_pilot(tmp_path, [("mtp 3 steps", eagle3, 4632.0), ("mtp 1 step", MTP1, 4700.0)])
+    (note,) = speculative_notes(config, tmp_path)
+    assert "measured it at 4632 tok/s (mtp 3 steps), slower than MTP 1 step at 4700 tok/s" in note
+
+
+def test_no_speculative_warning_when_it_measured_fastest_or_was_not_measured(tmp_path: Path) -> None:
+    config = {"server": {"mode": "sglang", "args": SEED_SPEC}}
+    assert speculative_notes(config, tmp_path) == []  # no sweep file
+    write_pilot(tmp_path, [("given", SEED_SPEC, 4000.0), ("recommended", [], 3000.0)])
+    assert speculative_notes(config, tmp_path) == []  # fastest
+    write_pilot(tmp_path, [("recommended", [], 5000.0), ("mtp 1 step", MTP1, 4000.0)])
+    assert speculative_notes(config, tmp_path) == []  # these steps were not measured
+    assert speculative_notes({"server": {"mode": "sglang", "args": []}}, tmp_path) == []  # nothing forced
+
+
+def test_regen_check_prints_the_speculative_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(ROOT)
+    extra = tmp_path / "spec.yaml"
+    extra.write_text(json.dumps({"server": {"args": SEED_SPEC}}))
+    write_pilot(tmp_path / "results", [("recommended", [], 5000.0), ("given", SEED_SPEC, 3500.0)])
+    cli(
+        [
+            "--configfile",
+            str(ROOT / "config" / "demo.yaml"),
+            str(extra),
+            "--results",
+            str(tmp_path / "results"),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert "note: server.args force NEXTN with 3 steps" in captured.out + captured.err

@@ -105,3 +105,29 @@ def test_step_model_fit_recovers_the_line_and_falls_back_on_one_batch_size() -> 
     assert one.step_s(512) == pytest.approx(truth.step_s(512)) and one.fixed_s == pytest.approx(0.012)
     with pytest.raises(ValueError):
         StepModel.fit([])
+
+
+#: SGLang 0.5.17 on the H200, the seed flags (NEXTN 3 steps, SGLANG_SIMULATE_ACC_LEN off: the known-answer
+#: target's own MTP layer), 2026-12-01: four consecutive decode lines of the plateau (the seed baseline's
+#: server log in bench/results/known-target-2026-12-01.logs.tgz)
+MTP_LINES = """\
+[2026-12-01 05:43:00] Decode batch, #running-req: 64, #full token: 30149, full token usage: 0.24, mamba num: 128, mamba usage: 0.64, accept len: 2.95, accept rate: 0.65, cuda graph: True, gen throughput (token/s): 2722.55, #queue-req: 0
+[2026-12-01 05:43:03] Decode batch, #running-req: 63, #full token: 27215, full token usage: 0.22, mamba num: 125, mamba usage: 0.62, accept len: 2.98, accept rate: 0.66, cuda graph: True, gen throughput (token/s): 2646.25, #queue-req: 0
+[2026-12-01 05:43:06] Decode batch, #running-req: 64, #full token: 26642, full token usage: 0.21, mamba num: 124, mamba usage: 0.62, accept len: 2.99, accept rate: 0.66, cuda graph: True, gen throughput (token/s): 2730.23, #queue-req: 0
+[2026-12-01 05:43:08] Decode batch, #running-req: 64, #full token: 27194, full token usage: 0.22, mamba num: 128, mamba usage: 0.64, accept len: 2.98, accept rate: 0.66, cuda graph: True, gen throughput (token/s): 2911.27, #queue-req: 0
+"""  # noqa: E501
+
+
+def test_speculative_decode_lines_give_the_accept_length_next_to_the_rate() -> None:
+    samples = decode_samples(MTP_LINES)
+    assert [s.accept_len for s in samples] == [2.95, 2.98, 2.99, 2.98]
+    steady = steady_state(samples)
+    assert steady is not None and steady.plateau_running == 64
+    # the rate stays SGLang's gen throughput (accepted tokens/s), the first plateau line dropped
+    assert steady.median_tps == 2730.23 and steady.accept_len == 2.98
+    assert steady.to_json()["accept_len"] == 2.98
+    plain = steady_state(decode_samples(REAL_LOG.read_text()))
+    assert plain is not None and plain.accept_len is None
+    gauges = {"sglang:gen_throughput": 3000.0, "sglang:num_running_reqs": 64.0}
+    assert sample_from_metrics({**gauges, "sglang:spec_accept_length": 2.9}).accept_len == 2.9
+    assert sample_from_metrics({**gauges, "sglang:spec_accept_length": 0.0}).accept_len is None

@@ -10,6 +10,7 @@ import pytest
 
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
+    PlanError,
     Workload,
     flag_warnings,
     plan,
@@ -143,11 +144,19 @@ def test_speculative_scratch_and_auto_k(gpu_model: ModelShape) -> None:
         "1",
     ]
     p = plan(gpu_model, H200_MIB, 1, args, None, "0.5.23")
-    per_req, draft, slots = gpu_model.state_bytes_per_request(), 3 + 1, 5
-    # mrr defaults to 48 under speculative decoding; scratch = P * (min(48, K//S) + 1) * D
+    draft, slots = 3 + 1, 5
+    # mrr defaults to 48 under speculative decoding; SGLang reserves P * (min(48, K//S) + 1) * D for the
+    # verify buffers and allocates, per slot, one SSM state per draft token and a conv window of D + 2
+    # columns (conv kernel 4; the state keeps 3): MambaPool's de-duplicated intermediate_conv_window
     assert p.requested_max_running_requests == 48
-    assert p.spec_scratch_gib * GIB == per_req * (min(48, p.max_mamba_cache_size // slots) + 1) * draft
-    assert p.kv_cell_bytes == 4 * 512 * (16 + 1) * 2
+    n = min(48, p.max_mamba_cache_size // slots) + 1
+    conv = gpu_model.conv_state_bytes_per_layer(1) * 48
+    ssm = gpu_model.ssm_state_bytes_per_layer(1) * 48
+    assert p.spec_scratch_gib * GIB == n * (ssm * draft + conv * (draft + 2) // 3)
+    # a path-less MTP draft (Qwen3.5/3.6: mtp_num_hidden_layers) leaves the draft layer out of the target's
+    # cell (eagle_draft_num_layers unset); its own KV pool, one layer per token, comes after the budget
+    assert p.kv_cell_bytes == 4 * 512 * 16 * 2
+    assert p.draft_kv_gib * GIB == pytest.approx(p.kv_cache_tokens * 4 * 512 * 1 * 2)
 
 
 def test_dense_model_plan_has_no_state() -> None:
@@ -367,3 +376,123 @@ def test_workflow_plan_file_from_the_audit_summary(tmp_path: Path) -> None:
         out_path=str(external),
     )
     assert read_json(external)["launch_args"] == []
+
+
+# ------------------------------------------------------------------------- speculative (MTP) --
+#: SGLang 0.5.17 on the H200, the 27B-shape dummy model, the original run's flags (NEXTN 3 steps topk 1,
+#: --max-mamba-cache-size 200 --mem-fraction-static 0.93 --mamba-full-memory-ratio 0.6
+#: --max-running-requests 64), 2026-12-01 (bench/results/known-target-2026-12-01.logs.tgz, seed baseline)
+SEED_FLAGS = [
+    "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "4", "--max-mamba-cache-size", "200", "--mem-fraction-static", "0.93",
+    "--mamba-full-memory-ratio", "0.6", "--max-running-requests", "64",
+]  # fmt: skip
+SEED_LOG_0517 = """\
+[2026-12-01 05:41:10] Load weight end. elapsed=8.80 s, type=Qwen3_5ForCausalLM, avail mem=88.96 GB, mem usage=50.16 GB.
+[2026-12-01 05:41:11] Load weight end. elapsed=0.35 s, type=Qwen3_5ForCausalLMMTP, avail mem=83.43 GB, mem usage=5.53 GB.
+[2026-12-01 05:41:11] Mamba Cache is allocated. max_mamba_cache_size: 200, conv_state size: 0.55GB, ssm_state size: 28.27GB intermediate_ssm_state_cache size: 36.56GB intermediate_conv_window_cache size: 0.36GB
+[2026-12-01 05:41:12] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 124421, K size: 3.80 GB, V size: 3.80 GB
+[2026-12-01 05:41:12] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 124421, K size: 0.24 GB, V size: 0.24 GB
+[2026-12-01 05:42:07] max_total_num_tokens=124421, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=64, context_len=262144, available_gpu_mem=9.72 GB
+"""  # noqa: E501
+
+
+def test_speculative_memory_matches_the_measured_0517_startup(gpu_model: ModelShape) -> None:
+    """The seed flags on the H200: the draft model's weights (its own embedding and lm_head until the pools
+    are sized) come out of the KV budget, the draft layer's KV is a pool of its own outside the cell, and
+    the verify buffers are allocated as MambaPool does: cap exact, every memory figure within 1%."""
+    p = plan(gpu_model, H200_MIB, 1, SEED_FLAGS, None, "0.5.17")
+    realized = parse_startup_log(SEED_LOG_0517)
+    assert p.effective_max_running_requests == realized.max_running_requests == 64
+    assert realized.weights_gib == 50.16 and realized.draft_weights_gib == 5.53
+    assert realized.kv_cache_gib == 7.6 and realized.draft_kv_cache_gib == 0.48
+    assert realized.spec_scratch_gib == pytest.approx(36.56 + 0.36)
+    assert p.kv_cache_tokens == pytest.approx(124421, rel=0.001)
+    assert p.state_pool_gib == pytest.approx(28.27 + 0.55, rel=0.01)
+    assert (
+        compare(p, realized, tolerance=0.012) == []
+    )  # draft KV: 0.475 vs 0.24 + 0.24 printed with 2 decimals
+    # before: the draft weights were not charged and the draft layer was in the cell: 202,402 KV tokens
+
+
+def test_mtp_candidates_re_solve_the_running_cap_for_the_verify_buffers(gpu_model: ModelShape) -> None:
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
+    rec = recommend(gpu_model, H200_MIB, 1, ["--load-format", "dummy"], wl, "0.5.17")
+    best = rec.candidates[0]
+    assert "--speculative-algorithm" not in best.args and rec.mtp_note.startswith("MTP off: not measured")
+    spec = rec.speculative
+    steps = [int(c.args[c.args.index("--speculative-num-steps") + 1]) for c in spec]
+    assert steps == [1, 2, 3]
+    caps = [c.plan.effective_max_running_requests for c in spec]
+    # each draft token adds a verify buffer of one state per running request: fewer requests fit
+    assert caps == sorted(caps, reverse=True) and caps[0] < best.plan.effective_max_running_requests
+    for c, n in zip(spec, steps, strict=True):
+        assert c.args[c.args.index("--speculative-num-draft-tokens") + 1] == str(n + 1)
+        assert c.args[c.args.index("--speculative-eagle-topk") + 1] == "1"
+        assert c.plan.kv_cache_tokens >= c.plan.effective_max_running_requests * wl.tokens_per_request
+        assert c.plan.spec_scratch_gib > 0 and c.plan.draft_weights_gib > 5
+        # the cap is the highest that fits: one more request no longer holds its KV or its pools
+        more = [*c.args]
+        i = more.index("--max-running-requests")
+        more[i + 1] = str(c.plan.effective_max_running_requests + 1)
+        bigger = plan(gpu_model, H200_MIB, 1, more, wl, "0.5.17")
+        assert bigger.kv_cache_tokens < (c.plan.effective_max_running_requests + 1) * wl.tokens_per_request
+    dense = ModelShape.from_config(MODELS / "qwen3-8b")
+    assert recommend(dense, 81559, 1, [], Workload(512, 2048, 1024)).speculative == ()
+    assert recommend(dense, 81559, 1, [], Workload(512, 2048, 1024)).mtp_note == (
+        "MTP off: the model has no MTP layers"
+    )
+
+
+def test_forced_speculative_flags_get_an_mtp_off_alternative(gpu_model: ModelShape) -> None:
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
+    rec = recommend(gpu_model, H200_MIB, 1, SEED_FLAGS, wl, "0.5.17")
+    assert "--speculative-algorithm" in rec.args
+    assert rec.mtp_note.startswith("MTP on: the given server.args ask for NEXTN")
+    off = rec.speculative[0]
+    assert "--speculative-algorithm" not in off.args and off.reasons[0].startswith("MTP off")
+    assert off.plan.effective_max_running_requests > rec.recommended.effective_max_running_requests
+    # the other step counts are measured too, not the one the flags already give
+    others = [c.args[c.args.index("--speculative-num-steps") + 1] for c in rec.speculative[1:]]
+    assert others == ["1", "2"]
+    assert rec.to_json()["speculative_candidates"][0]["args"] == list(off.args)
+
+
+def test_tune_says_why_mtp_is_off_and_the_sweep_measures_it(
+    gpu_model: ModelShape, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from regen.tune import candidates_from_recommendation, render_result
+
+    args = ["--model-config", str(MODELS / "gpu-qwen3.6-27b-text"), "--gpu-memory-mib", str(H200_MIB)]
+    assert cli([*args, "--sglang-version", "0.5.17"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(
+        "MTP off: not measured; the static plan keeps it off (`regen tune --sweep` measures 1-3 MTP steps "
+        "against it)"
+    )
+    assert cli(["--model-config", str(MODELS / "qwen3-8b"), "--gpu-memory-mib", "81559"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("MTP off: the model has no MTP layers")
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
+    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17")
+    labels = [c.label for c, _ in candidates_from_recommendation(rec, 2)]
+    assert labels[0] == "recommended" and labels[-1] == "given"
+    assert [x for x in labels if x.startswith("mtp")] == ["mtp 1 step", "mtp 2 steps", "mtp 3 steps"]
+    report = {
+        "candidates": [], "best_index": 0, "best_label": "mtp 3 steps", "best_out_tok_s": 1.0,
+        "projection": {"remaining_samples": 0, "tokens_per_sample": 1.0, "servers": 1, "tp": 1, "wall_s": 1.0,
+                       "gpu_hours": 0.0},
+        "mtp": {"why": "MTP on: measured 1.30x the best without it"},
+    }  # fmt: skip
+    assert render_result(report).endswith("MTP on: measured 1.30x the best without it")
+
+
+def test_mtp_that_does_not_fit_is_no_candidate(gpu_model: ModelShape) -> None:
+    """On an 80 GiB GPU the 27B model's MTP draft (5.5 GiB more weights) leaves no KV at the default memory
+    fraction: the recommendation stands, without MTP candidates that SGLang would refuse."""
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
+    rec = recommend(gpu_model, 81920, 1, [], wl, "0.5.23")
+    assert rec.recommended.effective_max_running_requests > 0
+    for c in rec.speculative:
+        assert c.plan.kv_cache_tokens >= c.plan.effective_max_running_requests * wl.tokens_per_request
+    with pytest.raises(PlanError, match=r"MTP draft 5\.5 GiB"):
+        plan(gpu_model, 81920, 1, [*SEED_FLAGS[:8], "--disable-radix-cache"], None, "0.5.23")

@@ -413,3 +413,71 @@ def test_virtual_time_server_keeps_sglangs_response_shape() -> None:
     assert out["object"] == "chat.completion" and out["choices"][0]["finish_reason"] == "stop"
     assert out["usage"]["completion_tokens"] == expected
     assert out["choices"][0]["message"]["reasoning_content"] and out["choices"][0]["message"]["content"]
+
+
+def _burst_wall_s(url: str, n: int, max_tokens: int) -> float:
+    async def burst() -> None:
+        body = {"messages": MSGS, "max_tokens": max_tokens, "ignore_eos": True}
+        await asyncio.gather(*(_post(url, {**body, "seed": i}) for i in range(n)))
+
+    t0 = time.monotonic()
+    asyncio.run(burst())
+    return time.monotonic() - t0
+
+
+def test_speculative_decoding_reports_accept_length_and_decodes_faster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Launched with speculative steps (REGEN_SIM_OPTIONS, as a bench passes them) and SGLang's
+    SGLANG_SIMULATE_ACC_LEN: decode lines carry ``accept len``, /server_info and /metrics the accept length,
+    the startup log SGLang 0.5.17's speculative memory lines, and the same burst ends sooner."""
+    from regen.sglang.realized import parse_startup_log
+
+    common = {"token_rate": 400, "half_speed_running": 8, "log_interval_s": 0.1, "max_running_requests": 8}
+    walls, texts, infos, metrics = {}, {}, {}, {}
+    memory = {
+        "spec_scratch_gib": 36.92,
+        "draft_weights_gib": 5.53,
+        "draft_kv_gib": 0.48,
+        "state_pool_gib": 28.8,
+    }
+    for name, steps in (("plain", 0), ("mtp", 3)):
+        monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "2.5")  # SGLang ignores it without speculative decoding
+        monkeypatch.setenv("REGEN_SIM_OPTIONS", json.dumps({"speculative_num_steps": steps, **memory}))
+        log = tmp_path / f"{name}.log"
+        url, stop = start_simulated_server(subprocess_mode=True, log_file=str(log), **common)
+        try:
+            walls[name] = _burst_wall_s(url, 8, 120)
+            infos[name] = json.loads(get(url, "/server_info")[1])
+            metrics[name] = get(url, "/metrics")[1].decode()
+        finally:
+            stop()
+        texts[name] = log.read_text()
+    assert "accept len" not in texts["plain"]
+    assert infos["plain"]["internal_states"][0]["avg_spec_accept_length"] is None
+    assert re.search(
+        r"Decode batch, .*accept len: 2\.50, accept rate: 0\.50, cuda graph: True, gen throughput",
+        texts["mtp"],
+    )
+    assert infos["mtp"]["internal_states"][0]["avg_spec_accept_length"] == 2.5
+    assert re.search(r"^sglang:spec_accept_length\{[^}]*\} 2\.5$", metrics["mtp"], re.M)
+    # at 8 running (load 1): 2.5 accepted per step x 2 / (1 + 0.3 + 1 x 2.5) = 1.32x the plain rate
+    assert walls["mtp"] < walls["plain"] / 1.15
+    realized = parse_startup_log(texts["mtp"])
+    assert realized.spec_scratch_gib == 36.92 and realized.draft_weights_gib == 5.53
+    assert realized.draft_kv_cache_gib == 0.48 and parse_startup_log(texts["plain"]).spec_scratch_gib is None
+
+
+def test_accept_length_is_clamped_to_the_draft_tokens_as_sglang_does() -> None:
+    from regen.sglang.simulated import SimOptions, accept_length, env_options
+
+    assert accept_length(SimOptions(speculative_num_steps=1, simulated_accept_len=2.9)) == 2.0
+    assert accept_length(SimOptions(speculative_num_steps=3, simulated_accept_len=0.5)) == 1.0
+    assert accept_length(SimOptions(speculative_num_steps=0, simulated_accept_len=2.9)) is None
+    assert env_options({"SGLANG_SIMULATE_ACC_LEN": "-1"}) == {}  # SGLang's default: off
+    assert env_options(
+        {"SGLANG_SIMULATE_ACC_LEN": "2.9", "REGEN_SIM_OPTIONS": '{"speculative_num_steps": 2}'}
+    ) == {
+        "speculative_num_steps": 2,
+        "simulated_accept_len": 2.9,
+    }

@@ -34,12 +34,16 @@ from regen.sweep import (
     LengthStats,
     PilotMeasurement,
     SweepCandidate,
+    SweepError,
     SweepResult,
+    choose,
     cycled,
     drive_pilot,
+    mtp_decision,
     percentile,
     pilot_report,
     run_sweep,
+    with_speculative_steps,
 )
 from regen.tune import cli as tune_cli
 from regen.types import Endpoint, Message, Sample
@@ -323,3 +327,70 @@ def test_sweep_budget_stops_starting_candidates_and_says_so(tmp_path: Path) -> N
     assert "budget" in (result.rows[1].error or "")
     assert result.best_index == 0
     assert not (tmp_path / "sweep" / "cand01").exists()
+
+
+# ------------------------------------------------------------------------- speculative (MTP) --
+MTP3 = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4")  # fmt: skip
+
+
+def test_choose_keeps_the_highest_rate_and_the_earlier_on_ties() -> None:
+    assert choose([10.0, 30.0, 30.0, 5.0]) == 1
+    assert choose([7.0]) == 0
+    with pytest.raises(SweepError):
+        choose([])
+
+
+def test_a_simulated_candidates_speculative_steps_go_into_its_options() -> None:
+    argv = ["python", "-m", "regen.sglang.simulated", "--options", json.dumps({"weights_gib": 50.0})]
+    merged = with_speculative_steps(argv, ["--max-running-requests", "8", *MTP3])
+    assert json.loads(merged[merged.index("--options") + 1]) == {
+        "weights_gib": 50.0,
+        "speculative_num_steps": 3,
+    }
+    assert with_speculative_steps(argv, ["--max-running-requests", "8"]) == argv
+    bare = with_speculative_steps(["python"], ["--speculative-algorithm", "EAGLE"])
+    assert json.loads(bare[-1]) == {"speculative_num_steps": 3}  # SGLang's auto steps: 3
+
+
+@pytest.mark.parametrize(("acceptance", "on"), [("2.5", True), ("1", False)])
+def test_the_sweep_ranks_mtp_by_accepted_tokens_and_says_why(
+    acceptance: str, on: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MTP candidate next to the same cap without it, on simulated servers that accept ``acceptance``
+    tokens per verify step (SGLang's SGLANG_SIMULATE_ACC_LEN): the sweep reads the accept length from the
+    decode lines and keeps MTP only when it yields more accepted tokens per second."""
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", acceptance)
+    monkeypatch.setenv("REGEN_SIM_OPTIONS", json.dumps({"log_interval_s": 0.2}))
+    candidates = [
+        SweepCandidate(("--max-running-requests", "8"), 8, "recommended"),
+        SweepCandidate(("--max-running-requests", "8", *MTP3), 8, "mtp 3 steps"),
+    ]
+    result = run_sweep(
+        server_cfg(free_base()),
+        candidates,
+        make_samples(40),
+        GENERATE,
+        2.0,
+        tmp_path / "sweep",
+        stop_grace_s=5,
+    )
+    plain, mtp = result.rows
+    assert plain.ok and mtp.ok, (plain.error, mtp.error)
+    assert plain.accept_len is None and mtp.accept_len == float(acceptance)
+    assert (mtp.speculative, plain.speculative) == ("NEXTN 3 steps", None)
+    assert (result.best_index == 1) is on
+    assert (mtp.rate_tok_s > plain.rate_tok_s) is on
+    decision = mtp_decision(result)
+    assert decision is not None and decision["on"] is on
+    ratio = mtp.rate_tok_s / plain.rate_tok_s
+    assert decision["on_over_off"] == pytest.approx(ratio, abs=0.001)
+    assert decision["why"].startswith(f"MTP {'on' if on else 'off'}: ")
+    assert f"{ratio:.2f}x" in decision["why"] and f"accept length {float(acceptance):.2f}" in decision["why"]
+    report = result.to_json()
+    assert report["mtp"] == decision and report["candidates"][1]["accept_len"] == float(acceptance)
+
+
+def test_no_mtp_statement_without_a_speculative_candidate(sweep: Any) -> None:
+    result, _, _, _ = sweep
+    assert mtp_decision(result) is None and result.to_json()["mtp"] is None

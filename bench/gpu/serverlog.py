@@ -15,6 +15,7 @@ _DECODE = re.compile(
     r"Decode batch(?: \[\d+\])?, #running-req: (?P<running>\d+), .*?"
     r"#(?:full )?token: (?P<tokens>\d+), .*?"
     r"(?:mamba num: (?P<mamba>\d+), .*?)?"
+    r"(?:accept len: (?P<accept>[0-9.]+), .*?)?"
     r"(?:cuda graph|graph): (?P<graph>True|False), "
     r"gen throughput \(token/s\): (?P<tps>[0-9.]+), #queue-req: (?P<queue>\d+)"
 )
@@ -54,6 +55,7 @@ class DecodeLine:
     cuda_graph: bool
     gen_tps: float
     queue: int
+    accept_len: float | None = None  # speculative decoding: accepted tokens per verify step
 
 
 def decode_lines(text: str) -> list[DecodeLine]:
@@ -68,6 +70,7 @@ def decode_lines(text: str) -> list[DecodeLine]:
                 cuda_graph=m["graph"] == "True",
                 gen_tps=float(m["tps"]),
                 queue=int(m["queue"]),
+                accept_len=float(m["accept"]) if m["accept"] else None,
             )
         )
     return out
@@ -83,9 +86,11 @@ class SteadyState:
     peak_tps: float
     mean_context: float
     cuda_graph_fraction: float
+    median_accept_len: float | None = None  # speculative decoding; None without it
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "median_accept_len": None if self.median_accept_len is None else round(self.median_accept_len, 3),
             "plateau_running": self.plateau_running,
             "lines": self.lines,
             "median_decode_tps": round(self.median_tps, 1),
@@ -107,6 +112,7 @@ def steady_state(lines: list[DecodeLine], tolerance: float = 0.02) -> SteadyStat
     if len(at) > 2:
         at = at[1:]  # the first plateau line still averages over the ramp
     tps = [line.gen_tps for line in at]
+    accepts = [line.accept_len for line in at if line.accept_len is not None]
     return SteadyState(
         plateau_running=top,
         lines=len(at),
@@ -114,6 +120,7 @@ def steady_state(lines: list[DecodeLine], tolerance: float = 0.02) -> SteadyStat
         peak_tps=max(line.gen_tps for line in lines),
         mean_context=statistics.median(line.tokens / max(1, line.running) for line in at),
         cuda_graph_fraction=sum(line.cuda_graph for line in at) / len(at),
+        median_accept_len=statistics.median(accepts) if accepts else None,
     )
 
 

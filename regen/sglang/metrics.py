@@ -12,6 +12,13 @@ every figure carries its method (:attr:`SteadyState.method`).
 ``/metrics`` (``--enable-metrics``, which regen always passes) exposes the same reading as the gauge
 ``sglang:gen_throughput`` next to ``sglang:num_running_reqs``; :func:`sample_metrics` polls it, and
 :func:`steady_state` applies the same plateau rule to the samples when no log is at hand.
+
+Speculative decoding (EAGLE/NEXTN): the decode line adds ``accept len: a, accept rate: r`` (accepted
+tokens per verify step, bonus token included) and ``/metrics`` the gauge ``sglang:spec_accept_length``.
+``gen throughput`` already counts accepted tokens (a verify step adds each request's accepted drafts and
+its bonus token to the tokens generated, ``MetricsReporter.update_spec_metrics``, 0.5.17 and 0.5.23), so
+the steady rate of an MTP server is its accepted tokens per second; :attr:`SteadyState.accept_len` is the
+median accept length at the plateau, for the record and the explanation, not a factor to apply.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ _DECODE = re.compile(
     r"(?:^\[(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]\n]*\] )?"
     r"Decode batch(?: \[\d+\])?, #running-req: (?P<running>\d+), .*?"
     r"#(?:full )?token: (?P<tokens>\d+), .*?"
+    r"(?:accept len: (?P<accept>[0-9.]+), .*?)?"
     r"(?:cuda graph|graph): (?P<graph>True|False), "
     r"gen throughput \(token/s\): (?P<tps>[0-9.]+), #queue-req: (?P<queue>\d+)",
     re.MULTILINE,
@@ -50,6 +58,7 @@ class DecodeSample:
     queue: int
     cuda_graph: bool | None = None
     at: float | None = None  # epoch seconds (the log line's local-time stamp; None for /metrics polls)
+    accept_len: float | None = None  # speculative decoding: accepted tokens per verify step
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +73,7 @@ class SteadyState:
     cuda_graph_fraction: float | None
     method: str
     plateau_from: float | None = None  # epoch seconds of the first sample at the plateau (log stamps)
+    accept_len: float | None = None  # median accept length at the plateau (speculative decoding)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +87,7 @@ class SteadyState:
             else round(self.cuda_graph_fraction, 3),
             "method": self.method,
             "plateau_from": self.plateau_from,
+            "accept_len": None if self.accept_len is None else round(self.accept_len, 3),
         }
 
 
@@ -90,6 +101,7 @@ def decode_samples(log_text: str) -> list[DecodeSample]:
             queue=int(m["queue"]),
             cuda_graph=m["graph"] == "True",
             at=time.mktime(time.strptime(m["at"], "%Y-%m-%d %H:%M:%S")) if m["at"] else None,
+            accept_len=float(m["accept"]) if m["accept"] else None,
         )
         for m in _DECODE.finditer(log_text)
     ]
@@ -127,6 +139,7 @@ def steady_state(
     if len(at) > 2:
         at = at[1:]
     graphs = [s.cuda_graph for s in at if s.cuda_graph is not None]
+    accepts = [s.accept_len for s in at if s.accept_len is not None]
     return SteadyState(
         plateau_running=top,
         samples=len(at),
@@ -136,6 +149,7 @@ def steady_state(
         cuda_graph_fraction=sum(graphs) / len(graphs) if graphs else None,
         method=method,
         plateau_from=plateau_from,
+        accept_len=statistics.median(accepts) if accepts else None,
     )
 
 
@@ -163,6 +177,7 @@ def sample_from_metrics(values: Mapping[str, float]) -> DecodeSample | None:
         tokens=0,
         gen_tps=float(values["sglang:gen_throughput"]),
         queue=int(values.get("sglang:num_queue_reqs", 0)),
+        accept_len=values.get("sglang:spec_accept_length") or None,
     )
 
 

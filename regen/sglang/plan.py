@@ -124,6 +124,7 @@ class ServerFlags:
     speculative_num_steps: int | None = None
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None
+    speculative_draft_model_path: str | None = None
     page_size: int = 1
     tp: int | None = None
     num_continuous_decode_steps: int | None = None
@@ -156,6 +157,7 @@ _VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--speculative-num-steps": ("speculative_num_steps", int),
     "--speculative-eagle-topk": ("speculative_eagle_topk", int),
     "--speculative-num-draft-tokens": ("speculative_num_draft_tokens", int),
+    "--speculative-draft-model-path": ("speculative_draft_model_path", str),
     "--page-size": ("page_size", int),
     "--tp-size": ("tp", int),
     "--tp": ("tp", int),
@@ -232,6 +234,12 @@ class MemoryPlan:
     #: --enable-linear-replayssm decode ring: allocated per state slot outside SGLang's pool budget (its
     #: solver charges only the spec-verify ring), so it comes out of the (1 - mfs) runtime slack
     replay_ring_gib: float = 0.0
+    #: speculative decoding (EAGLE/NEXTN): the draft model's own weights (its MTP layer, fc, and a copy of
+    #: the embedding and lm_head, shared with the target only after the pools are sized), charged against
+    #: the pool budget; and the draft KV pool (the draft layers' KV for every token), allocated after the
+    #: budget, out of the runtime slack, where SGLang leaves the draft layers out of the cell
+    draft_weights_gib: float = 0.0
+    draft_kv_gib: float = 0.0
 
     @property
     def mamba_pool_gib(self) -> float:
@@ -328,6 +336,60 @@ def mamba_slots_per_request(model: ModelShape, flags: ServerFlags, version: str)
     return MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO + tracking, strategy
 
 
+#: architectures whose MTP draft SGLang loads from the model path itself (speculative_hook
+#: ``_handle_eagle_family`` sets ``speculative_draft_model_path``, so the target's KV cell counts the draft
+#: layers), 0.5.17 and 0.5.23 (which adds the last two); for every other MTP model (Qwen3.5/3.6: its
+#: config has ``mtp_num_hidden_layers``, not ``num_nextn_predict_layers``) the cell is the target's alone
+_DRAFT_PATH_ARCHS = frozenset({
+    "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "Glm4MoeForCausalLM",
+    "Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM",
+    "BailingMoeV2_5ForCausalLM", "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration",
+    "HYV3ForCausalLM", "HYV4ForCausalLM", "Qwen4ExpForConditionalGeneration",
+})  # fmt: skip
+
+
+def draft_kv_in_cell(flags: ServerFlags, model: ModelShape) -> bool:
+    """Whether SGLang sizes the target's KV pool with the draft layers in the cell
+    (``DefaultPoolConfigurator``: only when ``eagle_draft_num_layers`` is known, i.e. a draft model path
+    is set); otherwise the draft KV pool is allocated after the budget, out of the slack."""
+    return flags.speculative_draft_model_path is not None or model.architecture in _DRAFT_PATH_ARCHS
+
+
+def draft_weights_bytes(model: ModelShape) -> int:
+    """The MTP draft model SGLang loads next to the target (``Qwen3_5ForCausalLMMTP``: ``mtp_layers``
+    full-attention decoder layers, ``fc`` 2h -> h, two pre-fc norms, its own embedding and lm_head, which
+    it replaces by the target's only after the memory pools are sized)."""
+    if model.mtp_layers <= 0:
+        return 0
+    draft = replace(
+        model,
+        full_attention_layers=model.mtp_layers,
+        linear_attention_layers=0,
+        weights_bytes_from_index=None,
+    )
+    params = draft.estimated_parameters()
+    h = model.hidden_size
+    return int(draft.weights_bytes() * (params + 2 * h * h + 2 * h) / params)
+
+
+def spec_scratch_allocated_bytes(
+    model: ModelShape, tp: int, ssm_dtype: str | None, reserved: int, per_req: int, draft: int
+) -> int:
+    """What ``MambaPool`` allocates for the verify buffers whose budget SGLang reserved as
+    ``per_req x (running + 1) x D`` (``_handle_max_mamba_cache``): per slot, one SSM state per draft token
+    (``intermediate_ssm_state_cache``) and a conv window of ``D + K_conv - 2`` columns instead of the
+    state's ``K_conv - 1`` (``intermediate_conv_window_cache``). Measured (0.5.17, seed flags, 65 slots,
+    fp32): 36.56 + 0.36 GB."""
+    if not reserved or not draft or not per_req or model.linear is None:
+        return 0
+    slots = reserved // (per_req * draft)
+    layers = model.linear_attention_layers
+    ssm = model.ssm_state_bytes_per_layer(tp, ssm_dtype) * layers * draft
+    kernel = model.linear.conv_kernel_dim
+    conv = model.conv_state_bytes_per_layer(tp) * layers * (draft + kernel - 2) // max(1, kernel - 1)
+    return slots * (ssm + conv)
+
+
 def _speculative(flags: ServerFlags, model: ModelShape) -> tuple[int, int]:
     """(draft tokens D, draft KV layers): NEXTN == EAGLE; auto 3/1/4; topk 1 forces D = steps + 1."""
     algo = (flags.speculative_algorithm or "").upper()
@@ -379,11 +441,13 @@ def plan(
     weights_gib = model.weights_bytes() / tp / GIB
     slack_gib = pre_load_gib * (1 - mfs)
     vlm_gib = VLM_CACHE_GIB if model.is_multimodal and sglang_version != "0.5.17" else 0.0
-    rest_gib = pre_load_gib - weights_gib - slack_gib - vlm_gib
+    draft_weights_gib = draft_weights_bytes(model) / tp / GIB if draft_layers else 0.0
+    rest_gib = pre_load_gib - weights_gib - draft_weights_gib - slack_gib - vlm_gib
 
     ssm_dtype = flags.mamba_ssm_dtype
     per_req = model.state_bytes_per_request(tp, ssm_dtype) if model.is_hybrid else 0
     ring_gib = 0.0
+    reserved_scratch_gib = 0.0
     k: int | None = None
     slots: int | None = None
     strategy: str | None = None
@@ -397,8 +461,10 @@ def plan(
                 "raise --mem-fraction-static or lower --max-running-requests"
             )
         state_gib = (k + 1) * per_req / GIB
-        scratch_gib = scratch_bytes / GIB
-        rest_gib -= state_gib + scratch_gib
+        reserved_scratch_gib = scratch_bytes / GIB
+        rest_gib -= state_gib + reserved_scratch_gib
+        scratch_gib = spec_scratch_allocated_bytes(model, tp, ssm_dtype, scratch_bytes, per_req, draft_tokens)
+        scratch_gib /= GIB
         if flags.enable_linear_replayssm:
             ring_gib = (k + 1) * model.replay_ring_bytes_per_slot(
                 tp, ssm_dtype, flags.linear_replayssm_cache_len
@@ -410,13 +476,20 @@ def plan(
             if any(a.split("=")[0] == flag for a in args):
                 notes.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
     if rest_gib <= 0:
+        draft = f" + MTP draft {draft_weights_gib:.1f} GiB" if draft_weights_gib else ""
         raise PlanError(
-            f"weights ({weights_gib:.1f} GiB) leave no KV cache memory at mem_fraction_static={mfs:.3f}"
+            f"weights ({weights_gib:.1f} GiB{draft}) leave no KV cache memory at "
+            f"mem_fraction_static={mfs:.3f}"
         )
-    cell = model.kv_cell_bytes(tp, flags.kv_cache_dtype, draft_layers)
+    in_cell = draft_layers if draft_kv_in_cell(flags, model) else 0
+    cell = model.kv_cell_bytes(tp, flags.kv_cache_dtype, in_cell)
     tokens = int(rest_gib * GIB // cell) // flags.page_size * flags.page_size
     if flags.max_total_tokens is not None:
         tokens = min(tokens, flags.max_total_tokens)
+    draft_cell = model.kv_cell_bytes(tp, flags.kv_cache_dtype, draft_layers) - model.kv_cell_bytes(
+        tp, flags.kv_cache_dtype
+    )
+    draft_kv_gib = 0.0 if in_cell else tokens * draft_cell / GIB
     context_len = flags.context_length or model.context_length or 4096
     if mrr_requested is not None:
         requested = max(1, mrr_requested)
@@ -432,7 +505,16 @@ def plan(
         workload_running = min(running, tokens // max(1, workload.tokens_per_request))
     kv_gib = tokens * cell / GIB
     free_gib = (
-        total_gib - cuda_context_gib - weights_gib - state_gib - scratch_gib - kv_gib - slack_gib - vlm_gib
+        total_gib
+        - cuda_context_gib
+        - weights_gib
+        - state_gib
+        - scratch_gib
+        - kv_gib
+        - slack_gib
+        - vlm_gib
+        - draft_weights_gib
+        - draft_kv_gib
     )
     return MemoryPlan(
         sglang_version=sglang_version,
@@ -463,6 +545,8 @@ def plan(
         workload_concurrency=workload_running,
         notes=tuple(notes),
         replay_ring_gib=ring_gib,
+        draft_weights_gib=draft_weights_gib,
+        draft_kv_gib=draft_kv_gib,
     )
 
 
@@ -523,6 +607,11 @@ class Recommendation:
     reasons: tuple[str, ...]
     warnings: tuple[str, ...]
     candidates: tuple[Candidate, ...] = field(default=())
+    #: what ``regen tune --sweep`` measures against the recommendation for speculative decoding (MTP at 1-3
+    #: steps when the model has MTP layers; the same without MTP when the given flags force it on)
+    speculative: tuple[Candidate, ...] = field(default=())
+    #: why MTP is on or off in this (static, unmeasured) plan
+    mtp_note: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -537,6 +626,11 @@ class Recommendation:
                 {"args": list(c.args), "score": c.score, "reasons": list(c.reasons), **c.plan.summary()}
                 for c in self.candidates
             ],
+            "speculative_candidates": [
+                {"args": list(c.args), "score": c.score, "reasons": list(c.reasons), **c.plan.summary()}
+                for c in self.speculative
+            ],
+            "mtp": self.mtp_note,
         }
 
 
@@ -690,6 +784,7 @@ def recommend(
     sched = scheduler_candidates(
         model, gpu_memory_mib, tp, base, workload, sglang_version, best, allow_replay_decode
     )
+    spec = speculative_alternatives(model, gpu_memory_mib, tp, base, workload, sglang_version, best)
     return Recommendation(
         given=given,
         recommended=best.plan,
@@ -697,6 +792,67 @@ def recommend(
         reasons=best.reasons,
         warnings=tuple(warnings),
         candidates=(best, *sched, *candidates[1:top_k]),
+        speculative=tuple(spec),
+        mtp_note=static_mtp_note(model, list(best.args)),
+    )
+
+
+def sweep_workload(workload: Workload) -> Workload:
+    """The workload the sweep's extra candidates are sized for: the expected output length when one is
+    given below ``max_tokens`` (as :func:`scheduler_candidates`), else ``workload`` itself."""
+    expected = workload.expected_output_tokens
+    if not expected or expected >= workload.max_tokens:
+        return workload
+    return Workload(
+        prompt_p50=workload.prompt_p50, prompt_p99=workload.prompt_p99, max_tokens=int(expected),
+        target_concurrency=None, unique_prompts=workload.unique_prompts,
+    )  # fmt: skip
+
+
+def speculative_alternatives(
+    model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str,
+    best: Candidate,
+) -> list[Candidate]:  # fmt: skip
+    """What the sweep measures against ``best`` to keep or drop MTP: the MTP candidates (1-3 steps,
+    :func:`mtp_candidates`) when the model has MTP layers, less the one ``best`` already is; and when
+    ``best`` runs speculative decoding (the given flags ask for it), the same without it, its cap
+    re-solved for the memory the verify buffers free."""
+    wl = sweep_workload(workload)
+    chosen = parse_flags(list(best.args))
+    given_steps = (chosen.speculative_num_steps or 3) if chosen.speculative_algorithm else None
+    out = [
+        c for c in mtp_candidates(model, gpu_mib, tp, base, wl, version, best)
+        if parse_flags(list(c.args)).speculative_num_steps != given_steps
+    ]  # fmt: skip
+    if chosen.speculative_algorithm:
+        try:
+            found = _best_running(
+                model, gpu_mib, tp, strip_speculative_args(base), wl, version, 4096,
+                chosen.disable_radix_cache, chosen.mamba_ssm_dtype, chosen.kv_cache_dtype,
+                chosen.mem_fraction_static,
+            )  # fmt: skip
+        except PlanError:
+            found = None
+        if found is not None:
+            n = found.plan.effective_max_running_requests
+            why = f"MTP off: the given flags' speculative decoding dropped; {n} running requests without it"
+            out.insert(0, replace(found, reasons=(why, *found.reasons)))
+    return out
+
+
+def static_mtp_note(model: ModelShape, args: list[str]) -> str:
+    """Why MTP is on or off in a plan nothing has measured (``regen tune`` without ``--sweep``)."""
+    flags = parse_flags(args)
+    if flags.speculative_algorithm:
+        return (
+            f"MTP on: the given server.args ask for {flags.speculative_algorithm} (not measured; "
+            "`regen tune --sweep` measures it against no MTP)"
+        )
+    if model.mtp_layers <= 0:
+        return "MTP off: the model has no MTP layers"
+    return (
+        "MTP off: not measured; the static plan keeps it off (`regen tune --sweep` measures 1-3 MTP steps "
+        "against it)"
     )
 
 
@@ -761,6 +917,80 @@ def scheduler_candidates(
     if not replay_decode:
         return [sized, batched]
     return [sized, batched, *_replay_candidate(model, gpu_mib, tp, base, wl, version, chosen, found, batched)]
+
+
+#: speculative steps the MTP candidates try (topk 1, draft tokens = steps + 1)
+MTP_STEPS = (1, 2, 3)
+_SPEC_FLAGS = (
+    "--speculative-algorithm", "--speculative-num-steps", "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+)  # fmt: skip
+
+
+def speculative_args(steps: int, algorithm: str = "NEXTN") -> tuple[str, ...]:
+    """SGLang's flags for MTP with ``steps`` draft steps, topk 1 (draft tokens = steps + 1)."""
+    return (
+        "--speculative-algorithm", algorithm, "--speculative-num-steps", str(steps),
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1),
+    )  # fmt: skip
+
+
+def strip_speculative_args(args: list[str]) -> list[str]:
+    """``args`` without the speculative flags the MTP candidates set themselves."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        name, eq, _ = args[i].partition("=")
+        if name in _SPEC_FLAGS:
+            i += 1 if eq else 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def mtp_candidates(
+    model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str,
+    best: Candidate, steps: tuple[int, ...] = MTP_STEPS,
+) -> list[Candidate]:  # fmt: skip
+    """MTP (NEXTN: SGLang's EAGLE on the model's own MTP layers, topk 1) at each of ``steps``, with the
+    running cap re-solved for the speculative memory: per running request SGLang then also holds the
+    verify buffers (one state per draft token, ``intermediate_ssm_state_cache``) next to its state slots,
+    and the draft model's weights and KV. Same state dtype, KV dtype, radix choice and memory fraction as
+    ``best``. Empty when the model has no MTP layers. Whether MTP pays off depends on the acceptance
+    and the batch: ``regen tune --sweep`` measures them."""
+    if model.mtp_layers <= 0:
+        return []
+    chosen = parse_flags(list(best.args))
+    plain = strip_speculative_args(base)
+    out = []
+    for n_steps in steps:
+        spec = list(speculative_args(n_steps))
+        try:
+            found = _best_running(
+                model, gpu_mib, tp, [*plain, *spec], workload, version, 4096, chosen.disable_radix_cache,
+                chosen.mamba_ssm_dtype, chosen.kv_cache_dtype, chosen.mem_fraction_static,
+            )  # fmt: skip
+        except PlanError:  # the draft model's weights and buffers do not fit: no MTP candidate at these steps
+            found = None
+        if found is None:
+            continue
+        p = found.plan
+        n = p.effective_max_running_requests
+        out.append(
+            Candidate(
+                args=found.args,
+                plan=p,
+                score=found.score,
+                reasons=(
+                    f"MTP {n_steps} step{'s' if n_steps > 1 else ''} (NEXTN, topk 1, {n_steps + 1} draft "
+                    f"tokens): verify buffers {p.spec_scratch_gib:.1f} GiB and draft weights "
+                    f"{p.draft_weights_gib:.1f} GiB leave room for {n} running requests (to be measured)",
+                    *found.reasons,
+                ),
+            )
+        )
+    return out
 
 
 def _replay_candidate(

@@ -34,6 +34,12 @@ class RealizedMemory:
     mamba_slots_per_request: int | None = None
     mem_fraction_static: float | None = None
     replay_ring_gib: float | None = None
+    #: speculative decoding: the verify buffers (``intermediate_ssm_state_cache`` + ``intermediate_conv_
+    #: window_cache``), the draft model's weights (its own ``Load weight end`` line, type ``...MTP``) and
+    #: its KV pool (the second ``KV Cache is allocated`` line of a start)
+    spec_scratch_gib: float | None = None
+    draft_weights_gib: float | None = None
+    draft_kv_cache_gib: float | None = None
 
 
 _NUM = r"([0-9][0-9.]*)"
@@ -56,24 +62,53 @@ def parse_startup_log(text: str) -> RealizedMemory:
     grab(r"max_mamba_cache_size:\s*(\d+)", "max_mamba_cache_size")
     grab(rf"conv_state size:\s*{_NUM}\s*GB", "conv_state_gib", float)
     grab(rf"ssm_state size:\s*{_NUM}\s*GB", "ssm_state_gib", float)
-    grab(r"KV Cache is allocated\..*?#tokens:\s*(\d+)", "max_total_num_tokens")
-    kv = re.findall(rf"KV Cache is allocated\..*?K size:\s*{_NUM}\s*GB,\s*V size:\s*{_NUM}\s*GB", text)
-    if kv:
-        found["kv_cache_gib"] = float(kv[-1][0]) + float(kv[-1][1])
+    found.update(_kv_and_draft(text))
     cap = re.findall(
         r"max_running_requests is capped to (\d+) by the mamba state cache.*?(\d+) state slots", text
     )
     if cap:
         found["max_running_requests"] = int(cap[-1][0])
         found["mamba_slots_per_request"] = int(cap[-1][1])
-    weights = re.findall(rf"Load weight end.*?mem usage={_NUM}\s*GB", text)
-    if weights:
-        found["weights_gib"] = float(weights[-1])
     grab(rf"mem_fraction_static[=:]\s*{_NUM}", "mem_fraction_static", float)
     ring = re.findall(rf"ReplaySSM ring buffers allocated.*?d={_NUM}GB, k={_NUM}GB, g={_NUM}GB", text)
     if ring:
         found["replay_ring_gib"] = sum(float(part) for part in ring[-1])
+    scratch = re.findall(
+        rf"intermediate_ssm_state_cache size:\s*{_NUM}\s*GB\s*"
+        rf"intermediate_conv_window_cache size:\s*{_NUM}\s*GB",
+        text,
+    )
+    if scratch:
+        found["spec_scratch_gib"] = float(scratch[-1][0]) + float(scratch[-1][1])
     return RealizedMemory(**found)
+
+
+_WEIGHTS = re.compile(rf"Load weight end\.(?P<rest>[^\n]*?)mem usage={_NUM}\s*GB")
+_KV = re.compile(
+    rf"KV Cache is allocated\.[^\n]*?#tokens:\s*(\d+)[^\n]*?K size:\s*{_NUM}\s*GB,\s*V size:\s*{_NUM}\s*GB"
+)
+
+
+def _kv_and_draft(text: str) -> dict[str, Any]:
+    """The target's weights and KV pool, and a speculative server's draft weights and draft KV pool, of
+    the last start in ``text``: the last target ``Load weight end`` line (a type not ending in ``MTP``),
+    the draft's after it, and the ``KV Cache is allocated`` lines after it (the target's first)."""
+    found: dict[str, Any] = {}
+    loads = list(_WEIGHTS.finditer(text))
+    targets = [m for m in loads if "MTP," not in m["rest"]]
+    start = targets[-1].start() if targets else 0
+    if targets:
+        found["weights_gib"] = float(targets[-1][2])
+    drafts = [m for m in loads if "MTP," in m["rest"] and m.start() >= start]
+    if drafts:
+        found["draft_weights_gib"] = float(drafts[-1][2])
+    kv = [m for m in _KV.finditer(text) if m.start() >= start] or list(_KV.finditer(text))[-1:]
+    if kv:
+        found["max_total_num_tokens"] = int(kv[0][1])
+        found["kv_cache_gib"] = float(kv[0][2]) + float(kv[0][3])
+    if len(kv) > 1:
+        found["draft_kv_cache_gib"] = float(kv[1][2]) + float(kv[1][3])
+    return found
 
 
 def realized_from_server_info(info: dict[str, Any], startup: RealizedMemory | None = None) -> RealizedMemory:
@@ -117,6 +152,9 @@ PREDICTED_VS_REALIZED: tuple[tuple[str, str], ...] = (
     ("kv_cache_gib", "kv_cache_gib"),
     ("mem_fraction_static", "mem_fraction_static"),
     ("replay_ring_gib", "replay_ring_gib"),
+    ("spec_scratch_gib", "spec_scratch_gib"),
+    ("draft_weights_gib", "draft_weights_gib"),
+    ("draft_kv_gib", "draft_kv_cache_gib"),
 )
 
 

@@ -82,6 +82,11 @@ REQUEST_LOG_ENV = "REGEN_SIM_REQUEST_LOG"
 # read from the environment like the request log, so a workflow's simulated servers inherit them
 CHAIN_ENV = "REGEN_SIM_CHAIN"  # path of the model's chain.json
 TOOL_CALL_PARSER_ENV = "REGEN_SIM_TOOL_CALL_PARSER"  # like SGLang's --tool-call-parser (qwen25, hermes)
+#: JSON object of further SimOptions fields, applied after ``--options`` (a bench's per-server behaviour,
+#: e.g. ``speculative_num_steps`` and the speculative memory map, which a real SGLang takes from its flags)
+OPTIONS_ENV = "REGEN_SIM_OPTIONS"
+#: SGLang's own benchmarking knob (speculative/spec_utils.py): the accept length it forces per verify step
+SIMULATE_ACC_LEN_ENV = "SGLANG_SIMULATE_ACC_LEN"
 
 
 def _make_words() -> tuple[str, ...]:
@@ -290,6 +295,14 @@ class SimOptions:
     # samples that model (needs tokenizer_path: the model's tokenizer); None: synthetic text
     chain_path: str | None = None
     tool_call_parser: str | None = None  # qwen25 / hermes: parse <tool_call> blocks when tools are sent
+    # speculative decoding (EAGLE/NEXTN, topk 1): draft steps (0: off) and the accept length per verify step
+    # (SGLANG_SIMULATE_ACC_LEN; None: 1 + 0.8 x steps); the plan's speculative memory map for the startup log
+    speculative_num_steps: int = 0
+    simulated_accept_len: float | None = None
+    state_pool_gib: float = 0.0
+    spec_scratch_gib: float = 0.0
+    draft_weights_gib: float = 0.0
+    draft_kv_gib: float = 0.0
 
     @property
     def model_name(self) -> str:
@@ -726,6 +739,77 @@ def read_request_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
+# ------------------------------------------------------------------ speculative decoding (EAGLE/NEXTN)
+#: per draft step, the draft model's forward pass as a share of a plain decode step at an empty batch
+SPEC_DRAFT_STEP_COST = 0.1
+#: per draft token, the verify pass's extra GEMM work per request, as a share of its plain decode work
+SPEC_VERIFY_TOKEN_COST = 0.5
+
+
+def accept_length(opts: SimOptions) -> float | None:
+    """Accepted tokens per verify step, as SGLang's match-expected simulation gives it:
+    ``min(max(1, SGLANG_SIMULATE_ACC_LEN), steps + 1)``; None without speculative decoding."""
+    steps = opts.speculative_num_steps
+    if steps <= 0:
+        return None
+    wanted = opts.simulated_accept_len if opts.simulated_accept_len is not None else 1 + 0.8 * steps
+    return max(1.0, min(float(steps + 1), wanted))
+
+
+def spec_speedup(opts: SimOptions, load: float) -> float:
+    """Accepted tokens per request per unit of plain decode time at batch load ``load`` (running /
+    half_speed_running): a verify step yields ``accept_length`` tokens and costs the draft passes plus
+    the verified tokens' GEMMs, which weigh more as the batch grows (MTP helps at low batch)."""
+    accepted = accept_length(opts)
+    if accepted is None:
+        return 1.0
+    steps = opts.speculative_num_steps
+    plain = 1.0 + load
+    spec = 1.0 + SPEC_DRAFT_STEP_COST * steps + load * (1.0 + SPEC_VERIFY_TOKEN_COST * steps)
+    return accepted * plain / spec
+
+
+def spec_log_part(opts: SimOptions) -> str:
+    """The decode line's ``accept len: a, accept rate: r, `` (metrics_reporter), empty without it."""
+    accepted = accept_length(opts)
+    if accepted is None:
+        return ""
+    return f"accept len: {accepted:.2f}, accept rate: {(accepted - 1) / opts.speculative_num_steps:.2f}, "
+
+
+def spec_startup_lines(opts: SimOptions) -> list[str]:
+    """SGLang 0.5.17's startup lines for a speculative server's memory (the draft model's weights, the
+    state pool with its verify buffers, the target's and the draft's KV pools); empty without it."""
+    if opts.speculative_num_steps <= 0:
+        return []
+    k = opts.max_mamba_cache_size or 5 * opts.running_cap
+    tokens = opts.max_total_num_tokens
+    return [
+        f"Load weight end. elapsed=0.10 s, type=Qwen3_5ForCausalLM, avail mem=90.00 GB, "
+        f"mem usage={opts.weights_gib:.2f} GB.",
+        f"Load weight end. elapsed=0.10 s, type=Qwen3_5ForCausalLMMTP, avail mem=84.00 GB, "
+        f"mem usage={opts.draft_weights_gib:.2f} GB.",
+        f"Mamba Cache is allocated. max_mamba_cache_size: {k}, conv_state size: 0.00GB, "
+        f"ssm_state size: {opts.state_pool_gib:.2f}GB intermediate_ssm_state_cache size: "
+        f"{opts.spec_scratch_gib:.2f}GB intermediate_conv_window_cache size: 0.00GB ",
+        *(
+            f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {tokens}, K size: {gib / 2:.2f} GB, "
+            f"V size: {gib / 2:.2f} GB"
+            for gib in (opts.kv_cache_gib, opts.draft_kv_gib)
+        ),
+    ]
+
+
+def env_options(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
+    """SimOptions fields from the environment: ``REGEN_SIM_OPTIONS`` (JSON) and SGLang's
+    ``SGLANG_SIMULATE_ACC_LEN`` (a negative value, SGLang's default -1, is off)."""
+    out: dict[str, Any] = orjson.loads(environ[OPTIONS_ENV]) if environ.get(OPTIONS_ENV) else {}
+    raw = environ.get(SIMULATE_ACC_LEN_ENV)
+    if raw and float(raw) > 0:
+        out.setdefault("simulated_accept_len", float(raw))
+    return out
+
+
 class SimulatedServer:
     """State and handlers of one simulated server."""
 
@@ -782,6 +866,8 @@ class SimulatedServer:
             f"max_prefill_tokens=16384, max_running_requests={o.running_cap}, "
             f"context_len={o.context_len}, available_gpu_mem={o.available_gpu_mem_gib:.2f} GB"
         )
+        for line in spec_startup_lines(o):
+            self.log(line)
         if o.replay_ring_gib > 0:
             self.log(
                 "GDN ReplaySSM ring buffers allocated (record_len=16, fold=False): "
@@ -832,7 +918,8 @@ class SimulatedServer:
         return (
             f"Decode batch, #running-req: {self.running}, #full token: {used}, "
             f"full token usage: {usage:.2f}, "
-            f"mamba num: {self.running}, mamba usage: {mamba:.2f}, cuda graph: True, "
+            f"mamba num: {self.running}, mamba usage: {mamba:.2f}, {spec_log_part(self.opts)}"
+            "cuda graph: True, "
             f"gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {self.queued}"
         )
 
@@ -901,7 +988,7 @@ class SimulatedServer:
                     "effective_max_running_requests_per_dp": o.running_cap,
                     "max_mamba_cache_size": o.max_mamba_cache_size or 5 * o.running_cap,
                     "last_gen_throughput": self.last_gen_throughput,
-                    "avg_spec_accept_length": None,
+                    "avg_spec_accept_length": accept_length(self.opts),
                     "memory_usage": {
                         "weight": o.weights_gib,
                         "kvcache": o.kv_cache_gib,
@@ -988,6 +1075,13 @@ class SimulatedServer:
                 "gauge",
                 sched,
                 round(self.running / max(1, self.opts.running_cap), 2),
+            ),
+            (
+                "sglang:spec_accept_length",
+                "The average acceptance length of speculative decoding.",
+                "gauge",
+                sched,
+                accept_length(self.opts) or 0.0,
             ),
             (
                 "sglang:prompt_tokens_total",
@@ -1199,8 +1293,10 @@ class SimulatedServer:
         """Decode tokens/s of one request with ``self.running`` requests in the batch (itself included)."""
         half = self.opts.half_speed_running
         if not half:
-            return self.opts.token_rate
-        return self.opts.token_rate / (1.0 + self.running / half)
+            return self.opts.token_rate * spec_speedup(self.opts, 0.0)
+        return (
+            self.opts.token_rate * spec_speedup(self.opts, self.running / half) / (1.0 + self.running / half)
+        )
 
     async def _schedule(self, n_tokens: int) -> None:
         self.queued += 1
@@ -1702,6 +1798,7 @@ def cli(argv: list[str]) -> int:
         virtual=VirtualTime.from_json(orjson.loads(a.virtual)) if a.virtual else None,
     )
     opts = replace(opts, **extra)
+    opts = replace(opts, **env_options(os.environ))
     log = LogWriter(a.log_file) if a.log_file else LogWriterStderr()
 
     def crash() -> None:
