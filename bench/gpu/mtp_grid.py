@@ -627,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--acceptances", default="2.9,1.5,3.5")
     p.add_argument("--acc-per-steps", choices=("chain", "flat"), default="chain")
+    p.add_argument("--only", default=None, help="comma-separated config keys to run (e.g. off-bf16,mtp2@1.5)")
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--answer-tokens", type=int, default=192)
     p.add_argument("--decode-log-interval", type=int, default=8)
@@ -657,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, str(HERE / "make_model.py"), str(model_dir), "64"], check=True)
     gpu_mib = gpu_memory_mib(a.dry_cpu)
     configs, wl = plan_configs(model_dir, gpu_mib, a)
+    if a.only:
+        only = a.only.split(",")
+        configs = sorted((c for c in configs if c.key in only), key=lambda c: only.index(c.key))
     acceptances = [float(x) for x in a.acceptances.split(",")]
     date = dt.date.today().isoformat()
     doc: dict[str, Any] = {
