@@ -78,7 +78,7 @@ from regen.decontam import (
 from regen.io import atomic_open, atomic_path, write_json
 from regen.layout import AuditFiles
 from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
-from regen.sglang.config import CONFIG_SCHEMA_PATH
+from regen.runconfig import CONFIG_SCHEMA_PATH
 from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
 from regen.verdict import keep_verdict
 

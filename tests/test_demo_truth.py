@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from regen.runconfig import ServerConfig
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import Workload, recommend, write_plan_file
 from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
@@ -40,7 +41,12 @@ def test_simulated_server_reports_the_memory_map_of_its_plan(
     plan = demo_plan(tmp_path, args, model)
     cfg = {"mode": "simulated", "simulated": {"startup_delay_s": 0}}
     log_file = tmp_path / "server.log"
-    argv = [*build_simulated_command(cfg, 0, "demo-model", plan), "--print-url", "--log-file", str(log_file)]
+    argv = [
+        *build_simulated_command(ServerConfig.from_mapping(cfg), 0, "demo-model", plan),
+        "--print-url",
+        "--log-file",
+        str(log_file),
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from regen.sglang.config import CONFIG_SCHEMA_PATH, PlanFile, ServerConfig, ServerConfigError
+from regen.runconfig import CONFIG_SCHEMA_PATH, ServerConfig, ServerConfigError
+from regen.sglang.config import PlanFile
 from regen.sglang.realized import launched_section
 from regen.sglang.server import build_simulated_command, simulated_running_cap
 

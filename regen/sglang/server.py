@@ -36,7 +36,7 @@ from typing import Any
 from regen.fingerprint import server_numerics
 from regen.io import write_json
 from regen.layout import RUN, SlotFiles, url_files
-from regen.sglang.config import ServerConfig, ServerConfigLike
+from regen.runconfig import ServerConfig
 from regen.sglang.flags import check_flags
 from regen.sglang.plan import parse_flags
 from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
@@ -306,9 +306,8 @@ def _drop_managed(args: Sequence[str], origin: str) -> list[str]:
     return kept
 
 
-def launch_args_for(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None) -> list[str]:
+def launch_args_for(cfg: ServerConfig, plan: Mapping[str, Any] | None) -> list[str]:
     """Extra launch flags: the tuner's (``use_tuner`` and a plan) with the user's ``args`` on top."""
-    cfg = ServerConfig.of(server_cfg)
     user = list(cfg.args)
     if cfg.use_tuner and plan is not None:
         plan_args = [str(a) for a in plan.get("launch_args") or []]
@@ -335,10 +334,9 @@ def check_sglang_flags(argv: list[str]) -> None:
 
 
 def build_sglang_command(
-    server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None, port: int, model_path: str
+    cfg: ServerConfig, plan: Mapping[str, Any] | None, port: int, model_path: str
 ) -> list[str]:
     """``python -m sglang.launch_server`` for one slot, checked with ``regen.sglang.flags``."""
-    cfg = ServerConfig.of(server_cfg)
     argv = [
         sys.executable,
         "-m",
@@ -358,10 +356,10 @@ def build_sglang_command(
     return argv
 
 
-def simulated_running_cap(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None) -> int:
+def simulated_running_cap(cfg: ServerConfig, plan: Mapping[str, Any] | None) -> int:
     """The simulated server's concurrency cap: explicit config, else the launched plan section's
     effective cap (so the simulated server behaves like the SGLang the tuner planned), else 64."""
-    explicit = ServerConfig.of(server_cfg).simulated.max_running_requests
+    explicit = cfg.simulated.max_running_requests
     if explicit:
         return int(explicit)
     planned = launched_section(plan).get("effective_max_running_requests") if plan is not None else None
@@ -369,10 +367,9 @@ def simulated_running_cap(server_cfg: ServerConfigLike, plan: Mapping[str, Any] 
 
 
 def build_simulated_command(
-    server_cfg: ServerConfigLike, port: int, model_path: str, plan: Mapping[str, Any] | None = None
+    cfg: ServerConfig, port: int, model_path: str, plan: Mapping[str, Any] | None = None
 ) -> list[str]:
     """``python -m regen.sglang.simulated`` with the ``server.simulated`` behaviour."""
-    cfg = ServerConfig.of(server_cfg)
     sim = cfg.simulated
     return [
         sys.executable,
@@ -424,10 +421,9 @@ CommandBuilder = Callable[[ServerConfig, Mapping[str, Any] | None, int, str], li
 
 
 def build_server_command(
-    server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None, port: int, model_path: str
+    cfg: ServerConfig, plan: Mapping[str, Any] | None, port: int, model_path: str
 ) -> list[str]:
     """The server command for ``server.mode`` (sglang or simulated)."""
-    cfg = ServerConfig.of(server_cfg)
     mode = cfg.mode
     if mode == "sglang":
         return build_sglang_command(cfg, plan, port, model_path)
@@ -452,9 +448,8 @@ def visible_devices_for(slot: int, tp: int, inherited: str | None) -> str:
     return ",".join(visible[d] for d in wanted)
 
 
-def slot_count(server_cfg: ServerConfigLike, gpu_slots: int | None) -> int:
+def slot_count(cfg: ServerConfig, gpu_slots: int | None) -> int:
     """Server slots on this node: GPUs (``gpu_slots`` or ``server.gpus``) divided by ``server.tp``."""
-    cfg = ServerConfig.of(server_cfg)
     gpus = int(gpu_slots if gpu_slots else cfg.gpus)
     tp = cfg.tp
     if gpus < tp:
@@ -568,9 +563,9 @@ def take_slot(lock_dir: Path, slots: int, poll_s: float = 0.5) -> tuple[int, int
         time.sleep(poll_s)
 
 
-def api_key_from(server_cfg: ServerConfigLike) -> str | None:
+def api_key_from(cfg: ServerConfig) -> str | None:
     """The API key from the environment variable named by ``server.api_key_env``."""
-    name = ServerConfig.of(server_cfg).api_key_env
+    name = cfg.api_key_env
     if not name:
         return None
     key = os.environ.get(name)
@@ -745,9 +740,8 @@ SERVER_START_MARK = "=== regen supervisor: starting server"
 EXTERNAL_PROBE_TIMEOUT_S = 300.0
 
 
-def external_endpoint(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None) -> Endpoint:
+def external_endpoint(cfg: ServerConfig, plan: Mapping[str, Any] | None) -> Endpoint:
     """mode external: the configured URL, checked once with a one-token generation."""
-    cfg = ServerConfig.of(server_cfg)
     if not cfg.url:
         raise ServerError("server.mode is external but server.url is not set")
     url = cfg.url.rstrip("/")
@@ -774,7 +768,7 @@ def _served_model(info: Mapping[str, Any], default: str) -> str:
 
 @contextlib.contextmanager
 def acquire_server(
-    server_cfg: ServerConfigLike,
+    cfg: ServerConfig,
     plan: Mapping[str, Any] | None = None,
     workdir: str | os.PathLike[str] = RUN.servers_root,
     log_dir: str | os.PathLike[str] = RUN.server_logs_root,
@@ -794,7 +788,6 @@ def acquire_server(
     next job waiting for a slot takes it and shares the server while this job's last requests drain
     (this job's lease keeps the server up until the block ends).
     """
-    cfg = ServerConfig.of(server_cfg)
     if cfg.mode == "external":
         yield external_endpoint(cfg, plan)
         return
