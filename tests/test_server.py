@@ -101,6 +101,7 @@ STANDIN = textwrap.dedent(
 JOB = textwrap.dedent(
     """
     import json, sys, time
+    from regen.runconfig import ServerConfig
     from regen.sglang.server import acquire_server
     cfg, out, hold, owner, standin, extra = (json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3]),
                                              int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6]))
