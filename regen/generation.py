@@ -22,10 +22,10 @@ import pyarrow.parquet as pq
 
 from regen.client import generate_shard
 from regen.fingerprint import GenerationSettings
-from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.lending import SlotLenders
 from regen.runconfig import GenerateConfig, RunConfig
+from regen.sglang.config import PlanFile
 from regen.sglang.progress import SlotRestarts
 from regen.sglang.server import ServerError, acquire_server, find_owner_pid
 from regen.shards import read_shard
@@ -65,7 +65,7 @@ def run_generate_job(
     section. A server that cannot start fails every shard on it for the same reason: the first shard
     states the cause in full, the others in one line pointing at it.
     """
-    plan = read_json(plan_path)
+    plan = PlanFile.read(plan_path)
     generation = GenerationSettings.for_run(run)
     generate_cfg = run.generate
     cfg = dataclasses.replace(run.server, gpus=run.gpu_slots)

@@ -52,6 +52,7 @@ from regen.closedloop import StepModel, closed_loop_wall_s
 from regen.journal import read_journal_entries
 from regen.projection import PROJECTION_ASSUMPTIONS, Remaining, project
 from regen.runconfig import GenerateConfig, ServerConfig
+from regen.sglang.config import PlanFile
 from regen.sglang.metrics import (
     DecodeSample,
     SteadyState,
@@ -495,7 +496,7 @@ def sweep_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def sweep_command_builder(server_cfg: ServerConfig, plan: Mapping[str, Any] | None, port: int,
+def sweep_command_builder(server_cfg: ServerConfig, plan: PlanFile | None, port: int,
                           model_path: str) -> list[str]:  # fmt: skip
     """The workflow's server command, plus the simulated batch model (``simulated.half_speed_running``)."""
     if server_cfg.mode != "simulated":
@@ -523,12 +524,11 @@ def with_speculative_steps(argv: list[str], launch_args: list[str]) -> list[str]
     return [*out, "--options", json.dumps({"speculative_num_steps": steps})]
 
 
-def candidate_plan(candidate: SweepCandidate) -> dict[str, Any]:
-    """A plan dict with the candidate's args; its predicted cap drives the simulated server."""
-    plan: dict[str, Any] = {"launch_args": list(candidate.args)}
-    if candidate.predicted_running:
-        plan["recommended"] = {"effective_max_running_requests": int(candidate.predicted_running)}
-    return plan
+def candidate_plan(candidate: SweepCandidate) -> PlanFile:
+    """A plan with the candidate's args; its predicted cap drives the simulated server."""
+    cap = int(candidate.predicted_running or 0)
+    recommended = {"effective_max_running_requests": cap} if cap else {}
+    return PlanFile(tuple(candidate.args), launched="recommended", given={}, recommended=recommended)
 
 
 def as_candidates(candidates: Iterable[SweepCandidate | Sequence[str]]) -> list[SweepCandidate]:

@@ -9,6 +9,7 @@ import pytest
 
 from regen.runconfig import ServerConfig
 from regen.sglang import flags
+from regen.sglang.config import PlanFile
 from regen.sglang.flags import FlagError, bundled_flags, check_flags
 
 
@@ -85,7 +86,7 @@ def test_the_built_launch_command_passes_sglangs_own_parser() -> None:
     from regen.sglang.server import ServerError, build_sglang_command
 
     cfg = {"host": "127.0.0.1", "reasoning_parser": "qwen3", "use_tuner": True, "args": []}
-    plan = {"launch_args": ["--mem-fraction-static", "0.92", "--disable-radix-cache"]}
+    plan = PlanFile.from_json({"launch_args": ["--mem-fraction-static", "0.92", "--disable-radix-cache"]})
     argv = build_sglang_command(ServerConfig.from_mapping(cfg), plan, 30000, "/models/x")
     assert argv[1:3] == ["-m", "sglang.launch_server"] and "--disable-radix-cache" in argv
     with pytest.raises(ServerError, match="--max-running-request"):

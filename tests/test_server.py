@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from regen.runconfig import ServerConfig
+from regen.sglang.config import PlanFile
 from regen.sglang.server import (
     ServerError,
     acquire_server,
@@ -549,7 +550,9 @@ def test_external_mode_yields_configured_url(rig: Rig) -> None:
 
 
 def test_user_args_override_tuner_flags_and_managed_flags_are_dropped() -> None:
-    plan = {"launch_args": ["--mem-fraction-static", "0.8", "--max-running-requests=64", "--port", "1"]}
+    plan = PlanFile.from_json(
+        {"launch_args": ["--mem-fraction-static", "0.8", "--max-running-requests=64", "--port", "1"]}
+    )
     cfg = {"use_tuner": True, "args": ["--max-running-requests", "32", "--enable-mixed-chunk"]}
     assert launch_args_for(ServerConfig.from_mapping(cfg), plan) == [
         "--mem-fraction-static",

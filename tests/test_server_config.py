@@ -7,7 +7,6 @@ import yaml
 
 from regen.runconfig import CONFIG_SCHEMA_PATH, ServerConfig, ServerConfigError
 from regen.sglang.config import PlanFile
-from regen.sglang.realized import launched_section
 from regen.sglang.server import build_simulated_command, simulated_running_cap
 
 
@@ -37,12 +36,12 @@ def test_the_launched_section_is_the_one_the_tuner_recorded() -> None:
         "given": {"effective_max_running_requests": 8},
         "recommended": {"effective_max_running_requests": 32},
     }
-    assert PlanFile.from_json(plan).launched_section == {"effective_max_running_requests": 8}
-    assert launched_section(plan) == {"effective_max_running_requests": 8}
+    given = PlanFile.from_json(plan)
+    assert given is not None and given.launched_section == {"effective_max_running_requests": 8}
     cfg = ServerConfig.from_mapping({"mode": "simulated"})
-    assert simulated_running_cap(cfg, plan) == 8  # the simulated server runs what was launched
-    assert simulated_running_cap(cfg, {**plan, "launched": "recommended"}) == 32
-    argv = build_simulated_command(cfg, 31000, "demo-model", plan)
+    assert simulated_running_cap(cfg, given) == 8  # the simulated server runs what was launched
+    assert simulated_running_cap(cfg, PlanFile.from_json({**plan, "launched": "recommended"})) == 32
+    argv = build_simulated_command(cfg, 31000, "demo-model", given)
     assert argv[argv.index("--max-running-requests") + 1] == "8"
     with pytest.raises(ValueError, match="launched"):
         PlanFile.from_json({**plan, "launched": "both"})

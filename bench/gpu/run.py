@@ -220,9 +220,7 @@ def bench_server_cfg(
     return runconfig.ServerConfig.from_mapping(cfg)
 
 
-def server_cfg_for(
-    cfg: ServerConfig, model_dir: Path, dry: bool, port_base: int
-) -> runconfig.ServerConfig:
+def server_cfg_for(cfg: ServerConfig, model_dir: Path, dry: bool, port_base: int) -> runconfig.ServerConfig:
     simulated = {
         "token_rate": 20,
         "max_running_requests": int(cfg.predicted.get("running") or 16),
@@ -260,6 +258,7 @@ def run_config(
     """Start the server through regen, run the workload through regen's client, read what happened."""
     from regen.client import generate_shard
     from regen.sglang import server as server_mod
+    from regen.sglang.config import PlanFile
     from regen.sglang.server import fetch_server_info, stop_all_servers
 
     servers = work / f"servers-{cfg.name}"
@@ -275,7 +274,8 @@ def run_config(
     }
     t = Timer()
     try:
-        with server_mod.acquire_server(server_cfg, cfg.plan, servers, logs, owner_pid=os.getpid()) as ep:
+        plan = PlanFile.from_json(cfg.plan)
+        with server_mod.acquire_server(server_cfg, plan, servers, logs, owner_pid=os.getpid()) as ep:
             result["ready_s"] = round(t(), 1)
             result["endpoint"] = {
                 "url": ep.url,

@@ -8,9 +8,12 @@ The typed ``server`` config section is :class:`regen.runconfig.ServerConfig`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from regen.io import read_json
 
 # ------------------------------------------------------------------------------- plan file --
 PlanSectionName = Literal["recommended", "given"]
@@ -54,6 +57,14 @@ class PlanFile:
             gpu_memory_mib=data.get("gpu_memory_mib"),
             external=bool(data.get("external", False)),
         )
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> PlanFile:
+        """The plan file at ``path`` (the ``tune`` rule's output), typed once, where a job reads it."""
+        plan = cls.from_json(read_json(path))
+        if plan is None:
+            raise ValueError(f"{path}: the plan file holds null, not a plan")
+        return plan
 
     @property
     def launched_section(self) -> Mapping[str, Any]:
