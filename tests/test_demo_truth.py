@@ -67,6 +67,6 @@ def test_simulated_server_reports_the_memory_map_of_its_plan(
 
 
 def test_no_warning_about_flags_nobody_gave(tmp_path: Path) -> None:
-    assert not any("given flags" in w for w in demo_plan(tmp_path, [])["warnings"])
-    given = demo_plan(tmp_path, ["--max-running-requests", "4096"])["warnings"]
+    assert not any("given flags" in w for w in demo_plan(tmp_path, []).warnings)
+    given = demo_plan(tmp_path, ["--max-running-requests", "4096"]).warnings
     assert any("the given flags allow" in w for w in given), given
