@@ -45,9 +45,10 @@ class MaskPolicy:
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> MaskPolicy:
+        """From the ``export`` section with the schema's defaults filled in (``regen.export``)."""
         return cls(
-            supervise_context_turns=bool(cfg.get("supervise_context_turns", False)),
-            include_truncated=bool(cfg.get("include_truncated", False)),
+            supervise_context_turns=bool(cfg["supervise_context_turns"]),
+            include_truncated=bool(cfg["include_truncated"]),
         )
 
 
