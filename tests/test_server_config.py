@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from regen.runconfig import CONFIG_SCHEMA_PATH, ServerConfig, ServerConfigError
+from regen.runconfig import (
+    CONFIG_SCHEMA_PATH,
+    ConfigError,
+    GenerateConfig,
+    RunConfig,
+    ServerConfig,
+    ServerConfigError,
+)
 from regen.sglang.config import PlanFile
 from regen.sglang.server import build_simulated_command, simulated_running_cap
 
@@ -45,3 +52,43 @@ def test_the_launched_section_is_the_one_the_tuner_recorded() -> None:
     assert argv[argv.index("--max-running-requests") + 1] == "8"
     with pytest.raises(ValueError, match="launched"):
         PlanFile.from_json({**plan, "launched": "both"})
+
+
+def test_every_generate_default_comes_from_the_schema() -> None:
+    """The generate section, typed, holds the schema's defaults (no default is written in regen/)."""
+    schema = yaml.safe_load(CONFIG_SCHEMA_PATH.read_text())["properties"]["generate"]["properties"]
+    cfg = GenerateConfig.from_dict({})
+    for name, prop in schema.items():
+        if name in ("sampling", "journal_sync", "extra_body"):
+            continue
+        assert getattr(cfg, name) == prop["default"], name
+    for name, prop in schema["sampling"]["properties"].items():
+        assert getattr(cfg.sampling, name) == prop.get("default", ()), name
+    for name, prop in schema["journal_sync"]["properties"].items():
+        assert getattr(cfg.journal_sync, name) == prop["default"], name
+    assert cfg.extra_body == ()
+
+
+@pytest.mark.parametrize(
+    ("section", "where"),
+    [
+        ({"thinking": "maybe"}, r"generate\.thinking"),
+        ({"sampling": {"n": 2}}, r"generate\.sampling\.n"),
+        ({"sampling": {"max_tokens": 0}}, r"generate\.sampling\.max_tokens"),
+        ({"concurrency": 0}, r"generate\.concurrency"),
+        ({"retry_max_tokens_factor": 0.5}, r"generate\.retry_max_tokens_factor"),
+        ({"sampling": {"thinking": {"top_q": 1}}}, r"generate\.sampling\.thinking"),
+    ],
+)
+def test_the_schema_rules_the_generate_section(section: dict, where: str) -> None:
+    with pytest.raises(ConfigError, match=where):
+        GenerateConfig.from_dict(section)
+
+
+def test_the_run_config_is_built_once_from_every_section() -> None:
+    run = RunConfig.from_config({"generate": {"concurrency": 3}, "server": {"gpus": 4}})
+    assert run.generate.concurrency == 3 and run.server.gpus == 4 and run.gpu_slots == 4
+    assert RunConfig.from_config({}, gpu_slots=2).gpu_slots == 2  # --resources gpu=N wins
+    assert (
+        run.tokenizer == yaml.safe_load(CONFIG_SCHEMA_PATH.read_text())["properties"]["tokenizer"]["default"]
+    )
