@@ -238,7 +238,7 @@ def decisive_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "generate": {k: generate[k] for k in keys_deciding(GenerateConfig, ANSWERS) if k in generate},
         **{setting_name(ServerConfig, k): server.get(k) for k in by_setting},
-        "tokenizer": config.get("tokenizer"),
+        **{k: config.get(k) for k in keys_deciding(RunConfig, ANSWERS)},  # the tokenizer
     }
 
 
