@@ -99,7 +99,7 @@ def model_revision(model_path: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationSettings:
     """The config's part of what decides an answer (see the module docstring)."""
 
@@ -119,16 +119,16 @@ class GenerationSettings:
     seed: int
     truncation: str
     retry_max_tokens_factor: float
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, Any]
     #: whether records carry the server's token ids (what a replayed record holds)
-    return_token_ids: bool = True
+    return_token_ids: bool
     #: ``server_numerics`` of the server the answers come from; empty until the client has asked it
     server_numerics: dict[str, Any] = field(default_factory=dict)
     #: ``sampling.thinking`` / ``sampling.non_thinking``: what samples of that thinking mode use instead
-    sampling_thinking: dict[str, Any] = field(default_factory=dict)
-    sampling_non_thinking: dict[str, Any] = field(default_factory=dict)
+    sampling_thinking: dict[str, Any]
+    sampling_non_thinking: dict[str, Any]
     #: the chat template's ``preserve_thinking`` (earlier turns' reasoning in context); None: not sent
-    preserve_thinking: bool | None = None
+    preserve_thinking: bool | None
     version: int = FINGERPRINT_VERSION
 
     def served_by(self, numerics: Mapping[str, Any]) -> GenerationSettings:

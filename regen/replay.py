@@ -187,9 +187,7 @@ def workflow_samples(config: Mapping[str, Any], layout: RunLayout = RUN) -> Iter
         return None
     excluded = layout.audit_excluded
     rows = read_excluded(excluded)[1] if excluded.exists() else frozenset()
-    samples = iter_samples(
-        path, dataset.get("format", "auto"), dataset.get("id_column"), "skip", config.get("tokenizer")
-    )
+    samples = iter_samples(path, dataset["format"], dataset["id_column"], "skip", config["tokenizer"])
     return (s for s in samples if s.source.get("row") not in rows)
 
 

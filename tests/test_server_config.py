@@ -92,3 +92,47 @@ def test_the_run_config_is_built_once_from_every_section() -> None:
     assert (
         run.tokenizer == yaml.safe_load(CONFIG_SCHEMA_PATH.read_text())["properties"]["tokenizer"]["default"]
     )
+
+
+def test_no_config_default_is_written_in_regen_outside_the_schema() -> None:
+    """No ``.get(key, default)`` or field default in regen/ repeats a config key's schema default (the
+    schema is its one home); the simulated server reads SGLang request bodies (``n``), not the config."""
+    import ast
+    from pathlib import Path
+
+    import regen
+
+    def defaults(schema: dict, out: dict) -> dict:
+        for key, prop in (schema.get("properties") or {}).items():
+            if "default" in prop:
+                out.setdefault(key, []).append(prop["default"])
+            defaults(prop, out)
+        if isinstance(schema.get("items"), dict):
+            defaults(schema["items"], out)
+        return out
+
+    schema_defaults = defaults(yaml.safe_load(CONFIG_SCHEMA_PATH.read_text()), {})
+    root = Path(regen.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "simulated.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):  # a field's default
+                value = node.value
+                named = schema_defaults.get(node.target.id, [])
+                if isinstance(value, ast.Constant) and value.value is not None and value.value in named:
+                    found.append(
+                        f"{path.relative_to(root)}:{node.lineno}: {node.target.id} = {value.value!r}"
+                    )
+                continue
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr != "get" or len(node.args) != 2:
+                continue
+            key, default = node.args
+            if not (isinstance(key, ast.Constant) and isinstance(default, ast.Constant)):
+                continue
+            if default.value is not None and default.value in schema_defaults.get(key.value, []):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: get({key.value!r}, {default.value!r})")
+    assert not found, found
