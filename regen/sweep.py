@@ -505,7 +505,7 @@ def sweep_command_builder(server_cfg: ServerConfig, plan: PlanFile | None, port:
     half = server_cfg.simulated.half_speed_running
     if half and "--half-speed-running" not in argv:
         argv += ["--half-speed-running", str(int(half))]
-    return with_speculative_steps(argv, list((plan or {}).get("launch_args") or []))
+    return with_speculative_steps(argv, list(plan.launch_args) if plan is not None else [])
 
 
 def with_speculative_steps(argv: list[str], launch_args: list[str]) -> list[str]:

@@ -381,10 +381,10 @@ def test_the_sweep_ranks_mtp_by_accepted_tokens_and_says_why(
         SweepCandidate(("--max-running-requests", "8", *MTP3), 8, "mtp 3 steps"),
     ]
     result = run_sweep(
-        server_cfg(free_base()),
+        typed_server(free_base()),
         candidates,
         make_samples(40),
-        GENERATE,
+        TYPED_GENERATE,
         2.0,
         tmp_path / "sweep",
         stop_grace_s=5,
