@@ -50,15 +50,11 @@ from merge import TextPool, synthetic_record  # noqa: E402  (bench/merge.py: a r
 from support.soak import copy_workflow  # noqa: E402
 
 from regen.check import load_config  # noqa: E402
-from regen.fingerprint import (  # noqa: E402
-    GenerationSettings,
-    OperationalConfig,
-    decisive_config,
-    server_numerics,
-)
+from regen.fingerprint import GenerationSettings, server_numerics  # noqa: E402
 from regen.journal import Journal, index_path, read_heads, read_journal_entries  # noqa: E402
 from regen.layout import RunLayout  # noqa: E402
 from regen.prompts import prompt_for_last, sample_request_fingerprint  # noqa: E402
+from regen.runconfig import RunConfig  # noqa: E402
 from regen.sglang.simulated import read_request_log  # noqa: E402
 from regen.shards import read_shard, shard_name  # noqa: E402
 
@@ -198,7 +194,7 @@ def start_server(wd: Path, request_log: Path) -> tuple[subprocess.Popen[str], st
 def served_settings(config: dict[str, Any], url: str) -> GenerationSettings:
     with urllib.request.urlopen(url + "/server_info", timeout=5) as resp:
         info = orjson.loads(resp.read())
-    return GenerationSettings.from_decisive(decisive_config(config)).served_by(server_numerics(info))
+    return GenerationSettings.for_run(RunConfig.from_config(config)).served_by(server_numerics(info))
 
 
 def time_resume(wd: Path, url: str, request_log: Path, shard: str) -> float:
@@ -230,10 +226,9 @@ def child_resume(url: str, shard: str) -> None:
 
     config = load_config(list(CONFIGS))
     layout = RunLayout()
-    op = OperationalConfig.from_config(config, 1)
-    decisive = decisive_config(config)
-    settings = GenerationSettings.from_decisive(decisive)
-    generate_cfg = {**op.generate, **decisive["generate"]}
+    run = RunConfig.from_config(config, 1)
+    settings = GenerationSettings.for_run(run)
+    generate_cfg = run.generate
     path = layout.shard(shard)
     generate_shard(
         read_shard(path), layout.journal(shard), layout.records(shard), layout.failed(shard),

@@ -78,7 +78,7 @@ from regen.decontam import (
 from regen.io import atomic_open, atomic_path, write_json
 from regen.layout import AuditFiles
 from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
-from regen.sglang.config import CONFIG_SCHEMA_PATH
+from regen.runconfig import CONFIG_SCHEMA_PATH, section_schema
 from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
 from regen.verdict import keep_verdict
 
@@ -101,16 +101,13 @@ FLAG_NAMES: tuple[str, ...] = (
     WHITESPACE_DUPLICATE_PROMPT,
     EMPTY_RESPONSE,
 )
-DEFAULT_EXCLUDE: tuple[str, ...] = (STRUCTURE_ERROR, OVER_LENGTH, DUPLICATE_PROMPT, BAD_ROW, CONTAMINATED)
-
-DEFAULT_CONTEXT_LIMIT = 32768
-DEFAULT_SCAFFOLDING_MAX_TOKENS = 8
-DEFAULT_GATES: dict[str, float] = {
-    "max_empty_response_fraction": 0.5,
-    "max_structure_error_fraction": 0.2,
-    "max_over_length_fraction": 0.1,
-    "max_unread_tail_files": 0,
-}
+# the ``audit`` section's defaults, as the schema writes them (for the CLI and a partial section)
+_AUDIT = section_schema("audit")["properties"]
+DEFAULT_EXCLUDE: tuple[str, ...] = tuple(_AUDIT["exclude"]["default"])
+DEFAULT_CONTEXT_LIMIT: int = _AUDIT["context_limit"]["default"]
+DEFAULT_SCAFFOLDING_MAX_TOKENS: int = _AUDIT["scaffolding_max_tokens"]["default"]
+DEFAULT_OVERRIDE_GATES: bool = _AUDIT["override_gates"]["default"]
+DEFAULT_GATES: dict[str, float] = {k: p["default"] for k, p in _AUDIT["gates"]["properties"].items()}
 GATE_MEANING: dict[str, str] = {
     "max_empty_response_fraction": "fraction of samples that keep an empty old answer (template scaffolding "
     "only) as context: a turn generate.regenerate does not replace",
@@ -143,7 +140,7 @@ class AuditConfig:
     context_limit: int = DEFAULT_CONTEXT_LIMIT
     scaffolding_max_tokens: int = DEFAULT_SCAFFOLDING_MAX_TOKENS
     gates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_GATES))
-    override_gates: bool = False
+    override_gates: bool = DEFAULT_OVERRIDE_GATES
     exclude: frozenset[str] = frozenset(DEFAULT_EXCLUDE)
     decontamination: DecontaminationConfig = field(default_factory=DecontaminationConfig)
     #: ``generate.regenerate`` (which old answers this run replaces); None: not given, the schema's
@@ -172,7 +169,7 @@ class AuditConfig:
             context_limit=int(cfg.get("context_limit", DEFAULT_CONTEXT_LIMIT)),
             scaffolding_max_tokens=int(cfg.get("scaffolding_max_tokens", DEFAULT_SCAFFOLDING_MAX_TOKENS)),
             gates=gates,
-            override_gates=bool(cfg.get("override_gates", False)),
+            override_gates=bool(cfg.get("override_gates", DEFAULT_OVERRIDE_GATES)),
             exclude=exclude,
             decontamination=DecontaminationConfig.from_dict(cfg.get("decontamination")),
             regenerate=regenerate,

@@ -42,8 +42,8 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,7 +54,6 @@ from regen.fingerprint import (
     GenerationSettings,
     content_digest,
     request_fingerprint,
-    sampling_overrides,
     server_numerics,
 )
 from regen.io import write_json
@@ -65,6 +64,7 @@ from regen.prompts import (
     sample_request_fingerprint,
 )
 from regen.records import GenerationRecord, RecordSampling
+from regen.runconfig import GenerateConfig
 from regen.toolcalls import answered_calls, tool_call_mismatch, with_answered_ids
 from regen.types import Endpoint, Sample
 
@@ -101,170 +101,6 @@ class ServerRestarts(Protocol):
     async def lost_to_restart(self, generation: int) -> str | None:
         """After a failed request sent at ``generation``: the server's URL when it was restarted since."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingConfig:
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = 20
-    max_tokens: int = 4096
-    n: int = 1
-    seed: int = 0
-    #: per-mode overrides (``sampling.thinking`` / ``sampling.non_thinking``): (key, value) pairs
-    thinking: tuple[tuple[str, Any], ...] = ()
-    non_thinking: tuple[tuple[str, Any], ...] = ()
-
-    def for_thinking(self, thinking: bool) -> tuple[SamplingConfig, str]:
-        """The sampling of a sample with thinking on or off, and the block it comes from: ``thinking`` or
-        ``non_thinking`` when that override block is configured, else ``sampling`` (one block for both)."""
-        overrides = self.thinking if thinking else self.non_thinking
-        if not overrides:
-            return self, SAMPLING_BLOCK
-        return replace(self, **dict(overrides)), "thinking" if thinking else "non_thinking"
-
-
-#: the block a sample's sampling comes from when no per-mode override applies
-SAMPLING_BLOCK = "sampling"
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateConfig:
-    """The ``generate`` config section (defaults as in schemas/config.schema.yaml)."""
-
-    regenerate: str = "last"
-    thinking: str = "on"
-    thinking_fraction: float = 0.5
-    sampling: SamplingConfig = SamplingConfig()
-    #: the chat template's preserve_thinking (sent in chat_template_kwargs); None: not sent
-    preserve_thinking: bool | None = None
-    concurrency: int | None = None
-    request_timeout_s: float = 3600.0
-    max_attempts: int = 5
-    backoff_base_s: float = 1.0
-    truncation: str = "keep"
-    retry_max_tokens_factor: float = 2.0
-    #: with ``concurrency`` null, requests kept waiting in the server's queue beyond its running cap, as a
-    #: fraction of the cap: a finished request's place is refilled at the next step, not after a round trip
-    #: to the client (which may be stalled)
-    queue_headroom: float = 0.25
-    #: ask for the server's own prompt and completion token ids (SGLang ``return_token_ids``)
-    return_token_ids: bool = True
-    #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
-    #: the fields regen sets itself
-    extra_body: tuple[tuple[str, Any], ...] = ()
-    #: retry samples the journal holds as failures (under the current fingerprint) on a rerun
-    retry_failed: bool = True
-    #: per-sample ``max_tokens`` (not a config key): benchmarks and the live sweep emulate an output-length
-    #: spread with ``ignore_eos`` on dummy weights; samples not listed use ``sampling.max_tokens``
-    max_tokens_by_id: Mapping[str, int] | None = field(default=None, compare=False)
-
-    def max_tokens_for(self, sample_id: str) -> int:
-        if self.max_tokens_by_id is not None and sample_id in self.max_tokens_by_id:
-            return int(self.max_tokens_by_id[sample_id])
-        return self.sampling.max_tokens
-
-    @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> GenerateConfig:
-        s = cfg.get("sampling") or {}
-        sampling = SamplingConfig(
-            temperature=float(s.get("temperature", 0.6)),
-            top_p=float(s.get("top_p", 0.95)),
-            top_k=int(s.get("top_k", 20)),
-            max_tokens=int(s.get("max_tokens", 4096)),
-            n=int(s.get("n", 1)),
-            seed=int(s.get("seed", 0)),
-            thinking=tuple(sampling_overrides(s.get("thinking")).items()),
-            non_thinking=tuple(sampling_overrides(s.get("non_thinking")).items()),
-        )
-        out = cls(
-            regenerate=cfg.get("regenerate", "last"),
-            thinking=str(cfg.get("thinking", "on")),
-            thinking_fraction=float(cfg.get("thinking_fraction", 0.5)),
-            sampling=sampling,
-            preserve_thinking=cfg.get("preserve_thinking"),
-            concurrency=cfg.get("concurrency"),
-            request_timeout_s=float(cfg.get("request_timeout_s", 3600)),
-            max_attempts=int(cfg.get("max_attempts", 5)),
-            backoff_base_s=float(cfg.get("backoff_base_s", 1.0)),
-            truncation=cfg.get("truncation", "keep"),
-            retry_max_tokens_factor=float(cfg.get("retry_max_tokens_factor", 2)),
-            queue_headroom=float(cfg.get("queue_headroom", 0.25)),
-            return_token_ids=bool(cfg.get("return_token_ids", True)),
-            extra_body=tuple(sorted((cfg.get("extra_body") or {}).items())),
-            retry_failed=bool(cfg.get("retry_failed", True)),
-        )
-        out._check()
-        return out
-
-    def _check(self) -> None:
-        def bad(key: str, value: Any, want: str) -> None:
-            raise ValueError(f"config generate.{key}: {value!r} is not {want}")
-
-        if self.regenerate not in ("last", "all"):
-            bad("regenerate", self.regenerate, "one of last, all")
-        if self.thinking not in ("on", "off", "mix"):
-            bad("thinking", self.thinking, "one of on, off, mix")
-        if not 0 <= self.thinking_fraction <= 1:
-            bad("thinking_fraction", self.thinking_fraction, "in [0, 1]")
-        if self.truncation not in ("keep", "drop", "retry"):
-            bad("truncation", self.truncation, "one of keep, drop, retry")
-        if self.sampling.n != 1:
-            bad("sampling.n", self.sampling.n, "1 (a record holds one completion per sample)")
-        if self.sampling.max_tokens < 1:
-            bad("sampling.max_tokens", self.sampling.max_tokens, ">= 1")
-        if self.concurrency is not None and self.concurrency < 1:
-            bad("concurrency", self.concurrency, ">= 1 or null")
-        if self.max_attempts < 1:
-            bad("max_attempts", self.max_attempts, ">= 1")
-        if self.queue_headroom < 0:
-            bad("queue_headroom", self.queue_headroom, ">= 0")
-        if self.retry_max_tokens_factor < 1:
-            bad("retry_max_tokens_factor", self.retry_max_tokens_factor, ">= 1")
-
-
-def settings_of(cfg: GenerateConfig, model_path: str = "default") -> GenerationSettings:
-    """The fingerprinted settings of a bare generate config (no model revision, no chat template)."""
-    s = cfg.sampling
-    return GenerationSettings(
-        model_path=model_path,
-        model_revision=None,
-        server_mode="unknown",
-        chat_template_sha256=None,
-        reasoning_parser="unknown",
-        regenerate=cfg.regenerate,
-        thinking=cfg.thinking,
-        thinking_fraction=cfg.thinking_fraction,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        max_tokens=s.max_tokens,
-        n=s.n,
-        seed=s.seed,
-        truncation=cfg.truncation,
-        retry_max_tokens_factor=cfg.retry_max_tokens_factor,
-        extra_body=dict(cfg.extra_body),
-        return_token_ids=cfg.return_token_ids,
-        sampling_thinking=dict(s.thinking),
-        sampling_non_thinking=dict(s.non_thinking),
-        preserve_thinking=cfg.preserve_thinking,
-    )
-
-
-def check_settings_match(cfg: GenerateConfig, settings: GenerationSettings) -> None:
-    """The requests are built from ``cfg``; the fingerprint from ``settings``: they must agree."""
-    bare = settings_of(cfg).to_json()
-    given = settings.to_json()
-    keys = [k for k in bare if k not in _NOT_IN_GENERATE_CONFIG]
-    differ = [f"{k}: config {bare[k]!r}, settings {given[k]!r}" for k in keys if bare[k] != given[k]]
-    if differ:
-        raise ValueError("generate config and fingerprinted settings disagree: " + "; ".join(differ))
-
-
-_NOT_IN_GENERATE_CONFIG = frozenset(
-    {"model_path", "model_revision", "server_mode", "chat_template_sha256", "reasoning_parser", "version",
-     "server_numerics"}
-)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -1079,14 +915,14 @@ async def generate_shard_async(
 
     ``lenders``: other GPU slots' servers this job may also use while they have room. ``on_exhausted``:
     called once when every sample has been sent (only answers are awaited from then on).
-    ``settings`` is what the fingerprint covers (``GenerationSettings.from_decisive`` in a workflow
-    job); without it, the generate config's own decisive values are used. ``restarts``: the own server's
-    restarts, so requests lost to one are sent again (and a server that gave up names its cause).
+    ``settings`` is what the fingerprint covers (``GenerationSettings.for_run`` in a workflow job, of the
+    same typed config); without it, the generate config's own (``GenerationSettings.of``). ``restarts``:
+    the own server's restarts, so requests lost to one are sent again (and a server that gave up names
+    its cause).
     """
     gcfg = cfg if isinstance(cfg, GenerateConfig) else GenerateConfig.from_dict(cfg)
     if settings is None:
-        settings = settings_of(gcfg)
-    check_settings_match(gcfg, settings)
+        settings = GenerationSettings.of(gcfg)
     if progress is None:
         jp = Path(journal_path)
         progress = ProgressOptions(status_path=RunLayout.of_journal(jp).status(shard))

@@ -31,10 +31,13 @@ import numpy as np
 import orjson
 import pyarrow.parquet as pq
 
+from regen.runconfig import section_schema
 from regen.types import Message
 
-DEFAULT_NGRAM = 13
-DEFAULT_FIELD = "prompt"
+_DECONTAMINATION = section_schema("audit")["properties"]["decontamination"]["properties"]
+#: the schema's defaults (``audit.decontamination``), for the CLI and for a spec without a field
+DEFAULT_NGRAM: int = _DECONTAMINATION["ngram"]["default"]
+DEFAULT_FIELD: str = _DECONTAMINATION["benchmarks"]["items"]["properties"]["field"]["default"]
 PROMPT_ROLES: frozenset[str] = frozenset({"user", "system"})
 # a benchmark row's item name: the first of these fields it has, else its row number
 ITEM_ID_FIELDS: tuple[str, ...] = ("task_id", "id", "question_id", "problem_id", "unique_id", "idx")

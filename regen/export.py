@@ -40,8 +40,8 @@ from regen.fingerprint import chat_template_hash
 from regen.io import atomic_open, read_json, write_json
 from regen.masks import MaskBuilder, MaskPolicy
 from regen.records import message_from_row
+from regen.runconfig import section_schema, with_schema_defaults
 from regen.serving import serving_contract
-from regen.sglang.config import section_schema, with_schema_defaults
 from regen.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
 from regen.vocab import TokenCounts
 from regen.window import WindowCoverage

@@ -27,11 +27,21 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from regen.runconfig import (
+    ANSWERS,
+    PLAN,
+    GenerateConfig,
+    RunConfig,
+    ServerConfig,
+    keys_deciding,
+    setting_name,
+)
 
 #: bump when the hashed content changes meaning: every old journal entry is then regenerated
 #: (2: the server's numerics joined the settings; 3: a request hashes its content's digest, which the
@@ -89,7 +99,7 @@ def model_revision(model_path: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationSettings:
     """The config's part of what decides an answer (see the module docstring)."""
 
@@ -109,16 +119,16 @@ class GenerationSettings:
     seed: int
     truncation: str
     retry_max_tokens_factor: float
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, Any]
     #: whether records carry the server's token ids (what a replayed record holds)
-    return_token_ids: bool = True
+    return_token_ids: bool
     #: ``server_numerics`` of the server the answers come from; empty until the client has asked it
     server_numerics: dict[str, Any] = field(default_factory=dict)
     #: ``sampling.thinking`` / ``sampling.non_thinking``: what samples of that thinking mode use instead
-    sampling_thinking: dict[str, Any] = field(default_factory=dict)
-    sampling_non_thinking: dict[str, Any] = field(default_factory=dict)
+    sampling_thinking: dict[str, Any]
+    sampling_non_thinking: dict[str, Any]
     #: the chat template's ``preserve_thinking`` (earlier turns' reasoning in context); None: not sent
-    preserve_thinking: bool | None = None
+    preserve_thinking: bool | None
     version: int = FINGERPRINT_VERSION
 
     def served_by(self, numerics: Mapping[str, Any]) -> GenerationSettings:
@@ -126,34 +136,53 @@ class GenerationSettings:
         return replace(self, server_numerics=dict(numerics))
 
     @classmethod
-    def from_decisive(cls, decisive: Mapping[str, Any]) -> GenerationSettings:
-        """From the ``generate`` rule's ``settings`` param (``decisive_config``): reads the chat
-        template hash and the model revision from disk."""
-        generate = decisive.get("generate") or {}
-        sampling = generate.get("sampling") or {}
-        model_path = str(decisive.get("model_path", "default"))
+    def of(
+        cls,
+        generate: GenerateConfig,
+        *,
+        model_path: str = "default",
+        model_revision: str | None = None,
+        server_mode: str = "unknown",
+        chat_template_sha256: str | None = None,
+        reasoning_parser: str = "unknown",
+    ) -> GenerationSettings:
+        """The settings of a typed ``generate`` section; the rest names what the answers come from (a bare
+        generate config, as benches and tests drive the client with, has placeholders there)."""
+        s = generate.sampling
         return cls(
             model_path=model_path,
-            model_revision=model_revision(model_path),
-            server_mode=str(decisive.get("server_mode", "sglang")),
-            chat_template_sha256=chat_template_hash(decisive.get("tokenizer")),
-            reasoning_parser=str(decisive.get("reasoning_parser", "qwen3")),
-            regenerate=str(generate.get("regenerate", "last")),
-            thinking=str(generate.get("thinking", "on")),
-            thinking_fraction=float(generate.get("thinking_fraction", 0.5)),
-            temperature=float(sampling.get("temperature", 0.6)),
-            top_p=float(sampling.get("top_p", 0.95)),
-            top_k=int(sampling.get("top_k", 20)),
-            max_tokens=int(sampling.get("max_tokens", 4096)),
-            n=int(sampling.get("n", 1)),
-            seed=int(sampling.get("seed", 0)),
-            truncation=str(generate.get("truncation", "keep")),
-            retry_max_tokens_factor=float(generate.get("retry_max_tokens_factor", 2)),
-            extra_body=dict(generate.get("extra_body") or {}),
-            return_token_ids=bool(generate.get("return_token_ids", True)),
-            sampling_thinking=sampling_overrides(sampling.get("thinking")),
-            sampling_non_thinking=sampling_overrides(sampling.get("non_thinking")),
-            preserve_thinking=generate.get("preserve_thinking"),
+            model_revision=model_revision,
+            server_mode=server_mode,
+            chat_template_sha256=chat_template_sha256,
+            reasoning_parser=reasoning_parser,
+            regenerate=generate.regenerate,
+            thinking=generate.thinking,
+            thinking_fraction=generate.thinking_fraction,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_tokens=s.max_tokens,
+            n=s.n,
+            seed=s.seed,
+            truncation=generate.truncation,
+            retry_max_tokens_factor=generate.retry_max_tokens_factor,
+            extra_body=dict(generate.extra_body),
+            return_token_ids=generate.return_token_ids,
+            sampling_thinking=dict(s.thinking),
+            sampling_non_thinking=dict(s.non_thinking),
+            preserve_thinking=generate.preserve_thinking,
+        )
+
+    @classmethod
+    def for_run(cls, run: RunConfig) -> GenerationSettings:
+        """A workflow run's settings: reads the chat template hash and the model revision from disk."""
+        return cls.of(
+            run.generate,
+            model_path=run.server.model_path,
+            model_revision=model_revision(run.server.model_path),
+            server_mode=run.server.mode,
+            chat_template_sha256=chat_template_hash(run.tokenizer),
+            reasoning_parser=run.server.reasoning_parser,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -163,12 +192,6 @@ class GenerationSettings:
     def fingerprint(self) -> str:
         """Stable over processes and machines: blake2b of the sorted-key JSON of every field."""
         return _digest(self.to_json())
-
-
-def sampling_overrides(block: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A ``sampling.thinking`` / ``sampling.non_thinking`` block with typed values, sorted by key."""
-    types = {"temperature": float, "top_p": float, "top_k": int}
-    return {k: types[k](v) for k, v in sorted((block or {}).items())}
 
 
 def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -198,80 +221,32 @@ def request_fingerprint(settings_fingerprint: str, sample_id: str, content_diges
 
 # ------------------------------------------------------------ decisive vs operational config
 
-#: ``generate`` keys that decide an answer; the rest (timeouts, retries, concurrency, journal upload,
-#: retry_failed) only decide how the job runs
-DECISIVE_GENERATE_KEYS = (
-    "regenerate",
-    "thinking",
-    "thinking_fraction",
-    "sampling",
-    "truncation",
-    "retry_max_tokens_factor",
-    "extra_body",
-    "return_token_ids",
-    "preserve_thinking",
-)
-#: ``server`` keys that decide the tuner's plan (the ``tune`` rule's params)
-PLAN_SERVER_KEYS = (
-    "mode",
-    "model_path",
-    "model_config",
-    "gpu_memory_mib",
-    "sglang_version",
-    "tp",
-    "args",
-    "allow_fp8_kv",
-    "allow_bf16_state",
-    "use_tuner",
-)
-
 
 def decisive_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``generate`` rule's ``settings`` param: every config value that decides an answer.
+    """The ``generate`` rule's tracked ``settings`` param: every config value that decides an answer (the
+    fields marked :data:`regen.runconfig.ANSWERS`), as configured.
 
-    A plain dict, so Snakemake compares it between runs: a change reruns the generate jobs, which
-    regenerate exactly the samples whose fingerprint changed.
+    A plain dict, so Snakemake compares it between runs (by its repr: key order counts, and stays as it
+    was): a change reruns the generate jobs, which regenerate exactly the samples whose fingerprint changed.
     """
     generate = config.get("generate") or {}
     server = config.get("server") or {}
+    order = [f.name for f in fields(GenerationSettings)]
+    by_setting = sorted(
+        keys_deciding(ServerConfig, ANSWERS), key=lambda k: order.index(setting_name(ServerConfig, k))
+    )
     return {
-        "generate": {k: generate[k] for k in DECISIVE_GENERATE_KEYS if k in generate},
-        "model_path": server.get("model_path"),
-        "server_mode": server.get("mode"),
-        "reasoning_parser": server.get("reasoning_parser"),
-        "tokenizer": config.get("tokenizer"),
+        "generate": {k: generate[k] for k in keys_deciding(GenerateConfig, ANSWERS) if k in generate},
+        **{setting_name(ServerConfig, k): server.get(k) for k in by_setting},
+        **{k: config.get(k) for k in keys_deciding(RunConfig, ANSWERS)},  # the tokenizer
     }
 
 
 def decisive_plan_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``tune`` rule's params: the server keys the plan depends on, and the answer budget."""
+    """The ``tune`` rule's tracked ``settings`` param: the server keys the plan depends on (the fields
+    marked :data:`regen.runconfig.PLAN`), and the answer budget."""
     server = config.get("server") or {}
     return {
-        "server": {k: server[k] for k in PLAN_SERVER_KEYS if k in server},
-        "max_tokens": ((config.get("generate") or {}).get("sampling") or {}).get("max_tokens", 4096),
+        "server": {k: server[k] for k in keys_deciding(ServerConfig, PLAN) if k in server},
+        "max_tokens": GenerateConfig.from_dict(config.get("generate")).sampling.max_tokens,
     }
-
-
-@dataclass(frozen=True, slots=True)
-class OperationalConfig:
-    """How a generate job runs, not what it produces: the server section (ports, timeouts, idle time,
-    restarts, the simulator's knobs), the client's operational ``generate`` keys and the slot count.
-
-    Passed as a rule param of a non-builtin type on purpose: Snakemake compares only builtin-typed
-    params between runs (others are "unrepresentable" and skipped), so changing any of these never
-    reruns a job. What of the server section decides outputs reaches the jobs as tracked params too:
-    ``decisive_config`` (generate) and ``decisive_plan_config`` (tune, through the plan file).
-    """
-
-    server: dict[str, Any]
-    generate: dict[str, Any]
-    gpu_slots: int
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], gpu_slots: int) -> OperationalConfig:
-        generate = config.get("generate") or {}
-        return cls(
-            server=dict(config.get("server") or {}),
-            generate={k: v for k, v in generate.items() if k not in DECISIVE_GENERATE_KEYS},
-            gpu_slots=int(gpu_slots),
-        )

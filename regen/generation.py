@@ -21,11 +21,11 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from regen.client import generate_shard
-from regen.fingerprint import GenerationSettings, OperationalConfig
-from regen.io import read_json
+from regen.fingerprint import GenerationSettings
 from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.lending import SlotLenders
-from regen.sglang.config import ServerConfig
+from regen.runconfig import GenerateConfig, RunConfig
+from regen.sglang.config import PlanFile
 from regen.sglang.progress import SlotRestarts
 from regen.sglang.server import ServerError, acquire_server, find_owner_pid
 from regen.shards import read_shard
@@ -36,11 +36,11 @@ from regen.types import Endpoint
 log = logging.getLogger("regen.generation")
 
 
-def other_slots(endpoint: Endpoint, generate_cfg: dict[str, Any], slots: str) -> SlotLenders | None:
+def other_slots(endpoint: Endpoint, generate_cfg: GenerateConfig, slots: str) -> SlotLenders | None:
     """The other GPU slots' servers this job may fill while they have room (``generate.spill``)."""
-    if not generate_cfg.get("spill", True) or not endpoint.server_id.startswith("gpu"):
+    if not generate_cfg.spill or not endpoint.server_id.startswith("gpu"):
         return None
-    cap = generate_cfg.get("concurrency") or endpoint.max_running_requests
+    cap = generate_cfg.concurrency or endpoint.max_running_requests
     if not cap:
         return None
     return SlotLenders(slots, int(endpoint.server_id[3:]), int(cap))
@@ -54,29 +54,28 @@ def run_generate_job(
     failed_out: str,
     journal_path: str,
     shard: str,
-    settings: dict[str, Any],
-    operational: OperationalConfig,
+    run: RunConfig,
     layout: RunLayout = RUN,
     log_path: str | None = None,
 ) -> None:
     """Generate every sample of ``shard_path`` the journal does not hold under its current fingerprint;
     raise if the shard failed.
 
-    ``settings`` is ``regen.fingerprint.decisive_config`` (what decides an answer), ``operational``
-    the rest (how the job runs). A server that cannot start fails every shard on it for the same
-    reason: the first shard states the cause in full, the others in one line pointing at it.
+    ``run`` is the typed run config: the requests and the fingerprint both come from its ``generate``
+    section. A server that cannot start fails every shard on it for the same reason: the first shard
+    states the cause in full, the others in one line pointing at it.
     """
-    plan = read_json(plan_path)
-    generation = GenerationSettings.from_decisive(settings)
-    generate_cfg = {**operational.generate, **settings["generate"]}
-    cfg = dataclasses.replace(ServerConfig.from_mapping(operational.server), gpus=operational.gpu_slots)
+    plan = PlanFile.read(plan_path)
+    generation = GenerationSettings.for_run(run)
+    generate_cfg = run.generate
+    cfg = dataclasses.replace(run.server, gpus=run.gpu_slots)
     job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
     slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)
     # what is slow (imports, opening the shard, the journal mirror) comes before taking the slot: the slot
     # is a GPU's batch, and a job given it while the previous one drains must start sending at once
     total = pq.ParquetFile(shard_path).metadata.num_rows
     samples = read_shard(shard_path)
-    journal_sync = sink_from_config(generate_cfg.get("journal_sync"), shard)
+    journal_sync = sink_from_config(generate_cfg.journal_sync, shard)
     give_slot_up: list[Callable[[], None]] = []
     try:
         with (
@@ -94,7 +93,7 @@ def run_generate_job(
 
 def _generate_on(
     endpoint: Any, samples: Any, journal_path: str, records_out: str, failed_out: str,
-    generate_cfg: dict[str, Any], shard: str, total: int, journal_sync: Any,
+    generate_cfg: GenerateConfig, shard: str, total: int, journal_sync: Any,
     give_slot_up: list[Callable[[], None]], generation: Any, slots: str,
 ) -> Any:  # fmt: skip
     log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)

@@ -31,7 +31,10 @@ from typing import Any
 
 from regen.chat import ChatTemplate, to_template_dicts
 from regen.records import message_from_row
+from regen.runconfig import section_schema
 
+#: the ``export`` section's schema: the policy's defaults are the config's
+_EXPORT = section_schema("export")["properties"]
 SERVER_IDS = "server_ids"
 RETOKENIZED = "retokenized"
 
@@ -40,14 +43,15 @@ RETOKENIZED = "retokenized"
 class MaskPolicy:
     """The ``export`` settings that decide masks (defaults are the policy above)."""
 
-    supervise_context_turns: bool = False
-    include_truncated: bool = False
+    supervise_context_turns: bool = _EXPORT["supervise_context_turns"]["default"]
+    include_truncated: bool = _EXPORT["include_truncated"]["default"]
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> MaskPolicy:
+        """From the ``export`` section with the schema's defaults filled in (``regen.export``)."""
         return cls(
-            supervise_context_turns=bool(cfg.get("supervise_context_turns", False)),
-            include_truncated=bool(cfg.get("include_truncated", False)),
+            supervise_context_turns=bool(cfg["supervise_context_turns"]),
+            include_truncated=bool(cfg["include_truncated"]),
         )
 
 

@@ -38,6 +38,7 @@ from regen.records import (
     dataset_schema,
     message_from_row,
 )
+from regen.runconfig import validated
 from regen.types import Sample
 
 SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
@@ -288,11 +289,10 @@ def merge(
     Raises ``MergeError`` on a duplicate id across shards; nothing is left at ``out_dir``
     changed in that case.
     """
-    rg_rows = int(cfg.get("rows_per_row_group", 10000))
-    max_rows = int(cfg.get("max_rows_per_file", 200000))
-    include_ids = bool(cfg.get("include_token_ids", False))
-    if rg_rows < 1 or max_rows < 1:
-        raise ValueError("merge: rows_per_row_group and max_rows_per_file must be >= 1")
+    section = validated("merge", cfg)  # the schema's defaults and rules (rows >= 1)
+    rg_rows = int(section["rows_per_row_group"])
+    max_rows = int(section["max_rows_per_file"])
+    include_ids = bool(section["include_token_ids"])
     encoder = None
     if include_ids:
         if tokenizer_dir is None:

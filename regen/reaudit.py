@@ -25,6 +25,7 @@ from regen.export import ExportConfig, dataset_window_coverage
 from regen.io import read_json, write_json
 from regen.masks import completion_retokenizes_differently
 from regen.merge import iter_dataset_samples
+from regen.runconfig import validated
 from regen.split import SplitCounts
 from regen.toolcalls import MISMATCH_KINDS
 from regen.types import Sample
@@ -173,7 +174,7 @@ def output_gates(rows: int, empty: int, counts: OutputCounts, limits: Mapping[st
         OutputGate(name, float(limits[name]), value, value <= float(limits[name]), meaning)
         for name, value, meaning in checks
     ]
-    min_rows = int(limits.get("min_rows", 1))
+    min_rows = int(limits["min_rows"])
     gates.append(OutputGate("min_rows", min_rows, rows, rows >= min_rows, "rows in the merged output"))
     return gates
 
@@ -203,6 +204,7 @@ def reaudit_dataset(
 
     The summary is also kept at ``verdict_out`` (beside the log): Snakemake deletes a failed job's
     outputs, so that copy is where a failed gate's details stay."""
+    gates = validated("reaudit", gates)  # the schema's defaults for the gates not given
     settings_fingerprint = check_single_settings(dataset_dir)
     config = AuditConfig.from_dict({**audit_cfg, "gates": _NO_INPUT_GATES, "exclude": []})
     template = ChatTemplate.from_dir(tokenizer_dir)
@@ -224,7 +226,7 @@ def reaudit_dataset(
         OutputGate("eval_split_leaks", 0, leaks, leaks == 0, "prompts on both sides of the eval split")
     )
     passed = all(g.passed for g in results)
-    overridden = not passed and bool(gates.get("override_gates", False))
+    overridden = not passed and bool(gates["override_gates"])
     manifest_path = Path(dataset_dir) / "_manifest.json"
     summary = {
         "rows": counts.rows,

@@ -17,11 +17,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from regen.fingerprint import GenerationSettings, changed_settings, decisive_config, request_fingerprint
+from regen.fingerprint import GenerationSettings, changed_settings, request_fingerprint
 from regen.io import gc_paused
 from regen.journal import FAILED, RECORD, EntryHead, read_heads
 from regen.layout import RUN, RunLayout
 from regen.prompts import sample_request_fingerprint
+from regen.runconfig import RunConfig
 from regen.types import Sample
 
 
@@ -186,9 +187,7 @@ def workflow_samples(config: Mapping[str, Any], layout: RunLayout = RUN) -> Iter
         return None
     excluded = layout.audit_excluded
     rows = read_excluded(excluded)[1] if excluded.exists() else frozenset()
-    samples = iter_samples(
-        path, dataset.get("format", "auto"), dataset.get("id_column"), "skip", config.get("tokenizer")
-    )
+    samples = iter_samples(path, dataset["format"], dataset["id_column"], "skip", config["tokenizer"])
     return (s for s in samples if s.source.get("row") not in rows)
 
 
@@ -223,8 +222,9 @@ def preview_lines(
 ) -> list[str]:
     """The dry-run lines for a validated workflow config and its journals (one per shard)."""
     journal_paths = list(journal_paths)
-    settings = GenerationSettings.from_decisive(decisive_config(config))
-    retry = bool((config.get("generate") or {}).get("retry_failed", True))
+    run = RunConfig.from_config(config)
+    settings = GenerationSettings.for_run(run)
+    retry = run.generate.retry_failed
     index = JournalIndex.read(journal_paths)
     served = numerics_last_reported(index, settings)
     assumed = []

@@ -31,6 +31,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 
 from regen.io import atomic_path
 from regen.journal import complete_lines
+from regen.runconfig import JournalSyncConfig
 
 log = logging.getLogger("regen.storage")
 
@@ -494,10 +495,9 @@ class S3JournalSink:
         return sorted(found, key=lambda item: item[0])
 
 
-def sink_from_config(sync_cfg: dict[str, Any] | None, shard: str) -> S3JournalSink | None:
+def sink_from_config(sync_cfg: JournalSyncConfig, shard: str) -> S3JournalSink | None:
     """The sink for ``generate.journal_sync`` (None when ``s3_prefix`` is null)."""
-    cfg = sync_cfg or {}
-    prefix = cfg.get("s3_prefix")
+    prefix = sync_cfg.s3_prefix
     if not prefix:
         return None
     if not is_s3_uri(prefix):
@@ -505,6 +505,6 @@ def sink_from_config(sync_cfg: dict[str, Any] | None, shard: str) -> S3JournalSi
     return S3JournalSink(
         prefix,
         shard,
-        every_records=int(cfg.get("every_records", 500)),
-        every_seconds=float(cfg.get("every_seconds", 60)),
+        every_records=sync_cfg.every_records,
+        every_seconds=sync_cfg.every_seconds,
     )

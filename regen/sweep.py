@@ -47,11 +47,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.client import GenerateConfig, ProgressOptions, ShardFailedError, generate_shard_async
+from regen.client import ProgressOptions, ShardFailedError, generate_shard_async
 from regen.closedloop import StepModel, closed_loop_wall_s
 from regen.journal import read_journal_entries
 from regen.projection import PROJECTION_ASSUMPTIONS, Remaining, project
-from regen.sglang.config import ServerConfig, ServerConfigLike
+from regen.runconfig import GenerateConfig, ServerConfig
+from regen.sglang.config import PlanFile
 from regen.sglang.metrics import (
     DecodeSample,
     SteadyState,
@@ -380,7 +381,7 @@ class _Counted:
 async def drive_pilot_async(
     endpoint: Endpoint,
     samples: Sequence[Sample],
-    generate_cfg: Mapping[str, Any] | GenerateConfig,
+    generate_cfg: GenerateConfig,
     seconds: float,
     journal_path: str | os.PathLike[str],
     warmup_s: float | None = None,
@@ -391,13 +392,10 @@ async def drive_pilot_async(
     Concurrency is the endpoint's effective running cap (``generate.concurrency`` when the server does
     not say). Raises :class:`ShardFailedError` when the server fails the pilot before the time is up.
     """
-    gcfg = generate_cfg if isinstance(generate_cfg, GenerateConfig) else GenerateConfig.from_dict(
-        dict(generate_cfg)
-    )  # fmt: skip
-    concurrency = endpoint.max_running_requests or gcfg.concurrency
+    concurrency = endpoint.max_running_requests or generate_cfg.concurrency
     if not concurrency:
         raise SweepError(f"{endpoint.url}: the server reports no running cap; set generate.concurrency")
-    gcfg = dataclasses.replace(gcfg, concurrency=int(concurrency))
+    gcfg = dataclasses.replace(generate_cfg, concurrency=int(concurrency))
     journal = Path(journal_path)
     journal.parent.mkdir(parents=True, exist_ok=True)
     journal.unlink(missing_ok=True)
@@ -439,7 +437,7 @@ async def poll_metrics(endpoint: Endpoint, into: list[DecodeSample], every_s: fl
 def drive_pilot(
     endpoint: Endpoint,
     samples: Sequence[Sample],
-    generate_cfg: Mapping[str, Any] | GenerateConfig,
+    generate_cfg: GenerateConfig,
     seconds: float,
     journal_path: str | os.PathLike[str],
     warmup_s: float | None = None,
@@ -452,10 +450,9 @@ def drive_pilot(
 
 
 # -------------------------------------------------------------------------------- sweep --
-def sweep_server_cfg(server_cfg: ServerConfigLike) -> ServerConfig:
+def sweep_server_cfg(cfg: ServerConfig) -> ServerConfig:
     """The server config each candidate runs with: the candidate's args are complete (user args are
     already in them), the plan is used, and the simulated cap follows the plan."""
-    cfg = ServerConfig.of(server_cfg)
     if cfg.simulated.max_running_requests:
         log.warning("sweep: server.simulated.max_running_requests ignored: each cap follows its plan")
     return dataclasses.replace(
@@ -470,19 +467,14 @@ def sweep_server_cfg(server_cfg: ServerConfigLike) -> ServerConfig:
 WARM_UP_MAX_TOKENS = 8
 
 
-def warm_up(
-    endpoint: Endpoint, sample: Sample, generate_cfg: Mapping[str, Any] | GenerateConfig, workdir: Path
-) -> float:
+def warm_up(endpoint: Endpoint, sample: Sample, generate_cfg: GenerateConfig, workdir: Path) -> float:
     """One real request (the first pilot prompt, a few tokens) before the measurement window, so that a
     server's first-request costs stay out of it; its seconds. (SGLang 0.5.17 on a fresh H200 machine
     builds flashinfer's sampling kernels on the first top-k/top-p request, ~110 s with nothing served;
     the readiness probe now pays that, see ``one_token_generation``; this keeps any other first-use
     cost out of the window too.)"""
-    gcfg = generate_cfg if isinstance(generate_cfg, GenerateConfig) else GenerateConfig.from_dict(
-        dict(generate_cfg)
-    )  # fmt: skip
-    sampling = dataclasses.replace(gcfg.sampling, max_tokens=WARM_UP_MAX_TOKENS)
-    gcfg = dataclasses.replace(gcfg, sampling=sampling, max_tokens_by_id=None, concurrency=1)
+    sampling = dataclasses.replace(generate_cfg.sampling, max_tokens=WARM_UP_MAX_TOKENS)
+    gcfg = dataclasses.replace(generate_cfg, sampling=sampling, max_tokens_by_id=None, concurrency=1)
     workdir.mkdir(parents=True, exist_ok=True)
     for name in ("journal.jsonl", "records.jsonl", "failed.jsonl"):
         (workdir / name).unlink(missing_ok=True)
@@ -504,7 +496,7 @@ def sweep_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def sweep_command_builder(server_cfg: ServerConfig, plan: Mapping[str, Any] | None, port: int,
+def sweep_command_builder(server_cfg: ServerConfig, plan: PlanFile | None, port: int,
                           model_path: str) -> list[str]:  # fmt: skip
     """The workflow's server command, plus the simulated batch model (``simulated.half_speed_running``)."""
     if server_cfg.mode != "simulated":
@@ -513,7 +505,7 @@ def sweep_command_builder(server_cfg: ServerConfig, plan: Mapping[str, Any] | No
     half = server_cfg.simulated.half_speed_running
     if half and "--half-speed-running" not in argv:
         argv += ["--half-speed-running", str(int(half))]
-    return with_speculative_steps(argv, list((plan or {}).get("launch_args") or []))
+    return with_speculative_steps(argv, list(plan.launch_args) if plan is not None else [])
 
 
 def with_speculative_steps(argv: list[str], launch_args: list[str]) -> list[str]:
@@ -532,12 +524,11 @@ def with_speculative_steps(argv: list[str], launch_args: list[str]) -> list[str]
     return [*out, "--options", json.dumps({"speculative_num_steps": steps})]
 
 
-def candidate_plan(candidate: SweepCandidate) -> dict[str, Any]:
-    """A plan dict with the candidate's args; its predicted cap drives the simulated server."""
-    plan: dict[str, Any] = {"launch_args": list(candidate.args)}
-    if candidate.predicted_running:
-        plan["recommended"] = {"effective_max_running_requests": int(candidate.predicted_running)}
-    return plan
+def candidate_plan(candidate: SweepCandidate) -> PlanFile:
+    """A plan with the candidate's args; its predicted cap drives the simulated server."""
+    cap = int(candidate.predicted_running or 0)
+    recommended = {"effective_max_running_requests": cap} if cap else {}
+    return PlanFile(tuple(candidate.args), launched="recommended", given={}, recommended=recommended)
 
 
 def as_candidates(candidates: Iterable[SweepCandidate | Sequence[str]]) -> list[SweepCandidate]:
@@ -558,10 +549,10 @@ def as_candidates(candidates: Iterable[SweepCandidate | Sequence[str]]) -> list[
 
 
 def run_sweep(
-    server_cfg: ServerConfigLike,
+    server_cfg: ServerConfig,
     candidates: Iterable[SweepCandidate | Sequence[str]],
     samples: Sequence[Sample],
-    generate_cfg: Mapping[str, Any] | GenerateConfig,
+    generate_cfg: GenerateConfig,
     seconds_per_candidate: float,
     workdir: str | os.PathLike[str],
     *,

@@ -20,7 +20,7 @@ from typing import Any
 from regen.io import write_json
 from regen.layout import RunLayout
 from regen.projection import count_remaining, fmt_duration
-from regen.sglang.config import ServerConfig, ServerConfigLike
+from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     DEFAULT_VERSION,
@@ -295,7 +295,7 @@ def sweep_cli(argv: list[str]) -> int:
     try:
         config = _load_config(ns.server_config)
         server_cfg = ServerConfig.from_mapping(config.get("server"))
-        generate_cfg = dict(config.get("generate") or {})
+        generate_cfg = GenerateConfig.from_dict(config.get("generate"))
         if ns.simulated:
             server_cfg = dataclasses.replace(server_cfg, mode="simulated")
         if server_cfg.mode == "external":
@@ -307,7 +307,7 @@ def sweep_cli(argv: list[str]) -> int:
         gpu_mib = ns.gpu_memory_mib or server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi()
         tp = int(ns.tp or server_cfg.tp)
         gpus = int(ns.gpus or server_cfg.gpus)
-        max_tokens = ns.max_tokens or (generate_cfg.get("sampling") or {}).get("max_tokens")
+        max_tokens = ns.max_tokens or ((config.get("generate") or {}).get("sampling") or {}).get("max_tokens")
         base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
         p50 = ns.prompt_p50 or base.prompt_p50
         workload = Workload(
@@ -402,28 +402,27 @@ def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> W
 
 
 def write_plan_for_workflow(
-    *, server_cfg: ServerConfigLike, max_tokens: int, audit_summary: str, out_path: str
+    *, server_cfg: ServerConfig, max_tokens: int, audit_summary: str, out_path: str
 ) -> None:
     """The ``tune`` rule: plan (and recommend) from the model config, the GPU and the audited workload."""
-    cfg = ServerConfig.of(server_cfg)
-    if cfg.mode == "external":
+    if server_cfg.mode == "external":
         write_json(out_path, {"launch_args": [], "external": True, "sglang_version": None})
         log.info("server.mode external: nothing to plan, the endpoint is managed by the user")
         return
-    model_config = cfg.planned_model
+    model_config = server_cfg.planned_model
     model = ModelShape.from_config(model_config)
-    gpu_mib = int(cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi())
-    version = cfg.sglang_version or installed_sglang_version() or PINNED_SGLANG_VERSION
+    gpu_mib = int(server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi())
+    version = server_cfg.sglang_version or installed_sglang_version() or PINNED_SGLANG_VERSION
     workload = workload_from_audit_histogram(json.loads(Path(audit_summary).read_text()), max_tokens)
     rec = recommend(
         model,
         gpu_mib,
-        cfg.tp,
-        list(cfg.args),
+        server_cfg.tp,
+        list(server_cfg.args),
         workload,
         sglang_version=version,
-        allow_fp8_kv=cfg.allow_fp8_kv,
-        allow_bf16_state=cfg.allow_bf16_state,
+        allow_fp8_kv=server_cfg.allow_fp8_kv,
+        allow_bf16_state=server_cfg.allow_bf16_state,
     )
     write_plan_file(
         out_path,
@@ -431,7 +430,7 @@ def write_plan_for_workflow(
         sglang_version=version,
         model_config=str(model_config),
         gpu_memory_mib=gpu_mib,
-        use_recommended=cfg.use_tuner,  # the one place the launched section is decided
+        use_recommended=server_cfg.use_tuner,  # the one place the launched section is decided
     )
     log.info("plan for %s on %d MiB (sglang %s): %s", model_config, gpu_mib, version, workload)
     for reason in rec.reasons:

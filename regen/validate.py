@@ -18,7 +18,7 @@ import functools
 import os
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from regen.io import atomic_lines_writer, atomic_path, gc_paused, open_lines, read_json
 from regen.layout import is_shard_name
 from regen.records import RECORD_SCHEMA_PATH, TOKEN_ID_MAX, VALID_SCHEMA, ValidColumns
+from regen.runconfig import section_schema, validated
 
 DEFAULT_SCHEMA_PATH = RECORD_SCHEMA_PATH
 BATCH_ROWS = 10000
@@ -86,18 +87,19 @@ class Problem:
 
 @dataclass(frozen=True, slots=True)
 class SemanticLimits:
-    """The checks' knobs, from the ``validate`` config section."""
+    """The checks' knobs: the ``validate`` config section (defaults from the schema)."""
 
-    max_content_chars: int = 200000
-    max_reasoning_chars: int = 400000
-    quarantine_truncated: bool = True
+    max_content_chars: int
+    max_reasoning_chars: int
+    quarantine_truncated: bool
 
     @classmethod
-    def from_cfg(cls, cfg: dict[str, Any]) -> SemanticLimits:
+    def from_cfg(cls, cfg: Mapping[str, Any]) -> SemanticLimits:
+        v = validated("validate", cfg)
         return cls(
-            max_content_chars=int(cfg.get("max_content_chars", 200000)),
-            max_reasoning_chars=int(cfg.get("max_reasoning_chars", 400000)),
-            quarantine_truncated=bool(cfg.get("quarantine_truncated", True)),
+            max_content_chars=int(v["max_content_chars"]),
+            max_reasoning_chars=int(v["max_reasoning_chars"]),
+            quarantine_truncated=bool(v["quarantine_truncated"]),
         )
 
 
@@ -376,26 +378,25 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("records", help="generation shard JSONL")
     ap.add_argument("valid", help="output Parquet of valid records")
     ap.add_argument("quarantine", help="output JSONL of quarantined records")
+    defaults = {k: p.get("default") for k, p in section_schema("validate")["properties"].items()}
     ap.add_argument(
         "--max-content-chars",
         type=int,
-        default=200000,
-        help="longer answers are quarantined (default 200000)",
+        help=f"longer answers are quarantined (default {defaults['max_content_chars']})",
     )
     ap.add_argument(
         "--max-reasoning-chars",
         type=int,
-        default=400000,
-        help="longer reasoning is quarantined (default 400000)",
+        help=f"longer reasoning is quarantined (default {defaults['max_reasoning_chars']})",
     )
     ap.add_argument("--keep-truncated", action="store_true", help="do not quarantine truncated reasoning")
     ap.add_argument(
         "--schema", default=str(DEFAULT_SCHEMA_PATH), help="record JSON schema (default: the bundled one)"
     )
     args = ap.parse_args(argv)
+    given = {"max_content_chars": args.max_content_chars, "max_reasoning_chars": args.max_reasoning_chars}
     cfg = {
-        "max_content_chars": args.max_content_chars,
-        "max_reasoning_chars": args.max_reasoning_chars,
+        **{k: v for k, v in given.items() if v is not None},  # the rest: the schema's defaults
         "quarantine_truncated": not args.keep_truncated,
     }
     stats = validate_shard(args.records, args.valid, args.quarantine, cfg, schema_path=args.schema)

@@ -6,11 +6,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from regen.check import preflight, report_for_missing_dataset
-from regen.fingerprint import (
-    OperationalConfig,
-    decisive_config,
-    decisive_plan_config,
-)
+from regen.fingerprint import decisive_config, decisive_plan_config
 from regen.layout import (
     AUDIT_HTML,
     FINISH_REASONS_SVG,
@@ -27,6 +23,7 @@ from regen.layout import (
     shard_name,
 )
 from regen.replay import preview_lines
+from regen.runconfig import RunConfig
 from regen.shard_count import settle_auto_count, shard_count
 from regen.sglang.server import stop_all_servers
 
@@ -153,9 +150,13 @@ def plan_settings():
     return decisive_plan_config(config)
 
 
-def operational_settings():
-    """How jobs run (ports, timeouts, idle time, restarts, concurrency, slots): never a rerun trigger."""
-    return OperationalConfig.from_config(config, gpu_slots())
+# the typed run config, built once from the validated config (regen.runconfig)
+RUN_CONFIG = RunConfig.from_config(config, GPU_SLOTS)
+
+
+def run_config():
+    """The typed run config a job reads everything from; a non-builtin param: never a rerun trigger."""
+    return RUN_CONFIG
 
 
 def print_replay_preview():

@@ -11,7 +11,6 @@ run_generate_job(
     failed_out=snakemake.output.failed,
     journal_path=snakemake.params.journal,
     shard=snakemake.wildcards.shard,
-    settings=snakemake.params.settings,
-    operational=snakemake.params.operational,
+    run=snakemake.params.run,
     log_path=snakemake.log[0],
 )

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from regen.client import GenerateConfig, settings_of
+from regen.fingerprint import GenerationSettings
+from regen.runconfig import GenerateConfig
 
-SETTINGS = settings_of(GenerateConfig())
+SETTINGS = GenerationSettings.of(GenerateConfig.from_dict({}))
 
 
 def fingerprint_fields(i: int) -> dict[str, Any]:

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from regen.runconfig import ServerConfig
+from regen.sglang.config import PlanFile
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import Workload, recommend, write_plan_file
-from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
+from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
 from regen.sglang.server import build_simulated_command
 
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "resources/demo-model/config.json"
@@ -22,11 +24,11 @@ DEMO_WORKLOAD = Workload(prompt_p50=35, prompt_p99=238, max_tokens=512)
 HYBRID_MODEL = Path(__file__).resolve().parent / "data/models/gpu-qwen3.6-27b-text/config.json"
 
 
-def demo_plan(tmp_path: Path, args: list[str], model: Path = DEMO_MODEL) -> dict:
+def demo_plan(tmp_path: Path, args: list[str], model: Path = DEMO_MODEL) -> PlanFile:
     rec = recommend(ModelShape.from_config(model), 81920, 1, args, DEMO_WORKLOAD)
     out = tmp_path / "server.json"
     write_plan_file(out, rec, sglang_version="0.5.23", model_config=str(model), gpu_memory_mib=81920)
-    return json.loads(out.read_text())
+    return PlanFile.read(out)
 
 
 @pytest.mark.parametrize(
@@ -40,7 +42,12 @@ def test_simulated_server_reports_the_memory_map_of_its_plan(
     plan = demo_plan(tmp_path, args, model)
     cfg = {"mode": "simulated", "simulated": {"startup_delay_s": 0}}
     log_file = tmp_path / "server.log"
-    argv = [*build_simulated_command(cfg, 0, "demo-model", plan), "--print-url", "--log-file", str(log_file)]
+    argv = [
+        *build_simulated_command(ServerConfig.from_mapping(cfg), 0, "demo-model", plan),
+        "--print-url",
+        "--log-file",
+        str(log_file),
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -51,7 +58,7 @@ def test_simulated_server_reports_the_memory_map_of_its_plan(
         proc.terminate()
         proc.wait(10)
     realized = realized_from_server_info(info, parse_startup_log(log_file.read_text()))
-    predicted = launched_section(plan)
+    predicted = plan.launched_section
     assert realized.weights_gib == predicted["weights_gib"]
     assert realized.max_total_num_tokens == predicted["kv_cache_tokens"]
     assert compare(predicted, realized) == []
@@ -60,6 +67,6 @@ def test_simulated_server_reports_the_memory_map_of_its_plan(
 
 
 def test_no_warning_about_flags_nobody_gave(tmp_path: Path) -> None:
-    assert not any("given flags" in w for w in demo_plan(tmp_path, [])["warnings"])
-    given = demo_plan(tmp_path, ["--max-running-requests", "4096"])["warnings"]
+    assert not any("given flags" in w for w in demo_plan(tmp_path, []).warnings)
+    given = demo_plan(tmp_path, ["--max-running-requests", "4096"]).warnings
     assert any("the given flags allow" in w for w in given), given

@@ -30,6 +30,7 @@ from regen.client import ShardFailedError, ShardStats, generate_shard
 from regen.layout import RunLayout
 from regen.lending import SlotLenders
 from regen.report import server_restarts_table
+from regen.runconfig import ServerConfig
 from regen.sglang.progress import SlotRestarts, read_restarts
 from regen.sglang.server import ServerError, acquire_server, port_is_free, read_url_state, stop_all_servers
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
@@ -116,7 +117,9 @@ class Rig:
         gen_cfg = {"request_timeout_s": 10, "max_attempts": 4, "backoff_base_s": 0.01, "concurrency": 16}
         gen_cfg.update(gen)
         servers = self.root / "work" / "servers"
-        with acquire_server(server_cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
+        with acquire_server(
+            ServerConfig.from_mapping(server_cfg), None, owner_pid=os.getpid(), poll_s=0.05
+        ) as ep:
             restarts = SlotRestarts.of(servers, ep.server_id, ep.url) if follow_restarts else None
             stats = generate_shard(
                 samples, self.journal, self.records, self.failed, gen_cfg, ep, "00000",
@@ -348,7 +351,9 @@ def test_stall_on_one_of_two_servers_of_a_node_restarts_only_that_one(rig: Rig) 
         gen_cfg = {"request_timeout_s": 120, "max_attempts": 3, "backoff_base_s": 0.01, "concurrency": 16,
                    "sampling": SHORT_ANSWERS}  # fmt: skip
         try:
-            with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
+            with acquire_server(
+                ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05
+            ) as ep:
                 both_up.wait()
                 if ep.server_id == "gpu0":
                     threading.Thread(target=stall_after, args=(ep.url, 15), daemon=True).start()

@@ -16,24 +16,18 @@ import pytest
 
 from regen.client import (
     Endpoint,
-    GenerateConfig,
     ProgressOptions,
     generate_shard,
     generate_shard_async,
     sample_fingerprint,
-    settings_of,
 )
-from regen.fingerprint import (
-    DECISIVE_GENERATE_KEYS,
-    GenerationSettings,
-    OperationalConfig,
-    decisive_config,
-)
+from regen.fingerprint import GenerationSettings, decisive_config, decisive_plan_config
 from regen.journal import Journal, finalize_journal
 from regen.merge import merge
 from regen.prompts import prompt_for_last, request_content, turn_prefixes
 from regen.reaudit import MixedSettingsError, reaudit_dataset
 from regen.replay import JournalIndex, numerics_last_reported, plan_replay
+from regen.runconfig import ANSWERS, PLAN, GenerateConfig, RunConfig, ServerConfig, keys_deciding
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
 from regen.validate import validate_shard
@@ -95,14 +89,14 @@ def sim() -> Iterator[str]:
 
 # ------------------------------------------------------------------------------------ the hash
 
-BASE = GenerationSettings.from_decisive(
-    {
-        "generate": {"sampling": {"temperature": 0.6, "max_tokens": 512}},
-        "model_path": "demo-model",
-        "server_mode": "simulated",
-        "reasoning_parser": "qwen3",
-        "tokenizer": "resources/demo-tokenizer",
-    }
+BASE = GenerationSettings.for_run(
+    RunConfig.from_config(
+        {
+            "generate": {"sampling": {"temperature": 0.6, "max_tokens": 512}},
+            "server": {"model_path": "demo-model", "mode": "simulated", "reasoning_parser": "qwen3"},
+            "tokenizer": "resources/demo-tokenizer",
+        }
+    )
 )
 
 
@@ -153,13 +147,72 @@ def test_fingerprint_is_stable_and_ignores_operational_keys(demo_tokenizer_dir: 
         "generate": {**config["generate"], **ops["generate"], "extra_body": {"a": 2, "b": 1}},
         "server": {**config["server"], **ops["server"]},
     }
-    a = GenerationSettings.from_decisive(decisive_config(config))
-    b = GenerationSettings.from_decisive(decisive_config(changed))
+    a = GenerationSettings.for_run(RunConfig.from_config(config))
+    b = GenerationSettings.for_run(RunConfig.from_config(changed))
     assert a == b and a.fingerprint == b.fingerprint and len(a.fingerprint) == 16
     assert a.chat_template_sha256 is not None  # the demo template is hashed
-    operational = OperationalConfig.from_config(changed, 2)
-    assert not set(operational.generate) & set(DECISIVE_GENERATE_KEYS)
-    assert operational.generate["concurrency"] == 3 and operational.gpu_slots == 2
+    assert decisive_config(config) == decisive_config(changed)  # the generate jobs' rerun trigger
+    run = RunConfig.from_config(changed, 2)
+    assert not set(ops["generate"]) & set(keys_deciding(GenerateConfig, ANSWERS))
+    assert run.generate.concurrency == 3 and run.gpu_slots == 2
+
+
+#: an odd config: every decisive key off its default (int where the schema says number, too)
+ODD = {
+    "tokenizer": "resources/demo-tokenizer",
+    "generate": {
+        "thinking": "mix", "thinking_fraction": 0.3, "preserve_thinking": True, "truncation": "retry",
+        "retry_max_tokens_factor": 3, "return_token_ids": False,
+        "extra_body": {"min_p": 0.1, "ignore_eos": True},
+        "sampling": {"temperature": 1, "top_p": 1, "top_k": -1, "max_tokens": 100, "seed": 7,
+                     "thinking": {"top_p": 0.9, "temperature": 1}},
+    },
+    "server": {"model_path": "m", "mode": "simulated", "reasoning_parser": "deepseek-r1"},
+}  # fmt: skip
+
+
+def demo_config() -> dict[str, Any]:
+    """config/demo.yaml with the schema's defaults filled in, as the workflow validates it."""
+    import yaml
+
+    from regen.runconfig import config_schema, with_schema_defaults
+
+    return with_schema_defaults(yaml.safe_load(Path("config/demo.yaml").read_text()), config_schema())
+
+
+def test_fingerprints_and_tracked_params_are_those_of_earlier_releases() -> None:
+    """Pinned at 2946126 (before the typed run config): the same config gives the same fingerprints, so
+    an existing journal still replays, and the same tracked rule params (Snakemake compares their repr),
+    so an existing run is not rerun."""
+    demo = demo_config()
+    assert GenerationSettings.for_run(RunConfig.from_config(demo)).fingerprint == "72dcd096719043c1"
+    assert GenerationSettings.for_run(RunConfig.from_config(ODD)).fingerprint == "07a9929015c62358"
+    assert GenerationSettings.of(GenerateConfig.from_dict({})).fingerprint == "fc5cadd0ba422abd"
+    odd = GenerateConfig.from_dict(ODD["generate"])
+    assert GenerationSettings.of(odd, model_path="m").fingerprint == "95b40af8681c7556"
+    assert repr(decisive_config(demo)) == (
+        "{'generate': {'regenerate': 'last', 'thinking': 'on', 'thinking_fraction': 0.5, "
+        "'sampling': {'max_tokens': 512, 'non_thinking': {'temperature': 0.7, 'top_p': 0.8, "
+        "'top_k': 20}, 'temperature': 0.6, 'top_p': 0.95, 'top_k': 20, 'n': 1, 'seed': 0}, "
+        "'truncation': 'keep', 'retry_max_tokens_factor': 2, 'extra_body': {}, 'return_token_ids': "
+        "True, 'preserve_thinking': False}, 'model_path': 'demo-model', 'server_mode': 'simulated', "
+        "'reasoning_parser': 'qwen3', 'tokenizer': 'resources/demo-tokenizer'}"
+    )
+    assert repr(decisive_plan_config(demo)) == (
+        "{'server': {'mode': 'simulated', 'model_path': 'demo-model', 'model_config': "
+        "'resources/demo-model/config.json', 'gpu_memory_mib': 81920, 'sglang_version': None, 'tp': 1, "
+        "'args': [], 'allow_fp8_kv': False, 'allow_bf16_state': False, 'use_tuner': True}, 'max_tokens': 512}"
+    )
+
+
+def test_what_decides_is_said_once_on_the_fields() -> None:
+    """The keys that decide answers or the plan are field metadata; every other key is operational."""
+    assert keys_deciding(GenerateConfig, ANSWERS) == (
+        "regenerate", "thinking", "thinking_fraction", "sampling", "truncation", "retry_max_tokens_factor",
+        "extra_body", "return_token_ids", "preserve_thinking",
+    )  # fmt: skip
+    assert keys_deciding(ServerConfig, ANSWERS) == ("mode", "model_path", "reasoning_parser")
+    assert "port_base" not in keys_deciding(ServerConfig, PLAN) and "tp" in keys_deciding(ServerConfig, PLAN)
 
 
 def test_request_content_is_exactly_what_the_requests_send() -> None:
@@ -240,9 +293,9 @@ def test_a_server_with_other_numerics_regenerates_and_says_so(tmp_path: Path) ->
         # the dry-run preview has no server: it assumes the numerics the journal's records last reported
         index = JournalIndex.read([sh.journal])
         cfg = GenerateConfig.from_dict(FAST)
-        seen = numerics_last_reported(index, settings_of(cfg))
+        seen = numerics_last_reported(index, GenerationSettings.of(cfg))
         assert seen is not None and seen["version"] == "0.5.24"
-        assert plan_replay(samples(8), index, settings_of(cfg).served_by(seen)).replay == 8
+        assert plan_replay(samples(8), index, GenerationSettings.of(cfg).served_by(seen)).replay == 8
     finally:
         stop32()
         stop16()
@@ -422,8 +475,8 @@ def test_finalize_keeps_only_current_fingerprints(tmp_path: Path) -> None:
 
 
 def test_replay_preview_counts_and_explains(tmp_path: Path) -> None:
-    settings = settings_of(GenerateConfig())
-    hot = settings_of(GenerateConfig.from_dict({"sampling": {"temperature": 0.9}}))
+    settings = GenerationSettings.of(GenerateConfig.from_dict({}))
+    hot = GenerationSettings.of(GenerateConfig.from_dict({"sampling": {"temperature": 0.9}}))
     batch = samples(6)
     path = tmp_path / "00000.jsonl"
     fp = {s.id: sample_fingerprint(settings, s) for s in batch}

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from regen.runconfig import ServerConfig
 from regen.sglang import flags
+from regen.sglang.config import PlanFile
 from regen.sglang.flags import FlagError, bundled_flags, check_flags
 
 
@@ -84,11 +86,16 @@ def test_the_built_launch_command_passes_sglangs_own_parser() -> None:
     from regen.sglang.server import ServerError, build_sglang_command
 
     cfg = {"host": "127.0.0.1", "reasoning_parser": "qwen3", "use_tuner": True, "args": []}
-    plan = {"launch_args": ["--mem-fraction-static", "0.92", "--disable-radix-cache"]}
-    argv = build_sglang_command(cfg, plan, 30000, "/models/x")
+    plan = PlanFile.from_json({"launch_args": ["--mem-fraction-static", "0.92", "--disable-radix-cache"]})
+    argv = build_sglang_command(ServerConfig.from_mapping(cfg), plan, 30000, "/models/x")
     assert argv[1:3] == ["-m", "sglang.launch_server"] and "--disable-radix-cache" in argv
     with pytest.raises(ServerError, match="--max-running-request"):
-        build_sglang_command({**cfg, "args": ["--max-running-request", "8"]}, plan, 30000, "/models/x")
+        build_sglang_command(
+            ServerConfig.from_mapping({**cfg, "args": ["--max-running-request", "8"]}),
+            plan,
+            30000,
+            "/models/x",
+        )
 
 
 @pytest.mark.sglang

@@ -16,6 +16,7 @@ import pytest
 
 from regen.client import generate_shard
 from regen.lending import SlotLenders
+from regen.runconfig import ServerConfig
 from regen.sglang.server import acquire_server, stop_all_servers
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
 from regen.shard_count import settle_auto_count, shard_count
@@ -67,8 +68,8 @@ def test_a_job_fills_another_slots_idle_server_and_sends_each_sample_once(two_sl
     cfg, root = two_slots
     # slot 0's job sends nothing more (it drains, or waits for its next shard): its server has room
     with (
-        acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as other,
-        acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as own,
+        acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as other,
+        acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as own,
     ):
         assert (other.server_id, own.server_id) == ("gpu0", "gpu1")
         slot = int(own.server_id[3:])
@@ -97,7 +98,7 @@ def test_a_job_fills_another_slots_idle_server_and_sends_each_sample_once(two_sl
 
 def test_lenders_offer_only_room_on_other_live_servers(two_slots) -> None:
     cfg, _ = two_slots
-    with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as own:
+    with acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as own:
         lenders = SlotLenders("work/servers", int(own.server_id[3:]), cap=4, poll_s=0.05)
 
         async def offers() -> list:
@@ -106,7 +107,9 @@ def test_lenders_offer_only_room_on_other_live_servers(two_slots) -> None:
 
         try:
             assert asyncio.run(offers()) == []  # no other slot has a server yet
-            with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as other:
+            with acquire_server(
+                ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05
+            ) as other:
                 ((lent, room),) = asyncio.run(offers())
                 assert lent.server_id == other.server_id and lent.url == other.url
                 assert room == 4  # idle: its whole batch, for the one job that may borrow it
@@ -138,8 +141,12 @@ def test_a_draining_job_gives_its_slot_to_the_next_job_which_shares_the_server(t
     cfg, _ = two_slots
     cfg = {**cfg, "gpus": 1}
     releases: list = []
-    with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05, on_slot=releases.append) as first:
+    with acquire_server(
+        ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05, on_slot=releases.append
+    ) as first:
         releases[0]()  # every sample sent: only answers are awaited from here on
         releases[0]()  # idempotent
-        with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as second:
+        with acquire_server(
+            ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05
+        ) as second:
             assert (second.server_id, second.url) == (first.server_id, first.url)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from regen.runconfig import ServerConfig
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     PlanError,
@@ -363,14 +364,19 @@ def test_workflow_plan_file_from_the_audit_summary(tmp_path: Path) -> None:
         "use_tuner": True,
         "sglang_version": "0.5.23",
     }
-    write_plan_for_workflow(server_cfg=cfg, max_tokens=2048, audit_summary=str(summary), out_path=str(out))
+    write_plan_for_workflow(
+        server_cfg=ServerConfig.from_mapping(cfg),
+        max_tokens=2048,
+        audit_summary=str(summary),
+        out_path=str(out),
+    )
     plan = read_json(out)
     rec = plan["recommended"]
     assert plan["launched"] == "recommended" and plan["launch_args"]
     assert rec["kv_cache_tokens"] >= rec["effective_max_running_requests"] * (900 + 2048)
     external = tmp_path / "external.json"
     write_plan_for_workflow(
-        server_cfg={**cfg, "mode": "external"},
+        server_cfg=ServerConfig.from_mapping({**cfg, "mode": "external"}),
         max_tokens=2048,
         audit_summary=str(summary),
         out_path=str(external),

@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from regen.client import GenerateConfig, settings_of
-from regen.fingerprint import chat_template_hash
+from regen.fingerprint import GenerationSettings, chat_template_hash
 from regen.provenance import build_provenance, generation_window, settings_in_records
 from regen.records import VALID_SCHEMA, ValidColumns
+from regen.runconfig import GenerateConfig
 
 
 def test_generation_window_spans_every_request(tmp_path: Path) -> None:
@@ -29,7 +29,9 @@ def test_generation_window_spans_every_request(tmp_path: Path) -> None:
 
 def valid_shard(path: Path, temperature: float, n: int, start: int = 0) -> Path:
     """A valid shard of ``n`` records made under default settings but ``temperature``."""
-    settings = settings_of(GenerateConfig.from_dict({"sampling": {"temperature": temperature}}), "m")
+    settings = GenerationSettings.of(
+        GenerateConfig.from_dict({"sampling": {"temperature": temperature}}), model_path="m"
+    )
     cols = ValidColumns()
     for i in range(start, start + n):
         cols.append(

@@ -14,6 +14,7 @@ import pytest
 
 from regen.client import Endpoint, generate_shard
 from regen.dataset import iter_samples
+from regen.runconfig import ServerConfig
 from regen.sglang.server import (
     ServerError,
     acquire_server,
@@ -85,7 +86,7 @@ def samples(n: int, prefix: str = "q") -> list[Sample]:
 
 def run_shard(root: Path, cfg: dict[str, Any], items: list[Sample]) -> list[dict[str, Any]]:
     records = root / "results" / "generations" / "00000.jsonl"
-    with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
+    with acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as ep:
         generate_shard(
             items,
             root / "work" / "journal" / "00000.jsonl",
@@ -102,21 +103,27 @@ def run_shard(root: Path, cfg: dict[str, Any], items: list[Sample]) -> list[dict
 
 
 def test_server_commands_bind_loopback_unless_configured() -> None:
-    sim = build_simulated_command({"model_path": "m"}, 31000, "m")
+    sim = build_simulated_command(ServerConfig.from_mapping({"model_path": "m"}), 31000, "m")
     assert sim[sim.index("--host") + 1] == "127.0.0.1"
-    real = build_sglang_command({"model_path": "m"}, None, 31000, "m")
+    real = build_sglang_command(ServerConfig.from_mapping({"model_path": "m"}), None, 31000, "m")
     assert real[real.index("--host") + 1] == "127.0.0.1"
-    exposed = build_sglang_command({"model_path": "m", "host": "0.0.0.0"}, None, 31000, "m")
+    exposed = build_sglang_command(
+        ServerConfig.from_mapping({"model_path": "m", "host": "0.0.0.0"}), None, 31000, "m"
+    )
     assert exposed[exposed.index("--host") + 1] == "0.0.0.0"
     # a --host smuggled in through server.args cannot override the configured bind address
-    smuggled = build_sglang_command({"model_path": "m", "args": ["--host", "0.0.0.0"]}, None, 31000, "m")
+    smuggled = build_sglang_command(
+        ServerConfig.from_mapping({"model_path": "m", "args": ["--host", "0.0.0.0"]}), None, 31000, "m"
+    )
     assert [smuggled[i + 1] for i, a in enumerate(smuggled) if a == "--host"] == ["127.0.0.1"]
     with pytest.raises(ServerError, match=r"bad sglang launch flags: .*--no-such-flag"):
-        build_sglang_command({"model_path": "m", "args": ["--no-such-flag", "1"]}, None, 31000, "m")
+        build_sglang_command(
+            ServerConfig.from_mapping({"model_path": "m", "args": ["--no-such-flag", "1"]}), None, 31000, "m"
+        )
 
 
 def test_simulated_server_socket_listens_on_loopback_only(tmp_workdir: Path, servers: dict[str, Any]) -> None:
-    with acquire_server(servers, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
+    with acquire_server(ServerConfig.from_mapping(servers), None, owner_pid=os.getpid(), poll_s=0.05) as ep:
         port = int(ep.url.rsplit(":", 1)[1])
         assert ep.url.startswith("http://127.0.0.1:")
         assert listening_sockets().get(port) == "127.0.0.1"

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from regen.runconfig import ServerConfig
+from regen.sglang.config import PlanFile
 from regen.sglang.server import (
     ServerError,
     acquire_server,
@@ -100,6 +102,7 @@ STANDIN = textwrap.dedent(
 JOB = textwrap.dedent(
     """
     import json, sys, time
+    from regen.runconfig import ServerConfig
     from regen.sglang.server import acquire_server
     cfg, out, hold, owner, standin, extra = (json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3]),
                                              int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6]))
@@ -108,7 +111,7 @@ JOB = textwrap.dedent(
     def note(**kw):
         with open(out, "a") as fh:
             fh.write(json.dumps(kw) + "\\n")
-    with acquire_server(cfg, None, "work/servers", "logs/servers", owner_pid=owner,
+    with acquire_server(ServerConfig.from_mapping(cfg), None, "work/servers", "logs/servers", owner_pid=owner,
                         command_builder=builder, poll_s=0.05) as ep:
         note(event="acquired", t=time.time(), url=ep.url, server_id=ep.server_id,
              max_running_requests=ep.max_running_requests, version=ep.version, model=ep.model)
@@ -343,7 +346,9 @@ def test_crashed_server_is_restarted(rig: Rig, tmp_workdir: Path) -> None:
     marker = str(tmp_workdir / "crashed-once")
     builder = rig.builder("--crash-after", "1.0", "--crash-once-marker", marker)
     url_file = tmp_workdir / "work/servers/gpu0.url"
-    with acquire_server(cfg, None, owner_pid=os.getpid(), command_builder=builder, poll_s=0.05) as ep:
+    with acquire_server(
+        ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), command_builder=builder, poll_s=0.05
+    ) as ep:
         wait_for(lambda: len(rig.starts()) == 2, 10, "the crashed server to be restarted")
         second = rig.starts()[1]["pid"]
 
@@ -362,7 +367,12 @@ def test_server_crashing_at_start_gives_up_after_max_restarts(rig: Rig) -> None:
     cfg = rig.cfg(max_restarts=2)
     with (
         pytest.raises(ServerError, match=r"gave up|exited before") as err,
-        acquire_server(cfg, None, owner_pid=os.getpid(), command_builder=rig.builder("--exit-at-start", "5")),
+        acquire_server(
+            ServerConfig.from_mapping(cfg),
+            None,
+            owner_pid=os.getpid(),
+            command_builder=rig.builder("--exit-at-start", "5"),
+        ),
     ):
         pass
     assert "stand-in: fatal error at start" in str(err.value)  # the log tail
@@ -376,7 +386,12 @@ def test_slow_start_beyond_deadline_raises_server_error(rig: Rig) -> None:
     t0 = time.monotonic()
     with (
         pytest.raises(ServerError, match="startup deadline"),
-        acquire_server(cfg, None, owner_pid=os.getpid(), command_builder=rig.builder("--delay", "60")),
+        acquire_server(
+            ServerConfig.from_mapping(cfg),
+            None,
+            owner_pid=os.getpid(),
+            command_builder=rig.builder("--delay", "60"),
+        ),
     ):
         pass
     assert time.monotonic() - t0 < 15
@@ -401,8 +416,9 @@ def test_stop_all_servers_finds_a_server_in_a_per_slurm_job_dir(rig: Rig) -> Non
     keeps its slot files in ``work/servers/slurm-{job}/``, and its server must be stopped too."""
     cfg = rig.cfg(gpus=1, idle_timeout_s=600)
     per_job = rig.root / "work" / "servers" / "slurm-4242"
-    with acquire_server(cfg, None, per_job, rig.root / "logs" / "servers" / "slurm-4242",
-                        owner_pid=os.getpid(), command_builder=rig.builder(), poll_s=0.05):  # fmt: skip
+    with acquire_server(ServerConfig.from_mapping(cfg), None, per_job,
+                        rig.root / "logs" / "servers" / "slurm-4242", owner_pid=os.getpid(),
+                        command_builder=rig.builder(), poll_s=0.05):  # fmt: skip
         pass
     assert (per_job / "gpu0.url").is_file()
     assert len(procs_mentioning(str(rig.root))) == 2  # the supervisor and its server outlive the job
@@ -419,7 +435,9 @@ def test_port_held_by_another_process_moves_the_server_to_a_free_port(rig: Rig) 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", rig.port_base))
         sock.listen()
-        with acquire_server(cfg, None, owner_pid=os.getpid(), command_builder=rig.builder()) as ep:
+        with acquire_server(
+            ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), command_builder=rig.builder()
+        ) as ep:
             port = int(ep.url.rsplit(":", 1)[1])
             assert port != rig.port_base
             state = read_url_state(rig.root / "work/servers/gpu0.url")
@@ -444,7 +462,13 @@ def test_two_runs_starting_one_slot_together_both_get_a_server_without_a_restart
             servers, logs = base / "work/servers", base / "logs/servers"
             pid = os.getpid()
             with acquire_server(
-                cfg, None, servers, logs, owner_pid=pid, command_builder=builder, poll_s=0.05
+                ServerConfig.from_mapping(cfg),
+                None,
+                servers,
+                logs,
+                owner_pid=pid,
+                command_builder=builder,
+                poll_s=0.05,
             ) as ep:
                 got[name] = (ep.url, time.monotonic())
                 both.wait()
@@ -508,7 +532,7 @@ def test_external_mode_yields_configured_url(rig: Rig) -> None:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: not port_is_free("127.0.0.1", port), 10, "stand-in to listen")
-        with acquire_server({"mode": "external", "url": url}, None) as ep:
+        with acquire_server(ServerConfig.from_mapping({"mode": "external", "url": url}), None) as ep:
             assert ep.url == url and ep.server_id == "external" and ep.max_running_requests == 7
         assert not (rig.root / "work/servers").exists()
     finally:
@@ -516,7 +540,7 @@ def test_external_mode_yields_configured_url(rig: Rig) -> None:
         server.wait()
     with (
         pytest.raises(ServerError, match="one-token generation"),
-        acquire_server({"mode": "external", "url": url}),
+        acquire_server(ServerConfig.from_mapping({"mode": "external", "url": url})),
     ):
         pass
 
@@ -526,21 +550,23 @@ def test_external_mode_yields_configured_url(rig: Rig) -> None:
 
 
 def test_user_args_override_tuner_flags_and_managed_flags_are_dropped() -> None:
-    plan = {"launch_args": ["--mem-fraction-static", "0.8", "--max-running-requests=64", "--port", "1"]}
+    plan = PlanFile.from_json(
+        {"launch_args": ["--mem-fraction-static", "0.8", "--max-running-requests=64", "--port", "1"]}
+    )
     cfg = {"use_tuner": True, "args": ["--max-running-requests", "32", "--enable-mixed-chunk"]}
-    assert launch_args_for(cfg, plan) == [
+    assert launch_args_for(ServerConfig.from_mapping(cfg), plan) == [
         "--mem-fraction-static",
         "0.8",
         "--max-running-requests",
         "32",
         "--enable-mixed-chunk",
     ]
-    assert launch_args_for({**cfg, "use_tuner": False}, plan) == [
+    assert launch_args_for(ServerConfig.from_mapping({**cfg, "use_tuner": False}), plan) == [
         "--max-running-requests",
         "32",
         "--enable-mixed-chunk",
     ]
-    assert launch_args_for({"args": [], "tp": 2}, None) == ["--tp-size", "2"]
+    assert launch_args_for(ServerConfig.from_mapping({"args": [], "tp": 2}), None) == ["--tp-size", "2"]
     assert merge_launch_args(["--a", "1", "--b"], ["--a=2"]) == ["--b", "--a=2"]
 
 
@@ -549,7 +575,7 @@ def test_simulated_command_carries_its_behaviour() -> None:
         "host": "127.0.0.1",
         "simulated": {"token_rate": 50, "max_running_requests": 4, "faults": {"x": 1}},
     }
-    argv = build_simulated_command(cfg, 31000, "m")
+    argv = build_simulated_command(ServerConfig.from_mapping(cfg), 31000, "m")
     assert argv[1:3] == ["-m", "regen.sglang.simulated"]
     assert argv[argv.index("--port") + 1] == "31000"
     assert argv[argv.index("--token-rate") + 1] == "50"
@@ -568,7 +594,7 @@ def test_visible_devices_respect_a_scheduler_list() -> None:
 
 def test_simulated_mode_launches_regen_simulator(rig: Rig) -> None:
     cfg = rig.cfg(simulated={"max_running_requests": 5, "token_rate": 0, "startup_delay_s": 0.2})
-    with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
+    with acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as ep:
         assert ep.url == f"http://127.0.0.1:{rig.port_base}"
         assert ep.max_running_requests == 5
         assert ep.server_id == "gpu0"

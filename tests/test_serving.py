@@ -16,11 +16,12 @@ import pytest
 from conversations import two_turn_samples
 
 from regen.chat import ChatTemplate
-from regen.client import Endpoint, GenerateConfig, generate_shard, settings_of, thinking_for
+from regen.client import Endpoint, generate_shard, thinking_for
 from regen.export import export_dataset
-from regen.fingerprint import DECISIVE_GENERATE_KEYS, GenerationSettings, decisive_config
+from regen.fingerprint import GenerationSettings, decisive_config
 from regen.merge import merge
 from regen.provenance import build_provenance
+from regen.runconfig import ANSWERS, GenerateConfig, RunConfig, keys_deciding
 from regen.serving import trainer_settings_markdown
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
@@ -62,11 +63,16 @@ def test_preserve_thinking_reaches_the_template_and_the_fingerprint(tmp_path: Pa
     assert all(decode(r["prompt_token_ids"], skip_special_tokens=False).startswith("[kept]") for r in on)
     assert not any(decode(r["prompt_token_ids"], skip_special_tokens=False).startswith("[kept]") for r in off)
     # fingerprinted: a change regenerates; and the workflow passes it to the generate jobs
-    assert "preserve_thinking" in DECISIVE_GENERATE_KEYS
-    plain = GenerationSettings.from_decisive(decisive_config({"generate": {}}))
-    kept = GenerationSettings.from_decisive(decisive_config({"generate": {"preserve_thinking": True}}))
+    assert "preserve_thinking" in keys_deciding(GenerateConfig, ANSWERS)
+    assert decisive_config({"generate": {"preserve_thinking": True}})["generate"] == {
+        "preserve_thinking": True
+    }
+    plain = GenerationSettings.for_run(RunConfig.from_config({"generate": {}}))
+    kept = GenerationSettings.for_run(RunConfig.from_config({"generate": {"preserve_thinking": True}}))
     assert plain.fingerprint != kept.fingerprint and kept.preserve_thinking is True
-    assert settings_of(GenerateConfig.from_dict({"preserve_thinking": True})).preserve_thinking is True
+    assert (
+        GenerationSettings.of(GenerateConfig.from_dict({"preserve_thinking": True})).preserve_thinking is True
+    )
 
 
 def test_each_thinking_mode_samples_with_its_own_block(tmp_path: Path) -> None:
@@ -92,8 +98,8 @@ def test_each_thinking_mode_samples_with_its_own_block(tmp_path: Path) -> None:
     assert len({r["content"] for r in off}) == 1 and len({r["content"] for r in on}) > 1
     assert all(r["thinking"] == thinking_for(r["id"], "mix", 0.5) for r in recs)
     # the fingerprint covers the blocks
-    base = GenerationSettings.from_decisive(decisive_config({"generate": {"sampling": {}}}))
-    other = GenerationSettings.from_decisive(decisive_config({"generate": cfg}))
+    base = GenerationSettings.for_run(RunConfig.from_config({"generate": {"sampling": {}}}))
+    other = GenerationSettings.for_run(RunConfig.from_config({"generate": cfg}))
     assert base.fingerprint != other.fingerprint and other.sampling_non_thinking == {"temperature": 0.0}
 
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.io import write_json
+from regen.runconfig import ServerConfig
 from regen.sglang.server import acquire_server, port_is_free, stop_all_servers
 from regen.status import (
     RateWindow,
@@ -168,7 +169,7 @@ def test_live_server_metrics_in_table(tmp_workdir: Path) -> None:
         "simulated": {"startup_delay_s": 0.1, "token_rate": 0},
     }
     try:
-        with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05):
+        with acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05):
             text = status_report(tmp_workdir / "work", tmp_workdir / "results")
     finally:
         stop_all_servers(tmp_workdir / "work/servers", grace_s=5)
@@ -195,7 +196,7 @@ def test_stalled_server_is_shown_stalled_with_since_when_before_its_restart(tmp_
     }
     restarts = tmp_workdir / "work/servers/gpu0.restarts.jsonl"
     try:
-        with acquire_server(cfg, None, owner_pid=os.getpid(), poll_s=0.05) as ep:
+        with acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as ep:
             for i in range(3):  # requests in flight (at 10 tok/s they run for seconds), then the stall
                 threading.Thread(target=post, args=(ep.url + "/v1/chat/completions", i), daemon=True).start()
             while json.loads(urllib.request.urlopen(ep.url + "/_sim/stats", timeout=5).read())["running"] < 3:

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from regen.client import GenerateConfig
 from regen.io import write_json
 from regen.projection import Remaining, count_remaining, project, read_pilot
 from regen.report import write_report_assets
+from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.metrics import METHOD_LOG, SteadyState
 from regen.sglang.server import live_supervisors, port_is_free
 from regen.sglang.simulated import start_simulated_server
@@ -76,6 +76,13 @@ def free_base() -> int:
     return next(p for p in range(32100, 32400, 7) if port_is_free("127.0.0.1", p))
 
 
+def typed_server(port_base: int, **sim: Any) -> ServerConfig:
+    return ServerConfig.from_mapping(server_cfg(port_base, **sim))
+
+
+TYPED_GENERATE = GenerateConfig.from_dict(GENERATE)
+
+
 def server_cfg(port_base: int, **sim: Any) -> dict[str, Any]:
     return {
         "mode": "simulated",
@@ -117,7 +124,13 @@ def test_pilot_stops_at_its_time_and_the_client_stops_sending(tmp_path: Path) ->
     )
     try:
         t0 = time.monotonic()
-        m = drive_pilot(Endpoint(url, "sim", cap), make_samples(10), GENERATE, 1.5, tmp_path / "j.jsonl")
+        m = drive_pilot(
+            Endpoint(url, "sim", cap),
+            make_samples(10),
+            TYPED_GENERATE,
+            1.5,
+            tmp_path / "j.jsonl",
+        )
         elapsed = time.monotonic() - t0
         received = [json.load(urllib.request.urlopen(url + "/_sim/stats"))["received"]]
         time.sleep(0.5)
@@ -144,7 +157,8 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[SweepResult, list[S
     ]
     t0 = time.monotonic()
     result = run_sweep(
-        server_cfg(free_base(), max_running_requests=2), candidates, make_samples(30), GENERATE, SECONDS,
+        typed_server(free_base(), max_running_requests=2), candidates, make_samples(30), TYPED_GENERATE,
+        SECONDS,
         root / "work" / "sweep", stop_grace_s=5,
     )  # fmt: skip
     return result, candidates, time.monotonic() - t0, root
@@ -283,8 +297,8 @@ def test_a_sweep_beside_a_generation_takes_another_port_and_honours_per_sample_l
     )
     try:
         result = run_sweep(
-            server_cfg(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")], make_samples(40),
-            gcfg, 2.0, tmp_path / "sweep", stop_grace_s=5,
+            typed_server(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")],
+            make_samples(40), gcfg, 2.0, tmp_path / "sweep", stop_grace_s=5,
         )  # fmt: skip
     finally:
         generation.close()
@@ -320,7 +334,7 @@ def test_sweep_budget_stops_starting_candidates_and_says_so(tmp_path: Path) -> N
         SweepCandidate(("--max-running-requests", "8"), 8, "second"),
     ]
     result = run_sweep(
-        server_cfg(free_base(), max_running_requests=2), candidates, make_samples(10), GENERATE, 0.5,
+        typed_server(free_base(), max_running_requests=2), candidates, make_samples(10), TYPED_GENERATE, 0.5,
         tmp_path / "sweep", stop_grace_s=5, budget_s=0.0,
     )  # fmt: skip
     assert [r.ok for r in result.rows] == [True, False]
@@ -367,10 +381,10 @@ def test_the_sweep_ranks_mtp_by_accepted_tokens_and_says_why(
         SweepCandidate(("--max-running-requests", "8", *MTP3), 8, "mtp 3 steps"),
     ]
     result = run_sweep(
-        server_cfg(free_base()),
+        typed_server(free_base()),
         candidates,
         make_samples(40),
-        GENERATE,
+        TYPED_GENERATE,
         2.0,
         tmp_path / "sweep",
         stop_grace_s=5,

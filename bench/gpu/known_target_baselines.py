@@ -221,7 +221,7 @@ def stop_leftovers(run_dir: Path, dry: bool) -> dict[str, Any]:
     return {"stopped_supervisors": stopped, "gpu_used_mib": used}
 
 
-def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> dict[str, Any]:
+def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> Any:
     from run import bench_server_cfg
 
     simulated = {

@@ -256,13 +256,12 @@ def projection(a: argparse.Namespace, run: Path) -> dict[str, Any] | None:
     import numpy as np
 
     from regen.closedloop import StepModel, closed_loop_wall_s
-    from regen.io import read_json
-    from regen.sglang.realized import launched_section
+    from regen.sglang.config import PlanFile
 
     plan_file = run / "results" / "plan" / "server.json"
     if not plan_file.exists():
         return None
-    cap = launched_section(read_json(plan_file)).get("effective_max_running_requests")
+    cap = PlanFile.read(plan_file).launched_section.get("effective_max_running_requests")
     if not cap:
         return None
     m, m2 = a.max_tokens, 2 * a.max_tokens  # the config's retry_max_tokens_factor: 2

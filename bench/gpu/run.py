@@ -39,6 +39,7 @@ sys.path[:0] = [str(HERE), str(REPO)]
 from roofline import HybridShape, decode_step_cost  # noqa: E402
 from serverlog import decode_lines, startup_facts, steady_state  # noqa: E402
 
+from regen import runconfig  # noqa: E402
 from regen.io import write_json  # noqa: E402
 from regen.types import Message, Sample  # noqa: E402
 
@@ -197,9 +198,9 @@ def bench_server_cfg(
     use_tuner: bool,
     port_base: int,
     simulated: dict[str, Any] | None,
-) -> dict[str, Any]:
+) -> runconfig.ServerConfig:
     """The ``server`` section every GPU bench starts its one server with (the simulated server's
-    behaviour, when given, for the CPU rehearsal)."""
+    behaviour, when given, for the CPU rehearsal), typed."""
     cfg: dict[str, Any] = {
         "mode": "simulated" if dry else "sglang",
         "model_path": str(model_dir),
@@ -216,10 +217,10 @@ def bench_server_cfg(
     }
     if simulated is not None:
         cfg["simulated"] = simulated
-    return cfg
+    return runconfig.ServerConfig.from_mapping(cfg)
 
 
-def server_cfg_for(cfg: ServerConfig, model_dir: Path, dry: bool, port_base: int) -> dict[str, Any]:
+def server_cfg_for(cfg: ServerConfig, model_dir: Path, dry: bool, port_base: int) -> runconfig.ServerConfig:
     simulated = {
         "token_rate": 20,
         "max_running_requests": int(cfg.predicted.get("running") or 16),
@@ -257,6 +258,7 @@ def run_config(
     """Start the server through regen, run the workload through regen's client, read what happened."""
     from regen.client import generate_shard
     from regen.sglang import server as server_mod
+    from regen.sglang.config import PlanFile
     from regen.sglang.server import fetch_server_info, stop_all_servers
 
     servers = work / f"servers-{cfg.name}"
@@ -272,7 +274,8 @@ def run_config(
     }
     t = Timer()
     try:
-        with server_mod.acquire_server(server_cfg, cfg.plan, servers, logs, owner_pid=os.getpid()) as ep:
+        plan = PlanFile.from_json(cfg.plan)
+        with server_mod.acquire_server(server_cfg, plan, servers, logs, owner_pid=os.getpid()) as ep:
             result["ready_s"] = round(t(), 1)
             result["endpoint"] = {
                 "url": ep.url,

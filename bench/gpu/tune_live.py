@@ -97,14 +97,14 @@ def prompts(n: int, prompt_tokens: int, prefix: str, seed: int) -> list[Sample]:
 
 
 def generate_cfg(max_tokens: int, by_id: dict[str, int] | None, ids: bool = True) -> Any:
-    from regen.client import GenerateConfig
+    from regen.runconfig import GenerateConfig
 
     d = generate_dict(max_tokens)
     return dataclasses.replace(GenerateConfig.from_dict(d), max_tokens_by_id=by_id, return_token_ids=ids)
 
 
 # --------------------------------------------------------------------------------------- server
-def server_cfg(model_dir: Path, dry: bool) -> dict[str, Any]:
+def server_cfg(model_dir: Path, dry: bool) -> Any:
     simulated = {
         "token_rate": 40,
         "half_speed_running": 48,

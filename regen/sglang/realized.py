@@ -1,7 +1,7 @@
 """What a launched server really allocated, and how far that is from the plan (drift).
 
 Parses SGLang's startup log and ``/server_info`` into :class:`RealizedMemory` and compares it with
-the planner's prediction for the flags that were launched (:func:`launched_section` of a plan file).
+the planner's prediction for the flags that were launched (``regen.sglang.config.PlanFile.launched_section``).
 The server module writes the result per GPU slot (``gpu{k}.realized.json``); the report reads it.
 """
 
@@ -12,8 +12,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from regen.sglang.config import PlanFile
 
 if TYPE_CHECKING:  # the prediction's type only; the planner never imports this module
     from regen.sglang.plan import MemoryPlan
@@ -190,10 +188,3 @@ def compare(
         if abs(rel) > tolerance:
             drifts.append(Drift(name, float(predicted), float(actual), rel))
     return drifts
-
-
-def launched_section(plan_file: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The prediction for the flags the servers are launched with (``recommended`` or ``given``, as the
-    tuner recorded in the plan file: :attr:`regen.sglang.config.PlanFile.launched_section`)."""
-    plan = PlanFile.from_json(plan_file)
-    return plan.launched_section if plan is not None else {}

@@ -36,10 +36,11 @@ from typing import Any
 from regen.fingerprint import server_numerics
 from regen.io import write_json
 from regen.layout import RUN, SlotFiles, url_files
-from regen.sglang.config import ServerConfig, ServerConfigLike
+from regen.runconfig import ServerConfig
+from regen.sglang.config import PlanFile
 from regen.sglang.flags import check_flags
 from regen.sglang.plan import parse_flags
-from regen.sglang.realized import compare, launched_section, parse_startup_log, realized_from_server_info
+from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
 from regen.types import Endpoint
 
 log = logging.getLogger("regen.sglang.server")
@@ -306,12 +307,11 @@ def _drop_managed(args: Sequence[str], origin: str) -> list[str]:
     return kept
 
 
-def launch_args_for(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None) -> list[str]:
+def launch_args_for(cfg: ServerConfig, plan: PlanFile | None) -> list[str]:
     """Extra launch flags: the tuner's (``use_tuner`` and a plan) with the user's ``args`` on top."""
-    cfg = ServerConfig.of(server_cfg)
     user = list(cfg.args)
     if cfg.use_tuner and plan is not None:
-        plan_args = [str(a) for a in plan.get("launch_args") or []]
+        plan_args = list(plan.launch_args)
         args = merge_launch_args(_drop_managed(plan_args, "the plan"), user)
     else:
         args = list(user)
@@ -334,11 +334,8 @@ def check_sglang_flags(argv: list[str]) -> None:
         raise ServerError(f"bad sglang launch flags: {exc}") from exc
 
 
-def build_sglang_command(
-    server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None, port: int, model_path: str
-) -> list[str]:
+def build_sglang_command(cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str) -> list[str]:
     """``python -m sglang.launch_server`` for one slot, checked with ``regen.sglang.flags``."""
-    cfg = ServerConfig.of(server_cfg)
     argv = [
         sys.executable,
         "-m",
@@ -358,21 +355,20 @@ def build_sglang_command(
     return argv
 
 
-def simulated_running_cap(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None) -> int:
+def simulated_running_cap(cfg: ServerConfig, plan: PlanFile | None) -> int:
     """The simulated server's concurrency cap: explicit config, else the launched plan section's
     effective cap (so the simulated server behaves like the SGLang the tuner planned), else 64."""
-    explicit = ServerConfig.of(server_cfg).simulated.max_running_requests
+    explicit = cfg.simulated.max_running_requests
     if explicit:
         return int(explicit)
-    planned = launched_section(plan).get("effective_max_running_requests") if plan is not None else None
+    planned = plan.launched_section.get("effective_max_running_requests") if plan is not None else None
     return int(planned) if planned else 64
 
 
 def build_simulated_command(
-    server_cfg: ServerConfigLike, port: int, model_path: str, plan: Mapping[str, Any] | None = None
+    cfg: ServerConfig, port: int, model_path: str, plan: PlanFile | None = None
 ) -> list[str]:
     """``python -m regen.sglang.simulated`` with the ``server.simulated`` behaviour."""
-    cfg = ServerConfig.of(server_cfg)
     sim = cfg.simulated
     return [
         sys.executable,
@@ -399,11 +395,11 @@ def build_simulated_command(
     ]
 
 
-def simulated_plan_options(plan: Mapping[str, Any] | None) -> list[str]:
+def simulated_plan_options(plan: PlanFile | None) -> list[str]:
     """``--options`` making the simulated server report the memory map of the launched plan section and
     the state/KV dtypes of its launch flags (an SGLang started with those flags reports its own)."""
-    planned = launched_section(plan) if plan is not None else {}
-    flags = parse_flags(list(plan.get("launch_args") or [])) if plan is not None else None
+    planned = plan.launched_section if plan is not None else {}
+    flags = parse_flags(list(plan.launch_args)) if plan is not None else None
     fields = {
         "weights_gib": planned.get("weights_gib"),
         "kv_cache_gib": planned.get("kv_cache_gib"),
@@ -420,14 +416,11 @@ def simulated_plan_options(plan: Mapping[str, Any] | None) -> list[str]:
 
 
 #: (server config, plan, port, model_path) -> argv; tests pass their own stand-in builder
-CommandBuilder = Callable[[ServerConfig, Mapping[str, Any] | None, int, str], list[str]]
+CommandBuilder = Callable[[ServerConfig, PlanFile | None, int, str], list[str]]
 
 
-def build_server_command(
-    server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None, port: int, model_path: str
-) -> list[str]:
+def build_server_command(cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str) -> list[str]:
     """The server command for ``server.mode`` (sglang or simulated)."""
-    cfg = ServerConfig.of(server_cfg)
     mode = cfg.mode
     if mode == "sglang":
         return build_sglang_command(cfg, plan, port, model_path)
@@ -452,9 +445,8 @@ def visible_devices_for(slot: int, tp: int, inherited: str | None) -> str:
     return ",".join(visible[d] for d in wanted)
 
 
-def slot_count(server_cfg: ServerConfigLike, gpu_slots: int | None) -> int:
+def slot_count(cfg: ServerConfig, gpu_slots: int | None) -> int:
     """Server slots on this node: GPUs (``gpu_slots`` or ``server.gpus``) divided by ``server.tp``."""
-    cfg = ServerConfig.of(server_cfg)
     gpus = int(gpu_slots if gpu_slots else cfg.gpus)
     tp = cfg.tp
     if gpus < tp:
@@ -527,7 +519,7 @@ def fetch_server_info(url: str, api_key: str | None) -> dict[str, Any]:
     return {}
 
 
-def effective_max_running(info: Mapping[str, Any], plan: Mapping[str, Any] | None) -> int | None:
+def effective_max_running(info: Mapping[str, Any], plan: PlanFile | None) -> int | None:
     """The server's effective concurrency cap: /server_info internal state, else its args, else the plan."""
     states = info.get("internal_states") or []
     if states and isinstance(states[0], dict):
@@ -537,10 +529,7 @@ def effective_max_running(info: Mapping[str, Any], plan: Mapping[str, Any] | Non
     if info.get("max_running_requests"):
         return int(info["max_running_requests"])
     if plan is not None:
-        for key in ("max_running_requests", "effective_max_running_requests"):
-            if plan.get(key):
-                return int(plan[key])
-        flags = split_flags([str(a) for a in plan.get("launch_args") or []])
+        flags = split_flags(list(plan.launch_args))
         for group in flags:
             if _flag_name(group[0]) == "--max-running-requests":
                 value = group[0].split("=", 1)[1] if "=" in group[0] else (group[1] if len(group) > 1 else "")
@@ -568,9 +557,9 @@ def take_slot(lock_dir: Path, slots: int, poll_s: float = 0.5) -> tuple[int, int
         time.sleep(poll_s)
 
 
-def api_key_from(server_cfg: ServerConfigLike) -> str | None:
+def api_key_from(cfg: ServerConfig) -> str | None:
     """The API key from the environment variable named by ``server.api_key_env``."""
-    name = ServerConfig.of(server_cfg).api_key_env
+    name = cfg.api_key_env
     if not name:
         return None
     key = os.environ.get(name)
@@ -704,7 +693,7 @@ def wait_until_ready(
 
 
 def write_realized(
-    files: SlotFiles, plan: Mapping[str, Any] | None, info: Mapping[str, Any], server_id: str, url: str
+    files: SlotFiles, plan: PlanFile | None, info: Mapping[str, Any], server_id: str, url: str
 ) -> None:
     """``gpu{k}.realized.json``: the memory map the server really got vs. the plan; drift logged."""
     out: dict[str, Any] = {
@@ -718,7 +707,7 @@ def write_realized(
     out["startup_log"] = _jsonable(startup)
     out["realized"] = _jsonable(realized)
     if plan is not None:
-        predicted = launched_section(plan)
+        predicted = plan.launched_section
         out["predicted"] = _jsonable(predicted)
         drift = compare(predicted, realized)
         out["drift"] = _jsonable(drift)
@@ -745,9 +734,8 @@ SERVER_START_MARK = "=== regen supervisor: starting server"
 EXTERNAL_PROBE_TIMEOUT_S = 300.0
 
 
-def external_endpoint(server_cfg: ServerConfigLike, plan: Mapping[str, Any] | None) -> Endpoint:
+def external_endpoint(cfg: ServerConfig, plan: PlanFile | None) -> Endpoint:
     """mode external: the configured URL, checked once with a one-token generation."""
-    cfg = ServerConfig.of(server_cfg)
     if not cfg.url:
         raise ServerError("server.mode is external but server.url is not set")
     url = cfg.url.rstrip("/")
@@ -774,8 +762,8 @@ def _served_model(info: Mapping[str, Any], default: str) -> str:
 
 @contextlib.contextmanager
 def acquire_server(
-    server_cfg: ServerConfigLike,
-    plan: Mapping[str, Any] | None = None,
+    cfg: ServerConfig,
+    plan: PlanFile | None = None,
     workdir: str | os.PathLike[str] = RUN.servers_root,
     log_dir: str | os.PathLike[str] = RUN.server_logs_root,
     *,
@@ -794,7 +782,6 @@ def acquire_server(
     next job waiting for a slot takes it and shares the server while this job's last requests drain
     (this job's lease keeps the server up until the block ends).
     """
-    cfg = ServerConfig.of(server_cfg)
     if cfg.mode == "external":
         yield external_endpoint(cfg, plan)
         return
@@ -848,7 +835,7 @@ def acquire_server(
 def _live_or_start(
     files: SlotFiles,
     cfg: ServerConfig,
-    plan: Mapping[str, Any] | None,
+    plan: PlanFile | None,
     api_key: str | None,
     owner_pid: int | None,
     command_builder: CommandBuilder | None,

@@ -1,0 +1,330 @@
+"""The run config, typed: one frozen dataclass per config section, built once from the validated config.
+
+``schemas/config.schema.yaml`` is the only place a default or a rule of a config value is written: a
+section is filled with the schema's defaults, validated against it, and only then typed, so code reads
+``cfg.sampling.top_p``, never ``cfg.get("top_p", ...)``. Whether a key decides the answers (a change
+regenerates: ``regen.fingerprint``) or the server plan (a change replans: the ``tune`` rule), or only how a
+job runs, is said once, in its field's metadata (:func:`decides`); :func:`keys_deciding` reads it back.
+
+This module is on the ground: it imports no stage module.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import jsonschema
+import yaml
+
+CONFIG_SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+
+#: what a config key may decide besides how a job runs (field metadata key ``decides``)
+ANSWERS = "answers"  # the generation fingerprint, and the generate rule's tracked ``settings`` param
+PLAN = "plan"  # the server plan: the tune rule's tracked ``settings`` param
+
+
+def decides(*what: str, setting: str | None = None) -> dict[str, Any]:
+    """The field metadata of a config key that decides ``what`` (:data:`ANSWERS`, :data:`PLAN`); a key
+    without it is operational: changing it never reruns or regenerates anything. ``setting``: its name
+    among the fingerprinted settings (``regen.fingerprint.GenerationSettings``) when that differs."""
+    return {"decides": frozenset(what), "setting": setting}
+
+
+def setting_name(section: type, key: str) -> str:
+    """The name of config key ``key`` of ``section`` among the fingerprinted settings."""
+    meta = next(f.metadata for f in fields(section) if f.name == key)
+    return meta.get("setting") or key
+
+
+def keys_deciding(section: type, what: str) -> tuple[str, ...]:
+    """The config keys of a section dataclass that decide ``what``, in field order."""
+    return tuple(f.name for f in fields(section) if what in f.metadata.get("decides", ()))
+
+
+class ConfigError(ValueError):
+    """A config value the schema does not allow; the message names the section and field."""
+
+
+@functools.cache
+def config_schema() -> dict[str, Any]:
+    with open(CONFIG_SCHEMA_PATH) as fh:
+        return yaml.safe_load(fh)
+
+
+def section_schema(name: str) -> dict[str, Any]:
+    """One top-level section of the config schema (``generate``, ``server``, ``export``, ...)."""
+    return config_schema()["properties"][name]
+
+
+def with_schema_defaults(value: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``value`` with every missing property that has a schema default filled in, recursively."""
+    out = dict(value)
+    for name, prop in (schema.get("properties") or {}).items():
+        if name not in out and "default" in prop:
+            out[name] = copy.deepcopy(prop["default"])
+        if isinstance(out.get(name), Mapping) and prop.get("properties"):
+            out[name] = with_schema_defaults(out[name], prop)
+    return out
+
+
+def validated(
+    name: str, raw: Mapping[str, Any] | None, error: type[ConfigError] = ConfigError
+) -> dict[str, Any]:
+    """The ``name`` section ``raw`` with the schema's defaults filled in, validated against the schema."""
+    schema = section_schema(name)
+    filled = with_schema_defaults(raw or {}, schema)
+    try:
+        jsonschema.validate(filled, schema)
+    except jsonschema.ValidationError as exc:
+        where = ".".join(str(p) for p in exc.absolute_path) or "(section)"
+        raise error(f"{name}.{where}: {exc.message}") from exc
+    return filled
+
+
+# ------------------------------------------------------------------------------ generate --
+def sampling_overrides(block: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    """A ``sampling.thinking`` / ``sampling.non_thinking`` block with typed values, sorted by key."""
+    types = {"temperature": float, "top_p": float, "top_k": int}
+    return tuple((k, types[k](v)) for k, v in sorted((block or {}).items()))
+
+
+#: the block a sample's sampling comes from when no per-mode override applies
+SAMPLING_BLOCK = "sampling"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingConfig:
+    """``generate.sampling``: every field decides the answers (the section is :data:`ANSWERS` as a whole)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    n: int
+    seed: int
+    #: per-mode overrides (``sampling.thinking`` / ``sampling.non_thinking``): (key, value) pairs
+    thinking: tuple[tuple[str, Any], ...]
+    non_thinking: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def from_filled(cls, s: Mapping[str, Any]) -> SamplingConfig:
+        return cls(
+            temperature=float(s["temperature"]),
+            top_p=float(s["top_p"]),
+            top_k=int(s["top_k"]),
+            max_tokens=int(s["max_tokens"]),
+            n=int(s["n"]),
+            seed=int(s["seed"]),
+            thinking=sampling_overrides(s.get("thinking")),
+            non_thinking=sampling_overrides(s.get("non_thinking")),
+        )
+
+    def for_thinking(self, thinking: bool) -> tuple[SamplingConfig, str]:
+        """The sampling of a sample with thinking on or off, and the block it comes from: ``thinking`` or
+        ``non_thinking`` when that override block is configured, else ``sampling`` (one block for both)."""
+        overrides = self.thinking if thinking else self.non_thinking
+        if not overrides:
+            return self, SAMPLING_BLOCK
+        return replace(self, **dict(overrides)), "thinking" if thinking else "non_thinking"
+
+
+@dataclass(frozen=True, slots=True)
+class JournalSyncConfig:
+    """``generate.journal_sync``: batched upload of the request journal to S3 (operational)."""
+
+    s3_prefix: str | None
+    every_records: int
+    every_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateConfig:
+    """The ``generate`` config section (see ``schemas/config.schema.yaml`` for every field's meaning).
+
+    The fields that decide answers come first, in the order of the generate rule's tracked param (a
+    reordering would change its repr, and Snakemake would rerun every generate job once)."""
+
+    regenerate: str = field(metadata=decides(ANSWERS))
+    thinking: str = field(metadata=decides(ANSWERS))
+    thinking_fraction: float = field(metadata=decides(ANSWERS))
+    sampling: SamplingConfig = field(metadata=decides(ANSWERS))
+    truncation: str = field(metadata=decides(ANSWERS))
+    retry_max_tokens_factor: float = field(metadata=decides(ANSWERS))
+    #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
+    #: the fields regen sets itself
+    extra_body: tuple[tuple[str, Any], ...] = field(metadata=decides(ANSWERS))
+    #: ask for the server's own prompt and completion token ids (SGLang ``return_token_ids``)
+    return_token_ids: bool = field(metadata=decides(ANSWERS))
+    #: the chat template's preserve_thinking (sent in chat_template_kwargs); None: not sent
+    preserve_thinking: bool | None = field(metadata=decides(ANSWERS))
+    concurrency: int | None
+    request_timeout_s: float
+    max_attempts: int
+    backoff_base_s: float
+    #: with ``concurrency`` null, requests kept waiting in the server's queue beyond its running cap, as a
+    #: fraction of the cap: a finished request's place is refilled at the next step, not after a round trip
+    #: to the client (which may be stalled)
+    queue_headroom: float
+    #: retry samples the journal holds as failures (under the current fingerprint) on a rerun
+    retry_failed: bool
+    spill: bool
+    journal_sync: JournalSyncConfig
+    #: per-sample ``max_tokens`` (not a config key): benchmarks and the live sweep emulate an output-length
+    #: spread with ``ignore_eos`` on dummy weights; samples not listed use ``sampling.max_tokens``
+    max_tokens_by_id: Mapping[str, int] | None = field(default=None, compare=False)
+
+    def max_tokens_for(self, sample_id: str) -> int:
+        if self.max_tokens_by_id is not None and sample_id in self.max_tokens_by_id:
+            return int(self.max_tokens_by_id[sample_id])
+        return self.sampling.max_tokens
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> GenerateConfig:
+        """Validate ``raw`` against the schema's ``generate`` section, fill its defaults, and type it."""
+        g = validated("generate", raw)
+        sync = g["journal_sync"]
+        return cls(
+            regenerate=str(g["regenerate"]),
+            thinking=str(g["thinking"]),
+            thinking_fraction=float(g["thinking_fraction"]),
+            sampling=SamplingConfig.from_filled(g["sampling"]),
+            truncation=str(g["truncation"]),
+            retry_max_tokens_factor=float(g["retry_max_tokens_factor"]),
+            extra_body=tuple(sorted(g["extra_body"].items())),
+            return_token_ids=bool(g["return_token_ids"]),
+            preserve_thinking=g["preserve_thinking"],
+            concurrency=g["concurrency"],
+            request_timeout_s=float(g["request_timeout_s"]),
+            max_attempts=int(g["max_attempts"]),
+            backoff_base_s=float(g["backoff_base_s"]),
+            queue_headroom=float(g["queue_headroom"]),
+            retry_failed=bool(g["retry_failed"]),
+            spill=bool(g["spill"]),
+            journal_sync=JournalSyncConfig(
+                s3_prefix=sync["s3_prefix"],
+                every_records=int(sync["every_records"]),
+                every_seconds=float(sync["every_seconds"]),
+            ),
+        )
+
+
+# -------------------------------------------------------------------------------- server --
+ServerMode = Literal["sglang", "simulated", "external"]
+
+
+class ServerConfigError(ConfigError):
+    """A ``server`` config value the schema does not allow; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedConfig:
+    """``server.simulated``: the simulated server's behaviour."""
+
+    token_rate: float
+    max_running_requests: int | None
+    startup_delay_s: float
+    half_speed_running: int | None
+    tokenizer_path: str | None
+    faults: Mapping[str, Any]
+    virtual: Mapping[str, Any] | None  # VirtualTime fields (bench/efficiency.py); None: real time
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The ``server`` config section (see ``schemas/config.schema.yaml`` for every field's meaning).
+
+    The fields that decide the plan keep the order of the tune rule's tracked param (see
+    :class:`GenerateConfig` for why the order matters)."""
+
+    mode: ServerMode = field(metadata=decides(ANSWERS, PLAN, setting="server_mode"))
+    url: str | None
+    api_key_env: str | None
+    model_path: str = field(metadata=decides(ANSWERS, PLAN))
+    model_config: str | None = field(metadata=decides(PLAN))
+    gpus: int
+    gpu_memory_mib: int | None = field(metadata=decides(PLAN))
+    sglang_version: str | None = field(metadata=decides(PLAN))
+    tp: int = field(metadata=decides(PLAN))
+    args: tuple[str, ...] = field(metadata=decides(PLAN))
+    allow_fp8_kv: bool = field(metadata=decides(PLAN))
+    allow_bf16_state: bool = field(metadata=decides(PLAN))
+    use_tuner: bool = field(metadata=decides(PLAN))
+    host: str
+    port_base: int
+    reasoning_parser: str = field(metadata=decides(ANSWERS))
+    startup_timeout_s: float
+    idle_timeout_s: float
+    max_restarts: int
+    stall_timeout_s: float
+    simulated: SimulatedConfig
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any] | None) -> ServerConfig:
+        """Validate ``raw`` against the schema's ``server`` section, fill its defaults, and type it."""
+        filled = validated("server", raw, ServerConfigError)
+        sim = dict(filled["simulated"])
+        known = {f.name for f in fields(SimulatedConfig)}
+        return cls(
+            mode=filled["mode"],
+            url=filled["url"],
+            api_key_env=filled["api_key_env"],
+            model_path=str(filled["model_path"]),
+            model_config=filled["model_config"],
+            gpus=int(filled["gpus"]),
+            gpu_memory_mib=filled["gpu_memory_mib"],
+            tp=int(filled["tp"]),
+            host=str(filled["host"]),
+            port_base=int(filled["port_base"]),
+            reasoning_parser=str(filled["reasoning_parser"]),
+            args=tuple(str(a) for a in filled["args"]),
+            sglang_version=filled["sglang_version"],
+            allow_bf16_state=bool(filled["allow_bf16_state"]),
+            allow_fp8_kv=bool(filled["allow_fp8_kv"]),
+            use_tuner=bool(filled["use_tuner"]),
+            startup_timeout_s=float(filled["startup_timeout_s"]),
+            idle_timeout_s=float(filled["idle_timeout_s"]),
+            max_restarts=int(filled["max_restarts"]),
+            stall_timeout_s=float(filled["stall_timeout_s"]),
+            simulated=SimulatedConfig(**{k: v for k, v in sim.items() if k in known}),
+        )
+
+    @property
+    def planned_model(self) -> str:
+        """The config.json (or model dir) the tuner plans from."""
+        return self.model_config or self.model_path
+
+
+# ----------------------------------------------------------------------------- the whole --
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """The sections of the run config that code reads typed, built once (``rules/common.smk``).
+
+    Passed to a job as a rule param of a non-builtin type on purpose: Snakemake compares only
+    builtin-typed params between runs (others are "unrepresentable" and skipped), so nothing in it
+    reruns a job by itself; what decides outputs reaches the jobs as tracked params too
+    (``regen.fingerprint.decisive_config`` and ``decisive_plan_config``).
+    """
+
+    #: the target's tokenizer directory (its chat template decides every prompt)
+    tokenizer: str = field(metadata=decides(ANSWERS))
+    generate: GenerateConfig
+    server: ServerConfig
+    #: GPU slots on this node (not a config key: ``--resources gpu=N`` when given, else ``server.gpus``)
+    gpu_slots: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], gpu_slots: int | None = None) -> RunConfig:
+        """From the whole config mapping (each section validated with the schema's defaults filled in)."""
+        server = ServerConfig.from_mapping(config.get("server"))
+        tokenizer = config.get("tokenizer", section_schema("tokenizer")["default"])
+        return cls(
+            tokenizer=str(tokenizer),
+            generate=GenerateConfig.from_dict(config.get("generate")),
+            server=server,
+            gpu_slots=int(gpu_slots or server.gpus),
+        )
