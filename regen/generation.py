@@ -25,11 +25,11 @@ from regen.fingerprint import GenerationSettings, OperationalConfig
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.lending import SlotLenders
+from regen.run_progress import progress_line
 from regen.sglang.config import ServerConfig
 from regen.sglang.progress import SlotRestarts
 from regen.sglang.server import ServerError, acquire_server, find_owner_pid
 from regen.shards import read_shard
-from regen.status import progress_line
 from regen.storage import sink_from_config
 from regen.types import Endpoint
 
