@@ -225,7 +225,7 @@ def time_resume(wd: Path, url: str, request_log: Path, shard: str) -> float:
 def child_resume(url: str, shard: str) -> None:
     """A generate job for ``shard`` in this process (run from the workflow copy): what the generate rule
     runs, against the bench's server."""
-    from regen.client import generate_shard
+    from regen.client import GenerateConfig, ShardJob, generate_shard
     from regen.types import Endpoint
 
     config = load_config(list(CONFIGS))
@@ -235,10 +235,11 @@ def child_resume(url: str, shard: str) -> None:
     settings = GenerationSettings.from_decisive(decisive)
     generate_cfg = {**op.generate, **decisive["generate"]}
     path = layout.shard(shard)
-    generate_shard(
+    generate_shard(ShardJob(
         read_shard(path), layout.journal(shard), layout.records(shard), layout.failed(shard),
-        generate_cfg, Endpoint(url=url, server_id="bench"), shard, settings=settings,
-    )  # fmt: skip
+        GenerateConfig.from_dict(generate_cfg), Endpoint(url=url, server_id="bench"), shard,
+        settings=settings,
+    ))  # fmt: skip
 
 
 def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: GenerationSettings) -> dict:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from regen.client import generate_shard
+from regen.client import GenerateConfig, ShardJob, generate_shard
 from regen.fingerprint import GenerationSettings, OperationalConfig
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, slurm_job_id
@@ -100,12 +100,12 @@ def _generate_on(
     log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
     lenders = other_slots(endpoint, generate_cfg, slots)
     try:
-        stats = generate_shard(
+        job = ShardJob(
             samples,
             journal_path,
             records_out,
             failed_out,
-            generate_cfg,
+            GenerateConfig.from_dict(generate_cfg),
             endpoint,
             shard,
             total=total,
@@ -115,6 +115,7 @@ def _generate_on(
             settings=generation,
             restarts=SlotRestarts.of(slots, endpoint.server_id, endpoint.url),
         )
+        stats = generate_shard(job)
     finally:
         if lenders is not None:
             lenders.close()

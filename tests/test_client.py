@@ -15,14 +15,15 @@ import pytest
 
 from regen.client import (
     Endpoint,
+    GenerateConfig,
     ProgressOptions,
     ShardFailedError,
-    derive_seed,
+    ShardJob,
     generate_shard,
     generate_shard_async,
-    thinking_for,
 )
 from regen.prompts import prompt_for_last, turn_prefixes
+from regen.sample_record import derive_seed, thinking_for
 from regen.sglang.simulated import free_port, start_simulated_server
 from regen.types import Message, Sample
 
@@ -67,7 +68,15 @@ class Shard:
     def run(self, samples: list[Sample], url: str, **cfg: Any):
         merged = {**FAST, **cfg}
         return generate_shard(
-            samples, self.journal, self.out, self.failed, merged, Endpoint(url, "gpu0"), self.shard
+            ShardJob(
+                samples,
+                self.journal,
+                self.out,
+                self.failed,
+                GenerateConfig.from_dict(merged),
+                Endpoint(url, "gpu0"),
+                self.shard,
+            )
         )
 
 
@@ -259,14 +268,16 @@ def test_resume_after_abrupt_cancel(tmp_path: Path) -> None:
         async def part() -> None:
             task = asyncio.create_task(
                 generate_shard_async(
-                    samples,
-                    sh.journal,
-                    sh.out,
-                    sh.failed,
-                    {**FAST, "concurrency": 8},
-                    Endpoint(url, "gpu0"),
-                    "00000",
-                    ProgressOptions(),
+                    ShardJob(
+                        samples,
+                        sh.journal,
+                        sh.out,
+                        sh.failed,
+                        GenerateConfig.from_dict({**FAST, "concurrency": 8}),
+                        Endpoint(url, "gpu0"),
+                        "00000",
+                        ProgressOptions(),
+                    )
                 )
             )
             while not sh.journal.exists() or sh.journal.read_bytes().count(b"\n") < 15:
@@ -346,14 +357,16 @@ def test_concurrency_from_server_info(tmp_path: Path) -> None:
             nonlocal peak
             task = asyncio.create_task(
                 generate_shard_async(
-                    make_samples(12),
-                    tmp_path / "j.jsonl",
-                    tmp_path / "o.jsonl",
-                    tmp_path / "f.jsonl",
-                    FAST,
-                    Endpoint(url, "gpu0"),
-                    "00000",
-                    ProgressOptions(),
+                    ShardJob(
+                        make_samples(12),
+                        tmp_path / "j.jsonl",
+                        tmp_path / "o.jsonl",
+                        tmp_path / "f.jsonl",
+                        GenerateConfig.from_dict(FAST),
+                        Endpoint(url, "gpu0"),
+                        "00000",
+                        ProgressOptions(),
+                    )
                 )
             )
             while not task.done():
