@@ -8,6 +8,12 @@ content) equals the current one; otherwise it is generated again, so an output n
 settings. Journaled failures are retried unless ``retry_failed`` is off. At the end the shard
 outputs are written atomically from the journal, from entries with the current fingerprints only.
 
+The parts: ``generate_shard_async(job)`` (a :class:`ShardJob`) discovers the server and runs
+``regen.scheduler.ShardRun`` (pull the next sample, lend, circuit breaker, journal flushes), which turns
+each sample into its entry with ``regen.sample_record`` through ``regen.request.Requests`` (one turn's
+request: body, POST, parsed answer, retries, restarts, truncation policy); ``_Reporter`` writes the
+status file (``regen.records.ShardStatus``). ``generate_shard`` is the blocking wrapper.
+
 Failure semantics
 -----------------
 - 4xx (except 408/429): no retry; the sample fails with reason ``client_error: <message>``.
