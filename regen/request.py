@@ -229,7 +229,38 @@ class Requests:
         self.in_flight.setdefault(sid, time.time())
         try:
             body = self.body(messages, seed, thinking, max_tokens, tools)
-            return await self._post_with_retries(sid, body, max_tokens, attempts, first_url)
+            headers = {**self.base_headers, SAMPLE_ID_HEADER: sample_id_header(sid)}
+            max_attempts = self.cfg.max_attempts
+            delay = 0.0
+            for attempt in range(1, max_attempts + 1):
+                if attempt > 1:
+                    self.retried += 1
+                    self.retrying.add(sid)
+                    await asyncio.sleep(delay)
+                    self.retrying.discard(sid)
+                attempts[0] += 1
+                lent = first_url if attempt == 1 else None
+                generation = self.restarts.generation if self.restarts is not None else 0
+                try:
+                    try:
+                        answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
+                    except RequestError as err:
+                        if lent is not None or self.restarts is None or not err.retryable:
+                            raise
+                        answer = await self._resend_after_restart(
+                            err, generation, body, headers, max_tokens, attempts, sid
+                        )
+                    answer.lender = lent
+                    return answer
+                except RequestError as err:
+                    if not err.retryable or attempt == max_attempts or self.halt.reason is not None:
+                        log.warning("shard %s: sample %r: request %d/%d failed (%s); giving up on it",
+                                    self.shard, sid, attempt, max_attempts, err)  # fmt: skip
+                        raise SampleFailed(err, attempts[0]) from err
+                    delay = backoff_delay(self.cfg.backoff_base_s, attempt, self.rng)
+                    log.warning("shard %s: sample %r: request %d/%d failed (%s); retrying in %.2f s",
+                                self.shard, sid, attempt, max_attempts, err, delay)  # fmt: skip
+            raise AssertionError("unreachable")
         finally:
             self.in_flight.pop(sid, None)
             self.retrying.discard(sid)
@@ -266,42 +297,6 @@ class Requests:
         if tools:
             body["tools"] = tools
         return orjson.dumps(body)
-
-    async def _post_with_retries(
-        self, sid: str, body: bytes, max_tokens: int, attempts: list[int], first_url: str | None
-    ) -> Answer:
-        headers = {**self.base_headers, SAMPLE_ID_HEADER: sample_id_header(sid)}
-        max_attempts = self.cfg.max_attempts
-        delay = 0.0
-        for attempt in range(1, max_attempts + 1):
-            if attempt > 1:
-                self.retried += 1
-                self.retrying.add(sid)
-                await asyncio.sleep(delay)
-                self.retrying.discard(sid)
-            attempts[0] += 1
-            lent = first_url if attempt == 1 else None
-            generation = self.restarts.generation if self.restarts is not None else 0
-            try:
-                try:
-                    answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
-                except RequestError as err:
-                    if lent is not None or self.restarts is None or not err.retryable:
-                        raise
-                    answer = await self._resend_after_restart(
-                        err, generation, body, headers, max_tokens, attempts, sid
-                    )
-                answer.lender = lent
-                return answer
-            except RequestError as err:
-                if not err.retryable or attempt == max_attempts or self.halt.reason is not None:
-                    log.warning("shard %s: sample %r: request %d/%d failed (%s); giving up on it",
-                                self.shard, sid, attempt, max_attempts, err)  # fmt: skip
-                    raise SampleFailed(err, attempts[0]) from err
-                delay = backoff_delay(self.cfg.backoff_base_s, attempt, self.rng)
-                log.warning("shard %s: sample %r: request %d/%d failed (%s); retrying in %.2f s",
-                            self.shard, sid, attempt, max_attempts, err, delay)  # fmt: skip
-        raise AssertionError("unreachable")
 
     async def _resend_after_restart(
         self, err: RequestError, generation: int, body: bytes, headers: dict[str, str], max_tokens: int,
