@@ -135,13 +135,19 @@ def _error_message(body: bytes) -> str:
     return body[:300].decode("utf-8", "replace")
 
 
+_INT = frozenset({int})
+
+
 def _token_ids(choice: dict[str, Any], names: tuple[str, ...]) -> list[int] | None:
     """The first present field of ``names`` as a list of token ids; None when none is present."""
     for name in names:
         value = choice.get(name)
         if value is None:
             continue
-        if not isinstance(value, list) or not all(type(t) is int and t >= 0 for t in value):
+        # every item an int (not a bool) and none negative, checked in C: a long answer has thousands
+        if not isinstance(value, list) or not (
+            _INT.issuperset(map(type, value)) and min(value, default=0) >= 0
+        ):
             raise ValueError(f"choices[0].{name}: expected a list of non-negative integers")
         return value
     return None

@@ -419,3 +419,22 @@ def test_tool_calls_and_tools_reach_the_server_and_the_record(sim: str, tmp_path
             {"role": "tool", "content": '{"temp_c": 3}', "tool_call_id": "call_1"},
         ]
     assert recs["t1"]["tools"] == TOOLS and "tools" not in recs["t2"]
+
+
+@pytest.mark.parametrize("ids", [[1, True], [3, -1], [1.0], "12", {"a": 1}])
+def test_bad_token_ids_are_a_malformed_answer(ids: Any) -> None:
+    """Token ids that are not a list of non-negative integers (a bool is not one) make the answer
+    malformed (retried), never a record; an empty list and a long valid one are kept as they are."""
+    from regen.request import RequestError, parse_answer
+
+    def answer(completion_ids: Any) -> bytes:
+        choice = {"message": {"content": "x"}, "finish_reason": "stop", "response_token_ids": completion_ids,
+                  "prompt_token_ids": [0, 5]}  # fmt: skip
+        return orjson.dumps({"choices": [choice], "usage": {"completion_tokens": 1}})
+
+    bad = r"malformed_response: ValueError: choices\[0\]\.response_token_ids"
+    with pytest.raises(RequestError, match=bad):
+        parse_answer(answer(ids), 0.0, 0.1, 16)
+    assert parse_answer(answer([]), 0.0, 0.1, 16).completion_token_ids == []
+    long = list(range(5000))
+    assert parse_answer(answer(long), 0.0, 0.1, 16).completion_token_ids == long
