@@ -23,6 +23,7 @@ from regen.client import (
     generate_shard_async,
 )
 from regen.prompts import prompt_for_last, turn_prefixes
+from regen.run_progress import read_shard_statuses
 from regen.sample_record import derive_seed, thinking_for
 from regen.sglang.simulated import free_port, start_simulated_server
 from regen.types import Message, Sample
@@ -106,6 +107,14 @@ def test_records_complete_and_valid(sim: str, tmp_path: Path) -> None:
     assert sh.failed.read_bytes() == b""
     status = orjson.loads(sh.status.read_bytes())
     assert status["done"] == 50 and status["total"] == 50 and status["shard"] == "00000"
+    # the file's shape, as regen status has always read it, and read back by regen status's reader
+    assert set(status) == {"shard", "server", "done", "total", "failed", "truncated", "req_s", "out_tok_s",
+                           "eta_s", "updated_at", "in_flight", "retrying", "retried_requests",
+                           "oldest_in_flight_at", "finished"}  # fmt: skip
+    (read,) = read_shard_statuses(sh.status.parent)
+    assert (read.shard, read.server_id, read.server_url, read.done, read.failed, read.finished) == (
+        "00000", "gpu0", sim, 50, 0, True)  # fmt: skip
+    assert read.in_flight == 0 and read.oldest_in_flight_at is None
     assert stats.output_tokens == sum(r["usage"]["completion_tokens"] for r in recs)
 
 
