@@ -45,8 +45,8 @@ import yaml
 from regen.sglang.simulated import REQUEST_LOG_ENV, VirtualTime, read_request_log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))  # the repository root: tools/ is no package
-from tools.soak import copy_workflow, free_port_base  # noqa: E402
+sys.path.insert(0, str(REPO_ROOT / "tests"))  # tests/support: test support (tests/ is no package)
+from support.soak import copy_workflow, free_port_base  # noqa: E402
 
 FULL_SAMPLES = 914_000
 FULL_CAP = 350

@@ -43,10 +43,11 @@ import orjson
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
+sys.path[:0] = [str(REPO), str(REPO / "bench"), str(REPO / "tests")]  # tests/: support/ (test support)
 
 from audit import synthetic_rows  # noqa: E402  (bench/audit.py: the audit bench's synthetic chats)
 from merge import TextPool, synthetic_record  # noqa: E402  (bench/merge.py: a record as written)
+from support.soak import copy_workflow  # noqa: E402
 
 from regen.check import load_config  # noqa: E402
 from regen.fingerprint import (  # noqa: E402
@@ -60,7 +61,6 @@ from regen.layout import RunLayout  # noqa: E402
 from regen.prompts import prompt_for_last, sample_request_fingerprint  # noqa: E402
 from regen.sglang.simulated import read_request_log  # noqa: E402
 from regen.shards import read_shard, shard_name  # noqa: E402
-from tools.soak import copy_workflow  # noqa: E402
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 REGEN = str(Path(sys.executable).with_name("regen"))

@@ -76,6 +76,7 @@ from regen.decontam import (
     DecontaminationConfig,
 )
 from regen.io import atomic_open, atomic_path, write_json
+from regen.layout import AuditFiles
 from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
 from regen.sglang.config import CONFIG_SCHEMA_PATH
 from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
@@ -997,36 +998,6 @@ def _plot_histogram(hist: Mapping[str, Any], title: str, path: Path) -> None:
         plt.close(fig)
 
 
-@dataclass(frozen=True, slots=True)
-class AuditPaths:
-    out_dir: Path
-
-    @property
-    def summary(self) -> Path:
-        return self.out_dir / "summary.json"
-
-    @property
-    def flags(self) -> Path:
-        return self.out_dir / "flags.parquet"
-
-    @property
-    def excluded(self) -> Path:
-        return self.out_dir / "excluded.jsonl"
-
-    @property
-    def samples(self) -> Path:
-        """The kept samples, normalized (``SHARD_SCHEMA``): the shard step's input."""
-        return self.out_dir / "samples.parquet"
-
-    @property
-    def supervised_plot(self) -> Path:
-        return self.out_dir / "supervised_tokens.svg"
-
-    @property
-    def prompt_plot(self) -> Path:
-        return self.out_dir / "prompt_tokens.svg"
-
-
 def run_audit(
     input_path: str | Path,
     out_dir: str | Path,
@@ -1050,7 +1021,7 @@ def run_audit(
     """
     config = AuditConfig.from_dict(cfg, regenerate)
     chat = ChatTemplate.from_dir(tokenizer_dir)
-    paths = AuditPaths(Path(out_dir))
+    paths = AuditFiles(Path(out_dir))
     auditor = Auditor(config, chat)
     bad_rows: list[BadRow] = []
     samples = iter_samples(
@@ -1247,7 +1218,7 @@ def cli(argv: list[str]) -> int:
         print(f"regen audit: {exc}", file=sys.stderr)
         return 2
     except AuditGateError as exc:
-        summary_path = AuditPaths(Path(args.out)).summary
+        summary_path = AuditFiles(Path(args.out)).summary
         if summary_path.is_file():
             print(format_summary(_summary_from_file(summary_path)))
         print(f"\n{exc}", file=sys.stderr)
@@ -1256,7 +1227,7 @@ def cli(argv: list[str]) -> int:
     if not summary.passed:
         print("\n" + gate_failure_message(summary), file=sys.stderr)
         print("(gates overridden: continuing)", file=sys.stderr)
-    print(f"\nwrote {AuditPaths(Path(args.out)).summary}")
+    print(f"\nwrote {AuditFiles(Path(args.out)).summary}")
     return 0
 
 

@@ -1,8 +1,12 @@
-"""The run's file layout: every path under ``results/``, ``work/`` and ``logs/`` has one name here.
+"""The run's file layout: every path under ``results/``, ``work/``, ``logs/`` and ``benchmarks/`` has one
+name here, and so has the shard-name format.
 
-``results/`` holds the Snakemake outputs (the rules spell the same paths, as a table of contents);
+``results/`` holds the Snakemake outputs (the rules declare them through this module, and
+``tests/test_file_contract.py`` checks every rule of the loaded workflow against it); ``logs/`` the rules'
+logs and the gates' kept verdicts;
 ``work/`` holds what survives failed and killed jobs and is not a Snakemake output: the request
-journals, the per-shard status files, the per-GPU server slot files and the sweep's scratch.
+journals, the per-shard status files, the per-GPU server slot files, the settled shard count and the
+sweep's scratch.
 
 Server slot files live per node (``work/servers/gpu{k}.*``) or, on a Slurm cluster, per Slurm job
 (``work/servers/slurm-{job}/gpu{k}.*``): a job's GPUs are its own, and files on a shared filesystem
@@ -13,11 +17,52 @@ report) looks in every one of these directories through :meth:`RunLayout.server_
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 #: the per-Slurm-job subdirectory of a slot or log directory
 SLURM_DIR_PREFIX = "slurm-"
+
+#: a shard's name: its index, 5 digits zero-padded (the workflow's ``{shard}`` wildcard)
+SHARD_DIGITS = 5
+SHARD_PATTERN = f"[0-9]{{{SHARD_DIGITS}}}"
+_SHARD_RE = re.compile(rf"^{SHARD_PATTERN}$")
+
+
+def shard_name(k: int) -> str:
+    """The zero-padded shard name: ``shard_name(3) == "00003"``."""
+    return f"{k:0{SHARD_DIGITS}d}"
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether ``name`` is a shard's name (``shard_name`` of some index)."""
+    return _SHARD_RE.match(name) is not None
+
+
+# the report's pages and plots (``regen.report`` writes every one, always), in ``RunLayout.report_dir``
+TOKEN_LENGTHS_SVG = "token_lengths.svg"
+FINISH_REASONS_SVG = "finish_reasons.svg"
+QUARANTINE_REASONS_SVG = "quarantine_reasons.svg"
+THROUGHPUT_SVG = "throughput.svg"
+TRAINER_WINDOW_SVG = "trainer_window.svg"
+RECONCILE_HTML = "reconcile.html"
+SERVER_PLAN_HTML = "server_plan.html"
+AUDIT_HTML = "audit.html"
+REAUDIT_HTML = "reaudit.html"
+LANDING_RST = "landing.rst"
+ASSET_NAMES = (
+    TOKEN_LENGTHS_SVG,
+    FINISH_REASONS_SVG,
+    QUARANTINE_REASONS_SVG,
+    THROUGHPUT_SVG,
+    TRAINER_WINDOW_SVG,
+    RECONCILE_HTML,
+    SERVER_PLAN_HTML,
+    AUDIT_HTML,
+    REAUDIT_HTML,
+    LANDING_RST,
+)
 
 
 def slurm_job_id() -> str | None:
@@ -83,24 +128,62 @@ def realized_files(servers_root: str | os.PathLike[str]) -> list[Path]:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditFiles:
+    """What the input audit writes into its directory (``regen audit --out DIR``, the audit rule)."""
+
+    out_dir: Path
+
+    @property
+    def summary(self) -> Path:
+        return self.out_dir / "summary.json"
+
+    @property
+    def flags(self) -> Path:
+        return self.out_dir / "flags.parquet"
+
+    @property
+    def excluded(self) -> Path:
+        return self.out_dir / "excluded.jsonl"
+
+    @property
+    def samples(self) -> Path:
+        """The kept samples, normalized (``SHARD_SCHEMA``): the shard step's input."""
+        return self.out_dir / "samples.parquet"
+
+    @property
+    def supervised_plot(self) -> Path:
+        return self.out_dir / "supervised_tokens.svg"
+
+    @property
+    def prompt_plot(self) -> Path:
+        return self.out_dir / "prompt_tokens.svg"
+
+
+@dataclass(frozen=True, slots=True)
 class RunLayout:
     """The paths of one run, relative to its working directory (or under ``root``)."""
 
     results: Path = Path("results")
     work: Path = Path("work")
     logs: Path = Path("logs")
+    benchmarks: Path = Path("benchmarks")
 
     @classmethod
     def under(cls, root: str | os.PathLike[str]) -> RunLayout:
         """The layout of a run whose working directory is ``root``."""
         r = Path(root)
-        return cls(results=r / "results", work=r / "work", logs=r / "logs")
+        return cls(results=r / "results", work=r / "work", logs=r / "logs", benchmarks=r / "benchmarks")
 
     @classmethod
     def of_journal(cls, journal: str | os.PathLike[str]) -> RunLayout:
         """The layout a journal ``{work}/journal/{shard}.jsonl`` belongs to (its ``work`` directory)."""
         work = Path(journal).parent.parent
-        return cls(results=work.parent / "results", work=work, logs=work.parent / "logs")
+        return cls(
+            results=work.parent / "results",
+            work=work,
+            logs=work.parent / "logs",
+            benchmarks=work.parent / "benchmarks",
+        )
 
     # ---------------------------------------------------------------------------- results --
     @property
@@ -108,21 +191,25 @@ class RunLayout:
         return self.results / "audit"
 
     @property
+    def audit(self) -> AuditFiles:
+        return AuditFiles(self.audit_dir)
+
+    @property
     def audit_summary(self) -> Path:
-        return self.audit_dir / "summary.json"
+        return self.audit.summary
 
     @property
     def audit_flags(self) -> Path:
-        return self.audit_dir / "flags.parquet"
+        return self.audit.flags
 
     @property
     def audit_samples(self) -> Path:
         """The samples the audit kept, normalized: the shard step's input."""
-        return self.audit_dir / "samples.parquet"
+        return self.audit.samples
 
     @property
     def audit_excluded(self) -> Path:
-        return self.audit_dir / "excluded.jsonl"
+        return self.audit.excluded
 
     @property
     def shards_dir(self) -> Path:
@@ -153,6 +240,10 @@ class RunLayout:
 
     def failed(self, shard: str) -> Path:
         return self.generations_dir / f"{shard}.failed.jsonl"
+
+    def failed_files(self) -> list[Path]:
+        """Every shard's failed requests (``failed``) written so far."""
+        return sorted(self.generations_dir.glob("*.failed.jsonl"))
 
     @property
     def valid_dir(self) -> Path:
@@ -189,12 +280,47 @@ class RunLayout:
         return self.results / "export"
 
     @property
+    def export_specforge(self) -> Path:
+        return self.export_dir / "specforge.jsonl"
+
+    @property
+    def export_tokenized(self) -> Path:
+        return self.export_dir / "tokenized.jsonl"
+
+    @property
+    def export_specforge_eval(self) -> Path:
+        """The held-out eval split beside the training file (``regen.export.eval_path``)."""
+        return self.export_dir / "specforge.eval.jsonl"
+
+    @property
+    def export_tokenized_eval(self) -> Path:
+        return self.export_dir / "tokenized.eval.jsonl"
+
+    @property
+    def export_token_freq(self) -> Path:
+        """Supervised-token counts for the draft vocabulary (``regen.export.token_freq_path``)."""
+        return self.export_dir / "token_freq.json"
+
+    @property
+    def export_thinking(self) -> Path:
+        """Each row's thinking mode and split side (``regen.export.thinking_path``)."""
+        return self.export_dir / "thinking.jsonl"
+
+    @property
+    def export_manifest(self) -> Path:
+        return self.export_dir / "manifest.json"
+
+    @property
     def reconcile(self) -> Path:
         return self.results / "reconcile.json"
 
     @property
     def report_dir(self) -> Path:
         return self.results / "report"
+
+    def report_asset(self, name: str) -> Path:
+        """One of the report's ``ASSET_NAMES``."""
+        return self.report_dir / name
 
     @property
     def plan_dir(self) -> Path:
@@ -219,6 +345,9 @@ class RunLayout:
 
     def journal(self, shard: str) -> Path:
         return self.journal_dir / f"{shard}.jsonl"
+
+    def journal_files(self) -> list[Path]:
+        return sorted(self.journal_dir.glob("*.jsonl"))
 
     @property
     def status_dir(self) -> Path:
@@ -259,6 +388,27 @@ class RunLayout:
     @property
     def sweep_dir(self) -> Path:
         return self.work / "sweep"
+
+    @property
+    def shard_count_file(self) -> Path:
+        """The settled count of ``shards.count: auto`` (``regen.shard_count``)."""
+        return self.work / "plan" / "shards.json"
+
+    # ------------------------------------------------------------------------------- logs --
+    def log(self, rule: str, shard: str | None = None) -> Path:
+        """A rule's log: ``logs/{rule}.log``, or per shard ``logs/{rule}/{shard}.log``."""
+        return self.logs / rule / f"{shard}.log" if shard is not None else self.logs / f"{rule}.log"
+
+    def verdict(self, rule: str) -> Path:
+        """A gate's verdict beside its rule's log, kept when the failed job's outputs are deleted
+        (``regen.verdict``)."""
+        return self.logs / f"{rule}.verdict.json"
+
+    def benchmark(self, rule: str, shard: str | None = None) -> Path:
+        """A rule's Snakemake benchmark: ``benchmarks/{rule}.tsv``, or per shard."""
+        return (
+            self.benchmarks / rule / f"{shard}.tsv" if shard is not None else self.benchmarks / f"{rule}.tsv"
+        )
 
 
 #: the layout of a run in the current working directory (the Snakefile's)

@@ -29,7 +29,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from regen.io import open_lines, write_json
-from regen.layout import RunLayout
+from regen.layout import RUN, RunLayout
 
 BUCKETS = ("output", "quarantine", "excluded", "failed")
 # A quarantined later copy of an id already handled in its shard is not a membership.
@@ -259,35 +259,35 @@ def check(result: Reconciliation) -> Reconciliation:
     return result
 
 
-def reconcile_results(results: str | os.PathLike[str] = "results", strict: bool = True) -> Reconciliation:
-    """Reconcile the standard layout under ``results`` and write ``results/reconcile.json``.
+def reconcile_results(results: str | os.PathLike[str] = RUN.results, strict: bool = True) -> Reconciliation:
+    """Reconcile the standard layout under ``results`` and write its ``reconcile.json``.
 
     The JSON is written in every case (it explains a failure); then, with ``strict``,
     ``ReconcileError`` is raised if the result is inconsistent.
     """
-    root = Path(results)
-    flags = root / "audit" / "flags.parquet"
+    run = RunLayout(results=Path(results))
+    flags = run.audit_flags
     if not flags.is_file():
         raise MissingAuditError(
             f"{flags}: not found, so there is nothing to reconcile against; the audit writes it "
-            f"(run the workflow, or `regen audit DATASET --out {root / 'audit'}`), then reconcile"
+            f"(run the workflow, or `regen audit DATASET --out {run.audit_dir}`), then reconcile"
         )
     result = reconcile(
-        root / "audit" / "flags.parquet",
-        root / "audit" / "excluded.jsonl" if (root / "audit" / "excluded.jsonl").exists() else None,
-        sorted((root / "generations").glob("*.failed.jsonl")),
-        RunLayout(results=root).quarantine_files(),
-        root / "dataset",
+        flags,
+        run.audit_excluded if run.audit_excluded.exists() else None,
+        run.failed_files(),
+        run.quarantine_files(),
+        run.dataset_dir,
         strict=False,
     )
-    write_json(root / "reconcile.json", result.to_json())
+    write_json(run.reconcile, result.to_json())
     return check(result) if strict else result
 
 
 def cli(argv: list[str]) -> int:
     """``regen reconcile [--results results] [--json]``: exit 1 if any id is lost/duplicated/unknown."""
     ap = argparse.ArgumentParser(prog="regen reconcile", description=__doc__.splitlines()[0])
-    ap.add_argument("--results", default="results", help="results directory (default: results)")
+    ap.add_argument("--results", default=str(RUN.results), help="results directory (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     args = ap.parse_args(argv)
     try:

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from regen.fingerprint import GenerationSettings, changed_settings, decisive_config, request_fingerprint
 from regen.io import gc_paused
 from regen.journal import FAILED, RECORD, EntryHead, read_heads
-from regen.layout import RunLayout
+from regen.layout import RUN, RunLayout
 from regen.prompts import sample_request_fingerprint
 from regen.types import Sample
 
@@ -174,7 +174,7 @@ def plan_replay_fingerprints(
     return plan
 
 
-def workflow_samples(config: Mapping[str, Any], results: str = "results") -> Iterable[Sample] | None:
+def workflow_samples(config: Mapping[str, Any], layout: RunLayout = RUN) -> Iterable[Sample] | None:
     """The samples the shard job will write (dataset minus the audit's excluded rows); None when the
     dataset is not a local file."""
     from regen.dataset import iter_samples  # the dataset reader (heavy imports) only when previewing
@@ -184,7 +184,7 @@ def workflow_samples(config: Mapping[str, Any], results: str = "results") -> Ite
     path = dataset["path"]
     if str(path).startswith("s3://") or not Path(path).is_file():
         return None
-    excluded = Path(results) / "audit" / "excluded.jsonl"
+    excluded = layout.audit_excluded
     rows = read_excluded(excluded)[1] if excluded.exists() else frozenset()
     samples = iter_samples(
         path, dataset.get("format", "auto"), dataset.get("id_column"), "skip", config.get("tokenizer")
@@ -219,7 +219,7 @@ def shard_fingerprints(
 
 
 def preview_lines(
-    config: Mapping[str, Any], journal_paths: Iterable[str], results: str = "results"
+    config: Mapping[str, Any], journal_paths: Iterable[str], layout: RunLayout = RUN
 ) -> list[str]:
     """The dry-run lines for a validated workflow config and its journals (one per shard)."""
     journal_paths = list(journal_paths)
@@ -233,12 +233,11 @@ def preview_lines(
         shown = ", ".join(f"{k} {v}" for k, v in served.items())
         assumed = [f"regen: assuming the server reports the numerics it reported before ({shown}); "
                    "one that reports others regenerates every sample"]  # fmt: skip
-    layout = RunLayout(results=Path(results))
     upstream = [layout.audit_samples, Path(config["dataset"]["path"])]
     shards = [layout.shard(Path(j).name.removesuffix(".jsonl")) for j in journal_paths]
     fingerprints = shard_fingerprints(shards, settings, upstream)
     if fingerprints is None:  # before the shards are (re)written: the dataset itself, prompts rebuilt
-        samples = workflow_samples(config, results)
+        samples = workflow_samples(config, layout)
         if samples is None:
             return [f"regen: dataset {config['dataset']['path']} is not a local file: no replay preview"]
         plan = plan_replay(samples, index, settings, retry)

@@ -1,7 +1,9 @@
 """Plots and tables for ``snakemake --report``.
 
-``write_report_assets(results_dir, out_dir)`` writes the fixed file names in ``ASSET_NAMES``
+``write_report(inputs, out_dir)`` writes the fixed file names in ``ASSET_NAMES``
 (every one, always: a plot with no data says so) so the workflow can declare them as outputs.
+It reads only the files named in :class:`ReportInputs`: the report rule's declared inputs, or
+(``write_report_assets``, ``regen report-assets``) the files of a run's ``RunLayout``.
 Inputs are read streamed and only the columns/fields needed; missing inputs give "no data".
 """
 
@@ -13,7 +15,7 @@ import math
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,31 +29,69 @@ import orjson
 import pyarrow.parquet as pq
 
 from regen.io import atomic_open, atomic_path, open_lines, read_json
-from regen.layout import RunLayout
+from regen.layout import (
+    ASSET_NAMES,
+    AUDIT_HTML,
+    FINISH_REASONS_SVG,
+    LANDING_RST,
+    QUARANTINE_REASONS_SVG,
+    REAUDIT_HTML,
+    RECONCILE_HTML,
+    RUN,
+    SERVER_PLAN_HTML,
+    SLURM_DIR_PREFIX,
+    THROUGHPUT_SVG,
+    TOKEN_LENGTHS_SVG,
+    TRAINER_WINDOW_SVG,
+    RunLayout,
+)
 from regen.sglang.progress import read_restarts
 
-TOKEN_LENGTHS_SVG = "token_lengths.svg"
-FINISH_REASONS_SVG = "finish_reasons.svg"
-QUARANTINE_REASONS_SVG = "quarantine_reasons.svg"
-THROUGHPUT_SVG = "throughput.svg"
-TRAINER_WINDOW_SVG = "trainer_window.svg"
-RECONCILE_HTML = "reconcile.html"
-SERVER_PLAN_HTML = "server_plan.html"
-AUDIT_HTML = "audit.html"
-REAUDIT_HTML = "reaudit.html"
-LANDING_RST = "landing.rst"
-ASSET_NAMES = (
-    TOKEN_LENGTHS_SVG,
-    FINISH_REASONS_SVG,
-    QUARANTINE_REASONS_SVG,
-    THROUGHPUT_SVG,
-    TRAINER_WINDOW_SVG,
-    RECONCILE_HTML,
-    SERVER_PLAN_HTML,
-    AUDIT_HTML,
-    REAUDIT_HTML,
-    LANDING_RST,
-)
+
+@dataclass(frozen=True, slots=True)
+class ReportInputs:
+    """Every file the report reads: in the workflow the report rule's declared inputs
+    (``scripts/report_assets.py``), from the command line a run's layout (:meth:`of`).
+
+    The GPU slots' ``realized`` and ``restarts`` files belong to the long-lived servers, not to a
+    job: the rule names their root (``RunLayout.servers_root``) and they are listed when the report runs.
+    """
+
+    dataset: Path
+    reconcile: Path
+    audit: Path
+    audit_verdict: Path
+    reaudit: Path
+    reaudit_verdict: Path
+    ready: Path
+    plan: Path
+    #: ``regen tune --sweep``'s pilot (None: none was run)
+    pilot: Path | None
+    records: tuple[Path, ...]
+    failed: tuple[Path, ...]
+    quarantine: tuple[Path, ...]
+    realized: tuple[Path, ...]
+    restarts: tuple[Path, ...]
+
+    @classmethod
+    def of(cls, layout: RunLayout) -> ReportInputs:
+        """The files of the run laid out by ``layout``, as they are now."""
+        return cls(
+            dataset=layout.dataset_dir,
+            reconcile=layout.reconcile,
+            audit=layout.audit_summary,
+            audit_verdict=layout.verdict("audit"),
+            reaudit=layout.reaudit_summary,
+            reaudit_verdict=layout.verdict("reaudit"),
+            ready=layout.ready,
+            plan=layout.server_plan,
+            pilot=layout.pilot,
+            records=tuple(layout.record_files()),
+            failed=tuple(layout.failed_files()),
+            quarantine=tuple(layout.quarantine_files()),
+            realized=tuple(layout.realized_files()),  # per node and per Slurm job
+            restarts=tuple(layout.restart_files()),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,25 +124,25 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 yield obj
 
 
-def quarantine_reason_counts(quarantine_dir: str | os.PathLike[str]) -> Counter[str]:
+def quarantine_reason_counts(quarantine: Iterable[Path]) -> Counter[str]:
     counts: Counter[str] = Counter()
-    for path in RunLayout.shard_outputs_in(quarantine_dir):
+    for path in quarantine:
         for obj in iter_jsonl(path):
             counts[str(obj.get("reason", "unknown"))] += 1
     return counts
 
 
 def throughput_series(
-    generations_dir: str | os.PathLike[str], bucket_s: float | None = None
+    records: Iterable[Path], bucket_s: float | None = None
 ) -> tuple[float, dict[str, np.ndarray]]:
-    """Output tokens/s per server per time bucket, from the generation records.
+    """Output tokens/s per server per time bucket, from the generation records (one file per shard).
 
     A record's completion tokens are spread evenly over its request (``started_at`` to
     ``started_at + latency_s``). Returns ``(bucket_s, {server_id: tokens_per_s array})``;
     bucket 0 starts at the earliest request.
     """
     spans: list[tuple[str, float, float, int]] = []
-    for path in RunLayout.shard_outputs_in(generations_dir):
+    for path in records:
         for rec in iter_jsonl(path):
             try:
                 server = str(rec["server"]["id"])
@@ -233,14 +273,14 @@ def plot_finish_reasons(dataset_dir: str | os.PathLike[str], path: Path) -> Coun
     return counts
 
 
-def plot_quarantine_reasons(quarantine_dir: str | os.PathLike[str], path: Path) -> Counter[str]:
-    counts = quarantine_reason_counts(quarantine_dir)
+def plot_quarantine_reasons(quarantine: Iterable[Path], path: Path) -> Counter[str]:
+    counts = quarantine_reason_counts(quarantine)
     _bar(counts, "quarantine reasons", path, "records")
     return counts
 
 
-def plot_throughput(generations_dir: str | os.PathLike[str], path: Path) -> dict[str, np.ndarray]:
-    bucket_s, series = throughput_series(generations_dir)
+def plot_throughput(records: Iterable[Path], path: Path) -> dict[str, np.ndarray]:
+    bucket_s, series = throughput_series(records)
     fig, ax = plt.subplots(figsize=(9, 3.8))
     if series:
         for server, values in series.items():
@@ -625,7 +665,7 @@ def server_plan_html(
             )
         )
     if not servers:
-        parts.append(_note("no realized values: no server wrote work/servers/gpu*.realized.json"))
+        parts.append(_note(f"no realized values: no server wrote {RUN.servers_root}/gpu*.realized.json"))
     parts.append(_side_by_side(MEMORY_MAP, predicted, servers, "memory map (GiB per GPU)"))
     parts.append(_side_by_side(CAPACITY, predicted, servers, "capacities"))
     given, recommended = plan.get("given") or {}, plan.get("recommended") or {}
@@ -644,13 +684,14 @@ def server_plan_html(
     return _page(title, *parts)
 
 
-def server_restarts_table(paths: list[Path]) -> str:
+def server_restarts_table(paths: Iterable[Path]) -> str:
     """Every server restart of the run with its cause (a crash, a stall, a port lost to another process,
     a supervisor that gave up), from the slots' ``gpu{k}.restarts.jsonl`` (``regen.sglang.progress``)."""
     rows = []
     for path in paths:
         slot = path.name.split(".")[0]
-        where = slot if path.parent.name == "servers" else f"{path.parent.name}/{slot}"
+        per_job = path.parent.name.startswith(SLURM_DIR_PREFIX)  # a Slurm job's slot (regen.layout)
+        where = f"{path.parent.name}/{slot}" if per_job else slot
         for entry in read_restarts(path):
             at = entry.get("at")
             when = (
@@ -673,10 +714,10 @@ PILOT_HEADERS = ["", "candidate", "args", "concurrency", "out tok/s", "req/s", "
                  "truncated", "error"]  # fmt: skip
 
 
-def pilot_tables_html(pilot_json: str | os.PathLike[str]) -> str:
+def pilot_tables_html(pilot_json: str | os.PathLike[str] | None) -> str:
     """Tables of ``regen tune --sweep`` (candidates, output lengths, projection); '' without a pilot."""
-    path = Path(pilot_json)
-    if not path.is_file():
+    path = Path(pilot_json) if pilot_json is not None else None
+    if path is None or not path.is_file():
         return ""
     esc = html.escape
     pilot = read_json(path)
@@ -709,7 +750,7 @@ def pilot_tables_html(pilot_json: str | os.PathLike[str]) -> str:
     return "".join(out)
 
 
-def with_pilot(page: str, pilot_json: str | os.PathLike[str]) -> str:
+def with_pilot(page: str, pilot_json: str | os.PathLike[str] | None) -> str:
     """``page`` with the pilot tables added before ``</body>`` (unchanged without a pilot file)."""
     return _with_extra(page, pilot_tables_html(pilot_json))
 
@@ -766,11 +807,12 @@ def _failed_gates(summary: Mapping[str, Any], prefix: str) -> list[str]:
     ]
 
 
-def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
+def readiness(inputs: ReportInputs) -> Readiness:
     """READY when READY.json says so and reconciliation holds; otherwise every reason found."""
     reasons: list[str] = []
     stages: list[tuple[str, str]] = []
-    audit, audit_src = read_verdict(results / "audit" / "summary.json", logs / "audit.verdict.json")
+    servers = inputs.realized
+    audit, audit_src = read_verdict(inputs.audit, inputs.audit_verdict)
     if audit is None:
         reasons.append("the input audit has not run")
         stages.append(("1. Input audit", "not run"))
@@ -786,17 +828,14 @@ def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
             doc = read_json(path)
             for d in doc.get("drift") or []:
                 drifts.append(f"{doc.get('server_id')}: {d.get('field')} {float(d.get('relative', 0)):+.1%}")
-    plan_line = "planned" if (results / "plan" / "server.json").is_file() else "not planned"
+    plan_line = "planned" if inputs.plan.is_file() else "not planned"
     stages.append(
         (
             "2. Server plan",
             f"{plan_line}; {len(servers)} server(s) reported; drift over 5%: {', '.join(drifts) or 'none'}",
         )
     )
-    run = RunLayout(results=results)
-    records = run.record_files()
-    failed_files = sorted(run.generations_dir.glob("*.failed.jsonl"))
-    quarantine = run.quarantine_files()
+    records, failed_files, quarantine = list(inputs.records), list(inputs.failed), list(inputs.quarantine)
     stages.append(
         (
             "3. Generation",
@@ -805,8 +844,8 @@ def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
             f"{_count_lines(quarantine)} quarantined by validation",
         )
     )
-    reaudit, reaudit_src = read_verdict(results / "reaudit" / "summary.json", logs / "reaudit.verdict.json")
-    ready_doc = read_json(results / "READY.json") if (results / "READY.json").is_file() else None
+    reaudit, reaudit_src = read_verdict(inputs.reaudit, inputs.reaudit_verdict)
+    ready_doc = read_json(inputs.ready) if inputs.ready.is_file() else None
     if reaudit is None:
         reasons.append("the merged output has not been re-audited")
         stages.append(("4. Output audit", "not run"))
@@ -815,8 +854,8 @@ def readiness(results: Path, logs: Path, servers: list[Path]) -> Readiness:
         reasons += blocking
         stages.append(("4. Output audit", f"{verdict}: {reaudit.get('rows')} rows" + _drafter_facts(reaudit)))
     if ready_doc is None and reaudit is not None and not reasons:
-        reasons.append("results/READY.json is missing")
-    reconcile_path = results / "reconcile.json"
+        reasons.append(f"{inputs.ready} is missing")
+    reconcile_path = inputs.reconcile
     if reconcile_path.is_file():
         rec = read_json(reconcile_path)
         if not rec.get("ok"):
@@ -882,7 +921,7 @@ def landing_rst(verdict: Readiness, facts: RunFacts, rows: int | None) -> str:
     """The report's first page (Snakefile ``report:``): the verdict first, then what ran."""
     t = _rst_text
     if verdict.ready:
-        head = f"**READY**: {rows} training-ready rows in ``results/dataset``."
+        head = f"**READY**: {rows} training-ready rows in ``{RUN.dataset_dir}``."
     else:
         head = "**NOT READY**: the output is not training-ready yet."
     lines = [head, ""]
@@ -943,47 +982,56 @@ def _write_text(path: Path, text: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def write_report_assets(
-    results_dir: str | os.PathLike[str],
-    out_dir: str | os.PathLike[str],
-    work_dir: str | os.PathLike[str] = "work",
-    logs_dir: str | os.PathLike[str] = "logs",
-    facts: RunFacts | None = None,
+def write_report(
+    inputs: ReportInputs, out_dir: str | os.PathLike[str], facts: RunFacts | None = None
 ) -> dict[str, Path]:
-    """Write every file in ``ASSET_NAMES`` under ``out_dir``; returns name -> path."""
-    layout = RunLayout(results=Path(results_dir), work=Path(work_dir), logs=Path(logs_dir))
-    results, logs = layout.results, layout.logs
+    """Write every file in ``ASSET_NAMES`` under ``out_dir`` from ``inputs`` alone; returns name -> path."""
     facts = facts or RunFacts()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in ASSET_NAMES}
-    plot_token_lengths(layout.dataset_dir, paths[TOKEN_LENGTHS_SVG])
-    plot_finish_reasons(layout.dataset_dir, paths[FINISH_REASONS_SVG])
-    plot_quarantine_reasons(layout.quarantine_dir, paths[QUARANTINE_REASONS_SVG])
-    plot_throughput(layout.generations_dir, paths[THROUGHPUT_SVG])
-    plot_trainer_window(layout.reaudit_summary, paths[TRAINER_WINDOW_SVG])
-    reconcile_page = reconcile_table_html(layout.reconcile)
-    contamination = contamination_table_html(layout.audit_summary)
+    plot_token_lengths(inputs.dataset, paths[TOKEN_LENGTHS_SVG])
+    plot_finish_reasons(inputs.dataset, paths[FINISH_REASONS_SVG])
+    plot_quarantine_reasons(inputs.quarantine, paths[QUARANTINE_REASONS_SVG])
+    plot_throughput(inputs.records, paths[THROUGHPUT_SVG])
+    plot_trainer_window(inputs.reaudit, paths[TRAINER_WINDOW_SVG])
+    reconcile_page = reconcile_table_html(inputs.reconcile)
+    contamination = contamination_table_html(inputs.audit)
     _write_text(paths[RECONCILE_HTML], _with_extra(reconcile_page, contamination))
-    _write_text(paths[AUDIT_HTML], audit_page_html(layout.audit_summary, logs / "audit.verdict.json"))
-    _write_text(paths[REAUDIT_HTML], reaudit_page_html(layout.reaudit_summary, logs / "reaudit.verdict.json"))
-    realized = layout.realized_files()  # per node and per Slurm job
-    plan_page = server_plan_html(layout.server_plan, realized, facts.mode)
-    plan_page = _with_extra(plan_page, server_restarts_table(layout.restart_files()))
-    _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, layout.pilot))
-    verdict = readiness(results, logs, realized)
-    rows = read_json(layout.ready).get("rows") if layout.ready.is_file() else None
+    _write_text(paths[AUDIT_HTML], audit_page_html(inputs.audit, inputs.audit_verdict))
+    _write_text(paths[REAUDIT_HTML], reaudit_page_html(inputs.reaudit, inputs.reaudit_verdict))
+    plan_page = server_plan_html(inputs.plan, list(inputs.realized), facts.mode)
+    plan_page = _with_extra(plan_page, server_restarts_table(inputs.restarts))
+    _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, inputs.pilot))
+    verdict = readiness(inputs)
+    rows = read_json(inputs.ready).get("rows") if inputs.ready.is_file() else None
     _write_text(paths[LANDING_RST], landing_rst(verdict, facts, rows))
     return paths
+
+
+def write_report_assets(
+    results_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    work_dir: str | os.PathLike[str] = RUN.work,
+    logs_dir: str | os.PathLike[str] = RUN.logs,
+    facts: RunFacts | None = None,
+) -> dict[str, Path]:
+    """``write_report`` from the files of the run whose directories are given, as they are now."""
+    layout = RunLayout(results=Path(results_dir), work=Path(work_dir), logs=Path(logs_dir))
+    return write_report(ReportInputs.of(layout), out_dir, facts)
 
 
 def cli(argv: list[str]) -> int:
     """``regen report-assets [--results results] [--work work] [--logs logs] OUT_DIR``."""
     ap = argparse.ArgumentParser(prog="regen report-assets", description=__doc__.splitlines()[0])
     ap.add_argument("out_dir", help="directory the plots, tables and landing page are written to")
-    ap.add_argument("--results", default="results", help="the run's results directory (default: results)")
-    ap.add_argument("--work", default="work", help="the run's work directory (default: work)")
-    ap.add_argument("--logs", default="logs", help="the run's log directory, where gate verdicts are kept")
+    ap.add_argument(
+        "--results", default=str(RUN.results), help="the run's results directory (default: %(default)s)"
+    )
+    ap.add_argument("--work", default=str(RUN.work), help="the run's work directory (default: %(default)s)")
+    ap.add_argument(
+        "--logs", default=str(RUN.logs), help="the run's log directory, where gate verdicts are kept"
+    )
     args = ap.parse_args(argv)
     for name, path in write_report_assets(args.results, args.out_dir, args.work, args.logs).items():
         print(f"{name}: {path}")

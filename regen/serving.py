@@ -10,7 +10,7 @@ from the settings the records carry (``regen.fingerprint``, via the dataset mani
 from a config edited afterwards.
 
 :func:`trainer_settings_markdown` renders the SpecForge and speculators settings that match a manifest:
-the README's trainer section is that text for the demo (``tools/readme_trainer_section.py`` writes it;
+the README's trainer section is that text for the demo (``tests/support/readme_trainer_section.py`` writes it;
 a test checks the README still matches).
 """
 

@@ -1,8 +1,9 @@
 """How many prompt shards a run has: the configured number, or one per GPU slot (``shards.count: auto``).
 
 With ``auto`` the count is derived from the GPU slots of the first run and written to
-``work/plan/shards.json``; later runs read it back, so a rerun with another ``--resources gpu=N``
-keeps the shards (and journals) it already has. The count is known when Snakemake plans the DAG.
+``RunLayout.shard_count_file`` (``work/plan/shards.json``); later runs read it back, so a rerun with
+another ``--resources gpu=N`` keeps the shards (and journals) it already has. The count is known
+when Snakemake plans the DAG.
 
 One shard per GPU: no GPU waits between jobs, and at the end of the run the GPUs whose shard is done
 serve the shards still running (``generate.spill``), so the run ends when the work does.
@@ -14,9 +15,10 @@ import os
 from pathlib import Path
 
 from regen.io import read_json, write_json
+from regen.layout import RUN
 
 AUTO = "auto"
-PERSISTED = "work/plan/shards.json"
+PERSISTED = RUN.shard_count_file
 
 
 def shard_count(

@@ -19,15 +19,11 @@ import pyarrow.parquet as pq
 
 from regen.chat import ChatTemplate
 from regen.dataset import iter_samples
+from regen.layout import shard_name as shard_name  # the shard-name format's home is the layout
 from regen.records import SHARD_SCHEMA, SampleRows, message_from_row
 from regen.types import Sample
 
 ROWS_PER_BATCH = 4096
-
-
-def shard_name(k: int) -> str:
-    """The 5-digit zero-padded shard name: ``shard_name(3) == "00003"``."""
-    return f"{k:05d}"
 
 
 def shard_index(sample_id: str, n: int) -> int:

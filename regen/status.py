@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from regen.io import read_json
-from regen.layout import RunLayout, SlotFiles, url_files
+from regen.layout import RUN, RunLayout, SlotFiles, url_files
 from regen.projection import fmt_duration, project
 from regen.records import ShardStatus
 from regen.run_progress import STALE_AFTER_S, RunSnapshot, run_totals, summary_line
@@ -253,9 +253,9 @@ def watch(workdir: Path, results: Path, every_s: float, out: TextIO, max_frames:
 
 def cli(argv: list[str], out: TextIO | None = None) -> int:
     p = argparse.ArgumentParser(prog="regen status", description="progress of a generation run")
-    p.add_argument("--workdir", type=Path, default=Path("work"), help="working directory (default: work)")
+    p.add_argument("--workdir", type=Path, default=RUN.work, help="working directory (default: %(default)s)")
     p.add_argument(
-        "--results", type=Path, default=Path("results"), help="results directory (default: results)"
+        "--results", type=Path, default=RUN.results, help="results directory (default: %(default)s)"
     )
     p.add_argument(
         "--watch",
@@ -283,8 +283,9 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
         from regen.replay import preview_lines  # reads the dataset and the journals: only when asked
 
         config = load_workflow_config(args.configfile)
-        journals = sorted(str(j) for j in (args.workdir / "journal").glob("*.jsonl"))
-        text += "\n" + "".join(line + "\n" for line in preview_lines(config, journals, str(args.results)))
+        layout = RunLayout(results=args.results, work=args.workdir)
+        journals = [str(j) for j in layout.journal_files()]
+        text += "\n" + "".join(line + "\n" for line in preview_lines(config, journals, layout))
     stream.write(text)
     return 0
 

@@ -29,13 +29,13 @@ import orjson
 import pyarrow.parquet as pq
 
 from regen.io import atomic_lines_writer, atomic_path, gc_paused, open_lines, read_json
+from regen.layout import is_shard_name
 from regen.records import RECORD_SCHEMA_PATH, TOKEN_ID_MAX, VALID_SCHEMA, ValidColumns
 
 DEFAULT_SCHEMA_PATH = RECORD_SCHEMA_PATH
 BATCH_ROWS = 10000
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-_SHARD_RE = re.compile(r"^[0-9]{5}$")
 _ID_RE = re.compile(rb'"id"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 # Quarantine reasons (stable strings: the report and reconcile count them).
@@ -261,7 +261,7 @@ def record_problem(rec: dict[str, Any], shard: str | None, limits: SemanticLimit
 
 def _shard_of(path: Path) -> str | None:
     stem = path.name.split(".")[0]
-    return stem if _SHARD_RE.match(stem) else None
+    return stem if is_shard_name(stem) else None
 
 
 def _duplicate(rec_id: Any, lineno: int, first_line: dict[str, int]) -> Problem | None:

@@ -4,27 +4,29 @@ rule audit:
         benchmarks=benchmark_files(),
     output:
         summary=report(
-            "results/audit/summary.json",
+            RUN.audit.summary,
             caption="../report/audit.rst",
             category="1. Input audit",
         ),
-        flags="results/audit/flags.parquet",
-        excluded="results/audit/excluded.jsonl",
-        samples="results/audit/samples.parquet",
+        flags=RUN.audit.flags,
+        excluded=RUN.audit.excluded,
+        samples=RUN.audit.samples,
         supervised_plot=report(
-            "results/audit/supervised_tokens.svg",
+            RUN.audit.supervised_plot,
             caption="../report/audit_supervised.rst",
             category="1. Input audit",
         ),
         prompt_plot=report(
-            "results/audit/prompt_tokens.svg",
+            RUN.audit.prompt_plot,
             caption="../report/audit_prompt.rst",
             category="1. Input audit",
         ),
     log:
-        "logs/audit.log",
+        RUN.log("audit"),
+        # the gate's verdict, kept when a failed gate fails the job (regen.verdict)
+        verdict=RUN.verdict("audit"),
     benchmark:
-        "benchmarks/audit.tsv"
+        RUN.benchmark("audit")
     conda:
         "../envs/regen.yaml"
     params:

@@ -11,10 +11,23 @@ from regen.fingerprint import (
     decisive_config,
     decisive_plan_config,
 )
-from regen.layout import RUN
+from regen.layout import (
+    AUDIT_HTML,
+    FINISH_REASONS_SVG,
+    LANDING_RST,
+    QUARANTINE_REASONS_SVG,
+    REAUDIT_HTML,
+    RECONCILE_HTML,
+    RUN,
+    SERVER_PLAN_HTML,
+    SHARD_PATTERN,
+    THROUGHPUT_SVG,
+    TOKEN_LENGTHS_SVG,
+    TRAINER_WINDOW_SVG,
+    shard_name,
+)
 from regen.replay import preview_lines
 from regen.shard_count import settle_auto_count, shard_count
-from regen.shards import shard_name
 from regen.sglang.server import stop_all_servers
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -34,7 +47,7 @@ if str(config["dataset"]["path"]).startswith("s3://"):
 
 
 wildcard_constraints:
-    shard=r"\d{5}",
+    shard=SHARD_PATTERN,
 
 
 def dataset_path():
@@ -154,18 +167,23 @@ def print_replay_preview():
 
 def shard_files(pattern):
     """One path per shard: every per-shard job is known at plan time."""
-    return expand(pattern, shard=SHARDS)
+    return expand(str(pattern), shard=SHARDS)
+
+
+def pilot_file():
+    """`regen tune --sweep`'s pilot when one was written before the run (the report shows it), else none."""
+    return [RUN.pilot] if RUN.pilot.is_file() else []
 
 
 def get_final_outputs():
     """READY (re-audited), the reconciliation and the report; the S3 upload and the trainer exports when configured."""
     published = (
-        ["results/published.json"]
+        [rules.publish.output.record]
         if lookup(dpath="merge/output_prefix", within=config)
         else []
     )
     exported = (
-        ["results/export/manifest.json"]
+        [rules.export.output.manifest]
         if lookup(dpath="export/enabled", within=config)
         else []
     )
@@ -173,9 +191,9 @@ def get_final_outputs():
         published
         + exported
         + [
-            "results/READY.json",
-            "results/reconcile.json",
-            "results/report/throughput.svg",
+            rules.reaudit.output.ready,
+            rules.reconcile.output.table,
+            rules.report_assets.output.throughput,
         ]
     )
 
@@ -198,7 +216,7 @@ def stop_gpu_servers():
 def report_landing_page():
     """The report's first page: the run's verdict (written by report_assets) once it exists, else the
     static introduction."""
-    landing = "results/report/landing.rst"
+    landing = rules.report_assets.output.landing
     return (
         os.path.abspath(landing) if os.path.isfile(landing) else "report/workflow.rst"
     )

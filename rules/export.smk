@@ -2,25 +2,25 @@
 # token-exact input_ids/loss_mask from the server's own ids (one mask policy: regen.masks).
 rule export:
     input:
-        dataset="results/dataset",
-        ready="results/READY.json",
+        dataset=rules.merge.output.dataset,
+        ready=rules.reaudit.output.ready,
     output:
-        specforge="results/export/specforge.jsonl",
-        tokenized="results/export/tokenized.jsonl",
+        specforge=RUN.export_specforge,
+        tokenized=RUN.export_tokenized,
         # the held-out eval split, beside the training files (regen.export.eval_path)
-        specforge_eval="results/export/specforge.eval.jsonl",
-        tokenized_eval="results/export/tokenized.eval.jsonl",
+        specforge_eval=RUN.export_specforge_eval,
+        tokenized_eval=RUN.export_tokenized_eval,
         # supervised-token counts for the draft vocabulary (regen.export.token_freq_path, regen vocab)
-        token_freq="results/export/token_freq.json",
+        token_freq=RUN.export_token_freq,
         # each row's thinking mode and split side (regen.export.thinking_path; the manifest's serving block)
-        thinking="results/export/thinking.jsonl",
+        thinking=RUN.export_thinking,
         manifest=report(
-            "results/export/manifest.json",
+            RUN.export_manifest,
             caption="../report/export.rst",
             category="4. Output audit",
         ),
     log:
-        "logs/export.log",
+        RUN.log("export"),
     conda:
         "../envs/regen.yaml"
     params:

@@ -4,16 +4,17 @@
 # whose fingerprint changed); `operational` is how the job runs and never reruns it (regen.fingerprint).
 rule generate:
     input:
-        shard="results/shards/{shard}.parquet",
-        plan="results/plan/server.json",
+        # one of the shard rule's outputs (rules.shard.output.shards lists them all)
+        shard=RUN.shard("{shard}"),
+        plan=rules.tune.output.plan,
         chat_template=chat_template_file(),
     output:
-        records="results/generations/{shard}.jsonl.zst",
-        failed="results/generations/{shard}.failed.jsonl",
+        records=RUN.records("{shard}"),
+        failed=RUN.failed("{shard}"),
     log:
-        "logs/generate/{shard}.log",
+        RUN.log("generate", "{shard}"),
     benchmark:
-        "benchmarks/generate/{shard}.tsv"
+        RUN.benchmark("generate", "{shard}")
     group:
         "gpu"
     conda:
@@ -23,6 +24,6 @@ rule generate:
     params:
         settings=generation_settings(),
         operational=operational_settings(),
-        journal="work/journal/{shard}.jsonl",
+        journal=str(RUN.journal("{shard}")),
     script:
         "../scripts/generate.py"

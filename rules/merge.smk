@@ -1,13 +1,13 @@
 rule merge:
     input:
-        valid=shard_files("results/valid/{shard}.parquet"),
-        plan="results/plan/server.json",
+        valid=shard_files(rules.validate.output.valid),
+        plan=rules.tune.output.plan,
     output:
-        dataset=directory("results/dataset"),
+        dataset=directory(RUN.dataset_dir),
     log:
-        "logs/merge.log",
+        RUN.log("merge"),
     benchmark:
-        "benchmarks/merge.tsv"
+        RUN.benchmark("merge")
     conda:
         "../envs/regen.yaml"
     params:

@@ -1,11 +1,11 @@
 rule publish:
     input:
-        dataset="results/dataset",
-        ready="results/READY.json",
+        dataset=rules.merge.output.dataset,
+        ready=rules.reaudit.output.ready,
     output:
-        record="results/published.json",
+        record=RUN.published,
     log:
-        "logs/publish.log",
+        RUN.log("publish"),
     conda:
         "../envs/regen.yaml"
     params:

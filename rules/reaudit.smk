@@ -1,16 +1,18 @@
 # The output gate: re-audit the merged dataset (regen.reaudit); READY.json only when it passes.
 rule reaudit:
     input:
-        dataset="results/dataset",
+        dataset=rules.merge.output.dataset,
     output:
         summary=report(
-            "results/reaudit/summary.json",
+            RUN.reaudit_summary,
             caption="../report/reaudit.rst",
             category="4. Output audit",
         ),
-        ready="results/READY.json",
+        ready=RUN.ready,
     log:
-        "logs/reaudit.log",
+        RUN.log("reaudit"),
+        # the gates' verdict, kept when a failed gate fails the job (regen.verdict)
+        verdict=RUN.verdict("reaudit"),
     conda:
         "../envs/regen.yaml"
     params:

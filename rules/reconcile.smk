@@ -1,19 +1,19 @@
 # Every input id in exactly one bucket (regen.reconcile).
 rule reconcile:
     input:
-        flags="results/audit/flags.parquet",
-        excluded="results/audit/excluded.jsonl",
-        failed=shard_files("results/generations/{shard}.failed.jsonl"),
-        quarantine=shard_files("results/quarantine/{shard}.jsonl.zst"),
-        dataset="results/dataset",
+        flags=rules.audit.output.flags,
+        excluded=rules.audit.output.excluded,
+        failed=shard_files(rules.generate.output.failed),
+        quarantine=shard_files(rules.validate.output.quarantine),
+        dataset=rules.merge.output.dataset,
     output:
         table=report(
-            "results/reconcile.json",
+            RUN.reconcile,
             caption="../report/reconcile.rst",
             category="5. Reconciliation",
         ),
     log:
-        "logs/reconcile.log",
+        RUN.log("reconcile"),
     conda:
         "../envs/regen.yaml"
     script:

@@ -1,63 +1,69 @@
 # The report's pages: plots, gate tables, the server memory map and the landing page (READY or not, why).
-# `snakemake --report` uses results/report/landing.rst as its first page once it exists (Snakefile `report:`).
+# `snakemake --report` uses its landing.rst as its first page once it exists (Snakefile `report:`).
 rule report_assets:
     input:
-        dataset="results/dataset",
-        reconcile="results/reconcile.json",
-        audit="results/audit/summary.json",
-        reaudit="results/reaudit/summary.json",
-        plan="results/plan/server.json",
-        records=shard_files("results/generations/{shard}.jsonl.zst"),
-        quarantine=shard_files("results/quarantine/{shard}.jsonl.zst"),
+        dataset=rules.merge.output.dataset,
+        reconcile=rules.reconcile.output.table,
+        audit=rules.audit.output.summary,
+        audit_verdict=rules.audit.log.verdict,
+        reaudit=rules.reaudit.output.summary,
+        reaudit_verdict=rules.reaudit.log.verdict,
+        ready=rules.reaudit.output.ready,
+        plan=rules.tune.output.plan,
+        # `regen tune --sweep`'s pilot, when one was run before the workflow
+        pilot=pilot_file(),
+        records=shard_files(rules.generate.output.records),
+        failed=shard_files(rules.generate.output.failed),
+        quarantine=shard_files(rules.validate.output.quarantine),
     output:
         throughput=report(
-            "results/report/throughput.svg",
+            RUN.report_asset(THROUGHPUT_SVG),
             caption="../report/throughput.rst",
             category="3. Generation",
         ),
         lengths=report(
-            "results/report/token_lengths.svg",
+            RUN.report_asset(TOKEN_LENGTHS_SVG),
             caption="../report/token_lengths.rst",
             category="3. Generation",
         ),
         finish=report(
-            "results/report/finish_reasons.svg",
+            RUN.report_asset(FINISH_REASONS_SVG),
             caption="../report/finish_reasons.rst",
             category="3. Generation",
         ),
         quarantine=report(
-            "results/report/quarantine_reasons.svg",
+            RUN.report_asset(QUARANTINE_REASONS_SVG),
             caption="../report/quarantine_reasons.rst",
             category="3. Generation",
         ),
         window=report(
-            "results/report/trainer_window.svg",
+            RUN.report_asset(TRAINER_WINDOW_SVG),
             caption="../report/trainer_window.rst",
             category="4. Output audit",
         ),
         plan=report(
-            "results/report/server_plan.html",
+            RUN.report_asset(SERVER_PLAN_HTML),
             caption="../report/plan.rst",
             category="2. Server plan",
         ),
         audit=report(
-            "results/report/audit.html",
+            RUN.report_asset(AUDIT_HTML),
             caption="../report/audit.rst",
             category="1. Input audit",
         ),
         reaudit=report(
-            "results/report/reaudit.html",
+            RUN.report_asset(REAUDIT_HTML),
             caption="../report/reaudit.rst",
             category="4. Output audit",
         ),
         reconcile=report(
-            "results/report/reconcile.html",
+            RUN.report_asset(RECONCILE_HTML),
             caption="../report/reconcile.rst",
             category="5. Reconciliation",
         ),
-        landing="results/report/landing.rst",
+        landing=RUN.report_asset(LANDING_RST),
     log:
-        "logs/report_assets.log",
+        RUN.log("report_assets"),
     conda:
         "../envs/regen.yaml"
     params:
@@ -65,5 +71,7 @@ rule report_assets:
         model=lookup(dpath="server/model_path", within=config),
         mode=lookup(dpath="server/mode", within=config),
         shards=lookup(dpath="shards/count", within=config),
+        # the GPU slots' realized memory maps and restarts: the long-lived servers' files, no job's output
+        servers=RUN.servers_root,
     script:
         "../scripts/report_assets.py"

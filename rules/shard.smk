@@ -1,13 +1,13 @@
 # Deterministic prompt shards from the audited samples (regen.shards); one file per shard, known at plan time.
 rule shard:
     input:
-        samples="results/audit/samples.parquet",
+        samples=rules.audit.output.samples,
     output:
-        shards=shard_files("results/shards/{shard}.parquet"),
+        shards=shard_files(RUN.shard("{shard}")),
     log:
-        "logs/shard.log",
+        RUN.log("shard"),
     benchmark:
-        "benchmarks/shard.tsv"
+        RUN.benchmark("shard")
     conda:
         "../envs/regen.yaml"
     script:

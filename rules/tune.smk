@@ -1,14 +1,14 @@
 rule tune:
     input:
-        audit="results/audit/summary.json",
+        audit=rules.audit.output.summary,
     output:
         plan=report(
-            "results/plan/server.json",
+            RUN.server_plan,
             caption="../report/plan.rst",
             category="2. Server plan",
         ),
     log:
-        "logs/tune.log",
+        RUN.log("tune"),
     conda:
         "../envs/regen.yaml"
     params:

@@ -1,11 +1,11 @@
 rule validate:
     input:
-        records="results/generations/{shard}.jsonl.zst",
+        records=rules.generate.output.records,
     output:
-        valid="results/valid/{shard}.parquet",
-        quarantine="results/quarantine/{shard}.jsonl.zst",
+        valid=RUN.valid("{shard}"),
+        quarantine=RUN.quarantine("{shard}"),
     log:
-        "logs/validate/{shard}.log",
+        RUN.log("validate", "{shard}"),
     conda:
         "../envs/regen.yaml"
     params:

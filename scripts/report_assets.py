@@ -2,15 +2,31 @@
 
 from pathlib import Path
 
-from regen.report import RunFacts, write_report_assets
+from regen.layout import realized_files, restart_files
+from regen.report import ReportInputs, RunFacts, write_report
 from regen.runlog import log_to
 
 log_to(snakemake.log[0])
-write_report_assets(
-    "results",
+given = snakemake.input
+servers = snakemake.params.servers  # the GPU slots' files: the long-lived servers', listed now
+write_report(
+    ReportInputs(
+        dataset=Path(given.dataset),
+        reconcile=Path(given.reconcile),
+        audit=Path(given.audit),
+        audit_verdict=Path(given.audit_verdict),
+        reaudit=Path(given.reaudit),
+        reaudit_verdict=Path(given.reaudit_verdict),
+        ready=Path(given.ready),
+        plan=Path(given.plan),
+        pilot=Path(given.pilot[0]) if given.pilot else None,
+        records=tuple(map(Path, given.records)),
+        failed=tuple(map(Path, given.failed)),
+        quarantine=tuple(map(Path, given.quarantine)),
+        realized=tuple(realized_files(servers)),
+        restarts=tuple(restart_files(servers)),
+    ),
     Path(snakemake.output.throughput).parent,
-    work_dir="work",
-    logs_dir="logs",
     facts=RunFacts(
         dataset=snakemake.params.dataset,
         model=snakemake.params.model,

@@ -16,7 +16,9 @@ TEST_DATA_DIR = Path(__file__).resolve().parent / "data"
 @pytest.fixture(scope="session")
 def demo_tokenizer_dir() -> Path:
     """The shipped demo tokenizer (tokenizer.json + tokenizer_config.json with Qwen3's template)."""
-    assert (DEMO_TOKENIZER_DIR / "tokenizer.json").is_file(), "run: python tools/demo_assets.py tokenizer"
+    assert (DEMO_TOKENIZER_DIR / "tokenizer.json").is_file(), (
+        "run: python tests/support/demo_assets.py tokenizer"
+    )
     return DEMO_TOKENIZER_DIR
 
 

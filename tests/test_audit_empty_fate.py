@@ -14,7 +14,8 @@ from test_workflow import copy_workflow, snakemake
 
 from regen.audit import AuditConfig, AuditGateError, audit_records, cli, run_audit
 from regen.chat import ChatTemplate
-from regen.report import RunFacts, audit_page_html, landing_rst, readiness
+from regen.layout import RunLayout
+from regen.report import ReportInputs, RunFacts, audit_page_html, landing_rst, readiness
 from regen.types import Message, Sample
 
 #: the template's empty think block; the renderer adds end-of-turn. The second form spells end-of-turn
@@ -226,7 +227,7 @@ def test_audit_page_and_landing_page_say_it_in_plain_words(tmp_path: Path, demo_
     page = audit_page_html(results / "audit" / "summary.json", logs / "audit.verdict.json")
     assert "Empty old answers: 87% of old answers are empty (261 of 300" in page
     assert "kept as context (not regenerated: the gate judges these)" in page
-    landing = landing_rst(readiness(results, logs, []), RunFacts(), None)
+    landing = landing_rst(readiness(ReportInputs.of(RunLayout.under(tmp_path))), RunFacts(), None)
     stage = next(line for line in landing.splitlines() if "`1. Input audit`_" in line)
     assert stage.startswith("- `1. Input audit`_: PASSED: 300 samples, 0 excluded; 87% of old answers")
     assert words.split(";")[1].strip() in stage  # "all of them are regenerated ... training data"

@@ -12,7 +12,7 @@ import pytest
 from regen.cli import COMMANDS
 
 #: subcommands whose own --help is checked too
-SUBCOMMANDS = {"tune": ["--sweep"]}  # the demo-asset builder is a tool (tools/), not a regen command
+SUBCOMMANDS = {"tune": ["--sweep"]}  # the demo-asset builder is test support, not a regen command
 OPTION = re.compile(r"^  (-{1,2}[\w-]+|[a-z_]+)(?=[ ,]|$)")
 
 

@@ -1,4 +1,4 @@
-"""Ingest (regen.dataset), the demo tokenizer and the demo datasets (tools/demo_assets.py)."""
+"""Ingest (regen.dataset), the demo tokenizer and the demo datasets (tests/support/demo_assets.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.demo_assets import DEMO_CONTEXT_LIMIT, IM_END, build_demo_dataset, build_demo_tokenizer
 from tokenizers import Tokenizer
 
 from regen import dataset as ds
 from regen.chat import ChatTemplate, hf_template_env
 from regen.dataset import content_id, detect_format, iter_samples
 from regen.types import BadInputError, BadRow, Message, Sample
-from tools.demo_assets import DEMO_CONTEXT_LIMIT, IM_END, build_demo_dataset, build_demo_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 

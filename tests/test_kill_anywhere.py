@@ -1,6 +1,6 @@
 """Kill anywhere: SIGKILL the whole Snakemake process group during generate/validate/merge, rerun,
 and check that nothing is lost, duplicated, half-written, re-sent after completion, leaked or left
-running (``tools/soak.py``). Slow (about a minute on 2 cores) but part of the default run.
+running (``tests/support/soak.py``). Slow (about a minute on 2 cores) but part of the default run.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 import zstandard
-
-from tools.soak import (
+from support.soak import (
     Campaign,
     SoakOptions,
     count_resent,
@@ -91,7 +90,7 @@ def test_a_killed_group_leaves_no_process_and_is_seen_by_the_scan(tmp_path: Path
     while len(processes_in(tmp_path)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(processes_in(tmp_path)) == 2
-    from tools.soak import kill_group
+    from support.soak import kill_group
 
     kill_group(proc)
     deadline = time.monotonic() + 5

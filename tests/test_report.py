@@ -14,6 +14,7 @@ import zstandard
 from stamped import fingerprint_fields
 
 from regen import report as R
+from regen.layout import RunLayout
 from regen.merge import merge
 from regen.reconcile import reconcile_results
 from regen.validate import validate_shard
@@ -102,7 +103,7 @@ def test_throughput_buckets_conserve_tokens(tmp_path: Path) -> None:
             make_record(2, "gpu0", 3.0, 0.0, 50)]  # fmt: skip
     (gen / "00000.jsonl.zst").write_bytes(zstandard.compress(b"".join(orjson.dumps(r) + b"\n" for r in recs)))
     (gen / "00000.failed.jsonl").write_bytes(b'{"id": "x", "reason": "r"}\n')
-    bucket_s, series = R.throughput_series(gen, bucket_s=1.0)
+    bucket_s, series = R.throughput_series(RunLayout.shard_outputs_in(gen), bucket_s=1.0)
     assert bucket_s == 1.0 and set(series) == {"gpu0", "gpu1"}
     assert np.isclose(series["gpu0"].sum() * bucket_s, 1050)
     assert np.isclose(series["gpu1"].sum() * bucket_s, 300)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from regen.report import landing_rst, readiness, server_plan_html
+from regen.layout import RunLayout
+from regen.report import ReportInputs, landing_rst, readiness, server_plan_html
 
 
 def write(path: Path, doc: object) -> Path:
@@ -28,7 +29,7 @@ def test_failed_output_gate_is_not_ready_and_points_at_the_kept_verdict(tmp_path
         logs / "reaudit.verdict.json",
         {"rows": 10, "passed": False, "gates": {"max_truncated_fraction": truncated, "min_rows": GATE_OK}},
     )
-    verdict = readiness(results, logs, [])
+    verdict = readiness(ReportInputs.of(RunLayout.under(tmp_path)))
     assert not verdict.ready
     assert any("reaudit.max_truncated_fraction = 0.68 > limit 0.2" in r for r in verdict.reasons)
     assert any(str(logs / "reaudit.verdict.json") in r for r in verdict.reasons)
@@ -37,14 +38,14 @@ def test_failed_output_gate_is_not_ready_and_points_at_the_kept_verdict(tmp_path
 
 
 def test_ready_needs_ready_json_and_a_clean_reconciliation(tmp_path: Path) -> None:
-    results, logs = tmp_path / "results", tmp_path / "logs"
+    results = tmp_path / "results"
     write(results / "audit" / "summary.json", {"total": 10, "excluded": 0, "passed": True, "gates": {}})
     write(results / "reaudit" / "summary.json", {"rows": 10, "passed": True, "gates": {"min_rows": GATE_OK}})
     write(results / "READY.json", {"ready": True, "rows": 10})
     write(results / "reconcile.json", {"ok": True, "input": 10, "counts": {"output": 10}})
-    assert readiness(results, logs, []).ready
+    assert readiness(ReportInputs.of(RunLayout.under(tmp_path))).ready
     write(results / "reconcile.json", {"ok": False, "input": 10, "lost_count": 1, "counts": {"output": 9}})
-    verdict = readiness(results, logs, [])
+    verdict = readiness(ReportInputs.of(RunLayout.under(tmp_path)))
     assert not verdict.ready and any("1 lost" in r for r in verdict.reasons)
 
 

@@ -23,11 +23,11 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from support.readme_trainer_section import readme_section
 
 from regen.chat import ChatTemplate
 from regen.masks import completion_retokenizes_differently
 from regen.serving import trainer_settings_markdown
-from tools.readme_trainer_section import readme_section
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINERS_PYTHON = os.environ.get("REGEN_TRAINERS_PYTHON")
@@ -124,8 +124,8 @@ def test_the_draft_vocabulary_loads_in_both_trainers(demo: Path, trainers: dict[
 
 
 def test_the_readme_shows_the_settings_of_the_demos_manifest(demo: Path) -> None:
-    """The README's trainer settings are generated from the manifest (tools/readme_trainer_section.py):
-    a fresh demo's manifest renders the same text."""
+    """The README's trainer settings are generated from the manifest
+    (tests/support/readme_trainer_section.py): a fresh demo's manifest renders the same text."""
     manifest = json.loads((demo / "results/export/manifest.json").read_text())
     assert readme_section((ROOT / "README.md").read_text()) == trainer_settings_markdown(manifest)
 

@@ -14,8 +14,9 @@ from test_reaudit import run as run_reaudit
 
 from regen.export import export_dataset
 from regen.io import read_json
+from regen.layout import RunLayout
 from regen.reaudit import reaudit_dataset
-from regen.report import RunFacts, landing_rst, plot_trainer_window, readiness
+from regen.report import ReportInputs, RunFacts, landing_rst, plot_trainer_window, readiness
 from regen.window import WINDOWS, WindowCounts, WindowCoverage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +134,7 @@ def test_landing_page_names_the_eval_split_window_coverage_and_tool_call_cuts(
         export_cfg={"eval_fraction": 0.2, "max_length": 2048},
     )
     doc = read_json(summary)
-    page = landing_rst(readiness(results, tmp_path / "logs", []), RunFacts(), rows=40)
+    page = landing_rst(readiness(ReportInputs.of(RunLayout.under(tmp_path))), RunFacts(), rows=40)
     at = doc["trainer_window"]["windows"]["2048"]
     assert f"eval split {doc['eval_split']['rows']['eval']} rows held out (20% of prompts" in page
     assert f"configured 2048-token trainer window {at['rows_fit']:.1%} of rows fit" in page

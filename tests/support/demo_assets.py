@@ -1,8 +1,10 @@
 """Demo assets: a small Qwen3-style tokenizer and a demo dataset full of known faults.
 
 Both are generated from fixed seeds with no downloads, so the same call gives
-byte-identical files. ``python tools/demo_assets.py tokenizer OUT_DIR`` and
-``python tools/demo_assets.py dataset OUT_DIR`` write them (a repository harness, not a product command).
+byte-identical files. ``python tests/support/demo_assets.py tokenizer [OUT_DIR]`` (default
+``resources/demo-tokenizer``) and ``python tests/support/demo_assets.py dataset [OUT_DIR]`` (default
+``data/demo``) write them: test support that builds the demo's committed assets, not a product command
+(``tests/test_dataset.py`` checks that a rebuild matches what is shipped).
 """
 
 from __future__ import annotations
@@ -687,7 +689,7 @@ def build_demo_dataset(
 
 
 def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tools/demo_assets.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tests/support/demo_assets.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     p_tok = sub.add_parser("tokenizer", help="build the demo tokenizer")
     p_tok.add_argument("out_dir", nargs="?", default="resources/demo-tokenizer", help="where to write it")

@@ -57,7 +57,7 @@ from regen.journal import read_journal_entries
 from regen.layout import RunLayout
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # tests/support/soak.py
 WORKFLOW_ITEMS: tuple[str, ...] = (
     "Snakefile",
     "rules",
@@ -662,8 +662,14 @@ def run_soak(opts: SoakOptions, say: Any = None) -> SoakResult:
 
 
 def cli(argv: list[str]) -> int:
-    """``python bench/soak.py --rounds N``: kill the demo workflow anywhere N times; exit 1 on any loss."""
-    p = argparse.ArgumentParser(prog="bench/soak.py", description=__doc__.splitlines()[0])
+    """``python tests/support/soak.py --rounds 20 [--seed 0] [--keep --dir /tmp/soak]``: kill the demo
+    workflow anywhere N times.
+
+    Prints one line per round and campaign on stderr, then the summary on stdout, ending with exactly
+    ``soak: N rounds, L lost, D duplicated, R resent, faults=F kills=K stalls=S stall_detect_max_s=T``
+    (stalls injected; the longest time from a stall to its supervisor's restart). Exit status 1 if anything
+    was lost, duplicated, re-sent after completion, half-written, leaked or left running."""
+    p = argparse.ArgumentParser(prog="tests/support/soak.py", description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3, help="Snakemake runs to kill (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill times and faults (default 0)")
     p.add_argument("--cores", type=int, default=2, help="snakemake --cores for each round (default 2)")
@@ -717,3 +723,7 @@ def cli(argv: list[str]) -> int:
         print(problem, file=sys.stderr)
     print(result.line())
     return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli(sys.argv[1:]))
