@@ -23,7 +23,8 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from regen.client import Endpoint, ProgressOptions, generate_shard_async
+from regen.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
+from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
 
@@ -53,14 +54,16 @@ async def run_regen(url: str, n: int, concurrency: int) -> None:
         t = Path(tmp)
         cfg = {"concurrency": concurrency, "sampling": {"max_tokens": 256}, "backoff_base_s": 0.01}
         stats = await generate_shard_async(
-            samples(n),
-            t / "j.jsonl",
-            t / "o.jsonl",
-            t / "f.jsonl",
-            cfg,
-            Endpoint(url, "gpu0", model=MODEL),
-            "00000",
-            ProgressOptions(status_path=t / "status.json"),
+            ShardJob(
+                samples(n),
+                t / "j.jsonl",
+                t / "o.jsonl",
+                t / "f.jsonl",
+                GenerateConfig.from_dict(cfg),
+                Endpoint(url, "gpu0", model=MODEL),
+                "00000",
+                ProgressOptions(status_path=t / "status.json"),
+            )
         )
         assert stats.completed == n, stats
 

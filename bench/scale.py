@@ -221,7 +221,8 @@ def time_resume(wd: Path, url: str, request_log: Path, shard: str) -> float:
 def child_resume(url: str, shard: str) -> None:
     """A generate job for ``shard`` in this process (run from the workflow copy): what the generate rule
     runs, against the bench's server."""
-    from regen.client import generate_shard
+    from regen.client import ShardJob, generate_shard
+    from regen.runconfig import GenerateConfig
     from regen.types import Endpoint
 
     config = load_config(list(CONFIGS))
@@ -230,10 +231,11 @@ def child_resume(url: str, shard: str) -> None:
     settings = GenerationSettings.for_run(run)
     generate_cfg = run.generate
     path = layout.shard(shard)
-    generate_shard(
+    generate_shard(ShardJob(
         read_shard(path), layout.journal(shard), layout.records(shard), layout.failed(shard),
-        generate_cfg, Endpoint(url=url, server_id="bench"), shard, settings=settings,
-    )  # fmt: skip
+        GenerateConfig.from_dict(generate_cfg), Endpoint(url=url, server_id="bench"), shard,
+        settings=settings,
+    ))  # fmt: skip
 
 
 def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: GenerationSettings) -> dict:

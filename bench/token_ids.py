@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from regen.client import Endpoint, ProgressOptions, generate_shard_async
+from regen.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
+from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
 
@@ -46,14 +47,16 @@ def run(url: str, n: int, concurrency: int, token_ids: bool, max_tokens: int) ->
         cpu0, t0 = time.process_time(), time.perf_counter()
         stats = asyncio.run(
             generate_shard_async(
-                samples(n),
-                t / "j.jsonl",
-                t / "o.jsonl",
-                t / "f.jsonl",
-                cfg,
-                Endpoint(url, "gpu0", model="demo-model"),
-                "00000",
-                ProgressOptions(status_path=t / "status.json"),
+                ShardJob(
+                    samples(n),
+                    t / "j.jsonl",
+                    t / "o.jsonl",
+                    t / "f.jsonl",
+                    GenerateConfig.from_dict(cfg),
+                    Endpoint(url, "gpu0", model="demo-model"),
+                    "00000",
+                    ProgressOptions(status_path=t / "status.json"),
+                )
             )
         )
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0

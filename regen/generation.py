@@ -20,16 +20,16 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from regen.client import generate_shard
+from regen.client import ShardJob, generate_shard
 from regen.fingerprint import GenerationSettings
 from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.lending import SlotLenders
+from regen.run_progress import progress_line
 from regen.runconfig import GenerateConfig, RunConfig
 from regen.sglang.config import PlanFile
 from regen.sglang.progress import SlotRestarts
 from regen.sglang.server import ServerError, acquire_server, find_owner_pid
 from regen.shards import read_shard
-from regen.status import progress_line
 from regen.storage import sink_from_config
 from regen.types import Endpoint
 
@@ -99,7 +99,7 @@ def _generate_on(
     log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
     lenders = other_slots(endpoint, generate_cfg, slots)
     try:
-        stats = generate_shard(
+        job = ShardJob(
             samples,
             journal_path,
             records_out,
@@ -114,6 +114,7 @@ def _generate_on(
             settings=generation,
             restarts=SlotRestarts.of(slots, endpoint.server_id, endpoint.url),
         )
+        stats = generate_shard(job)
     finally:
         if lenders is not None:
             lenders.close()

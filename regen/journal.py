@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from regen.io import atomic_lines_writer, gc_paused
+from regen.journal_lines import FAILED, RECORD, complete_lines
 
 
 @runtime_checkable
@@ -55,10 +56,6 @@ class JournalError(ValueError):
     """A journal line that is not the torn last line could not be read."""
 
 
-RECORD = "record"
-FAILED = "failed"
-
-
 @dataclass(frozen=True, slots=True)
 class FinalizeCounts:
     records: int
@@ -75,51 +72,11 @@ def _parse_line(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
         raise JournalError(f"{path}: line {lineno}: not JSON ({exc})") from exc
     if not isinstance(entry, dict):
         raise JournalError(f"{path}: line {lineno}: not a JSON object")
-    if entry.get("kind") not in ("record", "failed"):
+    if entry.get("kind") not in (RECORD, FAILED):
         raise JournalError(f"{path}: line {lineno}: field 'kind': expected 'record' or 'failed'")
     if not isinstance(entry.get("id"), str):
         raise JournalError(f"{path}: line {lineno}: field 'id': expected a string")
     return entry
-
-
-_WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
-
-
-def _is_entry_like(raw: bytes) -> bool:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and isinstance(obj.get("id"), str)
-
-
-def complete_lines(data: bytes) -> tuple[list[tuple[int, int, bytes]], int]:
-    """The journal's complete lines as ``(line number, byte offset, line without its newline)`` (blank
-    lines skipped), and the byte offset where they end.
-
-    The one torn-line rule (every reader of a journal uses it): a kill can tear only the last line,
-    so the bytes after the last newline are torn, and so is a final line that is not a JSON object
-    with a string ``id`` (a complete-looking but unreadable write). Linear in the size of ``data``.
-    """
-    lines: list[tuple[int, int, bytes]] = []
-    content_end = len(data)  # a line ending at or after this is the last one (no copy of ``data``)
-    while content_end and data[content_end - 1] in _WHITESPACE:
-        content_end -= 1
-    good_end = pos = lineno = 0
-    while pos < len(data):
-        nl = data.find(b"\n", pos)
-        lineno += 1
-        if nl == -1:  # torn: no newline after the last line
-            break
-        raw = data[pos:nl]
-        if raw and not raw.isspace():
-            last = nl + 1 >= content_end
-            if last and not _is_entry_like(raw):  # a complete-looking but unreadable final line: torn too
-                break
-            lines.append((lineno, pos, raw))
-        pos = nl + 1
-        good_end = pos
-    return lines, good_end
 
 
 def scan_journal(path: Path, data: bytes) -> tuple[list[dict[str, Any]], int]:

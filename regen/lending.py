@@ -24,8 +24,8 @@ from pathlib import Path
 
 import aiohttp
 
+from regen.sglang.metrics import sum_prometheus
 from regen.sglang.server import SlotFiles, is_supervisor, read_url_state
-from regen.status import parse_prometheus
 from regen.types import Endpoint
 
 #: seconds between looks at the other servers' load (SGLang refreshes its gauges every few seconds)
@@ -86,7 +86,7 @@ class SlotLenders:
             async with session.get(url.rstrip("/") + "/metrics", timeout=self.timeout) as resp:
                 if resp.status != 200:
                     return None
-                metrics = parse_prometheus(await resp.text(), (RUNNING, QUEUED))
+                metrics = sum_prometheus(await resp.text(), (RUNNING, QUEUED))
         except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
             return None
         if RUNNING not in metrics:

@@ -4,7 +4,10 @@ files and the typed generation record (its JSON shape is pinned by ``schemas/rec
 * ``FLAGS_SCHEMA``: ``results/audit/flags.parquet`` (written by ``regen.audit``), one row per input sample;
 * ``SHARD_SCHEMA``: ``results/shards/{shard}.parquet`` (``regen.shards``), the prompts;
 * :class:`GenerationRecord`: one line of ``results/generations/{shard}.jsonl`` (and of the journal,
-  with ``"kind": "record"``), built by ``regen.client``;
+  with ``"kind": "record"``), built by the client (``regen.sample_record``);
+* :class:`FailureEntry`: a sample's terminal failure, a ``"kind": "failed"`` journal line (the client);
+* :class:`ShardStatus`: ``work/status/{shard}.json``, written by the client every few seconds and read by
+  ``regen status``;
 * ``VALID_SCHEMA``: ``results/valid/{shard}.parquet`` (``regen.validate``), a flat copy of every
   generation record field the later stages use, filled by :class:`ValidColumns`;
 * ``dataset_schema(include_token_ids)``: the training-ready rows of ``results/dataset/`` (``regen.merge``).
@@ -30,6 +33,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from regen.journal_lines import FAILED, RECORD
 from regen.prompts import request_digests
 from regen.types import Message, Sample
 
@@ -416,7 +420,102 @@ class GenerationRecord:
 
     def journal_entry(self) -> dict[str, Any]:
         """The record as a journal line: ``{"kind": "record", ...record}``."""
-        return {"kind": "record", **self.to_json()}
+        return {"kind": RECORD, **self.to_json()}
+
+
+@dataclass(frozen=True, slots=True)
+class FailureEntry:
+    """A sample that failed terminally (``reason``: ``truncated``, ``client_error: <message>``, or a
+    server-level category such as ``server_error``), after ``attempts`` requests."""
+
+    id: str
+    reason: str
+    attempts: int
+    error: str
+
+    def journal_entry(self) -> dict[str, Any]:
+        """The failure as a journal line: ``{"kind": "failed", "id", "reason", "attempts", "error"}``."""
+        return {"kind": FAILED, "id": self.id, "reason": self.reason, "attempts": self.attempts,
+                "error": self.error}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# A shard's progress (JSON): work/status/{shard}.json
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStatus:
+    """One ``work/status/{shard}.json``: a running (or finished) shard's progress, as its client saw it."""
+
+    shard: str
+    server_id: str | None
+    server_url: str | None
+    done: int
+    total: int | None
+    failed: int
+    truncated: int
+    req_s: float
+    out_tok_s: float
+    eta_s: float | None
+    updated_at: float
+    finished: bool
+    in_flight: int = 0
+    retrying: int = 0
+    retried_requests: int = 0
+    oldest_in_flight_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's JSON object (``finished`` only once the shard is finished)."""
+        out: dict[str, Any] = {
+            "shard": self.shard,
+            "server": {"id": self.server_id, "url": self.server_url},
+            "done": self.done,
+            "total": self.total,
+            "failed": self.failed,
+            "truncated": self.truncated,
+            "req_s": self.req_s,
+            "out_tok_s": self.out_tok_s,
+            "eta_s": self.eta_s,
+            "updated_at": self.updated_at,
+            "in_flight": self.in_flight,
+            "retrying": self.retrying,
+            "retried_requests": self.retried_requests,
+            "oldest_in_flight_at": self.oldest_in_flight_at,
+        }
+        if self.finished:
+            out["finished"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], path: Path) -> ShardStatus:
+        """Read one status file's object (files of older clients lack the later fields: defaults)."""
+        server = obj.get("server") or {}
+        try:
+            return cls(
+                shard=str(obj.get("shard") or path.stem),
+                server_id=server.get("id"),
+                server_url=server.get("url"),
+                done=int(obj.get("done") or 0),
+                total=_opt(int, obj.get("total")),
+                failed=int(obj.get("failed") or 0),
+                truncated=int(obj.get("truncated") or 0),
+                req_s=float(obj.get("req_s") or 0.0),
+                out_tok_s=float(obj.get("out_tok_s") or 0.0),
+                eta_s=_opt(float, obj.get("eta_s")),
+                updated_at=float(obj.get("updated_at") or 0.0),
+                finished=bool(obj.get("finished", False)),
+                in_flight=int(obj.get("in_flight") or 0),
+                retrying=int(obj.get("retrying") or 0),
+                retried_requests=int(obj.get("retried_requests") or 0),
+                oldest_in_flight_at=_opt(float, obj.get("oldest_in_flight_at")),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: bad status field: {exc}") from exc
+
+
+def _opt(kind: type[int] | type[float], value: Any) -> Any:
+    return None if value is None else kind(value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
 from regen.io import atomic_path
-from regen.journal import complete_lines
+from regen.journal_lines import FAILED, complete_lines
 from regen.runconfig import JournalSyncConfig
 
 log = logging.getLogger("regen.storage")
@@ -260,14 +260,14 @@ def _record_key(line: bytes) -> tuple[str, str | None] | None:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(obj, dict) or obj.get("kind") == "failed" or not isinstance(obj.get("id"), str):
+    if not isinstance(obj, dict) or obj.get("kind") == FAILED or not isinstance(obj.get("id"), str):
         return None
     return obj["id"], obj.get("fingerprint")
 
 
 def _complete_lines(data: bytes) -> list[bytes]:
     """Lines of a journal, each ending in a newline, under the journal's one torn-line rule
-    (``regen.journal.complete_lines``): a torn last line is dropped."""
+    (``regen.journal_lines.complete_lines``): a torn last line is dropped."""
     lines, end = complete_lines(data)
     if data[end:].strip():
         log.warning("dropping a torn last journal line (%d bytes)", len(data) - end)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.client import ProgressOptions, ShardFailedError, generate_shard_async
+from regen.client import ProgressOptions, ShardFailedError, ShardJob, generate_shard_async
 from regen.closedloop import StepModel, closed_loop_wall_s
 from regen.journal import read_journal_entries
 from regen.projection import PROJECTION_ASSUMPTIONS, Remaining, project
@@ -405,7 +405,7 @@ async def drive_pilot_async(
     started = time.time()
     records_out, failed_out = journal.with_suffix(".records.jsonl"), journal.with_suffix(".failed.jsonl")
     run = generate_shard_async(
-        stream, journal, records_out, failed_out, gcfg, endpoint, SWEEP_SHARD, progress
+        ShardJob(stream, journal, records_out, failed_out, gcfg, endpoint, SWEEP_SHARD, progress)
     )
     task = asyncio.create_task(run)
     polled: list[DecodeSample] = []
@@ -481,9 +481,9 @@ def warm_up(endpoint: Endpoint, sample: Sample, generate_cfg: GenerateConfig, wo
     one = dataclasses.replace(sample, id=f"{sample.id}{REPEAT_MARK}warmup")
     t0 = time.monotonic()
     asyncio.run(
-        generate_shard_async([one], workdir / "journal.jsonl", workdir / "records.jsonl",
-                             workdir / "failed.jsonl", gcfg, endpoint, "warmup",
-                             ProgressOptions(log_every_s=3600.0, status_path=None, bar=False))
+        generate_shard_async(ShardJob([one], workdir / "journal.jsonl", workdir / "records.jsonl",
+                                      workdir / "failed.jsonl", gcfg, endpoint, "warmup",
+                                      ProgressOptions(log_every_s=3600.0, status_path=None, bar=False)))
     )  # fmt: skip
     return time.monotonic() - t0
 

@@ -15,14 +15,16 @@ import pytest
 
 from regen.client import (
     Endpoint,
+    GenerateConfig,
     ProgressOptions,
     ShardFailedError,
-    derive_seed,
+    ShardJob,
     generate_shard,
     generate_shard_async,
-    thinking_for,
 )
 from regen.prompts import prompt_for_last, turn_prefixes
+from regen.run_progress import read_shard_statuses
+from regen.sample_record import derive_seed, thinking_for
 from regen.sglang.simulated import free_port, start_simulated_server
 from regen.types import Message, Sample
 
@@ -67,7 +69,15 @@ class Shard:
     def run(self, samples: list[Sample], url: str, **cfg: Any):
         merged = {**FAST, **cfg}
         return generate_shard(
-            samples, self.journal, self.out, self.failed, merged, Endpoint(url, "gpu0"), self.shard
+            ShardJob(
+                samples,
+                self.journal,
+                self.out,
+                self.failed,
+                GenerateConfig.from_dict(merged),
+                Endpoint(url, "gpu0"),
+                self.shard,
+            )
         )
 
 
@@ -97,6 +107,14 @@ def test_records_complete_and_valid(sim: str, tmp_path: Path) -> None:
     assert sh.failed.read_bytes() == b""
     status = orjson.loads(sh.status.read_bytes())
     assert status["done"] == 50 and status["total"] == 50 and status["shard"] == "00000"
+    # the file's shape, as regen status has always read it, and read back by regen status's reader
+    assert set(status) == {"shard", "server", "done", "total", "failed", "truncated", "req_s", "out_tok_s",
+                           "eta_s", "updated_at", "in_flight", "retrying", "retried_requests",
+                           "oldest_in_flight_at", "finished"}  # fmt: skip
+    (read,) = read_shard_statuses(sh.status.parent)
+    assert (read.shard, read.server_id, read.server_url, read.done, read.failed, read.finished) == (
+        "00000", "gpu0", sim, 50, 0, True)  # fmt: skip
+    assert read.in_flight == 0 and read.oldest_in_flight_at is None
     assert stats.output_tokens == sum(r["usage"]["completion_tokens"] for r in recs)
 
 
@@ -259,14 +277,16 @@ def test_resume_after_abrupt_cancel(tmp_path: Path) -> None:
         async def part() -> None:
             task = asyncio.create_task(
                 generate_shard_async(
-                    samples,
-                    sh.journal,
-                    sh.out,
-                    sh.failed,
-                    {**FAST, "concurrency": 8},
-                    Endpoint(url, "gpu0"),
-                    "00000",
-                    ProgressOptions(),
+                    ShardJob(
+                        samples,
+                        sh.journal,
+                        sh.out,
+                        sh.failed,
+                        GenerateConfig.from_dict({**FAST, "concurrency": 8}),
+                        Endpoint(url, "gpu0"),
+                        "00000",
+                        ProgressOptions(),
+                    )
                 )
             )
             while not sh.journal.exists() or sh.journal.read_bytes().count(b"\n") < 15:
@@ -346,14 +366,16 @@ def test_concurrency_from_server_info(tmp_path: Path) -> None:
             nonlocal peak
             task = asyncio.create_task(
                 generate_shard_async(
-                    make_samples(12),
-                    tmp_path / "j.jsonl",
-                    tmp_path / "o.jsonl",
-                    tmp_path / "f.jsonl",
-                    FAST,
-                    Endpoint(url, "gpu0"),
-                    "00000",
-                    ProgressOptions(),
+                    ShardJob(
+                        make_samples(12),
+                        tmp_path / "j.jsonl",
+                        tmp_path / "o.jsonl",
+                        tmp_path / "f.jsonl",
+                        GenerateConfig.from_dict(FAST),
+                        Endpoint(url, "gpu0"),
+                        "00000",
+                        ProgressOptions(),
+                    )
                 )
             )
             while not task.done():
@@ -406,3 +428,22 @@ def test_tool_calls_and_tools_reach_the_server_and_the_record(sim: str, tmp_path
             {"role": "tool", "content": '{"temp_c": 3}', "tool_call_id": "call_1"},
         ]
     assert recs["t1"]["tools"] == TOOLS and "tools" not in recs["t2"]
+
+
+@pytest.mark.parametrize("ids", [[1, True], [3, -1], [1.0], "12", {"a": 1}])
+def test_bad_token_ids_are_a_malformed_answer(ids: Any) -> None:
+    """Token ids that are not a list of non-negative integers (a bool is not one) make the answer
+    malformed (retried), never a record; an empty list and a long valid one are kept as they are."""
+    from regen.request import RequestError, parse_answer
+
+    def answer(completion_ids: Any) -> bytes:
+        choice = {"message": {"content": "x"}, "finish_reason": "stop", "response_token_ids": completion_ids,
+                  "prompt_token_ids": [0, 5]}  # fmt: skip
+        return orjson.dumps({"choices": [choice], "usage": {"completion_tokens": 1}})
+
+    bad = r"malformed_response: ValueError: choices\[0\]\.response_token_ids"
+    with pytest.raises(RequestError, match=bad):
+        parse_answer(answer(ids), 0.0, 0.1, 16)
+    assert parse_answer(answer([]), 0.0, 0.1, 16).completion_token_ids == []
+    long = list(range(5000))
+    assert parse_answer(answer(long), 0.0, 0.1, 16).completion_token_ids == long

@@ -235,8 +235,9 @@ def test_a_50_mb_line_audits_in_bounded_memory(tmp_path: Path, demo_tokenizer_di
 
 def test_tool_calls_survive_generation_validation_and_merge(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     """tool_calls.jsonl row 1 through shard -> simulated SGLang -> record -> valid Parquet -> dataset."""
-    from regen.client import Endpoint, generate_shard
+    from regen.client import Endpoint, ShardJob, generate_shard
     from regen.merge import iter_dataset_samples, merge
+    from regen.runconfig import GenerateConfig
     from regen.sglang.simulated import start_simulated_server
     from regen.validate import validate_shard
 
@@ -248,10 +249,10 @@ def test_tool_calls_survive_generation_validation_and_merge(tmp_path: Path, demo
     url, stop = start_simulated_server(inline=True, mean_answer_tokens=8, mean_reasoning_tokens=8)
     records = tmp_path / "gen" / "00000.jsonl"
     try:
-        generate_shard(
+        generate_shard(ShardJob(
             shard, tmp_path / "journal.jsonl", records, tmp_path / "gen" / "00000.failed.jsonl",
-            {"request_timeout_s": 30}, Endpoint(url, "gpu0"), "00000",
-        )  # fmt: skip
+            GenerateConfig.from_dict({"request_timeout_s": 30}), Endpoint(url, "gpu0"), "00000",
+        ))  # fmt: skip
     finally:
         stop()
     rec = next(r for r in map(orjson.loads, records.read_bytes().splitlines()) if r["id"] == "b1")

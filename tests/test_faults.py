@@ -26,11 +26,11 @@ from typing import Any
 import orjson
 import pytest
 
-from regen.client import ShardFailedError, ShardStats, generate_shard
+from regen.client import ShardFailedError, ShardJob, ShardStats, generate_shard
 from regen.layout import RunLayout
 from regen.lending import SlotLenders
 from regen.report import server_restarts_table
-from regen.runconfig import ServerConfig
+from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.progress import SlotRestarts, read_restarts
 from regen.sglang.server import ServerError, acquire_server, port_is_free, read_url_state, stop_all_servers
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
@@ -121,10 +121,10 @@ class Rig:
             ServerConfig.from_mapping(server_cfg), None, owner_pid=os.getpid(), poll_s=0.05
         ) as ep:
             restarts = SlotRestarts.of(servers, ep.server_id, ep.url) if follow_restarts else None
-            stats = generate_shard(
-                samples, self.journal, self.records, self.failed, gen_cfg, ep, "00000",
-                restarts=restarts, on_exhausted=on_exhausted,
-            )  # fmt: skip
+            stats = generate_shard(ShardJob(
+                samples, self.journal, self.records, self.failed, GenerateConfig.from_dict(gen_cfg), ep,
+                "00000", restarts=restarts, on_exhausted=on_exhausted,
+            ))  # fmt: skip
         return stats, gen_cfg
 
     def events(self) -> list[dict[str, Any]]:
@@ -359,11 +359,11 @@ def test_stall_on_one_of_two_servers_of_a_node_restarts_only_that_one(rig: Rig) 
                     threading.Thread(target=stall_after, args=(ep.url, 15), daemon=True).start()
                 lenders = SlotLenders(servers, int(ep.server_id[3:]), 16, poll_s=0.2)
                 try:
-                    results[name] = (ep.server_id, generate_shard(
+                    results[name] = (ep.server_id, generate_shard(ShardJob(
                         shards[name], rig.root / "work" / "journal" / f"{name}.jsonl", out / f"{name}.jsonl",
-                        out / f"{name}.failed.jsonl", gen_cfg, ep, name, lenders=lenders,
-                        restarts=SlotRestarts.of(servers, ep.server_id, ep.url),
-                    ))  # fmt: skip
+                        out / f"{name}.failed.jsonl", GenerateConfig.from_dict(gen_cfg), ep, name,
+                        lenders=lenders, restarts=SlotRestarts.of(servers, ep.server_id, ep.url),
+                    )))  # fmt: skip
                 finally:
                     lenders.close()
         except BaseException as exc:  # reported by the assertion below

@@ -17,9 +17,9 @@ import pytest
 from regen.client import (
     Endpoint,
     ProgressOptions,
+    ShardJob,
     generate_shard,
     generate_shard_async,
-    sample_fingerprint,
 )
 from regen.fingerprint import GenerationSettings, decisive_config, decisive_plan_config
 from regen.journal import Journal, finalize_journal
@@ -28,6 +28,7 @@ from regen.prompts import prompt_for_last, request_content, turn_prefixes
 from regen.reaudit import MixedSettingsError, reaudit_dataset
 from regen.replay import JournalIndex, numerics_last_reported, plan_replay
 from regen.runconfig import ANSWERS, PLAN, GenerateConfig, RunConfig, ServerConfig, keys_deciding
+from regen.scheduler import sample_fingerprint
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
 from regen.validate import validate_shard
@@ -73,7 +74,15 @@ class Shard:
     def run(self, batch: list[Sample], url: str, **cfg: Any):
         merged = {**FAST, **cfg, "sampling": {**FAST["sampling"], **cfg.get("sampling", {})}}
         return generate_shard(
-            batch, self.journal, self.out, self.failed, merged, Endpoint(url, "gpu0"), "00000"
+            ShardJob(
+                batch,
+                self.journal,
+                self.out,
+                self.failed,
+                GenerateConfig.from_dict(merged),
+                Endpoint(url, "gpu0"),
+                "00000",
+            )
         )
 
     def records(self) -> list[dict[str, Any]]:
@@ -397,14 +406,16 @@ def test_kill_in_the_middle_of_a_config_change(tmp_path: Path) -> None:
             cfg = {**FAST, "sampling": {**FAST["sampling"], "temperature": 0.9}}
             task = asyncio.create_task(
                 generate_shard_async(
-                    batch,
-                    sh.journal,
-                    sh.out,
-                    sh.failed,
-                    cfg,
-                    Endpoint(url, "gpu0"),
-                    "00000",
-                    ProgressOptions(),
+                    ShardJob(
+                        batch,
+                        sh.journal,
+                        sh.out,
+                        sh.failed,
+                        GenerateConfig.from_dict(cfg),
+                        Endpoint(url, "gpu0"),
+                        "00000",
+                        ProgressOptions(),
+                    )
                 )
             )
             while sh.journal.read_bytes().count(b"\n") < at_06 + 15:
@@ -543,14 +554,16 @@ def test_s3_journal_from_a_machine_with_another_config(s3_prefix: str, sim: str,
         sink = S3JournalSink(s3_prefix, "00000", every_records=4, every_seconds=0.2)
         merged = {**FAST, **cfg, "sampling": {**FAST["sampling"], **cfg.get("sampling", {})}}
         stats = generate_shard(
-            batch if n is None else batch[:n],
-            sh.journal,
-            sh.out,
-            sh.failed,
-            merged,
-            Endpoint(sim, "gpu0"),
-            "00000",
-            journal_sync=sink,
+            ShardJob(
+                batch if n is None else batch[:n],
+                sh.journal,
+                sh.out,
+                sh.failed,
+                GenerateConfig.from_dict(merged),
+                Endpoint(sim, "gpu0"),
+                "00000",
+                journal_sync=sink,
+            )
         )
         return sh, stats
 

@@ -14,9 +14,9 @@ import aiohttp
 import orjson
 import pytest
 
-from regen.client import generate_shard
+from regen.client import ShardJob, generate_shard
 from regen.lending import SlotLenders
-from regen.runconfig import ServerConfig
+from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.server import acquire_server, stop_all_servers
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
 from regen.shard_count import settle_auto_count, shard_count
@@ -76,14 +76,18 @@ def test_a_job_fills_another_slots_idle_server_and_sends_each_sample_once(two_sl
         lenders = SlotLenders("work/servers", slot, cap=4, poll_s=0.05)
         try:
             stats = generate_shard(
-                samples(60),
-                root / "journal.jsonl",
-                root / "records.jsonl",
-                root / "failed.jsonl",
-                {"sampling": {"max_tokens": 64}, "max_attempts": 2, "backoff_base_s": 0.01},
-                own,
-                "00000",
-                lenders=lenders,
+                ShardJob(
+                    samples(60),
+                    root / "journal.jsonl",
+                    root / "records.jsonl",
+                    root / "failed.jsonl",
+                    GenerateConfig.from_dict(
+                        {"sampling": {"max_tokens": 64}, "max_attempts": 2, "backoff_base_s": 0.01}
+                    ),
+                    own,
+                    "00000",
+                    lenders=lenders,
+                )
             )
         finally:
             lenders.close()

@@ -13,10 +13,11 @@ import pytest
 from conversations import two_turn_samples
 
 from regen.chat import ChatTemplate
-from regen.client import Endpoint, generate_shard
+from regen.client import Endpoint, ShardJob, generate_shard
 from regen.export import export_dataset
 from regen.masks import RETOKENIZED, SERVER_IDS, MaskBuilder, MaskPolicy
 from regen.merge import merge
+from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Sample
 from regen.validate import validate_shard
@@ -47,13 +48,17 @@ def make_dataset(root: Path, n: int, *, sim: dict[str, Any] | None = None, **cfg
     gen = root / "gen.jsonl"
     try:
         generate_shard(
-            conversations(n),
-            root / "journal.jsonl",
-            gen,
-            root / "failed.jsonl",
-            {"backoff_base_s": 0.001, "request_timeout_s": 5, "sampling": {"max_tokens": 160}, **cfg},
-            Endpoint(url, "gpu0"),
-            "00000",
+            ShardJob(
+                conversations(n),
+                root / "journal.jsonl",
+                gen,
+                root / "failed.jsonl",
+                GenerateConfig.from_dict(
+                    {"backoff_base_s": 0.001, "request_timeout_s": 5, "sampling": {"max_tokens": 160}, **cfg}
+                ),
+                Endpoint(url, "gpu0"),
+                "00000",
+            )
         )
     finally:
         stop()

@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
-from regen.client import Endpoint, generate_shard
+from regen.client import Endpoint, ShardJob, generate_shard
 from regen.dataset import iter_samples
-from regen.runconfig import ServerConfig
+from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.server import (
     ServerError,
     acquire_server,
@@ -88,13 +88,15 @@ def run_shard(root: Path, cfg: dict[str, Any], items: list[Sample]) -> list[dict
     records = root / "results" / "generations" / "00000.jsonl"
     with acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as ep:
         generate_shard(
-            items,
-            root / "work" / "journal" / "00000.jsonl",
-            records,
-            root / "results" / "generations" / "00000.failed.jsonl",
-            {"concurrency": 4},
-            ep,
-            "00000",
+            ShardJob(
+                items,
+                root / "work" / "journal" / "00000.jsonl",
+                records,
+                root / "results" / "generations" / "00000.failed.jsonl",
+                GenerateConfig.from_dict({"concurrency": 4}),
+                ep,
+                "00000",
+            )
         )
     return [orjson.loads(x) for x in records.read_bytes().splitlines()]
 
@@ -209,13 +211,15 @@ def test_no_file_name_is_derived_from_a_sample_id(tmp_workdir: Path) -> None:
     try:
         root = tmp_workdir / "run"
         generate_shard(
-            hostile,
-            root / "work" / "journal" / "00000.jsonl",
-            root / "results" / "generations" / "00000.jsonl",
-            root / "results" / "generations" / "00000.failed.jsonl",
-            {"concurrency": 2},
-            Endpoint(url, "gpu0"),
-            "00000",
+            ShardJob(
+                hostile,
+                root / "work" / "journal" / "00000.jsonl",
+                root / "results" / "generations" / "00000.jsonl",
+                root / "results" / "generations" / "00000.failed.jsonl",
+                GenerateConfig.from_dict({"concurrency": 2}),
+                Endpoint(url, "gpu0"),
+                "00000",
+            )
         )
     finally:
         stop()

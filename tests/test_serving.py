@@ -16,12 +16,13 @@ import pytest
 from conversations import two_turn_samples
 
 from regen.chat import ChatTemplate
-from regen.client import Endpoint, generate_shard, thinking_for
+from regen.client import Endpoint, ShardJob, generate_shard
 from regen.export import export_dataset
 from regen.fingerprint import GenerationSettings, decisive_config
 from regen.merge import merge
 from regen.provenance import build_provenance
 from regen.runconfig import ANSWERS, GenerateConfig, RunConfig, keys_deciding
+from regen.sample_record import thinking_for
 from regen.serving import trainer_settings_markdown
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
@@ -36,13 +37,17 @@ def generate(root: Path, samples: list[Sample], tokenizer: Path, **cfg: Any) -> 
     out = root / "gen.jsonl"
     try:
         generate_shard(
-            samples,
-            root / "journal.jsonl",
-            out,
-            root / "failed.jsonl",
-            {"backoff_base_s": 0.001, "request_timeout_s": 5, "sampling": {"max_tokens": 200}, **cfg},
-            Endpoint(url, "gpu0"),
-            "00000",
+            ShardJob(
+                samples,
+                root / "journal.jsonl",
+                out,
+                root / "failed.jsonl",
+                GenerateConfig.from_dict(
+                    {"backoff_base_s": 0.001, "request_timeout_s": 5, "sampling": {"max_tokens": 200}, **cfg}
+                ),
+                Endpoint(url, "gpu0"),
+                "00000",
+            )
         )
     finally:
         stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -17,18 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.io import write_json
+from regen.records import ShardStatus
+from regen.run_progress import RunSnapshot, progress_line, run_totals
 from regen.runconfig import ServerConfig
+from regen.sglang.metrics import sum_prometheus
 from regen.sglang.server import acquire_server, port_is_free, stop_all_servers
-from regen.status import (
-    RateWindow,
-    RunSnapshot,
-    cli,
-    parse_prometheus,
-    progress_line,
-    run_totals,
-    status_report,
-    watch,
-)
+from regen.status import METRIC_NAMES, RateWindow, cli, status_report, watch
 
 
 def write_status(
@@ -144,13 +139,33 @@ def test_empty_run_renders(tmp_path: Path) -> None:
     assert "shards: 0/0 finished" in out.getvalue()
 
 
-def test_parse_prometheus_sums_label_sets() -> None:
+def test_sum_prometheus_sums_label_sets() -> None:
     text = (
         "# HELP sglang:num_running_reqs running\n"
         '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{tp_rank="0"} 3.0\n'
         'sglang:num_running_reqs{tp_rank="1"} 2\nsglang:num_queue_reqs 4\nother 9\n'
     )
-    assert parse_prometheus(text) == {"sglang:num_running_reqs": 5.0, "sglang:num_queue_reqs": 4.0}
+    assert sum_prometheus(text, METRIC_NAMES) == {
+        "sglang:num_running_reqs": 5.0,
+        "sglang:num_queue_reqs": 4.0,
+    }
+
+
+def test_status_record_reads_old_files_and_round_trips(tmp_path: Path) -> None:
+    """A status file of an older client (no in-flight fields, no ``finished``) still reads; a record
+    written by the client reads back as the same record."""
+    old = {"shard": "00003", "server": {"id": "gpu1", "url": "http://h:1"}, "done": 4, "total": 10,
+           "failed": 1, "truncated": 0, "req_s": 2.5, "out_tok_s": 30.0, "eta_s": None,
+           "updated_at": 5.0}  # fmt: skip
+    st = ShardStatus.from_json(old, tmp_path / "00003.json")
+    assert (st.done, st.total, st.server_id, st.finished, st.in_flight, st.oldest_in_flight_at) == (
+        4, 10, "gpu1", False, 0, None)  # fmt: skip
+    assert "finished" not in st.to_json() and st.to_json()["server"] == old["server"]
+    done = dataclasses.replace(st, finished=True, in_flight=3, oldest_in_flight_at=4.5)
+    assert done.to_json()["finished"] is True
+    assert ShardStatus.from_json(done.to_json(), tmp_path / "x.json") == done
+    with pytest.raises(ValueError, match=r"00003.json: bad status field"):
+        ShardStatus.from_json({**old, "done": "many"}, tmp_path / "00003.json")
 
 
 def test_run_totals_unknown_without_any_total() -> None:

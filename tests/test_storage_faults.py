@@ -22,8 +22,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from regen.client import Endpoint, generate_shard
+from regen.client import Endpoint, ShardJob, generate_shard
 from regen.journal import Journal, finalize_journal
+from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
 
@@ -34,7 +35,8 @@ N = 120
 JOB = textwrap.dedent(
     """
     import resource, signal, sys
-    from regen.client import Endpoint, generate_shard
+    from regen.client import Endpoint, ShardJob, generate_shard
+    from regen.runconfig import GenerateConfig
     from regen.sglang.simulated import start_simulated_server
     from regen.types import Message, Sample
     journal, records, failed = sys.argv[1:4]
@@ -46,7 +48,8 @@ JOB = textwrap.dedent(
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     cfg = {"concurrency": 4, "backoff_base_s": 0.001, "request_timeout_s": 10}
     try:
-        generate_shard(samples, journal, records, failed, cfg, Endpoint(url, "gpu0"), "00000")
+        generate_shard(ShardJob(samples, journal, records, failed, GenerateConfig.from_dict(cfg),
+                                Endpoint(url, "gpu0"), "00000"))
     finally:
         import json, urllib.request
         stats = json.loads(urllib.request.urlopen(url + "/_sim/stats").read())
@@ -144,7 +147,17 @@ def test_full_disk_under_the_outputs_leaves_no_half_written_file(tmp_path: Path)
     # the journal fills without a limit, then finalize runs under a limit smaller than the records
     url, stop = start_simulated_server(inline=True, mean_answer_tokens=60, mean_reasoning_tokens=60)
     try:
-        generate_shard(samples(40), journal, records, failed, {"concurrency": 4}, Endpoint(url, "g"), "00000")
+        generate_shard(
+            ShardJob(
+                samples(40),
+                journal,
+                records,
+                failed,
+                GenerateConfig.from_dict({"concurrency": 4}),
+                Endpoint(url, "g"),
+                "00000",
+            )
+        )
     finally:
         stop()
     good = records.read_bytes()
@@ -177,7 +190,15 @@ def test_full_tmpfs_under_the_outputs_keeps_the_previous_version(tmp_path: Path)
         try:
             with pytest.raises(OSError, match="No space left on device"):
                 generate_shard(
-                    samples(150), journal, records, failed, {"concurrency": 8}, Endpoint(url, "g"), "00000"
+                    ShardJob(
+                        samples(150),
+                        journal,
+                        records,
+                        failed,
+                        GenerateConfig.from_dict({"concurrency": 8}),
+                        Endpoint(url, "g"),
+                        "00000",
+                    )
                 )
         finally:
             stop()
@@ -192,13 +213,31 @@ def test_torn_last_journal_line_is_tolerated_on_resume(tmp_path: Path) -> None:
     records, failed = tmp_path / "00000.jsonl", tmp_path / "00000.failed.jsonl"
     url, stop = start_simulated_server(inline=True, mean_answer_tokens=20, mean_reasoning_tokens=20)
     try:
-        generate_shard(samples(30), journal, records, failed, {"concurrency": 4}, Endpoint(url, "g"), "00000")
+        generate_shard(
+            ShardJob(
+                samples(30),
+                journal,
+                records,
+                failed,
+                GenerateConfig.from_dict({"concurrency": 4}),
+                Endpoint(url, "g"),
+                "00000",
+            )
+        )
         lines = journal_lines(journal)
         # a write cut short by a full disk or a kill: the last line stops half-way
         journal.write_bytes(b"\n".join(lines[:-1]) + b"\n" + lines[-1][: len(lines[-1]) // 2])
         torn_id = json.loads(lines[-1])["id"]
         stats = generate_shard(
-            samples(30), journal, records, failed, {"concurrency": 4}, Endpoint(url, "g"), "0"
+            ShardJob(
+                samples(30),
+                journal,
+                records,
+                failed,
+                GenerateConfig.from_dict({"concurrency": 4}),
+                Endpoint(url, "g"),
+                "0",
+            )
         )
     finally:
         stop()

@@ -14,7 +14,8 @@ import pytest
 from conversations import two_turn_samples
 
 from regen.chat import ChatTemplate
-from regen.client import Endpoint, generate_shard
+from regen.client import Endpoint, ShardJob, generate_shard
+from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import (
     completion_ids_field,
     parse_qwen3_reasoning,
@@ -40,13 +41,15 @@ def samples(n: int) -> list[Sample]:
 def run_shard(tmp_path: Path, url: str, items: list[Sample], **cfg: Any) -> list[dict[str, Any]]:
     out = tmp_path / "gen.jsonl"
     generate_shard(
-        items,
-        tmp_path / "journal.jsonl",
-        out,
-        tmp_path / "failed.jsonl",
-        {**FAST, **cfg},
-        Endpoint(url, "gpu0"),
-        "00000",
+        ShardJob(
+            items,
+            tmp_path / "journal.jsonl",
+            out,
+            tmp_path / "failed.jsonl",
+            GenerateConfig.from_dict({**FAST, **cfg}),
+            Endpoint(url, "gpu0"),
+            "00000",
+        )
     )
     return [orjson.loads(line) for line in out.read_bytes().splitlines()]
 

@@ -16,7 +16,8 @@ import pytest
 from test_workflow import copy_workflow, snakemake
 
 from regen.chat import ChatTemplate
-from regen.client import generate_shard
+from regen.client import ShardJob, generate_shard
+from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server, tool_call_pairing_error
 from regen.toolcalls import tool_call_mismatch
 from regen.types import Endpoint, Message, Sample
@@ -80,13 +81,17 @@ def run(tmp_path: Path, url: str, regenerate: str) -> dict[str, dict[str, Any]]:
     out = tmp_path / "out.jsonl"
     samples = [Sample(sid, conversation(), tools=TOOLS) for sid in SCRIPT]
     stats = generate_shard(
-        samples,
-        tmp_path / "journal.jsonl",
-        out,
-        tmp_path / "failed.jsonl",
-        {"regenerate": regenerate, "backoff_base_s": 0.001, "request_timeout_s": 5},
-        Endpoint(url, "gpu0"),
-        "00000",
+        ShardJob(
+            samples,
+            tmp_path / "journal.jsonl",
+            out,
+            tmp_path / "failed.jsonl",
+            GenerateConfig.from_dict(
+                {"regenerate": regenerate, "backoff_base_s": 0.001, "request_timeout_s": 5}
+            ),
+            Endpoint(url, "gpu0"),
+            "00000",
+        )
     )
     assert (stats.completed, stats.failed) == (len(SCRIPT), 0)
     recs = {r["id"]: r for r in map(orjson.loads, out.read_bytes().splitlines())}

@@ -107,7 +107,7 @@ def profile_server(
     cand: Any, model_dir: Path, work: Path, batch: int, tokens: int, steps: int, dry: bool
 ) -> dict[str, Any]:
     """The winner restarted; a pure-decode load; SGLang's profiler over ``steps`` plateau steps."""
-    from regen.client import generate_shard
+    from regen.client import ShardJob, generate_shard
     from regen.sglang.metrics import log_since, log_size, server_steady_state
 
     server_log = work / "logs" / "gpu0.log"
@@ -122,13 +122,15 @@ def profile_server(
             load = threading.Thread(
                 target=generate_shard,
                 args=(
-                    prompts(batch, 256, "prof", 13),
-                    d / "journal.jsonl",
-                    d / "records.jsonl",
-                    d / "failed.jsonl",
-                    generate_cfg(tokens, None),
-                    ep,
-                    "profile",
+                    ShardJob(
+                        prompts(batch, 256, "prof", 13),
+                        d / "journal.jsonl",
+                        d / "records.jsonl",
+                        d / "failed.jsonl",
+                        generate_cfg(tokens, None),
+                        ep,
+                        "profile",
+                    ),
                 ),
                 daemon=True,
             )

@@ -256,7 +256,8 @@ def run_config(
     cfg: ServerConfig, work: Path, model_dir: Path, workload: Workload, dry: bool, port_base: int
 ) -> dict[str, Any]:
     """Start the server through regen, run the workload through regen's client, read what happened."""
-    from regen.client import generate_shard
+    from regen.client import ShardJob, generate_shard
+    from regen.runconfig import GenerateConfig
     from regen.sglang import server as server_mod
     from regen.sglang.config import PlanFile
     from regen.sglang.server import fetch_server_info, stop_all_servers
@@ -289,13 +290,15 @@ def run_config(
             gen_cfg = workload.generate_cfg(None)
             tg = Timer()
             stats = generate_shard(
-                samples,
-                str(out / "journal.jsonl"),
-                str(out / "records.jsonl"),
-                str(out / "failed.jsonl"),
-                gen_cfg,  # extra_body carries ignore_eos
-                ep,
-                "00000",
+                ShardJob(
+                    samples,
+                    str(out / "journal.jsonl"),
+                    str(out / "records.jsonl"),
+                    str(out / "failed.jsonl"),
+                    GenerateConfig.from_dict(gen_cfg),  # extra_body carries ignore_eos
+                    ep,
+                    "00000",
+                )
             )
             wall = tg()
             n, tokens, reasons = count_output_tokens(out / "records.jsonl")

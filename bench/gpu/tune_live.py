@@ -416,7 +416,7 @@ def run_on_winner(
     id_samples: list[Sample], decode_requests: int, decode_tokens: int, workflow_s: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """Restart the winner through acquire_server; exact ids, the long run, the pure-decode plateau."""
-    from regen.client import generate_shard
+    from regen.client import ShardJob, generate_shard
     from regen.sglang.metrics import log_size, server_steady_state
 
     server_log = work / "winner" / "logs" / "gpu0.log"
@@ -437,8 +437,8 @@ def run_on_winner(
                 d.mkdir(parents=True, exist_ok=True)
                 offset = log_size(server_log)
                 t0 = time.time()
-                stats = generate_shard(long_samples, d / "journal.jsonl", d / "records.jsonl", d / "failed.jsonl",
-                                       generate_cfg(max(long_lengths), by_id), ep, "long")  # fmt: skip
+                stats = generate_shard(ShardJob(long_samples, d / "journal.jsonl", d / "records.jsonl", d / "failed.jsonl",
+                                       generate_cfg(max(long_lengths), by_id), ep, "long"))  # fmt: skip
                 wall = time.time() - t0
                 tokens = reasons = 0
                 finish: dict[str, int] = {}
@@ -473,8 +473,8 @@ def run_on_winner(
             offset = log_size(server_log)
             plain = prompts(decode_requests, 256, "dec", 11)
             t0 = time.time()
-            generate_shard(plain, d2 / "journal.jsonl", d2 / "records.jsonl", d2 / "failed.jsonl",
-                           generate_cfg(decode_tokens, None), ep, "decode")  # fmt: skip
+            generate_shard(ShardJob(plain, d2 / "journal.jsonl", d2 / "records.jsonl", d2 / "failed.jsonl",
+                           generate_cfg(decode_tokens, None), ep, "decode"))  # fmt: skip
             steady = server_steady_state(read_log(server_log, offset))
             out["pure_decode"] = {
                 "requests": decode_requests,

@@ -168,6 +168,28 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+#: a Prometheus sample line: name, optional label set, value
+_METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def sum_prometheus(text: str, names: Iterable[str]) -> dict[str, float]:
+    """Each named metric summed over its label sets (every TP rank's gauge) in Prometheus text format."""
+    wanted = set(names)
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_LINE.match(line)
+        if m is None or m.group(1) not in wanted:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    return out
+
+
 def sample_from_metrics(values: Mapping[str, float]) -> DecodeSample | None:
     """A :class:`DecodeSample` from SGLang's gauges (None when the page lacks them)."""
     if "sglang:gen_throughput" not in values or "sglang:num_running_reqs" not in values:
@@ -220,4 +242,5 @@ __all__ = [
     "sample_metrics",
     "server_steady_state",
     "steady_state",
+    "sum_prometheus",
 ]

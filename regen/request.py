@@ -1,0 +1,350 @@
+"""One regenerated turn against the server: its request body, the POST, the parsed answer, retries with
+back-off, the truncation policy, and requests lost to a restart of the job's own server.
+
+:class:`Requests` sends; the scheduling loop (``regen.scheduler``) decides what to send and where the
+answers go. The failure semantics are the client's (``regen.client``): 4xx other than 408/429 are final
+(``client_error``); everything else is retried up to ``max_attempts`` requests, then raised as
+:class:`SampleFailed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import re
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+import orjson
+
+if TYPE_CHECKING:  # the config's type only: regen.client (which holds it) imports this module
+    from regen.runconfig import GenerateConfig, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
+MAX_BACKOFF_S = 60.0
+RETRY_STATUSES = frozenset({408, 429})
+CHAT_PATH = "/v1/chat/completions"
+
+#: where SGLang puts the completion ids of a choice: ``token_ids`` up to 0.5.17, ``response_token_ids``
+#: in 0.5.23 (``ChatCompletionResponseChoice`` in srt/entrypoints/openai/protocol.py)
+COMPLETION_IDS_FIELDS = ("response_token_ids", "token_ids")
+
+
+def chat_url(base_url: str) -> str:
+    return base_url.rstrip("/") + CHAT_PATH
+
+
+class ServerRestarts(Protocol):
+    """The job's own server across restarts (``regen.sglang.progress.SlotRestarts``): a request lost
+    because the server was restarted under it (stalled or crashed) is sent again to the restarted server,
+    once per restart, without using one of its attempts."""
+
+    generation: int  # server starts seen so far
+    failure: str | None  # the supervisor's cause when it gave up
+
+    async def lost_to_restart(self, generation: int) -> str | None:
+        """After a failed request sent at ``generation``: the server's URL when it was restarted since."""
+        ...
+
+
+@dataclass(slots=True)
+class Halt:
+    """Why the shard stops sending (None while it goes on); the first cause given stands."""
+
+    reason: str | None = None
+
+    def stop(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+
+class RequestError(Exception):
+    """One failed request: ``category`` is client_error, server_error, connection_error,
+    truncated_response, malformed_response or timeout."""
+
+    def __init__(self, category: str, detail: str, retryable: bool) -> None:
+        super().__init__(f"{category}: {detail}")
+        self.category = category
+        self.detail = detail
+        self.retryable = retryable
+
+
+class SampleFailed(Exception):
+    def __init__(self, err: RequestError, attempts: int) -> None:
+        super().__init__(str(err))
+        self.err = err
+        self.attempts = attempts
+
+
+@dataclass(slots=True)
+class Answer:
+    reasoning_content: str | None
+    content: str
+    finish_reason: str
+    usage: dict[str, Any]
+    model: str | None
+    started_at: float
+    latency_s: float
+    max_tokens: int
+    tool_calls: list[Any] | None = None  # parsed by the server's tool-call parser, when it has one
+    lender: str | None = None  # the lent server's chat URL when another slot's server answered
+    #: the server's token ids (``return_token_ids``): the rendered prompt, and the raw completion
+    #: before reasoning parsing (end-of-turn included when the model stopped on it); None when absent
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+
+    def token_id_fields(self) -> dict[str, list[int]]:
+        """The journal's additive token-id fields (none when the server sent no ids)."""
+        if self.prompt_token_ids is None or self.completion_token_ids is None:
+            return {}
+        return {"prompt_token_ids": self.prompt_token_ids, "completion_token_ids": self.completion_token_ids}
+
+
+#: what ``urllib.parse.quote(..., safe="")`` leaves as it is
+_UNRESERVED_ID = re.compile(r"[A-Za-z0-9_.~-]+")
+
+
+def sample_id_header(sample_id: str) -> str:
+    """The sample id as an HTTP header value: percent-encoded, so no id (newlines, non-ASCII) can
+    break or inject a header. The simulated server decodes it; real SGLang ignores the header."""
+    if _UNRESERVED_ID.fullmatch(sample_id):  # the usual id: nothing to encode (and no quote() per request)
+        return sample_id
+    return urllib.parse.quote(sample_id, safe="")
+
+
+def backoff_delay(base: float, attempt: int, rng: random.Random) -> float:
+    return min(MAX_BACKOFF_S, base * 2.0 ** (attempt - 1)) * rng.uniform(0.5, 1.5)
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        obj = orjson.loads(body)
+        if isinstance(obj, dict):
+            msg = obj.get("message") or (obj.get("error") or {}).get("message") or obj.get("detail")
+            if msg:
+                return str(msg)
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    return body[:300].decode("utf-8", "replace")
+
+
+_INT = frozenset({int})
+
+
+def _token_ids(choice: dict[str, Any], names: tuple[str, ...]) -> list[int] | None:
+    """The first present field of ``names`` as a list of token ids; None when none is present."""
+    for name in names:
+        value = choice.get(name)
+        if value is None:
+            continue
+        # every item an int (not a bool) and none negative, checked in C: a long answer has thousands
+        if not isinstance(value, list) or not (
+            _INT.issuperset(map(type, value)) and min(value, default=0) >= 0
+        ):
+            raise ValueError(f"choices[0].{name}: expected a list of non-negative integers")
+        return value
+    return None
+
+
+def parse_answer(body: bytes, started_at: float, latency: float, max_tokens: int) -> Answer:
+    try:
+        obj = orjson.loads(body)
+        choice = obj["choices"][0]
+        msg = choice["message"]
+        usage = obj.get("usage") or {}
+        reasoning_tokens = usage.get("reasoning_tokens")
+        if reasoning_tokens is None:
+            reasoning_tokens = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+        return Answer(
+            reasoning_content=msg.get("reasoning_content"),
+            content=msg.get("content") or "",
+            finish_reason=choice.get("finish_reason") or "abort",
+            usage={
+                "prompt_tokens": int(usage.get("prompt_tokens", 0)),
+                "completion_tokens": int(usage.get("completion_tokens", 0)),
+                "reasoning_tokens": reasoning_tokens,
+            },
+            model=obj.get("model"),
+            started_at=started_at,
+            latency_s=latency,
+            max_tokens=max_tokens,
+            tool_calls=msg.get("tool_calls") or None,
+            prompt_token_ids=_token_ids(choice, ("prompt_token_ids",)),
+            completion_token_ids=_token_ids(choice, COMPLETION_IDS_FIELDS),
+        )
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise RequestError("malformed_response", f"{type(exc).__name__}: {exc}", True) from exc
+
+
+class Requests:
+    """The requests of one shard's samples to its server (``chat_url``, moved on a restart), sharing
+    one session, one back-off random stream and the shard's ``halt``. ``in_flight`` and ``retrying``
+    (and ``retried``) are what ``regen status`` shows."""
+
+    def __init__(
+        self, cfg: GenerateConfig, session: aiohttp.ClientSession, base_url: str, model: str,
+        api_key: str | None, shard: str, rng: random.Random, halt: Halt, restarts: ServerRestarts | None,
+    ) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.session = session
+        self.chat_url = chat_url(base_url)
+        self.model = model
+        self.shard = shard
+        self.rng = rng
+        self.halt = halt
+        self.restarts = restarts
+        self.base_headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.base_headers["Authorization"] = f"Bearer {api_key}"
+        self.timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+        self.in_flight: dict[str, float] = {}  # sample id -> when its first request was sent
+        self.retrying: set[str] = set()  # sample ids waiting out a back-off before their next attempt
+        self.retried = 0  # requests sent again after a failure
+        # the body fields every request of the shard shares, per thinking mode (built once)
+        self._fixed = {thinking: self._fixed_fields(thinking) for thinking in (False, True)}
+
+    async def answer_turn(
+        self, sid: str, messages: list[dict[str, Any]], seed: int, thinking: bool, attempts: list[int],
+        tools: list[Any] | None = None, first_url: str | None = None,
+    ) -> Answer | None:  # fmt: skip
+        """One regenerated turn under the truncation policy; None means dropped. ``first_url``: a lent
+        server for the first request (retries go to the job's own server)."""
+        cfg = self.cfg
+        limit = cfg.max_tokens_for(sid)
+        answer = await self.request(sid, messages, seed, thinking, limit, attempts, tools, first_url)
+        if answer.finish_reason != "length" or cfg.truncation == "keep":
+            return answer
+        if cfg.truncation == "drop":
+            return None
+        bigger = math.ceil(limit * cfg.retry_max_tokens_factor)
+        return await self.request(sid, messages, seed, thinking, bigger, attempts, tools)
+
+    async def request(
+        self, sid: str, messages: list[dict[str, Any]], seed: int, thinking: bool, max_tokens: int,
+        attempts: list[int], tools: list[Any] | None = None, first_url: str | None = None,
+    ) -> Answer:  # fmt: skip
+        """POST with retries (the first to ``first_url`` when given); raises SampleFailed. ``tools`` (the
+        sample's tool definitions) go with it. The sample counts as in flight meanwhile (``regen status``)."""
+        self.in_flight.setdefault(sid, time.time())
+        try:
+            body = self.body(messages, seed, thinking, max_tokens, tools)
+            headers = {**self.base_headers, SAMPLE_ID_HEADER: sample_id_header(sid)}
+            max_attempts = self.cfg.max_attempts
+            delay = 0.0
+            for attempt in range(1, max_attempts + 1):
+                if attempt > 1:
+                    self.retried += 1
+                    self.retrying.add(sid)
+                    await asyncio.sleep(delay)
+                    self.retrying.discard(sid)
+                attempts[0] += 1
+                lent = first_url if attempt == 1 else None
+                generation = self.restarts.generation if self.restarts is not None else 0
+                try:
+                    try:
+                        answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
+                    except RequestError as err:
+                        if lent is not None or self.restarts is None or not err.retryable:
+                            raise
+                        answer = await self._resend_after_restart(
+                            err, generation, body, headers, max_tokens, attempts, sid
+                        )
+                    answer.lender = lent
+                    return answer
+                except RequestError as err:
+                    if not err.retryable or attempt == max_attempts or self.halt.reason is not None:
+                        log.warning("shard %s: sample %r: request %d/%d failed (%s); giving up on it",
+                                    self.shard, sid, attempt, max_attempts, err)  # fmt: skip
+                        raise SampleFailed(err, attempts[0]) from err
+                    delay = backoff_delay(self.cfg.backoff_base_s, attempt, self.rng)
+                    log.warning("shard %s: sample %r: request %d/%d failed (%s); retrying in %.2f s",
+                                self.shard, sid, attempt, max_attempts, err, delay)  # fmt: skip
+            raise AssertionError("unreachable")
+        finally:
+            self.in_flight.pop(sid, None)
+            self.retrying.discard(sid)
+
+    def _fixed_fields(self, thinking: bool) -> tuple[dict[str, Any], SamplingConfig, dict[str, Any]]:
+        """What every request body of one thinking mode shares: the fields before ``messages`` (the
+        ``extra_body``, ``return_token_ids``, ``model``), the sampling, the chat template's kwargs."""
+        cfg = self.cfg
+        head = {**dict(cfg.extra_body), **({"return_token_ids": True} if cfg.return_token_ids else {})}
+        head["model"] = self.model
+        template_kwargs: dict[str, Any] = {"enable_thinking": thinking}
+        if cfg.preserve_thinking is not None:
+            template_kwargs["preserve_thinking"] = cfg.preserve_thinking
+        return head, cfg.sampling.for_thinking(thinking)[0], template_kwargs
+
+    def body(
+        self, messages: list[dict[str, Any]], seed: int, thinking: bool, max_tokens: int,
+        tools: list[Any] | None,
+    ) -> bytes:  # fmt: skip
+        """The chat-completions request body for one sample (``extra_body`` never overrides these fields)."""
+        head, s, template_kwargs = self._fixed[thinking]
+        body = {
+            **head,
+            "messages": messages,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "max_tokens": max_tokens,
+            "n": s.n,
+            "seed": seed,
+            "chat_template_kwargs": template_kwargs,
+            "separate_reasoning": True,
+        }
+        if tools:
+            body["tools"] = tools
+        return orjson.dumps(body)
+
+    async def _resend_after_restart(
+        self, err: RequestError, generation: int, body: bytes, headers: dict[str, str], max_tokens: int,
+        attempts: list[int], sid: str,
+    ) -> Answer:  # fmt: skip
+        """After a request to the job's own server failed (``err``, sent at server ``generation``): while it
+        was lost to a restart of that server, send it again to the restarted one (``ServerRestarts``);
+        otherwise raise the failure."""
+        assert self.restarts is not None
+        while True:
+            url = await self.restarts.lost_to_restart(generation)
+            if self.restarts.failure is not None:
+                self.halt.stop(f"its server gave up: {self.restarts.failure}")
+            if url is None:
+                raise err
+            self.chat_url = chat_url(url)
+            attempts[0] += 1
+            log.warning("shard %s: sample %r: its request was lost to a server restart (%s); "
+                        "sending it again to %s", self.shard, sid, err.category, url)  # fmt: skip
+            generation = self.restarts.generation
+            try:
+                return await self.post_once(body, headers, max_tokens, self.chat_url)
+            except RequestError as again:
+                if not again.retryable:
+                    raise
+                err = again
+
+    async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int, url: str) -> Answer:
+        started_at = time.time()
+        t0 = time.perf_counter()
+        try:
+            async with self.session.post(url, data=body, headers=headers, timeout=self.timeout) as resp:
+                data = await resp.read()
+                status = resp.status
+        except aiohttp.ClientPayloadError as exc:
+            raise RequestError("truncated_response", str(exc), True) from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientResponseError) as exc:
+            raise RequestError("connection_error", f"{type(exc).__name__}: {exc}", True) from exc
+        except TimeoutError as exc:
+            raise RequestError("timeout", f"no response within {self.cfg.request_timeout_s} s", True) from exc
+        if status != 200:
+            if 400 <= status < 500 and status not in RETRY_STATUSES:
+                raise RequestError("client_error", f"HTTP {status}: {_error_message(data)}", False)
+            raise RequestError("server_error", f"HTTP {status}: {_error_message(data)}", True)
+        return parse_answer(data, started_at, time.perf_counter() - t0, max_tokens)

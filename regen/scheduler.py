@@ -1,0 +1,255 @@
+"""The scheduling loop of one shard: pull the next sample (replaying what the journal holds under the
+current fingerprint), send it on the job's own server or a lent one, journal each finished sample at
+once (one flush per event-loop tick), hold server-level failures back, and stop the shard when the
+circuit breaker trips (``regen.client`` has the failure semantics).
+
+A sample's requests are ``regen.request``'s, its entry ``regen.sample_record``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+
+from regen.fingerprint import GenerationSettings, content_digest, request_fingerprint
+from regen.journal import Journal
+from regen.journal_lines import FAILED, RECORD
+from regen.prompts import request_content, sample_request_fingerprint
+from regen.records import FailureEntry, GenerationRecord
+from regen.request import Requests, SampleFailed
+from regen.sample_record import RecordContext, answer_sample, output_tokens
+from regen.types import Endpoint, Sample
+
+if TYPE_CHECKING:  # the config's type only: regen.client (which holds it) imports this module
+    from regen.runconfig import GenerateConfig
+
+log = logging.getLogger(__name__)
+
+
+class Lenders(Protocol):
+    """Other GPU slots' servers with room to spare (``regen.lending.SlotLenders``): a job whose own
+    server is full sends its next samples there, so no GPU drains or idles while samples wait."""
+
+    poll_s: float
+
+    async def spare(self, session: aiohttp.ClientSession) -> list[tuple[Endpoint, int]]:
+        """(server, how many more requests this job may send it now) for each server with room."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class ShardStats:
+    total: int | None = None
+    skipped_resumed: int = 0
+    #: journaled under another fingerprint (changed settings or edited prompt): generated again
+    regenerated_changed: int = 0
+    #: journaled as failures under the current fingerprint: tried again
+    retried_failed: int = 0
+    completed: int = 0
+    failed: int = 0
+    truncated: int = 0
+    retried_requests: int = 0
+    output_tokens: int = 0
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sample_fingerprint(settings: GenerationSettings, sample: Sample) -> str:
+    """The sample's request fingerprint under ``settings`` (what the journal replays by)."""
+    return sample_request_fingerprint(settings.fingerprint, sample, settings.regenerate)
+
+
+@dataclass(slots=True)
+class Breaker:
+    """Server-level failures in a row, with no success between them: at ``threshold`` the server is down."""
+
+    threshold: int
+    in_a_row: int = 0
+
+    def success(self) -> None:
+        self.in_a_row = 0
+
+    def failure(self) -> bool:
+        """Count one; True when the breaker trips."""
+        self.in_a_row += 1
+        return self.in_a_row >= self.threshold
+
+
+class ShardRun:
+    """The samples of one shard through ``requests``, into ``journal``."""
+
+    def __init__(
+        self, cfg: GenerateConfig, settings: GenerationSettings, journal: Journal, samples: Iterator[Sample],
+        requests: Requests, record: RecordContext, stats: ShardStats, breaker_threshold: int,
+        on_exhausted: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.settings_json = settings.to_json()
+        self.settings_fingerprint = settings.fingerprint
+        self.journal = journal
+        self.samples = samples
+        self.requests = requests
+        self.record = record
+        self.stats = stats
+        self.breaker = Breaker(breaker_threshold)
+        self.halt = requests.halt
+        self.on_exhausted = on_exhausted
+        #: every sample id read from the shard -> its current fingerprint (finalize keeps only these)
+        self.current: dict[str, str] = {}
+        self.seen: set[str] = set()
+        self.held: list[dict[str, Any]] = []  # server-level failures, journaled only if the shard finishes
+        self.attempted = 0
+        self.exhausted = False  # every sample has been handed out
+        self._flush_scheduled = False
+
+    @property
+    def shard(self) -> str:
+        return self.record.shard
+
+    def next_sample(self) -> tuple[Sample, str, list[Any]] | None:
+        """The next sample to send, its fingerprint and the messages it sends (``request_content``:
+        built once, hashed here and sent as they are); replays (skips) what the journal holds."""
+        for sample in self.samples:
+            sid = sample.id
+            if sid in self.seen:
+                log.warning("shard %s: duplicate sample id %r in the input; sent once", self.shard, sid)
+                continue
+            self.seen.add(sid)
+            content = request_content(sample, self.cfg.regenerate)
+            fingerprint = request_fingerprint(self.settings_fingerprint, sid, content_digest(content))
+            self.current[sid] = fingerprint
+            outcome = self.journal.outcome(sid, fingerprint)
+            if outcome == RECORD or (outcome == FAILED and not self.cfg.retry_failed):
+                self.stats.skipped_resumed += 1
+                continue
+            if outcome == FAILED:
+                self.stats.retried_failed += 1
+            elif sid in self.journal.finished_ids:
+                self.stats.regenerated_changed += 1
+            return sample, fingerprint, content["messages"]
+        if not self.exhausted:
+            self.exhausted = True
+            if self.on_exhausted is not None:
+                self.on_exhausted()
+        return None
+
+    async def worker(self) -> None:
+        while self.halt.reason is None:
+            nxt = self.next_sample()
+            if nxt is None:
+                return
+            await self.one_sample(*nxt, None)
+
+    async def lend(self, lenders: Lenders) -> None:
+        """Send samples to other slots' servers while they have room and samples are left; each sample
+        still goes out once and lands in this job's journal (exactly-once as with the own server)."""
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while self.halt.reason is None and not self.exhausted:
+                await asyncio.sleep(lenders.poll_s)
+                for lender, room in await lenders.spare(self.requests.session):
+                    for _ in range(room):
+                        nxt = None if self.halt.reason is not None else self.next_sample()
+                        if nxt is None:
+                            break
+                        task = asyncio.create_task(self.one_sample(*nxt, lender))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def one_sample(
+        self, sample: Sample, fingerprint: str, messages: list[Any], lender: Endpoint | None
+    ) -> None:
+        self.attempted += 1
+        try:
+            outcome = await answer_sample(self.requests, self.cfg, self.record, sample, messages, lender)
+        except SampleFailed as exc:
+            entry = self.on_failure(sample.id, exc)
+        else:
+            entry = self.on_answer(outcome)
+        if entry is None:
+            return
+        self.stamp(entry, fingerprint)
+        self.journal.append(entry, flush=False)
+        self._schedule_flush()
+
+    def on_answer(self, outcome: GenerationRecord | FailureEntry) -> dict[str, Any]:
+        self.breaker.success()
+        if isinstance(outcome, FailureEntry):  # dropped under truncation
+            self.stats.failed += 1
+            self.stats.truncated += 1
+            return outcome.journal_entry()
+        self.stats.completed += 1
+        self.stats.output_tokens += output_tokens(outcome)
+        if outcome.truncated:
+            self.stats.truncated += 1
+        return outcome.journal_entry()
+
+    def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:
+        """A client error is the sample's own terminal failure; a server-level one is held back (journaled
+        only when the shard finishes) and counts towards the breaker."""
+        err = exc.err
+        if err.category == "client_error":
+            self.breaker.success()
+            self.stats.failed += 1
+            return FailureEntry(sid, f"client_error: {err.detail}", exc.attempts, str(err)).journal_entry()
+        held = FailureEntry(sid, err.category, exc.attempts, str(err)).journal_entry()
+        self.stamp(held, self.current[sid])
+        self.held.append(held)
+        if self.breaker.failure():
+            self.halt.stop(
+                f"{self.breaker.in_a_row} samples in a row failed at server level "
+                f"after {self.cfg.max_attempts} attempts each; last: {err}"
+            )
+        return None
+
+    def stamp(self, entry: dict[str, Any], fingerprint: str) -> None:
+        """Add what decided the entry: its fingerprints (and, on records, the settings themselves)."""
+        entry["fingerprint"] = fingerprint
+        entry["settings_fingerprint"] = self.settings_fingerprint
+        if entry["kind"] == RECORD:
+            entry["settings"] = self.settings_json
+        else:
+            entry["at"] = time.time()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        try:
+            self.journal.flush()
+        except OSError as exc:  # e.g. disk full: stop sending; the caller's final flush raises it
+            if self.halt.reason is None:
+                log.error("shard %s: cannot write the journal %s: %s", self.shard, self.journal.path, exc)
+                self.halt.stop(f"cannot write the journal {self.journal.path}: {exc}")
+
+    def failure(self) -> str | None:
+        """Why the shard failed at the end (None: it finishes, its held failures isolated poison samples)."""
+        if self.halt.reason is not None:
+            return self.halt.reason
+        held = len(self.held)
+        if not held:
+            return None
+        last = self.held[-1]["error"]
+        if self.stats.completed == 0:
+            return f"every request failed at server level ({held} samples); last: {last}"
+        if held * 2 > self.attempted:
+            return f"{held} of {self.attempted} samples failed at server level; last: {last}"
+        return None
