@@ -17,13 +17,12 @@ import re
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
-if TYPE_CHECKING:  # the config's type only: regen.client (which holds it) imports this module
-    from regen.runconfig import GenerateConfig, SamplingConfig
+from regen.runconfig import GenerateConfig, SamplingConfig
 
 log = logging.getLogger(__name__)
 

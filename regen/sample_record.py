@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from regen.records import FailureEntry, GenerationRecord, RecordSampling
 from regen.request import Answer, Requests, chat_url
+from regen.runconfig import GenerateConfig
 from regen.toolcalls import answered_calls, tool_call_mismatch, with_answered_ids
 from regen.types import Endpoint, Sample
-
-if TYPE_CHECKING:  # the config's type only: regen.client (which holds it) imports this module
-    from regen.runconfig import GenerateConfig
 
 
 def hash64(*parts: str) -> int:

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -23,11 +23,9 @@ from regen.journal_lines import FAILED, RECORD
 from regen.prompts import request_content, sample_request_fingerprint
 from regen.records import FailureEntry, GenerationRecord
 from regen.request import Requests, SampleFailed
+from regen.runconfig import GenerateConfig
 from regen.sample_record import RecordContext, answer_sample, output_tokens
 from regen.types import Endpoint, Sample
-
-if TYPE_CHECKING:  # the config's type only: regen.client (which holds it) imports this module
-    from regen.runconfig import GenerateConfig
 
 log = logging.getLogger(__name__)
 
