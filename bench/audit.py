@@ -4,7 +4,7 @@ Synthetic short chats (~100-300 tokens under the demo tokenizer, a few with empt
 and duplicate prompts) are streamed to a JSONL file. Then, each in its own subprocess so its
 peak RSS is its own:
 
-* regen: ``regen.audit.run_audit`` exactly as the workflow runs it (read, check, render,
+* regen: ``regen.ingest.audit.run_audit`` exactly as the workflow runs it (read, check, render,
   tokenize, flag, write flags.parquet / excluded.jsonl / summary / plots);
 * reference: the same rows rendered with the chat template (untimed) and only
   ``Tokenizer.encode_batch`` timed - the floor of any audit that tokenizes every sample;
@@ -95,8 +95,8 @@ def write_benchmarks(
 
 
 def run_regen(data: Path, out: Path, benchmarks: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    from regen.audit import run_audit
     from regen.chat import ChatTemplate
+    from regen.ingest.audit import run_audit
 
     ChatTemplate.from_dir(TOKENIZER)  # load outside the timed region, as the reference does
     cfg: dict[str, Any] = {"override_gates": True}

@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from regen.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
+from regen.generate.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
 from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample

@@ -189,7 +189,7 @@ def _peak_rss_mb() -> float:
 
 
 def _validate_one(path: Path, work: Path) -> int:
-    from regen.validate import validate_shard
+    from regen.output.validate import validate_shard
 
     valid, quarantine = work / "valid" / f"{path.stem}.parquet", work / "quarantine" / f"{path.stem}.jsonl"
     stats = validate_shard(path, valid, quarantine, {})
@@ -201,7 +201,7 @@ def side_regen(src: Path, work: Path) -> dict[str, Any]:
     --cores N runs them concurrently), then one merge over the valid shards."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from regen.merge import merge
+    from regen.output.merge import merge
 
     paths = sorted(src.glob("*.jsonl"))
     t0 = time.perf_counter()

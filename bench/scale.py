@@ -2,7 +2,8 @@
 
 It builds the state of such a run through the project's own parts: a synthetic chat dataset, the
 workflow's real audit and shard jobs (Snakemake), then every shard's journal written by
-``regen.journal.Journal`` with records shaped as the client writes them (answers of ``--answer-tokens``
+``regen.generate.journal.Journal`` with records shaped as the client writes them (answers of
+``--answer-tokens``
 tokens with their token ids, fingerprints and settings as a simulated SGLang server reports them).
 On the half-finished state, then on the finished one, it times:
 
@@ -51,12 +52,12 @@ from support.soak import copy_workflow  # noqa: E402
 
 from regen.check import load_config  # noqa: E402
 from regen.fingerprint import GenerationSettings, server_numerics  # noqa: E402
-from regen.journal import Journal, index_path, read_heads, read_journal_entries  # noqa: E402
+from regen.generate.journal import Journal, index_path, read_heads, read_journal_entries  # noqa: E402
+from regen.ingest.shards import read_shard, shard_name  # noqa: E402
 from regen.layout import RunLayout  # noqa: E402
 from regen.prompts import prompt_for_last, sample_request_fingerprint  # noqa: E402
 from regen.runconfig import RunConfig  # noqa: E402
 from regen.sglang.simulated import read_request_log  # noqa: E402
-from regen.shards import read_shard, shard_name  # noqa: E402
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 REGEN = str(Path(sys.executable).with_name("regen"))
@@ -221,7 +222,7 @@ def time_resume(wd: Path, url: str, request_log: Path, shard: str) -> float:
 def child_resume(url: str, shard: str) -> None:
     """A generate job for ``shard`` in this process (run from the workflow copy): what the generate rule
     runs, against the bench's server."""
-    from regen.client import ShardJob, generate_shard
+    from regen.generate.client import ShardJob, generate_shard
     from regen.runconfig import GenerateConfig
     from regen.types import Endpoint
 
@@ -240,9 +241,9 @@ def child_resume(url: str, shard: str) -> None:
 
 def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: GenerationSettings) -> dict:
     """Finalize and validate ``shards`` and merge them: the bytes of each stage's files."""
-    from regen.journal import finalize_journal
-    from regen.merge import merge
-    from regen.validate import validate_shard
+    from regen.generate.journal import finalize_journal
+    from regen.output.merge import merge
+    from regen.output.validate import validate_shard
 
     config = load_config(list(CONFIGS))
     cwd = os.getcwd()

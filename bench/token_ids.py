@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from regen.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
+from regen.generate.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
 from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample

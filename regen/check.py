@@ -25,7 +25,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 
 from regen.chat import ChatTemplate, ChatTemplateError
-from regen.dataset import detect_format
+from regen.ingest.dataset import detect_format
 from regen.layout import RunLayout
 from regen.sglang.models import ModelConfigError, ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, parse_flags

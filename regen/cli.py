@@ -6,17 +6,20 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "audit": ("regen.audit", "audit a chat dataset before generating (flags, supervised tokens, gates)"),
-    "tune": ("regen.tune", "plan SGLang's memory and flags for a model and GPU"),
+    "audit": (
+        "regen.ingest.audit",
+        "audit a chat dataset before generating (flags, supervised tokens, gates)",
+    ),
+    "tune": ("regen.tune.tune", "plan SGLang's memory and flags for a model and GPU"),
     "check": ("regen.check", "preflight: every problem with a config and this machine, before any job"),
-    "status": ("regen.status", "per-GPU progress, throughput and ETA of a running workflow"),
-    "validate": ("regen.validate", "validate one shard's generation records"),
-    "reconcile": ("regen.reconcile", "check every input id ended in exactly one place"),
+    "status": ("regen.observe.status", "per-GPU progress, throughput and ETA of a running workflow"),
+    "validate": ("regen.output.validate", "validate one shard's generation records"),
+    "reconcile": ("regen.output.reconcile", "check every input id ended in exactly one place"),
     "vocab": (
-        "regen.vocab",
+        "regen.output.vocab",
         "write an EAGLE3 draft vocabulary (SpecForge, speculators) from the export's counts",
     ),
-    "report-assets": ("regen.report", "write the report's plots and tables"),
+    "report-assets": ("regen.observe.report", "write the report's plots and tables"),
     "serve-simulated": ("regen.sglang.simulated", "run the SGLang-compatible simulated server"),
 }
 

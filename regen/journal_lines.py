@@ -1,6 +1,6 @@
 """The journal's line format at ground level: the two entry kinds and the one torn-line rule.
 
-``regen.journal`` (the per-shard journal), ``regen.storage`` (its S3 batches) and ``regen.records``
+``regen.generate.journal`` (the per-shard journal), ``regen.storage`` (its S3 batches) and ``regen.records``
 (the entries' shapes) all read or write these lines; this module is their one home, so ground-level
 code never imports the journal itself.
 """

@@ -40,7 +40,8 @@ def is_shard_name(name: str) -> bool:
     return _SHARD_RE.match(name) is not None
 
 
-# the report's pages and plots (``regen.report`` writes every one, always), in ``RunLayout.report_dir``
+# the report's pages and plots (``regen.observe.report`` writes every one, always), in
+# ``RunLayout.report_dir``
 TOKEN_LENGTHS_SVG = "token_lengths.svg"
 FINISH_REASONS_SVG = "finish_reasons.svg"
 QUARANTINE_REASONS_SVG = "quarantine_reasons.svg"
@@ -276,7 +277,7 @@ class RunLayout:
 
     @property
     def export_dir(self) -> Path:
-        """Trainer exports (``regen.export``): specforge.jsonl, tokenized.jsonl, manifest.json."""
+        """Trainer exports (``regen.output.export``): specforge.jsonl, tokenized.jsonl, manifest.json."""
         return self.results / "export"
 
     @property
@@ -289,7 +290,7 @@ class RunLayout:
 
     @property
     def export_specforge_eval(self) -> Path:
-        """The held-out eval split beside the training file (``regen.export.eval_path``)."""
+        """The held-out eval split beside the training file (``regen.output.export.eval_path``)."""
         return self.export_dir / "specforge.eval.jsonl"
 
     @property
@@ -298,12 +299,12 @@ class RunLayout:
 
     @property
     def export_token_freq(self) -> Path:
-        """Supervised-token counts for the draft vocabulary (``regen.export.token_freq_path``)."""
+        """Supervised-token counts for the draft vocabulary (``regen.output.export.token_freq_path``)."""
         return self.export_dir / "token_freq.json"
 
     @property
     def export_thinking(self) -> Path:
-        """Each row's thinking mode and split side (``regen.export.thinking_path``)."""
+        """Each row's thinking mode and split side (``regen.output.export.thinking_path``)."""
         return self.export_dir / "thinking.jsonl"
 
     @property
@@ -391,7 +392,7 @@ class RunLayout:
 
     @property
     def shard_count_file(self) -> Path:
-        """The settled count of ``shards.count: auto`` (``regen.shard_count``)."""
+        """The settled count of ``shards.count: auto`` (``regen.ingest.shard_count``)."""
         return self.work / "plan" / "shards.json"
 
     # ------------------------------------------------------------------------------- logs --

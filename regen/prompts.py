@@ -1,4 +1,5 @@
-"""What of a sample its requests send (``regen.client`` sends it, ``regen.fingerprint`` hashes it): the
+"""What of a sample its requests send (``regen.generate.client`` sends it, ``regen.fingerprint`` hashes
+it): the
 prompt of ``regenerate: last``, the turns before each answer of ``regenerate: all``, and the tools.
 
 Ground level: the shard writer digests each sample's request content once (``request_digests``), so

@@ -1,16 +1,18 @@
 """Every record shape that crosses a stage boundary, one owner each: the Arrow schemas of the Parquet
 files and the typed generation record (its JSON shape is pinned by ``schemas/record.schema.json``).
 
-* ``FLAGS_SCHEMA``: ``results/audit/flags.parquet`` (written by ``regen.audit``), one row per input sample;
-* ``SHARD_SCHEMA``: ``results/shards/{shard}.parquet`` (``regen.shards``), the prompts;
+* ``FLAGS_SCHEMA``: ``results/audit/flags.parquet`` (written by ``regen.ingest.audit``), one row per input
+sample;
+* ``SHARD_SCHEMA``: ``results/shards/{shard}.parquet`` (``regen.ingest.shards``), the prompts;
 * :class:`GenerationRecord`: one line of ``results/generations/{shard}.jsonl`` (and of the journal,
-  with ``"kind": "record"``), built by the client (``regen.sample_record``);
+  with ``"kind": "record"``), built by the client (``regen.generate.sample_record``);
 * :class:`FailureEntry`: a sample's terminal failure, a ``"kind": "failed"`` journal line (the client);
 * :class:`ShardStatus`: ``work/status/{shard}.json``, written by the client every few seconds and read by
   ``regen status``;
-* ``VALID_SCHEMA``: ``results/valid/{shard}.parquet`` (``regen.validate``), a flat copy of every
+* ``VALID_SCHEMA``: ``results/valid/{shard}.parquet`` (``regen.output.validate``), a flat copy of every
   generation record field the later stages use, filled by :class:`ValidColumns`;
-* ``dataset_schema(include_token_ids)``: the training-ready rows of ``results/dataset/`` (``regen.merge``).
+* ``dataset_schema(include_token_ids)``: the training-ready rows of ``results/dataset/``
+(``regen.output.merge``).
 
 ``MESSAGE_TYPE`` (one chat turn) is shared by the shards, the valid shards and the dataset.
 
@@ -37,7 +39,7 @@ from regen.journal_lines import FAILED, RECORD
 from regen.prompts import request_digests
 from regen.types import Message, Sample
 
-#: the JSON schema of a generation record (``regen.validate`` checks every record against it)
+#: the JSON schema of a generation record (``regen.output.validate`` checks every record against it)
 RECORD_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
 
 MESSAGE_TYPE = pa.struct(

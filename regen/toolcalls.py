@@ -4,7 +4,7 @@ With ``regenerate: all`` each regenerated assistant turn is followed by the data
 those begin with tool turns, they answer the calls the *dataset's* assistant turn made. A regenerated
 turn that calls something else (another function, other arguments, more or fewer calls, or none) would
 be followed by tool results that answer a different question, and a drafter would learn from that
-conversation. So the row ends at such a turn (``regen.client``), and the mismatch is named by kind:
+conversation. So the row ends at such a turn (``regen.generate.client``), and the mismatch is named by kind:
 
 * ``count``: the regenerated turn makes another number of calls than the following tool turns answer
   (none where the dataset called, or a call where the dataset's next turn is not a tool turn);

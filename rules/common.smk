@@ -22,9 +22,9 @@ from regen.layout import (
     TRAINER_WINDOW_SVG,
     shard_name,
 )
-from regen.replay import preview_lines
+from regen.generate.replay import preview_lines
 from regen.runconfig import RunConfig
-from regen.shard_count import settle_auto_count, shard_count
+from regen.ingest.shard_count import settle_auto_count, shard_count
 from regen.sglang.server import stop_all_servers
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -103,7 +103,7 @@ def widen_gpu_counter_for_local_runs():
         workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
 
 
-# shards.count, or with "auto" one per GPU slot (settled by final_outputs: regen.shard_count)
+# shards.count, or with "auto" one per GPU slot (settled by final_outputs: regen.ingest.shard_count)
 SHARDS = [
     shard_name(k)
     for k in range(

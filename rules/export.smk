@@ -1,5 +1,5 @@
-# Exports drafter trainers read as they are (regen.export): SpecForge conversations and
-# token-exact input_ids/loss_mask from the server's own ids (one mask policy: regen.masks).
+# Exports drafter trainers read as they are (regen.output.export): SpecForge conversations and
+# token-exact input_ids/loss_mask from the server's own ids (one mask policy: regen.output.masks).
 rule export:
     input:
         dataset=rules.merge.output.dataset,
@@ -7,12 +7,12 @@ rule export:
     output:
         specforge=RUN.export_specforge,
         tokenized=RUN.export_tokenized,
-        # the held-out eval split, beside the training files (regen.export.eval_path)
+        # the held-out eval split, beside the training files (regen.output.export.eval_path)
         specforge_eval=RUN.export_specforge_eval,
         tokenized_eval=RUN.export_tokenized_eval,
-        # supervised-token counts for the draft vocabulary (regen.export.token_freq_path, regen vocab)
+        # supervised-token counts for the draft vocabulary (regen.output.export.token_freq_path, regen vocab)
         token_freq=RUN.export_token_freq,
-        # each row's thinking mode and split side (regen.export.thinking_path; the manifest's serving block)
+        # each row's thinking mode and split side (regen.output.export.thinking_path; the manifest's serving block)
         thinking=RUN.export_thinking,
         manifest=report(
             RUN.export_manifest,

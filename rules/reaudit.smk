@@ -1,4 +1,4 @@
-# The output gate: re-audit the merged dataset (regen.reaudit); READY.json only when it passes.
+# The output gate: re-audit the merged dataset (regen.output.reaudit); READY.json only when it passes.
 rule reaudit:
     input:
         dataset=rules.merge.output.dataset,

@@ -1,4 +1,4 @@
-# Every input id in exactly one bucket (regen.reconcile).
+# Every input id in exactly one bucket (regen.output.reconcile).
 rule reconcile:
     input:
         flags=rules.audit.output.flags,

@@ -1,4 +1,4 @@
-# Deterministic prompt shards from the audited samples (regen.shards); one file per shard, known at plan time.
+# Deterministic prompt shards from the audited samples (regen.ingest.shards); one file per shard, known at plan time.
 rule shard:
     input:
         samples=rules.audit.output.samples,

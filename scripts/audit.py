@@ -1,6 +1,6 @@
-"""Snakemake script: audit the input dataset before any GPU time (regen.audit)."""
+"""Snakemake script: audit the input dataset before any GPU time (regen.ingest.audit)."""
 
-from regen.audit import run_audit
+from regen.ingest.audit import run_audit
 from regen.runlog import log_to
 from regen.verdict import verdict_path_for
 

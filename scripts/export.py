@@ -1,6 +1,6 @@
-"""Snakemake script: write the trainer exports of the merged dataset (regen.export)."""
+"""Snakemake script: write the trainer exports of the merged dataset (regen.output.export)."""
 
-from regen.export import export_dataset
+from regen.output.export import export_dataset
 from regen.runlog import log_to
 
 log_to(snakemake.log[0])

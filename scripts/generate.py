@@ -1,6 +1,6 @@
-"""Snakemake script: generate one shard on this job's GPU server (regen.generation)."""
+"""Snakemake script: generate one shard on this job's GPU server (regen.generate.generation)."""
 
-from regen.generation import run_generate_job
+from regen.generate.generation import run_generate_job
 from regen.runlog import log_to
 
 log_to(snakemake.log[0])

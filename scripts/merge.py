@@ -1,6 +1,6 @@
-"""Snakemake script: write the training-ready Parquet and its manifest (regen.merge)."""
+"""Snakemake script: write the training-ready Parquet and its manifest (regen.output.merge)."""
 
-from regen.merge import merge_for_workflow
+from regen.output.merge import merge_for_workflow
 from regen.runlog import log_to
 
 log_to(snakemake.log[0])

@@ -1,6 +1,7 @@
-"""Snakemake script: upload the ready dataset and its manifest to merge.output_prefix (regen.publish)."""
+"""Snakemake script: upload the ready dataset and its manifest to merge.output_prefix
+(regen.output.publish)."""
 
-from regen.publish import publish_dataset
+from regen.output.publish import publish_dataset
 from regen.runlog import log_to
 
 log_to(snakemake.log[0])

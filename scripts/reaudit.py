@@ -1,6 +1,6 @@
 """Snakemake script: re-audit the merged output; READY.json only if its gates pass."""
 
-from regen.reaudit import reaudit_dataset
+from regen.output.reaudit import reaudit_dataset
 from regen.runlog import log_to
 from regen.verdict import verdict_path_for
 

@@ -1,7 +1,7 @@
 """Snakemake script: every input id in exactly one of output / quarantine / excluded / failed."""
 
 from regen.io import write_json
-from regen.reconcile import check, reconcile
+from regen.output.reconcile import check, reconcile
 from regen.runlog import log_to
 
 log = log_to(snakemake.log[0])

@@ -1,9 +1,9 @@
-"""Snakemake script: plots, tables and the landing page for snakemake --report (regen.report)."""
+"""Snakemake script: plots, tables and the landing page for snakemake --report (regen.observe.report)."""
 
 from pathlib import Path
 
 from regen.layout import realized_files, restart_files
-from regen.report import ReportInputs, RunFacts, write_report
+from regen.observe.report import ReportInputs, RunFacts, write_report
 from regen.runlog import log_to
 
 log_to(snakemake.log[0])

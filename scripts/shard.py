@@ -1,7 +1,7 @@
-"""Snakemake script: split the audited samples into deterministic shards (regen.shards)."""
+"""Snakemake script: split the audited samples into deterministic shards (regen.ingest.shards)."""
 
+from regen.ingest.shards import shard_audited
 from regen.runlog import log_to
-from regen.shards import shard_audited
 
 log_to(snakemake.log[0])
 shard_audited(snakemake.input.samples, list(snakemake.output.shards))

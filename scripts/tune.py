@@ -1,8 +1,8 @@
-"""Snakemake script: plan the SGLang servers' memory and flags (regen.tune)."""
+"""Snakemake script: plan the SGLang servers' memory and flags (regen.tune.tune)."""
 
 from regen.runconfig import ServerConfig
 from regen.runlog import log_to
-from regen.tune import write_plan_for_workflow
+from regen.tune.tune import write_plan_for_workflow
 
 log_to(snakemake.log[0])
 write_plan_for_workflow(

@@ -1,7 +1,7 @@
 """Snakemake script: check every record of a shard; valid ones go on, the rest to quarantine."""
 
+from regen.output.validate import validate_shard
 from regen.runlog import log_to
-from regen.validate import validate_shard
 
 log = log_to(snakemake.log[0])
 stats = validate_shard(

@@ -10,7 +10,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from regen.audit import (
+from regen.chat import ChatTemplate
+from regen.ingest.audit import (
     FLAGS_SCHEMA,
     AuditGateError,
     audit_records,
@@ -18,7 +19,6 @@ from regen.audit import (
     run_audit,
     structure_faults,
 )
-from regen.chat import ChatTemplate
 from regen.types import BadRow, Message, Sample
 
 LONG_PROMPT = " ".join(["lorem ipsum dolor sit amet"] * 40)
@@ -304,8 +304,8 @@ def test_cli_stop_on_bad_row_names_file_and_row(
 
 def test_summary_has_exact_prompt_percentiles_of_kept_samples(demo_tokenizer_dir: Path) -> None:
     """The planner sizes KV for running x (p99 + max_tokens): p50/p99 are exact, over kept samples only."""
-    from regen.audit import audit_records
     from regen.chat import ChatTemplate
+    from regen.ingest.audit import audit_records
     from regen.types import Message, Sample
 
     chat = ChatTemplate.from_dir(demo_tokenizer_dir)

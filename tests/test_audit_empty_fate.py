@@ -12,10 +12,10 @@ import orjson
 import pytest
 from test_workflow import copy_workflow, snakemake
 
-from regen.audit import AuditConfig, AuditGateError, audit_records, cli, run_audit
 from regen.chat import ChatTemplate
+from regen.ingest.audit import AuditConfig, AuditGateError, audit_records, cli, run_audit
 from regen.layout import RunLayout
-from regen.report import ReportInputs, RunFacts, audit_page_html, landing_rst, readiness
+from regen.observe.report import ReportInputs, RunFacts, audit_page_html, landing_rst, readiness
 from regen.types import Message, Sample
 
 #: the template's empty think block; the renderer adds end-of-turn. The second form spells end-of-turn

@@ -11,9 +11,9 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from regen.audit import NothingToGenerateError, run_audit
-from regen.dataset import iter_samples
-from regen.shards import make_shards, read_shard
+from regen.ingest.audit import NothingToGenerateError, run_audit
+from regen.ingest.dataset import iter_samples
+from regen.ingest.shards import make_shards, read_shard
 from regen.types import BadInputError, BadRow
 
 BAD_DIR = Path(__file__).parent / "data" / "bad"

@@ -13,7 +13,7 @@ import jsonschema
 import orjson
 import pytest
 
-from regen.client import (
+from regen.generate.client import (
     Endpoint,
     GenerateConfig,
     ProgressOptions,
@@ -22,9 +22,9 @@ from regen.client import (
     generate_shard,
     generate_shard_async,
 )
+from regen.generate.run_progress import read_shard_statuses
+from regen.generate.sample_record import derive_seed, thinking_for
 from regen.prompts import prompt_for_last, turn_prefixes
-from regen.run_progress import read_shard_statuses
-from regen.sample_record import derive_seed, thinking_for
 from regen.sglang.simulated import free_port, start_simulated_server
 from regen.types import Message, Sample
 
@@ -434,7 +434,7 @@ def test_tool_calls_and_tools_reach_the_server_and_the_record(sim: str, tmp_path
 def test_bad_token_ids_are_a_malformed_answer(ids: Any) -> None:
     """Token ids that are not a list of non-negative integers (a bool is not one) make the answer
     malformed (retried), never a record; an empty list and a long valid one are kept as they are."""
-    from regen.request import RequestError, parse_answer
+    from regen.generate.request import RequestError, parse_answer
 
     def answer(completion_ids: Any) -> bytes:
         choice = {"message": {"content": "x"}, "finish_reason": "stop", "response_token_ids": completion_ids,

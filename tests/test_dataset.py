@@ -1,4 +1,4 @@
-"""Ingest (regen.dataset), the demo tokenizer and the demo datasets (tests/support/demo_assets.py)."""
+"""Ingest (regen.ingest.dataset), the demo tokenizer and the demo datasets (tests/support/demo_assets.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import pytest
 from support.demo_assets import DEMO_CONTEXT_LIMIT, IM_END, build_demo_dataset, build_demo_tokenizer
 from tokenizers import Tokenizer
 
-from regen import dataset as ds
 from regen.chat import ChatTemplate, hf_template_env
-from regen.dataset import content_id, detect_format, iter_samples
+from regen.ingest import dataset as ds
+from regen.ingest.dataset import content_id, detect_format, iter_samples
 from regen.types import BadInputError, BadRow, Message, Sample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -341,7 +341,7 @@ def test_content_id_ignores_key_order_and_is_stable_across_processes(tmp_path: P
     assert samples[0].id == samples[1].id != samples[2].id
     assert len(samples[0].id) == 32 and int(samples[0].id, 16) >= 0
     code = (
-        "from regen.dataset import iter_samples;import sys;"
+        "from regen.ingest.dataset import iter_samples;import sys;"
         "print(' '.join(s.id for s in iter_samples(sys.argv[1])))"
     )
     for hashseed in ("1", "2"):

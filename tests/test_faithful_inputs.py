@@ -17,10 +17,10 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from regen.audit import AuditGateError, NothingToGenerateError, cli, run_audit
 from regen.chat import ChatTemplate
-from regen.dataset import iter_samples
-from regen.shards import make_shards, read_shard
+from regen.ingest.audit import AuditGateError, NothingToGenerateError, cli, run_audit
+from regen.ingest.dataset import iter_samples
+from regen.ingest.shards import make_shards, read_shard
 
 BAD_DIR = Path(__file__).parent / "data" / "bad"
 _spec = importlib.util.spec_from_file_location("make_bad", BAD_DIR / "make_bad.py")
@@ -207,7 +207,7 @@ def test_wide_integer_ids_keep_every_digit(tmp_path: Path, demo_tokenizer_dir: P
 
 MEMORY_SCRIPT = """
 import resource, sys
-from regen.audit import run_audit
+from regen.ingest.audit import run_audit
 s = run_audit(sys.argv[1], sys.argv[2], {"override_gates": True}, sys.argv[3], id_column="id")
 print(s.flag_counts.get("over_length", 0), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 """
@@ -235,11 +235,11 @@ def test_a_50_mb_line_audits_in_bounded_memory(tmp_path: Path, demo_tokenizer_di
 
 def test_tool_calls_survive_generation_validation_and_merge(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     """tool_calls.jsonl row 1 through shard -> simulated SGLang -> record -> valid Parquet -> dataset."""
-    from regen.client import Endpoint, ShardJob, generate_shard
-    from regen.merge import iter_dataset_samples, merge
+    from regen.generate.client import Endpoint, ShardJob, generate_shard
+    from regen.output.merge import iter_dataset_samples, merge
+    from regen.output.validate import validate_shard
     from regen.runconfig import GenerateConfig
     from regen.sglang.simulated import start_simulated_server
-    from regen.validate import validate_shard
 
     path = BAD_DIR / "tool_calls.jsonl"
     row = json.loads(path.read_text().splitlines()[1])

@@ -2,7 +2,7 @@
 
 Every test goes through ``regen.sglang.server.acquire_server`` with ``mode: simulated`` (a detached
 supervisor process owning a ``python -m regen.sglang.simulated`` process), drives a shard with
-``regen.client.generate_shard`` and checks that every sample ends exactly once in the records or
+``regen.generate.client.generate_shard`` and checks that every sample ends exactly once in the records or
 in the failures, what the logs say, and (through the simulator's request log, which survives server
 restarts) what the server really received.
 """
@@ -26,10 +26,10 @@ from typing import Any
 import orjson
 import pytest
 
-from regen.client import ShardFailedError, ShardJob, ShardStats, generate_shard
+from regen.generate.client import ShardFailedError, ShardJob, ShardStats, generate_shard
+from regen.generate.lending import SlotLenders
 from regen.layout import RunLayout
-from regen.lending import SlotLenders
-from regen.report import server_restarts_table
+from regen.observe.report import server_restarts_table
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.progress import SlotRestarts, read_restarts
 from regen.sglang.server import ServerError, acquire_server, port_is_free, read_url_state, stop_all_servers
@@ -113,7 +113,7 @@ class Rig:
         **gen: Any,
     ) -> tuple[ShardStats, dict[str, Any]]:
         """One shard as a generate job runs it (``follow_restarts``: requests lost to a server restart are
-        sent again, as ``regen.generation`` has it; off: only the client's own retry budget)."""
+        sent again, as ``regen.generate.generation`` has it; off: only the client's own retry budget)."""
         gen_cfg = {"request_timeout_s": 10, "max_attempts": 4, "backoff_base_s": 0.01, "concurrency": 16}
         gen_cfg.update(gen)
         servers = self.root / "work" / "servers"

@@ -14,24 +14,24 @@ import orjson
 import pyarrow.dataset as ds
 import pytest
 
-from regen.client import (
+from regen.fingerprint import GenerationSettings, decisive_config, decisive_plan_config
+from regen.generate.client import (
     Endpoint,
     ProgressOptions,
     ShardJob,
     generate_shard,
     generate_shard_async,
 )
-from regen.fingerprint import GenerationSettings, decisive_config, decisive_plan_config
-from regen.journal import Journal, finalize_journal
-from regen.merge import merge
+from regen.generate.journal import Journal, finalize_journal
+from regen.generate.replay import JournalIndex, numerics_last_reported, plan_replay
+from regen.generate.scheduler import sample_fingerprint
+from regen.output.merge import merge
+from regen.output.reaudit import MixedSettingsError, reaudit_dataset
+from regen.output.validate import validate_shard
 from regen.prompts import prompt_for_last, request_content, turn_prefixes
-from regen.reaudit import MixedSettingsError, reaudit_dataset
-from regen.replay import JournalIndex, numerics_last_reported, plan_replay
 from regen.runconfig import ANSWERS, PLAN, GenerateConfig, RunConfig, ServerConfig, keys_deciding
-from regen.scheduler import sample_fingerprint
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
-from regen.validate import validate_shard
 
 FAST = {"backoff_base_s": 0.001, "request_timeout_s": 5, "concurrency": 8, "sampling": {"max_tokens": 256}}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from regen.generation import once_per_cause
+from regen.generate.generation import once_per_cause
 from regen.sglang.server import ServerError
 
 

@@ -7,7 +7,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from regen.journal import Journal, JournalError, JournalSink, finalize_journal, index_path, read_heads
+from regen.generate.journal import (
+    Journal,
+    JournalError,
+    JournalSink,
+    finalize_journal,
+    index_path,
+    read_heads,
+)
 
 
 def rec(i: int, content: str = "x") -> dict[str, object]:

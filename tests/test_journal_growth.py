@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from regen.journal import Journal, index_path, read_heads
+from regen.generate.journal import Journal, index_path, read_heads
 
 
 def _write(path: Path, n: int, answer_chars: int) -> None:

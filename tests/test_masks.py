@@ -1,4 +1,5 @@
-"""The one mask policy (regen.masks) and the trainer exports (regen.export), on records made by the
+"""The one mask policy (regen.output.masks) and the trainer exports (regen.output.export), on records made
+by the
 generation client against the simulated server in token mode."""
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import pytest
 from conversations import two_turn_samples
 
 from regen.chat import ChatTemplate
-from regen.client import Endpoint, ShardJob, generate_shard
-from regen.export import export_dataset
-from regen.masks import RETOKENIZED, SERVER_IDS, MaskBuilder, MaskPolicy
-from regen.merge import merge
+from regen.generate.client import Endpoint, ShardJob, generate_shard
+from regen.output.export import export_dataset
+from regen.output.masks import RETOKENIZED, SERVER_IDS, MaskBuilder, MaskPolicy
+from regen.output.merge import merge
+from regen.output.validate import validate_shard
 from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Sample
-from regen.validate import validate_shard
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = str(ROOT / "resources" / "demo-tokenizer")

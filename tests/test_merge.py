@@ -1,4 +1,4 @@
-"""regen.merge: training-ready Parquet and its manifest."""
+"""regen.output.merge: training-ready Parquet and its manifest."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from stamped import fingerprint_fields
 
-from regen.merge import MergeError, iter_dataset_samples, merge, scrub_secrets
+from regen.output.merge import MergeError, iter_dataset_samples, merge, scrub_secrets
+from regen.output.validate import validate_shard
 from regen.records import VALID_SCHEMA, dataset_schema
-from regen.validate import validate_shard
 
 
 def make_record(i: int, shard: str, **over: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""SGLang's throughput readings (regen.sglang.metrics) and the closed-loop run model (regen.closedloop)."""
+"""SGLang's throughput readings (regen.sglang.metrics) and the closed-loop run model
+(regen.tune.closedloop)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from regen.closedloop import StepModel, closed_loop_wall_s
 from regen.sglang.metrics import (
     METHOD_METRICS,
     DecodeSample,
@@ -21,6 +21,7 @@ from regen.sglang.metrics import (
     steady_state,
 )
 from regen.sglang.simulated import start_simulated_server
+from regen.tune.closedloop import StepModel, closed_loop_wall_s
 
 REAL_LOG = Path(__file__).parent / "data" / "sglang" / "decode-0.5.17-h200-bf16-512.log"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 
-from regen.audit import run_audit
+from regen.ingest.audit import run_audit
+from regen.ingest.shards import make_shards, read_shard, shard_audited
 from regen.records import SHARD_SCHEMA
-from regen.shards import make_shards, read_shard, shard_audited
 
 DEMO_DATASET = Path(__file__).resolve().parent.parent / "data" / "demo" / "dataset.jsonl"
 

@@ -19,7 +19,7 @@ from regen.sglang.plan import (
     workload_from_audit,
 )
 from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
-from regen.tune import cli
+from regen.tune.tune import cli
 
 MODELS = Path(__file__).parent / "data" / "models"
 H200_MIB = 143771  # nvidia-smi memory.total on the project's H200
@@ -349,7 +349,7 @@ def test_cli_json_and_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_workflow_plan_file_from_the_audit_summary(tmp_path: Path) -> None:
     """The tune rule: exact prompt p99 from the audit, KV sized for running x (p99 + max_tokens)."""
     from regen.io import read_json, write_json
-    from regen.tune import write_plan_for_workflow
+    from regen.tune.tune import write_plan_for_workflow
 
     summary = tmp_path / "summary.json"
     write_json(summary, {"prompt_tokens_p50": 300, "prompt_tokens_p99": 900, "context_limit": 4096})
@@ -467,7 +467,7 @@ def test_forced_speculative_flags_get_an_mtp_off_alternative(gpu_model: ModelSha
 def test_tune_says_why_mtp_is_off_and_the_sweep_measures_it(
     gpu_model: ModelShape, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from regen.tune import candidates_from_recommendation, render_result
+    from regen.tune.tune import candidates_from_recommendation, render_result
 
     args = ["--model-config", str(MODELS / "gpu-qwen3.6-27b-text"), "--gpu-memory-mib", str(H200_MIB)]
     assert cli([*args, "--sglang-version", "0.5.17"]) == 0

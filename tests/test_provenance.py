@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.fingerprint import GenerationSettings, chat_template_hash
-from regen.provenance import build_provenance, generation_window, settings_in_records
+from regen.output.provenance import build_provenance, generation_window, settings_in_records
 from regen.records import VALID_SCHEMA, ValidColumns
 from regen.runconfig import GenerateConfig
 

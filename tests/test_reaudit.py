@@ -10,8 +10,8 @@ import pytest
 from stamped import fingerprint_fields
 
 from regen.io import read_json
-from regen.merge import merge
-from regen.reaudit import OutputGateError, reaudit_dataset
+from regen.output.merge import merge
+from regen.output.reaudit import OutputGateError, reaudit_dataset
 from regen.records import VALID_SCHEMA, ValidColumns
 
 GATES = {

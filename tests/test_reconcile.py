@@ -1,4 +1,4 @@
-"""regen.reconcile: every input id in exactly one bucket."""
+"""regen.output.reconcile: every input id in exactly one bucket."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from regen.audit import run_audit
+from regen.ingest.audit import run_audit
 from regen.io import atomic_lines_writer
-from regen.reconcile import ReconcileError, cli, reconcile, reconcile_results
+from regen.output.reconcile import ReconcileError, cli, reconcile, reconcile_results
 from regen.records import dataset_schema
 
 

@@ -1,4 +1,4 @@
-"""regen.report: report assets from a small results tree made by validate + merge + reconcile."""
+"""regen.observe.report: report assets from a small results tree made by validate + merge + reconcile."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import zstandard
 from stamped import fingerprint_fields
 
-from regen import report as R
 from regen.layout import RunLayout
-from regen.merge import merge
-from regen.reconcile import reconcile_results
-from regen.validate import validate_shard
+from regen.observe import report as R
+from regen.output.merge import merge
+from regen.output.reconcile import reconcile_results
+from regen.output.validate import validate_shard
 
 
 def make_record(

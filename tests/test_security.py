@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from regen.client import Endpoint, ShardJob, generate_shard
-from regen.dataset import iter_samples
+from regen.generate.client import Endpoint, ShardJob, generate_shard
+from regen.ingest.dataset import iter_samples
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.server import (
     ServerError,

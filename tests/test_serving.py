@@ -16,17 +16,17 @@ import pytest
 from conversations import two_turn_samples
 
 from regen.chat import ChatTemplate
-from regen.client import Endpoint, ShardJob, generate_shard
-from regen.export import export_dataset
 from regen.fingerprint import GenerationSettings, decisive_config
-from regen.merge import merge
-from regen.provenance import build_provenance
+from regen.generate.client import Endpoint, ShardJob, generate_shard
+from regen.generate.sample_record import thinking_for
+from regen.output.export import export_dataset
+from regen.output.merge import merge
+from regen.output.provenance import build_provenance
+from regen.output.serving import trainer_settings_markdown
+from regen.output.validate import validate_shard
 from regen.runconfig import ANSWERS, GenerateConfig, RunConfig, keys_deciding
-from regen.sample_record import thinking_for
-from regen.serving import trainer_settings_markdown
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
-from regen.validate import validate_shard
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "resources" / "demo-tokenizer"

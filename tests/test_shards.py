@@ -9,10 +9,10 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from regen.audit import run_audit
+from regen.ingest.audit import run_audit
+from regen.ingest.shards import make_shards, read_shard, shard_index, write_shards
 from regen.layout import shard_name
 from regen.records import SHARD_SCHEMA
-from regen.shards import make_shards, read_shard, shard_index, write_shards
 from regen.types import Message, Sample
 
 

@@ -351,7 +351,7 @@ def test_cli_subprocess_logs_sglang_lines(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("kind", "check"), [("think_leak", "</think>"), ("empty_answer", "")])
 def test_bad_output_faults_reach_validation(kind: str, check: str, tmp_path: Path) -> None:
     """Well-formed 200 responses whose answer is bad: the validation stage must catch them."""
-    from regen.validate import SemanticLimits, answer_problem
+    from regen.output.validate import SemanticLimits, answer_problem
 
     url, stop = start_simulated_server(inline=True, faults={f"{kind}_rate": 1.0})
     try:

@@ -13,11 +13,11 @@ import pytest
 from test_reaudit import merged, record
 from test_reaudit import run as run_reaudit
 
-import regen.split
-from regen.export import eval_path, export_dataset
+import regen.output.split
 from regen.io import read_json
-from regen.reaudit import OutputGateError
-from regen.split import EVAL, TRAIN, SplitCounts, row_side, side_of, split_key
+from regen.output.export import eval_path, export_dataset
+from regen.output.reaudit import OutputGateError
+from regen.output.split import EVAL, TRAIN, SplitCounts, row_side, side_of, split_key
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = str(ROOT / "resources" / "demo-tokenizer")
@@ -46,7 +46,7 @@ def test_leak_check_sees_a_prompt_on_both_sides(monkeypatch: pytest.MonkeyPatch)
     rows = [conv("same prompt")] * 4
     assert SplitCounts(0.5).add_all(rows).prompts_on_both_sides == 0
     flip = iter([TRAIN, EVAL, TRAIN, EVAL])
-    monkeypatch.setattr(regen.split, "row_side", lambda messages, fraction: next(flip))
+    monkeypatch.setattr(regen.output.split, "row_side", lambda messages, fraction: next(flip))
     assert SplitCounts(0.5).add_all(rows).prompts_on_both_sides == 1
 
 
@@ -112,7 +112,9 @@ def test_reaudit_records_the_split_and_fails_on_a_leak(
     assert split["rows"]["eval"] == sum(row_side(r["messages"], 0.05) == EVAL for r in rows)
     assert split["prompts_on_both_sides"] == 0 and read_json(summary)["gates"]["eval_split_leaks"]["passed"]
     # a split that let a repeated prompt across would be caught
-    monkeypatch.setattr(regen.split, "row_side", lambda messages, fraction: random.choice([TRAIN, EVAL]))
+    monkeypatch.setattr(
+        regen.output.split, "row_side", lambda messages, fraction: random.choice([TRAIN, EVAL])
+    )
     random.seed(1)
     with pytest.raises(OutputGateError, match="eval_split_leaks"):
         run_reaudit(tmp_path, dataset, demo_tokenizer_dir)

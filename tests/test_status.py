@@ -17,13 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from regen.generate.run_progress import RunSnapshot, progress_line, run_totals
 from regen.io import write_json
+from regen.observe.status import METRIC_NAMES, RateWindow, cli, status_report, watch
 from regen.records import ShardStatus
-from regen.run_progress import RunSnapshot, progress_line, run_totals
 from regen.runconfig import ServerConfig
 from regen.sglang.metrics import sum_prometheus
 from regen.sglang.server import acquire_server, port_is_free, stop_all_servers
-from regen.status import METRIC_NAMES, RateWindow, cli, status_report, watch
 
 
 def write_status(

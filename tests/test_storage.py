@@ -275,7 +275,7 @@ def test_upload_dir_puts_the_manifest_last_and_round_trips(s3_prefix: str, tmp_p
 
 @pytest.mark.s3
 def test_journal_with_s3_sink_resumes_on_another_node(s3_prefix: str, tmp_path: Path) -> None:
-    journal_mod = pytest.importorskip("regen.journal")
+    journal_mod = pytest.importorskip("regen.generate.journal")
     node_a = tmp_path / "a" / "work" / "journal" / "00005.jsonl"
     journal = journal_mod.Journal.open(node_a, S3JournalSink(s3_prefix, "00005", every_records=2))
     for i in range(5):

@@ -22,8 +22,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from regen.client import Endpoint, ShardJob, generate_shard
-from regen.journal import Journal, finalize_journal
+from regen.generate.client import Endpoint, ShardJob, generate_shard
+from regen.generate.journal import Journal, finalize_journal
 from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
@@ -35,7 +35,7 @@ N = 120
 JOB = textwrap.dedent(
     """
     import resource, signal, sys
-    from regen.client import Endpoint, ShardJob, generate_shard
+    from regen.generate.client import Endpoint, ShardJob, generate_shard
     from regen.runconfig import GenerateConfig
     from regen.sglang.simulated import start_simulated_server
     from regen.types import Message, Sample
@@ -167,7 +167,7 @@ def test_full_disk_under_the_outputs_leaves_no_half_written_file(tmp_path: Path)
     script = textwrap.dedent(
         f"""
         import resource, signal
-        from regen.journal import finalize_journal
+        from regen.generate.journal import finalize_journal
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
         finalize_journal({str(journal)!r}, {str(records)!r}, {str(failed)!r})
@@ -254,7 +254,7 @@ TRANSIENT = textwrap.dedent(
     """
     import resource, signal, sys
     import orjson
-    from regen.journal import Journal
+    from regen.generate.journal import Journal
     path, limit = sys.argv[1], int(sys.argv[2])
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))

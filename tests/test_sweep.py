@@ -20,16 +20,16 @@ from typing import Any
 import pytest
 import yaml
 
+from regen.ingest.shards import write_shards
 from regen.io import write_json
-from regen.projection import Remaining, count_remaining, project, read_pilot
-from regen.report import write_report_assets
+from regen.observe.report import write_report_assets
+from regen.observe.status import status_report
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.metrics import METHOD_LOG, SteadyState
 from regen.sglang.server import live_supervisors, port_is_free
 from regen.sglang.simulated import start_simulated_server
-from regen.shards import write_shards
-from regen.status import status_report
-from regen.sweep import (
+from regen.tune.projection import Remaining, count_remaining, project, read_pilot
+from regen.tune.sweep import (
     CandidateResult,
     LengthStats,
     PilotMeasurement,
@@ -45,7 +45,7 @@ from regen.sweep import (
     run_sweep,
     with_speculative_steps,
 )
-from regen.tune import cli as tune_cli
+from regen.tune.tune import cli as tune_cli
 from regen.types import Endpoint, Message, Sample
 
 TOKEN_RATE = 1000.0
@@ -203,7 +203,7 @@ def make_run(root: Path, n_samples: int, finished: int) -> Remaining:
         samples, (), [results / "shards" / "00000.parquet", results / "shards" / "00001.parquet"]
     )
     assert sum(counts) == n_samples
-    from regen.shards import read_shard
+    from regen.ingest.shards import read_shard
 
     first = [s.id for s in read_shard(results / "shards" / "00000.parquet")][:finished]
     journal = work / "journal" / "00000.jsonl"

@@ -14,7 +14,7 @@ import pytest
 from conversations import two_turn_samples
 
 from regen.chat import ChatTemplate
-from regen.client import Endpoint, ShardJob, generate_shard
+from regen.generate.client import Endpoint, ShardJob, generate_shard
 from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import (
     completion_ids_field,
@@ -168,8 +168,8 @@ def test_ids_reach_the_parquet_and_the_dataset_is_readable_by_others(
 
     import pyarrow.parquet as pq
 
-    from regen.merge import merge
-    from regen.validate import validate_shard
+    from regen.output.merge import merge
+    from regen.output.validate import validate_shard
 
     records = run_shard(tmp_path, token_sim, samples(5), regenerate="all")
     valid = tmp_path / "valid.parquet"

@@ -16,7 +16,7 @@ import pytest
 from test_workflow import copy_workflow, snakemake
 
 from regen.chat import ChatTemplate
-from regen.client import ShardJob, generate_shard
+from regen.generate.client import ShardJob, generate_shard
 from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server, tool_call_pairing_error
 from regen.toolcalls import tool_call_mismatch

@@ -26,8 +26,8 @@ import pytest
 from support.readme_trainer_section import readme_section
 
 from regen.chat import ChatTemplate
-from regen.masks import completion_retokenizes_differently
-from regen.serving import trainer_settings_markdown
+from regen.output.masks import completion_retokenizes_differently
+from regen.output.serving import trainer_settings_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINERS_PYTHON = os.environ.get("REGEN_TRAINERS_PYTHON")

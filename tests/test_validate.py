@@ -1,4 +1,4 @@
-"""regen.validate and schemas/record.schema.json."""
+"""regen.output.validate and schemas/record.schema.json."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from stamped import fingerprint_fields
 
-from regen import validate as V
+from regen.output import validate as V
 from regen.records import VALID_SCHEMA
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"

@@ -8,7 +8,7 @@ import pytest
 from test_reaudit import GATES, merged, record
 
 from regen.io import read_json
-from regen.reaudit import OutputGateError, reaudit_dataset
+from regen.output.reaudit import OutputGateError, reaudit_dataset
 from regen.verdict import verdict_path_for
 
 

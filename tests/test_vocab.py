@@ -11,8 +11,8 @@ import numpy as np
 import orjson
 from test_reaudit import merged, record
 
-from regen.export import export_dataset, token_freq_path
-from regen.vocab import read_token_freq, select_draft_tokens, vocab_mapping
+from regen.output.export import export_dataset, token_freq_path
+from regen.output.vocab import read_token_freq, select_draft_tokens, vocab_mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = str(ROOT / "resources" / "demo-tokenizer")
@@ -54,7 +54,7 @@ def test_export_counts_the_supervised_tokens_of_the_training_split(tmp_path: Pat
 def test_vocab_without_torch_says_which_extra_to_install(tmp_path: Path, monkeypatch) -> None:
     import importlib.util
 
-    from regen import vocab
+    from regen.output import vocab
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert vocab.cli(["--draft-vocab-size", "8", "--target-vocab-size", "64", "--out", str(tmp_path)]) == 2

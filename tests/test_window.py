@@ -12,12 +12,12 @@ import pytest
 from test_reaudit import merged, record
 from test_reaudit import run as run_reaudit
 
-from regen.export import export_dataset
 from regen.io import read_json
 from regen.layout import RunLayout
-from regen.reaudit import reaudit_dataset
-from regen.report import ReportInputs, RunFacts, landing_rst, plot_trainer_window, readiness
-from regen.window import WINDOWS, WindowCounts, WindowCoverage
+from regen.observe.report import ReportInputs, RunFacts, landing_rst, plot_trainer_window, readiness
+from regen.output.export import export_dataset
+from regen.output.reaudit import reaudit_dataset
+from regen.output.window import WINDOWS, WindowCounts, WindowCoverage
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = str(ROOT / "resources" / "demo-tokenizer")

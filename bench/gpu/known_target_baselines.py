@@ -68,7 +68,7 @@ def log(msg: str) -> None:
 
 
 def request_body(row: dict[str, Any], model: str, max_tokens: int) -> dict[str, Any]:
-    """What regen's client sends (regen/client.py ``_body``) minus its extras."""
+    """What regen's client sends (regen/generate/client.py ``_body``) minus its extras."""
     return {
         "model": model,
         "messages": row["messages"],

@@ -251,12 +251,12 @@ def projection(a: argparse.Namespace, run: Path) -> dict[str, Any] | None:
     (``results/plan/server.json``: the running cap), the designed length distribution (each row's first
     attempt capped at max_tokens, a truncated row's retry a fresh draw capped at the raised budget) and a
     decode-step line (``--prior-plateaus``; in simulated mode the simulated server's per-request rate),
-    played out by ``regen.closedloop`` (start burst and drain included, server start excluded, as regen's
+    played out by ``regen.tune.closedloop`` (start burst and drain included, server start excluded, as regen's
     projection excludes it). Compared with the generation phase (first request to last answer)."""
     import numpy as np
 
-    from regen.closedloop import StepModel, closed_loop_wall_s
     from regen.sglang.config import PlanFile
+    from regen.tune.closedloop import StepModel, closed_loop_wall_s
 
     plan_file = run / "results" / "plan" / "server.json"
     if not plan_file.exists():

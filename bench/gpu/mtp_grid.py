@@ -34,7 +34,7 @@ weighted to match it, clamped to ``[1, steps + 1]``) and ``SGLANG_SIMULATE_ACC_T
 (``1 + p + ... + p^s``, p solved from ``1 + p + p^2 + p^3 = a``), as a real MTP head does; ``flat`` sets
 ``min(a, s + 1)`` for every s (SGLang's knob taken as is, which flatters fewer steps).
 
-Decision: per acceptance, regen's own ranking (``regen.sweep.choose``, what ``regen tune --sweep`` keeps)
+Decision: per acceptance, regen's own ranking (``regen.tune.sweep.choose``, what ``regen tune --sweep`` keeps)
 over the candidates it would measure (``off`` and each ``mtp<s>``) at their caps; the grid best is the best
 point of any configuration at any level at that acceptance (``seed`` included). Planner predictions (cap,
 KV tokens, state, verify buffers, draft weights and KV) against what each server's startup log and
@@ -434,7 +434,7 @@ def best_point(rs: list[dict[str, Any]]) -> tuple[float, dict[str, Any] | None]:
 
 
 def summarize(results: list[dict[str, Any]], acceptances: list[float]) -> list[dict[str, Any]]:
-    from regen.sweep import choose
+    from regen.tune.sweep import choose
 
     off = [r for r in results if r["name"] == "off"]
     out = []

@@ -53,7 +53,9 @@ def closure(roots: list[str]) -> list[md.Distribution]:
 
 
 def main(out_dir: str) -> int:
-    dists = closure(["snakemake", "fastjsonschema", "boto3"])  # boto3: regen.generation's S3 journal sink
+    dists = closure(
+        ["snakemake", "fastjsonschema", "boto3"]
+    )  # boto3: regen.generate.generation's S3 journal sink
     buf = io.BytesIO()
     n = 0
     with tarfile.open(fileobj=buf, mode="w:xz", preset=6) as tar:

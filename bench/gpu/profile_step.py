@@ -107,7 +107,7 @@ def profile_server(
     cand: Any, model_dir: Path, work: Path, batch: int, tokens: int, steps: int, dry: bool
 ) -> dict[str, Any]:
     """The winner restarted; a pure-decode load; SGLang's profiler over ``steps`` plateau steps."""
-    from regen.client import ShardJob, generate_shard
+    from regen.generate.client import ShardJob, generate_shard
     from regen.sglang.metrics import log_since, log_size, server_steady_state
 
     server_log = work / "logs" / "gpu0.log"

@@ -3,7 +3,7 @@
 For each server configuration (SGLang's defaults, ``regen tune``'s recommendation with the model's
 fp32 linear-attention state, the recommendation with ``--allow-bf16-state``, and other candidates
 from the tuner's search) this starts the server with ``regen.sglang.server.acquire_server``, sends a
-fixed workload with ``regen.client.generate_shard`` and reads the server's log and ``/server_info``:
+fixed workload with ``regen.generate.client.generate_shard`` and reads the server's log and ``/server_info``:
 
 - steady-state decode tok/s (median ``gen throughput`` while ``#running-req`` is at its plateau),
 - client output tok/s, effective max running requests,
@@ -256,7 +256,7 @@ def run_config(
     cfg: ServerConfig, work: Path, model_dir: Path, workload: Workload, dry: bool, port_base: int
 ) -> dict[str, Any]:
     """Start the server through regen, run the workload through regen's client, read what happened."""
-    from regen.client import ShardJob, generate_shard
+    from regen.generate.client import ShardJob, generate_shard
     from regen.runconfig import GenerateConfig
     from regen.sglang import server as server_mod
     from regen.sglang.config import PlanFile
@@ -598,7 +598,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"dummy Qwen3.6-27B-shaped model ({doc['model']['layers']} layers, `--load-format dummy`, bf16 weights). "  # noqa: E501
         f"{'**DRY RUN on CPU against the simulated server — not a measurement.** ' if doc['dry_cpu'] else ''}",  # noqa: E501
         f"Workload: {w['requests']} requests × {w['prompt_tokens']} prompt tokens → {w['output_tokens']} output "  # noqa: E501
-        f"tokens, `ignore_eos`, sent by `regen.client.generate_shard` at the server's effective cap. "
+        f"tokens, `ignore_eos`, sent by `regen.generate.client.generate_shard` at the server's effective cap. "  # noqa: E501
         f"Server started by `regen.sglang.server.acquire_server`.",
         f"Measured in the same run: copy bandwidth {hw['hbm_bytes_per_s'] / 1e12:.2f} TB/s, "
         f"bf16 matmul {hw['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s"

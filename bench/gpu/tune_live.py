@@ -8,14 +8,14 @@ One campaign, in this order (every step through regen's own code):
    three scheduler candidates (cap sized for the expected length; the same plus ``--min-free-slots-delay``;
    that plus ReplaySSM decode, ``--enable-linear-replayssm``, in the memory its ring leaves);
    this script adds the expected-length cap with ``--enable-mixed-chunk`` (measured 2026-11-30: -37%).
-3. ``regen.sweep.run_sweep`` measures each for ``--pilot-s`` seconds on a workload with a thinking-length
+3. ``regen.tune.sweep.run_sweep`` measures each for ``--pilot-s`` seconds on a workload with a thinking-length
    spread: 256-token prompts, per-request ``max_tokens`` drawn from a clipped log-normal, ``ignore_eos``.
    Candidates are ranked by the server's steady decode rate (``regen.sglang.metrics``: median gen
    throughput of the log's decode lines at the running plateau).
 4. On the winner, restarted: (a) exact ids — direct requests with ``return_token_ids`` compare SGLang's
    ``prompt_token_ids`` with regen's rendering (``regen.chat``), and the completion ids with their own
-   re-tokenization; (b) a longer run of the same workload through ``regen.client.generate_shard``, sized
-   from the time left, against the sweep's projection of it (``regen.closedloop``, drain included);
+   re-tokenization; (b) a longer run of the same workload through ``regen.generate.client.generate_shard``, sized
+   from the time left, against the sweep's projection of it (``regen.tune.closedloop``, drain included);
    (c) a pure-decode plateau (all requests at once, fixed length), the method of the 2026-11-29 run, for
    the fraction of the compute+bandwidth decode bound (state read and written every step, as the issue
    defines it; for a ReplaySSM winner also against the bound of its own, smaller, state traffic).
@@ -116,7 +116,7 @@ def server_cfg(model_dir: Path, dry: bool) -> Any:
 
 def candidates_for(rec: Any, dry: bool) -> list[Any]:
     """The static recommendation and the tuner's scheduler candidates (dry: caps scaled down 8x)."""
-    from regen.sweep import SweepCandidate
+    from regen.tune.sweep import SweepCandidate
 
     def cap(p: Any) -> int:
         n = int(p.effective_max_running_requests)
@@ -174,7 +174,7 @@ def exact_ids_check(
 ) -> dict[str, Any]:
     """SGLang's prompt_token_ids vs regen's rendered prompt ids, and completion re-tokenization, per request."""
     from regen.chat import ChatTemplate, to_template_dicts
-    from regen.masks import completion_retokenizes_differently
+    from regen.output.masks import completion_retokenizes_differently
 
     tpl = ChatTemplate.from_dir(model_dir)
     bodies = []
@@ -239,7 +239,7 @@ def ids_in_records(records: Path, model_dir: Path, samples: dict[str, Sample]) -
     """The same comparison on what regen's client journaled (``prompt_token_ids`` / ``completion_token_ids``
     of each record, when the client asks for them), for every request of a run."""
     from regen.chat import ChatTemplate
-    from regen.masks import completion_retokenizes_differently
+    from regen.output.masks import completion_retokenizes_differently
 
     tpl = ChatTemplate.from_dir(model_dir)
     n = returned = equal = mismatch = 0
@@ -267,7 +267,7 @@ def ids_in_records(records: Path, model_dir: Path, samples: dict[str, Sample]) -
         "completion_retokenize_mismatch": mismatch,
         "completion_retokenize_mismatch_rate": round(mismatch / returned, 4) if returned else None,
         "first_differences": first,
-        "how": "regen.client's journaled ids (return_token_ids) vs regen.chat's rendering of each record's prompt",
+        "how": "regen.generate.client's journaled ids (return_token_ids) vs regen.chat's rendering of each record's prompt",
     }
 
 
@@ -399,7 +399,7 @@ def restarted(cand: Any, model_dir: Path, dry: bool, root: Path) -> Iterator[tup
     """The candidate's server started afresh through ``acquire_server`` on an OS-chosen port (servers and
     logs under ``root``); yields (endpoint, seconds to ready); stops it afterwards."""
     from regen.sglang.server import acquire_server, stop_all_servers
-    from regen.sweep import candidate_plan, sweep_command_builder, sweep_port, sweep_server_cfg
+    from regen.tune.sweep import candidate_plan, sweep_command_builder, sweep_port, sweep_server_cfg
 
     cfg = dataclasses.replace(sweep_server_cfg(server_cfg(model_dir, dry)), port_base=sweep_port())
     t = time.monotonic()
@@ -416,7 +416,7 @@ def run_on_winner(
     id_samples: list[Sample], decode_requests: int, decode_tokens: int, workflow_s: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """Restart the winner through acquire_server; exact ids, the long run, the pure-decode plateau."""
-    from regen.client import ShardJob, generate_shard
+    from regen.generate.client import ShardJob, generate_shard
     from regen.sglang.metrics import log_size, server_steady_state
 
     server_log = work / "winner" / "logs" / "gpu0.log"
@@ -459,7 +459,7 @@ def run_on_winner(
                     "client_out_tok_s": round(tokens / wall, 1),
                     "finish_reasons": finish,
                     "server_steady_state": steady.to_json() if steady else None,
-                    "wall_method": "regen.client.generate_shard: first request sent to last answer",
+                    "wall_method": "regen.generate.client.generate_shard: first request sent to last answer",
                 }
                 log(f"long run: {reasons} records, {tokens} tokens in {wall:.1f} s")
                 by_sample = {smp.id: smp for smp in long_samples}
@@ -651,10 +651,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu_mib = gpu_memory_mib(dry)
     mean_len = lengths.mean()
 
-    from regen.projection import project
     from regen.sglang.models import ModelShape
     from regen.sglang.plan import Workload, recommend
-    from regen.sweep import closed_loop_projection, run_sweep
+    from regen.tune.projection import project
+    from regen.tune.sweep import closed_loop_projection, run_sweep
 
     real_lengths = Lengths(median=512, sigma=0.7, lo=64, hi=2048)
     wl = Workload(
@@ -689,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_json(json_path, doc)
 
-    # ---- the sweep (regen.sweep.run_sweep) -------------------------------------------------------
+    # ---- the sweep (regen.tune.sweep.run_sweep) -------------------------------------------------------
     n_pilot = 300 if dry else 4000
     pilot = prompts(n_pilot, prompt_tokens, "pilot", 1)
     pilot_by_id = dict(zip((s.id for s in pilot), lengths.draw(n_pilot, 2), strict=True))
@@ -738,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
             "closed_loop_fit": fitted,
             "plain": plain.to_json(),
             "fixed_step_s": fixed_s,
-            "how": "closed_loop: regen.closedloop with the step model fitted to the sweep's plateaus of the best "
+            "how": "closed_loop: regen.tune.closedloop with the step model fitted to the sweep's plateaus of the best "
             "one's state dtype (weights/bandwidth as the fixed part when one batch size); plain: tokens / rate",
         }
         log(f"projection: {json.dumps(doc['projection'])}")

@@ -46,7 +46,7 @@ else
   export PYTHONPATH=/tmp/snk:/tmp/site:$R
 fi
 mkdir -p "$OUT"
-$PY -c 'import snakemake, regen.generation, regen.audit; print("snakemake", snakemake.__version__)' || exit 1
+$PY -c 'import snakemake, regen.generate.generation, regen.ingest.audit; print("snakemake", snakemake.__version__)' || exit 1
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv 2>/dev/null
 
 # model (config-only, WordLevel tokenizer + chat template) and 1,024 unique 256-word prompts

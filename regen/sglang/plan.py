@@ -14,7 +14,7 @@ Mirrors (function names are SGLang's; 0.5.23 paths, 0.5.17 equivalents live in s
 - speculative defaults: ``srt/arg_groups/speculative_hook.py``
   (max_running_requests 48; steps/topk/draft 3/1/4).
 
-The ``regen tune`` command and the ``tune`` rule entry live in :mod:`regen.tune`; what a launched
+The ``regen tune`` command and the ``tune`` rule entry live in :mod:`regen.tune.tune`; what a launched
 server really allocated, and its drift from this plan, in :mod:`regen.sglang.realized`.
 """
 
@@ -34,7 +34,7 @@ from regen.io import write_json
 from regen.sglang.flags import cuda_graph_max_bs_flag, renamed_flag_warnings
 from regen.sglang.models import ModelShape
 
-log = logging.getLogger("regen.tune")
+log = logging.getLogger("regen.tune.tune")
 T = TypeVar("T")
 
 GIB = 1 << 30

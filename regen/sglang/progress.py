@@ -232,7 +232,8 @@ def read_restarts(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 class SlotRestarts:
-    """A generate job's view of its own slot's server across restarts (``regen.client.ServerRestarts``).
+    """A generate job's view of its own slot's server across restarts
+    (``regen.generate.client.ServerRestarts``).
 
     ``generation`` counts the server starts this job has seen. After a failed request,
     :meth:`lost_to_restart` waits while the server is being restarted (url file ``starting``, or its

@@ -19,7 +19,7 @@ remain, a new campaign starts.
 
 Each campaign is then run to completion and checked:
 
-- ``lost`` / ``duplicated``: every input id in exactly one bucket (``regen.reconcile``), and
+- ``lost`` / ``duplicated``: every input id in exactly one bucket (``regen.output.reconcile``), and
   ``results/reconcile.json`` says ok;
 - ``resent``: a chat request received for an id that was already in a journal before that run
   started (completed requests must never be sent again);
@@ -52,8 +52,8 @@ from typing import Any
 import orjson
 import yaml
 
+from regen.generate.journal import read_journal_entries
 from regen.io import open_lines
-from regen.journal import read_journal_entries
 from regen.layout import RunLayout
 from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
 
@@ -387,7 +387,7 @@ class Campaign:
         self.check()
 
     def check(self) -> None:
-        from regen.reconcile import reconcile
+        from regen.output.reconcile import reconcile
 
         res = self.result
         results = self.root / "results"
@@ -557,7 +557,7 @@ def files_with_secrets(root: Path) -> list[str]:
 
 def dataset_duplicate_ids(dataset_dir: Path) -> int:
     """Ids present more than once in the merged dataset."""
-    from regen.reconcile import read_output_ids
+    from regen.output.reconcile import read_output_ids
 
     counts = Counter(read_output_ids(dataset_dir))
     return sum(1 for n in counts.values() if n > 1)

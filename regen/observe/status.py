@@ -5,7 +5,7 @@ Sources (all optional, so it works with no server running):
 flight, oldest request), each live server's ``/metrics`` (found through ``work/servers/gpu{k}.url``),
 finished ``results/generations/*.jsonl`` (+ ``.failed.jsonl``) and the planned
 ``results/shards/*.parquet``, whose row counts (Parquet metadata) make the totals exact. Reading and
-summing the run's files is ``regen.run_progress`` (whose ``progress_line`` the generate jobs print).
+summing the run's files is ``regen.generate.run_progress`` (whose ``progress_line`` the generate jobs print).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from regen.generate.run_progress import STALE_AFTER_S, RunSnapshot, fmt_duration, run_totals, summary_line
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, SlotFiles, url_files
-from regen.projection import fmt_duration, project
 from regen.records import ShardStatus
-from regen.run_progress import STALE_AFTER_S, RunSnapshot, run_totals, summary_line
 from regen.sglang.metrics import sum_prometheus
 from regen.sglang.progress import ProgressState
 from regen.sglang.server import is_supervisor, read_url_state
+from regen.tune.projection import project
 
 METRIC_NAMES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput")
 
@@ -280,7 +280,7 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
         return watch(args.workdir, args.results, max(0.5, args.watch), stream)
     text = status_report(args.workdir, args.results)
     if args.configfile:
-        from regen.replay import preview_lines  # reads the dataset and the journals: only when asked
+        from regen.generate.replay import preview_lines  # reads the dataset and the journals: only when asked
 
         config = load_workflow_config(args.configfile)
         layout = RunLayout(results=args.results, work=args.workdir)
@@ -298,7 +298,7 @@ def load_workflow_config(paths: list[Path]) -> dict[str, Any]:
     config: dict[str, Any] = {}
     for path in paths:
         update_config(config, yaml.safe_load(path.read_text()) or {})
-    validate(config, str(Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"))
+    validate(config, str(Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"))
     return config
 
 

@@ -1,7 +1,7 @@
 """The generation client: one shard of prompts against one SGLang server, journaled and resumable.
 
 ``generate_shard`` keeps the server saturated with a fixed pool of worker tasks pulling from
-the sample iterator; each finished sample goes to the journal (``regen.journal``) at once, so a
+the sample iterator; each finished sample goes to the journal (``regen.generate.journal``) at once, so a
 killed job resumes where it stopped and never re-sends a finished sample. A journaled sample is
 replayed only when its generation fingerprint (``regen.fingerprint``: settings, id and prompt
 content) equals the current one; otherwise it is generated again, so an output never mixes
@@ -9,8 +9,10 @@ settings. Journaled failures are retried unless ``retry_failed`` is off. At the 
 outputs are written atomically from the journal, from entries with the current fingerprints only.
 
 The parts: ``generate_shard_async(job)`` (a :class:`ShardJob`) discovers the server and runs
-``regen.scheduler.ShardRun`` (pull the next sample, lend, circuit breaker, journal flushes), which turns
-each sample into its entry with ``regen.sample_record`` through ``regen.request.Requests`` (one turn's
+``regen.generate.scheduler.ShardRun`` (pull the next sample, lend, circuit breaker, journal flushes), which
+turns
+each sample into its entry with ``regen.generate.sample_record`` through
+``regen.generate.request.Requests`` (one turn's
 request: body, POST, parsed answer, retries, restarts, truncation policy); ``_Reporter`` writes the
 status file (``regen.records.ShardStatus``). ``generate_shard`` is the blocking wrapper.
 
@@ -54,14 +56,14 @@ import aiohttp
 import orjson
 
 from regen.fingerprint import GenerationSettings, server_numerics
+from regen.generate.journal import Journal, JournalSink
+from regen.generate.request import Halt, Requests, ServerRestarts
+from regen.generate.sample_record import RecordContext, hash64
+from regen.generate.scheduler import Lenders, ShardRun, ShardStats
 from regen.io import write_json
-from regen.journal import Journal, JournalSink
 from regen.layout import RunLayout
 from regen.records import ShardStatus
-from regen.request import Halt, Requests, ServerRestarts
 from regen.runconfig import GenerateConfig
-from regen.sample_record import RecordContext, hash64
-from regen.scheduler import Lenders, ShardRun, ShardStats
 from regen.types import Endpoint, Sample
 
 log = logging.getLogger(__name__)
@@ -266,7 +268,7 @@ def _samples_and_total(
     samples: Iterable[Sample] | str | os.PathLike[str], total: int | None
 ) -> tuple[Iterator[Sample], int | None]:
     if isinstance(samples, str | os.PathLike):
-        from regen.shards import read_shard  # another helper's module
+        from regen.ingest.shards import read_shard  # another helper's module
 
         if total is None:
             import pyarrow.parquet as pq

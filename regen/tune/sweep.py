@@ -2,7 +2,8 @@
 
 For each candidate (a complete SGLang launch-arg list, the tuner's recommendation first) the sweep starts
 a server through :func:`regen.sglang.server.acquire_server` (a private slot directory per candidate),
-drives it with the real generation client (:func:`regen.client.generate_shard_async`, concurrency = the
+drives it with the real generation client (:func:`regen.generate.client.generate_shard_async`, concurrency
+= the
 server's effective running cap, a fresh journal) for a bounded time, cancels the client when the time
 is up, stops the server and measures, from the journal:
 
@@ -47,10 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.client import ProgressOptions, ShardFailedError, ShardJob, generate_shard_async
-from regen.closedloop import StepModel, closed_loop_wall_s
-from regen.journal import read_journal_entries
-from regen.projection import PROJECTION_ASSUMPTIONS, Remaining, project
+from regen.generate.client import ProgressOptions, ShardFailedError, ShardJob, generate_shard_async
+from regen.generate.journal import read_journal_entries
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.config import PlanFile
 from regen.sglang.metrics import (
@@ -69,9 +68,11 @@ from regen.sglang.server import (
     build_simulated_command,
     stop_all_servers,
 )
+from regen.tune.closedloop import StepModel, closed_loop_wall_s
+from regen.tune.projection import PROJECTION_ASSUMPTIONS, Remaining, project
 from regen.types import Endpoint, Sample
 
-log = logging.getLogger("regen.sweep")
+log = logging.getLogger("regen.tune.sweep")
 
 REPEAT_MARK = "~r"
 DEFAULT_WARMUP_FRACTION = 0.2
@@ -718,7 +719,7 @@ def closed_loop_projection(
     result: SweepResult, remaining: int, gpus: int, tp: int, *, lengths: Sequence[int] | None = None,
     fixed_step_s: float = 0.0, seed: int = 0,
 ) -> dict[str, Any] | None:  # fmt: skip
-    """Wall time and GPU-hours with the start burst and the drain (:mod:`regen.closedloop`): each server
+    """Wall time and GPU-hours with the start burst and the drain (:mod:`regen.tune.closedloop`): each server
     takes an equal share of ``remaining`` samples whose output lengths are ``lengths`` (default: drawn from
     the pilot's completed lengths) at the best candidate's concurrency, after the ramp its pilot measured.
     None without a server reading."""

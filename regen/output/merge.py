@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.io import read_json, shared_temp_dir, write_json
-from regen.provenance import build_provenance
+from regen.output.provenance import build_provenance
 from regen.records import (
     DATASET_PASSTHROUGH,
     MESSAGE_TYPE,
@@ -151,13 +151,14 @@ def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def make_token_encoder(tokenizer_dir: str | os.PathLike[str]) -> Any:
-    """Return ``encode(rows) -> [(input_ids, loss_mask), ...]`` under the one mask policy (``regen.masks``).
+    """Return ``encode(rows) -> [(input_ids, loss_mask), ...]`` under the one mask policy
+    (``regen.output.masks``).
 
     Each row gets its last regenerated turn with the context the model saw, from the server's ids
     when it sent them; a truncated answer keeps its ids without an end-of-turn it did not produce.
     """
     from regen.chat import ChatTemplate  # late: only needed with include_token_ids
-    from regen.masks import MaskBuilder, MaskPolicy
+    from regen.output.masks import MaskBuilder, MaskPolicy
 
     builder = MaskBuilder(ChatTemplate.from_dir(tokenizer_dir), MaskPolicy(include_truncated=True))
 

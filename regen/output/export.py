@@ -3,19 +3,19 @@
 * ``specforge.jsonl``: ``{"id", "conversations": [{"role", "content", "reasoning_content"?, ...}]}``,
   one line per dataset row, for SpecForge's raw-conversation path (``data.train_data_path``).
   SpecForge renders and tokenizes it itself, with the chat template named in the manifest.
-* ``tokenized.jsonl``: ``{"id", "input_ids", "loss_mask"}`` built by ``regen.masks`` from the
+* ``tokenized.jsonl``: ``{"id", "input_ids", "loss_mask"}`` built by ``regen.output.masks`` from the
   server's own token ids: SpecForge's pre-tokenized prompts path (``data.prompts_path``, DFlash)
   and ``speculators prepare-data`` read it as is.
-* ``specforge.eval.jsonl`` and ``tokenized.eval.jsonl``: the held-out eval split (``regen.split``), the
+* ``specforge.eval.jsonl`` and ``tokenized.eval.jsonl``: the held-out eval split (``regen.output.split``), the
   rows whose opening prompt hashes below ``export.eval_fraction``, in the same two formats; no prompt is
   on both sides, and the split depends on the prompt text alone (stable over reruns and resumes).
 * ``thinking.jsonl``: each exported row's thinking mode and split side; the manifest's ``serving`` block
   names the run's mix, ``preserve_thinking``, the system prompt SpecForge adds and to how many rows, the
-  template's sha256 and the sampling per thinking mode (``regen.serving``).
+  template's sha256 and the sampling per thinking mode (``regen.output.serving``).
 * ``token_freq.json``: the training split's supervised tokens counted per id, for the draft vocabulary
-  (``regen.vocab``; ``regen vocab`` writes the trainers' mapping files from it).
+  (``regen.output.vocab``; ``regen vocab`` writes the trainers' mapping files from it).
 * ``manifest.json``: row counts, what was left out and why, the mask policy, the eval split, what survives
-  the trainer's window (``regen.window``; rows over ``export.max_length`` dropped or kept), and the
+  the trainer's window (``regen.output.window``; rows over ``export.max_length`` dropped or kept), and the
   SpecForge chat template and ``train_only_last_turn`` setting that match this data.
 
 Truncated rows (``finish_reason == "length"``) are left out of both by default: SpecForge's template
@@ -38,13 +38,13 @@ import pyarrow.dataset as ds
 from regen.chat import THINK_CLOSE, ChatTemplate
 from regen.fingerprint import chat_template_hash
 from regen.io import atomic_open, read_json, write_json
-from regen.masks import MaskBuilder, MaskPolicy
+from regen.output.masks import MaskBuilder, MaskPolicy
+from regen.output.serving import serving_contract
+from regen.output.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
+from regen.output.vocab import TokenCounts
+from regen.output.window import WindowCoverage
 from regen.records import message_from_row
 from regen.runconfig import section_schema, with_schema_defaults
-from regen.serving import serving_contract
-from regen.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
-from regen.vocab import TokenCounts
-from regen.window import WindowCoverage
 
 READ_COLUMNS = (
     "id",
@@ -88,12 +88,13 @@ class ExportConfig:
 
 
 def thinking_path(tokenized_out: str | os.PathLike[str]) -> str:
-    """Each exported row's thinking mode and split side, beside ``tokenized.jsonl`` (``regen.serving``)."""
+    """Each exported row's thinking mode and split side, beside ``tokenized.jsonl``
+    (``regen.output.serving``)."""
     return str(Path(tokenized_out).with_name("thinking.jsonl"))
 
 
 def token_freq_path(tokenized_out: str | os.PathLike[str]) -> str:
-    """The supervised-token counts beside ``tokenized.jsonl`` (``regen.vocab``)."""
+    """The supervised-token counts beside ``tokenized.jsonl`` (``regen.output.vocab``)."""
     return str(Path(tokenized_out).with_name("token_freq.json"))
 
 
@@ -140,7 +141,7 @@ def generation_settings(dataset_dir: str | os.PathLike[str]) -> dict[str, Any]:
 def dataset_window_coverage(
     dataset_dir: str | os.PathLike[str], template: ChatTemplate, cfg: ExportConfig
 ) -> WindowCoverage:
-    """What survives the trainer's window (``regen.window``) over the token rows the export writes
+    """What survives the trainer's window (``regen.output.window``) over the token rows the export writes
     (before any ``max_length`` drop)."""
     builder = MaskBuilder(template, cfg.policy)
     coverage = WindowCoverage.for_config(cfg.max_length)

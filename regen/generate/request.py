@@ -1,8 +1,9 @@
 """One regenerated turn against the server: its request body, the POST, the parsed answer, retries with
 back-off, the truncation policy, and requests lost to a restart of the job's own server.
 
-:class:`Requests` sends; the scheduling loop (``regen.scheduler``) decides what to send and where the
-answers go. The failure semantics are the client's (``regen.client``): 4xx other than 408/429 are final
+:class:`Requests` sends; the scheduling loop (``regen.generate.scheduler``) decides what to send and where the
+answers go. The failure semantics are the client's (``regen.generate.client``): 4xx other than 408/429 are
+final
 (``client_error``); everything else is retried up to ``max_attempts`` requests, then raised as
 :class:`SampleFailed`.
 """

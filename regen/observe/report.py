@@ -462,7 +462,7 @@ def _verdict_page(
 
 def audit_page_html(summary_path: Path, kept_path: Path) -> str:
     """Input audit: verdict, each gate's value/limit/verdict, flag counts and exclusions."""
-    from regen.audit import GATE_MEANING  # the audit owns what its gates mean
+    from regen.ingest.audit import GATE_MEANING  # the audit owns what its gates mean
 
     paths = (summary_path, kept_path)
     return _verdict_page("Input audit", paths, "audit.gates.", GATE_MEANING, _audit_sections)

@@ -1,7 +1,7 @@
 """One generate job: take this job's GPU slot and server, then drive it over one prompt shard.
 
 The server's life belongs to ``regen.sglang.server``; the requests, journal and records to
-``regen.client``; this module only joins them for the ``generate`` rule.
+``regen.generate.client``; this module only joins them for the ``generate`` rule.
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from regen.client import ShardJob, generate_shard
 from regen.fingerprint import GenerationSettings
+from regen.generate.client import ShardJob, generate_shard
+from regen.generate.lending import SlotLenders
+from regen.generate.run_progress import progress_line
+from regen.ingest.shards import read_shard
 from regen.layout import RUN, RunLayout, slurm_job_id
-from regen.lending import SlotLenders
-from regen.run_progress import progress_line
 from regen.runconfig import GenerateConfig, RunConfig
 from regen.sglang.config import PlanFile
 from regen.sglang.progress import SlotRestarts
 from regen.sglang.server import ServerError, acquire_server, find_owner_pid
-from regen.shards import read_shard
 from regen.storage import sink_from_config
 from regen.types import Endpoint
 
-log = logging.getLogger("regen.generation")
+log = logging.getLogger("regen.generate.generation")
 
 
 def other_slots(endpoint: Endpoint, generate_cfg: GenerateConfig, slots: str) -> SlotLenders | None:

@@ -1,8 +1,8 @@
 """The tune stage: ``regen tune`` (plan and recommend), ``regen tune --sweep`` (benchmark the top
 configs live) and the ``tune`` rule's entry (``results/plan/server.json`` from the audited workload).
 
-The memory model is :mod:`regen.sglang.plan`; the live benchmark :mod:`regen.sweep`; the projection
-:mod:`regen.projection`; what a launched server really got :mod:`regen.sglang.realized`.
+The memory model is :mod:`regen.sglang.plan`; the live benchmark :mod:`regen.tune.sweep`; the projection
+:mod:`regen.tune.projection`; what a launched server really got :mod:`regen.sglang.realized`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from regen.generate.run_progress import fmt_duration
+from regen.ingest.shards import read_shard
 from regen.io import write_json
 from regen.layout import RunLayout
-from regen.projection import count_remaining, fmt_duration
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
@@ -34,11 +35,11 @@ from regen.sglang.plan import (
     workload_from_audit,
     write_plan_file,
 )
-from regen.shards import read_shard
-from regen.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
+from regen.tune.projection import count_remaining
+from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
 from regen.types import Sample
 
-log = logging.getLogger("regen.tune")
+log = logging.getLogger("regen.tune.tune")
 
 SWEEP_DESCRIPTION = "benchmark a few candidate server configs live, keep the fastest, project the run."
 
@@ -119,7 +120,7 @@ def _cell(value: Any) -> str:
 
 def cli(argv: list[str]) -> int:
     own = argv[: argv.index("--")] if "--" in argv else argv
-    if "--sweep" in own:  # live benchmark of the top configs (regen.sweep measures them)
+    if "--sweep" in own:  # live benchmark of the top configs (regen.tune.sweep measures them)
         cut = own.index("--sweep")
         return sweep_cli(argv[:cut] + argv[cut + 1 :])
     sglang_args: list[str] = []

@@ -3,8 +3,8 @@ regenerates (``last``: the final assistant turn; ``all``: each assistant turn, t
 tool-call mismatch), and the :class:`~regen.records.GenerationRecord` (or the ``truncated``
 :class:`~regen.records.FailureEntry` when the truncation policy drops it).
 
-The requests themselves are ``regen.request``'s; what is sent when, and where entries go, is
-``regen.scheduler``'s. A sample that fails at request level raises ``SampleFailed`` from here.
+The requests themselves are ``regen.generate.request``'s; what is sent when, and where entries go, is
+``regen.generate.scheduler``'s. A sample that fails at request level raises ``SampleFailed`` from here.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from regen.generate.request import Answer, Requests, chat_url
 from regen.records import FailureEntry, GenerationRecord, RecordSampling
-from regen.request import Answer, Requests, chat_url
 from regen.runconfig import GenerateConfig
 from regen.toolcalls import answered_calls, tool_call_mismatch, with_answered_ids
 from regen.types import Endpoint, Sample

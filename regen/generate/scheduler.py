@@ -1,9 +1,9 @@
 """The scheduling loop of one shard: pull the next sample (replaying what the journal holds under the
 current fingerprint), send it on the job's own server or a lent one, journal each finished sample at
 once (one flush per event-loop tick), hold server-level failures back, and stop the shard when the
-circuit breaker trips (``regen.client`` has the failure semantics).
+circuit breaker trips (``regen.generate.client`` has the failure semantics).
 
-A sample's requests are ``regen.request``'s, its entry ``regen.sample_record``'s.
+A sample's requests are ``regen.generate.request``'s, its entry ``regen.generate.sample_record``'s.
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from typing import Any, Protocol
 import aiohttp
 
 from regen.fingerprint import GenerationSettings, content_digest, request_fingerprint
-from regen.journal import Journal
+from regen.generate.journal import Journal
+from regen.generate.request import Requests, SampleFailed
+from regen.generate.sample_record import RecordContext, answer_sample, output_tokens
 from regen.journal_lines import FAILED, RECORD
 from regen.prompts import request_content, sample_request_fingerprint
 from regen.records import FailureEntry, GenerationRecord
-from regen.request import Requests, SampleFailed
 from regen.runconfig import GenerateConfig
-from regen.sample_record import RecordContext, answer_sample, output_tokens
 from regen.types import Endpoint, Sample
 
 log = logging.getLogger(__name__)
 
 
 class Lenders(Protocol):
-    """Other GPU slots' servers with room to spare (``regen.lending.SlotLenders``): a job whose own
+    """Other GPU slots' servers with room to spare (``regen.generate.lending.SlotLenders``): a job whose own
     server is full sends its next samples there, so no GPU drains or idles while samples wait."""
 
     poll_s: float

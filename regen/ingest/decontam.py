@@ -2,7 +2,7 @@
 
 A drafter is judged on public benchmarks (HumanEval, MBPP, GSM8K, MT-Bench ...); a benchmark
 prompt in its training data inflates its measured acceptance. The audit flags such samples
-``contaminated`` (see ``regen.audit``) against the benchmark prompt sets the user names
+``contaminated`` (see ``regen.ingest.audit``) against the benchmark prompt sets the user names
 (``audit.decontamination`` in the config, ``--benchmark NAME=PATH[:FIELD]`` on the command line).
 
 Rule: text is lower-cased and split into words at every run of whitespace, punctuation or

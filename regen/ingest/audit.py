@@ -2,14 +2,14 @@
 
 Flags (a sample may carry several):
 
-* ``bad_row``: the row could not be read at all (``regen.dataset`` collected a BadRow);
+* ``bad_row``: the row could not be read at all (``regen.ingest.dataset`` collected a BadRow);
 * ``structure_error``: the conversation breaks the role rules below, has empty or
   non-text content, an unknown role, or repeats an earlier sample's id;
 * ``over_length``: the prompt (conversation up to the last assistant turn, plus the
   generation prompt) has more tokens than ``context_limit``;
 * ``duplicate_prompt``: the prompt messages equal an earlier sample's (first one kept);
 * ``contaminated``: a prompt turn shares an n-gram with a benchmark prompt named in
-  ``audit.decontamination`` (``regen.decontam``); the detail names the benchmark and item;
+  ``audit.decontamination`` (``regen.ingest.decontam``); the detail names the benchmark and item;
 * ``whitespace_duplicate_prompt``: the prompt equals an earlier sample's except for whitespace
   (compared with all whitespace left out); kept by default, excluded when listed in ``exclude``;
 * ``empty_response``: every assistant turn is template scaffolding only (an empty think
@@ -67,8 +67,8 @@ import pyarrow.parquet as pq
 import yaml
 
 from regen.chat import ChatTemplate, TokenAccount, to_template_dicts
-from regen.dataset import iter_samples
-from regen.decontam import (
+from regen.ingest.dataset import iter_samples
+from regen.ingest.decontam import (
     DEFAULT_NGRAM,
     BenchmarkIndex,
     BenchmarkSpec,
@@ -275,7 +275,7 @@ def prompt_digest(dicts: Sequence[Mapping[str, Any]], squash_whitespace: bool = 
 
 def bad_row_id(bad: BadRow) -> str:
     """The placeholder id of an unreadable row: ``row/<n>:<file>``. Real ids cannot contain ``/``
-    (``regen.dataset.check_id``), so a placeholder never equals a real id."""
+    (``regen.ingest.dataset.check_id``), so a placeholder never equals a real id."""
     return f"row/{bad.row}:{bad.file}"
 
 

@@ -2,7 +2,8 @@
 
 Drafter trainers cut every training row to a fixed window (SpecForge ``--max-length``, speculators
 ``--max-len``): tokens past it are never seen. For each window in ``WINDOWS`` (and the one the config
-names, ``export.max_length``) this counts, over the token rows of the one mask policy (``regen.masks``):
+names, ``export.max_length``) this counts, over the token rows of the one mask policy
+(``regen.output.masks``):
 
 * ``rows_fit``: the share of rows whose ``input_ids`` fit whole;
 * ``supervised_kept``: the share of supervised tokens (loss-mask 1) inside the window;

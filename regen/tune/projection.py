@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from regen.generate.journal import read_heads
 from regen.io import read_json
-from regen.journal import read_heads
 from regen.layout import RunLayout
 
 
@@ -113,12 +113,3 @@ def read_pilot(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not isinstance(data, dict) or "projection" not in data:
         raise ProjectionError(f"{p}: not a pilot file (no 'projection' field)")
     return data
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = round(seconds)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")

@@ -17,7 +17,7 @@ run's target model produced:
   "<|im_end|>\\n"``, mask through it) and speculators (mask through the turn's rendered end), so a
   mask here equals theirs token for token.
 
-Ids come from the server (SGLang ``return_token_ids``, journaled by ``regen.client``), never from
+Ids come from the server (SGLang ``return_token_ids``, journaled by ``regen.generate.client``), never from
 re-tokenized text: a generated sequence need not be its text's canonical encoding. Rows without
 server ids (a server that did not return them) fall back to the chat template's rendering and are
 marked ``source="retokenized"``.
@@ -48,7 +48,7 @@ class MaskPolicy:
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> MaskPolicy:
-        """From the ``export`` section with the schema's defaults filled in (``regen.export``)."""
+        """From the ``export`` section with the schema's defaults filled in (``regen.output.export``)."""
         return cls(
             supervise_context_turns=bool(cfg["supervise_context_turns"]),
             include_truncated=bool(cfg["include_truncated"]),
@@ -97,7 +97,7 @@ class MaskBuilder:
     # ------------------------------------------------------------------ rows
 
     def turns(self, row: Mapping[str, Any]) -> list[Turn]:
-        """The regenerated turns of a dataset row (``regen.merge`` schema), in order."""
+        """The regenerated turns of a dataset row (``regen.output.merge`` schema), in order."""
         messages = to_template_dicts([message_from_row(m) for m in row["messages"]])
         turns = row.get("turns")
         if not turns:

@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from regen.fingerprint import GenerationSettings, changed_settings, request_fingerprint
+from regen.generate.journal import FAILED, RECORD, EntryHead, read_heads
 from regen.io import gc_paused
-from regen.journal import FAILED, RECORD, EntryHead, read_heads
 from regen.layout import RUN, RunLayout
 from regen.prompts import sample_request_fingerprint
 from regen.runconfig import RunConfig
@@ -39,7 +39,8 @@ class JournalIndex:
 
     @classmethod
     def read(cls, paths: Iterable[str | os.PathLike[str]]) -> JournalIndex:
-        """The heads of every journal entry (``regen.journal.read_heads``: the journals' indexes, never
+        """The heads of every journal entry (``regen.generate.journal.read_heads``: the journals' indexes,
+        never
         their answers)."""
         index = cls()
         with gc_paused():
@@ -122,7 +123,7 @@ class ReplayPlan:
 def plan_replay(
     samples: Iterable[Sample], index: JournalIndex, settings: GenerationSettings, retry_failed: bool = True
 ) -> ReplayPlan:
-    """Classify every sample the way ``regen.client`` will decide on it."""
+    """Classify every sample the way ``regen.generate.client`` will decide on it."""
     now, mode = settings.fingerprint, settings.regenerate
     return plan_replay_fingerprints(
         ((s.id, sample_request_fingerprint(now, s, mode)) for s in samples), index, settings, retry_failed
@@ -178,8 +179,8 @@ def plan_replay_fingerprints(
 def workflow_samples(config: Mapping[str, Any], layout: RunLayout = RUN) -> Iterable[Sample] | None:
     """The samples the shard job will write (dataset minus the audit's excluded rows); None when the
     dataset is not a local file."""
-    from regen.dataset import iter_samples  # the dataset reader (heavy imports) only when previewing
-    from regen.shards import read_excluded
+    from regen.ingest.dataset import iter_samples  # the dataset reader (heavy imports) only when previewing
+    from regen.ingest.shards import read_excluded
 
     dataset = config["dataset"]
     path = dataset["path"]

@@ -1,6 +1,6 @@
 """Re-audit the merged output before calling it training-ready.
 
-The same per-sample audit that ran on the input (``regen.audit``) runs on the merged Parquet, whose
+The same per-sample audit that ran on the input (``regen.ingest.audit``) runs on the merged Parquet, whose
 assistant turns are now the regenerated ones: scaffolding-only answers, supervised-token counts and
 duplicate prompts; plus what only the output has: the truncation rate and duplicate answers.
 Gates decide whether ``READY.json`` is written; a violated gate raises, so the run fails loudly.
@@ -19,19 +19,19 @@ from typing import Any
 
 import pyarrow.dataset as ds
 
-from regen.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.chat import ChatTemplate
-from regen.export import ExportConfig, dataset_window_coverage
+from regen.ingest.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.io import read_json, write_json
-from regen.masks import completion_retokenizes_differently
-from regen.merge import iter_dataset_samples
+from regen.output.export import ExportConfig, dataset_window_coverage
+from regen.output.masks import completion_retokenizes_differently
+from regen.output.merge import iter_dataset_samples
+from regen.output.split import SplitCounts
 from regen.runconfig import validated
-from regen.split import SplitCounts
 from regen.toolcalls import MISMATCH_KINDS
 from regen.types import Sample
 from regen.verdict import keep_verdict
 
-log = logging.getLogger("regen.reaudit")
+log = logging.getLogger("regen.output.reaudit")
 
 # The input gates do not apply to the output: their limits are lifted here, the output gates below rule.
 _NO_INPUT_GATES = {
@@ -147,7 +147,8 @@ class OutputCounts:
 
 
 def eval_split_counts(dataset_dir: str | Path, eval_fraction: float) -> SplitCounts:
-    """The export's eval split over the merged rows (``regen.split``): rows per side, prompts on both."""
+    """The export's eval split over the merged rows (``regen.output.split``): rows per side, prompts on
+    both."""
     split = SplitCounts(eval_fraction)
     dataset = ds.dataset(str(dataset_dir), format="parquet")
     for batch in dataset.to_batches(columns=["messages"]):

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from regen.io import read_json
 from regen.layout import RunLayout
-from regen.projection import fmt_duration
 from regen.records import ShardStatus
 
 #: a shard's status older than this (and not finished) is shown as stale
@@ -205,3 +204,13 @@ def progress_line(workdir: Path, results: Path, now: float | None = None) -> str
     snap = RunSnapshot.read(workdir, results)
     t = snap.totals(t_now)
     return f"regen: shards {t.finished_shards}/{t.planned_shards}; {summary_line(t, t_now)}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """A duration as ``1h02m``, ``3m05s`` or ``42s`` (``?`` when unknown)."""
+    if seconds is None:
+        return "?"
+    s = round(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")

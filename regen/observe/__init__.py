@@ -1,0 +1,1 @@
+"""Observe: `regen status` and the report."""

@@ -1,0 +1,1 @@
+"""Output: validation, merge, export, loss masks, re-audit, reconciliation, provenance, publishing."""
