@@ -303,6 +303,11 @@ class RunLayout:
         return self.export_dir / "token_freq.json"
 
     @property
+    def export_vocab_dir(self) -> Path:
+        """The draft vocabulary files ``regen vocab`` writes (``regen.output.vocab``)."""
+        return self.export_dir / "vocab"
+
+    @property
     def export_thinking(self) -> Path:
         """Each row's thinking mode and split side (``regen.output.export.thinking_path``)."""
         return self.export_dir / "thinking.jsonl"

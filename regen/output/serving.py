@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from regen.layout import RUN
+
 #: the system prompt SpecForge 0.2.0 adds to a conversation that has no system turn, per chat template
 #: (``specforge/data/template.py`` ``ChatTemplate.system_prompt``, added by ``parse.GeneralParser.parse``)
 SPECFORGE_DEFAULT_SYSTEM_PROMPT = {"qwen3-thinking": "You are a helpful assistant."}
@@ -108,23 +110,24 @@ def trainer_settings_markdown(manifest: Mapping[str, Any]) -> str:
         for m, s in ((m, serving["sampling"][m]) for m in used_modes)
     )
     preserve = serving["preserve_thinking"]
+    vocab = RUN.export_vocab_dir
     lines = [
         "| | SpecForge 0.2.0 (`specforge train -c run.yaml`) | speculators 0.9.0 |",
         "|---|---|---|",
-        "| training data | `data.train_data_path: results/export/specforge.jsonl` (or the token-exact "
-        "`data.prompts_path: results/export/tokenized.jsonl`) | "
-        f"`speculators prepare-data --data results/export/tokenized.jsonl --seq-length {window_tokens}` |",
-        "| held-out eval | `results/export/specforge.eval.jsonl`, `results/export/tokenized.eval.jsonl` | "
-        "`prepare-data --data results/export/tokenized.eval.jsonl`; train with `--train-data-ratio 1.0` "
+        f"| training data | `data.train_data_path: {RUN.export_specforge}` (or the token-exact "
+        f"`data.prompts_path: {RUN.export_tokenized}`) | "
+        f"`speculators prepare-data --data {RUN.export_tokenized} --seq-length {window_tokens}` |",
+        f"| held-out eval | `{RUN.export_specforge_eval}`, `{RUN.export_tokenized_eval}` | "
+        f"`prepare-data --data {RUN.export_tokenized_eval}`; train with `--train-data-ratio 1.0` "
         "(the split is regen's, by prompt) |",
         f"| chat template | `data.chat_template: {sf['chat_template']}` | none: the server's own ids |",
         f"| turns trained | `data.train_only_last_turn: {_flag(sf['train_only_last_turn'])}` | "
         "the loss mask as exported |",
         f"| sequence window | `data.max_length: {window_tokens}` | `--total-seq-len {window_tokens}` |",
         "| EAGLE3 draft vocabulary (`regen vocab --draft-vocab-size N`) | "
-        "`model.vocab_mapping_path: results/export/vocab/vocab_mapping-N.pt` | "
-        "`--token-freq-path results/export/vocab/token_freq.pt --d2t-path results/export/vocab/d2t-N.npy "
-        "--t2d-path results/export/vocab/t2d-N.npy --draft-vocab-size N` |",
+        f"`model.vocab_mapping_path: {vocab}/vocab_mapping-N.pt` | "
+        f"`--token-freq-path {vocab}/token_freq.pt --d2t-path {vocab}/d2t-N.npy "
+        f"--t2d-path {vocab}/t2d-N.npy --draft-vocab-size N` |",
         "",
         f"Serve the drafter as the data was made: thinking {mode}; `preserve_thinking` "
         f"{'not set' if preserve is None else _flag(preserve)} (SGLang `chat_template_kwargs`); reasoning "

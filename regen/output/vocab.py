@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from regen.io import atomic_path, read_json, write_json
+from regen.layout import RUN
 
 TOKEN_FREQ_FORMAT = "regen-token-freq/1"
 
@@ -156,11 +157,11 @@ def cli(argv: list[str]) -> int:
     target.add_argument("--target-vocab-size", type=int, help="the target model's vocabulary size")
     ap.add_argument(
         "--token-freq",
-        default="results/export/token_freq.json",
+        default=str(RUN.export_token_freq),
         help="the export's token counts (default: %(default)s)",
     )
     ap.add_argument(
-        "--out", default="results/export/vocab", help="directory for the files (default: %(default)s)"
+        "--out", default=str(RUN.export_vocab_dir), help="directory for the files (default: %(default)s)"
     )
     args = ap.parse_args(argv)
     if importlib.util.find_spec("torch") is None:
