@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from regen.layout import RunLayout
-from regen.observe.report import ReportInputs, landing_rst, readiness, server_plan_html
+from regen.observe.report import ReportInputs, RunFacts, landing_rst, readiness, server_plan_html
 
 
 def write(path: Path, doc: object) -> Path:
@@ -33,7 +33,7 @@ def test_failed_output_gate_is_not_ready_and_points_at_the_kept_verdict(tmp_path
     assert not verdict.ready
     assert any("reaudit.max_truncated_fraction = 0.68 > limit 0.2" in r for r in verdict.reasons)
     assert any(str(logs / "reaudit.verdict.json") in r for r in verdict.reasons)
-    page = landing_rst(verdict, rows=None, facts=__import__("regen.observe.report").report.RunFacts())
+    page = landing_rst(verdict, rows=None, facts=RunFacts())
     assert page.startswith("**NOT READY**") and "`4. Output audit`_: FAILED" in page
 
 
