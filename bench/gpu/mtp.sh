@@ -9,7 +9,7 @@
 # server's log, its supervisor's lines, nvidia-smi; a log over 6 MiB as its tail).
 # DEADLINE (default 860 s from the program's start) bounds the campaign, server starts included; GRID_ARGS
 # are further mtp_grid.py arguments (e.g. "--acceptances 2.9 --answer-tokens 192").
-# DRY=1 rehearses the same sequence here against regen's simulated server (PY=.venv/bin/python, no payload).
+# DRY=1 rehearses the same sequence here against regen's simulated server (PY=$PWD/.venv/bin/python, no payload).
 #
 # Device sequence (kind nvidia-h200; back to back: /tmp survives only while the machine stays warm; each
 # call's tree + carry <= 64 MiB; parts from bench/gpu/pack.sh, ~62 MiB each):
