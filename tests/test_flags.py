@@ -101,7 +101,7 @@ def test_the_built_launch_command_passes_sglangs_own_parser() -> None:
 @pytest.mark.sglang
 @pytest.mark.skipif(not has_sglang, reason="sglang not importable (parse-only install: /work/sgvenv)")
 def test_every_tuner_candidate_passes_sglangs_own_parser() -> None:
-    """The static recommendation and every scheduler candidate (ReplaySSM decode included) as launched."""
+    """The static recommendation, every scheduler candidate (ReplaySSM decode too) and MTP candidate."""
     from regen.sglang.models import ModelShape
     from regen.sglang.plan import Workload, recommend
 
@@ -109,7 +109,8 @@ def test_every_tuner_candidate_passes_sglangs_own_parser() -> None:
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, expected_output_tokens=636)
     rec = recommend(model, 143771, 1, ["--load-format", "dummy"], wl, "0.5.23", allow_bf16_state=True,
                     allow_replay_decode=True)  # fmt: skip
-    launched = [c.args for c in rec.candidates]
+    launched = [c.args for c in (*rec.candidates, *rec.speculative)]
     assert any("--enable-linear-replayssm" in args for args in launched)
+    assert any("--speculative-algorithm" in args for args in launched)  # the sweep's MTP candidates too
     for args in launched:
         assert check_flags(list(args)).method == "sglang-parser", args
