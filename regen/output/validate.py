@@ -191,12 +191,29 @@ def load_validator(schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH) ->
     jsonschema.Draft202012Validator.check_schema(schema)
     paths = _token_id_paths(schema)  # before compiling: fastjsonschema rewrites the $refs it resolves
     reference = jsonschema.Draft202012Validator(copy.deepcopy(schema))
-    fast = full = fastjsonschema.compile(copy.deepcopy(schema), detailed_exceptions=False)
+    fast = full = compile_fast(copy.deepcopy(schema))
     if paths is not None:
         relaxed = copy.deepcopy(schema)
         del relaxed["$defs"][TOKEN_IDS_DEF]["items"]
-        fast = fastjsonschema.compile(relaxed, detailed_exceptions=False)
+        fast = compile_fast(relaxed)
     return RecordValidator(fast, full, reference, paths)
+
+
+#: fastjsonschema names each array item in its error path with ``"...[{i}]".format(**locals())`` before
+#: validating the item, on the success path too (two dict copies of the frame per message and turn)
+_ITEM_PATH_FORMAT = re.compile(r"\.format\(\*\*locals\(\)\)")
+
+
+def compile_fast(schema: dict[str, Any]) -> Callable[[Any], Any]:
+    """fastjsonschema's validator of ``schema`` without the per-item error-path formatting: its
+    messages then name an array's items by the unformatted ``[{index}]``, which costs nothing, since a
+    record it refuses is explained by the reference validator (``RecordValidator.problem``)."""
+    code = fastjsonschema.compile_to_code(schema, detailed_exceptions=False)
+    entry = re.search(r"^def (\w+)\(", code, re.M)
+    assert entry is not None, "fastjsonschema generated no validator"
+    namespace: dict[str, Any] = {}
+    exec(compile(_ITEM_PATH_FORMAT.sub("", code), "<record schema>", "exec"), namespace)
+    return namespace[entry.group(1)]
 
 
 def _short(text: str, limit: int = 300) -> str:
