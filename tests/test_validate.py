@@ -139,8 +139,11 @@ def test_schema_rejects_bad_field(schema: dict[str, Any], field: str, value: Any
     assert not jsonschema.Draft202012Validator(schema).is_valid(rec)
 
 
-def test_fast_and_reference_validators_agree(schema: dict[str, Any]) -> None:
-    fast = fastjsonschema.compile(schema)
+@pytest.mark.parametrize("inlined", [False, True], ids=["as_written", "refs_inlined"])
+def test_fast_and_reference_validators_agree(schema: dict[str, Any], inlined: bool) -> None:
+    """fastjsonschema, on the schema as written and with its $refs inlined (what validate compiles),
+    accepts and refuses exactly what the reference validator does."""
+    fast = fastjsonschema.compile(V.inline_refs(schema) if inlined else copy.deepcopy(schema))
     ref = jsonschema.Draft202012Validator(schema)
     fixtures = [make_record(), make_record(reasoning_content=None), make_record(seed=1.0)]
     fixtures += [_set(make_record(), f, v) for f, v in BAD_FIELDS if f != "turns"]
@@ -155,6 +158,15 @@ def test_fast_and_reference_validators_agree(schema: dict[str, Any]) -> None:
         assert fast_ok == ref.is_valid(rec), rec
         verdicts.append(fast_ok)
     assert verdicts.count(True) == 3
+
+
+def test_inline_refs_leaves_no_ref_and_refuses_a_remote_one(schema: dict[str, Any]) -> None:
+    inlined = json.dumps(V.inline_refs(schema))
+    assert '"$ref"' not in inlined and '"$defs"' not in inlined
+    with pytest.raises(ValueError, match="not a local, non-recursive definition"):
+        V.inline_refs({"properties": {"x": {"$ref": "https://example.com/x.json"}}})
+    with pytest.raises(ValueError, match="not a local, non-recursive definition"):
+        V.inline_refs({"$defs": {"a": {"items": {"$ref": "#/$defs/a"}}}, "$ref": "#/$defs/a"})
 
 
 @pytest.mark.parametrize(

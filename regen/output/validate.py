@@ -191,29 +191,41 @@ def load_validator(schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH) ->
     jsonschema.Draft202012Validator.check_schema(schema)
     paths = _token_id_paths(schema)  # before compiling: fastjsonschema rewrites the $refs it resolves
     reference = jsonschema.Draft202012Validator(copy.deepcopy(schema))
-    fast = full = compile_fast(copy.deepcopy(schema))
+    fast = full = fastjsonschema.compile(inline_refs(schema), detailed_exceptions=False)
     if paths is not None:
         relaxed = copy.deepcopy(schema)
         del relaxed["$defs"][TOKEN_IDS_DEF]["items"]
-        fast = compile_fast(relaxed)
+        fast = fastjsonschema.compile(inline_refs(relaxed), detailed_exceptions=False)
     return RecordValidator(fast, full, reference, paths)
 
 
-#: fastjsonschema names each array item in its error path with ``"...[{i}]".format(**locals())`` before
-#: validating the item, on the success path too (two dict copies of the frame per message and turn)
-_ITEM_PATH_FORMAT = re.compile(r"\.format\(\*\*locals\(\)\)")
+_LOCAL_DEF = "#/$defs/"
 
 
-def compile_fast(schema: dict[str, Any]) -> Callable[[Any], Any]:
-    """fastjsonschema's validator of ``schema`` without the per-item error-path formatting: its
-    messages then name an array's items by the unformatted ``[{index}]``, which costs nothing, since a
-    record it refuses is explained by the reference validator (``RecordValidator.problem``)."""
-    code = fastjsonschema.compile_to_code(schema, detailed_exceptions=False)
-    entry = re.search(r"^def (\w+)\(", code, re.M)
-    assert entry is not None, "fastjsonschema generated no validator"
-    namespace: dict[str, Any] = {}
-    exec(compile(_ITEM_PATH_FORMAT.sub("", code), "<record schema>", "exec"), namespace)
-    return namespace[entry.group(1)]
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its local ``$ref``s replaced by the definitions they name (sibling keywords are
+    annotations, kept) and ``$defs`` dropped: validation is the same, and fastjsonschema then checks
+    each array item inline instead of calling a function per item with its error path formatted
+    (``"...[{i}]".format(**locals())``, on the success path too: a message and a turn each)."""
+    defs = schema.get("$defs", {})
+    own = schema.get("$id", "")  # a ref may spell the schema's own id: "<$id>#/$defs/name"
+
+    def resolve(node: Any, seen: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [resolve(item, seen) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: resolve(v, seen) for k, v in node.items() if k not in ("$ref", "$defs")}
+        ref = node.get("$ref")
+        if ref is None:
+            return out
+        if own and ref.startswith(own + "#"):
+            ref = ref[len(own) :]
+        if not ref.startswith(_LOCAL_DEF) or ref in seen:
+            raise ValueError(f"record schema: $ref {ref!r} is not a local, non-recursive definition")
+        return {**resolve(defs[ref[len(_LOCAL_DEF) :]], (*seen, ref)), **out}
+
+    return resolve(schema, ())
 
 
 def _short(text: str, limit: int = 300) -> str:
