@@ -8,8 +8,11 @@ when it is absent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -25,6 +28,28 @@ def find_chromium() -> str | None:
     return next((p for p in map(shutil.which, CANDIDATES) if p), None)
 
 
+def stop_process_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop Chromium and its helpers (renderer, crashpad), which keep writing to the profile after
+    the browser process itself has gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+def remove_profile(profile: Path, attempts: int = 20) -> None:
+    """Remove the throwaway profile; a helper that outlived the group kill may still add a file
+    while the tree is being removed, so retry briefly instead of failing the test on cleanup."""
+    for _ in range(attempts):
+        shutil.rmtree(profile, ignore_errors=True)
+        if not profile.exists():
+            return
+        time.sleep(0.1)
+
+
 class Browser:
     """One headless Chromium with one page; use as ``async with Browser(binary) as page``."""
 
@@ -37,14 +62,14 @@ class Browser:
         self._events: dict[str, asyncio.Event] = {}
 
     async def __aenter__(self) -> Browser:
-        self._profile = tempfile.TemporaryDirectory(prefix="regen-chromium-")
+        self._profile = Path(tempfile.mkdtemp(prefix="regen-chromium-"))
         self._proc = subprocess.Popen(
             [self.binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--disable-dev-shm-usage", "--remote-debugging-port=0", "--remote-allow-origins=*",
-             f"--user-data-dir={self._profile.name}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+             f"--user-data-dir={self._profile}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-        port_file = Path(self._profile.name) / "DevToolsActivePort"
+        port_file = self._profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.is_file() and port_file.read_text().strip()):
             if time.monotonic() > deadline or self._proc.poll() is not None:
@@ -65,9 +90,8 @@ class Browser:
         self._reader.cancel()
         await self._ws.close()
         await self._session.close()
-        self._proc.terminate()
-        self._proc.wait(10)
-        self._profile.cleanup()
+        stop_process_group(self._proc)
+        remove_profile(self._profile)
 
     async def _read(self) -> None:
         async for msg in self._ws:
