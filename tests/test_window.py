@@ -17,7 +17,7 @@ from regen.layout import RunLayout
 from regen.observe.report import ReportInputs, RunFacts, landing_rst, plot_trainer_window, readiness
 from regen.output.export import export_dataset
 from regen.output.reaudit import reaudit_dataset
-from regen.output.window import WINDOWS, WindowCounts, WindowCoverage
+from regen.output.window import HEADLINE_WINDOW, WINDOWS, WindowCounts, WindowCoverage
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = str(ROOT / "resources" / "demo-tokenizer")
@@ -32,6 +32,7 @@ def test_counts_per_window_on_hand_made_rows() -> None:
     cov.add([1] * 3 + [3] * 3, [0] * 3 + [1] * 3, THINK_CLOSE)  # 6 tokens, no thinking
     doc = cov.to_json()
     assert doc["rows"] == 2 and doc["supervised_tokens"] == 12
+    assert doc["configured"] is None and doc["headline"] == HEADLINE_WINDOW
     w = doc["windows"]
     assert w["4"] == {
         "rows_fit": 0.0,
@@ -80,7 +81,7 @@ def test_max_length_drops_or_keeps_rows_over_it(tmp_path: Path, policy: str) -> 
     assert 0 < over < len(every)
     manifest, rows = export(tmp_path, dataset, max_length=300, over_max_length=policy)
     win = manifest["trainer_window"]
-    assert win["max_length"] == 300 and win["configured"] == 300 and "300" in win["windows"]
+    assert win["max_length"] == 300 and win["configured"] == win["headline"] == 300 and "300" in win["windows"]
     assert win["windows"]["300"]["rows_over"] == over
     if policy == "drop":
         assert len(rows) == len(every) - over and all(len(r["input_ids"]) <= 300 for r in rows)

@@ -892,7 +892,7 @@ def _drafter_facts(reaudit: Mapping[str, Any]) -> str:
         )
     window = reaudit.get("trainer_window") or {}
     if window.get("windows"):
-        w = window.get("configured") or 4096
+        w = window["headline"]
         at = window["windows"].get(str(w))
         if at is not None:
             named = "the configured" if window.get("configured") else "a (default)"

@@ -25,6 +25,8 @@ import numpy as np
 
 #: the windows every summary reports (tokens)
 WINDOWS: tuple[int, ...] = (2048, 4096, 8192, 16384, 32768)
+#: the window a summary leads with when the config names none (``headline`` in ``to_json``)
+HEADLINE_WINDOW = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,7 @@ class WindowCoverage:
             "rows": self.rows,
             "supervised_tokens": self.supervised,
             "configured": self.configured,
+            "headline": self.configured or HEADLINE_WINDOW,
             "windows": {
                 str(w): {
                     "rows_fit": frac(c.rows_fit, self.rows),
