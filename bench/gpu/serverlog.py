@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,3 +133,154 @@ def startup_facts(text: str) -> dict[str, Any]:
         if found:
             facts[key] = kind(found[-1])
     return facts
+
+
+# --- where a server's time went: its startup phases and its generation phases, from its timestamps ---
+
+_STAMPED = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] (.*)$", re.M)
+_SUPERVISOR = r"^\[regen-supervisor \S+ pid \d+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] "
+_LAUNCH = re.compile(_SUPERVISOR + "=== regen supervisor: starting server", re.M)
+_READY = re.compile(_SUPERVISOR + "server ready at ", re.M)
+_ELAPSED = re.compile(r"elapsed=([0-9.]+) s")
+#: (phase, the line that ends it); a phase runs from the previous mark (or the launch) to its own; the
+#: last phase ends when the supervisor found the server ready (its probe answered)
+STARTUP_MARKS: tuple[tuple[str, str], ...] = (
+    ("interpreter and imports", "server_args=ServerArgs("),
+    ("scheduler process and model config", "Load weight begin."),
+    ("weights (target, then draft)", "Load weight end."),
+    ("pools and prefill CUDA graphs", "Capture target prefill CUDA graph end."),
+)
+_GENERATED = 'POST /v1/chat/completions HTTP/1.1" 200'
+
+
+def _stamp(text: str) -> float:
+    return time.mktime(time.strptime(text, "%Y-%m-%d %H:%M:%S"))
+
+
+def _stamped_lines(text: str) -> list[tuple[float, str]]:
+    return [(_stamp(m[1]), m[2]) for m in _STAMPED.finditer(text)]
+
+
+def ready_at(text: str) -> float | None:
+    """When the supervisor found the server ready: its launch-time probe answered. (SGLang's own
+    "fired up" line can come seconds later, after its warm-up request, while clients already run.)"""
+    found = _READY.search(text)
+    return _stamp(found[1]) if found else None
+
+
+def startup_phases(text: str) -> dict[str, Any]:
+    """Seconds of each startup phase (``STARTUP_MARKS``, then "graphs and warm-up" to ready), from
+    the supervisor's launch line to its ready line; a "begin" mark's first occurrence, any other
+    mark's last, ends its phase (MTP loads two sets of weights). Also the elapsed seconds SGLang
+    printed for the weights and the graph captures."""
+    launch = _LAUNCH.search(text)
+    lines = _stamped_lines(text)
+    ready = ready_at(text)
+    if launch is None or ready is None:
+        return {}
+    start = _stamp(launch[1])
+    phases: dict[str, float] = {}
+    previous = start
+    for name, mark in STARTUP_MARKS:
+        seen = [t for t, line in lines if mark in line and t <= ready]
+        first = mark.endswith("begin.")  # the target's weights begin first; an MTP draft's end last
+        at = (min(seen) if first else max(seen)) if seen else previous
+        phases[name] = at - previous
+        previous = at
+    phases["decode / verify / draft CUDA graphs and warm-up"] = ready - previous
+    printed = {
+        key: sum(
+            float(e) for t, line in lines if needle in line and t <= ready for e in _ELAPSED.findall(line)
+        )
+        for key, needle in (
+            ("weights_s", "Load weight end."),
+            ("prefill_graphs_s", "Capture target prefill CUDA graph end."),
+            ("decode_graphs_s", "CUDA graph end."),
+        )
+    }
+    printed["decode_graphs_s"] -= printed["prefill_graphs_s"]  # every other capture
+    return {"launch_to_ready_s": ready - start, "phases_s": phases, "printed_elapsed_s": printed}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationPhases:
+    """The generation window of a server log (first prefill after ready to the last answer), split
+    where the running batch reached its plateau and where it left it for good."""
+
+    answers: int  # chat completions answered (a truncation retry is one more)
+    ramp_s: float
+    full_s: float
+    drain_s: float
+    full_running: int
+    full_decode_tps: float  # tokens per second while at the plateau, prefill interruptions included
+    drain_tokens_fraction: float  # share of output tokens decoded after the plateau
+    decoded_tokens: float  # the decode lines' throughput integrated over the window
+    prefill_batches: int
+    prefill_batches_at_full: int
+    last_percent_s: float  # from the answer that completes 99% of the requests to the last answer
+
+    @property
+    def total_s(self) -> float:
+        return self.ramp_s + self.full_s + self.drain_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "answers": self.answers,
+            "generation_s": round(self.total_s, 1),
+            "ramp_s": round(self.ramp_s, 1),
+            "full_s": round(self.full_s, 1),
+            "drain_s": round(self.drain_s, 1),
+            "full_running": self.full_running,
+            "full_decode_tps": round(self.full_decode_tps, 1),
+            "drain_tokens_fraction": round(self.drain_tokens_fraction, 3),
+            "decoded_tokens": round(self.decoded_tokens),
+            "prefill_batches": self.prefill_batches,
+            "prefill_batches_at_full": self.prefill_batches_at_full,
+            "last_percent_s": round(self.last_percent_s, 1),
+        }
+
+
+def generation_phases(text: str, tolerance: float = 0.02) -> GenerationPhases | None:
+    """Split the generation window: ramp (to the first decode line at the plateau, within
+    ``tolerance`` of the largest running batch), full (to the last such line) and drain (to the last
+    answer). Tokens per decode line are its gen throughput times the seconds since the previous
+    decode line (SGLang's throughput is over that interval), so prefill passes in between count as
+    time without tokens, as they are."""
+    lines = _stamped_lines(text)
+    ready = ready_at(text)
+    if ready is None:
+        return None
+    after = [(t, line) for t, line in lines if t >= ready]
+    prefills = [t for t, line in after if line.startswith("Prefill batch")]
+    answers = [t for t, line in after if _GENERATED in line]
+    decodes = [(t, d) for t, line in after for d in decode_lines(line)]
+    if not prefills or not answers or not decodes:
+        return None
+    start, end = prefills[0], answers[-1]
+    top = max(d.running for _, d in decodes)
+    at_full = [t for t, d in decodes if d.running >= top * (1 - tolerance)]
+    full_from, full_to = at_full[0], at_full[-1]
+    tokens_full = tokens_drain = 0.0  # the ramp's few lines average over the prefill burst: left out
+    previous = start
+    for t, d in decodes:
+        tokens = d.gen_tps * max(t - previous, 0.0)
+        previous = t
+        if full_from < t <= full_to:
+            tokens_full += tokens
+        elif t > full_to:
+            tokens_drain += tokens
+    total_tokens = tokens_full + tokens_drain
+    answers.sort()
+    return GenerationPhases(
+        answers=len(answers),
+        ramp_s=full_from - start,
+        full_s=full_to - full_from,
+        drain_s=end - full_to,
+        full_running=top,
+        full_decode_tps=tokens_full / (full_to - full_from) if full_to > full_from else 0.0,
+        drain_tokens_fraction=tokens_drain / total_tokens if total_tokens else 0.0,
+        decoded_tokens=tokens_full + tokens_drain,
+        prefill_batches=len(prefills),
+        prefill_batches_at_full=sum(full_from <= t <= full_to for t in prefills),
+        last_percent_s=end - answers[int(0.99 * (len(answers) - 1))],
+    )

@@ -1,0 +1,195 @@
+"""Where each run of the known-target campaign spent its wall time (issue 27 item 4), read from what
+the runs left: the three server logs in ``PREFIX.logs.tgz``, regen's phases in
+``PREFIX.known_target_measured.json`` and the baselines' ``PREFIX.baseline-{default,seed}.json``.
+
+For each run: the server start split into its phases (``serverlog.startup_phases``) and the generation
+split into ramp, full batch and drain (``serverlog.generation_phases``). Then a projection, labelled as
+one, of how wall time grows with the number of prompts: each run's time is a fixed part (before the
+server, its start, ramp, drain, after) plus prompts x tokens a prompt / its full-batch decode rate;
+from that, the prompt count at which regen reaches the issue's targets (1.5x the defaults, 1.2x the
+original run's flags end to end), with regen's server start as measured (cold, first on the machine)
+and as the later servers' (warm).
+
+Usage: python bench/gpu/where_time_went.py [--prefix bench/results/known-target-2026-12-01] [--out FILE.md]
+The last line printed is ``where: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serverlog import GenerationPhases, generation_phases, startup_phases
+
+REPO = Path(__file__).resolve().parents[2]
+LOGS = {
+    "regen": "run-logs/servers/gpu0.log",
+    "default": "baseline-default-logs/gpu0.log",
+    "seed": "baseline-seed-logs/gpu0.log",
+}
+TARGETS = {"default": 1.5, "seed": 1.2}
+
+
+@dataclass(frozen=True, slots=True)
+class RunTime:
+    """One run's wall time as a fixed part plus a part that grows with the prompts."""
+
+    name: str
+    wall_s: float
+    fixed_s: float  # before the server, server start, ramp, drain, after
+    s_per_prompt: float  # at the full batch
+    startup: dict[str, Any]
+    generation: GenerationPhases
+
+    def wall_at(self, prompts: float) -> float:
+        return self.fixed_s + self.s_per_prompt * prompts
+
+
+def read_logs(prefix: Path) -> dict[str, str]:
+    with tarfile.open(f"{prefix}.logs.tgz") as tar:
+        return {name: tar.extractfile(member).read().decode() for name, member in LOGS.items()}  # type: ignore[union-attr]
+
+
+def run_times(prefix: Path) -> dict[str, RunTime]:
+    logs = read_logs(prefix)
+    measured = json.loads(Path(f"{prefix}.known_target_measured.json").read_text())
+    out: dict[str, RunTime] = {}
+    for name, text in logs.items():
+        startup, gen = startup_phases(text), generation_phases(text)
+        assert gen is not None, f"{name}: no generation window in its server log"
+        if name == "regen":
+            ph = measured["phases"]
+            wall, outside = measured["wall_s"], ph["before_server_s"] + ph["after_s"]
+            tokens, prompts = measured["output_tokens"], measured["requests"]
+            start = ph["server_start_s"]  # to ready: the wait for SGLang's warm-up is in the ramp
+        else:
+            b = json.loads(Path(f"{prefix}.baseline-{name}.json").read_text())
+            wall, outside = b["wall_s"], 0.0
+            tokens, prompts = b["answers"]["output_tokens"], b["n"]
+            start = b["server_start_s"]
+        per_prompt = tokens / prompts / gen.full_decode_tps
+        fixed = outside + start + gen.ramp_s + gen.drain_s
+        out[name] = RunTime(name, wall, fixed, per_prompt, startup, gen)
+    return out
+
+
+def prompts_to_reach(regen: RunTime, other: RunTime, ratio: float, regen_fixed_s: float) -> float:
+    """Prompts at which other's wall / regen's wall reaches ratio; inf when it never does."""
+    gain = other.s_per_prompt - ratio * regen.s_per_prompt
+    need = ratio * regen_fixed_s - other.fixed_s
+    return max(0.0, need / gain) if gain > 0 else math.inf
+
+
+#: the start phases that ran cold for regen's server, the first on a fresh machine (files and kernel
+#: caches not yet warm), and warm for the two later servers
+COLD_PHASES = ("interpreter and imports", "weights (target, then draft)", "pools and prefill CUDA graphs")
+
+
+def warm_start_s(runs: dict[str, RunTime]) -> float:
+    """regen's server start had it come after another server on the machine: its cold phases taken
+    at the later servers' mean, its other phases (its own larger decode-graph set) as measured."""
+    cold = runs["regen"].startup["phases_s"]
+    later = [runs[n].startup["phases_s"] for n in runs if n != "regen"]
+    return sum(statistics.mean(p[k] for p in later) if k in COLD_PHASES else v for k, v in cold.items())
+
+
+def markdown(runs: dict[str, RunTime], prefix: Path) -> tuple[str, str]:
+    rows = ["| run | wall s | server start s | ramp s | full batch s | running at full | tok/s at full "
+            "| prefill batches at full | drain s | tokens in drain | last 1% of answers s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in runs.values():
+        g = r.generation
+        rows.append(
+            f"| {r.name} | {r.wall_s:.1f} | {r.startup['launch_to_ready_s']:.0f} | {g.ramp_s:.0f} "
+            f"| {g.full_s:.0f} "
+            f"| {g.full_running} | {g.full_decode_tps:,.0f} | {g.prefill_batches_at_full} | {g.drain_s:.0f} "
+            f"| {g.drain_tokens_fraction:.1%} | {g.last_percent_s:.0f} |"
+        )
+    phases = list(runs["regen"].startup["phases_s"])
+    start_rows = ["| server start phase | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    for p in phases:
+        cells = " | ".join(f"{r.startup['phases_s'][p]:.0f}" for r in runs.values())
+        start_rows.append(f"| {p} | {cells} |")
+    start_rows.append(
+        "| SGLang's printed prefill-graph capture | "
+        + " | ".join(f"{r.startup['printed_elapsed_s']['prefill_graphs_s']:.1f}" for r in runs.values())
+        + " |"
+    )
+    regen = runs["regen"]
+    warm = warm_start_s(runs)
+    regen_warm_fixed = regen.fixed_s - regen.startup["launch_to_ready_s"] + warm
+    reach = {
+        (name, label): prompts_to_reach(regen, runs[name], ratio, fixed)
+        for name, ratio in TARGETS.items()
+        for label, fixed in (("cold", regen.fixed_s), ("warm", regen_warm_fixed))
+    }
+    limits = {name: runs[name].s_per_prompt / regen.s_per_prompt for name in TARGETS}
+    fixed = f"{regen.fixed_s:.0f} (warm start: {regen_warm_fixed:.0f}) | " + " | ".join(
+        f"{runs[n].fixed_s:.0f}" for n in TARGETS
+    )
+    per_prompt = " | ".join(f"{r.s_per_prompt:.3f}" for r in runs.values())
+    proj = [
+        "| | regen | default | seed |",
+        "|---|---|---|---|",
+        f"| fixed part s (before, start, ramp, drain, after) | {fixed} |",
+        f"| s a prompt at the full batch | {per_prompt} |",
+    ]
+    reach_lines = [
+        f"- {TARGETS[name]}x the {name} run: regen's long-run limit is {limits[name]:.2f}x; reached at "
+        f"{reach[(name, 'cold')]:,.0f} prompts with regen's cold start, "
+        f"{reach[(name, 'warm')]:,.0f} with a warm one "
+        f"(the {name} run then takes {runs[name].wall_at(reach[(name, 'warm')]):,.0f} s)."
+        for name in TARGETS
+    ]
+    text = "\n".join(
+        [
+            f"## Where each run's time went (`bench/gpu/where_time_went.py`, from `{prefix.name}.*`)",
+            "",
+            *rows,
+            "",
+            *start_rows,
+            "",
+            "Projection, not a measurement: wall = fixed part + prompts x seconds a prompt at the full "
+            "batch.",
+            "",
+            *proj,
+            "",
+            *reach_lines,
+        ]
+    )
+    line = (
+        "where: regen_start_s={:.0f} regen_warm_start_s={:.0f} regen_full_tps={:.0f} default_full_tps={:.0f} "
+        "seed_full_tps={:.0f} regen_drain_s={:.0f} limit_vs_default={:.3f} limit_vs_seed={:.3f} "
+        "prompts_for_default_target={:.0f} prompts_for_seed_target={:.0f}"
+    ).format(
+        regen.startup["launch_to_ready_s"], warm, regen.generation.full_decode_tps,
+        runs["default"].generation.full_decode_tps, runs["seed"].generation.full_decode_tps,
+        regen.generation.drain_s, limits["default"], limits["seed"],
+        reach[("default", "warm")], reach[("seed", "warm")],
+    )  # fmt: skip
+    return text, line
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prefix", type=Path, default=REPO / "bench/results/known-target-2026-12-01")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    text, line = markdown(run_times(a.prefix), a.prefix)
+    if a.out:
+        a.out.write_text(text + "\n")
+    print(text)
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
