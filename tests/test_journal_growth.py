@@ -41,7 +41,9 @@ def _scan_without_index(path: Path) -> None:
 
 
 def test_reading_a_journal_grows_linearly(tmp_path: Path) -> None:
-    """4x the entries costs about 4x (quadratic reading, as it once was, costs 16x)."""
+    """4x the entries costs about 4x (quadratic reading, as it once was, costs 16x). The bound is 8x,
+    the geometric middle of the two: CI measured 6.6x once for a linear reader (allocator and cache
+    effects at 20 MB on a busy 2-core machine), which a bound of 6.5x failed."""
     n = 2500
     small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
     _write(small, n, 1900)
@@ -49,7 +51,7 @@ def test_reading_a_journal_grows_linearly(tmp_path: Path) -> None:
     for name, fn in (("scan", _scan_without_index), ("open", lambda p: Journal.open(p).close())):
         t_small = _best_of(5, lambda fn=fn: fn(small))
         t_large = _best_of(5, lambda fn=fn: fn(large))
-        assert t_large / t_small < 5 * 1.3, (
+        assert t_large / t_small < 8, (
             f"{name}: {t_small:.4f}s at {n}, {t_large:.4f}s at {4 * n} entries"
         )
 
