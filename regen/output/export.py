@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,7 @@ class ExportConfig:
     eval_fraction: float
     max_length: int | None  # the trainer's window (tokens); None: not named
     over_max_length: str  # drop | keep: rows longer than max_length
-    policy: MaskPolicy = field(default_factory=MaskPolicy)
+    policy: MaskPolicy
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> ExportConfig:
