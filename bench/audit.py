@@ -96,14 +96,21 @@ def write_benchmarks(
 
 def run_regen(data: Path, out: Path, benchmarks: list[dict[str, str]] | None = None) -> dict[str, Any]:
     from regen.chat import ChatTemplate
-    from regen.ingest.audit import run_audit
+    from regen.ingest.audit import AuditConfig, run_audit
+    from regen.ingest.dataset import DatasetConfig
 
     ChatTemplate.from_dir(TOKENIZER)  # load outside the timed region, as the reference does
     cfg: dict[str, Any] = {"override_gates": True}
     if benchmarks:  # building the benchmark index is part of the timed audit
         cfg["decontamination"] = {"benchmarks": benchmarks}
     t0, c0 = time.perf_counter(), time.process_time()
-    summary = run_audit(data, out, cfg, TOKENIZER, id_column="id")
+    summary = run_audit(
+        data,
+        out,
+        AuditConfig.from_dict(cfg),
+        TOKENIZER,
+        DatasetConfig.from_dict({"path": str(data), "id_column": "id"}),
+    )
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {
         "samples": summary.total,

@@ -189,10 +189,10 @@ def _peak_rss_mb() -> float:
 
 
 def _validate_one(path: Path, work: Path) -> int:
-    from regen.output.validate import validate_shard
+    from regen.output.validate import ValidateConfig, validate_shard
 
     valid, quarantine = work / "valid" / f"{path.stem}.parquet", work / "quarantine" / f"{path.stem}.jsonl"
-    stats = validate_shard(path, valid, quarantine, {})
+    stats = validate_shard(path, valid, quarantine, ValidateConfig.from_dict({}))
     return stats.records_in
 
 
@@ -201,7 +201,7 @@ def side_regen(src: Path, work: Path) -> dict[str, Any]:
     --cores N runs them concurrently), then one merge over the valid shards."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from regen.output.merge import merge
+    from regen.output.merge import MergeConfig, merge
 
     paths = sorted(src.glob("*.jsonl"))
     t0 = time.perf_counter()
@@ -209,7 +209,7 @@ def side_regen(src: Path, work: Path) -> dict[str, Any]:
         records_in = sum(pool.map(_validate_one, paths, [work] * len(paths)))
     t1 = time.perf_counter()
     valid = [work / "valid" / f"{p.stem}.parquet" for p in paths]
-    manifest = merge(valid, work / "dataset", {}, {"bench": True})
+    manifest = merge(valid, work / "dataset", MergeConfig.from_dict({}), {"bench": True})
     t2 = time.perf_counter()
     return {
         "rows": manifest.total_rows,

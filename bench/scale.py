@@ -242,8 +242,8 @@ def child_resume(url: str, shard: str) -> None:
 def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: GenerationSettings) -> dict:
     """Finalize and validate ``shards`` and merge them: the bytes of each stage's files."""
     from regen.generate.journal import finalize_journal
-    from regen.output.merge import merge
-    from regen.output.validate import validate_shard
+    from regen.output.merge import MergeConfig, merge
+    from regen.output.validate import ValidateConfig, validate_shard
 
     config = load_config(list(CONFIGS))
     cwd = os.getcwd()
@@ -256,10 +256,13 @@ def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: Gener
             layout.records(shard).parent.mkdir(parents=True, exist_ok=True)
             finalize_journal(layout.journal(shard), layout.records(shard), layout.failed(shard), current)
             validate_shard(
-                layout.records(shard), layout.valid(shard), layout.quarantine(shard), config["validate"]
+                layout.records(shard),
+                layout.valid(shard),
+                layout.quarantine(shard),
+                ValidateConfig.from_dict(config["validate"]),
             )
         out = wd / "bench-dataset"
-        merge([layout.valid(s) for s in shards], out, {}, {"bench": True})
+        merge([layout.valid(s) for s in shards], out, MergeConfig.from_dict({}), {"bench": True})
     finally:
         os.chdir(cwd)
     size = {

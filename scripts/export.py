@@ -1,6 +1,6 @@
 """Snakemake script: write the trainer exports of the merged dataset (regen.output.export)."""
 
-from regen.output.export import export_dataset
+from regen.output.export import ExportConfig, export_dataset
 from regen.runlog import log_to
 
 log_to(snakemake.log[0])
@@ -9,7 +9,7 @@ export_dataset(
     specforge_out=snakemake.output.specforge,
     tokenized_out=snakemake.output.tokenized,
     manifest_out=snakemake.output.manifest,
-    export_cfg=snakemake.params.export,
+    config=ExportConfig.from_dict(snakemake.params.export),
     tokenizer_dir=snakemake.params.tokenizer,
     regenerate=snakemake.params.regenerate,
 )

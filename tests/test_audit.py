@@ -13,12 +13,14 @@ import pytest
 from regen.chat import ChatTemplate
 from regen.ingest.audit import (
     FLAGS_SCHEMA,
+    AuditConfig,
     AuditGateError,
     audit_records,
     cli,
     run_audit,
     structure_faults,
 )
+from regen.ingest.dataset import DatasetConfig
 from regen.types import BadRow, Message, Sample
 
 LONG_PROMPT = " ".join(["lorem ipsum dolor sit amet"] * 40)
@@ -107,13 +109,19 @@ def dataset(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "data.jsonl", [r for r, _ in ROWS])
 
 
-def cfg(**overrides: Any) -> dict[str, Any]:
-    return {"context_limit": CONTEXT_LIMIT, "gates": LOOSE_GATES, **overrides}
+def cfg(**overrides: Any) -> AuditConfig:
+    return AuditConfig.from_dict({"context_limit": CONTEXT_LIMIT, "gates": LOOSE_GATES, **overrides})
 
 
 def test_each_row_gets_its_flags(dataset: Path, tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     out = tmp_path / "audit"
-    summary = run_audit(dataset, out, cfg(), demo_tokenizer_dir, id_column="id")
+    summary = run_audit(
+        dataset,
+        out,
+        cfg(),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(dataset), "id_column": "id"}),
+    )
     table = pq.read_table(out / "flags.parquet")
     assert table.schema.equals(FLAGS_SCHEMA)
     by_row = {r["row"]: r for r in table.to_pylist()}
@@ -124,7 +132,13 @@ def test_each_row_gets_its_flags(dataset: Path, tmp_path: Path, demo_tokenizer_d
 
 def test_summary_counts_and_keys(dataset: Path, tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     out = tmp_path / "audit"
-    run_audit(dataset, out, cfg(), demo_tokenizer_dir, id_column="id")
+    run_audit(
+        dataset,
+        out,
+        cfg(),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(dataset), "id_column": "id"}),
+    )
     s = orjson.loads((out / "summary.json").read_bytes())
     expect = {
         f: sum(f in flags for _, flags in ROWS) for f in ("empty_response", "structure_error", "bad_row")
@@ -162,7 +176,13 @@ def test_summary_counts_and_keys(dataset: Path, tmp_path: Path, demo_tokenizer_d
 
 def test_excluded_lists_reasons(dataset: Path, tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     out = tmp_path / "audit"
-    run_audit(dataset, out, cfg(), demo_tokenizer_dir, id_column="id")
+    run_audit(
+        dataset,
+        out,
+        cfg(),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(dataset), "id_column": "id"}),
+    )
     lines = [orjson.loads(line) for line in (out / "excluded.jsonl").read_bytes().splitlines()]
     reasons = {e["row"]: e["reason"] for e in lines}
     for row, (_data, flags) in enumerate(ROWS):
@@ -180,7 +200,13 @@ def test_exclude_empty_response_when_configured(
     dataset: Path, tmp_path: Path, demo_tokenizer_dir: Path
 ) -> None:
     out = tmp_path / "audit"
-    summary = run_audit(dataset, out, cfg(exclude=["empty_response"]), demo_tokenizer_dir, id_column="id")
+    summary = run_audit(
+        dataset,
+        out,
+        cfg(exclude=["empty_response"]),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(dataset), "id_column": "id"}),
+    )
     lines = [orjson.loads(line) for line in (out / "excluded.jsonl").read_bytes().splitlines()]
     assert {e["id"] for e in lines} == {"empty", "think-only"}
     assert summary.excluded == 2
@@ -192,7 +218,13 @@ def test_gate_failure_names_gate_and_override(
     out = tmp_path / "audit"
     strict = {"max_structure_error_fraction": 0.01}
     with pytest.raises(AuditGateError) as err:
-        run_audit(dataset, out, cfg(gates=strict), demo_tokenizer_dir, id_column="id")
+        run_audit(
+            dataset,
+            out,
+            cfg(gates=strict),
+            demo_tokenizer_dir,
+            DatasetConfig.from_dict({"path": str(dataset), "id_column": "id"}),
+        )
     text = str(err.value)
     assert "max_structure_error_fraction" in text
     assert "override_gates: true" in text
@@ -205,7 +237,11 @@ def test_gate_failure_names_gate_and_override(
 def test_override_gates_warns_and_returns(dataset: Path, tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     out = tmp_path / "audit"
     summary = run_audit(
-        dataset, out, cfg(gates={"max_empty_response_fraction": 0.0}, override_gates=True), demo_tokenizer_dir
+        dataset,
+        out,
+        cfg(gates={"max_empty_response_fraction": 0.0}, override_gates=True),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(dataset)}),
     )
     assert not summary.passed
     assert orjson.loads((out / "summary.json").read_bytes())["overridden"] is True
@@ -214,7 +250,7 @@ def test_override_gates_warns_and_returns(dataset: Path, tmp_path: Path, demo_to
 def test_duplicate_ids_are_structure_errors(demo_tokenizer_dir: Path) -> None:
     a = Sample("same", (Message("user", "q1"), Message("assistant", "a")))
     b = Sample("same", (Message("user", "q2"), Message("assistant", "a")))
-    audits, summary = audit_records([a, b], cfg(), demo_tokenizer_dir)
+    audits, summary = audit_records([a, b], cfg(), ChatTemplate.from_dir(demo_tokenizer_dir))
     assert audits[0].flags == ()
     assert audits[1].flags == ("structure_error",)
     assert summary.structure_error_kinds == {"duplicate_id": 1}
@@ -230,7 +266,13 @@ def test_tokenized_rows_use_the_row_mask(tmp_path: Path, demo_tokenizer_dir: Pat
         rows.append({"id": f"t{i}", "input_ids": ids, "loss_mask": mask})
     path = write_jsonl(tmp_path / "tok.jsonl", rows)
     out = tmp_path / "audit"
-    run_audit(path, out, cfg(scaffolding_max_tokens=8), demo_tokenizer_dir, fmt="tokenized", id_column="id")
+    run_audit(
+        path,
+        out,
+        cfg(scaffolding_max_tokens=8),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(path), "format": "tokenized", "id_column": "id"}),
+    )
     table = {r["id"]: r for r in pq.read_table(out / "flags.parquet").to_pylist()}
     assert table["t0"]["flags"] == ["empty_response"]
     assert table["t1"]["flags"] == []
@@ -243,7 +285,7 @@ def test_audit_records_without_files(demo_tokenizer_dir: Path) -> None:
         Sample("b", (Message("user", "q2"), Message("assistant", ""))),
     ]
     bad = [BadRow("f.jsonl", 7, "messages", "not a list")]
-    audits, summary = audit_records(samples, cfg(), demo_tokenizer_dir, bad_rows=bad)
+    audits, summary = audit_records(samples, cfg(), ChatTemplate.from_dir(demo_tokenizer_dir), bad_rows=bad)
     assert [a.flags for a in audits] == [(), ("empty_response",), ("bad_row",)]
     assert summary.total == 3
     assert audits[2].id == "row/7:f.jsonl"  # '/' never occurs in a real id: no collision possible
@@ -305,7 +347,7 @@ def test_cli_stop_on_bad_row_names_file_and_row(
 def test_summary_has_exact_prompt_percentiles_of_kept_samples(demo_tokenizer_dir: Path) -> None:
     """The planner sizes KV for running x (p99 + max_tokens): p50/p99 are exact, over kept samples only."""
     from regen.chat import ChatTemplate
-    from regen.ingest.audit import audit_records
+    from regen.ingest.audit import AuditConfig, audit_records
     from regen.types import Message, Sample
 
     chat = ChatTemplate.from_dir(demo_tokenizer_dir)
@@ -314,7 +356,7 @@ def test_summary_has_exact_prompt_percentiles_of_kept_samples(demo_tokenizer_dir
         for i in range(200)
     ]
     huge = Sample("huge", (Message("user", "word " * 5000), Message("assistant", "ok")))
-    audits, summary = audit_records([*samples, huge], {"context_limit": 2048}, chat)
+    audits, summary = audit_records([*samples, huge], AuditConfig.from_dict({"context_limit": 2048}), chat)
     kept = sorted(a.prompt_tokens for a in audits if not a.excluded)
     assert len(kept) == 200  # the over-length prompt is excluded and does not count
     doc = summary.to_json()

@@ -14,6 +14,7 @@ from test_workflow import copy_workflow, snakemake
 
 from regen.chat import ChatTemplate
 from regen.ingest.audit import AuditConfig, AuditGateError, audit_records, cli, run_audit
+from regen.ingest.dataset import DatasetConfig
 from regen.layout import RunLayout
 from regen.observe.report import ReportInputs, RunFacts, audit_page_html, landing_rst, readiness
 from regen.types import Message, Sample
@@ -78,7 +79,13 @@ def test_87_percent_empty_answers_all_regenerated_pass_the_default_gate(
 ) -> None:
     data = write_jsonl(tmp_path / "sharegpt.jsonl", sharegpt_rows(1000, 87))
     out = tmp_path / "audit"
-    summary = run_audit(data, out, {}, demo_tokenizer_dir, id_column="id", regenerate="last")
+    summary = run_audit(
+        data,
+        out,
+        AuditConfig.from_dict({}, "last"),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(data), "id_column": "id"}),
+    )
     s = summary_of(out)
     assert s["flagged_empty_response_fraction"] == pytest.approx(0.87)  # measured exactly, still reported
     empty = s["empty_old_answers"]
@@ -106,7 +113,13 @@ def test_empty_context_answers_under_last_fail_and_name_regenerate_all(
     data = write_jsonl(tmp_path / "context.jsonl", context_rows(200, 60))
     out = tmp_path / "audit"
     with pytest.raises(AuditGateError) as err:
-        run_audit(data, out, {}, demo_tokenizer_dir, id_column="id", regenerate="last")
+        run_audit(
+            data,
+            out,
+            AuditConfig.from_dict({}, "last"),
+            demo_tokenizer_dir,
+            DatasetConfig.from_dict({"path": str(data), "id_column": "id"}),
+        )
     message = str(err.value)
     assert "audit.gates.max_empty_response_fraction: value 0.6000 > limit 0.5000" in message
     assert "120 kept as context in 120 samples" in message
@@ -116,7 +129,13 @@ def test_empty_context_answers_under_last_fail_and_name_regenerate_all(
     assert s["empty_old_answers"]["context"] == 120 and s["empty_old_answers"]["regenerated"] == 0
 
     # the same data under regenerate: all: every old answer is replaced, nothing blocks
-    summary = run_audit(data, tmp_path / "all", {}, demo_tokenizer_dir, id_column="id", regenerate="all")
+    summary = run_audit(
+        data,
+        tmp_path / "all",
+        AuditConfig.from_dict({}, "all"),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(data), "id_column": "id"}),
+    )
     empty = summary.empty_answers
     assert (empty.regenerated, empty.context, empty.samples_with_empty_context) == (120, 0, 0)
     assert summary.passed
@@ -222,7 +241,13 @@ def test_cli_says_which_regenerate_mode_it_assumed_and_takes_the_flag(
 def test_audit_page_and_landing_page_say_it_in_plain_words(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     results, logs = tmp_path / "results", tmp_path / "logs"
     data = write_jsonl(tmp_path / "sharegpt.jsonl", sharegpt_rows(300, 87))
-    run_audit(data, results / "audit", {}, demo_tokenizer_dir, id_column="id", regenerate="last")
+    run_audit(
+        data,
+        results / "audit",
+        AuditConfig.from_dict({}, "last"),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(data), "id_column": "id"}),
+    )
     words = summary_of(results / "audit")["empty_old_answers"]["in_words"]
     page = audit_page_html(results / "audit" / "summary.json", logs / "audit.verdict.json")
     assert "Empty old answers: 87% of old answers are empty (261 of 300" in page

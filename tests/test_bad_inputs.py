@@ -11,8 +11,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from regen.ingest.audit import NothingToGenerateError, run_audit
-from regen.ingest.dataset import iter_samples
+from regen.ingest.audit import AuditConfig, NothingToGenerateError, run_audit
+from regen.ingest.dataset import DatasetConfig, iter_samples
 from regen.ingest.shards import make_shards, read_shard
 from regen.types import BadInputError, BadRow
 
@@ -63,9 +63,21 @@ def test_nothing_bad_reaches_a_prompt_shard(name: str, tmp_path: Path, demo_toke
     cfg = {"context_limit": 4096, "override_gates": True}  # tiny files: gate fractions are meaningless
     if kind in NOTHING_LEFT:  # nothing to generate: the audit stops the run, whatever the gates say
         with pytest.raises(NothingToGenerateError, match="nothing to generate"):
-            run_audit(BAD_DIR / name, tmp_path / "audit", cfg, demo_tokenizer_dir, id_column="id")
+            run_audit(
+                BAD_DIR / name,
+                tmp_path / "audit",
+                AuditConfig.from_dict(cfg),
+                demo_tokenizer_dir,
+                DatasetConfig.from_dict({"path": str(BAD_DIR / name), "id_column": "id"}),
+            )
     else:
-        run_audit(BAD_DIR / name, tmp_path / "audit", cfg, demo_tokenizer_dir, id_column="id")
+        run_audit(
+            BAD_DIR / name,
+            tmp_path / "audit",
+            AuditConfig.from_dict(cfg),
+            demo_tokenizer_dir,
+            DatasetConfig.from_dict({"path": str(BAD_DIR / name), "id_column": "id"}),
+        )
     excluded = [
         orjson.loads(line) for line in (tmp_path / "audit" / "excluded.jsonl").read_bytes().splitlines()
     ]

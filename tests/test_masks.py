@@ -15,10 +15,10 @@ from conversations import two_turn_samples
 
 from regen.chat import ChatTemplate
 from regen.generate.client import Endpoint, ShardJob, generate_shard
-from regen.output.export import export_dataset
+from regen.output.export import ExportConfig, export_dataset
 from regen.output.masks import RETOKENIZED, SERVER_IDS, MaskBuilder, MaskPolicy
-from regen.output.merge import merge
-from regen.output.validate import validate_shard
+from regen.output.merge import MergeConfig, merge
+from regen.output.validate import ValidateConfig, validate_shard
 from regen.runconfig import GenerateConfig
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Sample
@@ -64,8 +64,8 @@ def make_dataset(root: Path, n: int, *, sim: dict[str, Any] | None = None, **cfg
     finally:
         stop()
     valid = root / "valid.parquet"
-    validate_shard(gen, valid, root / "quarantine.jsonl", {})
-    merge([valid], root / "dataset", {}, {})
+    validate_shard(gen, valid, root / "quarantine.jsonl", ValidateConfig.from_dict({}))
+    merge([valid], root / "dataset", MergeConfig.from_dict({}), {})
     return root / "dataset"
 
 
@@ -172,7 +172,7 @@ def test_export_files_manifest_and_permissions(tmp_path: Path) -> None:
             specforge_out=str(out / "specforge.jsonl"),
             tokenized_out=str(out / "tokenized.jsonl"),
             manifest_out=str(out / "manifest.json"),
-            export_cfg={"eval_fraction": 0},  # the eval split: tests/test_split.py
+            config=ExportConfig.from_dict({"eval_fraction": 0}),  # the eval split: tests/test_split.py
             tokenizer_dir=TOKENIZER,
             regenerate="last",
         )

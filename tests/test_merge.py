@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from stamped import fingerprint_fields
 
-from regen.output.merge import MergeError, iter_dataset_samples, merge, scrub_secrets
-from regen.output.validate import validate_shard
+from regen.output.merge import MergeConfig, MergeError, iter_dataset_samples, merge, scrub_secrets
+from regen.output.validate import ValidateConfig, validate_shard
 from regen.records import VALID_SCHEMA, dataset_schema
 
 
@@ -52,7 +52,7 @@ def make_valid_shards(tmp: Path, counts: list[int]) -> list[Path]:
         src.parent.mkdir(parents=True, exist_ok=True)
         src.write_bytes(b"".join(orjson.dumps(make_record(i, shard)) + b"\n" for i in range(n)))
         out = tmp / "valid" / f"{shard}.parquet"
-        stats = validate_shard(src, out, tmp / "q" / f"{shard}.jsonl", {})
+        stats = validate_shard(src, out, tmp / "q" / f"{shard}.jsonl", ValidateConfig.from_dict({}))
         assert stats.valid == n
         paths.append(out)
     return paths
@@ -72,7 +72,9 @@ PROVENANCE = {
 def test_merge_rows_schema_and_messages(tmp_path: Path) -> None:
     valid = make_valid_shards(tmp_path, [7, 0, 5])
     out = tmp_path / "dataset"
-    manifest = merge(valid, out, {"rows_per_row_group": 4, "max_rows_per_file": 100}, PROVENANCE)
+    manifest = merge(
+        valid, out, MergeConfig.from_dict({"rows_per_row_group": 4, "max_rows_per_file": 100}), PROVENANCE
+    )
     assert manifest.total_rows == 12
     table = ds.dataset(out, format="parquet").to_table()
     assert table.schema.remove_metadata() == dataset_schema(False).remove_metadata()
@@ -102,7 +104,9 @@ def test_merge_rows_schema_and_messages(tmp_path: Path) -> None:
 def test_many_small_files_and_manifest_checksums(tmp_path: Path) -> None:
     valid = make_valid_shards(tmp_path, [9, 8])
     out = tmp_path / "dataset"
-    manifest = merge(valid, out, {"rows_per_row_group": 2, "max_rows_per_file": 3}, PROVENANCE)
+    manifest = merge(
+        valid, out, MergeConfig.from_dict({"rows_per_row_group": 2, "max_rows_per_file": 3}), PROVENANCE
+    )
     parts = sorted(p.name for p in out.glob("part-*.parquet"))
     assert parts == [f"part-{i:05d}.parquet" for i in range(6)]
     on_disk = json.loads((out / "_manifest.json").read_text())
@@ -119,7 +123,7 @@ def test_many_small_files_and_manifest_checksums(tmp_path: Path) -> None:
 
 def test_provenance_is_scrubbed(tmp_path: Path) -> None:
     valid = make_valid_shards(tmp_path, [2])
-    merge(valid, tmp_path / "dataset", {}, PROVENANCE)
+    merge(valid, tmp_path / "dataset", MergeConfig.from_dict({}), PROVENANCE)
     text = (tmp_path / "dataset" / "_manifest.json").read_text()
     for secret in ("sk-should-not-appear", "hf_secret_value", "AKIA-SECRET", "hunter2", ".aws/credentials"):
         assert secret not in text
@@ -135,7 +139,7 @@ def test_provenance_is_scrubbed(tmp_path: Path) -> None:
 def test_loads_with_pyarrow_pandas_and_datasets(tmp_path: Path) -> None:
     valid = make_valid_shards(tmp_path, [6, 4])
     out = tmp_path / "dataset"
-    merge(valid, out, {"max_rows_per_file": 4}, PROVENANCE)
+    merge(valid, out, MergeConfig.from_dict({"max_rows_per_file": 4}), PROVENANCE)
     assert ds.dataset(out, format="parquet").count_rows() == 10
     df = pd.read_parquet(out)
     assert len(df) == 10 and set(df["shard"]) == {"00000", "00001"}
@@ -148,10 +152,10 @@ def test_loads_with_pyarrow_pandas_and_datasets(tmp_path: Path) -> None:
 def test_duplicate_id_across_shards_fails_and_keeps_old_output(tmp_path: Path) -> None:
     valid = make_valid_shards(tmp_path, [3])
     out = tmp_path / "dataset"
-    merge(valid, out, {}, {"run": 1})
+    merge(valid, out, MergeConfig.from_dict({}), {"run": 1})
     before = (out / "_manifest.json").read_bytes()
     with pytest.raises(MergeError, match="duplicate id 's00000-0'"):
-        merge([valid[0], valid[0]], out, {}, {"run": 2})
+        merge([valid[0], valid[0]], out, MergeConfig.from_dict({}), {"run": 2})
     assert (out / "_manifest.json").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".dataset")] == []
 
@@ -159,16 +163,16 @@ def test_duplicate_id_across_shards_fails_and_keeps_old_output(tmp_path: Path) -
 def test_merge_replaces_out_dir_as_a_whole(tmp_path: Path) -> None:
     valid = make_valid_shards(tmp_path, [5])
     out = tmp_path / "dataset"
-    merge(valid, out, {"max_rows_per_file": 1}, {})
+    merge(valid, out, MergeConfig.from_dict({"max_rows_per_file": 1}), {})
     assert len(list(out.glob("part-*"))) == 5
-    merge(valid, out, {"max_rows_per_file": 10}, {})
+    merge(valid, out, MergeConfig.from_dict({"max_rows_per_file": 10}), {})
     assert sorted(p.name for p in out.iterdir()) == ["_manifest.json", "part-00000.parquet"]
 
 
 def test_empty_input_writes_loadable_empty_dataset(tmp_path: Path) -> None:
     valid = make_valid_shards(tmp_path, [0])
     out = tmp_path / "dataset"
-    manifest = merge(valid, out, {}, {})
+    manifest = merge(valid, out, MergeConfig.from_dict({}), {})
     assert manifest.total_rows == 0
     assert ds.dataset(out, format="parquet").count_rows() == 0
 
@@ -178,7 +182,9 @@ def test_include_token_ids_loss_on_assistant_only(tmp_path: Path, demo_tokenizer
 
     valid = make_valid_shards(tmp_path, [4])
     out = tmp_path / "dataset"
-    merge(valid, out, {"include_token_ids": True}, {}, tokenizer_dir=demo_tokenizer_dir)
+    merge(
+        valid, out, MergeConfig.from_dict({"include_token_ids": True}), {}, tokenizer_dir=demo_tokenizer_dir
+    )
     table = pq.read_table(out)
     assert table.schema.field("input_ids").type == pa.list_(pa.field("item", pa.int32(), nullable=False))
     assert table.schema.field("loss_mask").type == pa.list_(pa.field("item", pa.int8(), nullable=False))
@@ -202,7 +208,7 @@ def test_include_token_ids_loss_on_assistant_only(tmp_path: Path, demo_tokenizer
 def test_iter_dataset_samples_reads_output_back(tmp_path: Path) -> None:
     valid = make_valid_shards(tmp_path, [3, 2])
     out = tmp_path / "dataset"
-    merge(valid, out, {"max_rows_per_file": 2}, {})
+    merge(valid, out, MergeConfig.from_dict({"max_rows_per_file": 2}), {})
     samples = list(iter_dataset_samples(out))
     assert [s.id for s in samples] == ["s00000-0", "s00000-1", "s00000-2", "s00001-0", "s00001-1"]
     assert samples[2].source == {"file": str(out / "part-00001.parquet"), "row": 0, "format": "messages"}

@@ -7,7 +7,8 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 
-from regen.ingest.audit import run_audit
+from regen.ingest.audit import AuditConfig, run_audit
+from regen.ingest.dataset import DatasetConfig
 from regen.ingest.shards import make_shards, read_shard, shard_audited
 from regen.records import SHARD_SCHEMA
 
@@ -18,7 +19,13 @@ def test_shards_from_the_audits_samples_equal_shards_from_parsing_the_dataset_ag
     tmp_path: Path, demo_tokenizer_dir: Path
 ) -> None:
     loose = {"gates": {"max_structure_error_fraction": 1.0, "max_over_length_fraction": 1.0}}
-    summary = run_audit(DEMO_DATASET, tmp_path / "audit", loose, demo_tokenizer_dir)
+    summary = run_audit(
+        DEMO_DATASET,
+        tmp_path / "audit",
+        AuditConfig.from_dict(loose),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(DEMO_DATASET)}),
+    )
     kept = tmp_path / "audit" / "samples.parquet"
     assert pq.read_schema(kept).equals(SHARD_SCHEMA)
     assert pq.ParquetFile(kept).metadata.num_rows == summary.kept

@@ -9,9 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 from stamped import fingerprint_fields
 
+from regen.ingest.audit import AuditConfig
 from regen.io import read_json
-from regen.output.merge import merge
-from regen.output.reaudit import OutputGateError, reaudit_dataset
+from regen.output.export import ExportConfig
+from regen.output.merge import MergeConfig, merge
+from regen.output.reaudit import OutputGateError, ReauditGates, reaudit_dataset
 from regen.records import VALID_SCHEMA, ValidColumns
 
 GATES = {
@@ -54,7 +56,7 @@ def merged(tmp_path: Path, records: list[dict[str, Any]]) -> Path:
     with pq.ParquetWriter(valid, VALID_SCHEMA) as writer:
         writer.write_batch(cols.to_batch())
     out = tmp_path / "dataset"
-    merge([valid], out, {}, {"test": True})
+    merge([valid], out, MergeConfig.from_dict({}), {"test": True})
     return out
 
 
@@ -64,9 +66,10 @@ def run(tmp_path: Path, dataset: Path, tokenizer: Path, **gates: Any) -> tuple[P
         dataset_dir=str(dataset),
         summary_out=str(summary),
         ready_out=str(ready),
-        gates={**GATES, **gates},
-        audit_cfg={"context_limit": 4096},
+        gates=ReauditGates.from_dict({**GATES, **gates}),
+        audit=AuditConfig.from_dict({"context_limit": 4096}),
         tokenizer_dir=str(tokenizer),
+        export=ExportConfig.from_dict({}),
     )
     return summary, ready
 

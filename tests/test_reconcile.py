@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from regen.ingest.audit import run_audit
+from regen.ingest.audit import AuditConfig, run_audit
+from regen.ingest.dataset import DatasetConfig
 from regen.io import atomic_lines_writer
 from regen.output.reconcile import ReconcileError, cli, reconcile, reconcile_results
 from regen.records import dataset_schema
@@ -144,7 +145,13 @@ def _audited_results(tmp_path: Path, rows: list[dict[str, Any]], tokenizer: Path
     """Audit ``rows`` into results/audit and put every kept id in the output dataset."""
     data = _jsonl(tmp_path / "in.jsonl", rows)
     root = tmp_path / "results"
-    run_audit(data, root / "audit", {"override_gates": True}, tokenizer, id_column="id")
+    run_audit(
+        data,
+        root / "audit",
+        AuditConfig.from_dict({"override_gates": True}),
+        tokenizer,
+        DatasetConfig.from_dict({"path": str(data), "id_column": "id"}),
+    )
     flags = pq.read_table(root / "audit" / "flags.parquet").to_pylist()
     kept = [f["id"] for f in flags if not f["excluded"]]
     _dataset(root / "dataset", kept)
@@ -180,7 +187,13 @@ def test_placeholder_ids_never_collide_with_real_ids(tmp_path: Path, demo_tokeni
     cwd = os.getcwd()
     os.chdir(tmp_path)  # a relative file name, as a user would give it
     try:
-        run_audit(data_name, root / "audit", {"override_gates": True}, demo_tokenizer_dir, id_column="id")
+        run_audit(
+            data_name,
+            root / "audit",
+            AuditConfig.from_dict({"override_gates": True}),
+            demo_tokenizer_dir,
+            DatasetConfig.from_dict({"path": str(data_name), "id_column": "id"}),
+        )
     finally:
         os.chdir(cwd)
     flags = pq.read_table(root / "audit" / "flags.parquet").to_pylist()

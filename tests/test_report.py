@@ -15,9 +15,9 @@ from stamped import fingerprint_fields
 
 from regen.layout import RunLayout
 from regen.observe import report as R
-from regen.output.merge import merge
+from regen.output.merge import MergeConfig, merge
 from regen.output.reconcile import reconcile_results
-from regen.output.validate import validate_shard
+from regen.output.validate import ValidateConfig, validate_shard
 
 
 def make_record(
@@ -43,8 +43,13 @@ def build_results(root: Path) -> Path:
     gen = root / "generations" / "00000.jsonl.zst"  # as the workflow writes it: compressed
     gen.parent.mkdir(parents=True)
     gen.write_bytes(zstandard.compress(b"".join(orjson.dumps(r) + b"\n" for r in recs) + b"{broken\n"))
-    validate_shard(gen, root / "valid" / "00000.parquet", root / "quarantine" / "00000.jsonl.zst", {})
-    merge([root / "valid" / "00000.parquet"], root / "dataset", {}, {})
+    validate_shard(
+        gen,
+        root / "valid" / "00000.parquet",
+        root / "quarantine" / "00000.jsonl.zst",
+        ValidateConfig.from_dict({}),
+    )
+    merge([root / "valid" / "00000.parquet"], root / "dataset", MergeConfig.from_dict({}), {})
     ids = [f"id{i}" for i in range(13)] + ["lost-one"]
     (root / "audit").mkdir()
     pq.write_table(pa.table({"id": ids}), root / "audit" / "flags.parquet")

@@ -19,11 +19,11 @@ from regen.chat import ChatTemplate
 from regen.fingerprint import GenerationSettings, decisive_config
 from regen.generate.client import Endpoint, ShardJob, generate_shard
 from regen.generate.sample_record import thinking_for
-from regen.output.export import export_dataset
-from regen.output.merge import merge
+from regen.output.export import ExportConfig, export_dataset
+from regen.output.merge import MergeConfig, merge
 from regen.output.provenance import build_provenance
 from regen.output.serving import trainer_settings_markdown
-from regen.output.validate import validate_shard
+from regen.output.validate import ValidateConfig, validate_shard
 from regen.runconfig import ANSWERS, GenerateConfig, RunConfig, keys_deciding
 from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
@@ -120,16 +120,16 @@ def exported(tmp_path: Path) -> tuple[dict[str, Any], Path]:
     }
     generate(tmp_path, samples, TOKENIZER, **cfg)
     valid = tmp_path / "valid.parquet"
-    validate_shard(tmp_path / "gen.jsonl", valid, tmp_path / "quarantine.jsonl", {})
+    validate_shard(tmp_path / "gen.jsonl", valid, tmp_path / "quarantine.jsonl", ValidateConfig.from_dict({}))
     provenance = build_provenance(plan={}, tokenizer_dir=str(TOKENIZER), valid_paths=[str(valid)])
-    merge([valid], tmp_path / "dataset", {}, provenance)
+    merge([valid], tmp_path / "dataset", MergeConfig.from_dict({}), provenance)
     out = tmp_path / "export"
     manifest = export_dataset(
         dataset_dir=str(tmp_path / "dataset"),
         specforge_out=str(out / "specforge.jsonl"),
         tokenized_out=str(out / "tokenized.jsonl"),
         manifest_out=str(out / "manifest.json"),
-        export_cfg={"eval_fraction": 0.2, "max_length": 4096},
+        config=ExportConfig.from_dict({"eval_fraction": 0.2, "max_length": 4096}),
         tokenizer_dir=str(TOKENIZER),
         regenerate="last",
     )

@@ -9,7 +9,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from regen.ingest.audit import run_audit
+from regen.ingest.audit import AuditConfig, run_audit
+from regen.ingest.dataset import DatasetConfig
 from regen.ingest.shards import make_shards, read_shard, shard_index, write_shards
 from regen.layout import shard_name
 from regen.records import SHARD_SCHEMA
@@ -120,7 +121,13 @@ def test_make_shards_drops_audit_exclusions_but_keeps_first_duplicate(
     data = tmp_path / "in.jsonl"
     data.write_bytes(b"".join((r.encode() if isinstance(r, str) else orjson.dumps(r)) + b"\n" for r in rows))
     loose = {"gates": {"max_structure_error_fraction": 1.0}}
-    run_audit(data, tmp_path / "audit", loose, demo_tokenizer_dir)
+    run_audit(
+        data,
+        tmp_path / "audit",
+        AuditConfig.from_dict(loose),
+        demo_tokenizer_dir,
+        DatasetConfig.from_dict({"path": str(data)}),
+    )
     out = paths(tmp_path / "shards", 2)
     counts = make_shards(data, tmp_path / "audit" / "excluded.jsonl", out, tokenizer_dir=demo_tokenizer_dir)
     got = sorted(s.source["row"] for p in out for s in read_shard(p))

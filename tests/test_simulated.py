@@ -351,7 +351,7 @@ def test_cli_subprocess_logs_sglang_lines(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("kind", "check"), [("think_leak", "</think>"), ("empty_answer", "")])
 def test_bad_output_faults_reach_validation(kind: str, check: str, tmp_path: Path) -> None:
     """Well-formed 200 responses whose answer is bad: the validation stage must catch them."""
-    from regen.output.validate import SemanticLimits, answer_problem
+    from regen.output.validate import ValidateConfig, answer_problem
 
     url, stop = start_simulated_server(inline=True, faults={f"{kind}_rate": 1.0})
     try:
@@ -364,7 +364,7 @@ def test_bad_output_faults_reach_validation(kind: str, check: str, tmp_path: Pat
     assert message["reasoning_content"]
     assert message["content"].startswith(check) if check else message["content"] == ""
     assert orjson.loads(stats)["faults"] == {kind: 1}
-    limits = SemanticLimits.from_cfg({})
+    limits = ValidateConfig.from_dict({})
     assert answer_problem(message["content"], message["reasoning_content"], "stop", limits) is not None
 
 

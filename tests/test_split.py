@@ -15,7 +15,7 @@ from test_reaudit import run as run_reaudit
 
 import regen.output.split
 from regen.io import read_json
-from regen.output.export import eval_path, export_dataset
+from regen.output.export import ExportConfig, eval_path, export_dataset
 from regen.output.reaudit import OutputGateError
 from regen.output.split import EVAL, TRAIN, SplitCounts, row_side, side_of, split_key
 
@@ -68,7 +68,7 @@ def export(tmp_path: Path, dataset: Path, name: str, fraction: float) -> tuple[d
         specforge_out=str(out / "specforge.jsonl"),
         tokenized_out=str(out / "tokenized.jsonl"),
         manifest_out=str(out / "manifest.json"),
-        export_cfg={"eval_fraction": fraction},
+        config=ExportConfig.from_dict({"eval_fraction": fraction}),
         tokenizer_dir=TOKENIZER,
         regenerate="last",
     )

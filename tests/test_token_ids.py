@@ -168,16 +168,18 @@ def test_ids_reach_the_parquet_and_the_dataset_is_readable_by_others(
 
     import pyarrow.parquet as pq
 
-    from regen.output.merge import merge
-    from regen.output.validate import validate_shard
+    from regen.output.merge import MergeConfig, merge
+    from regen.output.validate import ValidateConfig, validate_shard
 
     records = run_shard(tmp_path, token_sim, samples(5), regenerate="all")
     valid = tmp_path / "valid.parquet"
-    stats = validate_shard(tmp_path / "gen.jsonl", valid, tmp_path / "quarantine.jsonl", {})
+    stats = validate_shard(
+        tmp_path / "gen.jsonl", valid, tmp_path / "quarantine.jsonl", ValidateConfig.from_dict({})
+    )
     assert stats.valid == 5
     old = os.umask(0o022)
     try:
-        merge([valid], tmp_path / "dataset", {}, {})
+        merge([valid], tmp_path / "dataset", MergeConfig.from_dict({}), {})
     finally:
         os.umask(old)
     assert (tmp_path / "dataset").stat().st_mode & 0o777 == 0o755

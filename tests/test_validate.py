@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ from regen.output import validate as V
 from regen.records import VALID_SCHEMA
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
-CFG = {"max_content_chars": 1000, "max_reasoning_chars": 2000, "quarantine_truncated": True}
+CFG = V.ValidateConfig.from_dict(
+    {"max_content_chars": 1000, "max_reasoning_chars": 2000, "quarantine_truncated": True}
+)
 
 
 def make_record(i: int = 0, shard: str = "00000", **over: Any) -> dict[str, Any]:
@@ -200,7 +203,7 @@ def test_semantic_checks_quarantine(tmp_path: Path, over: dict[str, Any], reason
 def test_truncated_kept_when_policy_allows(tmp_path: Path) -> None:
     rec = make_record(1, content="", reasoning_content="cut off", finish_reason="length", truncated=True)
     src = write_jsonl(tmp_path / "00000.jsonl", [rec])
-    cfg = dict(CFG, quarantine_truncated=False)
+    cfg = dataclasses.replace(CFG, quarantine_truncated=False)
     stats = V.validate_shard(src, tmp_path / "v.parquet", tmp_path / "q.jsonl", cfg)
     assert (stats.valid, stats.quarantined) == (1, 0)
 

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 from test_reaudit import GATES, merged, record
 
+from regen.ingest.audit import AuditConfig
 from regen.io import read_json
-from regen.output.reaudit import OutputGateError, reaudit_dataset
+from regen.output.export import ExportConfig
+from regen.output.reaudit import OutputGateError, ReauditGates, reaudit_dataset
 from regen.verdict import verdict_path_for
 
 
@@ -25,9 +27,10 @@ def test_failed_output_gate_keeps_its_verdict_beside_the_log(
             dataset_dir=str(dataset),
             summary_out=str(summary),
             ready_out=str(tmp_path / "READY.json"),
-            gates=GATES,
-            audit_cfg={"context_limit": 4096},
+            gates=ReauditGates.from_dict(GATES),
+            audit=AuditConfig.from_dict({"context_limit": 4096}),
             tokenizer_dir=str(demo_tokenizer_dir),
+            export=ExportConfig.from_dict({}),
             verdict_out=verdict,
         )
     assert f"Details: {verdict}" in str(info.value)

@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 from test_reaudit import merged, record
 
-from regen.output.export import export_dataset, token_freq_path
+from regen.output.export import ExportConfig, export_dataset, token_freq_path
 from regen.output.vocab import read_token_freq, select_draft_tokens, vocab_mapping
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ def test_export_counts_the_supervised_tokens_of_the_training_split(tmp_path: Pat
         specforge_out=str(out / "specforge.jsonl"),
         tokenized_out=str(out / "tokenized.jsonl"),
         manifest_out=str(out / "manifest.json"),
-        export_cfg={"eval_fraction": 0.2},
+        config=ExportConfig.from_dict({"eval_fraction": 0.2}),
         tokenizer_dir=TOKENIZER,
         regenerate="last",
     )

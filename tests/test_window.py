@@ -12,11 +12,12 @@ import pytest
 from test_reaudit import merged, record
 from test_reaudit import run as run_reaudit
 
+from regen.ingest.audit import AuditConfig
 from regen.io import read_json
 from regen.layout import RunLayout
 from regen.observe.report import ReportInputs, RunFacts, landing_rst, plot_trainer_window, readiness
-from regen.output.export import export_dataset
-from regen.output.reaudit import reaudit_dataset
+from regen.output.export import ExportConfig, export_dataset
+from regen.output.reaudit import ReauditGates, reaudit_dataset
 from regen.output.window import HEADLINE_WINDOW, WINDOWS, WindowCounts, WindowCoverage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +66,7 @@ def export(tmp_path: Path, dataset: Path, **cfg: Any) -> tuple[dict[str, Any], l
         specforge_out=str(out / "specforge.jsonl"),
         tokenized_out=str(out / "tokenized.jsonl"),
         manifest_out=str(out / "manifest.json"),
-        export_cfg={"eval_fraction": 0, **cfg},
+        config=ExportConfig.from_dict({"eval_fraction": 0, **cfg}),
         tokenizer_dir=TOKENIZER,
         regenerate="last",
     )
@@ -81,7 +82,9 @@ def test_max_length_drops_or_keeps_rows_over_it(tmp_path: Path, policy: str) -> 
     assert 0 < over < len(every)
     manifest, rows = export(tmp_path, dataset, max_length=300, over_max_length=policy)
     win = manifest["trainer_window"]
-    assert win["max_length"] == 300 and win["configured"] == win["headline"] == 300 and "300" in win["windows"]
+    assert (
+        win["max_length"] == 300 and win["configured"] == win["headline"] == 300 and "300" in win["windows"]
+    )
     assert win["windows"]["300"]["rows_over"] == over
     if policy == "drop":
         assert len(rows) == len(every) - over and all(len(r["input_ids"]) <= 300 for r in rows)
@@ -125,14 +128,12 @@ def test_landing_page_names_the_eval_split_window_coverage_and_tool_call_cuts(
         dataset_dir=str(dataset),
         summary_out=str(summary),
         ready_out=str(results / "READY.json"),
-        gates={
-            "max_empty_answer_fraction": 0.05,
-            "max_truncated_fraction": 0.2,
-            "max_duplicate_fraction": 0.05,
-        },
-        audit_cfg={"context_limit": 8192},
+        gates=ReauditGates.from_dict(
+            {"max_empty_answer_fraction": 0.05, "max_truncated_fraction": 0.2, "max_duplicate_fraction": 0.05}
+        ),
+        audit=AuditConfig.from_dict({"context_limit": 8192}),
         tokenizer_dir=str(demo_tokenizer_dir),
-        export_cfg={"eval_fraction": 0.2, "max_length": 2048},
+        export=ExportConfig.from_dict({"eval_fraction": 0.2, "max_length": 2048}),
     )
     doc = read_json(summary)
     page = landing_rst(readiness(ReportInputs.of(RunLayout.under(tmp_path))), RunFacts(), rows=40)

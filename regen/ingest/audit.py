@@ -48,7 +48,6 @@ merged output can be re-audited without a file.
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import logging
 import sys
@@ -64,21 +63,14 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from regen.chat import ChatTemplate, TokenAccount, to_template_dicts
-from regen.ingest.dataset import iter_samples
-from regen.ingest.decontam import (
-    DEFAULT_NGRAM,
-    BenchmarkIndex,
-    BenchmarkSpec,
-    Contamination,
-    DecontaminationConfig,
-)
+from regen.ingest.dataset import DatasetConfig, iter_samples
+from regen.ingest.decontam import BenchmarkIndex, BenchmarkSpec, Contamination, DecontaminationConfig
 from regen.io import atomic_open, atomic_path, write_json
 from regen.layout import AuditFiles
 from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
-from regen.runconfig import CONFIG_SCHEMA_PATH, section_schema
+from regen.runconfig import section_schema, validated
 from regen.types import DEVELOPER_ROLE, KNOWN_ROLES, BadInputError, BadRow, Message, Sample, prompt_end
 from regen.verdict import keep_verdict
 
@@ -101,13 +93,6 @@ FLAG_NAMES: tuple[str, ...] = (
     WHITESPACE_DUPLICATE_PROMPT,
     EMPTY_RESPONSE,
 )
-# the ``audit`` section's defaults, as the schema writes them (for the CLI and a partial section)
-_AUDIT = section_schema("audit")["properties"]
-DEFAULT_EXCLUDE: tuple[str, ...] = tuple(_AUDIT["exclude"]["default"])
-DEFAULT_CONTEXT_LIMIT: int = _AUDIT["context_limit"]["default"]
-DEFAULT_SCAFFOLDING_MAX_TOKENS: int = _AUDIT["scaffolding_max_tokens"]["default"]
-DEFAULT_OVERRIDE_GATES: bool = _AUDIT["override_gates"]["default"]
-DEFAULT_GATES: dict[str, float] = {k: p["default"] for k, p in _AUDIT["gates"]["properties"].items()}
 GATE_MEANING: dict[str, str] = {
     "max_empty_response_fraction": "fraction of samples that keep an empty old answer (template scaffolding "
     "only) as context: a turn generate.regenerate does not replace",
@@ -135,53 +120,41 @@ class NothingToGenerateError(AuditGateError):
 
 @dataclass(frozen=True, slots=True)
 class AuditConfig:
-    """The ``audit`` config section with the schema's defaults applied."""
+    """The ``audit`` config section (built by :meth:`from_dict`: the schema's defaults filled in and its
+    rules applied), with the run's ``generate.regenerate``."""
 
-    context_limit: int = DEFAULT_CONTEXT_LIMIT
-    scaffolding_max_tokens: int = DEFAULT_SCAFFOLDING_MAX_TOKENS
-    gates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_GATES))
-    override_gates: bool = DEFAULT_OVERRIDE_GATES
-    exclude: frozenset[str] = frozenset(DEFAULT_EXCLUDE)
-    decontamination: DecontaminationConfig = field(default_factory=DecontaminationConfig)
+    context_limit: int
+    scaffolding_max_tokens: int
+    gates: Mapping[str, float]
+    override_gates: bool
+    exclude: frozenset[str]
+    decontamination: DecontaminationConfig
     #: ``generate.regenerate`` (which old answers this run replaces); None: not given, the schema's
     #: default is assumed and the summary says so
-    regenerate: str | None = None
+    regenerate: str | None
 
     @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any] | None, regenerate: str | None = None) -> AuditConfig:
-        """The ``audit`` section; ``regenerate`` is ``generate.regenerate`` (None: not known here)."""
-        cfg = cfg or {}
+    def from_dict(cls, raw: Mapping[str, Any] | None, regenerate: str | None = None) -> AuditConfig:
+        """Validate ``raw`` against the schema's ``audit`` section, fill its defaults, and type it;
+        ``regenerate`` is ``generate.regenerate`` (None: not known here)."""
         modes = regenerate_setting()["enum"]
         if regenerate is not None and regenerate not in modes:
             raise ValueError(f"generate.regenerate: {regenerate!r} is not one of {', '.join(modes)}")
-        gates = dict(DEFAULT_GATES)
-        gates.update({k: float(v) for k, v in (cfg.get("gates") or {}).items()})
-        unknown_gates = set(gates) - set(DEFAULT_GATES)
-        if unknown_gates:
-            raise ValueError(
-                f"audit.gates: unknown gate(s) {sorted(unknown_gates)}; known: {sorted(DEFAULT_GATES)}"
-            )
-        exclude = frozenset(cfg.get("exclude", DEFAULT_EXCLUDE))
-        unknown = exclude - set(FLAG_NAMES)
-        if unknown:
-            raise ValueError(f"audit.exclude: unknown flag(s) {sorted(unknown)}; known: {list(FLAG_NAMES)}")
+        a = validated("audit", raw)
         return cls(
-            context_limit=int(cfg.get("context_limit", DEFAULT_CONTEXT_LIMIT)),
-            scaffolding_max_tokens=int(cfg.get("scaffolding_max_tokens", DEFAULT_SCAFFOLDING_MAX_TOKENS)),
-            gates=gates,
-            override_gates=bool(cfg.get("override_gates", DEFAULT_OVERRIDE_GATES)),
-            exclude=exclude,
-            decontamination=DecontaminationConfig.from_dict(cfg.get("decontamination")),
+            context_limit=int(a["context_limit"]),
+            scaffolding_max_tokens=int(a["scaffolding_max_tokens"]),
+            gates={name: float(limit) for name, limit in a["gates"].items()},
+            override_gates=bool(a["override_gates"]),
+            exclude=frozenset(a["exclude"]),
+            decontamination=DecontaminationConfig.from_dict(a["decontamination"]),
             regenerate=regenerate,
         )
 
 
-@functools.cache
 def regenerate_setting() -> dict[str, Any]:
     """``generate.regenerate`` as the config schema defines it: ``enum`` and ``default`` live there."""
-    with open(CONFIG_SCHEMA_PATH) as fh:
-        schema = yaml.safe_load(fh)
-    return schema["properties"]["generate"]["properties"]["regenerate"]
+    return section_schema("generate")["properties"]["regenerate"]
 
 
 # --------------------------------------------------------------------------------------
@@ -920,17 +893,12 @@ def _finish_pending(auditor: Auditor, p: _Pending) -> list[SampleAudit]:
 
 def audit_records(
     samples: Iterable[Sample],
-    cfg: Mapping[str, Any] | AuditConfig | None,
-    chat: ChatTemplate | str | Path,
+    config: AuditConfig,
+    chat: ChatTemplate,
     bad_rows: Iterable[BadRow] = (),
-    regenerate: str | None = None,
 ) -> tuple[list[SampleAudit], AuditSummary]:
-    """Audit an in-memory stream of samples (no files): per-sample verdicts and the summary.
-
-    ``regenerate`` (``generate.regenerate``) applies when ``cfg`` is the config section's dict."""
-    config = cfg if isinstance(cfg, AuditConfig) else AuditConfig.from_dict(cfg, regenerate)
-    template = chat if isinstance(chat, ChatTemplate) else ChatTemplate.from_dir(chat)
-    auditor = Auditor(config, template)
+    """Audit an in-memory stream of samples (no files): per-sample verdicts and the summary."""
+    auditor = Auditor(config, chat)
     audits = list(iter_audits(auditor, samples))
     audits.extend(auditor.audit_bad_row(b) for b in bad_rows)
     return audits, auditor.summary()
@@ -998,31 +966,35 @@ def _plot_histogram(hist: Mapping[str, Any], title: str, path: Path) -> None:
 def run_audit(
     input_path: str | Path,
     out_dir: str | Path,
-    cfg: Mapping[str, Any] | None,
+    config: AuditConfig,
     tokenizer_dir: str | Path,
-    fmt: str = "auto",
-    id_column: str | None = None,
-    on_bad_row: str = "skip",
+    dataset: DatasetConfig,
     verdict_out: str | Path | None = None,
-    regenerate: str | None = None,
 ) -> AuditSummary:
     """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl, the kept samples
     (samples.parquet, the shard step's input) and the plots.
 
-    ``regenerate`` is ``generate.regenerate``: which old answers this run replaces, so which empty ones
-    the gate ``max_empty_response_fraction`` judges (None: the schema's default, assumed and said so).
+    ``input_path`` is the local file (the workflow's copy of ``dataset.path``); ``dataset`` says how to
+    read it. ``config.regenerate`` is ``generate.regenerate``: which old answers this run replaces, so
+    which empty ones the gate ``max_empty_response_fraction`` judges (None: the schema's default,
+    assumed and said so).
 
     Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not
     overridden, and ``NothingToGenerateError`` when no sample is left for generation; the summary is
     also kept at ``verdict_out`` (beside the log), which survives the failed job.
     """
-    config = AuditConfig.from_dict(cfg, regenerate)
     chat = ChatTemplate.from_dir(tokenizer_dir)
     paths = AuditFiles(Path(out_dir))
     auditor = Auditor(config, chat)
     bad_rows: list[BadRow] = []
     samples = iter_samples(
-        input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows, developer_role=chat.developer_role
+        input_path,
+        dataset.format,
+        dataset.id_column,
+        dataset.on_bad_row,
+        tokenizer_dir,
+        bad_rows,
+        developer_role=chat.developer_role,
     )
     awaiting_verdict: dict[tuple[Any, Any], Sample] = {}  # the shard step gets the kept ones: one parse
 
@@ -1053,7 +1025,7 @@ def run_audit(
         {
             "input": str(input_path),
             "tokenizer": str(tokenizer_dir),
-            "format": fmt,
+            "format": dataset.format,
             "fast_renderer": chat.uses_fast_renderer,
         }
     )
@@ -1136,40 +1108,45 @@ def format_summary(summary: AuditSummary) -> str:
 
 
 def cli(argv: list[str]) -> int:
-    """``regen audit INPUT --out DIR``: audit a dataset, print a summary table, write DIR/summary.json."""
+    """``regen audit INPUT --out DIR``: audit a dataset, print a summary table, write DIR/summary.json.
+
+    An option not given takes the schema's default for its config key (``dataset``, ``audit``)."""
+    dataset_keys = section_schema("dataset")["properties"]
+    audit_keys = section_schema("audit")["properties"]
+    ngram = audit_keys["decontamination"]["properties"]["ngram"]
     parser = argparse.ArgumentParser(
         prog="regen audit", description="Audit a chat dataset before regeneration."
     )
     parser.add_argument("input", help="dataset file (.jsonl, .json or .parquet)")
     parser.add_argument(
         "--format",
-        default="auto",
-        choices=["auto", "messages", "sharegpt", "prompt", "tokenized"],
+        choices=dataset_keys["format"]["enum"],
         dest="fmt",
-        help="row format of INPUT (default: auto, detected from the first rows)",
+        help=f"row format of INPUT (default: {dataset_keys['format']['default']}, detected per row)",
     )
-    parser.add_argument("--tokenizer", default="resources/demo-tokenizer", help="tokenizer directory")
+    parser.add_argument(
+        "--tokenizer",
+        default=section_schema("tokenizer")["default"],
+        help="tokenizer directory (default: %(default)s)",
+    )
     parser.add_argument(
         "--context-limit",
         type=int,
-        default=DEFAULT_CONTEXT_LIMIT,
-        help=f"longer prompts (tokens) are flagged over_length (default {DEFAULT_CONTEXT_LIMIT})",
+        help="longer prompts (tokens) are flagged over_length "
+        f"(default {audit_keys['context_limit']['default']})",
     )
     parser.add_argument(
         "--scaffolding-max-tokens",
         type=int,
-        default=DEFAULT_SCAFFOLDING_MAX_TOKENS,
         help="an old answer with at most this many supervised tokens beyond the template scaffolding "
-        f"is flagged empty_response (default {DEFAULT_SCAFFOLDING_MAX_TOKENS})",
+        f"is flagged empty_response (default {audit_keys['scaffolding_max_tokens']['default']})",
     )
-    parser.add_argument(
-        "--id-column", default=None, help="column with a stable sample id (default: hash the content)"
-    )
+    parser.add_argument("--id-column", help="column with a stable sample id (default: hash the content)")
     parser.add_argument(
         "--on-bad-row",
-        default="skip",
-        choices=["skip", "stop"],
-        help="skip: record unreadable rows and go on; stop: fail at the first (default skip)",
+        choices=dataset_keys["on_bad_row"]["enum"],
+        help="skip: record unreadable rows and go on; stop: fail at the first "
+        f"(default {dataset_keys['on_bad_row']['default']})",
     )
     parser.add_argument(
         "--regenerate",
@@ -1189,28 +1166,31 @@ def cli(argv: list[str]) -> int:
         ".parquet; FIELD defaults to 'prompt'); repeatable",
     )
     parser.add_argument(
-        "--ngram", type=int, default=DEFAULT_NGRAM, help="words per n-gram for --benchmark matching"
+        "--ngram",
+        type=int,
+        help=f"words per n-gram for --benchmark matching (default {ngram['default']})",
     )
     parser.add_argument("--out", required=True, help="output directory")
     args = parser.parse_args(argv)
+
+    def given(**options: Any) -> dict[str, Any]:
+        return {k: v for k, v in options.items() if v is not None}  # the rest: the schema's defaults
+
     try:
         benchmarks = [BenchmarkSpec.parse(b).to_json() for b in args.benchmark]
-        cfg = {
-            "context_limit": args.context_limit,
-            "scaffolding_max_tokens": args.scaffolding_max_tokens,
-            "override_gates": args.override_gates,
-            "decontamination": {"benchmarks": benchmarks, "ngram": args.ngram},
-        }
-        summary = run_audit(
-            args.input,
-            args.out,
-            cfg,
-            args.tokenizer,
-            args.fmt,
-            args.id_column,
-            args.on_bad_row,
-            regenerate=args.regenerate,
+        config = AuditConfig.from_dict(
+            given(
+                context_limit=args.context_limit,
+                scaffolding_max_tokens=args.scaffolding_max_tokens,
+                override_gates=args.override_gates,
+                decontamination=given(benchmarks=benchmarks, ngram=args.ngram),
+            ),
+            args.regenerate,
         )
+        dataset = DatasetConfig.from_dict(
+            given(path=args.input, format=args.fmt, id_column=args.id_column, on_bad_row=args.on_bad_row)
+        )
+        summary = run_audit(args.input, args.out, config, args.tokenizer, dataset)
     except (BadInputError, OSError, ValueError) as exc:  # bad input, missing file, directory, bad template
         print(f"regen audit: {exc}", file=sys.stderr)
         return 2

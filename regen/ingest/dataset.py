@@ -50,7 +50,7 @@ import lzma
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -58,6 +58,7 @@ from typing import IO, Any
 import orjson
 
 from regen.chat import compile_template
+from regen.runconfig import validated
 from regen.types import DEVELOPER_ROLE, FORMATS, BadInputError, BadRow, Message, Sample
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,29 @@ def check_on_bad_row(policy: str) -> str:
             f"unknown on_bad_row policy {policy!r}; expected one of: {', '.join(ON_BAD_ROW_CHOICES)}"
         )
     return policy
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetConfig:
+    """The ``dataset`` config section (built by :meth:`from_dict`: the schema's defaults filled in and its
+    rules applied)."""
+
+    #: local path or s3:// URI as configured (a job reads the local copy Snakemake gives it)
+    path: str
+    format: str
+    id_column: str | None
+    on_bad_row: str
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> DatasetConfig:
+        """Validate ``raw`` against the schema's ``dataset`` section, fill its defaults, and type it."""
+        d = validated("dataset", raw)
+        return cls(
+            path=str(d["path"]),
+            format=str(d["format"]),
+            id_column=d["id_column"],
+            on_bad_row=str(d["on_bad_row"]),
+        )
 
 
 def file_kind(path: str | Path) -> str:

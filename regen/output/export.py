@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from regen.output.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
 from regen.output.vocab import TokenCounts
 from regen.output.window import WindowCoverage
 from regen.records import message_from_row
-from regen.runconfig import section_schema, with_schema_defaults
+from regen.runconfig import validated
 
 READ_COLUMNS = (
     "id",
@@ -62,19 +62,23 @@ SPECFORGE_MESSAGE_KEYS = ("role", "content", "reasoning_content", "tool_calls", 
 
 @dataclass(frozen=True, slots=True)
 class ExportConfig:
-    """The ``export`` config section."""
+    """The ``export`` config section (built by :meth:`from_dict`: the schema's defaults filled in and its
+    rules applied)."""
 
+    #: whether the workflow writes the exports at all (the Snakefile's final targets read the config)
+    enabled: bool
     specforge_chat_template: str | None
     eval_fraction: float
     max_length: int | None  # the trainer's window (tokens); None: not named
     over_max_length: str  # drop | keep: rows longer than max_length
-    policy: MaskPolicy = field(default_factory=MaskPolicy)
+    policy: MaskPolicy
 
     @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any]) -> ExportConfig:
-        """From the ``export`` section, the schema's defaults filled in."""
-        f = with_schema_defaults(cfg, section_schema("export"))
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> ExportConfig:
+        """Validate ``raw`` against the schema's ``export`` section, fill its defaults, and type it."""
+        f = validated("export", raw)
         return cls(
+            bool(f["enabled"]),
             f["specforge_chat_template"],
             float(f["eval_fraction"]),
             None if f["max_length"] is None else int(f["max_length"]),
@@ -157,23 +161,22 @@ def export_dataset(
     specforge_out: str,
     tokenized_out: str,
     manifest_out: str,
-    export_cfg: Mapping[str, Any],
+    config: ExportConfig,
     tokenizer_dir: str,
     regenerate: str,
 ) -> dict[str, Any]:
     """Write the SpecForge and token exports of ``dataset_dir`` (training and eval split, ``eval_path``
     beside each) and their manifest; return the manifest."""
-    cfg = ExportConfig.from_dict(export_cfg)
     template = ChatTemplate.from_dir(tokenizer_dir)
-    builder = MaskBuilder(template, cfg.policy)
+    builder = MaskBuilder(template, config.policy)
     rows_in = 0
     specforge_rows: Counter[str] = Counter()
     left_out: Counter[str] = Counter()
     sources: Counter[str] = Counter()
     token_rows: Counter[str] = Counter()
     supervised: Counter[str] = Counter()
-    split = SplitCounts(cfg.eval_fraction)
-    coverage = WindowCoverage.for_config(cfg.max_length)
+    split = SplitCounts(config.eval_fraction)
+    coverage = WindowCoverage.for_config(config.max_length)
     think_close = template.tokenizer.token_to_id(THINK_CLOSE)
     token_counts = TokenCounts()  # the training split's supervised tokens: the draft vocabulary's input
     by_thinking: Counter[str] = Counter()
@@ -194,16 +197,16 @@ def export_dataset(
             side = split.add(row["messages"])
             made = builder.rows(row)
             lengths = [coverage.add(out.input_ids, out.loss_mask, think_close).length for out in made]
-            if row["truncated"] and not cfg.policy.include_truncated:
+            if row["truncated"] and not config.policy.include_truncated:
                 left_out["truncated"] += 1
-            elif cfg.drops(max(lengths, default=0)):
+            elif config.drops(max(lengths, default=0)):
                 left_out["over_max_length"] += 1  # SpecForge renders the whole conversation: its longest row
             else:
                 line = specforge_line(row)
                 specforge_files[side].write(orjson.dumps(line) + b"\n")
                 specforge_rows[side] += 1
                 without_system += line["conversations"][0]["role"] != "system"
-            kept = [out for out, length in zip(made, lengths, strict=True) if not cfg.drops(length)]
+            kept = [out for out, length in zip(made, lengths, strict=True) if not config.drops(length)]
             if len(kept) < len(made):
                 left_out["token_rows_over_max_length"] += len(made) - len(kept)
             for out in kept:
@@ -225,14 +228,14 @@ def export_dataset(
         "left_out": dict(left_out),
         "policy": {
             "supervised": "tokens this run's target model generated (regenerated assistant turns)",
-            "supervise_context_turns": cfg.policy.supervise_context_turns,
-            "include_truncated": cfg.policy.include_truncated,
+            "supervise_context_turns": config.policy.supervise_context_turns,
+            "include_truncated": config.policy.include_truncated,
             "after_end_of_turn": builder.after_end_of_turn,
         },
         "trainer_window": {
             **coverage.to_json(),
-            "max_length": cfg.max_length,
-            "over_max_length": cfg.over_max_length,
+            "max_length": config.max_length,
+            "over_max_length": config.over_max_length,
             "dropped": {
                 "specforge_rows": left_out["over_max_length"],
                 "token_rows": left_out["token_rows_over_max_length"],
@@ -245,7 +248,7 @@ def export_dataset(
             "draft_vocabulary": "regen vocab --draft-vocab-size N --model-config <target config.json>",
         },
         "eval_split": {
-            "eval_fraction": cfg.eval_fraction,
+            "eval_fraction": config.eval_fraction,
             "key": SPLIT_KEY,
             "dataset_rows": dict(split.rows),
             "prompts_on_both_sides": split.prompts_on_both_sides,
@@ -258,7 +261,7 @@ def export_dataset(
         "specforge": {
             "path": str(specforge_out),
             "rows": specforge_rows[TRAIN],
-            "chat_template": specforge_template_name(cfg.specforge_chat_template, template),
+            "chat_template": specforge_template_name(config.specforge_chat_template, template),
             # regenerate last: earlier assistant turns are the old dataset's answers, context only
             "train_only_last_turn": regenerate == "last",
             "note": (
@@ -275,7 +278,7 @@ def export_dataset(
         },
     }
     settings = generation_settings(dataset_dir)
-    sf_template = specforge_template_name(cfg.specforge_chat_template, template)
+    sf_template = specforge_template_name(config.specforge_chat_template, template)
     manifest["serving"] = serving_contract(
         settings=settings,
         rows_by_thinking=by_thinking,

@@ -19,7 +19,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,10 +278,33 @@ def _schema_fields(schema: pa.Schema) -> tuple[dict[str, str], ...]:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class MergeConfig:
+    """The ``merge`` config section (built by :meth:`from_dict`: the schema's defaults filled in and its
+    rules applied, rows >= 1)."""
+
+    rows_per_row_group: int
+    max_rows_per_file: int
+    include_token_ids: bool
+    #: s3://bucket/prefix the publish rule uploads to; None keeps the dataset local
+    output_prefix: str | None
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> MergeConfig:
+        """Validate ``raw`` against the schema's ``merge`` section, fill its defaults, and type it."""
+        m = validated("merge", raw)
+        return cls(
+            rows_per_row_group=int(m["rows_per_row_group"]),
+            max_rows_per_file=int(m["max_rows_per_file"]),
+            include_token_ids=bool(m["include_token_ids"]),
+            output_prefix=m["output_prefix"],
+        )
+
+
 def merge(
     valid_paths: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
-    cfg: dict[str, Any],
+    config: MergeConfig,
     provenance: dict[str, Any],
     tokenizer_dir: str | os.PathLike[str] | None = None,
 ) -> Manifest:
@@ -290,10 +313,9 @@ def merge(
     Raises ``MergeError`` on a duplicate id across shards; nothing is left at ``out_dir``
     changed in that case.
     """
-    section = validated("merge", cfg)  # the schema's defaults and rules (rows >= 1)
-    rg_rows = int(section["rows_per_row_group"])
-    max_rows = int(section["max_rows_per_file"])
-    include_ids = bool(section["include_token_ids"])
+    rg_rows = config.rows_per_row_group
+    max_rows = config.max_rows_per_file
+    include_ids = config.include_token_ids
     encoder = None
     if include_ids:
         if tokenizer_dir is None:
@@ -385,11 +407,11 @@ def merge_for_workflow(
     valid_paths: list[str],
     plan_path: str,
     out_dir: str,
-    merge_cfg: dict[str, Any],
+    config: MergeConfig,
     tokenizer_dir: str,
 ) -> Manifest:
     """The ``merge`` rule: provenance from the records, the plan and the servers, then ``merge``."""
     provenance = build_provenance(
         plan=read_json(plan_path), tokenizer_dir=tokenizer_dir, valid_paths=valid_paths
     )
-    return merge(valid_paths, out_dir, merge_cfg, provenance, tokenizer_dir=tokenizer_dir)
+    return merge(valid_paths, out_dir, config, provenance, tokenizer_dir=tokenizer_dir)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,30 @@ _NO_INPUT_GATES = {
     "max_structure_error_fraction": 1.0,
     "max_over_length_fraction": 1.0,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class ReauditGates:
+    """The ``reaudit`` config section: the output gates' limits (built by :meth:`from_dict`: the schema's
+    defaults filled in and its rules applied)."""
+
+    max_empty_answer_fraction: float
+    max_truncated_fraction: float
+    max_duplicate_fraction: float
+    min_rows: int
+    override_gates: bool
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> ReauditGates:
+        """Validate ``raw`` against the schema's ``reaudit`` section, fill its defaults, and type it."""
+        r = validated("reaudit", raw)
+        return cls(
+            max_empty_answer_fraction=float(r["max_empty_answer_fraction"]),
+            max_truncated_fraction=float(r["max_truncated_fraction"]),
+            max_duplicate_fraction=float(r["max_duplicate_fraction"]),
+            min_rows=int(r["min_rows"]),
+            override_gates=bool(r["override_gates"]),
+        )
 
 
 class OutputGateError(RuntimeError):
@@ -156,26 +180,36 @@ def eval_split_counts(dataset_dir: str | Path, eval_fraction: float) -> SplitCou
     return split
 
 
-def output_gates(rows: int, empty: int, counts: OutputCounts, limits: Mapping[str, Any]) -> list[OutputGate]:
+def output_gates(rows: int, empty: int, counts: OutputCounts, limits: ReauditGates) -> list[OutputGate]:
     """Each output gate's value against its configured limit (equal to the limit passes)."""
 
     def frac(n: int) -> float:
         return n / rows if rows else 0.0
 
     checks = [
-        ("max_empty_answer_fraction", frac(empty), "answers that are only template scaffolding"),
+        (
+            "max_empty_answer_fraction",
+            limits.max_empty_answer_fraction,
+            frac(empty),
+            "answers that are only template scaffolding",
+        ),
         (
             "max_truncated_fraction",
+            limits.max_truncated_fraction,
             frac(counts.truncated),
             "answers cut at max_tokens (finish_reason length)",
         ),
-        ("max_duplicate_fraction", frac(counts.duplicate_answers), "answers identical to an earlier one"),
+        (
+            "max_duplicate_fraction",
+            limits.max_duplicate_fraction,
+            frac(counts.duplicate_answers),
+            "answers identical to an earlier one",
+        ),
     ]
     gates = [
-        OutputGate(name, float(limits[name]), value, value <= float(limits[name]), meaning)
-        for name, value, meaning in checks
+        OutputGate(name, limit, value, value <= limit, meaning) for name, limit, value, meaning in checks
     ]
-    min_rows = int(limits["min_rows"])
+    min_rows = limits.min_rows
     gates.append(OutputGate("min_rows", min_rows, rows, rows >= min_rows, "rows in the merged output"))
     return gates
 
@@ -190,31 +224,37 @@ def gate_failure_message(gates: list[OutputGate], summary_path: str) -> str:
     return "\n".join(lines)
 
 
+def output_audit_config(audit: AuditConfig) -> AuditConfig:
+    """The input audit's per-sample checks for the output: the input gates lifted (``_NO_INPUT_GATES``;
+    ``max_unread_tail_files`` at the schema's default: the output has no unread tail), nothing excluded."""
+    lifted = AuditConfig.from_dict({"gates": _NO_INPUT_GATES}, audit.regenerate)
+    return replace(audit, gates=lifted.gates, exclude=frozenset())
+
+
 def reaudit_dataset(
     *,
     dataset_dir: str,
     summary_out: str,
     ready_out: str,
-    gates: Mapping[str, Any],
-    audit_cfg: Mapping[str, Any],
+    gates: ReauditGates,
+    audit: AuditConfig,
     tokenizer_dir: str,
+    export: ExportConfig,
     verdict_out: str | Path | None = None,
-    export_cfg: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Audit the merged output, write its summary, and write READY.json only if every gate passes.
 
-    The summary is also kept at ``verdict_out`` (beside the log): Snakemake deletes a failed job's
-    outputs, so that copy is where a failed gate's details stay."""
-    gates = validated("reaudit", gates)  # the schema's defaults for the gates not given
+    ``audit`` is the run's ``audit`` section: its per-sample checks run on the output, without the input
+    gates and exclusions (:func:`output_audit_config`); ``export`` decides the eval split and the
+    trainer window reported. The summary is also kept at ``verdict_out`` (beside the log): Snakemake
+    deletes a failed job's outputs, so that copy is where a failed gate's details stay."""
     settings_fingerprint = check_single_settings(dataset_dir)
-    config = AuditConfig.from_dict({**audit_cfg, "gates": _NO_INPUT_GATES, "exclude": []})
     template = ChatTemplate.from_dir(tokenizer_dir)
-    auditor = Auditor(config, template)
+    auditor = Auditor(output_audit_config(audit), template)
     counts = OutputCounts()
     counts.add_finish_reasons(dataset_dir)
     counts.add_token_id_checks(dataset_dir, template)
     counts.add_tool_call_mismatches(dataset_dir)
-    export = ExportConfig.from_dict(export_cfg or {})
     split = eval_split_counts(dataset_dir, export.eval_fraction)
     window = dataset_window_coverage(dataset_dir, template, export)
     for _ in iter_audits(auditor, counts.counting_answers(iter_dataset_samples(dataset_dir))):
@@ -227,7 +267,7 @@ def reaudit_dataset(
         OutputGate("eval_split_leaks", 0, leaks, leaks == 0, "prompts on both sides of the eval split")
     )
     passed = all(g.passed for g in results)
-    overridden = not passed and bool(gates["override_gates"])
+    overridden = not passed and gates.override_gates
     manifest_path = Path(dataset_dir) / "_manifest.json"
     summary = {
         "rows": counts.rows,

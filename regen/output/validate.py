@@ -86,16 +86,18 @@ class Problem:
 
 
 @dataclass(frozen=True, slots=True)
-class SemanticLimits:
-    """The checks' knobs: the ``validate`` config section (defaults from the schema)."""
+class ValidateConfig:
+    """The ``validate`` config section, the checks' knobs (built by :meth:`from_dict`: the schema's
+    defaults filled in and its rules applied)."""
 
     max_content_chars: int
     max_reasoning_chars: int
     quarantine_truncated: bool
 
     @classmethod
-    def from_cfg(cls, cfg: Mapping[str, Any]) -> SemanticLimits:
-        v = validated("validate", cfg)
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> ValidateConfig:
+        """Validate ``raw`` against the schema's ``validate`` section, fill its defaults, and type it."""
+        v = validated("validate", raw)
         return cls(
             max_content_chars=int(v["max_content_chars"]),
             max_reasoning_chars=int(v["max_reasoning_chars"]),
@@ -239,7 +241,7 @@ def _has_unclosed_think(text: str) -> bool:
 
 
 def answer_problem(
-    content: str, reasoning: str | None, finish_reason: str, limits: SemanticLimits, where: str = "",
+    content: str, reasoning: str | None, finish_reason: str, limits: ValidateConfig, where: str = "",
     tool_calls: bool = False,
 ) -> Problem | None:  # fmt: skip
     """Semantic checks on one (reasoning, answer) pair; ``where`` prefixes the detail (e.g. 'turn 0: ').
@@ -274,7 +276,7 @@ def answer_problem(
     return None
 
 
-def record_problem(rec: dict[str, Any], shard: str | None, limits: SemanticLimits) -> Problem | None:
+def record_problem(rec: dict[str, Any], shard: str | None, limits: ValidateConfig) -> Problem | None:
     """Semantic checks on a schema-valid record (the top-level answer and every turn)."""
     if shard is not None and rec["shard"] != shard:
         return Problem(SHARD_MISMATCH, f"record shard {rec['shard']!r} in file of shard {shard!r}")
@@ -325,7 +327,7 @@ def validate_shard(
     records_path: str | os.PathLike[str],
     valid_path: str | os.PathLike[str],
     quarantine_path: str | os.PathLike[str],
-    cfg: dict[str, Any],
+    config: ValidateConfig,
     schema_path: str | os.PathLike[str] = DEFAULT_SCHEMA_PATH,
 ) -> ValidationStats:
     """Split one generation shard into valid Parquet and quarantine JSONL (both atomic).
@@ -336,11 +338,10 @@ def validate_shard(
     src = Path(records_path)
     shard = _shard_of(src)
     validator = load_validator(str(schema_path))
-    limits = SemanticLimits.from_cfg(cfg)
     reasons: Counter[str] = Counter()
     cols = ValidColumns()
     with gc_paused():  # records are acyclic; a cyclic GC pass would only re-scan the live batch
-        stats = _validate_lines(src, shard, valid_path, quarantine_path, validator, limits, reasons, cols)
+        stats = _validate_lines(src, shard, valid_path, quarantine_path, validator, config, reasons, cols)
     return stats
 
 
@@ -350,7 +351,7 @@ def _validate_lines(
     valid_path: str | os.PathLike[str],
     quarantine_path: str | os.PathLike[str],
     validator: RecordValidator,
-    limits: SemanticLimits,
+    limits: ValidateConfig,
     reasons: Counter[str],
     cols: ValidColumns,
 ) -> ValidationStats:
@@ -424,10 +425,12 @@ def cli(argv: list[str]) -> int:
     )
     args = ap.parse_args(argv)
     given = {"max_content_chars": args.max_content_chars, "max_reasoning_chars": args.max_reasoning_chars}
-    cfg = {
-        **{k: v for k, v in given.items() if v is not None},  # the rest: the schema's defaults
-        "quarantine_truncated": not args.keep_truncated,
-    }
-    stats = validate_shard(args.records, args.valid, args.quarantine, cfg, schema_path=args.schema)
+    config = ValidateConfig.from_dict(
+        {
+            **{k: v for k, v in given.items() if v is not None},  # the rest: the schema's defaults
+            "quarantine_truncated": not args.keep_truncated,
+        }
+    )
+    stats = validate_shard(args.records, args.valid, args.quarantine, config, schema_path=args.schema)
     print(orjson.dumps(stats.to_json()).decode())
     return 0
