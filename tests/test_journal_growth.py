@@ -51,9 +51,7 @@ def test_reading_a_journal_grows_linearly(tmp_path: Path) -> None:
     for name, fn in (("scan", _scan_without_index), ("open", lambda p: Journal.open(p).close())):
         t_small = _best_of(5, lambda fn=fn: fn(small))
         t_large = _best_of(5, lambda fn=fn: fn(large))
-        assert t_large / t_small < 8, (
-            f"{name}: {t_small:.4f}s at {n}, {t_large:.4f}s at {4 * n} entries"
-        )
+        assert t_large / t_small < 8, f"{name}: {t_small:.4f}s at {n}, {t_large:.4f}s at {4 * n} entries"
 
 
 def test_opening_with_the_index_does_not_grow_with_answer_length(tmp_path: Path) -> None:
