@@ -130,15 +130,15 @@ def test_each_row_gets_its_flags(dataset: Path, tmp_path: Path, demo_tokenizer_d
         assert tuple(by_row[row]["flags"]) == expected, (row, by_row[row])
 
 
+def audit_with_ids(dataset: Path, out: Path, tokenizer_dir: Path) -> None:
+    run_audit(
+        dataset, out, cfg(), tokenizer_dir, DatasetConfig.from_dict({"path": str(dataset), "id_column": "id"})
+    )
+
+
 def test_summary_counts_and_keys(dataset: Path, tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     out = tmp_path / "audit"
-    run_audit(
-        dataset,
-        out,
-        cfg(),
-        demo_tokenizer_dir,
-        DatasetConfig.from_dict({"path": str(dataset), "id_column": "id"}),
-    )
+    audit_with_ids(dataset, out, demo_tokenizer_dir)
     s = orjson.loads((out / "summary.json").read_bytes())
     expect = {
         f: sum(f in flags for _, flags in ROWS) for f in ("empty_response", "structure_error", "bad_row")
@@ -176,13 +176,7 @@ def test_summary_counts_and_keys(dataset: Path, tmp_path: Path, demo_tokenizer_d
 
 def test_excluded_lists_reasons(dataset: Path, tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     out = tmp_path / "audit"
-    run_audit(
-        dataset,
-        out,
-        cfg(),
-        demo_tokenizer_dir,
-        DatasetConfig.from_dict({"path": str(dataset), "id_column": "id"}),
-    )
+    audit_with_ids(dataset, out, demo_tokenizer_dir)
     lines = [orjson.loads(line) for line in (out / "excluded.jsonl").read_bytes().splitlines()]
     reasons = {e["row"]: e["reason"] for e in lines}
     for row, (_data, flags) in enumerate(ROWS):

@@ -61,23 +61,13 @@ def test_nothing_bad_reaches_a_prompt_shard(name: str, tmp_path: Path, demo_toke
     """Audit then shard, as the workflow does: the bad row is excluded with its reason, the rest go on."""
     kind, row = EXPECTED[name]
     cfg = {"context_limit": 4096, "override_gates": True}  # tiny files: gate fractions are meaningless
+    dataset = DatasetConfig.from_dict({"path": str(BAD_DIR / name), "id_column": "id"})
+    audit_args = (BAD_DIR / name, tmp_path / "audit", AuditConfig.from_dict(cfg), demo_tokenizer_dir, dataset)
     if kind in NOTHING_LEFT:  # nothing to generate: the audit stops the run, whatever the gates say
         with pytest.raises(NothingToGenerateError, match="nothing to generate"):
-            run_audit(
-                BAD_DIR / name,
-                tmp_path / "audit",
-                AuditConfig.from_dict(cfg),
-                demo_tokenizer_dir,
-                DatasetConfig.from_dict({"path": str(BAD_DIR / name), "id_column": "id"}),
-            )
+            run_audit(*audit_args)
     else:
-        run_audit(
-            BAD_DIR / name,
-            tmp_path / "audit",
-            AuditConfig.from_dict(cfg),
-            demo_tokenizer_dir,
-            DatasetConfig.from_dict({"path": str(BAD_DIR / name), "id_column": "id"}),
-        )
+        run_audit(*audit_args)
     excluded = [
         orjson.loads(line) for line in (tmp_path / "audit" / "excluded.jsonl").read_bytes().splitlines()
     ]
