@@ -33,6 +33,17 @@ from regen.sglang.simulated import start_simulated_server
 from regen.types import Message, Sample
 
 MODEL = "demo-model"
+#: what every client sends besides model, messages and seed: regen's request fields at the config's
+#: defaults (temperature, top_p, top_k from the schema) with max_tokens 256
+SAMPLING = {
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "top_k": 20,
+    "max_tokens": 256,
+    "n": 1,
+    "chat_template_kwargs": {"enable_thinking": True},
+    "separate_reasoning": True,
+}
 
 
 def messages(i: int) -> list[dict[str, str]]:
@@ -113,7 +124,9 @@ def prepare_openai(url: str, n: int, concurrency: int) -> Callable[[], Awaitable
 
 
 def prepare_bare(url: str, n: int, concurrency: int) -> Callable[[], Awaitable[None]]:
-    """A bare aiohttp loop: one POST per prompt of a prepared list, the answer parsed, nothing kept."""
+    """A bare aiohttp loop: one POST per prompt of a prepared list with the fields regen's request
+    sends (``regen.generate.request.Requests.body``: the same sampling, the same server work), the
+    answer parsed, nothing kept."""
     chat = url + "/v1/chat/completions"
     prompts = [messages(i) for i in range(n)]
 
@@ -122,7 +135,7 @@ def prepare_bare(url: str, n: int, concurrency: int) -> Callable[[], Awaitable[N
 
         async def worker(session: aiohttp.ClientSession) -> None:
             for i in it:
-                body = orjson.dumps({"model": MODEL, "messages": prompts[i], "max_tokens": 256, "seed": i})
+                body = orjson.dumps({"model": MODEL, "messages": prompts[i], **SAMPLING, "seed": i})
                 async with session.post(chat, data=body, headers={"Content-Type": "application/json"}) as r:
                     orjson.loads(await r.read())
 
