@@ -170,7 +170,7 @@ FLAGS_SCHEMA = pa.schema(
 )
 
 
-def dataset_schema(include_token_ids: bool = False) -> pa.Schema:
+def dataset_schema(include_token_ids: bool) -> pa.Schema:
     """The explicit Arrow schema of the training-ready rows."""
     fields = [
         pa.field("id", pa.string(), nullable=False),

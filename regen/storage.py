@@ -301,8 +301,8 @@ class S3JournalSink:
         self,
         s3_prefix: str,
         shard: str,
-        every_records: int = 500,
-        every_seconds: float = 60.0,
+        every_records: int,
+        every_seconds: float,
         client: Any | None = None,
     ) -> None:
         if every_records < 1 or every_seconds <= 0:

@@ -36,7 +36,7 @@ def test_corpus_is_complete() -> None:
 def test_unreadable_rows_are_named_and_skipped(name: str) -> None:
     kind, row = EXPECTED[name]
     bad: list[BadRow] = []
-    samples = list(iter_samples(BAD_DIR / name, id_column="id", on_bad_row="skip", bad_rows=bad))
+    samples = list(iter_samples(BAD_DIR / name, "auto", "id", "skip", bad_rows=bad))
     assert [b.row for b in bad] == [row]
     message = str(bad[0])
     assert name in message and f"row {row}" in message and re.search(r"field '[^']+'", message)
@@ -52,7 +52,7 @@ def test_unreadable_rows_are_named_and_skipped(name: str) -> None:
 def test_stop_policy_raises_with_the_same_message(name: str) -> None:
     _, row = EXPECTED[name]
     with pytest.raises(BadInputError) as info:
-        list(iter_samples(BAD_DIR / name, id_column="id", on_bad_row="stop"))
+        list(iter_samples(BAD_DIR / name, "auto", "id", "stop"))
     assert info.value.bad.row == row and name in str(info.value)
 
 

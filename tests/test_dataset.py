@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,16 @@ def _write_jsonl(path: Path, rows: list[Any]) -> Path:
     return path
 
 
+def _samples(
+    path: Path, fmt: str = "auto", id_column: str | None = None, on_bad_row: str = "skip", **kw: Any
+) -> Iterator[Sample]:
+    """``iter_samples`` with the dataset section's schema defaults unless a test says otherwise."""
+    return iter_samples(path, fmt, id_column, on_bad_row, **kw)
+
+
 def _read(path: Path, **kw: Any) -> tuple[list[Sample], list[BadRow]]:
     bad: list[BadRow] = []
-    samples = list(iter_samples(path, bad_rows=bad, **kw))
+    samples = list(_samples(path, bad_rows=bad, **kw))
     return samples, bad
 
 
@@ -191,9 +199,9 @@ def test_wrong_explicit_format_names_the_missing_field(formats_dir: Path) -> Non
 
 def test_unknown_format_and_policy_are_rejected(formats_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"unknown dataset format 'chatml'.*auto, messages"):
-        list(iter_samples(formats_dir / "messages.jsonl", fmt="chatml"))
+        list(_samples(formats_dir / "messages.jsonl", fmt="chatml"))
     with pytest.raises(ValueError, match="on_bad_row"):
-        list(iter_samples(formats_dir / "messages.jsonl", on_bad_row="ignore"))
+        list(_samples(formats_dir / "messages.jsonl", on_bad_row="ignore"))
 
 
 def test_parquet_and_gzip_jsonl_read_like_jsonl(tmp_path: Path, formats_dir: Path) -> None:
@@ -218,9 +226,9 @@ def test_parquet_and_gzip_jsonl_read_like_jsonl(tmp_path: Path, formats_dir: Pat
 def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
     (tmp_path / "data.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match=r"data\.csv.*\.jsonl"):
-        list(iter_samples(tmp_path / "data.csv"))
+        list(_samples(tmp_path / "data.csv"))
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
-        list(iter_samples(tmp_path / "nope.jsonl"))
+        list(_samples(tmp_path / "nope.jsonl"))
 
 
 # --------------------------------------------------------------------------------------
@@ -282,7 +290,7 @@ def test_tokenized_rows_decode_into_turns(
 def test_tokenized_rows_need_a_tokenizer(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "t.jsonl", [{"input_ids": [1, 2], "loss_mask": [0, 1]}])
     with pytest.raises(ValueError, match="tokenizer_dir"):
-        list(iter_samples(path))
+        list(_samples(path))
 
 
 @pytest.mark.parametrize(
@@ -342,7 +350,7 @@ def test_content_id_ignores_key_order_and_is_stable_across_processes(tmp_path: P
     assert len(samples[0].id) == 32 and int(samples[0].id, 16) >= 0
     code = (
         "from regen.ingest.dataset import iter_samples;import sys;"
-        "print(' '.join(s.id for s in iter_samples(sys.argv[1])))"
+        "print(' '.join(s.id for s in iter_samples(sys.argv[1], 'auto', None, 'skip')))"
     )
     for hashseed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hashseed}
@@ -441,7 +449,7 @@ def test_unreadable_row_stop_raises_after_good_rows(
     path.write_bytes(OK_LINE + b"\n" + line + b"\n" + OK_LINE + b"\n")
     seen: list[Sample] = []
     with pytest.raises(BadInputError) as err:
-        for s in iter_samples(path, on_bad_row="stop"):
+        for s in _samples(path, on_bad_row="stop"):
             seen.append(s)
     assert len(seen) == 1
     assert (err.value.bad.row, err.value.bad.field) == (1, field)
@@ -455,7 +463,7 @@ def test_empty_jsonl_is_a_file_level_bad_row(tmp_path: Path, content: bytes) -> 
     samples, bad = _read(path)
     assert samples == [] and bad == [BadRow(str(path), 0, "<file>", "file is empty")]
     with pytest.raises(BadInputError, match="file is empty"):
-        list(iter_samples(path, on_bad_row="stop"))
+        list(_samples(path, on_bad_row="stop"))
 
 
 @pytest.mark.parametrize("name", ["empty.json", "empty.parquet"])
@@ -480,7 +488,7 @@ def test_truncated_and_corrupt_parquet(tmp_path: Path) -> None:
     _, bad = _read(garbage)
     assert len(bad) == 1 and bad[0].field == "<file>"
     with pytest.raises(BadInputError, match=r"garbage\.parquet"):
-        list(iter_samples(garbage, on_bad_row="stop"))
+        list(_samples(garbage, on_bad_row="stop"))
 
 
 def test_parquet_with_a_damaged_row_group_reports_first_unread_row(tmp_path: Path) -> None:
@@ -576,7 +584,7 @@ def test_unknown_sharegpt_speaker_is_kept_as_read(tmp_path: Path) -> None:
 def _peak_while_iterating(path: Path, **kw: Any) -> tuple[int, int]:
     tracemalloc.start()
     try:
-        n = sum(1 for _ in iter_samples(path, **kw))
+        n = sum(1 for _ in _samples(path, **kw))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

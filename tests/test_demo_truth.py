@@ -25,7 +25,8 @@ HYBRID_MODEL = Path(__file__).resolve().parent / "data/models/gpu-qwen3.6-27b-te
 
 
 def demo_plan(tmp_path: Path, args: list[str], model: Path = DEMO_MODEL) -> PlanFile:
-    rec = recommend(ModelShape.from_config(model), 81920, 1, args, DEMO_WORKLOAD)
+    shape = ModelShape.from_config(model)
+    rec = recommend(shape, 81920, 1, args, DEMO_WORKLOAD, allow_fp8_kv=False, allow_bf16_state=False)
     out = tmp_path / "server.json"
     write_plan_file(out, rec, sglang_version="0.5.23", model_config=str(model), gpu_memory_mib=81920)
     return PlanFile.read(out)

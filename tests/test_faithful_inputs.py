@@ -91,7 +91,7 @@ def test_io_error_mid_file_is_an_unread_tail_with_byte_counts(tmp_path: Path) ->
     path = tmp_path / "corrupt.jsonl.gz"
     path.write_bytes(bytes(whole))
     bad: list[Any] = []
-    samples = list(iter_samples(path, id_column="id", bad_rows=bad))
+    samples = list(iter_samples(path, "auto", "id", "skip", bad_rows=bad))
     assert len(bad) == 1 and bad[0].unread_tail and bad[0].row == len(samples)
     assert "gzip" in bad[0].problem and "bytes" in bad[0].problem
 
@@ -103,7 +103,7 @@ def test_directory_named_like_a_dataset_is_explained(
     folder.mkdir()
     (folder / "part-0.jsonl").write_text("{}\n")
     with pytest.raises(IsADirectoryError, match=r"is a directory, not a dataset file.*part-0\.jsonl"):
-        iter_samples(folder)
+        iter_samples(folder, "auto", None, "skip")
     assert cli([str(folder), "--tokenizer", str(demo_tokenizer_dir), "--out", str(tmp_path / "o")]) == 2
     assert "is a directory" in capsys.readouterr().err
 

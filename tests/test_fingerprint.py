@@ -306,7 +306,8 @@ def test_a_server_with_other_numerics_regenerates_and_says_so(tmp_path: Path) ->
         cfg = GenerateConfig.from_dict(FAST)
         seen = numerics_last_reported(index, GenerationSettings.of(cfg))
         assert seen is not None and seen["version"] == "0.5.24"
-        assert plan_replay(samples(8), index, GenerationSettings.of(cfg).served_by(seen)).replay == 8
+        served = GenerationSettings.of(cfg).served_by(seen)
+        assert plan_replay(samples(8), index, served, cfg.retry_failed).replay == 8
     finally:
         stop32()
         stop16()
@@ -501,7 +502,8 @@ def test_replay_preview_counts_and_explains(tmp_path: Path) -> None:
         {"kind": "record", "id": "s4"},  # before fingerprints
     ]
     path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in lines))
-    plan = plan_replay(batch, JournalIndex.read([path, tmp_path / "missing.jsonl"]), settings)
+    index = JournalIndex.read([path, tmp_path / "missing.jsonl"])
+    plan = plan_replay(batch, index, settings, retry_failed=True)
     assert (plan.replay, plan.prompt_changed, plan.retry_failed, plan.settings_changed) == (1, 1, 1, 1)
     assert (plan.before_fingerprints, plan.new, plan.to_generate) == (1, 1, 5)
     assert plan.changes == {hot.fingerprint: ["temperature 0.9→0.6"]}

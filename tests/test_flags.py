@@ -108,7 +108,7 @@ def test_every_tuner_candidate_passes_sglangs_own_parser() -> None:
     model = ModelShape.from_config(Path(__file__).parent / "data/models/gpu-qwen3.6-27b-text")
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, expected_output_tokens=636)
     rec = recommend(model, 143771, 1, ["--load-format", "dummy"], wl, "0.5.23", allow_bf16_state=True,
-                    allow_replay_decode=True)  # fmt: skip
+                    allow_replay_decode=True, allow_fp8_kv=False)  # fmt: skip
     launched = [c.args for c in (*rec.candidates, *rec.speculative)]
     assert any("--enable-linear-replayssm" in args for args in launched)
     assert any("--speculative-algorithm" in args for args in launched)  # the sweep's MTP candidates too

@@ -19,12 +19,9 @@ def test_shards_from_the_audits_samples_equal_shards_from_parsing_the_dataset_ag
     tmp_path: Path, demo_tokenizer_dir: Path
 ) -> None:
     loose = {"gates": {"max_structure_error_fraction": 1.0, "max_over_length_fraction": 1.0}}
+    dataset = DatasetConfig.from_dict({"path": str(DEMO_DATASET)})
     summary = run_audit(
-        DEMO_DATASET,
-        tmp_path / "audit",
-        AuditConfig.from_dict(loose),
-        demo_tokenizer_dir,
-        DatasetConfig.from_dict({"path": str(DEMO_DATASET)}),
+        DEMO_DATASET, tmp_path / "audit", AuditConfig.from_dict(loose), demo_tokenizer_dir, dataset
     )
     kept = tmp_path / "audit" / "samples.parquet"
     assert pq.read_schema(kept).equals(SHARD_SCHEMA)
@@ -36,8 +33,9 @@ def test_shards_from_the_audits_samples_equal_shards_from_parsing_the_dataset_ag
 
     once = [tmp_path / "once" / f"{k:05d}.parquet" for k in range(4)]
     twice = [tmp_path / "twice" / f"{k:05d}.parquet" for k in range(4)]
+    how = (dataset.format, dataset.id_column, dataset.on_bad_row, demo_tokenizer_dir)
     assert shard_audited(kept, once) == make_shards(
-        DEMO_DATASET, tmp_path / "audit" / "excluded.jsonl", twice, tokenizer_dir=demo_tokenizer_dir
+        DEMO_DATASET, tmp_path / "audit" / "excluded.jsonl", twice, *how
     )
     for a, b in zip(once, twice, strict=True):
         assert pq.read_table(a).to_pylist() == pq.read_table(b).to_pylist()

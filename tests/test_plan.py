@@ -23,6 +23,10 @@ from regen.tune.tune import cli
 
 MODELS = Path(__file__).parent / "data" / "models"
 H200_MIB = 143771  # nvidia-smi memory.total on the project's H200
+#: the quality trade-offs recommend() may choose (server.allow_fp8_kv, server.allow_bf16_state): neither,
+#: as the schema's defaults have it, or the bf16 linear-attention state only
+NO_TRADEOFFS = {"allow_fp8_kv": False, "allow_bf16_state": False}
+BF16_STATE = {"allow_fp8_kv": False, "allow_bf16_state": True}
 GIB = 1 << 30
 
 
@@ -36,9 +40,9 @@ def test_state_bytes_per_request_follow_mamba_utils(gpu_model: ModelShape) -> No
     conv_dim = 48 * 128 + 2 * 16 * 128
     per_layer = conv_dim * (4 - 1) * 2 + 48 * 128 * 128 * 4
     assert gpu_model.linear_attention_layers == 64 - 64 // 4
-    assert gpu_model.state_bytes_per_request() == 48 * per_layer
+    assert gpu_model.state_bytes_per_request(tp=1) == 48 * per_layer
     # bf16 SSM state halves the ssm term only; tp=2 splits heads
-    assert gpu_model.state_bytes_per_request(ssm_dtype="bfloat16") == 48 * (
+    assert gpu_model.state_bytes_per_request(tp=1, ssm_dtype="bfloat16") == 48 * (
         conv_dim * 3 * 2 + 48 * 128 * 128 * 2
     )
     assert gpu_model.state_bytes_per_request(tp=2) == 48 * (conv_dim // 2 * 3 * 2 + 24 * 128 * 128 * 4)
@@ -49,13 +53,13 @@ def test_kv_cell_sizes_dense_moe_hybrid(gpu_model: ModelShape) -> None:
     moe = ModelShape.from_config(MODELS / "qwen3-30b-a3b")
     nxt = ModelShape.from_config(MODELS / "qwen3-next-80b-a3b")
     # kv_heads_per_tp * (head_dim + v_head_dim) * layers * bytes
-    assert dense.kv_cell_bytes() == 8 * (128 + 128) * 36 * 2
+    assert dense.kv_cell_bytes(tp=1) == 8 * (128 + 128) * 36 * 2
     assert dense.kv_cell_bytes(tp=16) == 1 * (128 + 128) * 36 * 2  # max(1, kv_heads // tp)
-    assert moe.kv_cell_bytes(kv_dtype="fp8_e4m3") == 4 * 256 * 48 * 1
+    assert moe.kv_cell_bytes(tp=1, kv_dtype="fp8_e4m3") == 4 * 256 * 48 * 1
     assert nxt.full_attention_layers == 48 // 4 and nxt.is_hybrid and nxt.is_moe
-    assert nxt.kv_cell_bytes() == 2 * 512 * 12 * 2
-    assert gpu_model.kv_cell_bytes() == 4 * 512 * 16 * 2
-    assert gpu_model.kv_cell_bytes(draft_layers=1) == 4 * 512 * 17 * 2  # EAGLE/NEXTN: MTP layer KV
+    assert nxt.kv_cell_bytes(tp=1) == 2 * 512 * 12 * 2
+    assert gpu_model.kv_cell_bytes(tp=1) == 4 * 512 * 16 * 2
+    assert gpu_model.kv_cell_bytes(tp=1, draft_layers=1) == 4 * 512 * 17 * 2  # EAGLE/NEXTN: MTP layer KV
 
 
 def test_weights_from_index_and_from_config() -> None:
@@ -90,7 +94,7 @@ def test_reproduces_measured_h200_default(gpu_model: ModelShape) -> None:
     assert p.effective_max_running_requests == 248 // 3 == 82
     assert p.binding_constraint == "mamba_pool"
     assert abs(p.kv_cache_tokens / 651_426 - 1) < 0.01
-    assert abs(p.state_pool_gib - 249 * gpu_model.state_bytes_per_request() / GIB) < 1e-9
+    assert abs(p.state_pool_gib - 249 * gpu_model.state_bytes_per_request(tp=1) / GIB) < 1e-9
     realized = parse_startup_log(
         "max_running_requests is capped to 82 by the mamba state cache (max_mamba_cache_size=248, "
         "3 state slots per request)\nKV Cache is allocated. dtype: torch.bfloat16, #tokens: 651426, "
@@ -164,13 +168,13 @@ def test_dense_model_plan_has_no_state() -> None:
     dense = ModelShape.from_config(MODELS / "qwen3-8b")
     p = plan(dense, 81559, 1, [], Workload(512, 2048, 1024))
     assert p.max_mamba_cache_size is None and p.state_pool_gib == 0
-    assert p.kv_cache_tokens == int(p.kv_cache_gib * GIB // dense.kv_cell_bytes())
+    assert p.kv_cache_tokens == int(p.kv_cache_gib * GIB // dense.kv_cell_bytes(tp=1))
     assert p.workload_concurrency == min(p.effective_max_running_requests, p.kv_cache_tokens // (2048 + 1024))
 
 
 def test_recommend_holds_kv_and_never_picks_bf16_silently(gpu_model: ModelShape) -> None:
     wl = Workload(prompt_p50=256, prompt_p99=512, max_tokens=1024)
-    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17")
+    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", **NO_TRADEOFFS)
     best = rec.recommended
     assert "bfloat16" not in rec.args
     assert best.kv_cache_tokens >= best.effective_max_running_requests * (512 + 1024)
@@ -178,7 +182,7 @@ def test_recommend_holds_kv_and_never_picks_bf16_silently(gpu_model: ModelShape)
     assert "--disable-radix-cache" in rec.args
     if best.effective_max_running_requests > 256:
         assert "--cuda-graph-max-bs-decode" in rec.args
-    allowed = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_bf16_state=True)
+    allowed = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", **BF16_STATE)
     assert allowed.recommended.effective_max_running_requests >= best.effective_max_running_requests
     for cand in rec.candidates:
         assert cand.plan.kv_cache_tokens >= cand.plan.effective_max_running_requests * wl.tokens_per_request
@@ -186,10 +190,10 @@ def test_recommend_holds_kv_and_never_picks_bf16_silently(gpu_model: ModelShape)
 
 def test_scheduler_candidates_size_the_cap_for_the_expected_length(gpu_model: ModelShape) -> None:
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, target_concurrency=4096)
-    static = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_bf16_state=True)
+    static = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", **BF16_STATE)
     assert not any("expected" in c.reasons[0] for c in static.candidates)  # none without an expectation
     expect = dataclasses.replace(wl, expected_output_tokens=640)
-    rec = recommend(gpu_model, H200_MIB, 1, [], expect, "0.5.17", allow_bf16_state=True)
+    rec = recommend(gpu_model, H200_MIB, 1, [], expect, "0.5.17", **BF16_STATE)
     assert rec.args == static.args  # the static recommendation keeps its guarantee at max_tokens
     assert rec.candidates[0].args == rec.args
     sized, batched = rec.candidates[1], rec.candidates[2]
@@ -207,7 +211,8 @@ def test_scheduler_candidates_size_the_cap_for_the_expected_length(gpu_model: Mo
         wl, expected_output_tokens=4096
     )  # no less than max_tokens: nothing to gain
     assert not any(
-        "expected" in c.reasons[0] for c in recommend(gpu_model, H200_MIB, 1, [], too_long).candidates
+        "expected" in c.reasons[0]
+        for c in recommend(gpu_model, H200_MIB, 1, [], too_long, **NO_TRADEOFFS).candidates
     )
 
 
@@ -242,9 +247,9 @@ def test_replay_ring_follows_mamba_pool_and_sits_outside_the_budget(gpu_model: M
 def test_replay_candidate_keeps_the_runtime_slack(gpu_model: ModelShape) -> None:
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, target_concurrency=4096,
                   expected_output_tokens=636)  # fmt: skip
-    default = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_bf16_state=True)
+    default = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", **BF16_STATE)
     assert not any("--enable-linear-replayssm" in c.args for c in default.candidates)  # opt-in: no H200 gain
-    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_bf16_state=True, allow_replay_decode=True)
+    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", **BF16_STATE, allow_replay_decode=True)
     sized, batched, replay = rec.candidates[1:4]
     assert "--enable-linear-replayssm" in replay.args and "--enable-linear-replayssm" not in batched.args
     backend = replay.args.index("--linear-attn-decode-backend")  # SM100 + bf16 state would pick flashinfer
@@ -266,7 +271,7 @@ def test_replay_candidate_keeps_the_runtime_slack(gpu_model: ModelShape) -> None
         ring
     )
     # fp32 state (bf16 not opted in): the ring is fp32 too, and the same rule holds
-    fp32 = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_replay_decode=True)
+    fp32 = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", allow_replay_decode=True, **NO_TRADEOFFS)
     r32 = next(c for c in fp32.candidates if "--enable-linear-replayssm" in c.args)
     assert r32.plan.slack_gib - r32.plan.replay_ring_gib >= fp32.candidates[1].plan.slack_gib
 
@@ -291,9 +296,7 @@ def test_replay_flag_refusals_are_warned(gpu_model: ModelShape) -> None:
     # a request for shared prefixes keeps the radix cache, where SGLang refuses the flag: no replay candidate
     shared = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, unique_prompts=False,
                       expected_output_tokens=636)  # fmt: skip
-    rec = recommend(
-        gpu_model, H200_MIB, 1, [], shared, "0.5.23", allow_bf16_state=True, allow_replay_decode=True
-    )
+    rec = recommend(gpu_model, H200_MIB, 1, [], shared, "0.5.23", **BF16_STATE, allow_replay_decode=True)
     assert not any("--enable-linear-replayssm" in c.args for c in rec.candidates)
 
 
@@ -423,7 +426,7 @@ def test_speculative_memory_matches_the_measured_0517_startup(gpu_model: ModelSh
 
 def test_mtp_candidates_re_solve_the_running_cap_for_the_verify_buffers(gpu_model: ModelShape) -> None:
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
-    rec = recommend(gpu_model, H200_MIB, 1, ["--load-format", "dummy"], wl, "0.5.17")
+    rec = recommend(gpu_model, H200_MIB, 1, ["--load-format", "dummy"], wl, "0.5.17", **NO_TRADEOFFS)
     best = rec.candidates[0]
     assert "--speculative-algorithm" not in best.args and rec.mtp_note.startswith("MTP off: not measured")
     spec = rec.speculative
@@ -444,15 +447,15 @@ def test_mtp_candidates_re_solve_the_running_cap_for_the_verify_buffers(gpu_mode
         bigger = plan(gpu_model, H200_MIB, 1, more, wl, "0.5.17")
         assert bigger.kv_cache_tokens < (c.plan.effective_max_running_requests + 1) * wl.tokens_per_request
     dense = ModelShape.from_config(MODELS / "qwen3-8b")
-    assert recommend(dense, 81559, 1, [], Workload(512, 2048, 1024)).speculative == ()
-    assert recommend(dense, 81559, 1, [], Workload(512, 2048, 1024)).mtp_note == (
+    assert recommend(dense, 81559, 1, [], Workload(512, 2048, 1024), **NO_TRADEOFFS).speculative == ()
+    assert recommend(dense, 81559, 1, [], Workload(512, 2048, 1024), **NO_TRADEOFFS).mtp_note == (
         "MTP off: the model has no MTP layers"
     )
 
 
 def test_forced_speculative_flags_get_an_mtp_off_alternative(gpu_model: ModelShape) -> None:
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
-    rec = recommend(gpu_model, H200_MIB, 1, SEED_FLAGS, wl, "0.5.17")
+    rec = recommend(gpu_model, H200_MIB, 1, SEED_FLAGS, wl, "0.5.17", **NO_TRADEOFFS)
     assert "--speculative-algorithm" in rec.args
     assert rec.mtp_note.startswith("MTP on: the given server.args ask for NEXTN")
     off = rec.speculative[0]
@@ -479,7 +482,7 @@ def test_tune_says_why_mtp_is_off_and_the_sweep_measures_it(
     assert cli(["--model-config", str(MODELS / "qwen3-8b"), "--gpu-memory-mib", "81559"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("MTP off: the model has no MTP layers")
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
-    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17")
+    rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", **NO_TRADEOFFS)
     labels = [c.label for c, _ in candidates_from_recommendation(rec, 2)]
     assert labels[0] == "recommended" and labels[-1] == "given"
     assert [x for x in labels if x.startswith("mtp")] == ["mtp 1 step", "mtp 2 steps", "mtp 3 steps"]
@@ -496,7 +499,7 @@ def test_mtp_that_does_not_fit_is_no_candidate(gpu_model: ModelShape) -> None:
     """On an 80 GiB GPU the 27B model's MTP draft (5.5 GiB more weights) leaves no KV at the default memory
     fraction: the recommendation stands, without MTP candidates that SGLang would refuse."""
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
-    rec = recommend(gpu_model, 81920, 1, [], wl, "0.5.23")
+    rec = recommend(gpu_model, 81920, 1, [], wl, "0.5.23", **NO_TRADEOFFS)
     assert rec.recommended.effective_max_running_requests > 0
     for c in rec.speculative:
         assert c.plan.kv_cache_tokens >= c.plan.effective_max_running_requests * wl.tokens_per_request

@@ -196,7 +196,7 @@ def test_ids_that_could_escape_a_directory_are_rejected_at_ingest(tmp_path: Path
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     bad: list[BadRow] = []
-    got = [s.id for s in iter_samples(path, fmt="messages", id_column="id", bad_rows=bad)]
+    got = [s.id for s in iter_samples(path, "messages", "id", "skip", bad_rows=bad)]
     assert got == ["fine-1", "fine-2"]
     assert [(b.row, b.field) for b in bad] == [(1, "id"), (2, "id"), (3, "id"), (4, "id")]
 

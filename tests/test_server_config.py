@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -94,37 +98,93 @@ def test_the_run_config_is_built_once_from_every_section() -> None:
     )
 
 
-def test_no_config_default_is_written_in_regen_outside_the_schema() -> None:
-    """No ``.get(key, default)`` or field default in regen/ repeats a config key's schema default (the
-    schema is its one home); the simulated server reads SGLang request bodies (``n``), not the config."""
-    import ast
-    from pathlib import Path
+#: Parameters named like a config key whose default equals that key's schema default but which are not
+#: that key's value (no config value reaches them; follow the callers): (file under regen/, function,
+#: parameter) -> why. Every other such default is refused: the caller passes the typed config's value.
+PARAMETERS_NOT_FROM_THE_CONFIG = {
+    # the in-process simulated server of tests and benches binds loopback; the workflow launches the
+    # simulated server by command line with server.host (regen.sglang.server.build_simulated_command)
+    ("sglang/simulated.py", "start_simulated_server", "host"): "loopback host of a throwaway test server",
+    # a free loopback port for a test's throwaway server (tests/test_client.py); the workflow picks its
+    # ports on server.host through regen.sglang.server.any_free_port(host)
+    ("sglang/simulated.py", "free_port", "host"): "loopback host of a throwaway test server",
+    # the seed of the random draw of output lengths from the pilot's completed lengths, not the
+    # generate.sampling.seed that requests carry
+    ("tune/sweep.py", "closed_loop_projection", "seed"): "random seed of the projection's length draw",
+}
 
-    import regen
+#: parameters that carry a config key's value under another name: parameter -> config key
+PARAMETER_CONFIG_KEYS = {"fmt": "format"}
 
-    def defaults(schema: dict, out: dict) -> dict:
+
+def _schema_defaults() -> dict[str, list]:
+    """Every config key's schema default, by key name (a name in several sections has several)."""
+
+    def walk(schema: dict, out: dict) -> dict:
         for key, prop in (schema.get("properties") or {}).items():
             if "default" in prop:
                 out.setdefault(key, []).append(prop["default"])
-            defaults(prop, out)
+            walk(prop, out)
         if isinstance(schema.get("items"), dict):
-            defaults(schema["items"], out)
+            walk(schema["items"], out)
         return out
 
-    schema_defaults = defaults(yaml.safe_load(CONFIG_SCHEMA_PATH.read_text()), {})
+    return walk(yaml.safe_load(CONFIG_SCHEMA_PATH.read_text()), {})
+
+
+def _repeats(value: object, defaults: list) -> bool:
+    """``value`` is one of ``defaults`` (a tuple as the list the schema writes; True is not 1)."""
+    value = list(value) if isinstance(value, tuple) else value
+    return value is not None and any(
+        isinstance(value, bool) == isinstance(d, bool) and value == d for d in defaults
+    )
+
+
+def _parameter_defaults(tree: ast.AST) -> Iterator[tuple[str, int, ast.arg, ast.expr]]:
+    """``(function, line, parameter, default)`` of every defaulted parameter, positional or keyword-only,
+    of every function, method and lambda."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            positional = a.posonlyargs + a.args
+            pairs = [*zip(positional[len(positional) - len(a.defaults) :], a.defaults, strict=True)]
+            pairs += [(arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None]
+            for arg, default in pairs:
+                yield getattr(node, "name", "<lambda>"), node.lineno, arg, default
+
+
+def test_no_config_default_is_written_in_regen_outside_the_schema() -> None:
+    """No ``.get(key, default)``, field default or parameter default in regen/ repeats a config key's
+    schema default (the schema is its one home); the simulated server reads SGLang request bodies
+    (``n``), not the config, so its ``.get``s and fields are not checked (its parameters are)."""
+    import regen
+
+    schema_defaults = _schema_defaults()
     root = Path(regen.__file__).parent
-    found = []
+    found, allowed = [], set()
     for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(path.read_text())
+        for function, line, arg, default in _parameter_defaults(tree):
+            try:
+                value = ast.literal_eval(default)
+            except ValueError:  # a name or a call: no literal written here
+                continue
+            key = PARAMETER_CONFIG_KEYS.get(arg.arg, arg.arg)
+            if not _repeats(value, schema_defaults.get(key, [])):
+                continue
+            if (rel, function, arg.arg) in PARAMETERS_NOT_FROM_THE_CONFIG:
+                allowed.add((rel, function, arg.arg))
+            else:
+                found.append(f"{rel}:{line}: {function}({arg.arg}={value!r})")
         if path.name == "simulated.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):  # a field's default
                 value = node.value
                 named = schema_defaults.get(node.target.id, [])
                 if isinstance(value, ast.Constant) and value.value is not None and value.value in named:
-                    found.append(
-                        f"{path.relative_to(root)}:{node.lineno}: {node.target.id} = {value.value!r}"
-                    )
+                    found.append(f"{rel}:{node.lineno}: {node.target.id} = {value.value!r}")
                 continue
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
@@ -134,5 +194,7 @@ def test_no_config_default_is_written_in_regen_outside_the_schema() -> None:
             if not (isinstance(key, ast.Constant) and isinstance(default, ast.Constant)):
                 continue
             if default.value is not None and default.value in schema_defaults.get(key.value, []):
-                found.append(f"{path.relative_to(root)}:{node.lineno}: get({key.value!r}, {default.value!r})")
+                found.append(f"{rel}:{node.lineno}: get({key.value!r}, {default.value!r})")
     assert not found, found
+    # an entry whose default is gone (or renamed) leaves the list, so the list names only what is there
+    assert allowed == set(PARAMETERS_NOT_FROM_THE_CONFIG), set(PARAMETERS_NOT_FROM_THE_CONFIG) - allowed

@@ -121,18 +121,14 @@ def test_make_shards_drops_audit_exclusions_but_keeps_first_duplicate(
     data = tmp_path / "in.jsonl"
     data.write_bytes(b"".join((r.encode() if isinstance(r, str) else orjson.dumps(r)) + b"\n" for r in rows))
     loose = {"gates": {"max_structure_error_fraction": 1.0}}
-    run_audit(
-        data,
-        tmp_path / "audit",
-        AuditConfig.from_dict(loose),
-        demo_tokenizer_dir,
-        DatasetConfig.from_dict({"path": str(data)}),
-    )
+    dataset = DatasetConfig.from_dict({"path": str(data)})
+    run_audit(data, tmp_path / "audit", AuditConfig.from_dict(loose), demo_tokenizer_dir, dataset)
+    how = (dataset.format, dataset.id_column, dataset.on_bad_row, demo_tokenizer_dir)
     out = paths(tmp_path / "shards", 2)
-    counts = make_shards(data, tmp_path / "audit" / "excluded.jsonl", out, tokenizer_dir=demo_tokenizer_dir)
+    counts = make_shards(data, tmp_path / "audit" / "excluded.jsonl", out, *how)
     got = sorted(s.source["row"] for p in out for s in read_shard(p))
     assert got == [0, 3]  # the duplicate, the structure error and the bad row are gone
     assert sum(counts) == 2
     again = paths(tmp_path / "again", 2)
-    make_shards(data, tmp_path / "audit" / "excluded.jsonl", again, tokenizer_dir=demo_tokenizer_dir)
+    make_shards(data, tmp_path / "audit" / "excluded.jsonl", again, *how)
     assert [p.read_bytes() for p in out] == [p.read_bytes() for p in again]

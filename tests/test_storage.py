@@ -198,7 +198,7 @@ def test_reuploading_the_same_batch_is_harmless(s3_prefix: str, tmp_workdir: Pat
         sink.close()
     assert batch_keys(s3_prefix, "00002") == ["batch-00000000.jsonl"]
     journal = tmp_workdir / "j.jsonl"
-    S3JournalSink(s3_prefix, "00002").restore(journal)
+    S3JournalSink(s3_prefix, "00002", every_records=500, every_seconds=3600).restore(journal)
     assert journal.read_bytes() == b"".join(lines)
 
 
@@ -277,7 +277,9 @@ def test_upload_dir_puts_the_manifest_last_and_round_trips(s3_prefix: str, tmp_p
 def test_journal_with_s3_sink_resumes_on_another_node(s3_prefix: str, tmp_path: Path) -> None:
     journal_mod = pytest.importorskip("regen.generate.journal")
     node_a = tmp_path / "a" / "work" / "journal" / "00005.jsonl"
-    journal = journal_mod.Journal.open(node_a, S3JournalSink(s3_prefix, "00005", every_records=2))
+    journal = journal_mod.Journal.open(
+        node_a, S3JournalSink(s3_prefix, "00005", every_records=2, every_seconds=3600)
+    )
     for i in range(5):
         journal.append({"kind": "record", "id": f"s{i}", "content": str(i)})
     journal.append({"kind": "failed", "id": "s5", "reason": "http", "attempts": 3, "error": "500"})
@@ -285,7 +287,9 @@ def test_journal_with_s3_sink_resumes_on_another_node(s3_prefix: str, tmp_path: 
     subprocess.run(["rm", "-rf", str(tmp_path / "a")], check=True)
 
     node_b = tmp_path / "b" / "work" / "journal" / "00005.jsonl"
-    resumed = journal_mod.Journal.open(node_b, S3JournalSink(s3_prefix, "00005", every_records=2))
+    resumed = journal_mod.Journal.open(
+        node_b, S3JournalSink(s3_prefix, "00005", every_records=2, every_seconds=3600)
+    )
     assert resumed.finished_ids == {f"s{i}" for i in range(6)}
     assert (resumed.n_records, resumed.n_failed) == (5, 1)
     resumed.close()

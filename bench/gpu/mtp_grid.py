@@ -145,7 +145,9 @@ def plan_configs(model_dir: Path, gpu_mib: int, a: argparse.Namespace) -> tuple[
     model = ModelShape.from_config(model_dir)
     prompt = a.prompt_tokens + TEMPLATE_TOKENS
     wl = Workload(prompt_p50=prompt, prompt_p99=prompt, max_tokens=a.answer_tokens, unique_prompts=True)
-    rec = recommend(model, gpu_mib, 1, BASE_ARGS, wl, SGLANG_VERSION)
+    rec = recommend(
+        model, gpu_mib, 1, BASE_ARGS, wl, SGLANG_VERSION, allow_fp8_kv=False, allow_bf16_state=False
+    )
     best = rec.candidates[0]
 
     def by_steps_of(cands: list[Any]) -> dict[int, Any]:
@@ -181,7 +183,9 @@ def plan_configs(model_dir: Path, gpu_mib: int, a: argparse.Namespace) -> tuple[
             cfg.fallback = Config(name, acc, steps, list(alt.args), alt.plan, source, accept)
         out.append(cfg)
     # last, if time is left: regen's choice with --allow-bf16-state (issue 25 item 4: beside the fp32 one)
-    bf16 = recommend(model, gpu_mib, 1, BASE_ARGS, wl, SGLANG_VERSION, allow_bf16_state=True).candidates[0]
+    bf16 = recommend(
+        model, gpu_mib, 1, BASE_ARGS, wl, SGLANG_VERSION, allow_fp8_kv=False, allow_bf16_state=True
+    ).candidates[0]
     if "bfloat16" in bf16.args:
         out.append(Config("off-bf16", None, 0, list(bf16.args), bf16.plan, "recommend --allow-bf16-state"))
     return out, wl

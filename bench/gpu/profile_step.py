@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     wl = Workload(prompt_p50=256 + TEMPLATE_TOKENS, prompt_p99=256 + TEMPLATE_TOKENS, max_tokens=real.hi,
                   target_concurrency=4096, expected_output_tokens=round(real.mean()))  # fmt: skip
     rec = recommend(ModelShape.from_config(str(model_dir)), gpu_memory_mib(dry), 1, list(BASE_ARGS), wl,
-                    SGLANG_VERSION, allow_bf16_state=True)  # fmt: skip
+                    SGLANG_VERSION, allow_fp8_kv=False, allow_bf16_state=True)  # fmt: skip
     cand = next(c for c in candidates_for(rec, dry) if c.label == a.label)
     batch = a.batch or cand.predicted_running
     doc: dict[str, Any] = {

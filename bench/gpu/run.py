@@ -462,8 +462,8 @@ def all_configs(
     out = [
         ServerConfig("default", "SGLang defaults", BASE_ARGS, None, predicted_of(default_plan), default_plan)
     ]
-    rec = recommend(model, gpu_mib, 1, [], wl, SGLANG_VERSION)
-    rec16 = recommend(model, gpu_mib, 1, [], wl, SGLANG_VERSION, allow_bf16_state=True)
+    rec = recommend(model, gpu_mib, 1, [], wl, SGLANG_VERSION, allow_fp8_kv=False, allow_bf16_state=False)
+    rec16 = recommend(model, gpu_mib, 1, [], wl, SGLANG_VERSION, allow_fp8_kv=False, allow_bf16_state=True)
     out.append(
         ServerConfig(
             "regen",

@@ -401,7 +401,8 @@ def restarted(cand: Any, model_dir: Path, dry: bool, root: Path) -> Iterator[tup
     from regen.sglang.server import acquire_server, stop_all_servers
     from regen.tune.sweep import candidate_plan, sweep_command_builder, sweep_port, sweep_server_cfg
 
-    cfg = dataclasses.replace(sweep_server_cfg(server_cfg(model_dir, dry)), port_base=sweep_port())
+    base = sweep_server_cfg(server_cfg(model_dir, dry))
+    cfg = dataclasses.replace(base, port_base=sweep_port(base.host))
     t = time.monotonic()
     try:
         with acquire_server(cfg, candidate_plan(cand), root / "servers", root / "logs", owner_pid=os.getpid(),
@@ -663,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
         expected_output_tokens=round(real_lengths.mean()),
     )  # fmt: skip
     rec = recommend(ModelShape.from_config(str(model_dir)), gpu_mib, 1, list(BASE_ARGS), wl, SGLANG_VERSION,
-                    allow_bf16_state=True, allow_replay_decode=True)  # fmt: skip
+                    allow_fp8_kv=False, allow_bf16_state=True, allow_replay_decode=True)  # fmt: skip
     cands = candidates_for(rec, dry)
     if a.labels:
         cands = [c for c in cands if c.label.replace(" ", "_") in a.labels.split(",")]

@@ -121,7 +121,7 @@ class ReplayPlan:
 
 
 def plan_replay(
-    samples: Iterable[Sample], index: JournalIndex, settings: GenerationSettings, retry_failed: bool = True
+    samples: Iterable[Sample], index: JournalIndex, settings: GenerationSettings, retry_failed: bool
 ) -> ReplayPlan:
     """Classify every sample the way ``regen.generate.client`` will decide on it."""
     now, mode = settings.fingerprint, settings.regenerate
@@ -134,7 +134,7 @@ def plan_replay_fingerprints(
     fingerprints: Iterable[tuple[str, str]],
     index: JournalIndex,
     settings: GenerationSettings,
-    retry_failed: bool = True,
+    retry_failed: bool,
 ) -> ReplayPlan:
     """Classify every sample, given as ``(id, request fingerprint under settings)``."""
     plan = ReplayPlan()
@@ -188,6 +188,8 @@ def workflow_samples(config: Mapping[str, Any], layout: RunLayout = RUN) -> Iter
         return None
     excluded = layout.audit_excluded
     rows = read_excluded(excluded)[1] if excluded.exists() else frozenset()
+    # "skip" whatever dataset.on_bad_row says: a bad row is never sharded, and under "stop" the audit fails
+    # before any shard is written; the preview counts the samples and must not raise on the first bad row
     samples = iter_samples(path, dataset["format"], dataset["id_column"], "skip", config["tokenizer"])
     return (s for s in samples if s.source.get("row") not in rows)
 

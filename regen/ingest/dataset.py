@@ -245,18 +245,19 @@ class _BadRowPolicy:
 
 def iter_samples(
     path: str | Path,
-    fmt: str = "auto",
-    id_column: str | None = None,
-    on_bad_row: str = "skip",
+    fmt: str,
+    id_column: str | None,
+    on_bad_row: str,
     tokenizer_dir: str | Path | None = None,
     bad_rows: list[BadRow] | None = None,
     developer_role: str = "system",
 ) -> Iterator[Sample]:
     """Stream the samples of one dataset file; unreadable rows go to ``bad_rows`` or raise.
 
-    Arguments, the file's existence and its extension are checked at the call, before
-    iteration starts. With ``on_bad_row="skip"`` each unreadable row is appended to
-    ``bad_rows`` (when given) and skipped; with ``"stop"`` the first one raises
+    ``fmt``, ``id_column`` and ``on_bad_row`` are the ``dataset`` section's (:class:`DatasetConfig`;
+    no default here: the schema is their one home). Arguments, the file's existence and its extension
+    are checked at the call, before iteration starts. With ``on_bad_row="skip"`` each unreadable row
+    is appended to ``bad_rows`` (when given) and skipped; with ``"stop"`` the first one raises
     :class:`BadInputError`. Samples come in file order; ``Sample.source`` holds file, row
     and format (tokenized rows add ``mask_supervised_tokens`` and ``input_tokens``).
     ``developer_role`` is the role ``developer`` turns become (``ChatTemplate.developer_role``).
@@ -301,8 +302,8 @@ def record_to_sample(
     *,
     file: str,
     row: int,
-    fmt: str = "auto",
-    id_column: str | None = None,
+    fmt: str,
+    id_column: str | None,
     decoder: _LazyDecoder | None = None,
     developer_role: str = "system",
 ) -> Sample:

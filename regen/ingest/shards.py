@@ -122,9 +122,9 @@ def make_shards(
     input_path: str | os.PathLike[str],
     excluded_jsonl: str | os.PathLike[str],
     out_paths: Sequence[str | os.PathLike[str]],
-    fmt: str = "auto",
-    id_column: str | None = None,
-    on_bad_row: str = "skip",
+    fmt: str,
+    id_column: str | None,
+    on_bad_row: str,
     tokenizer_dir: str | os.PathLike[str] | None = None,
 ) -> list[int]:
     """Read the dataset again and shard every sample the audit did not exclude.

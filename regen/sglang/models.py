@@ -191,7 +191,7 @@ class ModelShape:
         dtype = ssm_dtype or lin.ssm_dtype
         return (lin.num_value_heads // tp) * lin.value_head_dim * lin.key_head_dim * _dtype_bytes(dtype)
 
-    def state_bytes_per_request(self, tp: int = 1, ssm_dtype: str | None = None) -> int:
+    def state_bytes_per_request(self, tp: int, ssm_dtype: str | None = None) -> int:
         """P: BaseLinearStateParams.mamba_cache_per_req = L_lin * (conv + ssm); 0 for non-hybrid models."""
         if not self.is_hybrid:
             return 0
@@ -213,7 +213,7 @@ class ModelShape:
         return self.linear_attention_layers * per_layer
 
     # ---- KV cell (DefaultPoolConfigurator._compute_cell_size, MHA branch) ----
-    def kv_cell_bytes(self, tp: int = 1, kv_dtype: str = "auto", draft_layers: int = 0) -> float:
+    def kv_cell_bytes(self, tp: int, kv_dtype: str = "auto", draft_layers: int = 0) -> float:
         """Bytes of KV per token over the full-attention layers (+ MTP draft layers for EAGLE/NEXTN)."""
         kv_heads_per_tp = max(1, self.num_kv_heads // tp)
         element = _dtype_bytes(self.dtype) if kv_dtype == "auto" else KV_DTYPE_BYTES[kv_dtype]

@@ -732,8 +732,9 @@ def recommend(
     args: list[str],
     workload: Workload,
     sglang_version: str = DEFAULT_VERSION,
-    allow_fp8_kv: bool = False,
-    allow_bf16_state: bool = False,
+    *,
+    allow_fp8_kv: bool,
+    allow_bf16_state: bool,
     top_k: int = 5,
     allow_replay_decode: bool = False,
 ) -> Recommendation:

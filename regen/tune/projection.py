@@ -73,7 +73,7 @@ def count_remaining(results_dir: str | os.PathLike[str], work_dir: str | os.Path
 
 
 def project(
-    remaining_samples: int, tokens_per_sample: float, out_tok_s_per_server: float, gpus: int, tp: int = 1
+    remaining_samples: int, tokens_per_sample: float, out_tok_s_per_server: float, gpus: int, tp: int
 ) -> Projection:
     """wall = remaining x tokens/sample / (tok/s per server x servers); GPU-hours = wall x servers x tp."""
     if out_tok_s_per_server <= 0:

@@ -489,7 +489,7 @@ def warm_up(endpoint: Endpoint, sample: Sample, generate_cfg: GenerateConfig, wo
     return time.monotonic() - t0
 
 
-def sweep_port(host: str = "127.0.0.1") -> int:
+def sweep_port(host: str) -> int:
     """A port nothing listens on, chosen by the OS from its ephemeral range: never one of the
     ``server.port_base + slot`` ports a running generation holds or is about to take."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
