@@ -27,6 +27,7 @@ from snakemake.exceptions import WorkflowError
 from regen.chat import ChatTemplate, ChatTemplateError
 from regen.ingest.dataset import detect_format
 from regen.layout import RunLayout
+from regen.runconfig import section_schema, with_schema_defaults
 from regen.sglang.models import ModelConfigError, ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, parse_flags
 from regen.storage import is_s3_uri, parse_location
@@ -154,7 +155,9 @@ def check_dataset(config: Mapping[str, Any], host: Host) -> list[Problem]:
             return [Problem("dataset.path", path, f"not a readable Parquet file: {exc}")]
         if rows == 0:
             return [Problem("dataset.path", path, "has no rows: nothing to generate")]
-    if (_get(config, "dataset.format") or "auto") == "auto":
+    raw = config.get("dataset")
+    dataset = with_schema_defaults(raw if isinstance(raw, Mapping) else {}, section_schema("dataset"))
+    if dataset["format"] == "auto":
         try:
             detect_format(p)
         except (OSError, ValueError) as exc:
