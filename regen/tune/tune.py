@@ -21,7 +21,7 @@ from regen.generate.run_progress import fmt_duration
 from regen.ingest.shards import read_shard
 from regen.io import write_json
 from regen.layout import RunLayout
-from regen.runconfig import GenerateConfig, ServerConfig
+from regen.runconfig import GenerateConfig, ServerConfig, section_schema
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     DEFAULT_VERSION,
@@ -130,7 +130,8 @@ def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="regen tune", description="Plan SGLang memory and flags.")
     parser.add_argument("--model-config", required=True, help="HF model dir or config.json")
     parser.add_argument("--gpu-memory-mib", type=int, help="GPU memory (default: nvidia-smi)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per server (default 1)")
+    tp = section_schema("server")["properties"]["tp"]["default"]
+    parser.add_argument("--tp", type=int, default=tp, help=f"tensor-parallel GPUs per server (default {tp})")
     add_planning_arguments(parser)
     parser.add_argument(
         "--max-tokens", type=int, help="answer budget per request (generate.sampling.max_tokens)"
