@@ -150,9 +150,10 @@ def _index_lines(entry: Mapping[str, Any], start: int, end: int, settings_seen: 
     """The index lines of one journal entry written at ``[start, end)``."""
     out: list[bytes] = []
     sfp = entry.get("settings_fingerprint")
-    if isinstance(sfp, str) and sfp not in settings_seen and isinstance(entry.get("settings"), dict):
+    settings = entry.get("settings")
+    if isinstance(sfp, str) and sfp not in settings_seen and isinstance(settings, dict | orjson.Fragment):
         settings_seen.add(sfp)
-        out.append(orjson.dumps(["settings", sfp, entry["settings"]]) + b"\n")
+        out.append(orjson.dumps(["settings", sfp, settings]) + b"\n")
     head = [entry["kind"], entry["id"], entry.get("fingerprint"), sfp, start, end]
     out.append(orjson.dumps(head) + b"\n")
     return out
@@ -315,7 +316,8 @@ class Journal:
         return dict(self._outcomes.get(sample_id, {}))
 
     def append(self, entry: dict[str, Any], *, flush: bool = True) -> None:
-        """Add one finished sample (``entry["kind"]`` is ``record`` or ``failed``)."""
+        """Add one finished sample (``entry["kind"]`` is ``record`` or ``failed``; a value may be an
+        ``orjson.Fragment``, JSON serialized already)."""
         line = orjson.dumps(entry) + b"\n"
         fingerprint = entry.get("fingerprint")
         self._note(entry["id"], entry["kind"], fingerprint if isinstance(fingerprint, str) else None)
