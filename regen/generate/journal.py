@@ -155,7 +155,7 @@ def _index_lines(entry: Mapping[str, Any], start: int, end: int, settings_seen: 
         settings_seen.add(sfp)
         out.append(orjson.dumps(["settings", sfp, settings]) + b"\n")
     head = [entry["kind"], entry["id"], entry.get("fingerprint"), sfp, start, end]
-    out.append(orjson.dumps(head) + b"\n")
+    out.append(orjson.dumps(head, option=orjson.OPT_APPEND_NEWLINE))
     return out
 
 
@@ -318,7 +318,7 @@ class Journal:
     def append(self, entry: dict[str, Any], *, flush: bool = True) -> None:
         """Add one finished sample (``entry["kind"]`` is ``record`` or ``failed``; a value may be an
         ``orjson.Fragment``, JSON serialized already)."""
-        line = orjson.dumps(entry) + b"\n"
+        line = orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)  # no copy of a long line for its newline
         fingerprint = entry.get("fingerprint")
         self._note(entry["id"], entry["kind"], fingerprint if isinstance(fingerprint, str) else None)
         self._buf.append(line)
@@ -461,13 +461,13 @@ def _copied_record_head(raw: bytes, row: list[Any] | None, end: int) -> tuple[st
     return sid, fingerprint
 
 
-def _record_line(entry: dict[str, Any], earlier: list[dict[str, Any]]) -> bytes:
+def _record_line(entry: dict[str, Any], earlier: list[dict[str, Any]] | None) -> bytes:
     """The records-file line of a parsed journal record: the record less its ``kind``, the failures of
     the same fingerprint before it as its ``history``."""
     entry.pop("kind")
     if earlier:
         entry["history"] = [_history_item(e) for e in earlier]
-    return orjson.dumps(entry) + b"\n"
+    return orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def _finalize(
@@ -512,7 +512,7 @@ def _finalize(
                 dups += 1
                 continue
             if kind == RECORD:
-                earlier = failures.pop(sid, [])
+                earlier = failures.pop(sid, None)
                 if entry is None and not earlier:
                     rec_fh.write(b"{")
                     rec_fh.write(memoryview(raw)[len(_RECORD_LINE_HEAD) :])  # no copy of a long line
