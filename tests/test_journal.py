@@ -213,3 +213,112 @@ def test_an_index_that_does_not_match_its_journal_is_rebuilt(tmp_path: Path, how
         assert j.finished_ids == want.get(how, {"s0", "s1"})
     assert {h.id for h in read_heads(path).heads} == want.get(how, {"s0", "s1"})
     assert len(index.read_bytes().splitlines()) == len(lines(path))
+
+
+# ------------------------------------------------------------------------ finalize's bytes
+
+
+def _reference_finalize(path: Path, current: dict[str, str] | None) -> tuple[bytes, bytes, tuple[int, ...]]:
+    """Finalize by the journal's rules, every line parsed and dumped again: what the records and
+    failures files must hold, byte for byte, and the counts (records, failed, duplicates, stale)."""
+    recs, fails, written, failures = [], [], set(), {}
+    dups = stale = 0
+
+    def history(es: list[dict]) -> list[dict]:
+        return [{k: e.get(k) for k in ("reason", "attempts", "error", "at")} for e in es]
+
+    def failure(e: dict, hist: list[dict]) -> dict:
+        keys = ("id", "reason", "attempts", "error", "fingerprint", "settings_fingerprint")
+        out = {k: e.get(k) for k in keys if k in e or k in ("id", "reason", "attempts", "error")}
+        return {**out, "history": hist} if hist else out
+
+    for raw in path.read_bytes().splitlines():
+        if not raw.strip():
+            continue
+        e = orjson.loads(raw)
+        sid = e["id"]
+        if current is not None and e.get("fingerprint") != current.get(sid, object()):
+            stale += 1
+        elif sid in written:
+            dups += 1
+        elif e.pop("kind") == "record":
+            if earlier := failures.pop(sid, []):
+                e["history"] = history(earlier)
+            recs.append(e)
+            written.add(sid)
+        elif current is None:
+            fails.append(failure(e, []))
+            written.add(sid)
+        else:
+            failures.setdefault(sid, []).append(e)
+    fails += [failure(es[-1], history(es[:-1])) for es in failures.values()]
+    dump = lambda es: b"".join(orjson.dumps(e) + b"\n" for e in es)  # noqa: E731
+    n_fail = len(failures) if current is not None else len(written) - len(recs)
+    return dump(recs), dump(fails), (len(recs), n_fail, dups, stale)
+
+
+def _answer(sid: str, fp: str, content: str) -> dict[str, object]:
+    """A journal record shaped as the client writes it (floats, unicode, nested objects, token ids)."""
+    return {
+        "kind": "record", "id": sid, "shard": "00000",
+        "messages": [{"role": "user", "content": "é \"quoted\"\n\u2028 \U0001f600"}],
+        "reasoning_content": None, "content": content, "finish_reason": "stop", "truncated": False,
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "reasoning_tokens": None},
+        "sampling": {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 256}, "seed": 2**31 - 1,
+        "timings": {"started_at": 1764589123.123456, "latency_s": 1e-07},
+        "prompt_token_ids": [0, 1, 2**31 - 1], "completion_token_ids": [5, 6],
+        "tool_calls": [{"function": {"name": "f", "arguments": {"fingerprint": fp, "x": -0.0}}}],
+        "fingerprint": fp, "settings_fingerprint": "S",
+        "settings": {"temperature": 0.6, "extra_body": {"fingerprint": "F-other"}, "nan": float("nan")},
+    }  # fmt: skip
+
+
+def _failed(sid: str, fp: str, reason: str, at: float) -> dict[str, object]:
+    return {"kind": "failed", "id": sid, "reason": reason, "attempts": 2, "error": f"{reason}: x",
+            "fingerprint": fp, "settings_fingerprint": "S", "at": at}  # fmt: skip
+
+
+@pytest.mark.parametrize("index", ["as written", "missing", "rows lie", "pre-fingerprint"])
+def test_finalize_writes_the_bytes_parsing_and_dumping_every_line_would(tmp_path: Path, index: str) -> None:
+    """Finalize copies a record line's bytes instead of parsing it again: the records and failures
+    files must be what parsing and dumping every line gives, with history, stale entries, duplicates,
+    odd ids, a line of another writer, an index that lies about a line, and a journal of old."""
+    path = tmp_path / "00000.jsonl"
+    current = {sid: f"F{sid}" for sid in ("a", "b", "c", "d", "e", "g", "h")} | {'q"\n\u00e9': "Fq"}
+    with Journal.open(path) as j:
+        j.append(_answer("a", "Fa", "first"))
+        j.append(_failed("b", "Fb", "server_error", 1.5))
+        j.append(_failed("b", "Fb", "timeout", 2.5))
+        j.append(_answer("b", "Fb", "after two failures"))  # history
+        j.append(_answer("c", "Fc-old", "stale: older settings"))
+        j.append(_answer("c", "Fc", "current"))
+        j.append(_answer("a", "Fa", "duplicate"))
+        j.append(_answer("gone", "Fx", "stale: no longer sampled"))
+        j.append(_failed("d", "Fd", "server_error", 3.0))
+        j.append(_failed("d", "Fd", "client_error: bad", 4.0))  # a failure with history
+        j.append(_answer('q"\n\u00e9', "Fq", "an id JSON escapes"))
+        j.append({"kind": "record", "id": "g", "content": "no fingerprint"})
+    with open(path, "ab") as fh:  # other writers' spacing, then a blank line
+        fh.write(b'{"kind": "record", "id": "e", "fingerprint": "Fe", "content": "spaced"}\n')
+        fh.write(b'{"kind":"record","id":"h","fingerprint":"Fh","settings_fingerprint":"S"} \n\n')
+    with Journal.open(path):
+        pass  # the index catches up with the appended line
+    ipath = index_path(path)
+    if index == "missing":
+        ipath.unlink()
+    elif index == "rows lie":  # spans right, heads wrong: the line's own bytes decide
+        rows = [orjson.loads(x) for x in ipath.read_bytes().splitlines()]
+        lied = [
+            [r[0], r[1], "Fa", *r[3:]] if r[1] == "c" else [r[0], "a", *r[2:]] if r[1] == 'q"\n\u00e9' else r
+            for r in rows
+        ]
+        ipath.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lied))
+    cur = None if index == "pre-fingerprint" else current
+    counts = finalize_journal(path, tmp_path / "out.jsonl", tmp_path / "out.failed.jsonl", cur)
+    records, failures, want_counts = _reference_finalize(path, cur)
+    assert (tmp_path / "out.jsonl").read_bytes() == records
+    assert (tmp_path / "out.failed.jsonl").read_bytes() == failures
+    assert (counts.records, counts.failed, counts.duplicates_ignored, counts.stale_ignored) == want_counts
+    if cur is not None:
+        assert want_counts == (6, 1, 1, 3)
+        assert b'"history":[{"reason":"server_error"' in records

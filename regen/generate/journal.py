@@ -150,11 +150,12 @@ def _index_lines(entry: Mapping[str, Any], start: int, end: int, settings_seen: 
     """The index lines of one journal entry written at ``[start, end)``."""
     out: list[bytes] = []
     sfp = entry.get("settings_fingerprint")
-    if isinstance(sfp, str) and sfp not in settings_seen and isinstance(entry.get("settings"), dict):
+    settings = entry.get("settings")
+    if isinstance(sfp, str) and sfp not in settings_seen and isinstance(settings, dict | orjson.Fragment):
         settings_seen.add(sfp)
-        out.append(orjson.dumps(["settings", sfp, entry["settings"]]) + b"\n")
+        out.append(orjson.dumps(["settings", sfp, settings]) + b"\n")
     head = [entry["kind"], entry["id"], entry.get("fingerprint"), sfp, start, end]
-    out.append(orjson.dumps(head) + b"\n")
+    out.append(orjson.dumps(head, option=orjson.OPT_APPEND_NEWLINE))
     return out
 
 
@@ -315,8 +316,9 @@ class Journal:
         return dict(self._outcomes.get(sample_id, {}))
 
     def append(self, entry: dict[str, Any], *, flush: bool = True) -> None:
-        """Add one finished sample (``entry["kind"]`` is ``record`` or ``failed``)."""
-        line = orjson.dumps(entry) + b"\n"
+        """Add one finished sample (``entry["kind"]`` is ``record`` or ``failed``; a value may be an
+        ``orjson.Fragment``, JSON serialized already)."""
+        line = orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)  # no copy of a long line for its newline
         fingerprint = entry.get("fingerprint")
         self._note(entry["id"], entry["kind"], fingerprint if isinstance(fingerprint, str) else None)
         self._buf.append(line)
@@ -429,6 +431,45 @@ def finalize_journal(
         return _finalize(Path(journal_path), records_out, failed_out, current)
 
 
+#: how every record line ``Journal.append`` writes begins: orjson's bytes of ``{"kind": "record", ...}``
+_RECORD_LINE_HEAD = b'{"kind":"record",'
+
+
+def _indexed_records(path: Path) -> dict[int, list[Any]]:
+    """The journal index's record rows by the offset of the journal line they name (empty when the
+    index is missing or unreadable)."""
+    index = _read_index(index_path(path))
+    if index is None:
+        return {}
+    return {row[4]: row for row in index[0] if len(row) == 6 and row[0] == RECORD}
+
+
+def _copied_record_head(raw: bytes, row: list[Any] | None, end: int) -> tuple[str, str] | None:
+    """(id, fingerprint) of a record line whose bytes can go to the records file as they are: the
+    index row names this line (its span, a string id and fingerprint) and the line's bytes agree with
+    it (they begin with the kind and that id, and carry that fingerprint). None: parse the line."""
+    if row is None or row[5] != end or not (raw.startswith(_RECORD_LINE_HEAD) and raw.endswith(b"}\n")):
+        return None
+    sid, fingerprint = row[1], row[2]
+    if not (isinstance(sid, str) and isinstance(fingerprint, str)):
+        return None
+    if not raw.startswith(b'"id":' + orjson.dumps(sid) + b",", len(_RECORD_LINE_HEAD)):
+        return None
+    # rfind: the fingerprint is among the last fields (only the settings come after it)
+    if raw.rfind(b',"fingerprint":' + orjson.dumps(fingerprint) + b',"settings_fingerprint":') == -1:
+        return None
+    return sid, fingerprint
+
+
+def _record_line(entry: dict[str, Any], earlier: list[dict[str, Any]] | None) -> bytes:
+    """The records-file line of a parsed journal record: the record less its ``kind``, the failures of
+    the same fingerprint before it as its ``history``."""
+    entry.pop("kind")
+    if earlier:
+        entry["history"] = [_history_item(e) for e in earlier]
+    return orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
+
+
 def _finalize(
     path: Path,
     records_out: str | os.PathLike[str],
@@ -438,35 +479,50 @@ def _finalize(
     written: set[str] = set()
     failures: dict[str, list[dict[str, Any]]] = {}
     n_rec = dups = stale = 0
+    # speed: a record line that needs no history is copied less its kind instead of parsed and dumped
+    # again (the same bytes: orjson dumps what it parsed from its own output as it was); its id and
+    # fingerprint come from the index, which ``Journal.open`` keeps matching the journal
+    indexed = _indexed_records(path)
+    end = 0
     with (
         atomic_lines_writer(records_out) as rec_fh,
         atomic_lines_writer(failed_out) as fail_fh,
         open(path, "rb") as src,
     ):
         for lineno, raw in enumerate(src, start=1):
-            if not raw.strip():
+            start = end
+            end += len(raw)
+            if raw.isspace():  # blank (a line from the file is never empty)
                 continue
             if not raw.endswith(b"\n"):
                 raise JournalError(
                     f"{path}: line {lineno}: torn line (open the journal with Journal.open first)"
                 )
-            entry = _parse_line(path, lineno, raw)
-            sid = entry["id"]
-            if current is not None and (sid not in current or entry.get("fingerprint") != current[sid]):
+            head = _copied_record_head(raw, indexed.get(start), end)
+            if head is None:
+                entry: dict[str, Any] | None = _parse_line(path, lineno, raw)
+                sid, kind, fingerprint = entry["id"], entry["kind"], entry.get("fingerprint")
+            else:
+                entry, kind = None, RECORD
+                sid, fingerprint = head
+            if current is not None and (sid not in current or fingerprint != current[sid]):
                 stale += 1
                 continue
             if sid in written:
                 dups += 1
                 continue
-            kind = entry.pop("kind")
             if kind == RECORD:
-                earlier = failures.pop(sid, [])
-                if earlier:
-                    entry["history"] = [_history_item(e) for e in earlier]
-                rec_fh.write(orjson.dumps(entry) + b"\n")
+                earlier = failures.pop(sid, None)
+                if entry is None and not earlier:
+                    rec_fh.write(b"{")
+                    rec_fh.write(memoryview(raw)[len(_RECORD_LINE_HEAD) :])  # no copy of a long line
+                else:
+                    rec_fh.write(_record_line(entry or _parse_line(path, lineno, raw), earlier))
                 written.add(sid)
                 n_rec += 1
-            elif current is None:  # before fingerprints: the first line per id wins
+                continue
+            assert entry is not None  # only record lines are copied
+            if current is None:  # before fingerprints: the first line per id wins
                 fail_fh.write(orjson.dumps(_failure_line(entry, [])) + b"\n")
                 written.add(sid)
             else:

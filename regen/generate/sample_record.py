@@ -9,13 +9,14 @@ The requests themselves are ``regen.generate.request``'s; what is sent when, and
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from regen.generate.request import Answer, Requests, chat_url
 from regen.records import FailureEntry, GenerationRecord, RecordSampling
-from regen.runconfig import GenerateConfig
+from regen.runconfig import GenerateConfig, SamplingConfig
 from regen.toolcalls import answered_calls, tool_call_mismatch, with_answered_ids
 from regen.types import Endpoint, Sample
 
@@ -36,6 +37,15 @@ def thinking_for(sample_id: str, mode: str, fraction: float) -> bool:
     if mode == "off":
         return False
     return hash64("thinking", sample_id) / 2.0**64 < fraction
+
+
+@functools.lru_cache(maxsize=256)
+def record_sampling(sampling: SamplingConfig, thinking: bool, max_tokens: int) -> RecordSampling:
+    """The sampling a record of this thinking mode names (``max_tokens``: as last sent). Cached, for
+    speed: a shard's records share a handful (one per mode and max_tokens), and ``for_thinking`` with
+    an override block builds a new config each call."""
+    s, block = sampling.for_thinking(thinking)
+    return RecordSampling(s.temperature, s.top_p, s.top_k, max_tokens, block)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +96,6 @@ async def answer_sample(
     truncated = (
         any(t["finish_reason"] == "length" for t in turns) if turns else answer.finish_reason == "length"
     )
-    s, block = cfg.sampling.for_thinking(thinking)
     return GenerationRecord(
         id=sid,
         shard=ctx.shard,
@@ -97,7 +106,7 @@ async def answer_sample(
         truncated=truncated,
         thinking=thinking,
         usage=answer.usage,
-        sampling=RecordSampling(s.temperature, s.top_p, s.top_k, answer.max_tokens, block),
+        sampling=record_sampling(cfg.sampling, thinking, answer.max_tokens),
         seed=seed,
         model=answer.model or ctx.model,
         server=ctx.server if answer.lender is None or lender is None else ctx.lent_server(lender),

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 
 from regen.fingerprint import GenerationSettings, content_digest, request_fingerprint
 from regen.generate.journal import Journal
@@ -92,7 +93,8 @@ class ShardRun:
         on_exhausted: Callable[[], None] | None = None,
     ) -> None:  # fmt: skip
         self.cfg = cfg
-        self.settings_json = settings.to_json()
+        # speed: every record carries the settings, serialized once (orjson writes a Fragment as it is)
+        self.settings_json = orjson.Fragment(orjson.dumps(settings.to_json()))
         self.settings_fingerprint = settings.fingerprint
         self.journal = journal
         self.samples = samples
