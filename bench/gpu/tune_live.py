@@ -398,11 +398,11 @@ def read_log(path: Path, offset: int) -> str:
 def restarted(cand: Any, model_dir: Path, dry: bool, root: Path) -> Iterator[tuple[Any, float]]:
     """The candidate's server started afresh through ``acquire_server`` on an OS-chosen port (servers and
     logs under ``root``); yields (endpoint, seconds to ready); stops it afterwards."""
-    from regen.sglang.server import acquire_server, stop_all_servers
-    from regen.tune.sweep import candidate_plan, sweep_command_builder, sweep_port, sweep_server_cfg
+    from regen.sglang.server import acquire_server, any_free_port, stop_all_servers
+    from regen.tune.sweep import candidate_plan, sweep_command_builder, sweep_server_cfg
 
     base = sweep_server_cfg(server_cfg(model_dir, dry))
-    cfg = dataclasses.replace(base, port_base=sweep_port(base.host))
+    cfg = dataclasses.replace(base, port_base=any_free_port(base.host))
     t = time.monotonic()
     try:
         with acquire_server(cfg, candidate_plan(cand), root / "servers", root / "logs", owner_pid=os.getpid(),

@@ -41,7 +41,6 @@ import logging
 import math
 import os
 import random
-import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ from regen.sglang.plan import parse_flags
 from regen.sglang.server import (
     ServerError,
     acquire_server,
+    any_free_port,
     build_server_command,
     build_simulated_command,
     stop_all_servers,
@@ -489,14 +489,6 @@ def warm_up(endpoint: Endpoint, sample: Sample, generate_cfg: GenerateConfig, wo
     return time.monotonic() - t0
 
 
-def sweep_port(host: str) -> int:
-    """A port nothing listens on, chosen by the OS from its ephemeral range: never one of the
-    ``server.port_base + slot`` ports a running generation holds or is about to take."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def sweep_command_builder(server_cfg: ServerConfig, plan: PlanFile | None, port: int,
                           model_path: str) -> list[str]:  # fmt: skip
     """The workflow's server command, plus the simulated batch model (``simulated.half_speed_running``)."""
@@ -589,7 +581,9 @@ def run_sweep(
         cand_dir = root / f"cand{i:02d}"
         servers = cand_dir / "servers"
         log.info("sweep: %s (%s), predicted cap %s", cand.label, " ".join(cand.args), cand.predicted_running)
-        cand_cfg = dataclasses.replace(cfg, port_base=sweep_port(cfg.host))
+        # a port the kernel picks from its ephemeral range: never one of the ``server.port_base + slot``
+        # ports a running generation holds or is about to take
+        cand_cfg = dataclasses.replace(cfg, port_base=any_free_port(cfg.host))
         server_log = cand_dir / "logs" / "gpu0.log"
         try:
             with acquire_server(
