@@ -10,7 +10,7 @@ Every size here mirrors how SGLang sizes its pools (0.5.17 and 0.5.23 agree on t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,9 @@ class ModelShape:
     mtp_layers: int
     linear: LinearAttention | None
     weights_bytes_from_index: int | None
+    #: the config as read (``text_config`` not unwrapped): attention-family and pool modules read their own
+    #: fields from it; compared by identity only, so a plan's equality stays the shape's
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     @property
     def is_hybrid(self) -> bool:
@@ -175,6 +178,7 @@ class ModelShape:
             mtp_layers=mtp,
             linear=linear,
             weights_bytes_from_index=weights_bytes_from_index,
+            raw=raw,
         )
 
     # ---- per-request linear-attention state (mamba_utils.Mamba2StateShape.create) ----
