@@ -90,7 +90,12 @@ def test_finalize_is_atomic_on_error(tmp_path: Path) -> None:
         finalize_journal(path, out, tmp_path / "out.failed.jsonl")
     assert out.read_text() == "previous\n"
     assert not (tmp_path / "out.failed.jsonl").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000.jsonl", "00000.jsonl.index", "out.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "00000.jsonl",
+        "00000.jsonl.index",
+        "00000.jsonl.lock",
+        "out.jsonl",
+    ]
 
 
 def test_buffered_appends_reach_disk_on_flush(tmp_path: Path) -> None:

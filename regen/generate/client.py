@@ -56,7 +56,7 @@ import aiohttp
 import orjson
 
 from regen.fingerprint import GenerationSettings, server_numerics
-from regen.generate.journal import Journal, JournalSink
+from regen.generate.journal import Journal, JournalSink, JournalWriter
 from regen.generate.request import Halt, Requests, ServerRestarts
 from regen.generate.sample_record import RecordContext, hash64
 from regen.generate.scheduler import Lenders, ShardRun, ShardStats
@@ -96,7 +96,8 @@ class ShardJob:
     ``lenders``: other GPU slots' servers this job may also use while they have room. ``on_exhausted``:
     called once when every sample has been sent (only answers are awaited from then on). ``restarts``:
     the own server's restarts, so requests lost to one are sent again (and a server that gave up names
-    its cause).
+    its cause). ``writer``: the job's claim on the journal (taken before its GPU slot, released after its
+    outputs are written); None: ``Journal.open`` takes one and refuses if another process holds it.
     """
 
     samples: Iterable[Sample] | str | os.PathLike[str]
@@ -113,6 +114,7 @@ class ShardJob:
     on_exhausted: Callable[[], None] | None = None
     settings: GenerationSettings | None = None
     restarts: ServerRestarts | None = None
+    writer: JournalWriter | None = None
 
 
 # ------------------------------------------------------------------------------- progress
@@ -299,7 +301,7 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
     it, total = _samples_and_total(job.samples, job.total)
     t0 = time.monotonic()
     stats = ShardStats(total=total)
-    journal = Journal.open(job.journal, job.journal_sync)
+    journal = Journal.open(job.journal, job.journal_sync, writer=job.writer)
     try:
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(

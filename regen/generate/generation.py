@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from regen.fingerprint import GenerationSettings
 from regen.generate.client import ShardJob, generate_shard
+from regen.generate.journal import JournalWriter
 from regen.generate.lending import SlotLenders
 from regen.generate.run_progress import progress_line
 from regen.ingest.shards import read_shard
@@ -79,12 +80,15 @@ def run_generate_job(
     give_slot_up: list[Callable[[], None]] = []
     try:
         with (
+            # the shard's one writer, before its GPU slot: a job waiting for another run's writer
+            # (after a ``snakemake --unlock`` while that run lives) holds no GPU meanwhile
+            JournalWriter.claim(journal_path, wait=True, on_wait=_tell_console) as writer,
             acquire_server(cfg, plan, workdir=slots, log_dir=logs, on_slot=give_slot_up.append) as endpoint,
             console_progress(endpoint.server_id, layout),
         ):
             stats = _generate_on(
                 endpoint, samples, journal_path, records_out, failed_out, generate_cfg, shard, total,
-                journal_sync, give_slot_up, generation, str(slots),
+                journal_sync, give_slot_up, generation, str(slots), writer,
             )  # fmt: skip
     except ServerError as exc:
         raise SystemExit(once_per_cause(exc, shard, log_path, Path(slots) / "failures")) from None
@@ -94,7 +98,7 @@ def run_generate_job(
 def _generate_on(
     endpoint: Any, samples: Any, journal_path: str, records_out: str, failed_out: str,
     generate_cfg: GenerateConfig, shard: str, total: int, journal_sync: Any,
-    give_slot_up: list[Callable[[], None]], generation: Any, slots: str,
+    give_slot_up: list[Callable[[], None]], generation: Any, slots: str, writer: JournalWriter,
 ) -> Any:  # fmt: skip
     log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
     lenders = other_slots(endpoint, generate_cfg, slots)
@@ -113,12 +117,20 @@ def _generate_on(
             on_exhausted=give_slot_up[0] if give_slot_up else None,
             settings=generation,
             restarts=SlotRestarts.of(slots, endpoint.server_id, endpoint.url),
+            writer=writer,
         )
         stats = generate_shard(job)
     finally:
         if lenders is not None:
             lenders.close()
     return stats
+
+
+def _tell_console(message: str) -> None:
+    """A line for the job's log and for the console Snakemake runs in (the job's stderr is its log)."""
+    log.warning("%s", message)
+    if sys.__stderr__ is not None:
+        print(f"regen: {message}", file=sys.__stderr__, flush=True)
 
 
 #: how often the job on GPU slot 0 prints the run's progress line to Snakemake's console

@@ -18,13 +18,25 @@ current fingerprint of every sample (``current``), only entries with that finger
 wins over failures, the first record wins over later ones, and the last failure stands when there is no
 record. The failures before it are its ``history``. Without ``current`` (a journal written before
 fingerprints) the first line per id wins.
+
+One writer per journal, always: ``Journal.open`` claims the journal (:class:`JournalWriter`, an
+exclusive ``flock`` on ``{journal}.lock``) before it reads or appends, whatever Snakemake's own lock says
+(``snakemake --unlock`` while a run is alive lets a second run start the same shards). A second writer
+waits for the first, or refuses with :class:`JournalBusyError` naming the shard and the holder's pid and
+host. The kernel drops the lock when its holder dies (kill, OOM, lost node: on NFS the server drops it
+when the client's lease ends), so a killed job never blocks the rerun. On NFS Linux emulates ``flock``
+with POSIX byte-range locks, which are cluster-wide and released by any ``close`` of the file in the
+holding process: the holder opens the lock file once and keeps it open. On Lustre mount with ``-o flock``
+(``localflock`` locks per node only).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -54,6 +66,104 @@ class JournalSink(Protocol):
 
 class JournalError(ValueError):
     """A journal line that is not the torn last line could not be read."""
+
+
+class JournalBusyError(RuntimeError):
+    """Another live process writes this journal (its pid and host in the message)."""
+
+
+def lock_path(journal_path: str | os.PathLike[str]) -> Path:
+    """The journal's writer lock: ``00000.jsonl`` → ``00000.jsonl.lock``."""
+    p = Path(journal_path)
+    return p.with_name(p.name + ".lock")
+
+
+#: seconds between tries, and between "still waiting" messages, of a writer waiting for the journal
+WAIT_POLL_S = 0.5
+WAIT_REPORT_S = 30.0
+
+
+class JournalWriter:
+    """The one writer's claim on a journal: an exclusive ``flock`` on ``{journal}.lock``, held on one
+    open file until :meth:`release` or the process's death. The lock file names its holder (pid, host,
+    since), for the message a second writer gets."""
+
+    def __init__(self, journal: Path, fd: int) -> None:
+        self.journal = journal
+        self._fd: int | None = fd
+
+    @classmethod
+    def claim(
+        cls,
+        journal: str | os.PathLike[str],
+        *,
+        wait: bool,
+        on_wait: Callable[[str], None] | None = None,
+        poll_s: float = WAIT_POLL_S,
+        report_s: float = WAIT_REPORT_S,
+    ) -> JournalWriter:
+        """Claim ``journal`` for writing. Held by another process: raise :class:`JournalBusyError`
+        (``wait`` false), or wait for it, calling ``on_wait`` with who holds it at once and every
+        ``report_s`` seconds."""
+        p = Path(journal)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        lock = lock_path(p)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        next_report = time.monotonic()
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    message = busy_message(p)
+                    if not wait:
+                        raise JournalBusyError(message) from None
+                    if on_wait is not None and time.monotonic() >= next_report:
+                        on_wait(message + "; waiting for it to finish")
+                        next_report = time.monotonic() + report_s
+                    time.sleep(poll_s)
+            holder = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder + b"\n", 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(p, fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> JournalWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Give the journal up (closing the lock file drops the lock). Idempotent."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+def busy_message(journal: Path) -> str:
+    """Who holds ``journal``'s writer lock, as its lock file says."""
+    try:
+        holder = orjson.loads(lock_path(journal).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        holder = None
+    shard = journal.name.removesuffix(".jsonl")
+    if not isinstance(holder, dict):
+        who = "another process (its pid and host not written yet)"
+    else:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since", 0))))
+        who = f"pid {holder.get('pid')} on host {holder.get('host')} (since {since})"
+    return (
+        f"shard {shard}: journal {journal} is being written by {who}: another run of this workflow is "
+        "generating this shard in this directory (one writer per journal, whatever Snakemake's lock says)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +356,7 @@ def _read_heads(p: Path) -> JournalHeads:
 
 
 class Journal:
-    """An open journal. Use ``Journal.open``; single writer (one generate job per shard)."""
+    """An open journal. Use ``Journal.open``; one writer (:class:`JournalWriter`), held until ``close``."""
 
     def __init__(
         self,
@@ -255,8 +365,12 @@ class Journal:
         sync: JournalSink | None,
         fsync_every_records: int,
         fsync_every_s: float,
+        writer: JournalWriter,
+        owns_writer: bool,
     ) -> None:
         self.path = path
+        self.writer = writer
+        self._owns_writer = owns_writer
         self.finished_ids: set[str] = set()
         self._outcomes: dict[str, dict[str, str]] = {}
         self.n_records = self.n_failed = 0
@@ -282,11 +396,37 @@ class Journal:
         *,
         fsync_every_records: int = 256,
         fsync_every_s: float = 5.0,
+        writer: JournalWriter | None = None,
     ) -> Journal:
-        """Open (creating) the journal; read the finished ids (from its index, :func:`read_heads`); cut
-        a torn last line away; bring the index up to date."""
+        """Claim the journal; open (creating) it; read the finished ids (from its index,
+        :func:`read_heads`); cut a torn last line away; bring the index up to date.
+
+        ``writer``: a claim the caller made and releases (a job keeps it until its outputs are
+        written); None: one taken here, refused with :class:`JournalBusyError` while another process
+        writes the journal, and released on ``close``."""
         p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
+        owns = writer is None
+        if writer is None:
+            writer = JournalWriter.claim(p, wait=False)
+        elif not writer.held or writer.journal != p:
+            raise ValueError(f"{p}: the writer claim given is for {writer.journal} or released")
+        try:
+            return cls._open(p, sync, fsync_every_records, fsync_every_s, writer, owns)
+        except BaseException:
+            if owns:
+                writer.release()
+            raise
+
+    @classmethod
+    def _open(
+        cls,
+        p: Path,
+        sync: JournalSink | None,
+        fsync_every_records: int,
+        fsync_every_s: float,
+        writer: JournalWriter,
+        owns_writer: bool,
+    ) -> Journal:
         if sync is not None:
             sync.restore(p)
         heads = read_heads(p)
@@ -302,7 +442,7 @@ class Journal:
             if heads.missing_index_lines:
                 with open(ipath, "ab") as fh:
                     fh.write(b"".join(heads.missing_index_lines))
-        return cls(p, heads, sync, fsync_every_records, fsync_every_s)
+        return cls(p, heads, sync, fsync_every_records, fsync_every_s, writer, owns_writer)
 
     def __contains__(self, sample_id: str) -> bool:
         return sample_id in self.finished_ids
@@ -369,13 +509,17 @@ class Journal:
         """Flush, fsync, flush and close the sink. Idempotent."""
         if self._fh.closed:
             return
-        self.flush()
-        self._fsync()
-        self._fh.close()
-        self._index_fh.close()
-        if self._sync is not None:
-            self._sync.flush()
-            self._sync.close()
+        try:
+            self.flush()
+            self._fsync()
+            self._fh.close()
+            self._index_fh.close()
+            if self._sync is not None:
+                self._sync.flush()
+                self._sync.close()
+        finally:
+            if self._owns_writer:
+                self.writer.release()
 
     def __enter__(self) -> Journal:
         return self
