@@ -42,6 +42,8 @@ from pathlib import Path
 import orjson
 import yaml
 
+from regen.io import open_lines
+from regen.layout import RunLayout
 from regen.sglang.simulated import REQUEST_LOG_ENV, VirtualTime, read_request_log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +106,17 @@ def run_config(args: argparse.Namespace, virtual: dict, cap: int, port_base: int
     return cfg
 
 
+def generated_tokens(layout: RunLayout) -> tuple[int, int]:
+    """(completion tokens, records) over every shard's generation records in ``layout``."""
+    tokens = records = 0
+    for path in layout.record_files():
+        with open_lines(path) as lines:
+            for line in lines:
+                tokens += orjson.loads(line)["usage"]["completion_tokens"]
+                records += 1
+    return tokens, records
+
+
 def measure(root: Path, request_log: Path, clock: VirtualTime, gpus: int, cap: int) -> dict:
     events = [e for e in read_request_log(request_log) if e["id"]]  # not the servers' readiness probes
     received = [e["vt"] for e in events if e["event"] == "received"]
@@ -112,13 +125,7 @@ def measure(root: Path, request_log: Path, clock: VirtualTime, gpus: int, cap: i
     for e in events:
         if e["event"] == "received":
             first_by_server[e["pid"]] = min(e["vt"], first_by_server.get(e["pid"], e["vt"]))
-    tokens = records = 0
-    for path in sorted((root / "results" / "generations").glob("*.jsonl")):
-        if path.name.endswith(".failed.jsonl"):
-            continue
-        for line in path.open("rb"):
-            tokens += orjson.loads(line)["usage"]["completion_tokens"]
-            records += 1
+    tokens, records = generated_tokens(RunLayout.under(root))
     end = max(completed)
     # each GPU counts from its own first request: the seconds Snakemake takes to start the first jobs
     # one after another would be minutes here (time runs `speed` times faster) but are seconds on a node
@@ -197,7 +204,7 @@ def main(argv: list[str]) -> int:
         return 1
     clock = VirtualTime(speed=speed, epoch=epoch, **shape)
     m = measure(root, request_log, clock, args.gpus, cap)
-    shards = args.shards or len(list((root / "results" / "shards").glob("*.parquet")))
+    shards = args.shards or len(RunLayout.under(root).shard_files())
     print(
         f"# scale={args.scale} cap={cap} speed={speed:.0f} real_s={real_s:.0f} records={m['records']} "
         f"tokens={m['tokens']} servers={m['servers']} run_h={m['run_s'] / 3600:.2f} "

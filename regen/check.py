@@ -26,13 +26,12 @@ from snakemake.exceptions import WorkflowError
 
 from regen.chat import ChatTemplate, ChatTemplateError
 from regen.ingest.dataset import detect_format
-from regen.layout import RunLayout
+from regen.layout import CONFIG_SCHEMA, RunLayout
 from regen.runconfig import section_schema, with_schema_defaults
 from regen.sglang.models import ModelConfigError, ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, parse_flags
 from regen.storage import is_s3_uri, parse_location
 
-SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
 #: outputs take about this many times the input (prompt shards, generation JSONL with reasoning,
 #: valid shards, the merged Parquet, journals); a rough floor, not a promise
 OUTPUT_SIZE_FACTOR = 4.0
@@ -416,7 +415,7 @@ def load_config(files: list[str]) -> dict[str, Any]:
     for name in files:
         with open(name) as fh:
             _deep_update(merged, yaml.safe_load(fh) or {})
-    validate(merged, schema=str(SCHEMA), set_default=True)
+    validate(merged, schema=str(CONFIG_SCHEMA), set_default=True)
     return merged
 
 
@@ -455,7 +454,7 @@ def cli(argv: list[str]) -> int:
         print(f"regen check: cannot read the config: {exc}", file=sys.stderr)
         return 2
     except WorkflowError as exc:  # a schema violation
-        print(f"regen check: the config does not match {SCHEMA.name}: {exc}", file=sys.stderr)
+        print(f"regen check: the config does not match {CONFIG_SCHEMA.name}: {exc}", file=sys.stderr)
         return 2
     problems = check_config(config, args.gpus)
     notes = [*notes_for(config), *speculative_notes(config, args.results)]

@@ -24,6 +24,17 @@ from pathlib import Path
 #: the per-Slurm-job subdirectory of a slot or log directory
 SLURM_DIR_PREFIX = "slurm-"
 
+#: the run config's JSON Schema, inside the installed package (``regen/schemas/`` links ``schemas/``, which
+#: is where it is edited; a wheel carries the file itself): ``rules/common.smk`` validates against it
+CONFIG_SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
+
+#: a per-shard compressed output (generation records, quarantine): ``{shard}.jsonl.zst``
+SHARD_OUTPUT_SUFFIX = ".jsonl.zst"
+#: a shard's request journal in ``work/journal/``: ``{shard}.jsonl``
+JOURNAL_SUFFIX = ".jsonl"
+#: the merged dataset's manifest, written last into its directory (``regen.output.merge``)
+MANIFEST_NAME = "_manifest.json"
+
 #: a shard's name: its index, 5 digits zero-padded (the workflow's ``{shard}`` wildcard)
 SHARD_DIGITS = 5
 SHARD_PATTERN = f"[0-9]{{{SHARD_DIGITS}}}"
@@ -134,6 +145,12 @@ class AuditFiles:
 
     out_dir: Path
 
+    @classmethod
+    def beside(cls, summary: str | os.PathLike[str]) -> AuditFiles:
+        """The audit files beside its ``summary`` (a job's own output path, wherever a storage provider
+        put it)."""
+        return cls(Path(summary).parent)
+
     @property
     def summary(self) -> Path:
         return self.out_dir / "summary.json"
@@ -228,16 +245,20 @@ class RunLayout:
         return self.results / "generations"
 
     def records(self, shard: str) -> Path:
-        return self.generations_dir / f"{shard}.jsonl.zst"
+        return self.generations_dir / f"{shard}{SHARD_OUTPUT_SUFFIX}"
 
     def record_files(self) -> list[Path]:
         """Every shard's generation records (``records``) written so far."""
         return self.shard_outputs_in(self.generations_dir)
 
+    def finished_shards(self) -> list[str]:
+        """The shards whose generation records are written (their generate job finished)."""
+        return [p.name.removesuffix(SHARD_OUTPUT_SUFFIX) for p in self.record_files()]
+
     @staticmethod
     def shard_outputs_in(directory: str | os.PathLike[str]) -> list[Path]:
         """The per-shard compressed outputs in ``directory`` (``records``, ``quarantine``)."""
-        return sorted(Path(directory).glob("[0-9]*.jsonl.zst"))
+        return sorted(Path(directory).glob(f"[0-9]*{SHARD_OUTPUT_SUFFIX}"))
 
     def failed(self, shard: str) -> Path:
         return self.generations_dir / f"{shard}.failed.jsonl"
@@ -258,7 +279,7 @@ class RunLayout:
         return self.results / "quarantine"
 
     def quarantine(self, shard: str) -> Path:
-        return self.quarantine_dir / f"{shard}.jsonl.zst"
+        return self.quarantine_dir / f"{shard}{SHARD_OUTPUT_SUFFIX}"
 
     def quarantine_files(self) -> list[Path]:
         return self.shard_outputs_in(self.quarantine_dir)
@@ -266,6 +287,10 @@ class RunLayout:
     @property
     def dataset_dir(self) -> Path:
         return self.results / "dataset"
+
+    @property
+    def dataset_manifest(self) -> Path:
+        return self.dataset_dir / MANIFEST_NAME
 
     @property
     def reaudit_summary(self) -> Path:
@@ -350,10 +375,14 @@ class RunLayout:
         return self.work / "journal"
 
     def journal(self, shard: str) -> Path:
-        return self.journal_dir / f"{shard}.jsonl"
+        return self.journal_dir / f"{shard}{JOURNAL_SUFFIX}"
 
     def journal_files(self) -> list[Path]:
-        return sorted(self.journal_dir.glob("*.jsonl"))
+        return sorted(self.journal_dir.glob(f"*{JOURNAL_SUFFIX}"))
+
+    def journal_shards(self) -> list[str]:
+        """The shards that have a journal."""
+        return [p.name.removesuffix(JOURNAL_SUFFIX) for p in self.journal_files()]
 
     @property
     def status_dir(self) -> Path:

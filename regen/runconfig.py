@@ -15,13 +15,12 @@ import copy
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
 import yaml
 
-CONFIG_SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+from regen.layout import CONFIG_SCHEMA as CONFIG_SCHEMA_PATH
 
 #: what a config key may decide besides how a job runs (field metadata key ``decides``)
 ANSWERS = "answers"  # the generation fingerprint, and the generate rule's tracked ``settings`` param

@@ -31,11 +31,11 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 
 from regen.io import atomic_path
 from regen.journal_lines import FAILED, complete_lines
+from regen.layout import MANIFEST_NAME
 from regen.runconfig import JournalSyncConfig
 
 log = logging.getLogger("regen.storage")
 
-MANIFEST_NAME = "_manifest.json"
 _BATCH_RE = re.compile(r"batch-(\d{8})\.jsonl$")
 _AUTH_CODES = frozenset(
     {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken"}

@@ -9,6 +9,7 @@ from regen.check import preflight, report_for_missing_dataset
 from regen.fingerprint import decisive_config, decisive_plan_config
 from regen.layout import (
     AUDIT_HTML,
+    CONFIG_SCHEMA,
     FINISH_REASONS_SVG,
     LANDING_RST,
     QUARANTINE_REASONS_SVG,
@@ -27,7 +28,7 @@ from regen.runconfig import RunConfig
 from regen.ingest.shard_count import settle_auto_count, shard_count
 from regen.sglang.server import stop_all_servers
 
-validate(config, schema="../schemas/config.schema.yaml")
+validate(config, schema=str(CONFIG_SCHEMA))
 
 
 # An s3:// dataset is fetched by the S3 storage plugin (endpoint and credentials from the usual AWS
@@ -161,8 +162,7 @@ def run_config():
 
 def print_replay_preview():
     """On a dry run: how many samples the generate jobs will replay, and how many regenerate and why."""
-    journals = [str(RUN.journal(shard)) for shard in SHARDS]
-    for line in preview_lines(config, journals):
+    for line in preview_lines(RUN_CONFIG, config["dataset"], SHARDS):
         print(line, file=sys.stderr)
 
 

@@ -2,13 +2,14 @@
 
 from regen.ingest.audit import AuditConfig, run_audit
 from regen.ingest.dataset import DatasetConfig
+from regen.layout import AuditFiles
 from regen.runlog import log_to
 from regen.verdict import verdict_path_for
 
 log_to(snakemake.log[0])
 run_audit(
     snakemake.input.dataset,
-    out_dir=str(snakemake.output.summary).rsplit("/", 1)[0],
+    out_dir=AuditFiles.beside(snakemake.output.summary).out_dir,
     config=AuditConfig.from_dict(snakemake.params.audit, snakemake.params.regenerate),
     tokenizer_dir=snakemake.params.tokenizer,
     dataset=DatasetConfig.from_dict(snakemake.params.dataset),

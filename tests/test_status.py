@@ -17,8 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from regen.generate.journal import Journal
 from regen.generate.run_progress import RunSnapshot, progress_line, run_totals
 from regen.io import write_json
+from regen.layout import RunLayout
 from regen.observe.status import METRIC_NAMES, RateWindow, cli, status_report, watch
 from regen.records import ShardStatus
 from regen.runconfig import ServerConfig
@@ -53,6 +55,19 @@ def write_status(
 SHARD_ROWS = {"00000": 100, "00001": 100, "00002": 50, "00003": 80}
 
 
+def finish_shard(root: Path, shard: str, records: list[str], failed: list[str]) -> None:
+    """A shard's outputs as its generate job writes them: the journal finalized into the layout's
+    records (compressed) and failures."""
+    layout = RunLayout.under(root)
+    with Journal.open(layout.journal(shard)) as journal:
+        for sample_id in records:
+            journal.append({"kind": "record", "id": sample_id, "fingerprint": "f"})
+        for sample_id in failed:
+            journal.append({"kind": "failed", "id": sample_id, "fingerprint": "f", "reason": "x"})
+        current = dict.fromkeys([*records, *failed], "f")
+        journal.finalize(layout.records(shard), layout.failed(shard), current)
+
+
 def make_run(root: Path) -> None:
     """4 planned shards (exact sizes in their Parquet footers): 00000 finished with 2 failed samples,
     00001 and 00002 in progress, 00003 not started."""
@@ -63,8 +78,7 @@ def make_run(root: Path) -> None:
         pq.write_table(
             pa.table({"id": [f"{shard}-{i}" for i in range(rows)]}), results / "shards" / f"{shard}.parquet"
         )
-    (results / "generations" / "00000.jsonl").write_text("{}\n")
-    (results / "generations" / "00000.failed.jsonl").write_text('{"id": "a"}\n{"id": "b"}\n')
+    finish_shard(root, "00000", records=["r"], failed=["a", "b"])
     write_status(work, "00000", "gpu0", 100, 100, 5.0, finished=True, failed=2, updated_at=time.time() - 5)
     write_status(
         work, "00001", "gpu0", 30, 100, 2.0, retrying=3, in_flight=8, oldest_in_flight_at=time.time() - 75
@@ -123,6 +137,19 @@ def test_progress_line_and_watch(tmp_path: Path) -> None:
     out = io.StringIO()
     assert watch(tmp_path / "work", tmp_path / "results", 0.5, out, max_frames=2) == 0
     assert out.getvalue().count("regen status") == 2 and "samples: 140/330" in out.getvalue()
+
+
+def test_a_finished_run_counts_every_shard_and_watch_exits(tmp_path: Path) -> None:
+    make_run(tmp_path)
+    for shard, rows in SHARD_ROWS.items():
+        if shard != "00000":
+            finish_shard(tmp_path, shard, records=[f"{shard}-{i}" for i in range(rows)], failed=[])
+            write_status(tmp_path / "work", shard, "gpu1", rows, rows, 1.0, finished=True)
+    text = status_report(tmp_path / "work", tmp_path / "results")
+    assert "shards: 4/4 finished" in text and "samples: 330/330 (100.0%) done, 2 failed" in text
+    out = io.StringIO()
+    assert watch(tmp_path / "work", tmp_path / "results", 0.5, out) == 0  # no frame limit: it ends
+    assert out.getvalue().count("regen status") == 1
 
 
 def test_stale_status_is_marked_and_excluded_from_rate(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ import orjson
 
 from regen.io import atomic_lines_writer, gc_paused
 from regen.journal_lines import FAILED, RECORD, complete_lines
+from regen.layout import JOURNAL_SUFFIX
 
 
 @runtime_checkable
@@ -154,7 +155,7 @@ def busy_message(journal: Path) -> str:
         holder = orjson.loads(lock_path(journal).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         holder = None
-    shard = journal.name.removesuffix(".jsonl")
+    shard = journal.name.removesuffix(JOURNAL_SUFFIX)
     if not isinstance(holder, dict):
         who = "another process (its pid and host not written yet)"
     else:

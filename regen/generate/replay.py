@@ -176,13 +176,14 @@ def plan_replay_fingerprints(
     return plan
 
 
-def workflow_samples(config: Mapping[str, Any], layout: RunLayout = RUN) -> Iterable[Sample] | None:
-    """The samples the shard job will write (dataset minus the audit's excluded rows); None when the
-    dataset is not a local file."""
+def workflow_samples(
+    dataset: Mapping[str, Any], tokenizer: str, layout: RunLayout = RUN
+) -> Iterable[Sample] | None:
+    """The samples the shard job will write (the validated ``dataset`` section's rows minus the audit's
+    excluded ones); None when the dataset is not a local file."""
     from regen.ingest.dataset import iter_samples  # the dataset reader (heavy imports) only when previewing
     from regen.ingest.shards import read_excluded
 
-    dataset = config["dataset"]
     path = dataset["path"]
     if str(path).startswith("s3://") or not Path(path).is_file():
         return None
@@ -190,7 +191,7 @@ def workflow_samples(config: Mapping[str, Any], layout: RunLayout = RUN) -> Iter
     rows = read_excluded(excluded)[1] if excluded.exists() else frozenset()
     # "skip" whatever dataset.on_bad_row says: a bad row is never sharded, and under "stop" the audit fails
     # before any shard is written; the preview counts the samples and must not raise on the first bad row
-    samples = iter_samples(path, dataset["format"], dataset["id_column"], "skip", config["tokenizer"])
+    samples = iter_samples(path, dataset["format"], dataset["id_column"], "skip", tokenizer)
     return (s for s in samples if s.source.get("row") not in rows)
 
 
@@ -221,11 +222,12 @@ def shard_fingerprints(
 
 
 def preview_lines(
-    config: Mapping[str, Any], journal_paths: Iterable[str], layout: RunLayout = RUN
+    run: RunConfig, dataset: Mapping[str, Any], shards: Iterable[str], layout: RunLayout = RUN
 ) -> list[str]:
-    """The dry-run lines for a validated workflow config and its journals (one per shard)."""
-    journal_paths = list(journal_paths)
-    run = RunConfig.from_config(config)
+    """The dry-run lines for the typed run config (``rules/common.smk`` builds it), the validated
+    ``dataset`` section and the run's shards (their journals and prompt shards in ``layout``)."""
+    shards = list(shards)
+    journal_paths = [layout.journal(shard) for shard in shards]
     settings = GenerationSettings.for_run(run)
     retry = run.generate.retry_failed
     index = JournalIndex.read(journal_paths)
@@ -236,13 +238,12 @@ def preview_lines(
         shown = ", ".join(f"{k} {v}" for k, v in served.items())
         assumed = [f"regen: assuming the server reports the numerics it reported before ({shown}); "
                    "one that reports others regenerates every sample"]  # fmt: skip
-    upstream = [layout.audit_samples, Path(config["dataset"]["path"])]
-    shards = [layout.shard(Path(j).name.removesuffix(".jsonl")) for j in journal_paths]
-    fingerprints = shard_fingerprints(shards, settings, upstream)
+    upstream = [layout.audit_samples, Path(dataset["path"])]
+    fingerprints = shard_fingerprints([layout.shard(shard) for shard in shards], settings, upstream)
     if fingerprints is None:  # before the shards are (re)written: the dataset itself, prompts rebuilt
-        samples = workflow_samples(config, layout)
+        samples = workflow_samples(dataset, run.tokenizer, layout)
         if samples is None:
-            return [f"regen: dataset {config['dataset']['path']} is not a local file: no replay preview"]
+            return [f"regen: dataset {dataset['path']} is not a local file: no replay preview"]
         plan = plan_replay(samples, index, settings, retry)
     else:
         plan = plan_replay_fingerprints(fingerprints, index, settings, retry)

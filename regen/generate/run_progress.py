@@ -169,15 +169,6 @@ def summary_line(t: RunTotals, now: float) -> str:
     )
 
 
-def shard_names(directory: Path, suffix: str) -> set[str]:
-    """Names of ``{shard}{suffix}`` files (``.failed.jsonl`` companions excluded)."""
-    return {
-        p.name[: -len(suffix)]
-        for p in directory.glob(f"*{suffix}")
-        if not p.name.endswith(".failed.jsonl") and not p.name.startswith(".")
-    }
-
-
 @dataclass(frozen=True, slots=True)
 class RunSnapshot:
     """Everything ``regen status`` reads, read once."""
@@ -189,9 +180,7 @@ class RunSnapshot:
     @classmethod
     def read(cls, workdir: Path, results: Path) -> RunSnapshot:
         layout = RunLayout(results=Path(results), work=Path(workdir))
-        finished = {
-            name: count_lines(layout.failed(name)) for name in shard_names(layout.generations_dir, ".jsonl")
-        }
+        finished = {name: count_lines(layout.failed(name)) for name in layout.finished_shards()}
         return cls(read_shard_statuses(layout.status_dir), shard_sizes(layout.shards_dir), finished)
 
     def totals(self, now: float, rate: float | None = None) -> RunTotals:

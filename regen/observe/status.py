@@ -3,7 +3,7 @@
 Sources (all optional, so it works with no server running):
 ``work/status/{shard}.json`` (written by the client every few seconds: done, failed, retrying, in
 flight, oldest request), each live server's ``/metrics`` (found through ``work/servers/gpu{k}.url``),
-finished ``results/generations/*.jsonl`` (+ ``.failed.jsonl``) and the planned
+finished shards' records (``RunLayout.finished_shards``, + ``.failed.jsonl``) and the planned
 ``results/shards/*.parquet``, whose row counts (Parquet metadata) make the totals exact. Reading and
 summing the run's files is ``regen.generate.run_progress`` (whose ``progress_line`` the generate jobs print).
 """
@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from regen.generate.run_progress import STALE_AFTER_S, RunSnapshot, fmt_duration, run_totals, summary_line
 from regen.io import read_json
-from regen.layout import RUN, RunLayout, SlotFiles, url_files
+from regen.layout import CONFIG_SCHEMA, RUN, RunLayout, SlotFiles, url_files
 from regen.records import ShardStatus
 from regen.sglang.metrics import sum_prometheus
 from regen.sglang.progress import ProgressState
@@ -281,11 +281,14 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
     text = status_report(args.workdir, args.results)
     if args.configfile:
         from regen.generate.replay import preview_lines  # reads the dataset and the journals: only when asked
+        from regen.runconfig import RunConfig
 
         config = load_workflow_config(args.configfile)
         layout = RunLayout(results=args.results, work=args.workdir)
-        journals = [str(j) for j in layout.journal_files()]
-        text += "\n" + "".join(line + "\n" for line in preview_lines(config, journals, layout))
+        lines = preview_lines(
+            RunConfig.from_config(config), config["dataset"], layout.journal_shards(), layout
+        )
+        text += "\n" + "".join(line + "\n" for line in lines)
     stream.write(text)
     return 0
 
@@ -298,7 +301,7 @@ def load_workflow_config(paths: list[Path]) -> dict[str, Any]:
     config: dict[str, Any] = {}
     for path in paths:
         update_config(config, yaml.safe_load(path.read_text()) or {})
-    validate(config, str(Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"))
+    validate(config, str(CONFIG_SCHEMA))
     return config
 
 

@@ -38,6 +38,7 @@ import pyarrow.dataset as ds
 from regen.chat import THINK_CLOSE, ChatTemplate
 from regen.fingerprint import chat_template_hash
 from regen.io import atomic_open, read_json, write_json
+from regen.layout import MANIFEST_NAME
 from regen.output.masks import MaskBuilder, MaskPolicy
 from regen.output.serving import serving_contract
 from regen.output.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
@@ -138,7 +139,7 @@ def iter_rows(dataset_dir: str | os.PathLike[str], batch_rows: int = 2000) -> It
 def generation_settings(dataset_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The settings the dataset's answers were generated under (its manifest's provenance, taken from the
     records); empty when the manifest does not name one set."""
-    path = Path(dataset_dir) / "_manifest.json"
+    path = Path(dataset_dir) / MANIFEST_NAME
     return dict(((read_json(path) if path.is_file() else {}).get("provenance") or {}).get("settings") or {})
 
 

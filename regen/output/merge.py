@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.io import read_json, shared_temp_dir, write_json
+from regen.layout import MANIFEST_NAME
 from regen.output.provenance import build_provenance
 from regen.records import (
     DATASET_PASSTHROUGH,
@@ -344,7 +345,7 @@ def merge(
             provenance=scrub_secrets(dict(provenance)),
             created_at=time.time(),
         )
-        write_json(tmp / "_manifest.json", manifest.to_json())
+        write_json(tmp / MANIFEST_NAME, manifest.to_json())
         _replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

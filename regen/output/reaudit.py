@@ -22,6 +22,7 @@ import pyarrow.dataset as ds
 from regen.chat import ChatTemplate
 from regen.ingest.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.io import read_json, write_json
+from regen.layout import MANIFEST_NAME
 from regen.output.export import ExportConfig, dataset_window_coverage
 from regen.output.masks import completion_retokenizes_differently
 from regen.output.merge import iter_dataset_samples
@@ -91,7 +92,7 @@ def check_single_settings(dataset_dir: str | Path) -> str | None:
         raise MixedSettingsError(
             f"The merged output {dataset_dir} is NOT training-ready: its rows were generated under "
             f"{len(counts)} different settings ({listed}). Column settings_fingerprint tells them apart; "
-            f"_manifest.json provenance.settings_fingerprints lists them. Rerun the generate jobs with one "
+            f"{MANIFEST_NAME} provenance.settings_fingerprints lists them. Rerun the generate jobs with one "
             f"config (snakemake -R generate) so every sample is answered under the same settings."
         )
     return next(iter(counts), None)
@@ -268,7 +269,7 @@ def reaudit_dataset(
     )
     passed = all(g.passed for g in results)
     overridden = not passed and gates.override_gates
-    manifest_path = Path(dataset_dir) / "_manifest.json"
+    manifest_path = Path(dataset_dir) / MANIFEST_NAME
     summary = {
         "rows": counts.rows,
         "settings_fingerprint": settings_fingerprint,
