@@ -35,6 +35,16 @@ JOURNAL_SUFFIX = ".jsonl"
 #: the merged dataset's manifest, written last into its directory (``regen.output.merge``)
 MANIFEST_NAME = "_manifest.json"
 
+
+def dataset_part(dataset_dir: str | os.PathLike[str], index: int) -> Path:
+    """The merged dataset's Parquet part ``index``: ``part-00000.parquet`` ..."""
+    return Path(dataset_dir) / f"part-{index:05d}.parquet"
+
+
+def dataset_parts(dataset_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every Parquet part of a merged dataset, in order."""
+    return sorted(Path(dataset_dir).glob("part-[0-9]*.parquet"))
+
 #: a shard's name: its index, 5 digits zero-padded (the workflow's ``{shard}`` wildcard)
 SHARD_DIGITS = 5
 SHARD_PATTERN = f"[0-9]{{{SHARD_DIGITS}}}"

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.io import read_json, shared_temp_dir, write_json
-from regen.layout import MANIFEST_NAME
+from regen.layout import MANIFEST_NAME, dataset_part, dataset_parts
 from regen.output.provenance import build_provenance
 from regen.records import (
     DATASET_PASSTHROUGH,
@@ -210,7 +210,7 @@ class _PartWriter:
         self.pending = rest.to_batches()
         self.pending_rows = rest.num_rows
         if self.writer is None:
-            path = self.out_dir / f"part-{len(self.files):05d}.parquet"
+            path = dataset_part(self.out_dir, len(self.files))
             self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
             self.files.append((path, 0))
         self.writer.write_table(group, row_group_size=rows)
@@ -231,7 +231,7 @@ class _PartWriter:
             self._flush(min(self.pending_rows, self._next_group_rows()))
         self._close_file()
         if not self.files:  # an empty dataset is still a loadable dataset
-            path = self.out_dir / "part-00000.parquet"
+            path = dataset_part(self.out_dir, 0)
             pq.write_table(self.schema.empty_table(), path, compression="zstd")
             self.files.append((path, 0))
         return self.files
@@ -389,7 +389,7 @@ def iter_dataset_samples(dataset_dir: str | os.PathLike[str], batch_rows: int = 
     ``source`` is ``{"file": part file, "row": row in that file, "format": "messages"}``, so the
     audit's per-sample flags point at the output file. Reads only ``id`` and ``messages``.
     """
-    for part in sorted(Path(dataset_dir).glob("part-*.parquet")):
+    for part in dataset_parts(dataset_dir):
         row = 0
         for batch in pq.ParquetFile(part).iter_batches(batch_size=batch_rows, columns=["id", "messages"]):
             ids = batch.column("id").to_pylist()
