@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from regen.generate.journal import Journal, JournalBusyError, JournalWriter, lock_path
+from regen.generate.journal import Journal
+from regen.generate.journal_writer import JournalBusyError, JournalWriter, lock_path
 
 HOLD = """
 import sys, time

@@ -229,6 +229,7 @@ def test_no_file_name_is_derived_from_a_sample_id(tmp_workdir: Path) -> None:
         "run/results/generations/00000.jsonl",
         "run/work/journal/00000.jsonl",
         "run/work/journal/00000.jsonl.index",
+        "run/work/journal/00000.jsonl.lock",  # the journal's one-writer lock (regen.generate.journal)
         "run/work/status/00000.json",
     ]
     assert not any("escaped" in p.name for p in Path("/tmp").iterdir())

@@ -56,7 +56,8 @@ import aiohttp
 import orjson
 
 from regen.fingerprint import GenerationSettings, server_numerics
-from regen.generate.journal import Journal, JournalSink, JournalWriter
+from regen.generate.journal import Journal, JournalSink
+from regen.generate.journal_writer import JournalWriter
 from regen.generate.request import Halt, Requests, ServerRestarts
 from regen.generate.sample_record import RecordContext, hash64
 from regen.generate.scheduler import Lenders, ShardRun, ShardStats

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from regen.fingerprint import GenerationSettings
 from regen.generate.client import ShardJob, generate_shard
-from regen.generate.journal import JournalWriter
+from regen.generate.journal_writer import JournalWriter
 from regen.generate.lending import SlotLenders
 from regen.generate.run_progress import progress_line
 from regen.ingest.shards import read_shard

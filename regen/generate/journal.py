@@ -19,33 +19,24 @@ wins over failures, the first record wins over later ones, and the last failure 
 record. The failures before it are its ``history``. Without ``current`` (a journal written before
 fingerprints) the first line per id wins.
 
-One writer per journal, always: ``Journal.open`` claims the journal (:class:`JournalWriter`, an
-exclusive ``flock`` on ``{journal}.lock``) before it reads or appends, whatever Snakemake's own lock says
-(``snakemake --unlock`` while a run is alive lets a second run start the same shards). A second writer
-waits for the first, or refuses with :class:`JournalBusyError` naming the shard and the holder's pid and
-host. The kernel drops the lock when its holder dies (kill, OOM, lost node: on NFS the server drops it
-when the client's lease ends), so a killed job never blocks the rerun. On NFS Linux emulates ``flock``
-with POSIX byte-range locks, which are cluster-wide and released by any ``close`` of the file in the
-holding process: the holder opens the lock file once and keeps it open. On Lustre mount with ``-o flock``
-(``localflock`` locks per node only).
+One writer per journal, always: ``Journal.open`` claims the journal first
+(``regen.generate.journal_writer``), whatever Snakemake's own lock says.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
-import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from regen.generate.journal_writer import JournalWriter
 from regen.io import atomic_lines_writer, gc_paused
 from regen.journal_lines import FAILED, RECORD, complete_lines
-from regen.layout import JOURNAL_SUFFIX
 
 
 @runtime_checkable
@@ -67,104 +58,6 @@ class JournalSink(Protocol):
 
 class JournalError(ValueError):
     """A journal line that is not the torn last line could not be read."""
-
-
-class JournalBusyError(RuntimeError):
-    """Another live process writes this journal (its pid and host in the message)."""
-
-
-def lock_path(journal_path: str | os.PathLike[str]) -> Path:
-    """The journal's writer lock: ``00000.jsonl`` → ``00000.jsonl.lock``."""
-    p = Path(journal_path)
-    return p.with_name(p.name + ".lock")
-
-
-#: seconds between tries, and between "still waiting" messages, of a writer waiting for the journal
-WAIT_POLL_S = 0.5
-WAIT_REPORT_S = 30.0
-
-
-class JournalWriter:
-    """The one writer's claim on a journal: an exclusive ``flock`` on ``{journal}.lock``, held on one
-    open file until :meth:`release` or the process's death. The lock file names its holder (pid, host,
-    since), for the message a second writer gets."""
-
-    def __init__(self, journal: Path, fd: int) -> None:
-        self.journal = journal
-        self._fd: int | None = fd
-
-    @classmethod
-    def claim(
-        cls,
-        journal: str | os.PathLike[str],
-        *,
-        wait: bool,
-        on_wait: Callable[[str], None] | None = None,
-        poll_s: float = WAIT_POLL_S,
-        report_s: float = WAIT_REPORT_S,
-    ) -> JournalWriter:
-        """Claim ``journal`` for writing. Held by another process: raise :class:`JournalBusyError`
-        (``wait`` false), or wait for it, calling ``on_wait`` with who holds it at once and every
-        ``report_s`` seconds."""
-        p = Path(journal)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        lock = lock_path(p)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        next_report = time.monotonic()
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    message = busy_message(p)
-                    if not wait:
-                        raise JournalBusyError(message) from None
-                    if on_wait is not None and time.monotonic() >= next_report:
-                        on_wait(message + "; waiting for it to finish")
-                        next_report = time.monotonic() + report_s
-                    time.sleep(poll_s)
-            holder = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, holder + b"\n", 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(p, fd)
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def __enter__(self) -> JournalWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def release(self) -> None:
-        """Give the journal up (closing the lock file drops the lock). Idempotent."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
-
-
-def busy_message(journal: Path) -> str:
-    """Who holds ``journal``'s writer lock, as its lock file says."""
-    try:
-        holder = orjson.loads(lock_path(journal).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        holder = None
-    shard = journal.name.removesuffix(JOURNAL_SUFFIX)
-    if not isinstance(holder, dict):
-        who = "another process (its pid and host not written yet)"
-    else:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since", 0))))
-        who = f"pid {holder.get('pid')} on host {holder.get('host')} (since {since})"
-    return (
-        f"shard {shard}: journal {journal} is being written by {who}: another run of this workflow is "
-        "generating this shard in this directory (one writer per journal, whatever Snakemake's lock says)"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,8 +296,8 @@ class Journal:
         :func:`read_heads`); cut a torn last line away; bring the index up to date.
 
         ``writer``: a claim the caller made and releases (a job keeps it until its outputs are
-        written); None: one taken here, refused with :class:`JournalBusyError` while another process
-        writes the journal, and released on ``close``."""
+        written); None: one taken here (``JournalWriter.claim``, refused while another process writes
+        the journal), released on ``close``."""
         p = Path(path)
         owns = writer is None
         if writer is None:
