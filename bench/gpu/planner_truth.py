@@ -26,6 +26,7 @@ Last line: ``truth: models=… max_kv_error=… max_weights_error=… max_swa_er
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -97,7 +98,9 @@ TARGETS: tuple[Target, ...] = (
 
 # ------------------------------------------------------------------------------------ the server log
 
-_KV = re.compile(r"(?:(?P<label>Full|SWA) )?KV Cache is allocated\. dtype: (?P<dtype>\S+), #tokens: (?P<tokens>\d+)")
+_KV = re.compile(
+    r"(?:(?P<label>Full|SWA) )?KV Cache is allocated\. dtype: (?P<dtype>\S+), #tokens: (?P<tokens>\d+)"
+)
 _FACTS: dict[str, tuple[re.Pattern[str], type]] = {
     "weights_gib": (re.compile(r"Load weight end\..*?mem usage=([0-9.]+) GB"), float),
     "swa_pool_full_tokens": (re.compile(r"Use sliding window memory pool\. full_layer_tokens=(\d+)"), int),
@@ -211,7 +214,9 @@ class RegenPlan:
         return float(value) if isinstance(value, (int, float)) else None
 
 
-def regen_tune(model_dir: Path, flags: tuple[str, ...], *extra: str, gpu_mib: int = GPU_MEMORY_MIB) -> RegenPlan:
+def regen_tune(
+    model_dir: Path, flags: tuple[str, ...], *extra: str, gpu_mib: int = GPU_MEMORY_MIB
+) -> RegenPlan:
     """Run ``regen tune --json`` (SGLang 0.5.17's rules) for ``model_dir``; ``flags`` follow ``--``."""
     argv = regen_argv(
         "tune",
@@ -253,7 +258,9 @@ def model_dir_for(target: Target, work: Path) -> Path:
     out = work / "models" / target.name
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(text, indent=2) + "\n")
-    (out / "DERIVED").write_text(f"text model of {src / 'config.json'} ({arch} -> {TEXT_ARCHITECTURE[arch]})\n")
+    (out / "DERIVED").write_text(
+        f"text model of {src / 'config.json'} ({arch} -> {TEXT_ARCHITECTURE[arch]})\n"
+    )
     return out
 
 
@@ -284,7 +291,9 @@ def sglang_argv(model_dir: Path, port: int, flags: tuple[str, ...]) -> list[str]
     ]
 
 
-def simulated_argv(port: int, log: Path, options: dict[str, Any], max_running: int, token_rate: float) -> list[str]:
+def simulated_argv(
+    port: int, log: Path, options: dict[str, Any], max_running: int, token_rate: float
+) -> list[str]:
     return regen_argv(
         "serve-simulated",
         "--port",
@@ -318,7 +327,12 @@ class Server:
             fh.write(f"=== truth-bench: {' '.join(self.argv)}\n".encode())
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             self.proc = subprocess.Popen(
-                self.argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
+                self.argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
             )
         self.started = time.time()
         return self
@@ -357,10 +371,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 continue
         # the group may outlive its leader (scheduler children): make sure it is gone
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def gpu_used_mib() -> int | None:
@@ -410,8 +422,15 @@ def relative_error(predicted: float | None, realized: float | None) -> float | N
     return (predicted - realized) / realized
 
 
-def start_and_read(target: Target, model_dir: Path, flags: tuple[str, ...], plan: RegenPlan, work: Path,
-                   dry: bool, timeout_s: float) -> tuple[Startup, str, float]:
+def start_and_read(
+    target: Target,
+    model_dir: Path,
+    flags: tuple[str, ...],
+    plan: RegenPlan,
+    work: Path,
+    dry: bool,
+    timeout_s: float,
+) -> tuple[Startup, str, float]:
     """Start one server, read its log to the pools, kill it: (what it logged, its log, seconds)."""
     port = free_port()
     log = work / "logs" / f"{target.name}{'-retry' if flags == target.retry_flags else ''}.log"
@@ -459,10 +478,21 @@ def check_target(target: Target, work: Path, dry: bool, timeout_s: float) -> dic
         "flags": list(flags),
         "attempts": attempts,
         "sglang": startup.to_json(),
-        "regen": {"rc": plan.rc, "message": plan.message, **{
-            k: plan.number(k) for k in ("kv_cache_tokens", "swa_tokens", "weights_gib", "mem_fraction_static",
-                                        "effective_max_running_requests", "max_mamba_cache_size")
-        }},
+        "regen": {
+            "rc": plan.rc,
+            "message": plan.message,
+            **{
+                k: plan.number(k)
+                for k in (
+                    "kv_cache_tokens",
+                    "swa_tokens",
+                    "weights_gib",
+                    "mem_fraction_static",
+                    "effective_max_running_requests",
+                    "max_mamba_cache_size",
+                )
+            },
+        },
         "sglang_started": started,
         "regen_refused": plan.refused,
     }
@@ -470,7 +500,9 @@ def check_target(target: Target, work: Path, dry: bool, timeout_s: float) -> dic
         row["kv_error"] = relative_error(plan.number("kv_cache_tokens"), startup.kv_tokens)
         row["weights_error"] = relative_error(plan.number("weights_gib"), startup.weights_gib)
         row["swa_error"] = (
-            relative_error(plan.number("swa_tokens"), startup.swa_tokens) if startup.swa_tokens is not None else None
+            relative_error(plan.number("swa_tokens"), startup.swa_tokens)
+            if startup.swa_tokens is not None
+            else None
         )
         row["swa_missing_in_regen"] = startup.swa_tokens is not None and plan.number("swa_tokens") is None
     row["verdict"] = verdict(row, startup)
@@ -487,8 +519,11 @@ def verdict(row: dict[str, Any], startup: Startup) -> str:
         return "SGLang failed, regen planned"
     if refused:
         return "regen refused, SGLang ran"
-    bad = [k for k, tol in (("kv_error", 0.01), ("weights_error", 0.02), ("swa_error", 0.01))
-           if row.get(k) is not None and abs(row[k]) > tol]
+    bad = [
+        k
+        for k, tol in (("kv_error", 0.01), ("weights_error", 0.02), ("swa_error", 0.01))
+        if row.get(k) is not None and abs(row[k]) > tol
+    ]
     if row.get("swa_missing_in_regen"):
         bad.append("swa_tokens missing")
     return "ok" if not bad else "off: " + ", ".join(bad)
@@ -509,7 +544,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "refused_as_sglang": sum(1 for r in failed if r["regen_refused"]),
         "sglang_failed": len(failed),
         "regen_refused_sglang_ran": [r["name"] for r in rows if r["sglang_started"] and r["regen_refused"]],
-        "not_measured": [r["name"] for r in rows if r["sglang"].get("missing_package") and not r["sglang_started"]],
+        "not_measured": [
+            r["name"] for r in rows if r["sglang"].get("missing_package") and not r["sglang_started"]
+        ],
     }
     for key in ("kv_error", "weights_error", "swa_error"):
         value, name = worst(key)
@@ -542,8 +579,11 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"# regen's planner against SGLang {SGLANG_VERSION} ({doc['date']})",
         "",
-        ("**DRY RUN on CPU against regen's simulated server (fed regen's own plan): not a measurement.**\n"
-         if doc["dry_cpu"] else ""),
+        (
+            "**DRY RUN on CPU against regen's simulated server (fed regen's own plan): not a measurement.**\n"
+            if doc["dry_cpu"]
+            else ""
+        ),
         f"Host: {doc['host']}. One SGLang start per model (`--load-format dummy --skip-tokenizer-init`), "
         f"killed once its pools were allocated; regen: `regen tune --json --sglang-version {SGLANG_VERSION} "
         f"--gpu-memory-mib {doc['gpu_memory_mib']} {' '.join(WORKLOAD_ARGS)} --model-config DIR -- FLAGS`. "
@@ -564,8 +604,10 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", "Failures (SGLang's last error line, regen's message):", ""]
     for r in doc["rows"]:
         if not r["sglang_started"] or r["regen_refused"]:
-            lines.append(f"- {r['name']}: SGLang: {r['sglang'].get('error') or '—'}; regen (rc {r['regen']['rc']}): "
-                         f"{r['regen']['message'] or '—'}")
+            lines.append(
+                f"- {r['name']}: SGLang: {r['sglang'].get('error') or '—'}; regen (rc {r['regen']['rc']}): "
+                f"{r['regen']['message'] or '—'}"
+            )
     lines += ["", "```", final_line(s), "```", ""]
     return "\n".join(lines)
 
@@ -573,8 +615,11 @@ def markdown(doc: dict[str, Any]) -> str:
 def host_name(dry: bool) -> str:
     if dry:
         return "CPU (dry run)"
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return out or "unknown GPU"
 
 
@@ -617,10 +662,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.time() - t0:6.0f} s] {target.name} {' '.join(target.flags)}", flush=True)
         row = check_target(target, a.work, a.dry_cpu, a.start_timeout_s)
         doc["rows"].append(row)
-        print(f"    sglang kv={row['sglang']['kv_tokens']} swa={row['sglang']['swa_tokens']} "
-              f"weights={row['sglang']['weights_gib']} | regen kv={row['regen']['kv_cache_tokens']} "
-              f"swa={row['regen']['swa_tokens']} weights={row['regen']['weights_gib']} rc={row['regen']['rc']} "
-              f"-> {row['verdict']}", flush=True)
+        print(
+            f"    sglang kv={row['sglang']['kv_tokens']} swa={row['sglang']['swa_tokens']} "
+            f"weights={row['sglang']['weights_gib']} | regen kv={row['regen']['kv_cache_tokens']} "
+            f"swa={row['regen']['swa_tokens']} weights={row['regen']['weights_gib']} rc={row['regen']['rc']} "
+            f"-> {row['verdict']}",
+            flush=True,
+        )
         doc["summary"] = summary(doc["rows"])
         write_json(a.out / f"{stem}.json", doc)  # after every model: a partial run keeps what it measured
     doc["summary"] = summary(doc["rows"])
