@@ -112,8 +112,10 @@ _FACTS: dict[str, tuple[re.Pattern[str], type]] = {
     "pool_end_avail_gib": (re.compile(r"Memory pool end\. avail mem=([0-9.]+) GB"), float),
     "mem_fraction_static": (re.compile(r"mem_fraction_static=([0-9.]+)"), float),
 }
-_ERROR = re.compile(r"^.*\b(?:Error|Exception|RuntimeError|ValueError|AssertionError)\b.*$", re.M)
-_MISSING_PACKAGE = re.compile(r"No module named '([\w.]+)'")
+_ERROR = re.compile(r"^.*\w(?:Error|Exception): .*$", re.M)  # a raised exception's message line
+#: a failed import that ends the start (SGLang also logs imports it ignores: "Ignore import error when
+#: loading sglang.srt.models.inkling: No module named 'helion'", which must not count)
+_MISSING_PACKAGE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'")
 
 
 @dataclass(frozen=True, slots=True)
