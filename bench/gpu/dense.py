@@ -365,6 +365,8 @@ async def bench_model(model: str, s: Settings) -> dict[str, Any]:
         "regen_in_flight": rec.get(IN_FLIGHT_KEY),
         "predicted_kv": rec.get("kv_cache_tokens"),
         "default_plan_kv": (plan.plan or {}).get("kv_cache_tokens"),
+        "regen_recommended": {k: v for k, v in rec.items() if k not in ("reasons",)},
+        "regen_reasons": rec.get("reasons"),
     }
     print(
         f"[{model}] regen: {' '.join(rec.get('args') or [])} in flight {row['regen_in_flight']} "

@@ -69,11 +69,10 @@ class Target:
     why: str = ""
 
 
-#: every family that fits one H200 with dummy weights (gemma-3-27b-it: no public config found)
+#: every family that fits one H200 with dummy weights (gemma-3-27b-it: no public config found), the ones
+#: regen has never been checked on first (a run past --deadline-s drops the last)
 TARGETS: tuple[Target, ...] = (
     Target("llama-3.1-8b", "llama-3.1-8b", why="dense GQA"),
-    Target("qwen3-8b", "qwen3-8b", why="dense GQA"),
-    Target("qwen3-30b-a3b", "qwen3-30b-a3b", why="MoE (num_experts)"),
     Target("mixtral-8x7b", "mixtral-8x7b", why="MoE (num_local_experts, no moe_intermediate_size)"),
     Target("qwen3-32b-fp8", "qwen3-32b-fp8", why="FP8 block weights"),
     Target("qwen3-30b-a3b-fp8", "qwen3-30b-a3b-fp8", why="FP8 block MoE"),
@@ -93,6 +92,8 @@ TARGETS: tuple[Target, ...] = (
     Target("nemotron-3-nano-30b-a3b", "nemotron-3-nano-30b-a3b", why="Mamba2 hybrid MoE"),
     Target("qwen3.6-27b-text", "gpu-qwen3.6-27b-text", why="GDN hybrid dense"),
     Target("qwen3.5-35b-a3b-text", "qwen3.5-35b-a3b", why="GDN hybrid MoE (Qwen3.6-35B-A3B's shape)"),
+    Target("qwen3-30b-a3b", "qwen3-30b-a3b", why="MoE (num_experts)"),
+    Target("qwen3-8b", "qwen3-8b", why="dense GQA"),
 )
 
 
