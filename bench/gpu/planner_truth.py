@@ -463,8 +463,10 @@ def check_target(target: Target, work: Path, dry: bool, timeout_s: float) -> dic
     model_dir = model_dir_for(target, work)
     flags = target.flags
     plan = regen_tune(model_dir, flags, *WORKLOAD_ARGS)
+    used = None if dry else gpu_used_mib()  # memory a previous server left would shrink this one's pools
     startup, text, seconds = start_and_read(target, model_dir, flags, plan, work, dry, timeout_s)
-    attempts = [{"flags": list(flags), "seconds": round(seconds, 1), "startup": startup.to_json()}]
+    attempts = [{"flags": list(flags), "seconds": round(seconds, 1), "gpu_used_before_mib": used,
+                 "startup": startup.to_json()}]  # fmt: skip
     if not startup.pool_allocated and startup.missing_package and target.retry_flags:
         wait_gpu_free(dry)
         flags = target.retry_flags
