@@ -1,0 +1,73 @@
+#!/bin/bash
+# Issue 33 items 4 and 5 on one H200 with SGLang 0.5.17 (payload: bench/gpu/pack.sh's .gpu/p01..p04):
+# bench/gpu/planner_truth.py (regen tune against SGLang's startup log, one dummy-weight start per family,
+# ~50 s each, 10 models) then bench/gpu/dense.py (regen's plan against SGLang's defaults, Llama-3.1-8B and
+# Qwen3-30B-A3B, two servers and three windows each), both detached in their own session under
+# $TRUTH_TMP (/tmp/truth), so they outlive the call that starts them.
+#   truth.sh start SECONDS   stage this call's part, build /tmp/site, copy the tree to $TRUTH_TMP/repo,
+#                            start the benches detached, wait up to SECONDS, collect
+#   truth.sh wait SECONDS    wait up to SECONDS for "truth-bench: done", collect
+# Collect ($OUT, 6 files): bench.log, planner-truth-*.json/.md, dense-*.json/.md, serverlogs.tgz (trimmed).
+# ONLY=planner or ONLY=dense runs one bench; PLANNER_ARGS / DENSE_ARGS are passed on (e.g.
+# PLANNER_ARGS="--only gpt-oss-20b,qwen3.6-27b-text", DENSE_ARGS="--window-s 60 --models llama-3.1-8b").
+# Device sequence (kind nvidia-h200; back to back: /tmp survives only while the machine stays warm):
+#   1. carry [.gpu/p01]: bash bench/gpu/stage.sh; nvidia-smi
+#   2. carry [.gpu/p02]: bash bench/gpu/stage.sh
+#   3. carry [.gpu/p03]: bash bench/gpu/stage.sh
+#   4. carry [.gpu/p04]: bash bench/gpu/truth.sh start 560
+#   5. then, as often as needed: bash bench/gpu/truth.sh wait 590
+# Budget: planner ~9-11 min (it starts no model after PLANNER_DEADLINE=660 s), dense ~12 min.
+# CPU rehearsal (regen's simulated server, ~1.5 min):
+#   DRY=1 PY=$PWD/.venv/bin/python TRUTH_TMP=/tmp/truthd OUT=/tmp/truthd/out bash bench/gpu/truth.sh start 300
+mode=$1
+budget=${2:-560}
+t0=$(date +%s)
+T=${TRUTH_TMP:-/tmp/truth}
+PY=${PY:-python3}
+OUT=${OUT:-$T/collected}
+export PYTHONPATH=/tmp/site:$T/repo HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+[ "${DRY:-0}" = 1 ] && export PYTHONPATH=$T/repo
+collect() {
+  mkdir -p "$OUT" "$T/collect/logs"
+  cp "$T/bench.log" "$OUT/bench.log" 2>/dev/null
+  cp "$T"/out/*.json "$T"/out/*.md "$OUT/" 2>/dev/null
+  rm -rf "$T"/collect/logs/* 
+  cp "$T"/work/*/logs/*.trimmed.log "$T/collect/logs/" 2>/dev/null
+  nvidia-smi > "$T/collect/logs/nvidia-smi.txt" 2>&1
+  tar czf "$OUT/serverlogs.tgz" -C "$T/collect" logs
+  ls -la "$OUT"
+}
+if [ "$mode" = start ]; then
+  if [ "${DRY:-0}" != 1 ]; then
+    bash bench/gpu/stage.sh || exit 1
+    bash bench/gpu/setup.sh || exit 1
+  fi
+  rm -rf "$T/repo" "$T/out" "$T/work" && mkdir -p "$T/repo" "$T/out" "$T/work"
+  tar --exclude=./.gpu --exclude=./.venv --exclude=./.git -cf - . | tar -xf - -C "$T/repo"
+  cd "$T/repo" || exit 1  # imports from the copy, not from the tree the call runs in
+  $PY -c 'import aiohttp, orjson, zstandard, jsonschema, yaml, pyarrow, regen.cli, regen.tune.tune, bench.gpu.serverlog, bench.gpu.planner_truth, bench.gpu.dense' || exit 1
+  dry=""
+  if [ "${DRY:-0}" = 1 ]; then
+    dry="--dry-cpu"
+  else
+    $PY -c 'import sglang, transformers; print("sglang", sglang.__version__, "transformers", transformers.__version__)' || exit 1
+    $PY -c 'import triton_kernels' 2>/dev/null || echo "no triton_kernels: gpt-oss retries with --moe-runner-backend flashinfer_mxfp4"
+    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
+  fi
+  run_planner="$PY -m bench.gpu.planner_truth $dry --out $T/out --work $T/work/planner --deadline-s ${PLANNER_DEADLINE:-660} ${PLANNER_ARGS:-}"
+  run_dense="$PY -m bench.gpu.dense $dry --out $T/out --work $T/work/dense ${DENSE_ARGS:-}"
+  case "${ONLY:-both}" in
+    planner) seq="$run_planner" ;;
+    dense) seq="$run_dense" ;;
+    *) seq="$run_planner; $run_dense" ;;
+  esac
+  setsid nohup bash -c "$seq; echo 'truth-bench: done'" > "$T/bench.log" 2>&1 < /dev/null &
+  sleep 2
+fi
+while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
+  grep -q '^truth-bench: done' "$T/bench.log" 2>/dev/null && break
+  sleep 5
+done
+grep -E '^(truth|dense):' "$T/bench.log" 2>/dev/null
+tail -n 25 "$T/bench.log"
+collect
