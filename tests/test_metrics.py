@@ -1,4 +1,4 @@
-"""SGLang's throughput readings (regen.sglang.metrics) and the closed-loop run model
+"""SGLang's throughput readings (regen.serving.metrics) and the closed-loop run model
 (regen.tune.closedloop)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.sglang.metrics import (
+from regen.serving.metrics import (
     METHOD_METRICS,
     DecodeSample,
     decode_samples,

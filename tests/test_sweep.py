@@ -25,8 +25,9 @@ from regen.io import write_json
 from regen.observe.report import write_report_assets
 from regen.observe.status import status_report
 from regen.runconfig import GenerateConfig, ServerConfig
-from regen.sglang.metrics import METHOD_LOG, SteadyState
-from regen.sglang.server import live_supervisors, port_is_free
+from regen.serving.lifecycle import live_supervisors
+from regen.serving.metrics import METHOD_LOG, SteadyState
+from regen.serving.ports import port_is_free
 from regen.sglang.simulated import start_simulated_server
 from regen.tune.projection import Remaining, count_remaining, project, read_pilot
 from regen.tune.sweep import (

@@ -3,7 +3,7 @@
 
   --which default  SGLang with its defaults: only the model path, port, ``--reasoning-parser qwen3`` and
                    ``--tool-call-parser qwen25`` (what the answers need to be parsed as regen's are; the
-                   start through ``regen.sglang.server.acquire_server`` also adds ``--enable-metrics``),
+                   start through ``regen.serving.lifecycle.acquire_server`` also adds ``--enable-metrics``),
                    a plain async client at concurrency 48
   --which seed     the original run's hand-tuned flags: MTP from the target's own MTP layer (``--speculative-
                    algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1
@@ -210,7 +210,7 @@ def gpu_used_mib(dry: bool) -> int | None:
 
 def stop_leftovers(run_dir: Path, dry: bool) -> dict[str, Any]:
     """Stop any supervisor the regen run left (its owner, Snakemake, is gone) and wait for the GPU."""
-    from regen.sglang.server import stop_all_servers
+    from regen.serving.lifecycle import stop_all_servers
 
     stopped = stop_all_servers(run_dir / "work" / "servers", grace_s=60)
     used = None
@@ -237,8 +237,10 @@ def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> A
 
 
 def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
-    from regen.sglang import server as server_mod
-    from regen.sglang.server import SERVER_START_MARK, fetch_server_info, stop_all_servers
+    from regen.serving import lifecycle as server_mod
+    from regen.serving.lifecycle import stop_all_servers
+    from regen.serving.probes import fetch_server_info
+    from regen.serving.procfs import SERVER_START_MARK
 
     which = a.which
     work = a.work / f"baseline-{which}"

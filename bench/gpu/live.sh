@@ -65,7 +65,7 @@ if [ "$mode" = start ]; then
   rm -rf /tmp/repo /tmp/live-out /tmp/live-work && mkdir -p /tmp/repo
   (cd "$SRC" && tar --exclude=./.gpu --exclude=./.gpurun --exclude=./.venv --exclude=./.git -cf - .) | tar -xf - -C /tmp/repo
   cd /tmp/repo || exit 1  # imports from the copy, not from the tree the call runs in
-  $PY -c 'import orjson, regen.generate.client, regen.tune.sweep, regen.sglang.metrics, regen.tune.closedloop' || exit 1
+  $PY -c 'import orjson, regen.generate.client, regen.tune.sweep, regen.serving.metrics, regen.tune.closedloop' || exit 1
   if [ "${DRY:-0}" != 1 ]; then
     $PY -c 'import sglang, transformers; print("sglang", sglang.__version__, "transformers", transformers.__version__)' || exit 1
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv

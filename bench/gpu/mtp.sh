@@ -74,7 +74,7 @@ print("flashinfer sampling module built in", round(time.time() - t, 1), "s")' > 
   tar --exclude=./.gpu --exclude=./.gpurun --exclude=./.venv --exclude=./.git --exclude=./.snk -cf - . \
     | tar -xf - -C "$T/repo"
   cd "$T/repo" || exit 1  # imports from the copy, not from the tree the call runs in
-  $PY -c 'import aiohttp, orjson, regen.tune.sweep, regen.sglang.plan, regen.sglang.realized, regen.sglang.server' || exit 1
+  $PY -c 'import aiohttp, orjson, regen.tune.sweep, regen.sglang.plan, regen.sglang.realized, regen.serving' || exit 1
   extra=""
   if [ "${DRY:-0}" = 1 ]; then
     extra="--dry-cpu"

@@ -335,7 +335,9 @@ def predicted_of(p: Any) -> dict[str, Any]:
 
 
 def run_server(cfg: Config, model_dir: Path, a: argparse.Namespace, deadline: float, port: int) -> None:
-    from regen.sglang.server import SERVER_START_MARK, acquire_server, fetch_server_info, stop_all_servers
+    from regen.serving.lifecycle import acquire_server, stop_all_servers
+    from regen.serving.probes import fetch_server_info
+    from regen.serving.procfs import SERVER_START_MARK
 
     work = a.work / cfg.key.replace("@", "-a")
     servers, logs = work / "servers", work / "logs"

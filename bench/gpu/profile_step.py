@@ -108,7 +108,7 @@ def profile_server(
 ) -> dict[str, Any]:
     """The winner restarted; a pure-decode load; SGLang's profiler over ``steps`` plateau steps."""
     from regen.generate.client import ShardJob, generate_shard
-    from regen.sglang.metrics import log_since, log_size, server_steady_state
+    from regen.serving.metrics import log_since, log_size, server_steady_state
 
     server_log = work / "logs" / "gpu0.log"
     trace_dir = work / "trace"

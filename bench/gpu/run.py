@@ -2,7 +2,7 @@
 
 For each server configuration (SGLang's defaults, ``regen tune``'s recommendation with the model's
 fp32 linear-attention state, the recommendation with ``--allow-bf16-state``, and other candidates
-from the tuner's search) this starts the server with ``regen.sglang.server.acquire_server``, sends a
+from the tuner's search) this starts the server with ``regen.serving.lifecycle.acquire_server``, sends a
 fixed workload with ``regen.generate.client.generate_shard`` and reads the server's log and ``/server_info``:
 
 - steady-state decode tok/s (median ``gen throughput`` while ``#running-req`` is at its plateau),
@@ -258,9 +258,10 @@ def run_config(
     """Start the server through regen, run the workload through regen's client, read what happened."""
     from regen.generate.client import ShardJob, generate_shard
     from regen.runconfig import GenerateConfig
-    from regen.sglang import server as server_mod
+    from regen.serving import lifecycle as server_mod
+    from regen.serving.lifecycle import stop_all_servers
+    from regen.serving.probes import fetch_server_info
     from regen.sglang.config import PlanFile
-    from regen.sglang.server import fetch_server_info, stop_all_servers
 
     servers = work / f"servers-{cfg.name}"
     logs = work / f"logs-{cfg.name}"
@@ -324,7 +325,7 @@ def run_config(
 
 def read_server_side(cfg: ServerConfig, log_text: str, info: dict[str, Any], servers: Path) -> dict[str, Any]:
     """Decode steady state, startup memory map (ours and regen's), /server_info realized fields."""
-    from regen.sglang.server import SERVER_START_MARK
+    from regen.serving.procfs import SERVER_START_MARK
 
     header = log_text.rfind(SERVER_START_MARK)
     this_start = log_text[header:] if header >= 0 else log_text
@@ -599,7 +600,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{'**DRY RUN on CPU against the simulated server — not a measurement.** ' if doc['dry_cpu'] else ''}",  # noqa: E501
         f"Workload: {w['requests']} requests × {w['prompt_tokens']} prompt tokens → {w['output_tokens']} output "  # noqa: E501
         f"tokens, `ignore_eos`, sent by `regen.generate.client.generate_shard` at the server's effective cap. "  # noqa: E501
-        f"Server started by `regen.sglang.server.acquire_server`.",
+        f"Server started by `regen.serving.lifecycle.acquire_server`.",
         f"Measured in the same run: copy bandwidth {hw['hbm_bytes_per_s'] / 1e12:.2f} TB/s, "
         f"bf16 matmul {hw['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s"
         f"{'' if hw.get('measured') else ' (nominal, not measured)'}.",

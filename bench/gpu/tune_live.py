@@ -10,7 +10,7 @@ One campaign, in this order (every step through regen's own code):
    this script adds the expected-length cap with ``--enable-mixed-chunk`` (measured 2026-11-30: -37%).
 3. ``regen.tune.sweep.run_sweep`` measures each for ``--pilot-s`` seconds on a workload with a thinking-length
    spread: 256-token prompts, per-request ``max_tokens`` drawn from a clipped log-normal, ``ignore_eos``.
-   Candidates are ranked by the server's steady decode rate (``regen.sglang.metrics``: median gen
+   Candidates are ranked by the server's steady decode rate (``regen.serving.metrics``: median gen
    throughput of the log's decode lines at the running plateau).
 4. On the winner, restarted: (a) exact ids — direct requests with ``return_token_ids`` compare SGLang's
    ``prompt_token_ids`` with regen's rendering (``regen.chat``), and the completion ids with their own
@@ -389,7 +389,7 @@ def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: b
 
 # --------------------------------------------------------------------------------------- the winner
 def read_log(path: Path, offset: int) -> str:
-    from regen.sglang.metrics import log_since
+    from regen.serving.metrics import log_since
 
     return log_since(path, offset)
 
@@ -398,7 +398,8 @@ def read_log(path: Path, offset: int) -> str:
 def restarted(cand: Any, model_dir: Path, dry: bool, root: Path) -> Iterator[tuple[Any, float]]:
     """The candidate's server started afresh through ``acquire_server`` on an OS-chosen port (servers and
     logs under ``root``); yields (endpoint, seconds to ready); stops it afterwards."""
-    from regen.sglang.server import acquire_server, any_free_port, stop_all_servers
+    from regen.serving.lifecycle import acquire_server, stop_all_servers
+    from regen.serving.ports import any_free_port
     from regen.tune.sweep import candidate_plan, sweep_command_builder, sweep_server_cfg
 
     base = sweep_server_cfg(server_cfg(model_dir, dry))
@@ -418,7 +419,7 @@ def run_on_winner(
 ) -> dict[str, Any]:  # fmt: skip
     """Restart the winner through acquire_server; exact ids, the long run, the pure-decode plateau."""
     from regen.generate.client import ShardJob, generate_shard
-    from regen.sglang.metrics import log_size, server_steady_state
+    from regen.serving.metrics import log_size, server_steady_state
 
     server_log = work / "winner" / "logs" / "gpu0.log"
     out: dict[str, Any] = {"label": cand.label, "args": list(cand.args)}

@@ -85,7 +85,7 @@ ps -eo pid,ppid,etimes,args | grep -E 'sglang|regen\.sglang\.supervisor|launch_s
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader > $W/smi_after.txt 2>&1
 echo "after snakemake: $(wc -l < $W/ps_after.txt) server processes; GPU memory: $(tr '\n' ' ' < $W/smi_after.txt)"
 # then stop whatever is left (idempotent), so nothing outlives the call either way
-$PY -c 'from regen.sglang.server import stop_all_servers; print("stop_all_servers:", stop_all_servers("work/servers"))'
+$PY -c 'from regen.serving.lifecycle import stop_all_servers; print("stop_all_servers:", stop_all_servers("work/servers"))'
 sleep 2
 ps -eo pid,ppid,etimes,args | grep -E 'sglang|regen\.sglang\.supervisor|launch_server' | grep -v grep > $W/ps_final.txt
 kill "$smi_pid" 2>/dev/null

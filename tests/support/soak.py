@@ -72,7 +72,7 @@ WORKFLOW_ITEMS: tuple[str, ...] = (
 PHASES: tuple[str, ...] = ("generate", "validate", "merge")
 RULE_LINE = re.compile(r"^(?:local)?rule (\w+):", re.MULTILINE)
 REQUEST_LOG_NAME = "soak-requests.jsonl"
-#: the supervisor looks at its server every 0.5 s (``regen.sglang.supervisor --poll``)
+#: the supervisor looks at its server every 0.5 s (``regen.serving.supervisor --poll``)
 SUPERVISOR_POLL_S = 0.5
 #: scheduling slack on a loaded machine, beyond the stall timeout and one poll
 STALL_DETECT_SLACK_S = 1.0
@@ -227,7 +227,7 @@ def copy_workflow(source: Path, dest: Path) -> None:
 
 def free_port_base(n: int, rng: random.Random) -> int:
     """A port base with ``n`` free consecutive loopback ports."""
-    from regen.sglang.server import port_is_free
+    from regen.serving.ports import port_is_free
 
     for _ in range(500):
         base = rng.randint(20000, 60000)
@@ -497,9 +497,9 @@ def count_faults(request_log: Path) -> dict[str, int]:
 
 def stall_detections(request_log: Path, servers_dir: Path) -> tuple[int, list[float]]:
     """Stalls injected (``fault:stall`` events) and, for each one its supervisor restarted the server
-    for, the seconds from the stall to the restart record (``regen.sglang.progress``)."""
+    for, the seconds from the stall to the restart record (``regen.serving.progress``)."""
     from regen.layout import restart_files
-    from regen.sglang.progress import read_restarts
+    from regen.serving.progress import read_restarts
 
     caught = {
         entry["server_pid"]: float(entry["at"])
