@@ -57,7 +57,7 @@ from regen.ingest.shards import read_shard, shard_name  # noqa: E402
 from regen.layout import RunLayout  # noqa: E402
 from regen.prompts import prompt_for_last, sample_request_fingerprint  # noqa: E402
 from regen.runconfig import RunConfig  # noqa: E402
-from regen.sglang.simulated import read_request_log  # noqa: E402
+from regen.simulated.requestlog import read_request_log  # noqa: E402
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 REGEN = str(Path(sys.executable).with_name("regen"))

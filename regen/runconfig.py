@@ -231,7 +231,6 @@ class SimulatedConfig:
     half_speed_running: int | None
     tokenizer_path: str | None
     faults: Mapping[str, Any]
-    virtual: Mapping[str, Any] | None  # VirtualTime fields (bench/efficiency.py); None: real time
 
 
 @dataclass(frozen=True, slots=True)

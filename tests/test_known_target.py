@@ -170,14 +170,16 @@ def test_simulated_server_answers_from_the_chain_like_sglang(
 
     from tokenizers import Tokenizer
 
-    from regen.sglang.simulated import parse_qwen3_reasoning, start_simulated_server
+    from bench.sim_chain import chain_server_for
+    from regen.simulated.launcher import start_simulated_server
+    from regen.simulated.parsers import parse_qwen3_reasoning
 
     model = built[0]
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     url, stop = start_simulated_server(
         inline=True,
         tokenizer_path=str(model),
-        chain_path=str(model / "chain.json"),
+        server_factory=chain_server_for(str(model / "chain.json")),
         tool_call_parser="qwen25",
     )
     tools = [{"type": "function", "function": {"name": kt.TOOL_NAME, "parameters": {"type": "object"}}}]

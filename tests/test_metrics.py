@@ -20,7 +20,7 @@ from regen.serving.metrics import (
     server_steady_state,
     steady_state,
 )
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 from regen.tune.closedloop import StepModel, closed_loop_wall_s
 
 REAL_LOG = Path(__file__).parent / "data" / "sglang" / "decode-0.5.17-h200-bf16-512.log"

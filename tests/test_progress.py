@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from regen.serving.progress import ProgressWatch
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 
 
 def looks(watch: ProgressWatch, seconds: float, every: float = 0.1) -> list[str]:

@@ -21,7 +21,7 @@ from regen.serving.local_sglang import build_sglang_command
 from regen.serving.ports import port_is_free
 from regen.serving.simulated_mode import build_simulated_command
 from regen.serving.slots import supervisor_argv
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 from regen.types import BadRow, Message, Sample
 
 REPO = Path(__file__).resolve().parent.parent

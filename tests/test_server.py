@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -581,7 +580,7 @@ def test_simulated_command_carries_its_behaviour() -> None:
         "simulated": {"token_rate": 50, "max_running_requests": 4, "faults": {"x": 1}},
     }
     argv = build_simulated_command(ServerConfig.from_mapping(cfg), 31000, "m")
-    assert argv[1:3] == ["-m", "regen.sglang.simulated"]
+    assert argv[1:3] == ["-m", "regen.simulated"]
     assert argv[argv.index("--port") + 1] == "31000"
     assert argv[argv.index("--token-rate") + 1] == "50"
     assert argv[argv.index("--max-running-requests") + 1] == "4"
@@ -604,7 +603,7 @@ def test_simulated_mode_launches_regen_simulator(rig: Rig) -> None:
         assert ep.max_running_requests == 5
         assert ep.server_id == "gpu0"
     log = (rig.root / "logs/servers/gpu0.log").read_text()
-    assert "regen.sglang.simulated" in log and "server ready" in log
+    assert "regen.simulated" in log and "server ready" in log
 
 
 def test_owner_is_the_outermost_snakemake_ancestor(tmp_path: Path) -> None:
@@ -668,7 +667,7 @@ def test_readiness_probe_pays_the_first_sampled_request_cost() -> None:
     H200, nothing served meanwhile). The readiness probe samples like a run does, so once a server is
     ready a run's first request is answered at once; a greedy probe would leave the stall to it."""
     from regen.serving.probes import one_token_generation
-    from regen.sglang.simulated import start_simulated_server
+    from regen.simulated.launcher import start_simulated_server
 
     url, stop = start_simulated_server(inline=True, sampling_build_s=1.5)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import time
@@ -15,7 +16,8 @@ import aiohttp
 import orjson
 import pytest
 
-from regen.sglang.simulated import Faults, start_simulated_server
+from regen.simulated.faults import Faults
+from regen.simulated.launcher import start_simulated_server
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is two plus two"}]
 
@@ -369,7 +371,7 @@ def test_bad_output_faults_reach_validation(kind: str, check: str, tmp_path: Pat
 
 
 def test_virtual_time_batch_completes_each_request_at_its_modelled_time() -> None:
-    from regen.sglang.simulated import FluidBatch, VirtualTime
+    from bench.sim_virtual import FluidBatch, VirtualTime
 
     # steps of 10 ms + 5 ms per running request; two may run, the third waits in the queue
     clock = VirtualTime(speed=1.0, epoch=0.0, step_ms=10.0, step_ms_per_running=5.0)
@@ -394,8 +396,12 @@ def test_virtual_time_batch_completes_each_request_at_its_modelled_time() -> Non
 
 
 def test_virtual_time_server_keeps_sglangs_response_shape() -> None:
+    """bench's virtual-time server, plugged in through the simulated server's hook."""
+    from bench.sim_virtual import VirtualSimulatedServer, VirtualTime
+
     virtual = {"speed": 5000.0, "epoch": time.time(), "length_mean": 50.0}
-    url, stop = start_simulated_server(max_running_requests=4, virtual=virtual)
+    factory = functools.partial(VirtualSimulatedServer, clock=VirtualTime.from_json(virtual))
+    url, stop = start_simulated_server(max_running_requests=4, server_factory=factory)
     try:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096}
         req = urllib.request.Request(
@@ -407,8 +413,6 @@ def test_virtual_time_server_keeps_sglangs_response_shape() -> None:
             out = json.loads(resp.read())
     finally:
         stop()
-    from regen.sglang.simulated import VirtualTime
-
     expected = VirtualTime.from_json(virtual).output_tokens("v1#0", 4096)
     assert out["object"] == "chat.completion" and out["choices"][0]["finish_reason"] == "stop"
     assert out["usage"]["completion_tokens"] == expected
@@ -469,7 +473,7 @@ def test_speculative_decoding_reports_accept_length_and_decodes_faster(
 
 
 def test_accept_length_is_clamped_to_the_draft_tokens_as_sglang_does() -> None:
-    from regen.sglang.simulated import SimOptions, accept_length, env_options
+    from regen.simulated.options import SimOptions, accept_length, env_options
 
     assert accept_length(SimOptions(speculative_num_steps=1, simulated_accept_len=2.9)) == 2.0
     assert accept_length(SimOptions(speculative_num_steps=3, simulated_accept_len=0.5)) == 1.0

@@ -28,7 +28,7 @@ from regen.runconfig import GenerateConfig, ServerConfig
 from regen.serving.lifecycle import live_supervisors
 from regen.serving.metrics import METHOD_LOG, SteadyState
 from regen.serving.ports import port_is_free
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 from regen.tune.projection import Remaining, count_remaining, project, read_pilot
 from regen.tune.sweep import (
     CandidateResult,
@@ -357,7 +357,7 @@ def test_choose_keeps_the_highest_rate_and_the_earlier_on_ties() -> None:
 
 
 def test_a_simulated_candidates_speculative_steps_go_into_its_options() -> None:
-    argv = ["python", "-m", "regen.sglang.simulated", "--options", json.dumps({"weights_gib": 50.0})]
+    argv = ["python", "-m", "regen.simulated", "--options", json.dumps({"weights_gib": 50.0})]
     merged = with_speculative_steps(argv, ["--max-running-requests", "8", *MTP3])
     assert json.loads(merged[merged.index("--options") + 1]) == {
         "weights_gib": 50.0,

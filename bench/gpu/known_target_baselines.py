@@ -255,6 +255,8 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
         shape_src.write_text(json.dumps(kt.config_json(kt.Shape(), 2, 0)))
         gpu_mib = 143771
         os.environ["REGEN_SIM_CHAIN"] = str((a.model / "chain.json").resolve())
+        os.environ["REGEN_SIM_SERVER"] = "bench.sim_chain:chain_server"  # the simulated server's hook
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
         os.environ["REGEN_SIM_TOOL_CALL_PARSER"] = "qwen25"
     else:
         from regen.sglang.plan import gpu_memory_from_nvidia_smi

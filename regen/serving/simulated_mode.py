@@ -25,12 +25,12 @@ def simulated_running_cap(cfg: ServerConfig, plan: PlanFile | None) -> int:
 def build_simulated_command(
     cfg: ServerConfig, port: int, model_path: str, plan: PlanFile | None = None
 ) -> list[str]:
-    """``python -m regen.sglang.simulated`` with the ``server.simulated`` behaviour."""
+    """``python -m regen.simulated`` with the ``server.simulated`` behaviour."""
     sim = cfg.simulated
     return [
         sys.executable,
         "-m",
-        "regen.sglang.simulated",
+        "regen.simulated",
         "--host",
         cfg.host,
         "--port",
@@ -47,7 +47,6 @@ def build_simulated_command(
         json.dumps(dict(sim.faults), sort_keys=True),
         *(["--half-speed-running", str(sim.half_speed_running)] if sim.half_speed_running else []),
         *(["--tokenizer-path", str(sim.tokenizer_path)] if sim.tokenizer_path else []),
-        *(["--virtual", json.dumps(dict(sim.virtual), sort_keys=True)] if sim.virtual else []),
         *simulated_plan_options(plan),
     ]
 

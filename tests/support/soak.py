@@ -7,7 +7,7 @@ in a new process session. ``config/soak.yaml`` slows the simulated servers down 
 generation takes seconds, injects server faults (HTTP 5xx, ``crash_after``, and stalls: a server that
 stays up and generates nothing after ``stall_after_tokens``, which its supervisor must catch within
 ``server.stall_timeout_s``) and gives the job enough retries to ride out a server restart. Every
-server appends to one request log (``REGEN_SIM_REQUEST_LOG``, see ``regen.sglang.simulated``) across
+server appends to one request log (``REGEN_SIM_REQUEST_LOG``, see ``regen.simulated``) across
 all its lifetimes.
 
 A *round* is one Snakemake run: the harness picks (seeded RNG) a phase (generate, validate or
@@ -55,7 +55,8 @@ import yaml
 from regen.generate.journal import read_journal_entries
 from regen.io import open_lines
 from regen.layout import RunLayout
-from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
+from regen.simulated.options import REQUEST_LOG_ENV
+from regen.simulated.requestlog import read_request_log
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # tests/support/soak.py
 WORKFLOW_ITEMS: tuple[str, ...] = (
