@@ -7,7 +7,6 @@ The winner of a sweep is therefore known from each candidate's cap, without hard
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.lengths import with_lengths
 from regen.ingest.shards import write_shards
 from regen.io import write_json
 from regen.observe.report import write_report_assets
@@ -293,9 +293,7 @@ def test_a_sweep_beside_a_generation_takes_another_port_and_honours_per_sample_l
     generation.bind(("127.0.0.1", base))
     generation.listen()
     lengths = {f"s{i}": 3 + i % 5 for i in range(40)}
-    gcfg = dataclasses.replace(
-        GenerateConfig.from_dict({**GENERATE, "extra_body": {"ignore_eos": True}}), max_tokens_by_id=lengths
-    )
+    gcfg = with_lengths(GenerateConfig.from_dict({**GENERATE, "extra_body": {"ignore_eos": True}}), lengths)
     try:
         result = run_sweep(
             typed_server(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")],

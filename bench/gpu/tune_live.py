@@ -97,10 +97,11 @@ def prompts(n: int, prompt_tokens: int, prefix: str, seed: int) -> list[Sample]:
 
 
 def generate_cfg(max_tokens: int, by_id: dict[str, int] | None, ids: bool = True) -> Any:
+    from bench.lengths import with_lengths
     from regen.runconfig import GenerateConfig
 
     d = generate_dict(max_tokens)
-    return dataclasses.replace(GenerateConfig.from_dict(d), max_tokens_by_id=by_id, return_token_ids=ids)
+    return with_lengths(dataclasses.replace(GenerateConfig.from_dict(d), return_token_ids=ids), by_id)
 
 
 # --------------------------------------------------------------------------------------- server

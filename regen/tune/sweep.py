@@ -471,7 +471,7 @@ def warm_up(endpoint: Endpoint, sample: Sample, generate_cfg: GenerateConfig, wo
     the readiness probe now pays that, see ``one_token_generation``; this keeps any other first-use
     cost out of the window too.)"""
     sampling = dataclasses.replace(generate_cfg.sampling, max_tokens=WARM_UP_MAX_TOKENS)
-    gcfg = dataclasses.replace(generate_cfg, sampling=sampling, max_tokens_by_id=None, concurrency=1)
+    gcfg = dataclasses.replace(generate_cfg, sampling=sampling, concurrency=1)
     workdir.mkdir(parents=True, exist_ok=True)
     for name in ("journal.jsonl", "records.jsonl", "failed.jsonl"):
         (workdir / name).unlink(missing_ok=True)
