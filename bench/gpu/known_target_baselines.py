@@ -45,10 +45,9 @@ from typing import Any
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import known_target as kt
-from known_target_run import supervisor_times, write_dataset
-from serverlog import decode_lines, startup_facts, steady_state
+from bench.gpu import known_target as kt
+from bench.gpu.known_target_run import supervisor_times, write_dataset
+from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
 
 REPO = Path(__file__).resolve().parents[2]
 PARSERS = ["--tool-call-parser", "qwen25"]
@@ -203,7 +202,7 @@ def vars_of(obj: Any) -> dict[str, Any]:
 def gpu_used_mib(dry: bool) -> int | None:
     if dry:
         return None
-    from run import gpu_memory_used_mib
+    from bench.gpu.harness import gpu_memory_used_mib
 
     return gpu_memory_used_mib()
 
@@ -215,14 +214,14 @@ def stop_leftovers(run_dir: Path, dry: bool) -> dict[str, Any]:
     stopped = stop_all_servers(run_dir / "work" / "servers", grace_s=60)
     used = None
     if not dry:
-        from run import wait_gpu_free
+        from bench.gpu.harness import wait_gpu_free
 
         used = wait_gpu_free(timeout_s=180)
     return {"stopped_supervisors": stopped, "gpu_used_mib": used}
 
 
 def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> Any:
-    from run import bench_server_cfg
+    from bench.gpu.harness import bench_server_cfg
 
     simulated = {
         "token_rate": a.sim_token_rate,
@@ -303,7 +302,7 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
         result["stopped_supervisors"] = stop_all_servers(servers, grace_s=60)
         result["stop_s"] = round(time.monotonic() - t_stop, 1)
         if not a.dry_cpu:
-            from run import wait_gpu_free
+            from bench.gpu.harness import wait_gpu_free
 
             result["gpu_used_after_stop_mib"] = wait_gpu_free(timeout_s=180)
     result.update(

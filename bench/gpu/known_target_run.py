@@ -37,8 +37,7 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import known_target as kt
+from bench.gpu import known_target as kt
 
 REPO = Path(__file__).resolve().parents[2]
 _SUPERVISOR = re.compile(

@@ -82,14 +82,14 @@ print("flashinfer sampling module built in", round(time.time() - t, 1), "s")' > 
     $PY -c 'import sglang, transformers; print("sglang", sglang.__version__, "transformers", transformers.__version__)' || exit 1
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
   fi
-  (cd "$T/repo" && setsid nohup $PY bench/gpu/mtp_grid.py $extra --out "$T/mtp-out" --work "$T/mtp-work" \
+  (cd "$T/repo" && setsid nohup $PY -m bench.gpu.mtp_grid $extra --out "$T/mtp-out" --work "$T/mtp-work" \
       --deadline-s "${DEADLINE:-860}" ${GRID_ARGS:-} > "$T/mtp.log" 2>&1 < /dev/null &)
   sleep 2
 fi
 state=running
 while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
   grep -q '^mtp-grid: done' "$T/mtp.log" 2>/dev/null && { state=done; break; }
-  if grep -q '^Traceback' "$T/mtp.log" 2>/dev/null && ! pgrep -f "bench/gpu/mtp_grid.py" >/dev/null; then
+  if grep -q '^Traceback' "$T/mtp.log" 2>/dev/null && ! pgrep -f "bench.gpu.mtp_grid" >/dev/null; then
     state="ended without 'mtp-grid: done'"; break
   fi
   sleep 5

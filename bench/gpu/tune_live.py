@@ -44,13 +44,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-sys.path[:0] = [str(HERE), str(REPO)]
-
-from roofline import HybridShape, decode_step_cost  # noqa: E402
-from run import (  # noqa: E402
+from bench.gpu.harness import (
     BASE_ARGS,
+    REPO,
     SGLANG_VERSION,
     bench_server_cfg,
     generate_dict,
@@ -60,9 +56,9 @@ from run import (  # noqa: E402
     wait_gpu_free,
     word_prompts,
 )
-
-from regen.io import write_json  # noqa: E402
-from regen.types import Sample  # noqa: E402
+from bench.gpu.roofline import HybridShape, decode_step_cost
+from regen.io import write_json
+from regen.types import Sample
 
 TEMPLATE_TOKENS = 5
 

@@ -51,7 +51,7 @@ nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv 2>/dev/n
 
 # model (config-only, WordLevel tokenizer + chat template) and 1,024 unique 256-word prompts
 rm -rf work results logs benchmarks .snakemake
-$PY bench/gpu/make_model.py work/two_gpu/model 64 || exit 1
+$PY -m bench.gpu.make_model work/two_gpu/model 64 || exit 1
 $PY - <<'EOF' || exit 1
 import json, random
 rng = random.Random(7)
