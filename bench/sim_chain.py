@@ -17,11 +17,12 @@ from typing import Any
 
 import orjson
 
+from regen.simulated.completion import Ask, Completion
 from regen.simulated.options import SimOptions
 from regen.simulated.parsers import parse_qwen3_reasoning, parse_qwen25_tool_calls
 from regen.simulated.requestlog import LogWriter
 from regen.simulated.server import ServerFactory, SimulatedServer
-from regen.simulated.tokens import Ask, Completion, TokenCompletion
+from regen.simulated.tokens import TokenCompletion
 
 CHAIN_ENV = "REGEN_SIM_CHAIN"  # path of the model's chain.json
 #: the value of regen.simulated.launcher.SERVER_HOOK_ENV that answers from the chain

@@ -23,11 +23,12 @@ from typing import Any
 
 import orjson
 
+from regen.simulated.completion import Ask, Completion
 from regen.simulated.faults import unit_hash
 from regen.simulated.options import SimOptions
 from regen.simulated.requestlog import LogWriter, RequestLog
 from regen.simulated.server import SimulatedServer
-from regen.simulated.tokens import WORDS, Ask, Completion
+from regen.simulated.tokens import WORDS
 from regen.tune.closedloop import StepModel
 
 #: JSON object of VirtualTime fields for the servers of a process tree (with the hook set to virtual_server)

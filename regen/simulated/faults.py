@@ -7,10 +7,9 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from regen.simulated.tokens import Completion
+from regen.simulated.completion import Completion
 
 FAULT_KINDS: tuple[str, ...] = ("error", "hang", "disconnect", "malformed", "truncate")
 

@@ -9,8 +9,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from regen.simulated.completion import Completion
 from regen.simulated.parsers import completion_ids_field
-from regen.simulated.tokens import QWEN_IM_END_ID, Completion, TokenCompletion
+from regen.simulated.tokens import QWEN_IM_END_ID, TokenCompletion
 
 
 def error_body(message: str, status: int, err_type: str = "BadRequestError") -> bytes:

@@ -58,6 +58,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from regen.simulated.completion import Ask, Completion
 from regen.simulated.options import (
     SAMPLE_ID_HEADER,
     SimOptions,
@@ -74,14 +75,7 @@ from regen.simulated.parsers import (
 )
 from regen.simulated.requestlog import LogWriter, RequestLog
 from regen.simulated.responses import error_body, error_response, response_body
-from regen.simulated.tokens import (
-    Ask,
-    Completion,
-    TokenCompletion,
-    TokenModel,
-    synth_completion,
-    with_tool_calls,
-)
+from regen.simulated.tokens import TokenCompletion, TokenModel, synth_completion, with_tool_calls
 
 #: makes the server of one process: ``SimulatedServer`` itself, or a bench's subclass through the hook
 #: ``regen.simulated.launcher.SERVER_HOOK_ENV``

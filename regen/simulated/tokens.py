@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
+from regen.simulated.completion import Ask, Completion
+from regen.simulated.options import SimOptions
 from regen.simulated.parsers import (
     THINK_CLOSE,
     THINK_OPEN,
@@ -17,9 +19,6 @@ from regen.simulated.parsers import (
     parse_qwen3_reasoning,
     tool_call_text,
 )
-
-if TYPE_CHECKING:
-    from regen.simulated.options import SimOptions
 
 QWEN_IM_END_ID = 151645  # <|im_end|>: what matched_stop reports for a natural stop on Qwen3
 
@@ -58,28 +57,6 @@ def _make_words() -> tuple[str, ...]:
 
 
 WORDS: tuple[str, ...] = _make_words()
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    reasoning: str | None
-    content: str
-    reasoning_tokens: int
-    completion_tokens: int
-    finish_reason: str
-    tool_calls: tuple[dict[str, Any], ...] | None = None  # parsed calls (finish_reason "tool_calls")
-
-
-@dataclass(frozen=True, slots=True)
-class Ask:
-    """What one chat-completions request asks of each of its ``n`` choices."""
-
-    messages: list[Any]
-    seed: int | None
-    temperature: float
-    max_tokens: int
-    thinking: bool
-    ignore_eos: bool
 
 
 def synth_completion(ask: Ask, opts: SimOptions, index: int = 0) -> Completion:
