@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import re
 import time
 import urllib.request
@@ -417,6 +418,32 @@ def test_virtual_time_server_keeps_sglangs_response_shape() -> None:
     assert out["object"] == "chat.completion" and out["choices"][0]["finish_reason"] == "stop"
     assert out["usage"]["completion_tokens"] == expected
     assert out["choices"][0]["message"]["reasoning_content"] and out["choices"][0]["message"]["content"]
+
+
+def test_a_server_process_takes_its_server_from_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$REGEN_SIM_SERVER`` swaps in a bench's server in a server process (as a workflow's servers
+    inherit it): bench's virtual time answers with its modelled length, not the synthetic one."""
+    from bench.sim_virtual import VIRTUAL_ENV, VIRTUAL_HOOK, VirtualTime
+    from regen.simulated.launcher import SERVER_HOOK_ENV
+
+    repo = str(Path(__file__).resolve().parents[1])
+    virtual = {"speed": 5000.0, "epoch": time.time(), "length_mean": 50.0}
+    monkeypatch.setenv(SERVER_HOOK_ENV, VIRTUAL_HOOK)
+    monkeypatch.setenv(VIRTUAL_ENV, json.dumps(virtual))
+    monkeypatch.setenv("PYTHONPATH", repo + ":" + os.environ.get("PYTHONPATH", ""))
+    url, stop = start_simulated_server(subprocess_mode=True, max_running_requests=4)
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096}
+        req = urllib.request.Request(
+            url + "/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "X-Regen-Sample-Id": "h1"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            out = json.loads(resp.read())
+    finally:
+        stop()
+    assert out["usage"]["completion_tokens"] == VirtualTime.from_json(virtual).output_tokens("h1#0", 4096)
 
 
 def _burst_wall_s(url: str, n: int, max_tokens: int) -> float:
