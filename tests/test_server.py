@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -477,6 +478,38 @@ def test_two_runs_starting_one_slot_together_never_try_the_same_port(rig: Rig) -
     assert [(m["kind"], m["restart"]) for m in moves] == [("port", 0)]
     for n in ("a", "b"):
         stop_all_servers(rig.root / n / "work/servers", grace_s=5)
+
+
+def test_a_port_taken_outside_regen_while_the_server_loads_moves_it_at_once(rig: Rig) -> None:
+    """A process outside regen (no port lock) binds the port while the server loads: the server cannot
+    bind, and the supervisor relaunches at once on another port, counting no restart."""
+    import socket
+
+    cfg = rig.cfg(max_restarts=1)
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with acquire_server(
+                ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(),
+                command_builder=rig.builder("--delay", "2"), poll_s=0.05,
+            ) as ep:  # fmt: skip
+                got["url"] = ep.url
+        except BaseException as exc:  # reported by the assertion below
+            got["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: rig.starts(), 20, "the server to start loading")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", rig.port_base))
+        squatter.listen()
+        thread.join(40)
+    assert "url" in got, got
+    assert int(got["url"].rsplit(":", 1)[1]) != rig.port_base
+    text = (rig.root / "logs/servers/gpu0.log").read_text()
+    assert "was taken by another process before our server bound it" in text
+    assert "not a crash: no restart counted" in text and "restart 1/" not in text
 
 
 HOLDER = textwrap.dedent(
