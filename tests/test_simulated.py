@@ -396,6 +396,18 @@ def test_virtual_time_batch_completes_each_request_at_its_modelled_time() -> Non
         loop.close()
 
 
+def ask_one(url: str, sample_id: str) -> dict[str, Any]:
+    """One chat completion of ``sample_id`` (max_tokens 4096), its body."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096}
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "X-Regen-Sample-Id": sample_id},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
 def test_virtual_time_server_keeps_sglangs_response_shape() -> None:
     """bench's virtual-time server, plugged in through the simulated server's hook."""
     from bench.sim_virtual import VirtualSimulatedServer, VirtualTime
@@ -404,14 +416,7 @@ def test_virtual_time_server_keeps_sglangs_response_shape() -> None:
     factory = functools.partial(VirtualSimulatedServer, clock=VirtualTime.from_json(virtual))
     url, stop = start_simulated_server(max_running_requests=4, server_factory=factory)
     try:
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096}
-        req = urllib.request.Request(
-            url + "/v1/chat/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", "X-Regen-Sample-Id": "v1"},
-        )
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            out = json.loads(resp.read())
+        out = ask_one(url, "v1")
     finally:
         stop()
     expected = VirtualTime.from_json(virtual).output_tokens("v1#0", 4096)
@@ -433,14 +438,7 @@ def test_a_server_process_takes_its_server_from_the_hook(monkeypatch: pytest.Mon
     monkeypatch.setenv("PYTHONPATH", repo + ":" + os.environ.get("PYTHONPATH", ""))
     url, stop = start_simulated_server(subprocess_mode=True, max_running_requests=4)
     try:
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096}
-        req = urllib.request.Request(
-            url + "/v1/chat/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", "X-Regen-Sample-Id": "h1"},
-        )
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            out = json.loads(resp.read())
+        out = ask_one(url, "h1")
     finally:
         stop()
     assert out["usage"]["completion_tokens"] == VirtualTime.from_json(virtual).output_tokens("h1#0", 4096)

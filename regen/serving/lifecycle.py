@@ -21,7 +21,7 @@ from regen.serving.local_sglang import LocalSGLang
 from regen.serving.procfs import UrlState, is_supervisor, pid_alive, proc_stat, read_url_state
 from regen.serving.remote import RemoteEndpoint
 from regen.serving.simulated_mode import Simulated
-from regen.serving.slots import serve_on_slot
+from regen.serving.slots import SlotPlace, serve_on_slot
 from regen.sglang.config import PlanFile
 from regen.types import Endpoint
 
@@ -59,17 +59,19 @@ def acquire_server(
 ) -> Iterator[Endpoint]:
     """Hold a server for ``server.mode`` for the duration of the ``with`` block; yields the Endpoint.
 
-    A mode that launches runs on a GPU slot (:func:`regen.serving.slots.serve_on_slot`, where the
-    options are described); ``command_builder`` replaces the mode's command (tests use a stand-in).
+    A mode that launches runs on a GPU slot (:func:`regen.serving.slots.serve_on_slot`): ``gpu_slots``
+    overrides ``server.gpus`` (Snakemake's ``--resources gpu=N``); ``owner_pid`` is the process whose
+    death (with no lease held) stops the server (default: the Snakemake ancestor); ``command_builder``
+    replaces the mode's command (tests use a stand-in server). ``on_slot`` is called with a function
+    that gives the slot up before the block ends (idempotent): the next job waiting for a slot takes it
+    and shares the server while this job's last requests drain (this job's lease keeps the server up).
     """
     mode = mode_of(cfg)
     if not mode.launches:
         yield mode.endpoint(cfg, plan)
         return
-    with serve_on_slot(
-        cfg, plan, workdir, log_dir, gpu_slots=gpu_slots, owner_pid=owner_pid,
-        command_builder=command_builder or mode.command, poll_s=poll_s, on_slot=on_slot,
-    ) as endpoint:  # fmt: skip
+    place = SlotPlace(workdir, log_dir, gpu_slots, owner_pid, poll_s, on_slot)
+    with serve_on_slot(cfg, plan, place, command_builder or mode.command) as endpoint:
         yield endpoint
 
 

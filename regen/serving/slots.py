@@ -29,7 +29,7 @@ from typing import Any
 
 from regen.fingerprint import server_numerics
 from regen.io import write_json
-from regen.layout import RUN, SlotFiles
+from regen.layout import SlotFiles
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, ServerError, api_key_from
 from regen.serving.ports import client_host, pick_port
@@ -249,30 +249,26 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class SlotPlace:
+    """Where a job's slot lives and how it waits (``acquire_server``'s options, described there)."""
+
+    workdir: str | os.PathLike[str]
+    log_dir: str | os.PathLike[str]
+    gpu_slots: int | None
+    owner_pid: int | None
+    poll_s: float
+    on_slot: Callable[[Callable[[], None]], None] | None
+
+
 @contextlib.contextmanager
 def serve_on_slot(
-    cfg: ServerConfig,
-    plan: PlanFile | None = None,
-    workdir: str | os.PathLike[str] = RUN.servers_root,
-    log_dir: str | os.PathLike[str] = RUN.server_logs_root,
-    *,
-    gpu_slots: int | None = None,
-    owner_pid: int | None = None,
-    command_builder: CommandBuilder,
-    poll_s: float = 0.25,
-    on_slot: Callable[[Callable[[], None]], None] | None = None,
+    cfg: ServerConfig, plan: PlanFile | None, place: SlotPlace, command_builder: CommandBuilder
 ) -> Iterator[Endpoint]:
-    """Hold a GPU slot and its server for the duration of the ``with`` block; yields the Endpoint.
-
-    ``gpu_slots`` overrides ``server.gpus`` (Snakemake's ``--resources gpu=N``); ``owner_pid`` is the
-    process whose death (with no lease held) stops the server (default: the Snakemake ancestor);
-    ``command_builder`` gives the server's argv (the mode's :meth:`ServerMode.command`, or a test's stand-in).
-    ``on_slot`` is called with a function that gives the slot up before the block ends (idempotent): the
-    next job waiting for a slot takes it and shares the server while this job's last requests drain
-    (this job's lease keeps the server up until the block ends).
-    """
+    """Hold a GPU slot and its server (``command_builder``'s argv) for the ``with`` block; the Endpoint."""
+    workdir, log_dir, poll_s, on_slot = place.workdir, place.log_dir, place.poll_s, place.on_slot
     api_key = api_key_from(cfg)
-    slots = slot_count(cfg, gpu_slots)
+    slots = slot_count(cfg, place.gpu_slots)
     slot, lock_fd = take_slot(Path(workdir), slots, poll_s=max(poll_s, 0.1))
     files = SlotFiles.of(slot, workdir, log_dir)
     held = [lock_fd]
@@ -287,7 +283,7 @@ def serve_on_slot(
         try:
             # blocks while the previous supervisor is exiting (it holds LOCK_EX while it stops)
             fcntl.flock(lease_fd, fcntl.LOCK_SH)
-            found = _live_or_start(files, cfg, plan, api_key, owner_pid, command_builder)
+            found = _live_or_start(files, cfg, plan, api_key, place.owner_pid, command_builder)
             pid = found.pid if isinstance(found, subprocess.Popen) else found.supervisor_pid
             started = found if isinstance(found, subprocess.Popen) else None
             budget = cfg.startup_timeout_s * (cfg.max_restarts + 1) + 120
