@@ -66,8 +66,10 @@ def hold_port(host: str, port: int, lock_dir: Path | None = None) -> PortHold | 
     where.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(where / f"port-{port}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except PermissionError:  # another user's lock file: that user's run holds or held the port
+    except PermissionError:  # another user's lock file that user cannot share: held, as far as we know
         return None
+    with contextlib.suppress(OSError):  # the umask's 0644 would keep every other user off this port
+        os.fchmod(fd, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
