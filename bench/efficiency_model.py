@@ -1,6 +1,6 @@
 """The scheduling model behind bench/efficiency.py: which change keeps every GPU busy (issue #16).
 
-    python bench/efficiency_model.py [--samples 914000] [--cap 350] [--gap-s 0] 7x64 7x7 1x20 ...
+    python -m bench.efficiency_model [--samples 914000] [--cap 350] [--gap-s 0] 7x64 7x7 1x20 ...
 
 A discrete-event fluid model, no workflow: G GPUs, S equal shards taken in order, a decode step of
 13.2 ms + 0.154 ms x running, output lengths lognormal (mean 3,000, sigma 1) capped at 8,192; a job
@@ -21,6 +21,8 @@ import sys
 
 import numpy as np
 
+from regen.tune.closedloop import StepModel
+
 POLICIES = ("one", "spill", "regen")
 
 
@@ -31,7 +33,7 @@ def lengths(n: int, mean: float = 3000.0, sigma: float = 1.0, cap: int = 8192, s
 
 
 def simulate(
-    tokens: np.ndarray, gpus: int, shards: int, policy: str, cap: int, a: float, b: float, gap: float
+    tokens: np.ndarray, gpus: int, shards: int, policy: str, cap: int, steps: StepModel, gap: float
 ) -> tuple[float, float]:
     """(wall seconds, floor seconds) of one run."""
     unsent = [list(part) for part in np.array_split(tokens, shards)]
@@ -71,7 +73,7 @@ def simulate(
         best, best_k = math.inf, -1
         for k in range(gpus):
             if running[k]:
-                due = t + (running[k][0][0] - progress[k]) * (a + b * len(running[k]))
+                due = t + (running[k][0][0] - progress[k]) * steps.step_s(len(running[k]))
                 if due < best:
                     best, best_k = due, k
         starts = [s for s in start_at if s is not None] if queue else []
@@ -81,7 +83,7 @@ def simulate(
         now = min(best, next_start)
         for k in range(gpus):
             if running[k]:
-                progress[k] += (now - t) / (a + b * len(running[k]))
+                progress[k] += (now - t) / steps.step_s(len(running[k]))
         t = now
         if best <= next_start:
             _, job = heapq.heappop(running[best_k])
@@ -101,7 +103,7 @@ def simulate(
         start_jobs()
         for k in range(gpus):
             fill(k)
-    floor = tokens.sum() / (gpus * cap / (a + b * cap))
+    floor = tokens.sum() / (gpus * steps.tokens_per_s(cap))
     return t, floor
 
 
@@ -113,12 +115,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--gap-s", type=float, default=0.0, help="seconds between a job's end and the next")
     p.add_argument("--policies", default=",".join(POLICIES))
     args = p.parse_args(argv)
-    a, b = 0.0132, 0.000154 * 350 / args.cap
+    steps = StepModel(0.0132, 0.000154 * 350 / args.cap)  # the H200 fit (issue #16), per request at --cap
     for spec in args.configs:
         gpus, shards = (int(x) for x in spec.split("x"))
         tokens = lengths(args.samples * gpus // 7)
         for policy in args.policies.split(","):
-            wall, floor = simulate(tokens, gpus, shards, policy, args.cap, a, b, args.gap_s)
+            wall, floor = simulate(tokens, gpus, shards, policy, args.cap, steps, args.gap_s)
             print(f"model: gpus={gpus} shards={shards} policy={policy} ratio={floor / wall:.3f}", flush=True)
     return 0
 

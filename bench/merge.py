@@ -3,8 +3,8 @@
 The reference side (``pyarrow.json.read_json`` + ``pyarrow.parquet.write_table``, no checks at
 all) is the floor of this job. Each side runs in its own subprocess so its peak RSS is its own.
 
-    .venv/bin/python bench/merge.py            # 1M records (~6 KB each)
-    .venv/bin/python bench/merge.py --n 100000
+    .venv/bin/python -m bench.merge            # 1M records (~6 KB each)
+    .venv/bin/python -m bench.merge --n 100000
 
 Last line: ``merge: regen_rps=… pyarrow_rps=… ratio=… peak_rss_mb=…`` (peak_rss_mb is regen's).
 """
@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from synthetic import WORDS, run_side
+
+from bench.synthetic import WORDS, run_side
 
 
 def _text(rng: random.Random, chars: int) -> str:

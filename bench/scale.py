@@ -17,8 +17,8 @@ On the half-finished state, then on the finished one, it times:
   once ``--disk-shards`` shards are finalized and validated, and ``parquet_gb``: the merged Parquet
   (both scaled to all shards when fewer are finalized; the line says how many were).
 
-    .venv/bin/python bench/scale.py                       # 914,000 samples, 64-token answers
-    .venv/bin/python bench/scale.py --answer-tokens 3000 --disk-shards 1
+    .venv/bin/python -m bench.scale                       # 914,000 samples, 64-token answers
+    .venv/bin/python -m bench.scale --answer-tokens 3000 --disk-shards 1
 
 Last line: ``scale: samples=… answer_tokens=… entry_kb=… open_s=… plan_s=… resume_first_request_s=…
 disk_gb=… parquet_gb=…`` (plus the half-finished plan time, the scan, read and reference times,
@@ -44,12 +44,12 @@ import orjson
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "bench"), str(REPO / "tests")]  # tests/: support/ (test support)
+sys.path.insert(0, str(REPO / "tests"))  # tests/support: test support (tests/ is no package)
 
-from audit import synthetic_rows  # noqa: E402  (bench/audit.py: the audit bench's synthetic chats)
-from merge import TextPool, synthetic_record  # noqa: E402  (bench/merge.py: a record as written)
 from support.soak import copy_workflow  # noqa: E402
 
+from bench.audit import synthetic_rows  # noqa: E402  (the audit bench's synthetic chats)
+from bench.merge import TextPool, synthetic_record  # noqa: E402  (a record as written)
 from regen.check import load_config  # noqa: E402
 from regen.fingerprint import GenerationSettings, server_numerics  # noqa: E402
 from regen.generate.journal import Journal, index_path, read_heads, read_journal_entries  # noqa: E402
@@ -57,7 +57,7 @@ from regen.ingest.shards import read_shard, shard_name  # noqa: E402
 from regen.layout import RunLayout  # noqa: E402
 from regen.prompts import prompt_for_last, sample_request_fingerprint  # noqa: E402
 from regen.runconfig import RunConfig  # noqa: E402
-from regen.sglang.simulated import read_request_log  # noqa: E402
+from regen.simulated.requestlog import read_request_log  # noqa: E402
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 REGEN = str(Path(sys.executable).with_name("regen"))

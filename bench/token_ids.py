@@ -20,7 +20,7 @@ from pathlib import Path
 
 from regen.generate.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
 from regen.runconfig import GenerateConfig
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 from regen.types import Message, Sample
 
 ROOT = Path(__file__).resolve().parent.parent

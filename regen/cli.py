@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "write an EAGLE3 draft vocabulary (SpecForge, speculators) from the export's counts",
     ),
     "report-assets": ("regen.observe.report", "write the report's plots and tables"),
-    "serve-simulated": ("regen.sglang.simulated", "run the SGLang-compatible simulated server"),
+    "serve-simulated": ("regen.simulated.launcher", "run the SGLang-compatible simulated server"),
 }
 
 

@@ -102,9 +102,9 @@ class SlotFiles:
     url: Path
     realized: Path
     log: Path
-    #: the supervisor's latest look at its server (``regen.sglang.progress``): in flight, stalled since
+    #: the supervisor's latest look at its server (``regen.serving.progress``): in flight, stalled since
     progress: Path
-    #: one JSON line per server restart (and per give-up), with its cause (``regen.sglang.progress``)
+    #: one JSON line per server restart (and per give-up), with its cause (``regen.serving.progress``)
     restarts: Path
 
     @classmethod

@@ -173,13 +173,10 @@ class GenerateConfig:
     retry_failed: bool
     spill: bool
     journal_sync: JournalSyncConfig
-    #: per-sample ``max_tokens`` (not a config key): benchmarks and the live sweep emulate an output-length
-    #: spread with ``ignore_eos`` on dummy weights; samples not listed use ``sampling.max_tokens``
-    max_tokens_by_id: Mapping[str, int] | None = field(default=None, compare=False)
 
     def max_tokens_for(self, sample_id: str) -> int:
-        if self.max_tokens_by_id is not None and sample_id in self.max_tokens_by_id:
-            return int(self.max_tokens_by_id[sample_id])
+        """``max_tokens`` of ``sample_id``'s requests: ``sampling.max_tokens``. The hook of benchmarks that
+        emulate an output-length spread with ``ignore_eos`` on dummy weights (``bench.lengths``)."""
         return self.sampling.max_tokens
 
     @classmethod
@@ -230,7 +227,6 @@ class SimulatedConfig:
     half_speed_running: int | None
     tokenizer_path: str | None
     faults: Mapping[str, Any]
-    virtual: Mapping[str, Any] | None  # VirtualTime fields (bench/efficiency.py); None: real time
 
 
 @dataclass(frozen=True, slots=True)

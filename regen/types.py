@@ -117,7 +117,7 @@ class BadInputError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """A running server, as ``regen.sglang.server.acquire_server`` hands it over to the client."""
+    """A running server, as ``regen.serving.lifecycle.acquire_server`` hands it over to the client."""
 
     url: str
     server_id: str

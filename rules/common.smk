@@ -26,7 +26,7 @@ from regen.layout import (
 from regen.generate.replay import preview_lines
 from regen.runconfig import RunConfig
 from regen.ingest.shard_count import settle_auto_count, shard_count
-from regen.sglang.server import stop_all_servers
+from regen.serving.lifecycle import stop_all_servers
 
 validate(config, schema=str(CONFIG_SCHEMA))
 
@@ -91,7 +91,7 @@ def gpu_slots():
 # Run locally with --resources gpu=N, Snakemake may start JOBS_PER_GPU_SLOT generate jobs per GPU slot:
 # the next shard's job waits for a slot and takes it the moment the job on it has sent its last
 # sample, so its requests queue behind the draining ones and no GPU waits for Snakemake to start a
-# job (regen.sglang.server.acquire_server). Slurm group jobs are left as they are. The executor is
+# job (regen.serving.lifecycle.acquire_server). Slurm group jobs are left as they are. The executor is
 # known only once Snakemake builds the DAG (while the Snakefile is parsed every run looks local and a
 # Slurm group job would ask for 2 GPUs), so final_outputs widens the counter, before the scheduler reads it.
 JOBS_PER_GPU_SLOT = 2

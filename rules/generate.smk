@@ -1,5 +1,5 @@
 # One job per prompt shard. Each job holds one GPU slot (gpu=1) and uses that GPU's long-lived
-# server, started once by the first job on the slot and reused by the next ones (regen.sglang.server).
+# server, started once by the first job on the slot and reused by the next ones (regen.serving).
 # params: `settings` is what of the config decides the answers (a change reruns the job, which regenerates
 # exactly the samples whose fingerprint changed); `run` is the typed run config the job reads, and never
 # reruns it by itself (regen.runconfig).

@@ -50,3 +50,9 @@ def undocumented(text: str) -> list[str]:
 def test_every_option_has_help(command: str, extra: list[str]) -> None:
     text = help_text(command, extra)
     assert undocumented(text) == [], text
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_help_names_the_command_as_typed(command: str) -> None:
+    """``regen X --help`` prints ``usage: regen X`` (not a module's or an old command's name)."""
+    assert help_text(command, []).startswith(f"usage: regen {command}")

@@ -25,7 +25,7 @@ from regen.generate.client import (
 from regen.generate.run_progress import read_shard_statuses
 from regen.generate.sample_record import derive_seed, thinking_for
 from regen.prompts import prompt_for_last, turn_prefixes
-from regen.sglang.simulated import free_port, start_simulated_server
+from regen.simulated.launcher import free_port, start_simulated_server
 from regen.types import Message, Sample
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json").read_text())

@@ -270,7 +270,7 @@ def test_tool_calls_survive_generation_validation_and_merge(tmp_path: Path, demo
     from regen.output.merge import MergeConfig, iter_dataset_samples, merge
     from regen.output.validate import ValidateConfig, validate_shard
     from regen.runconfig import GenerateConfig
-    from regen.sglang.simulated import start_simulated_server
+    from regen.simulated.launcher import start_simulated_server
 
     path = BAD_DIR / "tool_calls.jsonl"
     row = json.loads(path.read_text().splitlines()[1])

@@ -1,7 +1,7 @@
 """Server faults at generation level: the real client against real simulated server processes.
 
-Every test goes through ``regen.sglang.server.acquire_server`` with ``mode: simulated`` (a detached
-supervisor process owning a ``python -m regen.sglang.simulated`` process), drives a shard with
+Every test goes through ``regen.serving.lifecycle.acquire_server`` with ``mode: simulated`` (a detached
+supervisor process owning a ``python -m regen.simulated`` process), drives a shard with
 ``regen.generate.client.generate_shard`` and checks that every sample ends exactly once in the records or
 in the failures, what the logs say, and (through the simulator's request log, which survives server
 restarts) what the server really received.
@@ -31,9 +31,13 @@ from regen.generate.lending import SlotLenders
 from regen.layout import RunLayout
 from regen.observe.report import server_restarts_table
 from regen.runconfig import GenerateConfig, ServerConfig
-from regen.sglang.progress import SlotRestarts, read_restarts
-from regen.sglang.server import ServerError, acquire_server, port_is_free, read_url_state, stop_all_servers
-from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
+from regen.serving.base import ServerError
+from regen.serving.lifecycle import acquire_server, stop_all_servers
+from regen.serving.ports import port_is_free
+from regen.serving.procfs import read_url_state
+from regen.serving.progress import SlotRestarts, read_restarts
+from regen.simulated.options import REQUEST_LOG_ENV
+from regen.simulated.requestlog import read_request_log
 from regen.types import Message, Sample
 
 

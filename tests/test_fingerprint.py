@@ -32,7 +32,7 @@ from regen.output.reaudit import MixedSettingsError, ReauditGates, reaudit_datas
 from regen.output.validate import ValidateConfig, validate_shard
 from regen.prompts import prompt_for_last, request_content, turn_prefixes
 from regen.runconfig import ANSWERS, PLAN, GenerateConfig, RunConfig, ServerConfig, keys_deciding
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 from regen.types import Message, Sample
 
 FAST = {"backoff_base_s": 0.001, "request_timeout_s": 5, "concurrency": 8, "sampling": {"max_tokens": 256}}

@@ -83,7 +83,8 @@ def test_real_parser_checks_names_and_values() -> None:
 @pytest.mark.skipif(not has_sglang, reason="sglang not importable (parse-only install: /work/sgvenv)")
 def test_the_built_launch_command_passes_sglangs_own_parser() -> None:
     """regen's whole launch command (interpreter and -m included) is checked on its flags only."""
-    from regen.sglang.server import ServerError, build_sglang_command
+    from regen.serving.base import ServerError
+    from regen.serving.local_sglang import build_sglang_command
 
     cfg = {"host": "127.0.0.1", "reasoning_parser": "qwen3", "use_tuner": True, "args": []}
     plan = PlanFile.from_json({"launch_args": ["--mem-fraction-static", "0.92", "--disable-radix-cache"]})

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from regen.generate.generation import once_per_cause
-from regen.sglang.server import ServerError
+from regen.serving.base import ServerError
 
 
 def test_one_full_message_per_cause(tmp_path: Path) -> None:

@@ -19,11 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.gpu import known_target as kt
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("known_target", ROOT / "bench" / "gpu" / "known_target.py")
-kt = importlib.util.module_from_spec(spec)
-sys.modules["known_target"] = kt
-spec.loader.exec_module(kt)
 
 TORCH_PYTHON = os.environ.get("REGEN_TRAINERS_PYTHON") or (
     sys.executable if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers") else None
@@ -50,7 +48,8 @@ def checked(built: tuple[Path, dict]) -> dict:
     run = subprocess.run(
         [
             TORCH_PYTHON,
-            str(ROOT / "bench" / "gpu" / "known_target_check.py"),
+            "-m",
+            "bench.gpu.known_target_check",
             str(built[0]),
             "--generate",
             "3",
@@ -58,6 +57,7 @@ def checked(built: tuple[Path, dict]) -> dict:
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)
@@ -170,14 +170,16 @@ def test_simulated_server_answers_from_the_chain_like_sglang(
 
     from tokenizers import Tokenizer
 
-    from regen.sglang.simulated import parse_qwen3_reasoning, start_simulated_server
+    from bench.sim_chain import chain_server_for
+    from regen.simulated.launcher import start_simulated_server
+    from regen.simulated.parsers import parse_qwen3_reasoning
 
     model = built[0]
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     url, stop = start_simulated_server(
         inline=True,
         tokenizer_path=str(model),
-        chain_path=str(model / "chain.json"),
+        server_factory=chain_server_for(str(model / "chain.json")),
         tool_call_parser="qwen25",
     )
     tools = [{"type": "function", "function": {"name": kt.TOOL_NAME, "parameters": {"type": "object"}}}]

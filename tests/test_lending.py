@@ -18,8 +18,9 @@ from regen.generate.client import ShardJob, generate_shard
 from regen.generate.lending import SlotLenders
 from regen.ingest.shard_count import settle_auto_count, shard_count
 from regen.runconfig import GenerateConfig, ServerConfig
-from regen.sglang.server import acquire_server, stop_all_servers
-from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
+from regen.serving.lifecycle import acquire_server, stop_all_servers
+from regen.simulated.options import REQUEST_LOG_ENV
+from regen.simulated.requestlog import read_request_log
 from regen.types import Message, Sample
 
 

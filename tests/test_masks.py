@@ -20,7 +20,7 @@ from regen.output.masks import RETOKENIZED, SERVER_IDS, MaskBuilder, MaskPolicy
 from regen.output.merge import MergeConfig, merge
 from regen.output.validate import ValidateConfig, validate_shard
 from regen.runconfig import GenerateConfig
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 from regen.types import Sample
 
 ROOT = Path(__file__).resolve().parent.parent

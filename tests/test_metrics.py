@@ -1,4 +1,4 @@
-"""SGLang's throughput readings (regen.sglang.metrics) and the closed-loop run model
+"""SGLang's throughput readings (regen.serving.metrics) and the closed-loop run model
 (regen.tune.closedloop)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.sglang.metrics import (
+from regen.serving.metrics import (
     METHOD_METRICS,
     DecodeSample,
     decode_samples,
@@ -20,7 +20,7 @@ from regen.sglang.metrics import (
     server_steady_state,
     steady_state,
 )
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 from regen.tune.closedloop import StepModel, closed_loop_wall_s
 
 REAL_LOG = Path(__file__).parent / "data" / "sglang" / "decode-0.5.17-h200-bf16-512.log"

@@ -3,13 +3,9 @@ choice at the caps against the grid best and the seed, the crossover; the GPU ru
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "gpu"))
-import mtp_grid
+from bench.gpu import mtp_grid
 
 
 def test_fewer_steps_get_the_accept_length_of_the_same_drafter() -> None:

@@ -1,4 +1,4 @@
-"""The stall watch (``regen.sglang.progress.ProgressWatch``) against a simulated server's own signals."""
+"""The stall watch (``regen.serving.progress.ProgressWatch``) against a simulated server's own signals."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from regen.sglang.progress import ProgressWatch
-from regen.sglang.simulated import start_simulated_server
+from regen.serving.progress import ProgressWatch
+from regen.simulated.launcher import start_simulated_server
 
 
 def looks(watch: ProgressWatch, seconds: float, every: float = 0.1) -> list[str]:

@@ -116,7 +116,8 @@ def test_killed_run_resumed_on_another_machine_with_another_config(s3_prefix: st
 
     from test_s3_workflow import fresh_workdir, kill_once_synced, snakemake_cmd
 
-    from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
+    from regen.simulated.options import REQUEST_LOG_ENV
+    from regen.simulated.requestlog import read_request_log
     from regen.storage import download_file, upload_file
 
     upload_file(

@@ -15,7 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
+from regen.simulated.options import REQUEST_LOG_ENV
+from regen.simulated.requestlog import read_request_log
 from regen.storage import list_keys, s3_client, split_s3_uri, upload_file
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,16 +15,13 @@ import pytest
 from regen.generate.client import Endpoint, ShardJob, generate_shard
 from regen.ingest.dataset import iter_samples
 from regen.runconfig import GenerateConfig, ServerConfig
-from regen.sglang.server import (
-    ServerError,
-    acquire_server,
-    build_sglang_command,
-    build_simulated_command,
-    port_is_free,
-    stop_all_servers,
-    supervisor_argv,
-)
-from regen.sglang.simulated import start_simulated_server
+from regen.serving.base import ServerError
+from regen.serving.lifecycle import acquire_server, stop_all_servers
+from regen.serving.local_sglang import build_sglang_command
+from regen.serving.ports import port_is_free
+from regen.serving.simulated_mode import build_simulated_command
+from regen.serving.slots import supervisor_argv
+from regen.simulated.launcher import start_simulated_server
 from regen.types import BadRow, Message, Sample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,7 +153,8 @@ def test_api_key_and_aws_secret_never_reach_any_file(
 
 
 def test_supervisor_argv_names_the_key_variable_not_the_key(tmp_path: Path) -> None:
-    from regen.sglang.server import LaunchSpec, SlotFiles
+    from regen.layout import SlotFiles
+    from regen.serving.slots import LaunchSpec
 
     spec = LaunchSpec(
         files=SlotFiles.of(0, tmp_path, tmp_path),

@@ -1,4 +1,4 @@
-"""regen.sglang.server + supervisor with real processes on 127.0.0.1 and a small stand-in server."""
+"""regen.serving + supervisor with real processes on 127.0.0.1 and a small stand-in server."""
 
 from __future__ import annotations
 
@@ -19,20 +19,14 @@ from typing import Any
 import pytest
 
 from regen.runconfig import ServerConfig
+from regen.serving.base import ServerError
+from regen.serving.launch_args import launch_args_for, merge_launch_args
+from regen.serving.lifecycle import acquire_server, stop_all_servers
+from regen.serving.ports import group_listens_on, port_is_free
+from regen.serving.procfs import read_url_state
+from regen.serving.simulated_mode import build_simulated_command
+from regen.serving.slots import take_slot, visible_devices_for
 from regen.sglang.config import PlanFile
-from regen.sglang.server import (
-    ServerError,
-    acquire_server,
-    build_simulated_command,
-    group_listens_on,
-    launch_args_for,
-    merge_launch_args,
-    port_is_free,
-    read_url_state,
-    stop_all_servers,
-    take_slot,
-    visible_devices_for,
-)
 
 # A stand-in for sglang.launch_server: loads for --delay seconds (not listening), records its
 # environment, answers the SGLang endpoints regen uses, and can crash on demand.
@@ -103,7 +97,7 @@ JOB = textwrap.dedent(
     """
     import json, sys, time
     from regen.runconfig import ServerConfig
-    from regen.sglang.server import acquire_server
+    from regen.serving.lifecycle import acquire_server
     cfg, out, hold, owner, standin, extra = (json.loads(sys.argv[1]), sys.argv[2], float(sys.argv[3]),
                                              int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6]))
     def builder(server_cfg, plan, port, model):
@@ -217,6 +211,7 @@ class Rig:
         hold: float,
         owner: int | None = None,
         extra: tuple[str, ...] = (),
+        cwd: Path | None = None,
     ) -> tuple[subprocess.Popen[bytes], Path]:
         out = self.root / f"{name}.jsonl"
         env = dict(os.environ)
@@ -225,7 +220,7 @@ class Rig:
         proc = subprocess.Popen(
             [sys.executable, str(self.job_script), json.dumps(cfg), str(out), str(hold),
              str(owner or os.getpid()), str(self.standin), json.dumps(args)],
-            cwd=self.root, env=env, stderr=subprocess.PIPE,
+            cwd=cwd or self.root, env=env, stderr=subprocess.PIPE,
         )  # fmt: skip
         self.jobs.append(proc)
         return proc, out
@@ -340,7 +335,7 @@ def test_supervisor_exits_when_owner_dies(rig: Rig) -> None:
 
 
 def test_crashed_server_is_restarted(rig: Rig, tmp_workdir: Path) -> None:
-    from regen.sglang.server import one_token_generation
+    from regen.serving.probes import one_token_generation
 
     cfg = rig.cfg(max_restarts=2)
     marker = str(tmp_workdir / "crashed-once")
@@ -447,62 +442,104 @@ def test_port_held_by_another_process_moves_the_server_to_a_free_port(rig: Rig) 
     assert stop_all_servers(rig.root / "work/servers", grace_s=5) == 1
 
 
-def test_two_runs_starting_one_slot_together_both_get_a_server_without_a_restart(rig: Rig) -> None:
-    """Two runs on one node start slot 0 at once: both find port_base free, both launch, and the server
-    that binds second finds the port taken (with SGLang, after minutes of loading). Its supervisor
-    relaunches at once on another free port, recorded in the url file, and counts no restart."""
+def test_two_runs_starting_one_slot_together_never_try_the_same_port(rig: Rig) -> None:
+    """Two runs on one node (two processes, two run directories, one port_base) start slot 0 at once.
+    A server loads before it binds (SGLang: weights and graphs first), so a port found free can still
+    be lost minutes later; the port is therefore held (``regen.serving.ports``) before a server starts
+    on it. The second supervisor takes another port at once, recorded in its url file and restarts
+    file as a port move, no restart counted, and no server is ever started on the other run's port."""
     cfg = rig.cfg(max_restarts=1)
-    builder = rig.builder("--delay", "2")  # loads before it binds, as SGLang does
-    got: dict[str, Any] = {}
-    both = threading.Barrier(2, timeout=60)
-
-    def run(name: str) -> None:
-        base = rig.root / name
-        try:
-            servers, logs = base / "work/servers", base / "logs/servers"
-            pid = os.getpid()
-            with acquire_server(
-                ServerConfig.from_mapping(cfg),
-                None,
-                servers,
-                logs,
-                owner_pid=pid,
-                command_builder=builder,
-                poll_s=0.05,
-            ) as ep:
-                got[name] = (ep.url, time.monotonic())
-                both.wait()
-        except BaseException as exc:  # reported by the assertion below
-            got[name] = exc
-            both.abort()
-
+    jobs = {}
+    for name in ("a", "b"):
+        (rig.root / name).mkdir()
+        jobs[name] = rig.job(cfg, name, hold=1.0, extra=("--delay", "2"), cwd=rig.root / name)
     t0 = time.monotonic()
-    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert all(isinstance(got.get(n), tuple) for n in ("a", "b")), got
-    ports = {n: int(got[n][0].rsplit(":", 1)[1]) for n in ("a", "b")}
+    for proc, out in jobs.values():
+        wait_acquired(proc, out, timeout=30)
+    assert time.monotonic() - t0 < 12, "the second run moved at once, not after a lost bind"
+    for proc, _ in jobs.values():
+        finish(proc)
+    urls = {n: events(out)[0]["url"] for n, (_, out) in jobs.items()}
+    ports = {n: int(url.rsplit(":", 1)[1]) for n, url in urls.items()}
     assert rig.port_base in ports.values() and len(set(ports.values())) == 2, ports
-    assert max(at for _, at in got.values()) - t0 < 12, "relaunched at once, not after a 15 s wait"
+    started = [s["port"] for s in rig.starts()]
+    assert sorted(started) == sorted(ports.values()), (
+        f"a server started on a port held by the other run: {started}"
+    )
     loser = next(n for n, port in ports.items() if port != rig.port_base)
     logs = {n: (rig.root / n / "logs/servers/gpu0.log").read_text() for n in ("a", "b")}
-    assert (
-        f"port {rig.port_base} on 127.0.0.1" in logs[loser]
-        and "relaunching at once on free port" in logs[loser]
-    )
+    assert f"port {rig.port_base} on 127.0.0.1 is held by another run" in logs[loser]
     assert "not a crash: no restart counted" in logs[loser]
-    assert not any("restart 1/" in text for text in logs.values()), "a lost port is no crash"
+    assert not any("restart 1/" in text for text in logs.values()), "a held port is no crash"
     moves = [
         json.loads(x)
         for x in (rig.root / loser / "work/servers/gpu0.restarts.jsonl").read_text().splitlines()
     ]
     assert [(m["kind"], m["restart"]) for m in moves] == [("port", 0)]
-    state = read_url_state(rig.root / loser / "work/servers/gpu0.url")
-    assert state is not None and state.url == got[loser][0]
     for n in ("a", "b"):
-        assert stop_all_servers(rig.root / n / "work/servers", grace_s=5) == 1
+        stop_all_servers(rig.root / n / "work/servers", grace_s=5)
+
+
+def test_a_port_taken_outside_regen_while_the_server_loads_moves_it_at_once(rig: Rig) -> None:
+    """A process outside regen (no port lock) binds the port while the server loads: the server cannot
+    bind, and the supervisor relaunches at once on another port, counting no restart."""
+    import socket
+
+    cfg = rig.cfg(max_restarts=1)
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with acquire_server(
+                ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(),
+                command_builder=rig.builder("--delay", "2"), poll_s=0.05,
+            ) as ep:  # fmt: skip
+                got["url"] = ep.url
+        except BaseException as exc:  # reported by the assertion below
+            got["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: rig.starts(), 20, "the server to start loading")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", rig.port_base))
+        squatter.listen()
+        thread.join(40)
+    assert "url" in got, got
+    assert int(got["url"].rsplit(":", 1)[1]) != rig.port_base
+    text = (rig.root / "logs/servers/gpu0.log").read_text()
+    assert "was taken by another process before our server bound it" in text
+    assert "not a crash: no restart counted" in text and "restart 1/" not in text
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from regen.serving.ports import hold_free_port, hold_port
+    port, start = int(sys.argv[1]), float(sys.argv[2])
+    time.sleep(max(0.0, start - time.time()))
+    held = hold_port("127.0.0.1", port) or hold_free_port("127.0.0.1")
+    print(held.port, flush=True)
+    time.sleep(1.5)
+    """
+)
+
+
+def test_processes_choosing_a_port_at_once_each_hold_a_different_one(tmp_path: Path) -> None:
+    """Four processes ask for one port at the same instant: one holds it, the others hold other
+    ports; none of them shares a port with another while they hold it."""
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    env = {**os.environ, "REGEN_PORT_LOCK_DIR": str(tmp_path / "ports")}
+    port, start = free_port_base(1), time.time() + 1.5
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(port), str(start)], env=env, stdout=subprocess.PIPE
+        )
+        for _ in range(4)
+    ]
+    got = [int(p.communicate(timeout=30)[0]) for p in procs]
+    assert got.count(port) == 1 and len(set(got)) == 4, got
 
 
 def test_the_listener_of_a_port_is_told_apart_from_another_process_group(rig: Rig) -> None:
@@ -576,7 +613,7 @@ def test_simulated_command_carries_its_behaviour() -> None:
         "simulated": {"token_rate": 50, "max_running_requests": 4, "faults": {"x": 1}},
     }
     argv = build_simulated_command(ServerConfig.from_mapping(cfg), 31000, "m")
-    assert argv[1:3] == ["-m", "regen.sglang.simulated"]
+    assert argv[1:3] == ["-m", "regen.simulated"]
     assert argv[argv.index("--port") + 1] == "31000"
     assert argv[argv.index("--token-rate") + 1] == "50"
     assert argv[argv.index("--max-running-requests") + 1] == "4"
@@ -599,13 +636,13 @@ def test_simulated_mode_launches_regen_simulator(rig: Rig) -> None:
         assert ep.max_running_requests == 5
         assert ep.server_id == "gpu0"
     log = (rig.root / "logs/servers/gpu0.log").read_text()
-    assert "regen.sglang.simulated" in log and "server ready" in log
+    assert "regen.simulated" in log and "server ready" in log
 
 
 def test_owner_is_the_outermost_snakemake_ancestor(tmp_path: Path) -> None:
     # sh (named .../snakemake-main) -> sh (named .../snakemake-job) -> python: the owner is the outer one
     probe = tmp_path / "probe.py"
-    probe.write_text("from regen.sglang.server import find_owner_pid; print(find_owner_pid())")
+    probe.write_text("from regen.serving.procfs import find_owner_pid; print(find_owner_pid())")
     inner = f"exec -a snakemake-job sh -c '{sys.executable} {probe}; true'"
     outer = subprocess.Popen(
         ["bash", "-c", f'exec -a snakemake-main bash -c "{inner}; true"'], stdout=subprocess.PIPE
@@ -613,14 +650,14 @@ def test_owner_is_the_outermost_snakemake_ancestor(tmp_path: Path) -> None:
     out, _ = outer.communicate(timeout=20)
     owner = int(out.decode().strip())
     assert owner == outer.pid
-    from regen.sglang.server import find_owner_pid
+    from regen.serving.procfs import find_owner_pid
 
     assert find_owner_pid() == os.getppid()  # no snakemake above pytest: the parent
 
 
 def test_startup_facts_survive_a_long_log(tmp_path: Path) -> None:
     """The allocation lines of the latest start are found however many decode lines follow them."""
-    from regen.sglang.server import SERVER_START_MARK, startup_log_text
+    from regen.serving.procfs import SERVER_START_MARK, startup_log_text
 
     log_path = tmp_path / "gpu0.log"
     old = f"{SERVER_START_MARK} (old)\nKV Cache is allocated. #tokens: 111\n"
@@ -633,7 +670,7 @@ def test_startup_facts_survive_a_long_log(tmp_path: Path) -> None:
 
 
 def test_plan_repeating_the_users_args_is_not_an_override(caplog: pytest.LogCaptureFixture) -> None:
-    from regen.sglang.server import merge_launch_args
+    from regen.serving.launch_args import merge_launch_args
 
     user = ["--load-format", "dummy"]
     with caplog.at_level("WARNING", logger="regen"):
@@ -662,8 +699,8 @@ def test_readiness_probe_pays_the_first_sampled_request_cost() -> None:
     """SGLang 0.5.17 builds its sampling kernels on the first top-k/top-p request (~110 s on a fresh
     H200, nothing served meanwhile). The readiness probe samples like a run does, so once a server is
     ready a run's first request is answered at once; a greedy probe would leave the stall to it."""
-    from regen.sglang.server import one_token_generation
-    from regen.sglang.simulated import start_simulated_server
+    from regen.serving.probes import one_token_generation
+    from regen.simulated.launcher import start_simulated_server
 
     url, stop = start_simulated_server(inline=True, sampling_build_s=1.5)
     try:

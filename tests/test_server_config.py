@@ -17,8 +17,8 @@ from regen.runconfig import (
     ServerConfig,
     ServerConfigError,
 )
+from regen.serving.simulated_mode import build_simulated_command, simulated_running_cap
 from regen.sglang.config import PlanFile
-from regen.sglang.server import build_simulated_command, simulated_running_cap
 
 
 def test_every_default_comes_from_the_schema() -> None:
@@ -103,11 +103,11 @@ def test_the_run_config_is_built_once_from_every_section() -> None:
 #: parameter) -> why. Every other such default is refused: the caller passes the typed config's value.
 PARAMETERS_NOT_FROM_THE_CONFIG = {
     # the in-process simulated server of tests and benches binds loopback; the workflow launches the
-    # simulated server by command line with server.host (regen.sglang.server.build_simulated_command)
-    ("sglang/simulated.py", "start_simulated_server", "host"): "loopback host of a throwaway test server",
+    # simulated server by command line with server.host (regen.serving.simulated_mode.build_simulated_command)
+    ("simulated/launcher.py", "start_simulated_server", "host"): "loopback host of a throwaway test server",
     # a free loopback port for a test's throwaway server (tests/test_client.py); the workflow picks its
-    # ports on server.host through regen.sglang.server.any_free_port(host)
-    ("sglang/simulated.py", "free_port", "host"): "loopback host of a throwaway test server",
+    # ports on server.host through regen.serving.ports.any_free_port(host)
+    ("simulated/launcher.py", "free_port", "host"): "loopback host of a throwaway test server",
     # the seed of the random draw of output lengths from the pilot's completed lengths, not the
     # generate.sampling.seed that requests carry
     ("tune/sweep.py", "closed_loop_projection", "seed"): "random seed of the projection's length draw",
@@ -177,7 +177,7 @@ def test_no_config_default_is_written_in_regen_outside_the_schema() -> None:
                 allowed.add((rel, function, arg.arg))
             else:
                 found.append(f"{rel}:{line}: {function}({arg.arg}={value!r})")
-        if path.name == "simulated.py":
+        if rel.startswith("simulated/"):  # SGLang's request bodies and the stand-in's own fields
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):  # a field's default

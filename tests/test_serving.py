@@ -25,7 +25,7 @@ from regen.output.provenance import build_provenance
 from regen.output.serving import trainer_settings_markdown
 from regen.output.validate import ValidateConfig, validate_shard
 from regen.runconfig import ANSWERS, GenerateConfig, RunConfig, keys_deciding
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 from regen.types import Message, Sample
 
 ROOT = Path(__file__).resolve().parent.parent

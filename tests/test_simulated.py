@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import os
 import re
 import time
 import urllib.request
@@ -15,7 +17,8 @@ import aiohttp
 import orjson
 import pytest
 
-from regen.sglang.simulated import Faults, start_simulated_server
+from regen.simulated.faults import Faults
+from regen.simulated.launcher import start_simulated_server
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is two plus two"}]
 
@@ -369,7 +372,7 @@ def test_bad_output_faults_reach_validation(kind: str, check: str, tmp_path: Pat
 
 
 def test_virtual_time_batch_completes_each_request_at_its_modelled_time() -> None:
-    from regen.sglang.simulated import FluidBatch, VirtualTime
+    from bench.sim_virtual import FluidBatch, VirtualTime
 
     # steps of 10 ms + 5 ms per running request; two may run, the third waits in the queue
     clock = VirtualTime(speed=1.0, epoch=0.0, step_ms=10.0, step_ms_per_running=5.0)
@@ -393,26 +396,52 @@ def test_virtual_time_batch_completes_each_request_at_its_modelled_time() -> Non
         loop.close()
 
 
+def ask_one(url: str, sample_id: str) -> dict[str, Any]:
+    """One chat completion of ``sample_id`` (max_tokens 4096), its body."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096}
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "X-Regen-Sample-Id": sample_id},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
 def test_virtual_time_server_keeps_sglangs_response_shape() -> None:
+    """bench's virtual-time server, plugged in through the simulated server's hook."""
+    from bench.sim_virtual import VirtualSimulatedServer, VirtualTime
+
     virtual = {"speed": 5000.0, "epoch": time.time(), "length_mean": 50.0}
-    url, stop = start_simulated_server(max_running_requests=4, virtual=virtual)
+    factory = functools.partial(VirtualSimulatedServer, clock=VirtualTime.from_json(virtual))
+    url, stop = start_simulated_server(max_running_requests=4, server_factory=factory)
     try:
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4096}
-        req = urllib.request.Request(
-            url + "/v1/chat/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", "X-Regen-Sample-Id": "v1"},
-        )
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            out = json.loads(resp.read())
+        out = ask_one(url, "v1")
     finally:
         stop()
-    from regen.sglang.simulated import VirtualTime
-
     expected = VirtualTime.from_json(virtual).output_tokens("v1#0", 4096)
     assert out["object"] == "chat.completion" and out["choices"][0]["finish_reason"] == "stop"
     assert out["usage"]["completion_tokens"] == expected
     assert out["choices"][0]["message"]["reasoning_content"] and out["choices"][0]["message"]["content"]
+
+
+def test_a_server_process_takes_its_server_from_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$REGEN_SIM_SERVER`` swaps in a bench's server in a server process (as a workflow's servers
+    inherit it): bench's virtual time answers with its modelled length, not the synthetic one."""
+    from bench.sim_virtual import VIRTUAL_ENV, VIRTUAL_HOOK, VirtualTime
+    from regen.simulated.launcher import SERVER_HOOK_ENV
+
+    repo = str(Path(__file__).resolve().parents[1])
+    virtual = {"speed": 5000.0, "epoch": time.time(), "length_mean": 50.0}
+    monkeypatch.setenv(SERVER_HOOK_ENV, VIRTUAL_HOOK)
+    monkeypatch.setenv(VIRTUAL_ENV, json.dumps(virtual))
+    monkeypatch.setenv("PYTHONPATH", repo + ":" + os.environ.get("PYTHONPATH", ""))
+    url, stop = start_simulated_server(subprocess_mode=True, max_running_requests=4)
+    try:
+        out = ask_one(url, "h1")
+    finally:
+        stop()
+    assert out["usage"]["completion_tokens"] == VirtualTime.from_json(virtual).output_tokens("h1#0", 4096)
 
 
 def _burst_wall_s(url: str, n: int, max_tokens: int) -> float:
@@ -469,7 +498,7 @@ def test_speculative_decoding_reports_accept_length_and_decodes_faster(
 
 
 def test_accept_length_is_clamped_to_the_draft_tokens_as_sglang_does() -> None:
-    from regen.sglang.simulated import SimOptions, accept_length, env_options
+    from regen.simulated.options import SimOptions, accept_length, env_options
 
     assert accept_length(SimOptions(speculative_num_steps=1, simulated_accept_len=2.9)) == 2.0
     assert accept_length(SimOptions(speculative_num_steps=3, simulated_accept_len=0.5)) == 1.0

@@ -24,8 +24,9 @@ from regen.layout import RunLayout
 from regen.observe.status import METRIC_NAMES, RateWindow, cli, status_report, watch
 from regen.records import ShardStatus
 from regen.runconfig import ServerConfig
-from regen.sglang.metrics import sum_prometheus
-from regen.sglang.server import acquire_server, port_is_free, stop_all_servers
+from regen.serving.lifecycle import acquire_server, stop_all_servers
+from regen.serving.metrics import sum_prometheus
+from regen.serving.ports import port_is_free
 
 
 def write_status(

@@ -25,7 +25,7 @@ import pytest
 from regen.generate.client import Endpoint, ShardJob, generate_shard
 from regen.generate.journal import Journal, finalize_journal
 from regen.runconfig import GenerateConfig
-from regen.sglang.simulated import start_simulated_server
+from regen.simulated.launcher import start_simulated_server
 from regen.types import Message, Sample
 
 N = 120
@@ -37,7 +37,7 @@ JOB = textwrap.dedent(
     import resource, signal, sys
     from regen.generate.client import Endpoint, ShardJob, generate_shard
     from regen.runconfig import GenerateConfig
-    from regen.sglang.simulated import start_simulated_server
+    from regen.simulated.launcher import start_simulated_server
     from regen.types import Message, Sample
     journal, records, failed = sys.argv[1:4]
     limit, n = int(sys.argv[4]), int(sys.argv[5])

@@ -7,7 +7,6 @@ The winner of a sweep is therefore known from each candidate's cap, without hard
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -20,14 +19,16 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.lengths import with_lengths
 from regen.ingest.shards import write_shards
 from regen.io import write_json
 from regen.observe.report import write_report_assets
 from regen.observe.status import status_report
 from regen.runconfig import GenerateConfig, ServerConfig
-from regen.sglang.metrics import METHOD_LOG, SteadyState
-from regen.sglang.server import live_supervisors, port_is_free
-from regen.sglang.simulated import start_simulated_server
+from regen.serving.lifecycle import live_supervisors
+from regen.serving.metrics import METHOD_LOG, SteadyState
+from regen.serving.ports import port_is_free
+from regen.simulated.launcher import start_simulated_server
 from regen.tune.projection import Remaining, count_remaining, project, read_pilot
 from regen.tune.sweep import (
     CandidateResult,
@@ -292,9 +293,7 @@ def test_a_sweep_beside_a_generation_takes_another_port_and_honours_per_sample_l
     generation.bind(("127.0.0.1", base))
     generation.listen()
     lengths = {f"s{i}": 3 + i % 5 for i in range(40)}
-    gcfg = dataclasses.replace(
-        GenerateConfig.from_dict({**GENERATE, "extra_body": {"ignore_eos": True}}), max_tokens_by_id=lengths
-    )
+    gcfg = with_lengths(GenerateConfig.from_dict({**GENERATE, "extra_body": {"ignore_eos": True}}), lengths)
     try:
         result = run_sweep(
             typed_server(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")],
@@ -356,7 +355,7 @@ def test_choose_keeps_the_highest_rate_and_the_earlier_on_ties() -> None:
 
 
 def test_a_simulated_candidates_speculative_steps_go_into_its_options() -> None:
-    argv = ["python", "-m", "regen.sglang.simulated", "--options", json.dumps({"weights_gib": 50.0})]
+    argv = ["python", "-m", "regen.simulated", "--options", json.dumps({"weights_gib": 50.0})]
     merged = with_speculative_steps(argv, ["--max-running-requests", "8", *MTP3])
     assert json.loads(merged[merged.index("--options") + 1]) == {
         "weights_gib": 50.0,

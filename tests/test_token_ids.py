@@ -16,11 +16,8 @@ from conversations import two_turn_samples
 from regen.chat import ChatTemplate
 from regen.generate.client import Endpoint, ShardJob, generate_shard
 from regen.runconfig import GenerateConfig
-from regen.sglang.simulated import (
-    completion_ids_field,
-    parse_qwen3_reasoning,
-    start_simulated_server,
-)
+from regen.simulated.launcher import start_simulated_server
+from regen.simulated.parsers import completion_ids_field, parse_qwen3_reasoning
 from regen.types import Sample
 
 ROOT = Path(__file__).resolve().parent.parent

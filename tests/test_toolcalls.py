@@ -18,7 +18,8 @@ from test_workflow import copy_workflow, snakemake
 from regen.chat import ChatTemplate
 from regen.generate.client import ShardJob, generate_shard
 from regen.runconfig import GenerateConfig
-from regen.sglang.simulated import start_simulated_server, tool_call_pairing_error
+from regen.simulated.launcher import start_simulated_server
+from regen.simulated.parsers import tool_call_pairing_error
 from regen.toolcalls import tool_call_mismatch
 from regen.types import Endpoint, Message, Sample
 

@@ -4,14 +4,13 @@ the phases must agree with what the server logs and the run's own records say di
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench.gpu import where_time_went as wtw
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench" / "gpu"))
-import where_time_went as wtw  # noqa: E402
 
 PREFIX = REPO / "bench/results/known-target-2026-12-01"
 

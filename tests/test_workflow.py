@@ -157,6 +157,6 @@ def _live_regen_servers() -> list[str]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "regen.sglang.supervisor" in cmd or "regen.sglang.simulated" in cmd:
+        if "regen.serving.supervisor" in cmd or "regen.simulated" in cmd:
             found.append(cmd)
     return found

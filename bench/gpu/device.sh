@@ -27,9 +27,9 @@ if [ "$mode" = start ]; then
   bash bench/gpu/setup.sh || exit 1
   rm -rf /tmp/repo && mkdir -p /tmp/repo
   tar --exclude=./.gpu --exclude=./.venv --exclude=./.git -cf - . | tar -xf - -C /tmp/repo
-  python3 -c 'import sglang, orjson, transformers, regen.generate.client, regen.sglang.server, regen.sglang.plan, regen.sglang.realized, regen.tune.tune; print("sglang", sglang.__version__, "transformers", transformers.__version__)' || exit 1
+  python3 -c 'import sglang, orjson, transformers, regen.generate.client, regen.serving, regen.sglang.plan, regen.sglang.realized, regen.tune.tune; print("sglang", sglang.__version__, "transformers", transformers.__version__)' || exit 1
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
-  (cd /tmp/repo && setsid nohup python3 bench/gpu/run.py --out /tmp/bench-out --work /tmp/bench-work \
+  (cd /tmp/repo && setsid nohup python3 -m bench.gpu.run --out /tmp/bench-out --work /tmp/bench-work \
       --deadline-s "${DEADLINE:-1100}" > /tmp/bench.log 2>&1 < /dev/null &)
   sleep 2
 fi

@@ -1,6 +1,6 @@
 """Measure the GPU's copy bandwidth and bf16 matmul rate; print one JSON object.
 
-Run as its own process (``python3 bench/gpu/hw.py``) so its CUDA context is gone before a
+Run as its own process (``python3 -m bench.gpu.hw``) so its CUDA context is gone before a
 server starts and takes its share of the GPU's memory.
 """
 
@@ -85,7 +85,7 @@ def decode_gemms(gemms: list[tuple[str, int, int, int]], batch: int, reps: int =
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--decode-gemms":  # --decode-gemms CONFIG_JSON BATCH
         sys.path.insert(0, __file__.rsplit("/", 1)[0])
-        from roofline import HybridShape
+        from bench.gpu.roofline import HybridShape
 
         with open(sys.argv[2]) as fh:
             shape = HybridShape.from_config(json.load(fh))

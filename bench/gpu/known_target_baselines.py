@@ -3,7 +3,7 @@
 
   --which default  SGLang with its defaults: only the model path, port, ``--reasoning-parser qwen3`` and
                    ``--tool-call-parser qwen25`` (what the answers need to be parsed as regen's are; the
-                   start through ``regen.sglang.server.acquire_server`` also adds ``--enable-metrics``),
+                   start through ``regen.serving.lifecycle.acquire_server`` also adds ``--enable-metrics``),
                    a plain async client at concurrency 48
   --which seed     the original run's hand-tuned flags: MTP from the target's own MTP layer (``--speculative-
                    algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1
@@ -45,10 +45,9 @@ from typing import Any
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import known_target as kt
-from known_target_run import supervisor_times, write_dataset
-from serverlog import decode_lines, startup_facts, steady_state
+from bench.gpu import known_target as kt
+from bench.gpu.known_target_run import supervisor_times, write_dataset
+from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
 
 REPO = Path(__file__).resolve().parents[2]
 PARSERS = ["--tool-call-parser", "qwen25"]
@@ -203,26 +202,26 @@ def vars_of(obj: Any) -> dict[str, Any]:
 def gpu_used_mib(dry: bool) -> int | None:
     if dry:
         return None
-    from run import gpu_memory_used_mib
+    from bench.gpu.harness import gpu_memory_used_mib
 
     return gpu_memory_used_mib()
 
 
 def stop_leftovers(run_dir: Path, dry: bool) -> dict[str, Any]:
     """Stop any supervisor the regen run left (its owner, Snakemake, is gone) and wait for the GPU."""
-    from regen.sglang.server import stop_all_servers
+    from regen.serving.lifecycle import stop_all_servers
 
     stopped = stop_all_servers(run_dir / "work" / "servers", grace_s=60)
     used = None
     if not dry:
-        from run import wait_gpu_free
+        from bench.gpu.harness import wait_gpu_free
 
         used = wait_gpu_free(timeout_s=180)
     return {"stopped_supervisors": stopped, "gpu_used_mib": used}
 
 
 def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> Any:
-    from run import bench_server_cfg
+    from bench.gpu.harness import bench_server_cfg
 
     simulated = {
         "token_rate": a.sim_token_rate,
@@ -237,8 +236,10 @@ def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> A
 
 
 def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
-    from regen.sglang import server as server_mod
-    from regen.sglang.server import SERVER_START_MARK, fetch_server_info, stop_all_servers
+    from regen.serving import lifecycle as server_mod
+    from regen.serving.lifecycle import stop_all_servers
+    from regen.serving.probes import fetch_server_info
+    from regen.serving.procfs import SERVER_START_MARK
 
     which = a.which
     work = a.work / f"baseline-{which}"
@@ -253,6 +254,8 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
         shape_src.write_text(json.dumps(kt.config_json(kt.Shape(), 2, 0)))
         gpu_mib = 143771
         os.environ["REGEN_SIM_CHAIN"] = str((a.model / "chain.json").resolve())
+        os.environ["REGEN_SIM_SERVER"] = "bench.sim_chain:chain_server"  # the simulated server's hook
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
         os.environ["REGEN_SIM_TOOL_CALL_PARSER"] = "qwen25"
     else:
         from regen.sglang.plan import gpu_memory_from_nvidia_smi
@@ -299,7 +302,7 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
         result["stopped_supervisors"] = stop_all_servers(servers, grace_s=60)
         result["stop_s"] = round(time.monotonic() - t_stop, 1)
         if not a.dry_cpu:
-            from run import wait_gpu_free
+            from bench.gpu.harness import wait_gpu_free
 
             result["gpu_used_after_stop_mib"] = wait_gpu_free(timeout_s=180)
     result.update(

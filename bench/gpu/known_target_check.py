@@ -26,8 +26,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, Qwen3_5ForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from known_target import Chain, sampled_probs
+from bench.gpu.known_target import Chain, sampled_probs
 
 
 def gemma_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -117,13 +117,13 @@ def start(budget: float, args: list[str]) -> None:
     )
     if not (MODEL / "chain.json").exists():
         tiny = ["--tiny"] if DRY else []
-        builder = [PY, str(TMP / "repo/bench/gpu/known_target.py"), str(MODEL), *tiny, *build_args]
+        builder = [PY, "-m", "bench.gpu.known_target", str(MODEL), *tiny, *build_args]  # on env()'s path
         if subprocess.run(builder, env=env()).returncode:
             raise SystemExit("model build failed")
     shutil.rmtree(WORK, ignore_errors=True)  # results of an earlier sequence must not pass for this one's
     with open(LOG, "w") as fh:
         proc = subprocess.Popen(
-            [PY, "bench/gpu/known_target_device.py", "sequence", *args],
+            [PY, "-m", "bench.gpu.known_target_device", "sequence", *args],
             cwd=TMP / "repo",
             env=env(),
             stdout=fh,
@@ -168,12 +168,12 @@ def sequence(args: list[str]) -> None:
     shared.add_argument("--sim-token-rate", default="20000")
     same, _ = shared.parse_known_args(run_args)
     mode = "simulated" if DRY else "sglang"
-    run = [PY, "bench/gpu/known_target_run.py", "--model", str(MODEL), "--work", str(WORK), "--mode", mode]
+    run = [PY, "-m", "bench.gpu.known_target_run", "--model", str(MODEL), "--work", str(WORK), "--mode", mode]
     step("regen", [*run, *run_args])
     walls: dict[str, float] = {}
     for which in [w for w in own.baselines.split(",") if w]:
         concurrency = own.default_concurrency if which == "default" else own.seed_concurrency
-        cmd = [PY, "bench/gpu/known_target_baselines.py", "--model", str(MODEL), "--work", str(WORK)]
+        cmd = [PY, "-m", "bench.gpu.known_target_baselines", "--model", str(MODEL), "--work", str(WORK)]
         cmd += ["--which", which, "--n", same.n, "--max-tokens", same.max_tokens]
         cmd += ["--tools-fraction", same.tools_fraction, "--concurrency", str(concurrency)]
         cmd += ["--stop-first", str(WORK / "run")]

@@ -37,8 +37,7 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import known_target as kt
+from bench.gpu import known_target as kt
 
 REPO = Path(__file__).resolve().parents[2]
 _SUPERVISOR = re.compile(
@@ -140,7 +139,7 @@ def generation_records(run: Path) -> list[dict[str, Any]]:
 def measure(a: argparse.Namespace, wall_s: float, phases: dict[str, Any] | None) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
-    from regen.sglang.simulated import parse_qwen3_reasoning, parse_qwen25_tool_calls
+    from regen.simulated.parsers import parse_qwen3_reasoning, parse_qwen25_tool_calls
 
     chain = kt.Chain.from_json(json.loads((a.model / "chain.json").read_text()))
     designed = json.loads((a.model / "designed.json").read_text())
@@ -547,6 +546,7 @@ def main(argv: list[str]) -> int:
             env.update(
                 {
                     "REGEN_SIM_CHAIN": str((a.model / "chain.json").resolve()),
+                    "REGEN_SIM_SERVER": "bench.sim_chain:chain_server",  # the simulated server's hook
                     "REGEN_SIM_TOOL_CALL_PARSER": "qwen25",
                 }
             )

@@ -15,7 +15,7 @@
 #   carry [.gpu/p04, .gpurun]: SRC=.gpurun bash .gpurun/bench/gpu/live.sh start 540
 #   then: SRC=.gpurun bash .gpurun/bench/gpu/live.sh wait 590 (as often as needed)
 # With Snakemake staged, tune_live.py ends with the workflow (token ids on) against the winner.
-# PROG=bench/gpu/profile_step.py runs the decode-step profile instead (TUNE_ARGS are its arguments).
+# PROG=bench.gpu.profile_step runs the decode-step profile instead (TUNE_ARGS are its arguments).
 mode=$1
 budget=${2:-540}
 t0=$(date +%s)
@@ -65,7 +65,7 @@ if [ "$mode" = start ]; then
   rm -rf /tmp/repo /tmp/live-out /tmp/live-work && mkdir -p /tmp/repo
   (cd "$SRC" && tar --exclude=./.gpu --exclude=./.gpurun --exclude=./.venv --exclude=./.git -cf - .) | tar -xf - -C /tmp/repo
   cd /tmp/repo || exit 1  # imports from the copy, not from the tree the call runs in
-  $PY -c 'import orjson, regen.generate.client, regen.tune.sweep, regen.sglang.metrics, regen.tune.closedloop' || exit 1
+  $PY -c 'import orjson, regen.generate.client, regen.tune.sweep, regen.serving.metrics, regen.tune.closedloop' || exit 1
   if [ "${DRY:-0}" != 1 ]; then
     $PY -c 'import sglang, transformers; print("sglang", sglang.__version__, "transformers", transformers.__version__)' || exit 1
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
@@ -82,9 +82,9 @@ spec = gen_sampling_module(); spec.build(verbose=False)
 print("flashinfer sampling module built in", round(time.time() - t, 1), "s:", spec.jit_library_path, spec.is_compiled)' \
       > /tmp/fi-prewarm.log 2>&1 < /dev/null &)
   fi
-  PROG=${PROG:-bench/gpu/tune_live.py}
-  [ "$PROG" = bench/gpu/tune_live.py ] && extra="$extra $wf --deadline-s ${DEADLINE:-1330}"
-  (cd /tmp/repo && setsid nohup $PY "$PROG" $extra --out /tmp/live-out --work /tmp/live-work ${TUNE_ARGS:-} \
+  PROG=${PROG:-bench.gpu.tune_live}
+  [ "$PROG" = bench.gpu.tune_live ] && extra="$extra $wf --deadline-s ${DEADLINE:-1330}"
+  (cd /tmp/repo && setsid nohup $PY -m "$PROG" $extra --out /tmp/live-out --work /tmp/live-work ${TUNE_ARGS:-} \
       > /tmp/live.log 2>&1 < /dev/null &)
   sleep 2
 fi

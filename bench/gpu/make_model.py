@@ -7,8 +7,9 @@ import json
 import os
 import sys
 
-from known_target import Shape, config_json
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from bench.gpu.known_target import Shape, config_json
 
 out, nl = sys.argv[1], int(sys.argv[2])
 os.makedirs(out, exist_ok=True)

@@ -74,7 +74,7 @@ print("flashinfer sampling module built in", round(time.time() - t, 1), "s")' > 
   tar --exclude=./.gpu --exclude=./.gpurun --exclude=./.venv --exclude=./.git --exclude=./.snk -cf - . \
     | tar -xf - -C "$T/repo"
   cd "$T/repo" || exit 1  # imports from the copy, not from the tree the call runs in
-  $PY -c 'import aiohttp, orjson, regen.tune.sweep, regen.sglang.plan, regen.sglang.realized, regen.sglang.server' || exit 1
+  $PY -c 'import aiohttp, orjson, regen.tune.sweep, regen.sglang.plan, regen.sglang.realized, regen.serving' || exit 1
   extra=""
   if [ "${DRY:-0}" = 1 ]; then
     extra="--dry-cpu"
@@ -82,14 +82,14 @@ print("flashinfer sampling module built in", round(time.time() - t, 1), "s")' > 
     $PY -c 'import sglang, transformers; print("sglang", sglang.__version__, "transformers", transformers.__version__)' || exit 1
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
   fi
-  (cd "$T/repo" && setsid nohup $PY bench/gpu/mtp_grid.py $extra --out "$T/mtp-out" --work "$T/mtp-work" \
+  (cd "$T/repo" && setsid nohup $PY -m bench.gpu.mtp_grid $extra --out "$T/mtp-out" --work "$T/mtp-work" \
       --deadline-s "${DEADLINE:-860}" ${GRID_ARGS:-} > "$T/mtp.log" 2>&1 < /dev/null &)
   sleep 2
 fi
 state=running
 while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
   grep -q '^mtp-grid: done' "$T/mtp.log" 2>/dev/null && { state=done; break; }
-  if grep -q '^Traceback' "$T/mtp.log" 2>/dev/null && ! pgrep -f "bench/gpu/mtp_grid.py" >/dev/null; then
+  if grep -q '^Traceback' "$T/mtp.log" 2>/dev/null && ! pgrep -f "bench.gpu.mtp_grid" >/dev/null; then
     state="ended without 'mtp-grid: done'"; break
   fi
   sleep 5

@@ -63,22 +63,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-sys.path[:0] = [str(HERE), str(REPO)]
-
-from known_target_baselines import SEED_FLAGS  # noqa: E402
-from run import (  # noqa: E402
+from bench.gpu.harness import (
     TEMPLATE_TOKENS,
     bench_server_cfg,
     gpu_memory_mib,
     log,
+    run_module,
     wait_gpu_free,
     word_prompts,
 )
-from serverlog import decode_lines, startup_facts, steady_state  # noqa: E402
-
-from regen.io import write_json  # noqa: E402
+from bench.gpu.known_target_baselines import SEED_FLAGS
+from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
+from regen.io import write_json
 
 SGLANG_VERSION = "0.5.17"
 BASE_ARGS = ["--load-format", "dummy"]
@@ -335,7 +331,9 @@ def predicted_of(p: Any) -> dict[str, Any]:
 
 
 def run_server(cfg: Config, model_dir: Path, a: argparse.Namespace, deadline: float, port: int) -> None:
-    from regen.sglang.server import SERVER_START_MARK, acquire_server, fetch_server_info, stop_all_servers
+    from regen.serving.lifecycle import acquire_server, stop_all_servers
+    from regen.serving.probes import fetch_server_info
+    from regen.serving.procfs import SERVER_START_MARK
 
     work = a.work / cfg.key.replace("@", "-a")
     servers, logs = work / "servers", work / "logs"
@@ -657,9 +655,7 @@ def main(argv: list[str] | None = None) -> int:
         a.settle_s = min(a.settle_s, 0.6)
     model_dir = a.model or a.work / "model"
     if not (model_dir / "config.json").exists():
-        import subprocess
-
-        subprocess.run([sys.executable, str(HERE / "make_model.py"), str(model_dir), "64"], check=True)
+        run_module("make_model", str(model_dir.resolve()), "64", check=True)
     gpu_mib = gpu_memory_mib(a.dry_cpu)
     configs, wl = plan_configs(model_dir, gpu_mib, a)
     if a.only:

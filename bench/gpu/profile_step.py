@@ -24,7 +24,6 @@ import gzip
 import json
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -32,15 +31,26 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-sys.path[:0] = [str(HERE), str(REPO)]
-
-from roofline import HybridShape, decode_step_cost  # noqa: E402
-from run import BASE_ARGS, SGLANG_VERSION, gpu_memory_mib, make_model, measure_hw  # noqa: E402
-from tune_live import TEMPLATE_TOKENS, Lengths, candidates_for, generate_cfg, log, prompts, restarted  # noqa: E402
-
-from regen.io import write_json  # noqa: E402
+from bench.gpu.harness import (
+    BASE_ARGS,
+    REPO,
+    SGLANG_VERSION,
+    gpu_memory_mib,
+    make_model,
+    measure_hw,
+    run_module,
+)
+from bench.gpu.roofline import HybridShape, decode_step_cost
+from bench.gpu.tune_live import (
+    TEMPLATE_TOKENS,
+    Lengths,
+    candidates_for,
+    generate_cfg,
+    log,
+    prompts,
+    restarted,
+)
+from regen.io import write_json
 
 #: kernel-name patterns, first match wins (SGLang 0.5.17 on Hopper: nvjet/cutlass GEMMs, fla/triton GDN,
 #: FA3 attention, flashinfer sampling)
@@ -108,7 +118,7 @@ def profile_server(
 ) -> dict[str, Any]:
     """The winner restarted; a pure-decode load; SGLang's profiler over ``steps`` plateau steps."""
     from regen.generate.client import ShardJob, generate_shard
-    from regen.sglang.metrics import log_since, log_size, server_steady_state
+    from regen.serving.metrics import log_since, log_size, server_steady_state
 
     server_log = work / "logs" / "gpu0.log"
     trace_dir = work / "trace"
@@ -212,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"hardware: {doc['hardware']}")
     gemm_s = None
     if not dry:
-        got = subprocess.run([sys.executable, str(HERE / "hw.py"), "--decode-gemms", str(model_dir / "config.json"),
-                              str(batch)], capture_output=True, text=True, check=True)  # fmt: skip
+        config = str((model_dir / "config.json").resolve())
+        got = run_module(
+            "hw", "--decode-gemms", config, str(batch), capture_output=True, text=True, check=True
+        )
         doc["decode_gemms"] = json.loads(got.stdout.strip().splitlines()[-1])
         gemm_s = doc["decode_gemms"]["step_gemm_s"]
         log(

@@ -2,7 +2,7 @@
 
 For each server configuration (SGLang's defaults, ``regen tune``'s recommendation with the model's
 fp32 linear-attention state, the recommendation with ``--allow-bf16-state``, and other candidates
-from the tuner's search) this starts the server with ``regen.sglang.server.acquire_server``, sends a
+from the tuner's search) this starts the server with ``regen.serving.lifecycle.acquire_server``, sends a
 fixed workload with ``regen.generate.client.generate_shard`` and reads the server's log and ``/server_info``:
 
 - steady-state decode tok/s (median ``gen throughput`` while ``#running-req`` is at its plateau),
@@ -23,75 +23,35 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import random
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-sys.path[:0] = [str(HERE), str(REPO)]
-
-from roofline import HybridShape, decode_step_cost  # noqa: E402
-from serverlog import decode_lines, startup_facts, steady_state  # noqa: E402
-
-from regen import runconfig  # noqa: E402
-from regen.io import write_json  # noqa: E402
-from regen.types import Message, Sample  # noqa: E402
-
-SPECIAL_IDS = frozenset({248044, 248045, 248046})
-SGLANG_VERSION = "0.5.17"
-
+from bench.gpu.harness import (
+    BASE_ARGS,
+    REPO,
+    SGLANG_VERSION,
+    TEMPLATE_TOKENS,
+    Timer,
+    bench_server_cfg,
+    generate_dict,
+    gpu_memory_mib,
+    log,
+    make_model,
+    measure_hw,
+    wait_gpu_free,
+    word_prompts,
+)
+from bench.gpu.roofline import HybridShape, decode_step_cost
+from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
+from regen import runconfig
+from regen.io import write_json
+from regen.types import Sample
 
 # --------------------------------------------------------------------------------------------------
 # workload
-
-
-def word_prompts(n: int, prompt_tokens: int, prefix: str, seed: int, lowest_id: int = 1) -> list[Sample]:
-    """``n`` one-turn samples of exactly ``prompt_tokens`` words ``t<i>`` (one token each with the
-    WordLevel tokenizer of ``make_model.py``; special ids skipped), ids ``{prefix}-{k:05d}``."""
-    rng = random.Random(seed)
-    out = []
-    for k in range(n):
-        words: list[str] = []
-        while len(words) < prompt_tokens:
-            i = rng.randrange(lowest_id, 248000)
-            if i not in SPECIAL_IDS:
-                words.append(f"t{i}")
-        out.append(
-            Sample(
-                id=f"{prefix}-{k:05d}",
-                messages=(Message("user", " ".join(words)), Message("assistant", "t1")),
-                source={"file": "bench", "row": k, "format": "messages"},
-            )
-        )
-    return out
-
-
-def generate_dict(max_tokens: int, concurrency: int | None = None, timeout_s: float = 3600) -> dict[str, Any]:
-    """``generate`` config for regen's client: ignore_eos so every answer has the full length."""
-    return {
-        "regenerate": "last",
-        "thinking": "off",
-        "sampling": {
-            "temperature": 0.6,
-            "top_p": 0.95,
-            "top_k": 20,
-            "max_tokens": max_tokens,
-            "n": 1,
-            "seed": 0,
-        },
-        "extra_body": {"ignore_eos": True},
-        "concurrency": concurrency,
-        "request_timeout_s": timeout_s,
-        "max_attempts": 2,
-        "backoff_base_s": 1.0,
-        "truncation": "keep",
-    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,86 +98,8 @@ class ServerConfig:
         return [*self.tuner_args, *self.args]
 
 
-def gpu_memory_mib(dry: bool) -> int:
-    if dry:
-        return 143771
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return int(out.split()[0])
-
-
-def gpu_memory_used_mib() -> int | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=20,
-        ).stdout
-        return int(out.split()[0])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
-
-
-def wait_gpu_free(limit_mib: int = 4096, timeout_s: float = 90) -> int | None:
-    """Wait until the previous server's memory is released (the next one profiles free memory)."""
-    deadline = time.monotonic() + timeout_s
-    used = gpu_memory_used_mib()
-    while used is not None and used > limit_mib and time.monotonic() < deadline:
-        time.sleep(1)
-        used = gpu_memory_used_mib()
-    return used
-
-
 # --------------------------------------------------------------------------------------------------
 # one configuration
-
-
-@dataclass
-class Timer:
-    start: float = field(default_factory=time.monotonic)
-
-    def __call__(self) -> float:
-        return time.monotonic() - self.start
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def bench_server_cfg(
-    model_dir: Path,
-    dry: bool,
-    *,
-    args: list[str],
-    use_tuner: bool,
-    port_base: int,
-    simulated: dict[str, Any] | None,
-) -> runconfig.ServerConfig:
-    """The ``server`` section every GPU bench starts its one server with (the simulated server's
-    behaviour, when given, for the CPU rehearsal), typed."""
-    cfg: dict[str, Any] = {
-        "mode": "simulated" if dry else "sglang",
-        "model_path": str(model_dir),
-        "args": list(args),
-        "use_tuner": use_tuner,
-        "host": "127.0.0.1",
-        "port_base": port_base,
-        "gpus": 1,
-        "tp": 1,
-        "reasoning_parser": "qwen3",
-        "startup_timeout_s": 900,
-        "idle_timeout_s": 1800,
-        "max_restarts": 0,
-    }
-    if simulated is not None:
-        cfg["simulated"] = simulated
-    return runconfig.ServerConfig.from_mapping(cfg)
 
 
 def server_cfg_for(cfg: ServerConfig, model_dir: Path, dry: bool, port_base: int) -> runconfig.ServerConfig:
@@ -258,9 +140,10 @@ def run_config(
     """Start the server through regen, run the workload through regen's client, read what happened."""
     from regen.generate.client import ShardJob, generate_shard
     from regen.runconfig import GenerateConfig
-    from regen.sglang import server as server_mod
+    from regen.serving import lifecycle as server_mod
+    from regen.serving.lifecycle import stop_all_servers
+    from regen.serving.probes import fetch_server_info
     from regen.sglang.config import PlanFile
-    from regen.sglang.server import fetch_server_info, stop_all_servers
 
     servers = work / f"servers-{cfg.name}"
     logs = work / f"logs-{cfg.name}"
@@ -324,7 +207,7 @@ def run_config(
 
 def read_server_side(cfg: ServerConfig, log_text: str, info: dict[str, Any], servers: Path) -> dict[str, Any]:
     """Decode steady state, startup memory map (ours and regen's), /server_info realized fields."""
-    from regen.sglang.server import SERVER_START_MARK
+    from regen.serving.procfs import SERVER_START_MARK
 
     header = log_text.rfind(SERVER_START_MARK)
     this_start = log_text[header:] if header >= 0 else log_text
@@ -404,10 +287,6 @@ def _jsonable(value: Any) -> Any:
 
 # --------------------------------------------------------------------------------------------------
 # tuner configurations
-
-
-TEMPLATE_TOKENS = 5  # "<|im_start|> user … <|im_end|> <|im_start|> assistant" around the prompt words
-BASE_ARGS = ("--load-format", "dummy")
 
 
 def tuner_workload(workload: Workload) -> Any:
@@ -599,7 +478,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{'**DRY RUN on CPU against the simulated server — not a measurement.** ' if doc['dry_cpu'] else ''}",  # noqa: E501
         f"Workload: {w['requests']} requests × {w['prompt_tokens']} prompt tokens → {w['output_tokens']} output "  # noqa: E501
         f"tokens, `ignore_eos`, sent by `regen.generate.client.generate_shard` at the server's effective cap. "  # noqa: E501
-        f"Server started by `regen.sglang.server.acquire_server`.",
+        f"Server started by `regen.serving.lifecycle.acquire_server`.",
         f"Measured in the same run: copy bandwidth {hw['hbm_bytes_per_s'] / 1e12:.2f} TB/s, "
         f"bf16 matmul {hw['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s"
         f"{'' if hw.get('measured') else ' (nominal, not measured)'}.",
@@ -694,27 +573,6 @@ def final_line(doc: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # main
-
-
-def measure_hw(dry: bool) -> dict[str, Any]:
-    if dry:
-        return {
-            "gpu": "none (dry run)",
-            "gpu_memory_mib": 143771,
-            "hbm_bytes_per_s": 4.3e12,
-            "bf16_flops_per_s": 790e12,
-            "measured": False,
-        }
-    proc = subprocess.run([sys.executable, str(HERE / "hw.py")], check=True, capture_output=True, text=True)
-    hw = json.loads(proc.stdout.strip().splitlines()[-1])
-    hw["measured"] = True
-    return hw
-
-
-def make_model(model_dir: Path, layers: int) -> dict[str, Any]:
-    if not (model_dir / "tokenizer.json").exists():
-        subprocess.run([sys.executable, str(HERE / "make_model.py"), str(model_dir), str(layers)], check=True)
-    return json.loads((model_dir / "config.json").read_text())
 
 
 def summarize_file(path: Path, out: Path) -> int:

@@ -10,7 +10,7 @@ One campaign, in this order (every step through regen's own code):
    this script adds the expected-length cap with ``--enable-mixed-chunk`` (measured 2026-11-30: -37%).
 3. ``regen.tune.sweep.run_sweep`` measures each for ``--pilot-s`` seconds on a workload with a thinking-length
    spread: 256-token prompts, per-request ``max_tokens`` drawn from a clipped log-normal, ``ignore_eos``.
-   Candidates are ranked by the server's steady decode rate (``regen.sglang.metrics``: median gen
+   Candidates are ranked by the server's steady decode rate (``regen.serving.metrics``: median gen
    throughput of the log's decode lines at the running plateau).
 4. On the winner, restarted: (a) exact ids — direct requests with ``return_token_ids`` compare SGLang's
    ``prompt_token_ids`` with regen's rendering (``regen.chat``), and the completion ids with their own
@@ -44,13 +44,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-sys.path[:0] = [str(HERE), str(REPO)]
-
-from roofline import HybridShape, decode_step_cost  # noqa: E402
-from run import (  # noqa: E402
+from bench.gpu.harness import (
     BASE_ARGS,
+    REPO,
     SGLANG_VERSION,
     bench_server_cfg,
     generate_dict,
@@ -60,9 +56,9 @@ from run import (  # noqa: E402
     wait_gpu_free,
     word_prompts,
 )
-
-from regen.io import write_json  # noqa: E402
-from regen.types import Sample  # noqa: E402
+from bench.gpu.roofline import HybridShape, decode_step_cost
+from regen.io import write_json
+from regen.types import Sample
 
 TEMPLATE_TOKENS = 5
 
@@ -97,10 +93,11 @@ def prompts(n: int, prompt_tokens: int, prefix: str, seed: int) -> list[Sample]:
 
 
 def generate_cfg(max_tokens: int, by_id: dict[str, int] | None, ids: bool = True) -> Any:
+    from bench.lengths import with_lengths
     from regen.runconfig import GenerateConfig
 
     d = generate_dict(max_tokens)
-    return dataclasses.replace(GenerateConfig.from_dict(d), max_tokens_by_id=by_id, return_token_ids=ids)
+    return with_lengths(dataclasses.replace(GenerateConfig.from_dict(d), return_token_ids=ids), by_id)
 
 
 # --------------------------------------------------------------------------------------- server
@@ -389,7 +386,7 @@ def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: b
 
 # --------------------------------------------------------------------------------------- the winner
 def read_log(path: Path, offset: int) -> str:
-    from regen.sglang.metrics import log_since
+    from regen.serving.metrics import log_since
 
     return log_since(path, offset)
 
@@ -398,7 +395,8 @@ def read_log(path: Path, offset: int) -> str:
 def restarted(cand: Any, model_dir: Path, dry: bool, root: Path) -> Iterator[tuple[Any, float]]:
     """The candidate's server started afresh through ``acquire_server`` on an OS-chosen port (servers and
     logs under ``root``); yields (endpoint, seconds to ready); stops it afterwards."""
-    from regen.sglang.server import acquire_server, any_free_port, stop_all_servers
+    from regen.serving.lifecycle import acquire_server, stop_all_servers
+    from regen.serving.ports import any_free_port
     from regen.tune.sweep import candidate_plan, sweep_command_builder, sweep_server_cfg
 
     base = sweep_server_cfg(server_cfg(model_dir, dry))
@@ -418,7 +416,7 @@ def run_on_winner(
 ) -> dict[str, Any]:  # fmt: skip
     """Restart the winner through acquire_server; exact ids, the long run, the pure-decode plateau."""
     from regen.generate.client import ShardJob, generate_shard
-    from regen.sglang.metrics import log_size, server_steady_state
+    from regen.serving.metrics import log_size, server_steady_state
 
     server_log = work / "winner" / "logs" / "gpu0.log"
     out: dict[str, Any] = {"label": cand.label, "args": list(cand.args)}

@@ -51,7 +51,7 @@ nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv 2>/dev/n
 
 # model (config-only, WordLevel tokenizer + chat template) and 1,024 unique 256-word prompts
 rm -rf work results logs benchmarks .snakemake
-$PY bench/gpu/make_model.py work/two_gpu/model 64 || exit 1
+$PY -m bench.gpu.make_model work/two_gpu/model 64 || exit 1
 $PY - <<'EOF' || exit 1
 import json, random
 rng = random.Random(7)
@@ -85,7 +85,7 @@ ps -eo pid,ppid,etimes,args | grep -E 'sglang|regen\.sglang\.supervisor|launch_s
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader > $W/smi_after.txt 2>&1
 echo "after snakemake: $(wc -l < $W/ps_after.txt) server processes; GPU memory: $(tr '\n' ' ' < $W/smi_after.txt)"
 # then stop whatever is left (idempotent), so nothing outlives the call either way
-$PY -c 'from regen.sglang.server import stop_all_servers; print("stop_all_servers:", stop_all_servers("work/servers"))'
+$PY -c 'from regen.serving.lifecycle import stop_all_servers; print("stop_all_servers:", stop_all_servers("work/servers"))'
 sleep 2
 ps -eo pid,ppid,etimes,args | grep -E 'sglang|regen\.sglang\.supervisor|launch_server' | grep -v grep > $W/ps_final.txt
 kill "$smi_pid" 2>/dev/null

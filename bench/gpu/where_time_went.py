@@ -20,14 +20,12 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serverlog import GenerationPhases, generation_phases, startup_phases
+from bench.gpu.serverlog import GenerationPhases, generation_phases, startup_phases
 
 REPO = Path(__file__).resolve().parents[2]
 LOGS = {

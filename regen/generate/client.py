@@ -24,7 +24,7 @@ Failure semantics
   capped at 60 s) up to ``max_attempts`` requests. A sample that still fails is a
   *server-level* failure.
 - A request lost because the job's own server was restarted under it (it crashed, or its supervisor
-  restarted it for a stall: ``regen.sglang.progress``) waits for the restarted server and goes again,
+  restarted it for a stall: ``regen.serving.progress``) waits for the restarted server and goes again,
   once per restart, without using an attempt; a supervisor that gave up fails the shard with its cause.
 - Server-level failures are held back, not journaled, while the run goes on. The run aborts
   with ``ShardFailedError`` (outputs not written; the journal keeps every finished sample and a

@@ -1,6 +1,6 @@
 """One generate job: take this job's GPU slot and server, then drive it over one prompt shard.
 
-The server's life belongs to ``regen.sglang.server``; the requests, journal and records to
+The server's life belongs to ``regen.serving``; the requests, journal and records to
 ``regen.generate.client``; this module only joins them for the ``generate`` rule.
 """
 
@@ -28,9 +28,11 @@ from regen.generate.run_progress import progress_line
 from regen.ingest.shards import read_shard
 from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.runconfig import GenerateConfig, RunConfig
+from regen.serving.base import ServerError
+from regen.serving.lifecycle import acquire_server
+from regen.serving.procfs import find_owner_pid
+from regen.serving.progress import SlotRestarts
 from regen.sglang.config import PlanFile
-from regen.sglang.progress import SlotRestarts
-from regen.sglang.server import ServerError, acquire_server, find_owner_pid
 from regen.storage import sink_from_config
 from regen.types import Endpoint
 

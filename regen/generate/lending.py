@@ -3,7 +3,7 @@
 One shard runs per GPU slot; when its last requests drain, when the slot waits for Snakemake to start
 the next job, and at the end of the run when no job is left for it, that GPU's server has free batch
 places. ``SlotLenders`` finds the live servers of the other slots of this allocation (the
-``gpu{k}.url`` files of ``regen.sglang.server``), reads how busy each is from its Prometheus
+``gpu{k}.url`` files of ``regen.serving``), reads how busy each is from its Prometheus
 ``/metrics`` (SGLang's ``num_running_reqs`` + ``num_queue_reqs``), and offers the client a share of
 the free places. The client sends its own samples there; each sample still goes out once and lands in
 its own shard's journal, so exactly-once and resume are the journal's as before.
@@ -24,8 +24,9 @@ from pathlib import Path
 
 import aiohttp
 
-from regen.sglang.metrics import sum_prometheus
-from regen.sglang.server import SlotFiles, is_supervisor, read_url_state
+from regen.layout import SlotFiles
+from regen.serving.metrics import sum_prometheus
+from regen.serving.procfs import is_supervisor, read_url_state
 from regen.types import Endpoint
 
 #: seconds between looks at the other servers' load (SGLang refreshes its gauges every few seconds)

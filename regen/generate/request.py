@@ -42,7 +42,7 @@ def chat_url(base_url: str) -> str:
 
 
 class ServerRestarts(Protocol):
-    """The job's own server across restarts (``regen.sglang.progress.SlotRestarts``): a request lost
+    """The job's own server across restarts (``regen.serving.progress.SlotRestarts``): a request lost
     because the server was restarted under it (stalled or crashed) is sent again to the restarted server,
     once per restart, without using one of its attempts."""
 

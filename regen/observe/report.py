@@ -45,7 +45,7 @@ from regen.layout import (
     TRAINER_WINDOW_SVG,
     RunLayout,
 )
-from regen.sglang.progress import read_restarts
+from regen.serving.progress import read_restarts
 
 
 @dataclass(frozen=True, slots=True)
@@ -580,7 +580,7 @@ CAPACITY = (
     MapField("mem_fraction_static", "mem_fraction_static", ("mem_fraction_static",)),
     MapField("chunked prefill size", "chunked_prefill_size", ("chunked_prefill_size",)),
 )
-#: drift above this (relative) is highlighted, as regen.sglang.server logs it
+#: drift above this (relative) is highlighted, as regen.serving logs it
 DRIFT_WARN = 0.05
 
 
@@ -686,7 +686,7 @@ def server_plan_html(
 
 def server_restarts_table(paths: Iterable[Path]) -> str:
     """Every server restart of the run with its cause (a crash, a stall, a port lost to another process,
-    a supervisor that gave up), from the slots' ``gpu{k}.restarts.jsonl`` (``regen.sglang.progress``)."""
+    a supervisor that gave up), from the slots' ``gpu{k}.restarts.jsonl`` (``regen.serving.progress``)."""
     rows = []
     for path in paths:
         slot = path.name.split(".")[0]

@@ -23,9 +23,9 @@ from regen.generate.run_progress import STALE_AFTER_S, RunSnapshot, fmt_duration
 from regen.io import read_json
 from regen.layout import CONFIG_SCHEMA, RUN, RunLayout, SlotFiles, url_files
 from regen.records import ShardStatus
-from regen.sglang.metrics import sum_prometheus
-from regen.sglang.progress import ProgressState
-from regen.sglang.server import is_supervisor, read_url_state
+from regen.serving.metrics import sum_prometheus
+from regen.serving.procfs import is_supervisor, read_url_state
+from regen.serving.progress import ProgressState
 from regen.tune.projection import project
 
 METRIC_NAMES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput")

@@ -1,7 +1,7 @@
 """``regen tune --sweep``: benchmark a few candidate server configs live, keep the fastest, project the run.
 
 For each candidate (a complete SGLang launch-arg list, the tuner's recommendation first) the sweep starts
-a server through :func:`regen.sglang.server.acquire_server` (a private slot directory per candidate),
+a server through :func:`regen.serving.lifecycle.acquire_server` (a private slot directory per candidate),
 drives it with the real generation client (:func:`regen.generate.client.generate_shard_async`, concurrency
 = the
 server's effective running cap, a fresh journal) for a bounded time, cancels the client when the time
@@ -13,7 +13,7 @@ is up, stops the server and measures, from the journal:
 - the output-length distribution (p50/p90/p99 completion tokens, truncation rate) of completed requests.
   Requests still running at the stop are *censored* (not counted); their number is reported because
   many of them bias the lengths short;
-- the server's own steady-state decode rate (:mod:`regen.sglang.metrics`): the median ``gen throughput``
+- the server's own steady-state decode rate (:mod:`regen.serving.metrics`): the median ``gen throughput``
   of the server log's ``Decode batch`` lines at the ``#running-req`` plateau during the pilot (``/metrics``
   samples when the log has none). This is the rate candidates are ranked and the run projected by
   (:attr:`CandidateResult.rate_tok_s`); the client window rate stays as a fallback and a cross-check: with
@@ -50,8 +50,9 @@ from typing import Any
 from regen.generate.client import ProgressOptions, ShardFailedError, ShardJob, generate_shard_async
 from regen.generate.journal import read_journal_entries
 from regen.runconfig import GenerateConfig, ServerConfig
-from regen.sglang.config import PlanFile
-from regen.sglang.metrics import (
+from regen.serving.base import ServerError
+from regen.serving.lifecycle import acquire_server, build_server_command, stop_all_servers
+from regen.serving.metrics import (
     DecodeSample,
     SteadyState,
     log_since,
@@ -59,15 +60,10 @@ from regen.sglang.metrics import (
     sample_metrics,
     server_steady_state,
 )
+from regen.serving.ports import any_free_port
+from regen.serving.simulated_mode import build_simulated_command
+from regen.sglang.config import PlanFile
 from regen.sglang.plan import parse_flags
-from regen.sglang.server import (
-    ServerError,
-    acquire_server,
-    any_free_port,
-    build_server_command,
-    build_simulated_command,
-    stop_all_servers,
-)
 from regen.tune.closedloop import StepModel, closed_loop_wall_s
 from regen.tune.projection import PROJECTION_ASSUMPTIONS, Remaining, project
 from regen.types import Endpoint, Sample
@@ -475,7 +471,7 @@ def warm_up(endpoint: Endpoint, sample: Sample, generate_cfg: GenerateConfig, wo
     the readiness probe now pays that, see ``one_token_generation``; this keeps any other first-use
     cost out of the window too.)"""
     sampling = dataclasses.replace(generate_cfg.sampling, max_tokens=WARM_UP_MAX_TOKENS)
-    gcfg = dataclasses.replace(generate_cfg, sampling=sampling, max_tokens_by_id=None, concurrency=1)
+    gcfg = dataclasses.replace(generate_cfg, sampling=sampling, concurrency=1)
     workdir.mkdir(parents=True, exist_ok=True)
     for name in ("journal.jsonl", "records.jsonl", "failed.jsonl"):
         (workdir / name).unlink(missing_ok=True)

@@ -7,7 +7,7 @@ in a new process session. ``config/soak.yaml`` slows the simulated servers down 
 generation takes seconds, injects server faults (HTTP 5xx, ``crash_after``, and stalls: a server that
 stays up and generates nothing after ``stall_after_tokens``, which its supervisor must catch within
 ``server.stall_timeout_s``) and gives the job enough retries to ride out a server restart. Every
-server appends to one request log (``REGEN_SIM_REQUEST_LOG``, see ``regen.sglang.simulated``) across
+server appends to one request log (``REGEN_SIM_REQUEST_LOG``, see ``regen.simulated``) across
 all its lifetimes.
 
 A *round* is one Snakemake run: the harness picks (seeded RNG) a phase (generate, validate or
@@ -55,7 +55,8 @@ import yaml
 from regen.generate.journal import read_journal_entries
 from regen.io import open_lines
 from regen.layout import RunLayout
-from regen.sglang.simulated import REQUEST_LOG_ENV, read_request_log
+from regen.simulated.options import REQUEST_LOG_ENV
+from regen.simulated.requestlog import read_request_log
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # tests/support/soak.py
 WORKFLOW_ITEMS: tuple[str, ...] = (
@@ -72,7 +73,7 @@ WORKFLOW_ITEMS: tuple[str, ...] = (
 PHASES: tuple[str, ...] = ("generate", "validate", "merge")
 RULE_LINE = re.compile(r"^(?:local)?rule (\w+):", re.MULTILINE)
 REQUEST_LOG_NAME = "soak-requests.jsonl"
-#: the supervisor looks at its server every 0.5 s (``regen.sglang.supervisor --poll``)
+#: the supervisor looks at its server every 0.5 s (``regen.serving.supervisor --poll``)
 SUPERVISOR_POLL_S = 0.5
 #: scheduling slack on a loaded machine, beyond the stall timeout and one poll
 STALL_DETECT_SLACK_S = 1.0
@@ -227,7 +228,7 @@ def copy_workflow(source: Path, dest: Path) -> None:
 
 def free_port_base(n: int, rng: random.Random) -> int:
     """A port base with ``n`` free consecutive loopback ports."""
-    from regen.sglang.server import port_is_free
+    from regen.serving.ports import port_is_free
 
     for _ in range(500):
         base = rng.randint(20000, 60000)
@@ -497,9 +498,9 @@ def count_faults(request_log: Path) -> dict[str, int]:
 
 def stall_detections(request_log: Path, servers_dir: Path) -> tuple[int, list[float]]:
     """Stalls injected (``fault:stall`` events) and, for each one its supervisor restarted the server
-    for, the seconds from the stall to the restart record (``regen.sglang.progress``)."""
+    for, the seconds from the stall to the restart record (``regen.serving.progress``)."""
     from regen.layout import restart_files
-    from regen.sglang.progress import read_restarts
+    from regen.serving.progress import read_restarts
 
     caught = {
         entry["server_pid"]: float(entry["at"])

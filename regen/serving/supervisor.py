@@ -1,15 +1,17 @@
-"""The per-GPU server supervisor: ``python -m regen.sglang.supervisor [options] -- <server command>``.
+"""The per-GPU server supervisor: ``python -m regen.serving.supervisor [options] -- <server command>``.
 
-Started detached by :func:`regen.sglang.server.acquire_server`. It owns one server process (its own
+Started detached by :func:`regen.serving.lifecycle.acquire_server`. It owns one server process (its own
 process group, killed with the supervisor through ``PR_SET_PDEATHSIG``) and
 
 * writes ``--url-file`` atomically: ``starting PID`` at once, ``URL PID SERVER_PID`` once a real one-token
   generation succeeds, ``failed PID`` when it gives up;
 * restarts a server that dies, or that stalls: requests in flight and no token generated for
-  ``--stall-timeout`` seconds (``regen.sglang.progress``); at most ``--max-restarts`` times, each logged
+  ``--stall-timeout`` seconds (``regen.serving.progress``); at most ``--max-restarts`` times, each logged
   with its cause here and in ``--restarts-file``; its latest look at the server goes to ``--progress-file``;
-* relaunches at once on another free port, not counting it as a crash, when the port was taken between
-  the check and the server's bind (another run on the node chose the same port);
+* holds its port (``regen.serving.ports.hold_port``: a lock file every run on the node respects) from
+  before the server starts until it stops, so no other run starts a server there; takes another free
+  port, not counting it as a crash, when the port is held by another run or was taken by a process
+  outside regen between the check and the server's bind;
 * exits, stopping the server (SIGTERM to its group, SIGKILL after a grace period), on SIGTERM/SIGINT;
   when ``--idle-timeout`` has passed with no lease held (it takes LOCK_EX on ``--lease-file`` and
   removes the url file under that lock, so a job cannot pick up a server that is going away); or
@@ -31,20 +33,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from regen.sglang.progress import ProgressWatch, record_restart, write_progress
-from regen.sglang.server import (
+from regen.serving.ports import PortHold, group_listens_on, hold_free_port, hold_port, port_is_free
+from regen.serving.probes import one_token_generation
+from regen.serving.procfs import (
     SERVER_START_MARK,
     UrlState,
-    any_free_port,
-    group_listens_on,
-    one_token_generation,
     pid_alive,
-    port_is_free,
     proc_stat,
     read_url_state,
     startup_log_text,
     write_url_state,
 )
+from regen.serving.progress import ProgressWatch, record_restart, write_progress
 
 PR_SET_PDEATHSIG = 1
 #: relaunches on another port (a port lost to another process) before the supervisor gives up
@@ -93,6 +93,8 @@ class Supervisor:
         self.port, self.url, self.command = cfg.port, cfg.url, list(cfg.command)
         self.port_moves = 0
         self.restarts = 0
+        #: the lock on ``self.port`` (``regen.serving.ports``), held while a server may run there
+        self.port_hold: PortHold | None = None
 
     # -- logging and state -------------------------------------------------------------------------
     def say(self, msg: str) -> None:
@@ -143,8 +145,10 @@ class Supervisor:
 
     # -- the server process -------------------------------------------------------------------------
     def launch(self, attempt: int) -> subprocess.Popen[bytes]:
-        if not port_is_free(self.cfg.host, self.port):
-            self.move_port("is in use by another process")
+        if self.port_hold is None or self.port_hold.port != self.port:
+            self.port_hold = hold_port(self.cfg.host, self.port)
+            if self.port_hold is None and not self.move_port("is held by another run or in use"):
+                self.port_hold = self.wait_hold(15)
         deadline = time.monotonic() + 15
         while not port_is_free(self.cfg.host, self.port):  # a command whose port cannot be moved
             if time.monotonic() > deadline:
@@ -220,9 +224,11 @@ class Supervisor:
     def move_port(self, why: str) -> bool:
         """Take another free port for the next launch (the url file records it once the server is
         ready); False when the command names no ``--port`` to change."""
-        new = any_free_port(self.cfg.host)
+        held = hold_free_port(self.cfg.host)
+        new = held.port
         command = _with_port(self.command, new)
         if command is None:
+            held.release()
             return False
         self.port_moves += 1
         if self.port_moves > MAX_PORT_MOVES:
@@ -232,7 +238,19 @@ class Supervisor:
         self.record("port", cause)
         self.port, self.command = new, command
         self.url = f"{self.url.rsplit(':', 1)[0]}:{new}"
+        if self.port_hold is not None:
+            self.port_hold.release()
+        self.port_hold = held
         return True
+
+    def wait_hold(self, timeout_s: float) -> PortHold:
+        """Hold ``self.port`` (a command whose port cannot be moved), waiting ``timeout_s`` for it."""
+        deadline = time.monotonic() + timeout_s
+        while (held := hold_port(self.cfg.host, self.port)) is None:
+            if time.monotonic() > deadline:
+                raise Stop(f"port {self.port} on {self.cfg.host} is in use by another process")
+            time.sleep(0.25)
+        return held
 
     def record(self, kind: str, cause: str, server_pid: int | None = None) -> None:
         if self.cfg.restarts_file is None:
@@ -355,13 +373,13 @@ def parse_args(argv: list[str]) -> SupervisorConfig:
     own, command = argv[:split], argv[split + 1 :]
     if not command:
         raise SystemExit("regen supervisor: empty server command after '--'")
-    p = argparse.ArgumentParser(prog="python -m regen.sglang.supervisor")
+    p = argparse.ArgumentParser(prog="python -m regen.serving.supervisor")
     p.add_argument("--slot", type=int, required=True)
     p.add_argument("--url", required=True)
     p.add_argument("--url-file", type=Path, required=True)
     p.add_argument("--lease-file", type=Path, required=True)
     p.add_argument("--log-file", type=Path, required=True)
-    # the server section's values, always passed by regen.sglang.server (their defaults are the schema's)
+    # the server section's values, always passed by regen.serving.slots (their defaults are the schema's)
     p.add_argument("--idle-timeout", type=float, required=True)
     p.add_argument("--startup-timeout", type=float, required=True)
     p.add_argument("--max-restarts", type=int, required=True)

@@ -4,7 +4,7 @@ A server can stay up and stop generating: its process lives, ``/health`` answers
 flight waits for ``generate.request_timeout_s`` (an hour). SGLang #30314 (the scheduler blocked on
 mamba-state eviction for minutes) and PR #34705 (two hybrid-model servers on one node deadlocked with
 ``mamba usage: 1.00`` and no decode batches) are exactly our setup. So the supervisor
-(``regen.sglang.supervisor``) watches progress, not liveness, while requests are in flight:
+(``regen.serving.supervisor``) watches progress, not liveness, while requests are in flight:
 
 * ``sglang:generation_tokens_total`` of ``/metrics`` rising, or a ``Decode batch`` line of the server's
   log with a non-zero ``gen throughput``, is progress (SGLang counts generated tokens when a request
@@ -41,8 +41,9 @@ import orjson
 
 from regen.io import read_json, write_json
 from regen.layout import SlotFiles
-from regen.sglang.metrics import parse_prometheus
-from regen.sglang.server import is_supervisor, one_token_generation, pid_alive, read_url_state
+from regen.serving.metrics import parse_prometheus
+from regen.serving.probes import one_token_generation
+from regen.serving.procfs import is_supervisor, pid_alive, read_url_state
 
 GEN_TOKENS = "sglang:generation_tokens_total"
 RUNNING, QUEUED = "sglang:num_running_reqs", "sglang:num_queue_reqs"

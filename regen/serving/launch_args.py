@@ -1,0 +1,75 @@
+"""Launch flags: grouping an argv into flags, the tuner's flags under the user's, the flags regen manages."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from regen.runconfig import ServerConfig
+from regen.sglang.config import PlanFile
+
+log = logging.getLogger("regen.serving.launch_args")
+
+#: flags regen sets itself; the same flag in ``server.args`` or the plan is dropped (with a warning)
+MANAGED_FLAGS: frozenset[str] = frozenset(
+    {"--model-path", "--model", "--host", "--port", "--reasoning-parser", "--enable-metrics"}
+)
+
+
+def flag_name(token: str) -> str:
+    return token.split("=", 1)[0].replace("_", "-")
+
+
+def split_flags(args: Sequence[str]) -> list[list[str]]:
+    """Group a flat argv into ``[flag, value...]`` groups (``--a=1`` stays one token)."""
+    groups: list[list[str]] = []
+    for token in args:
+        if token.startswith("--") or not groups:
+            groups.append([token])
+        else:
+            groups[-1].append(token)
+    return groups
+
+
+def merge_launch_args(plan_args: Sequence[str], user_args: Sequence[str]) -> list[str]:
+    """The plan's flags overridden by the user's explicit ones (each override logged)."""
+    user_groups = split_flags(user_args)
+    user_by_name = {flag_name(g[0]): g for g in user_groups}
+    merged: list[str] = []
+    for group in split_flags(plan_args):
+        name = flag_name(group[0])
+        if name in user_by_name:
+            if list(user_by_name[name]) != list(group):  # the plan repeats the user's args as given
+                log.warning("server.args sets %s; it overrides the tuner's %s", name, " ".join(group))
+            continue
+        merged.extend(group)
+    for group in user_groups:
+        merged.extend(group)
+    return merged
+
+
+def _drop_managed(args: Sequence[str], origin: str) -> list[str]:
+    kept: list[str] = []
+    for group in split_flags(args):
+        name = flag_name(group[0])
+        if name in MANAGED_FLAGS:
+            log.warning("%s sets %s, which regen manages from server config; ignored", origin, name)
+            continue
+        kept.extend(group)
+    return kept
+
+
+def launch_args_for(cfg: ServerConfig, plan: PlanFile | None) -> list[str]:
+    """Extra launch flags: the tuner's (``use_tuner`` and a plan) with the user's ``args`` on top."""
+    user = list(cfg.args)
+    if cfg.use_tuner and plan is not None:
+        plan_args = list(plan.launch_args)
+        args = merge_launch_args(_drop_managed(plan_args, "the plan"), user)
+    else:
+        args = list(user)
+    args = _drop_managed(args, "server.args")
+    tp = cfg.tp
+    names = {flag_name(g[0]) for g in split_flags(args)}
+    if tp > 1 and not names & {"--tp-size", "--tp", "--tensor-parallel-size"}:
+        args += ["--tp-size", str(tp)]
+    return args

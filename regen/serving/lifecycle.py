@@ -1,0 +1,120 @@
+"""The server lifecycle: a server for ``server.mode`` held for a ``with`` block, and every server stopped.
+
+``acquire_server`` is the only entry point that starts servers; ``stop_all_servers`` is for the
+Snakefile's ``onsuccess``/``onerror`` handlers. The modes (:data:`MODES`) are one module each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from regen.layout import RUN, url_files
+from regen.runconfig import ServerConfig
+from regen.serving.base import CommandBuilder, ServerError, ServerMode
+from regen.serving.local_sglang import LocalSGLang
+from regen.serving.procfs import UrlState, is_supervisor, pid_alive, proc_stat, read_url_state
+from regen.serving.remote import RemoteEndpoint
+from regen.serving.simulated_mode import Simulated
+from regen.serving.slots import SlotPlace, serve_on_slot
+from regen.sglang.config import PlanFile
+from regen.types import Endpoint
+
+log = logging.getLogger("regen.serving.lifecycle")
+
+#: every server.mode, by name
+MODES: dict[str, ServerMode] = {mode.name: mode for mode in (LocalSGLang(), Simulated(), RemoteEndpoint())}
+
+
+def mode_of(cfg: ServerConfig) -> ServerMode:
+    """The :class:`ServerMode` for ``server.mode``."""
+    try:
+        return MODES[cfg.mode]
+    except KeyError:
+        raise ServerError(f"server.mode {cfg.mode!r} is none of {sorted(MODES)}") from None
+
+
+def build_server_command(cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str) -> list[str]:
+    """The server command for ``server.mode`` (sglang or simulated)."""
+    return mode_of(cfg).command(cfg, plan, port, model_path)
+
+
+@contextlib.contextmanager
+def acquire_server(
+    cfg: ServerConfig,
+    plan: PlanFile | None = None,
+    workdir: str | os.PathLike[str] = RUN.servers_root,
+    log_dir: str | os.PathLike[str] = RUN.server_logs_root,
+    *,
+    gpu_slots: int | None = None,
+    owner_pid: int | None = None,
+    command_builder: CommandBuilder | None = None,
+    poll_s: float = 0.25,
+    on_slot: Callable[[Callable[[], None]], None] | None = None,
+) -> Iterator[Endpoint]:
+    """Hold a server for ``server.mode`` for the duration of the ``with`` block; yields the Endpoint.
+
+    A mode that launches runs on a GPU slot (:func:`regen.serving.slots.serve_on_slot`): ``gpu_slots``
+    overrides ``server.gpus`` (Snakemake's ``--resources gpu=N``); ``owner_pid`` is the process whose
+    death (with no lease held) stops the server (default: the Snakemake ancestor); ``command_builder``
+    replaces the mode's command (tests use a stand-in server). ``on_slot`` is called with a function
+    that gives the slot up before the block ends (idempotent): the next job waiting for a slot takes it
+    and shares the server while this job's last requests drain (this job's lease keeps the server up).
+    """
+    mode = mode_of(cfg)
+    if not mode.launches:
+        yield mode.endpoint(cfg, plan)
+        return
+    place = SlotPlace(workdir, log_dir, gpu_slots, owner_pid, poll_s, on_slot)
+    with serve_on_slot(cfg, plan, place, command_builder or mode.command) as endpoint:
+        yield endpoint
+
+
+def live_supervisors(workdir: str | os.PathLike[str]) -> list[tuple[Path, UrlState]]:
+    """(url file, state) of every slot whose recorded supervisor PID is really a live supervisor, in
+    ``workdir`` and in its per-Slurm-job slot directories (``regen.layout.url_files``)."""
+    found = []
+    for url_file in url_files(workdir):
+        state = read_url_state(url_file)
+        if state is not None and is_supervisor(state.supervisor_pid, url_file):
+            found.append((url_file, state))
+    return found
+
+
+def stop_all_servers(workdir: str | os.PathLike[str] = RUN.servers_root, grace_s: float = 30.0) -> int:
+    """SIGTERM every live supervisor (verified PIDs), wait, then SIGKILL; returns how many were stopped.
+
+    ``workdir`` is the run's slot root: its per-node slots and every per-Slurm-job slot directory.
+
+    Safe to call from Snakemake's ``onsuccess``/``onerror`` when no server runs.
+    """
+    targets = live_supervisors(workdir)
+    for url_file, state in targets:
+        log.info("stopping server supervisor PID %d (%s)", state.supervisor_pid, url_file)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(state.supervisor_pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for url_file, state in targets:
+        while pid_alive(state.supervisor_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if is_supervisor(state.supervisor_pid, url_file):
+            log.warning("supervisor PID %d ignored SIGTERM; killing it", state.supervisor_pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(state.supervisor_pid, signal.SIGKILL)
+        if state.server_pid:
+            _kill_orphan_group(state.server_pid)
+    return len(targets)
+
+
+def _kill_orphan_group(pgid: int) -> None:
+    """SIGKILL a server's process group left behind by a killed supervisor (if it still leads it)."""
+    stat = proc_stat(pgid)
+    if stat is None or stat[2] != pgid or stat[0] in ("Z", "X"):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

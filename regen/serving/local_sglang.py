@@ -1,0 +1,53 @@
+"""server.mode sglang: ``python -m sglang.launch_server`` per GPU slot, flags checked by SGLang's parser."""
+
+from __future__ import annotations
+
+import sys
+from typing import ClassVar
+
+from regen.runconfig import ServerConfig
+from regen.serving.base import ServerError, ServerMode
+from regen.serving.launch_args import launch_args_for
+from regen.sglang.config import PlanFile
+from regen.sglang.flags import check_flags
+
+
+def check_sglang_flags(argv: list[str]) -> None:
+    """Validate a launch command's flags (what follows ``sglang.launch_server``) with
+    ``regen.sglang.flags.check_flags`` - SGLang's own parser where sglang is importable."""
+    if "sglang.launch_server" in argv:
+        argv = argv[argv.index("sglang.launch_server") + 1 :]
+    try:
+        check_flags(argv)  # raises on a bad flag; returns which check ran
+    except ValueError as exc:
+        raise ServerError(f"bad sglang launch flags: {exc}") from exc
+
+
+def build_sglang_command(cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str) -> list[str]:
+    """``python -m sglang.launch_server`` for one slot, checked with ``regen.sglang.flags``."""
+    argv = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--host",
+        cfg.host,
+        "--port",
+        str(port),
+        "--reasoning-parser",
+        cfg.reasoning_parser,
+        "--enable-metrics",
+        *launch_args_for(cfg, plan),
+    ]
+    check_sglang_flags(argv)
+    return argv
+
+
+class LocalSGLang(ServerMode):
+    """SGLang launched on each GPU slot (``build_sglang_command``)."""
+
+    name: ClassVar[str] = "sglang"
+
+    def command(self, cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str) -> list[str]:
+        return build_sglang_command(cfg, plan, port, model_path)
