@@ -45,6 +45,7 @@ def dataset_parts(dataset_dir: str | os.PathLike[str]) -> list[Path]:
     """Every Parquet part of a merged dataset, in order."""
     return sorted(Path(dataset_dir).glob("part-[0-9]*.parquet"))
 
+
 #: a shard's name: its index, 5 digits zero-padded (the workflow's ``{shard}`` wildcard)
 SHARD_DIGITS = 5
 SHARD_PATTERN = f"[0-9]{{{SHARD_DIGITS}}}"

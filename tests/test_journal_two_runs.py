@@ -18,7 +18,7 @@ from test_workflow import SNAKEMAKE, copy_workflow
 
 from regen.generate.journal import read_journal_entries
 from regen.layout import RunLayout
-from regen.sglang.simulated import REQUEST_LOG_ENV
+from regen.simulated.options import REQUEST_LOG_ENV
 
 pytestmark = pytest.mark.slow
 
