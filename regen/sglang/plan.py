@@ -99,7 +99,25 @@ class Workload:
 
     @property
     def tokens_per_request(self) -> int:
+        """The worst case: prompt p99 + max_tokens."""
         return self.prompt_p99 + self.max_tokens
+
+    @property
+    def expected_output(self) -> int:
+        """The expected answer length: ``expected_output_tokens`` when given below ``max_tokens``, else
+        ``max_tokens`` (all the workload knows; :attr:`expected_output_known` says which)."""
+        return int(self.expected_output_tokens) if self.expected_output_known else self.max_tokens
+
+    @property
+    def expected_output_known(self) -> bool:
+        return bool(self.expected_output_tokens) and int(self.expected_output_tokens or 0) < self.max_tokens
+
+    @property
+    def expected_tokens_per_request(self) -> int:
+        """The expected context of a running request: prompt p50 + the expected answer. The mean context
+        of a running set (length-biased: long answers run longer) is prompt + E[L]·(1 + cv²)/2, so this
+        holds while the answers' squared coefficient of variation is at most 1."""
+        return self.prompt_p50 + self.expected_output
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +248,10 @@ class MemoryPlan:
     effective_max_running_requests: int
     binding_constraint: str
     workload_concurrency: int | None = None  # running requests the KV cache holds at p99 prompt + max_tokens
+    #: requests the client keeps in flight: for attention-only models the KV cache filled at the expected
+    #: context (prompt p50 + expected answer), never below SGLang's decode-graph default, within the cap;
+    #: for linear-attention hybrids the running cap (their state pool sets it)
+    client_concurrency: int | None = None
     notes: tuple[str, ...] = ()
     #: --enable-linear-replayssm decode ring: allocated per state slot outside SGLang's pool budget (its
     #: solver charges only the spec-verify ring), so it comes out of the (1 - mfs) runtime slack
@@ -257,6 +279,8 @@ class MemoryPlan:
             "effective_max_running_requests": self.effective_max_running_requests,
             "binding_constraint": self.binding_constraint,
             "workload_concurrency": self.workload_concurrency,
+            "client_concurrency": self.client_concurrency,
+            "cuda_graph_max_bs": self.cuda_graph_max_bs,
             "replay_ring_gib": round(self.replay_ring_gib, 3),
         }
 
@@ -500,9 +524,10 @@ def plan(
         terms["mamba_pool"] = k // slots
     binding = min(terms, key=lambda key: terms[key])
     running = terms[binding]
-    workload_running = None
+    workload_running = client = None
     if workload is not None:
         workload_running = min(running, tokens // max(1, workload.tokens_per_request))
+        client = workload_running if model.is_hybrid else expected_fill(tokens, workload, decode_bs, running)
     kv_gib = tokens * cell / GIB
     free_gib = (
         total_gib
@@ -543,11 +568,18 @@ def plan(
         effective_max_running_requests=running,
         binding_constraint=binding,
         workload_concurrency=workload_running,
+        client_concurrency=client,
         notes=tuple(notes),
         replay_ring_gib=ring_gib,
         draft_weights_gib=draft_weights_gib,
         draft_kv_gib=draft_kv_gib,
     )
+
+
+def expected_fill(tokens: int, workload: Workload, decode_graph_bs: int, running: int) -> int:
+    """Requests in flight that fill ``tokens`` of KV at the workload's expected context, never fewer than
+    the decode graphs SGLang captures by default, never more than the running cap."""
+    return min(running, max(tokens // max(1, workload.expected_tokens_per_request), decode_graph_bs))
 
 
 def replay_ring_notes(
@@ -758,10 +790,16 @@ def recommend(
         for state_dtype in state_dtypes:
             for kv_dtype in kv_dtypes:
                 for mfs in mfs_options:
-                    found = _best_running(
-                        model, gpu_memory_mib, tp, base, workload, sglang_version, target,
-                        disable_radix, state_dtype, kv_dtype, mfs,
-                    )  # fmt: skip
+                    if model.is_hybrid or workload.target_concurrency:
+                        found = _best_running(
+                            model, gpu_memory_mib, tp, base, workload, sglang_version, target,
+                            disable_radix, state_dtype, kv_dtype, mfs,
+                        )  # fmt: skip
+                    else:
+                        found = _expected_length_running(
+                            model, gpu_memory_mib, tp, base, workload, sglang_version, disable_radix,
+                            kv_dtype, mfs,
+                        )  # fmt: skip
                     if found is not None:
                         candidates.append(found)
     if not candidates:
@@ -880,8 +918,8 @@ def scheduler_candidates(
     copy bandwidth without it).
     """
     expected = workload.expected_output_tokens
-    if not expected or expected >= workload.max_tokens:
-        return []
+    if not expected or expected >= workload.max_tokens or not model.is_hybrid:
+        return []  # attention-only models: the recommendation itself is sized for the expected length
     chosen = parse_flags(list(best.args))
     wl = Workload(
         prompt_p50=workload.prompt_p50, prompt_p99=workload.prompt_p99, max_tokens=int(expected),
@@ -1126,6 +1164,8 @@ def _best_running(
         )
     elif model.is_hybrid:
         reasons.append(f"--max-mamba-cache-size {n * slots}: {slots} state slots per running request")
+    elif disable_radix:
+        reasons.append(RADIX_OFF_DENSE_REASON)
     if state_dtype == "bfloat16":
         reasons.append("--mamba-ssm-dtype bfloat16 (opted in): halves the SSM state; a quality trade-off")
     if kv_dtype != "auto":
@@ -1139,6 +1179,105 @@ def _best_running(
         )
     score = min(n, workload.target_concurrency or n)
     return Candidate(args=args, plan=p, score=score, reasons=tuple(reasons))
+
+
+#: the largest decode CUDA-graph batch the planner asks SGLang to capture; above it SGLang decodes eagerly.
+#: SGLang's own largest default is 512 (B200, or tp >= 4: ``handle_gpu_memory_settings``); each captured
+#: size costs capture time and graph memory, and at a thousand rows a step the launch overhead that graphs
+#: save is small beside the step (not measured)
+MAX_PLANNED_DECODE_GRAPH_BS = 1024
+
+
+def _expected_length_running(
+    model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str,
+    disable_radix: bool, kv_dtype: str, mfs: float | None,
+) -> Candidate | None:  # fmt: skip
+    """Attention-only models (dense, MoE, MLA): the batch that fills the KV cache at the *expected* context
+    (prompt p50 + expected answer), with decode graphs captured up to it, relying on SGLang's own admission
+    and retraction for the requests that run long; never below SGLang's defaults (its running cap,
+    ``KVCacheConfigurator.resolve_max_num_reqs``, and its decode-graph range)."""
+    own = [*(["--mem-fraction-static", f"{mfs:g}"] if mfs is not None else [])]
+    own += ["--disable-radix-cache"] if disable_radix else []
+    own += ["--kv-cache-dtype", kv_dtype] if kv_dtype != "auto" else []
+    try:
+        default = plan(model, gpu_mib, tp, [*base, *own], workload, version)
+    except PlanError:
+        return None
+    default_cap, default_graphs = default.effective_max_running_requests, default.cuda_graph_max_bs
+    per_request = workload.expected_tokens_per_request
+
+    def args_for(n: int) -> list[str]:
+        out = [*base, *own]
+        if n > default_cap:
+            out += ["--max-running-requests", str(n)]
+        if n > default_graphs:
+            out += [cuda_graph_max_bs_flag(version), str(min(n, MAX_PLANNED_DECODE_GRAPH_BS))]
+        return out
+
+    def attempt(n: int) -> MemoryPlan | None:
+        try:
+            p = plan(model, gpu_mib, tp, args_for(n), workload, version)
+        except PlanError:
+            return None
+        holds = p.kv_cache_tokens >= n * per_request
+        return p if holds and p.effective_max_running_requests >= n else None
+
+    found = _highest(1, max(1, default.kv_cache_tokens // per_request), attempt)
+    fill = found[0] if found is not None else 0
+    client = min(max(fill, default_graphs), default_cap) if fill <= default_cap else fill
+    p = plan(model, gpu_mib, tp, args_for(client), workload, version)
+    p = replace(p, client_concurrency=client)
+    expected = (
+        f"expected answer {workload.expected_output:,}"
+        if workload.expected_output_known
+        else f"max_tokens {workload.max_tokens:,} (no expected answer length given: pass "
+        "--expected-output-tokens, the old answers' or a pilot's mean; max_tokens is the upper bound)"
+    )
+    reasons = [
+        f"client in flight {client:,} (client_concurrency): the KV cache holds {p.kv_cache_tokens:,} tokens "
+        f"= {fill:,} x (prompt p50 {workload.prompt_p50:,} + {expected}); the expected context, not the "
+        "worst case: SGLang admits by free KV less the running requests' expected growth "
+        "(schedule_policy.PrefillAdder, new_token_ratio) and retracts when decode runs out "
+        "(Scheduler.update_running_batch -> ScheduleBatch.retract_decode)",
+    ]
+    if fill < default_graphs:
+        reasons.append(
+            f"in flight raised from {fill:,} to SGLang's decode-graph default {default_graphs}: never below "
+            "what SGLang's defaults run; its admission and retraction hold the rest, as with its defaults"
+        )
+    if client > default_cap:
+        reasons.append(
+            f"--max-running-requests {client:,}: above SGLang's default cap {default_cap:,} "
+            "(KVCacheConfigurator.resolve_max_num_reqs)"
+        )
+    else:
+        reasons.append(
+            f"--max-running-requests left to SGLang (its default cap {default_cap:,}, "
+            "KVCacheConfigurator.resolve_max_num_reqs): the client's in-flight count bounds the batch"
+        )
+    if client > default_graphs:
+        graphs = min(client, MAX_PLANNED_DECODE_GRAPH_BS)
+        reasons.append(
+            f"{cuda_graph_max_bs_flag(version)} {graphs}: decode graphs up to the planned batch; SGLang "
+            f"captures only to {default_graphs} by default (handle_gpu_memory_settings) and decodes larger "
+            "batches eagerly"
+        )
+    if disable_radix:
+        reasons.append(RADIX_OFF_DENSE_REASON)
+    if kv_dtype != "auto":
+        reasons.append(f"--kv-cache-dtype {kv_dtype} (opted in): halves the KV cell; a quality trade-off")
+    if mfs is not None:
+        reasons.append(f"--mem-fraction-static {mfs:g}: less runtime slack, more pool memory")
+    return Candidate(args=tuple(p.args), plan=p, score=client, reasons=tuple(reasons))
+
+
+#: why the tuner turns the radix (prefix) cache off for an attention-only model (issue 34 item 14)
+RADIX_OFF_DENSE_REASON = (
+    "--disable-radix-cache: the workload's prompts are unique (Workload.unique_prompts), so the prefix tree "
+    "would only keep finished requests' KV that no later request reuses; off, SGLang frees it at once and "
+    "skips the tree's match, insert and evict work per request (a prefix shared by every prompt, such as "
+    "a long system prompt, is then prefilled again for each request)"
+)
 
 
 def probe_slots(model: ModelShape, base: list[str], version: str) -> int:

@@ -95,7 +95,9 @@ def render_table(rec: Recommendation) -> str:
         ("mamba slots (K)", "max_mamba_cache_size"),
         ("slots per request", "mamba_slots_per_request"),
         ("effective running", "effective_max_running_requests"),
-        ("workload concurrency", "workload_concurrency"),
+        ("worst-case concurrency", "workload_concurrency"),
+        ("client in flight", "client_concurrency"),
+        ("decode graphs to", "cuda_graph_max_bs"),
         ("binding constraint", "binding_constraint"),
     ]:
         lines.append(f"{label:<28}{_cell(getattr(g, attr)):>24}{_cell(getattr(r, attr)):>24}")
@@ -203,12 +205,12 @@ def candidates_from_recommendation(rec: Any, top: int, mtp: bool = True) -> list
     (``rec.speculative``: MTP at 1-3 steps, or MTP off when the given flags force it; unless ``mtp`` is
     False), then the given flags.
 
-    The simulated cap (and the label) uses the plan's workload concurrency when known: beyond it the KV
-    cache cannot hold every running request at full length, so a real server would preempt.
+    The simulated cap is the plan's client concurrency (the in-flight count it plans for), else its
+    worst-case workload concurrency, else its running cap.
     """
 
     def cap(p: Any) -> int:
-        return int(p.workload_concurrency or p.effective_max_running_requests)
+        return int(p.client_concurrency or p.workload_concurrency or p.effective_max_running_requests)
 
     found: list[tuple[SweepCandidate, Any]] = [
         (SweepCandidate(tuple(rec.args), cap(rec.recommended), "recommended"), rec.recommended)
