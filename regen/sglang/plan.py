@@ -33,6 +33,15 @@ from typing import Any, TypeVar
 from regen.io import write_json
 from regen.sglang.flags import cuda_graph_max_bs_flag, renamed_flag_warnings
 from regen.sglang.models import ModelShape
+from regen.sglang.pools import (
+    PoolFlags,
+    PoolTooSmall,
+    Unmodelled,
+    has_state,
+    is_mamba2_hybrid,
+    kv_pool,
+    state_bytes_per_request,
+)
 
 log = logging.getLogger("regen.tune.tune")
 T = TypeVar("T")
@@ -84,6 +93,10 @@ _EXTRA_BUFFER_ARCHS: dict[str, frozenset[str]] = {
 
 class PlanError(ValueError):
     """Flags or inputs the planner cannot turn into a memory plan."""
+
+
+class UnmodelledError(PlanError):
+    """A model whose pools the planner does not model: SGLang's own planning applies (no memory flags)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +163,7 @@ class ServerFlags:
     linear_replayssm_cache_len: int = REPLAY_RING_LEN
     linear_attn_backend: str = "triton"
     linear_attn_decode_backend: str | None = None
+    swa_full_tokens_ratio: float = 0.8  # ServerArgs.swa_full_tokens_ratio (0.5.17 and 0.5.23)
 
     @property
     def decode_backend(self) -> str:
@@ -184,6 +198,7 @@ _VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--linear-replayssm-cache-len": ("linear_replayssm_cache_len", int),
     "--linear-attn-backend": ("linear_attn_backend", str),
     "--linear-attn-decode-backend": ("linear_attn_decode_backend", str),
+    "--swa-full-tokens-ratio": ("swa_full_tokens_ratio", float),
 }
 _BOOL_FLAGS: dict[str, str] = {
     "--disable-radix-cache": "disable_radix_cache",
@@ -244,6 +259,8 @@ class MemoryPlan:
     mamba_slots_per_request: int | None
     mamba_radix_cache_strategy: str | None
     kv_cache_tokens: int
+    swa_tokens: int | None  # the sliding-window pool's tokens, where there is one
+    kv_pool_rule: str  # the SGLang configurator the KV (and SWA) tokens follow
     requested_max_running_requests: int
     effective_max_running_requests: int
     binding_constraint: str
@@ -469,14 +486,19 @@ def plan(
     rest_gib = pre_load_gib - weights_gib - draft_weights_gib - slack_gib - vlm_gib
 
     ssm_dtype = flags.mamba_ssm_dtype
-    per_req = model.state_bytes_per_request(tp, ssm_dtype) if model.is_hybrid else 0
+    stateful = has_state(model)
+    per_req = state_bytes_per_request(model, tp, ssm_dtype) if stateful else 0
     ring_gib = 0.0
     reserved_scratch_gib = 0.0
     k: int | None = None
     slots: int | None = None
     strategy: str | None = None
     state_gib = scratch_gib = 0.0
-    if model.is_hybrid:
+    if stateful:
+        if draft_tokens and is_mamba2_hybrid(model):
+            raise UnmodelledError(
+                f"{model.architecture}: Mamba2 verify buffers under speculative decoding are not modelled"
+            )
         slots, strategy = mamba_slots_per_request(model, flags, sglang_version)
         k, scratch_bytes = _mamba_pool(flags, per_req, rest_gib, slots, mrr_requested, draft_tokens)
         if k <= 0:
@@ -506,13 +528,32 @@ def plan(
             f"mem_fraction_static={mfs:.3f}"
         )
     in_cell = draft_layers if draft_kv_in_cell(flags, model) else 0
-    cell = model.kv_cell_bytes(tp, flags.kv_cache_dtype, in_cell)
-    tokens = int(rest_gib * GIB // cell) // flags.page_size * flags.page_size
+    pool_flags = PoolFlags(
+        tp=tp,
+        kv_cache_dtype=flags.kv_cache_dtype,
+        page_size=flags.page_size,
+        draft_layers_in_cell=in_cell,
+        max_running_requests=mrr_requested,
+        disable_radix_cache=flags.disable_radix_cache,
+        chunked_prefill_size=chunk,
+        overlap_schedule=not flags.disable_overlap_schedule,
+        speculative=bool(draft_tokens),
+        speculative_draft_tokens=draft_tokens,
+        swa_full_tokens_ratio=flags.swa_full_tokens_ratio,
+        sglang_version=sglang_version,
+    )
+    try:
+        pool = kv_pool(model, sglang_version)
+        sizes = pool.size(model, int(rest_gib * GIB), pool_flags)
+        draft_cell = pool.cell_bytes(model, pool_flags, draft_layers) - pool.cell_bytes(model, pool_flags)
+    except Unmodelled as exc:
+        raise UnmodelledError(str(exc)) from exc
+    except PoolTooSmall as exc:
+        raise PlanError(str(exc)) from exc
+    cell, tokens = sizes.cell_bytes, sizes.kv_cache_tokens
+    other_pools_bytes = sizes.kv_bytes - tokens * cell  # the sliding-window pool, where there is one
     if flags.max_total_tokens is not None:
         tokens = min(tokens, flags.max_total_tokens)
-    draft_cell = model.kv_cell_bytes(tp, flags.kv_cache_dtype, draft_layers) - model.kv_cell_bytes(
-        tp, flags.kv_cache_dtype
-    )
     draft_kv_gib = 0.0 if in_cell else tokens * draft_cell / GIB
     context_len = flags.context_length or model.context_length or 4096
     if mrr_requested is not None:
@@ -527,8 +568,8 @@ def plan(
     workload_running = client = None
     if workload is not None:
         workload_running = min(running, tokens // max(1, workload.tokens_per_request))
-        client = workload_running if model.is_hybrid else expected_fill(tokens, workload, decode_bs, running)
-    kv_gib = tokens * cell / GIB
+        client = workload_running if stateful else expected_fill(tokens, workload, decode_bs, running)
+    kv_gib = (tokens * cell + other_pools_bytes) / GIB
     free_gib = (
         total_gib
         - cuda_context_gib
@@ -560,6 +601,8 @@ def plan(
         free_gib=free_gib,
         state_bytes_per_request=per_req,
         kv_cell_bytes=cell,
+        swa_tokens=sizes.swa_tokens,
+        kv_pool_rule=sizes.rule,
         max_mamba_cache_size=k,
         mamba_slots_per_request=slots,
         mamba_radix_cache_strategy=strategy,
@@ -712,7 +755,7 @@ def flag_warnings(args: list[str], model: ModelShape, sglang_version: str = DEFA
         out.append("--num-continuous-decode-steps has no effect: nothing reads it in SGLang 0.5.23")
     if flags.disable_radix_cache and "--mamba-radix-cache-strategy" in names:
         out.append("--mamba-radix-cache-strategy is ignored with --disable-radix-cache")
-    if not model.is_hybrid:
+    if not has_state(model):
         for flag in ("--max-mamba-cache-size", "--mamba-full-memory-ratio", "--mamba-ssm-dtype"):
             if flag in names:
                 out.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
@@ -776,7 +819,7 @@ def recommend(
     user_flags = parse_flags(args)
     radix_options = [True] if workload.unique_prompts else [False]
     state_dtypes: list[str | None] = [user_flags.mamba_ssm_dtype]
-    if allow_bf16_state and model.is_hybrid and user_flags.mamba_ssm_dtype != "bfloat16":
+    if allow_bf16_state and has_state(model) and user_flags.mamba_ssm_dtype != "bfloat16":
         state_dtypes.append("bfloat16")
     kv_dtypes = [user_flags.kv_cache_dtype]
     if allow_fp8_kv and user_flags.kv_cache_dtype == "auto":
@@ -790,7 +833,7 @@ def recommend(
         for state_dtype in state_dtypes:
             for kv_dtype in kv_dtypes:
                 for mfs in mfs_options:
-                    if model.is_hybrid or workload.target_concurrency:
+                    if has_state(model) or workload.target_concurrency:
                         found = _best_running(
                             model, gpu_memory_mib, tp, base, workload, sglang_version, target,
                             disable_radix, state_dtype, kv_dtype, mfs,
@@ -918,7 +961,7 @@ def scheduler_candidates(
     copy bandwidth without it).
     """
     expected = workload.expected_output_tokens
-    if not expected or expected >= workload.max_tokens or not model.is_hybrid:
+    if not expected or expected >= workload.max_tokens or not has_state(model):
         return []  # attention-only models: the recommendation itself is sized for the expected length
     chosen = parse_flags(list(best.args))
     wl = Workload(
@@ -1137,7 +1180,7 @@ def _best_running(
 
     def attempt(n: int) -> MemoryPlan | None:
         args = _candidate_args(
-            base, n, disable_radix, slots, state_dtype, kv_dtype, mfs, version, model.is_hybrid
+            base, n, disable_radix, slots, state_dtype, kv_dtype, mfs, version, has_state(model)
         )
         try:
             p = plan(model, gpu_mib, tp, args, workload, version)
@@ -1156,13 +1199,13 @@ def _best_running(
         f"(prompt p99 {workload.prompt_p99} + max_tokens {workload.max_tokens}) with "
         f"{p.kv_cache_tokens - n * workload.tokens_per_request:,} tokens to spare",
     ]
-    if model.is_hybrid and disable_radix:
+    if has_state(model) and disable_radix:
         reasons.append(
             "--disable-radix-cache: prompts are unique, so prefix caching saves nothing and each request "
             f"needs 1 state slot instead of {probe_slots(model, base, version)}; the state pool is sized to "
             "--max-running-requests, leaving the rest to KV"
         )
-    elif model.is_hybrid:
+    elif has_state(model):
         reasons.append(f"--max-mamba-cache-size {n * slots}: {slots} state slots per running request")
     elif disable_radix:
         reasons.append(RADIX_OFF_DENSE_REASON)
@@ -1205,11 +1248,14 @@ def _expected_length_running(
         return None
     default_cap, default_graphs = default.effective_max_running_requests, default.cuda_graph_max_bs
     per_request = workload.expected_tokens_per_request
+    # a sliding-window model with the radix cache off: a cap given selects SGLang's request-capped SWA pool
+    # (SWAChunkCapPoolConfigurator / SWARequestCapPoolConfigurator) instead of the ratio split
+    swa_capped = disable_radix and default.swa_tokens is not None
 
     def args_for(n: int) -> list[str]:
         out = [*base, *own]
-        if n > default_cap:
-            out += ["--max-running-requests", str(n)]
+        if n > default_cap or swa_capped:
+            out += ["--max-running-requests", str(max(n, default_cap))]
         if n > default_graphs:
             out += [cuda_graph_max_bs_flag(version), str(min(n, MAX_PLANNED_DECODE_GRAPH_BS))]
         return out
@@ -1222,7 +1268,8 @@ def _expected_length_running(
         holds = p.kv_cache_tokens >= n * per_request
         return p if holds and p.effective_max_running_requests >= n else None
 
-    found = _highest(1, max(1, default.kv_cache_tokens // per_request), attempt)
+    most = attempt(1)  # the fewest graphs: the most KV, so no larger batch can fit
+    found = _highest(1, most.kv_cache_tokens // per_request, attempt) if most is not None else None
     fill = found[0] if found is not None else 0
     client = min(max(fill, default_graphs), default_cap) if fill <= default_cap else fill
     p = plan(model, gpu_mib, tp, args_for(client), workload, version)
@@ -1245,7 +1292,13 @@ def _expected_length_running(
             f"in flight raised from {fill:,} to SGLang's decode-graph default {default_graphs}: never below "
             "what SGLang's defaults run; its admission and retraction hold the rest, as with its defaults"
         )
-    if client > default_cap:
+    if swa_capped:
+        reasons.append(
+            f"--max-running-requests {max(client, default_cap):,}: SGLang's default cap or more, given so "
+            f"that SGLang sizes the sliding-window pool for it ({p.swa_tokens:,} tokens, {p.kv_pool_rule}) "
+            "and gives the rest to full attention, instead of swa_full_tokens_ratio of it"
+        )
+    elif client > default_cap:
         reasons.append(
             f"--max-running-requests {client:,}: above SGLang's default cap {default_cap:,} "
             "(KVCacheConfigurator.resolve_max_num_reqs)"
