@@ -59,6 +59,21 @@ def test_measured_h200_pools(
     assert p.swa_tokens == swa_tokens  # exact: 257 x 267 + 2 x 8192 + 1 for gpt-oss
 
 
+@pytest.mark.parametrize(
+    ("name", "cap", "kv_tokens"),
+    [
+        ("llama-3.1-8b", 90, 925_436),
+        ("qwen3-8b", 80, 820_732),
+        ("qwen3-30b-a3b", 76, 776_358),
+        ("qwen3.5-35b-a3b", 248, 2_537_851),  # GDN hybrid (Qwen3.6-35B-A3B's shape)
+    ],
+)
+def test_the_families_already_exact_stay_exact(name: str, cap: int, kv_tokens: int) -> None:
+    flags = ["--mem-fraction-static", "0.92", "--max-running-requests", str(cap), "--disable-radix-cache"]
+    p = plan(shape(name), H200_MIB, 1, flags, None, "0.5.17")
+    assert p.kv_cache_tokens == pytest.approx(kv_tokens, rel=0.001)
+
+
 def test_swa_request_cap_follows_compute_swa_request_cap() -> None:
     model = shape("gpt-oss-20b")
     flags = pool_flags(max_running_requests=100, sglang_version="0.5.23")
