@@ -26,10 +26,11 @@ from regen.sglang.models import ModelConfigError, ModelShape, _dtype_bytes, _lay
 
 VOCAB_PADDING = 64  # vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
 FP32 = 4
-# gpt-oss MXFP4 experts on an H200 (SGLang 0.5.17, dummy weights): the load took 15.0 GiB where the
-# parameters mxfp4.py::Mxfp4MoEMethod.create_weights allocates come to 12.2 GiB; the expert repacking of
-# process_weights_after_loading keeps the difference (issue 33). Measured once, applied to MXFP4 experts only.
-MXFP4_MOE_LOADED_OVER_ALLOCATED = 1.32
+# gpt-oss-20b's MXFP4 experts on an H200 (SGLang 0.5.17, dummy weights): the load took 15.0 GiB where the
+# parameters mxfp4.py::Mxfp4MoEMethod.create_weights allocates come to 12.8 GiB (9.5 GiB of them experts);
+# the expert repacking of process_weights_after_loading keeps the difference (issue 33). Measured once on
+# one GPU kind and applied to MXFP4 experts only: a calibration, named in every estimate's rule.
+MXFP4_MOE_LOADED_OVER_ALLOCATED = 1.23
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +172,7 @@ class LayerKinds:
 def layer_kinds(model: ModelShape) -> LayerKinds:
     """Nemotron-H ``hybrid_override_pattern`` (M mamba2, * attention, - MLP, E MoE); otherwise GDN/full
     attention by ``_layer_types``, MLA when ``kv_lora_rank`` is set, and the MoE layers by every spelling
-    (DeepSeek ``first_k_dense_replace``/``moe_layer_freq``, Qwen ``mlp_only_layers``/``decoder_sparse_step``,
-    Llama-4 ``interleave_moe_layer_step``)."""
+    (``_is_moe_layer``)."""
     text = _text(model)
     pattern = text.get("hybrid_override_pattern")
     if isinstance(pattern, str) and pattern:
@@ -191,19 +191,20 @@ def layer_kinds(model: ModelShape) -> LayerKinds:
 
 
 def _is_moe_layer(model: ModelShape, text: dict[str, Any], i: int) -> bool:
+    """As SGLang's model files decide it (not transformers'): ``deepseek_v2.py`` (DeepSeek, Kimi, GLM-4 MoE
+    share it) ``layer_id >= first_k_dense_replace and layer_id % moe_layer_freq == 0``; ``llama4.py``
+    ``_is_moe_layer`` ``(layer_id + 1) % interleave_moe_layer_step == 0`` (0: every layer); ``qwen2_moe.py``
+    and ``qwen3_moe.py`` make every layer sparse ("all layers are sparse"), ``mlp_only_layers`` and
+    ``decoder_sparse_step`` notwithstanding."""
     if not model.is_moe:
         return False
-    if "first_k_dense_replace" in text or "moe_layer_freq" in text:  # deepseek_v2.py DeepseekV2DecoderLayer
+    if "first_k_dense_replace" in text or "moe_layer_freq" in text:
         k = int(text.get("first_k_dense_replace") or 0)
         return i >= k and i % int(text.get("moe_layer_freq") or 1) == 0
-    if "interleave_moe_layer_step" in text:  # llama4.py Llama4DecoderLayer
-        moe_layers = text.get("moe_layers")
-        if isinstance(moe_layers, list):
-            return i in moe_layers
-        return (i + 1) % int(text.get("interleave_moe_layer_step") or 1) == 0
-    if i in (text.get("mlp_only_layers") or []):  # qwen2_moe.py / qwen3_moe.py
-        return False
-    return (i + 1) % int(text.get("decoder_sparse_step") or 1) == 0
+    if "interleave_moe_layer_step" in text:
+        step = int(text.get("interleave_moe_layer_step") or 0)
+        return step == 0 or (i + 1) % step == 0
+    return True
 
 
 # ---------------------------------------------------------------- the count
@@ -251,7 +252,21 @@ def layout_bytes(model: ModelShape, tp: int, ep: int = 1) -> tuple[int, int]:
             lin(h, width // tp)
         elif ffn == "moe":
             _moe(model, text, tp, ep, q, lin, t, d)
+    _vision(model, tp, t, d)
     return t.sharded + t.replicated, t.replicated
+
+
+def _vision(model: ModelShape, tp: int, t: _Tally, d: int) -> None:
+    """A ViT tower (SigLIP and alike, sharded by tp in SGLang's VisionAttention/MLP): per layer qkv + o
+    (4 vh^2) and a two-matrix MLP (2 vh vi), plus the projector to the text width; unquantized."""
+    vision = model.raw.get("vision_config")
+    if not isinstance(vision, dict) or not model.is_multimodal:
+        return
+    vh = int(vision.get("hidden_size") or model.vision_hidden_size)
+    vi = int(vision.get("intermediate_size") or 4 * vh)
+    layers = int(vision.get("num_hidden_layers") or model.vision_layers)
+    t.add(layers * (4 * vh * vh + 2 * vh * vi) * d // tp)
+    t.add(vh * model.hidden_size * d // tp)
 
 
 def _attention(model: ModelShape, text: dict[str, Any], tp: int, lin, t: _Tally, d: int) -> None:
@@ -271,7 +286,8 @@ def _attention(model: ModelShape, text: dict[str, Any], tp: int, lin, t: _Tally,
 
 
 def _mla(model: ModelShape, text: dict[str, Any], tp: int, lin, t: _Tally, d: int) -> None:
-    """deepseek_v2.py DeepseekV2AttentionMLA: q_a/kv_a replicated, q_b/kv_b column, o_proj row."""
+    """deepseek_v2.py DeepseekV2AttentionMLA: q_a/kv_a replicated (fused_qkv_a_proj_with_mqa where q_lora_rank
+    is set), q_b/kv_b column, o_proj row."""
     h = model.hidden_size
     heads = model.num_attention_heads // tp
     nope, rope = int(text["qk_nope_head_dim"]), int(text["qk_rope_head_dim"])
@@ -287,6 +303,9 @@ def _mla(model: ModelShape, text: dict[str, Any], tp: int, lin, t: _Tally, d: in
     t.add(kv_rank * d, replicated=True)
     lin(heads * (nope + v_dim), kv_rank)
     lin(h, heads * v_dim)
+    # post_load_weights (deepseek_common/deepseek_weight_loader.py) keeps w_kc and w_vc beside kv_b_proj:
+    # contiguous copies of it, dequantized to bf16 where the checkpoint is FP8-block
+    t.add(heads * (nope + v_dim) * kv_rank * d)
 
 
 def _gdn(model: ModelShape, tp: int, lin, t: _Tally, d: int) -> None:

@@ -1,0 +1,81 @@
+"""Which tps SGLang accepts, and the smallest that fits: real public configs (tests/data/models/*/SOURCE)
+against what SGLang 0.5.17 did with them (issue 33) and against its layer checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from regen.sglang.fit import smallest_fitting_tp, tp_refusals
+from regen.sglang.models import ModelShape
+
+MODELS = Path(__file__).parent / "data" / "models"
+H200_MIB = 143771
+
+
+def real(name: str) -> ModelShape:
+    return ModelShape.from_config(MODELS / name)
+
+
+@pytest.mark.parametrize(
+    ("name", "tp", "width"), [("qwen3-235b-a22b-fp8", 8, 192), ("qwen3-30b-a3b-fp8", 4, 192)]
+)
+def test_fp8_block_expert_width_refusals_sglang_gave(name, tp, width):
+    refusals = tp_refusals(real(name), tp)
+    assert len(refusals) == 1
+    assert f"expert width per rank {width}" in refusals[0] and "block_n 128" in refusals[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "tp"),
+    [("qwen3-235b-a22b-fp8", 4), ("qwen3-30b-a3b-fp8", 2), ("qwen3-32b-fp8", 8), ("deepseek-v3", 8)],
+)
+def test_tps_sglang_accepts(name, tp):
+    assert tp_refusals(real(name), tp) == []
+
+
+def test_expert_parallel_lifts_the_fp8_expert_width_refusal():
+    # with ep 8 each rank holds 16 whole experts: width 1536 per rank, a multiple of 128
+    assert tp_refusals(real("qwen3-235b-a22b-fp8"), 8, ep=8) == []
+
+
+def test_head_and_group_divisibility():
+    assert any("num_attention_heads 40" in r for r in tp_refusals(real("llama-4-scout"), 16))
+    assert any(
+        "num_attention_heads 32 is not divisible by tp 3" in r for r in tp_refusals(real("llama-3.1-8b"), 3)
+    )
+    assert any("n_groups 8" in r for r in tp_refusals(real("nemotron-3-nano-30b-a3b"), 16))
+    assert tp_refusals(real("nemotron-3-nano-30b-a3b"), 8) == []
+    # 8 kv heads at tp 16: each kv head replicated on 2 ranks, accepted by QKVParallelLinear
+    assert tp_refusals(real("llama-3.1-8b"), 16) == []
+
+
+def test_fp8_block_dense_widths_are_checked():
+    cfg = json.loads((MODELS / "qwen3-32b-fp8" / "config.json").read_text())
+    odd = ModelShape.from_dict({**cfg, "intermediate_size": 25600 + 64 * 8})  # 26112 / 8 = 3264, not /128
+    assert any("gate_up_proj output width per rank 3264" in r for r in tp_refusals(odd, 8))
+
+
+def test_deepseek_v3_cannot_load_on_one_h200_and_says_why():
+    fit = smallest_fitting_tp(real("deepseek-v3"), H200_MIB)
+    assert fit.tp == 8
+    assert "at tp 1 exceed 140.4 GiB" in fit.reason and "per rank at tp 4" in fit.reason
+
+
+@pytest.mark.parametrize(("name", "tp"), [("llama-4-scout", 2), ("mixtral-8x7b", 1), ("gpt-oss-20b", 1)])
+def test_smallest_fitting_tp_on_an_h200(name, tp):
+    assert smallest_fitting_tp(real(name), H200_MIB).tp == tp
+
+
+def test_a_refused_tp_is_skipped_and_named():
+    fit = smallest_fitting_tp(real("qwen3-235b-a22b-fp8"), 40 * 1024, tps=(4, 8))
+    assert fit.tp is None
+    assert "tp 8 refused by SGLang: expert width per rank 192" in fit.reason
+    assert "no tp in [4, 8] fits" in fit.reason
+
+
+def test_reserve_counts_against_the_fit():
+    model = real("mixtral-8x7b")  # 87.0 GiB
+    assert smallest_fitting_tp(model, H200_MIB, reserve_mib=60 * 1024).tp == 2
