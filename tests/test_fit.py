@@ -79,3 +79,19 @@ def test_a_refused_tp_is_skipped_and_named():
 def test_reserve_counts_against_the_fit():
     model = real("mixtral-8x7b")  # 87.0 GiB
     assert smallest_fitting_tp(model, H200_MIB, reserve_mib=60 * 1024).tp == 2
+
+
+def test_mamba_groups_tp_does_not_divide_are_refused_only_when_quantized():
+    cfg = json.loads((MODELS / "nemotron-3-nano-30b-a3b" / "config.json").read_text())
+    three = {
+        **cfg,
+        "n_groups": 4,
+        "mamba_num_heads": 48,
+        "num_attention_heads": 48,
+        "num_key_value_heads": 48,
+    }
+    assert not any("n_groups" in r for r in tp_refusals(ModelShape.from_dict({**three, "n_groups": 1}), 3))
+    fp8 = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    assert any("n_groups 4" in r for r in tp_refusals(ModelShape.from_dict(three), 3))
+    one_group_fp8 = ModelShape.from_dict({**three, "n_groups": 1, "quantization_config": fp8})
+    assert any("when quantized" in r for r in tp_refusals(one_group_fp8, 3))

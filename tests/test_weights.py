@@ -230,3 +230,41 @@ def test_gemma3_takes_transformers_defaults_for_what_its_config_omits():
     model = ModelShape.from_dict(GEMMA3_27B)
     assert (model.vocab_size, model.tie_word_embeddings) == (262208, True)  # Gemma3TextConfig defaults
     assert 50 < weights_per_rank(model, 1).gib_per_rank < 52  # 27.4B parameters in bf16, SigLIP included
+
+
+def test_mla_and_moe_layout_by_hand():
+    """A DeepSeek-V3-shaped toy: layer 0 dense, layer 1 MoE (first_k_dense_replace 1) with 4 routed experts
+    and 1 shared, MLA with q_lora_rank; bf16, tp 2."""
+    cfg = _tiny(
+        architectures=["DeepseekV3ForCausalLM"],
+        model_type="deepseek_v3",
+        q_lora_rank=128,
+        kv_lora_rank=64,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        moe_intermediate_size=128,
+        first_k_dense_replace=1,
+        vocab_size=1024,
+    )
+    h, heads = 256, 4 // 2
+    mla_replicated = (128 + 64 + 16) * h + 128 + 64  # fused_qkv_a_proj_with_mqa, q_a/kv_a layernorms
+    mla_sharded = heads * 48 * 128 + heads * 64 * 64 + h * heads * 32 + heads * 64 * 64  # + w_kc/w_vc
+    dense = 3 * 512 // 2 * h
+    experts = 4 * 3 * h * 128 // 2
+    shared = 3 * h * 128 // 2
+    router = 4 * h + 4 * 2  # gate (bf16) and e_score_correction_bias (fp32, counted in bf16 elements)
+    norms = 2 * (2 * h) + h
+    embed = 2 * 1024 // 2 * h
+    expected = 2 * (embed + 2 * mla_replicated + 2 * mla_sharded + dense + experts + shared + router + norms)
+    est = weights_per_rank(ModelShape.from_dict(cfg), 2)
+    assert est.bytes_per_rank == expected
+    assert est.replicated_bytes == 2 * (2 * mla_replicated + router + norms)
+
+
+def test_mxfp4_expert_width_is_padded_to_64_per_rank():
+    model = real("gpt-oss-20b")  # 2880 / 2 = 1440 -> 1472 per rank (Mxfp4MoEMethod, triton_kernels)
+    one, two = weights_per_rank(model, 1), weights_per_rank(model, 2)
+    assert two.bytes_per_rank > (one.bytes_per_rank - one.replicated_bytes) / 2 * 1.01

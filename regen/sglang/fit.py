@@ -70,6 +70,8 @@ def tp_refusals(model: ModelShape, tp: int, ep: int = 1) -> list[str]:
         groups = int(text.get("n_groups") or 1)
         if groups % tp and groups != 1:
             out.append(f"n_groups {groups} is neither divisible by tp {tp} nor 1 (MambaMixer2)")
+        elif groups % tp and quantization_of(model).method is not None:
+            out.append(f"n_groups {groups} is not divisible by tp {tp}, as MambaMixer2 needs when quantized")
     if "linear_attention" in kinds.mixers and model.linear is not None:
         out += _divides("linear_num_key_heads", model.linear.num_key_heads, tp, "tp")
         out += _divides("linear_num_value_heads", model.linear.num_value_heads, tp, "tp")

@@ -264,7 +264,7 @@ def _vision(model: ModelShape, tp: int, t: _Tally, d: int) -> None:
         return
     vh = int(vision.get("hidden_size") or model.vision_hidden_size)
     vi = int(vision.get("intermediate_size") or 4 * vh)
-    layers = int(vision.get("num_hidden_layers") or model.vision_layers)
+    layers = int(vision.get("num_hidden_layers") or vision.get("depth") or model.vision_layers)
     t.add(layers * (4 * vh * vh + 2 * vh * vi) * d // tp)
     t.add(vh * model.hidden_size * d // tp)
 
@@ -347,6 +347,8 @@ def _moe(
     h = model.hidden_size
     experts = model.num_experts // ep
     width = model.moe_intermediate_size // (tp // ep)
+    if q.method == "mxfp4":  # Mxfp4MoEMethod.create_weights pads it to triton_kernels' 64
+        width = -(-width // 64) * 64
     gated = model.model_type != "nemotron_h"
     up = (2 if gated else 1) * width
     t.add(q.experts_bytes(experts, up, h, d) + q.experts_bytes(experts, h, width, d))
@@ -377,6 +379,8 @@ def weights_per_rank(model: ModelShape, tp: int, ep: int = 1) -> WeightsEstimate
         rule += f" with {quant} weights as layers/quantization create_weights allocates them"
     if quant == "mxfp4":
         rule += f" (MXFP4 experts x{MXFP4_MOE_LOADED_OVER_ALLOCATED}: measured load over allocation)"
+    if isinstance(model.raw.get("vision_config"), dict) and model.is_multimodal:
+        rule += "; the vision tower approximated as a ViT (4 vh^2 + 2 vh vi a layer)"
     checkpoint, source = model.weights_bytes_from_index, "checkpoint index"
     if checkpoint is None:
         checkpoint, source = model.weights_bytes_from_headers, "safetensors headers"
