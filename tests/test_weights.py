@@ -268,3 +268,13 @@ def test_mxfp4_expert_width_is_padded_to_64_per_rank():
     model = real("gpt-oss-20b")  # 2880 / 2 = 1440 -> 1472 per rank (Mxfp4MoEMethod, triton_kernels)
     one, two = weights_per_rank(model, 1), weights_per_rank(model, 2)
     assert two.bytes_per_rank > (one.bytes_per_rank - one.replicated_bytes) / 2 * 1.01
+
+
+def test_a_checkpoint_far_from_the_layout_says_both(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps(_tiny()))
+    layout = weights_per_rank(ModelShape.from_dict(_tiny()), 1).bytes_per_rank
+    index = {"metadata": {"total_size": 2 * layout}, "weight_map": {}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    est = weights_per_rank(ModelShape.from_config(tmp_path), 2)
+    assert est.bytes_per_rank == pytest.approx(2 * est.layout_bytes_per_rank, rel=1e-6)
+    assert "the layout alone gives" in est.rule

@@ -26,6 +26,8 @@ from regen.sglang.models import ModelConfigError, ModelShape, _dtype_bytes, _lay
 
 VOCAB_PADDING = 64  # vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
 FP32 = 4
+# how far a checkpoint's byte count may stray from the layout before the estimate's rule says so
+CHECKPOINT_LAYOUT_TOLERANCE = 0.05
 # gpt-oss-20b's MXFP4 experts on an H200 (SGLang 0.5.17, dummy weights): the load took 15.0 GiB where the
 # parameters mxfp4.py::Mxfp4MoEMethod.create_weights allocates come to 12.8 GiB (9.5 GiB of them experts);
 # the expert repacking of process_weights_after_loading keeps the difference (issue 33). Measured once on
@@ -45,8 +47,11 @@ class WeightsEstimate:
     ep: int = 1
     #: of bytes_per_rank, what every rank holds whole (norms, routers, replicated projections)
     replicated_bytes: int = 0
-    #: every rank's bytes summed as the layout has them (the checkpoint's size where it was read)
+    #: the model's bytes once, as at tp 1 (the checkpoint's size where it was read)
     total_bytes: int = 0
+    #: what SGLang's own layout puts on one rank (== bytes_per_rank when source is "config"): with
+    #: ``--load-format dummy`` this is what is allocated, whatever checkpoint lies beside the config
+    layout_bytes_per_rank: int = 0
 
     @property
     def gib_per_rank(self) -> float:
@@ -372,7 +377,7 @@ def weights_per_rank(model: ModelShape, tp: int, ep: int = 1) -> WeightsEstimate
         raise ValueError(f"tp {tp} / ep {ep}: ep must divide tp (SGLang's moe_tp_size = tp / ep)")
     q = quantization_of(model)
     per_rank, replicated = layout_bytes(model, tp, ep)
-    layout_total = per_rank * tp - replicated * (tp - 1)
+    one_rank, _ = layout_bytes(model, 1, 1)
     quant = q.method
     rule = "SGLang's parameter layout (linear.py, vocab_parallel_embedding.py, fused_moe_triton)"
     if quant:
@@ -385,16 +390,14 @@ def weights_per_rank(model: ModelShape, tp: int, ep: int = 1) -> WeightsEstimate
     if checkpoint is None:
         checkpoint, source = model.weights_bytes_from_headers, "safetensors headers"
     if checkpoint is None:
-        return WeightsEstimate(per_rank, "config", quant, rule, tp, ep, replicated, layout_total)
-    one_rank, _ = layout_bytes(model, 1, 1)
+        return WeightsEstimate(per_rank, "config", quant, rule, tp, ep, replicated, one_rank, per_rank)
     share = checkpoint / one_rank
+    rule = f"checkpoint bytes ({source}), split per rank as {rule}"
+    if abs(share - 1) > CHECKPOINT_LAYOUT_TOLERANCE:  # e.g. MTP layers SGLang skips, a misread quantization
+        layout_gib, checkpoint_gib = one_rank / 2**30, checkpoint / 2**30
+        rule += (
+            f"; the layout alone gives {layout_gib:,.1f} GiB at tp 1, the checkpoint {checkpoint_gib:,.1f}"
+        )
     return WeightsEstimate(
-        int(per_rank * share),
-        source,
-        quant,
-        f"checkpoint bytes ({source}), split per rank as {rule}",
-        tp,
-        ep,
-        int(replicated * share),
-        int(checkpoint),
+        int(per_rank * share), source, quant, rule, tp, ep, int(replicated * share), int(checkpoint), per_rank
     )
