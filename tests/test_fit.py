@@ -95,3 +95,8 @@ def test_mamba_groups_tp_does_not_divide_are_refused_only_when_quantized():
     assert any("n_groups 4" in r for r in tp_refusals(ModelShape.from_dict(three), 3))
     one_group_fp8 = ModelShape.from_dict({**three, "n_groups": 1, "quantization_config": fp8})
     assert any("when quantized" in r for r in tp_refusals(one_group_fp8, 3))
+
+
+def test_a_vocab_tp_does_not_divide_once_padded_is_refused():
+    # 32000 padded to 64 is 32000: tp 3 cannot split it (VocabParallelEmbedding divide())
+    assert any("vocab padded to 64 32000" in r for r in tp_refusals(real("mixtral-8x7b"), 3))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from regen.sglang.models import ModelShape
-from regen.sglang.weights import _text, layer_kinds, quantization_of, weights_per_rank
+from regen.sglang.weights import VOCAB_PADDING, _text, layer_kinds, quantization_of, weights_per_rank
 
 MIB = 2**20
 GIB = 2**30
@@ -48,6 +48,8 @@ def tp_refusals(model: ModelShape, tp: int, ep: int = 1) -> list[str]:
     text = _text(model)
     kinds = layer_kinds(model)
     out: list[str] = []
+    padded_vocab = -(-model.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    out += _divides("vocab padded to 64", padded_vocab, tp, "tp (VocabParallelEmbedding)")
     attn = {"attention", "mla"} & set(kinds.mixers)
     if attn:
         out += _divides("num_attention_heads", model.num_attention_heads, tp, "tp")

@@ -283,7 +283,9 @@ def _attention(model: ModelShape, text: dict[str, Any], tp: int, lin, t: _Tally,
     lin(q_out + 2 * kv_heads * hd, h)
     lin(h, q_heads * hd)
     if text.get("attention_bias") or model.model_type in ("qwen2", "qwen2_moe", "qwen2_vl"):
-        t.add((q_out + 2 * kv_heads * hd) * d + h * d)
+        t.add((q_out + 2 * kv_heads * hd) * d)  # qkv bias
+    if text.get("attention_bias") and model.model_type not in ("glm4_moe", "mixtral"):
+        t.add(h * d)  # o_proj bias=attention_bias in llama.py, qwen3.py, gpt_oss.py (glm4_moe.py: False)
     if model.model_type.startswith(("qwen3", "gemma3")):  # q_norm / k_norm over head_dim
         t.add(2 * hd * d, replicated=True)
     if model.model_type == "gpt_oss":  # attention sinks, one per head
