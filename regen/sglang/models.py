@@ -45,17 +45,13 @@ CONV_STATE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE default bfloat16 (mamba_utils.ma
 
 # Fields a real config.json may omit, with the default the transformers config class gives them (SGLang
 # reads the config through transformers, so it uses these): ``Gemma3TextConfig.__init__`` (vocab_size
-# 262208, head_dim 256, num_key_value_heads 16, tie_word_embeddings True); ``MixtralConfig`` and
-# ``MistralConfig`` (vocab_size 32000).
+# 262_208, num_key_value_heads 4, head_dim 256, tie_word_embeddings True; T5Gemma2TextConfig copies them),
+# ``Gemma2Config`` (vocab_size 256000, the rest alike), ``MixtralConfig`` / ``MistralConfig`` (vocab 32000).
+_GEMMA3_TEXT = {"vocab_size": 262208, "num_key_value_heads": 4, "head_dim": 256, "tie_word_embeddings": True}
 TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {
-        "vocab_size": 262208,
-        "head_dim": 256,
-        "num_key_value_heads": 16,
-        "tie_word_embeddings": True,
-    },
-    "gemma3": {"vocab_size": 262208, "head_dim": 256, "num_key_value_heads": 16, "tie_word_embeddings": True},
-    "gemma2": {"vocab_size": 256000, "head_dim": 256, "tie_word_embeddings": True},
+    "gemma3_text": _GEMMA3_TEXT,
+    "gemma3": _GEMMA3_TEXT,
+    "gemma2": {**_GEMMA3_TEXT, "vocab_size": 256000},
     "mixtral": {"vocab_size": 32000},
     "mistral": {"vocab_size": 32000},
 }
