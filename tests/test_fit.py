@@ -100,3 +100,10 @@ def test_mamba_groups_tp_does_not_divide_are_refused_only_when_quantized():
 def test_a_vocab_tp_does_not_divide_once_padded_is_refused():
     # 32000 padded to 64 is 32000: tp 3 cannot split it (VocabParallelEmbedding divide())
     assert any("vocab padded to 64 32000" in r for r in tp_refusals(real("mixtral-8x7b"), 3))
+
+
+def test_a_dense_70b_fits_one_h200_only_without_room_to_spare():
+    model = real("llama-3.3-70b")  # 70.6B parameters in bf16: 131.4 GiB of the H200's 140.4
+    assert smallest_fitting_tp(model, H200_MIB).tp == 1
+    fit = smallest_fitting_tp(model, H200_MIB, reserve_mib=20 * 1024)
+    assert fit.tp == 2 and "131.4 GiB per rank at tp 1 + 20.0 GiB reserved exceed 140.4 GiB" in fit.reason
