@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from regen.io import write_json
+from regen.sglang.fit import smallest_fitting_tp, tp_refusals
 from regen.sglang.flags import cuda_graph_max_bs_flag, renamed_flag_warnings
 from regen.sglang.models import ModelShape
 from regen.sglang.pools import (
@@ -42,6 +43,7 @@ from regen.sglang.pools import (
     kv_pool,
     state_bytes_per_request,
 )
+from regen.sglang.weights import weights_per_rank
 
 log = logging.getLogger("regen.tune.tune")
 T = TypeVar("T")
@@ -245,6 +247,7 @@ class MemoryPlan:
     chunked_prefill_size: int
     cuda_graph_max_bs: int
     weights_gib: float
+    weights_rule: str
     state_pool_gib: float
     spec_scratch_gib: float
     kv_cache_gib: float
@@ -479,7 +482,14 @@ def plan(
         mfs = round((gpu_memory_mib - reserve_mib) / gpu_memory_mib, 3) * vlm_mem_fraction_factor(model)
     total_gib = gpu_memory_mib / 1024
     pre_load_gib = total_gib - cuda_context_gib
-    weights_gib = model.weights_bytes() / tp / GIB
+    refused = tp_refusals(model, tp)
+    if refused:
+        fit = smallest_fitting_tp(model, gpu_memory_mib)
+        raise PlanError(
+            f"tp {tp} refused by SGLang: {'; '.join(refused)} (smallest tp that works: {fit.reason})"
+        )
+    weights = weights_per_rank(model, tp)
+    weights_gib = weights.gib_per_rank
     slack_gib = pre_load_gib * (1 - mfs)
     vlm_gib = VLM_CACHE_GIB if model.is_multimodal and sglang_version != "0.5.17" else 0.0
     draft_weights_gib = draft_weights_bytes(model) / tp / GIB if draft_layers else 0.0
@@ -523,9 +533,11 @@ def plan(
                 notes.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
     if rest_gib <= 0:
         draft = f" + MTP draft {draft_weights_gib:.1f} GiB" if draft_weights_gib else ""
+        fit = smallest_fitting_tp(model, gpu_memory_mib, reserve_mib=reserve_mib)
         raise PlanError(
-            f"weights ({weights_gib:.1f} GiB{draft}) leave no KV cache memory at "
-            f"mem_fraction_static={mfs:.3f}"
+            f"weights ({weights_gib:.1f} GiB per rank at tp {tp}{draft}) leave no KV cache memory at "
+            f"mem_fraction_static={mfs:.3f}; "
+            + (f"the smallest tp that fits: {fit.tp} ({fit.reason})" if fit.tp else fit.reason)
         )
     in_cell = draft_layers if draft_kv_in_cell(flags, model) else 0
     pool_flags = PoolFlags(
@@ -591,6 +603,7 @@ def plan(
         chunked_prefill_size=chunk,
         cuda_graph_max_bs=decode_bs,
         weights_gib=weights_gib,
+        weights_rule=f"{weights.rule} [{weights.source}]",
         state_pool_gib=state_gib,
         spec_scratch_gib=scratch_gib,
         kv_cache_gib=kv_gib,
