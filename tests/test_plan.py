@@ -10,15 +10,9 @@ import pytest
 
 from regen.runconfig import ServerConfig
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import (
-    PlanError,
-    Workload,
-    flag_warnings,
-    plan,
-    recommend,
-    workload_from_audit,
-)
+from regen.sglang.plan import PlanError, Workload, plan, workload_from_audit
 from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
+from regen.sglang.recommend import flag_warnings, recommend
 from regen.tune.tune import cli
 
 MODELS = Path(__file__).parent / "data" / "models"

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import Workload, parse_flags, plan, recommend
+from regen.sglang.plan import Workload, plan
+from regen.sglang.recommend import recommend
 from regen.tune.tune import cli
 
 MODELS = Path(__file__).parent / "data" / "models"

@@ -51,6 +51,7 @@ from regen.generate.client import ProgressOptions, ShardFailedError, ShardJob, g
 from regen.generate.journal import read_journal_entries
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.sglang.config import PlanFile
+from regen.sglang.flags import parse_flags
 from regen.sglang.metrics import (
     DecodeSample,
     SteadyState,
@@ -59,7 +60,6 @@ from regen.sglang.metrics import (
     sample_metrics,
     server_steady_state,
 )
-from regen.sglang.plan import parse_flags
 from regen.sglang.server import (
     ServerError,
     acquire_server,

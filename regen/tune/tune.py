@@ -22,19 +22,19 @@ from regen.ingest.shards import read_shard
 from regen.io import write_json
 from regen.layout import RunLayout
 from regen.runconfig import GenerateConfig, ServerConfig, section_schema
+from regen.sglang.config import PlanFile
+from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     DEFAULT_VERSION,
     DEFAULT_WORKLOAD,
     SUPPORTED_VERSIONS,
-    Recommendation,
+    UnmodelledError,
     Workload,
     gpu_memory_from_nvidia_smi,
-    parse_flags,
-    recommend,
     workload_from_audit,
-    write_plan_file,
 )
+from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
 from regen.tune.projection import count_remaining
 from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
 from regen.types import Sample
@@ -92,6 +92,7 @@ def render_table(rec: Recommendation) -> str:
     for label, attr in [
         ("mem_fraction_static", "mem_fraction_static"),
         ("KV tokens", "kv_cache_tokens"),
+        ("sliding-window tokens", "swa_tokens"),
         ("mamba slots (K)", "max_mamba_cache_size"),
         ("slots per request", "mamba_slots_per_request"),
         ("effective running", "effective_max_running_requests"),
@@ -101,6 +102,9 @@ def render_table(rec: Recommendation) -> str:
         ("binding constraint", "binding_constraint"),
     ]:
         lines.append(f"{label:<28}{_cell(getattr(g, attr)):>24}{_cell(getattr(r, attr)):>24}")
+    lines.append("")
+    lines.append("rules (recommended):")
+    lines += [f"  {key}: {rule}" for key, rule in r.rules().items()]
     lines.append("")
     lines.append("recommended flags: " + " ".join(rec.args))
     lines += [f"  reason: {x}" for x in rec.reasons]
@@ -163,7 +167,15 @@ def cli(argv: list[str]) -> int:
             allow_fp8_kv=ns.allow_fp8_kv, allow_bf16_state=ns.allow_bf16_state,
             allow_replay_decode=ns.allow_replay_decode,
         )  # fmt: skip
-    except (ValueError, OSError) as exc:
+    except UnmodelledError as exc:  # SGLang's own planning: the given flags, nothing that changes memory
+        note = f"{exc}; SGLang plans its own memory: launch the given flags as they are"
+        if ns.out:
+            unmodelled_plan_file(sglang_args, str(exc), sglang_version=ns.sglang_version,
+                                 model_config=ns.model_config, gpu_memory_mib=gpu).write(ns.out)  # fmt: skip
+        unplanned = {"unmodelled": note, "recommended": {"args": sglang_args, "client_concurrency": None}}
+        print(json.dumps(unplanned, indent=1) if ns.json else note)
+        return 0
+    except (ValueError, OSError) as exc:  # a refusal (tp SGLang refuses, weights that do not fit): non-zero
         print(f"regen tune: {exc}", file=sys.stderr)
         return 2
     if ns.out:
@@ -410,7 +422,7 @@ def write_plan_for_workflow(
 ) -> None:
     """The ``tune`` rule: plan (and recommend) from the model config, the GPU and the audited workload."""
     if server_cfg.mode == "external":
-        write_json(out_path, {"launch_args": [], "external": True, "sglang_version": None})
+        PlanFile.for_external_server().write(out_path)
         log.info("server.mode external: nothing to plan, the endpoint is managed by the user")
         return
     model_config = server_cfg.planned_model
@@ -418,24 +430,24 @@ def write_plan_for_workflow(
     gpu_mib = int(server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi())
     version = server_cfg.sglang_version or installed_sglang_version() or PINNED_SGLANG_VERSION
     workload = workload_from_audit_histogram(json.loads(Path(audit_summary).read_text()), max_tokens)
-    rec = recommend(
-        model,
-        gpu_mib,
-        server_cfg.tp,
-        list(server_cfg.args),
-        workload,
-        sglang_version=version,
-        allow_fp8_kv=server_cfg.allow_fp8_kv,
-        allow_bf16_state=server_cfg.allow_bf16_state,
-    )
-    write_plan_file(
-        out_path,
-        rec,
-        sglang_version=version,
-        model_config=str(model_config),
-        gpu_memory_mib=gpu_mib,
-        use_recommended=server_cfg.use_tuner,  # the one place the launched section is decided
-    )
+    where = {"sglang_version": version, "model_config": str(model_config), "gpu_memory_mib": gpu_mib}
+    try:
+        rec = recommend(
+            model,
+            gpu_mib,
+            server_cfg.tp,
+            list(server_cfg.args),
+            workload,
+            sglang_version=version,
+            allow_fp8_kv=server_cfg.allow_fp8_kv,
+            allow_bf16_state=server_cfg.allow_bf16_state,
+        )
+    except UnmodelledError as exc:
+        log.warning("%s: SGLang plans its own memory; the given server.args launch as they are", exc)
+        unmodelled_plan_file(list(server_cfg.args), str(exc), **where).write(out_path)
+        return
+    # the one place the launched section is decided: server.use_tuner
+    write_plan_file(out_path, rec, **where, use_recommended=server_cfg.use_tuner)
     log.info("plan for %s on %d MiB (sglang %s): %s", model_config, gpu_mib, version, workload)
     for reason in rec.reasons:
         log.info("recommend: %s", reason)
