@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from regen.sglang.flags import ServerFlags, parse_flags
+from regen.sglang.flags import ServerFlags, parse_flags, strip_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import CUDA_CONTEXT_GIB, PlanError, Workload, mamba_slots_per_request
 from regen.sglang.pools import has_state
@@ -145,16 +145,7 @@ def speculative_args(steps: int, algorithm: str = "NEXTN") -> tuple[str, ...]:
 
 def strip_speculative_args(args: list[str]) -> list[str]:
     """``args`` without the speculative flags the MTP candidates set themselves."""
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        name, eq, _ = args[i].partition("=")
-        if name in _SPEC_FLAGS:
-            i += 1 if eq else 2
-            continue
-        out.append(args[i])
-        i += 1
-    return out
+    return strip_flags(args, _SPEC_FLAGS)
 
 
 def mtp_candidates(target: Target, best: Candidate, steps: tuple[int, ...] = MTP_STEPS) -> list[Candidate]:

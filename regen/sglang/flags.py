@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import difflib
 import io
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -253,3 +254,18 @@ def parse_flags(args: list[str]) -> ServerFlags:
                 raise FlagError(name, f"{raw!r} is not a valid {kind.__name__}") from exc
         i += 1
     return ServerFlags(**values)
+
+
+def strip_flags(args: list[str], names: Collection[str]) -> list[str]:
+    """``args`` without the flags in ``names`` (and their values: the value flags the planner reads take
+    the next argument unless written ``--flag=value``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        name, eq, _ = args[i].partition("=")
+        if name in names:
+            i += 2 if name in VALUE_FLAGS and not eq else 1
+            continue
+        out.append(args[i])
+        i += 1
+    return out

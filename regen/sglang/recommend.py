@@ -17,7 +17,7 @@ from regen.sglang.alternatives import (
     static_mtp_note,
 )
 from regen.sglang.config import PlanFile
-from regen.sglang.flags import VALUE_FLAGS, parse_flags, renamed_flag_warnings
+from regen.sglang.flags import parse_flags, renamed_flag_warnings, strip_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     DEFAULT_DECODE_GRAPH_LIMIT_NOTE,
@@ -82,17 +82,7 @@ _PLANNER_FLAGS = {
 
 
 def _strip_planner_flags(args: list[str]) -> list[str]:
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        name, eq, _ = args[i].partition("=")
-        if name in _PLANNER_FLAGS:
-            takes_value = name in VALUE_FLAGS and not eq
-            i += 2 if takes_value else 1
-            continue
-        out.append(args[i])
-        i += 1
-    return out
+    return strip_flags(args, _PLANNER_FLAGS)
 
 
 def flag_warnings(args: list[str], model: ModelShape, sglang_version: str = DEFAULT_VERSION) -> list[str]:
