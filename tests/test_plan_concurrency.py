@@ -106,3 +106,35 @@ def test_hybrids_keep_the_state_pool_cap() -> None:
     p = rec.recommended
     assert p.client_concurrency == p.effective_max_running_requests
     assert p.kv_cache_tokens >= p.effective_max_running_requests * BENCH.tokens_per_request
+
+
+def test_the_tune_rule_takes_the_expected_length_from_the_old_answers(tmp_path: Path) -> None:
+    from regen.io import write_json
+    from regen.runconfig import ServerConfig
+    from regen.sglang.config import PlanFile
+    from regen.tune.tune import write_plan_for_workflow
+
+    summary = tmp_path / "summary.json"
+    old_answers = {"count": 1000, "mean": 1450.4, "buckets": []}
+    write_json(
+        summary,
+        {
+            "prompt_tokens_p50": 300,
+            "prompt_tokens_p99": 2000,
+            "histograms": {"supervised_tokens": old_answers},
+        },
+    )
+    cfg = {"mode": "sglang", "model_path": "unused", "model_config": str(MODELS / "qwen3-8b")}
+    cfg |= {"gpu_memory_mib": H200_MIB, "tp": 1, "args": [], "use_tuner": True, "sglang_version": "0.5.17"}
+    out = tmp_path / "server.json"
+    write_plan_for_workflow(
+        server_cfg=ServerConfig.from_mapping(cfg),
+        max_tokens=8192,
+        audit_summary=str(summary),
+        out_path=str(out),
+    )
+    plan_file = PlanFile.read(out)
+    n = plan_file.client_concurrency
+    assert n is not None and n > 256  # the KV filled at 300 + 1,450, not at max_tokens
+    assert plan_file.recommended["kv_cache_tokens"] // (300 + 1450) in (n, n + 1)
+    assert "the old answers' mean (audit)" in plan_file.recommended["reasons"][0]

@@ -94,3 +94,11 @@ class PlanFile:
     def launched_section(self) -> Mapping[str, Any]:
         """The prediction for the flags the servers are launched with."""
         return self.recommended if self.launched == "recommended" else self.given
+
+    @property
+    def client_concurrency(self) -> int | None:
+        """Requests to keep in flight per server under the launched flags (the tuner's
+        ``client_concurrency``: for attention-only models the KV filled at the expected context, above
+        the running cap it leaves to SGLang); None: no plan, use the server's running cap."""
+        value = self.launched_section.get("client_concurrency")
+        return int(value) if value else None

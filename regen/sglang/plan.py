@@ -117,9 +117,11 @@ class Workload:
     max_tokens: int
     target_concurrency: int | None = None
     unique_prompts: bool = True
-    #: mean completion tokens expected (source answers, a pilot); adds scheduler candidates (see
-    #: ``scheduler_candidates``) that size the running cap for it instead of for max_tokens
+    #: mean completion tokens expected (the old answers, a pilot): attention-only models fill the KV at
+    #: it; hybrids get scheduler candidates sized for it (``regen.sglang.alternatives``)
     expected_output_tokens: int | None = None
+    #: where ``expected_output_tokens`` comes from, said in the recommendation's reasons
+    expected_output_source: str = "given"
 
     @property
     def tokens_per_request(self) -> int:
@@ -636,7 +638,19 @@ def workload_from_audit(
         prompt_p99=int(max(p99, p50)),
         max_tokens=int(max_tokens or summary.get("max_tokens") or DEFAULT_WORKLOAD.max_tokens),
         target_concurrency=target_concurrency,
+        **old_answers_expected(summary),
     )
+
+
+def old_answers_expected(summary: dict[str, Any]) -> dict[str, Any]:
+    """The expected answer length from the audit: the mean supervised (old answer) tokens per sample of
+    its ``supervised_tokens`` histogram, as ``Workload`` fields; {} when the audit has none. A sample
+    with several answers counts them all, so this errs long (fewer requests in flight), never short."""
+    hist = (summary.get("histograms") or {}).get("supervised_tokens") or {}
+    mean = hist.get("mean")
+    if not mean:
+        return {}
+    return {"expected_output_tokens": round(mean), "expected_output_source": "the old answers' mean (audit)"}
 
 
 def gpu_memory_from_nvidia_smi() -> int:

@@ -270,7 +270,7 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
 
 def _expected_words(workload: Workload) -> str:
     if workload.expected_output_known:
-        return f"expected answer {workload.expected_output:,}"
+        return f"expected answer {workload.expected_output:,}, {workload.expected_output_source}"
     return (
         f"max_tokens {workload.max_tokens:,} (no expected answer length given: pass "
         "--expected-output-tokens, the old answers' or a pilot's mean; max_tokens is the upper bound)"

@@ -32,6 +32,7 @@ from regen.sglang.plan import (
     UnmodelledError,
     Workload,
     gpu_memory_from_nvidia_smi,
+    old_answers_expected,
     workload_from_audit,
 )
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
@@ -160,7 +161,10 @@ def cli(argv: list[str]) -> int:
             prompt_p99=max(p99, p50),
             max_tokens=ns.max_tokens or base.max_tokens,
             target_concurrency=ns.concurrency,
-            expected_output_tokens=ns.expected_output_tokens,
+            expected_output_tokens=ns.expected_output_tokens or base.expected_output_tokens,
+            expected_output_source="--expected-output-tokens"
+            if ns.expected_output_tokens
+            else base.expected_output_source,
         )
         rec = recommend(
             model, gpu, ns.tp, sglang_args, workload, ns.sglang_version,
@@ -170,8 +174,12 @@ def cli(argv: list[str]) -> int:
     except UnmodelledError as exc:  # SGLang's own planning: the given flags, nothing that changes memory
         note = f"{exc}; SGLang plans its own memory: launch the given flags as they are"
         if ns.out:
-            unmodelled_plan_file(sglang_args, str(exc), sglang_version=ns.sglang_version,
-                                 model_config=ns.model_config, gpu_memory_mib=gpu).write(ns.out)  # fmt: skip
+            where = {
+                "sglang_version": ns.sglang_version,
+                "model_config": ns.model_config,
+                "gpu_memory_mib": gpu,
+            }
+            unmodelled_plan_file(sglang_args, str(exc), **where).write(ns.out)
         unplanned = {"unmodelled": note, "recommended": {"args": sglang_args, "client_concurrency": None}}
         print(json.dumps(unplanned, indent=1) if ns.json else note)
         return 0
@@ -330,7 +338,10 @@ def sweep_cli(argv: list[str]) -> int:
             prompt_p50=p50,
             prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
             max_tokens=int(max_tokens or base.max_tokens),
-            expected_output_tokens=ns.expected_output_tokens,
+            expected_output_tokens=ns.expected_output_tokens or base.expected_output_tokens,
+            expected_output_source="--expected-output-tokens"
+            if ns.expected_output_tokens
+            else base.expected_output_source,
         )
         rec = recommend(
             model, int(gpu_mib), tp, sglang_args, workload, ns.sglang_version,
@@ -414,7 +425,9 @@ def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> W
     limit = int(summary.get("context_limit") or 1 << 30)
     p50 = min(histogram_percentile(hist, 0.50), limit) or DEFAULT_WORKLOAD.prompt_p50
     p99 = min(histogram_percentile(hist, 0.99), limit) or DEFAULT_WORKLOAD.prompt_p99
-    return Workload(prompt_p50=p50, prompt_p99=max(p99, p50), max_tokens=int(max_tokens))
+    return Workload(
+        prompt_p50=p50, prompt_p99=max(p99, p50), max_tokens=int(max_tokens), **old_answers_expected(summary)
+    )
 
 
 def write_plan_for_workflow(
