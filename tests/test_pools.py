@@ -149,3 +149,17 @@ def test_a_swa_pool_that_leaves_no_full_pool_is_refused() -> None:
     huge = ["--max-running-requests", "400000", "--disable-radix-cache"]
     with pytest.raises(PlanError, match="leaves no room"):
         plan(shape("gpt-oss-20b", 15.0), H200_MIB, 1, huge, None, "0.5.17")
+
+
+def test_the_swa_pool_is_read_from_sglangs_log_and_compared() -> None:
+    from regen.sglang.realized import compare, parse_startup_log
+
+    flags = ["--mem-fraction-static", "0.92", "--disable-radix-cache", "--max-running-requests", "267"]
+    p = plan(shape("gpt-oss-20b"), H200_MIB, 1, flags, None, "0.5.17")
+    log = "SWAKVPool mem usage: 113.00 GB, swa size: 85004, full size: 4852022\nmax_total_num_tokens=4852022"
+    realized = parse_startup_log(log)
+    assert realized.swa_tokens == 85_004 and realized.max_total_num_tokens == 4_852_022
+    assert compare(p, realized, tolerance=0.01) == []
+    assert (
+        compare(p, parse_startup_log(log.replace("85004", "42502")), tolerance=0.01)[0].field == "swa_tokens"
+    )
