@@ -138,3 +138,15 @@ def test_the_tune_rule_takes_the_expected_length_from_the_old_answers(tmp_path: 
     assert n is not None and n > 256  # the KV filled at 300 + 1,450, not at max_tokens
     assert plan_file.recommended["kv_cache_tokens"] // (300 + 1450) in (n, n + 1)
     assert "the old answers' mean (audit)" in plan_file.recommended["reasons"][0]
+
+
+def test_llama_on_the_h200_bench_workload() -> None:
+    """The issue-33 bench (Llama-3.1-8B, 300-token prompts, answers of mean ~1,450, max_tokens 8,192):
+    SGLang's defaults ran 256 in flight (graphs to 256); the plan fills the KV at 1,750 tokens a request."""
+    llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
+    rec = recommend(llama, H200_MIB, 1, [], BENCH, "0.5.17", **NO_TRADEOFFS)
+    p, flags = rec.recommended, parse_flags(list(rec.args))
+    assert p.client_concurrency == flags.cuda_graph_max_bs
+    assert p.client_concurrency * 1750 <= p.kv_cache_tokens < (p.client_concurrency + 1) * 1750
+    assert p.client_concurrency >= 2 * 256  # twice the default's in-flight count
+    assert flags.max_running_requests is None and flags.mem_fraction_static == 0.92

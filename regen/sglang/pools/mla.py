@@ -54,4 +54,10 @@ class MLAPool:
     def size(self, model: ModelShape, available: int, flags: PoolFlags) -> PoolSizes:
         cell = self.cell_bytes(model, flags, flags.draft_layers_in_cell)
         tokens = pages(int(available // cell), flags.page_size)
-        return PoolSizes(kv_cache_tokens=tokens, kv_bytes=int(tokens * cell), cell_bytes=cell, rule=RULE)
+        rule = RULE
+        if is_dsa(model) and flags.kv_cache_dtype == "auto":  # overrides._dsa_kv_cache_dtype_default
+            rule += (
+                "; DSA with the bf16 latent SGLang picks below SM100 (H100/H200); on SM100+ (B200) it picks "
+                "fp8_e4m3, whose scaled layout is not modelled"
+            )
+        return PoolSizes(kv_cache_tokens=tokens, kv_bytes=int(tokens * cell), cell_bytes=cell, rule=rule)
