@@ -278,3 +278,24 @@ def test_a_checkpoint_far_from_the_layout_says_both(tmp_path: Path):
     est = weights_per_rank(ModelShape.from_config(tmp_path), 2)
     assert est.bytes_per_rank == pytest.approx(2 * est.layout_bytes_per_rank, rel=1e-6)
     assert "the layout alone gives" in est.rule
+
+
+@pytest.mark.parametrize(
+    "ignore",
+    [
+        {"exclude_modules": ["model.layers.*.self_attn*"]},  # modelopt glob
+        {"ignore": ["re:.*self_attn.*"]},  # compressed-tensors regex
+        {"modules_to_not_convert": ["self_attn"]},  # fp8 / mxfp4 component
+    ],
+)
+def test_modules_left_unquantized_stay_in_the_model_dtype(ignore):
+    fp8 = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    everything = weights_per_rank(ModelShape.from_dict(_tiny(quantization_config=fp8)), 1).bytes_per_rank
+    kept = weights_per_rank(
+        ModelShape.from_dict(_tiny(quantization_config={**fp8, **ignore})), 1
+    ).bytes_per_rank
+    h = 256
+    attention = [(8 * 64, h), (h, 4 * 64)]
+    bf16 = sum(o * i * 2 for o, i in attention) * 2
+    as_fp8 = sum(o * i + -(-o // 128) * -(-i // 128) * 4 for o, i in attention) * 2
+    assert kept - everything == bf16 - as_fp8
