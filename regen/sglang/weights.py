@@ -132,13 +132,14 @@ def quantization_of(model: ModelShape) -> Quantization:
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "moe_wna16"):
         bits = int(qc.get("bits") or qc.get("w_bit") or 4)
         group = int(qc.get("group_size") or qc.get("q_group_size") or 128)
-        asym = method.startswith("awq") or not qc.get("sym", True)
+        # awq.py / gptq.py create_weights: qweight int32 [in, out/8], scales [in/g, out] in fp16, and qzeros
+        # int32 [in/g, out/8] whether the checkpoint is symmetric or not
         return Quantization(
             method,
             float(bits),
             group_size=group if group > 0 else 10**9,
             scale_bytes=2,
-            zero_points=asym,
+            zero_points=True,
             ignored=ignored,
         )
     if method in ("modelopt", "modelopt_fp4", "nvfp4", "modelopt_fp8"):
