@@ -395,7 +395,12 @@ def _moe(
     if model.model_type == "gpt_oss":  # w13/w2 biases (bf16 in mxfp4.py)
         t.add(experts * (up + h) * d)
     t.add(model.num_experts * h * d, replicated=True)  # router gate (quant_config=None)
-    if text.get("topk_method") == "noaux_tc" or model.model_type in ("deepseek_v3", "kimi_k2", "nemotron_h"):
+    if text.get("topk_method") == "noaux_tc" or model.model_type in (
+        "deepseek_v3",
+        "kimi_k2",
+        "nemotron_h",
+        "glm4_moe",
+    ):
         t.add(model.num_experts * FP32, replicated=True)  # e_score_correction_bias
     shared = model.shared_expert_intermediate_size
     if shared:
