@@ -107,3 +107,8 @@ def test_a_dense_70b_fits_one_h200_only_without_room_to_spare():
     assert smallest_fitting_tp(model, H200_MIB).tp == 1
     fit = smallest_fitting_tp(model, H200_MIB, reserve_mib=20 * 1024)
     assert fit.tp == 2 and "131.4 GiB per rank at tp 1 + 20.0 GiB reserved exceed 140.4 GiB" in fit.reason
+
+
+def test_an_ep_that_does_not_divide_a_tp_is_that_tps_cause():
+    fit = smallest_fitting_tp(real("qwen3-235b-a22b-fp8"), H200_MIB, ep=4, tps=(2, 4))
+    assert fit.tp == 4 and "tp 2 refused by SGLang: ep 4 must divide tp 2" in fit.reason

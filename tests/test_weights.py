@@ -123,15 +123,20 @@ def test_layout_by_hand_bf16_and_vocab_padding_and_tp_sharding():
     assert four.bytes_per_rank > (expected - 2 * norms) // 4 + 2 * norms
 
 
+def _bf16_over_fp8_block(linear: list[tuple[int, int]], layers: int) -> int:
+    """What these (out, in) layers save in FP8 with a float32 scale per 128x128 block, over bf16."""
+    bf16 = sum(o * i * 2 for o, i in linear)
+    fp8 = sum(o * i + -(-o // 128) * -(-i // 128) * 4 for o, i in linear)
+    return (bf16 - fp8) * layers
+
+
 def test_fp8_block_adds_a_float32_scale_per_128_block():
     fp8 = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
     plain = weights_per_rank(ModelShape.from_dict(_tiny()), 1).bytes_per_rank
     quant = weights_per_rank(ModelShape.from_dict(_tiny(quantization_config=fp8)), 1).bytes_per_rank
     h = 256
     linear = [(8 * 64, h), (h, 4 * 64), (2 * 512, h), (h, 512)]  # (out, in) per layer
-    bf16 = sum(o * i * 2 for o, i in linear) * 2
-    fp8_bytes = sum(o * i + -(-o // 128) * -(-i // 128) * 4 for o, i in linear) * 2
-    assert plain - quant == bf16 - fp8_bytes
+    assert plain - quant == _bf16_over_fp8_block(linear, layers=2)
 
 
 def test_int4_awq_and_compressed_tensors_and_nvfp4_are_read():
@@ -278,3 +283,22 @@ def test_a_checkpoint_far_from_the_layout_says_both(tmp_path: Path):
     est = weights_per_rank(ModelShape.from_config(tmp_path), 2)
     assert est.bytes_per_rank == pytest.approx(2 * est.layout_bytes_per_rank, rel=1e-6)
     assert "the layout alone gives" in est.rule
+
+
+@pytest.mark.parametrize(
+    "ignore",
+    [
+        {"exclude_modules": ["model.layers.*.self_attn*"]},  # modelopt glob
+        {"ignore": ["re:.*self_attn.*"]},  # compressed-tensors regex
+        {"modules_to_not_convert": ["self_attn"]},  # fp8 / mxfp4 component
+    ],
+)
+def test_modules_left_unquantized_stay_in_the_model_dtype(ignore):
+    fp8 = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    everything = weights_per_rank(ModelShape.from_dict(_tiny(quantization_config=fp8)), 1).bytes_per_rank
+    kept = weights_per_rank(
+        ModelShape.from_dict(_tiny(quantization_config={**fp8, **ignore})), 1
+    ).bytes_per_rank
+    h = 256
+    attention = [(8 * 64, h), (h, 4 * 64)]
+    assert kept - everything == _bf16_over_fp8_block(attention, layers=2)

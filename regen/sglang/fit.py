@@ -150,12 +150,11 @@ def smallest_fitting_tp(
     gpu_gib = capacity / GIB
     causes: list[str] = []
     for tp in sorted(tps):
-        tp_ep = ep if tp % ep == 0 else 1
-        refused = tp_refusals(model, tp, tp_ep)
+        refused = tp_refusals(model, tp, ep)
         if refused:
             causes.append(f"tp {tp} refused by SGLang: {refused[0]}")
             continue
-        est = weights_per_rank(model, tp, tp_ep)
+        est = weights_per_rank(model, tp, ep)
         if est.bytes_per_rank + reserve_mib * MIB > capacity:
             extra = f" + {reserve_mib / 1024:,.1f} GiB reserved" if reserve_mib else ""
             causes.append(

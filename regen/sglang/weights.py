@@ -18,7 +18,9 @@ What is followed when:
 
 from __future__ import annotations
 
+import fnmatch
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +74,21 @@ class Quantization:
     experts_only: bool = False  # MXFP4 gpt-oss: only the experts are quantized
     ignored: tuple[str, ...] = ()
 
+    def skips(self, module: str) -> bool:
+        """Whether the config leaves ``module`` (``model.layers.<i>.<name>``) unquantized: its
+        ``modules_to_not_convert`` / ``ignore`` / ``exclude_modules`` entries, as globs, ``re:`` regexes
+        (compressed-tensors) or dotted prefixes and components (fp8.py / utils ``is_layer_skipped``)."""
+        for pattern in self.ignored:
+            if pattern.startswith("re:"):
+                if re.match(pattern[3:], module):
+                    return True
+            elif any(ch in pattern for ch in "*?["):
+                if fnmatch.fnmatchcase(module, pattern) or fnmatch.fnmatchcase(module, pattern + ".*"):
+                    return True
+            elif module == pattern or module.startswith(pattern + ".") or f".{pattern}." in f".{module}.":
+                return True
+        return False
+
     def linear_bytes(self, out: int, inp: int, dtype_bytes: int) -> int:
         if self.method is None or self.experts_only:
             return out * inp * dtype_bytes
@@ -102,7 +119,11 @@ def quantization_of(model: ModelShape) -> Quantization:
     if not isinstance(qc, dict):
         return Quantization(None)
     method = str(qc.get("quant_method") or qc.get("quant_algo") or "").lower()
-    ignored = tuple(qc.get("modules_to_not_convert") or qc.get("ignore") or qc.get("ignored_layers") or ())
+    ignored = tuple(
+        str(p)
+        for key in ("modules_to_not_convert", "ignore", "ignored_layers", "exclude_modules")
+        for p in qc.get(key) or ()
+    )
     if method == "fp8":
         block = qc.get("weight_block_size")
         return Quantization("fp8", 8.0, block=tuple(block) if block else None, ignored=ignored)
@@ -111,13 +132,14 @@ def quantization_of(model: ModelShape) -> Quantization:
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "moe_wna16"):
         bits = int(qc.get("bits") or qc.get("w_bit") or 4)
         group = int(qc.get("group_size") or qc.get("q_group_size") or 128)
-        asym = method.startswith("awq") or not qc.get("sym", True)
+        # awq.py / gptq.py create_weights: qweight int32 [in, out/8], scales [in/g, out] in fp16, and qzeros
+        # int32 [in/g, out/8] whether the checkpoint is symmetric or not
         return Quantization(
             method,
             float(bits),
             group_size=group if group > 0 else 10**9,
             scale_bytes=2,
-            zero_points=asym,
+            zero_points=True,
             ignored=ignored,
         )
     if method in ("modelopt", "modelopt_fp4", "nvfp4", "modelopt_fp8"):
@@ -233,14 +255,17 @@ def layout_bytes(model: ModelShape, tp: int, ep: int = 1) -> tuple[int, int]:
     h = model.hidden_size
     t = _Tally()
 
-    def lin(out: int, inp: int, *, replicated: bool = False, quantized: bool = True) -> None:
+    layer = 0  # the decoder layer the loop below is at: lin() names its modules by it
+
+    def lin(out: int, inp: int, name: str, *, replicated: bool = False, quantized: bool = True) -> None:
+        quantized = quantized and not q.skips(f"model.layers.{layer}.{name}")
         t.add(q.linear_bytes(out, inp, d) if quantized else out * inp * d, replicated=replicated)
 
     vocab = math.ceil(model.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
     t.add(vocab // tp * h * d * (1 if model.tie_word_embeddings else 2))
     t.add(h * d, replicated=True)  # final norm
     kinds = layer_kinds(model)
-    for mixer, ffn in zip(kinds.mixers, kinds.ffns, strict=True):
+    for layer, (mixer, ffn) in enumerate(zip(kinds.mixers, kinds.ffns, strict=True)):
         t.add(2 * h * d, replicated=True)  # input and post-attention norms
         if mixer == "attention":
             _attention(model, text, tp, lin, t, d)
@@ -253,10 +278,11 @@ def layout_bytes(model: ModelShape, tp: int, ep: int = 1) -> tuple[int, int]:
         if ffn == "dense":
             width = int(text.get("intermediate_size_mlp") or model.intermediate_size)
             gated = model.model_type != "nemotron_h"
-            lin((2 if gated else 1) * width // tp, h)
-            lin(h, width // tp)
+            lin((2 if gated else 1) * width // tp, h, "mlp.up_proj")
+            lin(h, width // tp, "mlp.down_proj")
         elif ffn == "moe":
-            _moe(model, text, tp, ep, q, lin, t, d)
+            skipped = q.skips(f"model.layers.{layer}.mlp.experts")
+            _moe(model, text, tp, ep, Quantization(None) if skipped else q, lin, t, d)
     _vision(model, tp, t, d)
     return t.sharded + t.replicated, t.replicated
 
@@ -280,8 +306,8 @@ def _attention(model: ModelShape, text: dict[str, Any], tp: int, lin, t: _Tally,
     q_heads = model.num_attention_heads // tp
     kv_heads = max(1, model.num_kv_heads // tp)
     q_out = q_heads * hd * (2 if model.attn_output_gate else 1)
-    lin(q_out + 2 * kv_heads * hd, h)
-    lin(h, q_heads * hd)
+    lin(q_out + 2 * kv_heads * hd, h, "self_attn.q_proj")
+    lin(h, q_heads * hd, "self_attn.o_proj")
     if text.get("attention_bias") or model.model_type in ("qwen2", "qwen2_moe", "qwen2_vl"):
         t.add((q_out + 2 * kv_heads * hd) * d)  # qkv bias
     if text.get("attention_bias") and model.model_type not in ("glm4_moe", "mixtral"):
@@ -301,15 +327,15 @@ def _mla(model: ModelShape, text: dict[str, Any], tp: int, lin, t: _Tally, d: in
     v_dim, kv_rank = int(text["v_head_dim"]), int(text["kv_lora_rank"])
     q_rank = text.get("q_lora_rank")
     if q_rank:
-        lin(int(q_rank) + kv_rank + rope, h, replicated=True)  # fused_qkv_a_proj_with_mqa
+        lin(int(q_rank) + kv_rank + rope, h, "self_attn.q_a_proj", replicated=True)  # fused with kv_a
         t.add(int(q_rank) * d, replicated=True)
-        lin(heads * (nope + rope), int(q_rank))
+        lin(heads * (nope + rope), int(q_rank), "self_attn.q_b_proj")
     else:
-        lin(heads * (nope + rope), h)
-        lin(kv_rank + rope, h, replicated=True)
+        lin(heads * (nope + rope), h, "self_attn.q_proj")
+        lin(kv_rank + rope, h, "self_attn.kv_a_proj_with_mqa", replicated=True)
     t.add(kv_rank * d, replicated=True)
-    lin(heads * (nope + v_dim), kv_rank)
-    lin(h, heads * v_dim)
+    lin(heads * (nope + v_dim), kv_rank, "self_attn.kv_b_proj")
+    lin(h, heads * v_dim, "self_attn.o_proj")
     # post_load_weights (deepseek_common/deepseek_weight_loader.py) keeps w_kc and w_vc beside kv_b_proj:
     # contiguous copies of it, dequantized to bf16 where the checkpoint is FP8-block
     t.add(heads * (nope + v_dim) * kv_rank * d)
@@ -322,10 +348,10 @@ def _gdn(model: ModelShape, tp: int, lin, t: _Tally, d: int) -> None:
     h = model.hidden_size
     key_dim = lin_cfg.num_key_heads * lin_cfg.key_head_dim
     value_dim = lin_cfg.num_value_heads * lin_cfg.value_head_dim
-    lin((2 * key_dim + 2 * value_dim) // tp, h)
-    lin(2 * lin_cfg.num_value_heads // tp, h, quantized=False)
+    lin((2 * key_dim + 2 * value_dim) // tp, h, "linear_attn.in_proj_qkvz")
+    lin(2 * lin_cfg.num_value_heads // tp, h, "linear_attn.in_proj_ba", quantized=False)
     t.add(model.conv_dim() // tp * lin_cfg.conv_kernel_dim * d)
-    lin(h, value_dim // tp)
+    lin(h, value_dim // tp, "linear_attn.out_proj")
     t.add(2 * lin_cfg.num_value_heads // tp * FP32 + lin_cfg.value_head_dim * d)
 
 
@@ -340,14 +366,21 @@ def _mamba2(model: ModelShape, text: dict[str, Any], tp: int, lin, t: _Tally, d:
     kernel = int(text.get("conv_kernel") or 4)
     groups_per_rank = groups // tp if groups % tp == 0 else groups
     conv = inner // tp + 2 * groups_per_rank * state
-    lin(inner // tp + conv + heads // tp, h)
+    lin(inner // tp + conv + heads // tp, h, "mixer.in_proj")
     t.add(conv * kernel * d + (conv * d if text.get("use_conv_bias", True) else 0))
     t.add(3 * heads // tp * FP32 + inner // tp * d)
-    lin(h, inner // tp)
+    lin(h, inner // tp, "mixer.out_proj")
 
 
 def _moe(
-    model: ModelShape, text: dict[str, Any], tp: int, ep: int, q: Quantization, lin, t: _Tally, d: int
+    model: ModelShape,
+    text: dict[str, Any],
+    tp: int,
+    ep: int,
+    q: Quantization,
+    lin,
+    t: _Tally,
+    d: int,
 ) -> None:
     """FusedMoE w13 [E/ep, 2I/(tp/ep), h] and w2 [E/ep, h, I/(tp/ep)], router replicated, shared experts
     column/row parallel over tp (gated except Nemotron-H's relu2)."""
@@ -362,12 +395,17 @@ def _moe(
     if model.model_type == "gpt_oss":  # w13/w2 biases (bf16 in mxfp4.py)
         t.add(experts * (up + h) * d)
     t.add(model.num_experts * h * d, replicated=True)  # router gate (quant_config=None)
-    if text.get("topk_method") == "noaux_tc" or model.model_type in ("deepseek_v3", "kimi_k2", "nemotron_h"):
+    if text.get("topk_method") == "noaux_tc" or model.model_type in (
+        "deepseek_v3",
+        "kimi_k2",
+        "nemotron_h",
+        "glm4_moe",
+    ):
         t.add(model.num_experts * FP32, replicated=True)  # e_score_correction_bias
     shared = model.shared_expert_intermediate_size
     if shared:
-        lin((2 if gated else 1) * shared // tp, h)
-        lin(h, shared // tp)
+        lin((2 if gated else 1) * shared // tp, h, "mlp.shared_experts.up_proj")
+        lin(h, shared // tp, "mlp.shared_experts.down_proj")
         if model.model_type.startswith(("qwen2_moe", "qwen3_next", "qwen3_5")):
             t.add(h * d, replicated=True)  # shared_expert_gate
 
