@@ -1,4 +1,4 @@
-"""Plan SGLang's GPU memory and launch flags from SGLang's own allocation rules.
+"""The memory plan: what SGLang will allocate for a model, a GPU and a set of launch flags.
 
 Mirrors (function names are SGLang's; 0.5.23 paths, 0.5.17 equivalents live in srt/server_args.py):
 - default chunked prefill / decode graph max_bs / mem_fraction_static:
@@ -10,12 +10,16 @@ Mirrors (function names are SGLang's; 0.5.23 paths, 0.5.17 equivalents live in s
   slots per request S: ``_calculate_mamba_ratio``
   with ``srt/mem_cache/allocation_sizing.py::get_mamba_tracking_slots``;
 - running cap: ``KVCacheConfigurator.resolve_max_num_reqs``;
-- KV tokens: ``srt/model_executor/pool_configurator.py::DefaultPoolConfigurator.calculate_pool_sizes``;
+- KV (and sliding-window) tokens and the recurrent state per request: one module per attention family in
+  :mod:`regen.sglang.pools` (``srt/model_executor/pool_configurator.py``); weights per rank and the tp
+  SGLang accepts: :mod:`regen.sglang.weights`, :mod:`regen.sglang.fit`;
 - speculative defaults: ``srt/arg_groups/speculative_hook.py``
   (max_running_requests 48; steps/topk/draft 3/1/4).
 
-The ``regen tune`` command and the ``tune`` rule entry live in :mod:`regen.tune.tune`; what a launched
-server really allocated, and its drift from this plan, in :mod:`regen.sglang.realized`.
+The running-cap search is :mod:`regen.sglang.search`, the sweep's alternatives
+:mod:`regen.sglang.alternatives`, the recommendation and the plan file :mod:`regen.sglang.recommend`; the
+``regen tune`` command and the ``tune`` rule entry live in :mod:`regen.tune.tune`; what a launched server
+really allocated, and its drift from this plan, in :mod:`regen.sglang.realized`.
 """
 
 from __future__ import annotations

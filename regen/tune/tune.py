@@ -1,8 +1,9 @@
 """The tune stage: ``regen tune`` (plan and recommend), ``regen tune --sweep`` (benchmark the top
 configs live) and the ``tune`` rule's entry (``results/plan/server.json`` from the audited workload).
 
-The memory model is :mod:`regen.sglang.plan`; the live benchmark :mod:`regen.tune.sweep`; the projection
-:mod:`regen.tune.projection`; what a launched server really got :mod:`regen.sglang.realized`.
+The memory model is :mod:`regen.sglang.plan`, the recommendation :mod:`regen.sglang.recommend`; the live
+benchmark :mod:`regen.tune.sweep`; the projection :mod:`regen.tune.projection`; what a launched server
+really got :mod:`regen.sglang.realized`.
 """
 
 from __future__ import annotations
