@@ -163,3 +163,13 @@ def test_the_swa_pool_is_read_from_sglangs_log_and_compared() -> None:
     assert (
         compare(p, parse_startup_log(log.replace("85004", "42502")), tolerance=0.01)[0].field == "swa_tokens"
     )
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2"])
+def test_mla_targets_at_tp_8_plan_the_latent_cell(name: str) -> None:
+    """At tp 8 (one H200 host) the KV of DeepSeek-V3 / Kimi-K2 is the budget over SGLang's MLA cell,
+    70,272 B a token on every rank (issue 33: regen had read it as 128-head attention, 359,168 B)."""
+    p = plan(shape(name), H200_MIB, 8, ["--mem-fraction-static", "0.9"], None, "0.5.23")
+    assert p.kv_cell_bytes == 70_272
+    assert p.kv_cache_tokens == int(p.kv_cache_gib * GIB) // 70_272
+    assert "MLA cell" in p.kv_pool_rule
