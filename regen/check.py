@@ -28,8 +28,9 @@ from regen.chat import ChatTemplate, ChatTemplateError
 from regen.ingest.dataset import detect_format
 from regen.layout import CONFIG_SCHEMA, RunLayout
 from regen.runconfig import section_schema, with_schema_defaults
+from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelConfigError, ModelShape
-from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, parse_flags
+from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from regen.storage import is_s3_uri, parse_location
 
 #: outputs take about this many times the input (prompt shards, generation JSONL with reasoning,

@@ -14,8 +14,9 @@ from regen.runconfig import ServerConfig
 from regen.serving.simulated_mode import build_simulated_command
 from regen.sglang.config import PlanFile
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import Workload, recommend, write_plan_file
+from regen.sglang.plan import Workload
 from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
+from regen.sglang.recommend import recommend, write_plan_file
 
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "resources/demo-model/config.json"
 DEMO_WORKLOAD = Workload(prompt_p50=35, prompt_p99=238, max_tokens=512)

@@ -104,7 +104,8 @@ def test_the_built_launch_command_passes_sglangs_own_parser() -> None:
 def test_every_tuner_candidate_passes_sglangs_own_parser() -> None:
     """The static recommendation, every scheduler candidate (ReplaySSM decode too) and MTP candidate."""
     from regen.sglang.models import ModelShape
-    from regen.sglang.plan import Workload, recommend
+    from regen.sglang.plan import Workload
+    from regen.sglang.recommend import recommend
 
     model = ModelShape.from_config(Path(__file__).parent / "data/models/gpu-qwen3.6-27b-text")
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, expected_output_tokens=636)

@@ -135,8 +135,10 @@ def sim_accept_len(a: float, steps: int, mode: str) -> float:
 
 def plan_configs(model_dir: Path, gpu_mib: int, a: argparse.Namespace) -> tuple[list[Config], Any]:
     """The grid's servers in priority order, planned by regen for this workload."""
+    from regen.sglang.alternatives import mtp_candidates
     from regen.sglang.models import ModelShape
-    from regen.sglang.plan import Workload, mtp_candidates, plan, recommend
+    from regen.sglang.plan import Workload, plan
+    from regen.sglang.recommend import recommend
 
     model = ModelShape.from_config(model_dir)
     prompt = a.prompt_tokens + TEMPLATE_TOKENS

@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from regen.sglang.models import ModelShape
-    from regen.sglang.plan import Workload, recommend
+    from regen.sglang.plan import Workload
+    from regen.sglang.recommend import recommend
 
     model_dir = a.work / "model"
     shape = HybridShape.from_config(make_model(model_dir, 64))

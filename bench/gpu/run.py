@@ -319,7 +319,7 @@ def predicted_of(mp: Any) -> dict[str, Any]:
 
 def plan_file_dict(rec: Any, model_dir: Path, gpu_mib: int, work: Path, name: str) -> dict[str, Any]:
     """The plan file ``regen tune --out`` writes (what the generate rule hands to acquire_server)."""
-    from regen.sglang.plan import write_plan_file
+    from regen.sglang.recommend import write_plan_file
 
     path = work / f"plan-{name}.json"
     write_plan_file(
@@ -333,7 +333,8 @@ def all_configs(
 ) -> tuple[list[ServerConfig], dict[str, Any]]:
     """(a) defaults, (b) regen's recommendation (fp32 state), (b2) with bf16 state allowed, (c) candidates."""
     from regen.sglang.models import ModelShape
-    from regen.sglang.plan import Recommendation, plan, recommend
+    from regen.sglang.plan import plan
+    from regen.sglang.recommend import Recommendation, recommend
 
     model = ModelShape.from_config(str(model_dir))
     wl = tuner_workload(workload)

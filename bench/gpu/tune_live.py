@@ -521,7 +521,7 @@ def bound_for(
 
 def replay_ring_len(args: list[str]) -> int | None:
     """The ReplaySSM ring length of a launch (``--linear-replayssm-cache-len``); None: off."""
-    from regen.sglang.plan import parse_flags
+    from regen.sglang.flags import parse_flags
 
     flags = parse_flags(list(args))
     return flags.linear_replayssm_cache_len if flags.enable_linear_replayssm else None
@@ -651,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     mean_len = lengths.mean()
 
     from regen.sglang.models import ModelShape
-    from regen.sglang.plan import Workload, recommend
+    from regen.sglang.plan import Workload
+    from regen.sglang.recommend import recommend
     from regen.tune.projection import project
     from regen.tune.sweep import closed_loop_projection, run_sweep
 

@@ -1,8 +1,9 @@
 """The typed plan file, built once, at the boundary.
 
-:class:`PlanFile` is ``results/plan/server.json`` (written by the ``tune`` rule): the launch flags, both
-predictions (``given`` flags as configured, ``recommended`` by the tuner) and which of the two the
-servers are launched with (:attr:`PlanFile.launched`, decided once, by the tuner, from ``use_tuner``).
+:class:`PlanFile` is ``results/plan/server.json`` (written by the ``tune`` rule, only through
+:meth:`PlanFile.write`): the launch flags, both predictions (``given`` flags as configured,
+``recommended`` by the tuner) and which of the two the servers are launched with
+(:attr:`PlanFile.launched`, decided once, by the tuner, from ``use_tuner``).
 The typed ``server`` config section is :class:`regen.runconfig.ServerConfig`.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from regen.io import read_json
+from regen.io import read_json, write_json
 
 # ------------------------------------------------------------------------------- plan file --
 PlanSectionName = Literal["recommended", "given"]
@@ -66,7 +67,38 @@ class PlanFile:
             raise ValueError(f"{path}: the plan file holds null, not a plan")
         return plan
 
+    @classmethod
+    def for_external_server(cls) -> PlanFile:
+        """``server.mode external``: nothing planned, no flags (the endpoint is the user's)."""
+        return cls(launch_args=(), launched="recommended", given={}, recommended={}, external=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object :meth:`from_json` reads back."""
+        return {
+            "launch_args": list(self.launch_args),
+            "launched": self.launched,
+            "given": dict(self.given),
+            "recommended": dict(self.recommended),
+            "warnings": list(self.warnings),
+            "sglang_version": self.sglang_version,
+            "model_config": self.model_config,
+            "gpu_memory_mib": self.gpu_memory_mib,
+            "external": self.external,
+        }
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan file atomically: the one place it is written."""
+        write_json(path, self.to_json())
+
     @property
     def launched_section(self) -> Mapping[str, Any]:
         """The prediction for the flags the servers are launched with."""
         return self.recommended if self.launched == "recommended" else self.given
+
+    @property
+    def client_concurrency(self) -> int | None:
+        """Requests to keep in flight per server under the launched flags (the tuner's
+        ``client_concurrency``: for attention-only models the KV filled at the expected context, above
+        the running cap it leaves to SGLang); None: no plan, use the server's running cap."""
+        value = self.launched_section.get("client_concurrency")
+        return int(value) if value else None

@@ -10,9 +10,11 @@ import argparse
 import contextlib
 import difflib
 import io
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 DEFAULT_VERSION = "0.5.23"
 _BUNDLED = {"0.5.23": Path(__file__).with_name("sglang_0_5_23_flags.txt")}
@@ -143,3 +145,127 @@ def check_flags(argv: list[str], strict: bool = True, version: str = DEFAULT_VER
             flag = next((n for n in _flag_names(argv) if n in message), "argv")
             raise FlagError(flag, f"rejected by SGLang's parser: {message}") from exc
     return FlagCheck(method=method, flags=tuple(_flag_names(argv)))
+
+
+# ------------------------------------------------------- the flags the planner reads --
+#: ServerArgs.linear_replayssm_cache_len default: decode steps between the ReplaySSM ring's state flushes
+REPLAY_RING_LEN = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFlags:
+    """The subset of SGLang launch flags the planner understands, with SGLang's defaults (None = auto)."""
+
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    max_mamba_cache_size: int | None = None
+    mamba_full_memory_ratio: float | None = None
+    mamba_radix_cache_strategy: str = "auto"
+    mamba_ssm_dtype: str | None = None
+    disable_radix_cache: bool = False
+    disable_overlap_schedule: bool = False
+    kv_cache_dtype: str = "auto"
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    context_length: int | None = None
+    cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
+    speculative_algorithm: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    speculative_draft_model_path: str | None = None
+    page_size: int = 1
+    tp: int | None = None
+    num_continuous_decode_steps: int | None = None
+    enable_linear_replayssm: bool = False
+    linear_replayssm_cache_len: int = REPLAY_RING_LEN
+    linear_attn_backend: str = "triton"
+    linear_attn_decode_backend: str | None = None
+    swa_full_tokens_ratio: float = 0.8  # ServerArgs.swa_full_tokens_ratio (0.5.17 and 0.5.23)
+
+    @property
+    def decode_backend(self) -> str:
+        """``--linear-attn-decode-backend``, else ``--linear-attn-backend`` (server_args, 0.5.17/0.5.23)."""
+        return self.linear_attn_decode_backend or self.linear_attn_backend
+
+
+VALUE_FLAGS: dict[str, tuple[str, type]] = {
+    "--mem-fraction-static": ("mem_fraction_static", float),
+    "--max-running-requests": ("max_running_requests", int),
+    "--max-mamba-cache-size": ("max_mamba_cache_size", int),
+    "--mamba-full-memory-ratio": ("mamba_full_memory_ratio", float),
+    "--mamba-radix-cache-strategy": ("mamba_radix_cache_strategy", str),
+    "--mamba-scheduler-strategy": ("mamba_radix_cache_strategy", str),
+    "--mamba-ssm-dtype": ("mamba_ssm_dtype", str),
+    "--kv-cache-dtype": ("kv_cache_dtype", str),
+    "--max-total-tokens": ("max_total_tokens", int),
+    "--chunked-prefill-size": ("chunked_prefill_size", int),
+    "--context-length": ("context_length", int),
+    "--cuda-graph-max-bs": ("cuda_graph_max_bs", int),
+    "--cuda-graph-max-bs-decode": ("cuda_graph_max_bs", int),
+    "--speculative-algorithm": ("speculative_algorithm", str),
+    "--speculative-num-steps": ("speculative_num_steps", int),
+    "--speculative-eagle-topk": ("speculative_eagle_topk", int),
+    "--speculative-num-draft-tokens": ("speculative_num_draft_tokens", int),
+    "--speculative-draft-model-path": ("speculative_draft_model_path", str),
+    "--page-size": ("page_size", int),
+    "--tp-size": ("tp", int),
+    "--tp": ("tp", int),
+    "--tensor-parallel-size": ("tp", int),
+    "--num-continuous-decode-steps": ("num_continuous_decode_steps", int),
+    "--linear-replayssm-cache-len": ("linear_replayssm_cache_len", int),
+    "--linear-attn-backend": ("linear_attn_backend", str),
+    "--linear-attn-decode-backend": ("linear_attn_decode_backend", str),
+    "--swa-full-tokens-ratio": ("swa_full_tokens_ratio", float),
+}
+
+
+BOOL_FLAGS: dict[str, str] = {
+    "--disable-radix-cache": "disable_radix_cache",
+    "--disable-overlap-schedule": "disable_overlap_schedule",
+    "--disable-cuda-graph": "disable_cuda_graph",
+    "--disable-decode-cuda-graph": "disable_cuda_graph",
+    "--enable-linear-replayssm": "enable_linear_replayssm",
+}
+
+
+def parse_flags(args: list[str]) -> ServerFlags:
+    """Read the flags the planner understands from an SGLang argv; other flags are skipped."""
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        token = args[i]
+        name, eq, inline = token.partition("=")
+        if name in BOOL_FLAGS:
+            values[BOOL_FLAGS[name]] = True
+        elif name in VALUE_FLAGS:
+            attr, kind = VALUE_FLAGS[name]
+            if eq:
+                raw = inline
+            elif i + 1 < len(args):
+                i += 1
+                raw = args[i]
+            else:
+                raise FlagError(name, "needs a value")
+            try:
+                values[attr] = kind(raw)
+            except ValueError as exc:
+                raise FlagError(name, f"{raw!r} is not a valid {kind.__name__}") from exc
+        i += 1
+    return ServerFlags(**values)
+
+
+def strip_flags(args: list[str], names: Collection[str]) -> list[str]:
+    """``args`` without the flags in ``names`` (and their values: the value flags the planner reads take
+    the next argument unless written ``--flag=value``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        name, eq, _ = args[i].partition("=")
+        if name in names:
+            i += 2 if name in VALUE_FLAGS and not eq else 1
+            continue
+        out.append(args[i])
+        i += 1
+    return out

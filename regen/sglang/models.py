@@ -10,7 +10,8 @@ Every size here mirrors how SGLang sizes its pools (0.5.17 and 0.5.23 agree on t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import struct
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,20 @@ KV_DTYPE_BYTES: dict[str, float] = {
     "fp4_mx_block16": 0.5,
 }
 CONV_STATE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE default bfloat16 (mamba_utils.mamba2_state_dtype)
+
+
+# Fields a real config.json may omit, with the default the transformers config class gives them (SGLang
+# reads the config through transformers, so it uses these): ``Gemma3TextConfig.__init__`` (vocab_size
+# 262_208, num_key_value_heads 4, head_dim 256, tie_word_embeddings True; T5Gemma2TextConfig copies them),
+# ``Gemma2Config`` (vocab_size 256000, the rest alike), ``MixtralConfig`` / ``MistralConfig`` (vocab 32000).
+_GEMMA3_TEXT = {"vocab_size": 262208, "num_key_value_heads": 4, "head_dim": 256, "tie_word_embeddings": True}
+TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": _GEMMA3_TEXT,
+    "gemma3": _GEMMA3_TEXT,
+    "gemma2": {**_GEMMA3_TEXT, "vocab_size": 256000},
+    "mixtral": {"vocab_size": 32000},
+    "mistral": {"vocab_size": 32000},
+}
 
 
 class ModelConfigError(ValueError):
@@ -92,6 +107,8 @@ class ModelShape:
     #: the config as read (``text_config`` not unwrapped): attention-family and pool modules read their own
     #: fields from it; compared by identity only, so a plan's equality stays the shape's
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
+    #: the sum of the tensors' bytes in the safetensors headers of the model dir (no index there)
+    weights_bytes_from_headers: int | None = None
 
     @property
     def is_hybrid(self) -> bool:
@@ -114,7 +131,9 @@ class ModelShape:
             raise ModelConfigError(f"{config_path}: not valid JSON ({exc})") from exc
         index_path = config_path.parent / "model.safetensors.index.json"
         index_bytes = _index_total_size(index_path) if index_path.exists() else None
-        return cls.from_dict(raw, source=str(config_path), weights_bytes_from_index=index_bytes)
+        header_bytes = None if index_bytes is not None else _safetensors_header_bytes(config_path.parent)
+        shape = cls.from_dict(raw, source=str(config_path), weights_bytes_from_index=index_bytes)
+        return replace(shape, weights_bytes_from_headers=header_bytes) if header_bytes else shape
 
     @classmethod
     def from_dict(
@@ -124,16 +143,21 @@ class ModelShape:
         text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
         vision = raw.get("vision_config") if isinstance(raw.get("vision_config"), dict) else None
 
+        text_type = str(text.get("model_type") or raw.get("model_type", ""))
+        defaults = TRANSFORMERS_DEFAULTS.get(text_type, {})
+
         def need(key: str) -> Any:
-            if key not in text:
-                raise ModelConfigError(f"{source}: field {key!r} missing from the (text) config")
-            return text[key]
+            if key in text:
+                return text[key]
+            if key in defaults:
+                return defaults[key]
+            raise ModelConfigError(f"{source}: field {key!r} missing from the (text) config")
 
         num_layers = int(need("num_hidden_layers"))
         hidden = int(need("hidden_size"))
         heads = int(need("num_attention_heads"))
-        kv_heads = int(text.get("num_key_value_heads") or heads)
-        head_dim = int(text.get("head_dim") or hidden // heads)
+        kv_heads = int(text.get("num_key_value_heads") or defaults.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or defaults.get("head_dim") or hidden // heads)
         layer_types = _layer_types(text, num_layers)
         n_linear = sum(1 for t in layer_types if t == "linear_attention")
         linear = None
@@ -164,12 +188,17 @@ class ModelShape:
             head_dim=head_dim,
             v_head_dim=int(text.get("v_head_dim") or head_dim),
             intermediate_size=int(text.get("intermediate_size") or 0),
-            num_experts=int(text.get("num_experts") or text.get("num_local_experts") or 0),
-            num_experts_per_tok=int(text.get("num_experts_per_tok") or 0),
-            moe_intermediate_size=int(text.get("moe_intermediate_size") or 0),
-            shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size") or 0),
+            num_experts=_num_experts(text),
+            num_experts_per_tok=int(text.get("num_experts_per_tok") or text.get("experts_per_token") or 0),
+            moe_intermediate_size=_expert_width(text),
+            shared_expert_intermediate_size=_shared_expert_width(text),
             vocab_size=int(need("vocab_size")),
-            tie_word_embeddings=bool(text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
+            tie_word_embeddings=bool(
+                text.get(
+                    "tie_word_embeddings",
+                    raw.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False)),
+                )
+            ),
             attn_output_gate=bool(text.get("attn_output_gate", False)),
             context_length=int(
                 text.get("max_position_embeddings") or raw.get("max_position_embeddings") or 0
@@ -284,6 +313,60 @@ def _layer_types(text: dict[str, Any], num_layers: int) -> list[str]:
             for i in range(num_layers)
         ]
     return ["full_attention"] * num_layers
+
+
+def _num_experts(text: dict[str, Any]) -> int:
+    """Routed experts by every spelling: ``n_routed_experts`` (DeepSeek, Kimi, GLM, Nemotron-H),
+    ``num_local_experts`` (Mixtral, gpt-oss, Llama-4), ``num_experts`` (Qwen)."""
+    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
+        if text.get(key):
+            return int(text[key])
+    return 0
+
+
+def _expert_width(text: dict[str, Any]) -> int:
+    """An expert's intermediate width: ``moe_intermediate_size``, else (Mixtral, gpt-oss, Llama-4, whose
+    experts are ``intermediate_size`` wide) ``intermediate_size``; 0 for a dense model."""
+    if not _num_experts(text):
+        return int(text.get("moe_intermediate_size") or 0)
+    return int(text.get("moe_intermediate_size") or text.get("intermediate_size") or 0)
+
+
+def _shared_expert_width(text: dict[str, Any]) -> int:
+    """Shared experts' total width: Qwen ``shared_expert_intermediate_size``, Nemotron-H
+    ``moe_shared_expert_intermediate_size``, DeepSeek/Kimi/GLM ``n_shared_experts`` x
+    ``moe_intermediate_size``, Llama-4's one shared expert of ``intermediate_size``."""
+    for key in ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"):
+        if text.get(key):
+            return int(text[key])
+    if text.get("n_shared_experts") and _num_experts(text):
+        return int(text["n_shared_experts"]) * _expert_width(text)
+    if "interleave_moe_layer_step" in text and _num_experts(text):  # llama4.py Llama4MoE.shared_expert
+        return int(text.get("intermediate_size") or 0)
+    return 0
+
+
+def _safetensors_header_bytes(model_dir: Path) -> int | None:
+    """Sum of the tensors' byte ranges in the headers of ``model_dir/*.safetensors`` (8-byte little-endian
+    header length, then the JSON header with each tensor's ``data_offsets``); None without such files."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        try:
+            with path.open("rb") as fh:
+                (length,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(length))
+            total += sum(
+                end - start
+                for k, v in header.items()
+                if k != "__metadata__"
+                for start, end in [v["data_offsets"]]
+            )
+        except (OSError, struct.error, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ModelConfigError(f"{path}: not a readable safetensors header ({exc})") from exc
+    return total
 
 
 def _dtype_bytes(dtype: str) -> int:

@@ -1,4 +1,4 @@
-"""Plan SGLang's GPU memory and launch flags from SGLang's own allocation rules.
+"""The memory plan: what SGLang will allocate for a model, a GPU and a set of launch flags.
 
 Mirrors (function names are SGLang's; 0.5.23 paths, 0.5.17 equivalents live in srt/server_args.py):
 - default chunked prefill / decode graph max_bs / mem_fraction_static:
@@ -10,49 +10,73 @@ Mirrors (function names are SGLang's; 0.5.23 paths, 0.5.17 equivalents live in s
   slots per request S: ``_calculate_mamba_ratio``
   with ``srt/mem_cache/allocation_sizing.py::get_mamba_tracking_slots``;
 - running cap: ``KVCacheConfigurator.resolve_max_num_reqs``;
-- KV tokens: ``srt/model_executor/pool_configurator.py::DefaultPoolConfigurator.calculate_pool_sizes``;
+- KV (and sliding-window) tokens and the recurrent state per request: one module per attention family in
+  :mod:`regen.sglang.pools` (``srt/model_executor/pool_configurator.py``); weights per rank and the tp
+  SGLang accepts: :mod:`regen.sglang.weights`, :mod:`regen.sglang.fit`;
 - speculative defaults: ``srt/arg_groups/speculative_hook.py``
   (max_running_requests 48; steps/topk/draft 3/1/4).
 
-The ``regen tune`` command and the ``tune`` rule entry live in :mod:`regen.tune.tune`; what a launched
-server really allocated, and its drift from this plan, in :mod:`regen.sglang.realized`.
+The running-cap search is :mod:`regen.sglang.search`, the sweep's alternatives
+:mod:`regen.sglang.alternatives`, the recommendation and the plan file :mod:`regen.sglang.recommend`; the
+``regen tune`` command and the ``tune`` rule entry live in :mod:`regen.tune.tune`; what a launched server
+really allocated, and its drift from this plan, in :mod:`regen.sglang.realized`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import shutil
 import subprocess
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from regen.io import write_json
-from regen.sglang.flags import cuda_graph_max_bs_flag, renamed_flag_warnings
+from regen.sglang.fit import smallest_fitting_tp, tp_refusals
+from regen.sglang.flags import ServerFlags, parse_flags
 from regen.sglang.models import ModelShape
-
-log = logging.getLogger("regen.tune.tune")
-T = TypeVar("T")
+from regen.sglang.pools import (
+    PoolFlags,
+    PoolTooSmall,
+    Unmodelled,
+    has_state,
+    is_mamba2_hybrid,
+    kv_pool,
+    state_bytes_per_request,
+)
+from regen.sglang.weights import weights_per_rank
 
 GIB = 1 << 30
+
+
 DEFAULT_VERSION = "0.5.23"
+
+
 SUPPORTED_VERSIONS = ("0.5.17", "0.5.23")
+
+
 # Memory in use before SGLang loads weights (CUDA context, NCCL, torch allocator). Not an SGLang constant:
 # calibrated so the measured H200 startup (0.5.17, 64-layer Qwen3.6-27B text shape, 143,771 MiB) reproduces
 # K=248 and 651,426 KV tokens; see tests/test_plan.py::test_reproduces_measured_h200_default.
 CUDA_CONTEXT_GIB = 1.35
+
+
 VLM_CACHE_GIB = 0.1  # SGLANG_VLM_CACHE_SIZE_MB=100 (kv_cache_configurator.mm_runtime_reservation_gb, 0.5.23)
+
+
 MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3  # kv_cache_configurator.py
+
+
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # ServerArgs.mamba_full_memory_ratio
+
+
 DEFAULT_DECODE_GRAPH_LIMIT_NOTE = 256
-#: ServerArgs.linear_replayssm_cache_len default: decode steps between the ReplaySSM ring's state flushes
-REPLAY_RING_LEN = 16
+
+
 #: the memory fraction the tuner tries besides SGLang's default (measured on the H200: 5.5 GB still free
 #: after CUDA graphs at a 608 cap, 2026-11-30); its slack is the least runtime headroom regen plans for
 TUNER_MEM_FRACTION = 0.92
+
 
 # Architectures whose "auto" mamba radix strategy resolves to extra_buffer
 # (srt/arg_groups/overrides.py::_MAMBA_EXTRA_BUFFER_ARCHS, Qwen families only listed here).
@@ -86,6 +110,10 @@ class PlanError(ValueError):
     """Flags or inputs the planner cannot turn into a memory plan."""
 
 
+class UnmodelledError(PlanError):
+    """A model whose pools the planner does not model: SGLang's own planning applies (no memory flags)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     prompt_p50: int
@@ -93,113 +121,33 @@ class Workload:
     max_tokens: int
     target_concurrency: int | None = None
     unique_prompts: bool = True
-    #: mean completion tokens expected (source answers, a pilot); adds scheduler candidates (see
-    #: ``scheduler_candidates``) that size the running cap for it instead of for max_tokens
+    #: mean completion tokens expected (the old answers, a pilot): attention-only models fill the KV at
+    #: it; hybrids get scheduler candidates sized for it (``regen.sglang.alternatives``)
     expected_output_tokens: int | None = None
+    #: where ``expected_output_tokens`` comes from, said in the recommendation's reasons
+    expected_output_source: str = "given"
 
     @property
     def tokens_per_request(self) -> int:
+        """The worst case: prompt p99 + max_tokens."""
         return self.prompt_p99 + self.max_tokens
 
-
-@dataclass(frozen=True, slots=True)
-class ServerFlags:
-    """The subset of SGLang launch flags the planner understands, with SGLang's defaults (None = auto)."""
-
-    mem_fraction_static: float | None = None
-    max_running_requests: int | None = None
-    max_mamba_cache_size: int | None = None
-    mamba_full_memory_ratio: float | None = None
-    mamba_radix_cache_strategy: str = "auto"
-    mamba_ssm_dtype: str | None = None
-    disable_radix_cache: bool = False
-    disable_overlap_schedule: bool = False
-    kv_cache_dtype: str = "auto"
-    max_total_tokens: int | None = None
-    chunked_prefill_size: int | None = None
-    context_length: int | None = None
-    cuda_graph_max_bs: int | None = None
-    disable_cuda_graph: bool = False
-    speculative_algorithm: str | None = None
-    speculative_num_steps: int | None = None
-    speculative_eagle_topk: int | None = None
-    speculative_num_draft_tokens: int | None = None
-    speculative_draft_model_path: str | None = None
-    page_size: int = 1
-    tp: int | None = None
-    num_continuous_decode_steps: int | None = None
-    enable_linear_replayssm: bool = False
-    linear_replayssm_cache_len: int = REPLAY_RING_LEN
-    linear_attn_backend: str = "triton"
-    linear_attn_decode_backend: str | None = None
+    @property
+    def expected_output(self) -> int:
+        """The expected answer length: ``expected_output_tokens`` when given below ``max_tokens``, else
+        ``max_tokens`` (all the workload knows; :attr:`expected_output_known` says which)."""
+        return int(self.expected_output_tokens) if self.expected_output_known else self.max_tokens
 
     @property
-    def decode_backend(self) -> str:
-        """``--linear-attn-decode-backend``, else ``--linear-attn-backend`` (server_args, 0.5.17/0.5.23)."""
-        return self.linear_attn_decode_backend or self.linear_attn_backend
+    def expected_output_known(self) -> bool:
+        return bool(self.expected_output_tokens) and int(self.expected_output_tokens or 0) < self.max_tokens
 
-
-_VALUE_FLAGS: dict[str, tuple[str, type]] = {
-    "--mem-fraction-static": ("mem_fraction_static", float),
-    "--max-running-requests": ("max_running_requests", int),
-    "--max-mamba-cache-size": ("max_mamba_cache_size", int),
-    "--mamba-full-memory-ratio": ("mamba_full_memory_ratio", float),
-    "--mamba-radix-cache-strategy": ("mamba_radix_cache_strategy", str),
-    "--mamba-scheduler-strategy": ("mamba_radix_cache_strategy", str),
-    "--mamba-ssm-dtype": ("mamba_ssm_dtype", str),
-    "--kv-cache-dtype": ("kv_cache_dtype", str),
-    "--max-total-tokens": ("max_total_tokens", int),
-    "--chunked-prefill-size": ("chunked_prefill_size", int),
-    "--context-length": ("context_length", int),
-    "--cuda-graph-max-bs": ("cuda_graph_max_bs", int),
-    "--cuda-graph-max-bs-decode": ("cuda_graph_max_bs", int),
-    "--speculative-algorithm": ("speculative_algorithm", str),
-    "--speculative-num-steps": ("speculative_num_steps", int),
-    "--speculative-eagle-topk": ("speculative_eagle_topk", int),
-    "--speculative-num-draft-tokens": ("speculative_num_draft_tokens", int),
-    "--speculative-draft-model-path": ("speculative_draft_model_path", str),
-    "--page-size": ("page_size", int),
-    "--tp-size": ("tp", int),
-    "--tp": ("tp", int),
-    "--tensor-parallel-size": ("tp", int),
-    "--num-continuous-decode-steps": ("num_continuous_decode_steps", int),
-    "--linear-replayssm-cache-len": ("linear_replayssm_cache_len", int),
-    "--linear-attn-backend": ("linear_attn_backend", str),
-    "--linear-attn-decode-backend": ("linear_attn_decode_backend", str),
-}
-_BOOL_FLAGS: dict[str, str] = {
-    "--disable-radix-cache": "disable_radix_cache",
-    "--disable-overlap-schedule": "disable_overlap_schedule",
-    "--disable-cuda-graph": "disable_cuda_graph",
-    "--disable-decode-cuda-graph": "disable_cuda_graph",
-    "--enable-linear-replayssm": "enable_linear_replayssm",
-}
-
-
-def parse_flags(args: list[str]) -> ServerFlags:
-    """Read the flags the planner understands from an SGLang argv; other flags are skipped."""
-    values: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        token = args[i]
-        name, eq, inline = token.partition("=")
-        if name in _BOOL_FLAGS:
-            values[_BOOL_FLAGS[name]] = True
-        elif name in _VALUE_FLAGS:
-            attr, kind = _VALUE_FLAGS[name]
-            if eq:
-                raw = inline
-            elif i + 1 < len(args):
-                i += 1
-                raw = args[i]
-            else:
-                raise PlanError(f"flag {name} needs a value")
-            try:
-                values[attr] = kind(raw)
-            except ValueError as exc:
-                raise PlanError(f"flag {name}: {raw!r} is not a valid {kind.__name__}") from exc
-        i += 1
-    return ServerFlags(**values)
+    @property
+    def expected_tokens_per_request(self) -> int:
+        """The expected context of a running request: prompt p50 + the expected answer. The mean context
+        of a running set (length-biased: long answers run longer) is prompt + E[L]·(1 + cv²)/2, so this
+        holds while the answers' squared coefficient of variation is at most 1."""
+        return self.prompt_p50 + self.expected_output
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +160,7 @@ class MemoryPlan:
     chunked_prefill_size: int
     cuda_graph_max_bs: int
     weights_gib: float
+    weights_rule: str
     state_pool_gib: float
     spec_scratch_gib: float
     kv_cache_gib: float
@@ -226,10 +175,16 @@ class MemoryPlan:
     mamba_slots_per_request: int | None
     mamba_radix_cache_strategy: str | None
     kv_cache_tokens: int
+    swa_tokens: int | None  # the sliding-window pool's tokens, where there is one
+    kv_pool_rule: str  # the SGLang configurator the KV (and SWA) tokens follow
     requested_max_running_requests: int
     effective_max_running_requests: int
     binding_constraint: str
     workload_concurrency: int | None = None  # running requests the KV cache holds at p99 prompt + max_tokens
+    #: requests the client keeps in flight: for attention-only models the KV cache filled at the expected
+    #: context (prompt p50 + expected answer), never below SGLang's decode-graph default, within the cap;
+    #: for linear-attention hybrids the running cap (their state pool sets it)
+    client_concurrency: int | None = None
     notes: tuple[str, ...] = ()
     #: --enable-linear-replayssm decode ring: allocated per state slot outside SGLang's pool budget (its
     #: solver charges only the spec-verify ring), so it comes out of the (1 - mfs) runtime slack
@@ -257,14 +212,48 @@ class MemoryPlan:
             "effective_max_running_requests": self.effective_max_running_requests,
             "binding_constraint": self.binding_constraint,
             "workload_concurrency": self.workload_concurrency,
+            "client_concurrency": self.client_concurrency,
+            "cuda_graph_max_bs": self.cuda_graph_max_bs,
             "replay_ring_gib": round(self.replay_ring_gib, 3),
+            **({"swa_tokens": self.swa_tokens} if self.swa_tokens is not None else {}),
+            "rules": self.rules(),
         }
+
+    def rules(self) -> dict[str, str]:
+        """Per number, the SGLang rule it follows (issue 33 item 6)."""
+        given = {
+            "mem_fraction_static": "--mem-fraction-static as given",
+            "cuda_graph_max_bs": "--cuda-graph-max-bs(-decode) as given",
+        }
+        flags = parse_flags(list(self.args))
+        out = {
+            "weights_gib": self.weights_rule,
+            "kv_cache_tokens": self.kv_pool_rule
+            + (", capped by --max-total-tokens" if flags.max_total_tokens else ""),
+            "mem_fraction_static": given["mem_fraction_static"]
+            if flags.mem_fraction_static is not None
+            else "memory_hook.handle_gpu_memory_settings (0.5.17: ServerArgs._handle_gpu_memory_settings)",
+            "cuda_graph_max_bs": given["cuda_graph_max_bs"]
+            if flags.cuda_graph_max_bs is not None
+            else "handle_gpu_memory_settings tier, capped by --max-running-requests",
+            "effective_max_running_requests": "KVCacheConfigurator.resolve_max_num_reqs",
+            "client_concurrency": "regen: the KV filled at prompt p50 + the expected answer, at least the "
+            "decode-graph range, at most the cap (linear-attention hybrids: the worst-case concurrency)",
+            "workload_concurrency": "regen: the KV at prompt p99 + max_tokens, at most the cap",
+        }
+        if self.swa_tokens is not None:
+            out["swa_tokens"] = self.kv_pool_rule
+        if self.max_mamba_cache_size is not None:
+            out["max_mamba_cache_size"] = "KVCacheConfigurator._handle_max_mamba_cache"
+            out["mamba_slots_per_request"] = "KVCacheConfigurator._calculate_mamba_ratio"
+        return out
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["args"] = list(self.args)
         out["notes"] = list(self.notes)
         out["mamba_pool_gib"] = self.mamba_pool_gib
+        out["rules"] = self.rules()
         return out
 
 
@@ -438,21 +427,33 @@ def plan(
         mfs = round((gpu_memory_mib - reserve_mib) / gpu_memory_mib, 3) * vlm_mem_fraction_factor(model)
     total_gib = gpu_memory_mib / 1024
     pre_load_gib = total_gib - cuda_context_gib
-    weights_gib = model.weights_bytes() / tp / GIB
+    refused = tp_refusals(model, tp)
+    if refused:
+        fit = smallest_fitting_tp(model, gpu_memory_mib)
+        raise PlanError(
+            f"tp {tp} refused by SGLang: {'; '.join(refused)} (smallest tp that works: {fit.reason})"
+        )
+    weights = weights_per_rank(model, tp)
+    weights_gib = weights.gib_per_rank
     slack_gib = pre_load_gib * (1 - mfs)
     vlm_gib = VLM_CACHE_GIB if model.is_multimodal and sglang_version != "0.5.17" else 0.0
     draft_weights_gib = draft_weights_bytes(model) / tp / GIB if draft_layers else 0.0
     rest_gib = pre_load_gib - weights_gib - draft_weights_gib - slack_gib - vlm_gib
 
     ssm_dtype = flags.mamba_ssm_dtype
-    per_req = model.state_bytes_per_request(tp, ssm_dtype) if model.is_hybrid else 0
+    stateful = has_state(model)
+    per_req = state_bytes_per_request(model, tp, ssm_dtype) if stateful else 0
     ring_gib = 0.0
     reserved_scratch_gib = 0.0
     k: int | None = None
     slots: int | None = None
     strategy: str | None = None
     state_gib = scratch_gib = 0.0
-    if model.is_hybrid:
+    if stateful:
+        if draft_tokens and is_mamba2_hybrid(model):
+            raise UnmodelledError(
+                f"{model.architecture}: Mamba2 verify buffers under speculative decoding are not modelled"
+            )
         slots, strategy = mamba_slots_per_request(model, flags, sglang_version)
         k, scratch_bytes = _mamba_pool(flags, per_req, rest_gib, slots, mrr_requested, draft_tokens)
         if k <= 0:
@@ -477,18 +478,39 @@ def plan(
                 notes.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
     if rest_gib <= 0:
         draft = f" + MTP draft {draft_weights_gib:.1f} GiB" if draft_weights_gib else ""
+        fit = smallest_fitting_tp(model, gpu_memory_mib, reserve_mib=reserve_mib)
         raise PlanError(
-            f"weights ({weights_gib:.1f} GiB{draft}) leave no KV cache memory at "
-            f"mem_fraction_static={mfs:.3f}"
+            f"weights ({weights_gib:.1f} GiB per rank at tp {tp}{draft}) leave no KV cache memory at "
+            f"mem_fraction_static={mfs:.3f}; "
+            + (f"the smallest tp that fits: {fit.tp} ({fit.reason})" if fit.tp else fit.reason)
         )
     in_cell = draft_layers if draft_kv_in_cell(flags, model) else 0
-    cell = model.kv_cell_bytes(tp, flags.kv_cache_dtype, in_cell)
-    tokens = int(rest_gib * GIB // cell) // flags.page_size * flags.page_size
+    pool_flags = PoolFlags(
+        tp=tp,
+        kv_cache_dtype=flags.kv_cache_dtype,
+        page_size=flags.page_size,
+        draft_layers_in_cell=in_cell,
+        max_running_requests=mrr_requested,
+        disable_radix_cache=flags.disable_radix_cache,
+        chunked_prefill_size=chunk,
+        overlap_schedule=not flags.disable_overlap_schedule,
+        speculative=bool(draft_tokens),
+        speculative_draft_tokens=draft_tokens,
+        swa_full_tokens_ratio=flags.swa_full_tokens_ratio,
+        sglang_version=sglang_version,
+    )
+    try:
+        pool = kv_pool(model, sglang_version)
+        sizes = pool.size(model, int(rest_gib * GIB), pool_flags)
+        draft_cell = pool.cell_bytes(model, pool_flags, draft_layers) - pool.cell_bytes(model, pool_flags)
+    except Unmodelled as exc:
+        raise UnmodelledError(str(exc)) from exc
+    except PoolTooSmall as exc:
+        raise PlanError(str(exc)) from exc
+    cell, tokens = sizes.cell_bytes, sizes.kv_cache_tokens
+    other_pools_bytes = sizes.kv_bytes - tokens * cell  # the sliding-window pool, where there is one
     if flags.max_total_tokens is not None:
         tokens = min(tokens, flags.max_total_tokens)
-    draft_cell = model.kv_cell_bytes(tp, flags.kv_cache_dtype, draft_layers) - model.kv_cell_bytes(
-        tp, flags.kv_cache_dtype
-    )
     draft_kv_gib = 0.0 if in_cell else tokens * draft_cell / GIB
     context_len = flags.context_length or model.context_length or 4096
     if mrr_requested is not None:
@@ -500,10 +522,11 @@ def plan(
         terms["mamba_pool"] = k // slots
     binding = min(terms, key=lambda key: terms[key])
     running = terms[binding]
-    workload_running = None
+    workload_running = client = None
     if workload is not None:
         workload_running = min(running, tokens // max(1, workload.tokens_per_request))
-    kv_gib = tokens * cell / GIB
+        client = workload_running if stateful else expected_fill(tokens, workload, decode_bs, running)
+    kv_gib = (tokens * cell + other_pools_bytes) / GIB
     free_gib = (
         total_gib
         - cuda_context_gib
@@ -525,6 +548,7 @@ def plan(
         chunked_prefill_size=chunk,
         cuda_graph_max_bs=decode_bs,
         weights_gib=weights_gib,
+        weights_rule=f"{weights.rule} [{weights.source}]",
         state_pool_gib=state_gib,
         spec_scratch_gib=scratch_gib,
         kv_cache_gib=kv_gib,
@@ -535,6 +559,8 @@ def plan(
         free_gib=free_gib,
         state_bytes_per_request=per_req,
         kv_cell_bytes=cell,
+        swa_tokens=sizes.swa_tokens,
+        kv_pool_rule=sizes.rule,
         max_mamba_cache_size=k,
         mamba_slots_per_request=slots,
         mamba_radix_cache_strategy=strategy,
@@ -543,11 +569,18 @@ def plan(
         effective_max_running_requests=running,
         binding_constraint=binding,
         workload_concurrency=workload_running,
+        client_concurrency=client,
         notes=tuple(notes),
         replay_ring_gib=ring_gib,
         draft_weights_gib=draft_weights_gib,
         draft_kv_gib=draft_kv_gib,
     )
+
+
+def expected_fill(tokens: int, workload: Workload, decode_graph_bs: int, running: int) -> int:
+    """Requests in flight that fill ``tokens`` of KV at the workload's expected context, never fewer than
+    the decode graphs SGLang captures by default, never more than the running cap."""
+    return min(running, max(tokens // max(1, workload.expected_tokens_per_request), decode_graph_bs))
 
 
 def replay_ring_notes(
@@ -590,562 +623,6 @@ def _mamba_pool(
     return int((budget - per_req) // per_req), 0
 
 
-# ------------------------------------------------------------------------- recommend --
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    args: tuple[str, ...]
-    plan: MemoryPlan
-    score: int
-    reasons: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Recommendation:
-    given: MemoryPlan
-    recommended: MemoryPlan
-    args: tuple[str, ...]
-    reasons: tuple[str, ...]
-    warnings: tuple[str, ...]
-    candidates: tuple[Candidate, ...] = field(default=())
-    #: what ``regen tune --sweep`` measures against the recommendation for speculative decoding (MTP at 1-3
-    #: steps when the model has MTP layers; the same without MTP when the given flags force it on)
-    speculative: tuple[Candidate, ...] = field(default=())
-    #: why MTP is on or off in this (static, unmeasured) plan
-    mtp_note: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.given.summary(),
-            "recommended": {
-                **self.recommended.summary(),
-                "args": list(self.args),
-                "reasons": list(self.reasons),
-            },
-            "warnings": list(self.warnings),
-            "candidates": [
-                {"args": list(c.args), "score": c.score, "reasons": list(c.reasons), **c.plan.summary()}
-                for c in self.candidates
-            ],
-            "speculative_candidates": [
-                {"args": list(c.args), "score": c.score, "reasons": list(c.reasons), **c.plan.summary()}
-                for c in self.speculative
-            ],
-            "mtp": self.mtp_note,
-        }
-
-
-_PLANNER_FLAGS = {
-    "--mem-fraction-static",
-    "--max-running-requests",
-    "--max-mamba-cache-size",
-    "--mamba-full-memory-ratio",
-    "--mamba-radix-cache-strategy",
-    "--mamba-scheduler-strategy",
-    "--mamba-ssm-dtype",
-    "--disable-radix-cache",
-    "--kv-cache-dtype",
-    "--cuda-graph-max-bs",
-    "--cuda-graph-max-bs-decode",
-}
-
-
-def _strip_planner_flags(args: list[str]) -> list[str]:
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        name, eq, _ = args[i].partition("=")
-        if name in _PLANNER_FLAGS:
-            takes_value = name in _VALUE_FLAGS and not eq
-            i += 2 if takes_value else 1
-            continue
-        out.append(args[i])
-        i += 1
-    return out
-
-
-def flag_warnings(args: list[str], model: ModelShape, sglang_version: str = DEFAULT_VERSION) -> list[str]:
-    """Flags that do nothing in this configuration, and renamed/removed spellings."""
-    flags = parse_flags(args)
-    names = {a.split("=")[0] for a in args if a.startswith("--")}
-    out = list(renamed_flag_warnings(args, sglang_version))
-    if "--mamba-full-memory-ratio" in names:
-        if flags.max_mamba_cache_size is not None:
-            out.append("--mamba-full-memory-ratio is ignored when --max-mamba-cache-size is given")
-        elif flags.disable_radix_cache and flags.max_running_requests is not None:
-            out.append(
-                "--mamba-full-memory-ratio is ignored with --disable-radix-cache and --max-running-requests "
-                "(the mamba pool is sized to max_running_requests)"
-            )
-    if "--num-continuous-decode-steps" in names and sglang_version == "0.5.23":
-        out.append("--num-continuous-decode-steps has no effect: nothing reads it in SGLang 0.5.23")
-    if flags.disable_radix_cache and "--mamba-radix-cache-strategy" in names:
-        out.append("--mamba-radix-cache-strategy is ignored with --disable-radix-cache")
-    if not model.is_hybrid:
-        for flag in ("--max-mamba-cache-size", "--mamba-full-memory-ratio", "--mamba-ssm-dtype"):
-            if flag in names:
-                out.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
-    out += replay_flag_problems(flags, model, sglang_version)
-    if (flags.mamba_radix_cache_strategy == "no_buffer") and not flags.disable_overlap_schedule:
-        out.append(
-            "--mamba-radix-cache-strategy no_buffer requires --disable-overlap-schedule (SGLang asserts)"
-        )
-    return out
-
-
-def replay_flag_problems(flags: ServerFlags, model: ModelShape, version: str) -> list[str]:
-    """Why ``--enable-linear-replayssm`` would do nothing or be refused (server_args
-    ``_handle_linear_attn_backend``, 0.5.17 and 0.5.23); empty when it applies."""
-    if not flags.enable_linear_replayssm:
-        return []
-    if not model.is_hybrid:
-        return [
-            f"--enable-linear-replayssm has no effect: {model.architecture} has no linear-attention layers"
-        ]
-    out = []
-    if flags.decode_backend != "triton":
-        out.append(
-            "--enable-linear-replayssm requires the triton linear-attention decode backend "
-            f"(SGLang refuses --linear-attn-decode-backend {flags.decode_backend})"
-        )
-    _, strategy = mamba_slots_per_request(model, flags, version)
-    if strategy in ("extra_buffer", "extra_buffer_lazy"):
-        out.append(
-            "--enable-linear-replayssm requires the no_buffer mamba cache strategy (SGLang refuses "
-            f"{strategy}, which the radix cache resolves to here); add --disable-radix-cache for unique "
-            "prompts"
-        )
-    if flags.linear_replayssm_cache_len < 1:
-        out.append("--linear-replayssm-cache-len must be >= 1 (SGLang refuses it)")
-    if flags.linear_attn_decode_backend is None and flags.mamba_ssm_dtype == "bfloat16":
-        out.append(
-            "--enable-linear-replayssm with --mamba-ssm-dtype bfloat16: on SM100+ GPUs (B200) SGLang then "
-            "defaults the decode backend to flashinfer and refuses the flag; add "
-            "--linear-attn-decode-backend triton there"
-        )
-    return out
-
-
-def recommend(
-    model: ModelShape,
-    gpu_memory_mib: int,
-    tp: int,
-    args: list[str],
-    workload: Workload,
-    sglang_version: str = DEFAULT_VERSION,
-    *,
-    allow_fp8_kv: bool,
-    allow_bf16_state: bool,
-    top_k: int = 5,
-    allow_replay_decode: bool = False,
-) -> Recommendation:
-    """Search the flag space for the config whose KV cache holds the most concurrent workload requests."""
-    given = plan(model, gpu_memory_mib, tp, args, workload, sglang_version)
-    base = _strip_planner_flags(args)
-    user_flags = parse_flags(args)
-    radix_options = [True] if workload.unique_prompts else [False]
-    state_dtypes: list[str | None] = [user_flags.mamba_ssm_dtype]
-    if allow_bf16_state and model.is_hybrid and user_flags.mamba_ssm_dtype != "bfloat16":
-        state_dtypes.append("bfloat16")
-    kv_dtypes = [user_flags.kv_cache_dtype]
-    if allow_fp8_kv and user_flags.kv_cache_dtype == "auto":
-        kv_dtypes.append("fp8_e4m3")
-    mfs_options: list[float | None] = [user_flags.mem_fraction_static]
-    if user_flags.mem_fraction_static is None:
-        mfs_options += [TUNER_MEM_FRACTION]
-    target = workload.target_concurrency or 4096
-    candidates: list[Candidate] = []
-    for disable_radix in radix_options:
-        for state_dtype in state_dtypes:
-            for kv_dtype in kv_dtypes:
-                for mfs in mfs_options:
-                    found = _best_running(
-                        model, gpu_memory_mib, tp, base, workload, sglang_version, target,
-                        disable_radix, state_dtype, kv_dtype, mfs,
-                    )  # fmt: skip
-                    if found is not None:
-                        candidates.append(found)
-    if not candidates:
-        kept = ("no feasible configuration found; kept the flags as given",)
-        return Recommendation(
-            given, given, tuple(args), kept, tuple(flag_warnings(args, model, sglang_version))
-        )
-    # Highest workload concurrency; ties: fewer quality trade-offs, then more KV headroom.
-    candidates.sort(key=lambda c: (-c.score, _tradeoffs(c.args), -c.plan.kv_cache_tokens))
-    best = candidates[0]
-    warnings = flag_warnings(args, model, sglang_version)
-    if (
-        args  # about flags the user gave; with none, the recommendation sets the graph limit itself
-        and given.effective_max_running_requests > DEFAULT_DECODE_GRAPH_LIMIT_NOTE
-        and user_flags.cuda_graph_max_bs is None
-    ):
-        warnings.append(
-            f"the given flags allow {given.effective_max_running_requests} running requests; decode graphs "
-            f"are captured only up to {given.cuda_graph_max_bs}; larger batches decode eagerly (slower)"
-        )
-    sched = scheduler_candidates(
-        model, gpu_memory_mib, tp, base, workload, sglang_version, best, allow_replay_decode
-    )
-    spec = speculative_alternatives(model, gpu_memory_mib, tp, base, workload, sglang_version, best)
-    return Recommendation(
-        given=given,
-        recommended=best.plan,
-        args=best.args,
-        reasons=best.reasons,
-        warnings=tuple(warnings),
-        candidates=(best, *sched, *candidates[1:top_k]),
-        speculative=tuple(spec),
-        mtp_note=static_mtp_note(model, list(best.args)),
-    )
-
-
-def sweep_workload(workload: Workload) -> Workload:
-    """The workload the sweep's extra candidates are sized for: the expected output length when one is
-    given below ``max_tokens`` (as :func:`scheduler_candidates`), else ``workload`` itself."""
-    expected = workload.expected_output_tokens
-    if not expected or expected >= workload.max_tokens:
-        return workload
-    return Workload(
-        prompt_p50=workload.prompt_p50, prompt_p99=workload.prompt_p99, max_tokens=int(expected),
-        target_concurrency=None, unique_prompts=workload.unique_prompts,
-    )  # fmt: skip
-
-
-def speculative_alternatives(
-    model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str,
-    best: Candidate,
-) -> list[Candidate]:  # fmt: skip
-    """What the sweep measures against ``best`` to keep or drop MTP: the MTP candidates (1-3 steps,
-    :func:`mtp_candidates`) when the model has MTP layers, less the one ``best`` already is; and when
-    ``best`` runs speculative decoding (the given flags ask for it), the same without it, its cap
-    re-solved for the memory the verify buffers free."""
-    wl = sweep_workload(workload)
-    chosen = parse_flags(list(best.args))
-    given_steps = (chosen.speculative_num_steps or 3) if chosen.speculative_algorithm else None
-    out = [
-        c for c in mtp_candidates(model, gpu_mib, tp, base, wl, version, best)
-        if parse_flags(list(c.args)).speculative_num_steps != given_steps
-    ]  # fmt: skip
-    if chosen.speculative_algorithm:
-        try:
-            found = _best_running(
-                model, gpu_mib, tp, strip_speculative_args(base), wl, version, 4096,
-                chosen.disable_radix_cache, chosen.mamba_ssm_dtype, chosen.kv_cache_dtype,
-                chosen.mem_fraction_static,
-            )  # fmt: skip
-        except PlanError:
-            found = None
-        if found is not None:
-            n = found.plan.effective_max_running_requests
-            why = f"MTP off: the given flags' speculative decoding dropped; {n} running requests without it"
-            out.insert(0, replace(found, reasons=(why, *found.reasons)))
-    return out
-
-
-def static_mtp_note(model: ModelShape, args: list[str]) -> str:
-    """Why MTP is on or off in a plan nothing has measured (``regen tune`` without ``--sweep``)."""
-    flags = parse_flags(args)
-    if flags.speculative_algorithm:
-        return (
-            f"MTP on: the given server.args ask for {flags.speculative_algorithm} (not measured; "
-            "`regen tune --sweep` measures it against no MTP)"
-        )
-    if model.mtp_layers <= 0:
-        return "MTP off: the model has no MTP layers"
-    return (
-        "MTP off: not measured; the static plan keeps it off (`regen tune --sweep` measures 1-3 MTP steps "
-        "against it)"
-    )
-
-
-#: SGLang admits new requests one scheduler pass at a time: at a full running cap with outputs of spread
-#: lengths, about one request frees per decode step and each is prefilled in a forward pass of its own.
-#: ``--min-free-slots-delay N`` (SGLang caps N at 4) waits for N free slots and prefills them together.
-MIN_FREE_SLOTS_DELAY = 4
-
-
-def scheduler_candidates(
-    model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str,
-    best: Candidate, replay_decode: bool = False,
-) -> list[Candidate]:  # fmt: skip
-    """Candidates that trade the static guarantee for throughput, to be measured by ``regen tune --sweep``.
-
-    With ``workload.expected_output_tokens`` below ``max_tokens``: the running cap sized so the KV cache
-    holds every running request at prompt p99 + the *expected* output (the mean context of a running set
-    stays under that while the lengths' squared coefficient of variation is below 1), relying on SGLang's
-    own admission (free KV) and retraction for the rare overflow; then the same with prefill refills
-    batched (``--min-free-slots-delay``). Same state dtype, KV dtype, radix choice and memory fraction as
-    ``best``. Empty when no expected length is given. With ``replay_decode``, also the batched one with
-    ReplaySSM decode (opt-in: on the H200, 27B hybrid shape, SGLang 0.5.17, it gained nothing at equal
-    batch and its ring costs about 9% of the cap; its decode kernel already runs the state at 90% of the
-    copy bandwidth without it).
-    """
-    expected = workload.expected_output_tokens
-    if not expected or expected >= workload.max_tokens:
-        return []
-    chosen = parse_flags(list(best.args))
-    wl = Workload(
-        prompt_p50=workload.prompt_p50, prompt_p99=workload.prompt_p99, max_tokens=int(expected),
-        target_concurrency=None, unique_prompts=workload.unique_prompts,
-    )  # fmt: skip
-    found = _best_running(
-        model, gpu_mib, tp, base, wl, version, 4096, chosen.disable_radix_cache, chosen.mamba_ssm_dtype,
-        chosen.kv_cache_dtype, chosen.mem_fraction_static,
-    )  # fmt: skip
-    if found is None or found.plan.effective_max_running_requests <= best.plan.effective_max_running_requests:
-        return []
-    n = found.plan.effective_max_running_requests
-    sized = Candidate(
-        args=found.args,
-        plan=found.plan,
-        score=found.score,
-        reasons=(
-            f"--max-running-requests {n}: sized for the expected {expected} output tokens per request "
-            f"(not max_tokens {workload.max_tokens}); SGLang admits by free KV and retracts on overflow",
-            *found.reasons[1:],
-        ),
-    )
-    delay = ("--min-free-slots-delay", str(MIN_FREE_SLOTS_DELAY))
-    batched = Candidate(
-        args=(*found.args, *delay),
-        plan=found.plan,
-        score=found.score,
-        reasons=(
-            *sized.reasons,
-            f"--min-free-slots-delay {MIN_FREE_SLOTS_DELAY}: prefill refills {MIN_FREE_SLOTS_DELAY} at a "
-            "time instead of one forward pass per freed slot",
-        ),
-    )
-    if not replay_decode:
-        return [sized, batched]
-    return [sized, batched, *_replay_candidate(model, gpu_mib, tp, base, wl, version, chosen, found, batched)]
-
-
-#: speculative steps the MTP candidates try (topk 1, draft tokens = steps + 1)
-MTP_STEPS = (1, 2, 3)
-_SPEC_FLAGS = (
-    "--speculative-algorithm", "--speculative-num-steps", "--speculative-eagle-topk",
-    "--speculative-num-draft-tokens",
-)  # fmt: skip
-
-
-def speculative_args(steps: int, algorithm: str = "NEXTN") -> tuple[str, ...]:
-    """SGLang's flags for MTP with ``steps`` draft steps, topk 1 (draft tokens = steps + 1)."""
-    return (
-        "--speculative-algorithm", algorithm, "--speculative-num-steps", str(steps),
-        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1),
-    )  # fmt: skip
-
-
-def strip_speculative_args(args: list[str]) -> list[str]:
-    """``args`` without the speculative flags the MTP candidates set themselves."""
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        name, eq, _ = args[i].partition("=")
-        if name in _SPEC_FLAGS:
-            i += 1 if eq else 2
-            continue
-        out.append(args[i])
-        i += 1
-    return out
-
-
-def mtp_candidates(
-    model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str,
-    best: Candidate, steps: tuple[int, ...] = MTP_STEPS,
-) -> list[Candidate]:  # fmt: skip
-    """MTP (NEXTN: SGLang's EAGLE on the model's own MTP layers, topk 1) at each of ``steps``, with the
-    running cap re-solved for the speculative memory: per running request SGLang then also holds the
-    verify buffers (one state per draft token, ``intermediate_ssm_state_cache``) next to its state slots,
-    and the draft model's weights and KV. Same state dtype, KV dtype, radix choice and memory fraction as
-    ``best``. Empty when the model has no MTP layers. Whether MTP pays off depends on the acceptance
-    and the batch: ``regen tune --sweep`` measures them."""
-    if model.mtp_layers <= 0:
-        return []
-    chosen = parse_flags(list(best.args))
-    plain = strip_speculative_args(base)
-    out = []
-    for n_steps in steps:
-        spec = list(speculative_args(n_steps))
-        try:
-            found = _best_running(
-                model, gpu_mib, tp, [*plain, *spec], workload, version, 4096, chosen.disable_radix_cache,
-                chosen.mamba_ssm_dtype, chosen.kv_cache_dtype, chosen.mem_fraction_static,
-            )  # fmt: skip
-        except PlanError:  # the draft model's weights and buffers do not fit: no MTP candidate at these steps
-            found = None
-        if found is None:
-            continue
-        p = found.plan
-        n = p.effective_max_running_requests
-        out.append(
-            Candidate(
-                args=found.args,
-                plan=p,
-                score=found.score,
-                reasons=(
-                    f"MTP {n_steps} step{'s' if n_steps > 1 else ''} (NEXTN, topk 1, {n_steps + 1} draft "
-                    f"tokens): verify buffers {p.spec_scratch_gib:.1f} GiB and draft weights "
-                    f"{p.draft_weights_gib:.1f} GiB leave room for {n} running requests (to be measured)",
-                    *found.reasons,
-                ),
-            )
-        )
-    return out
-
-
-def _replay_candidate(
-    model: ModelShape, gpu_mib: int, tp: int, base: list[str], wl: Workload, version: str,
-    chosen: ServerFlags, sized: Candidate, batched: Candidate,
-) -> list[Candidate]:  # fmt: skip
-    """``batched`` with SGLang's ReplaySSM decode (``--enable-linear-replayssm``): each decode step reads
-    the linear-attention state and appends a small record to a per-slot ring, writing the state back only
-    every ``REPLAY_RING_LEN`` steps, instead of reading and writing it every step. The ring lives outside
-    SGLang's pool budget, so the memory fraction drops by its share (the runtime slack stays as it was)
-    and the cap is re-solved. Empty where SGLang would refuse the flag or it does nothing."""
-    # the triton decode backend named: on SM100+ with bf16 state SGLang would default to flashinfer and refuse
-    replay = ["--enable-linear-replayssm", "--linear-attn-decode-backend", "triton"]
-    flags = replace(chosen, enable_linear_replayssm=True, linear_attn_decode_backend="triton")
-    if flags.speculative_algorithm or replay_flag_problems(flags, model, version):
-        return []
-    pre_load_gib = gpu_mib / 1024 - CUDA_CONTEXT_GIB
-    top = round(sized.plan.mem_fraction_static * 1000)
-
-    def at(thousandths: int) -> Candidate | None:
-        """The cap solved at this memory fraction, if the ring it implies fits in the fraction given up."""
-        got = _best_running(
-            model, gpu_mib, tp, [*base, *replay], wl, version, 4096,
-            chosen.disable_radix_cache, chosen.mamba_ssm_dtype, chosen.kv_cache_dtype, thousandths / 1000,
-        )  # fmt: skip
-        given_up = (top - thousandths) / 1000 * pre_load_gib
-        return got if got is not None and got.plan.replay_ring_gib <= given_up else None
-
-    highest = _highest(top - 200, top, at)  # the highest fraction whose cap's ring fits: the slack is kept
-    if highest is None:
-        return []
-    found = highest[1]
-    mfs, ring_gib = found.plan.mem_fraction_static, found.plan.replay_ring_gib
-    n = found.plan.effective_max_running_requests
-    delay = batched.args[len(sized.args) :]
-    return [
-        Candidate(
-            args=(*found.args, *delay),
-            plan=found.plan,
-            score=found.score,
-            reasons=(
-                f"--max-running-requests {n}: sized for the expected {wl.max_tokens} output tokens per "
-                "request, as the refill-batched candidate, in the memory the ring leaves",
-                "--enable-linear-replayssm: decode reads the linear-attention state and appends to a "
-                f"per-slot ring, writing the state back every {flags.linear_replayssm_cache_len} steps "
-                "instead of every step (about half the state traffic)",
-                f"--mem-fraction-static {mfs:g}: {sized.plan.mem_fraction_static:g} less the ring's "
-                f"{ring_gib:.2f} GiB, which SGLang allocates outside its pool budget",
-                *batched.reasons[len(sized.reasons) :],
-            ),
-        )
-    ]
-
-
-def _highest(lo: int, hi: int, attempt: Callable[[int], T | None]) -> tuple[int, T] | None:
-    """The highest n in [lo, hi] that ``attempt`` accepts, with what it returned (bisection: ``attempt``
-    must accept every n below one it accepts); None when it accepts none."""
-    best = None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        found = attempt(mid)
-        if found is not None:
-            best, lo = (mid, found), mid + 1
-        else:
-            hi = mid - 1
-    return best
-
-
-def _tradeoffs(args: tuple[str, ...]) -> int:
-    return sum(1 for a in args if a in ("bfloat16", "fp8_e4m3"))
-
-
-def _candidate_args(
-    base: list[str], running: int, disable_radix: bool, slots: int, state_dtype: str | None,
-    kv_dtype: str, mfs: float | None, version: str, hybrid: bool,
-) -> list[str]:  # fmt: skip
-    out = list(base)
-    if mfs is not None:
-        out += ["--mem-fraction-static", f"{mfs:g}"]
-    out += ["--max-running-requests", str(running)]
-    if hybrid:
-        if disable_radix:
-            out.append("--disable-radix-cache")
-        else:
-            out += ["--max-mamba-cache-size", str(running * slots)]
-        if state_dtype is not None:
-            out += ["--mamba-ssm-dtype", state_dtype]
-    elif disable_radix:
-        out.append("--disable-radix-cache")
-    if kv_dtype != "auto":
-        out += ["--kv-cache-dtype", kv_dtype]
-    if running > DEFAULT_DECODE_GRAPH_LIMIT_NOTE:
-        out += [cuda_graph_max_bs_flag(version), str(running)]
-    return out
-
-
-def _best_running(
-    model: ModelShape, gpu_mib: int, tp: int, base: list[str], workload: Workload, version: str, target: int,
-    disable_radix: bool, state_dtype: str | None, kv_dtype: str, mfs: float | None,
-) -> Candidate | None:  # fmt: skip
-    probe = plan(
-        model, gpu_mib, tp, [*base, *(["--disable-radix-cache"] if disable_radix else [])], None, version
-    )
-    slots = probe.mamba_slots_per_request or 1
-
-    def attempt(n: int) -> MemoryPlan | None:
-        args = _candidate_args(
-            base, n, disable_radix, slots, state_dtype, kv_dtype, mfs, version, model.is_hybrid
-        )
-        try:
-            p = plan(model, gpu_mib, tp, args, workload, version)
-        except PlanError:
-            return None
-        holds = p.kv_cache_tokens >= n * workload.tokens_per_request
-        return p if holds and p.effective_max_running_requests >= n else None
-
-    best = _highest(1, max(1, target), attempt)
-    if best is None:
-        return None
-    n, p = best
-    args = tuple(p.args)
-    reasons = [
-        f"--max-running-requests {n}: the KV cache holds {p.kv_cache_tokens:,} tokens = {n} x "
-        f"(prompt p99 {workload.prompt_p99} + max_tokens {workload.max_tokens}) with "
-        f"{p.kv_cache_tokens - n * workload.tokens_per_request:,} tokens to spare",
-    ]
-    if model.is_hybrid and disable_radix:
-        reasons.append(
-            "--disable-radix-cache: prompts are unique, so prefix caching saves nothing and each request "
-            f"needs 1 state slot instead of {probe_slots(model, base, version)}; the state pool is sized to "
-            "--max-running-requests, leaving the rest to KV"
-        )
-    elif model.is_hybrid:
-        reasons.append(f"--max-mamba-cache-size {n * slots}: {slots} state slots per running request")
-    if state_dtype == "bfloat16":
-        reasons.append("--mamba-ssm-dtype bfloat16 (opted in): halves the SSM state; a quality trade-off")
-    if kv_dtype != "auto":
-        reasons.append(f"--kv-cache-dtype {kv_dtype} (opted in): halves the KV cell; a quality trade-off")
-    if mfs is not None:
-        reasons.append(f"--mem-fraction-static {mfs:g}: less runtime slack, more pool memory")
-    if n > DEFAULT_DECODE_GRAPH_LIMIT_NOTE:
-        reasons.append(
-            f"{cuda_graph_max_bs_flag(version)} {n}: SGLang captures decode graphs only to 256 by default; "
-            "above that it decodes eagerly"
-        )
-    score = min(n, workload.target_concurrency or n)
-    return Candidate(args=args, plan=p, score=score, reasons=tuple(reasons))
-
-
-def probe_slots(model: ModelShape, base: list[str], version: str) -> int:
-    slots, _ = mamba_slots_per_request(model, parse_flags(base), version)
-    return slots
-
-
 # --------------------------------------------------------------------- workload, files --
 DEFAULT_WORKLOAD = Workload(prompt_p50=1024, prompt_p99=4096, max_tokens=4096)
 
@@ -1165,35 +642,19 @@ def workload_from_audit(
         prompt_p99=int(max(p99, p50)),
         max_tokens=int(max_tokens or summary.get("max_tokens") or DEFAULT_WORKLOAD.max_tokens),
         target_concurrency=target_concurrency,
+        **old_answers_expected(summary),
     )
 
 
-def write_plan_file(
-    path: str | Path,
-    recommendation: Recommendation,
-    *,
-    sglang_version: str,
-    model_config: str,
-    gpu_memory_mib: int,
-    use_recommended: bool = True,
-) -> None:
-    """The plan file the server rules read: launch_args + both plans."""
-    write_json(
-        path,
-        {
-            "launch_args": list(recommendation.args if use_recommended else recommendation.given.args),
-            "launched": "recommended" if use_recommended else "given",
-            "given": recommendation.given.to_json(),
-            "recommended": {
-                **recommendation.recommended.to_json(),
-                "reasons": list(recommendation.reasons),
-            },
-            "warnings": list(recommendation.warnings),
-            "sglang_version": sglang_version,
-            "model_config": model_config,
-            "gpu_memory_mib": gpu_memory_mib,
-        },
-    )
+def old_answers_expected(summary: dict[str, Any]) -> dict[str, Any]:
+    """The expected answer length from the audit: the mean supervised (old answer) tokens per sample of
+    its ``supervised_tokens`` histogram, as ``Workload`` fields; {} when the audit has none. A sample
+    with several answers counts them all, so this errs long (fewer requests in flight), never short."""
+    hist = (summary.get("histograms") or {}).get("supervised_tokens") or {}
+    mean = hist.get("mean")
+    if not mean:
+        return {}
+    return {"expected_output_tokens": round(mean), "expected_output_source": "the old answers' mean (audit)"}
 
 
 def gpu_memory_from_nvidia_smi() -> int:

@@ -38,6 +38,8 @@ class RealizedMemory:
     spec_scratch_gib: float | None = None
     draft_weights_gib: float | None = None
     draft_kv_cache_gib: float | None = None
+    #: a sliding-window model's SWA pool (``SWAKVPool mem usage: ... swa size: N, full size: M``)
+    swa_tokens: int | None = None
 
 
 _NUM = r"([0-9][0-9.]*)"
@@ -58,6 +60,7 @@ def parse_startup_log(text: str) -> RealizedMemory:
     grab(r"context_len=(\d+)", "context_len")
     grab(rf"available_gpu_mem={_NUM}", "available_gpu_mem_gib", float)
     grab(r"max_mamba_cache_size:\s*(\d+)", "max_mamba_cache_size")
+    grab(r"SWAKVPool mem usage:[^\n]*?swa size:\s*(\d+)", "swa_tokens")
     grab(rf"conv_state size:\s*{_NUM}\s*GB", "conv_state_gib", float)
     grab(rf"ssm_state size:\s*{_NUM}\s*GB", "ssm_state_gib", float)
     found.update(_kv_and_draft(text))
@@ -143,6 +146,7 @@ def _realized_from_info(info: dict[str, Any]) -> RealizedMemory:
 #: same quantity: the join of predicted and realized values (drift here, the report's table)
 PREDICTED_VS_REALIZED: tuple[tuple[str, str], ...] = (
     ("kv_cache_tokens", "max_total_num_tokens"),
+    ("swa_tokens", "swa_tokens"),
     ("effective_max_running_requests", "max_running_requests"),
     ("max_mamba_cache_size", "max_mamba_cache_size"),
     ("mamba_slots_per_request", "mamba_slots_per_request"),

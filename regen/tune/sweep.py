@@ -63,7 +63,7 @@ from regen.serving.metrics import (
 from regen.serving.ports import any_free_port
 from regen.serving.simulated_mode import build_simulated_command
 from regen.sglang.config import PlanFile
-from regen.sglang.plan import parse_flags
+from regen.sglang.flags import parse_flags
 from regen.tune.closedloop import StepModel, closed_loop_wall_s
 from regen.tune.projection import PROJECTION_ASSUMPTIONS, Remaining, project
 from regen.types import Endpoint, Sample

@@ -1,8 +1,9 @@
 """The tune stage: ``regen tune`` (plan and recommend), ``regen tune --sweep`` (benchmark the top
 configs live) and the ``tune`` rule's entry (``results/plan/server.json`` from the audited workload).
 
-The memory model is :mod:`regen.sglang.plan`; the live benchmark :mod:`regen.tune.sweep`; the projection
-:mod:`regen.tune.projection`; what a launched server really got :mod:`regen.sglang.realized`.
+The memory model is :mod:`regen.sglang.plan`, the recommendation :mod:`regen.sglang.recommend`; the live
+benchmark :mod:`regen.tune.sweep`; the projection :mod:`regen.tune.projection`; what a launched server
+really got :mod:`regen.sglang.realized`.
 """
 
 from __future__ import annotations
@@ -22,19 +23,20 @@ from regen.ingest.shards import read_shard
 from regen.io import write_json
 from regen.layout import RunLayout
 from regen.runconfig import GenerateConfig, ServerConfig, section_schema
+from regen.sglang.config import PlanFile
+from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     DEFAULT_VERSION,
     DEFAULT_WORKLOAD,
     SUPPORTED_VERSIONS,
-    Recommendation,
+    UnmodelledError,
     Workload,
     gpu_memory_from_nvidia_smi,
-    parse_flags,
-    recommend,
+    old_answers_expected,
     workload_from_audit,
-    write_plan_file,
 )
+from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
 from regen.tune.projection import count_remaining
 from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
 from regen.types import Sample
@@ -92,13 +94,19 @@ def render_table(rec: Recommendation) -> str:
     for label, attr in [
         ("mem_fraction_static", "mem_fraction_static"),
         ("KV tokens", "kv_cache_tokens"),
+        ("sliding-window tokens", "swa_tokens"),
         ("mamba slots (K)", "max_mamba_cache_size"),
         ("slots per request", "mamba_slots_per_request"),
         ("effective running", "effective_max_running_requests"),
-        ("workload concurrency", "workload_concurrency"),
+        ("worst-case concurrency", "workload_concurrency"),
+        ("client in flight", "client_concurrency"),
+        ("decode graphs to", "cuda_graph_max_bs"),
         ("binding constraint", "binding_constraint"),
     ]:
         lines.append(f"{label:<28}{_cell(getattr(g, attr)):>24}{_cell(getattr(r, attr)):>24}")
+    lines.append("")
+    lines.append("rules (recommended):")
+    lines += [f"  {key}: {rule}" for key, rule in r.rules().items()]
     lines.append("")
     lines.append("recommended flags: " + " ".join(rec.args))
     lines += [f"  reason: {x}" for x in rec.reasons]
@@ -154,14 +162,29 @@ def cli(argv: list[str]) -> int:
             prompt_p99=max(p99, p50),
             max_tokens=ns.max_tokens or base.max_tokens,
             target_concurrency=ns.concurrency,
-            expected_output_tokens=ns.expected_output_tokens,
+            expected_output_tokens=ns.expected_output_tokens or base.expected_output_tokens,
+            expected_output_source="--expected-output-tokens"
+            if ns.expected_output_tokens
+            else base.expected_output_source,
         )
         rec = recommend(
             model, gpu, ns.tp, sglang_args, workload, ns.sglang_version,
             allow_fp8_kv=ns.allow_fp8_kv, allow_bf16_state=ns.allow_bf16_state,
             allow_replay_decode=ns.allow_replay_decode,
         )  # fmt: skip
-    except (ValueError, OSError) as exc:
+    except UnmodelledError as exc:  # SGLang's own planning: the given flags, nothing that changes memory
+        note = f"{exc}; SGLang plans its own memory: launch the given flags as they are"
+        if ns.out:
+            where = {
+                "sglang_version": ns.sglang_version,
+                "model_config": ns.model_config,
+                "gpu_memory_mib": gpu,
+            }
+            unmodelled_plan_file(sglang_args, str(exc), **where).write(ns.out)
+        unplanned = {"unmodelled": note, "recommended": {"args": sglang_args, "client_concurrency": None}}
+        print(json.dumps(unplanned, indent=1) if ns.json else note)
+        return 0
+    except (ValueError, OSError) as exc:  # a refusal (tp SGLang refuses, weights that do not fit): non-zero
         print(f"regen tune: {exc}", file=sys.stderr)
         return 2
     if ns.out:
@@ -203,12 +226,12 @@ def candidates_from_recommendation(rec: Any, top: int, mtp: bool = True) -> list
     (``rec.speculative``: MTP at 1-3 steps, or MTP off when the given flags force it; unless ``mtp`` is
     False), then the given flags.
 
-    The simulated cap (and the label) uses the plan's workload concurrency when known: beyond it the KV
-    cache cannot hold every running request at full length, so a real server would preempt.
+    The simulated cap is the plan's client concurrency (the in-flight count it plans for), else its
+    worst-case workload concurrency, else its running cap.
     """
 
     def cap(p: Any) -> int:
-        return int(p.workload_concurrency or p.effective_max_running_requests)
+        return int(p.client_concurrency or p.workload_concurrency or p.effective_max_running_requests)
 
     found: list[tuple[SweepCandidate, Any]] = [
         (SweepCandidate(tuple(rec.args), cap(rec.recommended), "recommended"), rec.recommended)
@@ -316,7 +339,10 @@ def sweep_cli(argv: list[str]) -> int:
             prompt_p50=p50,
             prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
             max_tokens=int(max_tokens or base.max_tokens),
-            expected_output_tokens=ns.expected_output_tokens,
+            expected_output_tokens=ns.expected_output_tokens or base.expected_output_tokens,
+            expected_output_source="--expected-output-tokens"
+            if ns.expected_output_tokens
+            else base.expected_output_source,
         )
         rec = recommend(
             model, int(gpu_mib), tp, sglang_args, workload, ns.sglang_version,
@@ -400,7 +426,9 @@ def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> W
     limit = int(summary.get("context_limit") or 1 << 30)
     p50 = min(histogram_percentile(hist, 0.50), limit) or DEFAULT_WORKLOAD.prompt_p50
     p99 = min(histogram_percentile(hist, 0.99), limit) or DEFAULT_WORKLOAD.prompt_p99
-    return Workload(prompt_p50=p50, prompt_p99=max(p99, p50), max_tokens=int(max_tokens))
+    return Workload(
+        prompt_p50=p50, prompt_p99=max(p99, p50), max_tokens=int(max_tokens), **old_answers_expected(summary)
+    )
 
 
 def write_plan_for_workflow(
@@ -408,7 +436,7 @@ def write_plan_for_workflow(
 ) -> None:
     """The ``tune`` rule: plan (and recommend) from the model config, the GPU and the audited workload."""
     if server_cfg.mode == "external":
-        write_json(out_path, {"launch_args": [], "external": True, "sglang_version": None})
+        PlanFile.for_external_server().write(out_path)
         log.info("server.mode external: nothing to plan, the endpoint is managed by the user")
         return
     model_config = server_cfg.planned_model
@@ -416,24 +444,24 @@ def write_plan_for_workflow(
     gpu_mib = int(server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi())
     version = server_cfg.sglang_version or installed_sglang_version() or PINNED_SGLANG_VERSION
     workload = workload_from_audit_histogram(json.loads(Path(audit_summary).read_text()), max_tokens)
-    rec = recommend(
-        model,
-        gpu_mib,
-        server_cfg.tp,
-        list(server_cfg.args),
-        workload,
-        sglang_version=version,
-        allow_fp8_kv=server_cfg.allow_fp8_kv,
-        allow_bf16_state=server_cfg.allow_bf16_state,
-    )
-    write_plan_file(
-        out_path,
-        rec,
-        sglang_version=version,
-        model_config=str(model_config),
-        gpu_memory_mib=gpu_mib,
-        use_recommended=server_cfg.use_tuner,  # the one place the launched section is decided
-    )
+    where = {"sglang_version": version, "model_config": str(model_config), "gpu_memory_mib": gpu_mib}
+    try:
+        rec = recommend(
+            model,
+            gpu_mib,
+            server_cfg.tp,
+            list(server_cfg.args),
+            workload,
+            sglang_version=version,
+            allow_fp8_kv=server_cfg.allow_fp8_kv,
+            allow_bf16_state=server_cfg.allow_bf16_state,
+        )
+    except UnmodelledError as exc:
+        log.warning("%s: SGLang plans its own memory; the given server.args launch as they are", exc)
+        unmodelled_plan_file(list(server_cfg.args), str(exc), **where).write(out_path)
+        return
+    # the one place the launched section is decided: server.use_tuner
+    write_plan_file(out_path, rec, **where, use_recommended=server_cfg.use_tuner)
     log.info("plan for %s on %d MiB (sglang %s): %s", model_config, gpu_mib, version, workload)
     for reason in rec.reasons:
         log.info("recommend: %s", reason)

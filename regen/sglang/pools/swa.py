@@ -1,0 +1,144 @@
+"""Hybrid sliding-window attention (gpt-oss, MiMo-V2, Step-3.5, Gemma 4, ...): a full-attention pool and
+a sliding-window pool, 0.5.17 and 0.5.23 (``srt/model_executor/pool_configurator.py``).
+
+- with ``--max-running-requests`` given, the radix cache off and chunked prefill on, the SWA pool is
+  sized from the request cap and the rest goes to the full pool: 0.5.17
+  ``SWAChunkCapPoolConfigurator``, 0.5.23 ``SWARequestCapPoolConfigurator``
+  (``compute_swa_request_cap``): per request window + eviction interval x draft tokens + page + the
+  decode allocation, plus one (overlap off) or two prefill chunks and a page;
+- otherwise ``HybridSWAPoolConfigurator``: cell = full x n_full + ratio x swa x n_swa, the full pool
+  holds budget // cell tokens and the SWA pool ``swa_full_tokens_ratio`` (default 0.8) of them.
+
+Which architectures SGLang treats as hybrid SWA is ``configs/model_config.py::is_hybrid_swa_model``; the
+rest (Gemma 2/3, Mistral's sliding window, ...) get full KV on every layer (:mod:`.mha`). The window is
+the model's ``get_attention_sliding_window_size`` (``sliding_window - 1`` for gpt-oss).
+"""
+
+from __future__ import annotations
+
+import math
+
+from regen.sglang.models import ModelShape
+from regen.sglang.pools.base import (
+    PoolFlags,
+    PoolSizes,
+    PoolTooSmall,
+    Unmodelled,
+    kv_element_bytes,
+    pages,
+    text_config,
+)
+
+#: is_hybrid_swa_model's architectures whose layer split regen reads from ``layer_types``
+#: ("sliding_attention" / "full_attention"); the others are refused as unmodelled
+HYBRID_SWA_ARCHS: dict[str, frozenset[str]] = {
+    "0.5.17": frozenset({"GptOssForCausalLM"}),
+    "0.5.23": frozenset({"GptOssForCausalLM"}),
+}
+#: is_hybrid_swa_model's other architectures (0.5.17 and 0.5.23): SGLang runs a sliding-window pool
+#: regen does not model (chunked attention, compressed attention, per-layer windows)
+UNMODELLED_SWA_ARCHS = frozenset({
+    "Llama4ForConditionalGeneration", "DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN",
+    "MiMoV2FlashForCausalLM", "MiMoV2MTP", "Step3p5ForCausalLM", "Step3p7ForConditionalGeneration",
+    "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "LagunaForCausalLM", "MellumForCausalLM",
+    "InklingForConditionalGeneration", "BeamForCausalLM", "GraniteSWAForCausalLM",
+    "GraniteMoeSWAForCausalLM",
+})  # fmt: skip
+#: SGLANG_SWA_EVICTION_INTERVAL default (environ.py, 0.5.17 and 0.5.23)
+SWA_EVICTION_INTERVAL = 128
+#: the architectures whose get_attention_sliding_window_size is ``config.sliding_window - 1``
+WINDOW_MINUS_ONE = frozenset({"GptOssForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"})
+
+
+def is_hybrid_swa(model: ModelShape, version: str) -> bool:
+    return model.architecture in HYBRID_SWA_ARCHS[version]
+
+
+def sliding_window(model: ModelShape) -> int:
+    window = int(text_config(model)["sliding_window"])
+    return window - 1 if model.architecture in WINDOW_MINUS_ONE else window
+
+
+def layer_split(model: ModelShape) -> tuple[int, int]:
+    """(full, sliding) attention layers from ``layer_types`` (``ModelConfig.swa_attention_layer_ids``)."""
+    types = text_config(model).get("layer_types")
+    if not isinstance(types, list) or len(types) != model.num_layers:
+        raise Unmodelled(f"{model.architecture}: no layer_types to tell sliding from full layers")
+    swa = sum(1 for t in types if t == "sliding_attention")
+    return len(types) - swa, swa
+
+
+def request_cap_applies(model: ModelShape, flags: PoolFlags) -> bool:
+    """SGLang's own check: ``SWAChunkCapPoolConfigurator.is_applicable`` (0.5.17),
+    ``SWARequestCapPoolConfigurator.is_applicable`` (0.5.23)."""
+    return (
+        flags.max_running_requests is not None
+        and flags.disable_radix_cache
+        and flags.chunked_prefill_size > 0
+        and layer_split(model)[0] > 0
+    )
+
+
+def swa_request_cap(model: ModelShape, flags: PoolFlags) -> int:
+    """``compute_swa_request_cap`` (0.5.23; the same sum in 0.5.17's ``SWAChunkCapPoolConfigurator``)."""
+    if flags.speculative:
+        raise Unmodelled(f"{model.architecture}: the SWA pool under speculative decoding is not modelled")
+    draft = flags.speculative_draft_tokens or 1
+    per_request = sliding_window(model) + SWA_EVICTION_INTERVAL * draft + flags.page_size + flags.page_size
+    chunks = 2 if flags.overlap_schedule else 1
+    assert flags.max_running_requests is not None
+    return (
+        per_request * max(1, flags.max_running_requests)
+        + chunks * flags.chunked_prefill_size
+        + flags.page_size
+    )
+
+
+class SWAPool:
+    name = "swa"
+
+    def _per_token(self, model: ModelShape, flags: PoolFlags) -> tuple[float, float]:
+        """(full, swa) bytes per token per layer (``HybridSWAPoolConfigurator.__init__``)."""
+        text = text_config(model)
+        element = kv_element_bytes(model, flags.kv_cache_dtype)
+        full = max(1, model.num_kv_heads // flags.tp) * (model.head_dim + model.v_head_dim) * element
+        swa_heads = int(text.get("swa_num_key_value_heads") or model.num_kv_heads)
+        swa_head = int(text.get("swa_head_dim") or model.head_dim)
+        swa_v = int(text.get("swa_v_head_dim") or text.get("swa_head_dim") or model.v_head_dim)
+        return full, max(1, swa_heads // flags.tp) * (swa_head + swa_v) * element
+
+    def cell_bytes(self, model: ModelShape, flags: PoolFlags, draft_layers: int = 0) -> float:
+        full, _ = self._per_token(model, flags)
+        return full * (layer_split(model)[0] + draft_layers)
+
+    def size(self, model: ModelShape, available: int, flags: PoolFlags) -> PoolSizes:
+        n_full, n_swa = layer_split(model)
+        full, swa = self._per_token(model, flags)
+        full_cell = full * (n_full + flags.draft_layers_in_cell)
+        if request_cap_applies(model, flags):
+            swa_tokens = math.ceil(swa_request_cap(model, flags) / flags.page_size) * flags.page_size
+            fixed = swa_tokens * swa * n_swa
+            tokens = pages(int((available - fixed) // full_cell), flags.page_size)
+            if tokens <= 0:
+                raise PoolTooSmall(
+                    f"SWA pool cap ({swa_tokens:,} tokens) leaves no room for the full KV pool (SGLang "
+                    "refuses): lower --max-running-requests or raise --mem-fraction-static"
+                )
+            rule = (
+                "pool_configurator.SWAChunkCapPoolConfigurator"
+                if flags.sglang_version == "0.5.17"
+                else "pool_configurator.SWARequestCapPoolConfigurator (compute_swa_request_cap)"
+            )
+        else:
+            ratio = flags.swa_full_tokens_ratio
+            cell = full_cell + ratio * swa * n_swa
+            tokens = pages(int(available // cell), flags.page_size)
+            swa_tokens = pages(int(tokens * ratio), flags.page_size)
+            rule = "pool_configurator.HybridSWAPoolConfigurator (swa_full_tokens_ratio)"
+            if swa_tokens <= sliding_window(model) + flags.page_size:
+                raise PoolTooSmall(
+                    f"SWA pool ({swa_tokens:,} tokens) cannot hold one request (SGLang refuses): raise "
+                    "--swa-full-tokens-ratio or the KV budget"
+                )
+        kv_bytes = int(tokens * full_cell + swa_tokens * swa * n_swa)
+        return PoolSizes(tokens, kv_bytes, full_cell, rule, swa_tokens=swa_tokens)

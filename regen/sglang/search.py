@@ -1,0 +1,283 @@
+"""The running-cap search behind every recommendation and candidate: what is planned for
+(:class:`Target`), the memory and quality choices a candidate keeps (:class:`Choice`), and the two
+sizing rules: the worst case for linear-attention hybrids (their state pool sets the cap:
+:func:`best_running`), the expected context for attention-only models (:func:`expected_length_running`).
+
+Every memory number comes from :func:`regen.sglang.plan.plan`; SGLang's admission and retraction, which
+the expected-length rule leans on, are ``managers/schedule_policy.py::PrefillAdder`` (free KV less the
+running requests' ``max_new_tokens x new_token_ratio``; ``SGLANG_INIT_NEW_TOKEN_RATIO`` 0.7 decaying to
+0.14 of it) and ``managers/scheduler.py::Scheduler.update_running_batch`` ->
+``ScheduleBatch.retract_decode`` (0.5.17 and 0.5.23).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from regen.sglang.flags import ServerFlags, cuda_graph_max_bs_flag, parse_flags
+from regen.sglang.models import ModelShape
+from regen.sglang.plan import (
+    DEFAULT_DECODE_GRAPH_LIMIT_NOTE,
+    MemoryPlan,
+    PlanError,
+    Workload,
+    mamba_slots_per_request,
+    plan,
+)
+from regen.sglang.pools import has_state
+
+T = TypeVar("T")
+
+#: the largest decode CUDA-graph batch the planner asks SGLang to capture; above it SGLang decodes eagerly.
+#: SGLang's own largest default is 512 (B200, or tp >= 4: ``handle_gpu_memory_settings``); each captured
+#: size costs capture time and graph memory, and at a thousand rows a step the launch overhead that graphs
+#: save is small beside the step (not measured)
+MAX_PLANNED_DECODE_GRAPH_BS = 1024
+
+#: why the tuner turns the radix (prefix) cache off for an attention-only model (issue 34 item 14)
+RADIX_OFF_DENSE_REASON = (
+    "--disable-radix-cache: the workload's prompts are unique (Workload.unique_prompts), so the prefix tree "
+    "would only keep finished requests' KV that no later request reuses; off, SGLang frees it at once and "
+    "skips the tree's match, insert and evict work per request (a prefix shared by every prompt, such as "
+    "a long system prompt, is then prefilled again for each request)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What every candidate is planned for: the model on its GPUs, the flags kept from the given ones
+    (``base``, the planner's own flags stripped), the workload and the SGLang version."""
+
+    model: ModelShape
+    gpu_mib: int
+    tp: int
+    base: tuple[str, ...]
+    workload: Workload
+    version: str
+
+    def plan(self, args: list[str], workload: Workload | None = None) -> MemoryPlan:
+        return plan(self.model, self.gpu_mib, self.tp, args, workload, self.version)
+
+    def with_base(self, base: list[str]) -> Target:
+        return replace(self, base=tuple(base))
+
+    def with_workload(self, workload: Workload) -> Target:
+        return replace(self, workload=workload)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The memory and quality choices a candidate keeps: radix cache off, SSM state dtype, KV dtype and
+    memory fraction (None: SGLang's own)."""
+
+    disable_radix: bool
+    state_dtype: str | None
+    kv_dtype: str
+    mfs: float | None
+
+    @classmethod
+    def of(cls, flags: ServerFlags) -> Choice:
+        """The choices ``flags`` (a chosen candidate's) made."""
+        return cls(
+            flags.disable_radix_cache, flags.mamba_ssm_dtype, flags.kv_cache_dtype, flags.mem_fraction_static
+        )
+
+    def reasons(self) -> list[str]:
+        out = []
+        if self.state_dtype == "bfloat16":
+            out.append("--mamba-ssm-dtype bfloat16 (opted in): halves the SSM state; a quality trade-off")
+        if self.kv_dtype != "auto":
+            out.append(
+                f"--kv-cache-dtype {self.kv_dtype} (opted in): halves the KV cell; a quality trade-off"
+            )
+        if self.mfs is not None:
+            out.append(f"--mem-fraction-static {self.mfs:g}: less runtime slack, more pool memory")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    args: tuple[str, ...]
+    plan: MemoryPlan
+    score: int
+    reasons: tuple[str, ...]
+
+
+def highest(lo: int, hi: int, attempt: Callable[[int], T | None]) -> tuple[int, T] | None:
+    """The highest n in [lo, hi] that ``attempt`` accepts, with what it returned (bisection: ``attempt``
+    must accept every n below one it accepts); None when it accepts none."""
+    best = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        found = attempt(mid)
+        if found is not None:
+            best, lo = (mid, found), mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def tradeoffs(args: tuple[str, ...]) -> int:
+    return sum(1 for a in args if a in ("bfloat16", "fp8_e4m3"))
+
+
+def _candidate_args(target: Target, choice: Choice, running: int, slots: int) -> list[str]:
+    out = list(target.base)
+    if choice.mfs is not None:
+        out += ["--mem-fraction-static", f"{choice.mfs:g}"]
+    out += ["--max-running-requests", str(running)]
+    if has_state(target.model):
+        if choice.disable_radix:
+            out.append("--disable-radix-cache")
+        else:
+            out += ["--max-mamba-cache-size", str(running * slots)]
+        if choice.state_dtype is not None:
+            out += ["--mamba-ssm-dtype", choice.state_dtype]
+    elif choice.disable_radix:
+        out.append("--disable-radix-cache")
+    if choice.kv_dtype != "auto":
+        out += ["--kv-cache-dtype", choice.kv_dtype]
+    if running > DEFAULT_DECODE_GRAPH_LIMIT_NOTE:
+        out += [cuda_graph_max_bs_flag(target.version), str(running)]
+    return out
+
+
+def best_running(target: Target, choice: Choice, most: int) -> Candidate | None:
+    """The highest running cap (at most ``most``) whose KV cache holds every running request at the worst
+    case (prompt p99 + max_tokens), with the state pool sized for it (linear-attention hybrids)."""
+    model, workload = target.model, target.workload
+    radix = ["--disable-radix-cache"] if choice.disable_radix else []
+    slots = target.plan([*target.base, *radix]).mamba_slots_per_request or 1
+
+    def attempt(n: int) -> MemoryPlan | None:
+        try:
+            p = target.plan(_candidate_args(target, choice, n, slots), workload)
+        except PlanError:
+            return None
+        holds = p.kv_cache_tokens >= n * workload.tokens_per_request
+        return p if holds and p.effective_max_running_requests >= n else None
+
+    best = highest(1, max(1, most), attempt)
+    if best is None:
+        return None
+    n, p = best
+    reasons = [
+        f"--max-running-requests {n}: the KV cache holds {p.kv_cache_tokens:,} tokens = {n} x "
+        f"(prompt p99 {workload.prompt_p99} + max_tokens {workload.max_tokens}) with "
+        f"{p.kv_cache_tokens - n * workload.tokens_per_request:,} tokens to spare",
+    ]
+    if has_state(model) and choice.disable_radix:
+        reasons.append(
+            "--disable-radix-cache: prompts are unique, so prefix caching saves nothing and each request "
+            f"needs 1 state slot instead of {probe_slots(target)}; the state pool is sized to "
+            "--max-running-requests, leaving the rest to KV"
+        )
+    elif has_state(model):
+        reasons.append(f"--max-mamba-cache-size {n * slots}: {slots} state slots per running request")
+    elif choice.disable_radix:
+        reasons.append(RADIX_OFF_DENSE_REASON)
+    reasons += choice.reasons()
+    if n > DEFAULT_DECODE_GRAPH_LIMIT_NOTE:
+        reasons.append(
+            f"{cuda_graph_max_bs_flag(target.version)} {n}: SGLang captures decode graphs only to 256 by "
+            "default; above that it decodes eagerly"
+        )
+    score = min(n, workload.target_concurrency or n)
+    return Candidate(args=tuple(p.args), plan=p, score=score, reasons=tuple(reasons))
+
+
+def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
+    """Attention-only models (dense, MoE, MLA): the batch that fills the KV cache at the *expected* context
+    (prompt p50 + expected answer), with decode graphs captured up to it, relying on SGLang's own admission
+    and retraction for the requests that run long; never below SGLang's defaults (its running cap,
+    ``KVCacheConfigurator.resolve_max_num_reqs``, and its decode-graph range)."""
+    workload, version = target.workload, target.version
+    own = [*(["--mem-fraction-static", f"{choice.mfs:g}"] if choice.mfs is not None else [])]
+    own += ["--disable-radix-cache"] if choice.disable_radix else []
+    own += ["--kv-cache-dtype", choice.kv_dtype] if choice.kv_dtype != "auto" else []
+    try:
+        default = target.plan([*target.base, *own], workload)
+    except PlanError:
+        return None
+    default_cap, default_graphs = default.effective_max_running_requests, default.cuda_graph_max_bs
+    per_request = workload.expected_tokens_per_request
+    # a sliding-window model with the radix cache off: a cap given selects SGLang's request-capped SWA pool
+    # (SWAChunkCapPoolConfigurator / SWARequestCapPoolConfigurator) instead of the ratio split
+    swa_capped = choice.disable_radix and default.swa_tokens is not None
+
+    def args_for(n: int) -> list[str]:
+        out = [*target.base, *own]
+        if n > default_cap or swa_capped:
+            out += ["--max-running-requests", str(max(n, default_cap))]
+        if n > default_graphs:
+            out += [cuda_graph_max_bs_flag(version), str(min(n, MAX_PLANNED_DECODE_GRAPH_BS))]
+        return out
+
+    def attempt(n: int) -> MemoryPlan | None:
+        try:
+            p = target.plan(args_for(n), workload)
+        except PlanError:
+            return None
+        holds = p.kv_cache_tokens >= n * per_request
+        return p if holds and p.effective_max_running_requests >= n else None
+
+    most = attempt(1)  # the fewest graphs: the most KV, so no larger batch can fit
+    found = highest(1, most.kv_cache_tokens // per_request, attempt) if most is not None else None
+    fill = found[0] if found is not None else 0
+    client = min(max(fill, default_graphs), default_cap) if fill <= default_cap else fill
+    p = replace(target.plan(args_for(client), workload), client_concurrency=client)
+    reasons = [
+        f"client in flight {client:,} (client_concurrency): the KV cache holds {p.kv_cache_tokens:,} tokens "
+        f"= {fill:,} x (prompt p50 {workload.prompt_p50:,} + {_expected_words(workload)}); the expected "
+        "context, not the worst case: SGLang admits by free KV less the running requests' expected growth "
+        "(schedule_policy.PrefillAdder, new_token_ratio) and retracts when decode runs out "
+        "(Scheduler.update_running_batch -> ScheduleBatch.retract_decode)",
+    ]
+    if fill < default_graphs:
+        reasons.append(
+            f"in flight raised from {fill:,} to SGLang's decode-graph default {default_graphs}: never below "
+            "what SGLang's defaults run; its admission and retraction hold the rest, as with its defaults"
+        )
+    if swa_capped:
+        reasons.append(
+            f"--max-running-requests {max(client, default_cap):,}: SGLang's default cap or more, given so "
+            f"that SGLang sizes the sliding-window pool for it ({p.swa_tokens:,} tokens, {p.kv_pool_rule}) "
+            "and gives the rest to full attention, instead of swa_full_tokens_ratio of it"
+        )
+    elif client > default_cap:
+        reasons.append(
+            f"--max-running-requests {client:,}: above SGLang's default cap {default_cap:,} "
+            "(KVCacheConfigurator.resolve_max_num_reqs)"
+        )
+    else:
+        reasons.append(
+            f"--max-running-requests left to SGLang (its default cap {default_cap:,}, "
+            "KVCacheConfigurator.resolve_max_num_reqs): the client's in-flight count bounds the batch"
+        )
+    if client > default_graphs:
+        reasons.append(
+            f"{cuda_graph_max_bs_flag(version)} {min(client, MAX_PLANNED_DECODE_GRAPH_BS)}: decode graphs up "
+            f"to the planned batch; SGLang captures only to {default_graphs} by default "
+            "(handle_gpu_memory_settings) and decodes larger batches eagerly"
+        )
+    if choice.disable_radix:
+        reasons.append(RADIX_OFF_DENSE_REASON)
+    reasons += choice.reasons()
+    return Candidate(args=tuple(p.args), plan=p, score=client, reasons=tuple(reasons))
+
+
+def _expected_words(workload: Workload) -> str:
+    if workload.expected_output_known:
+        return f"expected answer {workload.expected_output:,}, {workload.expected_output_source}"
+    return (
+        f"max_tokens {workload.max_tokens:,} (no expected answer length given: pass "
+        "--expected-output-tokens, the old answers' or a pilot's mean; max_tokens is the upper bound)"
+    )
+
+
+def probe_slots(target: Target) -> int:
+    """State slots per request under the kept flags (radix cache as they have it)."""
+    slots, _ = mamba_slots_per_request(target.model, parse_flags(list(target.base)), target.version)
+    return slots
