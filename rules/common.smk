@@ -3,9 +3,9 @@ import os
 import sys
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 from regen.check import preflight, report_for_missing_dataset
+from regen.configfile import ConfigFileError, read_layers, validate_config
 from regen.fingerprint import decisive_config, decisive_plan_config
 from regen.layout import (
     AUDIT_HTML,
@@ -27,7 +27,21 @@ from regen.runconfig import RunConfig
 from regen.ingest.shard_count import settle_auto_count, shard_count
 from regen.sglang.server import stop_all_servers
 
-validate(config, schema="../schemas/config.schema.yaml")
+
+
+def config_layers():
+    """The config's sources in Snakemake's merge order (the Snakefile's configfile, then --configfile's,
+    then --config): which file a bad key came from."""
+    given = [str(f) for f in workflow.config_settings.configfiles]
+    files = [*map(str, workflow.configfiles[len(given) :]), *given]
+    return read_layers(files, dict(workflow.config_settings.config))
+
+
+# validated once, the schema's defaults filled in place; one line per error, naming key and file
+try:
+    validate_config(config, config_layers())
+except ConfigFileError as exc:
+    raise WorkflowError(str(exc)) from None
 
 
 # An s3:// dataset is fetched by the S3 storage plugin (endpoint and credentials from the usual AWS

@@ -292,14 +292,9 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
 
 def load_workflow_config(paths: list[Path]) -> dict[str, Any]:
     """The config Snakemake would see: the files merged in order, validated, defaults filled in."""
-    import yaml
-    from snakemake.utils import update_config, validate
+    from regen.configfile import load_config
 
-    config: dict[str, Any] = {}
-    for path in paths:
-        update_config(config, yaml.safe_load(path.read_text()) or {})
-    validate(config, str(Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"))
-    return config
+    return load_config(paths)
 
 
 if __name__ == "__main__":
