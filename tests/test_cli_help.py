@@ -50,3 +50,8 @@ def undocumented(text: str) -> list[str]:
 def test_every_option_has_help(command: str, extra: list[str]) -> None:
     text = help_text(command, extra)
     assert undocumented(text) == [], text
+
+
+@pytest.mark.parametrize("extra", [[], ["--sweep"]])
+def test_tune_help_shows_the_configfile_option(extra: list[str]) -> None:
+    assert re.search(r"^  --configfile", help_text("tune", extra), re.M)
