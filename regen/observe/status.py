@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from regen.generate.run_progress import STALE_AFTER_S, RunSnapshot, fmt_duration, run_totals, summary_line
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, SlotFiles, url_files
+from regen.observe.stage_progress import stage_lines
 from regen.records import ShardStatus
 from regen.sglang.metrics import sum_prometheus
 from regen.sglang.progress import ProgressState
@@ -208,7 +209,7 @@ def status_report(workdir: Path, results: Path, now: float | None = None, rate: 
     text = render_table(snap.statuses, servers, snap.planned, snap.finished, t_now, rate)
     totals = snap.totals(t_now, rate)
     left = totals.remaining if snap.statuses else None
-    extra = projection_lines(layout.pilot, left)
+    extra = projection_lines(layout.pilot, left) + stage_lines(layout, t_now)
     return text + "".join(line + "\n" for line in extra)
 
 
