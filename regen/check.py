@@ -308,6 +308,27 @@ def check_gpus(config: Mapping[str, Any], requested: int | None, host: Host) -> 
     return []
 
 
+def gpu_notes(config: Mapping[str, Any], requested: int | None, host: Host) -> list[str]:
+    """mode sglang: fewer GPU slots than the node has GPUs (the rest stay idle), naming both numbers."""
+    if _get(config, "server.mode") != "sglang":
+        return []
+    given = (
+        f"--resources gpu={requested}"
+        if requested is not None
+        else f"server.gpus {_get(config, 'server.gpus')}"
+    )
+    slots = requested if requested is not None else int(_get(config, "server.gpus") or 1)
+    tp = int(_get(config, "server.tp") or 1)
+    present = host.gpus_present()
+    if present is None or slots < 1 or slots * tp >= present:
+        return []
+    seen = "CUDA_VISIBLE_DEVICES" if os.environ.get("CUDA_VISIBLE_DEVICES") is not None else "nvidia-smi"
+    return [
+        f"{given}: {slots} GPU slot(s) x server.tp {tp} use {slots * tp} of the {present} GPUs this node has "
+        f"({seen}); the other {present - slots * tp} stay idle (give gpu={present // tp} to use them all)"
+    ]
+
+
 def check_disk(config: Mapping[str, Any], host: Host) -> list[Problem]:
     path = str(_get(config, "dataset.path") or "")
     local = bool(path) and not is_s3_uri(path) and Path(path).is_file()
@@ -437,7 +458,7 @@ class PreflightError(RuntimeError):
 def preflight(config: Mapping[str, Any], requested_gpus: int | None) -> None:
     """The workflow's ``onstart``: raise with every problem, else say OK."""
     problems = check_config(config, requested_gpus)
-    notes = [*notes_for(config), *speculative_notes(config)]
+    notes = [*notes_for(config), *gpu_notes(config, requested_gpus, Host()), *speculative_notes(config)]
     if problems:
         raise PreflightError(report(problems, notes))
     print(report(problems, notes), file=sys.stderr)
@@ -483,6 +504,10 @@ def cli(argv: list[str]) -> int:
         print(f"regen check: {exc}", file=sys.stderr)
         return 2
     problems = check_config(config, args.gpus)
-    notes = [*notes_for(config), *speculative_notes(config, args.results)]
+    notes = [
+        *notes_for(config),
+        *gpu_notes(config, args.gpus, Host()),
+        *speculative_notes(config, args.results),
+    ]
     print(report(problems, notes), file=sys.stderr if problems else sys.stdout)
     return 1 if problems else 0

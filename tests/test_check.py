@@ -267,3 +267,21 @@ def test_defaults_are_filled_as_snakemake_fills_them(
     assert validate_config(ours, layers) == theirs and ours != merged(layers)
     again = copy.deepcopy(ours)
     assert validate_config(again, layers) == ours  # the schema's own defaults were not filled in
+
+
+def test_fewer_gpu_slots_than_the_node_has_are_warned_naming_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from regen.check import gpu_notes
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    config = demo_config()
+    config["server"].update(mode="sglang", tp=1)
+    (note,) = gpu_notes(config, 2, fake_host(tmp_path, gpus=8))
+    assert note.startswith("--resources gpu=2: 2 GPU slot(s) x server.tp 1 use 2 of the 8 GPUs")
+    assert "CUDA_VISIBLE_DEVICES" in note and "give gpu=8" in note
+    assert gpu_notes(config, 8, fake_host(tmp_path, gpus=8)) == []
+    (from_config,) = gpu_notes(config, None, fake_host(tmp_path, gpus=8))  # server.gpus 2 in the demo
+    assert from_config.startswith("server.gpus 2: ")
+    config["server"]["mode"] = "simulated"
+    assert gpu_notes(config, 2, fake_host(tmp_path, gpus=8)) == []
