@@ -329,6 +329,16 @@ def gpu_notes(config: Mapping[str, Any], requested: int | None, host: Host) -> l
     ]
 
 
+def gpu_counter_line(requested: int, jobs_per_slot: int) -> str:
+    """What ``--resources gpu=N`` became: Snakemake then prints its widened job counter as
+    ``Provided resources: gpu=Resource("gpu", 2N)``, which is not the N GPUs given."""
+    return (
+        f"regen: --resources gpu={requested}: {requested} GPU slot(s); Snakemake's 'Provided resources' "
+        f"line counts {jobs_per_slot * requested} for gpu: up to {jobs_per_slot} generate jobs per slot, "
+        "the next shard's job waiting for its slot's server"
+    )
+
+
 def check_disk(config: Mapping[str, Any], host: Host) -> list[Problem]:
     path = str(_get(config, "dataset.path") or "")
     local = bool(path) and not is_s3_uri(path) and Path(path).is_file()

@@ -4,7 +4,7 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-from regen.check import preflight, report_for_missing_dataset
+from regen.check import gpu_counter_line, preflight, report_for_missing_dataset
 from regen.configfile import ConfigFileError, read_layers, validate_config
 from regen.fingerprint import decisive_config, decisive_plan_config
 from regen.layout import (
@@ -26,7 +26,6 @@ from regen.generate.replay import preview_lines
 from regen.runconfig import RunConfig
 from regen.ingest.shard_count import settle_auto_count, shard_count
 from regen.sglang.server import stop_all_servers
-
 
 
 def config_layers():
@@ -115,6 +114,7 @@ def widen_gpu_counter_for_local_runs():
     local = workflow.executor_plugin is not None and workflow.local_exec
     if local and workflow.is_main_process and REQUESTED_GPUS:
         workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
+        print(gpu_counter_line(REQUESTED_GPUS, JOBS_PER_GPU_SLOT), file=sys.stderr)
 
 
 # shards.count, or with "auto" one per GPU slot (settled by final_outputs: regen.ingest.shard_count)

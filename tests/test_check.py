@@ -285,3 +285,13 @@ def test_fewer_gpu_slots_than_the_node_has_are_warned_naming_both(
     assert from_config.startswith("server.gpus 2: ")
     config["server"]["mode"] = "simulated"
     assert gpu_notes(config, 2, fake_host(tmp_path, gpus=8)) == []
+
+
+def test_the_widened_gpu_counter_is_explained_once(tmp_path: Path) -> None:
+    """Snakemake prints its job counter (``gpu=Resource("gpu", 4)`` for ``gpu=2``): regen says what it is."""
+    wd = copy_workflow(tmp_path / "wf")
+    run = snakemake(wd, "-n", "--cores", "2", "--resources", "gpu=2", "--configfile", "config/demo.yaml")
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    lines = [x for x in out.splitlines() if x.startswith("regen: --resources gpu=2: 2 GPU slot(s)")]
+    assert len(lines) == 1 and "counts 4 for gpu" in lines[0], out[-3000:]
