@@ -24,6 +24,7 @@ from regen.layout import (
 )
 from regen.generate.replay import preview_lines
 from regen.runconfig import RunConfig
+from regen.runlog import RESUME_HINT
 from regen.ingest.shard_count import settle_auto_count, shard_count
 from regen.sglang.server import stop_all_servers
 
@@ -226,6 +227,11 @@ def final_outputs(wildcards):
 def stop_gpu_servers():
     """Stop the per-GPU servers this run started, per node and per Slurm job (on success and on error)."""
     stop_all_servers(RUN.servers_root)
+
+
+def print_resume_hint():
+    """Once, when the run stops before its end (Ctrl-C or a failed job): how to go on."""
+    print(RESUME_HINT, file=sys.stderr)
 
 
 def report_landing_page():

@@ -40,7 +40,7 @@ def test_a_stage_prints_rows_per_second_and_eta_and_writes_its_file(tmp_path: Pa
         clock.t += 5
         progress.advance(100)  # 100 rows every 5 s: 20 rows/s
     lines = console.getvalue().splitlines()
-    assert lines[0] == "regen: merge: 0/1,000 rows (0.0%), 0 rows/s, ETA ?"
+    assert lines[0] == "regen: merge: started, 1,000 rows to go"
     assert len(lines) == 3  # at the start, then every 10 s, not once per call
     assert lines[-1].startswith("regen: merge: 400/1,000 rows (40.0%), 20 rows/s, ETA ")
     assert lines[-1].endswith("(in 30s)")

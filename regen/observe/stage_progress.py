@@ -77,6 +77,8 @@ class StageState:
         took = self.updated_at - self.started_at
         if self.finished:
             return f"{self.stage}: done, {self.done:,} rows in {fmt_duration(took)} ({self.rate:,.0f} rows/s)"
+        if self.done == 0 and now - self.started_at < 1.0:
+            return f"{self.stage}: started, {'?' if self.total is None else f'{self.total:,}'} rows to go"
         of = "" if self.total is None else f"/{self.total:,}"
         pct = f" ({100.0 * self.done / self.total:.1f}%)" if self.total else ""
         age = now - self.updated_at
