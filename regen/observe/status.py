@@ -283,7 +283,11 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
     if args.configfile:
         from regen.generate.replay import preview_lines  # reads the dataset and the journals: only when asked
 
-        config = load_workflow_config(args.configfile)
+        try:
+            config = load_workflow_config(args.configfile)
+        except ValueError as exc:  # ConfigFileError: one line per config error, naming key and file
+            print(f"regen status: {exc}", file=sys.stderr)
+            return 2
         layout = RunLayout(results=args.results, work=args.workdir)
         journals = [str(j) for j in layout.journal_files()]
         text += "\n" + "".join(line + "\n" for line in preview_lines(config, journals, layout))
