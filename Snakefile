@@ -61,3 +61,4 @@ onsuccess:
 
 onerror:
     stop_gpu_servers()
+    print_resume_hint()

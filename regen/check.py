@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,11 +23,11 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import yaml
-from snakemake.exceptions import WorkflowError
 
 from regen.chat import ChatTemplate, ChatTemplateError
+from regen.configfile import ConfigFileError, load_config
 from regen.ingest.dataset import detect_format
-from regen.layout import CONFIG_SCHEMA, RunLayout
+from regen.layout import RunLayout
 from regen.runconfig import section_schema, with_schema_defaults
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelConfigError, ModelShape
@@ -204,6 +205,49 @@ def check_model_config(config: Mapping[str, Any]) -> list[Problem]:
     return []
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def hub_cache_dir(repo_id: str) -> Path:
+    """Where huggingface_hub keeps a downloaded model (``HF_HUB_CACHE``, else ``HF_HOME/hub``)."""
+    home = os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
+    cache = os.environ.get("HF_HUB_CACHE") or str(Path(home) / "hub")
+    return Path(cache) / ("models--" + repo_id.replace("/", "--"))
+
+
+def check_model_path(config: Mapping[str, Any]) -> list[Problem]:
+    """mode sglang with ``server.model_config`` set: the server still loads ``server.model_path`` (the
+    planner reads the other), so a wrong one would fail only once the job started its server."""
+    if _get(config, "server.mode") != "sglang" or not _get(config, "server.model_config"):
+        return []  # without model_config, check_model_config reads model_path's config.json
+    key, path = "server.model_path", str(_get(config, "server.model_path") or "")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        ok = (p / "config.json").is_file()
+        return [] if ok else [Problem(key, str(p / "config.json"), "missing: not a model directory")]
+    if p.exists():
+        return [Problem(key, path, "not a directory: a model directory or a Hugging Face hub id")]
+    if not HUB_ID.match(path):
+        return [Problem(key, path, "no such directory (a model directory or a Hugging Face hub id)")]
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if offline and not hub_cache_dir(path).is_dir():
+        return [Problem(key, path, f"HF_HUB_OFFLINE is set and the hub cache has no {hub_cache_dir(path)}")]
+    return []
+
+
+def model_path_notes(config: Mapping[str, Any]) -> list[str]:
+    """A hub id that is not downloaded yet: SGLang fetches it at server start (a typo fails only then)."""
+    path = str(_get(config, "server.model_path") or "")
+    if _get(config, "server.mode") != "sglang" or Path(path).expanduser().exists() or not HUB_ID.match(path):
+        return []
+    if hub_cache_dir(path).is_dir():
+        return []
+    return [
+        f"server.model_path ({path}): not a local directory nor in the hub cache; each server downloads it "
+        "from the Hugging Face Hub when it starts (a misspelt id fails only then)"
+    ]
+
+
 def check_sglang(config: Mapping[str, Any], host: Host) -> list[Problem]:
     """mode sglang: the Python that launches the servers imports sglang at the planner's version."""
     if _get(config, "server.mode") != "sglang":
@@ -265,6 +309,37 @@ def check_gpus(config: Mapping[str, Any], requested: int | None, host: Host) -> 
     return []
 
 
+def gpu_notes(config: Mapping[str, Any], requested: int | None, host: Host) -> list[str]:
+    """mode sglang: fewer GPU slots than the node has GPUs (the rest stay idle), naming both numbers."""
+    if _get(config, "server.mode") != "sglang":
+        return []
+    given = (
+        f"--resources gpu={requested}"
+        if requested is not None
+        else f"server.gpus {_get(config, 'server.gpus')}"
+    )
+    slots = requested if requested is not None else int(_get(config, "server.gpus") or 1)
+    tp = int(_get(config, "server.tp") or 1)
+    present = host.gpus_present()
+    if present is None or slots < 1 or slots * tp >= present:
+        return []
+    seen = "CUDA_VISIBLE_DEVICES" if os.environ.get("CUDA_VISIBLE_DEVICES") is not None else "nvidia-smi"
+    return [
+        f"{given}: {slots} GPU slot(s) x server.tp {tp} use {slots * tp} of the {present} GPUs this node has "
+        f"({seen}); the other {present - slots * tp} stay idle (give gpu={present // tp} to use them all)"
+    ]
+
+
+def gpu_counter_line(requested: int, jobs_per_slot: int) -> str:
+    """What ``--resources gpu=N`` became: Snakemake then prints its widened job counter as
+    ``Provided resources: gpu=Resource("gpu", 2N)``, which is not the N GPUs given."""
+    return (
+        f"regen: --resources gpu={requested}: {requested} GPU slot(s); Snakemake's 'Provided resources' "
+        f"line counts {jobs_per_slot * requested} for gpu: up to {jobs_per_slot} generate jobs per slot, "
+        "the next shard's job waiting for its slot's server"
+    )
+
+
 def check_disk(config: Mapping[str, Any], host: Host) -> list[Problem]:
     path = str(_get(config, "dataset.path") or "")
     local = bool(path) and not is_s3_uri(path) and Path(path).is_file()
@@ -305,6 +380,7 @@ def check_config(
         *check_dataset(config, host),
         *check_tokenizer(config),
         *check_model_config(config),
+        *check_model_path(config),
         *check_sglang(config, host),
         *check_gpus(config, requested_gpus, host),
         *check_disk(config, host),
@@ -322,14 +398,16 @@ def notes_for(config: Mapping[str, Any]) -> list[str]:
     server = config.get("server") or {}
     if server.get("mode") not in ("sglang", "external"):
         return []
+    hub = model_path_notes(config)
     flags = {str(a).split("=", 1)[0] for a in server.get("args") or ()}
     if DETERMINISTIC_FLAG in flags:
-        return []
+        return hub
     launched = "is not launched" if server.get("mode") == "sglang" else "may not be launched"
     return [
+        *hub,
         f"generate.sampling.seed (server.args): SGLang {launched} with {DETERMINISTIC_FLAG}, and applies "
         "a request's seed only with it: each record keeps its seed, but its sampling cannot be "
-        "reproduced from it"
+        "reproduced from it",
     ]
 
 
@@ -391,7 +469,7 @@ class PreflightError(RuntimeError):
 def preflight(config: Mapping[str, Any], requested_gpus: int | None) -> None:
     """The workflow's ``onstart``: raise with every problem, else say OK."""
     problems = check_config(config, requested_gpus)
-    notes = [*notes_for(config), *speculative_notes(config)]
+    notes = [*notes_for(config), *gpu_notes(config, requested_gpus, Host()), *speculative_notes(config)]
     if problems:
         raise PreflightError(report(problems, notes))
     print(report(problems, notes), file=sys.stderr)
@@ -405,27 +483,6 @@ def report_for_missing_dataset(config: Mapping[str, Any], requested_gpus: int | 
 
 # --------------------------------------------------------------------------------------------------
 # the command
-
-
-def load_config(files: list[str]) -> dict[str, Any]:
-    """The config files merged in order (later keys win, as Snakemake does), validated against the
-    schema with its defaults filled in."""
-    from snakemake.utils import validate  # the same validation, with defaults, as the workflow's
-
-    merged: dict[str, Any] = {}
-    for name in files:
-        with open(name) as fh:
-            _deep_update(merged, yaml.safe_load(fh) or {})
-    validate(merged, schema=str(CONFIG_SCHEMA), set_default=True)
-    return merged
-
-
-def _deep_update(base: dict[str, Any], new: Mapping[str, Any]) -> None:
-    for key, value in new.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _deep_update(base[key], value)
-        else:
-            base[key] = value
 
 
 def cli(argv: list[str]) -> int:
@@ -454,10 +511,14 @@ def cli(argv: list[str]) -> int:
     except (OSError, yaml.YAMLError) as exc:
         print(f"regen check: cannot read the config: {exc}", file=sys.stderr)
         return 2
-    except WorkflowError as exc:  # a schema violation
-        print(f"regen check: the config does not match {CONFIG_SCHEMA.name}: {exc}", file=sys.stderr)
+    except ConfigFileError as exc:  # one line per schema violation, naming key and file
+        print(f"regen check: {exc}", file=sys.stderr)
         return 2
     problems = check_config(config, args.gpus)
-    notes = [*notes_for(config), *speculative_notes(config, args.results)]
+    notes = [
+        *notes_for(config),
+        *gpu_notes(config, args.gpus, Host()),
+        *speculative_notes(config, args.results),
+    ]
     print(report(problems, notes), file=sys.stderr if problems else sys.stdout)
     return 1 if problems else 0

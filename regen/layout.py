@@ -403,6 +403,14 @@ class RunLayout:
         return self.status_dir / f"{shard}.json"
 
     @property
+    def stage_progress_dir(self) -> Path:
+        """Long stages' progress files (``regen.observe.stage_progress``): beside, not among, the shards'."""
+        return self.status_dir / "stages"
+
+    def stage_progress(self, stage: str) -> Path:
+        return self.stage_progress_dir / f"{stage}.json"
+
+    @property
     def servers_root(self) -> Path:
         """Every GPU slot directory of the run lives under here (per node, or per Slurm job below it)."""
         return self.work / "servers"

@@ -3,13 +3,12 @@ import os
 import sys
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
-from regen.check import preflight, report_for_missing_dataset
+from regen.check import gpu_counter_line, preflight, report_for_missing_dataset
+from regen.configfile import ConfigFileError, read_layers, validate_config
 from regen.fingerprint import decisive_config, decisive_plan_config
 from regen.layout import (
     AUDIT_HTML,
-    CONFIG_SCHEMA,
     FINISH_REASONS_SVG,
     LANDING_RST,
     QUARANTINE_REASONS_SVG,
@@ -25,10 +24,24 @@ from regen.layout import (
 )
 from regen.generate.replay import preview_lines
 from regen.runconfig import RunConfig
+from regen.runlog import RESUME_HINT
 from regen.ingest.shard_count import settle_auto_count, shard_count
 from regen.serving.lifecycle import stop_all_servers
 
-validate(config, schema=str(CONFIG_SCHEMA))
+
+def config_layers():
+    """The config's sources in Snakemake's merge order (the Snakefile's configfile, then --configfile's,
+    then --config): which file a bad key came from."""
+    given = [str(f) for f in workflow.config_settings.configfiles]
+    files = [*map(str, workflow.configfiles[len(given) :]), *given]
+    return read_layers(files, dict(workflow.config_settings.config))
+
+
+# validated once, the schema's defaults filled in place; one line per error, naming key and file
+try:
+    validate_config(config, config_layers())
+except ConfigFileError as exc:
+    raise WorkflowError(str(exc)) from None
 
 
 # An s3:// dataset is fetched by the S3 storage plugin (endpoint and credentials from the usual AWS
@@ -102,6 +115,7 @@ def widen_gpu_counter_for_local_runs():
     local = workflow.executor_plugin is not None and workflow.local_exec
     if local and workflow.is_main_process and REQUESTED_GPUS:
         workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
+        print(gpu_counter_line(REQUESTED_GPUS, JOBS_PER_GPU_SLOT), file=sys.stderr)
 
 
 # shards.count, or with "auto" one per GPU slot (settled by final_outputs: regen.ingest.shard_count)
@@ -212,6 +226,11 @@ def final_outputs(wildcards):
 def stop_gpu_servers():
     """Stop the per-GPU servers this run started, per node and per Slurm job (on success and on error)."""
     stop_all_servers(RUN.servers_root)
+
+
+def print_resume_hint():
+    """Once, when the run stops before its end (Ctrl-C or a failed job): how to go on."""
+    print(RESUME_HINT, file=sys.stderr)
 
 
 def report_landing_page():

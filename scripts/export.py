@@ -1,5 +1,8 @@
 """Snakemake script: write the trainer exports of the merged dataset (regen.output.export)."""
 
+from pathlib import Path
+
+from regen.observe.stage_progress import StageProgress, parquet_rows
 from regen.output.export import ExportConfig, export_dataset
 from regen.runlog import log_to
 
@@ -12,4 +15,7 @@ export_dataset(
     config=ExportConfig.from_dict(snakemake.params.export),
     tokenizer_dir=snakemake.params.tokenizer,
     regenerate=snakemake.params.regenerate,
+    progress=StageProgress.for_workflow(
+        "export", parquet_rows(sorted(Path(snakemake.input.dataset).glob("part-*.parquet")))
+    ),
 )

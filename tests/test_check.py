@@ -51,8 +51,8 @@ def test_every_problem_at_once_with_key_and_path(tmp_path: Path, monkeypatch: py
     config["merge"]["output_prefix"] = "s3://bucket/out/"
     problems = check_config(config, 3, fake_host(tmp_path, gpus=4, sglang=None))
     by_key = {p.key: p for p in problems}
-    expected = {"dataset.path", "tokenizer", "server.model_config", "server.mode", "--resources gpu",
-                "merge.output_prefix"}  # fmt: skip
+    expected = {"dataset.path", "tokenizer", "server.model_config", "server.model_path", "server.mode",
+                "--resources gpu", "merge.output_prefix"}  # fmt: skip
     assert set(by_key) == expected, problems
     assert by_key["dataset.path"].path.endswith("missing.jsonl")
     assert "chat template" in by_key["tokenizer"].message
@@ -68,7 +68,7 @@ def test_every_problem_at_once_with_key_and_path(tmp_path: Path, monkeypatch: py
 def test_gpu_count_and_version_mismatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
     config = demo_config()
-    config["server"].update(mode="sglang", sglang_version="0.5.17")
+    config["server"].update(mode="sglang", sglang_version="0.5.17", model_path="resources/demo-model")
     keys = [p.key for p in check_config(config, 0, fake_host(tmp_path))]
     assert keys == ["server.sglang_version", "--resources gpu"]
     assert [p.key for p in check_config(config, 2, fake_host(tmp_path, gpus=None, sglang="0.5.17"))] == [
@@ -178,3 +178,120 @@ def test_regen_check_prints_the_speculative_warning(
     )
     captured = capsys.readouterr()
     assert "note: server.args force NEXTN with 3 steps" in captured.out + captured.err
+
+
+def test_a_wrong_model_path_is_caught_whatever_model_config_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    config = demo_config()
+    config["server"].update(mode="sglang", model_config="resources/demo-model/config.json")
+
+    def model_path_problems(model_path: str) -> list:
+        config["server"]["model_path"] = model_path
+        return [p for p in check_config(config, 2, fake_host(tmp_path)) if p.key == "server.model_path"]
+
+    (wrong,) = model_path_problems(str(tmp_path / "models" / "Qwen3-8b"))
+    assert wrong.path.endswith("Qwen3-8b") and "no such directory" in wrong.message
+    (tmp_path / "empty").mkdir()
+    (no_config,) = model_path_problems(str(tmp_path / "empty"))
+    assert no_config.path.endswith("config.json") and "not a model directory" in no_config.message
+    assert model_path_problems("resources/demo-model") == []
+    # a hub id is fetched by SGLang at server start: a note, unless the hub is offline and it is not cached
+    assert model_path_problems("Qwen/Qwen3-8B") == []
+    assert any("Qwen/Qwen3-8B" in n and "Hugging Face Hub" in n for n in notes_for(config))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (offline,) = model_path_problems("Qwen/Qwen3-8B")
+    assert "HF_HUB_OFFLINE" in offline.message
+    (tmp_path / "hub" / "models--Qwen--Qwen3-8B").mkdir(parents=True)
+    assert model_path_problems("Qwen/Qwen3-8B") == []
+    assert not any("Qwen/Qwen3-8B" in n for n in notes_for(config))
+
+
+def test_a_config_typo_is_one_line_with_key_file_and_did_you_mean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "run.yaml"
+    bad.write_text("generate:\n  max_tokens: 9\n  sampling: {max_token: 8192, top_p: 2}\nshard: {count: 3}\n")
+    assert cli(["--configfile", str(ROOT / "config" / "demo.yaml"), str(bad)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 5, err  # a header and one line per error: no schema dump
+    assert "Failed validating" not in err and "'description'" not in err
+    expected = [
+        f"generate.max_tokens ({bad}): unknown key; did you mean generate.sampling.max_tokens? "
+        "(it belongs there)",
+        f"generate.sampling.max_token ({bad}): unknown key; did you mean max_tokens?",
+        f"generate.sampling.top_p ({bad}): 2 is greater than the maximum of 1",
+        f"shard ({bad}): unknown key; did you mean shards?",
+    ]
+    for line in expected:
+        assert f"  - {line}" in lines, err
+
+
+def test_a_key_no_file_sets_names_every_file_and_a_bad_enum_gets_a_suggestion(tmp_path: Path) -> None:
+    from regen.configfile import ConfigFileError, merged, read_layers, validate_config
+    from regen.configfile import load_config as load
+
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("tokenizer: resources/demo-tokenizer\n")
+    second.write_text("generate: {truncation: dorp}\n")
+    with pytest.raises(ConfigFileError) as caught:
+        load([first, second])
+    assert caught.value.lines == (
+        f"generate.truncation ({second}): 'dorp' is not one of 'keep', 'drop', 'retry'; did you mean 'drop'?",
+    )
+    layers = read_layers([first, second])
+    schema = {"type": "object", "required": ["dataset"], "properties": {"dataset": {"type": "object"}}}
+    with pytest.raises(ConfigFileError) as caught:
+        validate_config(merged(layers), layers, schema)
+    assert caught.value.lines == (f"dataset ({first}, {second}): missing: the schema requires it",)
+
+
+@pytest.mark.parametrize("files", [["config/config.yaml"], ["config/config.yaml", "config/demo.yaml"]])
+def test_defaults_are_filled_as_snakemake_fills_them(
+    files: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import copy
+
+    from snakemake.utils import validate
+
+    from regen.configfile import merged, read_layers, validate_config
+
+    monkeypatch.chdir(ROOT)
+    layers = read_layers(files)
+    ours, theirs = merged(layers), merged(layers)
+    validate(theirs, str(ROOT / "schemas" / "config.schema.yaml"), set_default=True)
+    assert validate_config(ours, layers) == theirs and ours != merged(layers)
+    again = copy.deepcopy(ours)
+    assert validate_config(again, layers) == ours  # the schema's own defaults were not filled in
+
+
+def test_fewer_gpu_slots_than_the_node_has_are_warned_naming_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from regen.check import gpu_notes
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    config = demo_config()
+    config["server"].update(mode="sglang", tp=1)
+    (note,) = gpu_notes(config, 2, fake_host(tmp_path, gpus=8))
+    assert note.startswith("--resources gpu=2: 2 GPU slot(s) x server.tp 1 use 2 of the 8 GPUs")
+    assert "CUDA_VISIBLE_DEVICES" in note and "give gpu=8" in note
+    assert gpu_notes(config, 8, fake_host(tmp_path, gpus=8)) == []
+    (from_config,) = gpu_notes(config, None, fake_host(tmp_path, gpus=8))  # server.gpus 2 in the demo
+    assert from_config.startswith("server.gpus 2: ")
+    config["server"]["mode"] = "simulated"
+    assert gpu_notes(config, 2, fake_host(tmp_path, gpus=8)) == []
+
+
+def test_the_widened_gpu_counter_is_explained_once(tmp_path: Path) -> None:
+    """Snakemake prints its job counter (``gpu=Resource("gpu", 4)`` for ``gpu=2``): regen says what it is."""
+    wd = copy_workflow(tmp_path / "wf")
+    run = snakemake(wd, "-n", "--cores", "2", "--resources", "gpu=2", "--configfile", "config/demo.yaml")
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    lines = [x for x in out.splitlines() if x.startswith("regen: --resources gpu=2: 2 GPU slot(s)")]
+    assert len(lines) == 1 and "counts 4 for gpu" in lines[0], out[-3000:]

@@ -56,3 +56,21 @@ def test_every_option_has_help(command: str, extra: list[str]) -> None:
 def test_help_names_the_command_as_typed(command: str) -> None:
     """``regen X --help`` prints ``usage: regen X`` (not a module's or an old command's name)."""
     assert help_text(command, []).startswith(f"usage: regen {command}")
+@pytest.mark.parametrize("extra", [[], ["--sweep"]])
+def test_tune_help_shows_the_configfile_option(extra: list[str]) -> None:
+    assert re.search(r"^  --configfile", help_text("tune", extra), re.M)
+
+
+def test_tune_reads_the_model_and_memory_from_the_configfile(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    from regen.tune.tune import cli
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the demo's paths are the checkout's
+    demo = Path("config") / "demo.yaml"
+    assert cli(["--configfile", str(demo)]) == 0  # server.model_config, gpu_memory_mib 81920 from it
+    assert "recommended flags:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli([])  # neither --model-config nor --configfile

@@ -407,3 +407,75 @@ def test_the_sweep_ranks_mtp_by_accepted_tokens_and_says_why(
 def test_no_mtp_statement_without_a_speculative_candidate(sweep: Any) -> None:
     result, _, _, _ = sweep
     assert mtp_decision(result) is None and result.to_json()["mtp"] is None
+
+
+def _issue_report(remaining: int) -> dict:
+    """A pilot.json as the sweep writes it (the numbers of issue 34: the client window ranks tuner #2
+    first, the server's steady decode rate ranks the recommendation first)."""
+
+    def row(label: str, client: float, rate: float) -> dict:
+        return {
+            "label": label,
+            "ok": True,
+            "concurrency": 64,
+            "out_tok_s": client,
+            "rate_tok_s": rate,
+            "req_s": 1.5,
+            "lengths": {"p50": 700, "p99": 2900},
+            "args": ["--max-running-requests", "64"],
+        }
+
+    def projection(samples: int) -> dict:
+        return {
+            "remaining_samples": samples,
+            "tokens_per_sample": 800.0,
+            "servers": 2,
+            "tp": 1,
+            "wall_s": samples * 800.0 / (2 * 298295.7),
+            "gpu_hours": samples * 800.0 / 298295.7 / 3600,
+        }
+
+    return {
+        "candidates": [
+            row("recommended", 138869.0, 298295.7),
+            row("tuner #2", 143883.0, 143883.0),
+            {"label": "given", "ok": False, "error": "out of memory"},
+        ],
+        "best_index": 0,
+        "best_label": "recommended",
+        "rate_method": "server: median gen throughput",
+        "projection": projection(remaining),
+        "projection_whole_run": projection(50_000),
+    }
+
+
+def test_the_sweep_says_one_best_consistent_with_its_table_and_projects_the_whole_run() -> None:
+    from regen.tune.sweep_report import render_result
+
+    text = render_result(_issue_report(remaining=20_000))
+    rows = {line.split()[0]: line for line in text.splitlines() if line[:1] in "* " and line.strip()}
+    assert rows["*recommended"].split()[2] == "298,296"  # the column the best is chosen by, starred
+    assert rows["tuner"].split()[3] == "143,883"
+    assert "best: recommended (*), 298,296 tok/s per server, the highest rate tok/s" in text
+    assert "by the client's window tuner #2 finished more (143,883 vs 138,869 tok/s)" in text
+    assert text.count("best:") == 1
+    assert "whole run: 50,000 samples x 800.0 tokens on 2 server(s) of tp=1" in text
+    assert "remaining: 20,000 samples" in text
+
+
+def test_after_the_run_the_sweep_says_it_is_done_and_what_it_took(tmp_path: Path) -> None:
+    from regen.layout import RunLayout
+    from regen.tune.sweep_report import generate_job_seconds, render_result
+
+    layout = RunLayout.under(tmp_path)
+    layout.shards_dir.mkdir(parents=True)
+    for shard, seconds in (("00000", 3000.5), ("00001", 1800.0)):
+        layout.shard(shard).write_bytes(b"")
+        bench = layout.benchmark("generate", shard)
+        bench.parent.mkdir(parents=True, exist_ok=True)
+        bench.write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:50:00\t100\n")
+    took = generate_job_seconds(layout)
+    assert took == pytest.approx(4800.5)
+    text = render_result(_issue_report(remaining=0), took)
+    assert "the run is done: all 50,000 samples are finished; its generate jobs ran 1h20m in all" in text
+    assert "remaining: 0 samples" not in text

@@ -78,7 +78,7 @@ def test_shard_count_is_config(wd: Path) -> None:
         ("shards: {count: 0}\n", ["count", "minimum"]),
         ("generate: {truncation: sometimes}\n", ["truncation", "sometimes"]),
         ("server: {port_base: eighty}\n", ["port_base", "eighty"]),
-        ("shard: {count: 3}\n", ["shard", "Additional properties"]),
+        ("shard: {count: 3}\n", ["shard (config/bad.yaml): unknown key; did you mean shards?"]),
     ],
 )
 def test_bad_config_stops_before_any_job(wd: Path, override: str, names: list[str]) -> None:

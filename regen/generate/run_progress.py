@@ -133,6 +133,9 @@ def run_totals(
         eta = 0.0
     elif remaining is not None and req_s > 0:
         eta = remaining / req_s
+        newest = max((s.updated_at for s in recent), default=now)
+        if rate is None and eta < now - newest:
+            eta = None  # at the last reported rates it would be done by now, and it is not: unknown
     oldest = min((s.oldest_in_flight_at for s in active if s.oldest_in_flight_at is not None), default=None)
     return RunTotals(
         planned_shards=len(sizes),
@@ -155,7 +158,8 @@ def fmt_eta(eta_s: float | None, now: float) -> str:
         return "?"
     at = time.localtime(now + eta_s)
     clock = time.strftime("%H:%M" if eta_s < 86400 else "%a %H:%M", at)
-    return f"{clock} (in {fmt_duration(eta_s)})"
+    left = "<1s" if 0 < eta_s < 0.5 else fmt_duration(eta_s)  # never "in 0s" with work left
+    return f"{clock} (in {left})"
 
 
 def summary_line(t: RunTotals, now: float) -> str:

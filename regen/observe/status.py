@@ -21,7 +21,8 @@ from typing import Any, TextIO
 
 from regen.generate.run_progress import STALE_AFTER_S, RunSnapshot, fmt_duration, run_totals, summary_line
 from regen.io import read_json
-from regen.layout import CONFIG_SCHEMA, RUN, RunLayout, SlotFiles, url_files
+from regen.layout import RUN, RunLayout, SlotFiles, url_files
+from regen.observe.stage_progress import stage_lines
 from regen.records import ShardStatus
 from regen.serving.metrics import sum_prometheus
 from regen.serving.procfs import is_supervisor, read_url_state
@@ -208,7 +209,7 @@ def status_report(workdir: Path, results: Path, now: float | None = None, rate: 
     text = render_table(snap.statuses, servers, snap.planned, snap.finished, t_now, rate)
     totals = snap.totals(t_now, rate)
     left = totals.remaining if snap.statuses else None
-    extra = projection_lines(layout.pilot, left)
+    extra = projection_lines(layout.pilot, left) + stage_lines(layout, t_now)
     return text + "".join(line + "\n" for line in extra)
 
 
@@ -283,7 +284,11 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
         from regen.generate.replay import preview_lines  # reads the dataset and the journals: only when asked
         from regen.runconfig import RunConfig
 
-        config = load_workflow_config(args.configfile)
+        try:
+            config = load_workflow_config(args.configfile)
+        except ValueError as exc:  # ConfigFileError: one line per config error, naming key and file
+            print(f"regen status: {exc}", file=sys.stderr)
+            return 2
         layout = RunLayout(results=args.results, work=args.workdir)
         lines = preview_lines(
             RunConfig.from_config(config), config["dataset"], layout.journal_shards(), layout
@@ -295,14 +300,9 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
 
 def load_workflow_config(paths: list[Path]) -> dict[str, Any]:
     """The config Snakemake would see: the files merged in order, validated, defaults filled in."""
-    import yaml
-    from snakemake.utils import update_config, validate
+    from regen.configfile import load_config
 
-    config: dict[str, Any] = {}
-    for path in paths:
-        update_config(config, yaml.safe_load(path.read_text()) or {})
-    validate(config, str(CONFIG_SCHEMA))
-    return config
+    return load_config(paths)
 
 
 if __name__ == "__main__":

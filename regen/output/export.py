@@ -39,6 +39,7 @@ from regen.chat import THINK_CLOSE, ChatTemplate
 from regen.fingerprint import chat_template_hash
 from regen.io import atomic_open, read_json, write_json
 from regen.layout import MANIFEST_NAME
+from regen.observe.stage_progress import StageProgress
 from regen.output.masks import MaskBuilder, MaskPolicy
 from regen.output.serving import serving_contract
 from regen.output.split import EVAL, SPLIT_KEY, TRAIN, SplitCounts
@@ -165,9 +166,11 @@ def export_dataset(
     config: ExportConfig,
     tokenizer_dir: str,
     regenerate: str,
+    progress: StageProgress | None = None,
 ) -> dict[str, Any]:
     """Write the SpecForge and token exports of ``dataset_dir`` (training and eval split, ``eval_path``
-    beside each) and their manifest; return the manifest."""
+    beside each) and their manifest; return the manifest. ``progress`` counts the dataset's rows."""
+    progress = progress or StageProgress.silent("export")
     template = ChatTemplate.from_dir(tokenizer_dir)
     builder = MaskBuilder(template, config.policy)
     rows_in = 0
@@ -195,6 +198,7 @@ def export_dataset(
         tokenized_files = {TRAIN: tk_train, EVAL: tk_eval}
         for row in iter_rows(dataset_dir):
             rows_in += 1
+            progress.advance()
             side = split.add(row["messages"])
             made = builder.rows(row)
             lengths = [coverage.add(out.input_ids, out.loss_mask, think_close).length for out in made]
@@ -290,4 +294,5 @@ def export_dataset(
     )
     write_json(token_freq_path(tokenized_out), token_counts.to_json())
     write_json(manifest_out, manifest)
+    progress.finish()
     return manifest

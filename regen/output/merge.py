@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from regen.io import read_json, shared_temp_dir, write_json
 from regen.layout import MANIFEST_NAME, dataset_part, dataset_parts
+from regen.observe.stage_progress import StageProgress, parquet_rows
 from regen.output.provenance import build_provenance
 from regen.records import (
     DATASET_PASSTHROUGH,
@@ -308,8 +309,10 @@ def merge(
     config: MergeConfig,
     provenance: dict[str, Any],
     tokenizer_dir: str | os.PathLike[str] | None = None,
+    progress: StageProgress | None = None,
 ) -> Manifest:
-    """Merge valid shards into ``out_dir`` (replaced as a whole) and return its manifest.
+    """Merge valid shards into ``out_dir`` (replaced as a whole) and return its manifest; ``progress``
+    counts the rows (rows/s and ETA on the console and in ``regen status``).
 
     Raises ``MergeError`` on a duplicate id across shards; nothing is left at ``out_dir``
     changed in that case.
@@ -323,6 +326,7 @@ def merge(
             raise ValueError("merge: include_token_ids needs tokenizer_dir")
         encoder = make_token_encoder(tokenizer_dir)
     schema = dataset_schema(include_ids)
+    progress = progress or StageProgress.silent("merge")
 
     target = Path(out_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -335,7 +339,9 @@ def merge(
             for valid in pf.iter_batches(batch_size=min(rg_rows, 10000)):
                 _check_unique(valid.column("id").to_pylist(), str(path), seen)
                 writer.write(to_dataset_batch(valid, encoder))
+                progress.advance(valid.num_rows)
         files = writer.close()
+        progress.finish()
         entries = tuple(ManifestFile(p.name, rows, p.stat().st_size, sha256_file(p)) for p, rows in files)
         manifest = Manifest(
             files=entries,
@@ -415,4 +421,5 @@ def merge_for_workflow(
     provenance = build_provenance(
         plan=read_json(plan_path), tokenizer_dir=tokenizer_dir, valid_paths=valid_paths
     )
-    return merge(valid_paths, out_dir, config, provenance, tokenizer_dir=tokenizer_dir)
+    progress = StageProgress.for_workflow("merge", parquet_rows(valid_paths))
+    return merge(valid_paths, out_dir, config, provenance, tokenizer_dir=tokenizer_dir, progress=progress)

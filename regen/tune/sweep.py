@@ -750,11 +750,13 @@ def pilot_report(
             "length distribution (long outputs are under-represented when this is large)"
         )
     closed = closed_loop_projection(result, remaining.remaining, gpus, tp)
+    whole = project(remaining.samples, lengths.mean, result.best.rate_tok_s, gpus, tp)
     return {
         "created_at": time.time(),
         **result.to_json(),
         "remaining": {**dataclasses.asdict(remaining), "remaining": remaining.remaining},
         "projection": proj.to_json(),
+        "projection_whole_run": whole.to_json(),
         "projection_closed_loop": closed,
         "assumptions": assumptions,
         **dict(extra or {}),

@@ -14,11 +14,10 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from regen.generate.run_progress import fmt_duration
 from regen.ingest.shards import read_shard
 from regen.io import write_json
 from regen.layout import RunLayout
@@ -39,6 +38,7 @@ from regen.sglang.plan import (
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
 from regen.tune.projection import count_remaining
 from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
+from regen.tune.sweep_report import generate_job_seconds, render_result
 from regen.types import Sample
 
 log = logging.getLogger("regen.tune.tune")
@@ -136,10 +136,15 @@ def cli(argv: list[str]) -> int:
         cut = argv.index("--")
         argv, sglang_args = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(prog="regen tune", description="Plan SGLang memory and flags.")
-    parser.add_argument("--model-config", required=True, help="HF model dir or config.json")
+    parser.add_argument("--model-config", help="HF model dir or config.json (default: the --configfile's)")
     parser.add_argument("--gpu-memory-mib", type=int, help="GPU memory (default: nvidia-smi)")
     tp = section_schema("server")["properties"]["tp"]["default"]
-    parser.add_argument("--tp", type=int, default=tp, help=f"tensor-parallel GPUs per server (default {tp})")
+    parser.add_argument("--tp", type=int, help=f"tensor-parallel GPUs per server (default {tp})")
+    parser.add_argument(
+        "--configfile",
+        help="the run's config file: server.model_config (else model_path), tp, gpu_memory_mib, args and "
+        "generate.sampling.max_tokens are the defaults (with --sweep: its server and generate sections)",
+    )
     add_planning_arguments(parser)
     parser.add_argument(
         "--max-tokens", type=int, help="answer budget per request (generate.sampling.max_tokens)"
@@ -152,6 +157,18 @@ def cli(argv: list[str]) -> int:
     )
     ns = parser.parse_args(argv)
     try:
+        config = _load_config(ns.configfile)
+        server = ServerConfig.from_mapping(config.get("server"))
+        if ns.configfile:
+            ns.model_config = ns.model_config or server.planned_model
+            ns.gpu_memory_mib = ns.gpu_memory_mib or server.gpu_memory_mib
+            ns.max_tokens = (
+                ns.max_tokens or GenerateConfig.from_dict(config.get("generate")).sampling.max_tokens
+            )
+            sglang_args = sglang_args or list(server.args)
+        if not ns.model_config:
+            parser.error("give --model-config, or --configfile with the run's config")
+        ns.tp = ns.tp or server.tp
         model = ModelShape.from_config(ns.model_config)
         gpu = ns.gpu_memory_mib or gpu_memory_from_nvidia_smi()
         base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
@@ -259,32 +276,6 @@ def mtp_label(args: Sequence[str]) -> str:
     return f"mtp {steps} step{'s' if steps != 1 else ''}"
 
 
-def render_result(report: Mapping[str, Any]) -> str:
-    lines = [f"{'candidate':<14}{'cap':>6}{'out tok/s':>12}{'req/s':>9}{'p50':>7}{'p99':>7}  args"]
-    for i, row in enumerate(report["candidates"]):
-        mark = "*" if i == report["best_index"] else " "
-        if not row["ok"]:
-            lines.append(f"{mark}{row['label']:<13}{'':>6}{'failed':>12}  {row['error']}")
-            continue
-        lines.append(
-            f"{mark}{row['label']:<13}{row['concurrency']:>6}{row['out_tok_s']:>12.1f}{row['req_s']:>9.2f}"
-            f"{row['lengths']['p50']:>7}{row['lengths']['p99']:>7}  {' '.join(row['args'])}"
-        )
-    p = report["projection"]
-    lines += [
-        "",
-        f"best: {report['best_label']} "
-        f"({report.get('best_rate_tok_s', report['best_out_tok_s']):.1f} tok/s per server; "
-        f"{report.get('rate_method', 'client window')})",
-        f"remaining: {p['remaining_samples']} samples x {p['tokens_per_sample']:.1f} tokens on "
-        f"{p['servers']} server(s) of tp={p['tp']}: wall {fmt_duration(p['wall_s'])}, "
-        f"{p['gpu_hours']:.2f} GPU-hours",
-    ]
-    if report.get("mtp"):
-        lines.append(str(report["mtp"]["why"]))
-    return "\n".join(lines)
-
-
 def sweep_cli(argv: list[str]) -> int:
     """``regen tune --sweep``: recommend, benchmark the top configs live, write pilot.json."""
     sglang_args: list[str] = []
@@ -378,7 +369,7 @@ def sweep_cli(argv: list[str]) -> int:
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"regen tune --sweep: {exc}", file=sys.stderr)
         return 2
-    print(render_result(report))
+    print(render_result(report, generate_job_seconds(layout)))
     print(f"wrote {out}")
     return 0
 
