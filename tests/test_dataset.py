@@ -225,9 +225,9 @@ def test_parquet_and_gzip_jsonl_read_like_jsonl(tmp_path: Path, formats_dir: Pat
 
 
 def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
-    (tmp_path / "data.csv").write_text("a,b\n")
-    with pytest.raises(ValueError, match=r"data\.csv.*\.jsonl"):
-        list(_samples(tmp_path / "data.csv"))
+    (tmp_path / "data.xlsx").write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"data\.xlsx.*\.jsonl"):
+        list(_samples(tmp_path / "data.xlsx"))
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
         list(_samples(tmp_path / "nope.jsonl"))
 

@@ -4,7 +4,7 @@ summary, plots)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,12 @@ from regen.ingest.auditor import (
     Auditor,
     iter_audits,
 )
-from regen.ingest.dataset import DatasetConfig, iter_samples
+from regen.ingest.dataset import DatasetConfig, IdAccount, iter_samples
 from regen.ingest.flags import (
     SampleAudit,
 )
+from regen.ingest.progress import RowCount, RowProgress
+from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.io import atomic_open, atomic_path, write_json
 from regen.layout import AuditFiles
 from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 
 
 PARQUET_BATCH_ROWS = 65536
+#: the hook for the audit's progress in ``regen status`` (a stage-progress file writer); None: console only
+PROGRESS_HOOK: Callable[[RowCount], None] | None = None
 
 # --------------------------------------------------------------------------------------
 # Outputs
@@ -102,6 +106,8 @@ def run_audit(
     paths = AuditFiles(Path(out_dir))
     auditor = Auditor(config, chat)
     bad_rows: list[BadRow] = []
+    ids = IdAccount(dataset.id_column)
+    progress = RowProgress("audit", known_row_count(check_dataset_path(input_path)), on_count=PROGRESS_HOOK)
     samples = iter_samples(
         input_path,
         dataset.format,
@@ -110,6 +116,7 @@ def run_audit(
         tokenizer_dir,
         bad_rows,
         developer_role=chat.developer_role,
+        ids=ids,
     )
     awaiting_verdict: dict[tuple[Any, Any], Sample] = {}  # the shard step gets the kept ones: one parse
 
@@ -129,6 +136,7 @@ def run_audit(
         kept = SampleRows(samples_pw)
         for audit in iter_audits(auditor, remembered(samples), bad_rows):
             flags_writer.add(audit)
+            progress.advance()
             sample = awaiting_verdict.pop((audit.file, audit.row), None)
             if audit.excluded:
                 excluded_fh.write(orjson.dumps(audit.excluded_json()) + b"\n")
@@ -136,12 +144,14 @@ def run_audit(
                 kept.add(sample)
         flags_writer.flush()
         kept.flush()
+    progress.finish()
     summary = auditor.summary(
         {
             "input": str(input_path),
             "tokenizer": str(tokenizer_dir),
             "format": dataset.format,
             "fast_renderer": chat.uses_fast_renderer,
+            "ids": ids.to_json(),
         }
     )
     plot_histogram(
@@ -151,6 +161,7 @@ def run_audit(
     write_json(paths.summary, summary.to_json())
     keep_verdict(summary.to_json(), verdict_out)
     log.info("empty old answers: %s", summary.empty_answers.in_words())
+    (log.warning if ids.field is not None else log.info)("%s", ids.in_words())
     if summary.kept == 0:
         raise NothingToGenerateError(
             nothing_to_generate_message(summary, input_path, verdict_out or paths.summary)

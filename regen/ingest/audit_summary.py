@@ -366,6 +366,9 @@ def format_summary(summary: AuditSummary) -> str:
     else:
         lines.append(f"regenerate: {empty.regenerate} (the run's generate.regenerate)")
     lines.append(f"empty old answers: {empty.in_words()}")
+    ids = summary.context.get("ids")
+    if isinstance(ids, Mapping) and ids.get("in_words"):
+        lines.append(str(ids["in_words"]))
     lines.append("gates:")
     for g in summary.gates:
         verdict = "ok" if g.passed else "FAILED"
@@ -385,7 +388,7 @@ def summary_from_file(path: Path) -> AuditSummary:
         histograms=data["histograms"],
         gates=tuple(GateResult(k, v["limit"], v["value"], v["passed"]) for k, v in data["gates"].items()),
         overridden=data["overridden"],
-        context={},
+        context={"ids": data["ids"]} if "ids" in data else {},
         empty_answers=EmptyAnswers.from_json(data["empty_old_answers"]),
         unread_tails=tuple(data.get("unread_tails", ())),
         contaminated_by=data.get("contaminated_by", {}),

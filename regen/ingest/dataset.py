@@ -1,7 +1,14 @@
 """Streaming ingest of chat datasets into :class:`regen.types.Sample`.
 
-Files: ``.jsonl``, ``.json`` (an array, or an object with a ``data``/``rows`` list) and
-``.parquet``. JSON and JSON Lines may be compressed (gzip, bz2, xz, zstd): recognised by content
+Files: ``.jsonl``, ``.json`` (an array, or an object with a ``data``/``rows`` list), ``.parquet``,
+``.csv``/``.tsv`` (a header row; every cell text, ``messages``/``conversations`` cells decoded from JSON)
+and ``.arrow`` (Arrow IPC). A folder is read too, with no conversion step (``regen.ingest.readers``): a
+``datasets`` ``save_to_disk`` folder (its ``data-*.arrow`` streams in ``state.json``'s order; of a saved
+``DatasetDict``, the ``train`` split), or a folder of shards of one kind as the Hub stores them
+(``train-00000-of-00003.parquet``, directly in it or under ``data/``; the ``train`` split where the names
+carry several). Rows count from 0 in each file, and a bad row names its shard.
+
+JSON and JSON Lines may be compressed (gzip, bz2, xz, zstd): recognised by content
 as well as by name (``.jsonl.gz``, ``.json.gz``, ``.jsonl.zst`` ...). JSON Lines may end lines
 with LF, CRLF or CR alone; a ``.jsonl`` file that holds one JSON array is read as that array.
 
@@ -13,7 +20,8 @@ Row formats, detected per row unless one is configured:
   templates; a list with other parts (images ...) is kept as read for the audit to exclude.
   The ``developer`` role becomes what the target chat template renders (``system`` unless the
   template knows ``developer``).
-* ``sharegpt``: ``{"conversations": [{"from", "value"}], "system"?}``
+* ``sharegpt``: ``{"conversations": [{"from", "value"}], "system"?, "tools"?}``; speakers as LLaMA-Factory
+  and Axolotl spell them, ``function_call`` turns as tool calls (``regen.ingest.sharegpt``)
 * ``prompt``: ``{"prompt": str, "system"?: str}`` → one user turn
 * ``tokenized``: ``{"input_ids", "loss_mask" | "labels"}`` decoded with the tokenizer and split
   back into turns on the chat template's role markers.
@@ -28,7 +36,9 @@ part-way (a truncated compressed stream, an I/O error, broken JSON structure, a 
 row group) gives one BadRow with ``unread_tail`` set whose problem says how much was unread:
 those rows are lost input, and the audit fails the run on it by default.
 
-Ids (``id_column``) may be strings or integers of any size; ``source["id_json"]`` keeps the id
+Ids: ``id_column`` names the field holding each row's id; ``null`` takes a hash of the content, and an
+``id`` field the rows carry then is counted (``IdAccount``) so the audit says it was not used. Ids may
+be strings or integers of any size; ``source["id_json"]`` keeps the id
 as written (``1`` vs ``"1"``), while ``Sample.id`` is its text.
 
 Memory stays flat in the dataset size: JSONL is read line by line, Parquet by record
@@ -39,32 +49,37 @@ exception: a JSON object whose first key is not ``data``/``rows`` is read whole 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.ingest.readers import check_dataset_path, iter_records
+from regen.ingest.readers import check_dataset_path, iter_dataset_records
 from regen.ingest.rows import (
     ROW_FIELD,
     UnreadableRow,
     content_id,
     parse_messages,
     parse_prompt,
-    parse_sharegpt,
     parse_tools,
     renamed,
     row_format,
     row_id,
     type_name,
 )
+from regen.ingest.sharegpt import parse_sharegpt
 from regen.ingest.tokenized import LazyDecoder
 from regen.runconfig import validated
 from regen.types import DEVELOPER_ROLE, FORMATS, BadInputError, BadRow, Sample
 
+log = logging.getLogger(__name__)
+
 ON_BAD_ROW_CHOICES: tuple[str, ...] = ("skip", "stop")
 
 
+#: fields that commonly hold a row's id (``IdAccount`` names one that is left unused)
+ID_FIELDS: tuple[str, ...] = ("id", "uuid", "conversation_id", "sample_id")
 FORMAT_CHOICES: tuple[str, ...] = ("auto", *FORMATS)
 
 
@@ -108,7 +123,8 @@ class DatasetConfig:
 
 def detect_format(path: str | Path, max_rows: int = 100) -> str:
     """The row format of the first readable record among the first ``max_rows`` of ``path``."""
-    for n, (_row, item) in enumerate(iter_records(Path(path), None)):
+    records = iter_dataset_records(check_dataset_path(path), None, str(path))
+    for n, (_file, _row, item) in enumerate(records):
         if n >= max_rows:
             break
         if isinstance(item, dict):
@@ -141,8 +157,10 @@ def iter_samples(
     tokenizer_dir: str | Path | None = None,
     bad_rows: list[BadRow] | None = None,
     developer_role: str = "system",
+    ids: IdAccount | None = None,
 ) -> Iterator[Sample]:
-    """Stream the samples of one dataset file; unreadable rows go to ``bad_rows`` or raise.
+    """Stream the samples of one dataset (a file, or a folder of shards: ``regen.ingest.readers``);
+    unreadable rows go to ``bad_rows`` or raise.
 
     ``fmt``, ``id_column`` and ``on_bad_row`` are the ``dataset`` section's (:class:`DatasetConfig`;
     no default here: the schema is their one home). Arguments, the file's existence and its extension
@@ -150,27 +168,34 @@ def iter_samples(
     is appended to ``bad_rows`` (when given) and skipped; with ``"stop"`` the first one raises
     :class:`BadInputError`. Samples come in file order; ``Sample.source`` holds file, row
     and format (tokenized rows add ``mask_supervised_tokens`` and ``input_tokens``).
-    ``developer_role`` is the role ``developer`` turns become (``ChatTemplate.developer_role``).
+    ``developer_role`` is the role ``developer`` turns become (``ChatTemplate.developer_role``);
+    ``ids`` (when given) counts an id field the rows carry that ``id_column: null`` leaves unused.
     """
     check_format(fmt)
     policy = _BadRowPolicy(check_on_bad_row(on_bad_row), bad_rows)
-    p = check_dataset_path(path)
-    return _iter_samples(p, str(path), fmt, id_column, policy, LazyDecoder(tokenizer_dir), developer_role)
+    files = check_dataset_path(path)
+    if files.note:
+        log.info("%s: reading the %s", path, files.note)
+    decoder = LazyDecoder(tokenizer_dir)
+    records = iter_dataset_records(files, id_column, str(path))
+    return _iter_samples(records, fmt, id_column, policy, decoder, developer_role, ids)
 
 
 def _iter_samples(
-    p: Path,
-    file: str,
+    records: Iterator[tuple[str, int, Any]],
     fmt: str,
     id_column: str | None,
     policy: _BadRowPolicy,
     decoder: LazyDecoder,
     developer_role: str,
+    ids: IdAccount | None,
 ) -> Iterator[Sample]:
-    for row, item in iter_records(p, id_column):
+    for file, row, item in records:
         if isinstance(item, BadRow):
             policy.handle(item)
             continue
+        if ids is not None:
+            ids.note(item)
         try:
             sample = record_to_sample(
                 item,
@@ -185,6 +210,54 @@ def _iter_samples(
             policy.handle(BadRow(file, row, exc.field, exc.problem))
             continue
         yield sample
+
+
+@dataclass(slots=True)
+class IdAccount:
+    """Which id the samples got, and an id field the dataset carries that was not used.
+
+    The rule: ``dataset.id_column`` names the field that holds each row's id; with ``null`` the id is a
+    hash of the content (:func:`regen.ingest.rows.content_id`), whatever fields the rows carry. So that a
+    dataset's own ids are never dropped without a word, rows that carry one of ``ID_FIELDS`` while
+    ``id_column`` is null are counted here, and the audit's summary and console say so
+    (:meth:`in_words`)."""
+
+    id_column: str | None
+    #: the unused id field found, the rows that carry it, and the first row's value
+    field: str | None = None
+    rows_with_field: int = 0
+    example: str | None = None
+
+    def note(self, record: Any) -> None:
+        if self.id_column is not None or not isinstance(record, dict):
+            return
+        name = self.field or next((f for f in ID_FIELDS if f in record), None)
+        if name is None or record.get(name) in (None, ""):
+            return
+        self.field = name
+        self.rows_with_field += 1
+        if self.example is None:
+            self.example = str(record[name])
+
+    def in_words(self) -> str:
+        if self.id_column is not None:
+            return f"ids: the {self.id_column!r} field (dataset.id_column)"
+        if self.field is None:
+            return "ids: a hash of each row's content (dataset.id_column: null; no row has an id field)"
+        return (
+            f"ids: a hash of each row's content, not the {self.field!r} field that {self.rows_with_field:,} "
+            f"rows carry (e.g. {self.example!r}), because dataset.id_column is null; set dataset.id_column: "
+            f"{self.field} to keep the dataset's own ids"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        source = "content_hash" if self.id_column is None else "field"
+        out: dict[str, Any] = {"source": source, "id_column": self.id_column, "in_words": self.in_words()}
+        if self.field is not None:
+            out.update(
+                unused_field=self.field, rows_with_unused_field=self.rows_with_field, example=self.example
+            )
+        return out
 
 
 def record_to_sample(

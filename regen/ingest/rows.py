@@ -1,5 +1,6 @@
-"""Row adapters: one parsed record (OpenAI messages, ShareGPT, prompt) into the conversation's turns, and
-the row's id. An unreadable row raises :class:`UnreadableRow` naming its field."""
+"""Row adapters: one parsed record (OpenAI messages, prompt; ShareGPT: ``regen.ingest.sharegpt``) into
+the conversation's turns, and the row's id. An unreadable row raises :class:`UnreadableRow` naming
+its field."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from regen.types import DEVELOPER_ROLE, Message
+from regen.types import Message
 
 ROW_FIELD = "<row>"
 
@@ -17,27 +18,17 @@ ROW_FIELD = "<row>"
 TEXT_PART_TYPES = frozenset({"text", "input_text"})
 
 
+# SGLang flattens text parts this way for templates that take string content
 TEXT_PART_SEPARATOR = " "
 
 
+# the field whose presence identifies each row format, in auto-detection order
 FORMAT_FIELDS: tuple[tuple[str, str], ...] = (
     ("messages", "messages"),
     ("conversations", "sharegpt"),
     ("input_ids", "tokenized"),
     ("prompt", "prompt"),
 )
-
-
-SHAREGPT_ROLES: dict[str, str] = {
-    "system": "system",
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "tool": "tool",
-    "observation": "tool",
-    "developer": DEVELOPER_ROLE,
-}
 
 
 class UnreadableRow(Exception):
@@ -86,7 +77,7 @@ def optional_str(value: Any, field_name: str) -> str | None:
     return value
 
 
-def _message(
+def make_message(
     role: Any,
     content: Any,
     reasoning: Any,
@@ -165,7 +156,7 @@ def parse_tools(value: Any) -> tuple[Any, ...] | None:
     return tuple(value) if value else None
 
 
-def _turn_list(record: dict[str, Any], field_name: str, fmt: str) -> list[Any]:
+def turn_list(record: dict[str, Any], field_name: str, fmt: str) -> list[Any]:
     turns = require(record, field_name, fmt)
     if not isinstance(turns, list):
         raise UnreadableRow(field_name, f"expected a list of turns, got {type_name(turns)}")
@@ -174,14 +165,14 @@ def _turn_list(record: dict[str, Any], field_name: str, fmt: str) -> list[Any]:
 
 def parse_messages(record: dict[str, Any]) -> tuple[Message, ...]:
     out: list[Message] = []
-    for i, turn in enumerate(_turn_list(record, "messages", "messages")):
+    for i, turn in enumerate(turn_list(record, "messages", "messages")):
         where = f"messages[{i}]"
         if not isinstance(turn, dict):
             raise UnreadableRow(where, f"expected an object with role and content, got {type_name(turn)}")
         if "role" not in turn:
             raise UnreadableRow(f"{where}.role", "missing")
         out.append(
-            _message(
+            make_message(
                 turn["role"],
                 turn.get("content"),
                 turn.get("reasoning_content"),
@@ -191,27 +182,6 @@ def parse_messages(record: dict[str, Any]) -> tuple[Message, ...]:
                 turn,
             )
         )
-    return tuple(out)
-
-
-def parse_sharegpt(record: dict[str, Any]) -> tuple[Message, ...]:
-    out: list[Message] = []
-    system = record.get("system")
-    if system is not None:
-        if not isinstance(system, str):
-            raise UnreadableRow("system", f"expected a string, got {type_name(system)}")
-        check_text(system, "system")
-    for i, turn in enumerate(_turn_list(record, "conversations", "sharegpt")):
-        where = f"conversations[{i}]"
-        if not isinstance(turn, dict):
-            raise UnreadableRow(where, f"expected an object with from and value, got {type_name(turn)}")
-        if "from" not in turn:
-            raise UnreadableRow(f"{where}.from", "missing")
-        speaker = turn["from"]
-        role = SHAREGPT_ROLES.get(speaker.strip().lower(), speaker) if isinstance(speaker, str) else speaker
-        out.append(_message(role, turn.get("value"), turn.get("reasoning_content"), where, "from", "value"))
-    if system and not (out and out[0].role == "system"):
-        out.insert(0, Message(role="system", content=system))
     return tuple(out)
 
 
