@@ -136,7 +136,7 @@ def run_audit(
         kept = SampleRows(samples_pw)
         for audit in iter_audits(auditor, remembered(samples), bad_rows):
             flags_writer.add(audit)
-            progress.advance()
+            progress.advance(1)
             sample = awaiting_verdict.pop((audit.file, audit.row), None)
             if audit.excluded:
                 excluded_fh.write(orjson.dumps(audit.excluded_json()) + b"\n")

@@ -73,7 +73,7 @@ class RowProgress:
         self._start = self.clock()
         self._next_log = self._start + self.every_s
 
-    def advance(self, n: int = 1) -> None:
+    def advance(self, n: int) -> None:
         before = self.rows
         self.rows += n
         if before // CHECK_EVERY_ROWS == self.rows // CHECK_EVERY_ROWS:
