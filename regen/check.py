@@ -10,6 +10,7 @@ outputs, and S3 answers where the config uses it. The workflow runs the same che
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -273,8 +274,10 @@ def check_gpus(config: Mapping[str, Any], requested: int | None, host: Host) -> 
 
 def check_disk(config: Mapping[str, Any], host: Host) -> list[Problem]:
     path = str(_get(config, "dataset.path") or "")
-    local = bool(path) and not is_s3_uri(path) and Path(path).is_file()
-    size = Path(path).stat().st_size if local else 0
+    size = 0
+    if path and not is_s3_uri(path) and Path(path).exists():
+        with contextlib.suppress(OSError, ValueError):  # check_dataset reports an unreadable dataset
+            size = sum(f.stat().st_size for f in check_dataset_path(path).files)
     where = Path(host.results_dir)
     probe = where if where.exists() else Path(".")
     free = shutil.disk_usage(probe).free
