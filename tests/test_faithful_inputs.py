@@ -101,7 +101,7 @@ def test_directory_named_like_a_dataset_is_explained(
 ) -> None:
     folder = tmp_path / "x.jsonl"
     folder.mkdir()
-    (folder / "notes.txt").write_text("{}\n")  # a folder is read when it holds dataset files; this one has none
+    (folder / "notes.txt").write_text("{}\n")  # holds no dataset file
     with pytest.raises(IsADirectoryError, match=r"no dataset file in it.*notes\.txt"):
         iter_samples(folder, "auto", None, "skip")
     assert cli([str(folder), "--tokenizer", str(demo_tokenizer_dir), "--out", str(tmp_path / "o")]) == 2

@@ -301,3 +301,15 @@ def test_regen_check_accepts_the_layouts_and_names_an_empty_folder(tmp_path: Pat
     (tmp_path / "nothing").mkdir()
     (problem,) = check_dataset({"dataset": {"path": str(tmp_path / "nothing")}}, Host())
     assert problem.key == "dataset.path" and "no dataset file" in problem.message
+
+
+def test_messages_with_llama_factory_role_names_read_the_same(tmp_path: Path) -> None:
+    turns = [{"role": t["from"], "content": t["value"]} for t in WEATHER["conversations"]]
+    path = tmp_path / "lf.jsonl"
+    path.write_bytes(orjson.dumps({"messages": turns, "tools": WEATHER["tools"]}) + b"\n")
+    (sample,), bad = _read(path)
+    sharegpt = tmp_path / "sg.jsonl"
+    sharegpt.write_bytes(orjson.dumps(WEATHER) + b"\n")
+    (same,), _ = _read(sharegpt)
+    assert bad == [] and sample.messages == same.messages
+    assert [m.role for m in sample.messages] == ["user", "assistant", "tool", "assistant"]

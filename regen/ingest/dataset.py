@@ -68,7 +68,7 @@ from regen.ingest.rows import (
     row_id,
     type_name,
 )
-from regen.ingest.sharegpt import parse_sharegpt
+from regen.ingest.sharegpt import has_spelled_roles, parse_sharegpt, spelled_turns
 from regen.ingest.tokenized import LazyDecoder
 from regen.runconfig import validated
 from regen.types import DEVELOPER_ROLE, FORMATS, BadInputError, BadRow, Sample
@@ -281,7 +281,9 @@ def record_to_sample(
             f"no messages, conversations, input_ids or prompt field (keys: {keys}); cannot tell the format",
         )
     source: dict[str, Any] = {"file": file, "row": row, "format": row_fmt}
-    if row_fmt == "messages":
+    if row_fmt == "messages" and has_spelled_roles(record.get("messages")):
+        messages = tuple(spelled_turns(record["messages"], "messages", "role", "content"))
+    elif row_fmt == "messages":
         messages = parse_messages(record)
     elif row_fmt == "sharegpt":
         messages = parse_sharegpt(record)

@@ -13,6 +13,9 @@ Speakers are read as the trainers that use this format spell them (case and surr
 * the original ShareGPT dumps' ``chatgpt``, ``bing`` and ``bard`` answers, and ``model`` (Gemini's
   name for the assistant); ``function`` (OpenAI's legacy name for a function's result) is a tool turn.
 
+The same spellings are read in a ``messages`` list (``{"role", "content"}`` turns: LLaMA-Factory's
+sharegpt formatting with ``role_tag: role``) when one of its turns uses them (:func:`has_spelled_roles`).
+
 A ``function_call`` turn becomes an assistant turn with OpenAI ``tool_calls`` (``{"id", "type":
 "function", "function": {"name", "arguments"}}``, arguments as a JSON string, as the OpenAI API and SGLang
 take them) and empty content; the tool turns after it answer its calls in order and get each call's
@@ -49,39 +52,62 @@ TOOL_CALL_SHAPE = 'a JSON tool call {"name": ..., "arguments": {...}} or a list 
 
 
 def parse_sharegpt(record: dict[str, Any]) -> tuple[Message, ...]:
-    out: list[Message] = []
     system = record.get("system")
     if system is not None:
         if not isinstance(system, str):
             raise UnreadableRow("system", f"expected a string, got {type_name(system)}")
         check_text(system, "system")
+    out = spelled_turns(turn_list(record, "conversations", "sharegpt"), "conversations", "from", "value")
+    if system and not (out and out[0].role == "system"):
+        out.insert(0, Message(role="system", content=system))
+    return tuple(out)
+
+
+def has_spelled_roles(turns: Any) -> bool:
+    """Whether a ``messages`` list spells a speaker as the trainers do (``function_call``, ``observation``,
+    ``human``, ``gpt`` ...: LLaMA-Factory's sharegpt formatting with ``role_tag: role``) and not as OpenAI."""
+    if not isinstance(turns, list):
+        return False
+    for turn in turns:
+        role = turn.get("role") if isinstance(turn, dict) else None
+        spoken = role.strip().lower() if isinstance(role, str) else None
+        if spoken in TOOL_CALL_SPEAKERS or (spoken in SHAREGPT_ROLES and SHAREGPT_ROLES[spoken] != role):
+            return True
+    return False
+
+
+def spelled_turns(turns: list[Any], list_field: str, role_key: str, content_key: str) -> list[Message]:
+    """Turns whose speakers are spelled as the trainers spell them (module doc), into OpenAI roles."""
+    out: list[Message] = []
     unanswered: list[dict[str, Any]] = []  # calls of the last function_call turn that no tool turn answered
-    for i, turn in enumerate(turn_list(record, "conversations", "sharegpt")):
-        where = f"conversations[{i}]"
+    for i, turn in enumerate(turns):
+        where = f"{list_field}[{i}]"
         if not isinstance(turn, dict):
-            raise UnreadableRow(where, f"expected an object with from and value, got {type_name(turn)}")
-        if "from" not in turn:
-            raise UnreadableRow(f"{where}.from", "missing")
-        speaker = turn["from"]
+            raise UnreadableRow(
+                where, f"expected an object with {role_key} and {content_key}, got {type_name(turn)}"
+            )
+        if role_key not in turn:
+            raise UnreadableRow(f"{where}.{role_key}", "missing")
+        speaker = turn[role_key]
         spoken = speaker.strip().lower() if isinstance(speaker, str) else None
         if spoken in TOOL_CALL_SPEAKERS:
-            calls = tool_calls_from_value(turn.get("value"), f"{where}.value", call_prefix=f"call_{i}")
+            field = f"{where}.{content_key}"
+            calls = tool_calls_from_value(turn.get(content_key), field, call_prefix=f"call_{i}")
             out.append(Message(role="assistant", content="", tool_calls=tuple(calls)))
             unanswered = list(calls)
             continue
         role = SHAREGPT_ROLES.get(spoken, speaker) if spoken is not None else speaker
-        value, reasoning = turn.get("value"), turn.get("reasoning_content")
-        message = make_message(role, value, reasoning, where, "from", "value")
-        if role == "tool" and unanswered:
+        value, reasoning = turn.get(content_key), turn.get("reasoning_content")
+        own = turn if role_key == "role" else None  # an OpenAI turn's own tool fields are read as they are
+        message = make_message(role, value, reasoning, where, role_key, content_key, own)
+        if role == "tool" and unanswered and message.tool_call_id is None:
             call = unanswered.pop(0)
             answered = (call["id"], call["function"]["name"])
             message = Message("tool", message.content, message.reasoning_content, None, *answered)
         elif role != "tool":
             unanswered = []
         out.append(message)
-    if system and not (out and out[0].role == "system"):
-        out.insert(0, Message(role="system", content=system))
-    return tuple(out)
+    return out
 
 
 def tool_calls_from_value(value: Any, field_name: str, call_prefix: str) -> list[dict[str, Any]]:
