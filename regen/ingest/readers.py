@@ -247,7 +247,6 @@ def _iter_arrow(path: Path) -> Iterator[tuple[int, Any]]:
     if path.stat().st_size == 0:
         yield empty_file(path)
         return
-    row = 0
     with pa.OSFile(file) as src:
         try:
             batches: Iterator[Any] = iter(pa.ipc.open_stream(src))
@@ -261,20 +260,7 @@ def _iter_arrow(path: Path) -> Iterator[tuple[int, Any]]:
                 yield 0, BadRow(file, 0, FILE_FIELD, problem, unread_tail=True)
                 return
             batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-        while True:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                break
-            except (pa.ArrowException, OSError) as exc:
-                problem = f"Arrow data unreadable from row {row} on (the rest of the file unread): {exc}"
-                yield row, BadRow(file, row, FILE_FIELD, problem, unread_tail=True)
-                return
-            for record in batch.to_pylist():
-                yield row, record
-                row += 1
-    if row == 0:
-        yield empty_file(path)
+        yield from _batch_rows(path, batches, "Arrow data")
 
 
 def _iter_csv(path: Path, delimiter: str) -> Iterator[tuple[int, Any]]:
@@ -301,19 +287,29 @@ def _iter_csv(path: Path, delimiter: str) -> Iterator[tuple[int, Any]]:
         except (pa.ArrowException, OSError) as exc:
             yield 0, BadRow(file, 0, FILE_FIELD, f"not a readable CSV file: {exc}", unread_tail=True)
             return
-        row = 0
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                break
-            except (pa.ArrowException, OSError) as exc:
-                problem = f"CSV unreadable from data row {row} on (the rest of the file unread): {exc}"
-                yield row, BadRow(file, row, FILE_FIELD, problem, unread_tail=True)
-                return
-            for record in batch.to_pylist():
-                yield row, _csv_record(record, file, row)
-                row += 1
+        batches = iter(reader.read_next_batch, None)  # read_next_batch raises StopIteration at the end
+        for row, record in _batch_rows(path, batches, "CSV data"):
+            yield row, record if isinstance(record, BadRow) else _csv_record(record, file, row)
+
+
+def _batch_rows(path: Path, batches: Iterator[Any], what: str) -> Iterator[tuple[int, Any]]:
+    """The rows of record batches, in order; a batch that cannot be read ends the file with one unread-tail
+    BadRow, and a file without rows gives the empty-file one."""
+    import pyarrow as pa
+
+    file, row = str(path), 0
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except (pa.ArrowException, OSError) as exc:
+            problem = f"{what} unreadable from row {row} on (the rest of the file unread): {exc}"
+            yield row, BadRow(file, row, FILE_FIELD, problem, unread_tail=True)
+            return
+        for record in batch.to_pylist():
+            yield row, record
+            row += 1
     if row == 0:
         yield empty_file(path)
 
