@@ -283,6 +283,7 @@ def test_progress_lines_give_rows_rate_and_eta(caplog: pytest.LogCaptureFixture)
     assert len(seen) == len(lines) >= 2
     assert "rows/s" in lines[0] and "% of 10,000" in lines[0] and "left" in lines[0]
     assert final.rows == 10_240 and final.rate == pytest.approx(10_240 / 12.5)
+    assert final.in_words() == "audit: all 10,000 rows read in 12 s (819 rows/s)"
     assert (
         RowProgress("audit", None, clock=lambda: 1.0).finish().in_words().endswith("total not known ahead)")
     )

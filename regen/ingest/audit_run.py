@@ -30,7 +30,7 @@ from regen.ingest.dataset import DatasetConfig, IdAccount, iter_samples
 from regen.ingest.flags import (
     SampleAudit,
 )
-from regen.ingest.progress import RowCount, RowProgress
+from regen.ingest.progress import RowCount, RowProgress, console_log
 from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.io import atomic_open, atomic_path, write_json
 from regen.layout import AuditFiles
@@ -161,7 +161,10 @@ def run_audit(
     write_json(paths.summary, summary.to_json())
     keep_verdict(summary.to_json(), verdict_out)
     log.info("empty old answers: %s", summary.empty_answers.in_words())
-    (log.warning if ids.field is not None else log.info)("%s", ids.in_words())
+    if ids.field is not None:  # a dataset's own ids left unused: said where the user is looking
+        console_log().warning("%s", ids.in_words())
+    else:
+        log.info("%s", ids.in_words())
     if summary.kept == 0:
         raise NothingToGenerateError(
             nothing_to_generate_message(summary, input_path, verdict_out or paths.summary)

@@ -4,16 +4,33 @@ and the share done with an ETA when the row count is known, logged every ``every
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
+CONSOLE_FORMAT = "regen %(message)s"
 
 #: rows between two looks at the clock (a look costs far more than counting a row)
 CHECK_EVERY_ROWS = 2048
 #: seconds between two progress lines
 LOG_EVERY_S = 10.0
+
+
+def console_log() -> logging.Logger:
+    """This module's logger, whose lines reach the terminal as well as the job's log.
+
+    A Snakemake job's stderr is its rule's log file (``regen.runlog.log_to``), so a line only logged would
+    be seen by no one while the step runs; the stderr the process started with is the console (Snakemake's,
+    or the shell's for ``regen audit``). One handler, added once."""
+    if not any(getattr(h, "regen_console", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.__stderr__)
+        handler.setFormatter(logging.Formatter(CONSOLE_FORMAT))
+        handler.regen_console = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    return log
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +56,9 @@ class RowCount:
         head = f"{self.stage}: {self.rows:,} rows read ({self.rate:,.0f} rows/s"
         if self.total is None or self.total <= 0:
             return f"{head}, total not known ahead)"
+        if self.rows >= self.total:
+            took = _duration(self.elapsed_s)
+            return f"{self.stage}: all {self.total:,} rows read in {took} ({self.rate:,.0f} rows/s)"
         eta = self.eta_s
         left = "" if eta is None else f", about {_duration(eta)} left"
         return f"{head}; {min(self.rows / self.total, 1.0):.0%} of {self.total:,}{left})"
@@ -46,6 +66,8 @@ class RowCount:
 
 def _duration(seconds: float) -> str:
     s = round(seconds)
+    if s < 1:
+        return "under a second"
     if s < 60:
         return f"{s} s"
     if s < 3600:
@@ -88,7 +110,7 @@ class RowProgress:
 
     def _emit(self, now: float) -> RowCount:
         count = RowCount(self.stage, self.rows, self.total, now - self._start)
-        log.info("%s", count.in_words())
+        console_log().info("%s", count.in_words())
         if self.on_count is not None:
             self.on_count(count)
         return count
