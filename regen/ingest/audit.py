@@ -107,7 +107,11 @@ def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="regen audit", description="Audit a chat dataset before regeneration."
     )
-    parser.add_argument("input", help="dataset file (.jsonl, .json or .parquet)")
+    parser.add_argument(
+        "input",
+        help="dataset file (.jsonl, .json, .parquet, .csv, .arrow) or folder (a datasets save_to_disk "
+        "folder, or Parquet shards as the Hub stores them)",
+    )
     parser.add_argument(
         "--format",
         choices=dataset_keys["format"]["enum"],
