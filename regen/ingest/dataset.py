@@ -244,9 +244,11 @@ class IdAccount:
             return f"ids: the {self.id_column!r} field (dataset.id_column)"
         if self.field is None:
             return "ids: a hash of each row's content (dataset.id_column: null; no row has an id field)"
+        n = self.rows_with_field
+        carriers = "1 row carries" if n == 1 else f"{n:,} rows carry"
         return (
-            f"ids: a hash of each row's content, not the {self.field!r} field that {self.rows_with_field:,} "
-            f"rows carry (e.g. {self.example!r}), because dataset.id_column is null; set dataset.id_column: "
+            f"ids: a hash of each row's content, not the {self.field!r} field that {carriers} "
+            f"(e.g. {self.example!r}), because dataset.id_column is null; set dataset.id_column: "
             f"{self.field} to keep the dataset's own ids"
         )
 
