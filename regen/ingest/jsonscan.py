@@ -118,6 +118,7 @@ class _ScanError(Exception):
         self.row = row
 
 
+# a whole string, a string cut off by the end of the buffer, or a bracket
 _JSON_TOKEN = re.compile(
     rb'(?P<string>"[^"\\]*(?:\\.[^"\\]*)*")|(?P<open_string>"[^"\\]*(?:\\.[^"\\]*)*\\?\Z)|[\[\]{}]', re.S
 )

@@ -19,6 +19,7 @@ from regen.types import BadRow
 FILE_FIELD = "<file>"
 
 
+# a compression suffix after the container suffix (``.jsonl.gz``); the content decides in the end
 COMPRESSION_SUFFIXES: dict[str, str] = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
 
 
@@ -103,4 +104,5 @@ def _decompressing(raw: IO[bytes], compression: str) -> IO[bytes]:
     return pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), "zstd")  # type: ignore[return-value]
 
 
+# what a failing decompressor or disk raises part-way through a file
 STREAM_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error)
