@@ -10,6 +10,7 @@ outputs, and S3 answers where the config uses it. The workflow runs the same che
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import yaml
 from regen.chat import ChatTemplate, ChatTemplateError
 from regen.configfile import ConfigFileError, load_config
 from regen.ingest.dataset import detect_format
+from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.layout import RunLayout
 from regen.runconfig import section_schema, with_schema_defaults
 from regen.sglang.flags import parse_flags
@@ -143,19 +145,24 @@ def check_dataset(config: Mapping[str, Any], host: Host) -> list[Problem]:
         why = host.s3_probe(path)
         return [] if why is None else [Problem("dataset.path", path, f"S3 object not reachable: {why}")]
     p = Path(path)
-    if not p.is_file():
-        return [Problem("dataset.path", path, "no such file" if not p.exists() else "not a file")]
-    if not os.access(p, os.R_OK):
-        return [Problem("dataset.path", path, "not readable (permissions)")]
-    if p.stat().st_size == 0:
-        return [Problem("dataset.path", path, "empty file")]
-    if p.suffix == ".parquet":
-        try:
-            rows = pq.ParquetFile(p).metadata.num_rows
-        except (OSError, ValueError) as exc:
-            return [Problem("dataset.path", path, f"not a readable Parquet file: {exc}")]
-        if rows == 0:
-            return [Problem("dataset.path", path, "has no rows: nothing to generate")]
+    if not p.exists():
+        return [Problem("dataset.path", path, "no such file or folder")]
+    try:  # a file, a datasets save_to_disk folder or a folder of shards (regen.ingest.readers)
+        files = check_dataset_path(p).files
+    except (OSError, ValueError) as exc:
+        return [Problem("dataset.path", path, str(exc).removeprefix(f"{path}: "))]
+    for f in files:
+        if not os.access(f, os.R_OK):
+            return [Problem("dataset.path", str(f), "not readable (permissions)")]
+        if f.stat().st_size == 0:
+            return [Problem("dataset.path", str(f), "empty file")]
+        if f.suffix == ".parquet":
+            try:
+                pq.read_metadata(f)
+            except (OSError, ValueError) as exc:
+                return [Problem("dataset.path", str(f), f"not a readable Parquet file: {exc}")]
+    if known_row_count(check_dataset_path(p)) == 0:
+        return [Problem("dataset.path", path, "has no rows: nothing to generate")]
     raw = config.get("dataset")
     dataset = with_schema_defaults(raw if isinstance(raw, Mapping) else {}, section_schema("dataset"))
     if dataset["format"] == "auto":
@@ -342,8 +349,10 @@ def gpu_counter_line(requested: int, jobs_per_slot: int) -> str:
 
 def check_disk(config: Mapping[str, Any], host: Host) -> list[Problem]:
     path = str(_get(config, "dataset.path") or "")
-    local = bool(path) and not is_s3_uri(path) and Path(path).is_file()
-    size = Path(path).stat().st_size if local else 0
+    size = 0
+    if path and not is_s3_uri(path) and Path(path).exists():
+        with contextlib.suppress(OSError, ValueError):  # check_dataset reports an unreadable dataset
+            size = sum(f.stat().st_size for f in check_dataset_path(path).files)
     where = Path(host.results_dir)
     probe = where if where.exists() else Path(".")
     free = shutil.disk_usage(probe).free

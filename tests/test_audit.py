@@ -12,7 +12,6 @@ import pytest
 
 from regen.chat import ChatTemplate
 from regen.ingest.audit import (
-    FLAGS_SCHEMA,
     AuditConfig,
     AuditGateError,
     audit_records,
@@ -21,6 +20,7 @@ from regen.ingest.audit import (
     structure_faults,
 )
 from regen.ingest.dataset import DatasetConfig
+from regen.records import FLAGS_SCHEMA
 from regen.types import BadRow, Message, Sample
 
 LONG_PROMPT = " ".join(["lorem ipsum dolor sit amet"] * 40)

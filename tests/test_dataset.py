@@ -20,8 +20,9 @@ from support.demo_assets import DEMO_CONTEXT_LIMIT, IM_END, build_demo_dataset, 
 from tokenizers import Tokenizer
 
 from regen.chat import ChatTemplate, hf_template_env
-from regen.ingest import dataset as ds
-from regen.ingest.dataset import content_id, detect_format, iter_samples
+from regen.ingest import jsonscan, tokenized
+from regen.ingest.dataset import detect_format, iter_samples
+from regen.ingest.rows import content_id
 from regen.types import BadInputError, BadRow, Message, Sample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -224,9 +225,9 @@ def test_parquet_and_gzip_jsonl_read_like_jsonl(tmp_path: Path, formats_dir: Pat
 
 
 def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
-    (tmp_path / "data.csv").write_text("a,b\n")
-    with pytest.raises(ValueError, match=r"data\.csv.*\.jsonl"):
-        list(_samples(tmp_path / "data.csv"))
+    (tmp_path / "data.xlsx").write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"data\.xlsx.*\.jsonl"):
+        list(_samples(tmp_path / "data.xlsx"))
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
         list(_samples(tmp_path / "nope.jsonl"))
 
@@ -315,13 +316,13 @@ def test_unreadable_tokenized_rows(
 
 
 def test_markers_are_read_from_the_template(demo_tokenizer_dir: Path) -> None:
-    decoder = ds.TokenizedDecoder(demo_tokenizer_dir)
-    assert decoder.markers == ds.ChatMarkers("<|im_start|>", "\n", "<|im_end|>", "<think>", "</think>")
+    decoder = tokenized.TokenizedDecoder(demo_tokenizer_dir)
+    assert decoder.markers == tokenized.ChatMarkers("<|im_start|>", "\n", "<|im_end|>", "<think>", "</think>")
     other = (
         "{% for m in messages %}[[{{ m.role }}]]: {{ m.content }}[[end]]{% endfor %}"
         "{% if add_generation_prompt %}[[assistant]]: {% endif %}"
     )
-    markers = ds.markers_from_template(other, ["[[", "[[end]]"])
+    markers = tokenized.markers_from_template(other, ["[[", "[[end]]"])
     assert (markers.turn_start, markers.role_sep, markers.turn_end) == ("[[", "]]: ", "[[end]]")
     assert markers.think_open is None
 
@@ -615,7 +616,7 @@ def test_jsonl_streaming_memory_is_flat(tmp_path: Path) -> None:
 
 
 def test_json_array_streaming_memory_is_flat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ds, "JSON_CHUNK_BYTES", 64 * 1024)
+    monkeypatch.setattr(jsonscan, "JSON_CHUNK_BYTES", 64 * 1024)
     n_rows = 8_000
     array = tmp_path / "big.json"
     with open(array, "wb") as fh:
@@ -649,9 +650,9 @@ def test_json_scanner_handles_chunk_boundaries(tmp_path: Path) -> None:
     path.write_text(json.dumps({"rows": records}, indent=1))
     for chunk in (1, 2, 3, 5, 17, 4096):
         with open(path, "rb") as fh:
-            scanner = ds._JsonScanner(fh, chunk_bytes=chunk)
+            scanner = jsonscan.JsonScanner(fh, chunk_bytes=chunk)
             assert scanner.peek() == ord("{")
-            got = [record for _, record in ds._iter_json_object(scanner, str(path))]
+            got = [record for _, record in jsonscan._iter_json_object(scanner, str(path))]
         assert got == records, chunk
 
 

@@ -101,11 +101,11 @@ def test_directory_named_like_a_dataset_is_explained(
 ) -> None:
     folder = tmp_path / "x.jsonl"
     folder.mkdir()
-    (folder / "part-0.jsonl").write_text("{}\n")
-    with pytest.raises(IsADirectoryError, match=r"is a directory, not a dataset file.*part-0\.jsonl"):
+    (folder / "notes.txt").write_text("{}\n")  # holds no dataset file
+    with pytest.raises(IsADirectoryError, match=r"no dataset file in it.*notes\.txt"):
         iter_samples(folder, "auto", None, "skip")
     assert cli([str(folder), "--tokenizer", str(demo_tokenizer_dir), "--out", str(tmp_path / "o")]) == 2
-    assert "is a directory" in capsys.readouterr().err
+    assert "no dataset file" in capsys.readouterr().err
 
 
 def test_zero_row_parquet_stops_before_any_server(tmp_path: Path, demo_tokenizer_dir: Path) -> None:

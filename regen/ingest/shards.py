@@ -38,13 +38,13 @@ def write_shards(
     samples: Iterable[Sample],
     excluded_ids: Collection[str],
     out_paths: Sequence[str | os.PathLike[str]],
-    excluded_rows: Collection[int] = frozenset(),
+    excluded_rows: Collection[tuple[str, int]] = frozenset(),
 ) -> list[int]:
     """Stream ``samples`` into ``len(out_paths)`` shard files; return the row count of each shard.
 
-    A sample is left out when its id is in ``excluded_ids`` or its source row is in
-    ``excluded_rows``. Shard ``k`` is written to ``out_paths[k]``; all files appear together
-    at the end (temp files + rename), none on failure.
+    A sample is left out when its id is in ``excluded_ids`` or its source ``(file, row)`` is in
+    ``excluded_rows`` (a folder dataset counts rows per file). Shard ``k`` is written to
+    ``out_paths[k]``; all files appear together at the end (temp files + rename), none on failure.
     """
     n = len(out_paths)
     if n < 1:
@@ -61,7 +61,8 @@ def write_shards(
                 for tmp in temps
             ]
             for sample in samples:
-                if sample.id in excluded_ids or sample.source.get("row") in excluded_rows:
+                where = (sample.source.get("file"), sample.source.get("row"))
+                if sample.id in excluded_ids or where in excluded_rows:
                     continue
                 buffers[shard_index(sample.id, n)].add(sample)
             for buf in buffers:
@@ -118,6 +119,18 @@ def read_excluded(excluded_jsonl: str | os.PathLike[str]) -> tuple[frozenset[str
     return frozenset(ids), frozenset(rows)
 
 
+def read_excluded_places(excluded_jsonl: str | os.PathLike[str]) -> frozenset[tuple[str, int]]:
+    """The ``(file, row)`` of every row in the audit's ``excluded.jsonl`` (rows count per file)."""
+    places: set[tuple[str, int]] = set()
+    with open(excluded_jsonl, "rb") as fh:
+        for line in fh:
+            if line.strip():
+                entry = orjson.loads(line)
+                if isinstance(entry.get("row"), int):
+                    places.add((entry.get("file"), entry["row"]))
+    return frozenset(places)
+
+
 def make_shards(
     input_path: str | os.PathLike[str],
     excluded_jsonl: str | os.PathLike[str],
@@ -129,11 +142,10 @@ def make_shards(
 ) -> list[int]:
     """Read the dataset again and shard every sample the audit did not exclude.
 
-    Exclusion matches the audit's ``excluded.jsonl`` by source row (rows are unique within
-    the one input file, while content-derived ids repeat for exact duplicates, whose first
-    occurrence must stay).
+    Exclusion matches the audit's ``excluded.jsonl`` by source file and row (unique in the input, while
+    content-derived ids repeat for exact duplicates, whose first occurrence must stay).
     """
-    _ids, rows = read_excluded(excluded_jsonl)
+    rows = read_excluded_places(excluded_jsonl)
     developer_role = ChatTemplate.from_dir(tokenizer_dir).developer_role if tokenizer_dir else "system"
     samples = iter_samples(
         input_path, fmt, id_column, on_bad_row, tokenizer_dir, bad_rows=None, developer_role=developer_role
