@@ -60,7 +60,7 @@ ANSWER_MEAN = 1450
 ANSWER_CAP = 8192
 SEED = 20261201
 #: the plan's field with the client's in-flight count
-IN_FLIGHT_KEY = "workload_concurrency"
+IN_FLIGHT_KEY = "client_concurrency"
 DEFAULT_IN_FLIGHT = (256, 512)
 MODEL_NAMES = ("llama-3.1-8b", "qwen3-30b-a3b")
 READY = "The server is fired up"

@@ -74,6 +74,18 @@ def fetch_server_info(url: str, api_key: str | None) -> dict[str, Any]:
 
 
 def effective_max_running(info: Mapping[str, Any], plan: PlanFile | None) -> int | None:
+    """The requests a client keeps running on this server: the plan's ``client_concurrency`` (the KV filled
+    at the expected length, for models whose running cap the planner leaves at SGLang's default, which can
+    be thousands) within the server's own cap; else the server's cap (``/server_info`` internal state, else
+    its args, else the launch flags)."""
+    cap = server_running_cap(info, plan)
+    planned = plan.client_concurrency if plan is not None else None
+    if planned and cap:
+        return min(planned, cap)
+    return planned or cap
+
+
+def server_running_cap(info: Mapping[str, Any], plan: PlanFile | None) -> int | None:
     """The server's effective concurrency cap: /server_info internal state, else its args, else the plan."""
     states = info.get("internal_states") or []
     if states and isinstance(states[0], dict):
