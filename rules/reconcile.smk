@@ -7,7 +7,7 @@ rule reconcile:
         quarantine=shard_files(rules.validate.output.quarantine),
         dataset=rules.merge.output.dataset,
     output:
-        table=report(
+        table=reported(
             RUN.reconcile,
             caption="../report/reconcile.rst",
             category="5. Reconciliation",

@@ -16,47 +16,47 @@ rule report_assets:
         failed=shard_files(rules.generate.output.failed),
         quarantine=shard_files(rules.validate.output.quarantine),
     output:
-        throughput=report(
+        throughput=reported(
             RUN.report_asset(THROUGHPUT_SVG),
             caption="../report/throughput.rst",
             category="3. Generation",
         ),
-        lengths=report(
+        lengths=reported(
             RUN.report_asset(TOKEN_LENGTHS_SVG),
             caption="../report/token_lengths.rst",
             category="3. Generation",
         ),
-        finish=report(
+        finish=reported(
             RUN.report_asset(FINISH_REASONS_SVG),
             caption="../report/finish_reasons.rst",
             category="3. Generation",
         ),
-        quarantine=report(
+        quarantine=reported(
             RUN.report_asset(QUARANTINE_REASONS_SVG),
             caption="../report/quarantine_reasons.rst",
             category="3. Generation",
         ),
-        window=report(
+        window=reported(
             RUN.report_asset(TRAINER_WINDOW_SVG),
             caption="../report/trainer_window.rst",
             category="4. Output audit",
         ),
-        plan=report(
+        plan=reported(
             RUN.report_asset(SERVER_PLAN_HTML),
             caption="../report/plan.rst",
             category="2. Server plan",
         ),
-        audit=report(
+        audit=reported(
             RUN.report_asset(AUDIT_HTML),
             caption="../report/audit.rst",
             category="1. Input audit",
         ),
-        reaudit=report(
+        reaudit=reported(
             RUN.report_asset(REAUDIT_HTML),
             caption="../report/reaudit.rst",
             category="4. Output audit",
         ),
-        reconcile=report(
+        reconcile=reported(
             RUN.report_asset(RECONCILE_HTML),
             caption="../report/reconcile.rst",
             category="5. Reconciliation",
@@ -70,7 +70,8 @@ rule report_assets:
         dataset=lookup(dpath="dataset/path", within=config),
         model=lookup(dpath="server/model_path", within=config),
         mode=lookup(dpath="server/mode", within=config),
-        shards=lookup(dpath="shards/count", within=config),
+        # the plan's count (shards.count auto settled to a number)
+        shards=len(SHARDS),
         # the GPU slots' realized memory maps and restarts: the long-lived servers' files, no job's output
         servers=RUN.servers_root,
     script:

@@ -2,7 +2,7 @@ rule tune:
     input:
         audit=rules.audit.output.summary,
     output:
-        plan=report(
+        plan=reported(
             RUN.server_plan,
             caption="../report/plan.rst",
             category="2. Server plan",

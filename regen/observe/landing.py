@@ -141,7 +141,9 @@ def _drafter_facts(reaudit: Mapping[str, Any]) -> str:
     configured trainer window (4k when none is named) and the tool-call cuts."""
     parts = []
     split = reaudit.get("eval_split")
-    if split:
+    if split and not split.get("written", True):
+        parts.append("no trainer files written (export.enabled: false), so no eval split held out")
+    elif split:
         held, fraction = split["rows"].get("eval", 0), split["eval_fraction"]
         parts.append(
             f"eval split {held} rows held out ({fraction:.0%} of prompts, "
@@ -174,8 +176,9 @@ def _rst_text(text: str) -> str:
     return text.replace("{{", "{ {").replace("{%", "{ %")
 
 
-def landing_rst(verdict: Readiness, facts: RunFacts, rows: int | None) -> str:
-    """The report's first page (Snakefile ``report:``): the verdict first, then what ran."""
+def landing_rst(verdict: Readiness, facts: RunFacts, rows: int | None, link_stages: bool = True) -> str:
+    """The report's first page (Snakefile ``report:``): the verdict first, then what ran. Each stage
+    links to its report category (``link_stages``; a failed run's report may not have them all)."""
     t = _rst_text
     if verdict.ready:
         head = f"**READY**: {rows} training-ready rows in ``{RUN.dataset_dir}``."
@@ -192,7 +195,7 @@ def landing_rst(verdict: Readiness, facts: RunFacts, rows: int | None) -> str:
         "",
     ]
     for category, summary in verdict.stages:
-        lines.append(f"- `{category}`_: {t(summary)}")
+        lines.append(f"- `{category}`_: {t(summary)}" if link_stages else f"- {category}: {t(summary)}")
     lines += [
         "",
         "Each category on the left holds the details: gate tables with value, limit and verdict, "
@@ -201,3 +204,13 @@ def landing_rst(verdict: Readiness, facts: RunFacts, rows: int | None) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def failed_run_landing(inputs: ReportInputs, facts: RunFacts, log: str | None) -> str:
+    """The first page of the report of a run that failed (the workflow's ``onerror``): NOT READY, the
+    failure first, then every reason the files of this run give (a failed gate's kept verdict names
+    the gate, its value and its limit)."""
+    verdict = readiness(inputs)
+    where = f" (Snakemake's log: {log})" if log else ""
+    failure = f"the last run failed before it finished{where}; rerun to resume once the cause is fixed"
+    return landing_rst(Readiness(False, (failure, *verdict.reasons), verdict.stages), facts, None, False)
