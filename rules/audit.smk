@@ -7,6 +7,7 @@ rule audit:
             RUN.audit.summary,
             caption="../report/audit.rst",
             category="1. Input audit",
+            labels={"result": "input audit: summary (JSON)"},
         ),
         flags=RUN.audit.flags,
         excluded=RUN.audit.excluded,
@@ -15,11 +16,13 @@ rule audit:
             RUN.audit.supervised_plot,
             caption="../report/audit_supervised.rst",
             category="1. Input audit",
+            labels={"result": "input audit: supervised tokens per sample"},
         ),
         prompt_plot=reported(
             RUN.audit.prompt_plot,
             caption="../report/audit_prompt.rst",
             category="1. Input audit",
+            labels={"result": "input audit: prompt tokens per sample"},
         ),
     log:
         RUN.log("audit"),

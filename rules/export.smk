@@ -18,6 +18,7 @@ rule export:
             RUN.export_manifest,
             caption="../report/export.rst",
             category="4. Output audit",
+            labels={"result": "trainer files: manifest"},
         ),
     log:
         RUN.log("export"),

@@ -9,6 +9,7 @@ rule merge:
             caption="../report/dataset.rst",
             category="4. Output audit",
             patterns=["_manifest.{ext}"],
+            labels={"result": "dataset: manifest"},
         ),
     log:
         RUN.log("merge"),

@@ -7,6 +7,7 @@ rule reaudit:
             RUN.reaudit_summary,
             caption="../report/reaudit.rst",
             category="4. Output audit",
+            labels={"result": "output audit: summary (JSON)"},
         ),
         # never an empty READY: a trainer pipeline that finds it reads rows and checksums from it
         ready=ensure(RUN.ready, non_empty=True),

@@ -11,6 +11,7 @@ rule reconcile:
             RUN.reconcile,
             caption="../report/reconcile.rst",
             category="5. Reconciliation",
+            labels={"result": "reconciliation (JSON)"},
         ),
     log:
         RUN.log("reconcile"),

@@ -10,6 +10,9 @@ rule shard:
         RUN.benchmark("shard")
     conda:
         "../envs/regen.yaml"
+    params:
+        # another count splits the samples anew: a rerun with 2 shards after 4 must not keep half of them
+        shards=len(SHARDS),
     script:
         "../scripts/shard.py"
 

@@ -6,6 +6,7 @@ rule tune:
             RUN.server_plan,
             caption="../report/plan.rst",
             category="2. Server plan",
+            labels={"result": "server plan (JSON)"},
         ),
     log:
         RUN.log("tune"),

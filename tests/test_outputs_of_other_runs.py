@@ -87,12 +87,12 @@ def look(wd: Path, configs: tuple[str, ...], run: subprocess.CompletedProcess[st
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Seen]:
     wd = copy_workflow(tmp_path_factory.mktemp("reused") / "wf")
     write_small_dataset(wd / "data" / "small.jsonl")
+    faults = "{error_rate: 0, think_leak_rate: 0, empty_answer_rate: 0, noncanonical_rate: 0}"
     (wd / "config" / "small.yaml").write_text(
         "dataset: {path: data/small.jsonl}\n"
         "audit: {decontamination: {benchmarks: []}}\n"
         "export: {enabled: true, eval_fraction: 0.1}\n"
-        f"server: {{port_base: {free_port_base()}, simulated: {{faults: {{error_rate: 0, think_leak_rate: 0,"
-        " empty_answer_rate: 0, noncanonical_rate: 0}}}}\n"
+        f"server: {{port_base: {free_port_base()}, simulated: {{faults: {faults}}}}}\n"
     )
     (wd / "config" / "second.yaml").write_text("shards: {count: 2}\nexport: {enabled: false}\n")
     (wd / "config" / "two_shards.yaml").write_text("shards: {count: 2}\n")

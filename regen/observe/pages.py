@@ -29,8 +29,11 @@ PAGE_STYLE = (
     "td,th{border:1px solid #999;padding:3px 8px;text-align:left}caption{text-align:left;font-weight:bold;"
     "padding:4px 0}.pass{color:#1a7f37;font-weight:bold}.fail{color:#cf222e;font-weight:bold}"
     ".warn{color:#9a6700}.note{color:#555;max-width:60em}.bar{display:flex;height:28px;width:100%;"
-    "max-width:60em;border:1px solid #999;margin:0 0 1.5em}.bar div{overflow:hidden;white-space:nowrap;"
-    "font-size:11px;padding:2px;color:#000}"
+    "max-width:60em;border:1px solid #999;margin:0 0 0.5em}.bar div{overflow:hidden;white-space:nowrap;"
+    "font-size:11px;padding:2px;color:#000}.legend{max-width:60em;margin:0 0 1.5em;font-size:12px}"
+    ".legend span{display:inline-block;margin:0 1em 0.3em 0;white-space:nowrap}"
+    ".legend i{display:inline-block;"
+    "width:0.9em;height:0.9em;border:1px solid #999;margin-right:0.3em;vertical-align:middle}"
 )
 
 
@@ -336,16 +339,24 @@ def _side_by_side(
     return _table(headers, rows, caption, classes)
 
 
+#: a part of the memory bar narrower than this (% of the GPU) shows no text inside: the legend names it
+BAR_LABEL_MIN_PCT = 12.0
+
+
 def _memory_bar(section: Mapping[str, Any], total_gib: float) -> str:
-    parts = []
+    """The memory map as one bar (a part per quantity, its label inside when it fits) and a legend that
+    names every part with its GiB, so no label is cut."""
+    parts, legend = [], []
     for f in MEMORY_MAP:
         gib = float(section.get(f.predicted_key) or 0.0)
         if gib <= 0 or total_gib <= 0:
             continue
         pct = 100.0 * gib / total_gib
         label = html.escape(f"{f.label} {gib:.1f} GiB")
-        parts.append(f"<div style='width:{pct:.2f}%;background:{f.color}' title='{label}'>{label}</div>")
-    return f"<div class='bar'>{''.join(parts)}</div>"
+        inside = label if pct >= BAR_LABEL_MIN_PCT else ""
+        parts.append(f"<div style='width:{pct:.2f}%;background:{f.color}' title='{label}'>{inside}</div>")
+        legend.append(f"<span><i style='background:{f.color}'></i>{label} ({pct:.0f}%)</span>")
+    return f"<div class='bar'>{''.join(parts)}</div><div class='legend'>{''.join(legend)}</div>"
 
 
 def server_plan_html(

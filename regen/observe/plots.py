@@ -205,17 +205,25 @@ def plot_quarantine_reasons(quarantine: Iterable[Path], path: Path) -> Counter[s
     return counts
 
 
+def idle_as_gaps(values: np.ndarray) -> np.ndarray:
+    """A server's tokens/s with the buckets in which no request of it was in flight (between shards,
+    before its first and after its last) as gaps (NaN) rather than a drop to 0 tokens/s."""
+    return np.where(values > 0, values, np.nan)
+
+
 def plot_throughput(records: Iterable[Path], path: Path) -> dict[str, np.ndarray]:
     bucket_s, series = throughput_series(records)
     fig, ax = plt.subplots(figsize=(9, 3.8))
     if series:
         for server, values in series.items():
             x = (np.arange(len(values)) + 0.5) * bucket_s
-            ax.plot(x, values, label=server)
+            ax.plot(x, idle_as_gaps(values), label=server)
         ax.set_xlabel("seconds since first request")
         ax.set_ylabel("output tokens/s")
         ax.legend(loc="best", fontsize="small")
-        ax.set_title(f"generation throughput per server ({bucket_s:.0f} s buckets)")
+        ax.set_title(
+            f"generation throughput per server ({bucket_s:.0f} s buckets; a gap: no request in flight)"
+        )
     else:
         _no_data(ax, "generation records")
         ax.set_title("generation throughput per server")

@@ -78,8 +78,9 @@ def move_aside(paths: Iterable[Path], layout: RunLayout, why: str, now: float | 
         return []
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
     dest_root = layout.stale_dir / stamp
+    root = layout.results.parent
     for path in moving:
-        dest = dest_root / path
+        dest = dest_root / (path.relative_to(root) if path.is_relative_to(root) else path.name)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(path), str(dest))
     return [f"regen: {len(moving)} file(s) {why}; moved aside to {dest_root}:", *(f"  {p}" for p in moving)]
