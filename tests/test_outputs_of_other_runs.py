@@ -145,8 +145,9 @@ def test_a_second_config_sees_only_its_own_outputs(runs: dict[str, Seen]) -> Non
 @pytest.mark.parametrize(
     ("gate", "why"),
     [
-        ("min_rows", "reaudit.min_rows = 40 < limit 1000"),
-        ("audit_gate", "audit.gates.max_over_length_fraction"),
+        # the landing page is rst: its underscores escaped
+        ("min_rows", "reaudit.min\\_rows = 40 < limit 1000"),
+        ("audit_gate", "audit.gates.max\\_over\\_length\\_fraction = 1 > limit"),
     ],
 )
 def test_a_failed_gate_leaves_a_not_ready_report_and_nothing_current(

@@ -130,6 +130,8 @@ def write_failed_run_landing(layout: RunLayout, facts: RunFacts, log: str | None
     why, at ``layout.failed_run_landing``, from the run's files as they are now."""
     path = layout.failed_run_landing
     path.parent.mkdir(parents=True, exist_ok=True)
+    # `snakemake --report results/report.html` writes into it, and a run that failed early left none
+    layout.results.mkdir(parents=True, exist_ok=True)
     _write_text(path, failed_run_landing(ReportInputs.of(layout), facts, log))
     return path
 
