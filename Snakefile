@@ -35,6 +35,7 @@ localrules:
     all,
     audit,
     shard,
+    shard_count,
     tune,
     validate,
     merge,
@@ -53,6 +54,7 @@ rule all:
 
 onstart:
     run_preflight()
+    settle_run_outputs()
 
 
 onsuccess:
@@ -62,3 +64,4 @@ onsuccess:
 onerror:
     stop_gpu_servers()
     print_resume_hint()
+    report_failed_run(log)

@@ -365,6 +365,11 @@ class RunLayout:
         return self.report_dir / name
 
     @property
+    def report_html(self) -> Path:
+        """Where the README and ``make demo`` have ``snakemake --report`` write the report."""
+        return self.results / "report.html"
+
+    @property
     def plan_dir(self) -> Path:
         return self.results / "plan"
 
@@ -444,6 +449,11 @@ class RunLayout:
         return self.work / "sweep"
 
     @property
+    def stale_dir(self) -> Path:
+        """Files of other configs and plans, moved aside when a run starts (``regen.output.stale``)."""
+        return self.work / "stale"
+
+    @property
     def shard_count_file(self) -> Path:
         """The settled count of ``shards.count: auto`` (``regen.ingest.shard_count``)."""
         return self.work / "plan" / "shards.json"
@@ -457,6 +467,11 @@ class RunLayout:
         """A gate's verdict beside its rule's log, kept when the failed job's outputs are deleted
         (``regen.verdict``)."""
         return self.logs / f"{rule}.verdict.json"
+
+    @property
+    def failed_run_landing(self) -> Path:
+        """The report's first page a failed run leaves: NOT READY and why (``regen.observe.landing``)."""
+        return self.logs / "report" / LANDING_RST
 
     def benchmark(self, rule: str, shard: str | None = None) -> Path:
         """A rule's Snakemake benchmark: ``benchmarks/{rule}.tsv``, or per shard."""

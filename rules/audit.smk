@@ -3,23 +3,26 @@ rule audit:
         dataset=dataset_path(),
         benchmarks=benchmark_files(),
     output:
-        summary=report(
+        summary=reported(
             RUN.audit.summary,
             caption="../report/audit.rst",
             category="1. Input audit",
+            labels={"result": "input audit: summary (JSON)"},
         ),
         flags=RUN.audit.flags,
         excluded=RUN.audit.excluded,
         samples=RUN.audit.samples,
-        supervised_plot=report(
+        supervised_plot=reported(
             RUN.audit.supervised_plot,
             caption="../report/audit_supervised.rst",
             category="1. Input audit",
+            labels={"result": "input audit: supervised tokens per sample"},
         ),
-        prompt_plot=report(
+        prompt_plot=reported(
             RUN.audit.prompt_plot,
             caption="../report/audit_prompt.rst",
             category="1. Input audit",
+            labels={"result": "input audit: prompt tokens per sample"},
         ),
     log:
         RUN.log("audit"),

@@ -1,6 +1,7 @@
 # Config validation (once, with the schema's defaults filled in) and named input functions.
 import os
 import sys
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
@@ -23,9 +24,11 @@ from regen.layout import (
     shard_name,
 )
 from regen.generate.replay import preview_lines
+from regen.observe.report import RunFacts, write_failed_run_landing
+from regen.output.stale import PlannedOutputs, RemadeOutputs, settle_outputs
 from regen.runconfig import RunConfig
+from regen.ingest.shard_count import AUTO, settle_auto_count, shard_count
 from regen.runlog import RESUME_HINT
-from regen.ingest.shard_count import settle_auto_count, shard_count
 from regen.serving.lifecycle import stop_all_servers
 
 
@@ -127,8 +130,9 @@ SHARDS = [
 ]
 
 
-def settle_shard_count():
-    """shards.count auto, once the executor is known: written on a first local run, refused on a cluster."""
+def refuse_auto_count_on_cluster():
+    """shards.count auto, once the executor is known: refused on a cluster unless an earlier run on one
+    node settled it (a check only: the shard_count rule writes the count)."""
     if not workflow.is_main_process:
         return
     on_cluster = workflow.executor_plugin is not None and not workflow.local_exec
@@ -138,10 +142,19 @@ def settle_shard_count():
             len(SHARDS),
             GPU_SLOTS,
             on_cluster,
-            workflow.dryrun,
+            dry_run=True,
         )
     except ValueError as exc:
         raise WorkflowError(str(exc)) from exc
+
+
+def settled_shard_count():
+    """With shards.count auto, the count this run settled (the shard_count rule's output), else none."""
+    return (
+        [rules.shard_count.output.settled]
+        if lookup(dpath="shards/count", within=config) == AUTO
+        else []
+    )
 
 
 def chat_template_file():
@@ -191,7 +204,8 @@ def pilot_file():
 
 
 def get_final_outputs():
-    """READY (re-audited), the reconciliation and the report; the S3 upload and the trainer exports when configured."""
+    """READY (re-audited), the reconciliation and the report; the S3 upload and the trainer exports when
+    configured; the settled shard count of shards.count auto."""
     published = (
         [rules.publish.output.record]
         if lookup(dpath="merge/output_prefix", within=config)
@@ -203,7 +217,8 @@ def get_final_outputs():
         else []
     )
     return (
-        published
+        settled_shard_count()
+        + published
         + exported
         + [
             rules.reaudit.output.ready,
@@ -214,13 +229,78 @@ def get_final_outputs():
 
 
 def final_outputs(wildcards):
-    """The final targets, as an input function (evaluated once while the DAG is built, when Snakemake
-    knows whether this is a dry run); a dry run first prints the replay preview."""
+    """The final targets, as an input function: evaluated once while the DAG is built, the first moment
+    Snakemake knows the executor and whether this is a dry run. Two things cannot happen earlier (while
+    the Snakefile is parsed every run looks local) nor later (the scheduler copies the resources before
+    onstart), so they happen here: a dry run prints the replay preview, and a local run widens the GPU
+    counter (widen_gpu_counter_for_local_runs). Nothing is written."""
     if workflow.dryrun:
         print_replay_preview()
-    settle_shard_count()
+    refuse_auto_count_on_cluster()
     widen_gpu_counter_for_local_runs()
     return get_final_outputs()
+
+
+def planned_outputs():
+    """What this config and plan produce, as far as the files of other plans can differ (regen.output.stale)."""
+    return PlannedOutputs(
+        shards=frozenset(SHARDS),
+        export=bool(lookup(dpath="export/enabled", within=config)),
+        publish=bool(lookup(dpath="merge/output_prefix", within=config)),
+    )
+
+
+def remade_outputs():
+    """The outputs of every job this run will execute (Snakemake's DAG, known at onstart)."""
+    jobs = list(workflow.dag.needrun_jobs())
+    return RemadeOutputs(
+        outputs=tuple(Path(f) for job in jobs for f in job.output),
+        rules=frozenset(job.rule.name for job in jobs),
+        generated_shards=frozenset(
+            job.wildcards["shard"] for job in jobs if job.rule.name == "generate"
+        ),
+    )
+
+
+def settle_run_outputs():
+    """onstart: the files of other configs and plans moved aside (named on the console), the outputs
+    this run remakes removed before it starts (regen.output.stale)."""
+    if not workflow.is_main_process:
+        return
+    lines = settle_outputs(RUN, planned_outputs(), remade_outputs(), "report_assets")
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+def run_facts():
+    """What the report's first page says about the run's set-up."""
+    return RunFacts(
+        dataset=lookup(dpath="dataset/path", within=config),
+        model=lookup(dpath="server/model_path", within=config),
+        mode=lookup(dpath="server/mode", within=config),
+        shards=len(SHARDS),
+    )
+
+
+def report_failed_run(log):
+    """onerror: the report's first page says NOT READY and why (snakemake --report shows it)."""
+    if workflow.is_main_process:
+        logs = [log] if isinstance(log, str) else list(log or [])
+        path = write_failed_run_landing(RUN, run_facts(), ", ".join(map(str, logs)) or None)
+        print(
+            f"regen: NOT READY; `snakemake --report` shows why ({path})",
+            file=sys.stderr,
+        )
+
+
+def reported(path, caption, category, **kwargs):
+    """``path`` marked for the report when it exists. `snakemake --report` refuses a report with a
+    marked file missing, and after a failed gate the gate's outputs and everything after it are: the
+    report of a failed run shows what it has, and its first page says why (report_landing_page).
+    """
+    if os.path.exists(path):
+        return report(path, caption=caption, category=category, **kwargs)
+    return path
 
 
 def stop_gpu_servers():
@@ -234,9 +314,13 @@ def print_resume_hint():
 
 
 def report_landing_page():
-    """The report's first page: the run's verdict (written by report_assets) once it exists, else the
-    static introduction."""
-    landing = rules.report_assets.output.landing
-    return (
-        os.path.abspath(landing) if os.path.isfile(landing) else "report/workflow.rst"
-    )
+    """The report's first page: the newest of the verdict report_assets wrote and the NOT READY page a
+    failed run left (regen.observe.landing), else the static introduction."""
+    pages = [
+        p
+        for p in (RUN.failed_run_landing, rules.report_assets.output.landing)
+        if os.path.isfile(p)
+    ]
+    if not pages:
+        return "report/workflow.rst"
+    return os.path.abspath(max(pages, key=os.path.getmtime))

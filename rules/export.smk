@@ -14,10 +14,11 @@ rule export:
         token_freq=RUN.export_token_freq,
         # each row's thinking mode and split side (regen.output.export.thinking_path; the manifest's serving block)
         thinking=RUN.export_thinking,
-        manifest=report(
+        manifest=reported(
             RUN.export_manifest,
             caption="../report/export.rst",
             category="4. Output audit",
+            labels={"result": "trainer files: manifest"},
         ),
     log:
         RUN.log("export"),

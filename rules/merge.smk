@@ -3,7 +3,14 @@ rule merge:
         valid=shard_files(rules.validate.output.valid),
         plan=rules.tune.output.plan,
     output:
-        dataset=directory(RUN.dataset_dir),
+        # the training-ready Parquet; the report shows its manifest (files, rows, checksums, provenance)
+        dataset=reported(
+            directory(RUN.dataset_dir),
+            caption="../report/dataset.rst",
+            category="4. Output audit",
+            patterns=["_manifest.{ext}"],
+            labels={"result": "dataset: manifest"},
+        ),
     log:
         RUN.log("merge"),
     benchmark:

@@ -3,12 +3,14 @@ rule reaudit:
     input:
         dataset=rules.merge.output.dataset,
     output:
-        summary=report(
+        summary=reported(
             RUN.reaudit_summary,
             caption="../report/reaudit.rst",
             category="4. Output audit",
+            labels={"result": "output audit: summary (JSON)"},
         ),
-        ready=RUN.ready,
+        # never an empty READY: a trainer pipeline that finds it reads rows and checksums from it
+        ready=ensure(RUN.ready, non_empty=True),
     log:
         RUN.log("reaudit"),
         # the gates' verdict, kept when a failed gate fails the job (regen.verdict)

@@ -7,10 +7,11 @@ rule reconcile:
         quarantine=shard_files(rules.validate.output.quarantine),
         dataset=rules.merge.output.dataset,
     output:
-        table=report(
+        table=reported(
             RUN.reconcile,
             caption="../report/reconcile.rst",
             category="5. Reconciliation",
+            labels={"result": "reconciliation (JSON)"},
         ),
     log:
         RUN.log("reconcile"),

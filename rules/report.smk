@@ -16,50 +16,59 @@ rule report_assets:
         failed=shard_files(rules.generate.output.failed),
         quarantine=shard_files(rules.validate.output.quarantine),
     output:
-        throughput=report(
+        throughput=reported(
             RUN.report_asset(THROUGHPUT_SVG),
             caption="../report/throughput.rst",
             category="3. Generation",
+            labels={"result": "throughput per server over time"},
         ),
-        lengths=report(
+        lengths=reported(
             RUN.report_asset(TOKEN_LENGTHS_SVG),
             caption="../report/token_lengths.rst",
             category="3. Generation",
+            labels={"result": "token lengths per row"},
         ),
-        finish=report(
+        finish=reported(
             RUN.report_asset(FINISH_REASONS_SVG),
             caption="../report/finish_reasons.rst",
             category="3. Generation",
+            labels={"result": "finish reasons"},
         ),
-        quarantine=report(
+        quarantine=reported(
             RUN.report_asset(QUARANTINE_REASONS_SVG),
             caption="../report/quarantine_reasons.rst",
             category="3. Generation",
+            labels={"result": "quarantine reasons"},
         ),
-        window=report(
+        window=reported(
             RUN.report_asset(TRAINER_WINDOW_SVG),
             caption="../report/trainer_window.rst",
             category="4. Output audit",
+            labels={"result": "what fits the trainer's window"},
         ),
-        plan=report(
+        plan=reported(
             RUN.report_asset(SERVER_PLAN_HTML),
             caption="../report/plan.rst",
             category="2. Server plan",
+            labels={"result": "server plan: memory map, predicted and realized"},
         ),
-        audit=report(
+        audit=reported(
             RUN.report_asset(AUDIT_HTML),
             caption="../report/audit.rst",
             category="1. Input audit",
+            labels={"result": "input audit: gates and flags"},
         ),
-        reaudit=report(
+        reaudit=reported(
             RUN.report_asset(REAUDIT_HTML),
             caption="../report/reaudit.rst",
             category="4. Output audit",
+            labels={"result": "output audit: gates"},
         ),
-        reconcile=report(
+        reconcile=reported(
             RUN.report_asset(RECONCILE_HTML),
             caption="../report/reconcile.rst",
             category="5. Reconciliation",
+            labels={"result": "reconciliation: every input id in one bucket"},
         ),
         landing=RUN.report_asset(LANDING_RST),
     log:
@@ -70,7 +79,8 @@ rule report_assets:
         dataset=lookup(dpath="dataset/path", within=config),
         model=lookup(dpath="server/model_path", within=config),
         mode=lookup(dpath="server/mode", within=config),
-        shards=lookup(dpath="shards/count", within=config),
+        # the plan's count (shards.count auto settled to a number)
+        shards=len(SHARDS),
         # the GPU slots' realized memory maps and restarts: the long-lived servers' files, no job's output
         servers=RUN.servers_root,
     script:

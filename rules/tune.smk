@@ -2,10 +2,11 @@ rule tune:
     input:
         audit=rules.audit.output.summary,
     output:
-        plan=report(
+        plan=reported(
             RUN.server_plan,
             caption="../report/plan.rst",
             category="2. Server plan",
+            labels={"result": "server plan (JSON)"},
         ),
     log:
         RUN.log("tune"),

@@ -56,6 +56,8 @@ def test_every_option_has_help(command: str, extra: list[str]) -> None:
 def test_help_names_the_command_as_typed(command: str) -> None:
     """``regen X --help`` prints ``usage: regen X`` (not a module's or an old command's name)."""
     assert help_text(command, []).startswith(f"usage: regen {command}")
+
+
 @pytest.mark.parametrize("extra", [[], ["--sweep"]])
 def test_tune_help_shows_the_configfile_option(extra: list[str]) -> None:
     assert re.search(r"^  --configfile", help_text("tune", extra), re.M)

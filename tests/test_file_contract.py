@@ -85,6 +85,7 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], dict[str, list[str]], str | None
         {"*": s(RUN.log("shard"))},
         str(RUN.benchmark("shard")),
     ),
+    "shard_count": ({"settled": s(RUN.shard_count_file)}, {"*": s(RUN.log("shard_count"))}, None),
     "tune": ({"plan": s(RUN.server_plan)}, {"*": s(RUN.log("tune"))}, None),
     "generate": (
         {"records": s(RUN.records(SHARD)), "failed": s(RUN.failed(SHARD))},

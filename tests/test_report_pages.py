@@ -67,3 +67,30 @@ def test_memory_map_puts_realized_beside_predicted_with_drift(tmp_path: Path) ->
     assert "<td class='fail'>-20.0%</td>" in page  # KV cache 50 -> 40 GiB, and 1000 -> 800 tokens
     assert "<td>+0.0%</td>" in page  # weights as planned
     assert "simulated" not in page
+    # every part is named whole in the legend; a part too narrow for its label shows none inside
+    bar = page[page.index("<div class='bar'>") : page.index("<div class='legend'>")]
+    assert "weights 10.0 GiB</div>" in bar and "CUDA graphs + activations 5.0 GiB</div>" not in bar
+    legend = page[page.index("<div class='legend'>") :]
+    assert "CUDA graphs + activations 5.0 GiB (6%)" in legend and "KV cache 50.0 GiB (62%)" in legend
+
+
+def test_failed_run_landing_says_not_ready_why_and_links_nothing(tmp_path: Path) -> None:
+    from regen.observe.landing import failed_run_landing
+
+    layout = RunLayout.under(tmp_path)
+    over = {"value": 1.0, "limit": 0.05, "passed": False, "meaning": "prompts over context_limit"}
+    write(layout.verdict("audit"), {"total": 40, "excluded": 40, "gates": {"max_over_length_fraction": over}})
+    page = failed_run_landing(ReportInputs.of(layout), RunFacts(shards=2), "snakemake.log")
+    assert page.startswith("**NOT READY**")
+    assert "the last run failed before it finished (Snakemake's log: snakemake.log)" in page
+    assert "audit.gates.max\\_over\\_length\\_fraction = 1 > limit 0.05" in page
+    assert "`_" not in page and "in 2 shards" in page
+
+
+def test_idle_buckets_are_gaps_not_zero_throughput() -> None:
+    import numpy as np
+
+    from regen.observe.plots import idle_as_gaps
+
+    shown = idle_as_gaps(np.array([0.0, 5.0, 0.0, 7.0]))
+    assert np.isnan(shown[0]) and np.isnan(shown[2]) and list(shown[[1, 3]]) == [5.0, 7.0]

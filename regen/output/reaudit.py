@@ -290,7 +290,8 @@ def reaudit_dataset(
             "the dataset's next tool turns answer (count, function name, or arguments compared as JSON), "
             "so no tool result answers a call the model did not make",
         },
-        "eval_split": split.to_json(),
+        # the split the export writes; "written" false: export.enabled is off and no eval file exists
+        "eval_split": split.to_json() | {"written": export.enabled},
         "trainer_window": window.to_json(),
         "gates": {g.name: g.to_json() for g in results},
         "passed": passed,
