@@ -45,15 +45,15 @@ class WeightsEstimate:
     source: str  # "checkpoint index" | "safetensors headers" | "config"
     quantization: str | None
     rule: str
-    tp: int = 1
-    ep: int = 1
+    tp: int
+    ep: int
     #: of bytes_per_rank, what every rank holds whole (norms, routers, replicated projections)
-    replicated_bytes: int = 0
+    replicated_bytes: int
     #: the model's bytes once, as at tp 1 (the checkpoint's size where it was read)
-    total_bytes: int = 0
+    total_bytes: int
     #: what SGLang's own layout puts on one rank (== bytes_per_rank when source is "config"): with
     #: ``--load-format dummy`` this is what is allocated, whatever checkpoint lies beside the config
-    layout_bytes_per_rank: int = 0
+    layout_bytes_per_rank: int
 
     @property
     def gib_per_rank(self) -> float:
