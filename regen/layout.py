@@ -27,6 +27,8 @@ SLURM_DIR_PREFIX = "slurm-"
 #: the run config's JSON Schema, inside the installed package (``regen/schemas/`` links ``schemas/``, which
 #: is where it is edited; a wheel carries the file itself): ``rules/common.smk`` validates against it
 CONFIG_SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
+#: the generation record's JSON shape (regen.records.GenerationRecord), shipped beside the config schema
+RECORD_SCHEMA = Path(__file__).resolve().parent / "schemas" / "record.schema.json"
 
 #: a per-shard compressed output (generation records, quarantine): ``{shard}.jsonl.zst``
 SHARD_OUTPUT_SUFFIX = ".jsonl.zst"

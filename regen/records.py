@@ -36,11 +36,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.journal_lines import FAILED, RECORD
+from regen.layout import RECORD_SCHEMA
 from regen.prompts import request_digests
 from regen.types import Message, Sample
 
 #: the JSON schema of a generation record (``regen.output.validate`` checks every record against it)
-RECORD_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "record.schema.json"
+RECORD_SCHEMA_PATH = RECORD_SCHEMA
 
 MESSAGE_TYPE = pa.struct(
     [

@@ -94,3 +94,15 @@ def test_idle_buckets_are_gaps_not_zero_throughput() -> None:
 
     shown = idle_as_gaps(np.array([0.0, 5.0, 0.0, 7.0]))
     assert np.isnan(shown[0]) and np.isnan(shown[2]) and list(shown[[1, 3]]) == [5.0, 7.0]
+
+
+def test_counts_on_the_landing_page_agree_in_number() -> None:
+    """Issue 34 item 14: "1 rows cut", "in 1 shards"."""
+    from regen.observe.landing import _count
+
+    assert (_count(1, "row"), _count(2, "row"), _count(1, "shard"), _count(1200, "shard")) == (
+        "1 row",
+        "2 rows",
+        "1 shard",
+        "1,200 shards",
+    )

@@ -157,8 +157,8 @@ def _drafter_facts(reaudit: Mapping[str, Any]) -> str:
             named = "the configured" if window.get("configured") else "a (default)"
             parts.append(
                 f"at {named} {w}-token trainer window {at['rows_fit']:.1%} of rows fit and "
-                f"{at['supervised_kept']:.1%} of supervised tokens are kept, {at['cut_in_think']} rows cut "
-                "inside their think block"
+                f"{at['supervised_kept']:.1%} of supervised tokens are kept, "
+                f"{_count(at['cut_in_think'], 'row')} cut inside their think block"
             )
     cuts = reaudit.get("tool_call_mismatch") or {}
     if cuts.get("rows"):
@@ -189,9 +189,10 @@ def landing_rst(verdict: Readiness, facts: RunFacts, rows: int | None, link_stag
         lines += ["Why:" if not verdict.ready else "Note:", ""]
         lines += [f"- {t(r)}" for r in verdict.reasons]
         lines.append("")
+    shards = _count(facts.shards, "shard") if facts.shards is not None else "? shards"
     lines += [
         f"regen regenerated completions of ``{facts.dataset}`` with ``{facts.model}`` served by SGLang "
-        f"(server.mode ``{facts.mode}``) in {facts.shards if facts.shards is not None else '?'} shards.",
+        f"(server.mode ``{facts.mode}``) in {shards}.",
         "",
     ]
     for category, summary in verdict.stages:
@@ -214,3 +215,8 @@ def failed_run_landing(inputs: ReportInputs, facts: RunFacts, log: str | None) -
     where = f" (Snakemake's log: {log})" if log else ""
     failure = f"the last run failed before it finished{where}; rerun to resume once the cause is fixed"
     return landing_rst(Readiness(False, (failure, *verdict.reasons), verdict.stages), facts, None, False)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 row``, ``2 rows``: a count with its noun in the right number."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
