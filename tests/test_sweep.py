@@ -29,8 +29,7 @@ from regen.serving.lifecycle import live_supervisors
 from regen.serving.metrics import METHOD_LOG, SteadyState
 from regen.serving.ports import port_is_free
 from regen.simulated.launcher import start_simulated_server
-from regen.tune.projection import Remaining, count_remaining, project, read_pilot
-from regen.tune.sweep import (
+from regen.tune.pilot import (
     CandidateResult,
     LengthStats,
     PilotMeasurement,
@@ -42,10 +41,9 @@ from regen.tune.sweep import (
     drive_pilot,
     mtp_decision,
     percentile,
-    pilot_report,
-    run_sweep,
-    with_speculative_steps,
 )
+from regen.tune.projection import Remaining, count_remaining, project, read_pilot
+from regen.tune.sweep import pilot_report, run_sweep, with_speculative_steps
 from regen.tune.tune import cli as tune_cli
 from regen.types import Endpoint, Message, Sample
 
