@@ -19,6 +19,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from regen.layout import CONFIG_SCHEMA
 from regen.runconfig import config_schema
 
 #: the layer name of ``snakemake --config key=value`` overrides
@@ -33,7 +34,7 @@ class ConfigFileError(ValueError):
 
     def __init__(self, lines: Sequence[str]) -> None:
         self.lines = tuple(lines)
-        head = f"{len(self.lines)} config error(s) (the keys are described in schemas/config.schema.yaml):"
+        head = f"{len(self.lines)} config error(s) (the keys are described in {CONFIG_SCHEMA.resolve()}):"
         super().__init__("\n".join([head, *(f"  - {line}" for line in self.lines)]))
 
 
