@@ -39,7 +39,7 @@ $(SGVENV)/bin/python:
 		msgspec pydantic pyzmq tqdm ipython aiohttp triton pytest jsonschema pyyaml zstandard
 
 test-sglang-parser: $(SGVENV)/bin/python
-	PYTHONPATH=$(CURDIR) $(SGVENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_flags.py
+	PYTHONPATH=$(CURDIR) $(SGVENV)/bin/python -m pytest -q -p no:cacheprovider tests/sglang/test_flags.py
 
 # The demo's exports read by the drafter trainers' own data code: SpecForge 0.2.0 and speculators 0.9.0
 # (--no-deps, CPU torch, only what their data-preparation modules import), kept in their own venv; the
@@ -55,8 +55,8 @@ $(TRVENV)/bin/python:
 	$(TRVENV)/bin/pip install -q pydantic-settings orjson zstandard
 
 test-trainers: setup $(TRVENV)/bin/python
-	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -s -p no:cacheprovider tests/test_trainers.py
-	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -p no:cacheprovider tests/test_known_target.py
+	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -s -p no:cacheprovider tests/output/test_trainers.py
+	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -p no:cacheprovider tests/bench/test_known_target.py
 
 clean-demo:
 	rm -rf results work logs benchmarks .snakemake

@@ -1,6 +1,6 @@
 """Per-sample ``max_tokens`` for benchmarks: an output-length spread emulated with ``ignore_eos`` on dummy
-weights (the live sweep, ``tests/test_sweep.py``), through ``GenerateConfig.max_tokens_for``, the client's
-hook. It is no config key: a run's configs give every sample ``sampling.max_tokens``."""
+weights (the live sweep, ``tests/tune/test_sweep.py``), through ``GenerateConfig.max_tokens_for``, the
+client's hook. It is no config key: a run's configs give every sample ``sampling.max_tokens``."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 name here, and so has the shard-name format.
 
 ``results/`` holds the Snakemake outputs (the rules declare them through this module, and
-``tests/test_file_contract.py`` checks every rule of the loaded workflow against it); ``logs/`` the rules'
-logs and the gates' kept verdicts;
+``tests/workflow/test_file_contract.py`` checks every rule of the loaded workflow against it); ``logs/``
+the rules' logs and the gates' kept verdicts;
 ``work/`` holds what survives failed and killed jobs and is not a Snakemake output: the request
 journals, the per-shard status files, the per-GPU server slot files, the settled shard count and the
 sweep's scratch.

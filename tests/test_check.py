@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_workflow import copy_workflow, snakemake
+from support.workflow import copy_workflow, snakemake
 
 from regen.check import Host, check_config, cli, load_config, notes_for, report, speculative_notes
 

@@ -105,8 +105,8 @@ PARAMETERS_NOT_FROM_THE_CONFIG = {
     # the in-process simulated server of tests and benches binds loopback; the workflow launches the
     # simulated server by command line with server.host (regen.serving.simulated_mode.build_simulated_command)
     ("simulated/launcher.py", "start_simulated_server", "host"): "loopback host of a throwaway test server",
-    # a free loopback port for a test's throwaway server (tests/test_client.py); the workflow picks its
-    # ports on server.host through regen.serving.ports.any_free_port(host)
+    # a free loopback port for a test's throwaway server (tests/generate/test_client.py); the workflow picks
+    # its ports on server.host through regen.serving.ports.any_free_port(host)
     ("simulated/launcher.py", "free_port", "host"): "loopback host of a throwaway test server",
     # the seed of the random draw of output lengths from the pilot's completed lengths, not the
     # generate.sampling.seed that requests carry

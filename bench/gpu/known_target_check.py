@@ -1,5 +1,5 @@
 """Run a known-target model dir (bench/gpu/known_target.py) through transformers' own Qwen3.5 code (CPU,
-torch) and report, as one JSON object on stdout, what the test (tests/test_known_target.py) checks:
+torch) and report, as one JSON object on stdout, what the test (tests/bench/test_known_target.py) checks:
 
 - ``missing`` / ``unexpected``: checkpoint keys transformers' Qwen3_5ForCausalLM did not find / did not know
   (the ``mtp.*`` tensors are SGLang's; transformers ignores them by design);

@@ -57,7 +57,7 @@ SUPPORTED_VERSIONS = ("0.5.17", "0.5.23")
 
 # Memory in use before SGLang loads weights (CUDA context, NCCL, torch allocator). Not an SGLang constant:
 # calibrated so the measured H200 startup (0.5.17, 64-layer Qwen3.6-27B text shape, 143,771 MiB) reproduces
-# K=248 and 651,426 KV tokens; see tests/test_plan.py::test_reproduces_measured_h200_default.
+# K=248 and 651,426 KV tokens; see tests/sglang/test_plan.py::test_reproduces_measured_h200_default.
 CUDA_CONTEXT_GIB = 1.35
 
 

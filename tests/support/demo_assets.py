@@ -4,7 +4,7 @@ Both are generated from fixed seeds with no downloads, so the same call gives
 byte-identical files. ``python tests/support/demo_assets.py tokenizer [OUT_DIR]`` (default
 ``resources/demo-tokenizer``) and ``python tests/support/demo_assets.py dataset [OUT_DIR]`` (default
 ``data/demo``) write them: test support that builds the demo's committed assets, not a product command
-(``tests/test_dataset.py`` checks that a rebuild matches what is shipped).
+(``tests/ingest/test_dataset.py`` checks that a rebuild matches what is shipped).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run the drafter trainers' own data preparation on regen's exports; print what they made as JSON.
 
 Runs in the trainers' venv (``make test-trainers``: SpecForge 0.2.0 and speculators 0.9.0 with CPU
-torch), never in regen's. ``tests/test_trainers.py`` starts it and judges the result.
+torch), never in regen's. ``tests/output/test_trainers.py`` starts it and judges the result.
 
     python run_trainers.py EXPORT_DIR TOKENIZER_DIR WORK_DIR MODEL_CONFIG
 """

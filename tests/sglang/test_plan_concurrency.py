@@ -1,0 +1,152 @@
+"""Concurrency for attention-only models from the expected lengths, never below SGLang's defaults.
+
+SGLang's rules the plan is checked against: the default running cap is
+``KVCacheConfigurator.resolve_max_num_reqs`` (clamp(tokens / context_len x 512, 2048, 4096), at most
+tokens // 2); the default decode graphs stop at 256 on an H200 at tp 1 (``handle_gpu_memory_settings``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from regen.sglang.flags import parse_flags
+from regen.sglang.models import ModelShape
+from regen.sglang.plan import Workload, plan
+from regen.sglang.recommend import recommend
+from regen.tune.tune import cli
+
+MODELS = Path(__file__).parents[1] / "data" / "models"
+H200_MIB = 143771
+NO_TRADEOFFS = {"allow_fp8_kv": False, "allow_bf16_state": False}
+#: the H200 bench workload (issue 33): 300-token prompts, answers with mean ~1,450, max_tokens 8,192
+BENCH = Workload(prompt_p50=300, prompt_p99=2000, max_tokens=8192, expected_output_tokens=1450)
+
+
+@pytest.fixture(scope="module")
+def dense() -> ModelShape:
+    return ModelShape.from_config(MODELS / "qwen3-8b")
+
+
+def sglang_default_cap(tokens: int, context_len: int) -> int:
+    """KVCacheConfigurator.resolve_max_num_reqs without --max-running-requests (0.5.17 and 0.5.23)."""
+    return min(max(min(int(tokens / context_len * 512), 4096), 2048), tokens // 2)
+
+
+def test_the_kv_fills_at_the_expected_context(dense: ModelShape) -> None:
+    rec = recommend(dense, H200_MIB, 1, [], BENCH, "0.5.17", **NO_TRADEOFFS)
+    p = rec.recommended
+    n = p.client_concurrency
+    assert n is not None and n > 256
+    assert p.kv_cache_tokens >= n * (300 + 1450)  # every request at the expected context fits
+    assert p.kv_cache_tokens < (n + 2) * (300 + 1450)  # and the KV is filled, not left idle
+    flags = parse_flags(list(rec.args))
+    assert flags.cuda_graph_max_bs == n  # decode graphs up to the planned batch
+    assert flags.max_running_requests is None  # SGLang's own cap (4,096 here) is above n: left to it
+    assert p.effective_max_running_requests == sglang_default_cap(p.kv_cache_tokens, dense.context_length)
+    # the worst case (prompt p99 + max_tokens) would hold only a fifth of that
+    assert n > 4 * (p.kv_cache_tokens // BENCH.tokens_per_request)
+    assert "expected answer 1,450" in rec.reasons[0] and "retract" in rec.reasons[0]
+
+
+def test_without_an_expected_length_it_says_so_and_keeps_sglangs_defaults(dense: ModelShape) -> None:
+    wl = dataclasses.replace(BENCH, expected_output_tokens=None)
+    rec = recommend(dense, H200_MIB, 1, [], wl, "0.5.17", **NO_TRADEOFFS)
+    p = rec.recommended
+    assert p.kv_cache_tokens // (300 + 8192) < 256  # max_tokens would fill the KV below the default
+    assert p.client_concurrency == 256  # so the decode-graph default, not fewer
+    flags = parse_flags(list(rec.args))
+    assert flags.cuda_graph_max_bs is None and flags.max_running_requests is None
+    assert "no expected answer length given" in rec.reasons[0]
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("expected", [None, 200, 1450, 6000])
+def test_never_below_sglangs_defaults(name: str, version: str, expected: int | None) -> None:
+    model = ModelShape.from_config(MODELS / name)
+    wl = dataclasses.replace(BENCH, expected_output_tokens=expected)
+    rec = recommend(model, H200_MIB, 1, [], wl, version, **NO_TRADEOFFS)
+    default = plan(model, H200_MIB, 1, [], wl, version)
+    assert rec.recommended.effective_max_running_requests >= default.effective_max_running_requests
+    assert rec.recommended.cuda_graph_max_bs >= default.cuda_graph_max_bs
+    assert rec.recommended.client_concurrency >= min(default.cuda_graph_max_bs, 256)
+    assert rec.recommended.client_concurrency <= rec.recommended.effective_max_running_requests
+
+
+def test_a_short_answer_raises_the_cap_above_sglangs_default(dense: ModelShape) -> None:
+    wl = Workload(prompt_p50=50, prompt_p99=100, max_tokens=8192, expected_output_tokens=60)
+    rec = recommend(dense, H200_MIB, 1, [], wl, "0.5.23", **NO_TRADEOFFS)
+    p, flags = rec.recommended, parse_flags(list(rec.args))
+    assert p.client_concurrency == flags.max_running_requests > 4096  # above resolve_max_num_reqs' 4,096
+    assert p.effective_max_running_requests == p.client_concurrency
+    assert flags.cuda_graph_max_bs == 1024  # graphs stop at the planner's largest capture
+
+
+def test_tune_json_reports_the_client_concurrency(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "--model-config", str(MODELS / "qwen3-8b"), "--sglang-version", "0.5.17", "--gpu-memory-mib",
+        str(H200_MIB), "--prompt-p50", "300", "--prompt-p99", "2000", "--max-tokens", "8192",
+        "--expected-output-tokens", "1450", "--json",
+    ]  # fmt: skip
+    assert cli(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    rec = out["recommended"]
+    assert rec["client_concurrency"] > 256 and rec["cuda_graph_max_bs"] == rec["client_concurrency"]
+    assert "--cuda-graph-max-bs-decode" in rec["args"]
+    assert out["client_concurrency"] >= 256  # the given (default) flags: as many, eagerly past 256
+
+
+def test_hybrids_keep_the_state_pool_cap() -> None:
+    hybrid = ModelShape.from_config(MODELS / "gpu-qwen3.6-27b-text")
+    rec = recommend(hybrid, H200_MIB, 1, [], BENCH, "0.5.17", **NO_TRADEOFFS)
+    p = rec.recommended
+    assert p.client_concurrency == p.effective_max_running_requests
+    assert p.kv_cache_tokens >= p.effective_max_running_requests * BENCH.tokens_per_request
+
+
+def test_the_tune_rule_takes_the_expected_length_from_the_old_answers(tmp_path: Path) -> None:
+    from regen.io import write_json
+    from regen.runconfig import ServerConfig
+    from regen.sglang.config import PlanFile
+    from regen.tune.tune import write_plan_for_workflow
+
+    summary = tmp_path / "summary.json"
+    old_answers = {"count": 1000, "mean": 1450.4, "buckets": []}
+    write_json(
+        summary,
+        {
+            "prompt_tokens_p50": 300,
+            "prompt_tokens_p99": 2000,
+            "histograms": {"supervised_tokens": old_answers},
+        },
+    )
+    cfg = {"mode": "sglang", "model_path": "unused", "model_config": str(MODELS / "qwen3-8b")}
+    cfg |= {"gpu_memory_mib": H200_MIB, "tp": 1, "args": [], "use_tuner": True, "sglang_version": "0.5.17"}
+    out = tmp_path / "server.json"
+    write_plan_for_workflow(
+        server_cfg=ServerConfig.from_mapping(cfg),
+        max_tokens=8192,
+        audit_summary=str(summary),
+        out_path=str(out),
+    )
+    plan_file = PlanFile.read(out)
+    n = plan_file.client_concurrency
+    assert n is not None and n > 256  # the KV filled at 300 + 1,450, not at max_tokens
+    assert plan_file.recommended["kv_cache_tokens"] // (300 + 1450) in (n, n + 1)
+    assert "the old answers' mean (audit)" in plan_file.recommended["reasons"][0]
+
+
+def test_llama_on_the_h200_bench_workload() -> None:
+    """The issue-33 bench (Llama-3.1-8B, 300-token prompts, answers of mean ~1,450, max_tokens 8,192):
+    SGLang's defaults ran 256 in flight (graphs to 256); the plan fills the KV at 1,750 tokens a request."""
+    llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
+    rec = recommend(llama, H200_MIB, 1, [], BENCH, "0.5.17", **NO_TRADEOFFS)
+    p, flags = rec.recommended, parse_flags(list(rec.args))
+    assert p.client_concurrency == flags.cuda_graph_max_bs
+    assert p.client_concurrency * 1750 <= p.kv_cache_tokens < (p.client_concurrency + 1) * 1750
+    assert p.client_concurrency >= 2 * 256  # twice the default's in-flight count
+    assert flags.max_running_requests is None and flags.mem_fraction_static == 0.92

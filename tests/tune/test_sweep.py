@@ -1,0 +1,479 @@
+"""regen tune --sweep: live benchmark of candidate configs against simulated servers, and the projection.
+
+The simulated servers run the batch throughput model (``half_speed_running``): with N running requests
+each decodes at ``token_rate / (1 + N / half)``, so total output tok/s is ``N * token_rate / (1 + N / half)``.
+The winner of a sweep is therefore known from each candidate's cap, without hard-coding it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench.lengths import with_lengths
+from regen.ingest.shards import write_shards
+from regen.io import write_json
+from regen.observe.report import write_report_assets
+from regen.observe.status import status_report
+from regen.runconfig import GenerateConfig, ServerConfig
+from regen.serving.lifecycle import live_supervisors
+from regen.serving.metrics import METHOD_LOG, SteadyState
+from regen.serving.ports import port_is_free
+from regen.simulated.launcher import start_simulated_server
+from regen.tune.pilot import (
+    CandidateResult,
+    LengthStats,
+    PilotMeasurement,
+    SweepCandidate,
+    SweepError,
+    SweepResult,
+    choose,
+    cycled,
+    drive_pilot,
+    mtp_decision,
+    percentile,
+)
+from regen.tune.projection import Remaining, count_remaining, project, read_pilot
+from regen.tune.sweep import pilot_report, run_sweep, with_speculative_steps
+from regen.tune.tune import cli as tune_cli
+from regen.types import Endpoint, Message, Sample
+
+TOKEN_RATE = 1000.0
+HALF = 16
+GENERATE = {
+    "sampling": {"max_tokens": 256},
+    "request_timeout_s": 30,
+    "max_attempts": 2,
+    "backoff_base_s": 0.05,
+}
+SECONDS = 2.5
+MODELS = Path(__file__).parents[1] / "data" / "models"
+
+
+def model_tok_s(cap: int) -> float:
+    """Total output tok/s of the simulated batch model at ``cap`` running requests."""
+    return cap * TOKEN_RATE / (1 + cap / HALF)
+
+
+def make_samples(n: int, prefix: str = "s") -> list[Sample]:
+    return [
+        Sample(f"{prefix}{i}", (Message("user", f"question {i} " * 4), Message("assistant", "old answer")))
+        for i in range(n)
+    ]
+
+
+def free_base() -> int:
+    return next(p for p in range(32100, 32400, 7) if port_is_free("127.0.0.1", p))
+
+
+def typed_server(port_base: int, **sim: Any) -> ServerConfig:
+    return ServerConfig.from_mapping(server_cfg(port_base, **sim))
+
+
+TYPED_GENERATE = GenerateConfig.from_dict(GENERATE)
+
+
+def server_cfg(port_base: int, **sim: Any) -> dict[str, Any]:
+    return {
+        "mode": "simulated",
+        "port_base": port_base,
+        "idle_timeout_s": 30,
+        "startup_timeout_s": 20,
+        "max_restarts": 0,
+        "args": ["--max-running-requests", "999"],  # user args: must not override the candidates'
+        "simulated": {"token_rate": TOKEN_RATE, "half_speed_running": HALF, "startup_delay_s": 0.1, **sim},
+    }
+
+
+# ------------------------------------------------------------------------------ pure parts --
+def test_percentile_and_length_stats() -> None:
+    ordered = list(range(1, 101))
+    assert [percentile(ordered, q) for q in (0.5, 0.9, 0.99, 1.0)] == [50, 90, 99, 100]
+    stats = LengthStats.of([30, 10, 20, 40], truncated=1)
+    assert (stats.count, stats.mean, stats.p50, stats.max, stats.truncation_rate) == (4, 25.0, 20, 40, 0.25)
+    assert LengthStats.of([], 0).count == 0
+
+
+def test_cycled_pilot_repeats_with_fresh_ids() -> None:
+    it = cycled(make_samples(3))
+    ids = [next(it).id for _ in range(7)]
+    assert ids == ["s0", "s1", "s2", "s0~r1", "s1~r1", "s2~r1", "s0~r2"]
+
+
+def test_projection_arithmetic() -> None:
+    p = project(remaining_samples=1000, tokens_per_sample=150.0, out_tok_s_per_server=500.0, gpus=8, tp=2)
+    # 4 servers: 150,000 tokens / (500 x 4) = 75 s; 75 s x 8 GPUs = 600 GPU-seconds
+    assert p.servers == 4 and p.wall_s == pytest.approx(75.0) and p.gpu_hours == pytest.approx(600 / 3600)
+
+
+# --------------------------------------------------------------------- bounded client run --
+def test_pilot_stops_at_its_time_and_the_client_stops_sending(tmp_path: Path) -> None:
+    cap = 8
+    url, stop = start_simulated_server(
+        max_running_requests=cap, token_rate=TOKEN_RATE, half_speed_running=HALF
+    )
+    try:
+        t0 = time.monotonic()
+        m = drive_pilot(
+            Endpoint(url, "sim", cap),
+            make_samples(10),
+            TYPED_GENERATE,
+            1.5,
+            tmp_path / "j.jsonl",
+        )
+        elapsed = time.monotonic() - t0
+        received = [json.load(urllib.request.urlopen(url + "/_sim/stats"))["received"]]
+        time.sleep(0.5)
+        received.append(json.load(urllib.request.urlopen(url + "/_sim/stats"))["received"])
+    finally:
+        stop()
+    assert 1.5 <= m.stopped_at - m.started_at < 1.8 and elapsed < 2.5
+    assert received[0] == received[1], "the client kept sending after its time was up"
+    assert m.concurrency == cap and m.unfinished_at_stop <= cap
+    assert received[0] == m.completed + m.failed + m.unfinished_at_stop == m.sent
+    assert m.completed > 10  # the 10 pilot prompts were cycled to keep the server busy
+    assert m.out_tok_s == pytest.approx(m.window_output_tokens / m.window_s)
+    assert m.out_tok_s == pytest.approx(model_tok_s(cap), rel=0.25)
+
+
+# ----------------------------------------------------------------------------- the sweep --
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[SweepResult, list[SweepCandidate], float, Path]:
+    root = tmp_path_factory.mktemp("sweep")
+    # the tuner's first choice is not the fastest here: a small cap first, a bigger one second
+    candidates = [
+        SweepCandidate(("--max-running-requests", "4"), 4, "recommended"),
+        SweepCandidate(("--max-running-requests", "24", "--mem-fraction-static", "0.9"), 24, "tuner #2"),
+    ]
+    t0 = time.monotonic()
+    result = run_sweep(
+        typed_server(free_base(), max_running_requests=2), candidates, make_samples(30), TYPED_GENERATE,
+        SECONDS,
+        root / "work" / "sweep", stop_grace_s=5,
+    )  # fmt: skip
+    return result, candidates, time.monotonic() - t0, root
+
+
+def test_sweep_keeps_the_candidate_with_the_higher_measured_throughput(sweep: Any) -> None:
+    result, candidates, _, _ = sweep
+    assert [r.ok for r in result.rows] == [True, True]
+    for row, cand in zip(result.rows, candidates, strict=True):
+        assert row.measurement is not None
+        # the simulated cap (and so the client's concurrency) follows the candidate's predicted cap
+        assert row.measurement.concurrency == cand.predicted_running
+        # one warm-up request answered before the window opened (first-request costs stay out of it)
+        assert row.measurement.first_request_s is not None and row.measurement.first_request_s < SECONDS
+        assert row.out_tok_s == pytest.approx(model_tok_s(cand.predicted_running), rel=0.25)
+    expected = max(range(len(candidates)), key=lambda i: model_tok_s(candidates[i].predicted_running or 0))
+    assert result.best_index == expected
+    assert result.best_args == candidates[expected].args
+    assert result.rows[expected].out_tok_s == max(r.out_tok_s for r in result.rows)
+
+
+def test_sweep_respects_time_and_leaves_no_server(sweep: Any) -> None:
+    result, candidates, wall, root = sweep
+    for row in result.rows:
+        m = row.measurement
+        assert SECONDS <= m.stopped_at - m.started_at < SECONDS + 0.5
+    assert wall < len(candidates) * (SECONDS + 8)  # startup + stop overhead per candidate is bounded
+    for cand_dir in sorted((root / "work" / "sweep").glob("cand*")):
+        assert live_supervisors(cand_dir / "servers") == []
+        url_files = list((cand_dir / "servers").glob("gpu*.url"))
+        for url_file in url_files:
+            text = url_file.read_text().split()
+            if text and text[0].startswith("http"):
+                assert port_is_free("127.0.0.1", int(text[0].rsplit(":", 1)[1]))
+
+
+def make_run(root: Path, n_samples: int, finished: int) -> Remaining:
+    """Two prompt shards and a journal with ``finished`` of the first shard's ids done."""
+    samples = make_samples(n_samples, prefix="p")
+    results, work = root / "results", root / "work"
+    counts = write_shards(
+        samples, (), [results / "shards" / "00000.parquet", results / "shards" / "00001.parquet"]
+    )
+    assert sum(counts) == n_samples
+    from regen.ingest.shards import read_shard
+
+    first = [s.id for s in read_shard(results / "shards" / "00000.parquet")][:finished]
+    journal = work / "journal" / "00000.jsonl"
+    journal.parent.mkdir(parents=True)
+    with open(journal, "w") as fh:
+        for sid in first:
+            fh.write(json.dumps({"kind": "record", "id": sid, "usage": {"completion_tokens": 5}}) + "\n")
+        fh.write('{"kind": "record", "id": "torn')  # a kill tore the last line
+    return count_remaining(results, work)
+
+
+def test_projection_from_the_measured_pilot_and_status_shows_it(sweep: Any, tmp_path: Path) -> None:
+    result, _, _, _ = sweep
+    remaining = make_run(tmp_path, n_samples=50, finished=7)
+    assert (remaining.samples, remaining.finished, remaining.remaining) == (50, 7, 43)
+    report = pilot_report(result, remaining, gpus=4, tp=2)
+    best = result.best.measurement
+    tokens = [t for r in result.rows for t in r.measurement.completion_tokens]
+    mean_tokens = sum(tokens) / len(tokens)
+    wall = 43 * mean_tokens / (best.window_output_tokens / best.window_s * 2)  # 2 servers of tp 2
+    proj = report["projection"]
+    assert proj["tokens_per_sample"] == pytest.approx(mean_tokens)
+    assert proj["wall_s"] == pytest.approx(wall) and proj["gpu_hours"] == pytest.approx(wall * 4 / 3600)
+    assert report["best_args"] == list(result.best_args)
+    write_json(tmp_path / "results" / "plan" / "pilot.json", report)
+    assert read_pilot(tmp_path / "results" / "plan" / "pilot.json")["projection"] == proj
+
+    text = status_report(tmp_path / "work", tmp_path / "results")
+    line = next(x for x in text.splitlines() if x.startswith("projection"))
+    assert "43 samples left" in line and f"{wall * 4 / 3600:.2f} GPU-hours" in line
+    assert f"{best.out_tok_s:.0f} out tok/s per server" in line
+
+    assets = write_report_assets(tmp_path / "results", tmp_path / "report", tmp_path / "work")
+    page = assets["server_plan.html"].read_text()
+    assert "projection for the remaining samples" in page and " ".join(result.best_args) in page
+
+
+def test_status_without_pilot_has_no_projection(tmp_path: Path) -> None:
+    make_run(tmp_path, n_samples=10, finished=0)
+    assert "projection" not in status_report(tmp_path / "work", tmp_path / "results")
+
+
+# ---------------------------------------------------------------------------------- the CLI --
+def test_tune_sweep_cli_on_simulated_servers(tmp_workdir: Path) -> None:
+    make_run(tmp_workdir, n_samples=40, finished=0)
+    config = {
+        "server": {
+            **server_cfg(free_base()),
+            "args": [],
+            "gpus": 2,
+            "model_config": str(MODELS / "qwen3-8b"),
+        },
+        "generate": GENERATE,
+    }
+    (tmp_workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    argv = [
+        "--sweep", "--server-config", "config.yaml", "--gpu-memory-mib", "24576", "--prompt-p50", "50",
+        "--prompt-p99", "200", "--seconds", "1.5", "--candidates", "1", "--plan-out", "server.json",
+    ]  # fmt: skip
+    out = io.StringIO()
+    from contextlib import redirect_stdout
+
+    with redirect_stdout(out):
+        assert tune_cli(argv) == 0
+    pilot = read_pilot("results/plan/pilot.json")
+    assert pilot is not None and pilot["candidates"][0]["label"] == "recommended"
+    assert pilot["projection"]["remaining_samples"] == 40 and pilot["projection"]["servers"] == 2
+    assert all(c["ok"] for c in pilot["candidates"])
+    best = pilot["candidates"][pilot["best_index"]]
+    assert best["out_tok_s"] == max(c["out_tok_s"] for c in pilot["candidates"])
+    plan = json.loads(Path("server.json").read_text())
+    assert plan["launch_args"] == best["args"]
+    assert "wrote results/plan/pilot.json" in out.getvalue()
+    for cand_dir in Path("work/sweep").glob("cand*"):
+        assert live_supervisors(cand_dir / "servers") == []
+    assert not list(Path("work/status").glob("*.json")) if Path("work/status").exists() else True
+    assert os.path.isdir("work/sweep")
+
+
+def test_a_sweep_beside_a_generation_takes_another_port_and_honours_per_sample_lengths(
+    tmp_path: Path,
+) -> None:
+    base = free_base()
+    generation = socket.socket()  # a generation's slot-0 server listening on server.port_base
+    generation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    generation.bind(("127.0.0.1", base))
+    generation.listen()
+    lengths = {f"s{i}": 3 + i % 5 for i in range(40)}
+    gcfg = with_lengths(GenerateConfig.from_dict({**GENERATE, "extra_body": {"ignore_eos": True}}), lengths)
+    try:
+        result = run_sweep(
+            typed_server(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")],
+            make_samples(40), gcfg, 2.0, tmp_path / "sweep", stop_grace_s=5,
+        )  # fmt: skip
+    finally:
+        generation.close()
+    assert result.rows[0].ok, result.rows[0].error
+    supervisor_log = (tmp_path / "sweep" / "cand00" / "logs" / "gpu0.log").read_text()
+    port = int(supervisor_log.split(" url=http://127.0.0.1:", 1)[1].split()[0])
+    assert port != base
+    records = [
+        json.loads(x) for x in (tmp_path / "sweep" / "cand00" / "journal.jsonl").read_text().splitlines()
+    ]
+    done = [r for r in records if r.get("kind") == "record" and r["id"] in lengths]
+    assert done and all(r["usage"]["completion_tokens"] == lengths[r["id"]] for r in done)
+
+
+def test_candidates_are_ranked_by_the_servers_steady_rate_when_it_gave_one() -> None:
+    def row(label: str, client: float, server: float | None) -> CandidateResult:
+        lengths = LengthStats.of([10], 0)
+        steady = None if server is None else SteadyState(8, 5, server, server, 100.0, 1.0, METHOD_LOG)
+        m = PilotMeasurement(8, 0.0, 10.0, 8.0, 20, 10, 0, 8, 10, 100, client, 1.0, lengths, 1.0, 1.0,
+                             server=steady)  # fmt: skip
+        return CandidateResult(label, (label,), 8, True, None, m)
+
+    assert row("a", 50.0, None).rate_tok_s == 50.0
+    assert row("b", 50.0, 400.0).rate_tok_s == 400.0 and row("b", 50.0, 400.0).decode_tok_s == 400.0
+    result = SweepResult((row("a", 90.0, 300.0), row("b", 50.0, 400.0)), 1, 10.0, 2.0, 20)
+    assert result.to_json()["best_rate_tok_s"] == 400.0 and result.rate_method == METHOD_LOG
+
+
+def test_sweep_budget_stops_starting_candidates_and_says_so(tmp_path: Path) -> None:
+    """With a budget, candidates after it are rows saying they were not started; the measured ones rank."""
+    candidates = [
+        SweepCandidate(("--max-running-requests", "4"), 4, "recommended"),
+        SweepCandidate(("--max-running-requests", "8"), 8, "second"),
+    ]
+    result = run_sweep(
+        typed_server(free_base(), max_running_requests=2), candidates, make_samples(10), TYPED_GENERATE, 0.5,
+        tmp_path / "sweep", stop_grace_s=5, budget_s=0.0,
+    )  # fmt: skip
+    assert [r.ok for r in result.rows] == [True, False]
+    assert "budget" in (result.rows[1].error or "")
+    assert result.best_index == 0
+    assert not (tmp_path / "sweep" / "cand01").exists()
+
+
+# ------------------------------------------------------------------------- speculative (MTP) --
+MTP3 = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4")  # fmt: skip
+
+
+def test_choose_keeps_the_highest_rate_and_the_earlier_on_ties() -> None:
+    assert choose([10.0, 30.0, 30.0, 5.0]) == 1
+    assert choose([7.0]) == 0
+    with pytest.raises(SweepError):
+        choose([])
+
+
+def test_a_simulated_candidates_speculative_steps_go_into_its_options() -> None:
+    argv = ["python", "-m", "regen.simulated", "--options", json.dumps({"weights_gib": 50.0})]
+    merged = with_speculative_steps(argv, ["--max-running-requests", "8", *MTP3])
+    assert json.loads(merged[merged.index("--options") + 1]) == {
+        "weights_gib": 50.0,
+        "speculative_num_steps": 3,
+    }
+    assert with_speculative_steps(argv, ["--max-running-requests", "8"]) == argv
+    bare = with_speculative_steps(["python"], ["--speculative-algorithm", "EAGLE"])
+    assert json.loads(bare[-1]) == {"speculative_num_steps": 3}  # SGLang's auto steps: 3
+
+
+@pytest.mark.parametrize(("acceptance", "on"), [("2.5", True), ("1", False)])
+def test_the_sweep_ranks_mtp_by_accepted_tokens_and_says_why(
+    acceptance: str, on: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MTP candidate next to the same cap without it, on simulated servers that accept ``acceptance``
+    tokens per verify step (SGLang's SGLANG_SIMULATE_ACC_LEN): the sweep reads the accept length from the
+    decode lines and keeps MTP only when it yields more accepted tokens per second."""
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", acceptance)
+    monkeypatch.setenv("REGEN_SIM_OPTIONS", json.dumps({"log_interval_s": 0.2}))
+    candidates = [
+        SweepCandidate(("--max-running-requests", "8"), 8, "recommended"),
+        SweepCandidate(("--max-running-requests", "8", *MTP3), 8, "mtp 3 steps"),
+    ]
+    result = run_sweep(
+        typed_server(free_base()),
+        candidates,
+        make_samples(40),
+        TYPED_GENERATE,
+        2.0,
+        tmp_path / "sweep",
+        stop_grace_s=5,
+    )
+    plain, mtp = result.rows
+    assert plain.ok and mtp.ok, (plain.error, mtp.error)
+    assert plain.accept_len is None and mtp.accept_len == float(acceptance)
+    assert (mtp.speculative, plain.speculative) == ("NEXTN 3 steps", None)
+    assert (result.best_index == 1) is on
+    assert (mtp.rate_tok_s > plain.rate_tok_s) is on
+    decision = mtp_decision(result)
+    assert decision is not None and decision["on"] is on
+    ratio = mtp.rate_tok_s / plain.rate_tok_s
+    assert decision["on_over_off"] == pytest.approx(ratio, abs=0.001)
+    assert decision["why"].startswith(f"MTP {'on' if on else 'off'}: ")
+    assert f"{ratio:.2f}x" in decision["why"] and f"accept length {float(acceptance):.2f}" in decision["why"]
+    report = result.to_json()
+    assert report["mtp"] == decision and report["candidates"][1]["accept_len"] == float(acceptance)
+
+
+def test_no_mtp_statement_without_a_speculative_candidate(sweep: Any) -> None:
+    result, _, _, _ = sweep
+    assert mtp_decision(result) is None and result.to_json()["mtp"] is None
+
+
+def _issue_report(remaining: int) -> dict:
+    """A pilot.json as the sweep writes it (the numbers of issue 34: the client window ranks tuner #2
+    first, the server's steady decode rate ranks the recommendation first)."""
+
+    def row(label: str, client: float, rate: float) -> dict:
+        return {
+            "label": label,
+            "ok": True,
+            "concurrency": 64,
+            "out_tok_s": client,
+            "rate_tok_s": rate,
+            "req_s": 1.5,
+            "lengths": {"p50": 700, "p99": 2900},
+            "args": ["--max-running-requests", "64"],
+        }
+
+    def projection(samples: int) -> dict:
+        return {
+            "remaining_samples": samples,
+            "tokens_per_sample": 800.0,
+            "servers": 2,
+            "tp": 1,
+            "wall_s": samples * 800.0 / (2 * 298295.7),
+            "gpu_hours": samples * 800.0 / 298295.7 / 3600,
+        }
+
+    return {
+        "candidates": [
+            row("recommended", 138869.0, 298295.7),
+            row("tuner #2", 143883.0, 143883.0),
+            {"label": "given", "ok": False, "error": "out of memory"},
+        ],
+        "best_index": 0,
+        "best_label": "recommended",
+        "rate_method": "server: median gen throughput",
+        "projection": projection(remaining),
+        "projection_whole_run": projection(50_000),
+    }
+
+
+def test_the_sweep_says_one_best_consistent_with_its_table_and_projects_the_whole_run() -> None:
+    from regen.tune.sweep_report import render_result
+
+    text = render_result(_issue_report(remaining=20_000))
+    rows = {line.split()[0]: line for line in text.splitlines() if line[:1] in "* " and line.strip()}
+    assert rows["*recommended"].split()[2] == "298,296"  # the column the best is chosen by, starred
+    assert rows["tuner"].split()[3] == "143,883"
+    assert "best: recommended (*), 298,296 tok/s per server, the highest rate tok/s" in text
+    assert "by the client's window tuner #2 finished more (143,883 vs 138,869 tok/s)" in text
+    assert text.count("best:") == 1
+    assert "whole run: 50,000 samples x 800.0 tokens on 2 server(s) of tp=1" in text
+    assert "remaining: 20,000 samples" in text
+
+
+def test_after_the_run_the_sweep_says_it_is_done_and_what_it_took(tmp_path: Path) -> None:
+    from regen.layout import RunLayout
+    from regen.tune.sweep_report import generate_job_seconds, render_result
+
+    layout = RunLayout.under(tmp_path)
+    layout.shards_dir.mkdir(parents=True)
+    for shard, seconds in (("00000", 3000.5), ("00001", 1800.0)):
+        layout.shard(shard).write_bytes(b"")
+        bench = layout.benchmark("generate", shard)
+        bench.parent.mkdir(parents=True, exist_ok=True)
+        bench.write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:50:00\t100\n")
+    took = generate_job_seconds(layout)
+    assert took == pytest.approx(4800.5)
+    text = render_result(_issue_report(remaining=0), took)
+    assert "the run is done: all 50,000 samples are finished; its generate jobs ran 1h20m in all" in text
+    assert "remaining: 0 samples" not in text
