@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.gpu import harness
+
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "tests" / "data" / "models"
 GPU_MEMORY_MIB = 143771  # the H200's total as nvidia-smi reports it (issue 33)
@@ -378,29 +380,9 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def gpu_used_mib() -> int | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        ).stdout
-        return int(out.split()[0])
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return None
-
-
 def wait_gpu_free(dry: bool, limit_mib: int = 2048, timeout_s: float = 60) -> int | None:
     """Wait until the GPU holds less than ``limit_mib`` (a killed server's memory takes seconds to go)."""
-    if dry:
-        return None
-    end = time.time() + timeout_s
-    used = gpu_used_mib()
-    while used is not None and used > limit_mib and time.time() < end:
-        time.sleep(1)
-        used = gpu_used_mib()
-    return used
+    return None if dry else harness.wait_gpu_free(limit_mib, timeout_s)
 
 
 # ------------------------------------------------------------------------------------ one target
@@ -463,7 +445,8 @@ def check_target(target: Target, work: Path, dry: bool, timeout_s: float) -> dic
     model_dir = model_dir_for(target, work)
     flags = target.flags
     plan = regen_tune(model_dir, flags, *WORKLOAD_ARGS)
-    used = None if dry else gpu_used_mib()  # memory a previous server left would shrink this one's pools
+    # memory a previous server left would shrink this one's pools
+    used = None if dry else harness.gpu_memory_used_mib()
     startup, text, seconds = start_and_read(target, model_dir, flags, plan, work, dry, timeout_s)
     attempts = [{"flags": list(flags), "seconds": round(seconds, 1), "gpu_used_before_mib": used,
                  "startup": startup.to_json()}]  # fmt: skip
