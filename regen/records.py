@@ -4,7 +4,7 @@ files and the typed generation record (its JSON shape is pinned by ``schemas/rec
 * ``FLAGS_SCHEMA``: ``results/audit/flags.parquet`` (written by ``regen.ingest.audit``), one row per input
 sample;
 * ``SHARD_SCHEMA``: ``results/shards/{shard}.parquet`` (``regen.ingest.shards``), the prompts;
-* :class:`GenerationRecord`: one line of ``results/generations/{shard}.jsonl`` (and of the journal,
+* :class:`GenerationRecord`: one line of ``results/generations/{shard}.jsonl.zst`` (and of the journal,
   with ``"kind": "record"``), built by the client (``regen.generate.sample_record``);
 * :class:`FailureEntry`: a sample's terminal failure, a ``"kind": "failed"`` journal line (the client);
 * :class:`ShardStatus`: ``work/status/{shard}.json``, written by the client every few seconds and read by
@@ -325,7 +325,7 @@ def message_from_row(row: dict[str, Any]) -> Message:
 
 
 # ---------------------------------------------------------------------------------------------
-# The generation record (JSON): one line of results/generations/{shard}.jsonl
+# The generation record (JSON): one line of results/generations/{shard}.jsonl.zst
 # ---------------------------------------------------------------------------------------------
 
 

@@ -91,8 +91,8 @@ class ShardJob:
     """One shard to generate: its samples (a shard Parquet file, or samples in memory), where its journal
     and outputs go, the generate config and the server, and what the job around it gives the client.
 
-    ``settings`` is what the fingerprint covers (``GenerationSettings.from_decisive`` in a workflow job);
-    None: the generate config's own decisive values. ``progress`` None: a status file at the run layout's
+    ``settings`` is what the fingerprint covers (``GenerationSettings.for_run`` in a workflow job);
+    None: ``GenerationSettings.of`` the generate config. ``progress`` None: a status file at the run layout's
     place for the journal. ``total``: the samples' count when known (a path's is read from its footer).
     ``lenders``: other GPU slots' servers this job may also use while they have room. ``on_exhausted``:
     called once when every sample has been sent (only answers are awaited from then on). ``restarts``:

@@ -126,7 +126,7 @@ def prompt_digest(dicts: Sequence[Mapping[str, Any]], squash_whitespace: bool = 
 
 def bad_row_id(bad: BadRow) -> str:
     """The placeholder id of an unreadable row: ``row/<n>:<file>``. Real ids cannot contain ``/``
-    (``regen.ingest.dataset.check_id``), so a placeholder never equals a real id."""
+    (``regen.ingest.rows.check_id``), so a placeholder never equals a real id."""
     return f"row/{bad.row}:{bad.file}"
 
 

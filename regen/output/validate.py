@@ -1,8 +1,8 @@
 """Per-record validation of a generation shard: valid Parquet + quarantine JSONL.
 
-Every line of ``results/generations/{shard}.jsonl`` ends up in exactly one of
+Every line of ``results/generations/{shard}.jsonl.zst`` ends up in exactly one of
 ``results/valid/{shard}.parquet`` (Arrow schema ``regen.records.VALID_SCHEMA``) or
-``results/quarantine/{shard}.jsonl`` (``{"id", "reason", "detail", "record"}``).
+``results/quarantine/{shard}.jsonl.zst`` (``{"id", "reason", "detail", "record"}``).
 
 The JSON Schema ``schemas/record.schema.json`` is the single source of truth for the record
 shape. It is compiled once with ``fastjsonschema`` (fast path); when a record fails, the

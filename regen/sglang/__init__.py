@@ -1,1 +1,2 @@
-"""SGLang: memory planning, flag checking, server lifecycle and a simulated server."""
+"""SGLang's own rules: models, weights, fit, pools, the memory plan, recommendation, flags, the plan file
+(``regen.sglang.config.PlanFile``) and realized numbers. Running servers is ``regen.serving``'s job."""
