@@ -286,7 +286,9 @@ def report_failed_run(log):
     """onerror: the report's first page says NOT READY and why (snakemake --report shows it)."""
     if workflow.is_main_process:
         logs = [log] if isinstance(log, str) else list(log or [])
-        path = write_failed_run_landing(RUN, run_facts(), ", ".join(map(str, logs)) or None)
+        path = write_failed_run_landing(
+            RUN, run_facts(), ", ".join(map(str, logs)) or None
+        )
         print(
             f"regen: NOT READY; `snakemake --report` shows why ({path})",
             file=sys.stderr,
