@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ def test_the_workflow_audit_writes_its_stage_file_and_status_shows_it(tmp_path: 
     snakemake = str(Path(sys.executable).with_name("snakemake"))
     argv = [snakemake, "-s", str(ROOT / "Snakefile"), str(RUN.audit.summary), "--cores", "1",
             "--configfile", "config/demo.yaml"]  # fmt: skip
-    run = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=280, env=dict(os.environ))
+    run = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = sum(1 for line in DATASET.read_bytes().splitlines() if line.strip())
     layout = RunLayout.under(tmp_path)
