@@ -462,6 +462,34 @@ def speculative_notes(
     ]
 
 
+#: the planned numbers ``regen check`` repeats from the plan file, with the SGLang rule each follows
+PLANNED_NUMBERS = (
+    ("weights_gib", "weights (GiB)"),
+    ("kv_cache_tokens", "KV tokens"),
+    ("effective_max_running_requests", "running cap"),
+    ("client_concurrency", "client in flight"),
+)
+
+
+def planned_notes(results_dir: str | os.PathLike[str] = "results") -> list[str]:
+    """The last plan's few headline numbers (``RESULTS/plan/server.json``, written by ``regen tune`` or
+    the workflow's tune job), each with the SGLang rule it follows (issue 33 item 6); nothing without a
+    plan file or for an external server."""
+    path = RunLayout(results=Path(results_dir)).server_plan
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    section = plan.get(str(plan.get("launched", "recommended"))) or {}
+    rules = section.get("rules") or {}
+    parts = [
+        f"{label} {section[key]:,}" + (f" ({rules[key]})" if rules.get(key) else "")
+        for key, label in PLANNED_NUMBERS
+        if isinstance(section.get(key), int | float)
+    ]
+    return [f"planned ({path}): " + "; ".join(parts)] if parts else []
+
+
 def report(problems: list[Problem], notes: list[str] | None = None) -> str:
     tail = [f"  note: {n}" for n in notes or ()]
     if not problems:
@@ -528,6 +556,7 @@ def cli(argv: list[str]) -> int:
         *notes_for(config),
         *gpu_notes(config, args.gpus, Host()),
         *speculative_notes(config, args.results),
+        *planned_notes(args.results),
     ]
     print(report(problems, notes), file=sys.stderr if problems else sys.stdout)
     return 1 if problems else 0

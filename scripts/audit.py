@@ -1,8 +1,10 @@
-"""Snakemake script: audit the input dataset before any GPU time (regen.ingest.audit)."""
+"""Snakemake script: audit the input dataset before any GPU time (regen.ingest.audit); its progress goes to
+the console and to ``regen status`` (regen.observe.stage_progress)."""
 
 from regen.ingest.audit import AuditConfig, run_audit
 from regen.ingest.dataset import DatasetConfig
 from regen.layout import AuditFiles
+from regen.observe.stage_progress import StageProgress, dataset_rows
 from regen.runlog import log_to
 from regen.verdict import verdict_path_for
 
@@ -14,4 +16,5 @@ run_audit(
     tokenizer_dir=snakemake.params.tokenizer,
     dataset=DatasetConfig.from_dict(snakemake.params.dataset),
     verdict_out=verdict_path_for(snakemake.log[0]),
+    progress=StageProgress.for_workflow("audit", dataset_rows(snakemake.input.dataset)),
 )

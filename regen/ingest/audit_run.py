@@ -4,7 +4,7 @@ summary, plots)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from regen.ingest.dataset import DatasetConfig, IdAccount, iter_samples
 from regen.ingest.flags import (
     SampleAudit,
 )
-from regen.ingest.progress import RowCount, RowProgress, console_log
+from regen.ingest.progress import RowCounter, RowProgress, console_log
 from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.io import atomic_open, atomic_path, write_json
 from regen.layout import AuditFiles
@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 
 
 PARQUET_BATCH_ROWS = 65536
-#: the hook for the audit's progress in ``regen status`` (a stage-progress file writer); None: console only
-PROGRESS_HOOK: Callable[[RowCount], None] | None = None
 
 # --------------------------------------------------------------------------------------
 # Outputs
@@ -89,6 +87,7 @@ def run_audit(
     tokenizer_dir: str | Path,
     dataset: DatasetConfig,
     verdict_out: str | Path | None = None,
+    progress: RowCounter | None = None,
 ) -> AuditSummary:
     """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl, the kept samples
     (samples.parquet, the shard step's input) and the plots.
@@ -101,13 +100,17 @@ def run_audit(
     Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not
     overridden, and ``NothingToGenerateError`` when no sample is left for generation; the summary is
     also kept at ``verdict_out`` (beside the log), which survives the failed job.
+
+    ``progress`` counts every row judged and is finished once all are (the workflow's job passes the
+    stage progress ``regen status`` reads); None: a line on the console every few seconds.
     """
     chat = ChatTemplate.from_dir(tokenizer_dir)
     paths = AuditFiles(Path(out_dir))
     auditor = Auditor(config, chat)
     bad_rows: list[BadRow] = []
     ids = IdAccount(dataset.id_column)
-    progress = RowProgress("audit", known_row_count(check_dataset_path(input_path)), on_count=PROGRESS_HOOK)
+    if progress is None:
+        progress = RowProgress("audit", known_row_count(check_dataset_path(input_path)))
     samples = iter_samples(
         input_path,
         dataset.format,

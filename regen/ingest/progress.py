@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 CONSOLE_FORMAT = "regen %(message)s"
@@ -31,6 +32,15 @@ def console_log() -> logging.Logger:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
     return log
+
+
+class RowCounter(Protocol):
+    """What a pass over rows reports its rows to: :class:`RowProgress` (the console), or the workflow's
+    ``regen.observe.stage_progress.StageProgress`` (the console and ``regen status``)."""
+
+    def advance(self, rows: int, /) -> None: ...
+
+    def finish(self) -> object: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +89,7 @@ def _duration(seconds: float) -> str:
 class RowProgress:
     """Counts rows and logs a :class:`RowCount` line every ``every_s`` seconds, and once at the end.
 
-    ``on_count`` is the hook a status file connects to (``regen status`` reading the stage's progress);
-    it gets every count that is logged."""
+    ``on_count``, where given, gets every count that is logged."""
 
     stage: str
     total: int | None

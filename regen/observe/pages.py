@@ -325,6 +325,8 @@ def _side_by_side(
     headers = ["", "predicted"]
     for sid in servers:
         headers += [f"{sid} realized", f"{sid} drift"]
+    headers.append("SGLang rule")
+    rules = predicted.get("rules") or {}  # per number, the rule the planner followed (regen.sglang.plan)
     rows, classes = [], []
     for f in fields:
         row: list[Any] = [f.label, predicted.get(f.predicted_key)]
@@ -334,6 +336,8 @@ def _side_by_side(
             d = drift(predicted.get(f.predicted_key), value)
             row += [value if f.realized_keys else "not reported", None if d is None else f"{d:+.1%}"]
             cls += ["", "fail" if d is not None and abs(d) > DRIFT_WARN else ""]
+        row.append(rules.get(f.predicted_key))
+        cls.append("")
         rows.append(row)
         classes.append(cls)
     return _table(headers, rows, caption, classes)

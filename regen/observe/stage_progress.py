@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from regen.generate.run_progress import STALE_AFTER_S, fmt_duration, fmt_eta
+from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.io import read_json, write_json
 from regen.layout import RUN, RunLayout
 
@@ -38,8 +39,11 @@ def parquet_rows(paths: Iterable[str | os.PathLike[str]]) -> int:
 
 def dataset_rows(path: str | os.PathLike[str]) -> int | None:
     """Rows of a dataset file, cheaply: a Parquet footer, or a JSON-lines file's newlines (about 1 GB/s);
-    None for other formats (the stage then shows rows/s without an ETA)."""
+    a folder's from its Parquet shards' footers; None for other formats (the stage then shows rows/s
+    without an ETA)."""
     p = Path(path)
+    if p.is_dir():
+        return known_row_count(check_dataset_path(p))
     if p.suffix == ".parquet":
         return parquet_rows([p])
     if p.suffix != ".jsonl":
