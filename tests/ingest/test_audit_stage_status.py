@@ -12,7 +12,7 @@ import pytest
 from regen.layout import RUN, RunLayout
 from regen.observe.status import status_report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATASET = ROOT / "data" / "demo" / "dataset.jsonl"
 
 
