@@ -52,9 +52,9 @@ from bench.audit import synthetic_rows  # noqa: E402  (the audit bench's synthet
 from bench.merge import TextPool, synthetic_record  # noqa: E402  (a record as written)
 from regen.check import load_config  # noqa: E402
 from regen.fingerprint import GenerationSettings, server_numerics  # noqa: E402
-from regen.generate.journal import Journal, index_path, read_heads, read_journal_entries  # noqa: E402
+from regen.generate.journal import Journal, read_heads, read_journal_entries  # noqa: E402
 from regen.ingest.shards import read_shard, shard_name  # noqa: E402
-from regen.layout import RunLayout  # noqa: E402
+from regen.layout import RunLayout, journal_index  # noqa: E402
 from regen.prompts import prompt_for_last, sample_request_fingerprint  # noqa: E402
 from regen.runconfig import RunConfig  # noqa: E402
 from regen.simulated.requestlog import read_request_log  # noqa: E402
@@ -155,7 +155,7 @@ def time_open(journal: Path) -> dict[str, float]:
     t0 = time.perf_counter()
     Journal.open(journal).close()
     open_s = time.perf_counter() - t0
-    index = index_path(journal)
+    index = journal_index(journal)
     saved = index.with_name(index.name + ".saved")
     index.rename(saved)
     t0 = time.perf_counter()
@@ -267,7 +267,7 @@ def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: Gener
         os.chdir(cwd)
     size = {
         "journal": sum(layout.journal(s).stat().st_size for s in shards),
-        "index": sum(index_path(layout.journal(s)).stat().st_size for s in shards),
+        "index": sum(journal_index(layout.journal(s)).stat().st_size for s in shards),
         "generations": sum(
             layout.records(s).stat().st_size + layout.failed(s).stat().st_size for s in shards
         ),

@@ -48,6 +48,108 @@ def dataset_parts(dataset_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted(Path(dataset_dir).glob("part-[0-9]*.parquet"))
 
 
+# ------------------------------------------------------------------ files beside a file --
+def journal_index(journal: str | os.PathLike[str]) -> Path:
+    """The journal's index (``regen.generate.journal``): ``00000.jsonl`` -> ``00000.jsonl.index``."""
+    p = Path(journal)
+    return p.with_name(p.name + ".index")
+
+
+def journal_lock(journal: str | os.PathLike[str]) -> Path:
+    """The journal's writer lock (``regen.generate.journal_writer``): ``00000.jsonl`` ->
+    ``00000.jsonl.lock``."""
+    p = Path(journal)
+    return p.with_name(p.name + ".lock")
+
+
+def verdict_for(log: str | os.PathLike[str]) -> Path:
+    """A gate's verdict beside its rule's log (``regen.verdict``): ``reaudit.log`` ->
+    ``reaudit.verdict.json``."""
+    return Path(log).with_suffix(".verdict.json")
+
+
+def eval_split_beside(train_path: str | os.PathLike[str]) -> Path:
+    """The eval-split file beside a training file: ``specforge.jsonl`` -> ``specforge.eval.jsonl``."""
+    path = Path(train_path)
+    return path.with_name(f"{path.stem}.eval{path.suffix}")
+
+
+def thinking_beside(tokenized: str | os.PathLike[str]) -> Path:
+    """Each exported row's thinking mode and split side, beside ``tokenized.jsonl``
+    (``regen.output.serving``)."""
+    return Path(tokenized).with_name("thinking.jsonl")
+
+
+def token_freq_beside(tokenized: str | os.PathLike[str]) -> Path:
+    """The supervised-token counts beside ``tokenized.jsonl`` (``regen.output.vocab``)."""
+    return Path(tokenized).with_name("token_freq.json")
+
+
+def failure_note(notes_dir: str | os.PathLike[str], key: str) -> Path:
+    """One failure cause's note in a slot directory's ``failures/`` (``regen.generate.generation``)."""
+    return Path(notes_dir) / f"{key}.txt"
+
+
+@dataclass(frozen=True, slots=True)
+class ScratchShardFiles:
+    """A scratch generation's journal, records and failed requests (the sweep's warm-up and pilot)."""
+
+    journal: Path
+    records: Path
+    failed: Path
+
+    @classmethod
+    def in_dir(cls, directory: str | os.PathLike[str]) -> ScratchShardFiles:
+        """``journal.jsonl``, ``records.jsonl`` and ``failed.jsonl`` in ``directory``."""
+        d = Path(directory)
+        return cls(d / f"journal{JOURNAL_SUFFIX}", d / "records.jsonl", d / "failed.jsonl")
+
+    @classmethod
+    def beside(cls, journal: str | os.PathLike[str]) -> ScratchShardFiles:
+        """Beside ``journal``: ``journal.jsonl`` -> ``journal.records.jsonl``, ``journal.failed.jsonl``."""
+        j = Path(journal)
+        return cls(j, j.with_suffix(".records.jsonl"), j.with_suffix(".failed.jsonl"))
+
+    def all(self) -> tuple[Path, Path, Path]:
+        return self.journal, self.records, self.failed
+
+
+@dataclass(frozen=True, slots=True)
+class SweepCandidateFiles:
+    """One sweep candidate's scratch, ``cand{i:02d}/`` under ``RunLayout.sweep_dir``
+    (``regen.tune.sweep``)."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, sweep_dir: str | os.PathLike[str], index: int) -> SweepCandidateFiles:
+        return cls(Path(sweep_dir) / f"cand{index:02d}")
+
+    @property
+    def servers(self) -> Path:
+        """The candidate server's slot directory."""
+        return self.root / "servers"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def server_log(self) -> Path:
+        """The candidate server's log (it runs on slot 0)."""
+        return SlotFiles.of(0, self.servers, self.logs).log
+
+    @property
+    def warmup_dir(self) -> Path:
+        """The warm-up request's scratch (``ScratchShardFiles.in_dir``)."""
+        return self.root / "warmup"
+
+    @property
+    def pilot_journal(self) -> Path:
+        """The pilot's journal (its records and failed requests ``ScratchShardFiles.beside`` it)."""
+        return self.root / f"journal{JOURNAL_SUFFIX}"
+
+
 #: a shard's name: its index, 5 digits zero-padded (the workflow's ``{shard}`` wildcard)
 SHARD_DIGITS = 5
 SHARD_PATTERN = f"[0-9]{{{SHARD_DIGITS}}}"
@@ -328,17 +430,17 @@ class RunLayout:
 
     @property
     def export_specforge_eval(self) -> Path:
-        """The held-out eval split beside the training file (``regen.output.export.eval_path``)."""
-        return self.export_dir / "specforge.eval.jsonl"
+        """The held-out eval split beside the training file (``eval_split_beside``)."""
+        return eval_split_beside(self.export_specforge)
 
     @property
     def export_tokenized_eval(self) -> Path:
-        return self.export_dir / "tokenized.eval.jsonl"
+        return eval_split_beside(self.export_tokenized)
 
     @property
     def export_token_freq(self) -> Path:
-        """Supervised-token counts for the draft vocabulary (``regen.output.export.token_freq_path``)."""
-        return self.export_dir / "token_freq.json"
+        """Supervised-token counts for the draft vocabulary (``token_freq_beside``)."""
+        return token_freq_beside(self.export_tokenized)
 
     @property
     def export_vocab_dir(self) -> Path:
@@ -347,8 +449,8 @@ class RunLayout:
 
     @property
     def export_thinking(self) -> Path:
-        """Each row's thinking mode and split side (``regen.output.export.thinking_path``)."""
-        return self.export_dir / "thinking.jsonl"
+        """Each row's thinking mode and split side (``thinking_beside``)."""
+        return thinking_beside(self.export_tokenized)
 
     @property
     def export_manifest(self) -> Path:
@@ -450,6 +552,14 @@ class RunLayout:
     def sweep_dir(self) -> Path:
         return self.work / "sweep"
 
+    def sweep_candidate(self, index: int) -> SweepCandidateFiles:
+        return SweepCandidateFiles.of(self.sweep_dir, index)
+
+    def failure_notes_dir(self, job: str | None = None) -> Path:
+        """One note per server-failure cause of this Snakemake run, in the slot directory
+        (``failure_note``)."""
+        return self.servers_dir(job) / "failures"
+
     @property
     def stale_dir(self) -> Path:
         """Files of other configs and plans, moved aside when a run starts (``regen.output.stale``)."""
@@ -468,7 +578,7 @@ class RunLayout:
     def verdict(self, rule: str) -> Path:
         """A gate's verdict beside its rule's log, kept when the failed job's outputs are deleted
         (``regen.verdict``)."""
-        return self.logs / f"{rule}.verdict.json"
+        return verdict_for(self.log(rule))
 
     @property
     def failed_run_landing(self) -> Path:

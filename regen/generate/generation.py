@@ -26,7 +26,7 @@ from regen.generate.journal_writer import JournalWriter
 from regen.generate.lending import SlotLenders
 from regen.generate.run_progress import progress_line
 from regen.ingest.shards import read_shard
-from regen.layout import RUN, RunLayout, slurm_job_id
+from regen.layout import RUN, RunLayout, failure_note, slurm_job_id
 from regen.runconfig import GenerateConfig, RunConfig
 from regen.serving.base import ServerError
 from regen.serving.lifecycle import acquire_server
@@ -93,7 +93,7 @@ def run_generate_job(
                 journal_sync, give_slot_up, generation, str(slots), writer,
             )  # fmt: skip
     except ServerError as exc:
-        raise SystemExit(once_per_cause(exc, shard, log_path, Path(slots) / "failures")) from None
+        raise SystemExit(once_per_cause(exc, shard, log_path, layout.failure_notes_dir(job))) from None
     log.info("shard %s done: %s", shard, stats)
 
 
@@ -180,7 +180,7 @@ def once_per_cause(exc: Exception, shard: str, log_path: str | None, cause_dir: 
     cause = re.sub(r"\d+", "N", first_line)  # the same failure on slot 0 and slot 5 is one cause
     key = hashlib.sha256(f"{find_owner_pid()} {cause}".encode()).hexdigest()[:16]
     cause_dir.mkdir(parents=True, exist_ok=True)
-    marker = cause_dir / f"{key}.txt"
+    marker = failure_note(cause_dir, key)
     here = f"shard {shard}" + (f" ({log_path})" if log_path else "")
     try:
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -37,6 +37,7 @@ import orjson
 from regen.generate.journal_writer import JournalWriter
 from regen.io import atomic_lines_writer, gc_paused
 from regen.journal_lines import FAILED, RECORD, complete_lines
+from regen.layout import journal_index
 
 
 @runtime_checkable
@@ -109,12 +110,6 @@ def read_journal_entries(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 # caught up from the journal lines it lacks, and rebuilt from the journal when it does not match.
 #   ["record"|"failed", id, fingerprint, settings_fingerprint, start, end]   one journal line's head
 #   ["settings", settings_fingerprint, settings]                             first sight of settings
-
-
-def index_path(journal_path: str | os.PathLike[str]) -> Path:
-    """The journal's index: ``00000.jsonl`` → ``00000.jsonl.index``."""
-    p = Path(journal_path)
-    return p.with_name(p.name + ".index")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +209,7 @@ def read_heads(path: str | os.PathLike[str]) -> JournalHeads:
 def _read_heads(p: Path) -> JournalHeads:
     if not p.exists():
         return JournalHeads([], {}, 0, [], None)
-    index = _read_index(index_path(p))
+    index = _read_index(journal_index(p))
     heads: list[EntryHead] = []
     settings: dict[str, dict[str, Any]] = {}
     covered = 0
@@ -273,7 +268,7 @@ class Journal:
         self._sync = sync
         self._fh = open(path, "ab")  # noqa: SIM115 - kept open for the journal's lifetime
         self._size = heads.good_end
-        self._index_fh = open(index_path(path), "ab")  # noqa: SIM115 - closed with the journal
+        self._index_fh = open(journal_index(path), "ab")  # noqa: SIM115 - closed with the journal
         self._settings_indexed = set(heads.settings)
         self._buf: list[bytes] = []
         self._index_buf: list[bytes] = []
@@ -326,7 +321,7 @@ class Journal:
         heads = read_heads(p)
         if p.exists() and heads.good_end < p.stat().st_size:
             _truncate(p, heads.good_end)
-        ipath = index_path(p)
+        ipath = journal_index(p)
         if heads.index_end is None:
             with atomic_lines_writer(ipath) as fh:
                 fh.write(b"".join(heads.missing_index_lines))
@@ -476,7 +471,7 @@ _RECORD_LINE_HEAD = b'{"kind":"record",'
 def _indexed_records(path: Path) -> dict[int, list[Any]]:
     """The journal index's record rows by the offset of the journal line they name (empty when the
     index is missing or unreadable)."""
-    index = _read_index(index_path(path))
+    index = _read_index(journal_index(path))
     if index is None:
         return {}
     return {row[4]: row for row in index[0] if len(row) == 6 and row[0] == RECORD}

@@ -23,17 +23,11 @@ from pathlib import Path
 
 import orjson
 
-from regen.layout import JOURNAL_SUFFIX
+from regen.layout import JOURNAL_SUFFIX, journal_lock
 
 
 class JournalBusyError(RuntimeError):
     """Another live process writes this journal (its pid and host in the message)."""
-
-
-def lock_path(journal_path: str | os.PathLike[str]) -> Path:
-    """The journal's writer lock: ``00000.jsonl`` → ``00000.jsonl.lock``."""
-    p = Path(journal_path)
-    return p.with_name(p.name + ".lock")
 
 
 #: seconds between tries, and between "still waiting" messages, of a writer waiting for the journal
@@ -65,7 +59,7 @@ class JournalWriter:
         ``report_s`` seconds."""
         p = Path(journal)
         p.parent.mkdir(parents=True, exist_ok=True)
-        lock = lock_path(p)
+        lock = journal_lock(p)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         next_report = time.monotonic()
         try:
@@ -109,7 +103,7 @@ class JournalWriter:
 def busy_message(journal: Path) -> str:
     """Who holds ``journal``'s writer lock, as its lock file says."""
     try:
-        holder = orjson.loads(lock_path(journal).read_bytes())
+        holder = orjson.loads(journal_lock(journal).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         holder = None
     shard = journal.name.removesuffix(JOURNAL_SUFFIX)

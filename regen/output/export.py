@@ -38,7 +38,7 @@ import pyarrow.dataset as ds
 from regen.chat import THINK_CLOSE, ChatTemplate
 from regen.fingerprint import chat_template_hash
 from regen.io import atomic_open, read_json, write_json
-from regen.layout import MANIFEST_NAME
+from regen.layout import MANIFEST_NAME, eval_split_beside, thinking_beside, token_freq_beside
 from regen.observe.stage_progress import StageProgress
 from regen.output.masks import MaskBuilder, MaskPolicy
 from regen.output.serving import serving_contract
@@ -91,23 +91,6 @@ class ExportConfig:
     def drops(self, length: int) -> bool:
         """Whether a token row of ``length`` tokens is left out (over ``max_length``, policy drop)."""
         return self.max_length is not None and length > self.max_length and self.over_max_length == "drop"
-
-
-def thinking_path(tokenized_out: str | os.PathLike[str]) -> str:
-    """Each exported row's thinking mode and split side, beside ``tokenized.jsonl``
-    (``regen.output.serving``)."""
-    return str(Path(tokenized_out).with_name("thinking.jsonl"))
-
-
-def token_freq_path(tokenized_out: str | os.PathLike[str]) -> str:
-    """The supervised-token counts beside ``tokenized.jsonl`` (``regen.output.vocab``)."""
-    return str(Path(tokenized_out).with_name("token_freq.json"))
-
-
-def eval_path(train_path: str | os.PathLike[str]) -> str:
-    """The eval-split file beside a training file: ``specforge.jsonl`` -> ``specforge.eval.jsonl``."""
-    path = Path(train_path)
-    return str(path.with_name(f"{path.stem}.eval{path.suffix}"))
 
 
 def specforge_template_name(configured: str | None, template: ChatTemplate) -> str | None:
@@ -168,8 +151,9 @@ def export_dataset(
     regenerate: str,
     progress: StageProgress | None = None,
 ) -> dict[str, Any]:
-    """Write the SpecForge and token exports of ``dataset_dir`` (training and eval split, ``eval_path``
-    beside each) and their manifest; return the manifest. ``progress`` counts the dataset's rows."""
+    """Write the SpecForge and token exports of ``dataset_dir`` (training and eval split,
+    ``regen.layout.eval_split_beside`` each) and their manifest; return the manifest. ``progress``
+    counts the dataset's rows."""
     progress = progress or StageProgress.silent("export")
     template = ChatTemplate.from_dir(tokenizer_dir)
     builder = MaskBuilder(template, config.policy)
@@ -187,12 +171,18 @@ def export_dataset(
     without_system = 0  # rows SpecForge will give its template's default system prompt
     for path in (specforge_out, tokenized_out):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+    eval_files = {
+        "specforge": str(eval_split_beside(specforge_out)),
+        "tokenized": str(eval_split_beside(tokenized_out)),
+    }
+    thinking_file = str(thinking_beside(tokenized_out))
+    token_freq_file = str(token_freq_beside(tokenized_out))
     with (
         atomic_open(specforge_out, "wb") as sf_train,
         atomic_open(tokenized_out, "wb") as tk_train,
-        atomic_open(eval_path(specforge_out), "wb") as sf_eval,
-        atomic_open(eval_path(tokenized_out), "wb") as tk_eval,
-        atomic_open(thinking_path(tokenized_out), "wb") as modes,
+        atomic_open(eval_files["specforge"], "wb") as sf_eval,
+        atomic_open(eval_files["tokenized"], "wb") as tk_eval,
+        atomic_open(thinking_file, "wb") as modes,
     ):
         specforge_files = {TRAIN: sf_train, EVAL: sf_eval}
         tokenized_files = {TRAIN: tk_train, EVAL: tk_eval}
@@ -247,7 +237,7 @@ def export_dataset(
             },
         },
         "token_freq": {
-            "path": token_freq_path(tokenized_out),
+            "path": token_freq_file,
             "total": sum(token_counts.counts.values()),
             "distinct": len(token_counts.counts),
             "draft_vocabulary": "regen vocab --draft-vocab-size N --model-config <target config.json>",
@@ -257,7 +247,7 @@ def export_dataset(
             "key": SPLIT_KEY,
             "dataset_rows": dict(split.rows),
             "prompts_on_both_sides": split.prompts_on_both_sides,
-            "files": {"specforge": eval_path(specforge_out), "tokenized": eval_path(tokenized_out)},
+            "files": eval_files,
             "specforge_rows": specforge_rows[EVAL],
             "tokenized_rows": token_rows[EVAL],
             "supervised_tokens": supervised[EVAL],
@@ -287,12 +277,12 @@ def export_dataset(
     manifest["serving"] = serving_contract(
         settings=settings,
         rows_by_thinking=by_thinking,
-        thinking_file=thinking_path(tokenized_out),
+        thinking_file=thinking_file,
         export_template_sha256=chat_template_hash(tokenizer_dir),
         specforge_template=sf_template,
         specforge_rows_without_system=without_system,
     )
-    write_json(token_freq_path(tokenized_out), token_counts.to_json())
+    write_json(token_freq_file, token_counts.to_json())
     write_json(manifest_out, manifest)
     progress.finish()
     return manifest

@@ -81,7 +81,9 @@ def take_slot(lock_dir: Path, slots: int, poll_s: float = 0.5) -> tuple[int, int
     lock_dir.mkdir(parents=True, exist_ok=True)
     while True:
         for k in range(slots):
-            fd = os.open(lock_dir / f"gpu{k}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(
+                SlotFiles.of(k, lock_dir, lock_dir).lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644
+            )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -18,6 +18,7 @@ from typing import Any
 
 from regen.generate.client import ProgressOptions, ShardJob, generate_shard_async
 from regen.generate.journal import read_journal_entries
+from regen.layout import ScratchShardFiles
 from regen.runconfig import GenerateConfig
 from regen.serving.metrics import (
     DecodeSample,
@@ -359,7 +360,7 @@ async def drive_pilot_async(
     warm = seconds * DEFAULT_WARMUP_FRACTION if warmup_s is None else warmup_s
     progress = ProgressOptions(log_every_s=max(5.0, seconds), status_path=None, bar=False)
     started = time.time()
-    records_out, failed_out = journal.with_suffix(".records.jsonl"), journal.with_suffix(".failed.jsonl")
+    _, records_out, failed_out = ScratchShardFiles.beside(journal).all()
     run = generate_shard_async(
         ShardJob(stream, journal, records_out, failed_out, gcfg, endpoint, SWEEP_SHARD, progress)
     )

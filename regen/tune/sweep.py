@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.generate.client import ProgressOptions, ShardFailedError, ShardJob, generate_shard_async
+from regen.layout import ScratchShardFiles, SweepCandidateFiles
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.serving.base import ServerError
 from regen.serving.lifecycle import acquire_server, build_server_command, stop_all_servers
@@ -104,13 +105,13 @@ def warm_up(endpoint: Endpoint, sample: Sample, generate_cfg: GenerateConfig, wo
     sampling = dataclasses.replace(generate_cfg.sampling, max_tokens=WARM_UP_MAX_TOKENS)
     gcfg = dataclasses.replace(generate_cfg, sampling=sampling, concurrency=1)
     workdir.mkdir(parents=True, exist_ok=True)
-    for name in ("journal.jsonl", "records.jsonl", "failed.jsonl"):
-        (workdir / name).unlink(missing_ok=True)
+    scratch = ScratchShardFiles.in_dir(workdir)
+    for path in scratch.all():
+        path.unlink(missing_ok=True)
     one = dataclasses.replace(sample, id=f"{sample.id}{REPEAT_MARK}warmup")
     t0 = time.monotonic()
     asyncio.run(
-        generate_shard_async(ShardJob([one], workdir / "journal.jsonl", workdir / "records.jsonl",
-                                      workdir / "failed.jsonl", gcfg, endpoint, "warmup",
+        generate_shard_async(ShardJob([one], *scratch.all(), gcfg, endpoint, "warmup",
                                       ProgressOptions(log_every_s=3600.0, status_path=None, bar=False)))
     )  # fmt: skip
     return time.monotonic() - t0
@@ -205,22 +206,22 @@ def run_sweep(
             log.warning("sweep: %s %s", cand.label, why)
             rows.append(CandidateResult(cand.label, cand.args, cand.predicted_running, False, why))
             continue
-        cand_dir = root / f"cand{i:02d}"
-        servers = cand_dir / "servers"
+        scratch = SweepCandidateFiles.of(root, i)
+        servers = scratch.servers
         log.info("sweep: %s (%s), predicted cap %s", cand.label, " ".join(cand.args), cand.predicted_running)
         # a port the kernel picks from its ephemeral range: never one of the ``server.port_base + slot``
         # ports a running generation holds or is about to take
         cand_cfg = dataclasses.replace(cfg, port_base=any_free_port(cfg.host))
-        server_log = cand_dir / "logs" / "gpu0.log"
+        server_log = scratch.server_log
         try:
             with acquire_server(
-                cand_cfg, candidate_plan(cand), servers, cand_dir / "logs",
+                cand_cfg, candidate_plan(cand), servers, scratch.logs,
                 owner_pid=os.getpid(), command_builder=sweep_command_builder,
             ) as endpoint:  # fmt: skip
-                first = warm_up(endpoint, samples[0], generate_cfg, cand_dir / "warmup")
+                first = warm_up(endpoint, samples[0], generate_cfg, scratch.warmup_dir)
                 offset = log_size(server_log)
                 m = drive_pilot(endpoint, samples, generate_cfg, seconds_per_candidate,
-                                cand_dir / "journal.jsonl", warm)  # fmt: skip
+                                scratch.pilot_journal, warm)  # fmt: skip
                 m = dataclasses.replace(
                     m,
                     server=server_steady_state(log_since(server_log, offset), m.polled),

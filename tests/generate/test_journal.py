@@ -12,9 +12,9 @@ from regen.generate.journal import (
     JournalError,
     JournalSink,
     finalize_journal,
-    index_path,
     read_heads,
 )
+from regen.layout import journal_index
 
 
 def rec(i: int, content: str = "x") -> dict[str, object]:
@@ -163,7 +163,7 @@ def test_index_holds_heads_and_reopen_reads_them_without_the_answers(tmp_path: P
                     "settings": settings,
                 }
             )
-    index = [orjson.loads(x) for x in index_path(path).read_bytes().splitlines()]
+    index = [orjson.loads(x) for x in journal_index(path).read_bytes().splitlines()]
     assert index[0] == ["settings", "S", settings], "settings are indexed once, at first sight"
     assert [row[:4] for row in index[1:]] == [["record", f"s{i}", f"f{i}", "S"] for i in range(3)]
     assert max(len(orjson.dumps(row)) for row in index[1:]) < 100, "the index never holds the answer"
@@ -185,7 +185,7 @@ def test_journal_lines_the_index_lacks_are_read_and_indexed(tmp_path: Path) -> N
         j.append(rec(4))
     assert [e["id"] for e in lines(path)] == ["s1", "s2", "s4"]
     assert [h.id for h in read_heads(path).heads] == ["s1", "s2", "s4"]
-    assert len(index_path(path).read_bytes().splitlines()) == 3, "the index caught up"
+    assert len(journal_index(path).read_bytes().splitlines()) == 3, "the index caught up"
 
 
 def test_torn_index_line_is_dropped_and_rewritten(tmp_path: Path) -> None:
@@ -193,7 +193,7 @@ def test_torn_index_line_is_dropped_and_rewritten(tmp_path: Path) -> None:
     with Journal.open(path) as j:
         j.append(rec(1))
         j.append(rec(2))
-    index = index_path(path)
+    index = journal_index(path)
     index.write_bytes(index.read_bytes()[:-7])  # the last index line torn
     with Journal.open(path) as j:
         assert j.finished_ids == {"s1", "s2"}
@@ -206,7 +206,7 @@ def test_an_index_that_does_not_match_its_journal_is_rebuilt(tmp_path: Path, how
     with Journal.open(path) as j:
         for i in range(4):
             j.append(rec(i))
-    index = index_path(path)
+    index = journal_index(path)
     if how == "replaced":  # another journal under the same name (e.g. restored from elsewhere)
         path.write_bytes(b"".join(orjson.dumps(rec(i)) + b"\n" for i in (7, 8, 9, 10, 11)))
     elif how == "garbage":
@@ -308,7 +308,7 @@ def test_finalize_writes_the_bytes_parsing_and_dumping_every_line_would(tmp_path
         fh.write(b'{"kind":"record","id":"h","fingerprint":"Fh","settings_fingerprint":"S"} \n\n')
     with Journal.open(path):
         pass  # the index catches up with the appended line
-    ipath = index_path(path)
+    ipath = journal_index(path)
     if index == "missing":
         ipath.unlink()
     elif index == "rows lie":  # spans right, heads wrong: the line's own bytes decide

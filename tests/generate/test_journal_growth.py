@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from regen.generate.journal import Journal, index_path, read_heads
+from regen.generate.journal import Journal, read_heads
+from regen.layout import journal_index
 
 
 def _write(path: Path, n: int, answer_chars: int) -> None:
@@ -32,12 +33,12 @@ def _best_of(runs: int, fn: Callable[[], object]) -> float:
 
 
 def _scan_without_index(path: Path) -> None:
-    saved = index_path(path).read_bytes()
-    index_path(path).unlink()
+    saved = journal_index(path).read_bytes()
+    journal_index(path).unlink()
     try:
         read_heads(path)
     finally:
-        index_path(path).write_bytes(saved)
+        journal_index(path).write_bytes(saved)
 
 
 def test_reading_a_journal_grows_linearly(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from regen.generate.journal import Journal
-from regen.generate.journal_writer import JournalBusyError, JournalWriter, lock_path
+from regen.generate.journal_writer import JournalBusyError, JournalWriter
+from regen.layout import journal_lock
 
 HOLD = """
 import sys, time
@@ -60,7 +61,7 @@ def test_a_killed_holder_does_not_block_the_rerun(tmp_path: Path) -> None:
     holder.wait()
     with Journal.open(journal) as j:  # no wait, no stale lock
         assert "a" in j
-    assert lock_path(journal).exists()
+    assert journal_lock(journal).exists()
 
 
 def test_a_waiting_writer_goes_on_when_the_holder_is_done(tmp_path: Path) -> None:

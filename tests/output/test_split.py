@@ -15,7 +15,8 @@ from test_reaudit import run as run_reaudit
 
 import regen.output.split
 from regen.io import read_json
-from regen.output.export import ExportConfig, eval_path, export_dataset
+from regen.layout import eval_split_beside
+from regen.output.export import ExportConfig, export_dataset
 from regen.output.reaudit import OutputGateError
 from regen.output.split import EVAL, TRAIN, SplitCounts, row_side, side_of, split_key
 
@@ -83,7 +84,7 @@ def user_turns(path: Path) -> list[str]:
 def test_export_writes_the_eval_split_beside_the_training_files(tmp_path: Path) -> None:
     dataset = merged(tmp_path, records(60))
     manifest, out = export(tmp_path, dataset, "a", 0.3)
-    assert eval_path(out / "tokenized.jsonl") == str(out / "tokenized.eval.jsonl")
+    assert eval_split_beside(out / "tokenized.jsonl") == out / "tokenized.eval.jsonl"
     train, held = user_turns(out / "specforge.jsonl"), user_turns(out / "specforge.eval.jsonl")
     assert train and held and not set(train) & set(held)  # no prompt on both sides
     assert len(train) + len(held) == 60

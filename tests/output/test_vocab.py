@@ -11,7 +11,8 @@ import numpy as np
 import orjson
 from test_reaudit import merged, record
 
-from regen.output.export import ExportConfig, export_dataset, token_freq_path
+from regen.layout import token_freq_beside
+from regen.output.export import ExportConfig, export_dataset
 from regen.output.vocab import read_token_freq, select_draft_tokens, vocab_mapping
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def test_export_counts_the_supervised_tokens_of_the_training_split(tmp_path: Pat
         tokenizer_dir=TOKENIZER,
         regenerate="last",
     )
-    assert token_freq_path(out / "tokenized.jsonl") == str(out / "token_freq.json")
+    assert token_freq_beside(out / "tokenized.jsonl") == out / "token_freq.json"
     rows = [orjson.loads(x) for x in (out / "tokenized.jsonl").read_bytes().splitlines()]
     want = Counter(t for r in rows for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m)
     assert read_token_freq(out / "token_freq.json") == dict(want)

@@ -16,7 +16,6 @@ from support.workflow import copy_workflow
 
 from regen.layout import ASSET_NAMES, RUN, SHARD_PATTERN, shard_name
 from regen.observe.report import ReportInputs
-from regen.output.export import eval_path, thinking_path, token_freq_path
 from regen.verdict import verdict_path_for
 
 # Loads the workflow through Snakemake's API (the Workflow every `snakemake` command builds, with the
@@ -189,9 +188,10 @@ def test_the_names_derived_elsewhere_agree_with_the_layout() -> None:
     # the gate scripts keep their verdict beside their log (regen.verdict); the rules declare that file
     for rule in ("audit", "reaudit"):
         assert verdict_path_for(RUN.log(rule)) == RUN.verdict(rule)
-    # the exporter derives its side files from the two it is given (regen.output.export)
-    assert eval_path(RUN.export_specforge) == str(RUN.export_specforge_eval)
-    assert eval_path(RUN.export_tokenized) == str(RUN.export_tokenized_eval)
-    assert token_freq_path(RUN.export_tokenized) == str(RUN.export_token_freq)
-    assert thinking_path(RUN.export_tokenized) == str(RUN.export_thinking)
+    # the exporter derives its side files from the two it is given (regen.layout.*_beside): where the
+    # rules declare them
+    assert str(RUN.export_specforge_eval) == "results/export/specforge.eval.jsonl"
+    assert str(RUN.export_tokenized_eval) == "results/export/tokenized.eval.jsonl"
+    assert str(RUN.export_token_freq) == "results/export/token_freq.json"
+    assert str(RUN.export_thinking) == "results/export/thinking.jsonl"
     assert Path(RUN.journal(SHARD)).parent == RUN.journal_dir
