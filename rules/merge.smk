@@ -3,14 +3,10 @@ rule merge:
         valid=shard_files(rules.validate.output.valid),
         plan=rules.tune.output.plan,
     output:
-        # the training-ready Parquet; the report shows its manifest (files, rows, checksums, provenance)
-        dataset=reported(
-            directory(RUN.dataset_dir),
-            caption="../report/dataset.rst",
-            category="4. Output audit",
-            patterns=["_manifest.{ext}"],
-            labels={"result": "dataset: manifest"},
-        ),
+        # the training-ready Parquet; the report shows it through READY.json (rule reaudit): Snakemake's
+        # report names each file's hyperlink target after its file name, and `.. __manifest.json:` is
+        # malformed reStructuredText (a leading underscore makes it an anonymous target)
+        dataset=directory(RUN.dataset_dir),
     log:
         RUN.log("merge"),
     benchmark:

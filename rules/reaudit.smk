@@ -10,7 +10,12 @@ rule reaudit:
             labels={"result": "output audit: summary (JSON)"},
         ),
         # never an empty READY: a trainer pipeline that finds it reads rows and checksums from it
-        ready=ensure(RUN.ready, non_empty=True),
+        ready=reported(
+            ensure(RUN.ready, non_empty=True),
+            caption="../report/dataset.rst",
+            category="4. Output audit",
+            labels={"result": "dataset: READY (parts, rows, checksums)"},
+        ),
     log:
         RUN.log("reaudit"),
         # the gates' verdict, kept when a failed gate fails the job (regen.verdict)
