@@ -36,8 +36,10 @@ the full-shape checkpoint is ~54 GB apparent but a few GB on disk (lm_head is de
 "not a successor" logit in each state column). The file system must support sparse files (checked).
 
 Usage:
-  python bench/gpu/known_target.py OUT [--layers 64] [--max-tokens 4096 8192] [--tiny]
+  python bench/gpu/known_target.py OUT [--layers 64] [--max-tokens 4096 8192] [--tiny] [--dense]
   (--tiny: same construction at a small shape, for the CPU test; needs only numpy and tokenizers)
+  (--dense: a dense Qwen3ForCausalLM at Qwen3-8B's config, no MTP, every norm weight 1 (Qwen3's RMSNorm is
+  not zero-centred), o_proj and down_proj zero, the short chain DENSE_CHAIN: issue 36)
 Writes OUT/{config.json, generation_config.json, tokenizer.json, tokenizer_config.json,
 model[-0000i-of-0000n].safetensors (+ index), chain.json, designed.json}.
 """
@@ -96,6 +98,7 @@ class ChainSpec:
 
 @dataclass(frozen=True)
 class Shape:
+    arch: str = "qwen3_5"  # qwen3_5: hybrid Qwen3_5ForCausalLM (+ MTP); qwen3: dense Qwen3ForCausalLM
     hidden: int = 5120
     layers: int = 64
     intermediate: int = 17408
@@ -125,6 +128,24 @@ TINY = Shape(
     lin_v_dim=16,
     vocab=4160,  # the tokenizer (4,110 ids) plus padding, as real vocabularies have
 )
+# the dense variant (issue 36): Qwen3-8B's config (the smallest dense Qwen3 with untied embeddings, which
+# the chain needs: embedding and lm_head rows differ), served by SGLang 0.5.17's qwen3.py with EAGLE3
+DENSE = Shape(
+    arch="qwen3",
+    hidden=4096,
+    layers=36,
+    intermediate=12288,
+    heads=32,
+    kv_heads=8,
+    head_dim=128,
+    vocab=151936,
+    mtp_layers=0,
+)
+TINY_DENSE = Shape(**{**asdict(DENSE), "hidden": 256, "layers": 2, "intermediate": 128, "vocab": 4160})
+# the dense target's chain: short, so rows finish far inside the export window (SpecForge's default
+# --max-length 2048; regen drops rows that end on max_tokens): 8 reasoning words a round, 2 rounds on
+# average, a 4-word answer (the designed lengths are in designed.json)
+DENSE_CHAIN = ChainSpec(reasoning_stages=8, reasoning_round=0.5, answer_stages=4, answer_round=0.5)
 
 
 # ---------------------------------------------------------------------------------------------- chain
@@ -590,7 +611,42 @@ def group_size(d: int) -> tuple[int, int]:
     raise ValueError(f"hidden size {d} has no power-of-4 quotient")
 
 
+def dense_config_json(shape: Shape, eos: int, pad: int | None) -> dict[str, Any]:
+    """Qwen3-8B's config.json at ``shape`` (transformers' and SGLang's ``Qwen3ForCausalLM``)."""
+    return {
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": None,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+        "head_dim": shape.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": shape.hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": shape.intermediate,
+        "max_position_embeddings": 40960,
+        "max_window_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_hidden_layers": shape.layers,
+        "num_key_value_heads": shape.kv_heads,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "vocab_size": shape.vocab,
+        "torch_dtype": "bfloat16",
+        "dtype": "bfloat16",
+    }
+
+
 def config_json(shape: Shape, eos: int, pad: int | None) -> dict[str, Any]:
+    if shape.arch == "qwen3":
+        return dense_config_json(shape, eos, pad)
     nl = shape.layers
     return {
         "model_type": "qwen3_5_text",
@@ -647,7 +703,8 @@ def tensor_specs(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
     d = shape.hidden
     kd, vd = shape.lin_k_heads * shape.lin_k_dim, shape.lin_v_heads * shape.lin_v_dim
     conv = 2 * kd + vd
-    q_out = 2 * shape.heads * shape.head_dim  # attn_output_gate: query and gate
+    dense = shape.arch == "qwen3"
+    q_out = (1 if dense else 2) * shape.heads * shape.head_dim  # hybrid: attn_output_gate (query, gate)
     kv = shape.kv_heads * shape.head_dim
 
     def full_attn(p: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -672,7 +729,7 @@ def tensor_specs(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
     out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (shape.vocab, d))]
     for i in range(shape.layers):
         p = f"model.layers.{i}"
-        if (i + 1) % shape.full_attention_interval == 0:
+        if dense or (i + 1) % shape.full_attention_interval == 0:
             out += full_attn(p)
         else:
             out += [
@@ -742,7 +799,12 @@ def nonzero_tensors(chain: Chain, shape: Shape) -> dict[str, Any]:
             a[r - rows.start, r] = 1.0  # embedding half: identity; hidden half: zero
         return a
 
+    def ones(rows: slice) -> np.ndarray:
+        return np.ones(rows.stop - rows.start, dtype=np.float32)
+
     out: dict[str, Any] = {"model.embed_tokens.weight": embed, "lm_head.weight": head}
+    if shape.arch == "qwen3":  # Qwen3's RMSNorm is x / rms(x) * w: w = 1 is the identity (w = 0 in Qwen3.5)
+        out.update({n: ones for n, _ in tensor_specs(shape) if n.endswith("norm.weight")})
     if shape.mtp_layers:
         out["mtp.fc.weight"] = fc
     return out
@@ -892,20 +954,28 @@ def main(argv: list[str]) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--layers", type=int, default=None, help="default: 64 (4 with --tiny)")
     p.add_argument("--tiny", action="store_true", help="the same construction at a small shape (CPU test)")
+    p.add_argument(
+        "--dense",
+        action="store_true",
+        help="the dense Qwen3ForCausalLM variant (Qwen3-8B's config, no MTP) with the short chain "
+        "DENSE_CHAIN (the --reasoning-*/--answer-* defaults become its values)",
+    )
     p.add_argument("--max-tokens", type=int, nargs="+", default=[4096, 8192])
-    p.add_argument("--reasoning-stages", type=int, default=ChainSpec.reasoning_stages)
-    p.add_argument("--reasoning-round", type=float, default=ChainSpec.reasoning_round)
-    p.add_argument("--answer-stages", type=int, default=ChainSpec.answer_stages)
-    p.add_argument("--answer-round", type=float, default=ChainSpec.answer_round)
-    p.add_argument("--stay", type=float, default=ChainSpec.stay)
-    p.add_argument("--tool-share", type=float, default=ChainSpec.tool_share)
+    p.add_argument("--reasoning-stages", type=int, default=None)
+    p.add_argument("--reasoning-round", type=float, default=None)
+    p.add_argument("--answer-stages", type=int, default=None)
+    p.add_argument("--answer-round", type=float, default=None)
+    p.add_argument("--stay", type=float, default=None)
+    p.add_argument("--tool-share", type=float, default=None)
     p.add_argument("--min-free-gib", type=float, default=8.0, help="refuse if the disk would keep less free")
     a = p.parse_args(argv)
-    base = TINY if a.tiny else Shape()
+    base = {(False, False): Shape(), (True, False): TINY, (False, True): DENSE, (True, True): TINY_DENSE}
+    base = base[a.tiny, a.dense]
     shape = Shape(**{**asdict(base), "layers": a.layers or base.layers})
-    spec = ChainSpec(
-        a.reasoning_stages, a.stay, a.reasoning_round, a.answer_stages, a.answer_round, a.tool_share
-    )
+    default = DENSE_CHAIN if a.dense else ChainSpec()
+    given = {k: getattr(a, k) for k in ("reasoning_stages", "stay", "reasoning_round", "answer_stages")}
+    given |= {"answer_round": a.answer_round, "tool_share": a.tool_share}
+    spec = ChainSpec(**{k: getattr(default, k) if v is None else v for k, v in given.items()})
     a.out.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(a.out).free / 2**30
     if free < a.min_free_gib + 4:  # lm_head + fc + embeddings: ~3 GB on disk at the full shape

@@ -1,5 +1,6 @@
-"""Run a known-target model dir (bench/gpu/known_target.py) through transformers' own Qwen3.5 code (CPU,
-torch) and report, as one JSON object on stdout, what the test (tests/bench/test_known_target.py) checks:
+"""Run a known-target model dir (bench/gpu/known_target.py) through transformers' own Qwen3.5 code (the dense
+variant: Qwen3's; CPU, torch) and report, as one JSON object on stdout, what the tests
+(tests/bench/test_known_target*.py) check:
 
 - ``missing`` / ``unexpected``: checkpoint keys transformers' Qwen3_5ForCausalLM did not find / did not know
   (the ``mtp.*`` tensors are SGLang's; transformers ignores them by design);
@@ -7,7 +8,8 @@ torch) and report, as one JSON object on stdout, what the test (tests/bench/test
 - ``logits``: for every chain state, the model's last-position logits with that token ending a real chat
   prompt (thinking on): the successors' values and the largest value over all other ids;
 - ``probs``: the distribution SGLang samples from, computed from those logits (temperature, top-k, top-p);
-- ``mtp_logits_equal``: SGLang's MTP forward emulated from the checkpoint tensors (embedding -> zero-centred
+- ``mtp_logits_equal`` (null for the dense variant: no MTP): SGLang's MTP forward emulated from the
+  checkpoint tensors (embedding -> zero-centred
   RMSNorm -> fc -> decoder layer with zero outputs -> RMSNorm -> lm_head) gives the main model's logits;
 - ``generated``: token ids of a few ``generate(do_sample=True, ...)`` runs (the test checks each step is a
   designed transition).
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import AutoTokenizer, Qwen3_5ForCausalLM
+from transformers import AutoTokenizer, Qwen3_5ForCausalLM, Qwen3ForCausalLM
 
 from bench.gpu.known_target import Chain, sampled_probs
 
@@ -35,6 +37,18 @@ def gemma_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return (y * (1.0 + w.float())).to(x.dtype)
 
 
+def mtp_logits_equal(tensors: dict, states: list[int], logits: torch.Tensor, eps: float) -> bool:
+    """SGLang's Qwen3_5ForCausalLMMTP forward from the checkpoint tensors equals the main model's logits."""
+    emb, head, fc = tensors["model.embed_tokens.weight"], tensors["lm_head.weight"], tensors["mtp.fc.weight"]
+    n_e, n_h, n_o = (
+        tensors[f"mtp.{n}.weight"] for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
+    )
+    t = torch.tensor(states)
+    hidden = torch.randn(len(states), emb.shape[1], dtype=torch.bfloat16)  # the target's hidden: unused by fc
+    x = torch.cat([gemma_norm(emb[t], n_e, eps), gemma_norm(hidden, n_h, eps)], dim=-1) @ fc.T
+    return bool(torch.equal((gemma_norm(x, n_o, eps) @ head.T).float(), logits))
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("model", type=Path)
@@ -43,7 +57,11 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     torch.manual_seed(0)
     chain = Chain.from_json(json.loads((a.model / "chain.json").read_text()))
-    model, info = Qwen3_5ForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, output_loading_info=True)
+    cfg = json.loads((a.model / "config.json").read_text())
+    cls = {"Qwen3_5ForCausalLM": Qwen3_5ForCausalLM, "Qwen3ForCausalLM": Qwen3ForCausalLM}[
+        cfg["architectures"][0]
+    ]
+    model, info = cls.from_pretrained(a.model, dtype=torch.bfloat16, output_loading_info=True)
     model.eval()
     tok = AutoTokenizer.from_pretrained(a.model)
     out: dict = {
@@ -73,26 +91,20 @@ def main(argv: list[str]) -> int:
         }
         out["probs"][t] = sampled_probs(vals, chain.sampling)
     # MTP as SGLang's Qwen3_5ForCausalLMMTP computes it, from the checkpoint tensors
-    cfg = json.loads((a.model / "config.json").read_text())
     eps = cfg["rms_norm_eps"]
     tensors = {}
     for path in sorted(a.model.glob("model*.safetensors")):
         with safe_open(str(path), "pt") as f:
             tensors.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
-    emb, head, fc = tensors["model.embed_tokens.weight"], tensors["lm_head.weight"], tensors["mtp.fc.weight"]
-    n_e, n_h, n_o = (
-        tensors[f"mtp.{n}.weight"] for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
-    )
+    out["architecture"] = cls.__name__
     zero_outputs = all(
         not v.any()
         for k, v in tensors.items()
         if k.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight"))
     )
-    t = torch.tensor(states)
-    hidden = torch.randn(len(states), emb.shape[1], dtype=torch.bfloat16)  # the target's hidden: unused by fc
-    x = torch.cat([gemma_norm(emb[t], n_e, eps), gemma_norm(hidden, n_h, eps)], dim=-1) @ fc.T
-    mtp_logits = (gemma_norm(x, n_o, eps) @ head.T).float()
-    out["mtp_logits_equal"] = bool(torch.equal(mtp_logits, logits))
+    out["mtp_logits_equal"] = (
+        mtp_logits_equal(tensors, states, logits, eps) if "mtp.fc.weight" in tensors else None
+    )
     out["zero_output_projections"] = zero_outputs
     gen = model.generate(
         torch.tensor([ids] * a.generate),

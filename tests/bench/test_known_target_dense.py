@@ -1,0 +1,90 @@
+"""The dense known-answer target (``known_target.py --dense``, issue 36): a tiny instance at Qwen3-8B's head
+layout, loaded by transformers' own ``Qwen3ForCausalLM`` (``bench/gpu/known_target_check.py``, trainers'
+venv: ``REGEN_TRAINERS_PYTHON``; skipped where torch/transformers are absent), and its short chain's rows
+finish far inside the export window."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.gpu import known_target as kt
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCH_PYTHON = os.environ.get("REGEN_TRAINERS_PYTHON") or (
+    sys.executable if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers") else None
+)
+WINDOW = 2048  # SpecForge's default --max-length, the smallest window regen's export reports
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("ktd")
+    return out, kt.build(out, kt.TINY_DENSE, kt.DENSE_CHAIN, [1024])
+
+
+@pytest.fixture(scope="module")
+def chain(built: tuple[Path, dict]) -> kt.Chain:
+    return kt.Chain.from_json(json.loads((built[0] / "chain.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def checked(built: tuple[Path, dict]) -> dict:
+    if not TORCH_PYTHON:
+        pytest.skip("needs torch + transformers: make test-trainers (REGEN_TRAINERS_PYTHON)")
+    cmd = [TORCH_PYTHON, "-m", "bench.gpu.known_target_check", str(built[0]), "--generate", "3"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+def test_dense_config_is_qwen3_8b_layout_without_mtp(built: tuple[Path, dict]) -> None:
+    cfg = json.loads((built[0] / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["model_type"] == "qwen3"
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (32, 8, 128)
+    assert cfg["tie_word_embeddings"] is False
+    assert not any(n.startswith("mtp.") for n, _ in kt.tensor_specs(kt.TINY_DENSE))
+    full = dict(kt.tensor_specs(kt.DENSE))
+    assert full["model.layers.35.self_attn.q_proj.weight"] == (4096, 4096)
+    assert full["model.layers.35.mlp.down_proj.weight"] == (4096, 12288)
+
+
+def test_dense_rows_finish_inside_the_export_window(built: tuple[Path, dict]) -> None:
+    d = built[1]["by_max_tokens"][0]
+    assert d["stop_fraction"] > 0.999  # regen leaves truncated rows out: almost none are
+    assert d["completion_tokens"]["p99"] < WINDOW / 4  # prompt + answer well inside 2048
+
+
+def test_qwen3_loads_the_dense_checkpoint_with_every_tensor(checked: dict) -> None:
+    assert checked["architecture"] == "Qwen3ForCausalLM"
+    assert checked["missing"] == [] and checked["unexpected"] == [] and checked["shape_mismatch"] == []
+    assert checked["zero_output_projections"] and checked["mtp_logits_equal"] is None
+
+
+def test_qwen3_next_token_distribution_is_the_designed_one(checked: dict, chain: kt.Chain) -> None:
+    assert checked["prompt_last"] == chain.start_thinking
+    for t, st in chain.states.items():
+        got = checked["logits"][str(t)]
+        assert {int(u): v for u, v in got["succ"].items()} == st.succ  # bf16-exact: equal, not close
+        assert got["other_max"] == got["other_min"] == kt.OTHER_LOGIT
+        probs = {int(u): p for u, p in checked["probs"][str(t)].items()}
+        designed = chain.probs(t)
+        assert max(probs, key=probs.__getitem__) == max(designed, key=designed.__getitem__)
+        assert probs.keys() == designed.keys()
+        assert all(abs(probs[u] - designed[u]) < 1e-9 for u in designed)
+
+
+def test_qwen3_generate_follows_the_chain(checked: dict, chain: kt.Chain) -> None:
+    for ids in checked["generated"]:
+        prev = chain.start_thinking
+        for t in ids:
+            assert t in chain.probs(prev), (prev, t)
+            if t == chain.eos:
+                break
+            prev = t
