@@ -8,24 +8,16 @@ the main venv (no torch) those tests skip.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.known_target import built_chain, checked_model
 
 from bench.gpu import known_target as kt
 
-ROOT = Path(__file__).resolve().parents[2]
-
-TORCH_PYTHON = os.environ.get("REGEN_TRAINERS_PYTHON") or (
-    sys.executable if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers") else None
-)
 MAX_TOKENS = 2048
 
 
@@ -38,29 +30,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 @pytest.fixture(scope="module")
 def chain(built: tuple[Path, dict]) -> kt.Chain:
-    return kt.Chain.from_json(json.loads((built[0] / "chain.json").read_text()))
+    return built_chain(built[0])
 
 
 @pytest.fixture(scope="module")
 def checked(built: tuple[Path, dict]) -> dict:
-    if not TORCH_PYTHON:
-        pytest.skip("needs torch + transformers: make test-trainers (REGEN_TRAINERS_PYTHON)")
-    run = subprocess.run(
-        [
-            TORCH_PYTHON,
-            "-m",
-            "bench.gpu.known_target_check",
-            str(built[0]),
-            "--generate",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout)
+    return checked_model(built[0])
 
 
 def test_sampling_order_keeps_designed_branches_and_drops_the_rest() -> None:

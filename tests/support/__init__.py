@@ -13,6 +13,8 @@
 - ``workflow.py``: a copy of the checkout's workflow in a fresh directory and Snakemake run there (the
   workflow tests, and the tests elsewhere that end with a real demo run).
 - ``valid_shards.py``: valid shards from hand-built generation records (merge, stage progress).
+- ``known_target.py``: the known-answer targets' checkpoint checked by transformers' own code (both
+  ``tests/bench/test_known_target*.py``).
 
 Tests import these as ``support.<module>`` (``tests/`` is on ``sys.path``: it is no package, nor are
 its folders ``tests/<package>/``, which mirror regen's); benches put
