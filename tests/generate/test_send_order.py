@@ -143,3 +143,16 @@ def test_truncation_retry_goes_out_before_any_new_sample(tmp_path: Path) -> None
         seen.add(sid)
     assert retried >= 3, "the workload truncates some answers"
     assert len(seen) == len(data)
+
+
+def test_the_sweeps_pilot_spreads_over_a_longest_first_shard(tmp_path: Path) -> None:
+    """The pilot measures the run's workload: from a shard sorted longest first it takes every k-th
+    sample, not the first (the longest) ones."""
+    from regen.tune.tune import pilot_samples
+
+    data = samples(40)
+    shard = tmp_path / "00000.parquet"
+    write_shards(data, (), [shard], expected=lengths(data))
+    ordered = shard_ids(shard)
+    assert [s.id for s in pilot_samples(shard, 10)] == ordered[::4]
+    assert [s.id for s in pilot_samples(shard, 100)] == ordered  # fewer samples than asked: all of them
