@@ -18,7 +18,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import orjson
@@ -59,6 +59,10 @@ class VirtualTime:
     length_sigma: float = 1.0
     length_cap: int = 8192
     seed: int = 0
+    #: a ``Decode batch`` line every this many virtual decode steps, as SGLang's ``decode_log_interval``
+    #: (0.5.17 ``metrics_reporter.py``), so a line's tokens are its running count times the interval
+    #: (``bench.gpu.serverlog.line_tokens``); 0: the simulated server's lines every ``log_interval_s``
+    decode_log_steps: int = 0
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> VirtualTime:
@@ -107,11 +111,18 @@ class FluidBatch:
     progress counter (tokens per request so far) orders all completions; the running set changes only
     at arrivals and completions, between which the step time is constant."""
 
-    def __init__(self, clock: VirtualTime, cap: int) -> None:
+    def __init__(
+        self, clock: VirtualTime, cap: int, on_line: Callable[[int, float, float], None] | None = None
+    ) -> None:
         self.clock = clock
         self.cap = cap
         self.progress = 0.0
         self.at = clock.now()
+        #: (running, tokens, virtual seconds) of every ``clock.decode_log_steps`` steps
+        self.on_line = on_line if clock.decode_log_steps > 0 else None
+        self.next_line = float(clock.decode_log_steps)
+        self.line_tokens = 0.0
+        self.line_at = self.at
         self.running: list[
             tuple[float, int, asyncio.Future[float]]
         ] = []  # heap of (done at progress, seq, fut)
@@ -127,14 +138,28 @@ class FluidBatch:
     def advance(self, now: float) -> None:
         """Complete every request due by virtual time ``now`` (each at its own virtual time)."""
         while (due := self.next_completion()) is not None and due <= now:
-            target, _, fut = heapq.heappop(self.running)
-            self.progress, self.at = target, due
+            self._decode_to(self.running[0][0], due)
+            _, _, fut = heapq.heappop(self.running)
             if not fut.done():
                 fut.set_result(due)
             self._admit()
         if self.running:
-            self.progress += (now - self.at) / self.clock.step_s(len(self.running))
+            self._decode_to(self.progress + (now - self.at) / self.clock.step_s(len(self.running)), now)
         self.at = max(self.at, now)
+
+    def _decode_to(self, progress: float, at: float) -> None:
+        """Run the current batch to ``progress`` (reached at virtual time ``at``), with a decode line at
+        every ``decode_log_steps`` steps on the way."""
+        running = len(self.running)
+        while self.on_line is not None and self.next_line <= progress:
+            t = self.at + (self.next_line - self.progress) * self.clock.step_s(running)
+            self.line_tokens += (self.next_line - self.progress) * running
+            self.progress, self.at = self.next_line, t
+            self.on_line(running, self.line_tokens, t - self.line_at)
+            self.line_tokens, self.line_at = 0.0, t
+            self.next_line += self.clock.decode_log_steps
+        self.line_tokens += (progress - self.progress) * running
+        self.progress, self.at = progress, at
 
     def arrive(self, tokens: int, fut: asyncio.Future[float]) -> None:
         self.waiting.append((tokens, fut))
@@ -177,7 +202,9 @@ class VirtualSimulatedServer(SimulatedServer):
         self.clock = clock
         self.request_log.close()
         self.request_log = VirtualRequestLog(opts.request_log, self.clock)
-        self.batch = FluidBatch(self.clock, opts.running_cap)
+        self.batch = FluidBatch(self.clock, opts.running_cap, self._step_line)
+        if clock.decode_log_steps > 0:  # its lines come by decode steps, as SGLang's, not every few seconds
+            self.opts = replace(opts, log_interval_s=math.inf)
         self.timer: asyncio.TimerHandle | None = None
         self.tokens = None  # lengths are modelled, not tokenized (a tokenizer would recount the few words)
 
@@ -205,6 +232,12 @@ class VirtualSimulatedServer(SimulatedServer):
                 self.batch.running = [r for r in self.batch.running if r[2] is not fut]
                 heapq.heapify(self.batch.running)
                 self._sync_counts()
+
+    def _step_line(self, running: int, tokens: float, virtual_s: float) -> None:
+        """One ``Decode batch`` line of ``decode_log_steps`` steps, in the base server's format."""
+        self.running, self.queued = running, len(self.batch.waiting)
+        self.last_gen_throughput = tokens / virtual_s if virtual_s > 0 else 0.0
+        self.log(self._decode_line())
 
     def _sync_counts(self) -> None:
         self.running = len(self.batch.running)

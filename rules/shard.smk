@@ -2,6 +2,8 @@
 rule shard:
     input:
         samples=rules.audit.output.samples,
+        # the old answers' (else the prompts') token counts: each shard sends its longest expected first
+        flags=rules.audit.output.flags,
     output:
         shards=shard_files(RUN.shard("{shard}")),
     log:

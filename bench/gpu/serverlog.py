@@ -77,6 +77,31 @@ def decode_lines(text: str) -> list[DecodeLine]:
     return out
 
 
+#: a decode line below this share of the full batch (the largest #running-req) decodes in the drain
+DRAIN_BELOW_FULL = 0.9
+
+
+def line_tokens(line: DecodeLine) -> float:
+    """Tokens decoded in the interval a decode line reports, up to SGLang's constant: it prints a line
+    every ``decode_log_interval`` decode passes (0.5.17 ``metrics_reporter.py``: ``forward_ct_decode %
+    decode_log_interval``), each giving every running request its accepted tokens (one without
+    speculative decoding, ``accept len`` with it)."""
+    return line.running * (line.accept_len if line.accept_len is not None else 1.0)
+
+
+def drain_token_share(lines: list[DecodeLine], below: float = DRAIN_BELOW_FULL) -> float:
+    """The share of decoded tokens decoded while the running batch was under ``below`` x the full batch
+    (the largest ``#running-req`` of ``lines``): the ramp's and the drain's, what a short tail cuts.
+    Read from the lines alone (:func:`line_tokens`), so it needs no timestamps; 0.0 without lines.
+    Owns issue 37's ``drain_token_share``."""
+    if not lines:
+        return 0.0
+    full = max(line.running for line in lines)
+    total = sum(line_tokens(line) for line in lines)
+    low = sum(line_tokens(line) for line in lines if line.running < below * full)
+    return low / total if total else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class SteadyState:
     """The decode rate while the running batch sits at its plateau."""
@@ -214,6 +239,7 @@ class GenerationPhases:
     full_running: int
     full_decode_tps: float  # tokens per second while at the plateau, prefill interruptions included
     drain_tokens_fraction: float  # share of output tokens decoded after the plateau
+    drain_token_share: float  # share of tokens decoded below 90% of the full batch (drain_token_share)
     decoded_tokens: float  # the decode lines' throughput integrated over the window
     prefill_batches: int
     prefill_batches_at_full: int
@@ -233,6 +259,7 @@ class GenerationPhases:
             "full_running": self.full_running,
             "full_decode_tps": round(self.full_decode_tps, 1),
             "drain_tokens_fraction": round(self.drain_tokens_fraction, 3),
+            "drain_token_share": round(self.drain_token_share, 3),
             "decoded_tokens": round(self.decoded_tokens),
             "prefill_batches": self.prefill_batches,
             "prefill_batches_at_full": self.prefill_batches_at_full,
@@ -279,6 +306,7 @@ def generation_phases(text: str, tolerance: float = 0.02) -> GenerationPhases | 
         full_running=top,
         full_decode_tps=tokens_full / (full_to - full_from) if full_to > full_from else 0.0,
         drain_tokens_fraction=tokens_drain / total_tokens if total_tokens else 0.0,
+        drain_token_share=drain_token_share([d for _, d in decodes]),
         decoded_tokens=tokens_full + tokens_drain,
         prefill_batches=len(prefills),
         prefill_batches_at_full=sum(full_from <= t <= full_to for t in prefills),

@@ -101,15 +101,16 @@ def warm_start_s(runs: dict[str, RunTime]) -> float:
 
 def markdown(runs: dict[str, RunTime], prefix: Path) -> tuple[str, str]:
     rows = ["| run | wall s | server start s | ramp s | full batch s | running at full | tok/s at full "
-            "| prefill batches at full | drain s | tokens in drain | last 1% of answers s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| prefill batches at full | drain s | tokens in drain | tokens below 90% of full batch "
+            "| last 1% of answers s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in runs.values():
         g = r.generation
         rows.append(
             f"| {r.name} | {r.wall_s:.1f} | {r.startup['launch_to_ready_s']:.0f} | {g.ramp_s:.0f} "
             f"| {g.full_s:.0f} "
             f"| {g.full_running} | {g.full_decode_tps:,.0f} | {g.prefill_batches_at_full} | {g.drain_s:.0f} "
-            f"| {g.drain_tokens_fraction:.1%} | {g.last_percent_s:.0f} |"
+            f"| {g.drain_tokens_fraction:.1%} | {g.drain_token_share:.1%} | {g.last_percent_s:.0f} |"
         )
     phases = list(runs["regen"].startup["phases_s"])
     start_rows = ["| server start phase | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]

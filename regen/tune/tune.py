@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from regen.ingest.shards import read_shard
 from regen.io import write_json
 from regen.layout import RunLayout
@@ -228,8 +230,14 @@ def _load_config(path: str | None) -> dict[str, Any]:
 
 
 def pilot_samples(shard: str | os.PathLike[str], limit: int) -> list[Sample]:
+    """Up to ``limit`` samples spread evenly over the shard: the shard is ordered longest expected answer
+    first (``regen.ingest.shards``), so its first samples would make a pilot of the longest answers."""
+    rows = pq.ParquetFile(shard).metadata.num_rows
+    stride = max(1, rows // max(1, limit))
     out: list[Sample] = []
-    for sample in read_shard(shard):
+    for i, sample in enumerate(read_shard(shard)):
+        if i % stride:
+            continue
         out.append(sample)
         if len(out) >= limit:
             break
