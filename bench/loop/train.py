@@ -17,10 +17,13 @@ Writes into TRAIN/NAME: ``run.yaml`` (the SpecForge config it ran, printed too),
   SpecForge reports per-TTT-position accuracies (``eval/per_position_acc``: share of supervised tokens
   whose draft argmax at unroll step k is the target's token), not served acceptance; ``acc_per_position``
   is that list and ``predicted_accept_length_3steps`` = 1 + a1 + a1*a2 + a1*a2*a3 from it.
-- ``--reference-loss`` (CPU, no Triton): ``bench/loop/reference_loss/`` first on the subprocess's
-  PYTHONPATH; its ``sitecustomize`` answers the import of ``specforge.core.loss`` with SpecForge's
-  reference formula (``specforge_loss.py``) and changes nothing else. Without it (GPU) SpecForge's
-  Triton loss runs as shipped.
+- ``--reference-loss``: ``bench/loop/reference_loss/`` first on the subprocess's PYTHONPATH; its
+  ``sitecustomize`` answers the import of ``specforge.core.loss`` with SpecForge's reference formula
+  (``specforge_loss.py``) and changes nothing else. Without it SpecForge's Triton loss runs as shipped.
+  Needed on CPU (no Triton) AND for a full vocabulary above 131,072 ids (Qwen3's 151,936): SpecForge
+  0.2.0's kernel (``specforge.core.loss._calculate_settings``) takes the vocabulary's next power of two
+  as one block and refuses blocks over 131,072; this module stops before training with that message
+  rather than fail inside the first step. ``--device`` is independent of it (cuda: bf16 on the GPU).
 - SpecForge's ``TargetHead`` reads the lm_head only through a ``*.index.json``; a single-file target
   (the tiny CPU target) gets ``TRAIN/NAME/target/``: links to MODEL's files plus that index.
 """
@@ -46,6 +49,8 @@ LEARNING_RATE = 1e-4
 BATCH_SIZE = 1
 MAX_LENGTH = 4096
 TTT_LENGTH = 7
+#: SpecForge 0.2.0's Triton loss: one block of next_power_of_2(vocab) lanes, at most this many
+TRITON_MAX_FUSED_SIZE = 131072
 _STEP_LINE = re.compile(r"^step (\d+): (\{.*\})\s*$")
 
 
@@ -172,8 +177,16 @@ def train(a: argparse.Namespace) -> dict[str, Any]:
     if eval_capture["aux_hidden_state_layer_ids"] != layers:
         raise SystemExit(f"{a.train} and {a.eval} were captured at different layers")
     target, target_note = target_view(a.target, out)
+    draft = draft_config(target, layers)
+    block = 1 << (int(draft["draft_vocab_size"]) - 1).bit_length()
+    if not a.reference_loss and block > TRITON_MAX_FUSED_SIZE:
+        raise SystemExit(
+            f"draft vocabulary {draft['draft_vocab_size']}: SpecForge 0.2.0's Triton loss needs one block of "
+            f"{block} > {TRITON_MAX_FUSED_SIZE} (specforge.core.loss._calculate_settings) and would fail "
+            "in the first step; pass --reference-loss (its reference formula, on any device)"
+        )
     draft_path = out / "draft_config.json"
-    draft_path.write_text(json.dumps(draft_config(target, layers), indent=1))
+    draft_path.write_text(json.dumps(draft, indent=1))
     cfg = run_config(target, draft_path, a.train, a.eval, out, out.name, a.steps, a.seed, a.batch_size, a.lr)
     cfg_path = out / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -216,6 +229,7 @@ def train(a: argparse.Namespace) -> dict[str, Any]:
         "eval_rows": eval_capture["rows"],
         "aux_hidden_state_layer_ids": layers,
         "loss": "reference" if a.reference_loss else "triton",
+        "device": a.device,
         "specforge_eval": metrics,
         "acc_per_position": acc,
         "acc_per_position_meaning": "SpecForge's eval/per_position_acc (per TTT position, not conditional)",
@@ -235,14 +249,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, required=True, help="TRAIN/NAME; NAME is SpecForge's run_id")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--reference-loss", action="store_true", help="CPU: SpecForge's reference loss, no Triton")
     p.add_argument(
-        "--device", choices=("cuda", "cpu"), default=None, help="default: cpu with --reference-loss"
+        "--reference-loss",
+        action="store_true",
+        help="SpecForge's reference loss instead of its Triton kernel (CPU; any vocabulary over 131072)",
+    )
+    p.add_argument(
+        "--device", choices=("cuda", "cpu"), default=None, help="default: cuda where torch sees one"
     )
     p.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     p.add_argument("--lr", type=float, default=LEARNING_RATE)
     a = p.parse_args(argv)
-    a.device = a.device or ("cpu" if a.reference_loss else "cuda")
+    if a.device is None:
+        import torch
+
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
     r = train(a)
     print(
         f"train: {a.out.name} steps={r['steps']} seed={r['seed']} wall_s={r['wall_s']} "
