@@ -73,8 +73,10 @@ def write_run(root: Path, model: Path) -> tuple[Path, Path]:
         prompt = tok.encode(
             f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
         ).ids
-        answer = chain_completion(chain, rng) + [newline]
-        rows.append({"id": f"r{i}", "input_ids": prompt + answer, "loss_mask": [0] * len(prompt) + [1] * len(answer)})
+        answer = [*chain_completion(chain, rng), newline]
+        rows.append(
+            {"id": f"r{i}", "input_ids": prompt + answer, "loss_mask": [0] * len(prompt) + [1] * len(answer)}
+        )
         original = "<think>\nThe user asks what to wear.\n</think>\n\nA coat, and bring an umbrella."
         dataset.append({"id": f"r{i}", "messages": [{"role": "user", "content": question},
                                                    {"role": "assistant", "content": original}]})  # fmt: skip
@@ -109,19 +111,24 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"root": root, "model": model, "data": data, "feat": feat}
 
 
-def test_prepare_keeps_regen_ids_and_tokenizes_the_originals_with_the_same_prompt(work: dict[str, Path]) -> None:
+def test_prepare_keeps_regen_ids_and_tokenizes_the_originals_with_the_same_prompt(
+    work: dict[str, Path],
+) -> None:
     data = work["data"]
     summary = json.loads((data / "prepare.json").read_text())
     assert summary["prompt_equal"] == {"rows": TRAIN_ROWS, "of": TRAIN_ROWS}
     regen = [json.loads(x) for x in (data / "regen-train.jsonl").read_text().splitlines()]
     original = [json.loads(x) for x in (data / "original-train.jsonl").read_text().splitlines()]
-    theirs = [json.loads(x) for x in (work["root"] / "run/results/export/tokenized.jsonl").read_text().splitlines()]
+    theirs = [
+        json.loads(x) for x in (work["root"] / "run/results/export/tokenized.jsonl").read_text().splitlines()
+    ]
     assert regen == theirs  # regen's ids and mask as exported
     assert [r["id"] for r in original] == [r["id"] for r in regen]
     assert all(sum(r["loss_mask"]) > 0 for r in original)
-    assert summary["files"]["regen-train"]["chain_states_visited"] > summary["files"]["original-train"][
-        "chain_states_visited"
-    ]
+    assert (
+        summary["files"]["regen-train"]["chain_states_visited"]
+        > summary["files"]["original-train"]["chain_states_visited"]
+    )
     prompts = [json.loads(x) for x in (data / "eval-prompts.jsonl").read_text().splitlines()]
     evals = [json.loads(x) for x in (data / "regen-eval.jsonl").read_text().splitlines()]
     assert [p["input_ids"] for p in prompts] == [e["input_ids"][: e["loss_mask"].index(1)] for e in evals]
