@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.loop.prepare import write_json
+
 
 def default_layers(num_layers: int) -> tuple[list[int], str]:
     """SpecForge's default EAGLE3 aux layers for ``num_layers`` and why (clamped below 4 layers)."""
@@ -106,7 +108,7 @@ def capture(model_dir: Path, data: Path, out: Path, device: str) -> dict[str, An
         "tokens": sum(len(r["input_ids"]) for r in rows),
         "ids": ids_in_order,
     }
-    (out / "capture.json").write_text(json.dumps(summary, indent=1))
+    write_json(out / "capture.json", summary)
     return summary
 
 

@@ -49,6 +49,13 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
+def write_json(path: Path, obj: Any) -> None:
+    """``obj`` as indented JSON at ``path``, atomically (a temporary file beside it, then a rename)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
+
+
 def token_rows(path: Path) -> list[dict[str, Any]]:
     """regen's token export rows, reduced to the three fields the loop reads."""
     out = []
@@ -185,9 +192,7 @@ def prepare(run: Path, dataset: Path, model: Path, out: Path) -> dict[str, Any]:
         "eval_prompts": len(prompts),
         "prompt_equal": {"rows": prompt_equal, "of": len(original)},
     }
-    tmp = out / "prepare.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(out / "prepare.json")
+    write_json(out / "prepare.json", summary)
     return summary
 
 

@@ -43,6 +43,8 @@ from typing import Any
 
 import yaml
 
+from bench.loop.prepare import write_json
+
 REFERENCE_LOSS_DIR = Path(__file__).resolve().parent / "reference_loss"
 #: the settings both drafters of one comparison share; printed and kept in run.yaml
 LEARNING_RATE = 5e-4  # short runs: 57 steps on the tiny target gave accept 2.21 at 5e-4, 1.58 at 1e-4
@@ -235,9 +237,7 @@ def train(a: argparse.Namespace) -> dict[str, Any]:
         "acc_per_position_meaning": "SpecForge's eval/per_position_acc (per TTT position, not conditional)",
         "predicted_accept_length_3steps": predicted_accept_length(acc, 3),
     }
-    tmp = out / "train.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(out / "train.json")
+    write_json(out / "train.json", result)
     return result
 
 
