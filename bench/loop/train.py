@@ -2,12 +2,18 @@
 ``specforge export --to sglang``.
 
     python -m bench.loop.train --target MODEL --train FEAT/regen-train --eval FEAT/regen-eval \\
-        --out TRAIN/NAME --steps N --seed S [--reference-loss] [--batch-size B] [--lr LR]
+        --out TRAIN/NAME --steps N --seed S [--reference-loss] [--device cuda|cpu] [--batch-size B]
+        [--lr LR] [--keep-checkpoint]
+
+On the H200 (the dense target at Qwen3-8B's shape, ~400 train rows of 300-600 tokens): ``--steps 400
+--batch-size 1 --reference-loss`` (one pass over the rows; the full vocabulary needs the reference loss,
+below), estimated ~0.15-0.3 s a step; SpecForge logs ``perf/optimizer_step_time_s`` every steps/10.
 
 Writes into TRAIN/NAME: ``run.yaml`` (the SpecForge config it ran, printed too), ``draft_config.json``,
-``specforge/`` (SpecForge's checkpoints), ``sglang/`` (the exported draft model dir for SGLang's
-``--speculative-draft-model-path``), ``train.log`` (both CLIs' output) and ``train.json``:
-``{"steps", "seed", "wall_s", "specforge_eval", "acc_per_position", "predicted_accept_length_3steps"}``.
+``specforge/`` (SpecForge's checkpoints: removed after the export unless ``--keep-checkpoint``),
+``sglang/`` (the exported draft model dir for SGLang's ``--speculative-draft-model-path``),
+``train.log`` (both CLIs' output) and ``train.json``: ``{"steps", "seed", "wall_s", "specforge_eval",
+"acc_per_position", "predicted_accept_length_3steps", ...}``.
 
 - The draft config: SpecForge's own generated one (``_generate_draft_config``: the target's fields,
   ``LlamaForCausalLMEagle3``, one layer) with ``draft_vocab_size`` = the target's vocabulary (full vocab,
@@ -35,6 +41,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -170,6 +177,16 @@ def logged_run(cmd: list[str], env: dict[str, str], log) -> float:
     return wall
 
 
+def remove_checkpoints(run_dir: Path) -> None:
+    """SpecForge's resumable checkpoints (weights + optimizer state, ~7x the exported drafter: ~12 GB at
+    Qwen3-8B's shape) once ``sglang/`` is written; its ``*.best_meta.json`` (the eval it kept) stays."""
+    for entry in run_dir.iterdir():
+        if entry.is_symlink():
+            entry.unlink()
+        elif entry.is_dir():
+            shutil.rmtree(entry)
+
+
 def train(a: argparse.Namespace) -> dict[str, Any]:
     out: Path = a.out
     out.mkdir(parents=True, exist_ok=True)
@@ -216,6 +233,8 @@ def train(a: argparse.Namespace) -> dict[str, Any]:
             env,
             log,
         )  # fmt: skip
+    if not a.keep_checkpoint:
+        remove_checkpoints(out / "specforge")
     metrics = eval_metrics(log_path.read_text())
     if "eval/per_position_acc" not in metrics:
         raise SystemExit(f"{log_path}: no SpecForge eval line (eval/per_position_acc) in the train output")
@@ -232,6 +251,9 @@ def train(a: argparse.Namespace) -> dict[str, Any]:
         "aux_hidden_state_layer_ids": layers,
         "loss": "reference" if a.reference_loss else "triton",
         "device": a.device,
+        "checkpoint": "kept"
+        if a.keep_checkpoint
+        else "removed after the export (--keep-checkpoint keeps it)",
         "specforge_eval": metrics,
         "acc_per_position": acc,
         "acc_per_position_meaning": "SpecForge's eval/per_position_acc (per TTT position, not conditional)",
@@ -257,6 +279,7 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--device", choices=("cuda", "cpu"), default=None, help="default: cuda where torch sees one"
     )
+    p.add_argument("--keep-checkpoint", action="store_true", help="keep SpecForge's checkpoints (GBs)")
     p.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     p.add_argument("--lr", type=float, default=LEARNING_RATE)
     a = p.parse_args(argv)

@@ -167,5 +167,6 @@ def test_specforge_train_and_export_write_an_sglang_drafter(work: dict[str, Path
     assert result["specforge_eval"]["eval/per_position_acc"] == acc
     a1, a2, a3 = acc[:3]
     assert result["predicted_accept_length_3steps"] == pytest.approx(1 + a1 + a1 * a2 + a1 * a2 * a3)
+    assert not list((out / "specforge").rglob("training_state*.pt"))  # removed once exported
     log = (out / "train.log").read_text()
     assert "--reference-loss" in log and "specforge_loss.py" in log and "eval/per_position_acc" in log
