@@ -53,10 +53,12 @@ $(TRVENV)/bin/python:
 	# speculators' train CLI (its vocabulary loader) and `regen vocab` (regen[vocab]: torch, numpy, orjson,
 	# zstandard: regen.io)
 	$(TRVENV)/bin/pip install -q pydantic-settings orjson zstandard
+	# the real `specforge train` CLI (the drafter loop, bench/loop/train.py) imports accelerate and psutil
+	$(TRVENV)/bin/pip install -q accelerate==1.15.0 psutil
 
 test-trainers: setup $(TRVENV)/bin/python
 	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -s -p no:cacheprovider tests/output/test_trainers.py
-	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -p no:cacheprovider tests/bench/test_known_target.py tests/bench/test_known_target_dense.py
+	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -p no:cacheprovider tests/bench/test_known_target.py tests/bench/test_known_target_dense.py tests/bench/test_loop_train.py
 
 clean-demo:
 	rm -rf results work logs benchmarks .snakemake
