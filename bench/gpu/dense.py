@@ -554,14 +554,17 @@ def fmt(value: Any, nd: int = 0) -> str:
     return f"{value:.{nd}f}" if isinstance(value, float) else str(value)
 
 
+#: the last line's fields after the issue's seven (the server's own rates; the fp8-KV arm apart)
+EXTRA_FIELDS = ("regen_log_tps", "default256_log_tps", "fp8kv_tps", "fp8kv_log_tps")
+
+
 def final_line(row: dict[str, Any]) -> str:
     return (
         f"dense: model={row['model']} regen_tps={fmt(row['regen_tps'])} default256_tps="
         f"{fmt(row['default256_tps'])} default512_tps={fmt(row['default512_tps'])} "
         f"vs_default={fmt(row['vs_default'], 3)} predicted_kv={fmt(row['predicted_kv'])} "
-        f"realized_kv={fmt(row['realized_kv'])} regen_log_tps={fmt(row['regen_log_tps'])} "
-        f"default256_log_tps={fmt(row['default256_log_tps'])} fp8kv_tps={fmt(row['fp8kv_tps'])} "
-        f"fp8kv_log_tps={fmt(row['fp8kv_log_tps'])}"
+        f"realized_kv={fmt(row['realized_kv'])} "
+        + " ".join(f"{key}={fmt(row.get(key))}" for key in EXTRA_FIELDS)
     )
 
 
