@@ -2,7 +2,7 @@
 # Issue 33 items 4 and 5 on one H200 with SGLang 0.5.17 (payload: bench/gpu/pack.sh's .gpu/p01..p04):
 # bench/gpu/planner_truth.py (regen tune against SGLang's startup log, one dummy-weight start per family,
 # ~50 s each, 10 models) then bench/gpu/dense.py (regen's plan against SGLang's defaults, Llama-3.1-8B and
-# Qwen3-30B-A3B, two servers and three windows each), both detached in their own session under
+# Qwen3-30B-A3B, a server per arm, each window warmed up for one request lifetime), both detached in their own session under
 # $TRUTH_TMP (/tmp/truth), so they outlive the call that starts them.
 #   truth.sh start SECONDS   stage this call's part, build /tmp/site, copy the tree to $TRUTH_TMP/repo,
 #                            start the benches detached, wait up to SECONDS, collect
@@ -16,7 +16,8 @@
 #   3. carry [.gpu/p03]: bash bench/gpu/stage.sh
 #   4. carry [.gpu/p04]: bash bench/gpu/truth.sh start 560
 #   5. then, as often as needed: bash bench/gpu/truth.sh wait 590
-# Budget: planner ~9-11 min (it starts no model after PLANNER_DEADLINE=660 s), dense ~12 min.
+# Budget: planner ~9-11 min (it starts no model after PLANNER_DEADLINE=660 s); dense ~8 min a model with
+# its default arms (default, regen), ~10 min with the opt-in regen-fp8kv arm (it prints its estimate).
 # CPU rehearsal (regen's simulated server, ~1.5 min):
 #   DRY=1 PY=$PWD/.venv/bin/python TRUTH_TMP=/tmp/truthd OUT=/tmp/truthd/out bash bench/gpu/truth.sh start 300
 mode=$1

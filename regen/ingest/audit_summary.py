@@ -50,11 +50,14 @@ class NothingToGenerateError(AuditGateError):
 
 @dataclass(slots=True)
 class Log2Histogram:
-    """Counts in power-of-two buckets: bucket 0 holds 0, bucket k holds [2^(k-1), 2^k)."""
+    """Counts in power-of-two buckets: bucket 0 holds 0, bucket k holds [2^(k-1), 2^k); the exact mean
+    and standard deviation beside them (the tuner plans the running set's context from the old answers'
+    mean and spread: ``regen.sglang.workload.old_answers_expected``)."""
 
     counts: list[int] = field(default_factory=lambda: [0] * 40)
     n: int = 0
     total: int = 0
+    total_squares: int = 0
     min: int | None = None
     max: int | None = None
 
@@ -62,6 +65,7 @@ class Log2Histogram:
         self.counts[min(value.bit_length(), 39)] += 1
         self.n += 1
         self.total += value
+        self.total_squares += value * value
         if self.min is None or value < self.min:
             self.min = value
         if self.max is None or value > self.max:
@@ -76,12 +80,20 @@ class Log2Histogram:
                 out.append({"lo": lo, "hi": hi, "count": c})
         return out
 
+    def std(self) -> float | None:
+        """The population standard deviation of the values added (None before any)."""
+        if not self.n:
+            return None
+        mean = self.total / self.n
+        return max(0.0, self.total_squares / self.n - mean * mean) ** 0.5
+
     def to_json(self) -> dict[str, Any]:
         return {
             "count": self.n,
             "min": self.min,
             "max": self.max,
             "mean": (self.total / self.n) if self.n else None,
+            "std": self.std(),
             "buckets": self.buckets(),
         }
 

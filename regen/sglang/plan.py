@@ -24,12 +24,10 @@ really allocated, and its drift from this plan, in :mod:`regen.sglang.realized`.
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from regen.sglang.fit import smallest_fitting_tp, tp_refusals
@@ -45,6 +43,7 @@ from regen.sglang.pools import (
     state_bytes_per_request,
 )
 from regen.sglang.weights import weights_per_rank
+from regen.sglang.workload import CLIENT_RULE_WORST_CASE, Workload, client_rule_for
 
 GIB = 1 << 30
 
@@ -115,42 +114,6 @@ class UnmodelledError(PlanError):
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
-    prompt_p50: int
-    prompt_p99: int
-    max_tokens: int
-    target_concurrency: int | None = None
-    unique_prompts: bool = True
-    #: mean completion tokens expected (the old answers, a pilot): attention-only models fill the KV at
-    #: it; hybrids get scheduler candidates sized for it (``regen.sglang.alternatives``)
-    expected_output_tokens: int | None = None
-    #: where ``expected_output_tokens`` comes from, said in the recommendation's reasons
-    expected_output_source: str = "given"
-
-    @property
-    def tokens_per_request(self) -> int:
-        """The worst case: prompt p99 + max_tokens."""
-        return self.prompt_p99 + self.max_tokens
-
-    @property
-    def expected_output(self) -> int:
-        """The expected answer length: ``expected_output_tokens`` when given below ``max_tokens``, else
-        ``max_tokens`` (all the workload knows; :attr:`expected_output_known` says which)."""
-        return int(self.expected_output_tokens) if self.expected_output_known else self.max_tokens
-
-    @property
-    def expected_output_known(self) -> bool:
-        return bool(self.expected_output_tokens) and int(self.expected_output_tokens or 0) < self.max_tokens
-
-    @property
-    def expected_tokens_per_request(self) -> int:
-        """The expected context of a running request: prompt p50 + the expected answer. The mean context
-        of a running set (length-biased: long answers run longer) is prompt + E[L]·(1 + cv²)/2, so this
-        holds while the answers' squared coefficient of variation is at most 1."""
-        return self.prompt_p50 + self.expected_output
-
-
-@dataclass(frozen=True, slots=True)
 class MemoryPlan:
     sglang_version: str
     gpu_memory_mib: int
@@ -195,6 +158,8 @@ class MemoryPlan:
     #: budget, out of the runtime slack, where SGLang leaves the draft layers out of the cell
     draft_weights_gib: float = 0.0
     draft_kv_gib: float = 0.0
+    #: how ``client_concurrency`` was found (the rules map): which running-context rule planned it
+    client_rule: str = CLIENT_RULE_WORST_CASE
 
     @property
     def mamba_pool_gib(self) -> float:
@@ -237,8 +202,7 @@ class MemoryPlan:
             if flags.cuda_graph_max_bs is not None
             else "handle_gpu_memory_settings tier, capped by --max-running-requests",
             "effective_max_running_requests": "KVCacheConfigurator.resolve_max_num_reqs",
-            "client_concurrency": "regen: the KV filled at prompt p50 + the expected answer, at least the "
-            "decode-graph range, at most the cap (linear-attention hybrids: the worst-case concurrency)",
+            "client_concurrency": self.client_rule,
             "workload_concurrency": "regen: the KV at prompt p99 + max_tokens, at most the cap",
         }
         if self.swa_tokens is not None:
@@ -523,7 +487,9 @@ def plan(
     binding = min(terms, key=lambda key: terms[key])
     running = terms[binding]
     workload_running = client = None
+    client_rule = CLIENT_RULE_WORST_CASE
     if workload is not None:
+        client_rule = CLIENT_RULE_WORST_CASE if stateful else client_rule_for(workload)
         workload_running = min(running, tokens // max(1, workload.tokens_per_request))
         client = workload_running if stateful else expected_fill(tokens, workload, decode_bs, running)
     kv_gib = (tokens * cell + other_pools_bytes) / GIB
@@ -574,6 +540,7 @@ def plan(
         replay_ring_gib=ring_gib,
         draft_weights_gib=draft_weights_gib,
         draft_kv_gib=draft_kv_gib,
+        client_rule=client_rule,
     )
 
 
@@ -621,40 +588,6 @@ def _mamba_pool(
         capped = min(max(1, mrr or 1), k // slots)
         return k, per_req * (capped + 1) * draft
     return int((budget - per_req) // per_req), 0
-
-
-# --------------------------------------------------------------------- workload, files --
-DEFAULT_WORKLOAD = Workload(prompt_p50=1024, prompt_p99=4096, max_tokens=4096)
-
-
-def workload_from_audit(
-    summary_json: str | Path | dict[str, Any],
-    max_tokens: int | None = None,
-    target_concurrency: int | None = None,
-) -> Workload:
-    """Workload from the audit summary: prompt_tokens_p50/p99 keys, else a prompt_tokens{p50,p99} block."""
-    summary = summary_json if isinstance(summary_json, dict) else json.loads(Path(summary_json).read_text())
-    block = summary.get("prompt_tokens") if isinstance(summary.get("prompt_tokens"), dict) else {}
-    p50 = summary.get("prompt_tokens_p50", block.get("p50", DEFAULT_WORKLOAD.prompt_p50))
-    p99 = summary.get("prompt_tokens_p99", block.get("p99", DEFAULT_WORKLOAD.prompt_p99))
-    return Workload(
-        prompt_p50=int(p50),
-        prompt_p99=int(max(p99, p50)),
-        max_tokens=int(max_tokens or summary.get("max_tokens") or DEFAULT_WORKLOAD.max_tokens),
-        target_concurrency=target_concurrency,
-        **old_answers_expected(summary),
-    )
-
-
-def old_answers_expected(summary: dict[str, Any]) -> dict[str, Any]:
-    """The expected answer length from the audit: the mean supervised (old answer) tokens per sample of
-    its ``supervised_tokens`` histogram, as ``Workload`` fields; {} when the audit has none. A sample
-    with several answers counts them all, so this errs long (fewer requests in flight), never short."""
-    hist = (summary.get("histograms") or {}).get("supervised_tokens") or {}
-    mean = hist.get("mean")
-    if not mean:
-        return {}
-    return {"expected_output_tokens": round(mean), "expected_output_source": "the old answers' mean (audit)"}
 
 
 def gpu_memory_from_nvidia_smi() -> int:

@@ -190,9 +190,10 @@ def best_running(target: Target, choice: Choice, most: int) -> Candidate | None:
 
 def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
     """Attention-only models (dense, MoE, MLA): the batch that fills the KV cache at the *expected* context
-    (prompt p50 + expected answer), with decode graphs captured up to it, relying on SGLang's own admission
-    and retraction for the requests that run long; never below SGLang's defaults (its running cap,
-    ``KVCacheConfigurator.resolve_max_num_reqs``, and its decode-graph range)."""
+    (:attr:`Workload.expected_tokens_per_request`: the running set's length-biased mean when the answers'
+    spread is known, else prompt p50 + expected answer), with decode graphs captured up to it, relying on
+    SGLang's own admission and retraction for the requests that run long; never below SGLang's defaults
+    (its running cap, ``KVCacheConfigurator.resolve_max_num_reqs``, and its decode-graph range)."""
     workload, version = target.workload, target.version
     own = [*(["--mem-fraction-static", f"{choice.mfs:g}"] if choice.mfs is not None else [])]
     own += ["--disable-radix-cache"] if choice.disable_radix else []
@@ -230,8 +231,8 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
     p = replace(target.plan(args_for(client), workload), client_concurrency=client)
     reasons = [
         f"client in flight {client:,} (client_concurrency): the KV cache holds {p.kv_cache_tokens:,} tokens "
-        f"= {fill:,} x (prompt p50 {workload.prompt_p50:,} + {_expected_words(workload)}); the expected "
-        "context, not the worst case: SGLang admits by free KV less the running requests' expected growth "
+        f"= {fill:,} x {per_request:,}: {workload.running_context_words()}; the expected context, not the "
+        "worst case: SGLang admits by free KV less the running requests' expected growth "
         "(schedule_policy.PrefillAdder, new_token_ratio) and retracts when decode runs out "
         "(Scheduler.update_running_batch -> ScheduleBatch.retract_decode)",
     ]
@@ -266,15 +267,6 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
         reasons.append(RADIX_OFF_DENSE_REASON)
     reasons += choice.reasons()
     return Candidate(args=tuple(p.args), plan=p, score=client, reasons=tuple(reasons))
-
-
-def _expected_words(workload: Workload) -> str:
-    if workload.expected_output_known:
-        return f"expected answer {workload.expected_output:,}, {workload.expected_output_source}"
-    return (
-        f"max_tokens {workload.max_tokens:,} (no expected answer length given: pass "
-        "--expected-output-tokens, the old answers' or a pilot's mean; max_tokens is the upper bound)"
-    )
 
 
 def probe_slots(target: Target) -> int:

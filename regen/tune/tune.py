@@ -27,17 +27,9 @@ from regen.runconfig import GenerateConfig, ServerConfig, section_schema
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import (
-    DEFAULT_VERSION,
-    DEFAULT_WORKLOAD,
-    SUPPORTED_VERSIONS,
-    UnmodelledError,
-    Workload,
-    gpu_memory_from_nvidia_smi,
-    old_answers_expected,
-    workload_from_audit,
-)
+from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, UnmodelledError, gpu_memory_from_nvidia_smi
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
+from regen.sglang.workload import DEFAULT_WORKLOAD, Workload, old_answers_expected, workload_from_audit
 from regen.tune.projection import count_remaining
 from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
 from regen.tune.sweep_report import generate_job_seconds, render_result
@@ -86,6 +78,29 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
         "--expected-output-tokens", type=int,
         help="mean completion tokens expected: adds scheduler candidates sized for it (--sweep runs them)",
     )  # fmt: skip
+    parser.add_argument(
+        "--expected-output-cv", type=float,
+        help="the answer lengths' coefficient of variation (std / mean, lengths capped at max_tokens; from "
+        "the old answers or a pilot): with --expected-output-tokens, attention-only models fill the KV at "
+        "the running set's mean context, prompt p50 + E[L](1+cv^2)/2 (default: the audit's, else unknown: "
+        "prompt p50 + E[L])",
+    )  # fmt: skip
+
+
+def expected_output_fields(ns: argparse.Namespace, base: Workload) -> dict[str, Any]:
+    """The workload's expected answer and its spread: the flags' where given, else the audit's (``base``)."""
+    return {
+        "expected_output_tokens": ns.expected_output_tokens or base.expected_output_tokens,
+        "expected_output_source": "--expected-output-tokens"
+        if ns.expected_output_tokens
+        else base.expected_output_source,
+        "expected_output_cv": base.expected_output_cv
+        if ns.expected_output_cv is None
+        else ns.expected_output_cv,
+        "expected_output_cv_source": base.expected_output_cv_source
+        if ns.expected_output_cv is None
+        else "--expected-output-cv",
+    }
 
 
 def render_table(rec: Recommendation) -> str:
@@ -181,10 +196,7 @@ def cli(argv: list[str]) -> int:
             prompt_p99=max(p99, p50),
             max_tokens=ns.max_tokens or base.max_tokens,
             target_concurrency=ns.concurrency,
-            expected_output_tokens=ns.expected_output_tokens or base.expected_output_tokens,
-            expected_output_source="--expected-output-tokens"
-            if ns.expected_output_tokens
-            else base.expected_output_source,
+            **expected_output_fields(ns, base),
         )
         rec = recommend(
             model, gpu, ns.tp, sglang_args, workload, ns.sglang_version,
@@ -338,10 +350,7 @@ def sweep_cli(argv: list[str]) -> int:
             prompt_p50=p50,
             prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
             max_tokens=int(max_tokens or base.max_tokens),
-            expected_output_tokens=ns.expected_output_tokens or base.expected_output_tokens,
-            expected_output_source="--expected-output-tokens"
-            if ns.expected_output_tokens
-            else base.expected_output_source,
+            **expected_output_fields(ns, base),
         )
         rec = recommend(
             model, int(gpu_mib), tp, sglang_args, workload, ns.sglang_version,

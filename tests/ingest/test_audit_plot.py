@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from regen.ingest.audit_plot import contiguous_buckets, plot_histogram
 from regen.ingest.audit_summary import Log2Histogram
 
@@ -27,3 +29,17 @@ def test_empty_buckets_between_values_are_on_the_axis(tmp_path: Path) -> None:
 
 def test_no_values_gives_an_empty_axis() -> None:
     assert contiguous_buckets([]) == []
+
+
+def test_the_histogram_keeps_the_exact_mean_and_std() -> None:
+    """The tuner plans the running set's context from the old answers' mean and spread (std / mean)."""
+    import statistics
+
+    values = [0, 1, 7, 300, 1200, 1201, 8192, 40_000]
+    hist = Log2Histogram()
+    for v in values:
+        hist.add(v)
+    out = hist.to_json()
+    assert out["mean"] == statistics.fmean(values)
+    assert out["std"] == pytest.approx(statistics.pstdev(values), rel=1e-12)
+    assert Log2Histogram().to_json()["std"] is None

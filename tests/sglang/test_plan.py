@@ -10,9 +10,10 @@ import pytest
 
 from regen.runconfig import ServerConfig
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import PlanError, Workload, plan, workload_from_audit
+from regen.sglang.plan import PlanError, Workload, plan
 from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
 from regen.sglang.recommend import flag_warnings, recommend
+from regen.sglang.workload import workload_from_audit
 from regen.tune.tune import cli
 
 MODELS = Path(__file__).parents[1] / "data" / "models"

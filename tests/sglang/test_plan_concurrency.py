@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -150,3 +153,106 @@ def test_llama_on_the_h200_bench_workload() -> None:
     assert p.client_concurrency * 1750 <= p.kv_cache_tokens < (p.client_concurrency + 1) * 1750
     assert p.client_concurrency >= 2 * 256  # twice the default's in-flight count
     assert flags.max_running_requests is None and flags.mem_fraction_static == 0.92
+
+
+#: the bench's answers: log-normal, median 1,200, mean 1,450, so cv = sqrt(exp(sigma^2) - 1) ~ 0.678
+BENCH_CV = math.sqrt(1450 / 1200 * 1450 / 1200 - 1)
+
+
+def test_with_the_spread_known_the_kv_fills_at_the_running_sets_mean_context() -> None:
+    """Llama-3.1-8B on the H200 bench workload: 1,450 x (1 + 0.678^2) / 2 = 1,059 answer tokens of
+    context on average across a running set, so ~680 in flight fill the 925k-token KV (528 at 300 + 1,450)."""
+    llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
+    wl = dataclasses.replace(BENCH, expected_output_cv=BENCH_CV, expected_output_cv_source="the test")
+    assert wl.expected_tokens_per_request == 300 + math.ceil(1450 * (1 + BENCH_CV**2) / 2) == 1359
+    rec = recommend(llama, H200_MIB, 1, [], wl, "0.5.17", **NO_TRADEOFFS)
+    p, flags = rec.recommended, parse_flags(list(rec.args))
+    assert p.client_concurrency == flags.cuda_graph_max_bs == p.kv_cache_tokens // 1359 == 680
+    assert "E[L](1+cv^2)/2" in rec.reasons[0] and "cv the test" in rec.reasons[0]
+    assert "spread known" in p.rules()["client_concurrency"]
+    conservative = recommend(llama, H200_MIB, 1, [], BENCH, "0.5.17", **NO_TRADEOFFS).recommended
+    assert conservative.client_concurrency == conservative.kv_cache_tokens // 1750 == 528  # unchanged
+    assert "spread unknown" in conservative.rules()["client_concurrency"]
+
+
+def test_the_running_context_matches_a_closed_loop() -> None:
+    """A closed loop of slots, each decoding one token a step and replacing a finished request at once:
+    its time-averaged context per slot is what the planner plans at, for a narrow and a wide spread."""
+    rng = random.Random(7)
+    for sigma in (0.3, 1.2):
+        draws = [min(400, max(1, round(rng.lognormvariate(math.log(40), sigma)))) for _ in range(40_000)]
+        mean, cv = statistics.fmean(draws), statistics.pstdev(draws) / statistics.fmean(draws)
+        wl = Workload(prompt_p50=10, prompt_p99=10, max_tokens=400, expected_output_tokens=round(mean),
+                      expected_output_cv=cv)  # fmt: skip
+        it = iter(draws)
+        slots = [[next(it), 0] for _ in range(64)]  # [length, generated]
+        total = samples = 0
+        for step in range(12_000):
+            for slot in slots:
+                slot[1] += 1
+                if slot[1] >= slot[0]:
+                    slot[:] = [next(it), 0]
+            if step > 2_000:  # past a few lifetimes
+                total += sum(10 + g for _, g in slots)
+                samples += len(slots)
+        simulated = total / samples
+        assert wl.expected_tokens_per_request == pytest.approx(simulated, rel=0.05)
+        conservative = dataclasses.replace(wl, expected_output_cv=None).expected_tokens_per_request
+        assert (conservative > simulated) == (cv < 1)  # p50 + E[L] errs long only while cv < 1
+
+
+def test_the_answer_part_is_capped_at_half_max_tokens() -> None:
+    wl = Workload(prompt_p50=100, prompt_p99=100, max_tokens=8192, expected_output_tokens=4000,
+                  expected_output_cv=3.0)  # fmt: skip
+    assert wl.running_answer_tokens == 4096  # E[X^2] / E[X] <= max_tokens for X = min(L, max_tokens)
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-30b-a3b", "llama-3.1-8b"])
+@pytest.mark.parametrize("cv", [0.0, 0.68, 2.0])
+def test_never_below_sglangs_defaults_with_the_spread_known(name: str, cv: float) -> None:
+    model = ModelShape.from_config(MODELS / name)
+    wl = dataclasses.replace(BENCH, expected_output_cv=cv)
+    rec = recommend(model, H200_MIB, 1, [], wl, "0.5.23", **NO_TRADEOFFS)
+    default = plan(model, H200_MIB, 1, [], wl, "0.5.23")
+    assert rec.recommended.effective_max_running_requests >= default.effective_max_running_requests
+    assert rec.recommended.cuda_graph_max_bs >= default.cuda_graph_max_bs
+    assert rec.recommended.client_concurrency >= min(default.cuda_graph_max_bs, 256)
+
+
+def test_the_tune_rule_takes_the_spread_from_the_old_answers_std(tmp_path: Path) -> None:
+    from regen.ingest.audit_summary import Log2Histogram
+    from regen.io import write_json
+    from regen.runconfig import ServerConfig
+    from regen.sglang.config import PlanFile
+    from regen.tune.tune import write_plan_for_workflow
+
+    hist = Log2Histogram()
+    rng = random.Random(3)
+    for _ in range(5000):
+        hist.add(min(8192, round(rng.lognormvariate(math.log(1200), 0.62))))
+    old = hist.to_json()
+    summary = tmp_path / "summary.json"
+    write_json(summary, {"prompt_tokens_p50": 300, "prompt_tokens_p99": 2000,
+                         "histograms": {"supervised_tokens": old}})  # fmt: skip
+    cfg = {"mode": "sglang", "model_path": "unused", "model_config": str(MODELS / "llama-3.1-8b")}
+    cfg |= {"gpu_memory_mib": H200_MIB, "tp": 1, "args": [], "use_tuner": True, "sglang_version": "0.5.17"}
+    out = tmp_path / "server.json"
+    write_plan_for_workflow(server_cfg=ServerConfig.from_mapping(cfg), max_tokens=8192,
+                            audit_summary=str(summary), out_path=str(out))  # fmt: skip
+    rec = PlanFile.read(out).recommended
+    cv = old["std"] / old["mean"]
+    per_request = 300 + math.ceil(round(old["mean"]) * (1 + cv**2) / 2)
+    assert rec["client_concurrency"] == rec["kv_cache_tokens"] // per_request > 600
+    assert "the old answers' std / mean (audit)" in rec["reasons"][0]
+
+
+def test_tune_cli_takes_the_spread(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "--model-config", str(MODELS / "llama-3.1-8b"), "--sglang-version", "0.5.17", "--gpu-memory-mib",
+        str(H200_MIB), "--prompt-p50", "300", "--prompt-p99", "300", "--max-tokens", "8192",
+        "--expected-output-tokens", "1450", "--expected-output-cv", f"{BENCH_CV:.3f}", "--json",
+    ]  # fmt: skip
+    assert cli(argv) == 0
+    rec = json.loads(capsys.readouterr().out)["recommended"]
+    assert rec["client_concurrency"] == 680 and rec["kv_cache_tokens"] == 925448
+    assert "spread known" in rec["rules"]["client_concurrency"]

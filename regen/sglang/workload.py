@@ -1,0 +1,160 @@
+"""What the planner plans for: the workload (prompt and answer lengths, their spread) and the running
+context a request is planned at, with the rule it follows; read from the audit's summary.
+
+The running context is regen's own rule (no SGLang equivalent): SGLang admits by expected need
+(``managers/schedule_policy.py::PrefillAdder``, ``new_token_ratio``) and retracts under pressure
+(``ScheduleBatch.retract_decode``), so the planned in-flight count is an expectation, not a bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: the rules map's ``client_concurrency`` entries: per rule, what it follows
+CLIENT_RULE_WORST_CASE = "regen: the worst-case concurrency (linear-attention hybrids: the state pool)"
+CLIENT_RULE_LENGTH_BIASED = (
+    "regen: the KV filled at the running set's mean context, prompt p50 + E[L](1+cv^2)/2 (answer-length "
+    "spread known), at least the decode-graph range, at most the cap; SGLang's admission and retraction "
+    "hold the long ones"
+)
+CLIENT_RULE_CONSERVATIVE = (
+    "regen: the KV filled at prompt p50 + the expected answer (answer-length spread unknown: conservative), "
+    "at least the decode-graph range, at most the cap"
+)
+CLIENT_RULE_NO_EXPECTED = (
+    "regen: the KV filled at prompt p50 + max_tokens (no expected answer length), at least the decode-graph "
+    "range, at most the cap"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    prompt_p50: int
+    prompt_p99: int
+    max_tokens: int
+    target_concurrency: int | None = None
+    unique_prompts: bool = True
+    #: mean completion tokens expected (the old answers, a pilot): attention-only models fill the KV at
+    #: it; hybrids get scheduler candidates sized for it (``regen.sglang.alternatives``)
+    expected_output_tokens: int | None = None
+    #: where ``expected_output_tokens`` comes from, said in the recommendation's reasons
+    expected_output_source: str = "given"
+    #: the answer lengths' coefficient of variation (std / mean, lengths capped at ``max_tokens``), the
+    #: spread that sets the mean context of a running set; None: unknown (the conservative rule plans)
+    expected_output_cv: float | None = None
+    #: where ``expected_output_cv`` comes from, said in the reasons and the rules map
+    expected_output_cv_source: str = "given"
+
+    @property
+    def tokens_per_request(self) -> int:
+        """The worst case: prompt p99 + max_tokens."""
+        return self.prompt_p99 + self.max_tokens
+
+    @property
+    def expected_output(self) -> int:
+        """The expected answer length: ``expected_output_tokens`` when given below ``max_tokens``, else
+        ``max_tokens`` (all the workload knows; :attr:`expected_output_known` says which)."""
+        return int(self.expected_output_tokens) if self.expected_output_known else self.max_tokens
+
+    @property
+    def expected_output_known(self) -> bool:
+        return bool(self.expected_output_tokens) and int(self.expected_output_tokens or 0) < self.max_tokens
+
+    @property
+    def spread_known(self) -> bool:
+        """The expected answer and its spread are both known: the running set's mean context is planned."""
+        return self.expected_output_known and self.expected_output_cv is not None
+
+    @property
+    def running_answer_tokens(self) -> int:
+        """The answer part of a running set's mean context. With the spread known, length-biased (a
+        request of length L is running for a time in proportion to L, and its context grows 0 to L):
+        E[L^2] / (2 E[L]) = E[L] (1 + cv^2) / 2, at most max_tokens / 2 (the cap: for X = min(L, c),
+        E[X^2] / E[X] <= c, and it grows with c, so moments of uncapped lengths only err long). Without
+        the spread, the conservative E[L] (holds while cv^2 <= 1) or max_tokens."""
+        if not self.spread_known:
+            return self.expected_output
+        cv = float(self.expected_output_cv or 0.0)
+        biased = self.expected_output * (1.0 + cv * cv) / 2.0
+        return math.ceil(min(biased, self.max_tokens / 2.0))
+
+    @property
+    def expected_tokens_per_request(self) -> int:
+        """The context the KV is filled at per running request: prompt p50 + :attr:`running_answer_tokens`."""
+        return self.prompt_p50 + self.running_answer_tokens
+
+    def running_context_words(self) -> str:
+        """How :attr:`expected_tokens_per_request` was found, for the reasons and the rules map."""
+        if self.spread_known:
+            return (
+                f"prompt p50 {self.prompt_p50:,} + E[L](1+cv^2)/2 = {self.expected_output:,} x "
+                f"(1 + {self.expected_output_cv:.2f}^2) / 2 = {self.running_answer_tokens:,} (the mean "
+                "context of a running set: long answers stay longer; expected answer "
+                f"{self.expected_output_source}, cv {self.expected_output_cv_source}, at most max_tokens / 2)"
+            )
+        if self.expected_output_known:
+            return (
+                f"prompt p50 {self.prompt_p50:,} + expected answer {self.expected_output:,}, "
+                f"{self.expected_output_source} (answer-length spread unknown: the conservative rule, "
+                "above the running set's mean context while cv <= 1; pass --expected-output-cv, or an audit "
+                "whose old answers have a std)"
+            )
+        return (
+            f"prompt p50 {self.prompt_p50:,} + max_tokens {self.max_tokens:,} (no expected answer length "
+            "given: pass --expected-output-tokens, the old answers' or a pilot's mean; max_tokens is the "
+            "upper bound)"
+        )
+
+
+def client_rule_for(workload: Workload) -> str:
+    """The rules map's entry for an attention-only model's client concurrency under ``workload``."""
+    if workload.spread_known:
+        return CLIENT_RULE_LENGTH_BIASED
+    return CLIENT_RULE_CONSERVATIVE if workload.expected_output_known else CLIENT_RULE_NO_EXPECTED
+
+
+DEFAULT_WORKLOAD = Workload(prompt_p50=1024, prompt_p99=4096, max_tokens=4096)
+
+
+def workload_from_audit(
+    summary_json: str | Path | dict[str, Any],
+    max_tokens: int | None = None,
+    target_concurrency: int | None = None,
+) -> Workload:
+    """Workload from the audit summary: prompt_tokens_p50/p99 keys, else a prompt_tokens{p50,p99} block."""
+    summary = summary_json if isinstance(summary_json, dict) else json.loads(Path(summary_json).read_text())
+    block = summary.get("prompt_tokens") if isinstance(summary.get("prompt_tokens"), dict) else {}
+    p50 = summary.get("prompt_tokens_p50", block.get("p50", DEFAULT_WORKLOAD.prompt_p50))
+    p99 = summary.get("prompt_tokens_p99", block.get("p99", DEFAULT_WORKLOAD.prompt_p99))
+    return Workload(
+        prompt_p50=int(p50),
+        prompt_p99=int(max(p99, p50)),
+        max_tokens=int(max_tokens or summary.get("max_tokens") or DEFAULT_WORKLOAD.max_tokens),
+        target_concurrency=target_concurrency,
+        **old_answers_expected(summary),
+    )
+
+
+def old_answers_expected(summary: dict[str, Any]) -> dict[str, Any]:
+    """The expected answer length and its spread from the audit: the mean and the coefficient of variation
+    (std / mean) of the supervised (old answer) tokens per sample of its ``supervised_tokens`` histogram,
+    as ``Workload`` fields; {} when the audit has no mean, no cv when it has no std (an audit from before
+    the std was recorded: the conservative rule plans). A sample with several answers counts them all, so
+    the mean errs long (fewer requests in flight), never short. The lengths are the old answers' own, not
+    capped at ``max_tokens``: :attr:`Workload.running_answer_tokens` bounds the capped context by them."""
+    hist = (summary.get("histograms") or {}).get("supervised_tokens") or {}
+    mean = hist.get("mean")
+    if not mean:
+        return {}
+    out: dict[str, Any] = {
+        "expected_output_tokens": round(mean),
+        "expected_output_source": "the old answers' mean (audit)",
+    }
+    if hist.get("std") is not None:
+        out["expected_output_cv"] = float(hist["std"]) / float(mean)
+        out["expected_output_cv_source"] = "the old answers' std / mean (audit)"
+    return out
