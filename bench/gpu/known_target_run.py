@@ -9,9 +9,9 @@ then the measurements against the model's ``designed.json`` and the ``target: ..
                     ``--tool-call-parser qwen25`` in server.args
   --dense           the dense Qwen3ForCausalLM target (``known_target.py --dense``; also chosen when the model
                     dir's config.json names it): no tools, no tool-call parser (the drafter loop, issue 36),
-                    each row ``[user, assistant]`` with an original answer (plain English, varied per row) that
-                    regen audits and regenerates and the loop's baseline trains on; the simulated mode plans
-                    for Qwen3-8B's full shape
+                    each row ``[user, assistant]`` with an original answer (plain English, varied per row)
+                    that regen audits and regenerates and the loop's baseline trains on; the simulated mode
+                    plans for Qwen3-8B's full shape
 
 Measured from the journals and results (every row): finish reasons vs the designed stop fraction;
 reasoning/content split exact (SGLang's reasoning_content/content equal the Qwen3 split of the decoded
@@ -71,8 +71,8 @@ TOOLS = [
 #: the pieces an original answer is made of (a chat dataset's answers: plain English, varied per row)
 _WEATHER = ("sunny", "rainy", "cold and windy", "warm", "foggy in the morning", "humid", "snowy", "mild")
 _WEAR = (
-    "a light jacket", "a warm wool coat", "a t-shirt and shorts", "a raincoat and boots", "layers you can take off",
-    "a sweater and jeans", "a hat and sunscreen", "gloves and a scarf",
+    "a light jacket", "a warm wool coat", "a t-shirt and shorts", "a raincoat and boots",
+    "layers you can take off", "a sweater and jeans", "a hat and sunscreen", "gloves and a scarf",
 )  # fmt: skip
 _EXTRA = (
     "Take an umbrella just in case.", "Comfortable shoes help if you walk a lot.",
@@ -559,7 +559,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--tools-fraction", type=float, default=0.3, help="0 with --dense (no tool-call parser)")
-    p.add_argument("--dense", action="store_true", help="the dense target: rows with original answers, no tools")
+    p.add_argument("--dense", action="store_true", help="dense target: rows with original answers, no tools")
     p.add_argument("--eval-fraction", type=float, default=0.1, help="--dense: export.eval_fraction")
     p.add_argument("--sim-token-rate", type=float, default=20000.0, help="simulated decode tok/s per request")
     p.add_argument("--snakemake", default=os.environ.get("SNAKEMAKE", f"{sys.executable} -m snakemake"))
