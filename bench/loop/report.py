@@ -156,7 +156,8 @@ def markdown(r: dict[str, Any], line: str) -> str:
             )
     out += ["", "| step | rc | wall s |", "|---|---|---|"]
     for name, s in r["steps"].items():
-        out.append(f"| {name} | {fmt(s.get('rc'))} | {fmt(s.get('wall_s'))} |")
+        wall = s.get("wall_s")
+        out.append(f"| {name} | {fmt(s.get('rc'))} | {'na' if wall is None else f'{wall:.1f}'} |")
     out += ["", "    " + line, ""]
     return "\n".join(out)
 
@@ -166,6 +167,7 @@ def _atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the results from whoever collects them
     os.replace(tmp, path)
 
 
