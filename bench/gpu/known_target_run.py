@@ -7,6 +7,11 @@ then the measurements against the model's ``designed.json`` and the ``target: ..
                     the same chain the weights hold, sampled as SGLang samples; CPU, a few minutes
   --mode sglang     real SGLang on the model dir (bench/gpu/known_target.py, full shape), with
                     ``--tool-call-parser qwen25`` in server.args
+  --dense           the dense Qwen3ForCausalLM target (``known_target.py --dense``; also chosen when the model
+                    dir's config.json names it): no tools, no tool-call parser (the drafter loop, issue 36),
+                    each row ``[user, assistant]`` with an original answer (plain English, varied per row)
+                    that regen audits and regenerates and the loop's baseline trains on; the simulated mode
+                    plans for Qwen3-8B's full shape
 
 Measured from the journals and results (every row): finish reasons vs the designed stop fraction;
 reasoning/content split exact (SGLang's reasoning_content/content equal the Qwen3 split of the decoded
@@ -19,7 +24,7 @@ the projection of the generation phase is made from the workflow's static plan, 
 a prior decode-step line (``projection``), unless ``--projected-s`` gives one.
 
 Usage: python bench/gpu/known_target_run.py --model DIR --work DIR [--mode simulated] [--n 2000]
-       [--max-tokens 4096] [--tools-fraction 0.3]
+       [--max-tokens 4096] [--tools-fraction 0.3] [--dense [--eval-fraction 0.1]]
 """
 
 from __future__ import annotations
@@ -63,7 +68,36 @@ TOOLS = [
 ]
 
 
-def write_dataset(path: Path, n: int, tools_fraction: float) -> None:
+#: the pieces an original answer is made of (a chat dataset's answers: plain English, varied per row)
+_WEATHER = ("sunny", "rainy", "cold and windy", "warm", "foggy in the morning", "humid", "snowy", "mild")
+_WEAR = (
+    "a light jacket", "a warm wool coat", "a t-shirt and shorts", "a raincoat and boots",
+    "layers you can take off", "a sweater and jeans", "a hat and sunscreen", "gloves and a scarf",
+)  # fmt: skip
+_EXTRA = (
+    "Take an umbrella just in case.", "Comfortable shoes help if you walk a lot.",
+    "Check the forecast again before you leave.", "Evenings can be cooler, so bring something extra.",
+    "Drink plenty of water.", "A small bag keeps your hands free.", "",
+)  # fmt: skip
+
+
+def original_answer(i: int) -> str:
+    """Row ``i``'s original answer: a few plain sentences, varied by a generator seeded with the row."""
+    import random
+
+    rng = random.Random(i)
+    weather, wear = rng.choice(_WEATHER), rng.choice(_WEAR)
+    town = i % 97
+    lines = [f"In town {town} it is likely to be {weather} today, so I would wear {wear}."]
+    lines += [x for x in rng.sample(_EXTRA, k=rng.randint(1, 3)) if x]
+    if rng.random() < 0.4:
+        lines.append(f"If you are out after dark, {rng.choice(_WEAR)} is a good second choice.")
+    return " ".join(lines)
+
+
+def write_dataset(path: Path, n: int, tools_fraction: float, answers: bool = False) -> None:
+    """``n`` prompts (tools on ``tools_fraction`` of them); ``answers``: each row ``[user, assistant]``
+    with its original answer (:func:`original_answer`), which regen regenerates."""
     every = max(1, round(1 / tools_fraction)) if tools_fraction > 0 else 0
     with open(path, "w") as fh:
         for i in range(n):
@@ -73,6 +107,8 @@ def write_dataset(path: Path, n: int, tools_fraction: float) -> None:
                     {"role": "user", "content": f"Question {i}: what should I wear today in town {i % 97}?"}
                 ],
             }
+            if answers:
+                row["messages"].append({"role": "assistant", "content": original_answer(i)})
             if every and i % every == 0:
                 row["tools"] = TOOLS
             fh.write(json.dumps(row) + "\n")
@@ -95,14 +131,16 @@ def write_config(path: Path, a: argparse.Namespace, dataset: Path) -> None:
         "server": {"mode": a.mode, "model_path": model, "gpus": 1},
     }
     cfg["generate"]["return_token_ids"] = True
+    if a.dense:  # the loop's eval prompts, and SpecForge's default window named (rows end far inside it)
+        cfg["export"].update({"eval_fraction": a.eval_fraction, "max_length": 2048})
     if a.mode == "sglang":
         cfg["generate"]["request_timeout_s"] = 3600
-        cfg["server"].update(
-            {"args": ["--tool-call-parser", "qwen25"], "startup_timeout_s": 900, "idle_timeout_s": 1800}
-        )
+        parser = [] if a.dense else ["--tool-call-parser", "qwen25"]
+        cfg["server"].update({"args": parser, "startup_timeout_s": 900, "idle_timeout_s": 1800})
     else:
         full = a.work / "full-shape-config.json"  # the tuner plans for the real shape, as on the GPU
-        full.write_text(json.dumps(kt.config_json(kt.Shape(), 2, 0)))
+        shape = kt.dense_config_json(kt.DENSE, 2, 0) if a.dense else kt.config_json(kt.Shape(), 2, 0)
+        full.write_text(json.dumps(shape))
         cfg["server"].update(
             {
                 "model_config": str(full),
@@ -483,7 +521,8 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
         for k in ("before_server_s", "server_start_s", "ready_to_first_request_s", "generation_s", "after_s")
     ]
     out = [
-        f"# Known-answer target, mode {a.mode}: {m['requests']} prompts, max_tokens {a.max_tokens}",
+        f"# Known-answer target{' (dense)' if getattr(a, 'dense', False) else ''}, mode {a.mode}: "
+        f"{m['requests']} prompts, max_tokens {a.max_tokens}",
         "",
         "| measure | measured | designed |",
         "|---|---|---|",
@@ -506,6 +545,12 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
     return "\n".join(out)
 
 
+def is_dense(model: Path) -> bool:
+    """The model dir holds the dense known-answer target (its config.json names Qwen3ForCausalLM)."""
+    cfg = model / "config.json"
+    return cfg.exists() and "Qwen3ForCausalLM" in json.loads(cfg.read_text()).get("architectures", [])
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, required=True, help="known_target.py output (built if absent, tiny)")
@@ -513,7 +558,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--mode", choices=("simulated", "sglang"), default="simulated")
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--max-tokens", type=int, default=4096)
-    p.add_argument("--tools-fraction", type=float, default=0.3)
+    p.add_argument("--tools-fraction", type=float, default=0.3, help="0 with --dense (no tool-call parser)")
+    p.add_argument("--dense", action="store_true", help="dense target: rows with original answers, no tools")
+    p.add_argument("--eval-fraction", type=float, default=0.1, help="--dense: export.eval_fraction")
     p.add_argument("--sim-token-rate", type=float, default=20000.0, help="simulated decode tok/s per request")
     p.add_argument("--snakemake", default=os.environ.get("SNAKEMAKE", f"{sys.executable} -m snakemake"))
     p.add_argument("--measure-only", action="store_true", help="skip the workflow; measure an existing run")
@@ -524,8 +571,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-projection", action="store_true", help="no projection from the plan and design")
     a = p.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
+    a.dense = a.dense or is_dense(a.model)
+    if a.dense:
+        a.tools_fraction = 0.0
     if not (a.model / "chain.json").exists():
-        kt.build(a.model, kt.TINY, kt.ChainSpec(), [a.max_tokens])
+        shape, spec = (kt.TINY_DENSE, kt.DENSE_CHAIN) if a.dense else (kt.TINY, kt.ChainSpec())
+        kt.build(a.model, shape, spec, [a.max_tokens])
     wall = float("nan")
     phases = None
     previous = a.work / "known_target_measured.json"
@@ -535,7 +586,7 @@ def main(argv: list[str]) -> int:
         phases = before.get("phases")
     if not a.measure_only:
         dataset = a.work / "dataset.jsonl"
-        write_dataset(dataset, a.n, a.tools_fraction)
+        write_dataset(dataset, a.n, a.tools_fraction, answers=a.dense)
         cfg = a.work / "config.yaml"
         write_config(cfg, a, dataset)
         run = a.work / "run"
@@ -547,7 +598,7 @@ def main(argv: list[str]) -> int:
                 {
                     "REGEN_SIM_CHAIN": str((a.model / "chain.json").resolve()),
                     "REGEN_SIM_SERVER": "bench.sim_chain:chain_server",  # the simulated server's hook
-                    "REGEN_SIM_TOOL_CALL_PARSER": "qwen25",
+                    **({} if a.dense else {"REGEN_SIM_TOOL_CALL_PARSER": "qwen25"}),
                 }
             )
         cmd = [*a.snakemake.split(), "-s", str(REPO / "Snakefile"), "--directory", str(run), "--cores", "all"]
