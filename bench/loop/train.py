@@ -166,6 +166,9 @@ def predicted_accept_length(acc: list[float], steps: int = 3) -> float:
     return total
 
 
+SPECFORGE_MAIN = "import sys; from specforge.cli import main; sys.exit(main())"
+
+
 def logged_run(cmd: list[str], env: dict[str, str], log) -> float:
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
@@ -221,14 +224,17 @@ def train(a: argparse.Namespace) -> dict[str, Any]:
         )
     if a.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
-    specforge = str(Path(sys.executable).parent / "specforge")
+    script = Path(sys.executable).parent / "specforge"
+    # the console script where pip installed SpecForge; its entry point (specforge.cli:main) where the
+    # wheel is only unzipped onto PYTHONPATH (the GPU host)
+    specforge = [str(script)] if script.exists() else [sys.executable, "-c", SPECFORGE_MAIN]
     log_path = out / "train.log"
     with open(log_path, "w") as log:
         log.write(f"loss: {loss_note}\ntarget: {target_note}\ncapture layers: {layers} ({capture['why']})\n")
         log.write(f"config:\n{yaml.safe_dump(cfg, sort_keys=False)}\n")
-        wall = logged_run([specforge, "train", "--config", str(cfg_path)], env, log)
+        wall = logged_run([*specforge, "train", "--config", str(cfg_path)], env, log)
         export_wall = logged_run(
-            [specforge, "export", "--to", "sglang", "--checkpoint", str(out / "specforge"),
+            [*specforge, "export", "--to", "sglang", "--checkpoint", str(out / "specforge"),
              "--draft-config", str(draft_path), "--output-dir", str(out / "sglang")],
             env,
             log,
