@@ -42,7 +42,9 @@ def test_an_mtp_start_counts_the_draft_weights_and_every_graph() -> None:
 
 
 def test_without_sglangs_timings_line_the_pools_are_unknown_not_zero() -> None:
-    text = re.sub(r"[^\n]*Engine startup timings[^\n]*\n", "", _known_target_log("baseline-seed-logs/gpu0.log"))
+    text = re.sub(
+        r"[^\n]*Engine startup timings[^\n]*\n", "", _known_target_log("baseline-seed-logs/gpu0.log")
+    )
     split = startup_split(text)
     assert split.source == "elapsed-lines"
     assert split.weights_s == 9.15  # 8.80 target + 0.35 MTP draft
