@@ -305,6 +305,16 @@ CAPACITY = (
     MapField("mem_fraction_static", "mem_fraction_static", ("mem_fraction_static",)),
     MapField("chunked prefill size", "chunked_prefill_size", ("chunked_prefill_size",)),
 )
+#: the rows of the server-start table: (label, key of a ``gpu{k}.realized.json`` ``startup_split`` block,
+#: ``regen.serving.startup_split.StartupSplit``)
+STARTUP_ROWS = (
+    ("interpreter, imports, scheduler and model config", "imports_s"),
+    ("weights (target and draft)", "weights_s"),
+    ("KV and state pools", "pools_s"),
+    ("CUDA graphs", "graphs_s"),
+    ("the rest (set-up, warm-up, readiness probe)", "other_s"),
+    ("launch to ready", "total_s"),
+)
 #: drift above this (relative) is highlighted, as regen.serving logs it
 DRIFT_WARN = 0.05
 
@@ -314,6 +324,16 @@ def drift(predicted: Any, realized: float | None) -> float | None:
     if realized is None or not isinstance(predicted, int | float) or abs(predicted) < 1e-3:
         return None  # nothing predicted (a few MiB of "free" is no base for a percentage)
     return (realized - float(predicted)) / float(predicted)
+
+
+def _startup_table(starts: Mapping[str, Mapping[str, Any]]) -> str:
+    """Seconds of each server's start per part; "unknown" where its log did not say."""
+    rows = [
+        [label, *("unknown" if split.get(key) is None else split[key] for split in starts.values())]
+        for label, key in STARTUP_ROWS
+    ]
+    rows.append(["read from", *(split.get("source", "none") for split in starts.values())])
+    return _table(["", *starts], rows, "server start (s), from each server's log")
 
 
 def _side_by_side(
@@ -379,11 +399,13 @@ def server_plan_html(
         )
     launched = str(plan.get("launched", "recommended"))
     predicted = plan.get(launched) or {}
-    servers = {}
+    servers, starts = {}, {}
     for p in realized_paths:
         if p.is_file():
             doc = read_json(p)
-            servers[str(doc.get("server_id") or p.name.split(".")[0])] = doc.get("realized") or {}
+            sid = str(doc.get("server_id") or p.name.split(".")[0])
+            servers[sid] = doc.get("realized") or {}
+            starts[sid] = doc.get("startup_split") or {}
     total_gib = float(plan.get("gpu_memory_mib") or 0) / 1024.0
     parts = [
         _note(
@@ -405,6 +427,8 @@ def server_plan_html(
         parts.append(_note(f"no realized values: no server wrote {RUN.servers_root}/gpu*.realized.json"))
     parts.append(_side_by_side(MEMORY_MAP, predicted, servers, "memory map (GiB per GPU)"))
     parts.append(_side_by_side(CAPACITY, predicted, servers, "capacities"))
+    if starts:
+        parts.append(_startup_table(starts))
     given, recommended = plan.get("given") or {}, plan.get("recommended") or {}
     compare_rows = [
         [f.label, given.get(f.predicted_key), recommended.get(f.predicted_key)]

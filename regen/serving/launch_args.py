@@ -15,6 +15,14 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
     {"--model-path", "--model", "--host", "--port", "--reasoning-parser", "--enable-metrics"}
 )
 
+#: flags a local SGLang launch gets unless ``server.args`` or the plan already give them.
+#: ``--skip-server-warmup``: SGLang 0.5.17/0.5.23 otherwise send their own warm-up ``/generate`` before the
+#: server answers (``_wait_and_warmup`` in ``sglang/srt/entrypoints/http_server.py``), holding the
+#: scheduler ~7 s on the H200 (issue 37); regen's readiness probe already pays the first request's cost
+#: (``regen.serving.probes.one_token_generation``). Not a numerics flag: ``/server_info``'s
+#: ``skip_server_warmup`` is not among ``regen.fingerprint.SERVER_NUMERICS_KEYS``.
+LAUNCH_DEFAULT_FLAGS: tuple[str, ...] = ("--skip-server-warmup",)
+
 
 def flag_name(token: str) -> str:
     return token.split("=", 1)[0].replace("_", "-")
@@ -73,3 +81,9 @@ def launch_args_for(cfg: ServerConfig, plan: PlanFile | None) -> list[str]:
     if tp > 1 and not names & {"--tp-size", "--tp", "--tensor-parallel-size"}:
         args += ["--tp-size", str(tp)]
     return args
+
+
+def with_launch_defaults(args: Sequence[str]) -> list[str]:
+    """``args`` with each of ``LAUNCH_DEFAULT_FLAGS`` they do not already give appended."""
+    names = {flag_name(g[0]) for g in split_flags(args)}
+    return [*args, *(f for f in LAUNCH_DEFAULT_FLAGS if f not in names)]

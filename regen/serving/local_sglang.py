@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from regen.runconfig import ServerConfig
 from regen.serving.base import ServerError, ServerMode
-from regen.serving.launch_args import launch_args_for
+from regen.serving.launch_args import launch_args_for, with_launch_defaults
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import check_flags
 
@@ -24,7 +24,8 @@ def check_sglang_flags(argv: list[str]) -> None:
 
 
 def build_sglang_command(cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str) -> list[str]:
-    """``python -m sglang.launch_server`` for one slot, checked with ``regen.sglang.flags``."""
+    """``python -m sglang.launch_server`` for one slot (``LAUNCH_DEFAULT_FLAGS`` included), checked with
+    ``regen.sglang.flags``."""
     argv = [
         sys.executable,
         "-m",
@@ -38,7 +39,7 @@ def build_sglang_command(cfg: ServerConfig, plan: PlanFile | None, port: int, mo
         "--reasoning-parser",
         cfg.reasoning_parser,
         "--enable-metrics",
-        *launch_args_for(cfg, plan),
+        *with_launch_defaults(launch_args_for(cfg, plan)),
     ]
     check_sglang_flags(argv)
     return argv

@@ -10,6 +10,8 @@ from pathlib import Path
 SUPERVISOR_MODULE = "regen.serving.supervisor"
 #: the supervisor writes this line to the log before each server start
 SERVER_START_MARK = "=== regen supervisor: starting server"
+#: what the supervisor says once its readiness probe answered (``regen.serving.startup_split`` reads it)
+SERVER_READY_MARK = "server ready at "
 
 
 @dataclass(frozen=True, slots=True)

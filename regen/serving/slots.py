@@ -44,6 +44,7 @@ from regen.serving.procfs import (
     read_url_state,
     startup_log_text,
 )
+from regen.serving.startup_split import startup_split
 from regen.sglang.config import PlanFile
 from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
 from regen.types import Endpoint
@@ -220,16 +221,19 @@ def wait_until_ready(
 def write_realized(
     files: SlotFiles, plan: PlanFile | None, info: Mapping[str, Any], server_id: str, url: str
 ) -> None:
-    """``gpu{k}.realized.json``: the memory map the server really got vs. the plan; drift logged."""
+    """``gpu{k}.realized.json``: the memory map the server really got vs. the plan (drift logged) and
+    where its start went (``regen.serving.startup_split``)."""
     out: dict[str, Any] = {
         "server_id": server_id,
         "url": url,
         "written_at": time.time(),
         "server_info": {k: info.get(k) for k in ("version", "internal_states") if k in info},
     }
-    startup = parse_startup_log(startup_log_text(files.log))
+    log_text = startup_log_text(files.log)
+    startup = parse_startup_log(log_text)
     realized = realized_from_server_info(dict(info), startup)
     out["startup_log"] = _jsonable(startup)
+    out["startup_split"] = _jsonable(startup_split(log_text))
     out["realized"] = _jsonable(realized)
     if plan is not None:
         predicted = plan.launched_section

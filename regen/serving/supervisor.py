@@ -36,6 +36,7 @@ from typing import IO
 from regen.serving.ports import PortHold, group_listens_on, hold_free_port, hold_port, port_is_free
 from regen.serving.probes import one_token_generation
 from regen.serving.procfs import (
+    SERVER_READY_MARK,
     SERVER_START_MARK,
     UrlState,
     pid_alive,
@@ -268,7 +269,7 @@ class Supervisor:
                 self.child = self.launch(self.restarts + 1)
                 stall = None
                 if self.wait_ready(self.child):
-                    self.say(f"server ready at {self.url}")
+                    self.say(f"{SERVER_READY_MARK}{self.url}")
                     self.write_state(UrlState(self.pid, url=self.url, server_pid=self.child.pid))
                     stall = self.monitor(self.child)
                 elif self.port_lost() and self.move_port(

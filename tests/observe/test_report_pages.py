@@ -60,9 +60,22 @@ def test_memory_map_puts_realized_beside_predicted_with_drift(tmp_path: Path) ->
         {
             "server_id": "gpu0",
             "realized": {"weights_gib": 10.0, "kv_cache_gib": 40.0, "max_total_num_tokens": 800},
+            "startup_split": {
+                "imports_s": 58.0,
+                "weights_s": 20.87,
+                "pools_s": None,
+                "graphs_s": 111.42,
+                "total_s": 193.0,
+                "other_s": None,
+                "source": "elapsed-lines",
+            },
         },
     )
     page = server_plan_html(plan, [realized], "sglang")
+    start = page[page.index("server start (s)") :]
+    assert "<td>CUDA graphs</td><td>111.4</td>" in start
+    assert "<td>KV and state pools</td><td>unknown</td>" in start  # never a made-up number
+    assert "<td>launch to ready</td><td>193</td>" in start
     assert "gpu0 realized" in page and "gpu0 drift" in page
     assert "<td class='fail'>-20.0%</td>" in page  # KV cache 50 -> 40 GiB, and 1000 -> 800 tokens
     assert "<td>+0.0%</td>" in page  # weights as planned

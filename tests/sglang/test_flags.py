@@ -21,7 +21,7 @@ def test_bundled_list_has_the_planner_flags() -> None:
     names = bundled_flags("0.5.23")
     assert len(names) > 500
     for flag in ("--mem-fraction-static", "--max-mamba-cache-size", "--mamba-radix-cache-strategy",
-                 "--cuda-graph-max-bs-decode", "--tp-size"):  # fmt: skip
+                 "--cuda-graph-max-bs-decode", "--tp-size", "--skip-server-warmup"):  # fmt: skip
         assert flag in names
     assert "--cuda-graph-max-bs" not in names and "--mamba-scheduler-strategy" not in names
 
@@ -53,6 +53,19 @@ def test_typos_prefixes_and_renames_rejected(
         check_flags(argv)
     assert info.value.flag == flag and info.value.suggestion == suggestion
     assert suggestion in str(info.value)
+
+
+def test_the_launch_command_skips_sglangs_warmup_once_and_passes_the_flag_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from regen.serving.local_sglang import build_sglang_command
+
+    _bundled_only(monkeypatch)
+    cfg = {"host": "127.0.0.1", "reasoning_parser": "qwen3", "use_tuner": False}
+    argv = build_sglang_command(ServerConfig.from_mapping({**cfg, "args": []}), None, 30000, "/models/x")
+    assert argv.count("--skip-server-warmup") == 1
+    given = ServerConfig.from_mapping({**cfg, "args": ["--skip-server-warmup", "--tp-size", "1"]})
+    assert build_sglang_command(given, None, 30000, "/models/x").count("--skip-server-warmup") == 1
 
 
 def test_non_strict_tolerates_unknown_but_not_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,6 +106,7 @@ def test_the_built_launch_command_passes_sglangs_own_parser() -> None:
     plan = PlanFile.from_json({"launch_args": ["--mem-fraction-static", "0.92", "--disable-radix-cache"]})
     argv = build_sglang_command(ServerConfig.from_mapping(cfg), plan, 30000, "/models/x")
     assert argv[1:3] == ["-m", "sglang.launch_server"] and "--disable-radix-cache" in argv
+    assert argv.count("--skip-server-warmup") == 1  # SGLang's own warm-up does not hold readiness
     with pytest.raises(ServerError, match="--max-running-request"):
         build_sglang_command(
             ServerConfig.from_mapping({**cfg, "args": ["--max-running-request", "8"]}),
