@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.loop.prepare import write_json
+from regen.io import write_json
 
 
 def default_layers(num_layers: int) -> tuple[list[int], str]:

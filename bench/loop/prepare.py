@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from regen.io import atomic_open, write_json
 from regen.layout import RunLayout
 
 MAX_LENGTH = 1 << 20  # no truncation: regen's export already left out rows over the trainer window
@@ -44,16 +45,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-    tmp.replace(path)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """``obj`` as indented JSON at ``path``, atomically (a temporary file beside it, then a rename)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    tmp.replace(path)
+    """``rows`` as JSON lines at ``path``, atomically (``regen.io.atomic_open``)."""
+    with atomic_open(path) as fh:
+        fh.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
 
 
 def token_rows(path: Path) -> list[dict[str, Any]]:

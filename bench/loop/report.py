@@ -20,10 +20,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from regen.io import atomic_open
 
 #: the scalar SpecForge's eval is summarized by, in order of preference: its simulated accept length over the
 #: TTT positions (specforge/eval/evaluator.py: ``eval/simulated_acc_len``), else position 0's accuracy
@@ -163,12 +164,10 @@ def markdown(r: dict[str, Any], line: str) -> str:
 
 
 def _atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
+    """``text`` at ``path``, atomically and readable by whoever collects it (``regen.io.atomic_open``
+    leaves the umask's mode, not mkstemp's 0600)."""
+    with atomic_open(path) as fh:
         fh.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the results from whoever collects them
-    os.replace(tmp, path)
 
 
 def write(root: Path, results: Path, date: str, dry: bool = False) -> str:

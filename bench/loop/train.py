@@ -50,7 +50,7 @@ from typing import Any
 
 import yaml
 
-from bench.loop.prepare import write_json
+from regen.io import write_json
 
 REFERENCE_LOSS_DIR = Path(__file__).resolve().parent / "reference_loss"
 #: the settings both drafters of one comparison share; printed and kept in run.yaml
