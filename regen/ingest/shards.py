@@ -193,20 +193,33 @@ def shard_audited(
     return write_shards(read_shard(samples_parquet), frozenset(), out_paths, expected=expected)
 
 
+def _sample_from_row(row: dict[str, Any]) -> Sample:
+    messages = tuple(message_from_row(m) for m in (row["messages"] or ()))
+    source = {"file": row["source_file"], "row": row["source_row"], "format": row["source_format"]}
+    tools = row.get("tools_json")
+    return Sample(
+        id=row["id"],
+        messages=messages,
+        source=source,
+        tools=tuple(orjson.loads(tools)) if tools else None,
+    )
+
+
 def read_shard(path: str | os.PathLike[str]) -> Iterator[Sample]:
     """Stream the samples of one shard file, in order."""
     pf = pq.ParquetFile(path)
     for batch in pf.iter_batches(batch_size=ROWS_PER_BATCH):
         for row in batch.to_pylist():
-            messages = tuple(message_from_row(m) for m in (row["messages"] or ()))
-            source = {"file": row["source_file"], "row": row["source_row"], "format": row["source_format"]}
-            tools = row.get("tools_json")
-            yield Sample(
-                id=row["id"],
-                messages=messages,
-                source=source,
-                tools=tuple(orjson.loads(tools)) if tools else None,
-            )
+            yield _sample_from_row(row)
+
+
+def read_shard_spread(path: str | os.PathLike[str], limit: int) -> list[Sample]:
+    """Up to ``limit`` samples spread evenly over the shard file (every k-th row, from the first), read
+    without building the rest."""
+    table = pq.read_table(path)
+    stride = max(1, table.num_rows // max(1, limit))
+    picks = list(range(0, table.num_rows, stride))[:limit]
+    return [_sample_from_row(row) for row in table.take(picks).to_pylist()]
 
 
 def read_excluded(excluded_jsonl: str | os.PathLike[str]) -> tuple[frozenset[str], frozenset[int]]:

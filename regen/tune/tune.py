@@ -18,9 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from regen.ingest.shards import read_shard
+from regen.ingest.shards import read_shard_spread
 from regen.io import write_json
 from regen.layout import RunLayout
 from regen.runconfig import GenerateConfig, ServerConfig, section_schema
@@ -244,15 +242,7 @@ def _load_config(path: str | None) -> dict[str, Any]:
 def pilot_samples(shard: str | os.PathLike[str], limit: int) -> list[Sample]:
     """Up to ``limit`` samples spread evenly over the shard: the shard is ordered longest expected answer
     first (``regen.ingest.shards``), so its first samples would make a pilot of the longest answers."""
-    rows = pq.ParquetFile(shard).metadata.num_rows
-    stride = max(1, rows // max(1, limit))
-    out: list[Sample] = []
-    for i, sample in enumerate(read_shard(shard)):
-        if i % stride:
-            continue
-        out.append(sample)
-        if len(out) >= limit:
-            break
+    out = read_shard_spread(shard, limit)
     if not out:
         raise SweepError(f"{shard}: no samples for the pilot")
     return out
