@@ -223,18 +223,16 @@ def child_resume(url: str, shard: str) -> None:
     """A generate job for ``shard`` in this process (run from the workflow copy): what the generate rule
     runs, against the bench's server."""
     from regen.generate.client import ShardJob, generate_shard
-    from regen.runconfig import GenerateConfig
     from regen.types import Endpoint
 
     config = load_config(list(CONFIGS))
     layout = RunLayout()
     run = RunConfig.from_config(config, 1)
     settings = GenerationSettings.for_run(run)
-    generate_cfg = run.generate
     path = layout.shard(shard)
     generate_shard(ShardJob(
         read_shard(path), layout.journal(shard), layout.records(shard), layout.failed(shard),
-        GenerateConfig.from_dict(generate_cfg), Endpoint(url=url, server_id="bench"), shard,
+        run.generate, Endpoint(url=url, server_id="bench"), shard,
         settings=settings,
     ))  # fmt: skip
 
