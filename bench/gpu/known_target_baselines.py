@@ -9,6 +9,9 @@
                    algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1
                    --speculative-num-draft-tokens 4``), ``--max-mamba-cache-size 200 --mem-fraction-static
                    0.93 --mamba-full-memory-ratio 0.6 --max-running-requests 64``; concurrency 64 (its cap)
+  --which plan     regen's plan as the 2026-12-01 workflow launched it (cap 265, decode graphs to 265), the
+                   same client at 265; ``plan-noprefill`` adds ``--disable-prefill-cuda-graph``: the two
+                   measure what SGLang's prefill CUDA graphs cost at start and buy at these prompt lengths
 
 The client is aiohttp (what regen's own client uses, so client overhead is alike), one POST per prompt to
 ``/v1/chat/completions`` with the fields regen sends minus regen's extras (no ``seed``, no
@@ -56,8 +59,19 @@ SEED_FLAGS = [
     "--speculative-num-draft-tokens", "4", "--max-mamba-cache-size", "200", "--mem-fraction-static", "0.93",
     "--mamba-full-memory-ratio", "0.6", "--max-running-requests", "64",
 ]  # fmt: skip
-FLAGS = {"default": PARSERS, "seed": [*SEED_FLAGS, *PARSERS]}
-CONCURRENCY = {"default": 48, "seed": 64}
+#: regen's plan for this target and workload as the 2026-12-01 workflow launched it (known-target-2026-12-01
+#: logs: gpu0.log), served by a plain client: issue 37 item 2's question, do prefill CUDA graphs pay here
+PLAN_FLAGS = [
+    "--mem-fraction-static", "0.92", "--max-running-requests", "265", "--disable-radix-cache",
+    "--cuda-graph-max-bs-decode", "265",
+]  # fmt: skip
+FLAGS = {
+    "default": PARSERS,
+    "seed": [*SEED_FLAGS, *PARSERS],
+    "plan": [*PLAN_FLAGS, *PARSERS],
+    "plan-noprefill": [*PLAN_FLAGS, "--disable-prefill-cuda-graph", *PARSERS],
+}
+CONCURRENCY = {"default": 48, "seed": 64, "plan": 265, "plan-noprefill": 265}
 SGLANG_VERSION = "0.5.17"  # the GPU host's payload (bench/gpu/pack.sh)
 _ACCEPT = re.compile(r"Decode batch.*?#running-req: (\d+),.*?accept len: ([0-9.]+)")
 
@@ -388,7 +402,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--tools-fraction", type=float, default=0.3)
-    p.add_argument("--concurrency", type=int, default=None, help="default: 48 (default), 64 (seed)")
+    p.add_argument("--concurrency", type=int, default=None, help="default: CONCURRENCY[--which]")
     p.add_argument("--port-base", type=int, default=30100)
     p.add_argument("--dry-cpu", action="store_true", help="regen's simulated SGLang in chain mode")
     p.add_argument("--sim-token-rate", type=float, default=20000.0, help="simulated decode tok/s per request")

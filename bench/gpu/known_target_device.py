@@ -160,6 +160,7 @@ def sequence(args: list[str]) -> None:
     p.add_argument("--baselines", default="default,seed")
     p.add_argument("--default-concurrency", type=int, default=48)
     p.add_argument("--seed-concurrency", type=int, default=64)
+    p.add_argument("--skip-regen", action="store_true", help="baselines only (no workflow, no target line)")
     own, run_args = p.parse_known_args(args)
     shared = argparse.ArgumentParser(add_help=False)  # what the baselines share with the regen run
     shared.add_argument("--n", default="2000")
@@ -169,13 +170,15 @@ def sequence(args: list[str]) -> None:
     same, _ = shared.parse_known_args(run_args)
     mode = "simulated" if DRY else "sglang"
     run = [PY, "-m", "bench.gpu.known_target_run", "--model", str(MODEL), "--work", str(WORK), "--mode", mode]
-    step("regen", [*run, *run_args])
+    if not own.skip_regen:
+        step("regen", [*run, *run_args])
     walls: dict[str, float] = {}
     for which in [w for w in own.baselines.split(",") if w]:
-        concurrency = own.default_concurrency if which == "default" else own.seed_concurrency
+        concurrency = {"default": own.default_concurrency, "seed": own.seed_concurrency}.get(which)
         cmd = [PY, "-m", "bench.gpu.known_target_baselines", "--model", str(MODEL), "--work", str(WORK)]
         cmd += ["--which", which, "--n", same.n, "--max-tokens", same.max_tokens]
-        cmd += ["--tools-fraction", same.tools_fraction, "--concurrency", str(concurrency)]
+        cmd += ["--tools-fraction", same.tools_fraction]
+        cmd += ["--concurrency", str(concurrency)] if concurrency else []
         cmd += ["--stop-first", str(WORK / "run")]
         cmd += ["--dry-cpu", "--sim-token-rate", same.sim_token_rate] if DRY else []
         step(f"baseline {which}", cmd)
@@ -183,7 +186,8 @@ def sequence(args: list[str]) -> None:
         if result.exists() and "wall_s" in (done := json.loads(result.read_text())):
             walls[which] = done["wall_s"]
     fill = [f"--{w}-wall-s={walls[w]}" for w in ("default", "seed") if w in walls]
-    step("target", [*run, *run_args, "--measure-only", *fill])
+    if not own.skip_regen:
+        step("target", [*run, *run_args, "--measure-only", *fill])
     print(DONE, flush=True)
 
 
@@ -235,7 +239,7 @@ def collect() -> None:
         WORK / "known_target_measured.json",
         WORK / "known_target_measured.md",
     ]
-    flat += [WORK / "baseline-default.json", WORK / "baseline-seed.json"]
+    flat += sorted(WORK.glob("baseline-*.json"))
     for f in flat:
         if f.exists():
             shutil.copy(f, out / f.name)
@@ -247,7 +251,7 @@ def collect() -> None:
         (run / "results" / "reaudit" / "summary.json", "reaudit-summary.json"),
         (run / "results" / "READY.json", "READY.json"),
         (run / "logs", "run-logs"),
-        *((WORK / f"baseline-{w}" / "logs", f"baseline-{w}-logs") for w in ("default", "seed")),
+        *((d / "logs", f"{d.name}-logs") for d in sorted(WORK.glob("baseline-*")) if d.is_dir()),
     ]
     with tarfile.open(out / "kt-logs.tgz", "w:gz") as tar:
         for path, arcname in bundle:
