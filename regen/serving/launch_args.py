@@ -15,13 +15,30 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
     {"--model-path", "--model", "--host", "--port", "--reasoning-parser", "--enable-metrics"}
 )
 
-#: flags a local SGLang launch gets unless ``server.args`` or the plan already give them.
+#: flags a local SGLang launch gets unless ``server.args`` or the plan give one of the flags named beside it.
 #: ``--skip-server-warmup``: SGLang 0.5.17/0.5.23 otherwise send their own warm-up ``/generate`` before the
 #: server answers (``_wait_and_warmup`` in ``sglang/srt/entrypoints/http_server.py``), holding the
 #: scheduler ~7 s on the H200 (issue 37); regen's readiness probe already pays the first request's cost
-#: (``regen.serving.probes.one_token_generation``). Not a numerics flag: ``/server_info``'s
-#: ``skip_server_warmup`` is not among ``regen.fingerprint.SERVER_NUMERICS_KEYS``.
-LAUNCH_DEFAULT_FLAGS: tuple[str, ...] = ("--skip-server-warmup",)
+#: (``regen.serving.probes.one_token_generation``).
+#: ``--disable-prefill-cuda-graph``: SGLang captures a prefill graph per token count up to the chunk (58 of
+#: them for 8,192), 34.5 s of a warm start on the H200 and 98 s of a cold one, and on the known-answer
+#: target they bought nothing measurable at regen's prompt lengths (``bench/results/prefill-graphs-
+#: 2026-12-02.md``); any prefill-graph flag in ``server.args`` (e.g. ``--cuda-graph-backend-prefill
+#: breakable``) keeps SGLang's capture. The planner reads it (``regen.sglang.flags``: no prefill-graph
+#: reserve). Neither is a numerics flag: not among ``regen.fingerprint.SERVER_NUMERICS_KEYS``.
+LAUNCH_DEFAULT_FLAGS: dict[str, frozenset[str]] = {
+    "--skip-server-warmup": frozenset({"--skip-server-warmup"}),
+    "--disable-prefill-cuda-graph": frozenset(
+        {
+            "--disable-prefill-cuda-graph",
+            "--disable-cuda-graph",
+            "--cuda-graph-backend-prefill",
+            "--cuda-graph-max-bs-prefill",
+            "--cuda-graph-bs-prefill",
+            "--enable-piecewise-cuda-graph",
+        }
+    ),
+}
 
 
 def flag_name(token: str) -> str:
@@ -84,6 +101,6 @@ def launch_args_for(cfg: ServerConfig, plan: PlanFile | None) -> list[str]:
 
 
 def with_launch_defaults(args: Sequence[str]) -> list[str]:
-    """``args`` with each of ``LAUNCH_DEFAULT_FLAGS`` they do not already give appended."""
+    """``args`` with each of ``LAUNCH_DEFAULT_FLAGS`` appended unless they give one of its flags."""
     names = {flag_name(g[0]) for g in split_flags(args)}
-    return [*args, *(f for f in LAUNCH_DEFAULT_FLAGS if f not in names)]
+    return [*args, *(f for f, overridden_by in LAUNCH_DEFAULT_FLAGS.items() if not names & overridden_by)]

@@ -169,7 +169,12 @@ class ServerFlags:
     chunked_prefill_size: int | None = None
     context_length: int | None = None
     cuda_graph_max_bs: int | None = None
+    #: decode graphs off (``--disable-cuda-graph`` or ``--disable-decode-cuda-graph``)
     disable_cuda_graph: bool = False
+    #: prefill graphs off by a switch (``--disable-cuda-graph`` or ``--disable-prefill-cuda-graph``)
+    disable_prefill_cuda_graph: bool = False
+    cuda_graph_backend_prefill: str | None = None
+    cuda_graph_max_bs_prefill: int | None = None
     speculative_algorithm: str | None = None
     speculative_num_steps: int | None = None
     speculative_eagle_topk: int | None = None
@@ -183,6 +188,15 @@ class ServerFlags:
     linear_attn_backend: str = "triton"
     linear_attn_decode_backend: str | None = None
     swa_full_tokens_ratio: float = 0.8  # ServerArgs.swa_full_tokens_ratio (0.5.17 and 0.5.23)
+
+    @property
+    def prefill_graphs_off(self) -> bool:
+        """SGLang's prefill phase backend is DISABLED: an explicit ``--cuda-graph-backend-prefill`` wins
+        over the off-switches (``ServerArgs._resolve_cuda_graph_config`` in 0.5.17, ``cuda_graph_hook`` in
+        0.5.23)."""
+        if self.cuda_graph_backend_prefill is not None:
+            return self.cuda_graph_backend_prefill == "disabled"
+        return self.disable_prefill_cuda_graph
 
     @property
     def decode_backend(self) -> str:
@@ -204,6 +218,8 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--context-length": ("context_length", int),
     "--cuda-graph-max-bs": ("cuda_graph_max_bs", int),
     "--cuda-graph-max-bs-decode": ("cuda_graph_max_bs", int),
+    "--cuda-graph-max-bs-prefill": ("cuda_graph_max_bs_prefill", int),
+    "--cuda-graph-backend-prefill": ("cuda_graph_backend_prefill", str),
     "--speculative-algorithm": ("speculative_algorithm", str),
     "--speculative-num-steps": ("speculative_num_steps", int),
     "--speculative-eagle-topk": ("speculative_eagle_topk", int),
@@ -226,6 +242,7 @@ BOOL_FLAGS: dict[str, str] = {
     "--disable-overlap-schedule": "disable_overlap_schedule",
     "--disable-cuda-graph": "disable_cuda_graph",
     "--disable-decode-cuda-graph": "disable_cuda_graph",
+    "--disable-prefill-cuda-graph": "disable_prefill_cuda_graph",
     "--enable-linear-replayssm": "enable_linear_replayssm",
 }
 
@@ -239,6 +256,8 @@ def parse_flags(args: list[str]) -> ServerFlags:
         name, eq, inline = token.partition("=")
         if name in BOOL_FLAGS:
             values[BOOL_FLAGS[name]] = True
+            if name == "--disable-cuda-graph":  # both phases (the legacy global switch)
+                values["disable_prefill_cuda_graph"] = True
         elif name in VALUE_FLAGS:
             attr, kind = VALUE_FLAGS[name]
             if eq:

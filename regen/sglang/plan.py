@@ -39,6 +39,7 @@ from regen.sglang.pools import (
     Unmodelled,
     has_state,
     is_mamba2_hybrid,
+    is_mla,
     kv_pool,
     state_bytes_per_request,
 )
@@ -248,14 +249,30 @@ def prefill_graph_batch_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s <= max_bs]
 
 
-def reserved_memory_mib(gpu_mib: int, tp: int, chunk: int, decode_max_bs: int, flags: ServerFlags) -> float:
+def prefill_graph_reserve_mib(chunk: int, flags: ServerFlags, mla: bool) -> float:
+    """reserve_for_graph_mb's prefill part (0.5.17 ``ServerArgs``, 0.5.23 ``arg_groups/memory_hook``): 0 with
+    the prefill backend disabled, 1.5 GiB for an MLA backend, else 8 MiB per captured token count
+    (``--cuda-graph-max-bs-prefill``, else the chunk, capped at ``--max-total-tokens``)."""
+    if flags.prefill_graphs_off:
+        return 0.0
+    if mla:
+        return 1.5 * 1024
+    if flags.cuda_graph_max_bs_prefill is not None:
+        prefill_max_bs = flags.cuda_graph_max_bs_prefill
+    else:
+        prefill_max_bs = chunk if chunk > 0 else 0
+        if flags.max_total_tokens is not None:
+            prefill_max_bs = min(prefill_max_bs, flags.max_total_tokens)
+    return len(prefill_graph_batch_sizes(prefill_max_bs)) * 8.0
+
+
+def reserved_memory_mib(
+    gpu_mib: int, tp: int, chunk: int, decode_max_bs: int, flags: ServerFlags, mla: bool = False
+) -> float:
     """handle_gpu_memory_settings: 512 + 1.5*max(chunk, 2048) + tp/8*1024 + reserve_for_graph_mb."""
     activation_tokens = max(chunk, 2048) if chunk > 0 else 2048
     graph = 0.0 if flags.disable_cuda_graph else decode_max_bs * 2.0
-    prefill_max_bs = chunk if chunk > 0 else 0
-    if flags.max_total_tokens is not None:
-        prefill_max_bs = min(prefill_max_bs, flags.max_total_tokens)
-    graph += len(prefill_graph_batch_sizes(prefill_max_bs)) * 8
+    graph += prefill_graph_reserve_mib(chunk, flags, mla)
     reserved = 512 + activation_tokens * 1.5 + tp / 8 * 1024 + graph
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
@@ -384,7 +401,7 @@ def plan(
         decode_bs = default_decode_bs
         if flags.max_running_requests is not None and decode_bs > flags.max_running_requests:
             decode_bs = flags.max_running_requests
-    reserve_mib = reserved_memory_mib(gpu_memory_mib, tp, chunk, decode_bs, flags)
+    reserve_mib = reserved_memory_mib(gpu_memory_mib, tp, chunk, decode_bs, flags, mla=is_mla(model))
     if flags.mem_fraction_static is not None:
         mfs = flags.mem_fraction_static
     else:

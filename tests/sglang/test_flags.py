@@ -21,7 +21,8 @@ def test_bundled_list_has_the_planner_flags() -> None:
     names = bundled_flags("0.5.23")
     assert len(names) > 500
     for flag in ("--mem-fraction-static", "--max-mamba-cache-size", "--mamba-radix-cache-strategy",
-                 "--cuda-graph-max-bs-decode", "--tp-size", "--skip-server-warmup"):  # fmt: skip
+                 "--cuda-graph-max-bs-decode", "--tp-size", "--skip-server-warmup",
+                 "--disable-prefill-cuda-graph", "--cuda-graph-backend-prefill"):  # fmt: skip
         assert flag in names
     assert "--cuda-graph-max-bs" not in names and "--mamba-scheduler-strategy" not in names
 
@@ -68,6 +69,30 @@ def test_the_launch_command_skips_sglangs_warmup_once_and_passes_the_flag_check(
     assert build_sglang_command(given, None, 30000, "/models/x").count("--skip-server-warmup") == 1
 
 
+@pytest.mark.parametrize(
+    ("given", "disabled"),
+    [
+        ([], True),
+        (["--disable-prefill-cuda-graph"], True),
+        (["--cuda-graph-backend-prefill", "breakable"], False),  # the user keeps SGLang's prefill graphs
+        (["--cuda-graph-max-bs-prefill", "512"], False),
+        (["--disable-cuda-graph"], False),  # off already, both phases
+    ],
+)
+def test_the_launch_command_skips_prefill_graphs_unless_server_args_name_them(
+    monkeypatch: pytest.MonkeyPatch, given: list[str], disabled: bool
+) -> None:
+    from regen.serving.local_sglang import build_sglang_command
+    from regen.sglang.flags import parse_flags
+
+    _bundled_only(monkeypatch)
+    cfg = {"host": "127.0.0.1", "reasoning_parser": "qwen3", "use_tuner": False, "args": given}
+    argv = build_sglang_command(ServerConfig.from_mapping(cfg), None, 30000, "/models/x")
+    assert argv.count("--disable-prefill-cuda-graph") == (1 if disabled else 0)
+    off = parse_flags(argv[argv.index("--model-path") :]).prefill_graphs_off
+    assert off is (disabled or given == ["--disable-cuda-graph"])
+
+
 def test_non_strict_tolerates_unknown_but_not_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     _bundled_only(monkeypatch)
     check_flags(["--some-future-flag", "1"], strict=False)
@@ -107,6 +132,7 @@ def test_the_built_launch_command_passes_sglangs_own_parser() -> None:
     argv = build_sglang_command(ServerConfig.from_mapping(cfg), plan, 30000, "/models/x")
     assert argv[1:3] == ["-m", "sglang.launch_server"] and "--disable-radix-cache" in argv
     assert argv.count("--skip-server-warmup") == 1  # SGLang's own warm-up does not hold readiness
+    assert argv.count("--disable-prefill-cuda-graph") == 1  # SGLang's parser takes it too
     with pytest.raises(ServerError, match="--max-running-request"):
         build_sglang_command(
             ServerConfig.from_mapping({**cfg, "args": ["--max-running-request", "8"]}),

@@ -82,6 +82,27 @@ def test_default_mem_fraction_from_memory_hook(gpu_model: ModelShape) -> None:
     assert p512.mem_fraction_static == round((H200_MIB - reserved - 256 * 2) / H200_MIB, 3) == 0.900
 
 
+def test_prefill_graph_reserve_follows_the_prefill_backend(gpu_model: ModelShape) -> None:
+    """reserve_for_graph_mb (0.5.17 ServerArgs, 0.5.23 arg_groups/memory_hook): no prefill part with the
+    prefill backend disabled (regen's launch default), an explicit --cuda-graph-backend-prefill wins over
+    the off-switch, --cuda-graph-max-bs-prefill sizes the capture list, 1.5 GiB for an MLA backend."""
+    base = 512 + 8192 * 1.5 + 1 / 8 * 1024 + 256 * 2
+    for version in ("0.5.17", "0.5.23"):
+        off = plan(gpu_model, H200_MIB, 1, ["--disable-prefill-cuda-graph"], None, version)
+        assert off.mem_fraction_static == round((H200_MIB - base) / H200_MIB, 3) == 0.907
+        wins = ["--disable-prefill-cuda-graph", "--cuda-graph-backend-prefill", "breakable"]
+        assert plan(gpu_model, H200_MIB, 1, wins, None, version).mem_fraction_static == 0.903
+        small = plan(gpu_model, H200_MIB, 1, ["--cuda-graph-max-bs-prefill", "512"], None, version)
+        assert small.mem_fraction_static == round((H200_MIB - base - 30 * 8) / H200_MIB, 3)
+    mla = ModelShape.from_config(MODELS / "deepseek-v3")
+    tp8 = ["--tp-size", "8"]
+    with_graphs = plan(mla, H200_MIB, 8, tp8, None, "0.5.23").mem_fraction_static
+    without = plan(
+        mla, H200_MIB, 8, [*tp8, "--disable-prefill-cuda-graph"], None, "0.5.23"
+    ).mem_fraction_static
+    assert round(with_graphs - without, 3) == -round(1.5 * 1024 / H200_MIB, 3)
+
+
 def test_reproduces_measured_h200_default(gpu_model: ModelShape) -> None:
     p = plan(gpu_model, H200_MIB, 1, [], None, "0.5.17")
     assert p.mamba_slots_per_request == 3  # Qwen3_5ForCausalLM is not extra_buffer-capable in 0.5.17
