@@ -3,7 +3,8 @@
 
   --which default  SGLang with its defaults: only the model path, port, ``--reasoning-parser qwen3`` and
                    ``--tool-call-parser qwen25`` (what the answers need to be parsed as regen's are; the
-                   start through ``regen.serving.lifecycle.acquire_server`` also adds ``--enable-metrics``),
+                   start through ``regen.serving.lifecycle.acquire_server`` also adds ``--enable-metrics``,
+                   but none of regen's launch defaults: ``as_given``),
                    a plain async client at concurrency 48
   --which seed     the original run's hand-tuned flags: MTP from the target's own MTP layer (``--speculative-
                    algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1
@@ -249,6 +250,14 @@ def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> A
     )  # fmt: skip
 
 
+def as_given(cfg: Any, plan: Any, port: int, model_path: str) -> list[str]:
+    """SGLang's launch command with the baseline's flags only: none of regen's launch defaults
+    (``regen.serving.launch_args.LAUNCH_DEFAULT_FLAGS``), as the original run launched SGLang."""
+    from regen.serving.local_sglang import build_sglang_command
+
+    return build_sglang_command(cfg, plan, port, model_path, launch_defaults=False)
+
+
 def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
     from regen.serving import lifecycle as server_mod
     from regen.serving.lifecycle import stop_all_servers
@@ -297,7 +306,12 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
     launch_epoch = time.time()
     try:
         with server_mod.acquire_server(
-            server_cfg(a, args, sim_cap), None, servers, logs, owner_pid=os.getpid()
+            server_cfg(a, args, sim_cap),
+            None,
+            servers,
+            logs,
+            owner_pid=os.getpid(),
+            command_builder=None if a.dry_cpu else as_given,
         ) as ep:
             t_ready = time.monotonic()
             info = fetch_server_info(ep.url, None)

@@ -23,9 +23,13 @@ def check_sglang_flags(argv: list[str]) -> None:
         raise ServerError(f"bad sglang launch flags: {exc}") from exc
 
 
-def build_sglang_command(cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str) -> list[str]:
-    """``python -m sglang.launch_server`` for one slot (``LAUNCH_DEFAULT_FLAGS`` included), checked with
+def build_sglang_command(
+    cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str, *, launch_defaults: bool = True
+) -> list[str]:
+    """``python -m sglang.launch_server`` for one slot (``LAUNCH_DEFAULT_FLAGS`` included unless
+    ``launch_defaults`` is False: a baseline launched as a user would launch SGLang), checked with
     ``regen.sglang.flags``."""
+    extra = launch_args_for(cfg, plan)
     argv = [
         sys.executable,
         "-m",
@@ -39,7 +43,7 @@ def build_sglang_command(cfg: ServerConfig, plan: PlanFile | None, port: int, mo
         "--reasoning-parser",
         cfg.reasoning_parser,
         "--enable-metrics",
-        *with_launch_defaults(launch_args_for(cfg, plan)),
+        *(with_launch_defaults(extra) if launch_defaults else extra),
     ]
     check_sglang_flags(argv)
     return argv

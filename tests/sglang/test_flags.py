@@ -67,6 +67,9 @@ def test_the_launch_command_skips_sglangs_warmup_once_and_passes_the_flag_check(
     assert argv.count("--skip-server-warmup") == 1
     given = ServerConfig.from_mapping({**cfg, "args": ["--skip-server-warmup", "--tp-size", "1"]})
     assert build_sglang_command(given, None, 30000, "/models/x").count("--skip-server-warmup") == 1
+    plain = build_sglang_command(ServerConfig.from_mapping({**cfg, "args": []}), None, 30000, "/models/x",
+                                 launch_defaults=False)  # fmt: skip
+    assert not {"--skip-server-warmup", "--disable-prefill-cuda-graph"} & set(plain)  # a baseline as given
 
 
 @pytest.mark.parametrize(
