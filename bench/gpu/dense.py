@@ -330,6 +330,8 @@ class Settings:
     work: Path
     ready_timeout_s: float
     length_scale: float  # dry run: answers scaled down so a window holds many of them
+    #: flags appended to the regen arm's plan (--regen-extra-args): a probe, named in the output
+    regen_extra_args: tuple[str, ...] = ()
 
 
 def flag_value(args: list[str], flag: str) -> str | None:
@@ -501,6 +503,8 @@ async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: 
     for arm in (a for a in ("regen", "regen-fp8kv") if a in arms):
         arm_rec = (plans[arm].plan or {}).get("recommended") or {}
         args = list(arm_rec.get("args") or [])
+        if arm == "regen" and s.regen_extra_args:  # a probe of a flag the planner does not choose (yet)
+            args += list(s.regen_extra_args)
         print(f"[{model}] {arm}: {' '.join(args)} in flight {arm_rec.get(IN_FLIGHT_KEY)} "
               f"(rc {plans[arm].rc})", flush=True)  # fmt: skip
         if plans[arm].refused or not args or not arm_rec.get(IN_FLIGHT_KEY):
@@ -622,11 +626,13 @@ async def amain(a: argparse.Namespace) -> int:
         work=a.work,
         ready_timeout_s=a.ready_timeout_s,
         length_scale=0.02,
+        regen_extra_args=tuple(t for t in a.regen_extra_args.split(",") if t),
     )
     arms = arms_of(a.arms)
     (s.work / "logs").mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
     stem = "dense-" + dt.date.today().isoformat() + ("-dry" if s.dry else "")
+    stem += "-probe" if s.regen_extra_args else ""
     doc: dict[str, Any] = {"date": dt.date.today().isoformat(), "dry_cpu": s.dry, "host": host_name(s.dry),
                            "gpu_memory_mib": GPU_MEMORY_MIB, "warmup_s": s.warmup_s,
                            "warmup_max_s": s.warmup_max_s, "arms": list(arms), "rows": []}  # fmt: skip
@@ -662,6 +668,11 @@ def main(argv: list[str] | None = None) -> int:
         help="measured window (default: what fits --budget-s, 30-50 s; dry: 5)",
     )
     p.add_argument("--budget-s", type=float, default=480.0, help="device seconds per model (default 480)")
+    p.add_argument(
+        "--regen-extra-args",
+        default="",
+        help="comma-separated flags appended to the regen arm's plan, e.g. --num-continuous-decode-steps=4",
+    )
     p.add_argument("--ready-timeout-s", type=float, default=420.0)
     return asyncio.run(amain(p.parse_args(argv)))
 
