@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,28 @@ def run_audit(
             raise AuditGateError(message)
         log.warning("gates overridden (audit.override_gates: true):\n%s", message)
     return summary
+
+
+def first_pass_summary(
+    input_path: str | Path, config: AuditConfig, tokenizer_dir: str | Path, dataset: DatasetConfig, rows: int
+) -> dict[str, Any]:
+    """The audit's summary (``summary.json``'s object) over the first ``rows`` samples of the dataset,
+    judged by the audit's own code and written nowhere: what ``regen.serving.prestart`` plans a
+    provisional server from while the audit reads the rest. A dataset of at most ``rows`` samples
+    gives the audit's own numbers."""
+    chat = ChatTemplate.from_dir(tokenizer_dir)
+    auditor = Auditor(config, chat)
+    bad_rows: list[BadRow] = []
+    samples = iter_samples(
+        input_path,
+        dataset.format,
+        dataset.id_column,
+        dataset.on_bad_row,
+        tokenizer_dir,
+        bad_rows,
+        developer_role=chat.developer_role,
+        ids=IdAccount(dataset.id_column),
+    )
+    for _ in iter_audits(auditor, islice(samples, rows), bad_rows):
+        pass
+    return auditor.summary({"input": str(input_path), "first_rows": rows}).to_json()
