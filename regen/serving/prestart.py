@@ -143,7 +143,9 @@ def spawn_prestart(request: PrestartRequest, layout: RunLayout = RUN) -> str:
             )
     finally:
         os.close(fd)  # the lock stays held by the child's copy
-    return f"regen: starting the GPU servers while the data is prepared (PID {proc.pid}, {layout.prestart_log})"
+    return (
+        f"regen: starting the GPU servers while the data is prepared (PID {proc.pid}, {layout.prestart_log})"
+    )
 
 
 # ------------------------------------------------------------------------ the process --
@@ -217,13 +219,17 @@ def prestart(request: PrestartRequest, layout: RunLayout = RUN) -> ProvisionalPl
     slots = tuple(range(min(slot_count(cfg, None), request.shards_to_generate)))
     record = ProvisionalPlan(plan, source, workload, request.owner_pid, slots)
     record.write(layout.provisional_plan)  # before any start: tune knows every server it may stop
-    log.info("prestarting %d GPU server(s), plan from the %s: %s", len(slots), source, " ".join(plan.launch_args))
+    log.info(
+        "prestarting %d GPU server(s), plan from the %s: %s", len(slots), source, " ".join(plan.launch_args)
+    )
     start_servers(cfg, plan, slots, request.owner_pid, layout)
     return record
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description="start a run's GPU servers early")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}", description="start a run's GPU servers early"
+    )
     parser.add_argument("--request", type=Path, required=True)
     parser.add_argument("--lock-fd", type=int, required=True, help="the prestart lock, held until decided")
     ns = parser.parse_args(argv)
@@ -260,7 +266,9 @@ def _shown(values: list[tuple[str, ...]] | None) -> str:
     return "absent" if not values else " ".join(" ".join(v) or "(set)" for v in values)
 
 
-def adoption_verdict(running: Sequence[str], planned: Sequence[str], tolerance: float = CAP_TOLERANCE) -> Adoption:
+def adoption_verdict(
+    running: Sequence[str], planned: Sequence[str], tolerance: float = CAP_TOLERANCE
+) -> Adoption:
     """Adopt the server launched with ``running`` for the plan that would launch ``planned``: every flag
     identical but the :data:`CAP_FLAGS`, which differ by at most ``tolerance`` of the running value;
     a numerics flag that differs refuses first (an answer's numbers would not be the plan's)."""
@@ -299,7 +307,11 @@ def adopted_plan(running: PlanFile, audit: PlanFile, note: Mapping[str, Any]) ->
     launched = dict(running.launched_section)
     if running.client_concurrency and audit.client_concurrency:
         launched["client_concurrency"] = min(running.client_concurrency, audit.client_concurrency)
-    sections = {"given": dict(running.given), "recommended": dict(running.recommended), running.launched: launched}
+    sections = {
+        "given": dict(running.given),
+        "recommended": dict(running.recommended),
+        running.launched: launched,
+    }
     return dataclasses.replace(
         running, given=sections["given"], recommended=sections["recommended"], prestart=dict(note)
     )
@@ -342,7 +354,8 @@ def confirm_prestarted(audit_plan: PlanFile, cfg: ServerConfig, layout: RunLayou
     try:
         port, model = cfg.port_base, cfg.model_path
         verdict = adoption_verdict(
-            build_server_command(cfg, record.plan, port, model), build_server_command(cfg, audit_plan, port, model)
+            build_server_command(cfg, record.plan, port, model),
+            build_server_command(cfg, audit_plan, port, model),
         )
     except ServerError as exc:
         verdict = Adoption(False, str(exc))

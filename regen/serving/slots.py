@@ -228,7 +228,12 @@ def realized_supervisor(files: SlotFiles) -> int | None:
 
 
 def write_realized(
-    files: SlotFiles, plan: PlanFile | None, info: Mapping[str, Any], server_id: str, url: str, supervisor_pid: int
+    files: SlotFiles,
+    plan: PlanFile | None,
+    info: Mapping[str, Any],
+    server_id: str,
+    url: str,
+    supervisor_pid: int,
 ) -> None:
     """``gpu{k}.realized.json``: the memory map the server really got vs. the plan (drift logged) and
     where its start went (``regen.serving.startup_split``)."""

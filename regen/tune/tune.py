@@ -22,10 +22,10 @@ from regen.ingest.shards import read_shard_spread
 from regen.io import write_json
 from regen.layout import RunLayout
 from regen.runconfig import GenerateConfig, ServerConfig, section_schema
+from regen.serving.prestart import confirm_prestarted
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
-from regen.serving.prestart import confirm_prestarted
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, UnmodelledError, gpu_memory_from_nvidia_smi
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
 from regen.sglang.workload import DEFAULT_WORKLOAD, Workload, workload_from_audit
@@ -404,7 +404,9 @@ def write_plan_for_workflow(
     workload = workload_from_audit_histogram(json.loads(Path(audit_summary).read_text()), max_tokens)
     planned = plan_for_workload(server_cfg, workload)
     if planned.unmodelled is not None:
-        log.warning("%s: SGLang plans its own memory; the given server.args launch as they are", planned.unmodelled)
+        log.warning(
+            "%s: SGLang plans its own memory; the given server.args launch as they are", planned.unmodelled
+        )
     # the one place the launched section is decided: server.use_tuner (plan_for_workload)
     confirm_prestarted(planned.plan, server_cfg).write(out_path)
     rec = planned.recommendation

@@ -72,7 +72,11 @@ def plan_for_workload(server_cfg: ServerConfig, workload: Workload) -> WorkloadP
     model_config = str(server_cfg.planned_model)
     gpu_mib = int(server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi())
     version = server_cfg.sglang_version or installed_sglang_version() or PINNED_SGLANG_VERSION
-    where: dict[str, Any] = {"sglang_version": version, "model_config": model_config, "gpu_memory_mib": gpu_mib}
+    where: dict[str, Any] = {
+        "sglang_version": version,
+        "model_config": model_config,
+        "gpu_memory_mib": gpu_mib,
+    }
     model = ModelShape.from_config(model_config)
     try:
         rec = recommend(

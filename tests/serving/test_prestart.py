@@ -22,14 +22,19 @@ BASE = ["python", "-m", "sglang.launch_server", "--model-path", "m", "--mem-frac
 
 
 def test_identical_flags_are_adopted() -> None:
-    verdict = adoption_verdict([*BASE, "--max-running-requests", "265"], [*BASE, "--max-running-requests", "265"])
+    verdict = adoption_verdict(
+        [*BASE, "--max-running-requests", "265"], [*BASE, "--max-running-requests", "265"]
+    )
     assert verdict.adopted and verdict.reason == "every launch flag identical"
 
 
-@pytest.mark.parametrize(("running", "planned", "adopted"), [(265, 290, True), (265, 320, False), (300, 271, True)])
+@pytest.mark.parametrize(
+    ("running", "planned", "adopted"), [(265, 290, True), (265, 320, False), (300, 271, True)]
+)
 def test_a_cap_is_adopted_within_the_tolerance_only(running: int, planned: int, adopted: bool) -> None:
     verdict = adoption_verdict(
-        [*BASE, "--cuda-graph-max-bs-decode", str(running)], [*BASE, "--cuda-graph-max-bs-decode", str(planned)]
+        [*BASE, "--cuda-graph-max-bs-decode", str(running)],
+        [*BASE, "--cuda-graph-max-bs-decode", str(planned)],
     )
     assert verdict.adopted is adopted
     assert f"--cuda-graph-max-bs-decode {running} → {planned}" in verdict.reason
@@ -38,7 +43,9 @@ def test_a_cap_is_adopted_within_the_tolerance_only(running: int, planned: int, 
 
 
 def test_another_flag_or_a_cap_given_once_is_refused() -> None:
-    other = adoption_verdict([*BASE, "--chunked-prefill-size", "8192"], [*BASE, "--chunked-prefill-size", "4096"])
+    other = adoption_verdict(
+        [*BASE, "--chunked-prefill-size", "8192"], [*BASE, "--chunked-prefill-size", "4096"]
+    )
     assert not other.adopted and "--chunked-prefill-size 8192 → 4096" in other.reason
     once = adoption_verdict(BASE, [*BASE, "--max-running-requests", "64"])
     assert not once.adopted and "--max-running-requests absent → 64" in once.reason
@@ -64,7 +71,9 @@ def test_the_adopted_plan_keeps_the_running_flags_and_the_lower_in_flight_count(
 
 def test_the_provisional_record_reads_back(tmp_path: Path) -> None:
     plan = PlanFile(("--max-running-requests", "8"), "recommended", {}, {"client_concurrency": 8})
-    record = ProvisionalPlan(plan, "first pass over the dataset's first 5 rows", {"prompt_p50": 9}, 123, (0, 1))
+    record = ProvisionalPlan(
+        plan, "first pass over the dataset's first 5 rows", {"prompt_p50": 9}, 123, (0, 1)
+    )
     record.write(tmp_path / "p.json")
     assert ProvisionalPlan.read(tmp_path / "p.json") == record
     assert ProvisionalPlan.read(tmp_path / "none.json") is None
@@ -88,13 +97,22 @@ def test_only_a_local_run_of_a_launching_mode_with_work_left_prestarts(
     dataset = tmp_path / "d.jsonl"
     dataset.write_text("{}\n")
     cfg = ServerConfig.from_mapping(
-        {"mode": mode, "model_path": "m", "prestart_rows": rows, **({"url": "http://h:1"} if mode == "external" else {})}
+        {
+            "mode": mode,
+            "model_path": "m",
+            "prestart_rows": rows,
+            **({"url": "http://h:1"} if mode == "external" else {}),
+        }
     )
-    reason = prestart_skip_reason(cfg, local=local, dry_run=dry_run, shards_to_generate=shards, dataset_path=str(dataset))
+    reason = prestart_skip_reason(
+        cfg, local=local, dry_run=dry_run, shards_to_generate=shards, dataset_path=str(dataset)
+    )
     assert reason is None if skipped is None else skipped in str(reason)
 
 
 def test_a_dataset_not_yet_fetched_prestarts_nothing() -> None:
     cfg = ServerConfig.from_mapping({"mode": "simulated", "model_path": "m"})
-    reason = prestart_skip_reason(cfg, local=True, dry_run=False, shards_to_generate=2, dataset_path="s3://b/d.jsonl")
+    reason = prestart_skip_reason(
+        cfg, local=True, dry_run=False, shards_to_generate=2, dataset_path="s3://b/d.jsonl"
+    )
     assert reason is not None and "not a local file" in reason

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from support.workflow import copy_workflow, snakemake
 
 from regen.io import open_lines
@@ -42,7 +41,9 @@ def server_starts(wd: Path) -> dict[str, list[float]]:
     starts: dict[str, list[float]] = {}
     for log in sorted((wd / "logs" / "servers").glob("gpu*.log")):
         stamps = [
-            line.split("] ", 1)[0].rsplit(" ", 2)[-2:] for line in log.read_text().splitlines() if SERVER_START_MARK in line
+            line.split("] ", 1)[0].rsplit(" ", 2)[-2:]
+            for line in log.read_text().splitlines()
+            if SERVER_START_MARK in line
         ]
         starts[log.stem] = [time.mktime(time.strptime(" ".join(s), "%Y-%m-%d %H:%M:%S")) for s in stamps]
     return starts
@@ -99,19 +100,19 @@ def test_servers_start_during_the_audit_are_adopted_and_a_resume_uses_its_plan(t
 
 
 def long_prompts_after_short_ones(path: Path, short: int, long: int) -> None:
-    words = "the model reads a long careful question about energy and structure".split()
+    words = ["the", "model", "reads", "a", "long", "careful", "question", "about", "energy"]
     rows = []
     for i in range(short + long):
         size = 3 if i < short else 1500
         prompt = " ".join(words[j % len(words)] for j in range(size)) + f" (question {i})?"
         answer = " ".join(words[(j + i) % len(words)] for j in range(60)) + "."
-        rows.append({"id": f"row-{i:04d}", "messages": [{"role": "user", "content": prompt},
-                                                         {"role": "assistant", "content": answer}]})  # fmt: skip
+        turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+        rows.append({"id": f"row-{i:04d}", "messages": turns})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-@pytest.mark.parametrize("short", [10])
-def test_a_misleading_first_pass_is_not_adopted_and_the_run_completes(tmp_path: Path, short: int) -> None:
+def test_a_misleading_first_pass_is_not_adopted_and_the_run_completes(tmp_path: Path) -> None:
+    short = 10
     wd = demo(
         tmp_path,
         "mismatch",
