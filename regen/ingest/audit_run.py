@@ -81,6 +81,27 @@ class FlagsWriter:
             col.clear()
 
 
+def dataset_samples(
+    input_path: str | Path,
+    dataset: DatasetConfig,
+    tokenizer_dir: str | Path,
+    chat: ChatTemplate,
+    bad_rows: list[BadRow],
+    ids: IdAccount,
+) -> Iterator[Sample]:
+    """The dataset's samples as ``dataset`` says to read them (unreadable rows appended to ``bad_rows``)."""
+    return iter_samples(
+        input_path,
+        dataset.format,
+        dataset.id_column,
+        dataset.on_bad_row,
+        tokenizer_dir,
+        bad_rows,
+        developer_role=chat.developer_role,
+        ids=ids,
+    )
+
+
 def run_audit(
     input_path: str | Path,
     out_dir: str | Path,
@@ -112,16 +133,7 @@ def run_audit(
     ids = IdAccount(dataset.id_column)
     if progress is None:
         progress = RowProgress("audit", known_row_count(check_dataset_path(input_path)))
-    samples = iter_samples(
-        input_path,
-        dataset.format,
-        dataset.id_column,
-        dataset.on_bad_row,
-        tokenizer_dir,
-        bad_rows,
-        developer_role=chat.developer_role,
-        ids=ids,
-    )
+    samples = dataset_samples(input_path, dataset, tokenizer_dir, chat, bad_rows, ids)
     awaiting_verdict: dict[tuple[Any, Any], Sample] = {}  # the shard step gets the kept ones: one parse
 
     def remembered(stream: Iterable[Sample]) -> Iterator[Sample]:
@@ -191,15 +203,8 @@ def first_pass_summary(
     chat = ChatTemplate.from_dir(tokenizer_dir)
     auditor = Auditor(config, chat)
     bad_rows: list[BadRow] = []
-    samples = iter_samples(
-        input_path,
-        dataset.format,
-        dataset.id_column,
-        dataset.on_bad_row,
-        tokenizer_dir,
-        bad_rows,
-        developer_role=chat.developer_role,
-        ids=IdAccount(dataset.id_column),
+    samples = dataset_samples(
+        input_path, dataset, tokenizer_dir, chat, bad_rows, IdAccount(dataset.id_column)
     )
     for _ in iter_audits(auditor, islice(samples, rows), bad_rows):
         pass

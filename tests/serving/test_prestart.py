@@ -4,10 +4,15 @@ when a run prestarts at all, the adopted plan's numbers, the provisional record 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from regen.ingest.audit_config import AuditConfig
+from regen.ingest.audit_run import first_pass_summary, run_audit
+from regen.ingest.dataset import DatasetConfig
 from regen.runconfig import ServerConfig
 from regen.serving.prestart import (
     CAP_TOLERANCE,
@@ -116,3 +121,19 @@ def test_a_dataset_not_yet_fetched_prestarts_nothing() -> None:
         cfg, local=True, dry_run=False, shards_to_generate=2, dataset_path="s3://b/d.jsonl"
     )
     assert reason is not None and "not a local file" in reason
+
+
+def test_a_first_pass_over_every_row_gives_the_audits_own_numbers(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    demo = yaml.safe_load((root / "config" / "demo.yaml").read_text())
+    audit = AuditConfig.from_dict(demo["audit"] | {"decontamination": {"benchmarks": []}}, "last")
+    dataset = DatasetConfig.from_dict(demo["dataset"])
+    path, tokenizer = root / demo["dataset"]["path"], root / demo["tokenizer"]
+    run_audit(path, tmp_path, dataset=dataset, config=audit, tokenizer_dir=tokenizer, progress=None)
+    full = json.loads((tmp_path / "summary.json").read_text())
+    every = first_pass_summary(path, audit, tokenizer, dataset, 1_000_000)
+    few = first_pass_summary(path, audit, tokenizer, dataset, 20)
+    for key in ("prompt_tokens_p50", "prompt_tokens_p99", "histograms", "total"):
+        assert every[key] == full[key], key
+    assert few["total"] < full["total"]
+    assert few["histograms"] != full["histograms"]
