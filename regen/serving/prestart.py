@@ -121,7 +121,16 @@ def prestart_skip_reason(
 
 
 def spawn_prestart(request: PrestartRequest, layout: RunLayout = RUN) -> str:
-    """Start the prestart process detached, holding the prestart lock for it; a line for the console."""
+    """Start the prestart process detached, holding the prestart lock for it; a line for the console.
+    A failure here is said and leaves the run as it would be without a prestart."""
+    try:
+        pid = _spawn(request, layout)
+    except (OSError, TypeError, ValueError) as exc:
+        return f"regen: no GPU server prestarted ({exc}); each generate job starts its own"
+    return f"regen: starting the GPU servers while the data is prepared (PID {pid}, {layout.prestart_log})"
+
+
+def _spawn(request: PrestartRequest, layout: RunLayout) -> int:
     lock = layout.prestart_lock(slurm_job_id())
     lock.parent.mkdir(parents=True, exist_ok=True)
     layout.prestart_log.parent.mkdir(parents=True, exist_ok=True)
@@ -143,9 +152,7 @@ def spawn_prestart(request: PrestartRequest, layout: RunLayout = RUN) -> str:
             )
     finally:
         os.close(fd)  # the lock stays held by the child's copy
-    return (
-        f"regen: starting the GPU servers while the data is prepared (PID {proc.pid}, {layout.prestart_log})"
-    )
+    return proc.pid
 
 
 # ------------------------------------------------------------------------ the process --
@@ -371,7 +378,7 @@ def confirm_prestarted(audit_plan: PlanFile, cfg: ServerConfig, layout: RunLayou
     if verdict.adopted:
         log.info("prestarted server adopted: %s", verdict.reason)
         return adopted_plan(record.plan, audit_plan, note)
-    stopped = stop_all_servers(layout.servers_root)
+    stopped = stop_all_servers(layout.servers_root, owner_pid=record.owner_pid)  # this run's: no job yet
     log.warning("prestarted server not adopted: %s; %d supervisor(s) stopped", verdict.reason, stopped)
     return dataclasses.replace(audit_plan, prestart=note)
 
