@@ -131,4 +131,9 @@ def test_a_misleading_first_pass_is_not_adopted_and_the_run_completes(tmp_path: 
     assert provisional["plan"]["launch_args"] != written["launch_args"]
     # the provisional server stopped, the generate job started one with the audit's flags
     assert all(len(s) == 2 for s in server_starts(wd).values()), server_starts(wd)
+    cap = PlanFile.from_json(written).launched_section["effective_max_running_requests"]  # type: ignore[union-attr]
+    last_start = [
+        x for x in (wd / "logs/servers/gpu0.log").read_text().splitlines() if SERVER_START_MARK in x
+    ][-1]
+    assert f"--max-running-requests {cap} " in last_start
     assert no_drift(wd) and (wd / "results" / "READY.json").exists()
