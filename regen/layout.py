@@ -568,7 +568,7 @@ class RunLayout:
     @property
     def provisional_plan(self) -> Path:
         """The plan the servers were prestarted with, its workload and where it came from
-        (``regen.serving.prestart``; the ``tune`` rule adopts or stops those servers)."""
+        (``regen.tune.prestart``; the ``tune`` rule adopts or stops those servers)."""
         return self.work / "plan" / "provisional_server.json"
 
     @property
@@ -592,7 +592,7 @@ class RunLayout:
 
     @property
     def prestart_log(self) -> Path:
-        """The prestart process's stdout and stderr (``regen.serving.prestart``)."""
+        """The prestart process's stdout and stderr (``regen.tune.prestart``)."""
         return self.logs / "prestart.log"
 
     def verdict(self, rule: str) -> Path:

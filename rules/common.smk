@@ -30,7 +30,7 @@ from regen.runconfig import RunConfig
 from regen.ingest.shard_count import AUTO, settle_auto_count, shard_count
 from regen.runlog import RESUME_HINT
 from regen.serving.lifecycle import stop_all_servers
-from regen.serving.prestart import PrestartRequest, prestart_skip_reason, spawn_prestart
+from regen.tune.prestart import PrestartRequest, prestart_skip_reason, spawn_prestart
 
 
 def config_layers():
@@ -279,7 +279,7 @@ def settle_run_outputs():
 
 def prestart_gpu_servers():
     """onstart: a local run starts its GPU servers while the data is prepared, in one detached process
-    (regen.serving.prestart); Snakemake does not wait for it. The plan file is current when the tune
+    (regen.tune.prestart); Snakemake does not wait for it. The plan file is current when the tune
     rule will not run again."""
     if not workflow.is_main_process:
         return

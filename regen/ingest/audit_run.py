@@ -197,7 +197,7 @@ def first_pass_summary(
     input_path: str | Path, config: AuditConfig, tokenizer_dir: str | Path, dataset: DatasetConfig, rows: int
 ) -> dict[str, Any]:
     """The audit's summary (``summary.json``'s object) over the first ``rows`` samples of the dataset,
-    judged by the audit's own code and written nowhere: what ``regen.serving.prestart`` plans a
+    judged by the audit's own code and written nowhere: what ``regen.tune.prestart`` plans a
     provisional server from while the audit reads the rest. A dataset of at most ``rows`` samples
     gives the audit's own numbers."""
     chat = ChatTemplate.from_dir(tokenizer_dir)

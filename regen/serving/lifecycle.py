@@ -1,6 +1,6 @@
 """The server lifecycle: a server for ``server.mode`` held for a ``with`` block, and every server stopped.
 
-``acquire_server`` is the entry point that starts a job's server (``regen.serving.prestart`` starts the
+``acquire_server`` is the entry point that starts a job's server (``regen.tune.prestart`` starts the
 same slot supervisors before any job, through ``regen.serving.slots.live_or_start``); ``stop_all_servers``
 is for the Snakefile's ``onsuccess``/``onerror`` handlers and for the tune rule's refusal of a prestarted
 server. The modes (:data:`MODES`) are one module each.

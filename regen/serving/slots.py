@@ -310,7 +310,7 @@ def serve_on_slot(
             assert state.url is not None
             info = fetch_server_info(state.url, api_key)
             server_id = f"gpu{slot}"
-            # once per server start: this job's, or a supervisor started before it (regen.serving.prestart)
+            # once per server start: this job's, or a supervisor started before it (regen.tune.prestart)
             if started is not None or realized_supervisor(files) != pid:
                 try:
                     write_realized(files, plan, info, server_id, state.url, pid)
@@ -355,7 +355,7 @@ def live_or_start(
     command_builder: CommandBuilder,
 ) -> UrlState | subprocess.Popen[bytes]:
     """The slot's live supervisor (its url state, reused) or a freshly started one (its Popen): what a
-    generate job does on its slot, and what ``regen.serving.prestart`` does before any job (the caller
+    generate job does on its slot, and what ``regen.tune.prestart`` does before any job (the caller
     holds the slot's lease shared, :func:`take_lease_shared`)."""
     state = read_url_state(files.url)
     if state is not None and is_supervisor(state.supervisor_pid, files.url):

@@ -39,7 +39,7 @@ class PlanFile:
     gpu_memory_mib: int | None = None
     external: bool = False
     #: servers started while the data was prepared, and whether the tune rule adopted them and why
-    #: (``regen.serving.prestart.confirm_prestarted``); None: no server was prestarted from a provisional plan
+    #: (``regen.tune.prestart.confirm_prestarted``); None: no server was prestarted from a provisional plan
     prestart: Mapping[str, Any] | None = None
 
     @classmethod

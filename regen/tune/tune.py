@@ -22,13 +22,13 @@ from regen.ingest.shards import read_shard_spread
 from regen.io import write_json
 from regen.layout import RunLayout
 from regen.runconfig import GenerateConfig, ServerConfig, section_schema
-from regen.serving.prestart import confirm_prestarted
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, UnmodelledError, gpu_memory_from_nvidia_smi
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
 from regen.sglang.workload import DEFAULT_WORKLOAD, Workload, workload_from_audit
+from regen.tune.prestart import confirm_prestarted
 from regen.tune.projection import count_remaining
 from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
 from regen.tune.sweep_report import generate_job_seconds, render_result
@@ -396,7 +396,7 @@ def write_plan_for_workflow(
 ) -> None:
     """The ``tune`` rule: plan (and recommend) from the model config, the GPU and the audited workload;
     servers this run prestarted from a provisional plan are adopted or stopped first
-    (``regen.serving.prestart.confirm_prestarted``)."""
+    (``regen.tune.prestart.confirm_prestarted``)."""
     if server_cfg.mode == "external":
         PlanFile.for_external_server().write(out_path)
         log.info("server.mode external: nothing to plan, the endpoint is managed by the user")

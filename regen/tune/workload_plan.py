@@ -1,5 +1,5 @@
 """The one home of "plan from a Workload": the server plan the ``tune`` rule writes from the audited
-workload, and the provisional plan ``regen.serving.prestart`` starts servers with from a first pass.
+workload, and the provisional plan ``regen.tune.prestart`` starts servers with from a first pass.
 
 Both call :func:`plan_for_workload`, so a provisional plan and the audit's differ only by their workloads.
 """

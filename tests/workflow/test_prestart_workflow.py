@@ -1,5 +1,5 @@
 """The demo as a user runs it, with the GPU servers prestarted while the data is audited
-(regen.serving.prestart): started before the audit ends, adopted by the tune rule, one start per slot, the
+(regen.tune.prestart): started before the audit ends, adopted by the tune rule, one start per slot, the
 same records as a run without it; a first pass that misleads is not adopted and the run still completes;
 a dry run starts nothing; a resumed run prestarts with its current plan's flags."""
 

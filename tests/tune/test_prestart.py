@@ -14,14 +14,14 @@ from regen.ingest.audit_config import AuditConfig
 from regen.ingest.audit_run import first_pass_summary, run_audit
 from regen.ingest.dataset import DatasetConfig
 from regen.runconfig import ServerConfig
-from regen.serving.prestart import (
+from regen.sglang.config import PlanFile
+from regen.tune.prestart import (
     CAP_TOLERANCE,
     ProvisionalPlan,
     adopted_plan,
     adoption_verdict,
     prestart_skip_reason,
 )
-from regen.sglang.config import PlanFile
 
 BASE = ["python", "-m", "sglang.launch_server", "--model-path", "m", "--mem-fraction-static", "0.92"]
 

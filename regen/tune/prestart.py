@@ -2,7 +2,7 @@
 
 A local run's ``onstart`` (``rules/common.smk``) calls :func:`spawn_prestart`, which takes an exclusive
 ``flock`` on the slots' ``prestart.lock`` and hands it to ONE detached process (``python -m
-regen.serving.prestart``, its own session, output in ``logs/prestart.log``); Snakemake does not wait. That
+regen.tune.prestart``, its own session, output in ``logs/prestart.log``); Snakemake does not wait. That
 process, still holding the lock:
 
 * picks the plan: the run's plan file when it is current (Snakemake's DAG says the ``tune`` rule will not
@@ -58,9 +58,9 @@ from regen.serving.slots import live_or_start, slot_count, take_lease_shared
 from regen.sglang.config import PlanFile
 from regen.tune.workload_plan import plan_for_workload, workload_from_audit_histogram
 
-log = logging.getLogger("regen.serving.prestart")
+log = logging.getLogger("regen.tune.prestart")
 
-MODULE = "regen.serving.prestart"
+MODULE = "regen.tune.prestart"
 
 #: how far the audit's cap may differ from the prestarted server's (relative to the running one) for
 #: the tune rule to adopt it: a cap a little off costs a little batch, a restart costs the whole start
