@@ -55,6 +55,7 @@ rule all:
 onstart:
     run_preflight()
     settle_run_outputs()
+    prestart_gpu_servers()
 
 
 onsuccess:

@@ -566,6 +566,21 @@ class RunLayout:
         return self.work / "stale"
 
     @property
+    def provisional_plan(self) -> Path:
+        """The plan the servers were prestarted with, its workload and where it came from
+        (``regen.tune.prestart``; the ``tune`` rule adopts or stops those servers)."""
+        return self.work / "plan" / "provisional_server.json"
+
+    @property
+    def prestart_request(self) -> Path:
+        """What ``onstart`` hands the prestart process: the run's config and what its DAG knows."""
+        return self.work / "plan" / "prestart_request.json"
+
+    def prestart_lock(self, job: str | None = None) -> Path:
+        """Held exclusively while the prestart process decides, shared by ``tune`` before it confirms."""
+        return self.servers_dir(job) / "prestart.lock"
+
+    @property
     def shard_count_file(self) -> Path:
         """The settled count of ``shards.count: auto`` (``regen.ingest.shard_count``)."""
         return self.work / "plan" / "shards.json"
@@ -574,6 +589,11 @@ class RunLayout:
     def log(self, rule: str, shard: str | None = None) -> Path:
         """A rule's log: ``logs/{rule}.log``, or per shard ``logs/{rule}/{shard}.log``."""
         return self.logs / rule / f"{shard}.log" if shard is not None else self.logs / f"{rule}.log"
+
+    @property
+    def prestart_log(self) -> Path:
+        """The prestart process's stdout and stderr (``regen.tune.prestart``)."""
+        return self.logs / "prestart.log"
 
     def verdict(self, rule: str) -> Path:
         """A gate's verdict beside its rule's log, kept when the failed job's outputs are deleted

@@ -254,6 +254,7 @@ class ServerConfig:
     reasoning_parser: str = field(metadata=decides(ANSWERS))
     startup_timeout_s: float
     idle_timeout_s: float
+    prestart_rows: int
     max_restarts: int
     stall_timeout_s: float
     simulated: SimulatedConfig
@@ -283,6 +284,7 @@ class ServerConfig:
             use_tuner=bool(filled["use_tuner"]),
             startup_timeout_s=float(filled["startup_timeout_s"]),
             idle_timeout_s=float(filled["idle_timeout_s"]),
+            prestart_rows=int(filled["prestart_rows"]),
             max_restarts=int(filled["max_restarts"]),
             stall_timeout_s=float(filled["stall_timeout_s"]),
             simulated=SimulatedConfig(**{k: v for k, v in sim.items() if k in known}),

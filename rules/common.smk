@@ -30,6 +30,7 @@ from regen.runconfig import RunConfig
 from regen.ingest.shard_count import AUTO, settle_auto_count, shard_count
 from regen.runlog import RESUME_HINT
 from regen.serving.lifecycle import stop_all_servers
+from regen.tune.prestart import PrestartRequest, prestart_skip_reason, spawn_prestart
 
 
 def config_layers():
@@ -113,10 +114,14 @@ def gpu_slots():
 JOBS_PER_GPU_SLOT = 2
 
 
+def local_run():
+    """Snakemake runs the jobs on this node (known once the DAG is built: final_outputs)."""
+    return workflow.executor_plugin is not None and workflow.local_exec
+
+
 def widen_gpu_counter_for_local_runs():
     """A local run with --resources gpu=N may start JOBS_PER_GPU_SLOT generate jobs per GPU slot."""
-    local = workflow.executor_plugin is not None and workflow.local_exec
-    if local and workflow.is_main_process and REQUESTED_GPUS:
+    if local_run() and workflow.is_main_process and REQUESTED_GPUS:
         workflow.global_resources["gpu"] = JOBS_PER_GPU_SLOT * GPU_SLOTS
         print(gpu_counter_line(REQUESTED_GPUS, JOBS_PER_GPU_SLOT), file=sys.stderr)
 
@@ -270,6 +275,34 @@ def settle_run_outputs():
     lines = settle_outputs(RUN, planned_outputs(), remade_outputs(), "report_assets")
     for line in lines:
         print(line, file=sys.stderr)
+
+
+def prestart_gpu_servers():
+    """onstart: a local run starts its GPU servers while the data is prepared, in one detached process
+    (regen.tune.prestart); Snakemake does not wait for it. The plan file is current when the tune
+    rule will not run again."""
+    if not workflow.is_main_process:
+        return
+    remade = remade_outputs()
+    dataset = lookup(dpath="dataset/path", within=config)
+    skip = prestart_skip_reason(
+        RUN_CONFIG.server,
+        local=local_run(),
+        dry_run=workflow.dryrun,
+        shards_to_generate=len(remade.generated_shards),
+        dataset_path=dataset,
+    )
+    if skip is not None:
+        return
+    request = PrestartRequest(
+        config=config,
+        gpu_slots=GPU_SLOTS,
+        owner_pid=os.getpid(),
+        shards_to_generate=len(remade.generated_shards),
+        plan_current="tune" not in remade.rules and RUN.server_plan.is_file(),
+        dataset_path=dataset,
+    )
+    print(spawn_prestart(request), file=sys.stderr)
 
 
 def run_facts():

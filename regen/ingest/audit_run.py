@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,27 @@ class FlagsWriter:
             col.clear()
 
 
+def dataset_samples(
+    input_path: str | Path,
+    dataset: DatasetConfig,
+    tokenizer_dir: str | Path,
+    chat: ChatTemplate,
+    bad_rows: list[BadRow],
+    ids: IdAccount,
+) -> Iterator[Sample]:
+    """The dataset's samples as ``dataset`` says to read them (unreadable rows appended to ``bad_rows``)."""
+    return iter_samples(
+        input_path,
+        dataset.format,
+        dataset.id_column,
+        dataset.on_bad_row,
+        tokenizer_dir,
+        bad_rows,
+        developer_role=chat.developer_role,
+        ids=ids,
+    )
+
+
 def run_audit(
     input_path: str | Path,
     out_dir: str | Path,
@@ -111,16 +133,7 @@ def run_audit(
     ids = IdAccount(dataset.id_column)
     if progress is None:
         progress = RowProgress("audit", known_row_count(check_dataset_path(input_path)))
-    samples = iter_samples(
-        input_path,
-        dataset.format,
-        dataset.id_column,
-        dataset.on_bad_row,
-        tokenizer_dir,
-        bad_rows,
-        developer_role=chat.developer_role,
-        ids=ids,
-    )
+    samples = dataset_samples(input_path, dataset, tokenizer_dir, chat, bad_rows, ids)
     awaiting_verdict: dict[tuple[Any, Any], Sample] = {}  # the shard step gets the kept ones: one parse
 
     def remembered(stream: Iterable[Sample]) -> Iterator[Sample]:
@@ -178,3 +191,21 @@ def run_audit(
             raise AuditGateError(message)
         log.warning("gates overridden (audit.override_gates: true):\n%s", message)
     return summary
+
+
+def first_pass_summary(
+    input_path: str | Path, config: AuditConfig, tokenizer_dir: str | Path, dataset: DatasetConfig, rows: int
+) -> dict[str, Any]:
+    """The audit's summary (``summary.json``'s object) over the first ``rows`` samples of the dataset,
+    judged by the audit's own code and written nowhere: what ``regen.tune.prestart`` plans a
+    provisional server from while the audit reads the rest. A dataset of at most ``rows`` samples
+    gives the audit's own numbers."""
+    chat = ChatTemplate.from_dir(tokenizer_dir)
+    auditor = Auditor(config, chat)
+    bad_rows: list[BadRow] = []
+    samples = dataset_samples(
+        input_path, dataset, tokenizer_dir, chat, bad_rows, IdAccount(dataset.id_column)
+    )
+    for _ in iter_audits(auditor, islice(samples, rows), bad_rows):
+        pass
+    return auditor.summary({"input": str(input_path), "first_rows": rows}).to_json()

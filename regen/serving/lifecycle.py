@@ -1,7 +1,9 @@
 """The server lifecycle: a server for ``server.mode`` held for a ``with`` block, and every server stopped.
 
-``acquire_server`` is the only entry point that starts servers; ``stop_all_servers`` is for the
-Snakefile's ``onsuccess``/``onerror`` handlers. The modes (:data:`MODES`) are one module each.
+``acquire_server`` is the entry point that starts a job's server (``regen.tune.prestart`` starts the
+same slot supervisors before any job, through ``regen.serving.slots.live_or_start``); ``stop_all_servers``
+is for the Snakefile's ``onsuccess``/``onerror`` handlers and for the tune rule's refusal of a prestarted
+server. The modes (:data:`MODES`) are one module each.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from regen.layout import RUN, url_files
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, ServerError, ServerMode
 from regen.serving.local_sglang import LocalSGLang
-from regen.serving.procfs import UrlState, is_supervisor, pid_alive, proc_stat, read_url_state
+from regen.serving.procfs import (
+    UrlState,
+    is_supervisor,
+    pid_alive,
+    proc_stat,
+    read_url_state,
+    supervisor_owner,
+)
 from regen.serving.remote import RemoteEndpoint
 from regen.serving.simulated_mode import Simulated
 from regen.serving.slots import SlotPlace, serve_on_slot
@@ -86,14 +95,21 @@ def live_supervisors(workdir: str | os.PathLike[str]) -> list[tuple[Path, UrlSta
     return found
 
 
-def stop_all_servers(workdir: str | os.PathLike[str] = RUN.servers_root, grace_s: float = 30.0) -> int:
+def stop_all_servers(
+    workdir: str | os.PathLike[str] = RUN.servers_root, grace_s: float = 30.0, owner_pid: int | None = None
+) -> int:
     """SIGTERM every live supervisor (verified PIDs), wait, then SIGKILL; returns how many were stopped.
 
-    ``workdir`` is the run's slot root: its per-node slots and every per-Slurm-job slot directory.
+    ``workdir`` is the run's slot root: its per-node slots and every per-Slurm-job slot directory;
+    ``owner_pid``: only the supervisors owned by that Snakemake process (a run's own, not another's).
 
     Safe to call from Snakemake's ``onsuccess``/``onerror`` when no server runs.
     """
-    targets = live_supervisors(workdir)
+    targets = [
+        (url_file, state)
+        for url_file, state in live_supervisors(workdir)
+        if owner_pid is None or supervisor_owner(state.supervisor_pid) == owner_pid
+    ]
     for url_file, state in targets:
         log.info("stopping server supervisor PID %d (%s)", state.supervisor_pid, url_file)
         with contextlib.suppress(ProcessLookupError):

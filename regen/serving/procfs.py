@@ -94,6 +94,15 @@ def is_supervisor(pid: int, url_file: str | os.PathLike[str] | None = None) -> b
     return os.path.realpath(recorded) == os.path.realpath(url_file)
 
 
+def supervisor_owner(pid: int) -> int | None:
+    """The ``--owner-pid`` a live supervisor was started with (None: not a supervisor, or none given)."""
+    argv = proc_cmdline(pid)
+    try:
+        return int(argv[argv.index("--owner-pid") + 1]) if SUPERVISOR_MODULE in argv else None
+    except (ValueError, IndexError):
+        return None
+
+
 def find_owner_pid() -> int:
     """The Snakemake process that owns this job, else the parent.
 

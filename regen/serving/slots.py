@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.fingerprint import server_numerics
-from regen.io import write_json
+from regen.io import read_json, write_json
 from regen.layout import SlotFiles
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, ServerError, api_key_from
@@ -218,14 +218,29 @@ def wait_until_ready(
         time.sleep(poll_s)
 
 
+def realized_supervisor(files: SlotFiles) -> int | None:
+    """The supervisor PID ``gpu{k}.realized.json`` was written for (None: none, or unreadable)."""
+    try:
+        pid = read_json(files.realized).get("supervisor_pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) else None
+
+
 def write_realized(
-    files: SlotFiles, plan: PlanFile | None, info: Mapping[str, Any], server_id: str, url: str
+    files: SlotFiles,
+    plan: PlanFile | None,
+    info: Mapping[str, Any],
+    server_id: str,
+    url: str,
+    supervisor_pid: int,
 ) -> None:
     """``gpu{k}.realized.json``: the memory map the server really got vs. the plan (drift logged) and
     where its start went (``regen.serving.startup_split``)."""
     out: dict[str, Any] = {
         "server_id": server_id,
         "url": url,
+        "supervisor_pid": supervisor_pid,
         "written_at": time.time(),
         "server_info": {k: info.get(k) for k in ("version", "internal_states") if k in info},
     }
@@ -285,11 +300,9 @@ def serve_on_slot(
             log.info("GPU slot %d: given up to the next job (this one drains)", slot)
 
     try:
-        lease_fd = os.open(files.lease, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lease_fd = take_lease_shared(files)
         try:
-            # blocks while the previous supervisor is exiting (it holds LOCK_EX while it stops)
-            fcntl.flock(lease_fd, fcntl.LOCK_SH)
-            found = _live_or_start(files, cfg, plan, api_key, place.owner_pid, command_builder)
+            found = live_or_start(files, cfg, plan, api_key, place.owner_pid, command_builder)
             pid = found.pid if isinstance(found, subprocess.Popen) else found.supervisor_pid
             started = found if isinstance(found, subprocess.Popen) else None
             budget = cfg.startup_timeout_s * (cfg.max_restarts + 1) + 120
@@ -297,9 +310,10 @@ def serve_on_slot(
             assert state.url is not None
             info = fetch_server_info(state.url, api_key)
             server_id = f"gpu{slot}"
-            if started is not None or not files.realized.exists():  # once per server start
+            # once per server start: this job's, or a supervisor started before it (regen.tune.prestart)
+            if started is not None or realized_supervisor(files) != pid:
                 try:
-                    write_realized(files, plan, info, server_id, state.url)
+                    write_realized(files, plan, info, server_id, state.url, pid)
                 except (OSError, ValueError, TypeError, KeyError) as exc:
                     log.warning("GPU slot %d: could not write %s: %s", slot, files.realized, exc)
             if on_slot is not None:
@@ -320,7 +334,19 @@ def serve_on_slot(
             os.close(held.pop())
 
 
-def _live_or_start(
+def take_lease_shared(files: SlotFiles) -> int:
+    """A shared flock on the slot's ``gpu{k}.lease`` (its fd): blocks while the previous supervisor is
+    exiting (it holds LOCK_EX while it stops)."""
+    fd = os.open(files.lease, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def live_or_start(
     files: SlotFiles,
     cfg: ServerConfig,
     plan: PlanFile | None,
@@ -328,7 +354,9 @@ def _live_or_start(
     owner_pid: int | None,
     command_builder: CommandBuilder,
 ) -> UrlState | subprocess.Popen[bytes]:
-    """The slot's live supervisor (its url state, reused) or a freshly started one (its Popen)."""
+    """The slot's live supervisor (its url state, reused) or a freshly started one (its Popen): what a
+    generate job does on its slot, and what ``regen.tune.prestart`` does before any job (the caller
+    holds the slot's lease shared, :func:`take_lease_shared`)."""
     state = read_url_state(files.url)
     if state is not None and is_supervisor(state.supervisor_pid, files.url):
         if not state.failed:

@@ -38,6 +38,9 @@ class PlanFile:
     model_config: str | None = None
     gpu_memory_mib: int | None = None
     external: bool = False
+    #: servers started while the data was prepared, and whether the tune rule adopted them and why
+    #: (``regen.tune.prestart.confirm_prestarted``); None: no server was prestarted from a provisional plan
+    prestart: Mapping[str, Any] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> PlanFile | None:
@@ -57,6 +60,7 @@ class PlanFile:
             model_config=data.get("model_config"),
             gpu_memory_mib=data.get("gpu_memory_mib"),
             external=bool(data.get("external", False)),
+            prestart=data.get("prestart"),
         )
 
     @classmethod
@@ -74,7 +78,7 @@ class PlanFile:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object :meth:`from_json` reads back."""
-        return {
+        out: dict[str, Any] = {
             "launch_args": list(self.launch_args),
             "launched": self.launched,
             "given": dict(self.given),
@@ -85,6 +89,9 @@ class PlanFile:
             "gpu_memory_mib": self.gpu_memory_mib,
             "external": self.external,
         }
+        if self.prestart is not None:
+            out["prestart"] = dict(self.prestart)
+        return out
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """Write the plan file atomically: the one place it is written."""

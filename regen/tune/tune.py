@@ -27,10 +27,12 @@ from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, UnmodelledError, gpu_memory_from_nvidia_smi
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
-from regen.sglang.workload import DEFAULT_WORKLOAD, Workload, old_answers_expected, workload_from_audit
+from regen.sglang.workload import DEFAULT_WORKLOAD, Workload, workload_from_audit
+from regen.tune.prestart import confirm_prestarted
 from regen.tune.projection import count_remaining
 from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
 from regen.tune.sweep_report import generate_job_seconds, render_result
+from regen.tune.workload_plan import plan_for_workload, workload_from_audit_histogram
 from regen.types import Sample
 
 log = logging.getLogger("regen.tune.tune")
@@ -389,78 +391,30 @@ def _first_shard(layout: RunLayout) -> Path:
 
 
 # ------------------------------------------------------------------------ workflow rule --
-PINNED_SGLANG_VERSION = DEFAULT_VERSION
-
-
-def installed_sglang_version() -> str | None:
-    """The sglang version importable here, if any (the plan follows the version that will run)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def histogram_percentile(hist: dict[str, Any], q: float) -> int:
-    """Upper edge of the histogram bucket holding quantile ``q`` (a conservative percentile)."""
-    total = int(hist.get("count", 0))
-    if total == 0:
-        return 0
-    seen = 0
-    for bucket in hist.get("buckets", []):
-        seen += int(bucket["count"])
-        if seen >= q * total:
-            return int(bucket["hi"])
-    return int(hist.get("max", 0))
-
-
-def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> Workload:
-    """Prompt p50/p99 from the audit: its exact percentiles over the kept samples when present, else
-    its prompt-token histogram capped at the context limit (longer prompts never reach a server)."""
-    if "prompt_tokens_p99" in summary:  # exact, over the samples that go on to generation
-        return workload_from_audit(summary, max_tokens=max_tokens)
-    hist = summary.get("histograms", {}).get("prompt_tokens", {})
-    limit = int(summary.get("context_limit") or 1 << 30)
-    p50 = min(histogram_percentile(hist, 0.50), limit) or DEFAULT_WORKLOAD.prompt_p50
-    p99 = min(histogram_percentile(hist, 0.99), limit) or DEFAULT_WORKLOAD.prompt_p99
-    return Workload(
-        prompt_p50=p50, prompt_p99=max(p99, p50), max_tokens=int(max_tokens), **old_answers_expected(summary)
-    )
-
-
 def write_plan_for_workflow(
     *, server_cfg: ServerConfig, max_tokens: int, audit_summary: str, out_path: str
 ) -> None:
-    """The ``tune`` rule: plan (and recommend) from the model config, the GPU and the audited workload."""
+    """The ``tune`` rule: plan (and recommend) from the model config, the GPU and the audited workload;
+    servers this run prestarted from a provisional plan are adopted or stopped first
+    (``regen.tune.prestart.confirm_prestarted``)."""
     if server_cfg.mode == "external":
         PlanFile.for_external_server().write(out_path)
         log.info("server.mode external: nothing to plan, the endpoint is managed by the user")
         return
-    model_config = server_cfg.planned_model
-    model = ModelShape.from_config(model_config)
-    gpu_mib = int(server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi())
-    version = server_cfg.sglang_version or installed_sglang_version() or PINNED_SGLANG_VERSION
     workload = workload_from_audit_histogram(json.loads(Path(audit_summary).read_text()), max_tokens)
-    where = {"sglang_version": version, "model_config": str(model_config), "gpu_memory_mib": gpu_mib}
-    try:
-        rec = recommend(
-            model,
-            gpu_mib,
-            server_cfg.tp,
-            list(server_cfg.args),
-            workload,
-            sglang_version=version,
-            allow_fp8_kv=server_cfg.allow_fp8_kv,
-            allow_bf16_state=server_cfg.allow_bf16_state,
+    planned = plan_for_workload(server_cfg, workload)
+    if planned.unmodelled is not None:
+        log.warning(
+            "%s: SGLang plans its own memory; the given server.args launch as they are", planned.unmodelled
         )
-    except UnmodelledError as exc:
-        log.warning("%s: SGLang plans its own memory; the given server.args launch as they are", exc)
-        unmodelled_plan_file(list(server_cfg.args), str(exc), **where).write(out_path)
+    # the one place the launched section is decided: server.use_tuner (plan_for_workload)
+    confirm_prestarted(planned.plan, server_cfg).write(out_path)
+    rec = planned.recommendation
+    if rec is None:
         return
-    # the one place the launched section is decided: server.use_tuner
-    write_plan_file(out_path, rec, **where, use_recommended=server_cfg.use_tuner)
-    log.info("plan for %s on %d MiB (sglang %s): %s", model_config, gpu_mib, version, workload)
+    plan = planned.plan
+    log.info("plan for %s on %d MiB (sglang %s): %s", plan.model_config, plan.gpu_memory_mib,
+             plan.sglang_version, workload)  # fmt: skip
     for reason in rec.reasons:
         log.info("recommend: %s", reason)
     for warning in rec.warnings:

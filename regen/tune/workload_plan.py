@@ -1,0 +1,94 @@
+"""The one home of "plan from a Workload": the server plan the ``tune`` rule writes from the audited
+workload, and the provisional plan ``regen.tune.prestart`` starts servers with from a first pass.
+
+Both call :func:`plan_for_workload`, so a provisional plan and the audit's differ only by their workloads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from regen.runconfig import ServerConfig
+from regen.sglang.config import PlanFile
+from regen.sglang.models import ModelShape
+from regen.sglang.plan import DEFAULT_VERSION, UnmodelledError, gpu_memory_from_nvidia_smi
+from regen.sglang.recommend import Recommendation, plan_file, recommend, unmodelled_plan_file
+from regen.sglang.workload import DEFAULT_WORKLOAD, Workload, old_answers_expected, workload_from_audit
+
+PINNED_SGLANG_VERSION = DEFAULT_VERSION
+
+
+def installed_sglang_version() -> str | None:
+    """The sglang version importable here, if any (the plan follows the version that will run)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def histogram_percentile(hist: dict[str, Any], q: float) -> int:
+    """Upper edge of the histogram bucket holding quantile ``q`` (a conservative percentile)."""
+    total = int(hist.get("count", 0))
+    if total == 0:
+        return 0
+    seen = 0
+    for bucket in hist.get("buckets", []):
+        seen += int(bucket["count"])
+        if seen >= q * total:
+            return int(bucket["hi"])
+    return int(hist.get("max", 0))
+
+
+def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> Workload:
+    """Prompt p50/p99 from the audit: its exact percentiles over the kept samples when present, else
+    its prompt-token histogram capped at the context limit (longer prompts never reach a server)."""
+    if "prompt_tokens_p99" in summary:  # exact, over the samples that go on to generation
+        return workload_from_audit(summary, max_tokens=max_tokens)
+    hist = summary.get("histograms", {}).get("prompt_tokens", {})
+    limit = int(summary.get("context_limit") or 1 << 30)
+    p50 = min(histogram_percentile(hist, 0.50), limit) or DEFAULT_WORKLOAD.prompt_p50
+    p99 = min(histogram_percentile(hist, 0.99), limit) or DEFAULT_WORKLOAD.prompt_p99
+    return Workload(
+        prompt_p50=p50, prompt_p99=max(p99, p50), max_tokens=int(max_tokens), **old_answers_expected(summary)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadPlan:
+    """A plan for one workload: the plan file, and the recommendation it came from (None: a model the
+    planner does not model, ``unmodelled`` says why; the given flags launch as they are)."""
+
+    plan: PlanFile
+    recommendation: Recommendation | None
+    unmodelled: str | None = None
+
+
+def plan_for_workload(server_cfg: ServerConfig, workload: Workload) -> WorkloadPlan:
+    """The plan the servers launch with for ``workload``: the model config, the GPU, ``server.args`` and
+    the quality opt-ins of ``server_cfg``; ``server.use_tuner`` decides, once, which section launches."""
+    model_config = str(server_cfg.planned_model)
+    gpu_mib = int(server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi())
+    version = server_cfg.sglang_version or installed_sglang_version() or PINNED_SGLANG_VERSION
+    where: dict[str, Any] = {
+        "sglang_version": version,
+        "model_config": model_config,
+        "gpu_memory_mib": gpu_mib,
+    }
+    model = ModelShape.from_config(model_config)
+    try:
+        rec = recommend(
+            model,
+            gpu_mib,
+            server_cfg.tp,
+            list(server_cfg.args),
+            workload,
+            sglang_version=version,
+            allow_fp8_kv=server_cfg.allow_fp8_kv,
+            allow_bf16_state=server_cfg.allow_bf16_state,
+        )
+    except UnmodelledError as exc:
+        return WorkloadPlan(unmodelled_plan_file(list(server_cfg.args), str(exc), **where), None, str(exc))
+    return WorkloadPlan(plan_file(rec, **where, use_recommended=server_cfg.use_tuner), rec)
