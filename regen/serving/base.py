@@ -38,6 +38,11 @@ class ServerMode(ABC):
         """The argv that starts this mode's server on ``port``."""
         raise ServerError(f"server.mode {self.name!r} does not launch a server")
 
+    def planned_args(self, cfg: ServerConfig) -> list[str]:
+        """The flags the planner plans under: ``server.args`` and whatever this mode's launch adds to them
+        whatever the plan says (the planner's prediction is for the server as launched)."""
+        return list(cfg.args)
+
     def endpoint(self, cfg: ServerConfig, plan: PlanFile | None) -> Endpoint:
         """The running server this mode reaches, checked."""
         raise ServerError(f"server.mode {self.name!r} launches its server on a GPU slot")

@@ -56,3 +56,9 @@ class LocalSGLang(ServerMode):
 
     def command(self, cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str) -> list[str]:
         return build_sglang_command(cfg, plan, port, model_path)
+
+    def planned_args(self, cfg: ServerConfig) -> list[str]:
+        """``server.args`` with the launch defaults they leave in place (``LAUNCH_DEFAULT_FLAGS``: e.g. the
+        prefill graphs off, which frees their memory reserve,
+        ``regen.sglang.plan.prefill_graph_reserve_mib``)."""
+        return with_launch_defaults(list(cfg.args))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from regen.runconfig import ServerConfig
+from regen.serving.lifecycle import mode_of
 from regen.sglang.config import PlanFile
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, UnmodelledError, gpu_memory_from_nvidia_smi
@@ -78,17 +79,18 @@ def plan_for_workload(server_cfg: ServerConfig, workload: Workload) -> WorkloadP
         "gpu_memory_mib": gpu_mib,
     }
     model = ModelShape.from_config(model_config)
+    args = mode_of(server_cfg).planned_args(server_cfg)  # as the server will be launched
     try:
         rec = recommend(
             model,
             gpu_mib,
             server_cfg.tp,
-            list(server_cfg.args),
+            args,
             workload,
             sglang_version=version,
             allow_fp8_kv=server_cfg.allow_fp8_kv,
             allow_bf16_state=server_cfg.allow_bf16_state,
         )
     except UnmodelledError as exc:
-        return WorkloadPlan(unmodelled_plan_file(list(server_cfg.args), str(exc), **where), None, str(exc))
+        return WorkloadPlan(unmodelled_plan_file(args, str(exc), **where), None, str(exc))
     return WorkloadPlan(plan_file(rec, **where, use_recommended=server_cfg.use_tuner), rec)

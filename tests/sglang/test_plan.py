@@ -389,12 +389,26 @@ def test_workflow_plan_file_from_the_audit_summary(tmp_path: Path) -> None:
         audit_summary=str(summary),
         out_path=str(out),
     )
-    plan = read_json(out)
-    rec = plan["recommended"]
-    assert plan["launched"] == "recommended" and plan["launch_args"]
+    written = read_json(out)
+    rec = written["recommended"]
+    assert written["launched"] == "recommended" and written["launch_args"]
     # no expected answer length: the KV at prompt p50 + max_tokens, never below SGLang's decode graphs
     fill = rec["kv_cache_tokens"] // (300 + 2048)
     assert rec["client_concurrency"] == max(fill, 256) <= rec["effective_max_running_requests"]
+    # planned as launched: the local launch's defaults are in the plan (no prefill-graph reserve)
+    assert "--disable-prefill-cuda-graph" in written["launch_args"]
+    as_is = tmp_path / "as_is.json"
+    write_plan_for_workflow(
+        server_cfg=ServerConfig.from_mapping({**cfg, "use_tuner": False}),
+        max_tokens=2048,
+        audit_summary=str(summary),
+        out_path=str(as_is),
+    )
+    given = read_json(as_is)["given"]
+    qwen3_8b = ModelShape.from_config(MODELS / "qwen3-8b")
+    launched = plan(qwen3_8b, 81920, 1, ["--disable-prefill-cuda-graph"], None, "0.5.23")
+    assert given["mem_fraction_static"] == launched.mem_fraction_static
+    assert given["mem_fraction_static"] > plan(qwen3_8b, 81920, 1, [], None, "0.5.23").mem_fraction_static
     external = tmp_path / "external.json"
     write_plan_for_workflow(
         server_cfg=ServerConfig.from_mapping({**cfg, "mode": "external"}),
