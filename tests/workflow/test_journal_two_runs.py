@@ -34,12 +34,13 @@ def start(wd: Path, env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
 def test_a_second_run_after_unlock_generates_nothing_twice(tmp_path: Path) -> None:
     wd = copy_workflow(tmp_path / "wf")
     layout = RunLayout.under(wd)
-    # no faults (each id goes out once), and slow enough that the second run starts mid-generation
+    # no faults (each id goes out once), and slow enough that the second run starts mid-generation even
+    # when its Snakemake starts slowly on a loaded machine (at 120 tok/s the first run could finish first)
     slow = {
         "shards": {"count": 2},
         "server": {
             "port_base": free_port_base(),
-            "simulated": {"token_rate": 120, "max_running_requests": 8, "faults": {}},
+            "simulated": {"token_rate": 40, "max_running_requests": 8, "faults": {}},
         },
     }
     (wd / "config" / "slow.yaml").write_text(yaml.safe_dump(slow))
