@@ -32,7 +32,7 @@ from regen.tune.prestart import confirm_prestarted
 from regen.tune.projection import count_remaining
 from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
 from regen.tune.sweep_report import generate_job_seconds, render_result
-from regen.tune.workload_plan import plan_for_workload, workload_from_audit_histogram
+from regen.tune.workload_plan import plan_for_workload, planned_sglang_version, workload_from_audit_histogram
 from regen.types import Sample
 
 log = logging.getLogger("regen.tune.tune")
@@ -58,9 +58,10 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     """The options ``regen tune`` and ``regen tune --sweep`` share: version, workload, quality opt-ins."""
     parser.add_argument(
         "--sglang-version",
-        default=DEFAULT_VERSION,
+        default=None,
         choices=SUPPORTED_VERSIONS,
-        help=f"the SGLang whose allocation rules are modelled (default {DEFAULT_VERSION})",
+        help=f"the SGLang whose allocation rules are modelled (regen tune: default {DEFAULT_VERSION}; "
+        "--sweep: server.sglang_version, else the installed SGLang, as the tune rule plans)",
     )
     parser.add_argument("--prompt-p50", type=int, help="median prompt tokens (default: from --audit-summary)")
     parser.add_argument(
@@ -173,6 +174,7 @@ def cli(argv: list[str]) -> int:
         "--sweep", action="store_true", help="benchmark the top configs live; `regen tune --sweep --help`"
     )
     ns = parser.parse_args(argv)
+    ns.sglang_version = ns.sglang_version or DEFAULT_VERSION
     try:
         config = _load_config(ns.configfile)
         server = ServerConfig.from_mapping(config.get("server"))
@@ -250,10 +252,12 @@ def pilot_samples(shard: str | os.PathLike[str], limit: int) -> list[Sample]:
     return out
 
 
-def candidates_from_recommendation(rec: Any, top: int, mtp: bool = True) -> list[tuple[SweepCandidate, Any]]:
+def candidates_from_recommendation(
+    rec: Any, top: int, mtp: bool = True, given: bool = True
+) -> list[tuple[SweepCandidate, Any]]:
     """(candidate, its MemoryPlan): the recommended config, the tuner's next best, the speculative ones
     (``rec.speculative``: MTP at 1-3 steps, or MTP off when the given flags force it; unless ``mtp`` is
-    False), then the given flags.
+    False), then the given flags (unless ``given`` is False).
 
     The simulated cap is the plan's client concurrency (the in-flight count it plans for), else its
     worst-case workload concurrency, else its running cap.
@@ -269,7 +273,8 @@ def candidates_from_recommendation(rec: Any, top: int, mtp: bool = True) -> list
         found.append((SweepCandidate(tuple(c.args), cap(c.plan), f"tuner #{i + 1}"), c.plan))
     for c in rec.speculative if mtp else ():  # MTP on / off, measured next to the best without it
         found.append((SweepCandidate(tuple(c.args), cap(c.plan), mtp_label(c.args)), c.plan))
-    found.append((SweepCandidate(tuple(rec.given.args), cap(rec.given), "given"), rec.given))
+    if given:
+        found.append((SweepCandidate(tuple(rec.given.args), cap(rec.given), "given"), rec.given))
     seen: set[tuple[str, ...]] = set()
     unique = []
     for cand, p in found:
@@ -319,6 +324,11 @@ def sweep_cli(argv: list[str]) -> int:
     p.add_argument("--work", default="work", help="the run's work directory (default: work)")
     p.add_argument("--out", default=None, help="pilot file (default: RESULTS/plan/pilot.json)")
     p.add_argument("--plan-out", help="also write a plan file (like results/plan/server.json) with the best")
+    p.add_argument(
+        "--no-given",
+        action="store_true",
+        help="do not also measure the given flags (server.args untuned): one server fewer",
+    )
     ns = p.parse_args(argv)
     try:
         config = _load_config(ns.server_config)
@@ -336,7 +346,9 @@ def sweep_cli(argv: list[str]) -> int:
         tp = int(ns.tp or server_cfg.tp)
         gpus = int(ns.gpus or server_cfg.gpus)
         max_tokens = ns.max_tokens or ((config.get("generate") or {}).get("sampling") or {}).get("max_tokens")
-        base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
+        layout = RunLayout(results=Path(ns.results), work=Path(ns.work))
+        ns.sglang_version = ns.sglang_version or planned_sglang_version(server_cfg)
+        base = sweep_workload(ns.audit_summary, layout, int(max_tokens or DEFAULT_WORKLOAD.max_tokens))
         p50 = ns.prompt_p50 or base.prompt_p50
         workload = Workload(
             prompt_p50=p50,
@@ -350,8 +362,9 @@ def sweep_cli(argv: list[str]) -> int:
             allow_bf16_state=ns.allow_bf16_state or server_cfg.allow_bf16_state,
             allow_replay_decode=ns.allow_replay_decode,
         )  # fmt: skip
-        pairs = candidates_from_recommendation(rec, 1 + max(0, ns.candidates - 1), mtp=not ns.no_mtp)
-        layout = RunLayout(results=Path(ns.results), work=Path(ns.work))
+        pairs = candidates_from_recommendation(
+            rec, 1 + max(0, ns.candidates - 1), mtp=not ns.no_mtp, given=not ns.no_given
+        )
         shard = ns.pilot_shard or _first_shard(layout)
         samples = pilot_samples(shard, ns.pilot_samples)
         result = run_sweep(server_cfg, [c for c, _ in pairs], samples, generate_cfg, ns.seconds,
@@ -381,6 +394,17 @@ def sweep_cli(argv: list[str]) -> int:
     print(render_result(report, generate_job_seconds(layout)))
     print(f"wrote {out}")
     return 0
+
+
+def sweep_workload(audit_summary: str | None, layout: RunLayout, max_tokens: int) -> Workload:
+    """The workload the sweep plans for: the given audit summary, else the run's own (the tune rule's
+    reading of it, ``workload_from_audit_histogram``), else SGLang-agnostic defaults."""
+    path = Path(audit_summary) if audit_summary else layout.audit_summary
+    if not path.is_file():
+        if audit_summary:
+            raise SweepError(f"--audit-summary {audit_summary}: no such file")
+        return dataclasses.replace(DEFAULT_WORKLOAD, max_tokens=max_tokens)
+    return workload_from_audit_histogram(json.loads(path.read_text()), max_tokens)
 
 
 def _first_shard(layout: RunLayout) -> Path:

@@ -30,6 +30,12 @@ def installed_sglang_version() -> str | None:
         return None
 
 
+def planned_sglang_version(server_cfg: ServerConfig) -> str:
+    """The SGLang version a plan follows: ``server.sglang_version``, else the installed one, else the
+    pinned one (the version that will run)."""
+    return server_cfg.sglang_version or installed_sglang_version() or PINNED_SGLANG_VERSION
+
+
 def histogram_percentile(hist: dict[str, Any], q: float) -> int:
     """Upper edge of the histogram bucket holding quantile ``q`` (a conservative percentile)."""
     total = int(hist.get("count", 0))
@@ -72,7 +78,7 @@ def plan_for_workload(server_cfg: ServerConfig, workload: Workload) -> WorkloadP
     the quality opt-ins of ``server_cfg``; ``server.use_tuner`` decides, once, which section launches."""
     model_config = str(server_cfg.planned_model)
     gpu_mib = int(server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi())
-    version = server_cfg.sglang_version or installed_sglang_version() or PINNED_SGLANG_VERSION
+    version = planned_sglang_version(server_cfg)
     where: dict[str, Any] = {
         "sglang_version": version,
         "model_config": model_config,

@@ -7,6 +7,7 @@ The winner of a sweep is therefore known from each candidate's cap, without hard
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -477,3 +478,34 @@ def test_after_the_run_the_sweep_says_it_is_done_and_what_it_took(tmp_path: Path
     text = render_result(_issue_report(remaining=0), took)
     assert "the run is done: all 50,000 samples are finished; its generate jobs ran 1h20m in all" in text
     assert "remaining: 0 samples" not in text
+
+
+def test_the_sweep_plans_the_runs_own_audit_and_sglang_as_the_tune_rule_does(tmp_workdir: Path) -> None:
+    """Without --audit-summary the sweep reads the run's audit summary the tune rule's way, plans for the
+    version the tune rule plans for (server.sglang_version, else the installed SGLang), and with
+    --no-given measures only the tuner's candidates."""
+    from regen.layout import RunLayout
+    from regen.sglang.models import ModelShape
+    from regen.sglang.recommend import recommend
+    from regen.sglang.workload import DEFAULT_WORKLOAD
+    from regen.tune.tune import candidates_from_recommendation, sweep_workload
+    from regen.tune.workload_plan import planned_sglang_version, workload_from_audit_histogram
+
+    layout = RunLayout(results=tmp_workdir / "results", work=tmp_workdir / "work")
+    assert sweep_workload(None, layout, 2048) == dataclasses.replace(DEFAULT_WORKLOAD, max_tokens=2048)
+    summary = {"prompt_tokens_p50": 120, "prompt_tokens_p99": 700, "context_limit": 4096}
+    layout.audit_summary.parent.mkdir(parents=True, exist_ok=True)
+    layout.audit_summary.write_text(json.dumps(summary))
+    assert sweep_workload(None, layout, 2048) == workload_from_audit_histogram(summary, 2048)
+    assert sweep_workload(None, layout, 2048).prompt_p99 == 700
+    with pytest.raises(SweepError, match="no such file"):
+        sweep_workload(str(tmp_workdir / "missing.json"), layout, 2048)
+    pinned = ServerConfig.from_mapping({**server_cfg(free_base()), "sglang_version": "0.5.17"})
+    assert planned_sglang_version(pinned) == "0.5.17"
+    workload = sweep_workload(None, layout, 2048)
+    qwen3_8b = ModelShape.from_config(MODELS / "qwen3-8b")
+    rec = recommend(qwen3_8b, 24576, 1, [], workload, allow_fp8_kv=False, allow_bf16_state=False)
+    labels = [c.label for c, _ in candidates_from_recommendation(rec, 1, mtp=False)]
+    assert labels[-1] == "given" and "given" not in {
+        c.label for c, _ in candidates_from_recommendation(rec, 1, mtp=False, given=False)
+    }
