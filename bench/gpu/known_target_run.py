@@ -332,7 +332,7 @@ def generate_jobs_s(run: Path) -> float | None:
     GPU job's whole time, its server's start included."""
     from regen.layout import RunLayout
 
-    tsvs = sorted((run / RunLayout.benchmarks / "generate").glob("*.tsv"))
+    tsvs = sorted((run / RunLayout().benchmarks / "generate").glob("*.tsv"))
     total = 0.0
     for f in tsvs:
         head, *rows = [line.split("\t") for line in f.read_text().splitlines() if line.strip()]
@@ -349,7 +349,7 @@ def sweep_projection(run: Path, phases: dict[str, Any] | None) -> dict[str, Any]
     whole time (their server start in it) is kept beside it."""
     from regen.layout import RunLayout
 
-    pilot_file = run / RunLayout.results / "plan" / "pilot.json"
+    pilot_file = run / RunLayout().pilot
     if not pilot_file.exists():
         return None
     pilot = json.loads(pilot_file.read_text())
