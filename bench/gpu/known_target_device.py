@@ -1,22 +1,42 @@
-"""The known-target campaign on the H200 through the device tool (issue 27), one call at a time.
+"""The known-target campaign on the H200 through the device tool (issues 27 and 37), one call at a time.
 
-  known_target_device.py start BUDGET_S [--build-args "known_target.py args"] [--baselines default,seed]
+  known_target_device.py start BUDGET_S [--build-args "known_target.py args"] [--warmup [--warmup-prompts 8]]
+                               [--order default,regen,seed] [--no-sweep] [--device-budget-s 1320]
                                [--default-concurrency 48] [--seed-concurrency 64] [known_target_run.py args]
       build /tmp/site (SGLang payload) and /tmp/snk (Snakemake), copy this tree to /tmp/repo, build the
       full-shape model at /tmp/kt-model (~20 s, 2.7 GB on disk), start the campaign's sequence detached
       (its own session: it outlives the call), wait up to BUDGET_S, collect
   known_target_device.py wait BUDGET_S
       wait until the sequence is done (or BUDGET_S), print its tail and results so far, collect
-The sequence, each step's results written as it ends (regen first: the headline exists even if the
-budget runs out): 1. known_target_run.py (regen's whole workflow, Snakemake start to end);
-2. known_target_baselines.py --which default (SGLang's defaults, a plain client at concurrency 48);
-3. --which seed (the original run's hand-tuned flags, MTP on, concurrency 64); 4. known_target_run.py
---measure-only with the baselines' wall times: the ``target:`` line; then ``campaign: done``.
-Collect to $OUT (7 files, flat): kt.log, designed.json, known_target_measured.{json,md},
-baseline-{default,seed}.json, kt-logs.tgz (Snakemake log, config, re-audit summary, READY, the run's
-logs/ with its server log, the baselines' server logs, the sampling-kernel prewarm log).
+The sequence prints first a device-time estimate (``budget estimate:``, from the 2026-12-01 H200 walls:
+``PRIOR``) and the ``--n`` that fits ``--device-budget-s`` (fewer prompts: ``--n``). Then, each step's
+results written as it ends: 0. with ``--warmup``, a short start of SGLang's defaults (``--which warmup``,
+a handful of prompts), counted nowhere, so the first measured run does not pay the fresh machine's cold
+caches (its start split: baseline-warmup.json ``server_log.startup_phases``); 1. the runs of ``--order``
+(default ``default,regen,seed``: regen not first): ``regen`` is known_target_run.py ``--sweep``
+(``snakemake --until shard``, ``regen tune --sweep --candidates 1 --no-mtp --seconds 20 --pilot-samples
+300``, then the whole workflow; ``--no-sweep``: the workflow alone), any other name a
+known_target_baselines.py ``--which`` (``default``: SGLang's defaults, concurrency 48; ``seed``: the
+original run's hand-tuned flags, MTP on, concurrency 64); 2. known_target_run.py ``--measure-only`` with
+the baselines' wall times: the ``target:`` line (``projection_error`` the sweep's, ``fixed_s``,
+``drain_token_share``, ``sweep_s``); 3. where_time_went.py ``--work``: every run's time split
+(where_time_went.md); then ``campaign: done``.
+Collect to $OUT (8 files, flat): kt.log, designed.json, known_target_measured.{json,md},
+baseline-{default,seed}.json, where_time_went.md, kt-logs.tgz (Snakemake's logs, the sweep's log and
+pilot.json, config, re-audit summary, READY, the run's logs/ with its server log, the baselines' and the
+warm-up's server logs, baseline-warmup.json, the sampling-kernel prewarm log).
 Payload staging is live.sh's (``bash bench/gpu/live.sh stage`` per part; README: "Known-answer target").
-DRY=1 rehearses the same sequence here against regen's simulated server in chain mode (tiny model).
+DRY=1 rehearses the same sequence here against regen's simulated server in chain mode (tiny model):
+
+  DRY=1 KT_TMP=/tmp/race-kt OUT=/tmp/race-kt/out PY=$PWD/.venv/bin/python .venv/bin/python \
+    bench/gpu/known_target_device.py start 600 --warmup --n 200 --max-tokens 512 --sim-token-rate 300
+  (then ``... wait 600`` until ``campaign: done``)
+
+On the GPU (after the staging calls of the README), one device call, then ``wait`` calls:
+
+  python3 -m bench.gpu.known_target_device start 560 --build-args "--reasoning-stages 20 --reasoning-round
+    0.8 --max-tokens 2048" --warmup --order default,regen,seed --n 1000 --max-tokens 2048   (carry .gpu/p04)
+  python3 -m bench.gpu.known_target_device wait 580                                  (as often as needed)
 """
 
 from __future__ import annotations
@@ -184,7 +204,9 @@ PRIOR = {
     "warmup": PriorRun(193.0, 15.0, 0.0),  # a fresh machine's cold start (regen's, first on 2026-12-01)
     "default": PriorRun(108.0, 6.0, 342.0),
     "seed": PriorRun(131.0, 6.0, 211.0),
-    "regen": PriorRun(106.0, 52.0 + 15.0 + 8.0 + 10.0, 197.5),  # its warm start: where_time_went's
+    # its warm start (where_time_went's 106 s) less the 34.5 s prefill graphs took of a warm start, which
+    # regen's launch now turns off (--disable-prefill-cuda-graph); its stages around the server as measured
+    "regen": PriorRun(106.0 - 34.5, 52.0 + 15.0 + 8.0 + 10.0, 197.5),
     "plan": PriorRun(150.0, 6.0, 197.5),
     "plan-noprefill": PriorRun(120.0, 6.0, 197.5),
 }
