@@ -19,12 +19,16 @@ completion ids at the chain's ``</think>``, and usage.reasoning_tokens equals th
 ``</think>``); each step of every completion is a designed transition; tool calls parsed (rows with
 tools whose ids spell a tool call have ``tool_calls`` with designed arguments); truncation retries and
 how they ended; the exported ids equal the server's ids; the re-audit gates and READY verdict.
-Fields the campaign fills later (the baselines' wall times: known_target_baselines.py) print as ``na``;
-the projection of the generation phase is made from the workflow's static plan, the designed lengths and
-a prior decode-step line (``projection``), unless ``--projected-s`` gives one.
+Fields the campaign fills later (the baselines' wall times: known_target_baselines.py) print as ``na``.
+``--sweep`` (issue 37 item 4): ``snakemake --until shard``, then ``regen tune --sweep`` (``--sweep-args``)
+in the run dir, then the whole workflow; ``projection_error`` is then the sweep's pilot.json against the
+generation phase (:func:`sweep_projection`), ``sweep_s`` its own seconds (not in ``regen_wall_s``, which
+is the ``--until shard`` run plus the workflow). Without it, the projection is made from the workflow's
+static plan, the designed lengths and a prior decode-step line (``projection``), unless ``--projected-s``
+gives one. ``fixed_s`` and ``drain_token_share`` are regen's (:func:`regen_time_split`).
 
 Usage: python bench/gpu/known_target_run.py --model DIR --work DIR [--mode simulated] [--n 2000]
-       [--max-tokens 4096] [--tools-fraction 0.3] [--dense [--eval-fraction 0.1]]
+       [--max-tokens 4096] [--tools-fraction 0.3] [--dense [--eval-fraction 0.1]] [--sweep [--sweep-args S]]
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Any
 import yaml
 
 from bench.gpu import known_target as kt
+from regen.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]
 _SUPERVISOR = re.compile(
@@ -168,8 +173,6 @@ def read_jsonl(pattern: str) -> list[dict[str, Any]]:
 
 def generation_records(run: Path) -> list[dict[str, Any]]:
     """The run's generation records (``results/generations/{shard}.jsonl.zst``, regen.layout's names)."""
-    from regen.layout import RunLayout
-
     files = RunLayout.shard_outputs_in(run / "results" / "generations")
     return [r for f in files for r in read_jsonl(str(f)) if "id" in r]
 
@@ -330,14 +333,22 @@ SWEEP_ARGS = "--candidates 1 --no-mtp --seconds 20 --pilot-samples 300"
 def generate_jobs_s(run: Path) -> float | None:
     """Seconds of the run's generate jobs (their Snakemake benchmarks, ``benchmarks/generate/*.tsv``): the
     GPU job's whole time, its server's start included."""
-    from regen.layout import RunLayout
-
     tsvs = sorted((run / RunLayout().benchmarks / "generate").glob("*.tsv"))
     total = 0.0
     for f in tsvs:
         head, *rows = [line.split("\t") for line in f.read_text().splitlines() if line.strip()]
         total += sum(float(r[head.index("s")]) for r in rows)
     return total if tsvs else None
+
+
+def workflow_cap(run: Path) -> int | None:
+    """The running cap the workflow's own plan launched (``results/plan/server.json``)."""
+    from regen.sglang.config import PlanFile
+
+    plan = run / RunLayout().server_plan
+    return (
+        PlanFile.read(plan).launched_section.get("effective_max_running_requests") if plan.exists() else None
+    )
 
 
 def sweep_projection(run: Path, phases: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -347,8 +358,6 @@ def sweep_projection(run: Path, phases: dict[str, Any] | None) -> dict[str, Any]
     (``regen.tune.projection.PROJECTION_ASSUMPTIONS``), in GPU-hours: so it is compared with the generation
     phase (first request to last answer, retries included) x the GPUs, like with like. The generate jobs'
     whole time (their server start in it) is kept beside it."""
-    from regen.layout import RunLayout
-
     pilot_file = run / RunLayout().pilot
     if not pilot_file.exists():
         return None
@@ -365,6 +374,7 @@ def sweep_projection(run: Path, phases: dict[str, Any] | None) -> dict[str, Any]
         "steady_projection_gpu_s": steady["gpu_hours"] * 3600,
         "remaining_samples": steady["remaining_samples"],
         "best_args": pilot.get("best_args"),
+        "workflow_cap": workflow_cap(run),  # the plan the run launched: the sweep's candidate should be it
         "measured_gpu_s": measured,
         "generate_jobs_s": generate_jobs_s(run),
         "error": (projected - measured) / measured if measured else None,
@@ -723,9 +733,9 @@ def main(argv: list[str]) -> int:
             )
             if rc == 0:
                 sweep = [sys.executable, "-m", "regen.cli", "tune", "--sweep", "--configfile", str(cfg)]
-                rc, before["sweep_s"] = logged(
-                    a.work / "sweep.log", [*sweep, *a.sweep_args.split()], env, run
-                )
+                # the audit's summary, as the tune rule plans from it (else: a default workload)
+                sweep += ["--audit-summary", str(run / RunLayout().audit.summary), *a.sweep_args.split()]
+                rc, before["sweep_s"] = logged(a.work / "sweep.log", sweep, env, run)
             print(
                 f"sweep rc={rc}: prepare {before['prepare_s']:.0f} s, sweep {before.get('sweep_s', 0):.0f} s"
             )
