@@ -103,19 +103,35 @@ def regen_log(work: Path) -> str:
     return last_start(logs[0].read_text(errors="replace")) if logs else ""
 
 
-def work_run_times(work: Path) -> dict[str, RunTime]:
-    """Every run a campaign's work dir holds (regen's, each ``baseline-*.json``'s, the warm-up's), as they
-    ended; a run whose log has no generation window is left out."""
-    out: dict[str, RunTime | None] = {}
-    measured = work / "known_target_measured.json"
-    if measured.exists():
-        out["regen"] = regen_run_time(regen_log(work), json.loads(measured.read_text()))
+def work_logs(work: Path) -> dict[str, str]:
+    """Each run's server log in a campaign's work dir (regen's, each ``baseline-*.json``'s: the warm-up's
+    too), from its last start on."""
+    logs = {"regen": regen_log(work)}
     for f in sorted(work.glob("baseline-*.json")):
-        b = json.loads(f.read_text())
         log = f.with_suffix("") / "logs" / "gpu0.log"
-        text = last_start(log.read_text(errors="replace")) if log.exists() else ""
-        out[b["which"]] = baseline_run_time(b["which"], text, b)
+        logs[f.stem.removeprefix("baseline-")] = (
+            last_start(log.read_text(errors="replace")) if log.exists() else ""
+        )
+    return {k: v for k, v in logs.items() if v}
+
+
+def work_run_times(work: Path) -> dict[str, RunTime]:
+    """Every run a campaign's work dir holds, as they ended; a run whose log has no generation window (or
+    whose results are missing) is left out."""
+    out: dict[str, RunTime | None] = {}
+    for name, text in work_logs(work).items():
+        results = work / ("known_target_measured.json" if name == "regen" else f"baseline-{name}.json")
+        if not results.exists():
+            continue
+        data = json.loads(results.read_text())
+        out[name] = regen_run_time(text, data) if name == "regen" else baseline_run_time(name, text, data)
     return {k: v for k, v in out.items() if v is not None}
+
+
+def work_startups(work: Path) -> dict[str, dict[str, Any]]:
+    """Each run's server start split (``serverlog.startup_phases``), a run without a generation window too
+    (the warm-up's few prompts)."""
+    return {name: st for name, text in work_logs(work).items() if (st := startup_phases(text))}
 
 
 def prompts_to_reach(regen: RunTime, other: RunTime, ratio: float, regen_fixed_s: float) -> float:
@@ -138,8 +154,9 @@ def warm_start_s(runs: dict[str, RunTime]) -> float:
     return sum(statistics.mean(p[k] for p in later) if k in COLD_PHASES else v for k, v in cold.items())
 
 
-def tables(runs: dict[str, RunTime]) -> list[str]:
-    """Each run's generation split and server start split, one column or row per run."""
+def tables(runs: dict[str, RunTime], startups: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """Each run's generation split and server start split (``startups``, default the runs'), one row or
+    column per run."""
     rows = ["| run | wall s | fixed s | server start s | ramp s | full batch s | running at full "
             "| tok/s at full | prefill batches at full | drain s | tokens in drain "
             "| tokens below 90% of full batch | last 1% of answers s |",
@@ -153,7 +170,7 @@ def tables(runs: dict[str, RunTime]) -> list[str]:
             f"| {g.full_running} | {g.full_decode_tps:,.0f} | {g.prefill_batches_at_full} | {g.drain_s:.0f} "
             f"| {g.drain_tokens_fraction:.1%} | {g.drain_token_share:.1%} | {g.last_percent_s:.0f} |"
         )
-    started = {n: r.startup for n, r in runs.items() if r.startup}
+    started = startups if startups is not None else {n: r.startup for n, r in runs.items() if r.startup}
     if not started:
         return rows
     phases = list(next(iter(started.values()))["phases_s"])
@@ -169,12 +186,14 @@ def tables(runs: dict[str, RunTime]) -> list[str]:
     return [*rows, "", *start_rows]
 
 
-def markdown(runs: dict[str, RunTime], prefix: Path) -> tuple[str, str]:
+def markdown(
+    runs: dict[str, RunTime], prefix: Path, startups: dict[str, dict[str, Any]] | None = None
+) -> tuple[str, str]:
     """Every run's tables, then (with regen, default and seed) the projection and the ``where:`` line."""
     head = [
         f"## Where each run's time went (`bench/gpu/where_time_went.py`, from `{prefix.name}`)",
         "",
-        *tables(runs),
+        *tables(runs, startups),
         "",
     ]
     if not {"regen", *TARGETS} <= set(runs):
@@ -236,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="a campaign's work dir instead (known_target_device.py's)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
-    source = a.work or a.prefix
-    text, line = markdown(work_run_times(a.work) if a.work else run_times(a.prefix), source)
+    if a.work:
+        text, line = markdown(work_run_times(a.work), a.work, work_startups(a.work))
+    else:
+        text, line = markdown(run_times(a.prefix), a.prefix)
     if a.out:
         a.out.write_text(text + "\n")
     print(text)

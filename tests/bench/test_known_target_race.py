@@ -137,3 +137,18 @@ def test_work_dir_without_every_run_still_has_its_tables(tmp_path: Path) -> None
     assert "| regen | 465.2 | 343 | 193 |" in text and "| interpreter and imports | 31 | 22 |" in text
     assert line == "where: runs=regen,default (the projection needs regen, default and seed)"
     assert "Projection, not a measurement" not in text
+
+
+def test_warm_up_start_split_is_shown_without_a_generation_window(tmp_path: Path) -> None:
+    work = campaign_work_dir(tmp_path, ("regen", "default", "seed"))
+    log = (work / "baseline-default/logs/gpu0.log").read_text()
+    cut = log.index("server ready at ")
+    (work / "baseline-warmup/logs").mkdir(parents=True)
+    (work / "baseline-warmup/logs/gpu0.log").write_text(log[: log.index("\n", cut) + 1])  # start, no answers
+    b = json.loads((work / "baseline-default.json").read_text()) | {"which": "warmup", "n": 8}
+    (work / "baseline-warmup.json").write_text(json.dumps(b))
+    runs, startups = wtw.work_run_times(work), wtw.work_startups(work)
+    assert "warmup" not in runs and startups["warmup"] == startups["default"]
+    text, line = wtw.markdown(runs, work, startups)
+    assert "| server start phase | regen | default | seed | warmup |" in text
+    assert line == wtw.markdown(wtw.run_times(PREFIX), PREFIX)[1]  # the warm-up is in no projection
