@@ -20,10 +20,10 @@ completion ids at the chain's ``</think>``, and usage.reasoning_tokens equals th
 tools whose ids spell a tool call have ``tool_calls`` with designed arguments); truncation retries and
 how they ended; the exported ids equal the server's ids; the re-audit gates and READY verdict.
 Fields the campaign fills later (the baselines' wall times: known_target_baselines.py) print as ``na``.
-``--sweep`` (issue 37 item 4): ``snakemake --until shard``, then ``regen tune --sweep`` (``--sweep-args``)
+``--sweep`` (issue 37 item 4): ``snakemake --until shard tune``, ``regen tune --sweep`` (``--sweep-args``)
 in the run dir, then the whole workflow; ``projection_error`` is then the sweep's pilot.json against the
 generation phase (:func:`sweep_projection`), ``sweep_s`` its own seconds (not in ``regen_wall_s``, which
-is the ``--until shard`` run plus the workflow). Without it, the projection is made from the workflow's
+is the ``--until`` run plus the workflow). Without it, the projection is made from the workflow's
 static plan, the designed lengths and a prior decode-step line (``projection``), unless ``--projected-s``
 gives one. ``fixed_s`` and ``drain_token_share`` are regen's (:func:`regen_time_split`).
 
@@ -339,6 +339,17 @@ def generate_jobs_s(run: Path) -> float | None:
         head, *rows = [line.split("\t") for line in f.read_text().splitlines() if line.strip()]
         total += sum(float(r[head.index("s")]) for r in rows)
     return total if tsvs else None
+
+
+def planned_as(run: Path) -> list[str]:
+    """``regen tune --sweep``'s flags for the SGLang version and GPU memory the workflow's tune rule planned
+    for (``results/plan/server.json``): the sweep's defaults (the newest modelled SGLang, nvidia-smi) need
+    not be the installed SGLang's that the tune rule reads."""
+    from regen.sglang.config import PlanFile
+
+    plan = PlanFile.read(run / RunLayout().server_plan)
+    out = ["--sglang-version", plan.sglang_version] if plan.sglang_version else []
+    return out + (["--gpu-memory-mib", str(plan.gpu_memory_mib)] if plan.gpu_memory_mib else [])
 
 
 def workflow_cap(run: Path) -> int | None:
@@ -728,13 +739,13 @@ def main(argv: list[str]) -> int:
         cmd += ["--resources", "gpu=1", "--configfile", str(cfg)]
         before: dict[str, float] = {}
         if a.sweep:  # as a user would: audit and shards, the sweep's pilot on them, then the whole workflow
-            rc, before["prepare_s"] = logged(
-                a.work / "snakemake-prepare.log", [*cmd, "--until", "shard"], env
-            )
+            prepare = [*cmd, "--until", "shard", "tune"]  # the plan too: the sweep plans as it does
+            rc, before["prepare_s"] = logged(a.work / "snakemake-prepare.log", prepare, env)
             if rc == 0:
                 sweep = [sys.executable, "-m", "regen.cli", "tune", "--sweep", "--configfile", str(cfg)]
                 # the audit's summary, as the tune rule plans from it (else: a default workload)
-                sweep += ["--audit-summary", str(run / RunLayout().audit.summary), *a.sweep_args.split()]
+                sweep += ["--audit-summary", str(run / RunLayout().audit.summary), *planned_as(run)]
+                sweep += a.sweep_args.split()
                 rc, before["sweep_s"] = logged(a.work / "sweep.log", sweep, env, run)
             print(
                 f"sweep rc={rc}: prepare {before['prepare_s']:.0f} s, sweep {before.get('sweep_s', 0):.0f} s"
