@@ -210,36 +210,38 @@ PRIOR = {
     "plan": PriorRun(150.0, 6.0, 197.5),
     "plan-noprefill": PriorRun(120.0, 6.0, 197.5),
 }
-#: the sweep of one candidate: a server start, its warm-up and its measurement seconds, the pilot's reading
+#: a sweep candidate past its server start: SGLang's warm-up, the pilot's ramp, the stop and GPU-free wait
 SWEEP_OVERHEAD_S = 30.0
 
 
-def budget_estimate(order: list[str], prompts: int, warmup: bool, sweep_seconds: float | None) -> dict:
-    """Device seconds of the sequence by :data:`PRIOR` (plus the sweep's, when regen runs one)."""
+def sweep_device_s(sweep_args: str) -> float:
+    """Device seconds of ``regen tune --sweep SWEEP_ARGS``: each candidate (``--candidates``, and the given
+    flags, which the sweep always measures: ``regen.tune.tune.candidates_from_recommendation``; MTP
+    candidates not counted, the campaign passes ``--no-mtp``) a warm server start, ``--seconds`` and
+    :data:`SWEEP_OVERHEAD_S`."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--seconds", type=float, default=20.0)  # regen tune --sweep's own defaults
+    p.add_argument("--candidates", type=int, default=2)
+    got = p.parse_known_args(sweep_args.split())[0]
+    return (got.candidates + 1) * (PRIOR["regen"].start_s + got.seconds + SWEEP_OVERHEAD_S)
+
+
+def budget_estimate(order: list[str], prompts: int, warmup: bool, sweep_s: float | None) -> dict:
+    """Device seconds of the sequence by :data:`PRIOR` (plus ``sweep_s`` when regen runs a sweep)."""
     runs = (["warmup"] if warmup else []) + order
     each = {name: PRIOR[name].seconds(prompts) for name in runs}
-    if sweep_seconds is not None and "regen" in order:
-        each["sweep"] = PRIOR["regen"].start_s + sweep_seconds + SWEEP_OVERHEAD_S
+    if sweep_s is not None and "regen" in order:
+        each["sweep"] = sweep_s
     total = sum(each.values())
     per_prompt = sum(PRIOR[name].generation_s_per_1000 for name in runs) / 1000
-    return {
-        "each_s": {k: round(v) for k, v in each.items()},
-        "total_s": round(total),
-        "per_prompt_s": per_prompt,
-    }
+    rounded = {k: round(v) for k, v in each.items()}
+    return {"each_s": rounded, "total_s": round(total), "per_prompt_s": per_prompt}
 
 
 def prompts_within(estimate: dict, prompts: int, budget_s: float) -> int:
     """The most prompts whose estimate fits ``budget_s`` (0 when the fixed parts alone do not)."""
     fixed = estimate["total_s"] - estimate["per_prompt_s"] * prompts
     return max(0, int((budget_s - fixed) / estimate["per_prompt_s"])) if estimate["per_prompt_s"] else prompts
-
-
-def sweep_seconds(sweep_args: str) -> float:
-    """The measurement seconds a candidate of ``regen tune --sweep`` takes (its ``--seconds``)."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument("--seconds", type=float, default=20.0)  # regen tune --sweep's own default
-    return p.parse_known_args(sweep_args.split())[0].seconds
 
 
 def sequence_args(args: list[str]) -> tuple[argparse.Namespace, argparse.Namespace, list[str]]:
@@ -275,7 +277,7 @@ def sequence(args: list[str]) -> None:
     if unknown:
         raise SystemExit(f"--order: unknown run(s) {unknown}: one of {sorted(set(PRIOR) - {'warmup'})}")
     sweep = not own.no_sweep
-    est = budget_estimate(order, int(same.n), own.warmup, sweep_seconds(same.sweep_args) if sweep else None)
+    est = budget_estimate(order, int(same.n), own.warmup, sweep_device_s(same.sweep_args) if sweep else None)
     fits = prompts_within(est, int(same.n), own.device_budget_s)
     print(
         f"budget estimate: {est['total_s']} s of device time for {same.n} prompts "

@@ -29,7 +29,8 @@ def test_sequence_args_keep_the_runs_flags_apart_from_its_own() -> None:
     assert (same.n, same.max_tokens, own.no_sweep, own.warmup) == ("200", "512", False, True)
     assert own.order == "seed,regen"
     assert run_args == ["--n", "200", "--max-tokens", "512"]  # what known_target_run.py gets
-    assert ktd.sweep_seconds(same.sweep_args) == 20.0  # the campaign's sweep: --seconds 20
+    # the campaign's sweep: one candidate and the given flags, 20 s each after a warm start
+    assert ktd.sweep_device_s(same.sweep_args) == 2 * (ktd.PRIOR["regen"].start_s + 20 + ktd.SWEEP_OVERHEAD_S)
 
 
 @pytest.mark.parametrize("which", ["default", "seed"])
@@ -42,13 +43,13 @@ def test_prior_runs_are_the_2026_12_01_baselines(which: str) -> None:
 
 def test_budget_estimate_names_the_prompts_that_fit() -> None:
     order = ["default", "regen", "seed"]
-    est = ktd.budget_estimate(order, 1000, True, 20.0)
+    est = ktd.budget_estimate(order, 1000, True, 250.0)
     assert set(est["each_s"]) == {"warmup", *order, "sweep"}
     assert est["total_s"] == pytest.approx(sum(est["each_s"].values()), abs=len(est["each_s"]))
     fits = ktd.prompts_within(est, 1000, 22 * 60)
     assert 0 < fits < 1000  # the 2026-12-01 walls do not fit 1,000 prompts with a warm-up and a sweep
-    assert ktd.budget_estimate(order, fits, True, 20.0)["total_s"] <= 22 * 60 + 1
-    assert ktd.budget_estimate(order, fits + 5, True, 20.0)["total_s"] > 22 * 60
+    assert ktd.budget_estimate(order, fits, True, 250.0)["total_s"] <= 22 * 60 + 1
+    assert ktd.budget_estimate(order, fits + 5, True, 250.0)["total_s"] > 22 * 60
     assert "sweep" not in ktd.budget_estimate(order, 1000, False, None)["each_s"]
 
 
