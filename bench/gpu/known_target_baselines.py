@@ -10,6 +10,9 @@
                    algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1
                    --speculative-num-draft-tokens 4``), ``--max-mamba-cache-size 200 --mem-fraction-static
                    0.93 --mamba-full-memory-ratio 0.6 --max-running-requests 64``; concurrency 64 (its cap)
+  --which warmup   SGLang's defaults as ``default``, at concurrency 8 with a handful of prompts (``--n 8``):
+                   the campaign's first server, so the first measured run does not pay the fresh machine's
+                   cold page cache and JIT caches; its start split is recorded, its time counted nowhere
   --which plan     regen's plan as the 2026-12-01 workflow launched it (cap 265, decode graphs to 265), the
                    same client at 265; ``plan-noprefill`` adds ``--disable-prefill-cuda-graph``: the two
                    measure what SGLang's prefill CUDA graphs cost at start and buy at these prompt lengths
@@ -51,7 +54,7 @@ import aiohttp
 
 from bench.gpu import known_target as kt
 from bench.gpu.known_target_run import supervisor_times, write_dataset
-from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
+from bench.gpu.serverlog import decode_lines, last_start, startup_facts, startup_phases, steady_state
 
 REPO = Path(__file__).resolve().parents[2]
 PARSERS = ["--tool-call-parser", "qwen25"]
@@ -67,12 +70,13 @@ PLAN_FLAGS = [
     "--cuda-graph-max-bs-decode", "265",
 ]  # fmt: skip
 FLAGS = {
+    "warmup": PARSERS,  # SGLang's defaults, a handful of prompts: the machine's caches warm, counted nowhere
     "default": PARSERS,
     "seed": [*SEED_FLAGS, *PARSERS],
     "plan": [*PLAN_FLAGS, *PARSERS],
     "plan-noprefill": [*PLAN_FLAGS, "--disable-prefill-cuda-graph", *PARSERS],
 }
-CONCURRENCY = {"default": 48, "seed": 64, "plan": 265, "plan-noprefill": 265}
+CONCURRENCY = {"warmup": 8, "default": 48, "seed": 64, "plan": 265, "plan-noprefill": 265}
 SGLANG_VERSION = "0.5.17"  # the GPU host's payload (bench/gpu/pack.sh)
 _ACCEPT = re.compile(r"Decode batch.*?#running-req: (\d+),.*?accept len: ([0-9.]+)")
 
@@ -262,7 +266,6 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
     from regen.serving import lifecycle as server_mod
     from regen.serving.lifecycle import stop_all_servers
     from regen.serving.probes import fetch_server_info
-    from regen.serving.procfs import SERVER_START_MARK
 
     which = a.which
     work = a.work / f"baseline-{which}"
@@ -344,12 +347,13 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
     result["output_tok_s"] = result["answers"]["output_tokens"] / max(1e-9, result["generation_s"])
     log_path = logs / "gpu0.log"
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    this = text[text.rfind(SERVER_START_MARK) :] if SERVER_START_MARK in text else text
+    this = last_start(text)
     steady = steady_state(decode_lines(this))
     result["server_log"] = {
         "decode_lines": len(decode_lines(this)),
         "decode": steady.to_json() if steady else None,
         "startup_facts": startup_facts(this),
+        "startup_phases": startup_phases(this),  # the start split (imports, weights, pools, graphs)
         "supervisor": supervisor_times(text),
     }
     designed = json.loads((a.model / "designed.json").read_text())

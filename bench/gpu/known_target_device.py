@@ -1,22 +1,42 @@
-"""The known-target campaign on the H200 through the device tool (issue 27), one call at a time.
+"""The known-target campaign on the H200 through the device tool (issues 27 and 37), one call at a time.
 
-  known_target_device.py start BUDGET_S [--build-args "known_target.py args"] [--baselines default,seed]
+  known_target_device.py start BUDGET_S [--build-args "known_target.py args"] [--warmup [--warmup-prompts 8]]
+                               [--order default,regen,seed] [--no-sweep] [--device-budget-s 1320]
                                [--default-concurrency 48] [--seed-concurrency 64] [known_target_run.py args]
       build /tmp/site (SGLang payload) and /tmp/snk (Snakemake), copy this tree to /tmp/repo, build the
       full-shape model at /tmp/kt-model (~20 s, 2.7 GB on disk), start the campaign's sequence detached
       (its own session: it outlives the call), wait up to BUDGET_S, collect
   known_target_device.py wait BUDGET_S
       wait until the sequence is done (or BUDGET_S), print its tail and results so far, collect
-The sequence, each step's results written as it ends (regen first: the headline exists even if the
-budget runs out): 1. known_target_run.py (regen's whole workflow, Snakemake start to end);
-2. known_target_baselines.py --which default (SGLang's defaults, a plain client at concurrency 48);
-3. --which seed (the original run's hand-tuned flags, MTP on, concurrency 64); 4. known_target_run.py
---measure-only with the baselines' wall times: the ``target:`` line; then ``campaign: done``.
-Collect to $OUT (7 files, flat): kt.log, designed.json, known_target_measured.{json,md},
-baseline-{default,seed}.json, kt-logs.tgz (Snakemake log, config, re-audit summary, READY, the run's
-logs/ with its server log, the baselines' server logs, the sampling-kernel prewarm log).
+The sequence prints first a device-time estimate (``budget estimate:``, from the 2026-12-01 H200 walls:
+``PRIOR``) and the ``--n`` that fits ``--device-budget-s`` (fewer prompts: ``--n``). Then, each step's
+results written as it ends: 0. with ``--warmup``, a short start of SGLang's defaults (``--which warmup``,
+a handful of prompts), counted nowhere, so the first measured run does not pay the fresh machine's cold
+caches (its start split: baseline-warmup.json ``server_log.startup_phases``); 1. the runs of ``--order``
+(default ``default,regen,seed``: regen not first): ``regen`` is known_target_run.py ``--sweep``
+(``snakemake --until shard tune``, ``regen tune --sweep --candidates 1 --no-mtp --seconds 20 --pilot-samples
+300``, then the whole workflow; ``--no-sweep``: the workflow alone), any other name a
+known_target_baselines.py ``--which`` (``default``: SGLang's defaults, concurrency 48; ``seed``: the
+original run's hand-tuned flags, MTP on, concurrency 64); 2. known_target_run.py ``--measure-only`` with
+the baselines' wall times: the ``target:`` line (``projection_error`` the sweep's, ``fixed_s``,
+``drain_token_share``, ``sweep_s``); 3. where_time_went.py ``--work``: every run's time split
+(where_time_went.md); then ``campaign: done``.
+Collect to $OUT (8 files, flat): kt.log, designed.json, known_target_measured.{json,md},
+baseline-{default,seed}.json, where_time_went.md, kt-logs.tgz (Snakemake's logs, the sweep's log and
+pilot.json, config, re-audit summary, READY, the run's logs/ with its server log, the baselines' and the
+warm-up's server logs, baseline-warmup.json, the sampling-kernel prewarm log).
 Payload staging is live.sh's (``bash bench/gpu/live.sh stage`` per part; README: "Known-answer target").
-DRY=1 rehearses the same sequence here against regen's simulated server in chain mode (tiny model).
+DRY=1 rehearses the same sequence here against regen's simulated server in chain mode (tiny model):
+
+  DRY=1 KT_TMP=/tmp/race-kt OUT=/tmp/race-kt/out PY=$PWD/.venv/bin/python .venv/bin/python \
+    bench/gpu/known_target_device.py start 600 --warmup --n 200 --max-tokens 512 --sim-token-rate 300
+  (then ``... wait 600`` until ``campaign: done``)
+
+On the GPU (after the staging calls of the README), one device call, then ``wait`` calls:
+
+  python3 -m bench.gpu.known_target_device start 560 --build-args "--reasoning-stages 20 --reasoning-round
+    0.8 --max-tokens 2048" --warmup --order default,regen,seed --n 1000 --max-tokens 2048   (carry .gpu/p04)
+  python3 -m bench.gpu.known_target_device wait 580                                  (as often as needed)
 """
 
 from __future__ import annotations
@@ -30,6 +50,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,8 +62,19 @@ MODEL = TMP / "kt-model"
 PID = TMP / "kt.pid"
 PY = os.environ.get("PY", sys.executable)
 DONE = "campaign: done"
+WHERE = "where_time_went.md"  # every run's time split (where_time_went.py --work), beside the results
 #: lines of the log that wait() always shows, wherever they are
-KEY_LINES = ("=== step", "workflow rc=", "regen phases:", "baseline: ", "target: ", DONE)
+KEY_LINES = (
+    "budget estimate:",
+    "=== step",
+    "sweep rc=",
+    "workflow rc=",
+    "regen phases:",
+    "baseline: ",
+    "target: ",
+    "where: ",
+    DONE,
+)
 TGZ_MEMBER_CAP = 6 * 2**20  # a bigger log travels as its last 6 MiB (the device returns files <= 16 MiB)
 
 
@@ -154,40 +186,131 @@ def step(title: str, cmd: list[str]) -> int:
     return rc
 
 
-def sequence(args: list[str]) -> None:
-    """regen's workflow, then each baseline, then the target line with the baselines' wall times."""
-    p = argparse.ArgumentParser(prog="known_target_device.py sequence")
-    p.add_argument("--baselines", default="default,seed")
+@dataclass(frozen=True, slots=True)
+class PriorRun:
+    """One run's device seconds as measured on the H200 on 2026-12-01 (1,000 prompts, design 20 / 0.8 /
+    2048: bench/results/known-target-2026-12-01.*, where_time_went.py): a fixed part, and a generation part
+    that grows with the prompts. An estimate for the budget, not a measurement."""
+
+    start_s: float  # launch to ready (regen's and the later baselines': warm, after the warm-up server)
+    other_s: float  # outside the server (regen's stages), ready to first request, the stop and GPU-free wait
+    generation_s_per_1000: float
+
+    def seconds(self, prompts: int) -> float:
+        return self.start_s + self.other_s + self.generation_s_per_1000 * prompts / 1000
+
+
+PRIOR = {
+    "warmup": PriorRun(193.0, 15.0, 0.0),  # a fresh machine's cold start (regen's, first on 2026-12-01)
+    "default": PriorRun(108.0, 6.0, 342.0),
+    "seed": PriorRun(131.0, 6.0, 211.0),
+    # its warm start (where_time_went's 106 s) less the 34.5 s prefill graphs took of a warm start, which
+    # regen's launch now turns off (--disable-prefill-cuda-graph); its stages around the server as measured
+    "regen": PriorRun(106.0 - 34.5, 52.0 + 15.0 + 8.0 + 10.0, 197.5),
+    "plan": PriorRun(150.0, 6.0, 197.5),
+    "plan-noprefill": PriorRun(120.0, 6.0, 197.5),
+}
+#: a sweep candidate past its server start: SGLang's warm-up, the pilot's ramp, the stop and GPU-free wait
+SWEEP_OVERHEAD_S = 30.0
+
+
+def sweep_device_s(sweep_args: str) -> float:
+    """Device seconds of ``regen tune --sweep SWEEP_ARGS``: each candidate (``--candidates``, and the given
+    flags, which the sweep always measures: ``regen.tune.tune.candidates_from_recommendation``; MTP
+    candidates not counted, the campaign passes ``--no-mtp``) a warm server start, ``--seconds`` and
+    :data:`SWEEP_OVERHEAD_S`."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--seconds", type=float, default=20.0)  # regen tune --sweep's own defaults
+    p.add_argument("--candidates", type=int, default=2)
+    got = p.parse_known_args(sweep_args.split())[0]
+    return (got.candidates + 1) * (PRIOR["regen"].start_s + got.seconds + SWEEP_OVERHEAD_S)
+
+
+def budget_estimate(order: list[str], prompts: int, warmup: bool, sweep_s: float | None) -> dict:
+    """Device seconds of the sequence by :data:`PRIOR` (plus ``sweep_s`` when regen runs a sweep)."""
+    runs = (["warmup"] if warmup else []) + order
+    each = {name: PRIOR[name].seconds(prompts) for name in runs}
+    if sweep_s is not None and "regen" in order:
+        each["sweep"] = sweep_s
+    total = sum(each.values())
+    per_prompt = sum(PRIOR[name].generation_s_per_1000 for name in runs) / 1000
+    rounded = {k: round(v) for k, v in each.items()}
+    return {"each_s": rounded, "total_s": round(total), "per_prompt_s": per_prompt}
+
+
+def prompts_within(estimate: dict, prompts: int, budget_s: float) -> int:
+    """The most prompts whose estimate fits ``budget_s`` (0 when the fixed parts alone do not)."""
+    fixed = estimate["total_s"] - estimate["per_prompt_s"] * prompts
+    return max(0, int((budget_s - fixed) / estimate["per_prompt_s"])) if estimate["per_prompt_s"] else prompts
+
+
+def sequence_args(args: list[str]) -> tuple[argparse.Namespace, argparse.Namespace, list[str]]:
+    """The sequence's own flags, the flags its runs share (``--n``, ...), and what goes on to
+    known_target_run.py (all but the sequence's own). No abbreviations: ``--n`` is not ``--no-sweep``."""
+    from bench.gpu.known_target_run import SWEEP_ARGS  # on the payload's path (not start's bare python)
+
+    p = argparse.ArgumentParser(prog="known_target_device.py sequence", allow_abbrev=False)
+    p.add_argument("--order", default="default,regen,seed", help="regen and known_target_baselines' --which")
+    p.add_argument("--warmup", action="store_true", help="SGLang's defaults first, not counted")
+    p.add_argument("--warmup-prompts", type=int, default=8)
+    p.add_argument("--no-sweep", action="store_true", help="regen's run without regen tune --sweep before it")
+    p.add_argument("--device-budget-s", type=float, default=22 * 60, help="for the estimate printed first")
     p.add_argument("--default-concurrency", type=int, default=48)
     p.add_argument("--seed-concurrency", type=int, default=64)
-    p.add_argument("--skip-regen", action="store_true", help="baselines only (no workflow, no target line)")
     own, run_args = p.parse_known_args(args)
-    shared = argparse.ArgumentParser(add_help=False)  # what the baselines share with the regen run
+    shared = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # the baselines share with regen
     shared.add_argument("--n", default="2000")
     shared.add_argument("--max-tokens", default="4096")
     shared.add_argument("--tools-fraction", default="0.3")
     shared.add_argument("--sim-token-rate", default="20000")
+    shared.add_argument("--sweep-args", default=SWEEP_ARGS)  # known_target_run's
     same, _ = shared.parse_known_args(run_args)
+    return own, same, run_args
+
+
+def sequence(args: list[str]) -> None:
+    """An optional warm-up server, the runs in ``--order`` (regen's workflow with its sweep first, and the
+    baselines), then the target line with the baselines' wall times and every run's time split."""
+    own, same, run_args = sequence_args(args)
+    order = [w for w in own.order.split(",") if w]
+    unknown = [w for w in order if w not in PRIOR or w == "warmup"]
+    if unknown:
+        raise SystemExit(f"--order: unknown run(s) {unknown}: one of {sorted(set(PRIOR) - {'warmup'})}")
+    sweep = not own.no_sweep
+    est = budget_estimate(order, int(same.n), own.warmup, sweep_device_s(same.sweep_args) if sweep else None)
+    fits = prompts_within(est, int(same.n), own.device_budget_s)
+    print(
+        f"budget estimate: {est['total_s']} s of device time for {same.n} prompts "
+        f"({', '.join(f'{k} {v}' for k, v in est['each_s'].items())}; 2026-12-01's H200 walls, warm starts); "
+        f"{own.device_budget_s:.0f} s fits --n {fits}",
+        flush=True,
+    )
     mode = "simulated" if DRY else "sglang"
     run = [PY, "-m", "bench.gpu.known_target_run", "--model", str(MODEL), "--work", str(WORK), "--mode", mode]
-    if not own.skip_regen:
-        step("regen", [*run, *run_args])
+    run_args = [*run_args, *(["--sweep"] if sweep else [])]
+    baseline = [PY, "-m", "bench.gpu.known_target_baselines", "--model", str(MODEL), "--work", str(WORK)]
+    baseline += ["--max-tokens", same.max_tokens, "--tools-fraction", same.tools_fraction]
+    baseline += ["--stop-first", str(WORK / "run")]  # a server regen's run left is stopped first
+    baseline += ["--dry-cpu", "--sim-token-rate", same.sim_token_rate] if DRY else []
+    if own.warmup:
+        step("warmup", [*baseline, "--which", "warmup", "--n", str(own.warmup_prompts)])
     walls: dict[str, float] = {}
-    for which in [w for w in own.baselines.split(",") if w]:
+    for which in order:
+        if which == "regen":
+            step("regen", [*run, *run_args])
+            continue
         concurrency = {"default": own.default_concurrency, "seed": own.seed_concurrency}.get(which)
-        cmd = [PY, "-m", "bench.gpu.known_target_baselines", "--model", str(MODEL), "--work", str(WORK)]
-        cmd += ["--which", which, "--n", same.n, "--max-tokens", same.max_tokens]
-        cmd += ["--tools-fraction", same.tools_fraction]
+        cmd = [*baseline, "--which", which, "--n", same.n]
         cmd += ["--concurrency", str(concurrency)] if concurrency else []
-        cmd += ["--stop-first", str(WORK / "run")]
-        cmd += ["--dry-cpu", "--sim-token-rate", same.sim_token_rate] if DRY else []
         step(f"baseline {which}", cmd)
         result = WORK / f"baseline-{which}.json"
         if result.exists() and "wall_s" in (done := json.loads(result.read_text())):
             walls[which] = done["wall_s"]
     fill = [f"--{w}-wall-s={walls[w]}" for w in ("default", "seed") if w in walls]
-    if not own.skip_regen:
+    if "regen" in order:
         step("target", [*run, *run_args, "--measure-only", *fill])
+    where = [PY, "-m", "bench.gpu.where_time_went", "--work", str(WORK), "--out", str(WORK / WHERE)]
+    step("where time went", where)
     print(DONE, flush=True)
 
 
@@ -239,7 +362,8 @@ def collect() -> None:
         WORK / "known_target_measured.json",
         WORK / "known_target_measured.md",
     ]
-    flat += sorted(WORK.glob("baseline-*.json"))
+    flat += [f for f in sorted(WORK.glob("baseline-*.json")) if f.name != "baseline-warmup.json"]
+    flat += [WORK / WHERE]
     for f in flat:
         if f.exists():
             shutil.copy(f, out / f.name)
@@ -250,6 +374,10 @@ def collect() -> None:
         (TMP / "fi-prewarm.log", "fi-prewarm.log"),
         (run / "results" / "reaudit" / "summary.json", "reaudit-summary.json"),
         (run / "results" / "READY.json", "READY.json"),
+        (WORK / "snakemake-prepare.log", "snakemake-prepare.log"),
+        (WORK / "sweep.log", "sweep.log"),
+        (run / "results" / "plan" / "pilot.json", "pilot.json"),
+        (WORK / "baseline-warmup.json", "baseline-warmup.json"),
         (run / "logs", "run-logs"),
         *((d / "logs", f"{d.name}-logs") for d in sorted(WORK.glob("baseline-*")) if d.is_dir()),
     ]

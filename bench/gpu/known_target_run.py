@@ -19,12 +19,16 @@ completion ids at the chain's ``</think>``, and usage.reasoning_tokens equals th
 ``</think>``); each step of every completion is a designed transition; tool calls parsed (rows with
 tools whose ids spell a tool call have ``tool_calls`` with designed arguments); truncation retries and
 how they ended; the exported ids equal the server's ids; the re-audit gates and READY verdict.
-Fields the campaign fills later (the baselines' wall times: known_target_baselines.py) print as ``na``;
-the projection of the generation phase is made from the workflow's static plan, the designed lengths and
-a prior decode-step line (``projection``), unless ``--projected-s`` gives one.
+Fields the campaign fills later (the baselines' wall times: known_target_baselines.py) print as ``na``.
+``--sweep`` (issue 37 item 4): ``snakemake --until shard tune``, ``regen tune --sweep`` (``--sweep-args``)
+in the run dir, then the whole workflow; ``projection_error`` is then the sweep's pilot.json against the
+generation phase (:func:`sweep_projection`), ``sweep_s`` its own seconds (not in ``regen_wall_s``, which
+is the ``--until`` run plus the workflow). Without it, the projection is made from the workflow's
+static plan, the designed lengths and a prior decode-step line (``projection``), unless ``--projected-s``
+gives one. ``fixed_s`` and ``drain_token_share`` are regen's (:func:`regen_time_split`).
 
 Usage: python bench/gpu/known_target_run.py --model DIR --work DIR [--mode simulated] [--n 2000]
-       [--max-tokens 4096] [--tools-fraction 0.3] [--dense [--eval-fraction 0.1]]
+       [--max-tokens 4096] [--tools-fraction 0.3] [--dense [--eval-fraction 0.1]] [--sweep [--sweep-args S]]
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Any
 import yaml
 
 from bench.gpu import known_target as kt
+from regen.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]
 _SUPERVISOR = re.compile(
@@ -168,8 +173,6 @@ def read_jsonl(pattern: str) -> list[dict[str, Any]]:
 
 def generation_records(run: Path) -> list[dict[str, Any]]:
     """The run's generation records (``results/generations/{shard}.jsonl.zst``, regen.layout's names)."""
-    from regen.layout import RunLayout
-
     files = RunLayout.shard_outputs_in(run / "results" / "generations")
     return [r for f in files for r in read_jsonl(str(f)) if "id" in r]
 
@@ -323,6 +326,72 @@ def projection(a: argparse.Namespace, run: Path) -> dict[str, Any] | None:
     }
 
 
+#: ``regen tune --sweep``'s flags for the campaign: one candidate (the tuner's plan), no MTP candidates
+SWEEP_ARGS = "--candidates 1 --no-mtp --seconds 20 --pilot-samples 300"
+
+
+def generate_jobs_s(run: Path) -> float | None:
+    """Seconds of the run's generate jobs (their Snakemake benchmarks, ``benchmarks/generate/*.tsv``): the
+    GPU job's whole time, its server's start included."""
+    tsvs = sorted((run / RunLayout().benchmarks / "generate").glob("*.tsv"))
+    total = 0.0
+    for f in tsvs:
+        head, *rows = [line.split("\t") for line in f.read_text().splitlines() if line.strip()]
+        total += sum(float(r[head.index("s")]) for r in rows)
+    return total if tsvs else None
+
+
+def planned_as(run: Path) -> list[str]:
+    """``regen tune --sweep``'s flags for the SGLang version and GPU memory the workflow's tune rule planned
+    for (``results/plan/server.json``): the sweep's defaults (the newest modelled SGLang, nvidia-smi) need
+    not be the installed SGLang's that the tune rule reads."""
+    from regen.sglang.config import PlanFile
+
+    plan = PlanFile.read(run / RunLayout().server_plan)
+    out = ["--sglang-version", plan.sglang_version] if plan.sglang_version else []
+    return out + (["--gpu-memory-mib", str(plan.gpu_memory_mib)] if plan.gpu_memory_mib else [])
+
+
+def workflow_cap(run: Path) -> int | None:
+    """The running cap the workflow's own plan launched (``results/plan/server.json``)."""
+    from regen.sglang.config import PlanFile
+
+    plan = run / RunLayout().server_plan
+    return (
+        PlanFile.read(plan).launched_section.get("effective_max_running_requests") if plan.exists() else None
+    )
+
+
+def sweep_projection(run: Path, phases: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What ``regen tune --sweep`` projected before the run (``results/plan/pilot.json``) against what the
+    run took. The pilot projects the generation of the remaining samples on the best candidate (its
+    closed-loop projection: start burst and drain included; else the steady rate's), server start excluded
+    (``regen.tune.projection.PROJECTION_ASSUMPTIONS``), in GPU-hours: so it is compared with the generation
+    phase (first request to last answer, retries included) x the GPUs, like with like. The generate jobs'
+    whole time (their server start in it) is kept beside it."""
+    pilot_file = run / RunLayout().pilot
+    if not pilot_file.exists():
+        return None
+    pilot = json.loads(pilot_file.read_text())
+    steady, closed = pilot["projection"], pilot.get("projection_closed_loop")
+    used = closed or steady
+    projected = used["gpu_hours"] * 3600
+    gpus = steady["servers"] * steady["tp"]
+    gen = (phases or {}).get("generation_s")
+    measured = gen * gpus if gen else None
+    return {
+        "projected_gpu_s": projected,
+        "projected_from": "projection_closed_loop" if closed else "projection (steady rate)",
+        "steady_projection_gpu_s": steady["gpu_hours"] * 3600,
+        "remaining_samples": steady["remaining_samples"],
+        "best_args": pilot.get("best_args"),
+        "workflow_cap": workflow_cap(run),  # the plan the run launched: the sweep's candidate should be it
+        "measured_gpu_s": measured,
+        "generate_jobs_s": generate_jobs_s(run),
+        "error": (projected - measured) / measured if measured else None,
+    }
+
+
 def length_check(recs: list[dict[str, Any]], d: dict[str, Any] | None, model: Path) -> dict[str, Any]:
     """Completion and reasoning tokens of the rows that ended on a stop, against the designed distribution
     of a run with one retry (designed.json ``final_rows``): means, medians and the largest CDF gap (KS)."""
@@ -409,17 +478,47 @@ def regen_phases(run: Path, started_at: float, ended_at: float) -> dict[str, Any
     return out
 
 
+def regen_time_split(work: Path, m: dict[str, Any]) -> dict[str, Any]:
+    """regen's fixed part (``where_time_went``: outside the server, its start, ramp and drain) and the share
+    of tokens decoded below 90% of the full batch (``serverlog.drain_token_share``), from its server log;
+    None where the log does not say (the simulated server prints decode lines but no prefill or answer
+    lines, so its fixed part is unknown)."""
+    from bench.gpu import where_time_went as wtw
+    from bench.gpu.serverlog import decode_lines, drain_token_share
+
+    text = wtw.regen_log(work)
+    lines = decode_lines(text)
+    rt = wtw.regen_run_time(text, m)
+    return {
+        "fixed_s": round(rt.fixed_s, 1) if rt else None,
+        "drain_token_share": drain_token_share(lines) if lines else None,
+        "generation": rt.generation.to_json() if rt else None,
+    }
+
+
+def projection_error(m: dict[str, Any], a: argparse.Namespace) -> float | None:
+    """(projected - measured) / measured: ``--projected-s`` against the generation phase, else the sweep's
+    (:func:`sweep_projection`), else the static plan's (:func:`projection`)."""
+    gen = (m.get("phases") or {}).get("generation_s") or m["wall_s"]  # projections exclude server start
+    if a.projected_s and gen == gen:
+        return (a.projected_s - gen) / gen
+    if (m.get("sweep_projection") or {}).get("error") is not None:
+        return m["sweep_projection"]["error"]
+    static = m.get("projection")
+    return (static["generation_s"] - gen) / gen if static and gen == gen else None
+
+
 def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
-    """Issue 27 item 5's last line; the baselines' wall times and the sweep's projection come from the
-    campaign's other steps (``--default-wall-s``, ``--seed-wall-s``, ``--projected-s``), else ``na``."""
+    """Issue 37 item 5's last line; the baselines' wall times come from the campaign's other steps
+    (``--default-wall-s``, ``--seed-wall-s``), else ``na``; ``sweep_s`` is the sweep's own time, not in
+    ``regen_wall_s``."""
 
     def f(x: Any) -> str:
         return "na" if x is None or x != x else (f"{x:.4f}" if isinstance(x, float) else str(x))
 
     wall = m["wall_s"]
     ratio = lambda base: base / wall if base and wall == wall else None  # noqa: E731
-    gen = (m.get("phases") or {}).get("generation_s") or wall  # the projection excludes server start
-    proj = (a.projected_s - gen) / gen if a.projected_s and gen == gen else None
+    split = m.get("time_split") or {}
     fields = {
         "requests": m["requests"],
         "stop_fraction": m["stop_fraction"],
@@ -427,12 +526,15 @@ def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
         "reasoning_split_exact": m["reasoning_split_exact"],
         "tool_calls_parsed": m["tool_calls_parsed"],
         "export_ids_equal": m["export_ids_equal"],
-        "projection_error": proj,
+        "projection_error": projection_error(m, a),
         "default_wall_s": a.default_wall_s,
         "seed_wall_s": a.seed_wall_s,
         "regen_wall_s": wall,
         "vs_default": ratio(a.default_wall_s),
         "vs_seed": ratio(a.seed_wall_s),
+        "fixed_s": split.get("fixed_s"),
+        "drain_token_share": split.get("drain_token_share"),
+        "sweep_s": (m.get("phases") or {}).get("sweep_s"),
     }
     return "target: " + " ".join(f"{k}={f(v)}" for k, v in fields.items())
 
@@ -442,11 +544,22 @@ def fmt(x: Any) -> str:
 
 
 def projection_lines(m: dict[str, Any]) -> list[str]:
-    p = m.get("projection")
+    sw, p, ph = m.get("sweep_projection"), m.get("projection"), m.get("phases") or {}
+    out = []
+    if sw:
+        out += [
+            f"Projection by `regen tune --sweep` before the run ({sw['projected_from']} of "
+            f"{sw['remaining_samples']} samples on `{' '.join(sw['best_args'] or [])}`): "
+            f"{fmt(sw['projected_gpu_s'])} GPU s; measured {fmt(sw['measured_gpu_s'])} GPU s (generation "
+            f"phase); error {fmt(sw['error'])}. The generate jobs' whole time, server start included: "
+            f"{fmt(sw['generate_jobs_s'])} s; the sweep itself: {fmt(ph.get('sweep_s'))} s.",
+            "",
+        ]
     if not p:
-        return []
+        return out
     gen = (m.get("phases") or {}).get("generation_s")
     return [
+        *out,
         f"Projection of the generation phase (cap {p['cap']} from the static plan, designed lengths "
         f"{p['designed_tokens_per_prompt']:.0f} tokens a prompt, step line from {p['step_model']['from']}): "
         f"{p['generation_s']:.1f} s, measured {fmt(gen)} s.",
@@ -517,9 +630,20 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
             rows.append((f"{name}: KS distance (1% critical)", x["ks"], x["ks_1pct_critical"]))
     ph = m.get("phases") or {}
     timing = [
-        f"| {k} | {fmt(ph.get(k))} |"
-        for k in ("before_server_s", "server_start_s", "ready_to_first_request_s", "generation_s", "after_s")
+        f"| {k} | {fmt(ph.get(k.split()[0]))} |"
+        for k in (
+            "prepare_s",
+            "before_server_s",
+            "server_start_s",
+            "ready_to_first_request_s",
+            "generation_s",
+            "after_s",
+            "sweep_s (not in the wall)",
+        )
     ]
+    split = m.get("time_split") or {}
+    timing.append(f"| fixed part (where_time_went) | {fmt(split.get('fixed_s'))} |")
+    timing.append(f"| drain_token_share | {fmt(split.get('drain_token_share'))} |")
     out = [
         f"# Known-answer target{' (dense)' if getattr(a, 'dense', False) else ''}, mode {a.mode}: "
         f"{m['requests']} prompts, max_tokens {a.max_tokens}",
@@ -543,6 +667,14 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def logged(log: Path, cmd: list[str], env: dict[str, str], cwd: Path = REPO) -> tuple[int, float]:
+    """``cmd``'s rc and seconds, its output into ``log``."""
+    t = time.time()
+    with open(log, "w") as fh:
+        rc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd).returncode
+    return rc, time.time() - t
 
 
 def is_dense(model: Path) -> bool:
@@ -569,6 +701,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--projected-s", type=float, default=None, help="a projection of the generation phase")
     p.add_argument("--prior-plateaus", default=PRIOR_PLATEAUS, help="running:tok/s,... for the projection")
     p.add_argument("--no-projection", action="store_true", help="no projection from the plan and design")
+    p.add_argument("--sweep", action="store_true", help="--until shard, regen tune --sweep, then the run")
+    p.add_argument("--sweep-args", default=SWEEP_ARGS, help="regen tune --sweep's flags (one string)")
     a = p.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     a.dense = a.dense or is_dense(a.model)
@@ -603,20 +737,34 @@ def main(argv: list[str]) -> int:
             )
         cmd = [*a.snakemake.split(), "-s", str(REPO / "Snakefile"), "--directory", str(run), "--cores", "all"]
         cmd += ["--resources", "gpu=1", "--configfile", str(cfg)]
+        before: dict[str, float] = {}
+        if a.sweep:  # as a user would: audit and shards, the sweep's pilot on them, then the whole workflow
+            prepare = [*cmd, "--until", "shard", "tune"]  # the plan too: the sweep plans as it does
+            rc, before["prepare_s"] = logged(a.work / "snakemake-prepare.log", prepare, env)
+            if rc == 0:
+                sweep = [sys.executable, "-m", "regen.cli", "tune", "--sweep", "--configfile", str(cfg)]
+                # the audit's summary, as the tune rule plans from it (else: a default workload)
+                sweep += ["--audit-summary", str(run / RunLayout().audit.summary), *planned_as(run)]
+                sweep += a.sweep_args.split()
+                rc, before["sweep_s"] = logged(a.work / "sweep.log", sweep, env, run)
+            print(
+                f"sweep rc={rc}: prepare {before['prepare_s']:.0f} s, sweep {before.get('sweep_s', 0):.0f} s"
+            )
+            if rc != 0:
+                return rc
         t0 = time.time()
-        with open(a.work / "snakemake.log", "w") as log:
-            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
+        rc, _ = logged(a.work / "snakemake.log", cmd, env)
         t1 = time.time()
-        wall = t1 - t0
+        wall = t1 - t0 + before.get("prepare_s", 0.0)  # the workflow's own stages; the sweep's beside it
         print(f"workflow rc={rc} in {wall:.0f} s (log: {a.work / 'snakemake.log'})")
         if rc != 0:
             return rc
-        phases = regen_phases(run, t0, t1)
+        phases = {**regen_phases(run, t0, t1), **before}
         print("regen phases:", json.dumps(phases))
     m = measure(a, wall, phases)
     m["projection"] = projection(a, a.work / "run") if not a.no_projection else None
-    if a.projected_s is None and m["projection"] is not None:
-        a.projected_s = m["projection"]["generation_s"]
+    m["sweep_projection"] = sweep_projection(a.work / "run", phases)
+    m["time_split"] = regen_time_split(a.work, m)
     (a.work / "known_target_measured.json").write_text(json.dumps(m, indent=1))
     print(json.dumps({k: v for k, v in m.items() if k not in ("reaudit",)}, indent=1))
 

@@ -186,6 +186,12 @@ def _stamped_lines(text: str) -> list[tuple[float, str]]:
     return [(_stamp(m[1]), m[2]) for m in _STAMPED.finditer(text)]
 
 
+def last_start(text: str) -> str:
+    """A server log from its supervisor's last launch line on (a log reused by a later start appends)."""
+    starts = [m.start() for m in _LAUNCH.finditer(text)]
+    return text[starts[-1] :] if starts else text
+
+
 def ready_at(text: str) -> float | None:
     """When the supervisor found the server ready: its launch-time probe answered. (SGLang's own
     "fired up" line can come seconds later, after its warm-up request, while clients already run.)"""
