@@ -14,8 +14,8 @@ results written as it ends: 0. with ``--warmup``, a short start of SGLang's defa
 a handful of prompts), counted nowhere, so the first measured run does not pay the fresh machine's cold
 caches (its start split: baseline-warmup.json ``server_log.startup_phases``); 1. the runs of ``--order``
 (default ``default,regen,seed``: regen not first): ``regen`` is known_target_run.py ``--sweep``
-(``snakemake --until shard tune``, ``regen tune --sweep --candidates 1 --no-mtp --seconds 20 --pilot-samples
-300``, then the whole workflow; ``--no-sweep``: the workflow alone), any other name a
+(``snakemake --until shard tune``, ``regen tune --sweep --candidates 1 --no-mtp --no-given --seconds 20
+--pilot-samples 300``, then the whole workflow; ``--no-sweep``: the workflow alone), any other name a
 known_target_baselines.py ``--which`` (``default``: SGLang's defaults, concurrency 48; ``seed``: the
 original run's hand-tuned flags, MTP on, concurrency 64); 2. known_target_run.py ``--measure-only`` with
 the baselines' wall times: the ``target:`` line (``projection_error`` the sweep's, ``fixed_s``,
@@ -201,7 +201,7 @@ class PriorRun:
 
 
 PRIOR = {
-    "warmup": PriorRun(193.0, 15.0, 0.0),  # a fresh machine's cold start (regen's, first on 2026-12-01)
+    "warmup": PriorRun(193.0, 5.0, 0.0),  # a fresh machine's cold start (regen's, first on 2026-12-01)
     "default": PriorRun(108.0, 6.0, 342.0),
     "seed": PriorRun(131.0, 6.0, 211.0),
     # its warm start (where_time_went's 106 s) less the 34.5 s prefill graphs took of a warm start, which
@@ -216,14 +216,16 @@ SWEEP_OVERHEAD_S = 30.0
 
 def sweep_device_s(sweep_args: str) -> float:
     """Device seconds of ``regen tune --sweep SWEEP_ARGS``: each candidate (``--candidates``, and the given
-    flags, which the sweep always measures: ``regen.tune.tune.candidates_from_recommendation``; MTP
-    candidates not counted, the campaign passes ``--no-mtp``) a warm server start, ``--seconds`` and
+    flags unless ``--no-given``: ``regen.tune.tune.candidates_from_recommendation``; MTP candidates not
+    counted, the campaign passes ``--no-mtp``) a warm server start, ``--seconds`` and
     :data:`SWEEP_OVERHEAD_S`."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     p.add_argument("--seconds", type=float, default=20.0)  # regen tune --sweep's own defaults
     p.add_argument("--candidates", type=int, default=2)
+    p.add_argument("--no-given", action="store_true")
     got = p.parse_known_args(sweep_args.split())[0]
-    return (got.candidates + 1) * (PRIOR["regen"].start_s + got.seconds + SWEEP_OVERHEAD_S)
+    servers = got.candidates + (0 if got.no_given else 1)
+    return servers * (PRIOR["regen"].start_s + got.seconds + SWEEP_OVERHEAD_S)
 
 
 def budget_estimate(order: list[str], prompts: int, warmup: bool, sweep_s: float | None) -> dict:
@@ -293,7 +295,8 @@ def sequence(args: list[str]) -> None:
     baseline += ["--stop-first", str(WORK / "run")]  # a server regen's run left is stopped first
     baseline += ["--dry-cpu", "--sim-token-rate", same.sim_token_rate] if DRY else []
     if own.warmup:
-        step("warmup", [*baseline, "--which", "warmup", "--n", str(own.warmup_prompts)])
+        # short answers: the warm-up is for the start's caches (page cache, JIT kernels), not the decode
+        step("warmup", [*baseline, "--which", "warmup", "--n", str(own.warmup_prompts), "--max-tokens", "64"])
     walls: dict[str, float] = {}
     for which in order:
         if which == "regen":

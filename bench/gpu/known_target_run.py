@@ -326,8 +326,9 @@ def projection(a: argparse.Namespace, run: Path) -> dict[str, Any] | None:
     }
 
 
-#: ``regen tune --sweep``'s flags for the campaign: one candidate (the tuner's plan), no MTP candidates
-SWEEP_ARGS = "--candidates 1 --no-mtp --seconds 20 --pilot-samples 300"
+#: ``regen tune --sweep``'s flags for the campaign: one candidate (the tuner's plan), no MTP candidates, not
+#: the given flags (``--no-given``: the baselines measure SGLang as given)
+SWEEP_ARGS = "--candidates 1 --no-mtp --no-given --seconds 20 --pilot-samples 300"
 
 
 def generate_jobs_s(run: Path) -> float | None:

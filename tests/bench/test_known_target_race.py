@@ -29,8 +29,9 @@ def test_sequence_args_keep_the_runs_flags_apart_from_its_own() -> None:
     assert (same.n, same.max_tokens, own.no_sweep, own.warmup) == ("200", "512", False, True)
     assert own.order == "seed,regen"
     assert run_args == ["--n", "200", "--max-tokens", "512"]  # what known_target_run.py gets
-    # the campaign's sweep: one candidate and the given flags, 20 s each after a warm start
-    assert ktd.sweep_device_s(same.sweep_args) == 2 * (ktd.PRIOR["regen"].start_s + 20 + ktd.SWEEP_OVERHEAD_S)
+    # the campaign's sweep: one candidate (not the given flags), 20 s after a warm start
+    assert ktd.sweep_device_s(same.sweep_args) == ktd.PRIOR["regen"].start_s + 20 + ktd.SWEEP_OVERHEAD_S
+    assert ktd.sweep_device_s("--candidates 1") == 2 * ktd.sweep_device_s("--candidates 1 --no-given")
 
 
 @pytest.mark.parametrize("which", ["default", "seed"])
