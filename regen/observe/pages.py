@@ -415,6 +415,16 @@ def server_plan_html(
         ),
         _memory_bar(predicted, total_gib),
     ]
+    if prestart := plan.get("prestart"):  # servers started while the data was audited: regen.tune.prestart
+        adopted = prestart.get("adopted")
+        verdict = "adopted by the tune rule" if adopted else "not adopted: stopped, started again"
+        parts.append(
+            _note(
+                f"servers prestarted while the data was audited (plan from the {prestart.get('source')}), "
+                f"{verdict}: {prestart.get('reason')}",
+                "note" if adopted else "warn",
+            )
+        )
     if mode == "simulated":
         parts.append(
             _note(

@@ -27,3 +27,17 @@ def test_the_plan_page_shows_the_rule_of_the_kv_number(tmp_path: Path) -> None:
     no_rules = tmp_path / "old.json"
     no_rules.write_text(json.dumps({"launched": "recommended", "recommended": {"kv_cache_tokens": 5}}))
     assert KV_RULE not in server_plan_html(no_rules, [], "sglang")
+
+
+def test_the_plan_page_says_whether_the_prestarted_servers_were_kept(tmp_path: Path) -> None:
+    """The tune rule's verdict on the servers started while the data was audited (regen.tune.prestart)."""
+    plan = tmp_path / "server.json"
+    note = {"source": "first pass over the dataset's first 50 rows", "reason": "every launch flag identical"}
+    for adopted, said, cls in ((True, "adopted by the tune rule", "note"), (False, "not adopted", "warn")):
+        doc = {"launched": "recommended", "recommended": {}, "prestart": {**note, "adopted": adopted}}
+        plan.write_text(json.dumps(doc))
+        page = server_plan_html(plan, [], "sglang")
+        line = next(p for p in page.split("<p ") if "prestarted" in p)
+        assert said in line and "first 50 rows" in line and line.startswith(f"class='{cls}'")
+    plan.write_text(json.dumps({"launched": "recommended", "recommended": {}}))
+    assert "prestarted" not in server_plan_html(plan, [], "sglang")
