@@ -112,7 +112,7 @@ def setup() -> None:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
             tar.extractall(TMP / "snk")
         # bytecode now, as a pip install of Snakemake has it: otherwise the regen run's first Snakemake
-        # compiles it inside its measured wall, a cost no user's install has (the baselines import no Snakemake)
+        # compiles it inside its measured wall, a cost no user's install has (no baseline imports Snakemake)
         sh(f"{PY} -m compileall -q -j 0 {TMP / 'snk'} > /dev/null")
     stand_in = TMP / "site" / "deep_gemm"
     if not stand_in.exists():
