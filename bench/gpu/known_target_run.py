@@ -136,6 +136,7 @@ def write_config(path: Path, a: argparse.Namespace, dataset: Path) -> None:
         "server": {"mode": a.mode, "model_path": model, "gpus": 1},
     }
     cfg["generate"]["return_token_ids"] = True
+    cfg["server"]["prestart_rows"] = 1000  # issue 37 item 1: the server starts while the data is audited
     if a.dense:  # the loop's eval prompts, and SpecForge's default window named (rows end far inside it)
         cfg["export"].update({"eval_fraction": a.eval_fraction, "max_length": 2048})
     if a.mode == "sglang":

@@ -116,11 +116,18 @@ def test_only_a_local_run_of_a_launching_mode_with_work_left_prestarts(
 
 
 def test_a_dataset_not_yet_fetched_prestarts_nothing() -> None:
-    cfg = ServerConfig.from_mapping({"mode": "simulated", "model_path": "m"})
+    cfg = ServerConfig.from_mapping({"mode": "simulated", "model_path": "m", "prestart_rows": 1000})
     reason = prestart_skip_reason(
         cfg, local=True, dry_run=False, shards_to_generate=2, dataset_path="s3://b/d.jsonl"
     )
     assert reason is not None and "not a local file" in reason
+
+
+def test_prestart_is_off_by_default() -> None:
+    cfg = ServerConfig.from_mapping({"mode": "simulated", "model_path": "m"})
+    assert "prestart_rows is 0" in str(
+        prestart_skip_reason(cfg, local=True, dry_run=False, shards_to_generate=2, dataset_path=__file__)
+    )
 
 
 def test_a_first_pass_over_every_row_gives_the_audits_own_numbers(tmp_path: Path) -> None:
