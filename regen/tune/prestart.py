@@ -53,7 +53,7 @@ from regen.runlog import log_to
 from regen.serving.base import ServerError, api_key_from
 from regen.serving.launch_args import flag_name, split_flags
 from regen.serving.lifecycle import build_server_command, mode_of, stop_all_servers
-from regen.serving.procfs import proc_stat
+from regen.serving.procfs import proc_stat, read_url_state
 from regen.serving.slots import live_or_start, slot_count, take_lease_shared
 from regen.sglang.config import PlanFile
 from regen.tune.workload_plan import plan_for_workload, workload_from_audit_histogram
@@ -213,9 +213,29 @@ def start_servers(
         files = SlotFiles.of(slot, workdir, log_dir)
         lease_fd = take_lease_shared(files)
         try:
-            live_or_start(files, cfg, plan, api_key, owner_pid, mode_of(cfg).command)
+            found = live_or_start(files, cfg, plan, api_key, owner_pid, mode_of(cfg).command)
         finally:
             os.close(lease_fd)
+        if isinstance(found, subprocess.Popen):
+            wait_until_recorded(files, found)
+
+
+#: how long the prestart waits for a supervisor it started to write its url file
+RECORD_WAIT_S = 60.0
+
+
+def wait_until_recorded(files: SlotFiles, started: subprocess.Popen[bytes]) -> None:
+    """Until the started supervisor has written its pid to the slot's url file (or exited): only then may
+    the prestart lock go, or a generate job that finds no url file yet starts a second supervisor on the
+    slot (its own ``live_or_start`` sees none), and two supervisors contend for one slot's port and lease."""
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while time.monotonic() < deadline and started.poll() is None:
+        state = read_url_state(files.url)
+        if state is not None and state.supervisor_pid == started.pid:
+            return
+        time.sleep(0.05)
+    log.warning("GPU slot %d: supervisor PID %d wrote no url file within %.0f s", files.slot, started.pid,
+                RECORD_WAIT_S)  # fmt: skip
 
 
 def prestart(request: PrestartRequest, layout: RunLayout = RUN) -> ProvisionalPlan:

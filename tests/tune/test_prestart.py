@@ -144,3 +144,30 @@ def test_a_first_pass_over_every_row_gives_the_audits_own_numbers(tmp_path: Path
         assert every[key] == full[key], key
     assert few["total"] < full["total"]
     assert few["histograms"] != full["histograms"]
+
+
+def test_the_prestart_waits_until_its_supervisor_is_recorded(tmp_path: Path) -> None:
+    """The prestart lock goes only once a started supervisor's pid is in the slot's url file (else a
+    generate job finding no url file starts a second supervisor on the slot), or once it has exited."""
+    import subprocess
+    import sys
+    import time
+
+    from regen.layout import SlotFiles
+    from regen.serving.procfs import UrlState, write_url_state
+    from regen.tune.prestart import wait_until_recorded
+
+    files = SlotFiles.of(0, tmp_path, tmp_path)
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    t = time.monotonic()
+    wait_until_recorded(files, gone)  # never recorded: returns when it exits, not after the full wait
+    assert gone.poll() is not None and time.monotonic() - t < 30
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        write_url_state(files.url, UrlState(alive.pid))
+        t = time.monotonic()
+        wait_until_recorded(files, alive)
+        assert alive.poll() is None and time.monotonic() - t < 5
+    finally:
+        alive.kill()
+        alive.wait()
