@@ -22,6 +22,7 @@ from regen.ingest.shards import read_shard_spread
 from regen.io import write_json
 from regen.layout import RunLayout
 from regen.runconfig import GenerateConfig, ServerConfig, section_schema
+from regen.serving.lifecycle import mode_of
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
@@ -339,7 +340,7 @@ def sweep_cli(argv: list[str]) -> int:
         if server_cfg.mode == "external":
             raise SweepError("server.mode external: regen does not launch the server, nothing to sweep")
         if not sglang_args:
-            sglang_args = list(server_cfg.args)
+            sglang_args = mode_of(server_cfg).planned_args(server_cfg)  # as the tune rule plans
         model_config = ns.model_config or server_cfg.planned_model
         model = ModelShape.from_config(model_config)
         gpu_mib = ns.gpu_memory_mib or server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi()
