@@ -233,6 +233,13 @@ class SlotFiles:
         return cls.of(int(path.stem[3:]), path.parent, path.parent)
 
 
+def prestart_lock_in(slot_dir: str | os.PathLike[str]) -> Path:
+    """A slot directory's ``prestart.lock``: held exclusively while the prestart process decides and
+    starts that directory's supervisors (``regen.tune.prestart``); a generate job and the ``tune`` rule
+    wait for it, shared, before they look at a slot's url file."""
+    return Path(slot_dir) / "prestart.lock"
+
+
 def server_dirs(servers_root: str | os.PathLike[str]) -> list[Path]:
     """A slot directory and its per-Slurm-job subdirectories (``slurm-{job}/``), in a stable order."""
     root = Path(servers_root)
@@ -578,7 +585,7 @@ class RunLayout:
 
     def prestart_lock(self, job: str | None = None) -> Path:
         """Held exclusively while the prestart process decides, shared by ``tune`` before it confirms."""
-        return self.servers_dir(job) / "prestart.lock"
+        return prestart_lock_in(self.servers_dir(job))
 
     @property
     def shard_count_file(self) -> Path:

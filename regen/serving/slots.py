@@ -29,7 +29,7 @@ from typing import Any
 
 from regen.fingerprint import server_numerics
 from regen.io import read_json, write_json
-from regen.layout import SlotFiles
+from regen.layout import SlotFiles, prestart_lock_in
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, ServerError, api_key_from
 from regen.serving.ports import client_host, pick_port
@@ -302,6 +302,7 @@ def serve_on_slot(
     try:
         lease_fd = take_lease_shared(files)
         try:
+            wait_for_prestart(Path(workdir), cfg.startup_timeout_s, poll_s)
             found = live_or_start(files, cfg, plan, api_key, place.owner_pid, command_builder)
             pid = found.pid if isinstance(found, subprocess.Popen) else found.supervisor_pid
             started = found if isinstance(found, subprocess.Popen) else None
@@ -332,6 +333,46 @@ def serve_on_slot(
     finally:
         if held:
             os.close(held.pop())
+
+
+@contextlib.contextmanager
+def shared_flock(path: Path, timeout_s: float | None = None, poll_s: float = 0.1) -> Iterator[bool]:
+    """A shared flock on ``path`` for the ``with`` block: waits while another process holds it
+    exclusively, at most ``timeout_s`` (None: for as long as it takes); yields False when it timed out."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        if timeout_s is None:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield True
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(poll_s)
+                continue
+            yield True
+            return
+    finally:
+        os.close(fd)
+
+
+def wait_for_prestart(workdir: Path, timeout_s: float, poll_s: float) -> None:
+    """Wait while this slot directory's prestart process decides (``regen.tune.prestart`` holds its
+    ``prestart.lock`` from ``onstart`` until every supervisor it started has recorded itself in its url
+    file). A job that looked at the url file before then found none and started a second supervisor on
+    the slot: two servers on one GPU, the first crash-looping out of memory (the H200 race, 2026-12-02)."""
+    lock = prestart_lock_in(workdir)
+    if not lock.exists():
+        return
+    with shared_flock(lock, timeout_s, max(poll_s, 0.05)) as decided:
+        if not decided:
+            log.warning("the prestart process (%s) did not decide within %.0f s; going on without it", lock,
+                        timeout_s)  # fmt: skip
 
 
 def take_lease_shared(files: SlotFiles) -> int:

@@ -37,7 +37,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,7 @@ from regen.serving.base import ServerError, api_key_from
 from regen.serving.launch_args import flag_name, split_flags
 from regen.serving.lifecycle import build_server_command, mode_of, stop_all_servers
 from regen.serving.procfs import proc_stat, read_url_state
-from regen.serving.slots import live_or_start, slot_count, take_lease_shared
+from regen.serving.slots import live_or_start, shared_flock, slot_count, take_lease_shared
 from regen.sglang.config import PlanFile
 from regen.tune.workload_plan import plan_for_workload, workload_from_audit_histogram
 
@@ -357,23 +357,13 @@ def runs_under(pid: int) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def _shared(lock: Path) -> Iterator[None]:
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # waits while the prestart process decides
-        yield
-    finally:
-        os.close(fd)
-
-
 def confirm_prestarted(audit_plan: PlanFile, cfg: ServerConfig, layout: RunLayout = RUN) -> PlanFile:
     """The plan the ``tune`` rule writes: ``audit_plan``, or the plan of the servers this run prestarted
     when :func:`adoption_verdict` adopts them; servers not adopted are stopped first (logged, with why)."""
     lock = layout.prestart_lock(slurm_job_id())
     if not lock.exists():
         return audit_plan
-    with _shared(lock):
+    with shared_flock(lock):  # waits while the prestart process decides
         record = ProvisionalPlan.read(layout.provisional_plan)
     if record is None or not runs_under(record.owner_pid):  # none, or an earlier run's
         log.info("no server prestarted by this run")

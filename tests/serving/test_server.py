@@ -719,3 +719,37 @@ def test_readiness_probe_pays_the_first_sampled_request_cost() -> None:
         stop()
     assert probe_s >= 1.4, "the probe did not build the sampling kernels"
     assert first_s < 0.5, f"the run's first request still waited {first_s:.2f} s"
+
+
+def test_a_job_arriving_while_the_prestart_decides_reuses_its_server(rig: Rig) -> None:
+    """The H200 race of 2026-12-02: the prestart took 18 s to start its supervisor, a generate job came
+    in between, found no url file, and started a second server on the GPU. Now it waits for the lock."""
+    import fcntl
+
+    from regen.layout import SlotFiles, prestart_lock_in
+    from regen.serving.slots import live_or_start, take_lease_shared
+    from regen.tune.prestart import wait_until_recorded
+
+    cfg = rig.cfg(gpus=1)
+    servers = rig.root / "work" / "servers"
+    servers.mkdir(parents=True)
+    lock_fd = os.open(prestart_lock_in(servers), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # as spawn_prestart holds it for the prestart process
+    try:
+        job, out = rig.job(cfg, "job", hold=0.1)
+        time.sleep(1.5)
+        assert rig.starts() == [] and not (servers / "gpu0.url").exists(), "the job did not wait"
+        files = SlotFiles.of(0, servers, rig.root / "logs" / "servers")
+        lease = take_lease_shared(files)
+        try:
+            server = ServerConfig.from_mapping(cfg)
+            found = live_or_start(files, server, None, None, os.getpid(), rig.builder())
+        finally:
+            os.close(lease)
+        assert isinstance(found, subprocess.Popen)
+        wait_until_recorded(files, found)
+    finally:
+        os.close(lock_fd)
+    finish(job)
+    assert len(rig.starts()) == 1, "the job started a second server beside the prestarted one"
+    assert events(out)[0]["url"] == f"http://127.0.0.1:{rig.port_base}"
