@@ -14,7 +14,7 @@ results written as it ends: 0. with ``--warmup``, a short start of SGLang's defa
 a handful of prompts), counted nowhere, so the first measured run does not pay the fresh machine's cold
 caches (its start split: baseline-warmup.json ``server_log.startup_phases``); 1. the runs of ``--order``
 (default ``default,regen,seed``: regen not first): ``regen`` is known_target_run.py ``--sweep``
-(``snakemake --until shard tune``, ``regen tune --sweep --candidates 1 --no-mtp --no-given --seconds 20
+(``snakemake --until shard tune``, ``regen tune --sweep --candidates 1 --no-mtp --no-given --seconds 100
 --pilot-samples 300``, then the whole workflow; ``--no-sweep``: the workflow alone), any other name a
 known_target_baselines.py ``--which`` (``default``: SGLang's defaults, concurrency 48; ``seed``: the
 original run's hand-tuned flags, MTP on, concurrency 64); 2. known_target_run.py ``--measure-only`` with

@@ -101,6 +101,10 @@ class PilotMeasurement:
     polled: tuple[DecodeSample, ...] = dataclasses.field(default=(), repr=False)  # /metrics samples
     server: SteadyState | None = None  # the server's steady decode rate during the pilot
     first_request_s: float | None = None  # the warm-up request before the window (see warm_up)
+    #: distinct samples sent (first attempts, not the cycled repeats) and how many of them had not
+    #: finished when the time was up: the length distribution's censored share
+    first_attempts: int = 0
+    first_attempts_unfinished: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +181,8 @@ class CandidateResult:
                     "completed": m.completed,
                     "failed": m.failed,
                     "unfinished_at_stop": m.unfinished_at_stop,
+                    "first_attempts": m.first_attempts,
+                    "first_attempts_unfinished": m.first_attempts_unfinished,
                     "lengths": dataclasses.asdict(m.lengths),
                     "latency_p50_s": round(m.latency_p50_s, 3),
                     "latency_p90_s": round(m.latency_p90_s, 3),
@@ -275,21 +281,30 @@ def measure_journal(
     warmup_s: float,
     concurrency: int,
     sent: int,
+    distinct: int | None = None,
 ) -> PilotMeasurement:
-    """Throughput in ``[started_at + warmup_s, stopped_at]`` and lengths of every completed request."""
+    """Throughput in ``[started_at + warmup_s, stopped_at]`` (every completed request) and lengths of the
+    completed first attempts of the ``distinct`` samples cycled (None: every request sent was one)."""
     entries = read_journal_entries(journal_path)
     records = [e for e in entries if e.get("kind") == "record"]
     failed = sum(1 for e in entries if e.get("kind") == "failed")
+    first_failed = sum(1 for e in entries if e.get("kind") == "failed" and is_first_attempt(e))
+    distinct = sent if distinct is None else distinct
     window_start = started_at + warmup_s
     window_s = max(1e-9, stopped_at - window_start)
     tokens: list[int] = []
     latencies: list[float] = []
     truncated = 0
     window_requests = window_tokens = 0
+    first_done = 0
     for rec in records:
         n = _completion_tokens(rec)
-        tokens.append(n)
-        truncated += bool(rec.get("truncated"))
+        if is_first_attempt(rec):
+            # lengths from each sample's first attempt only: in the cycled closed loop a slot finishes
+            # several short answers in the time of one long one, so the repeats over-represent short ones
+            tokens.append(n)
+            truncated += bool(rec.get("truncated"))
+            first_done += 1
         timings = rec.get("timings") or {}
         latency = float(timings.get("latency_s") or 0.0)
         latencies.append(latency)
@@ -316,7 +331,14 @@ def measure_journal(
         latency_p90_s=percentile(lat, 0.9) if lat else 0.0,
         completion_tokens=tuple(tokens),
         truncated=truncated,
+        first_attempts=min(sent, distinct),
+        first_attempts_unfinished=max(0, min(sent, distinct) - first_done - first_failed),
     )
+
+
+def is_first_attempt(entry: Mapping[str, Any]) -> bool:
+    """A journal entry of a sample's first attempt in the pilot (not a cycled repeat, not the warm-up)."""
+    return REPEAT_MARK not in str(entry.get("id", ""))
 
 
 class _Counted:
@@ -378,7 +400,7 @@ async def drive_pilot_async(
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    m = measure_journal(journal, started, stopped, warm, int(concurrency), stream.count)
+    m = measure_journal(journal, started, stopped, warm, int(concurrency), stream.count, len(samples))
     return dataclasses.replace(m, polled=tuple(polled))
 
 

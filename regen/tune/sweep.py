@@ -310,6 +310,52 @@ def closed_loop_projection(
     }
 
 
+#: above this share of the pilot's samples unfinished at the end of its window, the completed lengths are
+#: the short answers only: the length-derived projections are lower bounds, and say so
+CENSORED_SHARE_LIMIT = 0.10
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CensoredLengths:
+    """How many of the pilot's distinct samples never finished in its windows (their lengths unseen)."""
+
+    first_attempts: int
+    unfinished: int
+
+    @property
+    def share(self) -> float:
+        return self.unfinished / self.first_attempts if self.first_attempts else 0.0
+
+    @property
+    def lower_bound(self) -> bool:
+        return self.share > CENSORED_SHARE_LIMIT
+
+    def sentence(self, result: SweepResult) -> str:
+        head = (
+            f"{self.unfinished} of the pilot's {self.first_attempts} samples ({self.share:.0%}) were still "
+            "running when their time was up and are not in the length distribution"
+        )
+        if not self.lower_bound:
+            return f"{head} (long outputs slightly under-represented)"
+        best = result.best.measurement
+        seen = max(best.completion_tokens, default=0) if best is not None else 0
+        return (
+            f"{head}: the mean length is that of the answers up to ~{seen} tokens only, so every projection "
+            f"here is a LOWER BOUND (over {CENSORED_SHARE_LIMIT:.0%} unfinished); a longer --seconds (or "
+            "fewer --pilot-samples than the running cap) lets the long answers finish"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"first_attempts": self.first_attempts, "unfinished": self.unfinished,
+                "share": round(self.share, 4), "lower_bound": self.lower_bound}  # fmt: skip
+
+
+def censored_share(result: SweepResult) -> CensoredLengths:
+    """The censored share over every measured candidate's pilot."""
+    ms = [r.measurement for r in result.rows if r.measurement is not None]
+    return CensoredLengths(sum(m.first_attempts for m in ms), sum(m.first_attempts_unfinished for m in ms))
+
+
 def pilot_report(
     result: SweepResult, remaining: Remaining, gpus: int, tp: int, *, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -317,21 +363,20 @@ def pilot_report(
     lengths = result.pooled_lengths()
     proj = project(remaining.remaining, lengths.mean, result.best.rate_tok_s, gpus, tp)
     assumptions = list(PROJECTION_ASSUMPTIONS)
-    censored = sum(r.measurement.unfinished_at_stop for r in result.rows if r.measurement is not None)
-    if censored:
-        assumptions.append(
-            f"{censored} pilot requests were still running when their time was up and are not in the "
-            "length distribution (long outputs are under-represented when this is large)"
-        )
+    censored = censored_share(result)
+    if censored.unfinished:
+        assumptions.append(censored.sentence(result))
     closed = closed_loop_projection(result, remaining.remaining, gpus, tp)
     whole = project(remaining.samples, lengths.mean, result.best.rate_tok_s, gpus, tp)
+    bound = {"lower_bound": censored.lower_bound}
     return {
         "created_at": time.time(),
         **result.to_json(),
         "remaining": {**dataclasses.asdict(remaining), "remaining": remaining.remaining},
-        "projection": proj.to_json(),
-        "projection_whole_run": whole.to_json(),
-        "projection_closed_loop": closed,
+        "projection": {**proj.to_json(), **bound},
+        "projection_whole_run": {**whole.to_json(), **bound},
+        "projection_closed_loop": None if closed is None else {**closed, **bound},
+        "censored_lengths": censored.to_json(),
         "assumptions": assumptions,
         **dict(extra or {}),
     }
@@ -344,6 +389,7 @@ __all__ = [
     "SweepCandidate",
     "SweepError",
     "SweepResult",
+    "censored_share",
     "choose",
     "drive_pilot",
     "mtp_decision",

@@ -32,9 +32,10 @@ def _rate(row: Mapping[str, Any]) -> float:
 
 
 def _projection_line(what: str, p: Mapping[str, Any]) -> str:
+    at_least = "at least " if p.get("lower_bound") else ""
     return (
-        f"{what}: {p['remaining_samples']:,} samples x {p['tokens_per_sample']:.1f} tokens on "
-        f"{p['servers']} server(s) of tp={p['tp']}: wall {fmt_duration(p['wall_s'])}, "
+        f"{what}: {p['remaining_samples']:,} samples x {at_least}{p['tokens_per_sample']:.1f} tokens on "
+        f"{p['servers']} server(s) of tp={p['tp']}: wall {at_least}{fmt_duration(p['wall_s'])}, "
         f"{p['gpu_hours']:.2f} GPU-hours"
     )
 

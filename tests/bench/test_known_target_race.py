@@ -29,8 +29,8 @@ def test_sequence_args_keep_the_runs_flags_apart_from_its_own() -> None:
     assert (same.n, same.max_tokens, own.no_sweep, own.warmup) == ("200", "512", False, True)
     assert own.order == "seed,regen"
     assert run_args == ["--n", "200", "--max-tokens", "512"]  # what known_target_run.py gets
-    # the campaign's sweep: one candidate (not the given flags), 20 s after a warm start
-    assert ktd.sweep_device_s(same.sweep_args) == ktd.PRIOR["regen"].start_s + 20 + ktd.SWEEP_OVERHEAD_S
+    # the campaign's sweep: one candidate (not the given flags), 100 s after a warm start
+    assert ktd.sweep_device_s(same.sweep_args) == ktd.PRIOR["regen"].start_s + 100 + ktd.SWEEP_OVERHEAD_S
     assert ktd.sweep_device_s("--candidates 1") == 2 * ktd.sweep_device_s("--candidates 1 --no-given")
 
 
@@ -97,9 +97,12 @@ def test_target_line_spells_the_issues_fields_in_order() -> None:
     assert list(fields) == [
         "requests", "stop_fraction", "designed_stop_fraction", "reasoning_split_exact", "tool_calls_parsed",
         "export_ids_equal", "projection_error", "default_wall_s", "seed_wall_s", "regen_wall_s", "vs_default",
-        "vs_seed", "fixed_s", "drain_token_share", "sweep_s",
+        "vs_seed", "fixed_s", "drain_token_share", "sweep_s", "projection_lower_bound",
     ]  # fmt: skip
     assert fields["projection_error"] == "-0.0500"  # the sweep's, ahead of the static plan's
+    assert fields["projection_lower_bound"] == "0"
+    m["sweep_projection"] = {"error": -0.75, "lower_bound": True}  # the pilot saw only short answers
+    assert "projection_lower_bound=1" in ktr.target_line(m, a)
     assert (fields["vs_default"], fields["vs_seed"], fields["sweep_s"]) == ("1.5000", "na", "150.0000")
     del m["sweep_projection"]
     assert "projection_error=-0.5000" in ktr.target_line(m, a)  # the static plan's, without a sweep

@@ -509,3 +509,31 @@ def test_the_sweep_plans_the_runs_own_audit_and_sglang_as_the_tune_rule_does(tmp
     assert labels[-1] == "given" and "given" not in {
         c.label for c, _ in candidates_from_recommendation(rec, 1, mtp=False, given=False)
     }
+
+
+def test_lengths_come_from_first_attempts_and_a_short_window_is_a_lower_bound(tmp_path: Path) -> None:
+    """The H200 pilot of 2026-12-02: 20 s at 265 running finished 42 of 300 samples, the short ones, and
+    the cycled repeats of those (short again) were in the pool too: 159 tokens a sample against 635."""
+    from regen.tune.pilot import measure_journal
+    from regen.tune.sweep import censored_share
+
+    journal = tmp_path / "j.jsonl"
+    now = time.time()
+    lines = [("a", 10), ("b", 20), ("a~r1", 10), ("a~r2", 10), ("b~r1", 20)]  # c, d, e never finished
+    journal.write_text("".join(
+        json.dumps({"kind": "record", "id": i, "usage": {"completion_tokens": n},
+                    "timings": {"started_at": now, "latency_s": 1.0}}) + "\n" for i, n in lines
+    ))  # fmt: skip
+    m = measure_journal(journal, now - 1, now + 5, 0.0, concurrency=4, sent=8, distinct=5)
+    assert m.completion_tokens == (10, 20) and m.lengths.mean == 15  # not the repeats' (14)
+    assert (m.first_attempts, m.first_attempts_unfinished) == (5, 3)
+    assert m.window_output_tokens == 70  # the rate still counts every answer in the window
+    row = CandidateResult("recommended", (), 4, True, measurement=m)
+    result = SweepResult((row,), 0, 6.0, 0.0, 5)
+    censored = censored_share(result)
+    assert censored.share == pytest.approx(0.6) and censored.lower_bound
+    report = pilot_report(result, Remaining(shards=1, samples=10, finished=0), gpus=1, tp=1)
+    assert report["projection"]["lower_bound"] and report["projection_whole_run"]["lower_bound"]
+    assert any("LOWER BOUND" in a and "3 of the pilot's 5 samples" in a for a in report["assumptions"])
+    censored_json = {"first_attempts": 5, "unfinished": 3, "share": 0.6, "lower_bound": True}
+    assert report["censored_lengths"] == censored_json
