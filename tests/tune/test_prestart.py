@@ -123,10 +123,14 @@ def test_a_dataset_not_yet_fetched_prestarts_nothing() -> None:
     assert reason is not None and "not a local file" in reason
 
 
-def test_prestart_is_off_by_default() -> None:
+def test_prestart_is_on_by_default_and_0_turns_it_off() -> None:
     cfg = ServerConfig.from_mapping({"mode": "simulated", "model_path": "m"})
+    assert cfg.prestart_rows == 1000
+    on = prestart_skip_reason(cfg, local=True, dry_run=False, shards_to_generate=2, dataset_path=__file__)
+    assert on is None
+    off = ServerConfig.from_mapping({"mode": "simulated", "model_path": "m", "prestart_rows": 0})
     assert "prestart_rows is 0" in str(
-        prestart_skip_reason(cfg, local=True, dry_run=False, shards_to_generate=2, dataset_path=__file__)
+        prestart_skip_reason(off, local=True, dry_run=False, shards_to_generate=2, dataset_path=__file__)
     )
 
 
