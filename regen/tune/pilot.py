@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,15 +281,20 @@ def measure_journal(
     warmup_s: float,
     concurrency: int,
     sent: int,
-    distinct: int | None = None,
+    first_ids: Collection[str] | None = None,
 ) -> PilotMeasurement:
     """Throughput in ``[started_at + warmup_s, stopped_at]`` (every completed request) and lengths of the
-    completed first attempts of the ``distinct`` samples cycled (None: every request sent was one)."""
+    completed first attempts: the entries whose id is one of ``first_ids``, the samples the pilot cycles
+    (None: every request sent was a first attempt)."""
     entries = read_journal_entries(journal_path)
+
+    def is_first(entry: Mapping[str, Any]) -> bool:
+        return first_ids is None or entry.get("id") in first_ids
+
     records = [e for e in entries if e.get("kind") == "record"]
     failed = sum(1 for e in entries if e.get("kind") == "failed")
-    first_failed = sum(1 for e in entries if e.get("kind") == "failed" and is_first_attempt(e))
-    distinct = sent if distinct is None else distinct
+    first_failed = sum(1 for e in entries if e.get("kind") == "failed" and is_first(e))
+    first_sent = sent if first_ids is None else min(sent, len(first_ids))
     window_start = started_at + warmup_s
     window_s = max(1e-9, stopped_at - window_start)
     tokens: list[int] = []
@@ -299,7 +304,7 @@ def measure_journal(
     first_done = 0
     for rec in records:
         n = _completion_tokens(rec)
-        if is_first_attempt(rec):
+        if is_first(rec):
             # lengths from each sample's first attempt only: in the cycled closed loop a slot finishes
             # several short answers in the time of one long one, so the repeats over-represent short ones
             tokens.append(n)
@@ -331,14 +336,9 @@ def measure_journal(
         latency_p90_s=percentile(lat, 0.9) if lat else 0.0,
         completion_tokens=tuple(tokens),
         truncated=truncated,
-        first_attempts=min(sent, distinct),
-        first_attempts_unfinished=max(0, min(sent, distinct) - first_done - first_failed),
+        first_attempts=first_sent,
+        first_attempts_unfinished=max(0, first_sent - first_done - first_failed),
     )
-
-
-def is_first_attempt(entry: Mapping[str, Any]) -> bool:
-    """A journal entry of a sample's first attempt in the pilot (not a cycled repeat, not the warm-up)."""
-    return REPEAT_MARK not in str(entry.get("id", ""))
 
 
 class _Counted:
@@ -400,7 +400,8 @@ async def drive_pilot_async(
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    m = measure_journal(journal, started, stopped, warm, int(concurrency), stream.count, len(samples))
+    first_ids = {s.id for s in samples}
+    m = measure_journal(journal, started, stopped, warm, int(concurrency), stream.count, first_ids)
     return dataclasses.replace(m, polled=tuple(polled))
 
 

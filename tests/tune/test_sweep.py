@@ -519,12 +519,14 @@ def test_lengths_come_from_first_attempts_and_a_short_window_is_a_lower_bound(tm
 
     journal = tmp_path / "j.jsonl"
     now = time.time()
-    lines = [("a", 10), ("b", 20), ("a~r1", 10), ("a~r2", 10), ("b~r1", 20)]  # c, d, e never finished
+    # "x~rare" is a user's id that merely contains the repeat mark: a first attempt all the same
+    lines = [("a", 10), ("x~rare", 20), ("a~r1", 10), ("a~r2", 10), ("x~rare~r1", 20)]  # c, d, e unfinished
     journal.write_text("".join(
         json.dumps({"kind": "record", "id": i, "usage": {"completion_tokens": n},
                     "timings": {"started_at": now, "latency_s": 1.0}}) + "\n" for i, n in lines
     ))  # fmt: skip
-    m = measure_journal(journal, now - 1, now + 5, 0.0, concurrency=4, sent=8, distinct=5)
+    first_ids = {"a", "x~rare", "c", "d", "e"}
+    m = measure_journal(journal, now - 1, now + 5, 0.0, concurrency=4, sent=8, first_ids=first_ids)
     assert m.completion_tokens == (10, 20) and m.lengths.mean == 15  # not the repeats' (14)
     assert (m.first_attempts, m.first_attempts_unfinished) == (5, 3)
     assert m.window_output_tokens == 70  # the rate still counts every answer in the window
