@@ -344,21 +344,22 @@ def shared_flock(path: Path, timeout_s: float | None = None, poll_s: float = 0.1
         if timeout_s is None:
             fcntl.flock(fd, fcntl.LOCK_SH)
             yield True
-            return
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(poll_s)
-                continue
-            yield True
-            return
+        else:
+            yield _poll_shared(fd, time.monotonic() + timeout_s, poll_s)
     finally:
         os.close(fd)
+
+
+def _poll_shared(fd: int, deadline: float, poll_s: float) -> bool:
+    """Try a shared flock on ``fd`` until it is taken (True) or ``deadline`` passes (False)."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
 
 
 def wait_for_prestart(workdir: Path, timeout_s: float, poll_s: float) -> None:
