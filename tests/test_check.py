@@ -295,3 +295,25 @@ def test_the_widened_gpu_counter_is_explained_once(tmp_path: Path) -> None:
     assert run.returncode == 0, out[-3000:]
     lines = [x for x in out.splitlines() if x.startswith("regen: --resources gpu=2: 2 GPU slot(s)")]
     assert len(lines) == 1 and "counts 4 for gpu" in lines[0], out[-3000:]
+
+
+def test_the_servers_python_is_asked_for_its_sglang_without_importing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Importing sglang took ~20 s on the H200 host before any job ran: the check reads the installed
+    version only (a package that raises on import still reports its version)."""
+    from regen.check import sglang_version_in
+
+    site = tmp_path / "site"
+    (site / "sglang").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("raise ImportError('imported')\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    version, why = sglang_version_in(sys.executable)
+    assert version is None and "No package metadata was found for sglang" in why  # a folder, no dist
+    dist = site / "sglang-9.9.9.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 9.9.9\n")
+    assert sglang_version_in(sys.executable) == ("9.9.9", "")
+    (site / "sglang" / "__init__.py").unlink()
+    (site / "sglang").rmdir()
+    assert sglang_version_in(sys.executable) == (None, "No module named sglang")
