@@ -191,9 +191,9 @@ def step(title: str, cmd: list[str]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PriorRun:
-    """One run's device seconds as measured on the H200 on 2026-12-01 (1,000 prompts, design 20 / 0.8 /
-    2048: bench/results/known-target-2026-12-01.*, where_time_went.py): a fixed part, and a generation part
-    that grows with the prompts. An estimate for the budget, not a measurement."""
+    """One run's device seconds as measured on the H200 on 2026-12-01 and 2026-12-02 (1,000 prompts, design
+    20 / 0.8 / 2048: bench/results/known-target-2026-12-0{1,2}.*, where_time_went.py): a fixed part, and a
+    generation part that grows with the prompts. An estimate for the budget, not a measurement."""
 
     start_s: float  # launch to ready (regen's and the later baselines': warm, after the warm-up server)
     other_s: float  # outside the server (regen's stages), ready to first request, the stop and GPU-free wait
@@ -204,9 +204,9 @@ class PriorRun:
 
 
 PRIOR = {
-    "warmup": PriorRun(193.0, 5.0, 0.0),  # a fresh machine's cold start (regen's, first on 2026-12-01)
-    "default": PriorRun(108.0, 6.0, 342.0),
-    "seed": PriorRun(131.0, 6.0, 211.0),
+    "warmup": PriorRun(266.0, 13.0, 0.0),  # a fresh machine's cold start (the warm-up's, 2026-12-02)
+    "default": PriorRun(127.0, 6.0, 357.0),  # 2026-12-02's start and generation
+    "seed": PriorRun(146.0, 6.0, 211.0),  # 2026-12-02's start, 2026-12-01's generation
     # its warm start (where_time_went's 106 s) less the 34.5 s prefill graphs took of a warm start, which
     # regen's launch now turns off (--disable-prefill-cuda-graph); its stages around the server as measured
     "regen": PriorRun(106.0 - 34.5, 52.0 + 15.0 + 8.0 + 10.0, 197.5),
