@@ -34,9 +34,9 @@ def test_sequence_args_keep_the_runs_flags_apart_from_its_own() -> None:
     assert ktd.sweep_device_s("--candidates 1") == 2 * ktd.sweep_device_s("--candidates 1 --no-given")
 
 
-@pytest.mark.parametrize("which", ["default", "seed"])
-def test_prior_runs_are_the_2026_12_01_baselines(which: str) -> None:
-    b = json.loads(Path(f"{PREFIX}.baseline-{which}.json").read_text())
+@pytest.mark.parametrize(("which", "day"), [("default", "2026-12-02"), ("seed", "2026-12-01")])
+def test_prior_runs_are_the_latest_measured_baselines(which: str, day: str) -> None:
+    b = json.loads((REPO / f"bench/results/known-target-{day}.baseline-{which}.json").read_text())
     prior = ktd.PRIOR[which]
     assert prior.start_s == pytest.approx(b["server_start_s"], abs=1)
     assert prior.generation_s_per_1000 * b["n"] / 1000 == pytest.approx(b["generation_s"], abs=1)
