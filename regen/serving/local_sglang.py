@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
 from typing import ClassVar
 
 from regen.runconfig import ServerConfig
@@ -11,16 +13,21 @@ from regen.serving.launch_args import launch_args_for, with_launch_defaults
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import check_flags
 
+log = logging.getLogger("regen.serving.local_sglang")
+
 
 def check_sglang_flags(argv: list[str]) -> None:
     """Validate a launch command's flags (what follows ``sglang.launch_server``) with
     ``regen.sglang.flags.check_flags`` - SGLang's own parser where sglang is importable."""
     if "sglang.launch_server" in argv:
         argv = argv[argv.index("sglang.launch_server") + 1 :]
+    started = time.monotonic()
     try:
-        check_flags(argv)  # raises on a bad flag; returns which check ran
+        done = check_flags(argv)  # raises on a bad flag; returns which check ran
     except ValueError as exc:
         raise ServerError(f"bad sglang launch flags: {exc}") from exc
+    before = " (accepted before: regen.sglang.flags.remembered_verdict)" if done.remembered else ""
+    log.info("launch flags checked by %s in %.1f s%s", done.method, time.monotonic() - started, before)
 
 
 def build_sglang_command(
