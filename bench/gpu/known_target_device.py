@@ -207,9 +207,9 @@ PRIOR = {
     "warmup": PriorRun(266.0, 13.0, 0.0),  # a fresh machine's cold start (the warm-up's, 2026-12-02)
     "default": PriorRun(127.0, 6.0, 357.0),  # 2026-12-02's start and generation
     "seed": PriorRun(131.0, 6.0, 211.0),  # 2026-12-01's (on 2026-12-02 it was ready in 146 s, then cut)
-    # its warm start (where_time_went's 106 s) less the 34.5 s prefill graphs took of a warm start, which
-    # regen's launch now turns off (--disable-prefill-cuda-graph); its stages around the server as measured
-    "regen": PriorRun(106.0 - 34.5, 52.0 + 15.0 + 8.0 + 10.0, 197.5),
+    # its warm start with SGLang's prefill graphs (where_time_went's 106 s); its stages around the server
+    # as measured on 2026-12-02 at 800 prompts (before 24 s, after 16 s) and the stop and GPU-free wait
+    "regen": PriorRun(106.0, 24.0 + 16.0 + 10.0, 197.5),
     "plan": PriorRun(150.0, 6.0, 197.5),
     "plan-noprefill": PriorRun(120.0, 6.0, 197.5),
 }

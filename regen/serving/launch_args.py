@@ -19,25 +19,15 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
 #: ``--skip-server-warmup``: SGLang 0.5.17/0.5.23 otherwise send their own warm-up ``/generate`` before the
 #: server answers (``_wait_and_warmup`` in ``sglang/srt/entrypoints/http_server.py``), holding the
 #: scheduler ~7 s on the H200 (issue 37); regen's readiness probe already pays the first request's cost
-#: (``regen.serving.probes.one_token_generation``).
-#: ``--disable-prefill-cuda-graph``: SGLang captures a prefill graph per token count up to the chunk (58 of
-#: them for 8,192), 34.5 s of a warm start on the H200 and 98 s of a cold one, and on the known-answer
-#: target they bought nothing measurable at regen's prompt lengths (``bench/results/prefill-graphs-
-#: 2026-12-02.md``); any prefill-graph flag in ``server.args`` (e.g. ``--cuda-graph-backend-prefill
-#: breakable``) keeps SGLang's capture. The planner reads it (``regen.sglang.flags``: no prefill-graph
-#: reserve). Neither is a numerics flag: not among ``regen.fingerprint.SERVER_NUMERICS_KEYS``.
+#: (``regen.serving.probes.one_token_generation``). Not a numerics flag: not among
+#: ``regen.fingerprint.SERVER_NUMERICS_KEYS``.
+#: SGLang's prefill CUDA graphs are left on: on the H200 (``bench/results/known-target-2026-12-02-n800.md``)
+#: each small prefill batch between decode steps at a batch of 265 cost 64 ms with them and 141 ms
+#: without, so decode ran at 4,026 tok/s with them and 2,969 without; their capture (34.5 s warm, 98 s
+#: cold) is paid back after ~450 admissions at the full batch. ``--disable-prefill-cuda-graph`` in
+#: ``server.args`` turns them off (the planner then frees their reserve).
 LAUNCH_DEFAULT_FLAGS: dict[str, frozenset[str]] = {
     "--skip-server-warmup": frozenset({"--skip-server-warmup"}),
-    "--disable-prefill-cuda-graph": frozenset(
-        {
-            "--disable-prefill-cuda-graph",
-            "--disable-cuda-graph",
-            "--cuda-graph-backend-prefill",
-            "--cuda-graph-max-bs-prefill",
-            "--cuda-graph-bs-prefill",
-            "--enable-piecewise-cuda-graph",
-        }
-    ),
 }
 
 

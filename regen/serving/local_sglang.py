@@ -65,7 +65,6 @@ class LocalSGLang(ServerMode):
         return build_sglang_command(cfg, plan, port, model_path)
 
     def planned_args(self, cfg: ServerConfig) -> list[str]:
-        """``server.args`` with the launch defaults they leave in place (``LAUNCH_DEFAULT_FLAGS``: e.g. the
-        prefill graphs off, which frees their memory reserve,
-        ``regen.sglang.plan.prefill_graph_reserve_mib``)."""
+        """``server.args`` with the launch defaults they leave in place (``LAUNCH_DEFAULT_FLAGS``), as the
+        planner must see them."""
         return with_launch_defaults(list(cfg.args))

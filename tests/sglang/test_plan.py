@@ -395,8 +395,9 @@ def test_workflow_plan_file_from_the_audit_summary(tmp_path: Path) -> None:
     # no expected answer length: the KV at prompt p50 + max_tokens, never below SGLang's decode graphs
     fill = rec["kv_cache_tokens"] // (300 + 2048)
     assert rec["client_concurrency"] == max(fill, 256) <= rec["effective_max_running_requests"]
-    # planned as launched: the local launch's defaults are in the plan (no prefill-graph reserve)
-    assert "--disable-prefill-cuda-graph" in written["launch_args"]
+    # planned as launched: the local launch's defaults are in the plan, SGLang's prefill graphs kept on
+    assert "--skip-server-warmup" in written["launch_args"]
+    assert "--disable-prefill-cuda-graph" not in written["launch_args"]
     as_is = tmp_path / "as_is.json"
     write_plan_for_workflow(
         server_cfg=ServerConfig.from_mapping({**cfg, "use_tuner": False}),
@@ -406,9 +407,12 @@ def test_workflow_plan_file_from_the_audit_summary(tmp_path: Path) -> None:
     )
     given = read_json(as_is)["given"]
     qwen3_8b = ModelShape.from_config(MODELS / "qwen3-8b")
-    launched = plan(qwen3_8b, 81920, 1, ["--disable-prefill-cuda-graph"], None, "0.5.23")
-    assert given["mem_fraction_static"] == launched.mem_fraction_static
-    assert given["mem_fraction_static"] > plan(qwen3_8b, 81920, 1, [], None, "0.5.23").mem_fraction_static
+    launched = plan(qwen3_8b, 81920, 1, ["--skip-server-warmup"], None, "0.5.23")
+    assert given["mem_fraction_static"] == launched.mem_fraction_static  # with the prefill-graph reserve
+    assert (
+        given["mem_fraction_static"]
+        < plan(qwen3_8b, 81920, 1, ["--disable-prefill-cuda-graph"], None, "0.5.23").mem_fraction_static
+    )
     external = tmp_path / "external.json"
     write_plan_for_workflow(
         server_cfg=ServerConfig.from_mapping({**cfg, "mode": "external"}),
