@@ -233,6 +233,56 @@ def startup_phases(text: str) -> dict[str, Any]:
     return {"launch_to_ready_s": ready - start, "phases_s": phases, "printed_elapsed_s": printed}
 
 
+_LOG_INTERVAL = re.compile(r"decode_log_interval=(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillCost:
+    """What one prefill batch costs the decode at the full batch: each decode line reports an interval of
+    ``decode_log_interval`` decode passes, which lasts ``passes x running / gen throughput`` s; the
+    interval with the fewest prefills in it is the clean one, and the rest of each interval is spread over
+    its prefills."""
+
+    clean_interval_s: float
+    prefills_per_interval: float  # median over the intervals at the full batch
+    cost_ms: float  # median over the intervals with a prefill
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "clean_interval_s": round(self.clean_interval_s, 3),
+            "prefills_per_interval": self.prefills_per_interval,
+            "cost_ms": round(self.cost_ms, 1),
+        }
+
+
+def prefill_cost_at_full(text: str, tolerance: float = 0.06) -> PrefillCost | None:
+    """:class:`PrefillCost` over the decode lines within ``tolerance`` of the largest running batch
+    (None without two such lines, one of them after a prefill)."""
+    found = _LOG_INTERVAL.search(text)
+    passes = int(found.group(1)) if found else 40  # ServerArgs.decode_log_interval's default
+    intervals: list[tuple[int, float]] = []
+    pending = 0
+    lines = [line for _, line in _stamped_lines(text)]
+    top = max((d.running for line in lines for d in decode_lines(line)), default=0)
+    for line in lines:
+        if line.startswith("Prefill batch"):
+            pending += 1
+            continue
+        for d in decode_lines(line):
+            if d.running >= top * (1 - tolerance) and d.gen_tps > 0:
+                intervals.append((pending, passes * line_tokens(d) / d.gen_tps))
+            pending = 0
+    if len(intervals) < 2:
+        return None
+    fewest = min(n for n, _ in intervals)
+    clean = min(s for n, s in intervals if n == fewest)
+    costs = sorted((s - clean) / (n - fewest) for n, s in intervals if n > fewest)
+    if not costs:
+        return None
+    counts = sorted(n for n, _ in intervals)
+    return PrefillCost(clean, counts[len(counts) // 2], 1000 * costs[len(costs) // 2])
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationPhases:
     """The generation window of a server log (first prefill after ready to the last answer), split

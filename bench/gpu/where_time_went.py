@@ -27,7 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.gpu.serverlog import GenerationPhases, generation_phases, last_start, startup_phases
+from bench.gpu.serverlog import (
+    GenerationPhases,
+    PrefillCost,
+    generation_phases,
+    last_start,
+    prefill_cost_at_full,
+    startup_phases,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 LOGS = {
@@ -48,6 +55,7 @@ class RunTime:
     s_per_prompt: float  # at the full batch
     startup: dict[str, Any]
     generation: GenerationPhases
+    prefill: PrefillCost | None = None  # one prefill batch's cost to the decode at the full batch
 
     def wall_at(self, prompts: float) -> float:
         return self.fixed_s + self.s_per_prompt * prompts
@@ -64,7 +72,8 @@ def run_time(name: str, text: str, wall: float, outside: float, tokens: int, pro
     if gen is None or not gen.full_decode_tps or not prompts:
         return None
     fixed = outside + start + gen.ramp_s + gen.drain_s
-    return RunTime(name, wall, fixed, tokens / prompts / gen.full_decode_tps, startup, gen)
+    per_prompt = tokens / prompts / gen.full_decode_tps
+    return RunTime(name, wall, fixed, per_prompt, startup, gen, prefill_cost_at_full(text))
 
 
 def regen_run_time(text: str, measured: dict[str, Any]) -> RunTime | None:
@@ -154,13 +163,18 @@ def warm_start_s(runs: dict[str, RunTime]) -> float:
     return sum(statistics.mean(p[k] for p in later) if k in COLD_PHASES else v for k, v in cold.items())
 
 
+def _prefill_cells(cost: PrefillCost | None) -> str:
+    return "na | na" if cost is None else f"{cost.cost_ms:.0f} | {cost.prefills_per_interval:g}"
+
+
 def tables(runs: dict[str, RunTime], startups: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Each run's generation split and server start split (``startups``, default the runs'), one row or
     column per run."""
     rows = ["| run | wall s | fixed s | server start s | ramp s | full batch s | running at full "
             "| tok/s at full | prefill batches at full | drain s | tokens in drain "
-            "| tokens below 90% of full batch | last 1% of answers s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| tokens below 90% of full batch | last 1% of answers s | one prefill at full ms "
+            "| prefills per 40-pass interval |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     start = {r.name: r.startup["launch_to_ready_s"] for r in runs.values() if r.startup}
     for r in runs.values():
         g = r.generation
@@ -168,7 +182,8 @@ def tables(runs: dict[str, RunTime], startups: dict[str, dict[str, Any]] | None 
             f"| {r.name} | {r.wall_s:.1f} | {r.fixed_s:.0f} | {start.get(r.name, math.nan):.0f} "
             f"| {g.ramp_s:.0f} | {g.full_s:.0f} "
             f"| {g.full_running} | {g.full_decode_tps:,.0f} | {g.prefill_batches_at_full} | {g.drain_s:.0f} "
-            f"| {g.drain_tokens_fraction:.1%} | {g.drain_token_share:.1%} | {g.last_percent_s:.0f} |"
+            f"| {g.drain_tokens_fraction:.1%} | {g.drain_token_share:.1%} | {g.last_percent_s:.0f} "
+            f"| {_prefill_cells(r.prefill)} |"
         )
     started = startups if startups is not None else {n: r.startup for n, r in runs.items() if r.startup}
     if not started:

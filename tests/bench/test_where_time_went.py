@@ -69,3 +69,18 @@ def test_projection_line_names_the_prompt_counts_the_targets_need(runs: dict[str
         1.5 * (warm_fixed + regen.s_per_prompt * n), rel=0.01
     )  # the line rounds to whole seconds and prompts
     assert "Projection, not a measurement" in text
+
+
+def test_one_prefill_at_the_full_batch_costs_twice_as_much_without_prefill_graphs(
+    runs: dict[str, wtw.RunTime],
+) -> None:
+    """The same plan at 265 running, 2026-12-01 with SGLang's prefill graphs, 2026-12-02 without
+    (``--disable-prefill-cuda-graph``): ~12 single-request prefills every 40 decode passes, 64 ms each with
+    the graphs and 141 ms without; regen's launch keeps them on since."""
+    without = wtw.run_times(REPO / "bench/results/known-target-2026-12-02-n800")["regen"].prefill
+    with_graphs = runs["regen"].prefill
+    assert with_graphs is not None and without is not None
+    assert with_graphs.cost_ms == pytest.approx(64, abs=3) and without.cost_ms == pytest.approx(141, abs=3)
+    assert (with_graphs.prefills_per_interval, without.prefills_per_interval) == (13, 12)
+    # the decode passes themselves cost the same both days: the prefills made the difference
+    assert without.clean_interval_s == pytest.approx(with_graphs.clean_interval_s, rel=0.05)
