@@ -59,6 +59,7 @@ from regen.serving.simulated_mode import build_simulated_command
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags
 from regen.tune.closedloop import StepModel, closed_loop_wall_s
+from regen.tune.length_fit import CensoredLogNormal, fit_censored_lognormal
 from regen.tune.pilot import (
     DEFAULT_WARMUP_FRACTION,
     REPEAT_MARK,
@@ -281,21 +282,23 @@ def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel |
 
 def closed_loop_projection(
     result: SweepResult, remaining: int, gpus: int, tp: int, *, lengths: Sequence[int] | None = None,
-    fixed_step_s: float = 0.0, seed: int = 0,
+    fixed_step_s: float = 0.0, seed: int = 0, pool: Sequence[int] | None = None,
 ) -> dict[str, Any] | None:  # fmt: skip
     """Wall time and GPU-hours with the start burst and the drain (:mod:`regen.tune.closedloop`): each server
     takes an equal share of ``remaining`` samples whose output lengths are ``lengths`` (default: drawn from
-    the pilot's completed lengths) at the best candidate's concurrency, after the ramp its pilot measured.
-    None without a server reading."""
+    ``pool``, else the pilot's completed lengths) at the best candidate's concurrency, after the ramp its
+    pilot measured. None without a server reading."""
     step = step_model_of(result, fixed_step_s)
     best = result.best.measurement
     if step is None or best is None or remaining <= 0:
         return None
     servers = max(1, gpus // tp)
     if lengths is None:
-        pool = list(best.completion_tokens) or [
-            t for r in result.rows if r.measurement is not None for t in r.measurement.completion_tokens
-        ]
+        pool = (
+            list(pool or ())
+            or list(best.completion_tokens)
+            or [t for r in result.rows if r.measurement is not None for t in r.measurement.completion_tokens]
+        )
         if not pool:
             return None
         rng = random.Random(seed)
@@ -310,64 +313,104 @@ def closed_loop_projection(
     }
 
 
-#: above this share of the pilot's samples unfinished at the end of its window, the completed lengths are
-#: the short answers only: the length-derived projections are lower bounds, and say so
+#: above this share of the pilot's samples unfinished at the end of its window, and with no length model
+#: fitted (:mod:`regen.tune.length_fit`), the completed lengths are the short answers only: the
+#: length-derived projections are lower bounds, and say so
 CENSORED_SHARE_LIMIT = 0.10
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CensoredLengths:
-    """How many of the pilot's distinct samples never finished in its windows (their lengths unseen)."""
+    """How many of the pilot's distinct samples never finished in its windows (their lengths unseen), and
+    the lengths the projections use: the finished first attempts, plus one modelled length per unfinished
+    one when a censored log-normal could be fitted (``modelled``)."""
 
     first_attempts: int
     unfinished: int
+    finished_lengths: tuple[int, ...] = ()
+    lengths: tuple[int, ...] = ()
+    fit: CensoredLogNormal | None = None
 
     @property
     def share(self) -> float:
         return self.unfinished / self.first_attempts if self.first_attempts else 0.0
 
     @property
+    def modelled(self) -> bool:
+        return self.fit is not None
+
+    @property
     def lower_bound(self) -> bool:
-        return self.share > CENSORED_SHARE_LIMIT
+        return self.share > CENSORED_SHARE_LIMIT and not self.modelled
+
+    @property
+    def mean_tokens(self) -> float | None:
+        return sum(self.lengths) / len(self.lengths) if self.lengths else None
 
     def sentence(self, result: SweepResult) -> str:
         head = (
             f"{self.unfinished} of the pilot's {self.first_attempts} samples ({self.share:.0%}) were still "
-            "running when their time was up and are not in the length distribution"
+            "running when their time was up"
         )
+        finished = sum(self.finished_lengths) / len(self.finished_lengths) if self.finished_lengths else 0.0
+        if self.fit is not None:
+            fit = self.fit
+            return (
+                f"{head}: each is put back as longer than the longest finished answer ({fit.censored_at} "
+                "tokens), at a quantile of the log-normal fitted to both by maximum likelihood with "
+                f"right-censoring (mu {fit.mu:.2f}, sigma {fit.sigma:.2f}; regen.tune.length_fit): "
+                f"{self.mean_tokens:.0f} tokens a sample against {finished:.0f} for the finished answers "
+                "alone. A length law that is not log-normal moves this; a longer --seconds measures more"
+            )
         if not self.lower_bound:
-            return f"{head} (long outputs slightly under-represented)"
+            return f"{head} and are not in the length distribution (long outputs slightly under-represented)"
         best = result.best.measurement
         seen = max(best.completion_tokens, default=0) if best is not None else 0
         return (
-            f"{head}: the mean length is that of the answers up to ~{seen} tokens only, so every projection "
-            f"here is a LOWER BOUND (over {CENSORED_SHARE_LIMIT:.0%} unfinished); a longer --seconds (or "
-            "fewer --pilot-samples than the running cap) lets the long answers finish"
+            f"{head} and are not in the length distribution: the mean length is that of the answers up "
+            f"to ~{seen} tokens only, so every projection here is a LOWER BOUND (over "
+            f"{CENSORED_SHARE_LIMIT:.0%} unfinished); a longer --seconds (or fewer --pilot-samples than the "
+            "running cap) lets the long answers finish"
         )
 
     def to_json(self) -> dict[str, Any]:
+        fit = self.fit
         return {"first_attempts": self.first_attempts, "unfinished": self.unfinished,
-                "share": round(self.share, 4), "lower_bound": self.lower_bound}  # fmt: skip
+                "share": round(self.share, 4), "lower_bound": self.lower_bound,
+                "model": None if fit is None else {
+                    "law": "log-normal, right-censored at the longest finished (regen.tune.length_fit)",
+                    "mu": round(fit.mu, 4), "sigma": round(fit.sigma, 4), "censored_at": fit.censored_at,
+                    "mean_tokens": round(self.mean_tokens or 0.0, 1)},
+                "finished_lengths": list(self.finished_lengths)}  # fmt: skip
 
 
-def censored_share(result: SweepResult) -> CensoredLengths:
-    """The censored share over every measured candidate's pilot."""
+def censored_share(result: SweepResult, max_tokens: int | None = None) -> CensoredLengths:
+    """The censored share over every measured candidate's pilot, and the lengths with the unfinished
+    ones modelled (:func:`regen.tune.length_fit.fit_censored_lognormal`, capped at ``max_tokens``)."""
     ms = [r.measurement for r in result.rows if r.measurement is not None]
-    return CensoredLengths(sum(m.first_attempts for m in ms), sum(m.first_attempts_unfinished for m in ms))
+    finished = tuple(t for m in ms for t in m.completion_tokens)
+    unfinished = sum(m.first_attempts_unfinished for m in ms)
+    fit = fit_censored_lognormal(finished, unfinished) if unfinished else None
+    tail = tuple(fit.tail_lengths(max_tokens)) if fit is not None else ()
+    return CensoredLengths(sum(m.first_attempts for m in ms), unfinished, finished, finished + tail, fit)
 
 
 def pilot_report(
-    result: SweepResult, remaining: Remaining, gpus: int, tp: int, *, extra: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The content of ``results/plan/pilot.json``."""
+    result: SweepResult, remaining: Remaining, gpus: int, tp: int, *, extra: Mapping[str, Any] | None = None,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The content of ``results/plan/pilot.json``: projections from the pilot's lengths with its
+    unfinished answers modelled (:func:`censored_share`)."""
     lengths = result.pooled_lengths()
-    proj = project(remaining.remaining, lengths.mean, result.best.rate_tok_s, gpus, tp)
+    censored = censored_share(result, max_tokens)
+    per_sample = censored.mean_tokens if censored.modelled else lengths.mean
+    proj = project(remaining.remaining, per_sample, result.best.rate_tok_s, gpus, tp)
     assumptions = list(PROJECTION_ASSUMPTIONS)
-    censored = censored_share(result)
     if censored.unfinished:
         assumptions.append(censored.sentence(result))
-    closed = closed_loop_projection(result, remaining.remaining, gpus, tp)
-    whole = project(remaining.samples, lengths.mean, result.best.rate_tok_s, gpus, tp)
+    pool = list(censored.lengths) if censored.modelled else None
+    closed = closed_loop_projection(result, remaining.remaining, gpus, tp, pool=pool)
+    whole = project(remaining.samples, per_sample, result.best.rate_tok_s, gpus, tp)
     bound = {"lower_bound": censored.lower_bound}
     return {
         "created_at": time.time(),

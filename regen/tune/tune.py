@@ -375,6 +375,7 @@ def sweep_cli(argv: list[str]) -> int:
             result, remaining, gpus, tp,
             extra={"pilot_shard": str(shard), "model_config": str(model_config), "gpu_memory_mib": gpu_mib,
                    "server_mode": server_cfg.mode, "sglang_version": ns.sglang_version},
+            max_tokens=generate_cfg.sampling.max_tokens,
         )  # fmt: skip
         out = Path(ns.out) if ns.out else layout.pilot
         write_json(out, report)

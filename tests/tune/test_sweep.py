@@ -537,5 +537,6 @@ def test_lengths_come_from_first_attempts_and_a_short_window_is_a_lower_bound(tm
     report = pilot_report(result, Remaining(shards=1, samples=10, finished=0), gpus=1, tp=1)
     assert report["projection"]["lower_bound"] and report["projection_whole_run"]["lower_bound"]
     assert any("LOWER BOUND" in a and "3 of the pilot's 5 samples" in a for a in report["assumptions"])
-    censored_json = {"first_attempts": 5, "unfinished": 3, "share": 0.6, "lower_bound": True}
+    censored_json = {"first_attempts": 5, "unfinished": 3, "share": 0.6, "lower_bound": True, "model": None,
+                     "finished_lengths": [10, 20]}  # fmt: skip
     assert report["censored_lengths"] == censored_json

@@ -1,0 +1,69 @@
+"""The pilot's unfinished answers put back from a right-censored log-normal (regen.tune.length_fit)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from regen.tune.length_fit import MIN_FINISHED_TO_FIT, fit_censored_lognormal, lengths_with_unfinished
+from regen.tune.pilot import CandidateResult, SweepResult, measure_journal
+from regen.tune.projection import Remaining
+from regen.tune.sweep import censored_share, pilot_report
+
+
+def _pilot(seed: int, n: int = 300, unfinished_share: float = 0.17) -> tuple[list[int], list[int], int]:
+    """n log-normal answers (median ~490, as the known-answer target's), cut at max_tokens 2048; a
+    window that let all but the longest ``unfinished_share`` finish."""
+    rng = random.Random(seed)
+    every = [min(2048, max(1, round(math.exp(rng.gauss(6.2, 0.65))))) for _ in range(n)]
+    cut = sorted(every)[int((1 - unfinished_share) * n)]
+    finished = [x for x in every if x <= cut]
+    return every, finished, n - len(finished)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_unfinished_answers_are_put_back_within_5_percent(seed: int) -> None:
+    every, finished, unfinished = _pilot(seed)
+    truth = sum(every) / len(every)
+    modelled = lengths_with_unfinished(finished, unfinished, 2048)
+    assert len(modelled) == len(every) and max(modelled) <= 2048
+    assert sum(finished) / len(finished) < 0.85 * truth  # the finished alone: the 2026-12-02 shortfall
+    assert sum(modelled) / len(modelled) == pytest.approx(truth, rel=0.05)
+    fit = fit_censored_lognormal(finished, unfinished)
+    assert fit is not None and fit.censored_at == max(finished)
+    assert fit.mu == pytest.approx(6.2, abs=0.1) and fit.sigma == pytest.approx(0.65, abs=0.1)
+    assert min(fit.tail_lengths(None)) >= fit.censored_at
+
+
+def test_too_few_finished_answers_fit_nothing() -> None:
+    few = list(range(100, 100 + MIN_FINISHED_TO_FIT - 1))
+    assert fit_censored_lognormal(few, 50) is None
+    assert lengths_with_unfinished(few, 50, 2048) == few
+    assert lengths_with_unfinished([5, 6, 7], 0, None) == [5, 6, 7]
+
+
+def test_a_pilot_with_long_answers_unfinished_projects_their_lengths(tmp_path: Path) -> None:
+    """The pilot's report uses the modelled lengths, is no longer a lower bound, and says how it got them."""
+    every, finished, unfinished = _pilot(0)
+    journal = tmp_path / "j.jsonl"
+    now = time.time()
+    journal.write_text("".join(
+        json.dumps({"kind": "record", "id": f"s{k}", "usage": {"completion_tokens": n},
+                    "timings": {"started_at": now, "latency_s": 1.0}}) + "\n" for k, n in enumerate(finished)
+    ))  # fmt: skip
+    ids = {f"s{k}" for k in range(len(every))}
+    m = measure_journal(journal, now - 1, now + 5, 0.0, concurrency=265, sent=len(every), first_ids=ids)
+    result = SweepResult((CandidateResult("recommended", (), 265, True, measurement=m),), 0, 6.0, 0.0, 300)
+    censored = censored_share(result, 2048)
+    assert censored.modelled and not censored.lower_bound and censored.share == pytest.approx(0.17, abs=0.01)
+    report = pilot_report(result, Remaining(shards=1, samples=800, finished=0), gpus=1, tp=1, max_tokens=2048)
+    truth = sum(every) / len(every)
+    assert report["projection"]["tokens_per_sample"] == pytest.approx(truth, rel=0.05)
+    assert not report["projection"]["lower_bound"]
+    assert report["censored_lengths"]["model"]["censored_at"] == max(finished)
+    assert any("log-normal" in a and f"{unfinished} of the pilot's 300" in a for a in report["assumptions"])
