@@ -87,6 +87,20 @@ def render_result(report: Mapping[str, Any], job_seconds: float | None = None) -
         lines.append(f"the run is done: all {whole['remaining_samples']:,} samples are finished{took}")
     else:
         lines.append(_projection_line("remaining", left))
+    lines += modelled_lengths_line(report)
     if report.get("mtp"):
         lines.append(str(report["mtp"]["why"]))
     return "\n".join(lines)
+
+
+def modelled_lengths_line(report: Mapping[str, Any]) -> list[str]:
+    """A line when the pilot's unfinished answers were modelled (:mod:`regen.tune.length_fit`)."""
+    censored = report.get("censored_lengths") or {}
+    model = censored.get("model")
+    if not model:
+        return []
+    return [
+        f"lengths: {censored['unfinished']} of the pilot's {censored['first_attempts']} samples were "
+        f"unfinished, modelled as longer than {model['censored_at']} tokens (a log-normal fitted with "
+        f"right-censoring): {model['mean_tokens']:.0f} tokens a sample"
+    ]

@@ -14,6 +14,7 @@ from regen.tune.length_fit import MIN_FINISHED_TO_FIT, fit_censored_lognormal, l
 from regen.tune.pilot import CandidateResult, SweepResult, measure_journal
 from regen.tune.projection import Remaining
 from regen.tune.sweep import censored_share, pilot_report
+from regen.tune.sweep_report import render_result
 
 
 def _pilot(seed: int, n: int = 300, unfinished_share: float = 0.17) -> tuple[list[int], list[int], int]:
@@ -67,3 +68,6 @@ def test_a_pilot_with_long_answers_unfinished_projects_their_lengths(tmp_path: P
     assert not report["projection"]["lower_bound"]
     assert report["censored_lengths"]["model"]["censored_at"] == max(finished)
     assert any("log-normal" in a and f"{unfinished} of the pilot's 300" in a for a in report["assumptions"])
+    shown = render_result(report)
+    assert f"lengths: {unfinished} of the pilot's 300 samples were unfinished, modelled as longer" in shown
+    assert "at least" not in shown
