@@ -24,6 +24,9 @@ class ServerError(RuntimeError):
 
 #: (server config, plan, port, model_path) -> argv; tests pass their own stand-in builder
 CommandBuilder = Callable[[ServerConfig, PlanFile | None, int, str], list[str]]
+#: argv -> None, or ServerError: a launch command's check that takes long (SGLang's own parser), run while
+#: the server it checks starts (``regen.serving.slots.live_or_start``)
+LaunchCheck = Callable[[list[str]], None]
 
 
 class ServerMode(ABC):
@@ -37,6 +40,11 @@ class ServerMode(ABC):
     def command(self, cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str) -> list[str]:
         """The argv that starts this mode's server on ``port``."""
         raise ServerError(f"server.mode {self.name!r} does not launch a server")
+
+    def launch_check(self, argv: list[str]) -> None:
+        """Raise ServerError when ``argv`` (from :meth:`command`) would not start the server meant; run
+        once its supervisor has started, while the server loads (none by default)."""
+        return None
 
     def planned_args(self, cfg: ServerConfig) -> list[str]:
         """The flags the planner plans under: ``server.args`` and whatever this mode's launch adds to them

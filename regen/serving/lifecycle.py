@@ -18,7 +18,7 @@ from pathlib import Path
 
 from regen.layout import RUN, url_files
 from regen.runconfig import ServerConfig
-from regen.serving.base import CommandBuilder, ServerError, ServerMode
+from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, ServerMode
 from regen.serving.local_sglang import LocalSGLang
 from regen.serving.procfs import (
     UrlState,
@@ -63,6 +63,7 @@ def acquire_server(
     gpu_slots: int | None = None,
     owner_pid: int | None = None,
     command_builder: CommandBuilder | None = None,
+    command_check: LaunchCheck | None = None,
     poll_s: float = 0.25,
     on_slot: Callable[[Callable[[], None]], None] | None = None,
 ) -> Iterator[Endpoint]:
@@ -71,7 +72,9 @@ def acquire_server(
     A mode that launches runs on a GPU slot (:func:`regen.serving.slots.serve_on_slot`): ``gpu_slots``
     overrides ``server.gpus`` (Snakemake's ``--resources gpu=N``); ``owner_pid`` is the process whose
     death (with no lease held) stops the server (default: the Snakemake ancestor); ``command_builder``
-    replaces the mode's command (tests use a stand-in server). ``on_slot`` is called with a function
+    replaces the mode's command (tests use a stand-in server) and ``command_check`` its check while the
+    server starts (default: the mode's :meth:`~regen.serving.base.ServerMode.launch_check` for its own
+    command, none for a replaced one). ``on_slot`` is called with a function
     that gives the slot up before the block ends (idempotent): the next job waiting for a slot takes it
     and shares the server while this job's last requests drain (this job's lease keeps the server up).
     """
@@ -80,7 +83,8 @@ def acquire_server(
         yield mode.endpoint(cfg, plan)
         return
     place = SlotPlace(workdir, log_dir, gpu_slots, owner_pid, poll_s, on_slot)
-    with serve_on_slot(cfg, plan, place, command_builder or mode.command) as endpoint:
+    check = command_check if command_builder is not None else mode.launch_check
+    with serve_on_slot(cfg, plan, place, command_builder or mode.command, check) as endpoint:
         yield endpoint
 
 

@@ -31,7 +31,7 @@ from regen.fingerprint import server_numerics
 from regen.io import read_json, write_json
 from regen.layout import SlotFiles, prestart_lock_in
 from regen.runconfig import ServerConfig
-from regen.serving.base import CommandBuilder, ServerError, api_key_from
+from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, api_key_from
 from regen.serving.ports import client_host, pick_port
 from regen.serving.probes import effective_max_running, fetch_server_info, served_model
 from regen.serving.procfs import (
@@ -174,6 +174,26 @@ def start_supervisor(spec: LaunchSpec) -> subprocess.Popen[bytes]:
     return proc
 
 
+#: how long a supervisor stopped for a rejected launch command gets to stop its server before SIGKILL
+STOP_REJECTED_S = 60.0
+
+
+def check_while_starting(started: subprocess.Popen[bytes], command: list[str], check: LaunchCheck) -> None:
+    """``check`` on a supervisor's launch command while its server loads; a rejection stops the supervisor
+    (SIGTERM: it stops its server; SIGKILL after :data:`STOP_REJECTED_S`) and is raised."""
+    try:
+        check(command)
+    except ServerError:
+        log.error("supervisor PID %d: its launch command was rejected; stopping it", started.pid)
+        started.terminate()
+        try:
+            started.wait(STOP_REJECTED_S)
+        except subprocess.TimeoutExpired:
+            started.kill()
+            started.wait()
+        raise
+
+
 def wait_supervisor_gone(pid: int, timeout_s: float) -> bool:
     """Wait until ``pid`` has exited; True if it did."""
     deadline = time.monotonic() + timeout_s
@@ -284,9 +304,11 @@ class SlotPlace:
 
 @contextlib.contextmanager
 def serve_on_slot(
-    cfg: ServerConfig, plan: PlanFile | None, place: SlotPlace, command_builder: CommandBuilder
-) -> Iterator[Endpoint]:
-    """Hold a GPU slot and its server (``command_builder``'s argv) for the ``with`` block; the Endpoint."""
+    cfg: ServerConfig, plan: PlanFile | None, place: SlotPlace, command_builder: CommandBuilder,
+    command_check: LaunchCheck | None = None,
+) -> Iterator[Endpoint]:  # fmt: skip
+    """Hold a GPU slot and its server (``command_builder``'s argv, ``command_check``'d while it starts) for
+    the ``with`` block; the Endpoint."""
     workdir, log_dir, poll_s, on_slot = place.workdir, place.log_dir, place.poll_s, place.on_slot
     api_key = api_key_from(cfg)
     slots = slot_count(cfg, place.gpu_slots)
@@ -303,7 +325,7 @@ def serve_on_slot(
         lease_fd = take_lease_shared(files)
         try:
             wait_for_prestart(Path(workdir), cfg.startup_timeout_s, poll_s)
-            found = live_or_start(files, cfg, plan, api_key, place.owner_pid, command_builder)
+            found = live_or_start(files, cfg, plan, api_key, place.owner_pid, command_builder, command_check)
             pid = found.pid if isinstance(found, subprocess.Popen) else found.supervisor_pid
             started = found if isinstance(found, subprocess.Popen) else None
             budget = cfg.startup_timeout_s * (cfg.max_restarts + 1) + 120
@@ -395,10 +417,12 @@ def live_or_start(
     api_key: str | None,
     owner_pid: int | None,
     command_builder: CommandBuilder,
+    command_check: LaunchCheck | None = None,
 ) -> UrlState | subprocess.Popen[bytes]:
     """The slot's live supervisor (its url state, reused) or a freshly started one (its Popen): what a
     generate job does on its slot, and what ``regen.tune.prestart`` does before any job (the caller
-    holds the slot's lease shared, :func:`take_lease_shared`)."""
+    holds the slot's lease shared, :func:`take_lease_shared`). A started one's command is
+    ``command_check``'d once it runs (:func:`check_while_starting`)."""
     state = read_url_state(files.url)
     if state is not None and is_supervisor(state.supervisor_pid, files.url):
         if not state.failed:
@@ -427,4 +451,7 @@ def live_or_start(
         api_key_env=cfg.api_key_env if api_key else None,
         stall_timeout_s=cfg.stall_timeout_s,
     )
-    return start_supervisor(spec)
+    started = start_supervisor(spec)
+    if command_check is not None:
+        check_while_starting(started, command, command_check)
+    return started

@@ -213,7 +213,8 @@ def start_servers(
         files = SlotFiles.of(slot, workdir, log_dir)
         lease_fd = take_lease_shared(files)
         try:
-            found = live_or_start(files, cfg, plan, api_key, owner_pid, mode_of(cfg).command)
+            mode = mode_of(cfg)
+            found = live_or_start(files, cfg, plan, api_key, owner_pid, mode.command, mode.launch_check)
         finally:
             os.close(lease_fd)
         if isinstance(found, subprocess.Popen):

@@ -48,7 +48,7 @@ from regen.generate.client import ProgressOptions, ShardFailedError, ShardJob, g
 from regen.layout import ScratchShardFiles, SweepCandidateFiles
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.serving.base import ServerError
-from regen.serving.lifecycle import acquire_server, build_server_command, stop_all_servers
+from regen.serving.lifecycle import acquire_server, build_server_command, mode_of, stop_all_servers
 from regen.serving.metrics import (
     log_since,
     log_size,
@@ -218,6 +218,7 @@ def run_sweep(
             with acquire_server(
                 cand_cfg, candidate_plan(cand), servers, scratch.logs,
                 owner_pid=os.getpid(), command_builder=sweep_command_builder,
+                command_check=mode_of(cand_cfg).launch_check,
             ) as endpoint:  # fmt: skip
                 first = warm_up(endpoint, samples[0], generate_cfg, scratch.warmup_dir)
                 offset = log_size(server_log)

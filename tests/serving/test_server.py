@@ -753,3 +753,44 @@ def test_a_job_arriving_while_the_prestart_decides_reuses_its_server(rig: Rig) -
     finish(job)
     assert len(rig.starts()) == 1, "the job started a second server beside the prestarted one"
     assert events(out)[0]["url"] == f"http://127.0.0.1:{rig.port_base}"
+
+
+def test_a_slow_launch_check_runs_while_the_server_starts_and_a_rejection_stops_it(rig: Rig) -> None:
+    """SGLang's parser took 18.5 s to import on the H200 host before each supervisor started: the check now
+    runs once the supervisor is up, while its server loads; a rejected command stops the supervisor and its
+    server, and the job gets the check's error."""
+    from regen.layout import SlotFiles
+    from regen.serving.procfs import pid_alive
+    from regen.serving.slots import live_or_start, take_lease_shared
+
+    cfg = ServerConfig.from_mapping(rig.cfg(gpus=1))
+    servers = rig.root / "work" / "servers"
+    servers.mkdir(parents=True)
+    files = SlotFiles.of(0, servers, rig.root / "logs" / "servers")
+    started_when_checked: list[int] = []
+
+    def slow_rejection(argv: list[str]) -> None:
+        deadline = time.monotonic() + 10
+        while not rig.starts() and time.monotonic() < deadline:  # a check as slow as the server's start
+            time.sleep(0.05)
+        started_when_checked.append(len(rig.starts()))
+        raise ServerError("bad sglang launch flags: --tp: not an SGLang 0.5.23 option name; use --tp-size")
+
+    lease = take_lease_shared(files)
+    try:
+        with pytest.raises(ServerError, match="use --tp-size"):
+            live_or_start(files, cfg, None, None, os.getpid(), rig.builder(), slow_rejection)
+        assert started_when_checked == [1], "the check ran before the server was started"
+        state = read_url_state(files.url)
+        assert state is None or not pid_alive(state.supervisor_pid), "the rejected supervisor lives on"
+        deadline = time.monotonic() + 10
+        while not port_is_free("127.0.0.1", rig.port_base) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert port_is_free("127.0.0.1", rig.port_base), "the rejected command's server is still up"
+        checked: list[list[str]] = []
+        found = live_or_start(files, cfg, None, None, os.getpid(), rig.builder(), checked.append)
+        assert isinstance(found, subprocess.Popen)
+        assert checked == [rig.builder()(cfg, None, rig.port_base, "")]  # the command it launched
+    finally:
+        os.close(lease)
+        stop_all_servers(servers)

@@ -212,3 +212,23 @@ def test_the_installed_sglang_is_told_apart_without_importing_it(
     assert first is not None and first.startswith(f"unversioned:{srt / 'server_args.py'}:")
     (srt / "server_args.py").write_text("X = 12\n")  # an edited parser is another SGLang
     assert flags.installed_sglang() not in (None, first)
+
+
+def test_the_local_mode_builds_its_command_at_once_and_checks_it_while_the_server_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from regen.serving.base import ServerError
+    from regen.serving.local_sglang import LocalSGLang
+
+    _bundled_only(monkeypatch)
+    cfg = {
+        "host": "127.0.0.1",
+        "reasoning_parser": "qwen3",
+        "use_tuner": False,
+        "args": ["--max-running-request", "8"],
+    }
+    mode = LocalSGLang()
+    argv = mode.command(ServerConfig.from_mapping(cfg), None, 30000, "/models/x")  # built, not yet checked
+    assert "--max-running-request" in argv
+    with pytest.raises(ServerError, match="--max-running-request"):
+        mode.launch_check(argv)  # regen.serving.slots.check_while_starting runs it
