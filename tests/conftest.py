@@ -28,15 +28,6 @@ def formats_dir() -> Path:
     return TEST_DATA_DIR / "formats"
 
 
-@pytest.fixture(autouse=True)
-def own_regen_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """regen's machine-wide cache (remembered SGLang flag verdicts) under the test's own directory,
-    never the user's ``~/.cache/regen``."""
-    root = tmp_path_factory.mktemp("regen-cache")
-    monkeypatch.setenv("REGEN_CACHE_DIR", str(root))
-    return root
-
-
 @pytest.fixture
 def tmp_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh working directory that is also the current directory for the test."""

@@ -26,8 +26,7 @@ def check_sglang_flags(argv: list[str]) -> None:
         done = check_flags(argv)  # raises on a bad flag; returns which check ran
     except ValueError as exc:
         raise ServerError(f"bad sglang launch flags: {exc}") from exc
-    before = " (accepted before: regen.sglang.flags.remembered_verdict)" if done.remembered else ""
-    log.info("launch flags checked by %s in %.1f s%s", done.method, time.monotonic() - started, before)
+    log.info("launch flags checked by %s in %.1f s", done.method, time.monotonic() - started)
 
 
 def build_sglang_command(

@@ -9,19 +9,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import hashlib
-import importlib.metadata
-import importlib.util
 import io
-import json
-import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
-
-from regen.io import atomic_open
 
 DEFAULT_VERSION = "0.5.23"
 _BUNDLED = {"0.5.23": Path(__file__).with_name("sglang_0_5_23_flags.txt")}
@@ -63,12 +56,10 @@ class FlagError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FlagCheck:
-    """Which check ran: 'sglang-parser' (real ServerArgs parser) or 'bundled-list-<version>';
-    ``remembered``: SGLang's parser accepted this very command before (:func:`remembered_verdict`)."""
+    """Which check ran: 'sglang-parser' (real ServerArgs parser) or 'bundled-list-<version>'."""
 
     method: str
     flags: tuple[str, ...]
-    remembered: bool = False
 
 
 def cuda_graph_max_bs_flag(version: str = DEFAULT_VERSION) -> str:
@@ -121,62 +112,11 @@ def _real_parser() -> argparse.ArgumentParser | None:
     return parser
 
 
-def flag_verdict_dir() -> Path:
-    """Where commands SGLang's parser accepted are remembered: ``$REGEN_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/regen`` (``~/.cache/regen``), then ``sglang-flag-checks/``."""
-    root = os.environ.get("REGEN_CACHE_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "regen"
-    )
-    return Path(root) / "sglang-flag-checks"
-
-
-def installed_sglang() -> str | None:
-    """The installed SGLang, found without importing it: its version and its ``srt/server_args.py``
-    (path, size, mtime), so a reinstall or an edited parser is a different SGLang. None without one."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    args_py = Path(next(iter(spec.submodule_search_locations))) / "srt" / "server_args.py"
-    try:
-        st = args_py.stat()
-        dist = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        dist = "unversioned"
-    except OSError:
-        return None
-    return f"{dist}:{args_py}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def _verdict_key(argv: list[str], strict: bool, sglang: str) -> str:
-    """One command's key: the installed SGLang, strictness and the argv with its ``--port`` value
-    left out (a port never decides whether SGLang's parser accepts a command)."""
-    shown = [a if i == 0 or argv[i - 1] != "--port" else "PORT" for i, a in enumerate(argv)]
-    shown = ["--port=PORT" if a.startswith("--port=") else a for a in shown]
-    body = json.dumps([sglang, strict, shown]).encode()
-    return hashlib.sha256(body).hexdigest()
-
-
-def remembered_verdict(argv: list[str], strict: bool) -> tuple[Path, bool] | None:
-    """Importing ``sglang.srt.server_args`` took 18.5 s on the H200 host, on every server start's
-    critical path; SGLang's parser judges a command the same way every time, so an accepted one is
-    remembered per installed SGLang (only acceptances: a rejected command is judged again).
-    (the verdict's file, whether it exists); None without an installed SGLang."""
-    sglang = installed_sglang()
-    if sglang is None:
-        return None
-    path = flag_verdict_dir() / _verdict_key(argv, strict, sglang)
-    return path, path.is_file()
-
-
 def check_flags(argv: list[str], strict: bool = True, version: str = DEFAULT_VERSION) -> FlagCheck:
     """Reject unknown, renamed or abbreviated flags, then bad values via SGLang's parser when present.
 
     With strict=False, unknown names are tolerated (only renames and abbreviations are errors).
-    A command SGLang's parser accepted before is not parsed again (:func:`remembered_verdict`).
     """
-    verdict = remembered_verdict(argv, strict) if version == DEFAULT_VERSION else None
-    if verdict is not None and verdict[1]:
-        return FlagCheck(method="sglang-parser", flags=tuple(_flag_names(argv)), remembered=True)
     parser = _real_parser() if version == DEFAULT_VERSION else None
     if parser is not None:
         known = frozenset(o for a in parser._actions for o in a.option_strings if o.startswith("--"))
@@ -204,9 +144,6 @@ def check_flags(argv: list[str], strict: bool = True, version: str = DEFAULT_VER
             message = str(exc) if isinstance(exc, argparse.ArgumentError) else err.getvalue().strip()
             flag = next((n for n in _flag_names(argv) if n in message), "argv")
             raise FlagError(flag, f"rejected by SGLang's parser: {message}") from exc
-        if verdict is not None:  # only a speed-up: a read-only cache costs the next check its 18 s
-            with contextlib.suppress(OSError), atomic_open(verdict[0]) as fh:
-                fh.write(json.dumps(argv) + "\n")
     return FlagCheck(method=method, flags=tuple(_flag_names(argv)))
 
 

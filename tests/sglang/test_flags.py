@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from pathlib import Path
 
@@ -164,54 +163,6 @@ def test_every_tuner_candidate_passes_sglangs_own_parser() -> None:
     assert any("--speculative-algorithm" in args for args in launched)  # the sweep's MTP candidates too
     for args in launched:
         assert check_flags(list(args)).method == "sglang-parser", args
-
-
-def test_a_command_sglangs_parser_accepted_is_not_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Importing SGLang's parser took 18.5 s on the H200 host at every server start: an accepted command
-    is remembered per installed SGLang; a rejected one, another SGLang or another value is parsed again."""
-    built: list[int] = []
-
-    def parser() -> argparse.ArgumentParser:
-        built.append(1)
-        p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-        for name in ("--model-path", "--port"):
-            p.add_argument(name)
-        p.add_argument("--mem-fraction-static", type=float)
-        return p
-
-    installed = {"sglang": "0.5.17:/site/sglang/srt/server_args.py:1:2"}
-    monkeypatch.setattr(flags, "_real_parser", parser)
-    monkeypatch.setattr(flags, "installed_sglang", lambda: installed["sglang"])
-    argv = ["--model-path", "/m", "--port", "30000", "--mem-fraction-static", "0.9"]
-    first = check_flags(argv)
-    assert (first.method, first.remembered, len(built)) == ("sglang-parser", False, 1)
-    again = check_flags([*argv[:3], "30001", *argv[4:]])  # another port: the same verdict
-    assert (again.method, again.remembered, len(built)) == ("sglang-parser", True, 1)
-    assert check_flags([*argv[:5], "0.8"]).remembered is False and len(built) == 2
-    bad = [*argv[:5], "most"]
-    for tries in (3, 4):  # a rejection is never remembered
-        with pytest.raises(FlagError, match="--mem-fraction-static"):
-            check_flags(bad)
-        assert len(built) == tries
-    installed["sglang"] = "0.5.23:/site/sglang/srt/server_args.py:9:9"
-    assert check_flags(argv).remembered is False and len(built) == 5
-    assert len(list(flags.flag_verdict_dir().iterdir())) == 3  # 0.9 and 0.8 on 0.5.17, 0.9 on 0.5.23
-
-
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="a real sglang is installed")
-def test_the_installed_sglang_is_told_apart_without_importing_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    assert flags.installed_sglang() is None
-    srt = tmp_path / "sglang" / "srt"
-    srt.mkdir(parents=True)
-    (tmp_path / "sglang" / "__init__.py").write_text("raise ImportError('never imported')\n")
-    (srt / "server_args.py").write_text("X = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    first = flags.installed_sglang()
-    assert first is not None and first.startswith(f"unversioned:{srt / 'server_args.py'}:")
-    (srt / "server_args.py").write_text("X = 12\n")  # an edited parser is another SGLang
-    assert flags.installed_sglang() not in (None, first)
 
 
 def test_the_local_mode_builds_its_command_at_once_and_checks_it_while_the_server_starts(
