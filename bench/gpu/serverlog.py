@@ -257,22 +257,25 @@ class PrefillCost:
 
 def prefill_cost_at_full(text: str, tolerance: float = 0.06) -> PrefillCost | None:
     """:class:`PrefillCost` over the decode lines within ``tolerance`` of the largest running batch
-    (None without two such lines, one of them after a prefill)."""
+    (None without such a line after more prefills than the cleanest)."""
     found = _LOG_INTERVAL.search(text)
     passes = int(found.group(1)) if found else 40  # ServerArgs.decode_log_interval's default
-    intervals: list[tuple[int, float]] = []
+    decodes: list[tuple[int, DecodeLine]] = []  # each decode line with the prefills since the last one
     pending = 0
-    lines = [line for _, line in _stamped_lines(text)]
-    top = max((d.running for line in lines for d in decode_lines(line)), default=0)
-    for line in lines:
+    for _, line in _stamped_lines(text):
         if line.startswith("Prefill batch"):
             pending += 1
             continue
         for d in decode_lines(line):
-            if d.running >= top * (1 - tolerance) and d.gen_tps > 0:
-                intervals.append((pending, passes * line_tokens(d) / d.gen_tps))
+            decodes.append((pending, d))
             pending = 0
-    if len(intervals) < 2:
+    top = max((d.running for _, d in decodes), default=0)
+    intervals = [
+        (n, passes * line_tokens(d) / d.gen_tps)
+        for n, d in decodes
+        if d.running >= top * (1 - tolerance) and d.gen_tps > 0
+    ]
+    if not intervals:
         return None
     fewest = min(n for n, _ in intervals)
     clean = min(s for n, s in intervals if n == fewest)

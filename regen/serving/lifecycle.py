@@ -72,9 +72,9 @@ def acquire_server(
     A mode that launches runs on a GPU slot (:func:`regen.serving.slots.serve_on_slot`): ``gpu_slots``
     overrides ``server.gpus`` (Snakemake's ``--resources gpu=N``); ``owner_pid`` is the process whose
     death (with no lease held) stops the server (default: the Snakemake ancestor); ``command_builder``
-    replaces the mode's command (tests use a stand-in server) and ``command_check`` its check while the
-    server starts (default: the mode's :meth:`~regen.serving.base.ServerMode.launch_check` for its own
-    command, none for a replaced one). ``on_slot`` is called with a function
+    replaces the mode's command (tests use a stand-in server) and ``command_check`` is run on the command
+    while its server starts (default: the mode's :meth:`~regen.serving.base.ServerMode.launch_check` for
+    the mode's own command, none for a replaced one). ``on_slot`` is called with a function
     that gives the slot up before the block ends (idempotent): the next job waiting for a slot takes it
     and shares the server while this job's last requests drain (this job's lease keeps the server up).
     """
@@ -83,7 +83,8 @@ def acquire_server(
         yield mode.endpoint(cfg, plan)
         return
     place = SlotPlace(workdir, log_dir, gpu_slots, owner_pid, poll_s, on_slot)
-    check = command_check if command_builder is not None else mode.launch_check
+    own = mode.launch_check if command_builder is None else None  # a replaced command is not the mode's
+    check = command_check if command_check is not None else own
     with serve_on_slot(cfg, plan, place, command_builder or mode.command, check) as endpoint:
         yield endpoint
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from regen.sglang.flags import ServerFlags, parse_flags, strip_flags
+from regen.sglang.flags import ServerFlags, flag_names, parse_flags, strip_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import CUDA_CONTEXT_GIB, PlanError, Workload, mamba_slots_per_request
 from regen.sglang.pools import has_state
@@ -32,7 +32,7 @@ def with_batched_refills(candidate: Candidate) -> Candidate:
     with it against 4,890 without at 608 running; one single-request prefill between decode steps cost
     64 ms at 265 running (``known-target-2026-12-02-n800.md``), about 12 of them every 40 decode steps."""
     cap = candidate.plan.effective_max_running_requests
-    if cap < MIN_FREE_SLOTS_DELAY_FROM_CAP or _DELAY_FLAG in {a.split("=", 1)[0] for a in candidate.args}:
+    if cap < MIN_FREE_SLOTS_DELAY_FROM_CAP or _DELAY_FLAG in flag_names(candidate.args):
         return candidate
     return replace(
         candidate,

@@ -10,7 +10,7 @@ import argparse
 import contextlib
 import difflib
 import io
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -70,7 +70,7 @@ def cuda_graph_max_bs_flag(version: str = DEFAULT_VERSION) -> str:
 def renamed_flag_warnings(argv: list[str], version: str = DEFAULT_VERSION) -> list[str]:
     table = RENAMES.get(version, RENAMES_0_5_23)
     out = []
-    for name in _flag_names(argv):
+    for name in flag_names(argv):
         if name in table:
             new, how = table[name]
             out.append(f"{name} is {how} {new} in SGLang {version}" if "of" in how else
@@ -87,7 +87,8 @@ def bundled_flags(version: str = DEFAULT_VERSION) -> frozenset[str]:
     return frozenset(line.strip() for line in lines if line.startswith("--"))
 
 
-def _flag_names(argv: list[str]) -> list[str]:
+def flag_names(argv: Sequence[str]) -> list[str]:
+    """The ``--flag`` names of an argv (``--a=1`` is ``--a``)."""
     return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
 
 
@@ -124,7 +125,7 @@ def check_flags(argv: list[str], strict: bool = True, version: str = DEFAULT_VER
     else:
         known = bundled_flags(version)
         method = f"bundled-list-{version}"
-    for name in _flag_names(argv):
+    for name in flag_names(argv):
         if name in known and name not in RENAMES.get(version, {}):
             continue
         suggestion = _suggest(name, known, version)
@@ -135,16 +136,16 @@ def check_flags(argv: list[str], strict: bool = True, version: str = DEFAULT_VER
         if strict:
             raise FlagError(name, f"unknown SGLang {version} option", suggestion)
     if parser is not None:
-        full = argv if "--model-path" in _flag_names(argv) else ["--model-path", "/dev/null", *argv]
+        full = argv if "--model-path" in flag_names(argv) else ["--model-path", "/dev/null", *argv]
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
                 parser.parse_args(full)
         except (SystemExit, argparse.ArgumentError) as exc:
             message = str(exc) if isinstance(exc, argparse.ArgumentError) else err.getvalue().strip()
-            flag = next((n for n in _flag_names(argv) if n in message), "argv")
+            flag = next((n for n in flag_names(argv) if n in message), "argv")
             raise FlagError(flag, f"rejected by SGLang's parser: {message}") from exc
-    return FlagCheck(method=method, flags=tuple(_flag_names(argv)))
+    return FlagCheck(method=method, flags=tuple(flag_names(argv)))
 
 
 # ------------------------------------------------------- the flags the planner reads --

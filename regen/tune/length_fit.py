@@ -70,9 +70,10 @@ def _golden_max(f: Callable[[float], float], lo: float, hi: float) -> float:
 
 def fit_censored_lognormal(finished: Sequence[int], unfinished: int) -> CensoredLogNormal | None:
     """The maximum-likelihood log-normal of ``finished`` lengths plus ``unfinished`` ones longer than the
-    longest finished; None with fewer than :data:`MIN_FINISHED_TO_FIT` positive finished lengths."""
+    longest finished; None with nothing unfinished (the finished lengths are the whole distribution) or
+    fewer than :data:`MIN_FINISHED_TO_FIT` positive finished lengths."""
     logs = [math.log(n) for n in finished if n > 0]
-    if len(logs) < MIN_FINISHED_TO_FIT or len(set(logs)) < 2:
+    if not unfinished or len(logs) < MIN_FINISHED_TO_FIT or len(set(logs)) < 2:
         return None
     top = max(n for n in finished if n > 0)
     log_c = math.log(top)
@@ -91,11 +92,4 @@ def fit_censored_lognormal(finished: Sequence[int], unfinished: int) -> Censored
     return CensoredLogNormal(mu=best_mu(sigma), sigma=sigma, censored_at=top, unfinished=unfinished)
 
 
-def lengths_with_unfinished(finished: Sequence[int], unfinished: int, cap: int | None) -> list[int]:
-    """The finished lengths plus one modelled length per unfinished answer (:func:`fit_censored_lognormal`);
-    the finished ones alone when there is nothing unfinished or nothing to fit."""
-    fit = fit_censored_lognormal(finished, unfinished) if unfinished else None
-    return [*finished, *(fit.tail_lengths(cap) if fit else [])]
-
-
-__all__ = ["MIN_FINISHED_TO_FIT", "CensoredLogNormal", "fit_censored_lognormal", "lengths_with_unfinished"]
+__all__ = ["MIN_FINISHED_TO_FIT", "CensoredLogNormal", "fit_censored_lognormal"]

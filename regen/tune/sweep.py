@@ -391,7 +391,7 @@ def censored_share(result: SweepResult, max_tokens: int | None = None) -> Censor
     ms = [r.measurement for r in result.rows if r.measurement is not None]
     finished = tuple(t for m in ms for t in m.completion_tokens)
     unfinished = sum(m.first_attempts_unfinished for m in ms)
-    fit = fit_censored_lognormal(finished, unfinished) if unfinished else None
+    fit = fit_censored_lognormal(finished, unfinished)
     tail = tuple(fit.tail_lengths(max_tokens)) if fit is not None else ()
     return CensoredLengths(sum(m.first_attempts for m in ms), unfinished, finished, finished + tail, fit)
 

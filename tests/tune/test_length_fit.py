@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.tune.length_fit import MIN_FINISHED_TO_FIT, fit_censored_lognormal, lengths_with_unfinished
+from regen.tune.length_fit import MIN_FINISHED_TO_FIT, fit_censored_lognormal
 from regen.tune.pilot import CandidateResult, SweepResult, measure_journal
 from regen.tune.projection import Remaining
 from regen.tune.sweep import censored_share, pilot_report
@@ -31,12 +31,12 @@ def _pilot(seed: int, n: int = 300, unfinished_share: float = 0.17) -> tuple[lis
 def test_the_unfinished_answers_are_put_back_within_5_percent(seed: int) -> None:
     every, finished, unfinished = _pilot(seed)
     truth = sum(every) / len(every)
-    modelled = lengths_with_unfinished(finished, unfinished, 2048)
+    fit = fit_censored_lognormal(finished, unfinished)
+    assert fit is not None and fit.censored_at == max(finished)
+    modelled = [*finished, *fit.tail_lengths(2048)]
     assert len(modelled) == len(every) and max(modelled) <= 2048
     assert sum(finished) / len(finished) < 0.85 * truth  # the finished alone: the 2026-12-02 shortfall
     assert sum(modelled) / len(modelled) == pytest.approx(truth, rel=0.05)
-    fit = fit_censored_lognormal(finished, unfinished)
-    assert fit is not None and fit.censored_at == max(finished)
     assert fit.mu == pytest.approx(6.2, abs=0.1) and fit.sigma == pytest.approx(0.65, abs=0.1)
     assert min(fit.tail_lengths(None)) >= fit.censored_at
 
@@ -44,8 +44,7 @@ def test_the_unfinished_answers_are_put_back_within_5_percent(seed: int) -> None
 def test_too_few_finished_answers_fit_nothing() -> None:
     few = list(range(100, 100 + MIN_FINISHED_TO_FIT - 1))
     assert fit_censored_lognormal(few, 50) is None
-    assert lengths_with_unfinished(few, 50, 2048) == few
-    assert lengths_with_unfinished([5, 6, 7], 0, None) == [5, 6, 7]
+    assert fit_censored_lognormal(list(range(100, 200)), 0) is None  # nothing unfinished: nothing to model
 
 
 def test_a_pilot_with_long_answers_unfinished_projects_their_lengths(tmp_path: Path) -> None:
