@@ -78,9 +78,15 @@ IN_FLIGHT_KEY = "client_concurrency"
 DEFAULT_IN_FLIGHT = (256, 512)
 MODEL_NAMES = ("llama-3.1-8b", "qwen3-30b-a3b")
 READY = "The server is fired up"
-#: the arms a server is started for; ``regen-fp8kv`` only when asked (``--arms``)
-ARMS = ("default", "regen", "regen-fp8kv")
+#: the arms a server is started for; ``regen-fp8kv`` and the page arms only when asked (``--arms``)
+ARMS = ("default", "regen", "regen-fp8kv", "regen-page1", "regen-page16")
 DEFAULT_ARMS = ("default", "regen")
+#: arms planned by regen under a given flag (``regen tune -- FLAGS``: the plan keeps it): the KV page
+#: regen chooses (``regen.sglang.search.PLANNED_PAGE_SIZE``) against SGLang's 1 and a smaller page
+GIVEN_FLAGS_ARMS: dict[str, tuple[str, ...]] = {
+    "regen-page1": ("--page-size", "1"),
+    "regen-page16": ("--page-size", "16"),
+}
 #: answer budgets the spread given to the tuner is measured over (the first ones this bench sends)
 SPREAD_SAMPLES = 20_000
 #: server start to ready on the H200 (bench/results/dense-2026-12-01.json, Llama-3.1-8B): the first start
@@ -465,7 +471,8 @@ def budget(
 
 
 #: the row's key per arm
-ROW_KEY = {"default": "default", "regen": "regen", "regen-fp8kv": "fp8kv"}
+ROW_KEY = {"default": "default", "regen": "regen", "regen-fp8kv": "fp8kv", "regen-page1": "page1",
+           "regen-page16": "page16"}  # fmt: skip
 
 
 async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: float) -> dict[str, Any]:
@@ -480,8 +487,10 @@ async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: 
     )
     summary, lengths = s.work / f"{model}-audit-summary.json", audit_summary(workload)
     write_json(summary, lengths)
-    plans = {arm: regen_tune(model_dir, (), *regen_tune_args(summary, arm == "regen-fp8kv"))
-             for arm in ("regen", *(a for a in arms if a == "regen-fp8kv"))}  # fmt: skip
+    planned = ("regen", *(a for a in arms if a == "regen-fp8kv" or a in GIVEN_FLAGS_ARMS))
+    plans = {arm: regen_tune(model_dir, GIVEN_FLAGS_ARMS.get(arm, ()),
+                             *regen_tune_args(summary, arm == "regen-fp8kv"))
+             for arm in planned}  # fmt: skip
     plan = plans["regen"]
     rec = (plan.plan or {}).get("recommended") or {}
     row: dict[str, Any] = {
@@ -500,7 +509,7 @@ async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: 
     runs: list[tuple[str, list[str], tuple[int, ...], RegenPlan]] = []
     if "default" in arms:
         runs.append(("default", [], DEFAULT_IN_FLIGHT, plan))
-    for arm in (a for a in ("regen", "regen-fp8kv") if a in arms):
+    for arm in (a for a in planned if a in arms):
         arm_rec = (plans[arm].plan or {}).get("recommended") or {}
         args = list(arm_rec.get("args") or [])
         if arm == "regen" and s.regen_extra_args:  # a probe of a flag the planner does not choose (yet)
@@ -544,6 +553,11 @@ def headline(row: dict[str, Any]) -> dict[str, Any]:
         "default256_log_tps": tps_of(default, DEFAULT_IN_FLIGHT[0], key="log_median_tps"),
         "fp8kv_tps": tps_of(fp8),
         "fp8kv_log_tps": tps_of(fp8, key="log_median_tps"),
+        **{
+            f"{key}_{metric}": tps_of(row.get(key) or {}, key=field)
+            for key in ("page1", "page16")
+            for metric, field in (("tps", "client_tps"), ("log_tps", "log_median_tps"))
+        },
         "realized_kv": regen.get("realized_kv"),
         "fp8kv_realized_kv": fp8.get("realized_kv"),
     }
@@ -558,8 +572,9 @@ def fmt(value: Any, nd: int = 0) -> str:
     return f"{value:.{nd}f}" if isinstance(value, float) else str(value)
 
 
-#: the last line's fields after the issue's seven (the server's own rates; the fp8-KV arm apart)
-EXTRA_FIELDS = ("regen_log_tps", "default256_log_tps", "fp8kv_tps", "fp8kv_log_tps")
+#: the last line's fields after the issue's seven (the server's own rates; the fp8-KV and page arms apart)
+EXTRA_FIELDS = ("regen_log_tps", "default256_log_tps", "fp8kv_tps", "fp8kv_log_tps",
+                "page1_tps", "page1_log_tps", "page16_tps", "page16_log_tps")  # fmt: skip
 
 
 def final_line(row: dict[str, Any]) -> str:
@@ -590,7 +605,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in doc["rows"]:
-        for which in ("default", "regen", "fp8kv"):
+        for which in ("default", "regen", "fp8kv", "page1", "page16"):
             if which not in row:
                 continue
             r = row.get(which) or {}
@@ -606,6 +621,12 @@ def markdown(doc: dict[str, Any]) -> str:
                 lines.append(f"| {row['model']} | {which} | error: {r['error'][:200]} | | | | | | | | |")
     lines += ["", "```", *(final_line(r) for r in doc["rows"]), "```", ""]
     return "\n".join(lines)
+
+
+def model_arms(spec: str, arms: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """``model`` (the ``--arms``) or ``model:arm+arm`` (its own arms)."""
+    model, _, own = spec.partition(":")
+    return model, arms_of(own.replace("+", ",")) if own else arms
 
 
 def arms_of(text: str) -> tuple[str, ...]:
@@ -636,8 +657,9 @@ async def amain(a: argparse.Namespace) -> int:
     doc: dict[str, Any] = {"date": dt.date.today().isoformat(), "dry_cpu": s.dry, "host": host_name(s.dry),
                            "gpu_memory_mib": GPU_MEMORY_MIB, "warmup_s": s.warmup_s,
                            "warmup_max_s": s.warmup_max_s, "arms": list(arms), "rows": []}  # fmt: skip
-    for model in a.models.split(","):
-        row = await bench_model(model, s, arms, a.budget_s)
+    for spec in a.models.split(","):
+        model, own_arms = model_arms(spec, arms)
+        row = await bench_model(model, s, own_arms, a.budget_s)
         doc["rows"].append(row)
         write_json(a.out / f"{stem}.json", doc)
         print(final_line(row), flush=True)
@@ -650,7 +672,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-cpu", action="store_true", help="regen's simulated server instead of SGLang")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--work", type=Path, default=Path("/tmp/truth-work/dense"))
-    p.add_argument("--models", default=",".join(MODEL_NAMES), help="model dirs under tests/data/models")
+    p.add_argument(
+        "--models",
+        default=",".join(MODEL_NAMES),
+        help="model dirs under tests/data/models, each with its own arms as model:arm+arm if wanted",
+    )
     p.add_argument(
         "--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join(ARMS)} (regen-fp8kv: opt-in)"
     )

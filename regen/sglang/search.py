@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from regen.sglang.flags import ServerFlags, cuda_graph_max_bs_flag, parse_flags
+from regen.sglang.flags import ServerFlags, cuda_graph_max_bs_flag, flag_names, parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     DEFAULT_DECODE_GRAPH_LIMIT_NOTE,
@@ -26,7 +26,8 @@ from regen.sglang.plan import (
     mamba_slots_per_request,
     plan,
 )
-from regen.sglang.pools import has_state
+from regen.sglang.pools import has_state, kv_pool
+from regen.sglang.pools.base import text_config
 
 T = TypeVar("T")
 
@@ -43,6 +44,54 @@ RADIX_OFF_DENSE_REASON = (
     "skips the tree's match, insert and evict work per request (a prefix shared by every prompt, such as "
     "a long system prompt, is then prefilled again for each request)"
 )
+
+
+#: the KV page the tuner asks for on a plain multi-head-attention model (:func:`planned_page_size`)
+PLANNED_PAGE_SIZE = 64
+#: why: SGLang's own choice where its decode kernel is fastest paged (``_page_size_default`` and the
+#: trtllm_mha override in ``arg_groups/overrides.py``: 64 on SM100), against page 1 on Hopper's fa3
+PAGE_SIZE_REASON = (
+    "--page-size {page}: the KV cache in pages of {page} tokens instead of SGLang's 1 on Hopper "
+    "(arg_groups/overrides.py::_page_size_default; SGLang itself takes 64 with its trtllm_mha decode on "
+    "SM100): at a batch of hundreds the decode step is each request's KV read, and fa3 reads whole pages "
+    "where page 1 gathers token by token; each request then holds on average {waste} more tokens "
+    "(its last page half full), counted in the fill"
+)
+
+
+#: given flags that decide the page or the kernel reading it: the user's choice stands
+_PAGE_DECIDING_FLAGS = frozenset({
+    "--page-size", "--attention-backend", "--decode-attention-backend", "--prefill-attention-backend",
+    "--speculative-algorithm",
+})  # fmt: skip
+
+
+def sliding_window_config(model: ModelShape) -> bool:
+    """A sliding window in the config (``sliding_window`` set and not switched off, or sliding layers):
+    fa3's sliding-window paths assume page 1 (``FlashAttentionBackend``: "Prefill-aware SWA requires
+    page_size=1")."""
+    cfg = text_config(model)
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and "sliding_attention" in types:
+        return True
+    return cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True) is not False
+
+
+def planned_page_size(target: Target) -> list[str]:
+    """``--page-size`` :data:`PLANNED_PAGE_SIZE` for a plain multi-head-attention model (dense or MoE: the
+    MHA pool, no linear-attention state, no sliding window, no MLA) when the given flags leave the page
+    and the attention backend to SGLang; nothing otherwise (SGLang's own page)."""
+    model = target.model
+    if set(flag_names(target.base)) & _PAGE_DECIDING_FLAGS:
+        return []
+    if has_state(model) or sliding_window_config(model) or kv_pool(model, target.version).name != "mha":
+        return []
+    return ["--page-size", str(PLANNED_PAGE_SIZE)]
+
+
+def page_waste(page_size: int) -> int:
+    """Tokens a request holds beyond its context on average: its last page half empty."""
+    return page_size // 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,12 +247,14 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
     own = [*(["--mem-fraction-static", f"{choice.mfs:g}"] if choice.mfs is not None else [])]
     own += ["--disable-radix-cache"] if choice.disable_radix else []
     own += ["--kv-cache-dtype", choice.kv_dtype] if choice.kv_dtype != "auto" else []
+    own += planned_page_size(target)
     try:
         default = target.plan([*target.base, *own], workload)
     except PlanError:
         return None
     default_cap, default_graphs = default.effective_max_running_requests, default.cuda_graph_max_bs
-    per_request = workload.expected_tokens_per_request
+    page = parse_flags([*target.base, *own]).page_size
+    per_request = workload.expected_tokens_per_request + page_waste(page)
     # a sliding-window model with the radix cache off: a cap given selects SGLang's request-capped SWA pool
     # (SWAChunkCapPoolConfigurator / SWARequestCapPoolConfigurator) instead of the ratio split
     swa_capped = choice.disable_radix and default.swa_tokens is not None
@@ -265,6 +316,8 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
         )
     if choice.disable_radix:
         reasons.append(RADIX_OFF_DENSE_REASON)
+    if "--page-size" in own:
+        reasons.append(PAGE_SIZE_REASON.format(page=page, waste=page_waste(page)))
     reasons += choice.reasons()
     return Candidate(args=tuple(p.args), plan=p, score=client, reasons=tuple(reasons))
 

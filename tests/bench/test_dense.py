@@ -82,10 +82,11 @@ def _row() -> dict[str, object]:
         "regen": {"windows": [{"in_flight": 687, "client_tps": 13200.0, "log_median_tps": 14500.0}],
                   "realized_kv": 925436},
         "fp8kv": {"windows": [{"in_flight": 1374, "client_tps": 17000.0, "log_median_tps": 17500.0}]},
+        "page1": {"windows": [{"in_flight": 680, "client_tps": 12100.0, "log_median_tps": 13300.0}]},
     }  # fmt: skip
 
 
-def test_the_last_line_keeps_its_format_and_the_fp8_arm_stays_out_of_vs_default() -> None:
+def test_the_last_line_keeps_its_format_and_the_fp8_and_page_arms_stay_out_of_vs_default() -> None:
     row = _row()
     row |= dense.headline(row)
     assert row["vs_default"] == pytest.approx(13200 / 11000)
@@ -94,10 +95,19 @@ def test_the_last_line_keeps_its_format_and_the_fp8_arm_stays_out_of_vs_default(
         "dense: model=llama-3.1-8b regen_tps=13200 default256_tps=11000 default512_tps=12500 "
         "vs_default=1.200 predicted_kv=925448 realized_kv=925436 "
     )
-    assert line.endswith("regen_log_tps=14500 default256_log_tps=12800 fp8kv_tps=17000 fp8kv_log_tps=17500")
+    assert line.endswith(
+        "regen_log_tps=14500 default256_log_tps=12800 fp8kv_tps=17000 fp8kv_log_tps=17500 "
+        "page1_tps=12100 page1_log_tps=13300 page16_tps=na page16_log_tps=na"
+    )
 
 
 def test_arms_are_checked() -> None:
     assert dense.arms_of("default,regen-fp8kv") == ("default", "regen-fp8kv")
+    assert dense.arms_of("regen,regen-page1") == ("regen", "regen-page1")
+    assert dense.model_arms("qwen3-30b-a3b", ("default",)) == ("qwen3-30b-a3b", ("default",))
+    assert dense.model_arms("llama-3.1-8b:regen+regen-page16", ("default",)) == (
+        "llama-3.1-8b",
+        ("regen", "regen-page16"),
+    )
     with pytest.raises(SystemExit, match="unknown"):
         dense.arms_of("default,fp8")

@@ -20,6 +20,7 @@ from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import Workload, plan
 from regen.sglang.recommend import recommend
+from regen.sglang.search import PLANNED_PAGE_SIZE, page_waste
 from regen.tune.tune import cli
 
 MODELS = Path(__file__).parents[1] / "data" / "models"
@@ -27,6 +28,8 @@ H200_MIB = 143771
 NO_TRADEOFFS = {"allow_fp8_kv": False, "allow_bf16_state": False}
 #: the H200 bench workload (issue 33): 300-token prompts, answers with mean ~1,450, max_tokens 8,192
 BENCH = Workload(prompt_p50=300, prompt_p99=2000, max_tokens=8192, expected_output_tokens=1450)
+#: what a request holds beyond its context in the planned KV pages (the last page half full, on average)
+PAGED = page_waste(PLANNED_PAGE_SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +47,8 @@ def test_the_kv_fills_at_the_expected_context(dense: ModelShape) -> None:
     p = rec.recommended
     n = p.client_concurrency
     assert n is not None and n > 256
-    assert p.kv_cache_tokens >= n * (300 + 1450)  # every request at the expected context fits
-    assert p.kv_cache_tokens < (n + 2) * (300 + 1450)  # and the KV is filled, not left idle
+    assert p.kv_cache_tokens >= n * (300 + 1450 + PAGED)  # every request at the expected context fits
+    assert p.kv_cache_tokens < (n + 2) * (300 + 1450 + PAGED)  # and the KV is filled, not left idle
     flags = parse_flags(list(rec.args))
     assert flags.cuda_graph_max_bs == n  # decode graphs up to the planned batch
     assert flags.max_running_requests is None  # SGLang's own cap (4,096 here) is above n: left to it
@@ -139,18 +142,20 @@ def test_the_tune_rule_takes_the_expected_length_from_the_old_answers(tmp_path: 
     plan_file = PlanFile.read(out)
     n = plan_file.client_concurrency
     assert n is not None and n > 256  # the KV filled at 300 + 1,450, not at max_tokens
-    assert plan_file.recommended["kv_cache_tokens"] // (300 + 1450) in (n, n + 1)
+    assert plan_file.recommended["kv_cache_tokens"] // (300 + 1450 + PAGED) in (n, n + 1)
     assert "the old answers' mean (audit)" in plan_file.recommended["reasons"][0]
 
 
 def test_llama_on_the_h200_bench_workload() -> None:
     """The issue-33 bench (Llama-3.1-8B, 300-token prompts, answers of mean ~1,450, max_tokens 8,192):
-    SGLang's defaults ran 256 in flight (graphs to 256); the plan fills the KV at 1,750 tokens a request."""
+    SGLang's defaults ran 256 in flight (graphs to 256); the plan fills the KV at 1,750 tokens a request
+    and the half page each holds beyond it."""
     llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
     rec = recommend(llama, H200_MIB, 1, [], BENCH, "0.5.17", **NO_TRADEOFFS)
     p, flags = rec.recommended, parse_flags(list(rec.args))
     assert p.client_concurrency == flags.cuda_graph_max_bs
-    assert p.client_concurrency * 1750 <= p.kv_cache_tokens < (p.client_concurrency + 1) * 1750
+    per_request = 1750 + PAGED
+    assert p.client_concurrency * per_request <= p.kv_cache_tokens < (p.client_concurrency + 1) * per_request
     assert p.client_concurrency >= 2 * 256  # twice the default's in-flight count
     assert flags.max_running_requests is None and flags.mem_fraction_static == 0.92
 
@@ -161,17 +166,18 @@ BENCH_CV = math.sqrt(1450 / 1200 * 1450 / 1200 - 1)
 
 def test_with_the_spread_known_the_kv_fills_at_the_running_sets_mean_context() -> None:
     """Llama-3.1-8B on the H200 bench workload: 1,450 x (1 + 0.678^2) / 2 = 1,059 answer tokens of
-    context on average across a running set, so ~680 in flight fill the 925k-token KV (528 at 300 + 1,450)."""
+    context on average across a running set (and half a page of 64), so 665 in flight fill the 925k-token
+    KV (519 at 300 + 1,450)."""
     llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
     wl = dataclasses.replace(BENCH, expected_output_cv=BENCH_CV, expected_output_cv_source="the test")
     assert wl.expected_tokens_per_request == 300 + math.ceil(1450 * (1 + BENCH_CV**2) / 2) == 1359
     rec = recommend(llama, H200_MIB, 1, [], wl, "0.5.17", **NO_TRADEOFFS)
     p, flags = rec.recommended, parse_flags(list(rec.args))
-    assert p.client_concurrency == flags.cuda_graph_max_bs == p.kv_cache_tokens // 1359 == 680
+    assert p.client_concurrency == flags.cuda_graph_max_bs == p.kv_cache_tokens // (1359 + PAGED) == 665
     assert "E[L](1+cv^2)/2" in rec.reasons[0] and "cv the test" in rec.reasons[0]
     assert "spread known" in p.rules()["client_concurrency"]
     conservative = recommend(llama, H200_MIB, 1, [], BENCH, "0.5.17", **NO_TRADEOFFS).recommended
-    assert conservative.client_concurrency == conservative.kv_cache_tokens // 1750 == 528  # unchanged
+    assert conservative.client_concurrency == conservative.kv_cache_tokens // (1750 + PAGED) == 519
     assert "spread unknown" in conservative.rules()["client_concurrency"]
 
 
@@ -241,7 +247,7 @@ def test_the_tune_rule_takes_the_spread_from_the_old_answers_std(tmp_path: Path)
                             audit_summary=str(summary), out_path=str(out))  # fmt: skip
     rec = PlanFile.read(out).recommended
     cv = old["std"] / old["mean"]
-    per_request = 300 + math.ceil(round(old["mean"]) * (1 + cv**2) / 2)
+    per_request = 300 + math.ceil(round(old["mean"]) * (1 + cv**2) / 2) + PAGED
     assert rec["client_concurrency"] == rec["kv_cache_tokens"] // per_request > 600
     assert "the old answers' std / mean (audit)" in rec["reasons"][0]
 
@@ -254,5 +260,46 @@ def test_tune_cli_takes_the_spread(capsys: pytest.CaptureFixture[str]) -> None:
     ]  # fmt: skip
     assert cli(argv) == 0
     rec = json.loads(capsys.readouterr().out)["recommended"]
-    assert rec["client_concurrency"] == 680 and rec["kv_cache_tokens"] == 925448
+    assert rec["client_concurrency"] == 665 and rec["kv_cache_tokens"] == 925440  # 64-token pages
     assert "spread known" in rec["rules"]["client_concurrency"]
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "mixtral-8x7b"])
+def test_a_plain_attention_model_gets_kv_pages(name: str) -> None:
+    model = ModelShape.from_config(MODELS / name)
+    rec = recommend(model, H200_MIB, 1 if name != "mixtral-8x7b" else 2, [], BENCH, "0.5.17", **NO_TRADEOFFS)
+    flags = parse_flags(list(rec.args))
+    assert flags.page_size == PLANNED_PAGE_SIZE
+    assert rec.recommended.kv_cache_tokens % PLANNED_PAGE_SIZE == 0  # SGLang's pool is page-aligned
+    page_reasons = [r for r in rec.reasons if r.startswith(f"--page-size {PLANNED_PAGE_SIZE}:")]
+    assert len(page_reasons) == 1 and "_page_size_default" in page_reasons[0]
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("gpu-qwen3.6-27b-text", "linear-attention state"),
+        ("nemotron-3-nano-30b-a3b", "Mamba2 state"),
+        ("gpt-oss-20b", "sliding-window layers"),
+        ("deepseek-v3", "MLA"),
+    ],
+)
+def test_models_beyond_plain_attention_keep_sglangs_page(name: str, why: str) -> None:
+    model = ModelShape.from_config(MODELS / name)
+    tp = 8 if name == "deepseek-v3" else 1
+    rec = recommend(model, H200_MIB, tp, [], BENCH, "0.5.17", **NO_TRADEOFFS)
+    assert "--page-size" not in rec.args, why
+    assert parse_flags(list(rec.args)).page_size == 1
+
+
+@pytest.mark.parametrize(
+    "given",
+    [["--page-size", "16"], ["--attention-backend", "flashinfer"], ["--decode-attention-backend=triton"]],
+)
+def test_a_given_page_or_attention_backend_stands(given: list[str]) -> None:
+    llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
+    rec = recommend(llama, H200_MIB, 1, given, BENCH, "0.5.17", **NO_TRADEOFFS)
+    assert rec.args.count("--page-size") == given.count("--page-size")
+    assert parse_flags(list(rec.args)).page_size == (16 if "16" in given else 1)
+    per_request = 1750 + page_waste(parse_flags(list(rec.args)).page_size)
+    assert rec.recommended.client_concurrency == rec.recommended.kv_cache_tokens // per_request
