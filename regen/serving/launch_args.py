@@ -24,8 +24,11 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
 #: SGLang's prefill CUDA graphs are left on: on the H200 (``bench/results/known-target-2026-12-02-n800.md``)
 #: each small prefill batch between decode steps at a batch of 265 cost 64 ms with them and 141 ms
 #: without, so decode ran at 4,026 tok/s with them and 2,969 without; their capture (34.5 s warm, 98 s
-#: cold) is paid back after ~450 admissions at the full batch. ``--disable-prefill-cuda-graph`` in
-#: ``server.args`` turns them off (the planner then frees their reserve).
+#: cold, for all 58 sizes up to the 8192-token chunk) is paid back after ~450 admissions at the full batch.
+#: The tuner's plan captures only the sizes up to its refill passes (``--cuda-graph-max-bs-prefill``:
+#: ``regen.sglang.alternatives.with_refill_prefill_graphs``); the larger prefills of the initial ramp are
+#: compute-bound and gain little from a graph. ``--disable-prefill-cuda-graph`` in ``server.args`` turns
+#: them off (the planner then frees their reserve).
 LAUNCH_DEFAULT_FLAGS: dict[str, frozenset[str]] = {
     "--skip-server-warmup": frozenset({"--skip-server-warmup"}),
 }

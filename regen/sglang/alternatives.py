@@ -1,17 +1,27 @@
 """What ``regen tune --sweep`` measures beside the recommendation: the scheduler candidates of
 linear-attention hybrids (the cap sized for the expected answer, refills batched, ReplaySSM decode) and
 MTP on or off. Each keeps the recommendation's :class:`~regen.sglang.search.Choice` and re-solves the
-running cap with :func:`regen.sglang.search.best_running` for its own memory.
+running cap with :func:`regen.sglang.search.best_running` for its own memory. Also what the recommendation
+and the refill-batched candidates add to the search's flags: refills prefilled together
+(:func:`with_batched_refills`) and prefill CUDA graphs only up to those refills
+(:func:`with_refill_prefill_graphs`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from regen.sglang.flags import ServerFlags, flag_names, parse_flags, strip_flags
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import CUDA_CONTEXT_GIB, PlanError, Workload, mamba_slots_per_request
-from regen.sglang.pools import has_state
+from regen.sglang.plan import (
+    CUDA_CONTEXT_GIB,
+    PlanError,
+    Workload,
+    mamba_slots_per_request,
+    prefill_graph_batch_sizes,
+)
+from regen.sglang.pools import has_state, is_mla
 from regen.sglang.search import Candidate, Choice, Target, best_running, highest
 
 #: the cap the alternatives search up to (SGLang's own ceiling of resolve_max_num_reqs' estimate)
@@ -43,6 +53,132 @@ def with_batched_refills(candidate: Candidate) -> Candidate:
             "time instead of one forward pass each (min_free_slots_delayer.MinFreeSlotsDelayer)",
         ),
     )
+
+
+#: the fewest prefill-graph tokens the tuner asks SGLang to capture (SGLang's own smaller default for an
+#: architecture: ``--cuda-graph-max-bs-prefill 512``, 0.5.23 ``cuda_graph_hook``, MuseGlimmer)
+MIN_PREFILL_GRAPH_TOKENS = 512
+_PREFILL_GRAPH_FLAG = "--cuda-graph-max-bs-prefill"
+#: the given flags that size the prefill graphs themselves (0.5.23 and 0.5.17; the ``piecewise`` spellings
+#: are 0.5.17's deprecated aliases of the first two; a ``--cuda-graph-config`` JSON wins over both): the
+#: user's choice stands
+_PREFILL_GRAPH_SIZE_FLAGS = frozenset({
+    _PREFILL_GRAPH_FLAG, "--cuda-graph-bs-prefill", "--piecewise-cuda-graph-max-tokens",
+    "--piecewise-cuda-graph-tokens", "--cuda-graph-config",
+})  # fmt: skip
+#: 0.5.17's deprecated alias of ``--cuda-graph-backend-prefill disabled`` (``parse_flags`` reads the others)
+_PREFILL_GRAPH_OFF_ALIAS = "--disable-piecewise-cuda-graph"
+
+
+def _last_value(args: Sequence[str], name: str) -> str | None:
+    """The value of the last ``name`` in ``args`` (``--a 1`` or ``--a=1``), None when absent."""
+    found = None
+    for i, token in enumerate(args):
+        flag, eq, inline = token.partition("=")
+        if flag == name:
+            found = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return found
+
+
+def refill_batch(args: Sequence[str], running: int, version: str) -> int:
+    """Requests SGLang prefills together when slots free at the full batch: ``--min-free-slots-delay`` as
+    ``min_free_slots_delayer.resolve_min_free_slots`` resolves it (0.5.17: capped at
+    ``min(4, max(2, (running + 5) // 6))``, off below a cap of 8; 0.5.23: capped at the running cap), else 1
+    (one forward pass per freed slot)."""
+    raw = _last_value(args, _DELAY_FLAG)
+    if raw is None:
+        return 1
+    try:
+        value, running = int(raw), max(0, running)
+    except ValueError:  # SGLang's parser refuses it: no delay to size for
+        return 1
+    if version == "0.5.17":
+        if value <= 1 or running < MIN_FREE_SLOTS_DELAY_FROM_CAP:
+            return 1
+        return min(value, MIN_FREE_SLOTS_DELAY, max(2, (running + 5) // 6))
+    return max(1, min(value, running))
+
+
+def sglang_prefill_graph_limit(chunk: int, flags: ServerFlags) -> int:
+    """The token count SGLang captures prefill graphs up to by default (not MLA): the chunked prefill size,
+    capped at ``--max-total-tokens`` (``handle_gpu_memory_settings``, 0.5.17 and 0.5.23)."""
+    limit = max(chunk, 0)
+    return min(limit, flags.max_total_tokens) if flags.max_total_tokens is not None else limit
+
+
+def refill_prefill_graph_tokens(
+    model: ModelShape, candidate: Candidate, prompt_p99: int, version: str
+) -> int | None:
+    """The prefill-graph limit that covers ``candidate``'s refill passes: :func:`refill_batch` x prompt p99
+    tokens, at least :data:`MIN_PREFILL_GRAPH_TOKENS`, rounded up to the next size SGLang captures
+    (``generate_prefill_cuda_graph_batch_sizes``, via :func:`regen.sglang.plan.prefill_graph_batch_sizes`).
+    None where the tuner leaves SGLang's default: prefill graphs off, the given flags size them, an MLA
+    model (SGLang's own default there is smaller already), or a limit that would reach SGLang's default
+    (:func:`sglang_prefill_graph_limit`)."""
+    flags = parse_flags(list(candidate.args))
+    names = set(flag_names(candidate.args))
+    if flags.prefill_graphs_off or _PREFILL_GRAPH_OFF_ALIAS in names or names & _PREFILL_GRAPH_SIZE_FLAGS:
+        return None
+    if is_mla(model):
+        return None
+    sizes = prefill_graph_batch_sizes(sglang_prefill_graph_limit(candidate.plan.chunked_prefill_size, flags))
+    batch = refill_batch(candidate.args, candidate.plan.effective_max_running_requests, version)
+    need = max(batch * prompt_p99, MIN_PREFILL_GRAPH_TOKENS)
+    limit = next((s for s in sizes if s >= need), None)
+    return None if limit is None or limit >= sizes[-1] else limit
+
+
+def with_refill_prefill_graphs(target: Target, candidate: Candidate) -> Candidate:
+    """``candidate`` with SGLang's prefill CUDA graphs captured only up to its refill passes
+    (:func:`refill_prefill_graph_tokens`), re-planned under the flag: the smaller graph reserve
+    (``reserve_for_graph_mb``: 8 MiB a captured size) can raise SGLang's default memory fraction, and the
+    plan's KV numbers are those of the flags as launched. Its cap and client in-flight count stand (the KV
+    only grows). ``target``: what ``candidate`` was planned for (its workload). Measured on the H200
+    (SGLang 0.5.17, ``known-target-2026-12-02-n800.md``, ``prefill-graphs-2026-12-02.md``): a refill pass
+    at the full batch cost 64 ms with prefill graphs and 141 ms without, while capturing all 58 sizes up
+    to the 8192-token chunk took 34.5 s of a warm start; the chunk-sized prefills of the initial ramp are
+    compute-bound and gain little from a graph."""
+    workload, version = target.workload, target.version
+    limit = refill_prefill_graph_tokens(target.model, candidate, workload.prompt_p99, version)
+    if limit is None:
+        return candidate
+    old = candidate.plan
+    args = (*candidate.args, _PREFILL_GRAPH_FLAG, str(limit))
+    try:
+        new = target.plan(list(args), workload)
+    except PlanError:
+        return candidate
+    if (
+        new.kv_cache_tokens < old.kv_cache_tokens
+        or new.effective_max_running_requests != old.effective_max_running_requests
+    ):
+        return candidate  # not expected: a smaller graph reserve never takes memory from the pools
+    new = replace(new, client_concurrency=old.client_concurrency)
+    batch = refill_batch(args, old.effective_max_running_requests, version)
+    default = sglang_prefill_graph_limit(old.chunked_prefill_size, parse_flags(list(args)))
+    refills = (
+        f"{batch} freed slots prefilled together: {_DELAY_FLAG} as "
+        "min_free_slots_delayer.resolve_min_free_slots takes it"
+        if batch > 1
+        else "one freed slot prefilled a pass"
+    )
+    why = (
+        f"{_PREFILL_GRAPH_FLAG} {limit}: prefill CUDA graphs only as large as the refill passes between "
+        f"decode steps ({refills}; {batch} x prompt p99 {workload.prompt_p99:,} = "
+        f"{batch * workload.prompt_p99:,} tokens, at least {MIN_PREFILL_GRAPH_TOKENS}, rounded up to a size "
+        "SGLang captures: ServerArgs._generate_prefill_cuda_graph_batch_sizes, 0.5.23 "
+        f"cuda_graph_hook.generate_prefill_cuda_graph_batch_sizes): {len(prefill_graph_batch_sizes(limit))} "
+        f"graphs instead of the {len(prefill_graph_batch_sizes(default))} SGLang captures up to its chunked "
+        f"prefill size {default:,} (handle_gpu_memory_settings); larger prefills are compute-bound and run "
+        "eagerly"
+    )
+    if new.mem_fraction_static != old.mem_fraction_static:
+        why += (
+            f"; the smaller graph reserve (reserve_for_graph_mb) raises SGLang's default "
+            f"--mem-fraction-static from {old.mem_fraction_static:g} to {new.mem_fraction_static:g}: KV "
+            f"cache {new.kv_cache_tokens:,} tokens (was {old.kv_cache_tokens:,})"
+        )
+    return Candidate(args=args, plan=new, score=candidate.score, reasons=(*candidate.reasons, why))
 
 
 #: speculative steps the MTP candidates try (topk 1, draft tokens = steps + 1)
@@ -118,7 +254,8 @@ def scheduler_candidates(target: Target, best: Candidate, replay_decode: bool = 
     cap sized so the KV cache holds every running request at prompt p99 + the *expected* output (the mean
     context of a running set stays under that while the lengths' squared coefficient of variation is
     below 1), relying on SGLang's own admission (free KV) and retraction for the rare overflow; then the
-    same with prefill refills batched (``--min-free-slots-delay``). Same choices as ``best``. Empty when
+    same with prefill refills batched (``--min-free-slots-delay``) and prefill graphs sized for them
+    (:func:`with_refill_prefill_graphs`). Same choices as ``best``. Empty when
     no expected length is given, and for attention-only models (their recommendation is sized for the
     expected length already). With ``replay_decode``, also the batched one with ReplaySSM decode (opt-in:
     on the H200, 27B hybrid shape, SGLang 0.5.17, it gained nothing at equal batch and its ring costs
@@ -144,10 +281,12 @@ def scheduler_candidates(target: Target, best: Candidate, replay_decode: bool = 
             *found.reasons[1:],
         ),
     )
-    batched = with_batched_refills(sized)
+    refills = with_batched_refills(sized)
+    batched = with_refill_prefill_graphs(sized_target, refills)
     if not replay_decode:
         return [sized, batched]
-    return [sized, batched, *_replay_candidate(sized_target, chosen, found, batched)]
+    replay = _replay_candidate(sized_target, chosen, found, refills)
+    return [sized, batched, *(with_refill_prefill_graphs(sized_target, c) for c in replay)]
 
 
 def speculative_args(steps: int, algorithm: str = "NEXTN") -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from regen.sglang.alternatives import (
     speculative_alternatives,
     static_mtp_note,
     with_batched_refills,
+    with_refill_prefill_graphs,
 )
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags, renamed_flag_warnings, strip_flags
@@ -166,7 +167,7 @@ def recommend(
         return Recommendation(given, given, tuple(args), kept, tuple(warnings))
     # Highest workload concurrency; ties: fewer quality trade-offs, then more KV headroom.
     candidates.sort(key=lambda c: (-c.score, tradeoffs(c.args), -c.plan.kv_cache_tokens))
-    best = with_batched_refills(candidates[0])
+    best = with_refill_prefill_graphs(target, with_batched_refills(candidates[0]))
     if (
         args  # about flags the user gave; with none, the recommendation sets the graph limit itself
         and given.effective_max_running_requests > DEFAULT_DECODE_GRAPH_LIMIT_NOTE

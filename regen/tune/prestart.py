@@ -21,8 +21,9 @@ any idle server does, and exits with the Snakemake process.
 
 The ``tune`` rule confirms (:func:`confirm_prestarted`, the lock taken shared: it waits while the prestart
 process decides): a provisional server is adopted when its command differs from the audit's plan's only in
-the running cap and the decode-graph batch (:data:`CAP_FLAGS`), by at most :data:`CAP_TOLERANCE`, and never
-in a numerics flag; the written plan then carries the provisional flags, so a generate job's command is the
+the running cap and the decode-graph batch (:data:`CAP_FLAGS`), by at most :data:`CAP_TOLERANCE`, and in
+prefill graphs that cover the audit's or fall short by at most as much (:data:`COVER_FLAGS`), and never in
+a numerics flag; the written plan then carries the provisional flags, so a generate job's command is the
 running server's. Otherwise the prestarted supervisors are stopped and the audit's plan is written.
 """
 
@@ -69,6 +70,12 @@ CAP_TOLERANCE = 0.10
 #: the flags that may differ between an adopted server and the audit's plan: the running cap and the
 #: decode CUDA graphs' largest batch, the only ones the prompt lengths move by a little
 CAP_FLAGS: tuple[str, ...] = ("--max-running-requests", "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode")
+
+#: the flags that size what a server captures for the prompt lengths: the prefill CUDA graphs' largest token
+#: count (the plan's refill passes, ``regen.sglang.alternatives.with_refill_prefill_graphs``). A running
+#: server that captures at least what the audit's plan asks is adopted (absent: SGLang's default, every size
+#: up to the chunked prefill size); one that captures less, within :data:`CAP_TOLERANCE`
+COVER_FLAGS: tuple[str, ...] = ("--cuda-graph-max-bs-prefill",)
 
 #: the launch flags of what decides an answer's numbers (``regen.fingerprint.SERVER_NUMERICS_KEYS``, which
 #: a server reports as its ``/server_info`` fields of the same names)
@@ -298,14 +305,17 @@ def adoption_verdict(
     running: Sequence[str], planned: Sequence[str], tolerance: float = CAP_TOLERANCE
 ) -> Adoption:
     """Adopt the server launched with ``running`` for the plan that would launch ``planned``: every flag
-    identical but the :data:`CAP_FLAGS`, which differ by at most ``tolerance`` of the running value;
-    a numerics flag that differs refuses first (an answer's numbers would not be the plan's)."""
+    identical but the :data:`CAP_FLAGS`, which differ by at most ``tolerance`` of the running value, and
+    the :data:`COVER_FLAGS`, whose running value covers the planned one or falls short by at most
+    ``tolerance``; a numerics flag that differs refuses first (an answer's numbers would not be the
+    plan's)."""
     have, want = _flag_values(running), _flag_values(planned)
     numerics = [n for n in NUMERICS_FLAGS if have.get(n) != want.get(n)]
     if numerics:
         what = ", ".join(f"{n} {_shown(have.get(n))} → {_shown(want.get(n))}" for n in numerics)
         return Adoption(False, f"a numerics flag differs ({what})")
-    others = sorted(n for n in have.keys() | want.keys() if n not in CAP_FLAGS and have.get(n) != want.get(n))
+    bounded = (*CAP_FLAGS, *COVER_FLAGS)
+    others = sorted(n for n in have.keys() | want.keys() if n not in bounded and have.get(n) != want.get(n))
     if others:
         what = ", ".join(f"{n} {_shown(have.get(n))} → {_shown(want.get(n))}" for n in others)
         return Adoption(False, f"flags differ ({what})")
@@ -321,6 +331,22 @@ def adoption_verdict(
         change = (new - old) / old if old else float("inf")
         text = f"{name} {old} → {new}, {change:+.0%}"
         if abs(change) > tolerance:
+            return Adoption(False, f"{text} > {tolerance:.0%}")
+        changes.append(text)
+    for name in COVER_FLAGS:
+        a, b = have.get(name), want.get(name)
+        if a == b:
+            continue
+        if a is None:  # SGLang's default: every size up to the chunked prefill size
+            changes.append(f"{name} absent → {_shown(b)}, covered")
+            continue
+        try:
+            old, new = int(a[-1][0]), int(b[-1][0])  # type: ignore[index]
+        except (TypeError, IndexError, ValueError):
+            return Adoption(False, f"{name} {_shown(a)} → {_shown(b)}")
+        change = (new - old) / old if old else float("inf")
+        text = f"{name} {old} → {new}, " + ("covered" if new <= old else f"{change:+.0%}")
+        if change > tolerance:
             return Adoption(False, f"{text} > {tolerance:.0%}")
         changes.append(text)
     if not changes:

@@ -221,7 +221,8 @@ def test_scheduler_candidates_size_the_cap_for_the_expected_length(gpu_model: Mo
         assert flag in sized.args  # same state dtype, radix choice and memory fraction as the best
     graph = sized.args.index("--cuda-graph-max-bs-decode")
     assert sized.args[graph + 1] == str(n)
-    assert batched.args == (*sized.args, "--min-free-slots-delay", "4")
+    # refills 4 at a time, prefill graphs up to them (4 x prompt p99 261 = 1,044 tokens -> 1,280)
+    assert batched.args == (*sized.args, "--min-free-slots-delay", "4", "--cuda-graph-max-bs-prefill", "1280")
     assert "expected 640 output tokens" in sized.reasons[0]
     too_long = dataclasses.replace(
         wl, expected_output_tokens=4096
@@ -270,7 +271,7 @@ def test_replay_candidate_keeps_the_runtime_slack(gpu_model: ModelShape) -> None
     assert "--enable-linear-replayssm" in replay.args and "--enable-linear-replayssm" not in batched.args
     backend = replay.args.index("--linear-attn-decode-backend")  # SM100 + bf16 state would pick flashinfer
     assert replay.args[backend + 1] == "triton"
-    assert replay.args[-2:] == ("--min-free-slots-delay", "4")
+    assert replay.args[-4:] == ("--min-free-slots-delay", "4", "--cuda-graph-max-bs-prefill", "1280")
     assert "expected 636 output tokens" in replay.reasons[0]
     ring = replay.plan.replay_ring_gib
     assert ring > 5
@@ -549,7 +550,7 @@ def test_the_recommendation_batches_refills_where_sglang_applies_the_delay(gpu_m
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048)
     rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", **BF16_STATE)
     assert rec.recommended.effective_max_running_requests >= 8
-    assert rec.args[-2:] == ("--min-free-slots-delay", "4")
+    assert rec.args[-4:-2] == ("--min-free-slots-delay", "4")  # then prefill graphs sized for it
     assert any("prefilled 4 at a time" in r for r in rec.reasons)
     few = recommend(gpu_model, H200_MIB, 1, [], dataclasses.replace(wl, target_concurrency=4), "0.5.17",
                     **BF16_STATE)  # fmt: skip

@@ -47,6 +47,27 @@ def test_a_cap_is_adopted_within_the_tolerance_only(running: int, planned: int, 
         assert verdict.reason.endswith(f"> {CAP_TOLERANCE:.0%}") and "+21%" in verdict.reason
 
 
+@pytest.mark.parametrize(
+    ("running", "planned", "adopted"),
+    [(None, "1280", True), ("1536", "1280", True), ("1280", "1280", True), ("1280", "1536", False),
+     ("1280", None, False)],
+)  # fmt: skip
+def test_prefill_graphs_are_adopted_where_the_running_ones_cover_the_plans(
+    running: str | None, planned: str | None, adopted: bool
+) -> None:
+    """The prefill graphs follow the prompt p99 (the refill passes): a first pass's p99 a little off must
+    not restart a server whose graphs already cover the audit's refills (absent: SGLang's default, all)."""
+    flag = "--cuda-graph-max-bs-prefill"
+    verdict = adoption_verdict(
+        [*BASE, *([flag, running] if running else [])], [*BASE, *([flag, planned] if planned else [])]
+    )
+    assert verdict.adopted is adopted
+    if running != planned:
+        assert flag in verdict.reason
+    if running == "1280" and planned == "1536":
+        assert verdict.reason.endswith(f"+20% > {CAP_TOLERANCE:.0%}")
+
+
 def test_another_flag_or_a_cap_given_once_is_refused() -> None:
     other = adoption_verdict(
         [*BASE, "--chunked-prefill-size", "8192"], [*BASE, "--chunked-prefill-size", "4096"]
