@@ -508,7 +508,11 @@ def plan(
     if workload is not None:
         client_rule = CLIENT_RULE_WORST_CASE if stateful else client_rule_for(workload)
         workload_running = min(running, tokens // max(1, workload.tokens_per_request))
-        client = workload_running if stateful else expected_fill(tokens, workload, decode_bs, running)
+        client = (
+            workload_running
+            if stateful
+            else expected_fill(tokens, workload, decode_bs, running, flags.page_size)
+        )
     kv_gib = (tokens * cell + other_pools_bytes) / GIB
     free_gib = (
         total_gib
@@ -561,10 +565,12 @@ def plan(
     )
 
 
-def expected_fill(tokens: int, workload: Workload, decode_graph_bs: int, running: int) -> int:
-    """Requests in flight that fill ``tokens`` of KV at the workload's expected context, never fewer than
-    the decode graphs SGLang captures by default, never more than the running cap."""
-    return min(running, max(tokens // max(1, workload.expected_tokens_per_request), decode_graph_bs))
+def expected_fill(tokens: int, workload: Workload, decode_graph_bs: int, running: int, page_size: int) -> int:
+    """Requests in flight that fill ``tokens`` of KV at the workload's expected context on pages of
+    ``page_size`` tokens, never fewer than the decode graphs SGLang captures by default, never more than the
+    running cap."""
+    per_request = max(1, workload.paged_tokens_per_request(page_size))
+    return min(running, max(tokens // per_request, decode_graph_bs))
 
 
 def replay_ring_notes(

@@ -28,6 +28,7 @@ from regen.sglang.plan import (
 )
 from regen.sglang.pools import has_state, kv_pool
 from regen.sglang.pools.base import text_config
+from regen.sglang.workload import page_waste
 
 T = TypeVar("T")
 
@@ -87,11 +88,6 @@ def planned_page_size(target: Target) -> list[str]:
     if has_state(model) or sliding_window_config(model) or kv_pool(model, target.version).name != "mha":
         return []
     return ["--page-size", str(PLANNED_PAGE_SIZE)]
-
-
-def page_waste(page_size: int) -> int:
-    """Tokens a request holds beyond its context on average: its last page half empty."""
-    return page_size // 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +250,7 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
         return None
     default_cap, default_graphs = default.effective_max_running_requests, default.cuda_graph_max_bs
     page = parse_flags([*target.base, *own]).page_size
-    per_request = workload.expected_tokens_per_request + page_waste(page)
+    per_request = workload.paged_tokens_per_request(page)
     # a sliding-window model with the radix cache off: a cap given selects SGLang's request-capped SWA pool
     # (SWAChunkCapPoolConfigurator / SWARequestCapPoolConfigurator) instead of the ratio split
     swa_capped = choice.disable_radix and default.swa_tokens is not None

@@ -87,6 +87,11 @@ class Workload:
         """The context the KV is filled at per running request: prompt p50 + :attr:`running_answer_tokens`."""
         return self.prompt_p50 + self.running_answer_tokens
 
+    def paged_tokens_per_request(self, page_size: int) -> int:
+        """:attr:`expected_tokens_per_request` on a KV pool of ``page_size``-token pages: a request holds
+        whole pages, its last one half empty on average (:func:`page_waste`)."""
+        return self.expected_tokens_per_request + page_waste(page_size)
+
     def running_context_words(self) -> str:
         """How :attr:`expected_tokens_per_request` was found, for the reasons and the rules map."""
         if self.spread_known:
@@ -108,6 +113,12 @@ class Workload:
             "given: pass --expected-output-tokens, the old answers' or a pilot's mean; max_tokens is the "
             "upper bound)"
         )
+
+
+def page_waste(page_size: int) -> int:
+    """Tokens a request holds beyond its context on a paged KV pool, on average: its last page half empty
+    (SGLang allocates whole pages, ``PagedTokenToKVPoolAllocator``)."""
+    return page_size // 2
 
 
 def client_rule_for(workload: Workload) -> str:

@@ -20,7 +20,8 @@ from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import Workload, plan
 from regen.sglang.recommend import recommend
-from regen.sglang.search import PLANNED_PAGE_SIZE, page_waste
+from regen.sglang.search import PLANNED_PAGE_SIZE
+from regen.sglang.workload import page_waste
 from regen.tune.tune import cli
 
 MODELS = Path(__file__).parents[1] / "data" / "models"
@@ -303,3 +304,13 @@ def test_a_given_page_or_attention_backend_stands(given: list[str]) -> None:
     assert parse_flags(list(rec.args)).page_size == (16 if "16" in given else 1)
     per_request = 1750 + page_waste(parse_flags(list(rec.args)).page_size)
     assert rec.recommended.client_concurrency == rec.recommended.kv_cache_tokens // per_request
+
+
+def test_the_plan_under_given_pages_fills_at_the_paged_context() -> None:
+    """``regen tune -- --page-size 64`` (the plan of given flags) counts the half page as the search does."""
+    llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
+    given = plan(
+        llama, H200_MIB, 1, ["--page-size", "64", "--cuda-graph-max-bs-decode", "1024"], BENCH, "0.5.17"
+    )
+    assert given.client_concurrency == given.kv_cache_tokens // (1750 + 32) > 256
+    assert BENCH.paged_tokens_per_request(1) == BENCH.expected_tokens_per_request == 1750
