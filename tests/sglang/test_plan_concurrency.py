@@ -309,8 +309,6 @@ def test_a_given_page_or_attention_backend_stands(given: list[str]) -> None:
 def test_the_plan_under_given_pages_fills_at_the_paged_context() -> None:
     """``regen tune -- --page-size 64`` (the plan of given flags) counts the half page as the search does."""
     llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
-    given = plan(
-        llama, H200_MIB, 1, ["--page-size", "64", "--cuda-graph-max-bs-decode", "1024"], BENCH, "0.5.17"
-    )
+    given = plan(llama, H200_MIB, 1, ["--page-size", "64"], BENCH, "0.5.17")
     assert given.client_concurrency == given.kv_cache_tokens // (1750 + 32) > 256
     assert BENCH.paged_tokens_per_request(1) == BENCH.expected_tokens_per_request == 1750
