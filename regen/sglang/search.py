@@ -49,14 +49,14 @@ RADIX_OFF_DENSE_REASON = (
 
 #: the KV page the tuner asks for on a plain multi-head-attention model (:func:`planned_page_size`)
 PLANNED_PAGE_SIZE = 64
-#: why: SGLang's own choice where its decode kernel is fastest paged (``_page_size_default`` and the
-#: trtllm_mha override in ``arg_groups/overrides.py``: 64 on SM100), against page 1 on Hopper's fa3
+#: why, with what it measured: SGLang's own page on SM100 (trtllm_mha), against 1 on Hopper's fa3
 PAGE_SIZE_REASON = (
     "--page-size {page}: the KV cache in pages of {page} tokens instead of SGLang's 1 on Hopper "
-    "(arg_groups/overrides.py::_page_size_default; SGLang itself takes 64 with its trtllm_mha decode on "
-    "SM100): at a batch of hundreds the decode step is each request's KV read, and fa3 reads whole pages "
-    "where page 1 gathers token by token; each request then holds on average {waste} more tokens "
-    "(its last page half full), counted in the fill"
+    "(arg_groups/overrides.py::_page_size_default; SGLang takes 64 itself with its trtllm_mha decode on "
+    "SM100): fa3's decode reads whole pages instead of gathering token by token; measured on the H200 "
+    "(SGLang 0.5.17, Llama-3.1-8B, bench/results/dense-2026-12-02-pages.md) 14,300 tok/s at 671 running "
+    "against 13,763 at 687 with page 1; each request holds on average {waste} more tokens (its last page "
+    "half full), counted in the fill"
 )
 
 
