@@ -70,27 +70,13 @@ _PREFILL_GRAPH_SIZE_FLAGS = frozenset({
 _PREFILL_GRAPH_OFF_ALIAS = "--disable-piecewise-cuda-graph"
 
 
-def _last_value(args: Sequence[str], name: str) -> str | None:
-    """The value of the last ``name`` in ``args`` (``--a 1`` or ``--a=1``), None when absent."""
-    found = None
-    for i, token in enumerate(args):
-        flag, eq, inline = token.partition("=")
-        if flag == name:
-            found = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
-    return found
-
-
 def refill_batch(args: Sequence[str], running: int, version: str) -> int:
     """Requests SGLang prefills together when slots free at the full batch: ``--min-free-slots-delay`` as
     ``min_free_slots_delayer.resolve_min_free_slots`` resolves it (0.5.17: capped at
     ``min(4, max(2, (running + 5) // 6))``, off below a cap of 8; 0.5.23: capped at the running cap), else 1
     (one forward pass per freed slot)."""
-    raw = _last_value(args, _DELAY_FLAG)
-    if raw is None:
-        return 1
-    try:
-        value, running = int(raw), max(0, running)
-    except ValueError:  # SGLang's parser refuses it: no delay to size for
+    value, running = parse_flags(list(args)).min_free_slots_delay, max(0, running)
+    if value is None:
         return 1
     if version == "0.5.17":
         if value <= 1 or running < MIN_FREE_SLOTS_DELAY_FROM_CAP:

@@ -184,6 +184,8 @@ class ServerFlags:
     page_size: int = 1
     tp: int | None = None
     num_continuous_decode_steps: int | None = None
+    #: freed slots prefilled together (``--min-free-slots-delay``, as given; SGLang caps it)
+    min_free_slots_delay: int | None = None
     enable_linear_replayssm: bool = False
     linear_replayssm_cache_len: int = REPLAY_RING_LEN
     linear_attn_backend: str = "triton"
@@ -231,6 +233,7 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--tp": ("tp", int),
     "--tensor-parallel-size": ("tp", int),
     "--num-continuous-decode-steps": ("num_continuous_decode_steps", int),
+    "--min-free-slots-delay": ("min_free_slots_delay", int),
     "--linear-replayssm-cache-len": ("linear_replayssm_cache_len", int),
     "--linear-attn-backend": ("linear_attn_backend", str),
     "--linear-attn-decode-backend": ("linear_attn_decode_backend", str),
