@@ -183,3 +183,21 @@ def test_the_local_mode_builds_its_command_at_once_and_checks_it_while_the_serve
     assert "--max-running-request" in argv
     with pytest.raises(ServerError, match="--max-running-request"):
         mode.launch_check(argv)  # regen.serving.slots.check_while_starting runs it
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not has_sglang, reason="sglang not importable (parse-only install: /work/sgvenv)")
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b"])
+def test_a_dense_and_a_moe_recommendation_pass_sglangs_own_parser(name: str) -> None:
+    """The attention-only plan's own flags: KV pages, decode graphs to the planned batch, refills batched
+    and the prefill graphs sized for them."""
+    from regen.sglang.models import ModelShape
+    from regen.sglang.plan import Workload
+    from regen.sglang.recommend import recommend
+
+    model = ModelShape.from_config(Path(__file__).parents[1] / "data/models" / name)
+    wl = Workload(prompt_p50=300, prompt_p99=2000, max_tokens=8192, expected_output_tokens=1450)
+    rec = recommend(model, 143771, 1, ["--load-format", "dummy"], wl, "0.5.23", allow_fp8_kv=False,
+                    allow_bf16_state=False)  # fmt: skip
+    assert "--page-size" in rec.args and "--cuda-graph-max-bs-decode" in rec.args
+    assert check_flags(list(rec.args)).method == "sglang-parser", rec.args
