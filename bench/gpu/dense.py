@@ -9,6 +9,11 @@ server per arm (``--arms``):
   client at the plan's ``client_concurrency``;
 - ``regen-fp8kv`` (opt-in): the same with regen's ``--allow-fp8-kv`` (``--kv-cache-dtype fp8_e4m3``: a
   numerics trade-off), reported on its own (``fp8kv_tps``), never in ``vs_default``.
+- ``regen-page1`` / ``regen-page16`` (opt-in controls): regen's plan under a given ``--page-size 1`` / ``16``
+  (``regen tune -- --page-size N``: the plan keeps it), beside the plan's own 64-token pages
+  (``regen.sglang.search.planned_page_size``); reported apart (``page1_tps``, ``page16_tps``).
+
+``--models`` takes each model's own arms as ``model:arm+arm`` (e.g. the page controls on one model only).
 
 The tuner gets the workload as the workflow gives it: an audit summary (``summary.json``) with the prompt
 percentiles and the answers' ``supervised_tokens`` histogram (mean and std of the first

@@ -18,6 +18,9 @@
 #   5. then, as often as needed: bash bench/gpu/truth.sh wait 590
 # Budget: planner ~9-11 min (it starts no model after PLANNER_DEADLINE=660 s); dense ~8 min a model with
 # its default arms (default, regen), ~10 min with the opt-in regen-fp8kv arm (it prints its estimate).
+# Measured 2026-12-02 (afternoon): Qwen3-30B-A3B default+regen ~8 min, Llama-3.1-8B default+regen+
+# regen-page1+regen-page16 ~11 min: both with staging fill the 30-min session (DENSE_ARGS="--models
+# qwen3-30b-a3b:default+regen,llama-3.1-8b:default+regen+regen-page1+regen-page16"); issue `wait` at once.
 # CPU rehearsal (regen's simulated server, ~1.5 min):
 #   DRY=1 PY=$PWD/.venv/bin/python TRUTH_TMP=/tmp/truthd OUT=/tmp/truthd/out bash bench/gpu/truth.sh start 300
 mode=$1
