@@ -181,6 +181,9 @@ class ServerFlags:
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None
     speculative_draft_model_path: str | None = None
+    #: draft steps chosen per batch size at run time (``--speculative-adaptive``, its ``-config`` JSON)
+    speculative_adaptive: bool = False
+    speculative_adaptive_config: str | None = None
     page_size: int = 1
     tp: int | None = None
     num_continuous_decode_steps: int | None = None
@@ -228,6 +231,7 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--speculative-eagle-topk": ("speculative_eagle_topk", int),
     "--speculative-num-draft-tokens": ("speculative_num_draft_tokens", int),
     "--speculative-draft-model-path": ("speculative_draft_model_path", str),
+    "--speculative-adaptive-config": ("speculative_adaptive_config", str),
     "--page-size": ("page_size", int),
     "--tp-size": ("tp", int),
     "--tp": ("tp", int),
@@ -248,6 +252,7 @@ BOOL_FLAGS: dict[str, str] = {
     "--disable-decode-cuda-graph": "disable_cuda_graph",
     "--disable-prefill-cuda-graph": "disable_prefill_cuda_graph",
     "--enable-linear-replayssm": "enable_linear_replayssm",
+    "--speculative-adaptive": "speculative_adaptive",
 }
 
 

@@ -24,10 +24,12 @@ really allocated, and its drift from this plan, in :mod:`regen.sglang.realized`.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from regen.sglang.fit import smallest_fitting_tp, tp_refusals
@@ -360,8 +362,36 @@ def spec_scratch_allocated_bytes(
     return slots * (ssm + conv)
 
 
-def _speculative(flags: ServerFlags, model: ModelShape) -> tuple[int, int]:
-    """(draft tokens D, draft KV layers): NEXTN == EAGLE; auto 3/1/4; topk 1 forces D = steps + 1."""
+#: the draft steps ``--speculative-adaptive`` chooses among by batch size without a config file: the union
+#: of ``speculative/adaptive_spec_params.py::DEFAULT_ADAPTIVE_CONFIG``'s candidate steps (0 from batch 64 up)
+ADAPTIVE_CANDIDATE_STEPS: dict[str, tuple[int, ...]] = {"0.5.17": (0, 1, 3, 7), "0.5.23": (0, 1, 3, 5, 7)}
+
+
+def adaptive_candidate_steps(flags: ServerFlags, version: str) -> tuple[int, ...]:
+    """``resolve_candidate_steps_from_config``: every batch-size slot's candidate steps of the
+    ``--speculative-adaptive-config`` JSON (its integer keys), else SGLang's defaults for ``version``."""
+    path = flags.speculative_adaptive_config
+    if path is None:
+        return ADAPTIVE_CANDIDATE_STEPS[version]
+    try:
+        cfg = json.loads(Path(path).read_text())
+        steps = {int(s) for key, entry in cfg.items() if key.isdigit() for s in entry["candidate_steps"]}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise PlanError(
+            f"--speculative-adaptive-config {path}: not SGLang's adaptive config ({exc})"
+        ) from exc
+    if not steps:
+        raise PlanError(
+            f"--speculative-adaptive-config {path}: no integer batch-size key with candidate_steps"
+        )
+    return tuple(sorted(steps))
+
+
+def _speculative(flags: ServerFlags, model: ModelShape, version: str) -> tuple[int, int]:
+    """(draft tokens D the pools are sized for, draft KV layers): NEXTN == EAGLE; auto 3/1/4; topk 1 forces
+    D = steps + 1. ``--speculative-adaptive`` (EAGLE/NEXTN/EAGLE3 at topk 1, else SGLang falls back to the
+    static steps: ``adaptive_unsupported_reason``) sizes them for its largest candidate step
+    (``ServerArgs.max_speculative_num_draft_tokens``), whatever step it starts at."""
     algo = (flags.speculative_algorithm or "").upper()
     if not algo:
         return 0, 0
@@ -370,7 +400,17 @@ def _speculative(flags: ServerFlags, model: ModelShape) -> tuple[int, int]:
     draft = flags.speculative_num_draft_tokens or 4
     if topk == 1:
         draft = steps + 1
-    draft_layers = max(1, model.mtp_layers) if algo in ("EAGLE", "NEXTN", "EAGLE3") else 0
+    eagle = algo in ("EAGLE", "NEXTN", "EAGLE3")
+    if flags.speculative_adaptive and eagle and topk == 1:
+        candidates = adaptive_candidate_steps(flags, version)
+        if flags.speculative_num_steps is not None and flags.speculative_num_steps not in candidates:
+            raise PlanError(
+                f"--speculative-num-steps {flags.speculative_num_steps} is not among "
+                f"--speculative-adaptive's candidate steps {list(candidates)}: SGLang refuses it "
+                "(_init_adaptive_speculative_params)"
+            )
+        draft = max(candidates) + 1
+    draft_layers = max(1, model.mtp_layers) if eagle else 0
     return draft, draft_layers
 
 
@@ -393,7 +433,7 @@ def plan(
     default_chunk, default_decode_bs = _capacity_defaults(gpu_memory_mib, tp)
     chunk = flags.chunked_prefill_size if flags.chunked_prefill_size is not None else default_chunk
     decode_bs = flags.cuda_graph_max_bs
-    draft_tokens, draft_layers = _speculative(flags, model)
+    draft_tokens, draft_layers = _speculative(flags, model, sglang_version)
     mrr_requested = flags.max_running_requests
     if mrr_requested is None and draft_tokens:
         mrr_requested = 48  # speculative_hook: "Max running requests is reset to 48"
@@ -459,6 +499,16 @@ def plan(
                 notes.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
     if rest_gib <= 0:
         draft = f" + MTP draft {draft_weights_gib:.1f} GiB" if draft_weights_gib else ""
+        pools_gib = state_gib + reserved_scratch_gib
+        if (
+            pools_gib > 0 and rest_gib + pools_gib > 0
+        ):  # the weights alone leave room: the state pools took it
+            raise PlanError(
+                f"the linear-attention state pool ({state_gib:.1f} GiB) and the speculative scratch "
+                f"({reserved_scratch_gib:.1f} GiB for {draft_tokens} draft tokens a request) leave no KV "
+                f"cache memory beside the weights ({weights_gib:.1f} GiB per rank{draft}) at "
+                f"mem_fraction_static={mfs:.3f}: lower --max-running-requests or the speculative steps"
+            )
         fit = smallest_fitting_tp(model, gpu_memory_mib, reserve_mib=reserve_mib)
         raise PlanError(
             f"weights ({weights_gib:.1f} GiB per rank at tp {tp}{draft}) leave no KV cache memory at "
