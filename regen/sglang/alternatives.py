@@ -66,8 +66,6 @@ _PREFILL_GRAPH_SIZE_FLAGS = frozenset({
     _PREFILL_GRAPH_FLAG, "--cuda-graph-bs-prefill", "--piecewise-cuda-graph-max-tokens",
     "--piecewise-cuda-graph-tokens", "--cuda-graph-config",
 })  # fmt: skip
-#: 0.5.17's deprecated alias of ``--cuda-graph-backend-prefill disabled`` (``parse_flags`` reads the others)
-_PREFILL_GRAPH_OFF_ALIAS = "--disable-piecewise-cuda-graph"
 
 
 def refill_batch(args: Sequence[str], running: int, version: str) -> int:
@@ -103,7 +101,7 @@ def refill_prefill_graph_tokens(
     (:func:`sglang_prefill_graph_limit`)."""
     flags = parse_flags(list(candidate.args))
     names = set(flag_names(candidate.args))
-    if flags.prefill_graphs_off or _PREFILL_GRAPH_OFF_ALIAS in names or names & _PREFILL_GRAPH_SIZE_FLAGS:
+    if flags.prefill_graphs_off or names & _PREFILL_GRAPH_SIZE_FLAGS:
         return None
     if is_mla(model):
         return None

@@ -242,6 +242,13 @@ VALUE_FLAGS: dict[str, tuple[str, type]] = {
     "--linear-attn-backend": ("linear_attn_backend", str),
     "--linear-attn-decode-backend": ("linear_attn_decode_backend", str),
     "--swa-full-tokens-ratio": ("swa_full_tokens_ratio", float),
+    # 0.5.17's deprecated alias of --cuda-graph-max-bs-prefill (DeprecatedAliasStoreAction)
+    "--piecewise-cuda-graph-max-tokens": ("cuda_graph_max_bs_prefill", int),
+}
+
+#: flags that store a constant (0.5.17's ``DeprecatedStoreConstAction`` aliases)
+CONST_FLAGS: dict[str, tuple[str, str]] = {
+    "--disable-piecewise-cuda-graph": ("cuda_graph_backend_prefill", "disabled"),
 }
 
 
@@ -267,6 +274,9 @@ def parse_flags(args: list[str]) -> ServerFlags:
             values[BOOL_FLAGS[name]] = True
             if name == "--disable-cuda-graph":  # both phases (the legacy global switch)
                 values["disable_prefill_cuda_graph"] = True
+        elif name in CONST_FLAGS:
+            attr, const = CONST_FLAGS[name]
+            values[attr] = const
         elif name in VALUE_FLAGS:
             attr, kind = VALUE_FLAGS[name]
             if eq:

@@ -137,3 +137,23 @@ def test_the_flag_re_plans_sglangs_default_memory_fraction(dense: ModelShape) ->
     assert f"--mem-fraction-static from {old_mfs:g} to {new_mfs:g}" in after.reasons[-1]
     kv = f"KV cache {after.plan.kv_cache_tokens:,} tokens (was {before.plan.kv_cache_tokens:,})"
     assert kv in after.reasons[-1]
+
+
+def test_sglang_0_5_17s_piecewise_aliases_are_read_as_the_flags_they_stand_for(dense: ModelShape) -> None:
+    """``--disable-piecewise-cuda-graph`` stores ``cuda_graph_backend_prefill = disabled`` and
+    ``--piecewise-cuda-graph-max-tokens`` is ``--cuda-graph-max-bs-prefill`` (0.5.17 server_args'
+    deprecated aliases): the graph reserve is planned as for the flags they stand for, and the tuner
+    adds no limit of its own beside them."""
+    for alias, meant in (
+        (["--disable-piecewise-cuda-graph"], ["--cuda-graph-backend-prefill", "disabled"]),
+        (["--piecewise-cuda-graph-max-tokens", "1024"], [FLAG, "1024"]),
+    ):
+        assert plan(dense, H200_MIB, 1, alias, WL, "0.5.17").reserve_gib == pytest.approx(
+            plan(dense, H200_MIB, 1, meant, WL, "0.5.17").reserve_gib
+        )
+        rec = recommend(dense, H200_MIB, 1, alias, WL, "0.5.17", **NO_TRADEOFFS)
+        assert FLAG not in rec.args
+    assert (
+        plan(dense, H200_MIB, 1, ["--disable-piecewise-cuda-graph"], WL, "0.5.17").reserve_gib
+        < plan(dense, H200_MIB, 1, [], WL, "0.5.17").reserve_gib
+    )
