@@ -12,10 +12,17 @@ process group, killed with the supervisor through ``PR_SET_PDEATHSIG``) and
   before the server starts until it stops, so no other run starts a server there; takes another free
   port, not counting it as a crash, when the port is held by another run or was taken by a process
   outside regen between the check and the server's bind;
-* exits, stopping the server (SIGTERM to its group, SIGKILL after a grace period), on SIGTERM/SIGINT;
-  when ``--idle-timeout`` has passed with no lease held (it takes LOCK_EX on ``--lease-file`` and
-  removes the url file under that lock, so a job cannot pick up a server that is going away); or
+* exits, stopping the server, on SIGTERM/SIGINT; when ``--idle-timeout`` has passed with no lease held
+  (it takes LOCK_EX on ``--lease-file`` and removes the url file under that lock, so a job cannot pick
+  up a server that is going away); or
   promptly when ``--owner-pid`` (the Snakemake process) is gone and no lease is held.
+
+A server that crashed or stalled is stopped with SIGTERM to its group and SIGKILL after ``--grace``
+seconds, so SGLang can dump what it was doing. A planned exit (signal, idle, owner gone) kills the group
+at once: the server holds nothing a job needs (the journal is the client's), and SGLang turns a SIGTERM
+into a watched-child crash that sleeps 5 s before its own SIGKILL of the tree
+(``SGLANG_PYSPY_DUMP_BEFORE_CRASH``, 0.5.17's ``dump_requests_before_crash``): 6 s at the end of every
+run, on the wall time of the workflow, measured on the H200 (``known-target-2026-12-02-n800``).
 """
 
 from __future__ import annotations
@@ -197,11 +204,15 @@ class Supervisor:
             last_problem = problem
             time.sleep(min(self.cfg.poll_s, max(0.0, deadline - time.monotonic())))
 
-    def stop_server(self) -> None:
+    def stop_server(self, *, planned: bool = False) -> None:
+        """Stop the server's process group: at once when ``planned`` (see the module's docstring), else
+        SIGTERM and SIGKILL after the grace period."""
         child = self.child
         if child is None:
             return
-        if child.poll() is None:
+        if planned and child.poll() is None:
+            self.say(f"stopping server PID {child.pid} (SIGKILL to its process group: a planned stop)")
+        elif child.poll() is None:
             self.say(f"stopping server PID {child.pid} (SIGTERM to its process group)")
             _signal_group(child.pid, signal.SIGTERM)
             try:
@@ -308,7 +319,7 @@ class Supervisor:
             # an idle or orphan exit holds LOCK_EX on the lease here: no job can pick up the url
             # file until the server is gone and this process exits (closing the lock)
             self.remove_url_file_if_ours()
-            self.stop_server()
+            self.stop_server(planned=True)
             return 0
         finally:
             self.stop_server()

@@ -43,7 +43,11 @@ STANDIN = textwrap.dedent(
     p.add_argument("--crash-after", type=float, default=None)
     p.add_argument("--crash-once-marker", default=None)
     p.add_argument("--exit-at-start", type=int, default=None)
+    p.add_argument("--sigterm-sleep", type=float, default=None)  # as SGLang before its crash diagnostics
     a, _ = p.parse_known_args()
+    if a.sigterm_sleep is not None:
+        import signal
+        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(a.sigterm_sleep), os._exit(0)))
     if a.record:
         with open(a.record, "a") as fh:
             fh.write(json.dumps({"pid": os.getpid(), "port": a.port,
@@ -404,6 +408,19 @@ def test_stop_all_servers_leaves_no_process(rig: Rig) -> None:
     assert stop_all_servers(rig.root / "work/servers", grace_s=5) == 2
     wait_for(lambda: not procs_mentioning(str(rig.root)), 3, "no process left")
     assert stop_all_servers(rig.root / "work/servers") == 0
+
+
+def test_the_end_of_a_run_does_not_wait_for_the_servers_own_shutdown(rig: Rig) -> None:
+    """SGLang answers a SIGTERM to its group by sleeping 5 s before it kills its own tree; the end of the
+    run (``stop_all_servers``) stops the server at once, not after that sleep."""
+    cfg = rig.cfg(gpus=1, idle_timeout_s=600)
+    a, _ = rig.job(cfg, "a", hold=0.1, extra=("--sigterm-sleep", "8"))
+    finish(a)
+    assert len(procs_mentioning(str(rig.root))) == 2
+    t0 = time.monotonic()
+    assert stop_all_servers(rig.root / "work/servers", grace_s=30) == 1
+    assert time.monotonic() - t0 < 4
+    wait_for(lambda: not procs_mentioning(str(rig.root)), 3, "no process left")
 
 
 def test_stop_all_servers_finds_a_server_in_a_per_slurm_job_dir(rig: Rig) -> None:
