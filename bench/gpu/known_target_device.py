@@ -13,7 +13,9 @@ The sequence prints first a device-time estimate (``budget estimate:``, from the
 results written as it ends: 0. with ``--warmup``, a short start of SGLang's defaults (``--which warmup``,
 a handful of prompts), counted nowhere, so the first measured run does not pay the fresh machine's cold
 caches (its start split: baseline-warmup.json ``server_log.startup_phases``); 1. the runs of ``--order``
-(default ``default,regen,seed``: regen not first): ``regen`` is known_target_run.py ``--sweep``
+(default ``default,regen,seed``: regen not first; ``--sweep-first``: regen's prepare and sweep before them
+all, its server the machine's first, in place of ``--warmup``; its run later ``--after-sweep``): ``regen`` is
+known_target_run.py ``--sweep``
 (``snakemake --until shard tune``, ``regen tune --sweep --candidates 1 --no-mtp --no-given --seconds 100
 --pilot-samples 300``, then the whole workflow; ``--no-sweep``: the workflow alone), any other name a
 known_target_baselines.py ``--which`` (``default``: SGLang's defaults, concurrency 48; ``seed``: the
@@ -213,22 +215,25 @@ PRIOR = {
     "plan": PriorRun(150.0, 6.0, 197.5),
     "plan-noprefill": PriorRun(120.0, 6.0, 197.5),
 }
+#: what regen's stages import (``--sweep-first`` imports them before the prepare that regen's wall counts)
+WARM_IMPORTS = "import pandas, pyarrow.parquet, tokenizers, jinja2, snakemake.api, regen.cli"
 #: a sweep candidate past its server start: SGLang's warm-up, the pilot's ramp, the stop and GPU-free wait
 SWEEP_OVERHEAD_S = 30.0
 
 
-def sweep_device_s(sweep_args: str) -> float:
+def sweep_device_s(sweep_args: str, first: bool = False) -> float:
     """Device seconds of ``regen tune --sweep SWEEP_ARGS``: each candidate (``--candidates``, and the given
     flags unless ``--no-given``: ``regen.tune.tune.candidates_from_recommendation``; MTP candidates not
     counted, the campaign passes ``--no-mtp``) a warm server start, ``--seconds`` and
-    :data:`SWEEP_OVERHEAD_S`."""
+    :data:`SWEEP_OVERHEAD_S`; ``first``: its first server is the fresh machine's (a cold start)."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     p.add_argument("--seconds", type=float, default=20.0)  # regen tune --sweep's own defaults
     p.add_argument("--candidates", type=int, default=2)
     p.add_argument("--no-given", action="store_true")
     got = p.parse_known_args(sweep_args.split())[0]
     servers = got.candidates + (0 if got.no_given else 1)
-    return servers * (PRIOR["regen"].start_s + got.seconds + SWEEP_OVERHEAD_S)
+    cold = PRIOR["warmup"].start_s - PRIOR["regen"].start_s if first else 0.0
+    return cold + servers * (PRIOR["regen"].start_s + got.seconds + SWEEP_OVERHEAD_S)
 
 
 def budget_estimate(order: list[str], prompts: int, warmup: bool, sweep_s: float | None) -> dict:
@@ -259,6 +264,7 @@ def sequence_args(args: list[str]) -> tuple[argparse.Namespace, argparse.Namespa
     p.add_argument("--warmup", action="store_true", help="SGLang's defaults first, not counted")
     p.add_argument("--warmup-prompts", type=int, default=8)
     p.add_argument("--no-sweep", action="store_true", help="regen's run without regen tune --sweep before it")
+    p.add_argument("--sweep-first", action="store_true", help="regen's sweep first: the warm-up")
     p.add_argument("--device-budget-s", type=float, default=22 * 60, help="for the estimate printed first")
     p.add_argument("--default-concurrency", type=int, default=48)
     p.add_argument("--seed-concurrency", type=int, default=64)
@@ -282,7 +288,9 @@ def sequence(args: list[str]) -> None:
     if unknown:
         raise SystemExit(f"--order: unknown run(s) {unknown}: one of {sorted(set(PRIOR) - {'warmup'})}")
     sweep = not own.no_sweep
-    est = budget_estimate(order, int(same.n), own.warmup, sweep_device_s(same.sweep_args) if sweep else None)
+    first = sweep and own.sweep_first and "regen" in order
+    sweep_s = sweep_device_s(same.sweep_args, first) if sweep else None
+    est = budget_estimate(order, int(same.n), own.warmup, sweep_s)
     fits = prompts_within(est, int(same.n), own.device_budget_s)
     print(
         f"budget estimate: {est['total_s']} s of device time for {same.n} prompts "
@@ -297,13 +305,18 @@ def sequence(args: list[str]) -> None:
     baseline += ["--max-tokens", same.max_tokens, "--tools-fraction", same.tools_fraction]
     baseline += ["--stop-first", str(WORK / "run")]  # a server regen's run left is stopped first
     baseline += ["--dry-cpu", "--sim-token-rate", same.sim_token_rate] if DRY else []
+    if first:
+        # the first Python of regen's stages would be the machine's: its imports read from a cold disk, in
+        # the prepare that regen's wall counts (the warm-up server warmed them before)
+        step("warm imports", [PY, "-c", WARM_IMPORTS])
+        step("sweep (the warm-up)", [*run, *run_args, "--sweep-only"])
     if own.warmup:
         # short answers: the warm-up is for the start's caches (page cache, JIT kernels), not the decode
         step("warmup", [*baseline, "--which", "warmup", "--n", str(own.warmup_prompts), "--max-tokens", "64"])
     walls: dict[str, float] = {}
     for which in order:
         if which == "regen":
-            step("regen", [*run, *run_args])
+            step("regen", [*run, *run_args, *(["--after-sweep"] if first else [])])
             continue
         concurrency = {"default": own.default_concurrency, "seed": own.seed_concurrency}.get(which)
         cmd = [*baseline, "--which", which, "--n", same.n]

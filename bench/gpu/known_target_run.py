@@ -26,9 +26,13 @@ generation phase (:func:`sweep_projection`), ``sweep_s`` its own seconds (not in
 is the ``--until`` run plus the workflow). Without it, the projection is made from the workflow's
 static plan, the designed lengths and a prior decode-step line (``projection``), unless ``--projected-s``
 gives one. ``fixed_s`` and ``drain_token_share`` are regen's (:func:`regen_time_split`).
+``--sweep-only`` stops after the sweep (its seconds in ``sweep-phases.json``), and a later ``--after-sweep``
+runs the workflow on that run dir, counting the earlier prepare's seconds as ``--sweep`` does: the device
+sequence makes the sweep's server the fresh machine's first (the warm-up) and runs the baselines between.
 
 Usage: python bench/gpu/known_target_run.py --model DIR --work DIR [--mode simulated] [--n 2000]
        [--max-tokens 4096] [--tools-fraction 0.3] [--dense [--eval-fraction 0.1]] [--sweep [--sweep-args S]]
+       [--sweep-only | --after-sweep]
 """
 
 from __future__ import annotations
@@ -676,6 +680,11 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
     return "\n".join(out)
 
 
+def sweep_phases_file(work: Path) -> Path:
+    """Where ``--sweep-only`` leaves its prepare and sweep seconds for ``--after-sweep``."""
+    return work / "sweep-phases.json"
+
+
 def logged(log: Path, cmd: list[str], env: dict[str, str], cwd: Path = REPO) -> tuple[int, float]:
     """``cmd``'s rc and seconds, its output into ``log``."""
     t = time.time()
@@ -710,7 +719,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-projection", action="store_true", help="no projection from the plan and design")
     p.add_argument("--sweep", action="store_true", help="--until shard, regen tune --sweep, then the run")
     p.add_argument("--sweep-args", default=SWEEP_ARGS, help="regen tune --sweep's flags (one string)")
+    p.add_argument("--sweep-only", action="store_true", help="--sweep's prepare and sweep, no workflow")
+    p.add_argument("--after-sweep", action="store_true", help="the workflow after an earlier --sweep-only")
     a = p.parse_args(argv)
+    a.sweep = a.sweep or a.sweep_only or a.after_sweep
     a.work.mkdir(parents=True, exist_ok=True)
     a.dense = a.dense or is_dense(a.model)
     if a.dense:
@@ -727,9 +739,10 @@ def main(argv: list[str]) -> int:
         phases = before.get("phases")
     if not a.measure_only:
         dataset = a.work / "dataset.jsonl"
-        write_dataset(dataset, a.n, a.tools_fraction, answers=a.dense)
         cfg = a.work / "config.yaml"
-        write_config(cfg, a, dataset)
+        if not a.after_sweep:  # rewritten, they would be newer than the audit: Snakemake would redo it
+            write_dataset(dataset, a.n, a.tools_fraction, answers=a.dense)
+            write_config(cfg, a, dataset)
         run = a.work / "run"
         run.mkdir(exist_ok=True)
         paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]  # keep /tmp/site etc.
@@ -745,7 +758,7 @@ def main(argv: list[str]) -> int:
         cmd = [*a.snakemake.split(), "-s", str(REPO / "Snakefile"), "--directory", str(run), "--cores", "all"]
         cmd += ["--resources", "gpu=1", "--configfile", str(cfg)]
         before: dict[str, float] = {}
-        if a.sweep:  # as a user would: audit and shards, the sweep's pilot on them, then the whole workflow
+        if a.sweep and not a.after_sweep:  # as a user would: audit, shards, the sweep's pilot, the workflow
             prepare = [*cmd, "--until", "shard", "tune"]  # the plan too: the sweep plans as it does
             rc, before["prepare_s"] = logged(a.work / "snakemake-prepare.log", prepare, env)
             if rc == 0:
@@ -759,6 +772,11 @@ def main(argv: list[str]) -> int:
             )
             if rc != 0:
                 return rc
+            if a.sweep_only:
+                sweep_phases_file(a.work).write_text(json.dumps(before))
+                return 0
+        elif a.after_sweep:
+            before = json.loads(sweep_phases_file(a.work).read_text())
         t0 = time.time()
         rc, _ = logged(a.work / "snakemake.log", cmd, env)
         t1 = time.time()

@@ -34,6 +34,20 @@ def test_sequence_args_keep_the_runs_flags_apart_from_its_own() -> None:
     assert ktd.sweep_device_s("--candidates 1") == 2 * ktd.sweep_device_s("--candidates 1 --no-given")
 
 
+def test_a_sweep_first_is_the_warm_up_and_counts_its_cold_start() -> None:
+    own, same, _ = ktd.sequence_args(["--sweep-first", "--order", "seed,regen,default", "--n", "1000"])
+    assert own.sweep_first and not own.warmup
+    cold = ktd.PRIOR["warmup"].start_s - ktd.PRIOR["regen"].start_s
+    assert ktd.sweep_device_s(same.sweep_args, first=True) == ktd.sweep_device_s(same.sweep_args) + cold
+    # in place of a warm-up server: the sequence is shorter by the warm-up's time but its sweep's cold start
+    order = ["seed", "regen", "default"]
+    with_warmup = ktd.budget_estimate(order, 1000, True, ktd.sweep_device_s(same.sweep_args))
+    sweep_first = ktd.budget_estimate(order, 1000, False, ktd.sweep_device_s(same.sweep_args, first=True))
+    assert with_warmup["total_s"] - sweep_first["total_s"] == pytest.approx(
+        ktd.PRIOR["warmup"].seconds(1000) - cold, abs=2
+    )
+
+
 @pytest.mark.parametrize(("which", "day"), [("default", "2026-12-02"), ("seed", "2026-12-01")])
 def test_prior_runs_are_the_latest_measured_baselines(which: str, day: str) -> None:
     b = json.loads((REPO / f"bench/results/known-target-{day}.baseline-{which}.json").read_text())
