@@ -74,6 +74,13 @@ class SteadyState:
     method: str
     plateau_from: float | None = None  # epoch seconds of the first sample at the plateau (log stamps)
     accept_len: float | None = None  # median accept length at the plateau (speculative decoding)
+    #: (running, gen tok/s) of the samples after the plateau with the batch fallen below it (the drain)
+    falling: tuple[tuple[int, float], ...] = ()
+
+    def step_points(self) -> list[tuple[int, float]]:
+        """(running, tok/s) to fit a decode step's cost to: the plateau (weighted by its samples) and the
+        falling batch after it, whose small batches show the step's batch-independent part."""
+        return [(self.plateau_running, self.median_tps)] * self.samples + list(self.falling)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +95,7 @@ class SteadyState:
             "method": self.method,
             "plateau_from": self.plateau_from,
             "accept_len": None if self.accept_len is None else round(self.accept_len, 3),
+            "falling_samples": len(self.falling),
         }
 
 
@@ -136,6 +144,8 @@ def steady_state(
     top = max(s.running for s in live)
     at = [s for s in live if s.running >= top * (1 - tolerance)]
     plateau_from = at[0].at
+    after = live[live.index(at[0]) :]
+    falling = tuple((s.running, s.gen_tps) for s in after if s.running < top * (1 - tolerance))
     if len(at) > 2:
         at = at[1:]
     graphs = [s.cuda_graph for s in at if s.cuda_graph is not None]
@@ -150,6 +160,7 @@ def steady_state(
         method=method,
         plateau_from=plateau_from,
         accept_len=statistics.median(accepts) if accepts else None,
+        falling=falling,
     )
 
 

@@ -259,14 +259,19 @@ def run_sweep(
 # --------------------------------------------------------------------------- projection --
 def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel | None:
     """The decode-step cost line: through the best candidate's plateau with ``fixed_step_s`` as its
-    batch-independent part (e.g. the weights over the memory bandwidth) when given, else fitted to the
-    plateaus of the candidates that share the best one's state dtype. None without a server reading."""
+    batch-independent part (e.g. the weights over the memory bandwidth) when given; else fitted to its
+    plateau and its pilot's falling batch after it (the drain's small batches show the batch-independent
+    part: on the H200, 2026-12-03, a plateau-only line put the 800-prompt race's drain at 23 s against 69
+    measured, and the projection 27% short); else to the plateaus of the candidates that share the best one's
+    state dtype. None without a server reading."""
     best = result.best
     m = best.measurement
     if m is None or m.server is None:
         return None
     if fixed_step_s > 0:
         return StepModel.from_plateau(m.server.plateau_running, m.server.median_tps, fixed_step_s)
+    if m.server.falling:
+        return StepModel.fit(m.server.step_points())
 
     def dtype(args: Sequence[str]) -> str | None:
         a = list(args)

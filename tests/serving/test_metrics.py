@@ -132,3 +132,18 @@ def test_speculative_decode_lines_give_the_accept_length_next_to_the_rate() -> N
     gauges = {"sglang:gen_throughput": 3000.0, "sglang:num_running_reqs": 64.0}
     assert sample_from_metrics({**gauges, "sglang:spec_accept_length": 2.9}).accept_len == 2.9
     assert sample_from_metrics({**gauges, "sglang:spec_accept_length": 0.0}).accept_len is None
+
+
+def test_the_falling_batch_after_the_plateau_gives_the_step_its_fixed_part() -> None:
+    """A drain decoded by a step of 14 ms + 0.15 ms a request: the plateau alone reads as a per-request cost
+    only, and would put the drain's small batches at the plateau's aggregate rate."""
+    line = StepModel(0.014, 0.00015)
+    ramp = [DecodeSample(r, r * 100, line.tokens_per_s(r) * 0.5, 0) for r in (40, 120)]  # prefill-diluted
+    plateau = [DecodeSample(265, 26500, line.tokens_per_s(265), 0) for _ in range(6)]
+    drain = [DecodeSample(r, r * 100, line.tokens_per_s(r), 0) for r in (200, 120, 60, 20, 5, 1)]
+    st = steady_state([*ramp, *plateau, *drain])
+    assert st is not None and [b for b, _ in st.falling] == [200, 120, 60, 20, 5, 1]  # not the ramp's
+    fitted = StepModel.fit(st.step_points())
+    assert fitted.fixed_s == pytest.approx(0.014, rel=1e-6)
+    assert fitted.per_request_s == pytest.approx(0.00015, rel=1e-6)
+    assert StepModel.from_plateau(265, st.median_tps).fixed_s == 0.0  # what the plateau alone gives
