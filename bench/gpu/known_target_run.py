@@ -758,7 +758,9 @@ def main(argv: list[str]) -> int:
         cmd = [*a.snakemake.split(), "-s", str(REPO / "Snakefile"), "--directory", str(run), "--cores", "all"]
         cmd += ["--resources", "gpu=1", "--configfile", str(cfg)]
         before: dict[str, float] = {}
-        if a.sweep and not a.after_sweep:  # as a user would: audit, shards, the sweep's pilot, the workflow
+        if a.after_sweep:  # an earlier --sweep-only's prepare and sweep
+            before = json.loads(sweep_phases_file(a.work).read_text())
+        elif a.sweep:  # as a user would: audit, shards, the sweep's pilot, the workflow
             prepare = [*cmd, "--until", "shard", "tune"]  # the plan too: the sweep plans as it does
             rc, before["prepare_s"] = logged(a.work / "snakemake-prepare.log", prepare, env)
             if rc == 0:
@@ -775,8 +777,6 @@ def main(argv: list[str]) -> int:
             if a.sweep_only:
                 sweep_phases_file(a.work).write_text(json.dumps(before))
                 return 0
-        elif a.after_sweep:
-            before = json.loads(sweep_phases_file(a.work).read_text())
         t0 = time.time()
         rc, _ = logged(a.work / "snakemake.log", cmd, env)
         t1 = time.time()

@@ -142,10 +142,10 @@ def steady_state(
     if not live:
         return None
     top = max(s.running for s in live)
-    at = [s for s in live if s.running >= top * (1 - tolerance)]
+    floor = top * (1 - tolerance)
+    at = [s for s in live if s.running >= floor]
     plateau_from = at[0].at
-    after = live[live.index(at[0]) :]
-    falling = tuple((s.running, s.gen_tps) for s in after if s.running < top * (1 - tolerance))
+    falling = tuple((s.running, s.gen_tps) for s in live[live.index(at[0]) :] if s.running < floor)
     if len(at) > 2:
         at = at[1:]
     graphs = [s.cuda_graph for s in at if s.cuda_graph is not None]

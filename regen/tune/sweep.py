@@ -262,7 +262,7 @@ def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel |
     batch-independent part (e.g. the weights over the memory bandwidth) when given; else fitted to its
     plateau and its pilot's falling batch after it (the drain's small batches show the batch-independent
     part: on the H200, 2026-12-03, a plateau-only line put the 800-prompt race's drain at 23 s against 69
-    measured, and the projection 27% short); else to the plateaus of the candidates that share the best one's
+    measured, and the projection 29% short); else to the plateaus of the candidates that share the best one's
     state dtype. None without a server reading."""
     best = result.best
     m = best.measurement
