@@ -57,9 +57,13 @@ def test_a_second_run_after_unlock_generates_nothing_twice(tmp_path: Path) -> No
     assert unlock.returncode == 0, unlock.stderr
     second = start(wd, env, "second")
     # the two Snakemakes still delete and rewrite each other's outputs (a job's outputs are removed
-    # before it starts), so the first may fail a later job; the journals are what must not be shared
-    first.wait(600)
-    assert second.wait(600) == 0, (wd / "second.txt").read_text()[-3000:]
+    # before it starts), so either may fail a later job, as README step 10 says: the journals are what
+    # must not be shared, and a generate job is what must not fail; the rerun after both ends completes
+    runs = {"first": first.wait(600), "second": second.wait(600)}
+    for name, rc in runs.items():
+        out = (wd / f"{name}.txt").read_text()
+        generate_failed = "Error in rule generate" in out or "Error in group gpu" in out
+        assert rc == 0 or not generate_failed, f"{name}: {out[-3000:]}"
     again = start(wd, env, "again")
     assert again.wait(600) == 0, (wd / "again.txt").read_text()[-3000:]
 
