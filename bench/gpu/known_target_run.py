@@ -390,6 +390,8 @@ def sweep_projection(run: Path, phases: dict[str, Any] | None) -> dict[str, Any]
     return {
         "projected_gpu_s": projected,
         "projected_from": "projection_closed_loop" if closed else "projection (steady rate)",
+        # which decode-step line the closed loop played (regen.tune.sweep.step_model_of)
+        "step_basis": ((closed or {}).get("step_model") or {}).get("basis"),
         # the pilot saw too few whole answers: the projection is a lower bound (regen.tune.sweep)
         "lower_bound": bool(used.get("lower_bound")),
         "steady_projection_gpu_s": steady["gpu_hours"] * 3600,
@@ -560,7 +562,8 @@ def projection_lines(m: dict[str, Any]) -> list[str]:
     if sw:
         out += [
             f"Projection by `regen tune --sweep` before the run ({sw['projected_from']} of "
-            f"{sw['remaining_samples']} samples on `{' '.join(sw['best_args'] or [])}`): "
+            f"{sw['remaining_samples']} samples on `{' '.join(sw['best_args'] or [])}`"
+            f"{'; step line from ' + sw['step_basis'] if sw.get('step_basis') else ''}): "
             f"{fmt(sw['projected_gpu_s'])} GPU s; measured {fmt(sw['measured_gpu_s'])} GPU s (generation "
             f"phase); error {fmt(sw['error'])}. The generate jobs' whole time, server start included: "
             f"{fmt(sw['generate_jobs_s'])} s; the sweep itself: {fmt(ph.get('sweep_s'))} s.",

@@ -16,17 +16,19 @@ measures it as the time from its first request to the first decode line at the r
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class StepModel:
-    """Seconds per decode step as a line in the batch size."""
+    """Seconds per decode step as a line in the batch size, and what the line was drawn from (``basis``:
+    a projection says whether its step came from a fit or from one plateau, e.g. after a fit fell back)."""
 
     fixed_s: float
     per_request_s: float
+    basis: str = "given"
 
     def step_s(self, batch: int) -> float:
         return self.fixed_s + self.per_request_s * batch
@@ -42,7 +44,8 @@ class StepModel:
             raise ValueError(f"a plateau needs batch >= 1 and a rate > 0 (got {batch}, {tokens_per_s})")
         step = batch / tokens_per_s
         fixed = min(max(0.0, fixed_s), 0.9 * step)
-        return cls(fixed, (step - fixed) / batch)
+        basis = f"one plateau ({batch} running), fixed part {fixed * 1000:.2f} ms"
+        return cls(fixed, (step - fixed) / batch, basis)
 
     @classmethod
     def fit(cls, plateaus: Sequence[tuple[int, float]], fixed_s: float = 0.0) -> StepModel:
@@ -63,11 +66,14 @@ class StepModel:
         intercept = my - slope * mx
         if slope <= 0 or intercept < 0:
             b, step = max(pts)
-            return cls.from_plateau(b, b / step, fixed_s)
-        return cls(intercept, slope)
+            one = cls.from_plateau(b, b / step, fixed_s)
+            line = f"{intercept * 1000:.2f} ms + {slope * 1000:.4f} ms a request"
+            fell = f"the fit over {n} points had a negative part ({line})"
+            return dataclasses.replace(one, basis=f"{one.basis}: {fell}")
+        return cls(intercept, slope, f"least squares over {n} points at {len(set(xs))} batch sizes")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class RunEstimate:
     wall_s: float
     ramp_s: float  # the start burst (counted in wall_s)

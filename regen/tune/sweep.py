@@ -269,9 +269,10 @@ def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel |
     if m is None or m.server is None:
         return None
     if fixed_step_s > 0:
-        return StepModel.from_plateau(m.server.plateau_running, m.server.median_tps, fixed_step_s)
+        step = StepModel.from_plateau(m.server.plateau_running, m.server.median_tps, fixed_step_s)
+        return based_on(step, "the best pilot's plateau and the given fixed part")
     if m.server.falling:
-        return StepModel.fit(m.server.step_points())
+        return based_on(StepModel.fit(m.server.step_points()), "the best pilot's plateau and falling batch")
 
     def dtype(args: Sequence[str]) -> str | None:
         a = list(args)
@@ -283,7 +284,13 @@ def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel |
         if r.ok and r.measurement is not None and r.measurement.server is not None
         and dtype(r.args) == dtype(best.args)
     ]  # fmt: skip
-    return StepModel.fit(points)
+    source = f"the plateaus of {len(points)} candidates of the best one's state dtype"
+    return based_on(StepModel.fit(points), source)
+
+
+def based_on(step: StepModel, source: str) -> StepModel:
+    """``step`` with the measurements it was drawn from in front of how it was drawn."""
+    return dataclasses.replace(step, basis=f"{source}: {step.basis}")
 
 
 def closed_loop_projection(
@@ -315,7 +322,7 @@ def closed_loop_projection(
         **est.to_json(),
         "servers": servers,
         "gpu_hours": est.wall_s * servers * tp / 3600,
-        "step_model": {"fixed_s": step.fixed_s, "per_request_s": step.per_request_s},
+        "step_model": {"fixed_s": step.fixed_s, "per_request_s": step.per_request_s, "basis": step.basis},
     }
 
 

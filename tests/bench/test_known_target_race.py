@@ -77,7 +77,9 @@ def write_tsv(path: Path, seconds: list[float]) -> None:
 
 def test_sweep_projection_compares_its_closed_loop_with_the_generation_phase(tmp_path: Path) -> None:
     steady = project(1000, 635.0, 4000.0, 1, 1).to_json()
-    pilot = {"projection": steady, "projection_closed_loop": {"wall_s": 190.0, "gpu_hours": 190.0 / 3600}}
+    basis = "the best pilot's plateau and falling batch: least squares over 30 points at 7 batch sizes"
+    closed = {"wall_s": 190.0, "gpu_hours": 190.0 / 3600, "step_model": {"basis": basis}}
+    pilot = {"projection": steady, "projection_closed_loop": closed}
     pilot["best_args"] = ["--max-running-requests", "265"]
     (tmp_path / "results" / "plan").mkdir(parents=True)
     (tmp_path / "results" / "plan" / "pilot.json").write_text(json.dumps(pilot))
@@ -89,6 +91,8 @@ def test_sweep_projection_compares_its_closed_loop_with_the_generation_phase(tmp
     assert got["error"] == pytest.approx((190.0 - 200.0) / 200.0)
     assert got["steady_projection_gpu_s"] == pytest.approx(1000 * 635.0 / 4000.0)
     assert got["generate_jobs_s"] == pytest.approx(260.5)
+    lines = ktr.projection_lines({"sweep_projection": {**got, "error": 0.1}})
+    assert f"step line from {basis}" in "".join(lines)
     del pilot["projection_closed_loop"]  # no server reading for the closed loop: the steady rate's
     (tmp_path / "results" / "plan" / "pilot.json").write_text(json.dumps(pilot))
     assert ktr.sweep_projection(tmp_path, {"generation_s": 200.0})["error"] == pytest.approx(

@@ -30,6 +30,7 @@ from regen.serving.lifecycle import live_supervisors
 from regen.serving.metrics import METHOD_LOG, SteadyState
 from regen.serving.ports import port_is_free
 from regen.simulated.launcher import start_simulated_server
+from regen.tune.closedloop import StepModel
 from regen.tune.pilot import (
     CandidateResult,
     LengthStats,
@@ -323,6 +324,37 @@ def test_candidates_are_ranked_by_the_servers_steady_rate_when_it_gave_one() -> 
     assert row("b", 50.0, 400.0).rate_tok_s == 400.0 and row("b", 50.0, 400.0).decode_tok_s == 400.0
     result = SweepResult((row("a", 90.0, 300.0), row("b", 50.0, 400.0)), 1, 10.0, 2.0, 20)
     assert result.to_json()["best_rate_tok_s"] == 400.0 and result.rate_method == METHOD_LOG
+
+
+def test_the_closed_loop_says_which_step_line_it_used(tmp_path: Path) -> None:
+    """pilot.json names the decode-step line its closed loop played: the best pilot's plateau and falling
+    batch when the drain was seen, else the candidates' plateaus, and says so when a fit fell back."""
+    line = StepModel(0.014, 0.00015)
+
+    def row(label: str, cap: int, falling: tuple[int, ...] = (), slower: float = 1.0) -> CandidateResult:
+        fall = tuple((b, line.tokens_per_s(b)) for b in falling)
+        tps = line.tokens_per_s(cap) * slower
+        steady = SteadyState(cap, 5, tps, tps, 100.0, 1.0, METHOD_LOG, falling=fall)
+        m = PilotMeasurement(cap, 0.0, 10.0, 8.0, 20, 10, 0, 8, 10, 100, 50.0, 1.0, LengthStats.of([10], 0),
+                             1.0, 1.0, server=steady, completion_tokens=(300, 500, 800))  # fmt: skip
+        return CandidateResult(label, (label,), cap, True, None, m)
+
+    remaining = Remaining(shards=1, samples=100, finished=0)
+
+    def step_of(*rows: CandidateResult) -> dict[str, Any]:
+        report = pilot_report(SweepResult(rows, 0, 10.0, 2.0, 20), remaining, gpus=1, tp=1)  # the first best
+        return report["projection_closed_loop"]["step_model"]
+
+    drained = step_of(row("a", 265, falling=(200, 60, 5, 1)), row("b", 128))
+    assert drained["basis"].startswith("the best pilot's plateau and falling batch: least squares")
+    assert drained["fixed_s"] == pytest.approx(0.014, rel=1e-6)
+    plateaus = step_of(row("a", 265), row("b", 128))
+    assert plateaus["basis"].startswith("the plateaus of 2 candidates")
+    assert "least squares" in plateaus["basis"]
+    # the smaller batch slower per request than the larger: no line with a positive fixed part through them
+    fell = step_of(row("a", 265), row("b", 64, slower=0.2))
+    assert "one plateau (265 running)" in fell["basis"] and "negative part" in fell["basis"]
+    assert fell["fixed_s"] == 0.0
 
 
 def test_sweep_budget_stops_starting_candidates_and_says_so(tmp_path: Path) -> None:
