@@ -26,7 +26,7 @@ the baselines' wall times: the ``target:`` line (``projection_error`` the sweep'
 Collect to $OUT (8 files, flat): kt.log, designed.json, known_target_measured.{json,md},
 baseline-{default,seed}.json, where_time_went.md, kt-logs.tgz (Snakemake's logs, the sweep's log and
 pilot.json, config, re-audit summary, READY, the run's logs/ with its server log, the baselines' and the
-warm-up's server logs, baseline-warmup.json, the sampling-kernel prewarm log).
+warm-up's server logs, the sweep candidates' logs, baseline-warmup.json, the sampling-kernel prewarm log).
 Payload staging is live.sh's (``bash bench/gpu/live.sh stage`` per part; README: "Known-answer target").
 DRY=1 rehearses the same sequence here against regen's simulated server in chain mode (tiny model):
 
@@ -219,21 +219,27 @@ PRIOR = {
 WARM_IMPORTS = "import pandas, pyarrow.parquet, tokenizers, jinja2, snakemake.api, regen.cli"
 #: a sweep candidate past its server start: SGLang's warm-up, the pilot's ramp, the stop and GPU-free wait
 SWEEP_OVERHEAD_S = 30.0
+#: the pilot's drain after its window, a share of --seconds (regen.tune.pilot.DEFAULT_DRAIN_FRACTION; this
+#: script runs before the payload's packages are importable)
+SWEEP_DRAIN_FRACTION = 0.25
 
 
 def sweep_device_s(sweep_args: str, first: bool = False) -> float:
     """Device seconds of ``regen tune --sweep SWEEP_ARGS``: each candidate (``--candidates``, and the given
     flags unless ``--no-given``: ``regen.tune.tune.candidates_from_recommendation``; MTP candidates not
-    counted, the campaign passes ``--no-mtp``) a warm server start, ``--seconds`` and
-    :data:`SWEEP_OVERHEAD_S`; ``first``: its first server is the fresh machine's (a cold start)."""
+    counted, the campaign passes ``--no-mtp``) a warm server start, ``--seconds`` and its drain
+    (``--drain-seconds``) and :data:`SWEEP_OVERHEAD_S`; ``first``: its first server is the fresh
+    machine's (a cold start)."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     p.add_argument("--seconds", type=float, default=20.0)  # regen tune --sweep's own defaults
     p.add_argument("--candidates", type=int, default=2)
     p.add_argument("--no-given", action="store_true")
+    p.add_argument("--drain-seconds", type=float, default=None)
     got = p.parse_known_args(sweep_args.split())[0]
     servers = got.candidates + (0 if got.no_given else 1)
     cold = PRIOR["warmup"].start_s - PRIOR["regen"].start_s if first else 0.0
-    return cold + servers * (PRIOR["regen"].start_s + got.seconds + SWEEP_OVERHEAD_S)
+    drain = got.seconds * SWEEP_DRAIN_FRACTION if got.drain_seconds is None else got.drain_seconds
+    return cold + servers * (PRIOR["regen"].start_s + got.seconds + drain + SWEEP_OVERHEAD_S)
 
 
 def budget_estimate(order: list[str], prompts: int, warmup: bool, sweep_s: float | None) -> dict:
@@ -398,6 +404,9 @@ def collect() -> None:
         (run / "results" / "plan" / "pilot.json", "pilot.json"),
         (WORK / "baseline-warmup.json", "baseline-warmup.json"),
         (run / "logs", "run-logs"),
+        # the sweep's candidates (regen.layout.RunLayout.sweep_dir): their server logs' decode lines are what
+        # the projection's step line was fitted to
+        *((d / "logs", f"sweep-{d.name}-logs") for d in sorted((run / "work" / "sweep").glob("cand*"))),
         *((d / "logs", f"{d.name}-logs") for d in sorted(WORK.glob("baseline-*")) if d.is_dir()),
     ]
     with tarfile.open(out / "kt-logs.tgz", "w:gz") as tar:

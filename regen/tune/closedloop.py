@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
+import random
 from collections.abc import Sequence
 
 
@@ -71,6 +73,49 @@ class StepModel:
             fell = f"the fit over {n} points had a negative part ({line})"
             return dataclasses.replace(one, basis=f"{one.basis}: {fell}")
         return cls(intercept, slope, f"least squares over {n} points at {len(set(xs))} batch sizes")
+
+
+#: SGLang's flag that makes its sampling follow each request's seed (``sampling_batch_info``): only then does
+#: a truncation retry, sent with the same seed, decode the first attempt's tokens again
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Truncation:
+    """What a request slot decodes for an answer the model would make ``n`` tokens long, under the
+    truncation policy (``regen.generate.request.Requests.answer_turn``): an answer longer than
+    ``limit`` stops there; with ``retry`` the same coroutine at once asks again at ``retry_limit``, so the
+    slot stays busy for ``limit`` tokens plus the retry's answer. SGLang samples the retry anew (its seed
+    counts only under :data:`DETERMINISTIC_FLAG`, ``replays``: then the retry is the first answer again)."""
+
+    limit: int
+    policy: str = "retry"
+    retry_factor: float = 2.0
+    replays: bool = False
+
+    @property
+    def retry_limit(self) -> int:
+        return math.ceil(self.limit * self.retry_factor)
+
+    def slot_tokens(self, lengths: Sequence[int], seed: int = 0) -> list[int]:
+        """``lengths`` (answers as long as the model makes them, not capped) as the tokens their slots
+        decode: each one over ``limit`` is ``limit`` (``keep``, ``drop``) or ``limit`` plus its retry's
+        answer, at most ``retry_limit``: a fresh draw from ``lengths`` (seeded), or itself if ``replays``."""
+        rng = random.Random(seed)
+        out = []
+        for n in lengths:
+            if n <= self.limit:
+                out.append(n)
+            elif self.policy != "retry":
+                out.append(self.limit)
+            else:
+                again = n if self.replays else rng.choice(lengths)
+                out.append(self.limit + min(again, self.retry_limit))
+        return out
+
+    def retried(self, lengths: Sequence[int]) -> int:
+        """How many of ``lengths`` end their first attempt at ``limit``."""
+        return sum(1 for n in lengths if n > self.limit)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,4 +173,4 @@ def closed_loop_wall_s(
     )
 
 
-__all__ = ["RunEstimate", "StepModel", "closed_loop_wall_s"]
+__all__ = ["DETERMINISTIC_FLAG", "RunEstimate", "StepModel", "Truncation", "closed_loop_wall_s"]

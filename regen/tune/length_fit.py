@@ -8,7 +8,9 @@ answer is known to be longer than the longest finished first attempt (every firs
 window; one that started later is counted as if it had started with it). The log-normal that best explains
 both (maximum likelihood: the density at each finished length, the survival at the censoring point for
 each unfinished one) puts the unfinished answers back, each at a quantile of the fitted tail above that
-point, capped at ``max_tokens`` (a first attempt ends there; a truncation retry is not modelled).
+point. Those past ``max_tokens`` are left long here: the projections count each as its request slot
+decodes it under the truncation policy (the first attempt cut, then its retry:
+``regen.tune.closedloop.Truncation``).
 """
 
 from __future__ import annotations

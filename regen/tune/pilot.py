@@ -32,6 +32,13 @@ log = logging.getLogger("regen.tune.sweep")
 
 REPEAT_MARK = "~r"
 DEFAULT_WARMUP_FRACTION = 0.2
+#: after its window a pilot sends nothing new for this share of its seconds and lets its batch fall: the
+#: server's decode lines at the falling batch give the decode step its batch-independent part (the drain's
+#: cost, which a plateau alone cannot show: regen.tune.sweep.step_model_of), and long answers still running
+#: get to finish. Cancelled at its window's end, a pilot's server log has no falling batch: the candidate's
+#: server is stopped right after, and SGLang 0.5.17 aborts a disconnected request within 4 s anyway
+#: (``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``, ``tokenizer_manager._wait_one_response``)
+DEFAULT_DRAIN_FRACTION = 0.25
 SWEEP_SHARD = "pilot"
 
 
@@ -342,19 +349,25 @@ def measure_journal(
 
 
 class _Counted:
-    """An iterator that counts what it handed out."""
+    """An iterator that counts what it handed out, and ends when told to (:meth:`stop`)."""
 
     def __init__(self, it: Iterator[Sample]) -> None:
         self.it = it
         self.count = 0
+        self.stopped = False
 
     def __iter__(self) -> _Counted:
         return self
 
     def __next__(self) -> Sample:
+        if self.stopped:
+            raise StopIteration
         item = next(self.it)
         self.count += 1
         return item
+
+    def stop(self) -> None:
+        self.stopped = True
 
 
 async def drive_pilot_async(
@@ -365,8 +378,11 @@ async def drive_pilot_async(
     journal_path: str | os.PathLike[str],
     warmup_s: float | None = None,
     metrics_every_s: float = 2.0,
+    drain_s: float | None = None,
 ) -> PilotMeasurement:
-    """Drive ``endpoint`` with the real client for ``seconds``, then cancel it and measure the journal.
+    """Drive ``endpoint`` with the real client for ``seconds``, then send nothing new for up to ``drain_s``
+    (default :data:`DEFAULT_DRAIN_FRACTION` of ``seconds``) while the requests in flight finish, then cancel
+    it and measure the journal: throughput over the window, lengths over every finished first attempt.
 
     Concurrency is the endpoint's effective running cap (``generate.concurrency`` when the server does
     not say). Raises :class:`ShardFailedError` when the server fails the pilot before the time is up.
@@ -391,12 +407,19 @@ async def drive_pilot_async(
     poller = asyncio.create_task(poll_metrics(endpoint, polled, metrics_every_s))
     done, _ = await asyncio.wait({task}, timeout=seconds)
     stopped = time.time()
+    if done:  # only a failure ends a cycled pilot early
+        poller.cancel()
+        task.result()
+        raise SweepError("the pilot client stopped before its time was up")  # pragma: no cover
+    stream.stop()
+    drain = seconds * DEFAULT_DRAIN_FRACTION if drain_s is None else drain_s
+    if drain > 0:
+        await asyncio.wait({task}, timeout=drain)
     poller.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await poller
-    if done:  # only a failure ends a cycled pilot early
-        task.result()
-        raise SweepError("the pilot client stopped before its time was up")  # pragma: no cover
+    if task.done():
+        task.result()  # the drain ended with every request finished; a failure is the server's
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -422,10 +445,13 @@ def drive_pilot(
     journal_path: str | os.PathLike[str],
     warmup_s: float | None = None,
     metrics_every_s: float = 2.0,
+    drain_s: float | None = None,
 ) -> PilotMeasurement:
     """Blocking :func:`drive_pilot_async`."""
     return asyncio.run(
-        drive_pilot_async(endpoint, samples, generate_cfg, seconds, journal_path, warmup_s, metrics_every_s)
+        drive_pilot_async(
+            endpoint, samples, generate_cfg, seconds, journal_path, warmup_s, metrics_every_s, drain_s
+        )
     )
 
 

@@ -58,7 +58,7 @@ from regen.serving.ports import any_free_port
 from regen.serving.simulated_mode import build_simulated_command
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags
-from regen.tune.closedloop import StepModel, closed_loop_wall_s
+from regen.tune.closedloop import DETERMINISTIC_FLAG, StepModel, Truncation, closed_loop_wall_s
 from regen.tune.length_fit import CensoredLogNormal, fit_censored_lognormal
 from regen.tune.pilot import (
     DEFAULT_WARMUP_FRACTION,
@@ -181,8 +181,10 @@ def run_sweep(
     warmup_s: float | None = None,
     stop_grace_s: float = 30.0,
     budget_s: float | None = None,
+    drain_s: float | None = None,
 ) -> SweepResult:
-    """Benchmark each candidate for ``seconds_per_candidate`` (plus its server's startup) and keep the best.
+    """Benchmark each candidate for ``seconds_per_candidate`` (plus its server's startup and its pilot's
+    drain, ``drain_s``: :data:`regen.tune.pilot.DEFAULT_DRAIN_FRACTION`) and keep the best.
 
     A candidate whose server does not start or fails the pilot is a row with ``ok=False`` (e.g. an
     aggressive config that runs out of memory); the sweep raises :class:`SweepError` only when no
@@ -223,7 +225,7 @@ def run_sweep(
                 first = warm_up(endpoint, samples[0], generate_cfg, scratch.warmup_dir)
                 offset = log_size(server_log)
                 m = drive_pilot(endpoint, samples, generate_cfg, seconds_per_candidate,
-                                scratch.pilot_journal, warm)  # fmt: skip
+                                scratch.pilot_journal, warm, drain_s=drain_s)  # fmt: skip
                 m = dataclasses.replace(
                     m,
                     server=server_steady_state(log_since(server_log, offset), m.polled),
@@ -336,13 +338,17 @@ CENSORED_SHARE_LIMIT = 0.10
 class CensoredLengths:
     """How many of the pilot's distinct samples never finished in its windows (their lengths unseen), and
     the lengths the projections use: the finished first attempts, plus one modelled length per unfinished
-    one when a censored log-normal could be fitted (``modelled``)."""
+    one when a censored log-normal could be fitted (``modelled``), each as the tokens its request slot
+    decodes under the truncation policy (``retried``: modelled answers past ``max_tokens``, counted with
+    their retry; :class:`regen.tune.closedloop.Truncation`)."""
 
     first_attempts: int
     unfinished: int
     finished_lengths: tuple[int, ...] = ()
     lengths: tuple[int, ...] = ()
     fit: CensoredLogNormal | None = None
+    truncation: Truncation | None = None
+    retried: int = 0
 
     @property
     def share(self) -> float:
@@ -373,7 +379,8 @@ class CensoredLengths:
                 "tokens), at a quantile of the log-normal fitted to both by maximum likelihood with "
                 f"right-censoring (mu {fit.mu:.2f}, sigma {fit.sigma:.2f}; regen.tune.length_fit): "
                 f"{self.mean_tokens:.0f} tokens a sample against {finished:.0f} for the finished answers "
-                "alone. A length law that is not log-normal moves this; a longer --seconds measures more"
+                f"alone{self.retry_clause()}. A length law that is not log-normal moves this; a longer "
+                "--seconds measures more"
             )
         if not self.lower_bound:
             return f"{head} and are not in the length distribution (long outputs slightly under-represented)"
@@ -386,36 +393,67 @@ class CensoredLengths:
             "running cap) lets the long answers finish"
         )
 
+    def retry_clause(self) -> str:
+        """What the truncation policy added to the modelled lengths, as a clause ('' when nothing)."""
+        t = self.truncation
+        if t is None or not self.retried:
+            return ""
+        if t.policy != "retry":
+            return f" ({self.retried} of them cut at max_tokens {t.limit}: truncation {t.policy})"
+        again = "the same answer again" if t.replays else "a fresh answer"
+        return (
+            f"; {self.retried} of them run past max_tokens {t.limit} and are counted as {t.limit} tokens "
+            f"plus their retry's ({again}, at most {t.retry_limit}), as the client sends it in the same slot"
+        )
+
     def to_json(self) -> dict[str, Any]:
-        fit = self.fit
+        fit, t = self.fit, self.truncation
         return {"first_attempts": self.first_attempts, "unfinished": self.unfinished,
                 "share": round(self.share, 4), "lower_bound": self.lower_bound,
                 "model": None if fit is None else {
                     "law": "log-normal, right-censored at the longest finished (regen.tune.length_fit)",
                     "mu": round(fit.mu, 4), "sigma": round(fit.sigma, 4), "censored_at": fit.censored_at,
-                    "mean_tokens": round(self.mean_tokens or 0.0, 1)},
+                    "mean_tokens": round(self.mean_tokens or 0.0, 1), "retried": self.retried,
+                    "truncation": None if t is None else {"max_tokens": t.limit, "policy": t.policy,
+                                                          "retry_max_tokens": t.retry_limit,
+                                                          "replays": t.replays}},
                 "finished_lengths": list(self.finished_lengths)}  # fmt: skip
 
 
-def censored_share(result: SweepResult, max_tokens: int | None = None) -> CensoredLengths:
+def run_truncation(generate_cfg: GenerateConfig, server_args: Sequence[str]) -> Truncation:
+    """The run's truncation policy (``generate.truncation``, ``sampling.max_tokens``,
+    ``retry_max_tokens_factor``) on a server launched with ``server_args``."""
+    return Truncation(
+        generate_cfg.sampling.max_tokens, generate_cfg.truncation, generate_cfg.retry_max_tokens_factor,
+        replays=DETERMINISTIC_FLAG in server_args,
+    )  # fmt: skip
+
+
+def censored_share(result: SweepResult, truncation: Truncation | None = None) -> CensoredLengths:
     """The censored share over every measured candidate's pilot, and the lengths with the unfinished
-    ones modelled (:func:`regen.tune.length_fit.fit_censored_lognormal`, capped at ``max_tokens``)."""
+    ones modelled (:func:`regen.tune.length_fit.fit_censored_lognormal`), as their slots decode them under
+    ``truncation`` (None: as long as modelled). A finished answer that was itself a truncation retry counts
+    as its retry's length: a first attempt cut at ``max_tokens`` outlasts most pilot windows."""
     ms = [r.measurement for r in result.rows if r.measurement is not None]
     finished = tuple(t for m in ms for t in m.completion_tokens)
     unfinished = sum(m.first_attempts_unfinished for m in ms)
     fit = fit_censored_lognormal(finished, unfinished)
-    tail = tuple(fit.tail_lengths(max_tokens)) if fit is not None else ()
-    return CensoredLengths(sum(m.first_attempts for m in ms), unfinished, finished, finished + tail, fit)
+    tail = tuple(fit.tail_lengths(None)) if fit is not None else ()
+    modelled = finished + tail
+    slots = tuple(truncation.slot_tokens(modelled)) if truncation is not None else modelled
+    retried = truncation.retried(modelled) if truncation is not None else 0
+    first = sum(m.first_attempts for m in ms)
+    return CensoredLengths(first, unfinished, finished, slots, fit, truncation, retried)
 
 
 def pilot_report(
     result: SweepResult, remaining: Remaining, gpus: int, tp: int, *, extra: Mapping[str, Any] | None = None,
-    max_tokens: int | None = None,
+    truncation: Truncation | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The content of ``results/plan/pilot.json``: projections from the pilot's lengths with its
-    unfinished answers modelled (:func:`censored_share`)."""
+    unfinished answers modelled under the run's ``truncation`` policy (:func:`censored_share`)."""
     lengths = result.pooled_lengths()
-    censored = censored_share(result, max_tokens)
+    censored = censored_share(result, truncation)
     per_sample = censored.mean_tokens if censored.modelled else lengths.mean
     proj = project(remaining.remaining, per_sample, result.best.rate_tok_s, gpus, tp)
     assumptions = list(PROJECTION_ASSUMPTIONS)
@@ -451,4 +489,5 @@ __all__ = [
     "mtp_decision",
     "pilot_report",
     "run_sweep",
+    "run_truncation",
 ]

@@ -29,9 +29,10 @@ from regen.sglang.models import ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, UnmodelledError, gpu_memory_from_nvidia_smi
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
 from regen.sglang.workload import DEFAULT_WORKLOAD, Workload, workload_from_audit
+from regen.tune.pilot import DEFAULT_DRAIN_FRACTION
 from regen.tune.prestart import confirm_prestarted
 from regen.tune.projection import count_remaining
-from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep
+from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep, run_truncation
 from regen.tune.sweep_report import generate_job_seconds, render_result
 from regen.tune.workload_plan import plan_for_workload, planned_sglang_version, workload_from_audit_histogram
 from regen.types import Sample
@@ -316,6 +317,13 @@ def sweep_cli(argv: list[str]) -> int:
     p.add_argument("--pilot-shard", help="default: first results/shards/*.parquet")
     p.add_argument("--pilot-samples", type=int, default=300, help="pilot prompts (cycled) (default 300)")
     p.add_argument("--seconds", type=float, default=20.0, help="measurement time per candidate (default 20)")
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=None,
+        help="after each pilot's window, seconds it sends nothing new and lets the batch fall (the "
+        f"projection's drain cost comes from it; default: {DEFAULT_DRAIN_FRACTION:g} of --seconds)",
+    )
     p.add_argument("--candidates", type=int, default=2, help="tuner configs to try besides the given flags")
     p.add_argument(
         "--no-mtp", action="store_true", help="skip the MTP candidates (models with MTP layers: 1-3 steps)"
@@ -369,13 +377,13 @@ def sweep_cli(argv: list[str]) -> int:
         shard = ns.pilot_shard or _first_shard(layout)
         samples = pilot_samples(shard, ns.pilot_samples)
         result = run_sweep(server_cfg, [c for c, _ in pairs], samples, generate_cfg, ns.seconds,
-                           layout.sweep_dir)  # fmt: skip
+                           layout.sweep_dir, drain_s=ns.drain_seconds)  # fmt: skip
         remaining = count_remaining(ns.results, ns.work)
         report = pilot_report(
             result, remaining, gpus, tp,
             extra={"pilot_shard": str(shard), "model_config": str(model_config), "gpu_memory_mib": gpu_mib,
                    "server_mode": server_cfg.mode, "sglang_version": ns.sglang_version},
-            max_tokens=generate_cfg.sampling.max_tokens,
+            truncation=run_truncation(generate_cfg, result.best_args),
         )  # fmt: skip
         out = Path(ns.out) if ns.out else layout.pilot
         write_json(out, report)

@@ -15,6 +15,7 @@ import pytest
 from bench.gpu import known_target_device as ktd
 from bench.gpu import known_target_run as ktr
 from bench.gpu import where_time_went as wtw
+from regen.tune.pilot import DEFAULT_DRAIN_FRACTION
 from regen.tune.projection import project
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +31,11 @@ def test_sequence_args_keep_the_runs_flags_apart_from_its_own() -> None:
     assert own.order == "seed,regen"
     assert run_args == ["--n", "200", "--max-tokens", "512"]  # what known_target_run.py gets
     # the campaign's sweep: one candidate (not the given flags), 100 s after a warm start
-    assert ktd.sweep_device_s(same.sweep_args) == ktd.PRIOR["regen"].start_s + 100 + ktd.SWEEP_OVERHEAD_S
+    assert ktd.SWEEP_DRAIN_FRACTION == DEFAULT_DRAIN_FRACTION  # the pilot's own, restated before imports work
+    pilot = 100 * (1 + DEFAULT_DRAIN_FRACTION)  # --seconds 100 and the drain after it
+    assert ktd.sweep_device_s(same.sweep_args) == ktd.PRIOR["regen"].start_s + pilot + ktd.SWEEP_OVERHEAD_S
+    no_drain = ktd.sweep_device_s(f"{same.sweep_args} --drain-seconds 0")
+    assert no_drain == ktd.sweep_device_s(same.sweep_args) - 25
     assert ktd.sweep_device_s("--candidates 1") == 2 * ktd.sweep_device_s("--candidates 1 --no-given")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -10,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from regen.runconfig import GenerateConfig
+from regen.serving.metrics import METHOD_LOG, SteadyState
+from regen.tune.closedloop import Truncation
 from regen.tune.length_fit import MIN_FINISHED_TO_FIT, fit_censored_lognormal
 from regen.tune.pilot import CandidateResult, SweepResult, measure_journal
 from regen.tune.projection import Remaining
-from regen.tune.sweep import censored_share, pilot_report
+from regen.tune.sweep import censored_share, pilot_report, run_truncation
 from regen.tune.sweep_report import render_result
 
 
@@ -59,9 +63,10 @@ def test_a_pilot_with_long_answers_unfinished_projects_their_lengths(tmp_path: P
     ids = {f"s{k}" for k in range(len(every))}
     m = measure_journal(journal, now - 1, now + 5, 0.0, concurrency=265, sent=len(every), first_ids=ids)
     result = SweepResult((CandidateResult("recommended", (), 265, True, measurement=m),), 0, 6.0, 0.0, 300)
-    censored = censored_share(result, 2048)
+    keep = Truncation(2048, "keep")  # the answers above are cut at 2048, as under truncation: keep
+    censored = censored_share(result, keep)
     assert censored.modelled and not censored.lower_bound and censored.share == pytest.approx(0.17, abs=0.01)
-    report = pilot_report(result, Remaining(shards=1, samples=800, finished=0), gpus=1, tp=1, max_tokens=2048)
+    report = pilot_report(result, Remaining(shards=1, samples=800, finished=0), gpus=1, tp=1, truncation=keep)
     truth = sum(every) / len(every)
     assert report["projection"]["tokens_per_sample"] == pytest.approx(truth, rel=0.05)
     assert not report["projection"]["lower_bound"]
@@ -70,3 +75,52 @@ def test_a_pilot_with_long_answers_unfinished_projects_their_lengths(tmp_path: P
     shown = render_result(report)
     assert f"lengths: {unfinished} of the pilot's 300 samples were unfinished, modelled as longer" in shown
     assert "at least" not in shown
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_answers_past_max_tokens_count_with_their_retry_as_the_client_sends_it(
+    seed: int, tmp_path: Path
+) -> None:
+    """Under ``truncation: retry`` a first attempt past max_tokens holds its slot for max_tokens tokens, then
+    for a fresh answer at twice the limit: the projection counts both, as the real client's slots decode."""
+    rng = random.Random(seed)
+    law = [max(1, round(math.exp(rng.gauss(6.2, 0.8)))) for _ in range(20000)]  # ~4.4% past 2048
+
+    def slot(n: int) -> int:  # Requests.answer_turn: the cut first attempt, then a fresh draw at 4096
+        return n if n <= 2048 else 2048 + min(rng.choice(law), 4096)
+
+    every = law[:1000]  # a pilot's first attempts (fewer: the tail's sampling noise alone is ~6%)
+    truth = sum(slot(n) for n in law) / len(law)
+    cut = sorted(every)[int(0.83 * len(every))]
+    finished = [n for n in every if n <= cut]
+    journal = tmp_path / "j.jsonl"
+    now = time.time()
+    journal.write_text("".join(
+        json.dumps({"kind": "record", "id": f"s{k}", "usage": {"completion_tokens": n},
+                    "timings": {"started_at": now, "latency_s": 1.0}}) + "\n" for k, n in enumerate(finished)
+    ))  # fmt: skip
+    ids = {f"s{k}" for k in range(len(every))}
+    m = measure_journal(journal, now - 1, now + 5, 0.0, concurrency=265, sent=len(every), first_ids=ids)
+    m = dataclasses.replace(m, server=SteadyState(265, 5, 4000.0, 4000.0, 100.0, 1.0, METHOD_LOG))
+    best = CandidateResult("recommended", ("--tp", "1"), 265, True, measurement=m)
+    result = SweepResult((best,), 0, 6.0, 0.0, 300)
+    cfg = GenerateConfig.from_dict({"sampling": {"max_tokens": 2048}, "truncation": "retry"})
+    retry = run_truncation(cfg, result.best_args)
+    assert (retry.limit, retry.retry_limit, retry.replays) == (2048, 4096, False)
+    report = pilot_report(
+        result, Remaining(shards=1, samples=800, finished=0), gpus=1, tp=1, truncation=retry
+    )
+    got = report["projection"]["tokens_per_sample"]
+    capped = censored_share(result, Truncation(2048, "keep")).mean_tokens
+    assert got == pytest.approx(truth, rel=0.06) and capped < got
+    model = report["censored_lengths"]["model"]
+    assert model["retried"] > 0 and model["truncation"]["retry_max_tokens"] == 4096
+    assert any(
+        "counted as 2048 tokens plus their retry's (a fresh answer" in a for a in report["assumptions"]
+    )
+    # the closed loop plays the same slot lengths: its tokens are the projection's, per request
+    closed = report["projection_closed_loop"]
+    assert closed["output_tokens"] / closed["requests"] == pytest.approx(got, rel=0.1)
+    replays = run_truncation(cfg, ["--enable-deterministic-inference"])
+    assert replays.replays and replays.slot_tokens([3000, 5000, 100]) == [2048 + 3000, 2048 + 4096, 100]
+    assert Truncation(2048, "drop").slot_tokens([3000, 100]) == [2048, 100]

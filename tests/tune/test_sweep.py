@@ -30,6 +30,7 @@ from regen.serving.lifecycle import live_supervisors
 from regen.serving.metrics import METHOD_LOG, SteadyState
 from regen.serving.ports import port_is_free
 from regen.simulated.launcher import start_simulated_server
+from regen.simulated.options import OPTIONS_ENV
 from regen.tune.closedloop import StepModel
 from regen.tune.pilot import (
     CandidateResult,
@@ -355,6 +356,27 @@ def test_the_closed_loop_says_which_step_line_it_used(tmp_path: Path) -> None:
     fell = step_of(row("a", 265), row("b", 64, slower=0.2))
     assert "one plateau (265 running)" in fell["basis"] and "negative part" in fell["basis"]
     assert fell["fixed_s"] == 0.0
+
+
+def test_the_pilot_drains_its_batch_and_the_step_line_gets_its_fixed_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its window the pilot sends nothing new and lets the batch fall: the server's decode lines at
+    the falling batch give the step line the batch-independent part the plateau alone cannot show. The
+    simulated batch model decodes a step in 1/rate + running/(rate*half): 4 ms + 0.25 ms a request here."""
+    monkeypatch.setenv(OPTIONS_ENV, json.dumps({"log_interval_s": 0.2}))  # SGLang logs every 40 steps
+    cand = SweepCandidate(("--max-running-requests", "32"), 32, "recommended")
+    server = typed_server(free_base(), token_rate=250.0, half_speed_running=16, max_running_requests=32)
+    result = run_sweep(server, [cand], make_samples(64), TYPED_GENERATE, 4.0, tmp_path / "sweep",
+                       stop_grace_s=5, drain_s=4.0)  # fmt: skip
+    m = result.best.measurement
+    assert m is not None and m.server is not None and m.server.plateau_running == 32
+    assert len(m.server.falling) >= 3 and min(b for b, _ in m.server.falling) < 16
+    report = pilot_report(result, Remaining(shards=1, samples=500, finished=0), gpus=1, tp=1)
+    step = report["projection_closed_loop"]["step_model"]
+    assert step["basis"].startswith("the best pilot's plateau and falling batch: least squares")
+    assert step["fixed_s"] == pytest.approx(0.004, rel=0.1)
+    assert m.stopped_at - m.started_at < 4.5  # the window's throughput is the window's, drain apart
 
 
 def test_sweep_budget_stops_starting_candidates_and_says_so(tmp_path: Path) -> None:
