@@ -1,0 +1,117 @@
+"""Replay a race's sweep projection with today's length and step models against what the run measured.
+
+The sweep's projection (``results/plan/pilot.json``, ``projection_closed_loop``) is made before the run
+from the pilot's lengths and a decode-step line; a race bundle (``bench/results/known-target-*.logs.tgz``)
+keeps the pilot's lengths, the run's config and the run's own server log, and the measured file keeps the
+generation phase's GPU seconds. This plays the closed loop (``regen.tune.closedloop``) again, side by side:
+
+- ``recorded``: what the sweep wrote then;
+- ``capped``: the pilot's lengths with the unfinished ones modelled and cut at ``max_tokens`` (the model
+  before truncation retries were counted), on the replay's step line;
+- ``now``: the same lengths as their slots decode them under the run's truncation policy
+  (``regen.tune.closedloop.Truncation``), on the replay's step line.
+
+The replay's step line is the run's own server log fitted over its plateau and falling batch (``--step
+run``), or the one the sweep recorded (``--step pilot``): a pilot that drained its batch
+(``regen.tune.pilot.DEFAULT_DRAIN_FRACTION``) fits the first itself; older pilots did not drain.
+
+Usage: python bench/projection_replay.py BUNDLE_DIR MEASURED_JSON [--draws 20] [--step run|pilot]
+  (BUNDLE_DIR: a race's logs.tgz unpacked; MEASURED_JSON: its known_target_measured.json)
+Last line: ``projection_replay: measured_gpu_s=… recorded_gpu_s=… capped_gpu_s=… now_gpu_s=… step=…
+error_recorded=… error_capped=… error_now=… ratio=…`` (ratio: now / measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from regen.serving.metrics import decode_samples, steady_state
+from regen.tune.closedloop import DETERMINISTIC_FLAG, StepModel, Truncation, closed_loop_wall_s
+from regen.tune.length_fit import fit_censored_lognormal
+
+
+def run_step_line(server_log: Path) -> StepModel:
+    """The decode-step line of a run's server log: its plateau and its falling batch."""
+    steady = steady_state(decode_samples(server_log.read_text(errors="replace")))
+    if steady is None:
+        raise SystemExit(f"{server_log}: no decode plateau in the log")
+    return StepModel.fit(steady.step_points())
+
+
+def mean_closed_loop_gpu_s(
+    pool: Sequence[int], n: int, concurrency: int, step: StepModel, ramp_s: float, draws: int
+) -> float:
+    """The closed loop's wall over ``draws`` seeded draws of ``n`` lengths from ``pool`` (one server)."""
+    walls = []
+    for seed in range(draws):
+        rng = random.Random(seed)
+        walls.append(
+            closed_loop_wall_s([rng.choice(pool) for _ in range(n)], concurrency, step, ramp_s).wall_s
+        )
+    return statistics.fmean(walls)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("bundle", type=Path)
+    p.add_argument("measured", type=Path)
+    p.add_argument("--draws", type=int, default=20)
+    p.add_argument("--step", choices=("run", "pilot"), default="run")
+    a = p.parse_args(argv)
+
+    pilot = json.loads((a.bundle / "pilot.json").read_text())
+    measured = json.loads(a.measured.read_text())["sweep_projection"]
+    generate = yaml.safe_load((a.bundle / "config.yaml").read_text())["generate"]
+    best = pilot["candidates"][pilot["best_index"]]
+    recorded = pilot["projection_closed_loop"]
+    if a.step == "run":
+        step = run_step_line(a.bundle / "run-logs" / "servers" / "gpu0.log")
+    else:
+        step = StepModel(recorded["step_model"]["fixed_s"], recorded["step_model"]["per_request_s"])
+
+    lengths = pilot["censored_lengths"]
+    finished = list(lengths["finished_lengths"])
+    fit = fit_censored_lognormal(finished, lengths["unfinished"])
+    modelled = finished + (fit.tail_lengths(None) if fit is not None else [])
+    limit = int(generate["sampling"]["max_tokens"])
+    truncation = Truncation(
+        limit, generate["truncation"], float(generate["retry_max_tokens_factor"]),
+        replays=DETERMINISTIC_FLAG in pilot["best_args"],
+    )  # fmt: skip
+    n, concurrency, ramp = (
+        int(recorded["requests"]),
+        int(recorded["concurrency"]),
+        float(best["ramp_s"] or 0.0),
+    )
+    gpu_s = {
+        "measured": float(measured["measured_gpu_s"]),
+        "recorded": float(recorded["gpu_hours"]) * 3600,
+        "capped": mean_closed_loop_gpu_s(
+            [min(x, limit) for x in modelled], n, concurrency, step, ramp, a.draws
+        ),
+        "now": mean_closed_loop_gpu_s(truncation.slot_tokens(modelled), n, concurrency, step, ramp, a.draws),
+    }
+    errors = {k: (v - gpu_s["measured"]) / gpu_s["measured"] for k, v in gpu_s.items() if k != "measured"}
+    print(
+        f"step line ({a.step}): {step.fixed_s * 1000:.2f} ms + {step.per_request_s * 1000:.4f} ms a request; "
+        f"{truncation.retried(modelled)} of {len(modelled)} pilot lengths past max_tokens {limit}"
+    )
+    print(
+        "projection_replay: "
+        + " ".join(f"{k}_gpu_s={v:.1f}" for k, v in gpu_s.items())
+        + f" step={a.step} "
+        + " ".join(f"error_{k}={v:+.4f}" for k, v in errors.items())
+        + f" ratio={gpu_s['now'] / gpu_s['measured']:.4f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
