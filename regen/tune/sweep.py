@@ -259,6 +259,11 @@ def run_sweep(
 
 
 # --------------------------------------------------------------------------- projection --
+#: the pilot's falling batch fits the step line's fixed part only once it fell to this share of the plateau
+#: (a few lines just under the plateau leave the intercept to the noise of one 40-step decode line)
+FALLING_SPAN = 0.5
+
+
 def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel | None:
     """The decode-step cost line: through the best candidate's plateau with ``fixed_step_s`` as its
     batch-independent part (e.g. the weights over the memory bandwidth) when given; else fitted to its
@@ -273,8 +278,11 @@ def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel |
     if fixed_step_s > 0:
         step = StepModel.from_plateau(m.server.plateau_running, m.server.median_tps, fixed_step_s)
         return based_on(step, "the best pilot's plateau and the given fixed part")
-    if m.server.falling:
+    plateau = m.server.plateau_running
+    lowest = min((b for b, _ in m.server.falling), default=plateau)
+    if lowest <= plateau * FALLING_SPAN:
         return based_on(StepModel.fit(m.server.step_points()), "the best pilot's plateau and falling batch")
+    short = f"; the pilot's batch fell only to {lowest} of {plateau} running" if m.server.falling else ""
 
     def dtype(args: Sequence[str]) -> str | None:
         a = list(args)
@@ -286,7 +294,7 @@ def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel |
         if r.ok and r.measurement is not None and r.measurement.server is not None
         and dtype(r.args) == dtype(best.args)
     ]  # fmt: skip
-    source = f"the plateaus of {len(points)} candidates of the best one's state dtype"
+    source = f"the plateaus of {len(points)} candidates of the best one's state dtype{short}"
     return based_on(StepModel.fit(points), source)
 
 
