@@ -15,7 +15,7 @@ from regen.runconfig import GenerateConfig
 from regen.serving.metrics import METHOD_LOG, SteadyState
 from regen.tune.closedloop import Truncation
 from regen.tune.length_fit import MIN_FINISHED_TO_FIT, fit_censored_lognormal
-from regen.tune.pilot import CandidateResult, SweepResult, measure_journal
+from regen.tune.pilot import CandidateResult, PilotMeasurement, SweepResult, measure_journal
 from regen.tune.projection import Remaining
 from regen.tune.sweep import censored_share, pilot_report, run_truncation
 from regen.tune.sweep_report import render_result
@@ -51,17 +51,21 @@ def test_too_few_finished_answers_fit_nothing() -> None:
     assert fit_censored_lognormal(list(range(100, 200)), 0) is None  # nothing unfinished: nothing to model
 
 
-def test_a_pilot_with_long_answers_unfinished_projects_their_lengths(tmp_path: Path) -> None:
-    """The pilot's report uses the modelled lengths, is no longer a lower bound, and says how it got them."""
-    every, finished, unfinished = _pilot(0)
-    journal = tmp_path / "j.jsonl"
+def measured_pilot(journal: Path, finished: list[int], sent: int) -> PilotMeasurement:
+    """The pilot's measurement from a journal of its ``finished`` first attempts (``sent`` were sent)."""
     now = time.time()
     journal.write_text("".join(
         json.dumps({"kind": "record", "id": f"s{k}", "usage": {"completion_tokens": n},
                     "timings": {"started_at": now, "latency_s": 1.0}}) + "\n" for k, n in enumerate(finished)
     ))  # fmt: skip
-    ids = {f"s{k}" for k in range(len(every))}
-    m = measure_journal(journal, now - 1, now + 5, 0.0, concurrency=265, sent=len(every), first_ids=ids)
+    ids = {f"s{k}" for k in range(sent)}
+    return measure_journal(journal, now - 1, now + 5, 0.0, concurrency=265, sent=sent, first_ids=ids)
+
+
+def test_a_pilot_with_long_answers_unfinished_projects_their_lengths(tmp_path: Path) -> None:
+    """The pilot's report uses the modelled lengths, is no longer a lower bound, and says how it got them."""
+    every, finished, unfinished = _pilot(0)
+    m = measured_pilot(tmp_path / "j.jsonl", finished, sent=len(every))
     result = SweepResult((CandidateResult("recommended", (), 265, True, measurement=m),), 0, 6.0, 0.0, 300)
     keep = Truncation(2048, "keep")  # the answers above are cut at 2048, as under truncation: keep
     censored = censored_share(result, keep)
@@ -93,14 +97,7 @@ def test_answers_past_max_tokens_count_with_their_retry_as_the_client_sends_it(
     truth = sum(slot(n) for n in law) / len(law)
     cut = sorted(every)[int(0.83 * len(every))]
     finished = [n for n in every if n <= cut]
-    journal = tmp_path / "j.jsonl"
-    now = time.time()
-    journal.write_text("".join(
-        json.dumps({"kind": "record", "id": f"s{k}", "usage": {"completion_tokens": n},
-                    "timings": {"started_at": now, "latency_s": 1.0}}) + "\n" for k, n in enumerate(finished)
-    ))  # fmt: skip
-    ids = {f"s{k}" for k in range(len(every))}
-    m = measure_journal(journal, now - 1, now + 5, 0.0, concurrency=265, sent=len(every), first_ids=ids)
+    m = measured_pilot(tmp_path / "j.jsonl", finished, sent=len(every))
     m = dataclasses.replace(m, server=SteadyState(265, 5, 4000.0, 4000.0, 100.0, 1.0, METHOD_LOG))
     best = CandidateResult("recommended", ("--tp", "1"), 265, True, measurement=m)
     result = SweepResult((best,), 0, 6.0, 0.0, 300)
