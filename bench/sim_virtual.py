@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from regen.simulated.completion import Ask, Completion
 from regen.simulated.faults import unit_hash
@@ -218,7 +219,8 @@ class VirtualSimulatedServer(SimulatedServer):
         r_tokens = total * 3 // 4 if thinking else 0
         return Completion(reasoning, " ".join(rng.choices(WORDS, k=4)), r_tokens, total, finish)
 
-    async def _schedule(self, n_tokens: int) -> None:
+    async def _schedule(self, n_tokens: int, request: web.Request | None = None) -> bool:
+        """Decode in virtual time (a client that goes away is not checked for: the bench's never do)."""
         fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self.batch.advance(self.clock.now())
         self.batch.arrive(n_tokens, fut)
@@ -232,6 +234,7 @@ class VirtualSimulatedServer(SimulatedServer):
                 self.batch.running = [r for r in self.batch.running if r[2] is not fut]
                 heapq.heapify(self.batch.running)
                 self._sync_counts()
+        return True
 
     def _step_line(self, running: int, tokens: float, virtual_s: float) -> None:
         """One ``Decode batch`` line of ``decode_log_steps`` steps, in the base server's format."""

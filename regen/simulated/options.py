@@ -18,6 +18,7 @@ TOOL_CALL_PARSER_ENV = "REGEN_SIM_TOOL_CALL_PARSER"  # like SGLang's --tool-call
 OPTIONS_ENV = "REGEN_SIM_OPTIONS"
 #: SGLang's own benchmarking knob (speculative/spec_utils.py): the accept length it forces per verify step
 SIMULATE_ACC_LEN_ENV = "SGLANG_SIMULATE_ACC_LEN"
+WAIT_TIMEOUT_ENV = "SGLANG_REQUEST_STATE_WAIT_TIMEOUT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,10 @@ class SimOptions:
     long_fraction: float = 0.05  # share of answers made long_factor times longer (to hit length)
     long_factor: int = 64
     log_interval_s: float = 5.0
+    #: SGLang's tokenizer manager checks a non-streaming request's connection each time this long passes
+    #: without an answer and aborts the request (queued or running) when the client has gone
+    #: (``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``, default 4: ``tokenizer_manager._wait_one_response``, 0.5.17)
+    disconnect_check_s: float = 4.0
     request_log: str | None = None  # JSONL of received/completed chat requests (see module doc)
     tokenizer_path: str | None = None  # tokenizer.json + chat template: work in tokens (module doc)
     faults: Faults = field(default_factory=Faults)
@@ -148,9 +153,12 @@ def spec_startup_lines(opts: SimOptions) -> list[str]:
 
 def env_options(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
     """SimOptions fields from the environment: ``REGEN_SIM_OPTIONS`` (JSON) and SGLang's
-    ``SGLANG_SIMULATE_ACC_LEN`` (a negative value, SGLang's default -1, is off)."""
+    ``SGLANG_SIMULATE_ACC_LEN`` (a negative value, SGLang's default -1, is off) and
+    ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT`` (seconds, an integer as SGLang reads it)."""
     out: dict[str, Any] = orjson.loads(environ[OPTIONS_ENV]) if environ.get(OPTIONS_ENV) else {}
     raw = environ.get(SIMULATE_ACC_LEN_ENV)
     if raw and float(raw) > 0:
         out.setdefault("simulated_accept_len", float(raw))
+    if environ.get(WAIT_TIMEOUT_ENV):
+        out.setdefault("disconnect_check_s", float(int(environ[WAIT_TIMEOUT_ENV])))
     return out

@@ -478,7 +478,9 @@ class SimulatedServer:
         prompt_tokens = count_prompt_tokens(messages) if prompt_ids is None else len(prompt_ids)
         n_out = sum(c.completion_tokens for c in choices)
         if not self.opts.inline:
-            await self._schedule(n_out)
+            if not await self._schedule(n_out, request):
+                self.request_log("aborted", sid)  # the client went away: SGLang aborts, nothing is sent
+                return web.Response(status=499)
             if self.crashed:
                 _abort(request)
                 return web.Response(status=500)
@@ -546,21 +548,37 @@ class SimulatedServer:
             self.opts.token_rate * spec_speedup(self.opts, self.running / half) / (1.0 + self.running / half)
         )
 
-    async def _schedule(self, n_tokens: int) -> None:
+    async def _schedule(self, n_tokens: int, request: web.Request | None = None) -> bool:
+        """Queue for a slot, then decode ``n_tokens``; False when ``request``'s client went away first. As
+        SGLang's tokenizer manager does, the connection is checked every ``disconnect_check_s`` without an
+        answer, and a request whose client has gone is aborted, queued or running, freeing its slot (a
+        stalled scheduler frees nothing: the request hangs with it)."""
+        check = self.opts.disconnect_check_s
         self.queued += 1
         try:
-            await self.slots.acquire()
+            while True:
+                try:
+                    await asyncio.wait_for(self.slots.acquire(), check)
+                    break
+                except TimeoutError:
+                    if _gone(request):
+                        return False
         finally:
             self.queued -= 1
         self.running += 1
         try:
             await self._hold_if_stalled()
-            if self.opts.token_rate > 0:
-                await asyncio.sleep(n_tokens / self.per_request_rate())
+            left = n_tokens / self.per_request_rate() if self.opts.token_rate > 0 else 0.0
+            while left > 0:
+                await asyncio.sleep(min(left, check))
+                left -= check
+                if left > 0 and _gone(request):
+                    return False
             await self._hold_if_stalled()
         finally:
             self.running -= 1
             self.slots.release()
+        return True
 
     async def _fault(self, request: web.Request, kind: str) -> web.StreamResponse:
         if kind == "error":
@@ -587,6 +605,11 @@ class SimulatedServer:
         # disconnect: the connection is closed after the request was read, before any response byte
         _abort(request)
         return web.Response(status=500)
+
+
+def _gone(request: web.Request | None) -> bool:
+    """Whether the client closed ``request``'s connection (aiohttp drops the transport on connection_lost)."""
+    return request is not None and request.transport is None
 
 
 def _abort(request: web.Request) -> None:

@@ -197,6 +197,46 @@ def test_requests_beyond_the_cap_queue() -> None:
         stop()
 
 
+def test_a_request_whose_client_went_away_is_aborted_and_frees_its_slot(tmp_path: Path) -> None:
+    """As SGLang's tokenizer manager does every SGLANG_REQUEST_STATE_WAIT_TIMEOUT seconds without an answer:
+    a disconnected request is aborted, queued or running, and its slot serves the next one (a gone request
+    that held its slot would slow every timeout-and-retry test down against the real engine)."""
+    log = tmp_path / "requests.jsonl"
+    url, stop = start_simulated_server(
+        max_running_requests=1, token_rate=100, long_fraction=0.0, disconnect_check_s=0.2,
+        request_log=str(log),
+    )  # fmt: skip
+
+    def body(tokens: int) -> dict[str, Any]:
+        return {"messages": MSGS, "max_tokens": tokens, "ignore_eos": True}  # 100 tokens a second
+
+    try:
+
+        async def go() -> float:
+            running = asyncio.create_task(_post(url, body(100), "running"))  # holds the slot for 1 s
+            await asyncio.sleep(0.05)
+            with pytest.raises(asyncio.TimeoutError):  # waits behind it, then its client goes
+                await asyncio.wait_for(_post(url, body(10), "queued"), 0.3)
+            assert (await running)[0] == 200
+            with pytest.raises(asyncio.TimeoutError):  # 20 s of decoding, its client gone after 0.3
+                await asyncio.wait_for(_post(url, body(2000), "gone"), 0.3)
+            t0 = time.perf_counter()
+            assert (await _post(url, body(10), "next"))[0] == 200
+            return time.perf_counter() - t0
+
+        assert asyncio.run(go()) < 2.0  # not the 20 s the gone request would have held the slot
+        events = [(e["event"], e["id"]) for e in map(orjson.loads, log.read_bytes().splitlines())]
+        ended = [ev for ev in events if ev[0] in ("aborted", "completed")]
+        assert ended == [
+            ("aborted", "queued"),
+            ("completed", "running"),
+            ("aborted", "gone"),
+            ("completed", "next"),
+        ]
+    finally:
+        stop()
+
+
 def test_startup_delay_health_503_then_200() -> None:
     url, stop = start_simulated_server(startup_delay_s=0.6)
     try:
