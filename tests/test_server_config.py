@@ -111,6 +111,8 @@ PARAMETERS_NOT_FROM_THE_CONFIG = {
     # the seed of the random draw of output lengths from the pilot's completed lengths, not the
     # generate.sampling.seed that requests carry
     ("tune/sweep.py", "closed_loop_projection", "seed"): "random seed of the projection's length draw",
+    # the same for the lengths of the truncation retries the projection counts
+    ("tune/closedloop.py", "slot_tokens", "seed"): "random seed of the retries' length draw",
 }
 
 #: parameters that carry a config key's value under another name: parameter -> config key

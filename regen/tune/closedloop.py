@@ -89,8 +89,8 @@ class Truncation:
     counts only under :data:`DETERMINISTIC_FLAG`, ``replays``: then the retry is the first answer again)."""
 
     limit: int
-    policy: str = "retry"
-    retry_factor: float = 2.0
+    policy: str  # generate.truncation
+    retry_factor: float  # generate.retry_max_tokens_factor
     replays: bool = False
 
     @property

@@ -67,7 +67,7 @@ def test_a_pilot_with_long_answers_unfinished_projects_their_lengths(tmp_path: P
     every, finished, unfinished = _pilot(0)
     m = measured_pilot(tmp_path / "j.jsonl", finished, sent=len(every))
     result = SweepResult((CandidateResult("recommended", (), 265, True, measurement=m),), 0, 6.0, 0.0, 300)
-    keep = Truncation(2048, "keep")  # the answers above are cut at 2048, as under truncation: keep
+    keep = Truncation(2048, "keep", 2.0)  # the answers above are cut at 2048, as under truncation: keep
     censored = censored_share(result, keep)
     assert censored.modelled and not censored.lower_bound and censored.share == pytest.approx(0.17, abs=0.01)
     report = pilot_report(result, Remaining(shards=1, samples=800, finished=0), gpus=1, tp=1, truncation=keep)
@@ -108,7 +108,7 @@ def test_answers_past_max_tokens_count_with_their_retry_as_the_client_sends_it(
         result, Remaining(shards=1, samples=800, finished=0), gpus=1, tp=1, truncation=retry
     )
     got = report["projection"]["tokens_per_sample"]
-    capped = censored_share(result, Truncation(2048, "keep")).mean_tokens
+    capped = censored_share(result, Truncation(2048, "keep", 2.0)).mean_tokens
     assert got == pytest.approx(truth, rel=0.06) and capped < got
     model = report["censored_lengths"]["model"]
     assert model["retried"] > 0 and model["truncation"]["retry_max_tokens"] == 4096
@@ -120,4 +120,4 @@ def test_answers_past_max_tokens_count_with_their_retry_as_the_client_sends_it(
     assert closed["output_tokens"] / closed["requests"] == pytest.approx(got, rel=0.1)
     replays = run_truncation(cfg, ["--enable-deterministic-inference"])
     assert replays.replays and replays.slot_tokens([3000, 5000, 100]) == [2048 + 3000, 2048 + 4096, 100]
-    assert Truncation(2048, "drop").slot_tokens([3000, 100]) == [2048, 100]
+    assert Truncation(2048, "drop", 2.0).slot_tokens([3000, 100]) == [2048, 100]
