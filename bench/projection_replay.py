@@ -37,12 +37,10 @@ from regen.tune.closedloop import DETERMINISTIC_FLAG, StepModel, Truncation, clo
 from regen.tune.length_fit import fit_censored_lognormal
 
 
-def run_step_line(server_log: Path) -> StepModel:
-    """The decode-step line of a run's server log: its plateau and its falling batch."""
+def run_step_line(server_log: Path) -> StepModel | None:
+    """The decode-step line of a run's server log: its plateau and its falling batch (None: no plateau)."""
     steady = steady_state(decode_samples(server_log.read_text(errors="replace")))
-    if steady is None:
-        raise SystemExit(f"{server_log}: no decode plateau in the log")
-    return StepModel.fit(steady.step_points())
+    return None if steady is None else StepModel.fit(steady.step_points())
 
 
 def mean_closed_loop_gpu_s(
@@ -72,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     best = pilot["candidates"][pilot["best_index"]]
     recorded = pilot["projection_closed_loop"]
     if a.step == "run":
-        step = run_step_line(a.bundle / "run-logs" / "servers" / "gpu0.log")
+        log = a.bundle / "run-logs" / "servers" / "gpu0.log"
+        step = run_step_line(log)
+        if step is None:
+            raise SystemExit(f"{log}: no decode plateau in the log")
     else:
         step = StepModel(recorded["step_model"]["fixed_s"], recorded["step_model"]["per_request_s"])
 

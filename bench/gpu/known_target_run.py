@@ -51,6 +51,7 @@ from typing import Any
 import yaml
 
 from bench.gpu import known_target as kt
+from bench.projection_replay import run_step_line
 from regen.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -401,7 +402,21 @@ def sweep_projection(run: Path, phases: dict[str, Any] | None) -> dict[str, Any]
         "measured_gpu_s": measured,
         "generate_jobs_s": generate_jobs_s(run),
         "error": (projected - measured) / measured if measured else None,
+        # the step line the run itself decoded on (its server log, plateau and falling batch), beside the
+        # pilot's: how much of the error is the step line (bench/projection_replay.py replays with it)
+        "run_step_line": run_log_step_line(run),
     }
+
+
+def run_log_step_line(run: Path) -> str | None:
+    """The decode-step line fitted to the run's first server log, as text; None without one."""
+    logs = sorted((run / RunLayout().server_logs_root).glob("*.log"))
+    if not logs:
+        return None
+    step = run_step_line(logs[0])
+    if step is None:
+        return f"no decode plateau in {logs[0].name}"
+    return f"{step.fixed_s * 1000:.2f} ms + {step.per_request_s * 1000:.4f} ms a request ({step.basis})"
 
 
 def length_check(recs: list[dict[str, Any]], d: dict[str, Any] | None, model: Path) -> dict[str, Any]:
@@ -566,7 +581,8 @@ def projection_lines(m: dict[str, Any]) -> list[str]:
             f"{'; step line from ' + sw['step_basis'] if sw.get('step_basis') else ''}): "
             f"{fmt(sw['projected_gpu_s'])} GPU s; measured {fmt(sw['measured_gpu_s'])} GPU s (generation "
             f"phase); error {fmt(sw['error'])}. The generate jobs' whole time, server start included: "
-            f"{fmt(sw['generate_jobs_s'])} s; the sweep itself: {fmt(ph.get('sweep_s'))} s.",
+            f"{fmt(sw['generate_jobs_s'])} s; the sweep itself: {fmt(ph.get('sweep_s'))} s."
+            f"{' The run decoded on ' + sw['run_step_line'] + '.' if sw.get('run_step_line') else ''}",
             "",
         ]
     if not p:

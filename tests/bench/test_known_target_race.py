@@ -11,10 +11,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from support.decode_log import decode_log
 
 from bench.gpu import known_target_device as ktd
 from bench.gpu import known_target_run as ktr
 from bench.gpu import where_time_went as wtw
+from regen.tune.closedloop import StepModel
 from regen.tune.pilot import DEFAULT_DRAIN_FRACTION
 from regen.tune.projection import project
 
@@ -98,6 +100,12 @@ def test_sweep_projection_compares_its_closed_loop_with_the_generation_phase(tmp
     assert got["generate_jobs_s"] == pytest.approx(260.5)
     lines = ktr.projection_lines({"sweep_projection": {**got, "error": 0.1}})
     assert f"step line from {basis}" in "".join(lines)
+    assert got["run_step_line"] is None  # no server log in this run
+    (tmp_path / "logs" / "servers").mkdir(parents=True)
+    drained = StepModel(0.014, 0.00015)
+    (tmp_path / "logs" / "servers" / "gpu0.log").write_text(decode_log(drained, [265] * 6 + [120, 20, 1]))
+    line = ktr.sweep_projection(tmp_path, {"generation_s": 200.0})["run_step_line"]
+    assert line.startswith("14.00 ms + 0.1500 ms a request (least squares")
     del pilot["projection_closed_loop"]  # no server reading for the closed loop: the steady rate's
     (tmp_path / "results" / "plan" / "pilot.json").write_text(json.dumps(pilot))
     assert ktr.sweep_projection(tmp_path, {"generation_s": 200.0})["error"] == pytest.approx(

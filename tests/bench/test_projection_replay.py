@@ -8,17 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.decode_log import decode_log
 
 from bench import projection_replay
 from regen.tune.closedloop import StepModel
-
-
-def decode_line(running: int, tps: float, second: int) -> str:
-    return (
-        f"[2026-12-03 04:00:{second:02d}] Decode batch, #running-req: {running}, "
-        f"#full token: {running * 600}, "
-        f"full token usage: 0.20, cuda graph: True, gen throughput (token/s): {tps:.2f}, #queue-req: 0\n"
-    )
 
 
 def test_the_replay_counts_retries_and_says_it_in_one_line(
@@ -26,7 +19,7 @@ def test_the_replay_counts_retries_and_says_it_in_one_line(
 ) -> None:
     line = StepModel(0.014, 0.00015)
     batches = [64, 128] + [265] * 8 + [200, 120, 60, 20, 5, 1]
-    log = "".join(decode_line(b, line.tokens_per_s(b), i) for i, b in enumerate(batches))
+    log = decode_log(line, batches)
     (tmp_path / "run-logs" / "servers").mkdir(parents=True)
     (tmp_path / "run-logs" / "servers" / "gpu0.log").write_text(log)
     finished = [100 + 7 * k for k in range(250)]  # up to 1,843 tokens; 50 more unfinished: a long tail
