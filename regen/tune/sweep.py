@@ -259,9 +259,11 @@ def run_sweep(
 
 
 # --------------------------------------------------------------------------- projection --
-#: the pilot's falling batch fits the step line's fixed part only once it fell to this share of the plateau
-#: (a few lines just under the plateau leave the intercept to the noise of one 40-step decode line)
+#: the pilot's falling batch fits the step line's fixed part only once it fell to this share of the plateau,
+#: in at least FALLING_LINES decode lines (lines just under the plateau, or one line alone, leave the
+#: intercept to the noise of one 40-step decode line)
 FALLING_SPAN = 0.5
+FALLING_LINES = 3
 
 
 def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel | None:
@@ -278,11 +280,15 @@ def step_model_of(result: SweepResult, fixed_step_s: float = 0.0) -> StepModel |
     if fixed_step_s > 0:
         step = StepModel.from_plateau(m.server.plateau_running, m.server.median_tps, fixed_step_s)
         return based_on(step, "the best pilot's plateau and the given fixed part")
-    plateau = m.server.plateau_running
-    lowest = min((b for b, _ in m.server.falling), default=plateau)
-    if lowest <= plateau * FALLING_SPAN:
+    plateau, falling = m.server.plateau_running, m.server.falling
+    lowest = min((b for b, _ in falling), default=plateau)
+    if lowest <= plateau * FALLING_SPAN and len(falling) >= FALLING_LINES:
         return based_on(StepModel.fit(m.server.step_points()), "the best pilot's plateau and falling batch")
-    short = f"; the pilot's batch fell only to {lowest} of {plateau} running" if m.server.falling else ""
+    short = (
+        f"; the pilot's batch fell to {lowest} of {plateau} running in {len(falling)} decode lines, too "
+        f"little to fit (below {FALLING_SPAN:.0%} in {FALLING_LINES} lines)"
+        if falling else ""
+    )  # fmt: skip
 
     def dtype(args: Sequence[str]) -> str | None:
         a = list(args)

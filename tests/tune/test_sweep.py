@@ -357,11 +357,11 @@ def test_the_closed_loop_says_which_step_line_it_used(tmp_path: Path) -> None:
     assert "one plateau (265 running)" in fell["basis"] and "negative part" in fell["basis"]
     assert fell["fixed_s"] == 0.0
     # a drain that stopped just under the plateau says so, and the candidates' plateaus draw the line
-    near = step_of(row("a", 265, falling=(250, 240)), row("b", 128))
-    assert near["basis"].startswith(
-        "the plateaus of 2 candidates of the best one's state dtype; the pilot's batch"
-    )
-    assert "fell only to 240 of 265 running" in near["basis"]
+    near = step_of(row("a", 265, falling=(250, 240, 230)), row("b", 128))
+    assert near["basis"].startswith("the plateaus of 2 candidates of the best one's state dtype; the pilot")
+    assert "batch fell to 230 of 265 running in 3 decode lines, too little" in near["basis"]
+    one = step_of(row("a", 265, falling=(20,)), row("b", 128))  # far enough, but one line alone
+    assert "fell to 20 of 265 running in 1 decode lines, too little" in one["basis"]
 
 
 def test_the_pilot_drains_its_batch_and_the_step_line_gets_its_fixed_part(
