@@ -24,6 +24,7 @@ error_recorded=… error_capped=… error_now=… ratio=…`` (ratio: now / meas
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -32,9 +33,10 @@ from pathlib import Path
 
 import yaml
 
+from regen.runconfig import GenerateConfig
 from regen.serving.metrics import decode_samples, steady_state
-from regen.tune.closedloop import DETERMINISTIC_FLAG, StepModel, Truncation, closed_loop_wall_s
-from regen.tune.length_fit import fit_censored_lognormal
+from regen.tune.closedloop import StepModel, Truncation, closed_loop_wall_s
+from regen.tune.sweep import CensoredLengths, run_truncation
 
 
 def run_step_line(server_log: Path) -> StepModel | None:
@@ -78,31 +80,29 @@ def main(argv: list[str] | None = None) -> int:
         step = StepModel(recorded["step_model"]["fixed_s"], recorded["step_model"]["per_request_s"])
 
     lengths = pilot["censored_lengths"]
-    finished = list(lengths["finished_lengths"])
-    fit = fit_censored_lognormal(finished, lengths["unfinished"])
-    modelled = finished + (fit.tail_lengths(None) if fit is not None else [])
-    limit = int(generate["sampling"]["max_tokens"])
-    truncation = Truncation(
-        limit, generate["truncation"], float(generate["retry_max_tokens_factor"]),
-        replays=DETERMINISTIC_FLAG in pilot["best_args"],
-    )  # fmt: skip
-    n, concurrency, ramp = (
-        int(recorded["requests"]),
-        int(recorded["concurrency"]),
-        float(best["ramp_s"] or 0.0),
-    )
+    truncation = run_truncation(GenerateConfig.from_dict(generate), pilot["best_args"])
+    keep = dataclasses.replace(truncation, policy="keep")  # cut at max_tokens: the model before retries
+
+    def replayed(policy: Truncation) -> tuple[float, CensoredLengths]:
+        censored = CensoredLengths.of(
+            lengths["finished_lengths"], lengths["unfinished"], lengths["first_attempts"], policy
+        )
+        n, concurrency = int(recorded["requests"]), int(recorded["concurrency"])
+        ramp = float(best["ramp_s"] or 0.0)
+        return mean_closed_loop_gpu_s(censored.lengths, n, concurrency, step, ramp, a.draws), censored
+
+    capped_s, _ = replayed(keep)
+    now_s, now = replayed(truncation)
     gpu_s = {
         "measured": float(measured["measured_gpu_s"]),
         "recorded": float(recorded["gpu_hours"]) * 3600,
-        "capped": mean_closed_loop_gpu_s(
-            [min(x, limit) for x in modelled], n, concurrency, step, ramp, a.draws
-        ),
-        "now": mean_closed_loop_gpu_s(truncation.slot_tokens(modelled), n, concurrency, step, ramp, a.draws),
+        "capped": capped_s,
+        "now": now_s,
     }
     errors = {k: (v - gpu_s["measured"]) / gpu_s["measured"] for k, v in gpu_s.items() if k != "measured"}
     print(
-        f"step line ({a.step}): {step.fixed_s * 1000:.2f} ms + {step.per_request_s * 1000:.4f} ms a request; "
-        f"{truncation.retried(modelled)} of {len(modelled)} pilot lengths past max_tokens {limit}"
+        f"step line ({a.step}): {step.describe()}; "
+        f"{now.retried} of {len(now.lengths)} pilot lengths past max_tokens {truncation.limit}"
     )
     print(
         "projection_replay: "

@@ -416,7 +416,7 @@ def run_log_step_line(run: Path) -> str | None:
     step = run_step_line(logs[0])
     if step is None:
         return f"no decode plateau in {logs[0].name}"
-    return f"{step.fixed_s * 1000:.2f} ms + {step.per_request_s * 1000:.4f} ms a request ({step.basis})"
+    return f"{step.describe()} ({step.basis})"
 
 
 def length_check(recs: list[dict[str, Any]], d: dict[str, Any] | None, model: Path) -> dict[str, Any]:

@@ -35,6 +35,10 @@ class StepModel:
     def step_s(self, batch: int) -> float:
         return self.fixed_s + self.per_request_s * batch
 
+    def describe(self) -> str:
+        """The line in words, e.g. ``14.53 ms + 0.1390 ms a request``."""
+        return f"{self.fixed_s * 1000:.2f} ms + {self.per_request_s * 1000:.4f} ms a request"
+
     def tokens_per_s(self, batch: int) -> float:
         return batch / self.step_s(batch) if batch > 0 else 0.0
 
@@ -69,8 +73,7 @@ class StepModel:
         if slope <= 0 or intercept < 0:
             b, step = max(pts)
             one = cls.from_plateau(b, b / step, fixed_s)
-            line = f"{intercept * 1000:.2f} ms + {slope * 1000:.4f} ms a request"
-            fell = f"the fit over {n} points had a negative part ({line})"
+            fell = f"the fit over {n} points had a negative part ({cls(intercept, slope).describe()})"
             return dataclasses.replace(one, basis=f"{one.basis}: {fell}")
         return cls(intercept, slope, f"least squares over {n} points at {len(set(xs))} batch sizes")
 

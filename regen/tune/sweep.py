@@ -364,6 +364,21 @@ class CensoredLengths:
     truncation: Truncation | None = None
     retried: int = 0
 
+    @classmethod
+    def of(
+        cls, finished: Sequence[int], unfinished: int, first_attempts: int, truncation: Truncation | None
+    ) -> CensoredLengths:
+        """The pilot's ``finished`` first-attempt lengths with its ``unfinished`` ones modelled
+        (:func:`regen.tune.length_fit.fit_censored_lognormal`), as their slots decode them under
+        ``truncation`` (None: as long as modelled)."""
+        fit = fit_censored_lognormal(finished, unfinished)
+        modelled = (*finished, *(fit.tail_lengths(None) if fit is not None else ()))
+        if truncation is None:
+            return cls(first_attempts, unfinished, tuple(finished), modelled, fit)
+        slots = tuple(truncation.slot_tokens(modelled))
+        retried = truncation.retried(modelled)
+        return cls(first_attempts, unfinished, tuple(finished), slots, fit, truncation, retried)
+
     @property
     def share(self) -> float:
         return self.unfinished / self.first_attempts if self.first_attempts else 0.0
@@ -449,15 +464,9 @@ def censored_share(result: SweepResult, truncation: Truncation | None = None) ->
     ``truncation`` (None: as long as modelled). A finished answer that was itself a truncation retry counts
     as its retry's length: a first attempt cut at ``max_tokens`` outlasts most pilot windows."""
     ms = [r.measurement for r in result.rows if r.measurement is not None]
-    finished = tuple(t for m in ms for t in m.completion_tokens)
+    finished = [t for m in ms for t in m.completion_tokens]
     unfinished = sum(m.first_attempts_unfinished for m in ms)
-    fit = fit_censored_lognormal(finished, unfinished)
-    tail = tuple(fit.tail_lengths(None)) if fit is not None else ()
-    modelled = finished + tail
-    slots = tuple(truncation.slot_tokens(modelled)) if truncation is not None else modelled
-    retried = truncation.retried(modelled) if truncation is not None else 0
-    first = sum(m.first_attempts for m in ms)
-    return CensoredLengths(first, unfinished, finished, slots, fit, truncation, retried)
+    return CensoredLengths.of(finished, unfinished, sum(m.first_attempts for m in ms), truncation)
 
 
 def pilot_report(

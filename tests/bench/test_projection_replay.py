@@ -27,7 +27,7 @@ def test_the_replay_counts_retries_and_says_it_in_one_line(
         "best_index": 0,
         "best_args": ["--max-running-requests", "265"],
         "candidates": [{"ramp_s": 5.0}],
-        "censored_lengths": {"finished_lengths": finished, "unfinished": 50},
+        "censored_lengths": {"first_attempts": 300, "finished_lengths": finished, "unfinished": 50},
         "projection_closed_loop": {"requests": 800, "concurrency": 265, "gpu_hours": 100.0 / 3600,
                                    "step_model": {"fixed_s": 0.0, "per_request_s": 0.0002}},
     }  # fmt: skip
