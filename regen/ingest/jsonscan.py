@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
-from regen.ingest.rawfile import FILE_FIELD, STREAM_ERRORS, UTF8_BOM, empty_file, open_input
+from regen.ingest.rawfile import FILE_FIELD, STREAM_ERRORS, UTF8_BOM, OpenInput, empty_file, open_input
 from regen.ingest.rows import ROW_FIELD, row_format
 from regen.types import BadRow
 
@@ -92,21 +92,38 @@ def iter_jsonl(path: Path, id_column: str | None) -> Iterator[tuple[int, Any]]:
                 while end and line[end - 1] in _LINE_END:
                     end -= 1
                 if line.find(b"\r", 0, end) >= 0:
-                    pieces: Iterable[bytes | memoryview] = _split_cr(line[:end])
+                    pieces: list[bytes] | tuple[memoryview] = _split_cr(line[:end])
                 else:  # a view, not a copy: one huge line is held once
                     pieces = (memoryview(line)[:end],)
-                for piece in pieces:
+                unterminated = end == len(line)  # only the file's last line can lack its line end
+                for k, piece in enumerate(pieces):
                     row += 1
                     if _blank(piece):
                         continue
                     seen_any = True
-                    yield row, parse_json_bytes(piece, file, row, id_column)
+                    value = parse_json_bytes(piece, file, row, id_column)
+                    if isinstance(value, BadRow) and unterminated and k == len(pieces) - 1:
+                        start = src.read_bytes - len(line) + (end - len(piece))
+                        value = cut_last_line(value, start, src)
+                    yield row, value
         except STREAM_ERRORS as exc:  # a truncated compressed stream, an I/O error
             problem = src.unread_problem(exc, row + 1)
             yield row + 1, BadRow(file, row + 1, FILE_FIELD, problem, unread_tail=True)
             return
     if not seen_any:
         yield empty_file(path)
+
+
+def cut_last_line(bad: BadRow, start: int, src: OpenInput) -> BadRow:
+    """The file's last line has no line end and is not JSON: a copy cut short mid-line, so lost input
+    (the ``max_unread_tail_files`` gate), not one bad row."""
+    where = f"byte {start:,}" if src.compression is None else f"byte {start:,} of the decompressed data"
+    problem = (
+        f"the file ends mid-line: its last line (from {where} to the end, {src.read_bytes - start:,} bytes) "
+        f"has no line end and is not complete JSON, so the file looks cut short and the rest of that row "
+        f"and of any rows after it is missing ({bad.problem})"
+    )
+    return BadRow(bad.file, bad.row, FILE_FIELD, problem, unread_tail=True)
 
 
 class _ScanError(Exception):
