@@ -14,7 +14,8 @@ PORT="${REGEN_S3_PORT:-8333}"
 BUCKET="${REGEN_S3_BUCKET:-regen-test}"
 export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-regentestkey}"
 export AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-regentestsecret}"
-ENDPOINT="http://127.0.0.1:${PORT}"
+IP="${REGEN_S3_IP:-127.0.0.1}"   # .ci/run sets the multi-node cluster's bridge address: its nodes reach S3 there
+ENDPOINT="http://${IP}:${PORT}"
 PIDFILE="$STATE/weed.pid"
 LOG="$STATE/weed.log"
 
@@ -37,7 +38,7 @@ answers() { # any HTTP answer on the S3 port
   if command -v curl >/dev/null 2>&1; then
     curl -s -o /dev/null --max-time 2 "$ENDPOINT/"
   else
-    (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null
+    (exec 3<>"/dev/tcp/$IP/$PORT") 2>/dev/null
   fi
 }
 
@@ -71,7 +72,7 @@ fi
 
 rm -rf "$STATE/data" && mkdir -p "$STATE/data"
 # -ip/-ip.bind: without both, weed advertises and binds a non-loopback address.
-setsid "$WEED" mini -dir="$STATE/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.port="$PORT" \
+setsid "$WEED" mini -dir="$STATE/data" -ip="$IP" -ip.bind="$IP" -s3.port="$PORT" \
   -admin.ui=false -webdav=false -s3.port.iceberg=0 -s3.port.lance=0 -bucket="$BUCKET" \
   </dev/null >"$LOG" 2>&1 &
 echo $! > "$PIDFILE"
