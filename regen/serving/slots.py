@@ -7,7 +7,9 @@ Design "B" of docs/notes (self-managed per-GPU servers, no Snakemake service rul
 * it reuses the live supervisor recorded in ``gpu{k}.url`` or starts one, detached
   (``python -m regen.serving.supervisor``), and waits until the server answers a one-token generation;
 * the supervisor owns the server process: restarts it when it crashes (bounded), and exits when told
-  to, when idle with no lease held, or when the Snakemake process that owns the run is gone.
+  to, when idle with no lease held, or when its owner is gone: the Snakemake process that owns the run,
+  or in a Slurm job the job itself (``SLURM_JOB_ID``): the members of a group job run one after another,
+  each in a Snakemake process of its own, and all of them reuse the server the first one started.
 
 :func:`serve_on_slot` is what ``regen.serving.lifecycle.acquire_server`` runs for a mode that launches.
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 from regen.fingerprint import server_numerics
 from regen.io import read_json, write_json
-from regen.layout import SlotFiles, prestart_lock_in
+from regen.layout import SlotFiles, prestart_lock_in, slurm_job_id
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, api_key_from
 from regen.serving.ports import client_host, pick_port
@@ -112,6 +114,9 @@ class LaunchSpec:
     api_key_env: str | None
     #: no generated token for this long with requests in flight restarts the server; None: not watched
     stall_timeout_s: float | None = None
+    #: the Slurm job that owns the server instead of ``owner_pid`` (a group job's members run one after
+    #: another, each its own process: the server lives as long as the job, for all of them)
+    owner_slurm_job: str | None = None
 
 
 def supervisor_argv(spec: LaunchSpec) -> list[str]:
@@ -153,6 +158,8 @@ def supervisor_argv(spec: LaunchSpec) -> list[str]:
         argv += ["--api-key-env", spec.api_key_env]
     if spec.stall_timeout_s is not None:
         argv += ["--stall-timeout", str(spec.stall_timeout_s)]
+    if spec.owner_slurm_job is not None:
+        argv += ["--owner-slurm-job", spec.owner_slurm_job]
     return [*argv, "--", *spec.command]
 
 
@@ -450,6 +457,8 @@ def live_or_start(
         owner_pid=owner_pid if owner_pid is not None else find_owner_pid(),
         api_key_env=cfg.api_key_env if api_key else None,
         stall_timeout_s=cfg.stall_timeout_s,
+        # a job's server in a Slurm job belongs to that job: its next group member reuses it
+        owner_slurm_job=slurm_job_id() if owner_pid is None else None,
     )
     started = start_supervisor(spec)
     if command_check is not None:

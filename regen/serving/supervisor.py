@@ -15,7 +15,9 @@ process group, killed with the supervisor through ``PR_SET_PDEATHSIG``) and
 * exits, stopping the server, on SIGTERM/SIGINT; when ``--idle-timeout`` has passed with no lease held
   (it takes LOCK_EX on ``--lease-file`` and removes the url file under that lock, so a job cannot pick
   up a server that is going away); or
-  promptly when ``--owner-pid`` (the Snakemake process) is gone and no lease is held.
+  promptly when its owner is gone and no lease is held: ``--owner-pid`` (the Snakemake process), or with
+  ``--owner-slurm-job`` the Slurm job (its ``slurmstepd: [JOB.batch]`` process on this node, else
+  ``squeue``): the members of a group job come and go, the job stays until its last member is done.
 
 A server that crashed or stalled is stopped with SIGTERM to its group and SIGKILL after ``--grace``
 seconds, so SGLang can dump what it was doing. A planned exit (signal, idle, owner gone) kills the group
@@ -80,6 +82,58 @@ class SupervisorConfig:
     progress_file: Path | None = None
     restarts_file: Path | None = None
     stall_timeout_s: float | None = None
+    owner_slurm_job: str | None = None
+
+
+#: seconds between two ``squeue`` looks at the owning Slurm job (only when its slurmstepd is not visible)
+SQUEUE_EVERY_S = 10.0
+
+
+class SlurmJobWatch:
+    """Is a Slurm job still running? Its batch step's ``slurmstepd: [JOB.batch]`` on this node (a look at
+    /proc, free), or, where that process cannot be seen, ``squeue`` at most every :data:`SQUEUE_EVERY_S`."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.local = self.stepd_alive()
+        self.last_look = -SQUEUE_EVERY_S
+        self.last_answer = True
+
+    def stepd_alive(self) -> bool:
+        prefix = f"slurmstepd: [{self.job}.".encode()
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                    if fh.read(64).startswith(prefix):
+                        return True
+            except OSError:
+                continue
+        return False
+
+    def alive(self) -> bool:
+        if self.local:
+            return self.stepd_alive()
+        now = time.monotonic()
+        if now - self.last_look >= SQUEUE_EVERY_S:
+            self.last_look = now
+            self.last_answer = squeue_running(self.job)
+        return self.last_answer
+
+
+def squeue_running(job: str) -> bool:
+    """``squeue`` says the job is pending, running or completing (an unanswered query counts as alive:
+    the idle timeout still ends a supervisor whose job is gone)."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    if out.returncode != 0:
+        return "Invalid job id" not in out.stderr
+    return out.stdout.strip() in {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"}
 
 
 class Stop(Exception):
@@ -93,6 +147,7 @@ class Supervisor:
         self.pid = os.getpid()
         self.signalled: str | None = None
         self.owner_start = _start_time(cfg.owner_pid)
+        self.owner_job = SlurmJobWatch(cfg.owner_slurm_job) if cfg.owner_slurm_job else None
         self.lease_fd = os.open(cfg.lease_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         self.child: subprocess.Popen[bytes] | None = None
@@ -120,7 +175,14 @@ class Supervisor:
                 self.cfg.url_file.unlink()
 
     # -- conditions ---------------------------------------------------------------------------------
+    def owner(self) -> str:
+        if self.owner_job is not None:
+            return f"Slurm job {self.cfg.owner_slurm_job}"
+        return f"owner PID {self.cfg.owner_pid}"
+
     def owner_gone(self) -> bool:
+        if self.owner_job is not None:
+            return not self.owner_job.alive()
         stat = proc_stat(self.cfg.owner_pid)
         if stat is None or stat[0] in ("Z", "X"):
             return True
@@ -146,7 +208,7 @@ class Supervisor:
             return
         idle_for = time.monotonic() - self.last_busy
         if self.owner_gone():
-            raise Stop(f"owner PID {self.cfg.owner_pid} is gone and no job holds the lease")
+            raise Stop(f"{self.owner()} is gone and no job holds the lease")
         if idle_for >= self.cfg.idle_timeout_s:
             raise Stop(f"idle for {idle_for:.1f} s with no job holding the lease")
         self.release_lease()
@@ -187,7 +249,7 @@ class Supervisor:
             if child.poll() is not None:
                 return False
             if self.owner_gone() and self.try_exclusive_lease():
-                raise Stop(f"owner PID {self.cfg.owner_pid} is gone and no job holds the lease")
+                raise Stop(f"{self.owner()} is gone and no job holds the lease")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Stop(
@@ -396,6 +458,7 @@ def parse_args(argv: list[str]) -> SupervisorConfig:
     p.add_argument("--startup-timeout", type=float, required=True)
     p.add_argument("--max-restarts", type=int, required=True)
     p.add_argument("--owner-pid", type=int, required=True)
+    p.add_argument("--owner-slurm-job", default=None, help="the Slurm job owning the server (not the PID)")
     p.add_argument("--model", required=True)
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
@@ -426,6 +489,7 @@ def parse_args(argv: list[str]) -> SupervisorConfig:
         progress_file=a.progress_file,
         restarts_file=a.restarts_file,
         stall_timeout_s=a.stall_timeout,
+        owner_slurm_job=a.owner_slurm_job,
     )
 
 
@@ -441,7 +505,11 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        sup.say(f"supervising slot {cfg.slot}; owner PID {cfg.owner_pid} alive={pid_alive(cfg.owner_pid)}")
+        if sup.owner_job is not None:
+            how = "its slurmstepd on this node" if sup.owner_job.local else "squeue"
+            sup.say(f"supervising slot {cfg.slot}; owner {sup.owner()} (watched through {how})")
+        else:
+            sup.say(f"supervising slot {cfg.slot}; {sup.owner()} alive={pid_alive(cfg.owner_pid)}")
         return sup.run()
 
 

@@ -109,8 +109,8 @@ JOB = textwrap.dedent(
     def note(**kw):
         with open(out, "a") as fh:
             fh.write(json.dumps(kw) + "\\n")
-    with acquire_server(ServerConfig.from_mapping(cfg), None, "work/servers", "logs/servers", owner_pid=owner,
-                        command_builder=builder, poll_s=0.05) as ep:
+    with acquire_server(ServerConfig.from_mapping(cfg), None, "work/servers", "logs/servers",
+                        owner_pid=owner or None, command_builder=builder, poll_s=0.05) as ep:
         note(event="acquired", t=time.time(), url=ep.url, server_id=ep.server_id,
              max_running_requests=ep.max_running_requests, version=ep.version, model=ep.model)
         time.sleep(hold)
@@ -216,14 +216,22 @@ class Rig:
         owner: int | None = None,
         extra: tuple[str, ...] = (),
         cwd: Path | None = None,
+        slurm_job: str | None = None,
     ) -> tuple[subprocess.Popen[bytes], Path]:
+        """A shard job; with ``slurm_job`` it runs as a member of that Slurm job (``SLURM_JOB_ID``) and
+        names no owner PID, as a generate job on a cluster."""
         out = self.root / f"{name}.jsonl"
         env = dict(os.environ)
         env.pop("CUDA_VISIBLE_DEVICES", None)
+        if slurm_job is not None:
+            env["SLURM_JOB_ID"] = slurm_job
         args = ["--record", str(self.record), *extra]
+        owner_arg = "0" if slurm_job is not None else str(owner or os.getpid())
+        # a Slurm member's parent is its own short-lived process (there: the member's snakemake)
+        wrap = ["sh", "-c", '"$@"; exit $?', "sh"] if slurm_job is not None else []
         proc = subprocess.Popen(
-            [sys.executable, str(self.job_script), json.dumps(cfg), str(out), str(hold),
-             str(owner or os.getpid()), str(self.standin), json.dumps(args)],
+            [*wrap, sys.executable, str(self.job_script), json.dumps(cfg), str(out), str(hold),
+             owner_arg, str(self.standin), json.dumps(args)],
             cwd=cwd or self.root, env=env, stderr=subprocess.PIPE,
         )  # fmt: skip
         self.jobs.append(proc)
@@ -336,6 +344,34 @@ def test_supervisor_exits_when_owner_dies(rig: Rig) -> None:
             owner.kill()
             owner.wait()
     assert "owner PID" in (rig.root / "logs/servers/gpu0.log").read_text()
+
+
+def test_members_of_a_slurm_job_reuse_one_server_until_the_job_ends(rig: Rig) -> None:
+    """A Slurm group job runs its K shards one after another, each in a Snakemake process of its own: the
+    server belongs to the job (its ``slurmstepd: [JOB.batch]``), not to the first member's process, so
+    the next member reuses it and it stops once the job is gone (a stand-in stepd process here)."""
+    job = str(random.randint(10**8, 10**9))
+    stepd = subprocess.Popen(["bash", "-c", f'exec -a "slurmstepd: [{job}.batch]" sleep 600'])
+    try:
+        cfg = rig.cfg(idle_timeout_s=600)
+        a, a_out = rig.job(cfg, "a", hold=0, slurm_job=job)
+        finish(a)
+        time.sleep(2.0)  # the supervisor looks at its owner every 0.5 s
+        assert procs_mentioning(str(rig.root)), "the server stopped when the job's first member exited"
+        b, b_out = rig.job(cfg, "b", hold=0, slurm_job=job)
+        finish(b)
+        assert events(a_out)[0]["url"] == events(b_out)[0]["url"]
+        assert len(rig.starts()) == 1, "the second member started its own server"
+        stepd.kill()
+        stepd.wait()
+        wait_for(lambda: not procs_mentioning(str(rig.root)), 5, "supervisor to exit after its job ended")
+    finally:
+        if stepd.poll() is None:
+            stepd.kill()
+            stepd.wait()
+    log = (rig.root / "logs/servers/gpu0.log").read_text()
+    assert log.count("regen supervisor: starting server") == 1
+    assert f"Slurm job {job} is gone" in log
 
 
 def test_crashed_server_is_restarted(rig: Rig, tmp_workdir: Path) -> None:
