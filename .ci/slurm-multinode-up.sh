@@ -120,7 +120,7 @@ NODE_LINES=""
 i=0
 for n in $(node_names); do
   i=$((i + 1))
-  NODE_LINES+="NodeName=$n NodeAddr=$NET.$((10 + i)) CPUs=2 RealMemory=3000 Gres=gpu:$NGPU State=UNKNOWN"$'\n'
+  NODE_LINES+="NodeName=$n NodeAddr=$NET.$((10 + i)) CPUs=2 RealMemory=4500 Gres=gpu:$NGPU State=UNKNOWN"$'\n'
 done
 ALL_NODES="$(node_names | paste -sd, -)"
 
@@ -146,7 +146,9 @@ TaskProlog=$STATE/task-prolog.sh
 MpiDefault=none
 MailProg=/bin/true
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+# CR_LLN: a job goes to the least loaded node, so group jobs spread over the nodes and a lost node's
+# jobs find room on the others
+SelectTypeParameters=CR_Core,CR_LLN
 ReturnToService=2
 SlurmdTimeout=20
 # finished jobs stay visible to squeue for 10 min: Snakemake's squeue status check relies on it

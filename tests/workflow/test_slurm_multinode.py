@@ -1,0 +1,272 @@
+"""The workflow on a real multi-node Slurm (.ci/slurm-multinode-up.sh): two slurmd nodes, each in its own
+network, UTS and mount namespace, 2 fake GPUs each, journals synced to S3 (SeaweedFS on the bridge).
+
+* GPU group jobs spread over both nodes; each group job starts ONE server and its K shards reuse it
+  (counted from the server logs); the CPU rules run on the submit host (they are ``localrules``).
+* A node lost mid-generation (its slurmd and every process in its namespace SIGKILLed; Slurm marks it
+  down): its group job is resubmitted by Snakemake (``retries``) and runs on the other node, the lost
+  shards' journals come back from S3, the run completes, reconciliation is exact, nothing is duplicated
+  and no sample already synced to S3 is sent again.
+
+Needs ``REGEN_TEST_SLURM_NODES`` >= 2 (set by .ci/run once the cluster is up) and the S3 test server
+(``REGEN_TEST_S3_ENDPOINT``, reachable from the nodes); skipped otherwise. ``bench/results/cluster-*.md``
+keeps the measured line (``REGEN_CLUSTER_BENCH_OUT`` names a file to append it to).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from regen.serving.procfs import SERVER_START_MARK
+from regen.simulated.options import REQUEST_LOG_ENV
+from regen.simulated.requestlog import read_request_log
+from regen.storage import list_keys, s3_client, split_s3_uri
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROFILE = REPO_ROOT / "profiles" / "slurm-ci"
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+REGEN = str(Path(sys.executable).parent / "regen")
+UP = REPO_ROOT / ".ci" / "slurm-multinode-up.sh"
+PARTS = ("Snakefile", "rules", "scripts", "schemas", "report", "envs", "config", "resources", "data")
+EVERY_RECORDS = 4
+SHARDS = 4  # K = 2 (profiles/slurm-ci group-components): 2 group jobs, one on each node (CR_LLN)
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster() -> None:
+    nodes = int(os.environ.get("REGEN_TEST_SLURM_NODES") or 0)
+    if nodes < 2:
+        pytest.skip("no multi-node test Slurm: set REGEN_TEST_SLURM_NODES=2 after .ci/slurm-multinode-up.sh")
+    if shutil.which("sinfo") is None:
+        pytest.skip("REGEN_TEST_SLURM_NODES is set but sinfo is not installed")
+    assert len(idle_nodes()) >= 2, f"the cluster is not usable: {node_states()}"
+
+
+def node_states() -> dict[str, str]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=30)
+    return dict(line.split() for line in out.stdout.splitlines() if line.strip())
+
+
+def idle_nodes() -> list[str]:
+    return [n for n, st in node_states().items() if re.match(r"idle|mixed|allocated", st)]
+
+
+def job_nodes() -> dict[str, tuple[str, str]]:
+    """Slurm job id -> (state, node) for every job squeue still knows."""
+    out = subprocess.run(
+        ["squeue", "--states=all", "-h", "-o", "%i|%T|%N"], capture_output=True, text=True, check=True
+    ).stdout
+    return {i: (st, node) for i, st, node in (ln.split("|") for ln in out.splitlines() if ln)}
+
+
+def workdir(path: Path, prefix: str, token_rate: int) -> Path:
+    path.mkdir(parents=True)
+    for part in PARTS:
+        src = REPO_ROOT / part
+        if src.is_dir():
+            shutil.copytree(src, path / part, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, path / part)
+    (path / "config" / "cluster.yaml").write_text(
+        f"""
+shards: {{count: {SHARDS}}}
+generate:
+  journal_sync: {{s3_prefix: "{prefix}/run", every_records: {EVERY_RECORDS}, every_seconds: 0.5}}
+server:
+  simulated: {{token_rate: {token_rate}, faults: {{}}}}
+"""
+    )
+    return path
+
+
+def snakemake_cmd(kill_after_s: int) -> list[str]:
+    return [
+        "timeout", "-s", "KILL", str(kill_after_s), SNAKEMAKE, "--profile", str(PROFILE),
+        "--configfile", "config/demo.yaml", "config/cluster.yaml",
+    ]  # fmt: skip
+
+
+def synced_ids(prefix: str, shard: str | None = None) -> set[str]:
+    """Sample ids in the S3 journal batches (of one shard, or all)."""
+    client = s3_client()
+    bucket = split_s3_uri(prefix)[0]
+    ids: set[str] = set()
+    where = f"{prefix}/run/journal" + (f"/{shard}" if shard else "")
+    for key in list_keys(where):
+        for line in client.get_object(Bucket=bucket, Key=key)["Body"].read().splitlines():
+            try:
+                ids.add(orjson.loads(line)["id"])
+            except (orjson.JSONDecodeError, KeyError):
+                continue
+    return ids
+
+
+def journal_holders(work: Path) -> dict[str, str]:
+    """Shard -> host of the generate job that claimed its journal (the lock file names it)."""
+    out = {}
+    for lock in (work / "work" / "journal").glob("*.jsonl.lock"):
+        try:
+            out[lock.name.removesuffix(".jsonl.lock")] = orjson.loads(lock.read_bytes())["host"]
+        except (OSError, orjson.JSONDecodeError, KeyError):
+            continue
+    return out
+
+
+def server_starts(work: Path) -> dict[str, int]:
+    """Slurm job -> server starts written in its server logs (``logs/servers/slurm-{job}/gpu*.log``)."""
+    return {
+        d.name.removeprefix("slurm-"): sum(
+            log.read_text().count(SERVER_START_MARK) for log in d.glob("gpu*.log")
+        )
+        for d in (work / "logs" / "servers").glob("slurm-*")
+    }
+
+
+def restarts(work: Path) -> list[dict[str, object]]:
+    found = []
+    for f in (work / "work" / "servers").glob("slurm-*/gpu*.restarts.jsonl"):
+        found += [orjson.loads(line) for line in f.read_bytes().splitlines() if line.strip()]
+    return found
+
+
+def shard_ids(work: Path, shard: str) -> set[str]:
+    return set(
+        pq.read_table(work / "results" / "shards" / f"{shard}.parquet", columns=["id"])
+        .column("id")
+        .to_pylist()
+    )
+
+
+def submitted_jobs(stderr: str) -> list[str]:
+    return re.findall(r"has been submitted with SLURM jobid (\d+)", stderr)
+
+
+def check_completed(work: Path) -> dict[str, object]:
+    reconcile = orjson.loads((work / "results" / "reconcile.json").read_bytes())
+    assert reconcile["ok"] and reconcile["lost_count"] == 0 and reconcile["duplicated_count"] == 0, reconcile
+    cmd = [REGEN, "reconcile", "--results", "results", "--json"]
+    cli = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
+    assert orjson.loads(cli.stdout)["ok"]
+    return reconcile
+
+
+@pytest.fixture
+def env(s3_prefix: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    yield {**os.environ, REQUEST_LOG_ENV: str(tmp_path / "requests.jsonl"), "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.mark.timeout(420)
+def test_group_jobs_spread_over_both_nodes_and_start_one_server_each(
+    s3_prefix: str, tmp_path: Path, env: dict[str, str]
+) -> None:
+    work = workdir(tmp_path / "regen", s3_prefix, token_rate=2000)
+    proc = subprocess.run(snakemake_cmd(360), cwd=work, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    check_completed(work)
+
+    starts = server_starts(work)
+    jobs = job_nodes()
+    nodes = {jobs[j][1] for j in starts if j in jobs}
+    assert len(starts) == SHARDS // 2, f"one server directory per group job: {starts}"
+    assert nodes == {"n1", "n2"}, f"the group jobs ran on {nodes}, not on both nodes"
+    assert sum(starts.values()) == len(starts) + len(restarts(work)), (starts, restarts(work))
+    # CPU rules are localrules: the only Slurm jobs are the group jobs
+    assert set(submitted_jobs(proc.stderr)) == set(starts), (submitted_jobs(proc.stderr), starts)
+
+
+def kill_node(node: str) -> float:
+    """SIGKILL every process in the node's network namespace (its slurmd, jobs, servers); the time."""
+    pids = subprocess.run(
+        ["ip", "netns", "pids", f"regen-{node}"], capture_output=True, text=True
+    ).stdout.split()
+    t = time.time()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            continue
+    return t
+
+
+@pytest.fixture
+def restore_nodes() -> Iterator[None]:
+    yield
+    subprocess.run(["bash", str(UP)], capture_output=True, timeout=120)  # slurmd again on the lost node
+
+
+@pytest.mark.timeout(480)
+def test_a_node_lost_mid_generation_costs_at_most_one_batch_per_shard(
+    s3_prefix: str, tmp_path: Path, env: dict[str, str], restore_nodes: None
+) -> None:
+    work = workdir(tmp_path / "regen", s3_prefix, token_rate=250)
+    started = time.time()
+    with open(tmp_path / "snakemake.err", "w") as err_fh:
+        proc = subprocess.Popen(
+            snakemake_cmd(420), cwd=work, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+            stderr=err_fh,
+        )  # fmt: skip
+    # kill n1 once a shard of its own has two batches in S3
+    lost: list[str] = []
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        on_n1 = [s for s, host in journal_holders(work).items() if host == "n1"]
+        if on_n1 and len(synced_ids(s3_prefix, on_n1[0])) >= 2 * EVERY_RECORDS:
+            lost = on_n1
+            break
+        time.sleep(0.5)
+    assert lost, f"no shard of n1 got two batches into S3: {journal_holders(work)}"
+    killed_at = kill_node("n1")
+    # the node's own disk writes die with it: take the worst case, nothing of its journals survives
+    for shard in lost:
+        for f in (work / "work" / "journal").glob(f"{shard}.jsonl*"):
+            f.unlink()
+    time.sleep(1.0)  # an upload in flight at the kill may still land: count what S3 holds now
+    synced = {s: synced_ids(s3_prefix, s) for s in lost}
+
+    rc = proc.wait(timeout=420)
+    err = (tmp_path / "snakemake.err").read_text()
+    assert rc == 0, err[-6000:]
+    reconcile = check_completed(work)
+    assert node_states().get("n1", "").startswith("down"), node_states()
+
+    events = read_request_log(tmp_path / "requests.jsonl")
+    lost_ids = set().union(*(shard_ids(work, s) for s in lost))
+    before = {e["id"] for e in events if e["t"] <= killed_at and e["event"] == "completed"} & lost_ids
+    again = {e["id"] for e in events if e["t"] > killed_at and e["event"] == "received"} & lost_ids
+    resent_synced = again & set().union(*synced.values())
+    regenerated = before & again
+    assert not resent_synced, f"{len(resent_synced)} samples synced to S3 before the loss were sent again"
+    assert len(regenerated) <= EVERY_RECORDS * len(lost), (len(regenerated), lost)
+    served_again = min(e["t"] for e in events if e["t"] > killed_at and e["event"] == "completed"
+                       and e["id"] in lost_ids)  # fmt: skip
+    starts = server_starts(work)
+    jobs = job_nodes()
+    retried_on = {jobs[j][1] for j in starts if j in jobs and jobs[j][1] != "n1"}
+    assert "n2" in retried_on
+    assert sum(starts.values()) == len(starts) + len(restarts(work)), (starts, restarts(work))
+    line = (
+        f"cluster: nodes=2 shards={SHARDS} group_jobs={len(starts)} server_starts={sum(starts.values())} "
+        f"node_lost_at_s={killed_at - started:.1f} recovered_s={served_again - killed_at:.1f} "
+        f"regenerated={len(regenerated)} lost={reconcile['lost_count']} "
+        f"duplicated={reconcile['duplicated_count']}"
+    )
+    print(line)
+    out = os.environ.get("REGEN_CLUSTER_BENCH_OUT")
+    if out:
+        with open(out, "a") as fh:
+            fh.write(line + "\n")
