@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -27,7 +28,11 @@ import yaml
 
 from regen.chat import ChatTemplate, ChatTemplateError
 from regen.configfile import ConfigFileError, load_config
-from regen.ingest.dataset import detect_format
+from regen.ingest.audit_config import AuditConfig
+from regen.ingest.audit_run import first_rows
+from regen.ingest.dataset import DatasetConfig, detect_format
+from regen.ingest.decontam import DecontaminationConfig
+from regen.ingest.flags import BAD_ROW
 from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.layout import RunLayout
 from regen.runconfig import section_schema, with_schema_defaults
@@ -35,6 +40,7 @@ from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelConfigError, ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from regen.storage import is_s3_uri, parse_location
+from regen.types import BadInputError
 
 #: outputs take about this many times the input (prompt shards, generation JSONL with reasoning,
 #: valid shards, the merged Parquet, journals); a rough floor, not a promise
@@ -180,6 +186,37 @@ def check_dataset(config: Mapping[str, Any], host: Host) -> list[Problem]:
         except (OSError, ValueError) as exc:
             return [Problem("dataset.format", path, str(exc))]
     return []
+
+
+#: rows ``regen check`` reads with the audit's own reader and verdicts
+FIRST_ROWS = 50
+
+
+def check_first_rows(config: Mapping[str, Any], rows: int = FIRST_ROWS) -> list[Problem]:
+    """The audit's own reading and verdicts over the dataset's first ``rows`` rows
+    (:func:`regen.ingest.audit_run.first_rows`; benchmark decontamination left to the audit): a problem
+    when the audit would exclude every row, because none of those rows can be read as configured (a
+    format that does not fit: the first row's field and reason named) or the dataset ends within them."""
+    path = str(_get(config, "dataset.path") or "")
+    if not path or is_s3_uri(path):
+        return []
+    try:
+        dataset = DatasetConfig.from_dict(config.get("dataset"))
+        audit = AuditConfig.from_dict(config.get("audit"), _get(config, "generate.regenerate"))
+        audit = dataclasses.replace(audit, decontamination=DecontaminationConfig())
+        first = first_rows(Path(path), audit, str(config.get("tokenizer")), dataset, rows)
+    except BadInputError as exc:  # dataset.on_bad_row: stop
+        return [Problem("dataset.on_bad_row", path, f"stop: the audit would stop at {exc}")]
+    except (OSError, ValueError) as exc:
+        return [Problem("dataset.path", path, str(exc))]
+    if not first.excludes_all():
+        return []
+    unreadable = set(first.summary.excluded_reasons) == {BAD_ROW}
+    if not (unreadable or first.whole):
+        return []  # more rows follow, which the audit judges
+    key = "dataset.format" if unreadable else "dataset.path"
+    how = f"read as format {dataset.format} by the audit's own reader"
+    return [Problem(key, path, f"the audit would exclude every row ({how}): {first.in_words()}")]
 
 
 def check_tokenizer(config: Mapping[str, Any]) -> list[Problem]:
@@ -394,9 +431,10 @@ def check_config(
 ) -> list[Problem]:
     """Every problem at once (an empty list: the run can start)."""
     host = host or Host()
+    readable = [*check_dataset(config, host), *check_tokenizer(config)]
     return [
-        *check_dataset(config, host),
-        *check_tokenizer(config),
+        *readable,
+        *(check_first_rows(config) if not readable else ()),
         *check_model_config(config),
         *check_model_path(config),
         *check_sglang(config, host),

@@ -607,6 +607,11 @@ class RunLayout:
         (``regen.verdict``)."""
         return verdict_for(self.log(rule))
 
+    def kept_excluded(self, rule: str) -> Path:
+        """A copy of the rows a gate excluded, with their reasons, beside its rule's log (``logs/audit.log``
+        -> ``logs/audit.excluded.jsonl``): kept when Snakemake deletes a failed job's ``excluded.jsonl``."""
+        return self.log(rule).with_suffix(".excluded.jsonl")
+
     @property
     def failed_run_landing(self) -> Path:
         """The report's first page a failed run leaves: NOT READY and why (``regen.observe.landing``)."""

@@ -14,8 +14,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 KNOWN_ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 #: OpenAI's newer name for the system turn; the reader maps it to what the target chat template renders
 DEVELOPER_ROLE = "developer"
-DatasetFormat = Literal["messages", "sharegpt", "prompt", "tokenized"]
-FORMATS: tuple[str, ...] = ("messages", "sharegpt", "prompt", "tokenized")
+DatasetFormat = Literal["messages", "sharegpt", "prompt", "tokenized", "alpaca"]
+FORMATS: tuple[str, ...] = ("messages", "sharegpt", "prompt", "tokenized", "alpaca")
 
 
 @dataclass(frozen=True, slots=True)

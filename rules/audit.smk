@@ -28,6 +28,8 @@ rule audit:
         RUN.log("audit"),
         # the gate's verdict, kept when a failed gate fails the job (regen.verdict)
         verdict=RUN.verdict("audit"),
+        # a failed audit's excluded rows with their reasons (Snakemake deletes excluded.jsonl then)
+        excluded=RUN.kept_excluded("audit"),
     benchmark:
         RUN.benchmark("audit")
     conda:

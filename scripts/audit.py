@@ -16,5 +16,6 @@ run_audit(
     tokenizer_dir=snakemake.params.tokenizer,
     dataset=DatasetConfig.from_dict(snakemake.params.dataset),
     verdict_out=verdict_path_for(snakemake.log[0]),
+    excluded_out=snakemake.log.excluded,
     progress=StageProgress.for_workflow("audit", dataset_rows(snakemake.input.dataset)),
 )

@@ -4,8 +4,9 @@ summary, plots)."""
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Iterable, Iterator
-from itertools import islice
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,10 @@ def dataset_samples(
     chat: ChatTemplate,
     bad_rows: list[BadRow],
     ids: IdAccount,
+    max_rows: int | None = None,
 ) -> Iterator[Sample]:
-    """The dataset's samples as ``dataset`` says to read them (unreadable rows appended to ``bad_rows``)."""
+    """The dataset's samples as ``dataset`` says to read them (unreadable rows appended to ``bad_rows``;
+    ``max_rows``: only that many rows, readable or not)."""
     return iter_samples(
         input_path,
         dataset.format,
@@ -99,6 +102,7 @@ def dataset_samples(
         bad_rows,
         developer_role=chat.developer_role,
         ids=ids,
+        max_rows=max_rows,
     )
 
 
@@ -110,6 +114,7 @@ def run_audit(
     dataset: DatasetConfig,
     verdict_out: str | Path | None = None,
     progress: RowCounter | None = None,
+    excluded_out: str | Path | None = None,
 ) -> AuditSummary:
     """Audit one dataset file; write summary.json, flags.parquet, excluded.jsonl, the kept samples
     (samples.parquet, the shard step's input) and the plots.
@@ -121,7 +126,8 @@ def run_audit(
 
     Raises ``AuditGateError`` (after writing every output) when a gate fails and gates are not
     overridden, and ``NothingToGenerateError`` when no sample is left for generation; the summary is
-    also kept at ``verdict_out`` (beside the log), which survives the failed job.
+    also kept at ``verdict_out`` (beside the log), which survives the failed job, as does the copy of the
+    excluded rows with their reasons at ``excluded_out`` (also beside the log).
 
     ``progress`` counts every row judged and is finished once all are (the workflow's job passes the
     stage progress ``regen status`` reads); None: a line on the console every few seconds.
@@ -181,31 +187,78 @@ def run_audit(
         console_log().warning("%s", ids.in_words())
     else:
         log.info("%s", ids.in_words())
+    rows_path = keep_excluded(paths.excluded, excluded_out) or paths.excluded
     if summary.kept == 0:
         raise NothingToGenerateError(
-            nothing_to_generate_message(summary, input_path, verdict_out or paths.summary)
+            nothing_to_generate_message(summary, input_path, verdict_out or paths.summary, rows_path)
         )
     if not summary.passed:
-        message = gate_failure_message(summary, verdict_out or paths.summary)
+        message = gate_failure_message(summary, verdict_out or paths.summary, rows_path)
         if not config.override_gates:
             raise AuditGateError(message)
         log.warning("gates overridden (audit.override_gates: true):\n%s", message)
     return summary
 
 
-def first_pass_summary(
+def keep_excluded(excluded: Path, kept: str | Path | None) -> Path | None:
+    """The excluded rows copied to ``kept`` (beside the rule's log, which Snakemake keeps when it deletes a
+    failed job's ``excluded.jsonl``), the path returned; None without one."""
+    if kept is None:
+        return None
+    with atomic_path(kept) as tmp:
+        shutil.copyfile(excluded, tmp)
+    return Path(kept)
+
+
+@dataclass(frozen=True, slots=True)
+class FirstRows:
+    """The audit's verdicts on a dataset's first rows (``first_rows``), written nowhere."""
+
+    #: rows judged (readable or not); fewer than ``asked``: the dataset has no more
+    rows: int
+    asked: int
+    summary: AuditSummary
+    #: each excluded row as ``excluded.jsonl`` holds it (id, reason, file, row, detail)
+    excluded: tuple[dict[str, Any], ...]
+
+    def excludes_all(self) -> bool:
+        return self.rows > 0 and self.summary.kept == 0
+
+    @property
+    def whole(self) -> bool:
+        """These rows are the whole dataset."""
+        return self.rows < self.asked
+
+    def in_words(self) -> str:
+        """Why none of these rows would be generated: the reasons counted and the first row's detail."""
+        reasons = ", ".join(f"{r}={n}" for r, n in self.summary.excluded_reasons.items())
+        first = self.excluded[0] if self.excluded else {}
+        detail = first.get("detail") or first.get("reason")
+        where = f"{first.get('file')}: row {first.get('row')}"
+        which = f"all {self.rows} rows" if self.whole else f"all of the first {self.rows} rows"
+        return f"{which} are excluded ({reasons}); e.g. {where}: {detail}"
+
+
+def first_rows(
     input_path: str | Path, config: AuditConfig, tokenizer_dir: str | Path, dataset: DatasetConfig, rows: int
-) -> dict[str, Any]:
-    """The audit's summary (``summary.json``'s object) over the first ``rows`` samples of the dataset,
-    judged by the audit's own code and written nowhere: what ``regen.tune.prestart`` plans a
-    provisional server from while the audit reads the rest. A dataset of at most ``rows`` samples
-    gives the audit's own numbers."""
+) -> FirstRows:
+    """The audit's own reading and verdicts over the dataset's first ``rows`` rows (readable or not)."""
     chat = ChatTemplate.from_dir(tokenizer_dir)
     auditor = Auditor(config, chat)
     bad_rows: list[BadRow] = []
     samples = dataset_samples(
-        input_path, dataset, tokenizer_dir, chat, bad_rows, IdAccount(dataset.id_column)
+        input_path, dataset, tokenizer_dir, chat, bad_rows, IdAccount(dataset.id_column), max_rows=rows
     )
-    for _ in iter_audits(auditor, islice(samples, rows), bad_rows):
-        pass
-    return auditor.summary({"input": str(input_path), "first_rows": rows}).to_json()
+    excluded = [a.excluded_json() for a in iter_audits(auditor, samples, bad_rows) if a.excluded]
+    summary = auditor.summary({"input": str(input_path), "first_rows": rows})
+    return FirstRows(summary.total, rows, summary, tuple(excluded))
+
+
+def first_pass_summary(
+    input_path: str | Path, config: AuditConfig, tokenizer_dir: str | Path, dataset: DatasetConfig, rows: int
+) -> dict[str, Any]:
+    """The audit's summary (``summary.json``'s object) over the first ``rows`` rows of the dataset,
+    judged by the audit's own code and written nowhere: what ``regen.tune.prestart`` plans a
+    provisional server from while the audit reads the rest. A dataset of at most ``rows`` rows
+    gives the audit's own numbers."""
+    return first_rows(input_path, config, tokenizer_dir, dataset, rows).summary.to_json()

@@ -305,8 +305,11 @@ def evaluate_gates(
     )
 
 
-def gate_failure_message(summary: AuditSummary, summary_path: str | Path | None = None) -> str:
-    """A multi-line explanation of every failed gate and how to override."""
+def gate_failure_message(
+    summary: AuditSummary, summary_path: str | Path | None = None, rows_path: str | Path | None = None
+) -> str:
+    """A multi-line explanation of every failed gate and how to override (``rows_path``: where the
+    excluded rows are kept with their reasons)."""
     lines = ["audit gate(s) failed, so generation will not start:"]
     for g in summary.failed_gates():
         lines.append(
@@ -325,6 +328,8 @@ def gate_failure_message(summary: AuditSummary, summary_path: str | Path | None 
     lines.append(f"  ({summary.total} samples audited)")
     if summary_path is not None:
         lines.append(f"details: {summary_path}")
+    if rows_path is not None and summary.excluded:
+        lines.append(f"each excluded row with its reason: {rows_path}")
     lines.append(
         "to go on anyway, raise the limit in the config (audit.gates.<name>) or set "
         "audit.override_gates: true (CLI: --override-gates); violated gates are then reported as warnings."
@@ -332,13 +337,23 @@ def gate_failure_message(summary: AuditSummary, summary_path: str | Path | None 
     return "\n".join(lines)
 
 
-def nothing_to_generate_message(summary: AuditSummary, input_path: str | Path, summary_path: Path) -> str:
-    """Why no sample is left: an empty input, or every row excluded (with the reasons)."""
+def nothing_to_generate_message(
+    summary: AuditSummary,
+    input_path: str | Path,
+    summary_path: str | Path,
+    rows_path: str | Path | None = None,
+) -> str:
+    """Why no sample is left: an empty input, or every row excluded (with the reasons, and where each
+    excluded row is kept with its own). No server has started: ``regen check`` fails a dataset whose
+    first rows are all excluded before any job, and the prestart (``regen.tune.prestart``) starts none
+    when its first pass keeps no row, which it cannot when the whole audit keeps none."""
     if summary.total == 0:
         what = f"{input_path}: the dataset has no rows"
     else:
         reasons = ", ".join(f"{r}={n}" for r, n in summary.excluded_reasons.items())
         what = f"{input_path}: all {summary.total} rows are excluded ({reasons})"
+        if rows_path is not None:
+            what += f"; each row with its reason: {rows_path}"
     return (
         f"{what}, so there is nothing to generate; stopping before any server starts "
         f"(details: {summary_path}; this is not a gate and cannot be overridden)"

@@ -23,6 +23,9 @@ Row formats, detected per row unless one is configured:
 * ``sharegpt``: ``{"conversations": [{"from", "value"}], "system"?, "tools"?}``; speakers as LLaMA-Factory
   and Axolotl spell them, ``function_call`` turns as tool calls (``regen.ingest.sharegpt``)
 * ``prompt``: ``{"prompt": str, "system"?: str}`` → one user turn
+* ``alpaca``: ``{"instruction", "input"?, "output"?, "system"?, "history"?}`` (Alpaca, and LLaMA-Factory's
+  alpaca with ``history`` as ``[user, assistant]`` pairs) → turns as LLaMA-Factory builds them
+  (``regen.ingest.alpaca``)
 * ``tokenized``: ``{"input_ids", "loss_mask" | "labels"}`` decoded with the tokenizer and split
   back into turns on the chat template's role markers.
 
@@ -32,9 +35,10 @@ it becomes a :class:`BadRow` naming file, row and field, and ``on_bad_row`` deci
 (``skip``: record it in ``bad_rows`` and go on; ``stop``: raise :class:`BadInputError`).
 A *structure fault* (unknown role, empty or non-text content, no user turn, odd role order)
 is kept in the Sample exactly as read, for the audit to flag. A file that becomes unreadable
-part-way (a truncated compressed stream, an I/O error, broken JSON structure, a damaged Parquet
-row group) gives one BadRow with ``unread_tail`` set whose problem says how much was unread:
-those rows are lost input, and the audit fails the run on it by default.
+part-way (a truncated compressed stream, an I/O error, broken JSON structure, a JSON Lines file whose
+last line has no line end and is not complete JSON, a damaged Parquet row group) gives one BadRow with
+``unread_tail`` set whose problem says how much was unread: those rows are lost input, and the audit
+fails the run on it by default.
 
 Ids: ``id_column`` names the field holding each row's id; ``null`` takes a hash of the content, and an
 ``id`` field the rows carry then is counted (``IdAccount``) so the audit says it was not used. Ids may
@@ -52,9 +56,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from regen.ingest.alpaca import parse_alpaca
 from regen.ingest.readers import check_dataset_path, iter_dataset_records
 from regen.ingest.rows import (
     ROW_FIELD,
@@ -132,8 +138,8 @@ def detect_format(path: str | Path, max_rows: int = 100) -> str:
             if fmt is not None:
                 return fmt
     raise ValueError(
-        f"{path}: no record among the first {max_rows} has a messages, conversations, input_ids "
-        "or prompt field; cannot detect the dataset format"
+        f"{path}: no record among the first {max_rows} has a messages, conversations, input_ids, "
+        "prompt or instruction field; cannot detect the dataset format"
     )
 
 
@@ -158,6 +164,7 @@ def iter_samples(
     bad_rows: list[BadRow] | None = None,
     developer_role: str = "system",
     ids: IdAccount | None = None,
+    max_rows: int | None = None,
 ) -> Iterator[Sample]:
     """Stream the samples of one dataset (a file, or a folder of shards: ``regen.ingest.readers``);
     unreadable rows go to ``bad_rows`` or raise.
@@ -170,6 +177,7 @@ def iter_samples(
     and format (tokenized rows add ``mask_supervised_tokens`` and ``input_tokens``).
     ``developer_role`` is the role ``developer`` turns become (``ChatTemplate.developer_role``);
     ``ids`` (when given) counts an id field the rows carry that ``id_column: null`` leaves unused.
+    ``max_rows`` (when given) stops after that many rows, readable or not (a first look at the dataset).
     """
     check_format(fmt)
     policy = _BadRowPolicy(check_on_bad_row(on_bad_row), bad_rows)
@@ -178,6 +186,8 @@ def iter_samples(
         log.info("%s: reading the %s", path, files.note)
     decoder = LazyDecoder(tokenizer_dir)
     records = iter_dataset_records(files, id_column, str(path))
+    if max_rows is not None:
+        records = islice(records, max_rows)
     return _iter_samples(records, fmt, id_column, policy, decoder, developer_role, ids)
 
 
@@ -280,7 +290,8 @@ def record_to_sample(
         keys = ", ".join(sorted(map(str, record))[:10]) or "none"
         raise UnreadableRow(
             ROW_FIELD,
-            f"no messages, conversations, input_ids or prompt field (keys: {keys}); cannot tell the format",
+            f"no messages, conversations, input_ids, prompt or instruction field (keys: {keys}); "
+            "cannot tell the format",
         )
     source: dict[str, Any] = {"file": file, "row": row, "format": row_fmt}
     if row_fmt == "messages" and has_spelled_roles(record.get("messages")):
@@ -291,6 +302,8 @@ def record_to_sample(
         messages = parse_sharegpt(record)
     elif row_fmt == "prompt":
         messages = parse_prompt(record)
+    elif row_fmt == "alpaca":
+        messages = parse_alpaca(record)
     else:
         if decoder is None:
             decoder = LazyDecoder(None)

@@ -28,6 +28,7 @@ FORMAT_FIELDS: tuple[tuple[str, str], ...] = (
     ("conversations", "sharegpt"),
     ("input_ids", "tokenized"),
     ("prompt", "prompt"),
+    ("instruction", "alpaca"),
 )
 
 
@@ -59,7 +60,9 @@ def type_name(value: Any) -> str:
 def require(record: dict[str, Any], field_name: str, fmt: str) -> Any:
     if field_name not in record:
         keys = ", ".join(sorted(map(str, record))[:10]) or "none"
-        raise UnreadableRow(field_name, f"missing (format {fmt!r} needs it; row has keys: {keys})")
+        looks = row_format(record)
+        hint = f"; the row looks like {looks!r}: set dataset.format: auto or {looks}" if looks else ""
+        raise UnreadableRow(field_name, f"missing (format {fmt!r} needs it; row has keys: {keys}){hint}")
     return record[field_name]
 
 

@@ -9,7 +9,8 @@ process, still holding the lock:
   run again: the very criterion by which its tracked ``settings`` param, its input and its output decide),
   else a **provisional plan**: :func:`regen.tune.workload_plan.plan_for_workload`, the tune rule's own
   planning, over the workload of the audit's code run over the dataset's first ``server.prestart_rows``
-  rows (:func:`regen.ingest.audit_run.first_pass_summary`);
+  rows (:func:`regen.ingest.audit_run.first_rows`); when the audit excludes every one of those rows, no
+  server is started (the audit may stop the run: "before any server starts" stays true);
 * records it (``RunLayout.provisional_plan``: the plan, its workload, where it came from, the owner);
 * starts the supervisors of min(GPU slots, shards still to generate) slots through a generate job's own
   code (:func:`regen.serving.slots.live_or_start`, under the slot's lease, without its ``gpu{k}.lock``),
@@ -45,7 +46,7 @@ from typing import Any
 
 from regen.fingerprint import SERVER_NUMERICS_KEYS
 from regen.ingest.audit_config import AuditConfig
-from regen.ingest.audit_run import first_pass_summary
+from regen.ingest.audit_run import first_rows
 from regen.ingest.dataset import DatasetConfig
 from regen.io import read_json, write_json
 from regen.layout import RUN, RunLayout, SlotFiles, slurm_job_id
@@ -190,19 +191,26 @@ class ProvisionalPlan:
         return cls(plan, data["source"], data["workload"], int(data["owner_pid"]), tuple(data["slots"]))
 
 
+class NothingToServe(Exception):
+    """The first pass keeps no row: the audit may stop the run, so no server is started before it."""
+
+
 def starting_plan(request: PrestartRequest, run: RunConfig, layout: RunLayout) -> tuple[PlanFile, str, Any]:
     """(plan, its source, its workload): the current plan file, else a provisional plan from a first pass."""
     if request.plan_current:
         return PlanFile.read(layout.server_plan), f"current plan file {layout.server_plan}", None
     config = request.config
     rows = run.server.prestart_rows
-    summary = first_pass_summary(
+    first = first_rows(
         request.dataset_path,
         AuditConfig.from_dict(config.get("audit"), run.generate.regenerate),
         run.tokenizer,
         DatasetConfig.from_dict(config.get("dataset")),
         rows,
     )
+    if first.excludes_all():  # the audit keeps none of these, so maybe none at all: no server yet
+        raise NothingToServe(first.in_words())
+    summary = first.summary.to_json()
     workload = workload_from_audit_histogram(summary, run.generate.sampling.max_tokens)
     planned = plan_for_workload(run.server, workload)
     return planned.plan, f"first pass over the dataset's first {rows} rows", dataclasses.asdict(workload)
@@ -272,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     try:
         prestart(PrestartRequest.read(ns.request))
+    except NothingToServe as exc:
+        log.warning("no server prestarted: %s; the audit decides first", exc)
+        return 0
     except Exception:  # never the run's failure: each generate job starts its own server then
         log.exception("no server prestarted; the first generate job on each GPU slot starts one")
         return 1
