@@ -14,6 +14,7 @@ peak RSS is its own:
 
     .venv/bin/python -m bench.audit            # 1M samples
     .venv/bin/python -m bench.audit --n 100000
+    .venv/bin/python -m bench.audit --smoke     # CI: 300 samples, one round
 
 Last line: ``audit: regen_sps=… tokenizers_sps=… ratio=… peak_rss_mb=… decontam_sps=…
 decontam_added=… decontam_added_cpu=… decontam_peak_rss_mb=…`` (peak_rss_mb is regen's;
@@ -36,6 +37,7 @@ from typing import Any
 import orjson
 
 from bench.synthetic import WORDS, run_side
+from bench.workflow import add_smoke, parse_args
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "resources" / "demo-tokenizer"
@@ -172,7 +174,7 @@ def _child(side: str, data: Path, out: Path) -> None:
 
 
 def _run_side(side: str, data: Path, out: Path) -> dict[str, Any]:
-    return run_side(__file__, ["--child", side, "--data", str(data), "--out", str(out)], cwd=REPO)
+    return run_side("bench.audit", ["--child", side, "--data", str(data), "--out", str(out)])
 
 
 def main() -> int:
@@ -182,7 +184,8 @@ def main() -> int:
     ap.add_argument("--child", choices=["regen", "reference", "decontam"], help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    add_smoke(ap, n=300, rounds=1)
+    args = parse_args(ap)
     if args.child:
         _child(args.child, args.data, args.out)
         return 0

@@ -10,6 +10,9 @@ for each; the last line is
 ``client: regen_rps=… baseline_rps=… bare_rps=… ratio=… vs_bare=… cpu_ratio=… cpu_vs_bare=…``
 (ratio = regen / AsyncOpenAI, vs_bare = regen / bare aiohttp, in req/s; the cpu_ variants compare
 client CPU-seconds per request, which stay meaningful when the one-core server is the ceiling).
+
+    .venv/bin/python -m bench.client            # 20,000 requests, 3 rounds
+    .venv/bin/python -m bench.client --smoke    # CI: 300 requests, one round, 200 for AsyncOpenAI
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.workflow import add_smoke, parse_args
 from regen.generate.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
 from regen.runconfig import GenerateConfig
 from regen.simulated.launcher import start_simulated_server
@@ -173,7 +177,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeat", type=int, default=3, help="alternated runs of bare and regen; best of each")
     p.add_argument("--client-cpu", type=int, default=0)
     p.add_argument("--server-cpu", type=int, default=1)
-    a = p.parse_args(argv)
+    add_smoke(p, n=300, baseline_n=200, repeat=1)
+    a = parse_args(p, argv)
     ncpu = os.cpu_count() or 1
     server_cpus = {a.server_cpu % ncpu}
     url, stop = start_simulated_server(
@@ -191,7 +196,7 @@ def main(argv: list[str]) -> int:
         f"concurrency {a.concurrency}"
     )
     try:
-        measure("warmup", prepare_bare, url, 500, a.concurrency)
+        measure("warmup", prepare_bare, url, min(500, a.n), a.concurrency)
         bare_runs, regen_runs = [], []
         for _ in range(a.repeat):  # alternated, so a slow minute on the machine hits both
             bare_runs.append(measure("bare", prepare_bare, url, a.n, a.concurrency))

@@ -1,6 +1,7 @@
 """Run-level GPU efficiency through the real workflow, against the full-batch floor.
 
     python -m bench.efficiency [--gpus 7] [--shards N] [--samples 91400] [--scale 10] [--minutes 4]
+    python -m bench.efficiency --smoke    # CI: 1 GPU, 200 samples, a 6-second floor
 
 Snakemake runs the workflow up to ``generate`` with ``--resources gpu=G``: regen's GPU slots, servers
 and client, against simulated servers in virtual time (``bench.sim_virtual``, the simulated server's hook): a
@@ -43,6 +44,7 @@ import orjson
 import yaml
 
 from bench.sim_virtual import VIRTUAL_ENV, VIRTUAL_HOOK, VirtualTime
+from bench.workflow import add_smoke, copy_workflow, free_port_base, parse_args
 from regen.io import open_lines
 from regen.layout import RunLayout
 from regen.simulated.launcher import SERVER_HOOK_ENV
@@ -50,8 +52,6 @@ from regen.simulated.options import REQUEST_LOG_ENV
 from regen.simulated.requestlog import read_request_log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "tests"))  # tests/support: test support (tests/ is no package)
-from support.soak import copy_workflow, free_port_base  # noqa: E402
 
 FULL_SAMPLES = 914_000
 FULL_CAP = 350
@@ -157,7 +157,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--length-mean", type=float, default=3000.0)
     p.add_argument("--length-sigma", type=float, default=1.0)
     p.add_argument("--dir", type=Path, default=None, help="work here (kept) instead of a temp dir")
-    args = p.parse_args(argv)
+    add_smoke(p, gpus=1, samples=200, minutes=0.1)
+    args = parse_args(p, argv)
 
     samples = args.samples or FULL_SAMPLES * args.gpus // (7 * args.scale)  # a 19-hour run at any GPU count
     cap = max(1, round(FULL_CAP / args.scale))

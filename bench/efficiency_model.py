@@ -1,6 +1,7 @@
 """The scheduling model behind bench/efficiency.py: which change keeps every GPU busy (issue #16).
 
     python -m bench.efficiency_model [--samples 914000] [--cap 350] [--gap-s 0] 7x64 7x7 1x20 ...
+    python -m bench.efficiency_model --smoke    # CI: 2x4 at 2,000 samples
 
 A discrete-event fluid model, no workflow: G GPUs, S equal shards taken in order, a decode step of
 13.2 ms + 0.154 ms x running, output lengths lognormal (mean 3,000, sigma 1) capped at 8,192; a job
@@ -21,6 +22,7 @@ import sys
 
 import numpy as np
 
+from bench.workflow import add_smoke, parse_args
 from regen.tune.closedloop import StepModel
 
 POLICIES = ("one", "spill", "regen")
@@ -109,12 +111,17 @@ def simulate(
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("configs", nargs="+", help="GxS: GPUs x shards")
+    p.add_argument("configs", nargs="*", help="GxS: GPUs x shards")
     p.add_argument("--samples", type=int, default=914_000, help="for 7 GPUs; scaled with the GPU count")
     p.add_argument("--cap", type=int, default=350)
     p.add_argument("--gap-s", type=float, default=0.0, help="seconds between a job's end and the next")
     p.add_argument("--policies", default=",".join(POLICIES))
-    args = p.parse_args(argv)
+    add_smoke(p, samples=2000)
+    args = parse_args(p, argv)
+    if not args.configs:
+        if not args.smoke:
+            p.error("name at least one configuration, GxS (e.g. 7x7)")
+        args.configs = ["2x4"]
     steps = StepModel(0.0132, 0.000154 * 350 / args.cap)  # the H200 fit (issue #16), per request at --cap
     for spec in args.configs:
         gpus, shards = (int(x) for x in spec.split("x"))

@@ -5,6 +5,7 @@ all) is the floor of this job. Each side runs in its own subprocess so its peak 
 
     .venv/bin/python -m bench.merge            # 1M records (~6 KB each)
     .venv/bin/python -m bench.merge --n 100000
+    .venv/bin/python -m bench.merge --smoke     # CI: 500 records
 
 Last line: ``merge: regen_rps=… pyarrow_rps=… ratio=… peak_rss_mb=…`` (peak_rss_mb is regen's).
 """
@@ -25,6 +26,7 @@ from typing import Any
 import orjson
 
 from bench.synthetic import WORDS, run_side
+from bench.workflow import add_smoke, parse_args
 
 
 def _text(rng: random.Random, chars: int) -> str:
@@ -241,7 +243,7 @@ def side_pyarrow(src: Path, work: Path) -> dict[str, Any]:
 
 
 def _run_side(side: str, src: Path, work: Path) -> dict[str, Any]:
-    return run_side(__file__, ["--side", side, "--src", str(src), "--work", str(work)])
+    return run_side("bench.merge", ["--side", side, "--src", str(src), "--work", str(work)])
 
 
 def main(argv: list[str]) -> int:
@@ -253,7 +255,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--side", choices=["regen", "pyarrow"], help=argparse.SUPPRESS)
     ap.add_argument("--src", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    add_smoke(ap, n=500)
+    args = parse_args(ap, argv)
     if args.side:
         fn = side_regen if args.side == "regen" else side_pyarrow
         print(json.dumps(fn(args.src, args.work)))

@@ -15,8 +15,9 @@ The replay's step line is the run's own server log fitted over its plateau and f
 run``), or the one the sweep recorded (``--step pilot``): a pilot that drained its batch
 (``regen.tune.pilot.DEFAULT_DRAIN_FRACTION``) fits the first itself; older pilots did not drain.
 
-Usage: python bench/projection_replay.py BUNDLE_DIR MEASURED_JSON [--draws 20] [--step run|pilot]
-  (BUNDLE_DIR: a race's logs.tgz unpacked; MEASURED_JSON: its known_target_measured.json)
+Usage: python -m bench.projection_replay BUNDLE MEASURED_JSON [--draws 20] [--step run|pilot]
+  (BUNDLE: a race's logs.tgz, or the dir it unpacks to; MEASURED_JSON: its known_target_measured.json)
+       python -m bench.projection_replay --smoke   # CI: the 2026-12-03 race's bundle, 2 draws
 Last line: ``projection_replay: measured_gpu_s=… recorded_gpu_s=… capped_gpu_s=… now_gpu_s=… step=…
 error_recorded=… error_capped=… error_now=… ratio=…`` (ratio: now / measured).
 """
@@ -28,15 +29,22 @@ import dataclasses
 import json
 import random
 import statistics
+import tarfile
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 
+from bench.workflow import REPO, add_smoke, parse_args
 from regen.runconfig import GenerateConfig
 from regen.serving.metrics import decode_samples, steady_state
 from regen.tune.closedloop import StepModel, Truncation, closed_loop_wall_s
 from regen.tune.sweep import CensoredLengths, run_truncation
+
+#: the race --smoke replays: its bundle and measured file in bench/results/
+SMOKE_BUNDLE = REPO / "bench" / "results" / "known-target-2026-12-03-n800.logs.tgz"
+SMOKE_MEASURED = REPO / "bench" / "results" / "known-target-2026-12-03-n800.known_target_measured.json"
 
 
 def run_step_line(server_log: Path) -> StepModel | None:
@@ -60,12 +68,27 @@ def mean_closed_loop_gpu_s(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("bundle", type=Path)
-    p.add_argument("measured", type=Path)
+    p.add_argument("bundle", type=Path, nargs="?", help="a race's logs.tgz or its unpacked dir")
+    p.add_argument("measured", type=Path, nargs="?", help="its known_target_measured.json")
     p.add_argument("--draws", type=int, default=20)
     p.add_argument("--step", choices=("run", "pilot"), default="run")
-    a = p.parse_args(argv)
+    add_smoke(p, bundle=SMOKE_BUNDLE, measured=SMOKE_MEASURED, draws=2)
+    a = parse_args(p, argv)
+    if a.bundle is None or a.measured is None:
+        p.error("name a race's bundle and its measured file (or --smoke)")
+    if a.bundle.is_file():
+        with tempfile.TemporaryDirectory(prefix="projection-replay-") as tmp:
+            with tarfile.open(a.bundle) as tar:
+                tar.extractall(tmp, filter="data")
+            return replay(_with_bundle(a, Path(tmp)))
+    return replay(a)
 
+
+def _with_bundle(a: argparse.Namespace, bundle: Path) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(a), "bundle": bundle})
+
+
+def replay(a: argparse.Namespace) -> int:
     pilot = json.loads((a.bundle / "pilot.json").read_text())
     measured = json.loads(a.measured.read_text())["sweep_projection"]
     generate = yaml.safe_load((a.bundle / "config.yaml").read_text())["generate"]

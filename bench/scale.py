@@ -19,10 +19,12 @@ On the half-finished state, then on the finished one, it times:
 
     .venv/bin/python -m bench.scale                       # 914,000 samples, 64-token answers
     .venv/bin/python -m bench.scale --answer-tokens 3000 --disk-shards 1
+    .venv/bin/python -m bench.scale --smoke               # CI: 2,000 samples in 2 shards
 
 Last line: ``scale: samples=… answer_tokens=… entry_kb=… open_s=… plan_s=… resume_first_request_s=…
-disk_gb=… parquet_gb=…`` (plus the half-finished plan time, the scan, read and reference times,
-``scan_vs_orjson`` the index-less scan against the reference, and the disk ratio to the journals).
+disk_gb=… parquet_gb=… disk_shards=… ratio=…`` (plus the half-finished plan time, the scan, read and reference
+times, ``scan_vs_orjson`` the index-less scan against the reference, and the disk ratio to the journals);
+``ratio`` is ``Journal.open`` of one shard against one plain orjson read of its journal.
 """
 
 from __future__ import annotations
@@ -43,21 +45,17 @@ from typing import Any
 import orjson
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))  # tests/support: test support (tests/ is no package)
-
-from support.soak import copy_workflow  # noqa: E402
-
-from bench.audit import synthetic_rows  # noqa: E402  (the audit bench's synthetic chats)
-from bench.merge import TextPool, synthetic_record  # noqa: E402  (a record as written)
-from regen.check import load_config  # noqa: E402
-from regen.fingerprint import GenerationSettings, server_numerics  # noqa: E402
-from regen.generate.journal import Journal, read_heads, read_journal_entries  # noqa: E402
-from regen.ingest.shards import read_shard, shard_name  # noqa: E402
-from regen.layout import RunLayout, journal_index  # noqa: E402
-from regen.prompts import prompt_for_last, sample_request_fingerprint  # noqa: E402
-from regen.runconfig import RunConfig  # noqa: E402
-from regen.simulated.requestlog import read_request_log  # noqa: E402
+from bench.audit import synthetic_rows  # the audit bench's synthetic chats
+from bench.merge import TextPool, synthetic_record  # a record as written
+from bench.workflow import REPO, add_smoke, copy_workflow, parse_args, python_path
+from regen.check import load_config
+from regen.fingerprint import GenerationSettings, server_numerics
+from regen.generate.journal import Journal, read_heads, read_journal_entries
+from regen.ingest.shards import read_shard, shard_name
+from regen.layout import RunLayout, journal_index
+from regen.prompts import prompt_for_last, sample_request_fingerprint
+from regen.runconfig import RunConfig
+from regen.simulated.requestlog import read_request_log
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 REGEN = str(Path(sys.executable).with_name("regen"))
@@ -202,9 +200,14 @@ def time_resume(wd: Path, url: str, request_log: Path, shard: str) -> float:
     """Seconds from a generate job's start (a fresh process) to the server's first new request."""
     started = time.time()
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child-resume", url, "--shard", shard], cwd=wd,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "bench.scale", "--child-resume", url, "--shard", shard],
+        cwd=wd,
+        env={**os.environ, "PYTHONPATH": python_path()},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         while proc.poll() is None:
             events = read_request_log(request_log)
@@ -286,7 +289,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--reuse", action="store_true", help="keep --work's dataset and shards (new journals)")
     ap.add_argument("--child-resume", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    add_smoke(ap, samples=2000, shards=2)
+    args = parse_args(ap, argv)
     if args.child_resume:
         child_resume(args.child_resume, args.shard)
         return 0
@@ -360,7 +364,8 @@ def run(wd: Path, args: argparse.Namespace) -> int:
         f"scan_vs_orjson={full['scan_s'] / full['orjson_s']:.2f} "
         f"plan_s={plan_s:.2f} plan_half_s={plan_half_s:.2f} resume_first_request_s={resume_s:.2f} "
         f"disk_gb={before * scale / 1e9:.2f} disk_vs_journal={before / size['journal']:.2f} "
-        f"parquet_gb={size['parquet'] * scale / 1e9:.3f} disk_shards={len(disk_shards)}"
+        f"parquet_gb={size['parquet'] * scale / 1e9:.3f} disk_shards={len(disk_shards)} "
+        f"ratio={full['open_s'] / full['orjson_s']:.3f}"
     )
     shutil.rmtree(wd / "bench-dataset", ignore_errors=True)
     return 0

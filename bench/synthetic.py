@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parent.parent
+
 #: Synthetic English-ish vocabulary for generated prompts and answers (first 40 are the merge bench's).
 WORDS = [
     "the",
@@ -65,10 +67,10 @@ WORDS = [
 ]
 
 
-def run_side(script: str, args: list[str], cwd: Path | None = None) -> dict[str, Any]:
-    """Run one side of a benchmark in a fresh process (so its peak RSS is its own) and return
-    the JSON object it prints on its last line."""
+def run_side(module: str, args: list[str]) -> dict[str, Any]:
+    """Run one side of a benchmark as ``python -m module`` from the repo root, in a fresh process (so its
+    peak RSS is its own), and return the JSON object it prints on its last line."""
     proc = subprocess.run(
-        [sys.executable, script, *args], check=True, capture_output=True, text=True, cwd=cwd
+        [sys.executable, "-m", module, *args], check=True, capture_output=True, text=True, cwd=REPO
     )
     return json.loads(proc.stdout.strip().splitlines()[-1])

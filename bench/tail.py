@@ -2,6 +2,7 @@
 against the simulated server in virtual time, with log-normal answer lengths.
 
     python -m bench.tail [--requests 512] [--cap 64] [--speed 20]
+    python -m bench.tail --smoke    # CI: 64 requests, cap 16, speed 50
 
 Each sample's answer length is the virtual server's (``bench.sim_virtual``: log-normal of mean
 ``--length-mean`` and shape ``--sigma``, per sample id, capped at ``--length-cap``); its old answer in
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 
 from bench.gpu.serverlog import decode_lines, drain_token_share
 from bench.sim_virtual import VirtualSimulatedServer, VirtualTime
+from bench.workflow import add_smoke, parse_args
 from regen.generate.client import Endpoint, GenerateConfig, ProgressOptions, ShardJob, generate_shard
 from regen.ingest.shards import shard_audited, write_shards
 from regen.records import FLAGS_SCHEMA
@@ -167,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sigma", type=float, default=1.0, help="log-normal shape of the answer lengths")
     ap.add_argument("--length-cap", type=int, default=8192)
     ap.add_argument("--noise", type=float, default=0.5, help="log-normal error of the old answers' lengths")
-    a = ap.parse_args(argv)
+    add_smoke(ap, requests=64, cap=16, speed=50.0)
+    a = parse_args(ap, argv)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="regen-tail-") as tmp:
         runs = measure(Path(tmp), a.requests, a.cap, a.speed, a.length_mean, a.sigma, a.length_cap, a.noise)

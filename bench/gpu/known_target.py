@@ -36,7 +36,7 @@ the full-shape checkpoint is ~54 GB apparent but a few GB on disk (lm_head is de
 "not a successor" logit in each state column). The file system must support sparse files (checked).
 
 Usage:
-  python bench/gpu/known_target.py OUT [--layers 64] [--max-tokens 4096 8192] [--tiny] [--dense]
+  python -m bench.gpu.known_target OUT [--layers 64] [--max-tokens 4096 8192] [--tiny] [--dense]
   (--tiny: same construction at a small shape, for the CPU test; needs only numpy and tokenizers)
   (--dense: a dense Qwen3ForCausalLM at Qwen3-8B's config, no MTP, every norm weight 1 (Qwen3's RMSNorm is
   not zero-centred), o_proj and down_proj zero, the short chain DENSE_CHAIN: issue 36)

@@ -32,7 +32,7 @@ what the server realized (cap, mamba slots, KV tokens).
 ``--dry-cpu``: the same sequence against regen's simulated SGLang in chain mode (the model's chain.json,
 cap = the plan's prediction for the flags), to rehearse on CPU.
 
-Usage: python bench/gpu/known_target_baselines.py --model DIR --work DIR --which default|seed
+Usage: python -m bench.gpu.known_target_baselines --model DIR --work DIR --which default|seed
        [--n 1000] [--max-tokens 2048] [--concurrency 48|64] [--dry-cpu] [--stop-first RUN_DIR]
 Writes WORK/baseline-WHICH.json and prints ``baseline: which=... wall_s=...``.
 """

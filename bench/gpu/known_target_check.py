@@ -14,7 +14,7 @@ variant: Qwen3's; CPU, torch) and report, as one JSON object on stdout, what the
 - ``generated``: token ids of a few ``generate(do_sample=True, ...)`` runs (the test checks each step is a
   designed transition).
 
-Usage: python bench/gpu/known_target_check.py MODEL_DIR [--generate N] [--new-tokens T]
+Usage: python -m bench.gpu.known_target_check MODEL_DIR [--generate N] [--new-tokens T]
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ gives one. ``fixed_s`` and ``drain_token_share`` are regen's (:func:`regen_time_
 runs the workflow on that run dir, counting the earlier prepare's seconds as ``--sweep`` does: the device
 sequence makes the sweep's server the fresh machine's first (the warm-up) and runs the baselines between.
 
-Usage: python bench/gpu/known_target_run.py --model DIR --work DIR [--mode simulated] [--n 2000]
+Usage: python -m bench.gpu.known_target_run --model DIR --work DIR [--mode simulated] [--n 2000]
        [--max-tokens 4096] [--tools-fraction 0.3] [--dense [--eval-fraction 0.1]] [--sweep [--sweep-args S]]
        [--sweep-only | --after-sweep]
 """

@@ -10,7 +10,8 @@ fixed workload with ``regen.generate.client.generate_shard`` and reads the serve
 - the realized memory map vs. the tuner's prediction (running cap, mamba slots, KV tokens),
 - a roofline for the best configuration from the measured copy bandwidth and bf16 matmul rate.
 
-``--dry-cpu`` runs the same code against regen's simulated server (no GPU, small workload).
+``--dry-cpu`` runs the same code against regen's simulated server (no GPU, small workload); ``--smoke``
+(CI) is ``--dry-cpu`` with SGLang's defaults and regen's recommendation only, written to a temporary dir.
 Writes ``<out>/gpu-<date>.json`` after every configuration (partial results survive a kill) and
 ``<out>/gpu-<date>.md`` at the end; the last line printed is
 ``gpu: default_tps=… regen_tps=… ratio=… predicted_cap=… realized_cap=…``.
@@ -25,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,10 @@ from bench.gpu.harness import (
 )
 from bench.gpu.roofline import HybridShape, decode_step_cost
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
+from bench.workflow import add_smoke, free_port_base, parse_args
 from regen import runconfig
 from regen.io import write_json
+from regen.simulated.options import OPTIONS_ENV
 from regen.types import Sample
 
 # --------------------------------------------------------------------------------------------------
@@ -614,10 +618,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="rebuild the summary, markdown and final line from a (partial) results JSON",
     )
-    a = p.parse_args(argv)
+    add_smoke(p, dry_cpu=True, configs="default,regen")
+    a = parse_args(p, argv)
     if a.summarize:
         return summarize_file(a.summarize, a.out)
+    if a.smoke and a.out == p.get_default("out"):
+        a.out = Path(tempfile.mkdtemp(prefix="regen-gpu-smoke-"))  # a rehearsal's files stay out of results
+    if a.smoke and a.work is None:
+        a.work = a.out / "work"
+    if a.smoke and a.port_base == p.get_default("port_base"):
+        a.port_base = free_port_base(1)  # beside other runs on the machine
     dry = a.dry_cpu
+    if dry:  # a decode line every half second: the dry workload lasts seconds, SGLang's cadence is 40 steps
+        os.environ.setdefault(OPTIONS_ENV, json.dumps({"log_interval_s": 0.5}))
     requests = a.requests or (96 if dry else 512)
     output_tokens = a.output_tokens or (64 if dry else 1024)
     workload = Workload(requests, a.prompt_tokens, output_tokens)

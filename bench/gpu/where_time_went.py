@@ -10,8 +10,8 @@ from that, the prompt count at which regen reaches the issue's targets (1.5x the
 original run's flags end to end), with regen's server start as measured (cold, first on the machine)
 and as the later servers' (warm).
 
-Usage: python bench/gpu/where_time_went.py [--prefix bench/results/known-target-2026-12-01] [--out FILE.md]
-       python bench/gpu/where_time_went.py --work KT_WORK [--out FILE.md]  (a campaign's work dir as it ran:
+Usage: python -m bench.gpu.where_time_went [--prefix bench/results/known-target-2026-12-01] [--out FILE.md]
+       python -m bench.gpu.where_time_went --work KT_WORK [--out FILE.md]  (a campaign's work dir as it ran:
        every run there, the warm-up included; the projection only with regen, default and seed)
 The last line printed is ``where: ...``.
 """

@@ -1,0 +1,82 @@
+"""The workflow as a bench runs it: a copy of the checkout's workflow in a fresh directory, free loopback
+ports for its servers, and the ``--smoke`` switch every bench has (tiny sizes for CI, the same last line).
+
+Benches import this instead of reaching into ``tests/`` (issue 51); ``tests/support/soak.py`` has its own
+copy of the workflow's parts for the soak harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+#: what a run needs of the checkout (not results, work, logs or .snakemake)
+WORKFLOW_ITEMS: tuple[str, ...] = (
+    "Snakefile",
+    "rules",
+    "scripts",
+    "schemas",
+    "report",
+    "envs",
+    "config",
+    "resources",
+    "data/demo",
+)
+
+
+def copy_workflow(source: Path, dest: Path) -> None:
+    """Copy the workflow's files from ``source`` (a checkout) into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in WORKFLOW_ITEMS:
+        src = source / item
+        if not src.exists():
+            raise FileNotFoundError(f"bench: {src} is missing (the workflow is incomplete)")
+        target = dest / item
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, target)
+
+
+def free_port_base(n: int, rng: random.Random | None = None) -> int:
+    """A port base with ``n`` free consecutive loopback ports."""
+    from regen.serving.ports import port_is_free
+
+    rng = rng or random.Random()
+    for _ in range(500):
+        base = rng.randint(20000, 60000)
+        if all(port_is_free("127.0.0.1", base + i) for i in range(n)):
+            return base
+    raise RuntimeError("bench: no free port range on 127.0.0.1")
+
+
+def python_path() -> str:
+    """``$PYTHONPATH`` with the checkout first: a bench's own process run from a workflow copy imports it."""
+    return os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+
+
+def add_smoke(parser: argparse.ArgumentParser, **tiny: Any) -> None:
+    """``--smoke``: the bench at ``tiny``'s sizes (argument dest -> value) for CI: seconds, same last line."""
+    sizes = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in tiny.items())
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"CI smoke run at tiny sizes ({sizes}; given ones win)"
+    )
+    parser.set_defaults(_smoke_sizes=tiny)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args`` with ``--smoke``'s sizes where the command line left the default."""
+    args = parser.parse_args(argv)
+    tiny: dict[str, Any] = getattr(args, "_smoke_sizes", {})
+    if getattr(args, "smoke", False):
+        for dest, value in tiny.items():
+            if getattr(args, dest) == parser.get_default(dest):
+                setattr(args, dest, value)
+    return args
