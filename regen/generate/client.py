@@ -58,6 +58,7 @@ import orjson
 from regen.fingerprint import GenerationSettings, server_numerics
 from regen.generate.journal import Journal, JournalSink
 from regen.generate.journal_writer import JournalWriter
+from regen.generate.pacing import InFlightPlan, RequestTime, plan_in_flight
 from regen.generate.request import Halt, Requests, ServerRestarts
 from regen.generate.sample_record import RecordContext, hash64
 from regen.generate.scheduler import Lenders, ShardRun, ShardStats
@@ -99,6 +100,7 @@ class ShardJob:
     the own server's restarts, so requests lost to one are sent again (and a server that gave up names
     its cause). ``writer``: the job's claim on the journal (taken before its GPU slot, released after its
     outputs are written); None: ``Journal.open`` takes one and refuses if another process holds it.
+    ``request_time``: the server's request time, which bounds the in-flight count (``pacing_of``).
     """
 
     samples: Iterable[Sample] | str | os.PathLike[str]
@@ -116,6 +118,9 @@ class ShardJob:
     settings: GenerationSettings | None = None
     restarts: ServerRestarts | None = None
     writer: JournalWriter | None = None
+    #: how long one request takes on the server (``regen.generate.pacing``): the in-flight count is kept
+    #: within what it finishes in ``request_timeout_s``; None: the planned count, adapted as it runs
+    request_time: RequestTime | None = None
 
 
 # ------------------------------------------------------------------------------- progress
@@ -284,12 +289,26 @@ def _samples_and_total(
 
 
 def _concurrency(cfg: GenerateConfig, ep: Endpoint) -> int:
-    """The requests kept in flight: ``concurrency``, else the server's cap plus the queue headroom."""
+    """The requests planned in flight: ``concurrency``, else the server's cap plus the queue headroom."""
     if cfg.concurrency:
         return cfg.concurrency
     if ep.max_running_requests:
         return math.ceil(ep.max_running_requests * (1 + cfg.queue_headroom))
     return DEFAULT_CONCURRENCY
+
+
+def longest_request_tokens(cfg: GenerateConfig) -> int:
+    """The most tokens one request may ask for: ``max_tokens``, or its truncation retry's."""
+    limit = cfg.sampling.max_tokens
+    return math.ceil(limit * cfg.retry_max_tokens_factor) if cfg.truncation == "retry" else limit
+
+
+def pacing_of(cfg: GenerateConfig, ep: Endpoint, time: RequestTime | None) -> InFlightPlan:
+    """The in-flight plan on ``ep``: the planned count (``_concurrency``) within what the server finishes in
+    ``request_timeout_s`` at its running cap (``regen.generate.pacing.plan_in_flight``)."""
+    planned = _concurrency(cfg, ep)
+    running = ep.max_running_requests or planned
+    return plan_in_flight(planned, running, cfg.request_timeout_s, longest_request_tokens(cfg), time)
 
 
 async def generate_shard_async(job: ShardJob) -> ShardStats:
@@ -309,21 +328,23 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
             connector=connector, json_serialize=lambda o: orjson.dumps(o).decode()
         ) as sess:
             ep = await _discover(sess, job.endpoint, cfg)
-            concurrency = _concurrency(cfg, ep)
+            pacing = pacing_of(cfg, ep, job.request_time)
+            concurrency = pacing.ceiling
             model = ep.model or "default"
             requests = Requests(cfg, sess, ep.url, model, ep.api_key, shard,
-                                random.Random(hash64("backoff", shard)), Halt(), job.restarts)  # fmt: skip
+                                random.Random(hash64("backoff", shard)), Halt(), job.restarts,
+                                pacing)  # fmt: skip
             record = RecordContext(shard, model, {"id": ep.server_id, "url": ep.url, "version": ep.version})
             # the answers come from this server: its numerics are part of what decides them
             run = ShardRun(cfg, settings.served_by(ep.numerics or {}), journal, it, requests, record, stats,
                            max(3, min(concurrency, 16)), job.on_exhausted)  # fmt: skip
             log.info(
-                "shard %s: %s samples, %d in the journal, settings %s, concurrency %d against %s (%s)",
+                "shard %s: %s samples, %d in the journal, settings %s, %s against %s (%s)",
                 shard,
                 total if total is not None else "?",
                 len(journal.finished_ids),
                 run.settings_fingerprint,
-                concurrency,
+                pacing.describe(),
                 ep.url,
                 ep.server_id,
             )
@@ -340,6 +361,10 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
                     sys.stderr.write("\n")
         journal.flush()
         stats.retried_requests = requests.retried
+        for url, window in requests.windows.items():
+            log.info("shard %s: %s: window %.0f of %d at the end, %d decreases, %d timeouts behind the "
+                     "client's own excess sent again", shard, url, window.limit, window.ceiling,
+                     window.decreases, requests.excess_timeouts)  # fmt: skip
         failure = run.failure()
         stats.wall_s = time.monotonic() - t0
         if failure is not None:

@@ -21,10 +21,12 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from regen.fingerprint import GenerationSettings
-from regen.generate.client import ShardJob, generate_shard
+from regen.generate.client import ShardJob, generate_shard, pacing_of
 from regen.generate.journal_writer import JournalWriter
 from regen.generate.lending import SlotLenders
+from regen.generate.pacing import RequestTime
 from regen.generate.run_progress import progress_line
+from regen.generate.server_time import request_time_for
 from regen.ingest.shards import read_shard
 from regen.layout import RUN, RunLayout, failure_note, slurm_job_id
 from regen.runconfig import GenerateConfig, RunConfig
@@ -39,14 +41,19 @@ from regen.types import Endpoint
 log = logging.getLogger("regen.generate.generation")
 
 
-def other_slots(endpoint: Endpoint, generate_cfg: GenerateConfig, slots: str) -> SlotLenders | None:
-    """The other GPU slots' servers this job may fill while they have room (``generate.spill``)."""
+def other_slots(
+    endpoint: Endpoint, generate_cfg: GenerateConfig, slots: str, request_time: RequestTime | None = None
+) -> SlotLenders | None:
+    """The other GPU slots' servers this job may fill while they have room (``generate.spill``): room up to
+    the running cap, and no more than the server finishes within the request timeout (``pacing_of``: the
+    lent server's own job keeps as many in flight there, so borrowers add none past it)."""
     if not generate_cfg.spill or not endpoint.server_id.startswith("gpu"):
         return None
     cap = generate_cfg.concurrency or endpoint.max_running_requests
     if not cap:
         return None
-    return SlotLenders(slots, int(endpoint.server_id[3:]), int(cap))
+    cap = min(int(cap), pacing_of(generate_cfg, endpoint, request_time).start)
+    return SlotLenders(slots, int(endpoint.server_id[3:]), cap)
 
 
 def run_generate_job(
@@ -91,6 +98,7 @@ def run_generate_job(
             stats = _generate_on(
                 endpoint, samples, journal_path, records_out, failed_out, generate_cfg, shard, total,
                 journal_sync, give_slot_up, generation, str(slots), writer,
+                request_time_for(run.server, layout.pilot),
             )  # fmt: skip
     except ServerError as exc:
         raise SystemExit(once_per_cause(exc, shard, log_path, layout.failure_notes_dir(job))) from None
@@ -101,9 +109,10 @@ def _generate_on(
     endpoint: Any, samples: Any, journal_path: str, records_out: str, failed_out: str,
     generate_cfg: GenerateConfig, shard: str, total: int, journal_sync: Any,
     give_slot_up: list[Callable[[], None]], generation: Any, slots: str, writer: JournalWriter,
+    request_time: RequestTime,
 ) -> Any:  # fmt: skip
     log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
-    lenders = other_slots(endpoint, generate_cfg, slots)
+    lenders = other_slots(endpoint, generate_cfg, slots, request_time)
     try:
         job = ShardJob(
             samples,
@@ -120,6 +129,7 @@ def _generate_on(
             settings=generation,
             restarts=SlotRestarts.of(slots, endpoint.server_id, endpoint.url),
             writer=writer,
+            request_time=request_time,
         )
         stats = generate_shard(job)
     finally:

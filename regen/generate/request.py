@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from regen.generate.pacing import OK, OTHER, OVERLOAD, AimdWindow, InFlightPlan
 from regen.runconfig import GenerateConfig
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
 MAX_BACKOFF_S = 60.0
 RETRY_STATUSES = frozenset({408, 429})
+#: the server's own "too much": the client's window shrinks (``regen.generate.pacing``)
+OVERLOAD_STATUSES = frozenset({429, 503})
+#: timeouts of one sample's requests that waited behind the client's own excess (the server answered others
+#: meanwhile) sent again without using one of its ``max_attempts``; past these they count as attempts
+EXCESS_TIMEOUTS_MAX = 8
 CHAT_PATH = "/v1/chat/completions"
 
 #: where SGLang puts the completion ids of a choice: ``token_ids`` up to 0.5.17, ``response_token_ids``
@@ -69,11 +75,14 @@ class RequestError(Exception):
     """One failed request: ``category`` is client_error, server_error, connection_error,
     truncated_response, malformed_response or timeout."""
 
-    def __init__(self, category: str, detail: str, retryable: bool) -> None:
+    def __init__(self, category: str, detail: str, retryable: bool, excess: bool = False) -> None:
         super().__init__(f"{category}: {detail}")
         self.category = category
         self.detail = detail
         self.retryable = retryable
+        #: a timeout while the server answered other requests: it waited behind the client's own excess
+        #: (too many in flight), not for a failed server
+        self.excess = excess
 
 
 class SampleFailed(Exception):
@@ -186,11 +195,14 @@ def parse_answer(body: bytes, started_at: float, latency: float, max_tokens: int
 class Requests:
     """The requests of one shard's samples to its server (``chat_url``, moved on a restart), sharing
     one session, one back-off random stream and the shard's ``halt``. ``in_flight`` and ``retrying``
-    (and ``retried``) are what ``regen status`` shows."""
+    (and ``retried``) are what ``regen status`` shows. Each server (the own one, each lent one) has its
+    :class:`regen.generate.pacing.AimdWindow`, started at ``pacing``: a request waits for room there before it
+    is sent, and its outcome moves the window."""
 
     def __init__(
         self, cfg: GenerateConfig, session: aiohttp.ClientSession, base_url: str, model: str,
         api_key: str | None, shard: str, rng: random.Random, halt: Halt, restarts: ServerRestarts | None,
+        pacing: InFlightPlan,
     ) -> None:  # fmt: skip
         self.cfg = cfg
         self.session = session
@@ -205,6 +217,9 @@ class Requests:
             self.base_headers["Authorization"] = f"Bearer {api_key}"
         self.timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
         self.in_flight: dict[str, float] = {}  # sample id -> when its first request was sent
+        self.pacing = pacing
+        self.windows: dict[str, AimdWindow] = {}  # chat URL -> its server's window
+        self.excess_timeouts = 0  # timeouts sent again without using an attempt (EXCESS_TIMEOUTS_MAX)
         self.retrying: set[str] = set()  # sample ids waiting out a back-off before their next attempt
         self.retried = 0  # requests sent again after a failure
         # the body fields every request of the shard shares, per thinking mode (built once)
@@ -232,24 +247,25 @@ class Requests:
     ) -> Answer:  # fmt: skip
         """POST with retries (the first to ``first_url`` when given); raises SampleFailed. ``tools`` (the
         sample's tool definitions) go with it. The sample counts as in flight meanwhile (``regen status``)."""
-        self.in_flight.setdefault(sid, time.time())
         try:
             body = self.body(messages, seed, thinking, max_tokens, tools)
             headers = {**self.base_headers, SAMPLE_ID_HEADER: sample_id_header(sid)}
             max_attempts = self.cfg.max_attempts
+            used = 0  # attempts of max_attempts used
+            forgiven = 0  # timeouts behind the client's own excess, sent again (EXCESS_TIMEOUTS_MAX)
             delay = 0.0
-            for attempt in range(1, max_attempts + 1):
-                if attempt > 1:
+            while True:
+                if used or forgiven:
                     self.retried += 1
                     self.retrying.add(sid)
                     await asyncio.sleep(delay)
                     self.retrying.discard(sid)
                 attempts[0] += 1
-                lent = first_url if attempt == 1 else None
+                lent = first_url if used == 0 and forgiven == 0 else None
                 generation = self.restarts.generation if self.restarts is not None else 0
                 try:
                     try:
-                        answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url)
+                        answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url, sid)
                     except RequestError as err:
                         if lent is not None or self.restarts is None or not err.retryable:
                             raise
@@ -259,14 +275,21 @@ class Requests:
                     answer.lender = lent
                     return answer
                 except RequestError as err:
-                    if not err.retryable or attempt == max_attempts or self.halt.reason is not None:
+                    if err.excess and forgiven < EXCESS_TIMEOUTS_MAX and self.halt.reason is None:
+                        forgiven += 1
+                        self.excess_timeouts += 1
+                        delay = 0.0
+                        log.info("shard %s: sample %r: %s while the server answered others (too many in "
+                                 "flight): sent again, no attempt used", self.shard, sid, err)  # fmt: skip
+                        continue
+                    used += 1
+                    if not err.retryable or used >= max_attempts or self.halt.reason is not None:
                         log.warning("shard %s: sample %r: request %d/%d failed (%s); giving up on it",
-                                    self.shard, sid, attempt, max_attempts, err)  # fmt: skip
+                                    self.shard, sid, used, max_attempts, err)  # fmt: skip
                         raise SampleFailed(err, attempts[0]) from err
-                    delay = backoff_delay(self.cfg.backoff_base_s, attempt, self.rng)
+                    delay = backoff_delay(self.cfg.backoff_base_s, used, self.rng)
                     log.warning("shard %s: sample %r: request %d/%d failed (%s); retrying in %.2f s",
-                                self.shard, sid, attempt, max_attempts, err, delay)  # fmt: skip
-            raise AssertionError("unreachable")
+                                self.shard, sid, used, max_attempts, err, delay)  # fmt: skip
         finally:
             self.in_flight.pop(sid, None)
             self.retrying.discard(sid)
@@ -329,27 +352,55 @@ class Requests:
                         "sending it again to %s", self.shard, sid, err.category, url)  # fmt: skip
             generation = self.restarts.generation
             try:
-                return await self.post_once(body, headers, max_tokens, self.chat_url)
+                return await self.post_once(body, headers, max_tokens, self.chat_url, sid)
             except RequestError as again:
                 if not again.retryable:
                     raise
                 err = again
 
-    async def post_once(self, body: bytes, headers: dict[str, str], max_tokens: int, url: str) -> Answer:
-        started_at = time.time()
-        t0 = time.perf_counter()
+    def window(self, url: str) -> AimdWindow:
+        """The in-flight window of the server at chat URL ``url`` (made at ``pacing`` when first used)."""
+        found = self.windows.get(url)
+        if found is None:
+            found = self.windows[url] = AimdWindow.of(self.pacing)
+        return found
+
+    async def post_once(
+        self, body: bytes, headers: dict[str, str], max_tokens: int, url: str, sid: str | None = None
+    ) -> Answer:
+        """One POST once its server's window has room (the wait before it is the client's own: no timeout
+        runs); its outcome moves the window."""
+        window = self.window(url)
+        ticket = await window.acquire()
+        if sid is not None:
+            self.in_flight.setdefault(sid, time.time())
+        answered = window.completed
+        outcome = OTHER
         try:
-            async with self.session.post(url, data=body, headers=headers, timeout=self.timeout) as resp:
-                data = await resp.read()
-                status = resp.status
-        except aiohttp.ClientPayloadError as exc:
-            raise RequestError("truncated_response", str(exc), True) from exc
-        except (aiohttp.ClientConnectionError, aiohttp.ClientResponseError) as exc:
-            raise RequestError("connection_error", f"{type(exc).__name__}: {exc}", True) from exc
-        except TimeoutError as exc:
-            raise RequestError("timeout", f"no response within {self.cfg.request_timeout_s} s", True) from exc
-        if status != 200:
-            if 400 <= status < 500 and status not in RETRY_STATUSES:
-                raise RequestError("client_error", f"HTTP {status}: {_error_message(data)}", False)
-            raise RequestError("server_error", f"HTTP {status}: {_error_message(data)}", True)
-        return parse_answer(data, started_at, time.perf_counter() - t0, max_tokens)
+            started_at = time.time()
+            t0 = time.perf_counter()
+            try:
+                async with self.session.post(url, data=body, headers=headers, timeout=self.timeout) as resp:
+                    data = await resp.read()
+                    status = resp.status
+            except aiohttp.ClientPayloadError as exc:
+                raise RequestError("truncated_response", str(exc), True) from exc
+            except (aiohttp.ClientConnectionError, aiohttp.ClientResponseError) as exc:
+                raise RequestError("connection_error", f"{type(exc).__name__}: {exc}", True) from exc
+            except TimeoutError as exc:
+                outcome = OVERLOAD
+                excess = window.completed > answered  # the server answered others while this one waited
+                raise RequestError(
+                    "timeout", f"no response within {self.cfg.request_timeout_s} s", True, excess
+                ) from exc
+            if status != 200:
+                if status in OVERLOAD_STATUSES:
+                    outcome = OVERLOAD
+                if 400 <= status < 500 and status not in RETRY_STATUSES:
+                    raise RequestError("client_error", f"HTTP {status}: {_error_message(data)}", False)
+                raise RequestError("server_error", f"HTTP {status}: {_error_message(data)}", True)
+            answer = parse_answer(data, started_at, time.perf_counter() - t0, max_tokens)
+            outcome = OK
+            return answer
+        finally:
+            window.release(ticket, outcome)

@@ -20,7 +20,7 @@ import orjson
 
 from regen.fingerprint import GenerationSettings, content_digest, request_fingerprint
 from regen.generate.journal import Journal
-from regen.generate.request import Requests, SampleFailed
+from regen.generate.request import Requests, SampleFailed, chat_url
 from regen.generate.sample_record import RecordContext, answer_sample, output_tokens
 from regen.journal_lines import FAILED, RECORD
 from regen.prompts import request_content, sample_request_fingerprint
@@ -158,6 +158,8 @@ class ShardRun:
             while self.halt.reason is None and not self.exhausted:
                 await asyncio.sleep(lenders.poll_s)
                 for lender, room in await lenders.spare(self.requests.session):
+                    # no more than its window lets this job have in flight there (regen.generate.pacing)
+                    room = min(room, self.requests.window(chat_url(lender.url)).room)
                     for _ in range(room):
                         nxt = None if self.halt.reason is not None else self.next_sample()
                         if nxt is None:

@@ -1,0 +1,245 @@
+"""How many requests the client keeps in flight on one server: no more than the server finishes within the
+request timeout, queue included, and adapted while the run goes on (issue 48).
+
+A server runs at most ``running_cap`` requests at once; the rest wait in its queue. With ``n`` in flight and
+every request as long as the answer budget allows (``max_tokens``), the last one sent waits for ``n /
+running_cap`` rounds of the batch, each as long as one worst-case request (:meth:`RequestTime.worst_s`), so it
+is answered within ``request_timeout_s`` only while ``n <= running_cap * timeout / worst_s``: the *timeout
+window*. The client plans ``min(planned in flight, timeout window)`` (:func:`plan_in_flight`) and starts its
+:class:`AimdWindow` there: the window shrinks by half when a share of one window's answers are overload
+signals (timeouts, HTTP 503/429), and grows back by a step per clean window up to the planned count. A request
+waits for room in the window *before* it is sent: that wait is the client's own and no request timeout runs
+during it.
+
+:class:`RequestTime` is the worst-case time of one request from a decode-step line (the pilot's measured line,
+``results/plan/pilot.json``, or :data:`ESTIMATED_GPU_STEP`, a conservative estimate that says it is one) or
+from the stand-in's measured speed (``regen.serving.simulated_mode``). :func:`timeout_conflict` says when the
+timeout is shorter than one worst-case request at the planned batch, with the number and the fix
+(``regen check`` prints it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+from dataclasses import dataclass, field
+
+#: below this share of a window's answers as overload signals the window grows (random 5xx of a healthy
+#: server, a few per cent, do not shrink it); at it or above, the window halves
+OVERLOAD_SHARE = 0.05
+#: a window's answers are counted over at least this many (a small window is judged on enough answers)
+MIN_EPOCH = 20
+#: the factor a window shrinks by on overload, and the share of the planned count it grows by per clean one
+DECREASE = 0.5
+INCREASE_SHARE = 0.05
+#: the planned window is this share of the timeout window (the rest is room for prefills and slow steps)
+TIMEOUT_MARGIN = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTime:
+    """How long one request takes on a server: ``max_tokens`` decode steps of ``fixed_s + per_request_s *
+    batch`` each, plus ``admit_s`` for each request admitted to the batch meanwhile (the prefills between the
+    steps: over one request's life the whole batch turns over once). ``estimate``: not measured."""
+
+    fixed_s: float
+    per_request_s: float
+    admit_s: float
+    basis: str
+    estimate: bool
+
+    def step_s(self, batch: int) -> float:
+        return self.fixed_s + self.per_request_s * batch
+
+    def worst_s(self, batch: int, max_tokens: int) -> float:
+        """Seconds of one request decoding ``max_tokens`` tokens with ``batch`` running."""
+        return max_tokens * self.step_s(batch) + batch * self.admit_s
+
+    def describe(self) -> str:
+        what = "an estimate" if self.estimate else "measured"
+        return (
+            f"{self.fixed_s * 1000:.2f} ms + {self.per_request_s * 1000:.4f} ms a request per decode step, "
+            f"{self.admit_s * 1000:.2f} ms a prefill ({what}: {self.basis})"
+        )
+
+
+#: the decode-step line assumed when none was measured (no ``regen tune --sweep`` pilot): the slowest line
+#: measured on an H200 so far, Qwen3.6-27B hybrid at 607 running, 90.9 ms a step (bench/results, 2026-11-30),
+#: is 30 ms + 0.1 ms a request; Llama-3.1-8B at 671 running took ~47 ms (dense-2026-12-02-pages), half of it.
+#: A prefill of a few hundred prompt tokens between the steps: 2 ms.
+ESTIMATED_GPU_STEP = RequestTime(
+    0.030, 0.0001, 0.002, "no measured step line: the slowest line measured on an H200 (90.9 ms at 607)", True
+)
+
+
+def measured_step(step_model: object) -> RequestTime | None:
+    """The pilot's measured decode-step line (``pilot.json``'s ``projection_closed_loop.step_model``), or
+    None when it holds none."""
+    if not isinstance(step_model, dict):
+        return None
+    try:
+        fixed, per = float(step_model["fixed_s"]), float(step_model["per_request_s"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if per <= 0 or fixed < 0:
+        return None
+    basis = str(step_model.get("basis") or "the pilot's step line")
+    return RequestTime(fixed, per, ESTIMATED_GPU_STEP.admit_s, f"regen tune --sweep: {basis}", False)
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightPlan:
+    """The client's in-flight count on one server: ``start`` (where its window begins) and ``ceiling`` (the
+    planned count it never exceeds), with the timeout window and what it came from."""
+
+    ceiling: int
+    start: int
+    timeout_window: int | None
+    worst_s: float | None
+    running_cap: int | None
+
+    def describe(self) -> str:
+        if self.timeout_window is None or self.worst_s is None:
+            return f"{self.start} in flight (no request time known: the planned count)"
+        return (
+            f"{self.start} in flight (planned {self.ceiling}; within the timeout {self.timeout_window}: "
+            f"a {self.worst_s:.2f}-s worst-case request at {self.running_cap} running)"
+        )
+
+
+def timeout_window(
+    running_cap: int, timeout_s: float, max_tokens: int, time: RequestTime
+) -> tuple[int, float]:
+    """(in flight the server finishes within ``timeout_s``, the worst-case request's seconds at its cap)."""
+    worst = time.worst_s(running_cap, max_tokens)
+    window = math.floor(TIMEOUT_MARGIN * running_cap * timeout_s / worst) if worst > 0 else running_cap
+    return max(1, window), worst
+
+
+def plan_in_flight(
+    planned: int, running_cap: int | None, timeout_s: float, max_tokens: int, time: RequestTime | None
+) -> InFlightPlan:
+    """``min(planned, timeout window)`` (at least 1): where the client's window starts; ``planned`` stays
+    its ceiling (the window grows back to it while nothing times out)."""
+    planned = max(1, planned)
+    if time is None or not running_cap:
+        return InFlightPlan(planned, planned, None, None, running_cap)
+    batch = min(running_cap, planned)
+    window, worst = timeout_window(batch, timeout_s, max_tokens, time)
+    return InFlightPlan(planned, min(planned, window), window, worst, batch)
+
+
+def timeout_conflict(running_cap: int, timeout_s: float, max_tokens: int, time: RequestTime) -> str | None:
+    """Why ``request_timeout_s`` and the plan disagree (one worst-case request at the planned batch takes
+    longer than the timeout), with the fix; None when they agree."""
+    worst = time.worst_s(running_cap, max_tokens)
+    if worst <= timeout_s:
+        return None
+    lower = running_cap
+    while lower > 1 and time.worst_s(lower, max_tokens) > timeout_s:
+        lower = max(1, lower * 3 // 4) if lower > 64 else lower - 1
+    fits = time.worst_s(lower, max_tokens) <= timeout_s
+    alone = f" (one such request alone takes {time.worst_s(1, max_tokens):,.0f} s)"
+    lower_fix = f" or lower --max-running-requests to {lower}" if fits else alone
+    return (
+        f"generate.request_timeout_s {timeout_s:g} s is shorter than one worst-case request at the planned "
+        f"batch: {max_tokens} tokens (generate.sampling.max_tokens) at {running_cap} running take "
+        f"{worst:,.0f} s (step {time.step_s(running_cap) * 1000:.1f} ms: {time.describe()}); every answer "
+        f"that long times out and is sent again. Raise request_timeout_s to {math.ceil(worst * 1.25)}"
+        f"{lower_fix}"
+    )
+
+
+# ------------------------------------------------------------------------------------ the window
+
+
+OK, OVERLOAD, OTHER = "ok", "overload", "other"
+
+
+@dataclass(slots=True)
+class AimdWindow:
+    """The requests in flight on one server, at most ``limit`` (``floor`` <= limit <= ``ceiling``).
+
+    :meth:`acquire` waits for room and hands out a ticket (the send's sequence number); :meth:`release` takes
+    it back with the outcome. Outcomes are counted per *epoch* (a window's worth of answers, at least
+    :data:`MIN_EPOCH`), only from requests sent since the last decrease (those sent before it belong to the
+    window that overloaded): at :data:`OVERLOAD_SHARE` overload signals the limit halves and a new epoch
+    begins; a clean epoch grows it by ``INCREASE_SHARE`` of the ceiling (at least 1). ``completed`` counts
+    answers, so a timed-out request can tell whether the server answered others while it waited.
+    """
+
+    ceiling: int
+    limit: float
+    floor: int = 1
+    in_flight: int = 0
+    completed: int = 0
+    sent: int = 0
+    decreases: int = 0
+    epoch_from: int = 0  # the first ticket counted in this epoch
+    epoch_ok: int = 0
+    epoch_bad: int = 0
+    waiters: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
+
+    @classmethod
+    def of(cls, plan: InFlightPlan) -> AimdWindow:
+        return cls(ceiling=plan.ceiling, limit=float(plan.start))
+
+    @property
+    def room(self) -> int:
+        """Requests that may be sent now without waiting."""
+        return max(0, math.floor(self.limit) - self.in_flight)
+
+    async def acquire(self) -> int:
+        """Wait for room (first come, first served), then count the request in flight; its ticket."""
+        if self.in_flight >= math.floor(self.limit) or self.waiters:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.waiters.append(fut)
+            try:
+                await fut  # _wake counted it in flight when it gave it the room
+            except BaseException:
+                if fut.done() and not fut.cancelled():
+                    self.in_flight -= 1  # woken, then cancelled: its room goes to the next one
+                    self._wake()
+                elif fut in self.waiters:
+                    self.waiters.remove(fut)
+                raise
+        else:
+            self.in_flight += 1
+        self.sent += 1
+        return self.sent
+
+    def release(self, ticket: int, outcome: str) -> None:
+        self.in_flight -= 1
+        if outcome == OK:
+            self.completed += 1
+        if ticket > self.epoch_from and outcome in (OK, OVERLOAD):
+            if outcome == OK:
+                self.epoch_ok += 1
+            else:
+                self.epoch_bad += 1
+            self._judge()
+        self._wake()
+
+    def _judge(self) -> None:
+        epoch = max(MIN_EPOCH, math.ceil(self.limit))
+        if self.epoch_bad > OVERLOAD_SHARE * epoch:
+            self.limit = max(float(self.floor), self.limit * DECREASE)
+            self.decreases += 1
+            self._new_epoch()
+        elif self.epoch_ok + self.epoch_bad >= epoch:
+            self.limit = min(float(self.ceiling), self.limit + max(1.0, INCREASE_SHARE * self.ceiling))
+            self._new_epoch()
+
+    def _new_epoch(self) -> None:
+        self.epoch_from = self.sent
+        self.epoch_ok = self.epoch_bad = 0
+
+    def _wake(self) -> None:
+        free = math.floor(self.limit) - self.in_flight
+        while free > 0 and self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                self.in_flight += 1
+                free -= 1
