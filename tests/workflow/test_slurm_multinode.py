@@ -73,6 +73,21 @@ def job_nodes() -> dict[str, tuple[str, str]]:
     return {i: (st, node) for i, st, node in (ln.split("|") for ln in out.splitlines() if ln)}
 
 
+def job_times() -> dict[str, tuple[str, float, float]]:
+    """Slurm job id -> (state, start, end) in epoch seconds (squeue's local times, second resolution)."""
+    out = subprocess.run(
+        ["squeue", "--states=all", "-h", "-o", "%i|%T|%S|%e"], capture_output=True, text=True, check=True
+    ).stdout
+
+    def epoch(stamp: str) -> float:
+        try:
+            return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            return float("nan")
+
+    return {i: (st, epoch(a), epoch(b)) for i, st, a, b in (ln.split("|") for ln in out.splitlines() if ln)}
+
+
 def workdir(path: Path, prefix: str, token_rate: int) -> Path:
     path.mkdir(parents=True)
     for part in PARTS:
@@ -252,16 +267,27 @@ def test_a_node_lost_mid_generation_costs_at_most_one_batch_per_shard(
     regenerated = before & again
     assert not resent_synced, f"{len(resent_synced)} samples synced to S3 before the loss were sent again"
     assert len(regenerated) <= EVERY_RECORDS * len(lost), (len(regenerated), lost)
+    for shard in lost:  # the retried job put the lost journal together again from S3 alone
+        restored = re.findall(r"restored from \S+: (\d+) batches, (\d+) lines added",
+                              (work / "logs" / "generate" / f"{shard}.log").read_text())  # fmt: skip
+        assert restored and int(restored[-1][1]) >= len(synced[shard]), (shard, restored)
+    # served again: the first answer of a server started after the loss (the retried group job's)
+    serving_before = {e["pid"] for e in events if e["t"] <= killed_at}
     served_again = min(e["t"] for e in events if e["t"] > killed_at and e["event"] == "completed"
-                       and e["id"] in lost_ids)  # fmt: skip
+                       and e["pid"] not in serving_before)  # fmt: skip
     starts = server_starts(work)
     jobs = job_nodes()
     retried_on = {jobs[j][1] for j in starts if j in jobs and jobs[j][1] != "n1"}
     assert "n2" in retried_on
     assert sum(starts.values()) == len(starts) + len(restarts(work)), (starts, restarts(work))
+    # where the recovery time goes: Slurm calling the node down, then the resubmitted job's start
+    times = {j: job_times()[j] for j in starts if j in job_times()}
+    failed_at = min(end for st, _, end in times.values() if st == "NODE_FAIL")
+    retry_at = min(start for _, start, _ in times.values() if start > killed_at)
     line = (
         f"cluster: nodes=2 shards={SHARDS} group_jobs={len(starts)} server_starts={sum(starts.values())} "
         f"node_lost_at_s={killed_at - started:.1f} recovered_s={served_again - killed_at:.1f} "
+        f"node_fail_s={failed_at - killed_at:.0f} retry_started_s={retry_at - killed_at:.0f} "
         f"regenerated={len(regenerated)} lost={reconcile['lost_count']} "
         f"duplicated={reconcile['duplicated_count']}"
     )
