@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,9 +176,16 @@ def _rst_text(text: str) -> str:
     return text.replace("{{", "{ {").replace("{%", "{ %")
 
 
-def landing_rst(verdict: Readiness, facts: RunFacts, rows: int | None, link_stages: bool = True) -> str:
-    """The report's first page (Snakefile ``report:``): the verdict first, then what ran. Each stage
-    links to its report category (``link_stages``; a failed run's report may not have them all)."""
+def landing_rst(
+    verdict: Readiness,
+    facts: RunFacts,
+    rows: int | None,
+    link_stages: bool = True,
+    numbers: Sequence[str] = (),
+) -> str:
+    """The report's first page (Snakefile ``report:``): the verdict first, then the run's numbers
+    (``regen.observe.run_numbers``), then what ran. Each stage links to its report category
+    (``link_stages``; a failed run's report may not have them all)."""
     t = _rst_text
     if verdict.ready:
         head = f"**READY**: {rows} training-ready rows in ``{RUN.dataset_dir}``."
@@ -188,6 +195,9 @@ def landing_rst(verdict: Readiness, facts: RunFacts, rows: int | None, link_stag
     if verdict.reasons:
         lines += ["Why:" if not verdict.ready else "Note:", ""]
         lines += [f"- {t(r)}" for r in verdict.reasons]
+        lines.append("")
+    if numbers:
+        lines += [f"- {t(n)}" for n in numbers]
         lines.append("")
     shards = _count(facts.shards, "shard") if facts.shards is not None else "? shards"
     lines += [

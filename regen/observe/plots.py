@@ -65,7 +65,8 @@ def throughput_series(
 
     A record's completion tokens are spread evenly over its request (``started_at`` to
     ``started_at + latency_s``). Returns ``(bucket_s, {server_id: tokens_per_s array})``;
-    bucket 0 starts at the earliest request.
+    bucket 0 starts at the earliest request. The bucket (None: :func:`bucket_for`) suits the run's
+    length, whatever it is.
     """
     spans: list[tuple[str, float, float, int]] = []
     for path in records:
@@ -83,7 +84,7 @@ def throughput_series(
     t0 = min(s[1] for s in spans)
     t1 = max(s[2] for s in spans)
     if bucket_s is None:
-        bucket_s = max((t1 - t0) / 60.0, 1.0)
+        bucket_s = bucket_for(t1 - t0, [s[2] - s[1] for s in spans])
     n = max(math.ceil((t1 - t0) / bucket_s), 1)
     series: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(n))
     for server, start, end, tokens in spans:
@@ -98,6 +99,35 @@ def throughput_series(
             if overlap > 0:
                 arr[k] += rate * overlap
     return bucket_s, {k: v / bucket_s for k, v in sorted(series.items())}
+
+
+#: buckets across a run's generation in the throughput plot, at most
+THROUGHPUT_BUCKETS = 60
+
+
+def bucket_for(span_s: float, latencies_s: Iterable[float]) -> float:
+    """The throughput plot's time bucket for a run of ``span_s`` seconds: 1/60 of the run, and no shorter
+    than the median request, so that a server busy with one request after another is in flight in every
+    bucket and its line is drawn, not isolated points (a 20 s demo: about 0.33 s; ten hours: 10 min)."""
+    lat = sorted(latencies_s)
+    median = lat[len(lat) // 2] if lat else 0.0
+    return max(span_s / THROUGHPUT_BUCKETS, median, 1e-3)
+
+
+def time_axis(span_s: float) -> tuple[float, str]:
+    """(seconds per unit, unit name) for a time axis of ``span_s`` seconds: seconds, minutes or hours."""
+    if span_s < 180:
+        return 1.0, "seconds"
+    if span_s < 3 * 3600:
+        return 60.0, "minutes"
+    return 3600.0, "hours"
+
+
+def _seconds(value: float) -> str:
+    """A bucket width in words: ``0.35 s``, ``12 s``, ``5 min``."""
+    if value < 60:
+        return f"{value:.2g} s" if value < 10 else f"{value:.0f} s"
+    return f"{value / 60:.3g} min" if value < 3600 else f"{value / 3600:.3g} h"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,17 +242,24 @@ def idle_as_gaps(values: np.ndarray) -> np.ndarray:
 
 
 def plot_throughput(records: Iterable[Path], path: Path) -> dict[str, np.ndarray]:
+    """Output tokens/s per server over the run, in buckets suited to its length (:func:`bucket_for`) and a
+    time axis in seconds, minutes or hours; each bucket marked as well as joined, so that a lone busy bucket
+    still shows."""
     bucket_s, series = throughput_series(records)
     fig, ax = plt.subplots(figsize=(9, 3.8))
     if series:
+        span = bucket_s * max(len(v) for v in series.values())
+        per_unit, unit = time_axis(span)
         for server, values in series.items():
-            x = (np.arange(len(values)) + 0.5) * bucket_s
-            ax.plot(x, idle_as_gaps(values), label=server)
-        ax.set_xlabel("seconds since first request")
+            x = (np.arange(len(values)) + 0.5) * bucket_s / per_unit
+            ax.plot(x, idle_as_gaps(values), label=server, marker="o", markersize=3, linewidth=1.5)
+        ax.set_xlim(0, span / per_unit)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel(f"{unit} since first request")
         ax.set_ylabel("output tokens/s")
         ax.legend(loc="best", fontsize="small")
         ax.set_title(
-            f"generation throughput per server ({bucket_s:.0f} s buckets; a gap: no request in flight)"
+            f"generation throughput per server ({_seconds(bucket_s)} buckets; a gap: no request in flight)"
         )
     else:
         _no_data(ax, "generation records")

@@ -51,6 +51,7 @@ from regen.observe.plots import (
     plot_trainer_window,
     throughput_series,
 )
+from regen.observe.run_numbers import RunNumbers
 
 __all__ = [
     "ASSET_NAMES",
@@ -109,7 +110,8 @@ def write_report(
     _write_text(paths[SERVER_PLAN_HTML], with_pilot(plan_page, inputs.pilot))
     verdict = readiness(inputs)
     rows = read_json(inputs.ready).get("rows") if inputs.ready.is_file() else None
-    _write_text(paths[LANDING_RST], landing_rst(verdict, facts, rows))
+    numbers = RunNumbers.of(inputs, facts.mode).lines()
+    _write_text(paths[LANDING_RST], landing_rst(verdict, facts, rows, numbers=numbers))
     return paths
 
 

@@ -67,6 +67,31 @@ async def frame_text(page: Browser) -> str:
     return ""
 
 
+#: matplotlib's first two line colours (tab:blue, tab:orange): the first two servers' throughput lines
+LINE_COLOURS = ((31, 119, 180), (255, 127, 14))
+
+
+def line_pixels_js(path: str) -> str:
+    """JavaScript counting, per line colour, the pixels of the result image at ``path`` as Chromium
+    renders it (the image drawn onto a canvas): a line across the plot is hundreds, a few markers are few."""
+    return f"""(() => {{
+        const uri = results[{json.dumps(path)}].data_uri;
+        const img = Array.from(document.images).find(i => i.src === uri);
+        const c = document.createElement('canvas');
+        c.width = img.naturalWidth; c.height = img.naturalHeight;
+        const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+        const d = g.getImageData(0, 0, c.width, c.height).data;
+        const colours = {json.dumps(LINE_COLOURS)};
+        return colours.map(([r, gr, b]) => {{
+            let n = 0;
+            const near = (i) => Math.abs(d[i] - r) < 40 && Math.abs(d[i + 1] - gr) < 40
+                && Math.abs(d[i + 2] - b) < 40 && d[i + 3] > 200;
+            for (let i = 0; i < d.length; i += 4) if (near(i)) n++;
+            return n;
+        }});
+    }})()"""
+
+
 async def walk_report(binary: str, report: Path) -> dict[str, object]:
     seen: dict[str, object] = {}
     async with Browser(binary) as page:
@@ -99,6 +124,8 @@ async def walk_report(binary: str, report: Path) -> dict[str, object]:
                             ".map(i => i.naturalWidth))"
                         )
                         pages[name] = f"image {width}px"
+                        if name == "throughput.svg":
+                            seen["throughput_pixels"] = await page.eval(line_pixels_js(path))
                     elif mime == "text/html":
                         await show(page, "html", path)
                         pages[name] = await frame_text(page)
@@ -116,6 +143,19 @@ def test_every_report_category_opens_in_chromium(demo_report: Path) -> None:
     landing = str(seen["landing"])
     assert "READY: 250 training-ready rows" in landing or "READY:" in landing, landing[:2000]
     assert "NOT READY" not in landing and "System Message" not in landing, landing[:2000]
+    # the run's numbers (issue 47 item 8), on the first page as the user sees it
+    numbers = (
+        "wall time of generation: ",
+        "output tokens/s: ",
+        "GPU-hours: ",
+        "simulated servers hold no real GPU",
+        "excluded or left out, by reason: input audit ",
+    )
+    for needle in numbers:
+        assert needle in landing, (needle, landing[:2000])
+    # every server's throughput line is drawn across the plot (not isolated points): hundreds of pixels
+    # of each of the first two servers' colours, as Chromium renders the SVG
+    assert all(n > 400 for n in seen["throughput_pixels"]), seen["throughput_pixels"]  # type: ignore[attr-defined]
     assert seen["category_links"] == len(CATEGORIES)  # the landing page's links are live, not literal text
     assert sorted(seen["categories"]) == CATEGORIES  # type: ignore[arg-type]
     pages: dict[str, str] = seen["pages"]  # type: ignore[assignment]
