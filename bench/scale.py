@@ -20,6 +20,14 @@ On the half-finished state, then on the finished one, it times:
     .venv/bin/python -m bench.scale                       # 914,000 samples, 64-token answers
     .venv/bin/python -m bench.scale --answer-tokens 3000 --disk-shards 1
     .venv/bin/python -m bench.scale --smoke               # CI: 2,000 samples in 2 shards
+    .venv/bin/python -m bench.scale --run                 # the held-out run (below)
+
+``--run`` is the held-out kind of run instead (issue 48 item 4; CI: ``tests/workflow/test_scale_run.py``):
+200,000 one-turn samples in 2 shards, 32-token answers, generated through the whole workflow on the demo
+config's simulated servers (``request_timeout_s: 30``, its faults) with ``--resources gpu=2``; then
+``snakemake -n`` and a rerun with every generate job forced, the servers' request log on. Its line:
+``scale_run: samples=… records=… run_s=… plan_s=… rerun_s=… replayed=… sent=… resent=… ratio=…`` (``ratio``:
+replayed over records; ``resent``: requests the rerun sent for samples already answered).
 
 Last line: ``scale: samples=… answer_tokens=… entry_kb=… open_s=… plan_s=… resume_first_request_s=…
 disk_gb=… parquet_gb=… disk_shards=… ratio=…`` (plus the half-finished plan time, the scan, read and reference
@@ -32,6 +40,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -39,6 +48,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +57,7 @@ import yaml
 
 from bench.audit import synthetic_rows  # the audit bench's synthetic chats
 from bench.merge import TextPool, synthetic_record  # a record as written
-from bench.workflow import REPO, add_smoke, copy_workflow, parse_args, python_path
+from bench.workflow import REPO, add_smoke, copy_workflow, free_port_base, parse_args, python_path
 from regen.check import load_config
 from regen.fingerprint import GenerationSettings, server_numerics
 from regen.generate.journal import Journal, read_heads, read_journal_entries
@@ -279,6 +289,121 @@ def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: Gener
     return size
 
 
+#: the held-out kind of run (issue 48 item 4): what ``--run`` does unless told otherwise
+RUN_SAMPLES, RUN_SHARDS, RUN_ANSWER_TOKENS = 200_000, 2, 32
+RUN_CONFIG = "config/scale-run.yaml"
+
+
+@dataclass(frozen=True)
+class ScaleRun:
+    """What the held-out run measured: its wall, the dry run's and the forced rerun's, and what the forced
+    rerun sent (``resent``: requests for samples the first run had finished; ``sent``: all it sent)."""
+
+    samples: int
+    records: int
+    run_s: float
+    plan_s: float
+    plan_says_nothing_to_do: bool
+    rerun_s: float
+    replayed: int
+    sent: int
+    resent: int
+
+    def line(self) -> str:
+        return (
+            f"scale_run: samples={self.samples} records={self.records} run_s={self.run_s:.1f} "
+            f"plan_s={self.plan_s:.2f} rerun_s={self.rerun_s:.1f} replayed={self.replayed} sent={self.sent} "
+            f"resent={self.resent} ratio={self.replayed / max(1, self.records):.4f}"
+        )
+
+
+def write_one_turn(path: Path, samples: int) -> None:
+    """``samples`` distinct one-turn chats (a short question and its old answer)."""
+    with open(path, "wb") as fh:
+        for i in range(samples):
+            row = {
+                "id": f"run-{i:07d}",
+                "messages": [
+                    {"role": "user", "content": f"Give a short answer to question {i} of the list."},
+                    {"role": "assistant", "content": f"Question {i} has this short answer."},
+                ],
+            }
+            fh.write(orjson.dumps(row) + b"\n")
+
+
+def timed_snakemake(wd: Path, args: list[str], env: dict[str, str], timeout_s: float) -> tuple[float, str]:
+    """Run Snakemake on the demo config and the run's own in ``wd``; (its wall, its output). Fails loudly."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [SNAKEMAKE, *args, "--configfile", "config/demo.yaml", RUN_CONFIG],
+        cwd=wd, env=env, capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+    took = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"snakemake {' '.join(args)} in {wd} failed after {took:.0f} s:\n{proc.stdout[-2000:]}\n"
+            f"{proc.stderr[-5000:]}"
+        )
+    return took, proc.stdout + proc.stderr
+
+
+def held_out_run(
+    wd: Path,
+    samples: int = RUN_SAMPLES,
+    shards: int = RUN_SHARDS,
+    answer_tokens: int = RUN_ANSWER_TOKENS,
+    run_timeout_s: float = 3600,
+) -> ScaleRun:
+    """The held-out kind of run through the real workflow in ``wd`` (a fresh dir): ``samples`` one-turn
+    chats in ``shards`` shards, answers capped at ``answer_tokens``, the demo config as it is otherwise
+    (simulated servers with its faults, ``request_timeout_s: 30``), ``--resources gpu=2``; then
+    ``snakemake -n`` and every generate job forced again, the servers' request log on for that rerun."""
+    from regen.simulated.options import REQUEST_LOG_ENV
+
+    copy_workflow(REPO, wd)
+    write_one_turn(wd / "data" / "scale-run.jsonl", samples)
+    config = {
+        "dataset": {"path": "data/scale-run.jsonl"},
+        "shards": {"count": shards},
+        "generate": {"sampling": {"max_tokens": answer_tokens}},
+        "server": {"port_base": free_port_base(4)},
+        # answers capped at a few tokens are cut by design here: the run is about the client's load
+        "reaudit": {"max_truncated_fraction": 1.0},
+    }
+    (wd / RUN_CONFIG).write_text(yaml.safe_dump(config, sort_keys=True))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(REQUEST_LOG_ENV, None)
+    run_s, _ = timed_snakemake(wd, ["--cores", "2", "--resources", "gpu=2"], env, run_timeout_s)
+    layout = RunLayout.under(wd)
+    finished = {
+        e["id"]
+        for s in range(shards)
+        for e in read_journal_entries(layout.journal(shard_name(s)))
+        if e.get("kind") == "record"
+    }
+    plan_s, plan_out = timed_snakemake(wd, ["-n", "--cores", "2", "--resources", "gpu=2"], env, 600)
+    request_log = wd / "work" / "rerun-requests.jsonl"
+    rerun_env = {**env, REQUEST_LOG_ENV: str(request_log)}
+    rerun_args = ["--cores", "2", "--resources", "gpu=2", "--forcerun", "generate"]
+    rerun_s, _ = timed_snakemake(wd, rerun_args, rerun_env, 1800)
+    received = [
+        e["id"] for e in read_request_log(request_log) if e.get("event") == "received" and e.get("id")
+    ] if request_log.exists() else []  # fmt: skip
+    logs = "".join(p.read_text() for p in sorted((wd / "logs" / "generate").glob("*.log")))
+    replayed = sum(int(m) for m in re.findall(r"(\d+) replayed from the journal,", logs))
+    return ScaleRun(
+        samples=samples,
+        records=len(finished),
+        run_s=run_s,
+        plan_s=plan_s,
+        plan_says_nothing_to_do="Nothing to be done" in plan_out,
+        rerun_s=rerun_s,
+        replayed=replayed,
+        sent=len(received),
+        resent=len(finished.intersection(received)),
+    )
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=914_000)
@@ -289,6 +414,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--reuse", action="store_true", help="keep --work's dataset and shards (new journals)")
     ap.add_argument("--child-resume", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--run",
+        action="store_true",
+        help=f"the held-out run instead: generation through the workflow (default {RUN_SAMPLES:,} samples, "
+        f"{RUN_SHARDS} shards, {RUN_ANSWER_TOKENS}-token answers), then -n and a forced rerun of generate",
+    )
     add_smoke(ap, samples=2000, shards=2)
     args = parse_args(ap, argv)
     if args.child_resume:
@@ -297,6 +428,16 @@ def main(argv: list[str]) -> int:
     tmp = None if args.work else tempfile.TemporaryDirectory(prefix="bench-scale-")
     wd = (args.work or Path(tmp.name)) / "wf"  # type: ignore[union-attr]
     try:
+        if args.run:
+            given = {k: getattr(args, k) != ap.get_default(k) for k in ("samples", "shards", "answer_tokens")}
+            result = held_out_run(
+                wd,
+                args.samples if given["samples"] else RUN_SAMPLES,
+                args.shards if given["shards"] else RUN_SHARDS,
+                args.answer_tokens if given["answer_tokens"] else RUN_ANSWER_TOKENS,
+            )
+            print(result.line())
+            return 0
         return run(wd, args)
     finally:
         if tmp is not None:
