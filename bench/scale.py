@@ -26,8 +26,10 @@ On the half-finished state, then on the finished one, it times:
 200,000 one-turn samples in 2 shards, 32-token answers, generated through the whole workflow on the demo
 config's simulated servers (``request_timeout_s: 30``, its faults) with ``--resources gpu=2``; then
 ``snakemake -n`` and a rerun with every generate job forced, the servers' request log on. Its line:
-``scale_run: samples=… records=… run_s=… plan_s=… rerun_s=… replayed=… sent=… resent=… ratio=…`` (``ratio``:
-replayed over records; ``resent``: requests the rerun sent for samples already answered).
+``scale_run: samples=… records=… run_s=… plan_s=… rerun_s=… replayed=… sent=… resent=… lost=… reconcile_ok=…
+peak_rss_mb=… ratio=…`` (``ratio``: replayed over records; ``resent``: requests the rerun sent for samples
+already answered; ``peak_rss_mb``: the largest process of the first run). The seed's scale (issue 48 item 6):
+``--run --samples 914000 --shards 7 --gpus 7 --answer-tokens 64``.
 
 Last line: ``scale: samples=… answer_tokens=… entry_kb=… open_s=… plan_s=… resume_first_request_s=…
 disk_gb=… parquet_gb=… disk_shards=… ratio=…`` (plus the half-finished plan time, the scan, read and reference
@@ -41,6 +43,7 @@ import argparse
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -308,12 +311,18 @@ class ScaleRun:
     replayed: int
     sent: int
     resent: int
+    #: results/reconcile.json: every input id in exactly one bucket
+    reconcile_ok: bool
+    lost: int
+    #: the largest peak RSS of any process of the run (Snakemake, a job, a server), MB
+    peak_rss_mb: float
 
     def line(self) -> str:
         return (
             f"scale_run: samples={self.samples} records={self.records} run_s={self.run_s:.1f} "
             f"plan_s={self.plan_s:.2f} rerun_s={self.rerun_s:.1f} replayed={self.replayed} sent={self.sent} "
-            f"resent={self.resent} ratio={self.replayed / max(1, self.records):.4f}"
+            f"resent={self.resent} lost={self.lost} reconcile_ok={int(self.reconcile_ok)} "
+            f"peak_rss_mb={self.peak_rss_mb:.0f} ratio={self.replayed / max(1, self.records):.4f}"
         )
 
 
@@ -353,10 +362,11 @@ def held_out_run(
     shards: int = RUN_SHARDS,
     answer_tokens: int = RUN_ANSWER_TOKENS,
     run_timeout_s: float = 3600,
+    gpus: int = 2,
 ) -> ScaleRun:
     """The held-out kind of run through the real workflow in ``wd`` (a fresh dir): ``samples`` one-turn
     chats in ``shards`` shards, answers capped at ``answer_tokens``, the demo config as it is otherwise
-    (simulated servers with its faults, ``request_timeout_s: 30``), ``--resources gpu=2``; then
+    (simulated servers with its faults, ``request_timeout_s: 30``), ``--resources gpu=G``; then
     ``snakemake -n`` and every generate job forced again, the servers' request log on for that rerun."""
     from regen.simulated.options import REQUEST_LOG_ENV
 
@@ -366,14 +376,16 @@ def held_out_run(
         "dataset": {"path": "data/scale-run.jsonl"},
         "shards": {"count": shards},
         "generate": {"sampling": {"max_tokens": answer_tokens}},
-        "server": {"port_base": free_port_base(4)},
+        "server": {"port_base": free_port_base(2 * gpus)},
         # answers capped at a few tokens are cut by design here: the run is about the client's load
         "reaudit": {"max_truncated_fraction": 1.0},
     }
     (wd / RUN_CONFIG).write_text(yaml.safe_dump(config, sort_keys=True))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop(REQUEST_LOG_ENV, None)
-    run_s, _ = timed_snakemake(wd, ["--cores", "2", "--resources", "gpu=2"], env, run_timeout_s)
+    run_s, _ = timed_snakemake(wd, ["--cores", "2", "--resources", f"gpu={gpus}"], env, run_timeout_s)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    reconcile = orjson.loads((wd / "results" / "reconcile.json").read_bytes())
     layout = RunLayout.under(wd)
     finished = {
         e["id"]
@@ -381,10 +393,10 @@ def held_out_run(
         for e in read_journal_entries(layout.journal(shard_name(s)))
         if e.get("kind") == "record"
     }
-    plan_s, plan_out = timed_snakemake(wd, ["-n", "--cores", "2", "--resources", "gpu=2"], env, 600)
+    plan_s, plan_out = timed_snakemake(wd, ["-n", "--cores", "2", "--resources", f"gpu={gpus}"], env, 600)
     request_log = wd / "work" / "rerun-requests.jsonl"
     rerun_env = {**env, REQUEST_LOG_ENV: str(request_log)}
-    rerun_args = ["--cores", "2", "--resources", "gpu=2", "--forcerun", "generate"]
+    rerun_args = ["--cores", "2", "--resources", f"gpu={gpus}", "--forcerun", "generate"]
     rerun_s, _ = timed_snakemake(wd, rerun_args, rerun_env, 1800)
     received = [
         e["id"] for e in read_request_log(request_log) if e.get("event") == "received" and e.get("id")
@@ -401,6 +413,9 @@ def held_out_run(
         replayed=replayed,
         sent=len(received),
         resent=len(finished.intersection(received)),
+        reconcile_ok=bool(reconcile["ok"]),
+        lost=int(reconcile["lost_count"]),
+        peak_rss_mb=peak_rss_mb,
     )
 
 
@@ -420,6 +435,7 @@ def main(argv: list[str]) -> int:
         help=f"the held-out run instead: generation through the workflow (default {RUN_SAMPLES:,} samples, "
         f"{RUN_SHARDS} shards, {RUN_ANSWER_TOKENS}-token answers), then -n and a forced rerun of generate",
     )
+    ap.add_argument("--gpus", type=int, default=2, help="--run: GPU slots (--resources gpu=G)")
     add_smoke(ap, samples=2000, shards=2)
     args = parse_args(ap, argv)
     if args.child_resume:
@@ -435,6 +451,7 @@ def main(argv: list[str]) -> int:
                 args.samples if given["samples"] else RUN_SAMPLES,
                 args.shards if given["shards"] else RUN_SHARDS,
                 args.answer_tokens if given["answer_tokens"] else RUN_ANSWER_TOKENS,
+                gpus=args.gpus,
             )
             print(result.line())
             return 0

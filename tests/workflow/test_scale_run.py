@@ -27,6 +27,7 @@ def test_200k_samples_complete_then_plan_and_forced_rerun_are_quick(tmp_path: Pa
     print(run.line())
     # every sample the audit let through was answered (the demo's faults are retried, not failed)
     assert run.records == RUN_SAMPLES, run.line()
+    assert run.reconcile_ok and run.lost == 0, run.line()
     assert run.plan_says_nothing_to_do, run.line()
     assert run.plan_s <= PLAN_MAX_S, f"snakemake -n took {run.plan_s:.1f} s (at most {PLAN_MAX_S} s)"
     assert run.replayed == run.records, f"the forced rerun replayed {run.replayed} of {run.records}"
