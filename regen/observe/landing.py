@@ -11,6 +11,7 @@ from regen.io import open_lines, read_json
 from regen.layout import RUN
 from regen.observe.inputs import ReportInputs
 from regen.observe.pages import gate_rows, read_verdict
+from regen.observe.run_numbers import RunNumbers
 
 # ---------------------------------------------------------------------------------------------
 # The landing page: READY or not, and why
@@ -224,7 +225,10 @@ def failed_run_landing(inputs: ReportInputs, facts: RunFacts, log: str | None) -
     verdict = readiness(inputs)
     where = f" (Snakemake's log: {log})" if log else ""
     failure = f"the last run failed before it finished{where}; rerun to resume once the cause is fixed"
-    return landing_rst(Readiness(False, (failure, *verdict.reasons), verdict.stages), facts, None, False)
+    numbers = RunNumbers.of(inputs, facts.mode).lines()
+    return landing_rst(
+        Readiness(False, (failure, *verdict.reasons), verdict.stages), facts, None, False, numbers
+    )
 
 
 def _count(n: int, noun: str) -> str:

@@ -125,3 +125,17 @@ def test_numbers_that_cannot_be_known_say_so(tmp_path: Path) -> None:
         gpus_per_server({"launched": "given", "given": {}, "launch_args": ["--tp-size=4", "--dp", "2"]}) == 8
     )
     assert [duration(s) for s in (42.34, 725, 11_220)] == ["42.3 s", "12 min 5 s", "3 h 07 min"]
+
+
+def test_a_failed_runs_first_page_counts_exclusions_from_the_kept_verdict(tmp_path: Path) -> None:
+    """A failed audit's outputs are deleted; its verdict beside the log still gives the reasons."""
+    from regen.layout import RunLayout
+    from regen.observe.landing import RunFacts
+
+    layout = RunLayout.under(tmp_path)
+    layout.verdict("audit").parent.mkdir(parents=True)
+    verdict = {"total": 60, "kept": 0, "excluded": 60, "excluded_reasons": {"bad_row": 60}, "passed": True}
+    layout.verdict("audit").write_bytes(orjson.dumps(verdict))
+    page = R.write_failed_run_landing(layout, RunFacts(mode="simulated"), "x.log").read_text()
+    assert page.startswith("**NOT READY**")
+    assert "excluded or left out, by reason: input audit 60 (bad\\_row 60)" in page, page
