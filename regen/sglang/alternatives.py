@@ -135,6 +135,7 @@ def with_refill_prefill_graphs(target: Target, candidate: Candidate) -> Candidat
     if (
         new.kv_cache_tokens < old.kv_cache_tokens
         or new.effective_max_running_requests != old.effective_max_running_requests
+        or (old.decode_step_fits and not new.decode_step_fits)
     ):
         return candidate  # not expected: a smaller graph reserve never takes memory from the pools
     new = replace(new, client_concurrency=old.client_concurrency)

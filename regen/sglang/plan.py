@@ -34,6 +34,7 @@ from typing import Any
 
 from regen.sglang.fit import smallest_fitting_tp, tp_refusals
 from regen.sglang.flags import ServerFlags, parse_flags
+from regen.sglang.headroom import Headroom, headroom
 from regen.sglang.models import ModelShape
 from regen.sglang.pools import (
     PoolFlags,
@@ -163,6 +164,13 @@ class MemoryPlan:
     draft_kv_gib: float = 0.0
     #: how ``client_concurrency`` was found (the rules map): which running-context rule planned it
     client_rule: str = CLIENT_RULE_WORST_CASE
+    #: the runtime memory after CUDA graphs against a decode step at the running cap (issue 49)
+    decode_headroom: Headroom | None = None
+
+    @property
+    def decode_step_fits(self) -> bool:
+        """Whether a decode step at the running cap fits in what CUDA-graph capture leaves."""
+        return self.decode_headroom is None or self.decode_headroom.fits
 
     @property
     def mamba_pool_gib(self) -> float:
@@ -184,6 +192,7 @@ class MemoryPlan:
             "cuda_graph_max_bs": self.cuda_graph_max_bs,
             "replay_ring_gib": round(self.replay_ring_gib, 3),
             **({"swa_tokens": self.swa_tokens} if self.swa_tokens is not None else {}),
+            **({"decode_headroom": self.decode_headroom.to_json()} if self.decode_headroom else {}),
             "rules": self.rules(),
         }
 
@@ -210,6 +219,8 @@ class MemoryPlan:
         }
         if self.swa_tokens is not None:
             out["swa_tokens"] = self.kv_pool_rule
+        if self.decode_headroom is not None:
+            out["decode_headroom"] = self.decode_headroom.rule
         if self.max_mamba_cache_size is not None:
             out["max_mamba_cache_size"] = "KVCacheConfigurator._handle_max_mamba_cache"
             out["mamba_slots_per_request"] = "KVCacheConfigurator._calculate_mamba_ratio"
@@ -217,6 +228,7 @@ class MemoryPlan:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        out["decode_headroom"] = self.decode_headroom.to_json() if self.decode_headroom else None
         out["args"] = list(self.args)
         out["notes"] = list(self.notes)
         out["mamba_pool_gib"] = self.mamba_pool_gib
@@ -259,13 +271,20 @@ def prefill_graph_reserve_mib(chunk: int, flags: ServerFlags, mla: bool) -> floa
         return 0.0
     if mla:
         return 1.5 * 1024
+    return len(prefill_graph_batch_sizes(prefill_graph_tokens(chunk, flags))) * 8.0
+
+
+def prefill_graph_tokens(chunk: int, flags: ServerFlags) -> int:
+    """The largest token count SGLang captures a prefill graph for (0: prefill graphs off):
+    ``--cuda-graph-max-bs-prefill``, else the chunk, capped at ``--max-total-tokens``."""
+    if flags.prefill_graphs_off:
+        return 0
     if flags.cuda_graph_max_bs_prefill is not None:
-        prefill_max_bs = flags.cuda_graph_max_bs_prefill
-    else:
-        prefill_max_bs = chunk if chunk > 0 else 0
-        if flags.max_total_tokens is not None:
-            prefill_max_bs = min(prefill_max_bs, flags.max_total_tokens)
-    return len(prefill_graph_batch_sizes(prefill_max_bs)) * 8.0
+        return flags.cuda_graph_max_bs_prefill
+    tokens = chunk if chunk > 0 else 0
+    if flags.max_total_tokens is not None:
+        tokens = min(tokens, flags.max_total_tokens)
+    return tokens
 
 
 def reserved_memory_mib(
@@ -576,6 +595,16 @@ def plan(
         - draft_weights_gib
         - draft_kv_gib
     )
+    room = headroom(
+        model,
+        runtime_gib=slack_gib + free_gib - ring_gib,
+        batch=running,
+        graph_max_bs=decode_bs,
+        flags=flags,
+        chunk=chunk,
+        prefill_graph_tokens=prefill_graph_tokens(chunk, flags),
+        draft_tokens=draft_tokens,
+    )
     return MemoryPlan(
         sglang_version=sglang_version,
         gpu_memory_mib=gpu_memory_mib,
@@ -612,6 +641,7 @@ def plan(
         draft_weights_gib=draft_weights_gib,
         draft_kv_gib=draft_kv_gib,
         client_rule=client_rule,
+        decode_headroom=room,
     )
 
 

@@ -30,7 +30,15 @@ from regen.sglang.plan import (
     plan,
 )
 from regen.sglang.pools import has_state
-from regen.sglang.search import Candidate, Choice, Target, best_running, expected_length_running, tradeoffs
+from regen.sglang.search import (
+    Candidate,
+    Choice,
+    Target,
+    best_running,
+    expected_length_running,
+    tradeoffs,
+    within_headroom,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +175,7 @@ def recommend(
         return Recommendation(given, given, tuple(args), kept, tuple(warnings))
     # Highest workload concurrency; ties: fewer quality trade-offs, then more KV headroom.
     candidates.sort(key=lambda c: (-c.score, tradeoffs(c.args), -c.plan.kv_cache_tokens))
-    best = with_refill_prefill_graphs(target, with_batched_refills(candidates[0]))
+    best = within_headroom(target, with_refill_prefill_graphs(target, with_batched_refills(candidates[0])))
     if (
         args  # about flags the user gave; with none, the recommendation sets the graph limit itself
         and given.effective_max_running_requests > DEFAULT_DECODE_GRAPH_LIMIT_NOTE

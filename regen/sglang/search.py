@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from regen.sglang.flags import ServerFlags, cuda_graph_max_bs_flag, flag_names, parse_flags
+from regen.sglang.flags import ServerFlags, cuda_graph_max_bs_flag, flag_names, parse_flags, strip_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     DEFAULT_DECODE_GRAPH_LIMIT_NOTE,
@@ -202,7 +202,7 @@ def best_running(target: Target, choice: Choice, most: int) -> Candidate | None:
         except PlanError:
             return None
         holds = p.kv_cache_tokens >= n * workload.tokens_per_request
-        return p if holds and p.effective_max_running_requests >= n else None
+        return p if holds and p.effective_max_running_requests >= n and p.decode_step_fits else None
 
     best = highest(1, max(1, most), attempt)
     if best is None:
@@ -257,11 +257,13 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
 
     def args_for(n: int) -> list[str]:
         out = [*target.base, *own]
-        if n > default_cap or swa_capped:
-            out += ["--max-running-requests", str(max(n, default_cap))]
         if n > default_graphs:
             out += [cuda_graph_max_bs_flag(version), str(min(n, MAX_PLANNED_DECODE_GRAPH_BS))]
-        return out
+        cap = max(n, default_cap) if n > default_cap or swa_capped else None
+        room = target.plan([*out, *(["--max-running-requests", str(cap)] if cap else [])]).decode_headroom
+        if room is not None and n <= room.fitting_batch < room.batch:
+            cap = room.fitting_batch  # every batch the cap allows must fit beside the graphs
+        return [*out, *(["--max-running-requests", str(cap)] if cap else [])]
 
     def attempt(n: int) -> MemoryPlan | None:
         try:
@@ -269,16 +271,21 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
         except PlanError:
             return None
         holds = p.kv_cache_tokens >= n * per_request
-        return p if holds and p.effective_max_running_requests >= n else None
+        return p if holds and p.effective_max_running_requests >= n and p.decode_step_fits else None
 
     most = attempt(1)  # the fewest graphs: the most KV, so no larger batch can fit
     found = highest(1, most.kv_cache_tokens // per_request, attempt) if most is not None else None
     fill = found[0] if found is not None else 0
     client = min(max(fill, default_graphs), default_cap) if fill <= default_cap else fill
-    p = replace(target.plan(args_for(client), workload), client_concurrency=client)
+    p = target.plan(args_for(client), workload)
+    client = min(client, p.effective_max_running_requests)  # the cap bounded to what a step fits
+    p = replace(p, client_concurrency=client)
+    kv_fill = p.kv_cache_tokens // per_request
+    held = f"room for {kv_fill:,}; the decode step's memory bounds it, below" if kv_fill > fill else ""
     reasons = [
         f"client in flight {client:,} (client_concurrency): the KV cache holds {p.kv_cache_tokens:,} tokens "
-        f"= {fill:,} x {per_request:,}: {workload.running_context_words()}; the expected context, not the "
+        f"= {fill:,} x {per_request:,}{f' ({held})' if held else ''}: {workload.running_context_words()}; "
+        "the expected context, not the "
         "worst case: SGLang admits by free KV less the running requests' expected growth "
         "(schedule_policy.PrefillAdder, new_token_ratio) and retracts when decode runs out "
         "(Scheduler.update_running_batch -> ScheduleBatch.retract_decode)",
@@ -288,7 +295,16 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
             f"in flight raised from {fill:,} to SGLang's decode-graph default {default_graphs}: never below "
             "what SGLang's defaults run; its admission and retraction hold the rest, as with its defaults"
         )
-    if swa_capped:
+    room, cap = p.decode_headroom, p.effective_max_running_requests
+    if room is not None and room.fitting_batch == cap < default_cap:
+        reasons.append(
+            f"--max-running-requests {cap:,}: the largest batch whose decode step fits in the "
+            f"{room.free_after_capture_gib:.2f} GiB CUDA-graph capture leaves "
+            f"({room.transient_gib:.2f} GiB at it: fp32 logits and sampling buffers over the vocab, eager "
+            "activations above the decode graphs; regen.sglang.headroom); a larger batch would run out of "
+            "memory mid-step"
+        )
+    elif swa_capped:
         reasons.append(
             f"--max-running-requests {max(client, default_cap):,}: SGLang's default cap or more, given so "
             f"that SGLang sizes the sliding-window pool for it ({p.swa_tokens:,} tokens, {p.kv_pool_rule}) "
@@ -322,3 +338,43 @@ def probe_slots(target: Target) -> int:
     """State slots per request under the kept flags (radix cache as they have it)."""
     slots, _ = mamba_slots_per_request(target.model, parse_flags(list(target.base)), target.version)
     return slots
+
+
+def within_headroom(target: Target, candidate: Candidate) -> Candidate:
+    """``candidate`` with its running cap at the largest batch whose decode step fits in what CUDA-graph
+    capture leaves (:mod:`regen.sglang.headroom`), where SGLang's own cap (no ``--max-running-requests``)
+    would be larger: lowered where a step at the cap does not fit, raised back towards SGLang's cap where
+    a later flag (smaller prefill graphs) freed memory and the KV does not shrink for it; the client
+    in-flight count at most the cap."""
+    room, old = candidate.plan.decode_headroom, candidate.plan
+    if room is None or room.fitting_batch < 1 or not parse_flags(list(candidate.args)).max_running_requests:
+        return candidate
+    bare = strip_flags(list(candidate.args), {"--max-running-requests"})
+    try:
+        sglang_cap = target.plan(bare, target.workload).effective_max_running_requests
+    except PlanError:
+        return candidate
+    client = old.client_concurrency or old.effective_max_running_requests
+    cap = max(min(sglang_cap, room.fitting_batch), client if room.fits else 1)
+    if room.fits and (
+        cap <= old.effective_max_running_requests or old.effective_max_running_requests >= sglang_cap
+    ):
+        return candidate  # fits, and no memory freed below SGLang's cap to give back
+    try:
+        p = target.plan([*bare, "--max-running-requests", str(cap)], target.workload)
+    except PlanError:
+        return candidate
+    if not p.decode_step_fits or p.effective_max_running_requests == old.effective_max_running_requests:
+        return candidate
+    if room.fits and p.kv_cache_tokens < old.kv_cache_tokens:
+        return candidate  # a larger cap would take KV (a request-capped sliding-window pool grows with it)
+    client = min(client, p.effective_max_running_requests)
+    p = replace(p, client_concurrency=client, client_rule=old.client_rule)
+    after = p.decode_headroom
+    free = after.free_after_capture_gib if after is not None else room.free_after_capture_gib
+    why = (
+        f"--max-running-requests {cap:,}: the largest batch whose decode step fits in the {free:.2f} GiB "
+        f"CUDA-graph capture leaves; a step at SGLang's own cap {sglang_cap:,} would not (fp32 logits and "
+        "sampling buffers over the vocab, eager activations above the decode graphs: regen.sglang.headroom)"
+    )
+    return Candidate(tuple(p.args), p, min(candidate.score, client), (*candidate.reasons, why))

@@ -18,8 +18,8 @@ import pytest
 
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import Workload, plan
-from regen.sglang.recommend import recommend
+from regen.sglang.plan import MemoryPlan, Workload, plan
+from regen.sglang.recommend import Recommendation, recommend
 from regen.sglang.search import PLANNED_PAGE_SIZE
 from regen.sglang.workload import page_waste
 from regen.tune.tune import cli
@@ -38,6 +38,15 @@ def dense() -> ModelShape:
     return ModelShape.from_config(MODELS / "qwen3-8b")
 
 
+def assert_at_least_sglangs_cap_where_it_fits(rec: Recommendation, default: MemoryPlan) -> None:
+    """The recommended cap is SGLang's own, or the largest batch whose decode step fits beside the CUDA
+    graphs where a step at SGLang's would not (issue 49): never a batch that runs out of memory."""
+    p = rec.recommended
+    assert p.decode_step_fits and p.decode_headroom is not None
+    fitting = p.decode_headroom.fitting_batch
+    assert p.effective_max_running_requests >= min(default.effective_max_running_requests, fitting)
+
+
 def sglang_default_cap(tokens: int, context_len: int) -> int:
     """KVCacheConfigurator.resolve_max_num_reqs without --max-running-requests (0.5.17 and 0.5.23)."""
     return min(max(min(int(tokens / context_len * 512), 4096), 2048), tokens // 2)
@@ -52,8 +61,11 @@ def test_the_kv_fills_at_the_expected_context(dense: ModelShape) -> None:
     assert p.kv_cache_tokens < (n + 2) * (300 + 1450 + PAGED)  # and the KV is filled, not left idle
     flags = parse_flags(list(rec.args))
     assert flags.cuda_graph_max_bs == n  # decode graphs up to the planned batch
-    assert flags.max_running_requests is None  # SGLang's own cap (4,096 here) is above n: left to it
-    assert p.effective_max_running_requests == sglang_default_cap(p.kv_cache_tokens, dense.context_length)
+    # SGLang's own cap (4,096 here) is above n, but an eager decode step at 4,096 would not fit beside the
+    # CUDA graphs at --mem-fraction-static 0.92 (issue 49): the cap given is the largest batch that does
+    default_cap = sglang_default_cap(p.kv_cache_tokens, dense.context_length)
+    assert flags.max_running_requests is not None and n <= flags.max_running_requests < default_cap
+    assert p.effective_max_running_requests == flags.max_running_requests and p.decode_step_fits
     # the worst case (prompt p99 + max_tokens) would hold only a fifth of that
     assert n > 4 * (p.kv_cache_tokens // BENCH.tokens_per_request)
     assert "expected answer 1,450" in rec.reasons[0] and "retract" in rec.reasons[0]
@@ -66,7 +78,11 @@ def test_without_an_expected_length_it_says_so_and_keeps_sglangs_defaults(dense:
     assert p.kv_cache_tokens // (300 + 8192) < 256  # max_tokens would fill the KV below the default
     assert p.client_concurrency == 256  # so the decode-graph default, not fewer
     flags = parse_flags(list(rec.args))
-    assert flags.cuda_graph_max_bs is None and flags.max_running_requests is None
+    assert flags.cuda_graph_max_bs is None
+    # SGLang's own cap (4,096) would run an eager step out of memory at --mem-fraction-static 0.92: the
+    # cap given is the largest batch that fits (issue 49)
+    assert flags.max_running_requests is not None and 256 < flags.max_running_requests < 4096
+    assert p.decode_step_fits
     assert "no expected answer length given" in rec.reasons[0]
 
 
@@ -78,15 +94,18 @@ def test_never_below_sglangs_defaults(name: str, version: str, expected: int | N
     wl = dataclasses.replace(BENCH, expected_output_tokens=expected)
     rec = recommend(model, H200_MIB, 1, [], wl, version, **NO_TRADEOFFS)
     default = plan(model, H200_MIB, 1, [], wl, version)
-    assert rec.recommended.effective_max_running_requests >= default.effective_max_running_requests
+    assert_at_least_sglangs_cap_where_it_fits(rec, default)
     assert rec.recommended.cuda_graph_max_bs >= default.cuda_graph_max_bs
     assert rec.recommended.client_concurrency >= min(default.cuda_graph_max_bs, 256)
     assert rec.recommended.client_concurrency <= rec.recommended.effective_max_running_requests
 
 
 def test_a_short_answer_raises_the_cap_above_sglangs_default(dense: ModelShape) -> None:
+    """With a 32,000-token vocabulary (Qwen3-8B's 151,936 would put an eager step at 4,096 rows past what
+    the CUDA graphs leave: issue 49), short answers fill the KV past SGLang's default cap."""
+    small_vocab = ModelShape.from_dict({**dense.raw, "vocab_size": 32000}, source="qwen3-8b, vocab 32,000")
     wl = Workload(prompt_p50=50, prompt_p99=100, max_tokens=8192, expected_output_tokens=60)
-    rec = recommend(dense, H200_MIB, 1, [], wl, "0.5.23", **NO_TRADEOFFS)
+    rec = recommend(small_vocab, H200_MIB, 1, [], wl, "0.5.23", **NO_TRADEOFFS)
     p, flags = rec.recommended, parse_flags(list(rec.args))
     assert p.client_concurrency == flags.max_running_requests > 4096  # above resolve_max_num_reqs' 4,096
     assert p.effective_max_running_requests == p.client_concurrency
@@ -158,7 +177,9 @@ def test_llama_on_the_h200_bench_workload() -> None:
     per_request = 1750 + PAGED
     assert p.client_concurrency * per_request <= p.kv_cache_tokens < (p.client_concurrency + 1) * per_request
     assert p.client_concurrency >= 2 * 256  # twice the default's in-flight count
-    assert flags.max_running_requests is None and flags.mem_fraction_static == 0.92
+    assert flags.mem_fraction_static == 0.92 and p.decode_step_fits
+    # SGLang's own cap (3,539) would not fit an eager step beside the graphs at 0.92 (issue 49)
+    assert flags.max_running_requests == p.effective_max_running_requests < 3539
 
 
 #: the bench's answers: log-normal, median 1,200, mean 1,450, so cv = sqrt(exp(sigma^2) - 1) ~ 0.678
@@ -221,7 +242,7 @@ def test_never_below_sglangs_defaults_with_the_spread_known(name: str, cv: float
     wl = dataclasses.replace(BENCH, expected_output_cv=cv)
     rec = recommend(model, H200_MIB, 1, [], wl, "0.5.23", **NO_TRADEOFFS)
     default = plan(model, H200_MIB, 1, [], wl, "0.5.23")
-    assert rec.recommended.effective_max_running_requests >= default.effective_max_running_requests
+    assert_at_least_sglangs_cap_where_it_fits(rec, default)
     assert rec.recommended.cuda_graph_max_bs >= default.cuda_graph_max_bs
     assert rec.recommended.client_concurrency >= min(default.cuda_graph_max_bs, 256)
 
