@@ -51,6 +51,10 @@ class ServerMode(ABC):
         whatever the plan says (the planner's prediction is for the server as launched)."""
         return list(cfg.args)
 
+    def planned(self, cfg: ServerConfig, plan: PlanFile) -> PlanFile:
+        """The plan as this mode's server serves it (the planner's is a GPU's; unchanged by default)."""
+        return plan
+
     def endpoint(self, cfg: ServerConfig, plan: PlanFile | None) -> Endpoint:
         """The running server this mode reaches, checked."""
         raise ServerError(f"server.mode {self.name!r} launches its server on a GPU slot")

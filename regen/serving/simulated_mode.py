@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import ClassVar
@@ -10,6 +11,10 @@ from regen.runconfig import ServerConfig
 from regen.serving.base import ServerMode
 from regen.sglang.config import PlanFile
 from regen.sglang.plan import parse_flags
+from regen.simulated.capacity import STAND_IN_RUNNING_CAP
+
+#: the keys of a plan section that a stand-in serves at most :data:`STAND_IN_RUNNING_CAP` of
+STAND_IN_CAPPED = ("effective_max_running_requests", "client_concurrency")
 
 
 def simulated_running_cap(cfg: ServerConfig, plan: PlanFile | None) -> int:
@@ -71,10 +76,44 @@ def simulated_plan_options(plan: PlanFile | None) -> list[str]:
     return ["--options", json.dumps(options, sort_keys=True)] if options else []
 
 
+def stand_in_plan(cfg: ServerConfig, plan: PlanFile) -> PlanFile:
+    """The plan as a stand-in serves it: its running cap and the client's in-flight count at most what one
+    stand-in process serves on a 2-core machine (``regen.simulated.capacity``), so the demo's servers are
+    driven as a real server at its own scale (the planned GPU's memory map is kept: the stand-in reports it).
+    An explicit ``server.simulated.max_running_requests`` still launches as given
+    (``simulated_running_cap``)."""
+    section = dict(plan.launched_section)
+    rules = dict(section.get("rules") or {})
+    why = (
+        f"the stand-in (server.mode simulated) serves at most {STAND_IN_RUNNING_CAP} at once on a 2-core "
+        "machine (regen.simulated.capacity)"
+    )
+    changed = False
+    for key in STAND_IN_CAPPED:
+        value = section.get(key)
+        if isinstance(value, int) and value > STAND_IN_RUNNING_CAP:
+            section[key] = STAND_IN_RUNNING_CAP
+            rules[key] = f"{why}; planned for the GPU: {value:,}"
+            changed = True
+    if not changed:
+        return plan
+    section["rules"] = rules
+    args = list(plan.launch_args)
+    if "--max-running-requests" in args[:-1]:
+        at = args.index("--max-running-requests") + 1
+        args[at] = str(min(int(args[at]), STAND_IN_RUNNING_CAP))
+    where = {plan.launched: section}
+    return dataclasses.replace(plan, launch_args=tuple(args), **where)  # type: ignore[arg-type]
+
+
 class Simulated(ServerMode):
-    """The simulated server launched on each GPU slot (``build_simulated_command``)."""
+    """The simulated server launched on each GPU slot (``build_simulated_command``), planned as what it is
+    (``stand_in_plan``)."""
 
     name: ClassVar[str] = "simulated"
+
+    def planned(self, cfg: ServerConfig, plan: PlanFile) -> PlanFile:
+        return stand_in_plan(cfg, plan)
 
     def command(self, cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str) -> list[str]:
         return build_simulated_command(cfg, port, model_path, plan)

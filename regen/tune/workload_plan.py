@@ -99,4 +99,5 @@ def plan_for_workload(server_cfg: ServerConfig, workload: Workload) -> WorkloadP
         )
     except UnmodelledError as exc:
         return WorkloadPlan(unmodelled_plan_file(args, str(exc), **where), None, str(exc))
-    return WorkloadPlan(plan_file(rec, **where, use_recommended=server_cfg.use_tuner), rec)
+    planned = plan_file(rec, **where, use_recommended=server_cfg.use_tuner)
+    return WorkloadPlan(mode_of(server_cfg).planned(server_cfg, planned), rec)
