@@ -69,7 +69,8 @@ def test_the_workflow_stops_at_check_before_any_job_or_server(tmp_path: Path) ->
     assert "dataset.format (data/alpaca.jsonl)" in out and "row 0: field 'prompt': missing" in out, out[
         -3000:
     ]
-    assert not (wd / "results").exists() and not (wd / "logs" / "prestart.log").exists()
+    assert not any(p.is_file() for p in (wd / "results").rglob("*")), "no job ran"
+    assert not (wd / "logs" / "prestart.log").exists() and not (wd / "logs" / "audit.log").exists()
     assert not (wd / "work" / "servers").exists()
 
 
