@@ -28,6 +28,7 @@ import yaml
 
 from regen.chat import ChatTemplate, ChatTemplateError
 from regen.configfile import ConfigFileError, load_config
+from regen.generate.server_time import timeout_notes
 from regen.ingest.audit_config import AuditConfig
 from regen.ingest.audit_run import first_rows
 from regen.ingest.dataset import DatasetConfig, detect_format
@@ -554,6 +555,7 @@ def preflight(config: Mapping[str, Any], requested_gpus: int | None) -> None:
     """The workflow's ``onstart``: raise with every problem, else say OK."""
     problems = check_config(config, requested_gpus)
     notes = [*notes_for(config), *gpu_notes(config, requested_gpus, Host()), *speculative_notes(config)]
+    notes += timeout_notes(config)  # generate.request_timeout_s against the plan (regen.generate.server_time)
     if problems:
         raise PreflightError(report(problems, notes))
     print(report(problems, notes), file=sys.stderr)
@@ -604,6 +606,7 @@ def cli(argv: list[str]) -> int:
         *gpu_notes(config, args.gpus, Host()),
         *speculative_notes(config, args.results),
         *planned_notes(args.results),
+        *timeout_notes(config, args.results),
     ]
     print(report(problems, notes), file=sys.stderr if problems else sys.stdout)
     return 1 if problems else 0

@@ -58,7 +58,7 @@ import orjson
 from regen.fingerprint import GenerationSettings, server_numerics
 from regen.generate.journal import Journal, JournalSink
 from regen.generate.journal_writer import JournalWriter
-from regen.generate.pacing import InFlightPlan, RequestTime, plan_in_flight
+from regen.generate.pacing import InFlightPlan, RequestTime, longest_request_tokens, plan_in_flight
 from regen.generate.request import Halt, Requests, ServerRestarts
 from regen.generate.sample_record import RecordContext, hash64
 from regen.generate.scheduler import Lenders, ShardRun, ShardStats
@@ -295,12 +295,6 @@ def _concurrency(cfg: GenerateConfig, ep: Endpoint) -> int:
     if ep.max_running_requests:
         return math.ceil(ep.max_running_requests * (1 + cfg.queue_headroom))
     return DEFAULT_CONCURRENCY
-
-
-def longest_request_tokens(cfg: GenerateConfig) -> int:
-    """The most tokens one request may ask for: ``max_tokens``, or its truncation retry's."""
-    limit = cfg.sampling.max_tokens
-    return math.ceil(limit * cfg.retry_max_tokens_factor) if cfg.truncation == "retry" else limit
 
 
 def pacing_of(cfg: GenerateConfig, ep: Endpoint, time: RequestTime | None) -> InFlightPlan:

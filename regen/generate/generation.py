@@ -26,7 +26,7 @@ from regen.generate.journal_writer import JournalWriter
 from regen.generate.lending import SlotLenders
 from regen.generate.pacing import RequestTime
 from regen.generate.run_progress import progress_line
-from regen.generate.server_time import request_time_for
+from regen.generate.server_time import request_time_for, timeout_disagreement
 from regen.ingest.shards import read_shard
 from regen.layout import RUN, RunLayout, failure_note, slurm_job_id
 from regen.runconfig import GenerateConfig, RunConfig
@@ -78,6 +78,9 @@ def run_generate_job(
     plan = PlanFile.read(plan_path)
     generation = GenerationSettings.for_run(run)
     generate_cfg = run.generate
+    disagreement = timeout_disagreement(generate_cfg, run.server, plan, layout.pilot)
+    if disagreement is not None:  # regen check says it too
+        log.warning("shard %s: %s", shard, disagreement)
     cfg = dataclasses.replace(run.server, gpus=run.gpu_slots)
     job = slurm_job_id()  # per Slurm job on a cluster: its GPUs are its own (regen.layout)
     slots, logs = layout.servers_dir(job), layout.server_logs_dir(job)

@@ -25,6 +25,8 @@ import collections
 import math
 from dataclasses import dataclass, field
 
+from regen.runconfig import GenerateConfig
+
 #: below this share of a window's answers as overload signals the window grows (random 5xx of a healthy
 #: server, a few per cent, do not shrink it); at it or above, the window halves
 OVERLOAD_SHARE = 0.05
@@ -85,7 +87,9 @@ def measured_step(step_model: object) -> RequestTime | None:
     if per <= 0 or fixed < 0:
         return None
     basis = str(step_model.get("basis") or "the pilot's step line")
-    return RequestTime(fixed, per, ESTIMATED_GPU_STEP.admit_s, f"regen tune --sweep: {basis}", False)
+    return RequestTime(
+        fixed, per, ESTIMATED_GPU_STEP.admit_s, f"regen tune --sweep: {basis}; prefill estimated", False
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +110,12 @@ class InFlightPlan:
             f"{self.start} in flight (planned {self.ceiling}; within the timeout {self.timeout_window}: "
             f"a {self.worst_s:.2f}-s worst-case request at {self.running_cap} running)"
         )
+
+
+def longest_request_tokens(cfg: GenerateConfig) -> int:
+    """The most tokens one request may ask for: ``max_tokens``, or its truncation retry's."""
+    limit = cfg.sampling.max_tokens
+    return math.ceil(limit * cfg.retry_max_tokens_factor) if cfg.truncation == "retry" else limit
 
 
 def timeout_window(

@@ -1,16 +1,29 @@
 """How long one request takes on this run's servers (``regen.generate.pacing.RequestTime``): the stand-in's
 measured speed for ``server.mode simulated``, else the decode-step line the last ``regen tune --sweep``
-measured (``results/plan/pilot.json``), else the documented estimate (``ESTIMATED_GPU_STEP``)."""
+measured (``results/plan/pilot.json``), else the documented estimate (``ESTIMATED_GPU_STEP``); and whether
+``generate.request_timeout_s`` and the plan disagree (:func:`timeout_disagreement`: ``regen check`` and the
+generate job say it)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from regen.generate.pacing import ESTIMATED_GPU_STEP, RequestTime, measured_step
-from regen.runconfig import ServerConfig
-from regen.simulated.capacity import STAND_IN_REQUEST_S, STAND_IN_TOKEN_S
+from regen.generate.pacing import (
+    ESTIMATED_GPU_STEP,
+    RequestTime,
+    longest_request_tokens,
+    measured_step,
+    timeout_conflict,
+)
+from regen.layout import RunLayout
+from regen.runconfig import GenerateConfig, ServerConfig
+from regen.sglang.config import PlanFile
+from regen.sglang.flags import parse_flags
+from regen.simulated.capacity import STAND_IN_REQUEST_S, STAND_IN_RUNNING_CAP, STAND_IN_TOKEN_S
 
 
 def stand_in_time(server: ServerConfig) -> RequestTime:
@@ -42,3 +55,53 @@ def request_time_for(server: ServerConfig, pilot: str | os.PathLike[str] | None 
         if found is not None:
             return found
     return ESTIMATED_GPU_STEP
+
+
+def planned_batch(server: ServerConfig, plan: PlanFile | None) -> tuple[int, str] | None:
+    """(the batch the client runs on each server, where it comes from): the plan's client count within its
+    running cap; without a plan, ``--max-running-requests`` in ``server.args``, or the stand-in's cap; None
+    when nothing says it."""
+    section = plan.launched_section if plan is not None else {}
+    counts = [
+        int(section[k]) for k in ("client_concurrency", "effective_max_running_requests") if section.get(k)
+    ]
+    if counts:
+        return min(counts), "the plan"
+    given = parse_flags(list(server.args)).max_running_requests if server.args else None
+    if given:
+        return int(given), "server.args --max-running-requests"
+    if server.mode == "simulated":
+        return STAND_IN_RUNNING_CAP, "the stand-in's cap"
+    return None
+
+
+def timeout_disagreement(
+    generate: GenerateConfig,
+    server: ServerConfig,
+    plan: PlanFile | None,
+    pilot: str | os.PathLike[str] | None,
+) -> str | None:
+    """Why ``generate.request_timeout_s`` is shorter than one worst-case request at the planned batch
+    (``regen.generate.pacing.timeout_conflict``: the number and the fix), naming where the batch came from;
+    without a planned batch, whether one such request alone is longer; None when they agree."""
+    if server.mode == "external":
+        return None
+    time = request_time_for(server, pilot)
+    batch = planned_batch(server, plan)
+    running, source = batch if batch is not None else (1, "one request alone (no plan yet)")
+    conflict = timeout_conflict(running, generate.request_timeout_s, longest_request_tokens(generate), time)
+    return None if conflict is None else f"{conflict} (batch from {source})"
+
+
+def timeout_notes(config: Mapping[str, Any], results_dir: str | os.PathLike[str] = "results") -> list[str]:
+    """``regen check``'s note when the timeout and the plan (``RESULTS/plan/server.json`` when written, and a
+    sweep's measured step line) disagree; nothing when they agree or the config does not read."""
+    layout = RunLayout(results=Path(results_dir))
+    try:
+        generate = GenerateConfig.from_dict(config.get("generate"))
+        server = ServerConfig.from_mapping(config.get("server"))
+        plan = PlanFile.read(layout.server_plan) if layout.server_plan.is_file() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    found = timeout_disagreement(generate, server, plan, layout.pilot)
+    return [found] if found else []
