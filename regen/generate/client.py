@@ -23,6 +23,11 @@ Failure semantics
   retried with jittered exponential backoff (``backoff_base_s * 2**(k-1) * U(0.5, 1.5)``,
   capped at 60 s) up to ``max_attempts`` requests. A sample that still fails is a
   *server-level* failure.
+- In flight: at most the server's window (``regen.generate.pacing``): the planned count within what the
+  server finishes in ``request_timeout_s`` at its running cap, halved when timeouts or HTTP 503/429 pile up
+  and grown back while answers come. A request waits for room *before* it is sent (no timeout runs). A
+  timeout while the server answered other requests waited behind the client's own excess: it is sent
+  again without using an attempt (up to ``regen.generate.request.EXCESS_TIMEOUTS_MAX`` times a sample).
 - A request lost because the job's own server was restarted under it (it crashed, or its supervisor
   restarted it for a stall: ``regen.serving.progress``) waits for the restarted server and goes again,
   once per restart, without using an attempt; a supervisor that gave up fails the shard with its cause.

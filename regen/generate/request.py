@@ -388,8 +388,10 @@ class Requests:
             except (aiohttp.ClientConnectionError, aiohttp.ClientResponseError) as exc:
                 raise RequestError("connection_error", f"{type(exc).__name__}: {exc}", True) from exc
             except TimeoutError as exc:
-                outcome = OVERLOAD
-                excess = window.completed > answered  # the server answered others while this one waited
+                # the server answered others while this one waited: too many in flight (the window shrinks);
+                # none: the server is stalled or down, a failure (its breaker, not the window, handles it)
+                excess = window.completed > answered
+                outcome = OVERLOAD if excess else OTHER
                 raise RequestError(
                     "timeout", f"no response within {self.cfg.request_timeout_s} s", True, excess
                 ) from exc
