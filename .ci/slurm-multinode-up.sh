@@ -17,6 +17,8 @@
 # * a TaskProlog exports TMPDIR=/scratch/local, so a job's temp files (and regen's port locks) are
 #   node-local as on a cluster.
 #
+# Processes are tracked by cgroup (v1 here), as on most clusters: a job step's processes die when the
+# step ends, however detached (REGEN_SLURM_PROCTRACK=linuxproc tracks by parent PID instead).
 # slurmd is started with `nsenter --net=` (not `ip netns exec`, which remounts /sys and leaves slurmd no
 # cgroup filesystem). No slurmdbd: Snakemake uses `--slurm-status-command squeue` (MinJobAge=600).
 # SlurmdTimeout=20: a node whose processes are all killed is DOWN about 30 s later
@@ -27,6 +29,7 @@ STATE="${REGEN_SLURM_STATE:-/tmp/regen-slurm}"
 NODES="${REGEN_SLURM_NODES:-2}"
 NGPU="${REGEN_SLURM_GPUS:-2}"
 NET="${REGEN_SLURM_NET:-10.77.0}"
+PROCTRACK="${REGEN_SLURM_PROCTRACK:-cgroup}"   # as most clusters (v1 here); or linuxproc
 BRIDGE=regenbr0
 SCRATCH=/scratch/local
 CONF_DIR=/etc/slurm
@@ -140,7 +143,7 @@ SlurmctldPidFile=$STATE/slurmctld.pid
 SlurmdPidFile=$STATE/slurmd.%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
 SlurmdLogFile=$STATE/log/slurmd.%n.log
-ProctrackType=proctrack/linuxproc
+ProctrackType=proctrack/$PROCTRACK
 TaskPlugin=task/none
 TaskProlog=$STATE/task-prolog.sh
 MpiDefault=none
@@ -163,6 +166,11 @@ CONF
   echo "AutoDetect=off"
   for n in $(node_names); do echo "NodeName=$n Name=gpu File=$STATE/nodes/$n/gpu/gpu[0-$((NGPU - 1))]"; done
 } > "$CONF_DIR/gres.conf"
+
+if [[ "$PROCTRACK" == cgroup ]]; then
+  printf '%s\nCgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nConstrainDevices=no\n' "$MARK" \
+    > "$CONF_DIR/cgroup.conf"
+fi
 
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 if ! alive "$STATE/slurmctld.pid"; then
