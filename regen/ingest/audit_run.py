@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,15 +190,22 @@ def run_audit(
         log.info("%s", ids.in_words())
     rows_path = keep_excluded(paths.excluded, excluded_out) or paths.excluded
     if summary.kept == 0:
-        raise NothingToGenerateError(
-            nothing_to_generate_message(summary, input_path, verdict_out or paths.summary, rows_path)
-        )
+        message = nothing_to_generate_message(summary, input_path, verdict_out or paths.summary, rows_path)
+        raise NothingToGenerateError(said_on_console(message))
     if not summary.passed:
         message = gate_failure_message(summary, verdict_out or paths.summary, rows_path)
         if not config.override_gates:
-            raise AuditGateError(message)
+            raise AuditGateError(said_on_console(message))
         log.warning("gates overridden (audit.override_gates: true):\n%s", message)
     return summary
+
+
+def said_on_console(message: str) -> str:
+    """``message`` printed on the console as well, when this process's stderr is a job's log (a workflow
+    job: ``regen.runlog.log_to``), where the traceback alone would leave it unseen; returned as given."""
+    if sys.__stderr__ is not None and sys.stderr is not sys.__stderr__:
+        print(f"regen: audit: {message}", file=sys.__stderr__, flush=True)
+    return message
 
 
 def keep_excluded(excluded: Path, kept: str | Path | None) -> Path | None:

@@ -111,3 +111,22 @@ def test_cut_old_mac_line_is_lost_input(tmp_path: Path) -> None:
     samples = list(iter_samples(path, "auto", "id", "skip", bad_rows=bad))
     assert len(samples) == 3 and [(b.row, b.unread_tail) for b in bad] == [(3, True)]
     assert f"byte {offset:,}" in bad[0].problem
+
+
+def test_the_workflow_console_names_the_cut(tmp_path: Path) -> None:
+    """Through Snakemake, as issue 47 ran it: a 400-row copy cut mid-line fails the audit, and what the
+    user reads on the console names the file, the gate and the byte where the cut line starts."""
+    from support.workflow import copy_workflow, snakemake
+
+    wd = copy_workflow(tmp_path / "wf")
+    cut, offset = _cut(_jsonl())
+    (wd / "data" / "cut.jsonl").write_bytes(cut)
+    (wd / "config" / "cut.yaml").write_text("dataset: {path: data/cut.jsonl}\n")
+    run = snakemake(
+        wd, "--cores", "2", "--configfile", "config/demo.yaml", "config/cut.yaml", "--until", "audit"
+    )
+    console = run.stdout + run.stderr
+    assert run.returncode != 0
+    for needle in ("max_unread_tail_files", "data/cut.jsonl: row 399", f"byte {offset:,}", "ends mid-line"):
+        assert needle in console, (needle, console[-3000:])
+    assert not (wd / "results" / "audit" / "summary.json").exists()
