@@ -96,6 +96,19 @@ TARGETS: tuple[Target, ...] = (
     Target("qwen3.5-35b-a3b-text", "qwen3.5-35b-a3b", why="GDN hybrid MoE (Qwen3.6-35B-A3B's shape)"),
     Target("qwen3-30b-a3b", "qwen3-30b-a3b", why="MoE (num_experts)"),
     Target("qwen3-8b", "qwen3-8b", why="dense GQA"),
+    Target(
+        "gpt-oss-120b",
+        "gpt-oss-120b",
+        ("--disable-radix-cache", "--max-running-requests", "256"),
+        retry_flags=(
+            "--disable-radix-cache",
+            "--max-running-requests",
+            "256",
+            "--moe-runner-backend",
+            "flashinfer_mxfp4",
+        ),
+        why="MXFP4 experts at 117B (issue 49 item 4: the weights as loaded, 128 experts a layer, 36 layers)",
+    ),
 )
 
 
@@ -539,6 +552,13 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("kv_error", "weights_error", "swa_error"):
         value, name = worst(key)
         out[f"max_{key}"], out[f"max_{key}_model"] = value, name
+    holds = [r for r in rows if "hold" in r]
+    if holds:
+        out["hold_runs"] = len(holds)
+        out["held"] = [r["name"] for r in holds if r["hold"].get("verdict") == "held"]
+        out["not_held"] = {
+            r["name"]: r["hold"].get("verdict") for r in holds if r["hold"].get("verdict") != "held"
+        }
     return out
 
 
@@ -551,6 +571,7 @@ def final_line(s: dict[str, Any]) -> str:
         f"truth: models={s['models']} max_kv_error={pct(s['max_kv_error'])} "
         f"max_weights_error={pct(s['max_weights_error'])} max_swa_error={pct(s['max_swa_error'])} "
         f"refused_as_sglang={s['refused_as_sglang']}/{s['sglang_failed']}"
+        + (f" held={len(s['held'])}/{s['hold_runs']}" if s.get("hold_runs") else "")
     )
 
 
@@ -596,8 +617,25 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"- {r['name']}: SGLang: {r['sglang'].get('error') or '—'}; regen (rc {r['regen']['rc']}): "
                 f"{r['regen']['message'] or '—'}"
             )
+    holds = [r for r in doc["rows"] if "hold" in r]
+    if holds:
+        lines += ["", f"Hold at the planned batch (regen's recommendation, `{' '.join(hold_args())}`):", ""]
+        for r in holds:
+            h = r["hold"]
+            lines.append(
+                f"- {r['name']}: {h.get('verdict')}; `{' '.join(h.get('args') or [])}`, client "
+                f"{h.get('client_concurrency')}, median running {h.get('median_running')}, held "
+                f"{h.get('held_s')} s, retracted {h.get('retracted_reqs')}, decode headroom "
+                f"{h.get('decode_headroom')}"
+            )
     lines += ["", "```", final_line(s), "```", ""]
     return "\n".join(lines)
+
+
+def hold_args() -> tuple[str, ...]:
+    from bench.gpu import hold
+
+    return hold.HOLD_WORKLOAD_ARGS
 
 
 def host_name(dry: bool) -> str:
@@ -617,6 +655,24 @@ def write_json(path: Path, obj: Any) -> None:
     tmp.replace(path)
 
 
+def with_hold(row: dict[str, Any], target: Target, a: argparse.Namespace) -> None:
+    """Hold regen's recommended server for ``target`` at its planned batch (``bench/gpu/hold.py``); the
+    row counts only if it held: its verdict says why not."""
+    from bench.gpu import hold  # imports dense, which imports this module
+
+    settings = hold.HoldSettings(dry=a.dry_cpu, work=a.work, hold_s=a.hold_s)
+    result = hold.hold_target(target, settings)
+    row["hold"] = result
+    print(
+        f"    hold: {result.get('verdict')} (planned {result.get('client_concurrency')}, median running "
+        f"{result.get('median_running')}, held {result.get('held_s')} s, retracted "
+        f"{result.get('retracted_reqs')})",
+        flush=True,
+    )
+    if result.get("verdict") != "held":
+        row["verdict"] = f"{row['verdict']}; not held: {result.get('verdict')}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry-cpu", action="store_true", help="regen's simulated server instead of SGLang")
@@ -625,6 +681,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated target names, in that order")
     p.add_argument("--start-timeout-s", type=float, default=240.0, help="per start, launch to pools")
     p.add_argument("--deadline-s", type=float, default=720.0, help="start no model after this many seconds")
+    p.add_argument(
+        "--hold-s",
+        type=float,
+        default=0.0,
+        help="after the startup check, hold regen's recommended server at its planned batch this long "
+        "(bench/gpu/hold.py; 0: no hold)",
+    )
+    p.add_argument("--hold", default="", help="comma-separated targets to hold (default: every target run)")
     a = p.parse_args(argv)
     t0 = time.time()
     targets = list(TARGETS)
@@ -649,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[{time.time() - t0:6.0f} s] {target.name} {' '.join(target.flags)}", flush=True)
         row = check_target(target, a.work, a.dry_cpu, a.start_timeout_s)
+        if a.hold_s > 0 and (not a.hold or target.name in a.hold.split(",")):
+            with_hold(row, target, a)
         doc["rows"].append(row)
         print(
             f"    sglang kv={row['sglang']['kv_tokens']} swa={row['sglang']['swa_tokens']} "

@@ -21,6 +21,16 @@
 # Measured 2026-12-02 (afternoon): Qwen3-30B-A3B default+regen ~8 min, Llama-3.1-8B default+regen+
 # regen-page1+regen-page16 ~11 min: both with staging fill the 30-min session (DENSE_ARGS="--models
 # qwen3-30b-a3b:default+regen,llama-3.1-8b:default+regen+regen-page1+regen-page16"); issue `wait` at once.
+# Hold at the planned batch (issue 49 item 2; bench/gpu/hold.py): PLANNER_ARGS="... --hold-s 60 --hold NAMES"
+# after each target's startup check starts regen's recommended server for the issue's workload and drives it
+# at its client_concurrency until it has decoded 60 s at >= 90% of that batch (or crashed / retracted /
+# never got there); the row's verdict says "not held: ..." otherwise and the last line ends "held=K/N".
+# gpt-oss-20b alone (startup ~50 s, hold start ~2-3 min with decode graphs to 1,024, ramp ~30 s, hold 60 s):
+#   4. carry [.gpu/p04]: ONLY=planner PLANNER_ARGS="--only gpt-oss-20b,gpt-oss-120b --hold-s 60 --hold gpt-oss-20b" \
+#        bash bench/gpu/truth.sh start 560
+# CPU rehearsal of the hold (~20 s):
+#   DRY=1 PY=$PWD/.venv/bin/python TRUTH_TMP=/tmp/truthd OUT=/tmp/truthd/out ONLY=planner \
+#     PLANNER_ARGS="--only gpt-oss-20b --hold-s 5" bash bench/gpu/truth.sh start 120
 # CPU rehearsal (regen's simulated server, ~1.5 min):
 #   DRY=1 PY=$PWD/.venv/bin/python TRUTH_TMP=/tmp/truthd OUT=/tmp/truthd/out bash bench/gpu/truth.sh start 300
 mode=$1
@@ -49,7 +59,7 @@ if [ "$mode" = start ]; then
   rm -rf "$T/repo" "$T/out" "$T/work" && mkdir -p "$T/repo" "$T/out" "$T/work"
   tar --exclude=./.gpu --exclude=./.venv --exclude=./.git -cf - . | tar -xf - -C "$T/repo"
   cd "$T/repo" || exit 1  # imports from the copy, not from the tree the call runs in
-  $PY -c 'import aiohttp, orjson, zstandard, jsonschema, yaml, pyarrow, regen.cli, regen.tune.tune, bench.gpu.serverlog, bench.gpu.planner_truth, bench.gpu.dense' || exit 1
+  $PY -c 'import aiohttp, orjson, zstandard, jsonschema, yaml, pyarrow, regen.cli, regen.tune.tune, bench.gpu.serverlog, bench.gpu.planner_truth, bench.gpu.dense, bench.gpu.hold' || exit 1
   dry=""
   if [ "${DRY:-0}" = 1 ]; then
     dry="--dry-cpu"

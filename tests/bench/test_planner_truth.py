@@ -198,3 +198,99 @@ def test_dense_reads_both_answer_shapes_and_writes_its_line():
     )
     assert dense.flag_value(["--mem-fraction-static", "0.92", "--max-running-requests", "90"],
                             "--max-running-requests") == "90"  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ the hold phase
+
+RETRACT_LINE = (
+    "[2026-12-04 07:00:00] KV cache pool is full. Retract requests. #retracted_reqs: {n}, "
+    "#new_tokens_gained: 1234, #new_token_ratio: 0.4000 -> 0.5000\n"
+)
+OOM_LINE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.19 GiB. GPU 0 has a total capacity of "
+    "139.81 GiB of which 712.31 MiB is free.\n"
+)
+
+
+def _samples(running: list[int], start: float = 100.0) -> list:
+    from bench.gpu import hold
+
+    return [hold.Sample(start + i, r, 0) for i, r in enumerate(running)]
+
+
+def _assess(
+    running: list[int], log: str = "", *, alive: bool = True, planned: int = 1000, hold_s: float = 60
+):
+    from bench.gpu import hold
+
+    samples = _samples(running)
+    return hold.assess(samples, log, planned=1000, hold_s=hold_s, alive=alive, ready_at=90.0,
+                       ended_at=samples[-1].t if samples else 100.0)  # fmt: skip
+
+
+def test_a_hold_counts_only_at_the_planned_batch_for_its_whole_length():
+    ramp = [100, 400, 800]
+    held = _assess([*ramp, *[990] * 62])
+    assert held.verdict == "held" and held.held
+    assert held.reached_after_s == 13.0 and held.held_s == 61.0 and held.median_running == 990
+    short = _assess([*ramp, *[990] * 30])
+    assert short.verdict == "held 29 s of the 60 s asked"
+    assert (
+        _assess([*ramp, 850, 880]).verdict == "did not reach the planned batch: at most 880 running of 1,000"
+    )
+    sagging = _assess([*ramp, 950, *[600] * 61])
+    assert sagging.verdict.startswith("did not hold the planned batch: median 600")
+
+
+def test_a_crash_or_a_retraction_storm_is_not_a_hold():
+    crashed = _assess([*[990] * 5], OOM_LINE, alive=False)
+    assert crashed.verdict.startswith(
+        "crashed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.19"
+    )
+    assert crashed.oom is not None and "712.31 MiB is free" in crashed.oom
+    few = RETRACT_LINE.format(n=20)  # 20 requests in a minute: 2% of the batch
+    ok = _assess([990] * 61, few)
+    assert ok.verdict == "held" and (ok.retract_events, ok.retracted_reqs) == (1, 20)
+    storm = _assess([990] * 61, few + RETRACT_LINE.format(n=70))
+    assert storm.verdict.startswith("retraction storm: 90 requests retracted in 60 s (2 events)")
+
+
+def test_the_hold_plans_for_the_issues_workload_and_samples():
+    from bench.gpu import hold
+
+    assert hold.HOLD_WORKLOAD_ARGS[hold.HOLD_WORKLOAD_ARGS.index("--expected-output-tokens") + 1] == "1437"
+    body = hold.sampled_body(dense.Workload(vocab=201088), 3)
+    assert body["sampling_params"]["temperature"] == 1.0  # the sampler's softmax path, not argmax
+    assert body["sampling_params"]["max_new_tokens"] == dense.Workload(vocab=201088).max_new_tokens(3)
+    plan = RegenPlan(
+        0, {"recommended": {"args": ["--max-running-requests", "9"], "client_concurrency": 8}}, ""
+    )
+    assert hold.recommended(plan)[:2] == (["--max-running-requests", "9"], 8)
+
+
+def test_dry_run_holds_the_recommended_server_and_says_so(tmp_path):
+    """The whole sequence against regen's simulated server: the startup check, then the hold."""
+    out = tmp_path / "out"
+    rc = planner_truth.main(["--dry-cpu", "--out", str(out), "--work", str(tmp_path / "work"),
+                             "--only", "qwen3.6-27b-text", "--hold-s", "3"])  # fmt: skip
+    assert rc == 0
+    doc = json.loads(next(out.glob("planner-truth-*-dry.json")).read_text())
+    row = doc["rows"][0]
+    h = row["hold"]
+    assert h["verdict"] == "held" and h["alive"] and h["held_s"] >= 3
+    assert h["median_running"] >= 0.9 * h["client_concurrency"] > 0
+    assert "--max-running-requests" in " ".join(h["args"]) or h["client_concurrency"] > 0
+    assert doc["summary"]["held"] == ["qwen3.6-27b-text"]
+    assert planner_truth.final_line(doc["summary"]).endswith("held=1/1")
+    assert "Hold at the planned batch" in next(out.glob("planner-truth-*-dry.md")).read_text()
+    assert (tmp_path / "work" / "logs" / "qwen3.6-27b-text-hold.trimmed.log").is_file()
+
+
+def test_dry_run_a_server_that_dies_mid_hold_does_not_count(tmp_path):
+    from bench.gpu import hold
+
+    target = next(t for t in planner_truth.TARGETS if t.name == "qwen3.6-27b-text")
+    (tmp_path / "logs").mkdir()
+    settings = hold.HoldSettings(dry=True, work=tmp_path, hold_s=30, dry_faults={"crash_after": 3})
+    result = hold.hold_target(target, settings)
+    assert result["verdict"].startswith("crashed") and not result["alive"]
