@@ -376,7 +376,7 @@ def held_out_run(
         "dataset": {"path": "data/scale-run.jsonl"},
         "shards": {"count": shards},
         "generate": {"sampling": {"max_tokens": answer_tokens}},
-        "server": {"port_base": free_port_base(2 * gpus)},
+        "server": {"port_base": free_port_base(2 * gpus), "gpus": gpus},
         # answers capped at a few tokens are cut by design here: the run is about the client's load
         "reaudit": {"max_truncated_fraction": 1.0},
     }
