@@ -53,16 +53,19 @@ rule all:
 
 
 onstart:
-    run_preflight()
+    begin_run()
     settle_run_outputs()
+    run_preflight()
     prestart_gpu_servers()
 
 
 onsuccess:
     stop_gpu_servers()
+    end_run("finished")
 
 
 onerror:
     stop_gpu_servers()
+    end_run("failed")
     print_resume_hint()
     report_failed_run(log)

@@ -573,6 +573,28 @@ class RunLayout:
         return self.work / "stale"
 
     @property
+    def earlier_runs_dir(self) -> Path:
+        """Earlier runs kept whole when a run of another config remakes their outputs
+        (``regen.output.stale``): ``work/earlier-runs/{stamp}-{config}/results/...``."""
+        return self.work / "earlier-runs"
+
+    def earlier_run(self, stamp: str, config: str) -> Path:
+        """One earlier run's folder (its ``results/`` inside, paths kept)."""
+        safe = re.sub(r"[^A-Za-z0-9._+-]", "_", config) or "config"
+        return self.earlier_runs_dir / f"{stamp}-{safe}"
+
+    @property
+    def run_marker(self) -> Path:
+        """Which run is, or was last, under way here (``regen.run_marker``): config, pid, host, phase,
+        heartbeat, outcome."""
+        return self.work / "run.json"
+
+    @property
+    def snakemake_locks(self) -> Path:
+        """Snakemake's own lock files (``.snakemake/locks`` in the working directory)."""
+        return self.results.parent / ".snakemake" / "locks"
+
+    @property
     def provisional_plan(self) -> Path:
         """The plan the servers were prestarted with, its workload and where it came from
         (``regen.tune.prestart``; the ``tune`` rule adopts or stops those servers)."""

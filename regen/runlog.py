@@ -1,10 +1,16 @@
 """Logging set-up for Snakemake scripts: everything a job says goes to its rule's log file; a Ctrl-C
-stops the job with one line (in its log and on Snakemake's console), not a traceback."""
+stops the job with one line (in its log and on Snakemake's console), not a traceback; and a job whose
+Snakemake controller dies (``kill -9``, a lost login shell, the OOM killer) stops the same way instead of
+running on as an orphan beside the rerun (its journal writer lock makes the rerun wait for it meanwhile:
+``regen.generate.journal_writer``)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from types import TracebackType
 
@@ -33,7 +39,37 @@ def log_to(path: str) -> logging.Logger:
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     sys.excepthook = stopped_quietly(job_name(path), sys.excepthook)
+    stop_when_owner_dies()
     return root
+
+
+#: how often a job looks whether its Snakemake controller still lives
+OWNER_CHECK_S = 2.0
+
+
+def stop_when_owner_dies(every_s: float = OWNER_CHECK_S) -> threading.Thread | None:
+    """Watch this job's Snakemake controller (``find_owner_pid``) and, once it is gone (or its pid
+    reused), interrupt the job as Ctrl-C would: what it finished is kept, and the rerun's job for the
+    same shard does not wait behind an orphan. None when no Snakemake controller is found above it."""
+    from regen.run_marker import process_start_time, same_process_alive
+    from regen.serving.procfs import find_owner_pid, proc_cmdline
+
+    owner = find_owner_pid()
+    if owner <= 1 or not any("snakemake" in a for a in proc_cmdline(owner)):
+        return None
+    started = process_start_time(owner)
+
+    def watch() -> None:
+        while same_process_alive(owner, started):
+            threading.Event().wait(every_s)
+        logging.getLogger("regen").warning(
+            "the Snakemake controller (pid %d) is gone: stopping this job", owner
+        )
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=watch, name="owner-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def stopped_quietly(job: str, previous: object) -> object:

@@ -25,7 +25,22 @@ from regen.layout import (
 )
 from regen.generate.replay import preview_lines
 from regen.observe.report import RunFacts, write_failed_run_landing
-from regen.output.stale import PlannedOutputs, RemadeOutputs, settle_outputs
+from regen.output.stale import (
+    Identities,
+    KeptOutputs,
+    PlannedOutputs,
+    RemadeOutputs,
+    settle_outputs,
+)
+from regen.run_marker import (
+    MarkerWriter,
+    ResultsOf,
+    RunMarker,
+    config_identity,
+    config_name,
+    new_marker,
+    release_dead_lock,
+)
 from regen.runconfig import RunConfig
 from regen.ingest.shard_count import AUTO, settle_auto_count, shard_count
 from regen.runlog import RESUME_HINT
@@ -85,8 +100,17 @@ def requested_gpus():
 
 
 def run_preflight():
-    """`regen check` as the workflow's first step (onstart): every problem at once, before any job."""
-    preflight(config, REQUESTED_GPUS)
+    """`regen check` as the workflow's first step (onstart): every problem at once, before any job.
+    A run stopped here still ends as failed (its run marker, the report's NOT READY page): Snakemake
+    calls no onerror for an onstart that raises."""
+    try:
+        preflight(config, REQUESTED_GPUS)
+    except Exception:
+        end_run("failed")
+        report_failed_run(None)
+        raise
+    if workflow.is_main_process and MARKER:
+        MARKER[0].update(phase="running")
 
 
 def benchmark_files():
@@ -241,6 +265,7 @@ def final_outputs(wildcards):
     counter (widen_gpu_counter_for_local_runs). Nothing is written."""
     if workflow.dryrun:
         print_replay_preview()
+    release_lock_of_dead_run()
     refuse_auto_count_on_cluster()
     widen_gpu_counter_for_local_runs()
     return get_final_outputs()
@@ -267,14 +292,87 @@ def remade_outputs():
     )
 
 
-def settle_run_outputs():
-    """onstart: the files of other configs and plans moved aside (named on the console), the outputs
-    this run remakes removed before it starts (regen.output.stale)."""
+def given_configfiles():
+    """The config files of this run, as given (--configfile), else the Snakefile's."""
+    return [str(f) for f in workflow.config_settings.configfiles] or [
+        str(f) for f in workflow.configfiles
+    ]
+
+
+# this run's name and identity (regen.run_marker): which config's outputs lie in results/
+RUN_IDENTITY = ResultsOf(
+    config=config_name(given_configfiles()),
+    config_id=config_identity(config, GPU_SLOTS),
+)
+# the controller's hold on the run marker (begin_run), once onstart has written it
+MARKER = []
+
+
+def release_lock_of_dead_run():
+    """While the DAG is built (before Snakemake takes its lock): the lock a provably dead controller of
+    this directory left is released, with one line (regen.run_marker)."""
+    if workflow.is_main_process:
+        line = release_dead_lock(RUN.run_marker, RUN.snakemake_locks)
+        if line:
+            print(line, file=sys.stderr)
+
+
+def begin_run():
+    """onstart, first: the run marker says this run is under way, in its check phase (regen status)."""
     if not workflow.is_main_process:
         return
-    lines = settle_outputs(RUN, planned_outputs(), remade_outputs(), "report_assets")
+    previous = RunMarker.read(RUN.run_marker)
+    marker = new_marker(
+        RUN_IDENTITY.config, RUN_IDENTITY.config_id, given_configfiles(), previous
+    )
+    writer = MarkerWriter(RUN.run_marker, marker)
+    writer.start_heartbeat()
+    MARKER.append(writer)
+
+
+def end_run(outcome):
+    """onsuccess/onerror: the run marker says how the run ended."""
+    if workflow.is_main_process and MARKER:
+        MARKER[0].end(outcome)
+
+
+def kept_outputs():
+    """The files of the DAG's jobs that this run reuses as up to date, and their rules."""
+    needrun = set(workflow.dag.needrun_jobs())
+    reused = [job for job in workflow.dag.jobs if job not in needrun]
+    return KeptOutputs(
+        paths=frozenset(
+            Path(str(f)) for job in reused for f in [*job.output, *job.input]
+        ),
+        rules=frozenset(job.rule.name for job in reused),
+    )
+
+
+def settle_run_outputs():
+    """onstart: an earlier config's finished run kept whole (named on the console), the files of other
+    plans moved aside, the outputs this run remakes removed before it starts (regen.output.stale).
+    """
+    if not workflow.is_main_process:
+        return
+    writer = MARKER[0] if MARKER else None
+    if writer is not None:
+        writer.update(phase="settle")
+    identities = Identities(
+        results_of=writer.marker.results_of if writer is not None else None,
+        current=RUN_IDENTITY,
+        kept=kept_outputs(),
+    )
+    lines = settle_outputs(
+        RUN,
+        planned_outputs(),
+        remade_outputs(),
+        "report_assets",
+        identities=identities,
+    )
     for line in lines:
         print(line, file=sys.stderr)
+    if writer is not None:
+        writer.update(phase="check", results_of=RUN_IDENTITY)
 
 
 def prestart_gpu_servers():

@@ -6,11 +6,18 @@ flight, oldest request), each live server's ``/metrics`` (found through ``work/s
 finished shards' records (``RunLayout.finished_shards``, + ``.failed.jsonl``) and the planned
 ``results/shards/*.parquet``, whose row counts (Parquet metadata) make the totals exact. Reading and
 summing the run's files is ``regen.generate.run_progress`` (whose ``progress_line`` the generate jobs print).
+
+Which run it shows is the run marker's (``RunLayout.run_marker``, ``regen.run_marker``): the run in
+progress, with its phase (while it checks its config and inputs, before its ``onstart`` has settled
+``results/``, no shard is shown: the files there may be an earlier run's), or the last one that ended,
+or a dead one (its controller gone: no ETA, nothing in flight). ``--watch`` stops once that run is no
+longer running.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import time
@@ -24,6 +31,7 @@ from regen.io import read_json
 from regen.layout import RUN, RunLayout, SlotFiles, url_files
 from regen.observe.stage_progress import stage_lines
 from regen.records import ShardStatus
+from regen.run_marker import RunMarker
 from regen.serving.metrics import sum_prometheus
 from regen.serving.procfs import is_supervisor, read_url_state
 from regen.serving.progress import ProgressState
@@ -200,17 +208,70 @@ def projection_lines(pilot_path: Path, remaining_now: int | None) -> list[str]:
     ]
 
 
+def _clock(t: float | None) -> str:
+    return "?" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def run_phase(snap: RunSnapshot) -> str:
+    """What a running run is doing, as its files say."""
+    if not snap.planned:
+        return "audit and shard"
+    if not set(snap.planned) <= set(snap.finished):
+        return "generate"
+    return "validate, merge, re-audit and after"
+
+
+def run_header(marker: RunMarker, state: str, snap: RunSnapshot) -> str:
+    """The run ``regen status`` describes, and whether it is running, ended or dead."""
+    if state == "running":
+        if marker.phase in ("check", "settle"):
+            return f"run: {marker.describe()}: running, phase check (config and inputs)"
+        return f"run: {marker.describe()}: running, phase {run_phase(snap)}"
+    if state == "dead":
+        return (
+            f"run: {marker.describe()}: DEAD (its controller is gone; last heartbeat "
+            f"{_clock(marker.heartbeat_at)}): rerun the same snakemake command to resume"
+        )
+    how = "finished" if marker.outcome == "finished" else "stopped before its end (failed or stopped)"
+    return f"run: {marker.describe()}: ended {_clock(marker.ended_at)}, {how}"
+
+
+def stopped(statuses: list[ShardStatus]) -> list[ShardStatus]:
+    """The shard statuses of a run no longer running: nothing in flight, no rate, no ETA."""
+    return [
+        st
+        if st.finished
+        else dataclasses.replace(
+            st, in_flight=0, retrying=0, req_s=0.0, out_tok_s=0.0, eta_s=None, oldest_in_flight_at=None
+        )
+        for st in statuses
+    ]
+
+
+def run_state(layout: RunLayout, now: float) -> tuple[RunMarker | None, str | None]:
+    """The run marker and its state (``running``, ``ended``, ``dead``), or (None, None) without one."""
+    marker = RunMarker.read(layout.run_marker)
+    return marker, (None if marker is None else marker.liveness(now))
+
+
 def status_report(workdir: Path, results: Path, now: float | None = None, rate: float | None = None) -> str:
     """Gather every source and render the table."""
     layout = RunLayout(results=Path(results), work=Path(workdir))
-    snap = RunSnapshot.read(layout.work, layout.results)
-    servers = read_servers(layout.servers_root)
     t_now = time.time() if now is None else now
-    text = render_table(snap.statuses, servers, snap.planned, snap.finished, t_now, rate)
-    totals = snap.totals(t_now, rate)
+    marker, state = run_state(layout, t_now)
+    snap = RunSnapshot.read(layout.work, layout.results)
+    header = "" if marker is None or state is None else run_header(marker, state, snap) + "\n\n"
+    if marker is not None and state == "running" and marker.phase in ("check", "settle"):
+        return header + "(its shards show once its check is done: the files here may be an earlier run's)\n"
+    statuses = snap.statuses if state in (None, "running") else stopped(snap.statuses)
+    servers = read_servers(layout.servers_root)
+    text = render_table(
+        statuses, servers, snap.planned, snap.finished, t_now, rate if state != "dead" else 0.0
+    )
+    totals = run_totals(statuses, snap.planned, snap.finished, t_now, rate)
     left = totals.remaining if snap.statuses else None
     extra = projection_lines(layout.pilot, left) + stage_lines(layout, t_now)
-    return text + "".join(line + "\n" for line in extra)
+    return header + text + "".join(line + "\n" for line in extra)
 
 
 class RateWindow:
@@ -229,7 +290,8 @@ class RateWindow:
 
 
 def watch(workdir: Path, results: Path, every_s: float, out: TextIO, max_frames: int | None = None) -> int:
-    """Redraw the status in place every ``every_s`` seconds until every shard is finished (or Ctrl-C)."""
+    """Redraw the status in place every ``every_s`` seconds until the run ends, dies or is stopped (or
+    Ctrl-C)."""
     window = RateWindow()
     tty = out.isatty()
     frames = 0
@@ -244,7 +306,11 @@ def watch(workdir: Path, results: Path, every_s: float, out: TextIO, max_frames:
             out.write(("\x1b[H\x1b[2J" + frame) if tty else frame + "\n")
             out.flush()
             frames += 1
-            done = bool(snap.planned) and set(snap.planned) <= set(snap.finished)
+            marker, state = run_state(RunLayout(results=Path(results), work=Path(workdir)), now)
+            if marker is None:  # no run marker (a run of an earlier regen): until every shard is finished
+                done = bool(snap.planned) and set(snap.planned) <= set(snap.finished)
+            else:
+                done = state != "running"
             if done or (max_frames is not None and frames >= max_frames):
                 return 0
             time.sleep(every_s)
@@ -265,7 +331,7 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
         const=5.0,
         default=None,
         metavar="SECONDS",
-        help="refresh in place every SECONDS (default 5) until the run's shards are all finished",
+        help="refresh in place every SECONDS (default 5) until the run ends, dies or is stopped",
     )
     p.add_argument(
         "--configfile",

@@ -4,31 +4,41 @@ A checkout is reused: the demo, then a config of one's own, then the demo again.
 the outputs of the jobs it plans, but it leaves alone what the current plan does not name (shards
 beyond the current count, the trainer exports of a run whose ``export.enabled`` is now false, an
 upload record) and, until their jobs run, the outputs it is about to remake. Both would be read,
-counted, exported or declared READY as if they were the current run's (issue 34 item 1, item 2).
+counted, exported or declared READY as if they were the current run's (issue 34 item 1, item 2). And
+nothing a user finished may be deleted (issue 47 item 1).
 
-So when a run starts (the workflow's ``onstart``, never on a dry run):
+So when a run starts (the workflow's ``onstart``, never on a dry run), it compares the config whose
+outputs lie in ``results/`` (the run marker's ``results_of``, ``regen.run_marker``) with its own:
 
-- **orphans**, files the current plan does not name, are moved aside under
-  ``RunLayout.stale_dir`` (``work/stale/{stamp}/``, their paths kept) with a message naming them:
-  they may be another config's finished work, so nothing is deleted;
-- **outputs about to be remade** (those of every job Snakemake will run, their gates' kept verdicts,
-  and the status files of the shards they regenerate) are removed now rather than when their job
-  starts, so a run that fails before their job leaves no earlier READY, export or verdict standing
-  as if it were current. The journals (``work/journal``) are never touched: they are the finished work
-  a rerun replays.
-- the HTML report ``snakemake --report`` wrote last (``RunLayout.report_html``) is moved aside when
-  the report's pages are remade: it describes a run that is no longer the current one.
+- **another config's run** (or an unknown one) whose finished outputs (READY, the dataset, the
+  exports, the generations, the reconciliation) this run would remake or leave standing as if current
+  is **kept whole** in ``RunLayout.earlier_run`` (``work/earlier-runs/{stamp}-{config}/results/``, its
+  paths kept: hard links, so keeping costs no copy), with one console line naming the folder and how
+  to read it (``regen reconcile --results {folder}/results``). Then ``results/`` keeps only what the
+  current DAG reuses as up to date; everything else of the earlier run leaves it;
+- **the same config**: a READY run it remakes is kept whole the same way; otherwise its own partial
+  work stays (a rerun after a failure resumes), the **orphans** (files the current plan does not
+  name) are moved aside under ``RunLayout.stale_dir`` (``work/stale/{stamp}/``), and the **outputs
+  about to be remade** (those of every job Snakemake will run, their gates' kept verdicts, and the
+  status files of the shards they regenerate) are removed now rather than when their job starts, so a
+  run that fails before their job leaves no earlier READY, export or verdict standing as if current.
+
+The journals (``work/journal``) are never touched: they are the finished work a rerun replays. The
+HTML report ``snakemake --report`` wrote last (``RunLayout.report_html``) leaves ``results/`` when the
+report's pages are remade: it describes a run that is no longer the current one.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from regen.layout import RunLayout, is_shard_name
+from regen.run_marker import ResultsOf
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +129,143 @@ def remade_by_run(layout: RunLayout, remade: RemadeOutputs) -> list[Path]:
     return [*remade.outputs, *verdicts, *statuses, layout.failed_run_landing]
 
 
+@dataclass(frozen=True, slots=True)
+class KeptOutputs:
+    """What the current DAG reuses as up to date (the files of its jobs that it does not rerun) and the
+    rules of those jobs: left in ``results/`` when an earlier config's run is kept aside."""
+
+    paths: frozenset[Path] = frozenset()
+    rules: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Identities:
+    """The config whose outputs lie in ``results/`` (None: unknown) and the starting run's."""
+
+    results_of: ResultsOf | None
+    current: ResultsOf
+    kept: KeptOutputs = field(default_factory=KeptOutputs)
+
+    @property
+    def same(self) -> bool:
+        return self.results_of is not None and self.results_of.config_id == self.current.config_id
+
+
+def _kept(path: Path, kept: frozenset[Path]) -> bool:
+    return any(path == k or k in path.parents for k in kept)
+
+
+def not_reused(layout: RunLayout, kept: KeptOutputs) -> list[Path]:
+    """Everything under ``results/`` the current DAG does not reuse as up to date (directories whole
+    where nothing below them is reused), the verdicts of rules it does not reuse, and the status files
+    of shards whose records it does not reuse."""
+    norm = frozenset(Path(os.path.normpath(p)) for p in kept.paths)
+
+    def walk(d: Path) -> list[Path]:
+        out: list[Path] = []
+        for p in sorted(d.iterdir()):
+            if _kept(p, norm):
+                continue
+            if p.is_dir() and not p.is_symlink() and any(k.is_relative_to(p) for k in norm):
+                out += walk(p)
+            else:
+                out.append(p)
+        return out
+
+    gone = walk(layout.results) if layout.results.is_dir() else []
+    verdicts = sorted(layout.logs.glob("*.verdict.json")) if layout.logs.is_dir() else []
+    gone += [v for v in verdicts if v.name.removesuffix(".verdict.json") not in kept.rules]
+    if layout.status_dir.is_dir():
+        gone += [
+            p for p in sorted(layout.status_dir.glob("*.json")) if not _kept(layout.records(p.stem), norm)
+        ]
+    return [*gone, layout.failed_run_landing]
+
+
+def finished_work(layout: RunLayout, paths: Iterable[Path], same_config: bool) -> list[Path]:
+    """Of ``paths`` about to leave ``results/``, the ones that are finished work worth keeping whole:
+    READY always; for another config's run also its dataset, exports, generations, re-audit,
+    reconciliation and upload record."""
+    worth = [layout.ready]
+    if not same_config:
+        worth += [
+            layout.dataset_dir,
+            layout.export_dir,
+            layout.generations_dir,
+            layout.reaudit_summary.parent,
+            layout.reconcile,
+            layout.published,
+        ]
+    norm = [Path(os.path.normpath(w)) for w in worth]
+
+    def touches(p: Path) -> bool:
+        q = Path(os.path.normpath(p))
+        return any(q == w or w in q.parents or q in w.parents for w in norm)
+
+    return [p for p in paths if p.exists() and touches(p)]
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def keep_earlier_run(layout: RunLayout, of: ResultsOf | None, now: float | None = None) -> Path:
+    """The whole of ``results/`` kept in ``RunLayout.earlier_run`` (hard links, copies across
+    filesystems), its paths kept; the folder's ``results``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+    dest = layout.earlier_run(stamp, of.config if of is not None else "unknown-config")
+    n = 0
+    while dest.exists():
+        n += 1
+        dest = dest.with_name(f"{dest.name.split('~')[0]}~{n}")
+    shutil.copytree(layout.results, dest / "results", symlinks=True, copy_function=_link_or_copy)
+    return dest / "results"
+
+
+def kept_line(kept_at: Path, of: ResultsOf | None, layout: RunLayout) -> str:
+    """The one console line naming where an earlier run is kept and how to read it there."""
+    ready = kept_at / layout.ready.relative_to(layout.results)
+    what = "READY run" if ready.is_file() else "run"
+    whose = f"config {of.config}" if of is not None else "an earlier config"
+    return (
+        f"regen: the earlier {what} of {whose} is kept whole in {kept_at} (this run remakes or does not "
+        f"reuse its outputs): `regen reconcile --results {kept_at}` checks it there; copy it back over "
+        f"{layout.results} to make it current again"
+    )
+
+
 def settle_outputs(
-    layout: RunLayout, plan: PlannedOutputs, remade: RemadeOutputs, report_rule: str, now: float | None = None
+    layout: RunLayout,
+    plan: PlannedOutputs,
+    remade: RemadeOutputs,
+    report_rule: str,
+    now: float | None = None,
+    *,
+    identities: Identities | None = None,
 ) -> list[str]:
-    """At the start of a run: move the orphans of other configs and plans aside, and remove what the
-    run will remake (see the module's docstring); the messages saying what moved."""
+    """At the start of a run: keep an earlier run whole when this one would remake or drop its finished
+    work, move the orphans of other plans aside, and remove what the run will remake (see the module's
+    docstring); the messages saying what was kept or moved, and where."""
+    same = identities is None or identities.same
+    of = identities.results_of if identities is not None else None
+    if same:
+        leaving = [*orphan_outputs(layout, plan), *remade_by_run(layout, remade)]
+        if report_rule in remade.rules:
+            leaving.append(layout.report_html)
+    else:
+        leaving = not_reused(layout, identities.kept if identities is not None else KeptOutputs())
+    if finished_work(layout, leaving, same) and layout.results.is_dir():
+        kept_at = keep_earlier_run(layout, of, now)
+        remove_outputs(leaving)
+        return [kept_line(kept_at, of, layout)]
+    if not same:
+        results_files = [p for p in leaving if p.is_relative_to(layout.results)]
+        lines = move_aside(results_files, layout, "belong to another config (not reused by this one)", now)
+        remove_outputs(leaving)
+        return lines
     lines = move_aside(
         orphan_outputs(layout, plan), layout, "belong to another config or plan (not in this one)", now
     )

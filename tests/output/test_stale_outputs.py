@@ -6,7 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from regen.layout import RunLayout
-from regen.output.stale import PlannedOutputs, RemadeOutputs, orphan_outputs, settle_outputs
+from regen.output.stale import (
+    Identities,
+    KeptOutputs,
+    PlannedOutputs,
+    RemadeOutputs,
+    kept_line,
+    orphan_outputs,
+    settle_outputs,
+)
+from regen.run_marker import ResultsOf
 
 
 def touch(path: Path, text: str = "x") -> Path:
@@ -50,8 +59,10 @@ def test_orphans_are_the_shards_and_exports_the_plan_does_not_name(tmp_path: Pat
 
 
 def test_settle_moves_orphans_aside_and_removes_what_the_run_remakes(tmp_path: Path) -> None:
+    """The same config's own partial work (no READY): orphans moved aside, remade outputs removed."""
     layout = RunLayout.under(tmp_path)
     four_shard_run(layout)
+    layout.ready.unlink()
     remade = RemadeOutputs(
         outputs=(layout.ready, layout.records("00001")),
         rules=frozenset({"reaudit", "generate", "report_assets"}),
@@ -66,12 +77,63 @@ def test_settle_moves_orphans_aside_and_removes_what_the_run_remakes(tmp_path: P
     assert (stale / "results/report.html").is_file() and str(layout.report_html) in text
     assert not layout.records("00002").exists() and not layout.export_dir.exists()
     # remade: removed, not moved; the other shards' files and every journal stay
-    assert not layout.ready.exists() and not layout.records("00001").exists()
+    assert not layout.records("00001").exists()
     assert not layout.status("00001").exists() and not layout.verdict("reaudit").exists()
     assert not layout.failed_run_landing.exists()
     assert layout.records("00000").is_file() and layout.status("00000").is_file()
     assert all(layout.journal(k).is_file() for k in ("00000", "00001", "00002", "00003"))
+    assert not layout.earlier_runs_dir.exists()
     # a second start finds nothing of another plan
     assert (
         settle_outputs(layout, TWO_SHARDS, RemadeOutputs((), frozenset(), frozenset()), "report_assets") == []
     )
+
+
+def test_a_ready_run_the_same_config_remakes_is_kept_whole(tmp_path: Path) -> None:
+    layout = RunLayout.under(tmp_path)
+    four_shard_run(layout)
+    remade = RemadeOutputs(
+        outputs=(layout.ready, layout.records("00001")),
+        rules=frozenset({"reaudit", "generate"}),
+        generated_shards=frozenset({"00001"}),
+    )
+    ours = ResultsOf("demo", "id-a")
+    lines = settle_outputs(
+        layout, TWO_SHARDS, remade, "report_assets", now=0, identities=Identities(ours, ours)
+    )
+    kept = layout.earlier_run("19700101-000000", "demo") / "results"
+    assert lines == [kept_line(kept, ours, layout)] and "READY run of config demo" in lines[0]
+    assert f"regen reconcile --results {kept}" in lines[0]
+    for k in ("00000", "00001", "00002", "00003"):
+        assert (kept / "generations" / f"{k}.jsonl.zst").is_file()
+    assert (kept / "READY.json").read_text() == '{"ready": true}' and (
+        kept / "export/manifest.json"
+    ).is_file()
+    # the live tree: READY and the remade shard gone, the orphans gone, what is reused stays
+    assert not layout.ready.exists() and not layout.records("00001").exists()
+    assert not layout.records("00002").exists() and not layout.export_dir.exists()
+    assert layout.records("00000").is_file()
+    assert all(layout.journal(k).is_file() for k in ("00000", "00001", "00002", "00003"))
+
+
+def test_another_configs_run_is_kept_whole_and_leaves_results(tmp_path: Path) -> None:
+    layout = RunLayout.under(tmp_path)
+    four_shard_run(layout)
+    layout.ready.unlink()  # a failed run of config A: finished generations, no READY
+    reused = KeptOutputs(
+        paths=frozenset({layout.shard("00000"), layout.shard("00001")}), rules=frozenset({"shard"})
+    )
+    ids = Identities(ResultsOf("a", "id-a"), ResultsOf("b", "id-b"), reused)
+    lines = settle_outputs(
+        layout, TWO_SHARDS, RemadeOutputs((), frozenset(), frozenset()), "r", now=0, identities=ids
+    )
+    kept = layout.earlier_run("19700101-000000", "a") / "results"
+    assert len(lines) == 1 and "the earlier run of config a is kept whole in" in lines[0]
+    assert (kept / "generations" / "00003.jsonl.zst").is_file() and (
+        kept / "shards" / "00002.parquet"
+    ).is_file()
+    # only what the current DAG reuses is left in results/
+    left = sorted(str(p.relative_to(tmp_path)) for p in layout.results.rglob("*") if p.is_file())
+    assert left == ["results/shards/00000.parquet", "results/shards/00001.parquet"]
+    assert not any(layout.status_dir.glob("*.json")) and not layout.verdict("reaudit").exists()
+    assert all(layout.journal(k).is_file() for k in ("00000", "00001", "00002", "00003"))

@@ -40,6 +40,8 @@ class Seen:
     ready: dict | None
     exported: bool
     stale: list[str]
+    kept: list[Path]  # the earlier runs kept whole (work/earlier-runs/*/results)
+    wd: Path
 
 
 def write_small_dataset(path: Path) -> None:
@@ -80,7 +82,28 @@ def look(wd: Path, configs: tuple[str, ...], run: subprocess.CompletedProcess[st
         ready=json.loads(layout.ready.read_text()) if layout.ready.is_file() else None,
         exported=layout.export_dir.exists(),
         stale=sorted(str(p.relative_to(wd)) for p in layout.stale_dir.rglob("*") if p.is_file()),
+        kept=sorted(layout.earlier_runs_dir.glob("*/results")),
+        wd=wd,
     )
+
+
+KEPT_LINE = re.compile(r"regen: the earlier READY run of config (\S+) is kept whole in (\S+) ")
+
+
+def kept_from_console(wd: Path, console: str) -> tuple[str, Path]:
+    """The config and folder the console named for the earlier run it kept whole."""
+    found = KEPT_LINE.findall(console)
+    assert len(found) == 1, console[-4000:]
+    return found[0][0], wd / found[0][1]
+
+
+def assert_reconciles(wd: Path, kept: Path, rows: int) -> None:
+    """The earlier run, where the console said: READY, and `regen reconcile --results` there agrees."""
+    ready = json.loads((kept / "READY.json").read_text())
+    assert ready["ready"] and ready["rows"] == rows
+    check = regen(wd, "reconcile", "--results", str(kept), "--json")
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    assert json.loads(check.stdout)["ok"]
 
 
 @pytest.fixture(scope="module")
@@ -119,14 +142,11 @@ def test_a_second_config_sees_only_its_own_outputs(runs: dict[str, Seen]) -> Non
     first, second = runs["first"], runs["second"]
     assert first.ready and first.ready["rows"] == ROWS and first.exported
     assert second.run.returncode == 0, second.run.stderr[-4000:]
-    # the first config's shards 00002/00003 and its exports are moved aside, with a message naming them
-    console = second.run.stderr
-    assert "belong to another config or plan" in console
-    for name in ("results/generations/00002.jsonl.zst", "results/shards/00003.parquet", "results/export"):
-        assert name in console, console[-4000:]
-    assert any(
-        p.startswith("work/stale/") and p.endswith("results/shards/00002.parquet") for p in second.stale
-    )
+    # the first config's READY run is kept whole where the console says, and reconciles there
+    config, kept = kept_from_console(second.wd, second.run.stderr)
+    assert config == "demo+small" and kept.is_relative_to(second.wd / "work" / "earlier-runs")
+    assert (kept / "shards" / "00003.parquet").is_file() and (kept / "export" / "manifest.json").is_file()
+    assert_reconciles(second.wd, kept, ROWS)
     assert not second.exported
     # status, reconcile, the report and READY all count the second config's 40 samples in 2 shards
     assert re.search(r"shards: \d/2 finished", second.status), second.status
@@ -147,7 +167,8 @@ def test_a_second_config_sees_only_its_own_outputs(runs: dict[str, Seen]) -> Non
     [
         # the landing page is rst: its underscores escaped
         ("min_rows", "reaudit.min\\_rows = 40 < limit 1000"),
-        ("audit_gate", "audit.gates.max\\_over\\_length\\_fraction = 1 > limit"),
+        # `regen check` reads the first rows with the audit's own reader: stopped there, before any job
+        ("audit_gate", "all 40 rows are excluded (over_length=40)"),
     ],
 )
 def test_a_failed_gate_leaves_a_not_ready_report_and_nothing_current(
@@ -160,7 +181,11 @@ def test_a_failed_gate_leaves_a_not_ready_report_and_nothing_current(
     # snakemake --report writes a report, and its first page says NOT READY and why
     assert seen.report.returncode == 0, seen.report.stderr[-3000:]
     assert seen.landing.startswith("**NOT READY**"), seen.landing
-    assert why in seen.landing, seen.landing
+    assert why in seen.landing or why in seen.run.stderr, seen.landing
     assert "NOT READY" in seen.report_html and "training-ready rows in" not in seen.report_html
-    # no earlier READY or export survives the failed run
+    # no earlier READY or export survives the failed run as if current: the earlier READY run is kept
+    # whole where the console said, and still reconciles there
     assert seen.ready is None and not seen.exported
+    config, kept = kept_from_console(seen.wd, seen.run.stderr)
+    assert config == "demo+small+two_shards" and (kept / "export" / "manifest.json").is_file()
+    assert_reconciles(seen.wd, kept, ROWS)
