@@ -1,12 +1,15 @@
 """The workflow on a real multi-node Slurm (.ci/slurm-multinode-up.sh): two slurmd nodes, each in its own
 network, UTS and mount namespace, 2 fake GPUs each, journals synced to S3 (SeaweedFS on the bridge).
 
-* GPU group jobs spread over both nodes; each group job starts ONE server and its K shards reuse it
-  (counted from the server logs); the CPU rules run on the submit host (they are ``localrules``).
 * A node lost mid-generation (its slurmd and every process in its namespace SIGKILLed; Slurm marks it
   down): its group job is resubmitted by Snakemake (``retries``) and runs on the other node, the lost
   shards' journals come back from S3, the run completes, reconciliation is exact, nothing is duplicated
-  and no sample already synced to S3 is sent again.
+  and no sample already synced to S3 is sent again. On the way: the GPU group jobs ran on both nodes,
+  each started ONE server that its shards reused (counted from the server logs), and the CPU rules ran
+  on the submit host (they are ``localrules``): the only Slurm jobs are the group jobs.
+* The controller lost mid-run (SIGKILL to the main snakemake): the same command, after ``--unlock``,
+  neither duplicates nor orphans the group jobs still running: its own jobs wait for their journals
+  (one writer per journal) and replay what they wrote; every sample is generated once.
 
 Needs ``REGEN_TEST_SLURM_NODES`` >= 2 (set by .ci/run once the cluster is up) and the S3 test server
 (``REGEN_TEST_S3_ENDPOINT``, reachable from the nodes); skipped otherwise. ``bench/results/cluster-*.md``
@@ -185,25 +188,6 @@ def env(s3_prefix: str, tmp_path: Path) -> Iterator[dict[str, str]]:
     yield {**os.environ, REQUEST_LOG_ENV: str(tmp_path / "requests.jsonl"), "PYTHONUNBUFFERED": "1"}
 
 
-@pytest.mark.timeout(420)
-def test_group_jobs_spread_over_both_nodes_and_start_one_server_each(
-    s3_prefix: str, tmp_path: Path, env: dict[str, str]
-) -> None:
-    work = workdir(tmp_path / "regen", s3_prefix, token_rate=2000)
-    proc = subprocess.run(snakemake_cmd(360), cwd=work, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    check_completed(work)
-
-    starts = server_starts(work)
-    jobs = job_nodes()
-    nodes = {jobs[j][1] for j in starts if j in jobs}
-    assert len(starts) == SHARDS // 2, f"one server directory per group job: {starts}"
-    assert nodes == {"n1", "n2"}, f"the group jobs ran on {nodes}, not on both nodes"
-    assert sum(starts.values()) == len(starts) + len(restarts(work)), (starts, restarts(work))
-    # CPU rules are localrules: the only Slurm jobs are the group jobs
-    assert set(submitted_jobs(proc.stderr)) == set(starts), (submitted_jobs(proc.stderr), starts)
-
-
 def kill_node(node: str) -> float:
     """SIGKILL every process in the node's network namespace (its slurmd, jobs, servers); the time."""
     pids = subprocess.run(
@@ -275,11 +259,14 @@ def test_a_node_lost_mid_generation_costs_at_most_one_batch_per_shard(
     serving_before = {e["pid"] for e in events if e["t"] <= killed_at}
     served_again = min(e["t"] for e in events if e["t"] > killed_at and e["event"] == "completed"
                        and e["pid"] not in serving_before)  # fmt: skip
+    # one server start per group job (each ran 2 shards, the lost one fewer), on both nodes
     starts = server_starts(work)
     jobs = job_nodes()
-    retried_on = {jobs[j][1] for j in starts if j in jobs and jobs[j][1] != "n1"}
-    assert "n2" in retried_on
+    assert {jobs[j][1] for j in starts} == {"n1", "n2"}, {j: jobs[j] for j in starts}
+    assert [jobs[j][0] for j in starts].count("NODE_FAIL") == 1, {j: jobs[j] for j in starts}
     assert sum(starts.values()) == len(starts) + len(restarts(work)), (starts, restarts(work))
+    # CPU rules are localrules: the only Slurm jobs are the group jobs
+    assert set(submitted_jobs(err)) == set(starts), (submitted_jobs(err), starts)
     # where the recovery time goes: Slurm calling the node down, then the resubmitted job's start
     times = {j: job_times()[j] for j in starts if j in job_times()}
     failed_at = min(end for st, _, end in times.values() if st == "NODE_FAIL")
@@ -296,3 +283,51 @@ def test_a_node_lost_mid_generation_costs_at_most_one_batch_per_shard(
     if out:
         with open(out, "a") as fh:
             fh.write(line + "\n")
+
+
+@pytest.mark.timeout(480)
+def test_the_controller_lost_mid_run_neither_duplicates_nor_orphans_running_jobs(
+    s3_prefix: str, tmp_path: Path, env: dict[str, str]
+) -> None:
+    work = workdir(tmp_path / "regen", s3_prefix, token_rate=250)
+    cmd = snakemake_cmd(420)[4:]  # SIGKILL goes to snakemake itself, not to a timeout wrapper
+    with open(tmp_path / "first.err", "w") as err_fh:
+        first = subprocess.Popen(cmd, cwd=work, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                 stderr=err_fh)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while (
+        time.monotonic() < deadline
+        and first.poll() is None
+        and len(synced_ids(s3_prefix)) < 4 * EVERY_RECORDS
+    ):
+        time.sleep(0.5)
+    assert first.poll() is None, "the first run ended before it could be killed mid-generation"
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    err = (tmp_path / "first.err").read_text()
+    left_running = {j for j in submitted_jobs(err) if job_nodes().get(j, ("",))[0] in {"RUNNING", "PENDING"}}
+    assert left_running, "no group job was running when the controller was lost"
+
+    unlock = subprocess.run([*snakemake_cmd(120), "--unlock"], cwd=work, env=env, capture_output=True,
+                            text=True)  # fmt: skip
+    assert unlock.returncode == 0, unlock.stderr[-3000:]
+    rerun = subprocess.run(snakemake_cmd(420), cwd=work, env=env, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-6000:]
+    check_completed(work)
+
+    jobs = job_nodes()
+    assert all(jobs[j][0] == "COMPLETED" for j in left_running), {j: jobs[j] for j in left_running}
+    ours = set(submitted_jobs(err)) | set(submitted_jobs(rerun.stderr))
+    assert not {j for j in ours if jobs.get(j, ("",))[0] in {"RUNNING", "PENDING"}}, (
+        "a group job outlived the run"
+    )
+    completed: dict[str, int] = {}
+    for e in read_request_log(tmp_path / "requests.jsonl"):
+        if e["event"] == "completed":
+            completed[e["id"]] = completed.get(e["id"], 0) + 1
+    twice = {i for i, n in completed.items() if n > 1}
+    assert not twice, f"{len(twice)} samples were generated twice"
+    print(
+        f"controller-lost: left_running={len(left_running)} "
+        f"rerun_jobs={len(set(submitted_jobs(rerun.stderr)))} generated={len(completed)} twice=0"
+    )
