@@ -30,11 +30,38 @@ VOCAB_PADDING = 64  # vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
 FP32 = 4
 # how far a checkpoint's byte count may stray from the layout before the estimate's rule says so
 CHECKPOINT_LAYOUT_TOLERANCE = 0.05
-# gpt-oss-20b's MXFP4 experts on an H200 (SGLang 0.5.17, dummy weights): the load took 15.0 GiB where the
-# parameters mxfp4.py::Mxfp4MoEMethod.create_weights allocates come to 12.8 GiB (9.5 GiB of them experts);
-# the expert repacking of process_weights_after_loading keeps the difference (issue 33). Measured once on
-# one GPU kind and applied to MXFP4 experts only: a calibration, named in every estimate's rule.
-MXFP4_MOE_LOADED_OVER_ALLOCATED = 1.23
+# MXFP4 experts as SGLang 0.5.17/0.5.23 leaves them on Hopper with the triton_kernels MoE backend (the one
+# gpt-oss gets on an H200: arg_groups/overrides.py::_gpt_oss_overrides): Mxfp4MoEMethod.create_weights
+# allocates w13/w2 as uint8 pairs of e2m1 [E, out, in/2] with a uint8 e8m0 scale per 32 [E, out, in/32]
+# and bf16 biases; process_weights_after_loading (use_triton_kernels) then
+# - swizzles the values (``_swizzle_mxfp4``: triton_kernels ``HopperMXValueLayout.swizzle_data`` pads the
+#   [in/2, out] byte matrix to multiples of 64 both ways) and deletes the originals,
+# - swizzles the scales (``HopperMXScaleLayout``: [out, in/32] padded to 2 x num_warps(8) x 2 x 8 = 256
+#   rows and an even column count) but keeps ``w13_weight_scale`` / ``w2_weight_scale`` (not deleted),
+# - makes the biases fp32.
+MXFP4_VALUE_ALIGN = 64
+MXFP4_SCALE_ROW_ALIGN = 256
+MXFP4_BLOCK = 32
+# what the load took beyond that layout, once per process: gpt-oss-20b on the H200 (SGLang 0.5.17, dummy
+# weights, 2026-12-01) logged 15.02 GiB where the layout above comes to 13.62 GiB. Not in SGLang's
+# source (allocator and context growth during the swizzle, by all appearances); one measurement on one
+# GPU kind, a calibration named in every MXFP4 estimate's rule. It used to be a factor on the experts
+# (x1.23), which put gpt-oss-120b's weights 4.7x further off (issue 49 item 4).
+MXFP4_LOAD_RESIDUAL_BYTES = int(1.40 * 2**30)
+
+
+def _up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def mxfp4_expert_bytes(experts: int, out: int, inp: int) -> int:
+    """One FusedMoE weight (w13 or w2: ``experts`` stacked ``out x inp`` matrices) in MXFP4 as it is held
+    after ``process_weights_after_loading`` on Hopper with triton_kernels (see the constants above)."""
+    values = _up(inp // 2, MXFP4_VALUE_ALIGN) * _up(out, MXFP4_VALUE_ALIGN)
+    scale_cols = math.ceil(inp / MXFP4_BLOCK)
+    scales = out * scale_cols  # the checkpoint-layout scales, kept
+    swizzled = _up(out, MXFP4_SCALE_ROW_ALIGN) * _up(scale_cols, 2)
+    return experts * (values + scales + swizzled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +131,8 @@ class Quantization:
 
     def experts_bytes(self, experts: int, out: int, inp: int, dtype_bytes: int) -> int:
         """``experts`` stacked (out x in) expert matrices (w13 or w2 of ``FusedMoE``)."""
-        if self.method == "mxfp4":  # uint8 pairs of e2m1 + a uint8 e8m0 scale per 32
-            per = out * inp // 2 + out * math.ceil(inp / 32)
-            return int(experts * per * MXFP4_MOE_LOADED_OVER_ALLOCATED)
+        if self.method == "mxfp4":
+            return mxfp4_expert_bytes(experts, out, inp)
         if self.method is None:
             return experts * out * inp * dtype_bytes
         return experts * self.linear_bytes(out, inp, dtype_bytes)
@@ -284,6 +310,8 @@ def layout_bytes(model: ModelShape, tp: int, ep: int = 1) -> tuple[int, int]:
             skipped = q.skips(f"model.layers.{layer}.mlp.experts")
             _moe(model, text, tp, ep, Quantization(None) if skipped else q, lin, t, d)
     _vision(model, tp, t, d)
+    if q.method == "mxfp4" and model.is_moe:
+        t.add(MXFP4_LOAD_RESIDUAL_BYTES, replicated=True)
     return t.sharded + t.replicated, t.replicated
 
 
@@ -392,8 +420,8 @@ def _moe(
     gated = model.model_type != "nemotron_h"
     up = (2 if gated else 1) * width
     t.add(q.experts_bytes(experts, up, h, d) + q.experts_bytes(experts, h, width, d))
-    if model.model_type == "gpt_oss":  # w13/w2 biases (bf16 in mxfp4.py)
-        t.add(experts * (up + h) * d)
+    if model.model_type == "gpt_oss":  # w13/w2 biases (bf16; fp32 after mxfp4.py's triton_kernels repack)
+        t.add(experts * (up + h) * (FP32 if q.method == "mxfp4" else d))
     t.add(model.num_experts * h * d, replicated=True)  # router gate (quant_config=None)
     if text.get("topk_method") == "noaux_tc" or model.model_type in (
         "deepseek_v3",
@@ -423,7 +451,11 @@ def weights_per_rank(model: ModelShape, tp: int, ep: int = 1) -> WeightsEstimate
     if quant:
         rule += f" with {quant} weights as layers/quantization create_weights allocates them"
     if quant == "mxfp4":
-        rule += f" (MXFP4 experts x{MXFP4_MOE_LOADED_OVER_ALLOCATED}: measured load over allocation)"
+        rule += (
+            " (MXFP4 experts as mxfp4.py's triton_kernels repack leaves them on Hopper: swizzled values, "
+            "the scales kept beside their swizzled copy, fp32 biases; plus "
+            f"{MXFP4_LOAD_RESIDUAL_BYTES / 2**30:.2f} GiB a process measured beyond that layout on the H200)"
+        )
     if isinstance(model.raw.get("vision_config"), dict) and model.is_multimodal:
         rule += "; the vision tower approximated as a ViT (4 vh^2 + 2 vh vi a layer)"
     checkpoint, source = model.weights_bytes_from_index, "checkpoint index"

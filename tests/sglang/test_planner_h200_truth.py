@@ -38,7 +38,20 @@ def _dense_rows() -> list[tuple[str, str, tuple[str, ...], dict]]:
     return rows
 
 
-ROWS = _planner_rows() + _dense_rows()
+#: gpt-oss-120b (issue 49 item 4): the KV SGLang allocated as the issue reports it (1,619,919 tokens; no
+#: startup log in bench/results yet: the truth bench's gpt-oss-120b target measures it on the next device
+#: run). The issue does not give the flags; these are the truth bench's gpt-oss flags (the request-capped
+#: sliding-window configurator), under which the 20b's truth was measured.
+GPT_OSS_120B_ROWS = [
+    (
+        "gpt-oss-120b-issue-49",
+        "gpt-oss-120b",
+        ("--disable-radix-cache", "--max-running-requests", "256"),
+        {"kv_tokens": 1_619_919, "weights_gib": None},
+    )
+]
+
+ROWS = _planner_rows() + _dense_rows() + GPT_OSS_120B_ROWS
 
 
 @pytest.mark.parametrize(("name", "target", "flags", "sglang"), ROWS, ids=[r[0] for r in ROWS])
@@ -58,7 +71,8 @@ def test_the_plan_matches_what_sglang_allocated(
     kv, weights = plan.number("kv_cache_tokens"), plan.number("weights_gib")
     assert kv is not None and weights is not None
     assert abs(kv - sglang["kv_tokens"]) <= KV_TOLERANCE * sglang["kv_tokens"], (kv, sglang["kv_tokens"])
-    assert abs(weights - sglang["weights_gib"]) <= WEIGHTS_TOLERANCE * sglang["weights_gib"]
+    if sglang["weights_gib"] is not None:
+        assert abs(weights - sglang["weights_gib"]) <= WEIGHTS_TOLERANCE * sglang["weights_gib"]
     if sglang.get("swa_tokens"):
         swa = plan.number("swa_tokens")
         assert swa is not None and abs(swa - sglang["swa_tokens"]) <= SWA_TOLERANCE * sglang["swa_tokens"]
