@@ -8,9 +8,10 @@ closed loop of the plan's ``client_concurrency`` requests (``dense.ClosedLoop``:
 ids, log-normal answers, median 1,200, mean ~1,450, cap 8,192, ``ignore_eos``; sampled at temperature 1,
 the sampler's softmax path, which holds more memory than greedy's argmax), and hold it: the server must
 stay up, reach :data:`BATCH_SHARE` of the planned batch in its ``Decode batch`` lines, and decode at it for
-``hold_s`` seconds (60 by default) with no retraction storm (SGLang's "KV cache pool is full. Retract
-requests. #retracted_reqs: N" lines, ``managers/scheduler.py``: more than :data:`RETRACT_STORM_SHARE` of
-the planned batch retracted a minute). Verdict ``held`` or why not; an out-of-memory line is quoted.
+``hold_s`` seconds (60 by default), still logging decode lines at the end (:data:`STALL_S`), with no
+retraction storm (SGLang's "KV cache pool is full. Retract requests. #retracted_reqs: N" lines,
+``managers/scheduler.py``: more than :data:`RETRACT_STORM_SHARE` of the planned batch retracted a minute).
+Verdict ``held`` or why not; an out-of-memory line is quoted.
 
 ``--dry-cpu``: regen's simulated server with the plan's cap and KV (``regen serve-simulated``), which
 checks the plumbing (start, loop, log reading, verdict), not SGLang's memory.
@@ -55,6 +56,9 @@ BATCH_SHARE = 0.9
 RETRACT_STORM_SHARE = 0.05
 #: the longest the batch may take to build up after the server is ready (prefill of the whole batch)
 REACH_TIMEOUT_S = 240.0
+#: a server that logged no decode line this long before the hold ended has stalled (SGLang logs one every
+#: 40 decode steps: a few seconds at a full batch)
+STALL_S = 20.0
 _RETRACT = re.compile(r"Retract requests\. #retracted_reqs: (\d+)")
 _OOM = re.compile(r"^.*(?:CUDA out of memory|OutOfMemoryError|out of memory).*$", re.M | re.I)
 
@@ -123,6 +127,8 @@ def assess(
     minutes = max(held_s, 1.0) / 60
     if not alive:
         verdict = "crashed" + (f": {oom[0].strip()[:300]}" if oom else "")
+    elif samples and ended_at - samples[-1].t > STALL_S:
+        verdict = f"stalled: no decode line in the last {ended_at - samples[-1].t:.0f} s"
     elif reached is None:
         top = max((s.running for s in samples), default=0)
         verdict = f"did not reach the planned batch: at most {top:,} running of {planned:,}"

@@ -242,6 +242,14 @@ def test_a_hold_counts_only_at_the_planned_batch_for_its_whole_length():
     assert sagging.verdict.startswith("did not hold the planned batch: median 600")
 
 
+def test_a_server_that_stops_decoding_is_not_holding():
+    from bench.gpu import hold
+
+    samples = _samples([995] * 40)  # lines until t=139, then nothing while the process lives on
+    stalled = hold.assess(samples, "", planned=1000, hold_s=60, alive=True, ready_at=90.0, ended_at=170.0)
+    assert stalled.verdict == "stalled: no decode line in the last 31 s"
+
+
 def test_a_crash_or_a_retraction_storm_is_not_a_hold():
     crashed = _assess([*[990] * 5], OOM_LINE, alive=False)
     assert crashed.verdict.startswith(
