@@ -58,7 +58,7 @@ def test_throughput_draws_lines_for_a_run_of_any_length(
 ) -> None:
     path = _records(tmp_path / "generations" / "00000.jsonl.zst", _busy_servers(span_s, latency_s))
     bucket_s, series = throughput_series([path])
-    assert bucket_s >= latency_s * 0.99 or bucket_s >= span_s / 60
+    assert span_s / 60 * 0.9 <= bucket_s <= span_s / 60  # a sixtieth of the records' span
     for server, values in series.items():
         # a server busy throughout is in flight in every bucket but perhaps the ragged last one
         assert _longest_run(values) >= len(values) - 1 >= 10, (server, bucket_s, values)
@@ -79,7 +79,7 @@ def test_a_run_of_seconds_gets_more_than_two_buckets(tmp_path: Path) -> None:
     _, old = throughput_series([path], bucket_s=1.0)
     assert max(len(v) for v in old.values()) <= 2
     bucket_s, new = throughput_series([path])
-    assert bucket_s == pytest.approx(bucket_for(2.0, [0.1])) and min(len(v) for v in new.values()) >= 18
+    assert bucket_s <= bucket_for(2.0) and min(len(v) for v in new.values()) >= 50
 
 
 def test_first_page_gives_wall_time_gpu_hours_tok_s_and_reasons(tmp_path: Path) -> None:
