@@ -518,6 +518,14 @@ class RunLayout:
     def status(self, shard: str) -> Path:
         return self.status_dir / f"{shard}.json"
 
+    def replay_note(self, shard: str) -> Path:
+        """What a generate job found at its start: how many samples of its shard it replays from the
+        journal and how many it generates (``regen.generate.replay``; ``regen status`` shows it)."""
+        return self.status_dir / "replay" / f"{shard}.json"
+
+    def replay_notes(self) -> list[Path]:
+        return sorted((self.status_dir / "replay").glob("*.json"))
+
     @property
     def stage_progress_dir(self) -> Path:
         """Long stages' progress files (``regen.observe.stage_progress``): beside, not among, the shards'."""

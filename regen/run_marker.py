@@ -164,8 +164,18 @@ class MarkerWriter:
             self.marker.write(self.path)
 
     def update(self, **changes: Any) -> None:
+        """Change the marker (and beat); a marker a later run wrote over ours (a second Snakemake after
+        ``--unlock``) is left to it."""
         with self._lock:
             self.marker = replace(self.marker, heartbeat_at=time.time(), **changes)
+            on_disk = RunMarker.read(self.path)
+            if (
+                on_disk is not None
+                and on_disk.pid != self.marker.pid
+                and on_disk.started_at > self.marker.started_at
+            ):
+                self._stop.set()
+                return
             self._write()
 
     def start_heartbeat(self) -> None:

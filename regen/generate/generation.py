@@ -25,6 +25,7 @@ from regen.generate.client import ShardJob, generate_shard, pacing_of
 from regen.generate.journal_writer import JournalWriter
 from regen.generate.lending import SlotLenders
 from regen.generate.pacing import RequestTime
+from regen.generate.replay import announce_replay
 from regen.generate.run_progress import progress_line
 from regen.generate.server_time import request_time_for, timeout_disagreement
 from regen.ingest.shards import read_shard
@@ -88,6 +89,7 @@ def run_generate_job(
     # is a GPU's batch, and a job given it while the previous one drains must start sending at once
     total = pq.ParquetFile(shard_path).metadata.num_rows
     samples = read_shard(shard_path)
+    announce_replay(shard, shard_path, journal_path, run, layout)  # its first console line
     journal_sync = sink_from_config(generate_cfg.journal_sync, shard)
     give_slot_up: list[Callable[[], None]] = []
     try:

@@ -9,9 +9,11 @@ journaled before fingerprints existed.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,13 @@ import pyarrow.parquet as pq
 
 from regen.fingerprint import GenerationSettings, changed_settings, request_fingerprint
 from regen.generate.journal import FAILED, RECORD, EntryHead, read_heads
-from regen.io import gc_paused
+from regen.io import gc_paused, read_json, write_json
 from regen.layout import RUN, RunLayout
 from regen.prompts import sample_request_fingerprint
 from regen.runconfig import RunConfig
 from regen.types import Sample
+
+log = logging.getLogger("regen.generate.replay")
 
 
 @dataclass(slots=True)
@@ -95,6 +99,13 @@ class ReplayPlan:
             + self.before_fingerprints
         )
 
+    def distinct_changes(self) -> list[str]:
+        """Each setting that differs from an earlier one, once (``temperature 0.6→0.9``), however many
+        earlier fingerprints share it; ``settings unknown`` once when some journaled settings are not."""
+        seen = {change: None for diff in self.changes.values() for change in diff}
+        unknown = any(not diff for diff in self.changes.values())
+        return [*seen, *(["settings unknown (journaled without them)"] if unknown else [])]
+
     def lines(self) -> list[str]:
         out = [
             f"regen: {self.samples} samples: {self.replay} replayed from the journals, "
@@ -109,8 +120,7 @@ class ReplayPlan:
             out.append(f"  {self.new} new (never generated)")
         if self.settings_changed:
             out.append(f"  {self.settings_changed} regenerated because settings changed:")
-            for fp, diff in self.changes.items():
-                out.append(f"    since {fp}: " + (", ".join(diff) if diff else "settings unknown"))
+            out += [f"    {change}" for change in self.distinct_changes()]
         if self.prompt_changed:
             out.append(f"  {self.prompt_changed} regenerated because their prompt changed")
         if self.retry_failed:
@@ -172,8 +182,17 @@ def plan_replay_fingerprints(
                 sfp = e.settings_fingerprint
                 if sfp is not None and sfp != now and sfp not in plan.changes:
                     old = index.settings.get(sfp)
-                    plan.changes[sfp] = changed_settings(old, now_json) if old is not None else []
+                    plan.changes[sfp] = real_changes(old, now_json) if old is not None else []
     return plan
+
+
+def real_changes(old: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The settings that differ (``changed_settings``), less the server's numerics when they are not
+    known now (no server asked before the run: a dry run that found none to assume)."""
+    if not now.get("server_numerics"):
+        old = {k: v for k, v in old.items() if k != "server_numerics"}
+        now = {k: v for k, v in now.items() if k != "server_numerics"}
+    return changed_settings(old, now)
 
 
 def workflow_samples(
@@ -257,4 +276,80 @@ def numerics_last_reported(index: JournalIndex, settings: GenerationSettings) ->
     for seen in reversed(list(index.settings.values())):
         if {k: v for k, v in seen.items() if k != "server_numerics"} == others:
             return dict(seen.get("server_numerics") or {})
+    # other settings (a sampling change): the same model and server report what they reported last
+    server = ("model_path", "model_revision", "server_mode")
+    for seen in reversed(list(index.settings.values())):
+        if seen.get("server_numerics") and all(seen.get(k) == others.get(k) for k in server):
+            return dict(seen["server_numerics"])
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardReplay:
+    """What one generate job finds at its start: its shard's samples replayed from the journal and to
+    generate (under the fingerprint the preview assumes: the numerics its server reported last)."""
+
+    shard: str
+    replayed: int
+    to_generate: int
+    fingerprint: str
+
+    def line(self) -> str:
+        return (
+            f"regen: shard {self.shard}: {self.replayed} replayed from the journal, {self.to_generate} "
+            f"to generate (settings fingerprint {self.fingerprint})"
+        )
+
+    def write(self, layout: RunLayout) -> None:
+        write_json(layout.replay_note(self.shard), asdict(self))
+
+    @classmethod
+    def read_all(cls, layout: RunLayout) -> list[ShardReplay]:
+        notes = []
+        for path in layout.replay_notes():
+            try:
+                notes.append(cls(**read_json(path)))
+            except (OSError, ValueError, TypeError):
+                continue
+        return notes
+
+
+def shard_replay(
+    shard: str, shard_path: str | os.PathLike[str], journal: str | os.PathLike[str], run: RunConfig
+) -> ShardReplay | None:
+    """How many samples of one shard its journal replays and how many the job generates; None when the
+    shard was written before request digests existed."""
+    settings = GenerationSettings.for_run(run)
+    index = JournalIndex.read([journal])
+    served = numerics_last_reported(index, settings)
+    if served is not None:
+        settings = settings.served_by(served)
+    fingerprints = shard_fingerprints([Path(shard_path)], settings, [])
+    if fingerprints is None:
+        return None
+    plan = plan_replay_fingerprints(fingerprints, index, settings, run.generate.retry_failed)
+    return ShardReplay(shard, plan.replay, plan.to_generate, settings.fingerprint)
+
+
+def announce_replay(
+    shard: str, shard_path: str, journal: str, run: RunConfig, layout: RunLayout = RUN
+) -> ShardReplay | None:
+    """A generate job's first console line (and ``regen status``'s note): how many samples of its shard
+    it replays from the journal and how many it generates. Never fails the job."""
+    try:
+        replay = shard_replay(shard, shard_path, journal, run)
+        if replay is not None:
+            replay.write(layout)
+    except (OSError, ValueError, KeyError) as exc:
+        logging.getLogger("regen.generate.replay").warning(
+            "shard %s: replay count unavailable (%s)", shard, exc
+        )
+        return None
+    if replay is not None:
+        log.info(
+            "shard %s at its start: %d samples to replay from the journal, %d to generate (fingerprint %s)",
+            shard, replay.replayed, replay.to_generate, replay.fingerprint,
+        )  # fmt: skip
+        if sys.__stderr__ is not None:
+            print(replay.line(), file=sys.__stderr__, flush=True)
+    return replay

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from regen.generate.replay import ShardReplay
 from regen.generate.run_progress import STALE_AFTER_S, RunSnapshot, fmt_duration, run_totals, summary_line
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, SlotFiles, url_files
@@ -248,6 +249,20 @@ def stopped(statuses: list[ShardStatus]) -> list[ShardStatus]:
     ]
 
 
+def replay_lines(layout: RunLayout, snap: RunSnapshot) -> list[str]:
+    """What the generate jobs of this run found at their start (``regen.generate.replay``): replayed
+    from the journals and to generate, in all and per shard."""
+    notes = [n for n in ShardReplay.read_all(layout) if not snap.planned or n.shard in snap.planned]
+    if not notes:
+        return []
+    per_shard = ", ".join(f"{n.shard} {n.replayed}+{n.to_generate}" for n in notes[:8])
+    more = f", ... ({len(notes)} shards)" if len(notes) > 8 else ""
+    return [
+        f"journals: {sum(n.replayed for n in notes)} replayed, {sum(n.to_generate for n in notes)} to "
+        f"generate in the shards started (replayed+to generate: {per_shard}{more})"
+    ]
+
+
 def run_state(layout: RunLayout, now: float) -> tuple[RunMarker | None, str | None]:
     """The run marker and its state (``running``, ``ended``, ``dead``), or (None, None) without one."""
     marker = RunMarker.read(layout.run_marker)
@@ -270,7 +285,7 @@ def status_report(workdir: Path, results: Path, now: float | None = None, rate: 
     )
     totals = run_totals(statuses, snap.planned, snap.finished, t_now, rate)
     left = totals.remaining if snap.statuses else None
-    extra = projection_lines(layout.pilot, left) + stage_lines(layout, t_now)
+    extra = replay_lines(layout, snap) + projection_lines(layout.pilot, left) + stage_lines(layout, t_now)
     return header + text + "".join(line + "\n" for line in extra)
 
 

@@ -125,7 +125,11 @@ def remade_by_run(layout: RunLayout, remade: RemadeOutputs) -> list[Path]:
     the shards they regenerate, and the landing page an earlier failed run left (this run writes its
     own if it fails: ``regen.observe.landing``)."""
     verdicts = [layout.verdict(rule) for rule in sorted(remade.rules)]
-    statuses = [layout.status(shard) for shard in sorted(remade.generated_shards)]
+    statuses = [
+        f
+        for shard in sorted(remade.generated_shards)
+        for f in (layout.status(shard), layout.replay_note(shard))
+    ]
     return [*remade.outputs, *verdicts, *statuses, layout.failed_run_landing]
 
 
@@ -177,7 +181,9 @@ def not_reused(layout: RunLayout, kept: KeptOutputs) -> list[Path]:
     gone += [v for v in verdicts if v.name.removesuffix(".verdict.json") not in kept.rules]
     if layout.status_dir.is_dir():
         gone += [
-            p for p in sorted(layout.status_dir.glob("*.json")) if not _kept(layout.records(p.stem), norm)
+            p
+            for p in [*sorted(layout.status_dir.glob("*.json")), *layout.replay_notes()]
+            if not _kept(layout.records(p.stem), norm)
         ]
     return [*gone, layout.failed_run_landing]
 

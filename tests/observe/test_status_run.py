@@ -13,6 +13,7 @@ from pathlib import Path
 
 from test_status import write_status
 
+from regen.generate.replay import ShardReplay
 from regen.layout import RunLayout
 from regen.observe.status import status_report, watch
 from regen.run_marker import DEAD_AFTER_S, MarkerWriter, RunMarker, new_marker, release_dead_lock
@@ -117,3 +118,17 @@ def test_a_live_owner_another_host_or_a_newer_lock_still_refuse(tmp_path: Path) 
     marker_of(gone_pid(), heartbeat_at=now, outcome="failed").write(layout.run_marker)  # ended: not its lock
     assert release_dead_lock(layout.run_marker, lock_dir) is None
     assert len(list(lock_dir.glob("*.lock"))) == 2
+
+
+def test_status_shows_what_each_generate_job_replays_and_generates(tmp_path: Path) -> None:
+    layout = RunLayout.under(tmp_path)
+    write_status(layout.work, "00001", "gpu0", 80, 180, 5.0)
+    ShardReplay("00001", 74, 106, "abc").write(layout)
+    ShardReplay("00000", 180, 0, "abc").write(layout)
+    text = status_report(layout.work, layout.results)
+    assert "journals: 254 replayed, 106 to generate" in text and "00001 74+106" in text, text
+    assert (
+        ShardReplay("00001", 74, 106, "abc")
+        .line()
+        .startswith("regen: shard 00001: 74 replayed from the journal, 106 to generate")
+    )

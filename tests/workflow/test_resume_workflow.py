@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -93,11 +94,15 @@ def test_rerun_after_operational_prompt_and_sampling_changes(wd: Path) -> None:
     dry = snakemake(wd, "-n", *DEMO, "config/hot.yaml")
     out = dry.stdout + dry.stderr
     assert "0 replayed from the journals" in out and "temperature 0.6→0.9" in out, out[-3000:]
+    # only the real difference, once, and the fingerprint the run then uses (issue 47 item 9)
+    assert "server_numerics" not in out and out.count("→") == 1, out[-3000:]
+    previewed = re.search(r"generation settings fingerprint (\w+)", out)
     assert job_counts(out)["generate"] == 4 and "tune" not in job_counts(out)
     hot = snakemake(wd, "--cores", "2", *DEMO, "config/hot.yaml")
     assert hot.returncode == 0, hot.stderr[-3000:]
     table = rows(wd, "temperature", "settings_fingerprint")
     assert {r["temperature"] for r in table} == {0.9} and len({r["settings_fingerprint"] for r in table}) == 1
+    assert previewed is not None and previewed[1] == table[0]["settings_fingerprint"], out[-3000:]
     manifest = json.loads((wd / "results" / "dataset" / "_manifest.json").read_text())
     provenance = manifest["provenance"]
     assert provenance["sampling"]["temperature"] == 0.9 and not provenance["mixed_settings"]
