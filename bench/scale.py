@@ -292,6 +292,8 @@ def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: Gener
     return size
 
 
+#: the seed's scale: what the journals are written for unless told otherwise
+SAMPLES, SHARDS, ANSWER_TOKENS = 914_000, 7, 64
 #: the held-out kind of run (issue 48 item 4): what ``--run`` does unless told otherwise
 RUN_SAMPLES, RUN_SHARDS, RUN_ANSWER_TOKENS = 200_000, 2, 32
 RUN_CONFIG = "config/scale-run.yaml"
@@ -421,9 +423,9 @@ def held_out_run(
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=914_000)
-    ap.add_argument("--shards", type=int, default=7)
-    ap.add_argument("--answer-tokens", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=None, help=f"default {SAMPLES:,} (--run: {RUN_SAMPLES:,})")
+    ap.add_argument("--shards", type=int, default=None, help=f"default {SHARDS} (--run: {RUN_SHARDS})")
+    ap.add_argument("--answer-tokens", type=int, help=f"default {ANSWER_TOKENS} (--run: {RUN_ANSWER_TOKENS})")
     ap.add_argument("--disk-shards", type=int, default=None, help="shards finalized for disk (default all)")
     ap.add_argument("--work", type=Path, default=None, help="keep the run here (default: a temporary dir)")
     ap.add_argument("--reuse", action="store_true", help="keep --work's dataset and shards (new journals)")
@@ -445,16 +447,17 @@ def main(argv: list[str]) -> int:
     wd = (args.work or Path(tmp.name)) / "wf"  # type: ignore[union-attr]
     try:
         if args.run:
-            given = {k: getattr(args, k) != ap.get_default(k) for k in ("samples", "shards", "answer_tokens")}
             result = held_out_run(
                 wd,
-                args.samples if given["samples"] else RUN_SAMPLES,
-                args.shards if given["shards"] else RUN_SHARDS,
-                args.answer_tokens if given["answer_tokens"] else RUN_ANSWER_TOKENS,
+                args.samples or RUN_SAMPLES,
+                args.shards or RUN_SHARDS,
+                args.answer_tokens or RUN_ANSWER_TOKENS,
                 gpus=args.gpus,
             )
             print(result.line())
             return 0
+        args.samples, args.shards = args.samples or SAMPLES, args.shards or SHARDS
+        args.answer_tokens = args.answer_tokens or ANSWER_TOKENS
         return run(wd, args)
     finally:
         if tmp is not None:
