@@ -146,15 +146,15 @@ def timeout_conflict(running_cap: int, timeout_s: float, max_tokens: int, time: 
     worst = time.worst_s(running_cap, max_tokens)
     if worst <= timeout_s:
         return None
-    lower = running_cap
-    while lower > 1 and time.worst_s(lower, max_tokens) > timeout_s:
-        lower = max(1, lower * 3 // 4) if lower > 64 else lower - 1
-    fits = time.worst_s(lower, max_tokens) <= timeout_s
+    # worst_s is a line in the batch: the largest batch whose worst-case request fits the timeout
+    per_batch = max_tokens * time.per_request_s + time.admit_s
+    lower = math.floor((timeout_s - max_tokens * time.fixed_s) / per_batch) if per_batch > 0 else 0
+    fits = 1 <= lower < running_cap
     alone = f" (one such request alone takes {time.worst_s(1, max_tokens):,.0f} s)"
     lower_fix = f" or lower --max-running-requests to {lower}" if fits else alone
     return (
         f"generate.request_timeout_s {timeout_s:g} s is shorter than one worst-case request at the planned "
-        f"batch: {max_tokens} tokens (generate.sampling.max_tokens) at {running_cap} running take "
+        f"batch: {max_tokens} tokens (the longest request's max_tokens) at {running_cap} running take "
         f"{worst:,.0f} s (step {time.step_s(running_cap) * 1000:.1f} ms: {time.describe()}); every answer "
         f"that long times out and is sent again. Raise request_timeout_s to {math.ceil(worst * 1.25)}"
         f"{lower_fix}"

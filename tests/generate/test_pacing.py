@@ -130,7 +130,7 @@ def test_timeout_conflict_says_the_number_and_the_fix() -> None:
     near = timeout_conflict(671, 1200, 32768, STEP_47MS)
     assert near is not None and "or lower --max-running-requests to " in near
     lower = int(near.rsplit(" ", 1)[1])
-    assert 0 < lower < 671 and STEP_47MS.worst_s(lower, 32768) <= 1200
+    assert 0 < lower < 671 and STEP_47MS.worst_s(lower, 32768) <= 1200 < STEP_47MS.worst_s(lower + 1, 32768)
     estimate = timeout_conflict(671, 300, 32768, ESTIMATED_GPU_STEP)
     assert estimate is not None and "an estimate" in estimate
 
