@@ -258,7 +258,7 @@ def test_a_node_lost_mid_generation_costs_at_most_one_batch_per_shard(
     # served again: the first answer of a server started after the loss (the retried group job's)
     serving_before = {e["pid"] for e in events if e["t"] <= killed_at}
     served_again = min(e["t"] for e in events if e["t"] > killed_at and e["event"] == "completed"
-                       and e["pid"] not in serving_before)  # fmt: skip
+                       and e["id"] is not None and e["pid"] not in serving_before)  # fmt: skip
     # one server start per group job (each ran 2 shards, the lost one fewer), on both nodes
     starts = server_starts(work)
     jobs = job_nodes()
@@ -323,7 +323,7 @@ def test_the_controller_lost_mid_run_neither_duplicates_nor_orphans_running_jobs
     )
     completed: dict[str, int] = {}
     for e in read_request_log(tmp_path / "requests.jsonl"):
-        if e["event"] == "completed":
+        if e["event"] == "completed" and e["id"] is not None:  # None: the servers' readiness probes
             completed[e["id"]] = completed.get(e["id"], 0) + 1
     twice = {i for i, n in completed.items() if n > 1}
     assert not twice, f"{len(twice)} samples were generated twice"
