@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from regen.generate.server_time import timeout_disagreement
 from regen.ingest.shards import read_shard_spread
 from regen.io import write_json
 from regen.layout import RunLayout
@@ -229,6 +230,12 @@ def cli(argv: list[str]) -> int:
         print(json.dumps(rec.to_json(), indent=1))
     else:
         print(render_table(rec))
+    if ns.configfile:  # the run's request timeout against this plan (regen check says it too)
+        planned = mode_of(server).planned(server, PlanFile((), "recommended", {}, rec.recommended.to_json()))
+        generate = GenerateConfig.from_dict(config.get("generate"))
+        conflict = timeout_disagreement(generate, server, planned, None)
+        if conflict is not None:
+            print(f"regen tune: warning: {conflict}", file=sys.stderr)
     return 0
 
 

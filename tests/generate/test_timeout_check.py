@@ -61,3 +61,24 @@ def test_a_measured_step_line_is_used_and_an_estimate_says_it_is_one(tmp_path: P
     assert measured is not None and "an estimate" not in measured and "1,542 s" in measured
     assert timeout_disagreement(generate.__class__.from_dict({"request_timeout_s": 3600,
                                 "sampling": {"max_tokens": 32768}}), server, plan, pilot) is None  # fmt: skip
+
+
+def test_regen_tune_warns_under_its_plan(tmp_path: Path) -> None:
+    wd = copy_workflow(tmp_path / "wd")
+    config = yaml.safe_load((wd / "config" / "demo.yaml").read_text())
+    config["server"]["mode"] = "sglang"
+    config["generate"].update(request_timeout_s=300, sampling={"max_tokens": 32768})
+    (wd / "config" / "long.yaml").write_text(yaml.safe_dump(config))
+    run = subprocess.run(
+        [REGEN, "tune", "--configfile", "config/long.yaml"], cwd=wd, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    warning = next(x for x in run.stderr.splitlines() if x.startswith("regen tune: warning: "))
+    assert "request_timeout_s 300 s is shorter" in warning and "(batch from the plan)" in warning
+    assert "an estimate" in warning and "Raise request_timeout_s to " in warning
+    config["generate"]["request_timeout_s"] = 3600
+    (wd / "config" / "long.yaml").write_text(yaml.safe_dump(config))
+    run = subprocess.run(
+        [REGEN, "tune", "--configfile", "config/long.yaml"], cwd=wd, capture_output=True, text=True
+    )
+    assert run.returncode == 0 and "warning" not in run.stderr
