@@ -99,9 +99,11 @@ def stand_in_plan(cfg: ServerConfig, plan: PlanFile) -> PlanFile:
         return plan
     section["rules"] = rules
     args = list(plan.launch_args)
-    if "--max-running-requests" in args[:-1]:
-        at = args.index("--max-running-requests") + 1
-        args[at] = str(min(int(args[at]), STAND_IN_RUNNING_CAP))
+    for at, arg in enumerate(args):
+        if arg == "--max-running-requests" and at + 1 < len(args) and args[at + 1].isdigit():
+            args[at + 1] = str(min(int(args[at + 1]), STAND_IN_RUNNING_CAP))
+        elif arg.startswith("--max-running-requests=") and arg.split("=", 1)[1].isdigit():
+            args[at] = f"--max-running-requests={min(int(arg.split('=', 1)[1]), STAND_IN_RUNNING_CAP)}"
     where = {plan.launched: section}
     return dataclasses.replace(plan, launch_args=tuple(args), **where)  # type: ignore[arg-type]
 

@@ -30,6 +30,8 @@ def test_a_gpu_sized_plan_is_capped_at_what_the_stand_in_serves() -> None:
     assert capped.launch_args == ("--max-running-requests", str(STAND_IN_RUNNING_CAP))
     argv = build_simulated_command(cfg, 31000, "demo-model", capped)
     assert argv[argv.index("--max-running-requests") + 1] == str(STAND_IN_RUNNING_CAP)
+    joined = PlanFile(("--max-running-requests=9394", "--x"), "given", _plan(9394, 9013).recommended, {})
+    assert stand_in_plan(cfg, joined).launch_args == (f"--max-running-requests={STAND_IN_RUNNING_CAP}", "--x")
     small = _plan(32, 24)
     assert stand_in_plan(cfg, small) is small
 
