@@ -361,9 +361,10 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
         journal.flush()
         stats.retried_requests = requests.retried
         for url, window in requests.windows.items():
-            log.info("shard %s: %s: window %.0f of %d at the end, %d decreases, %d timeouts behind the "
-                     "client's own excess sent again", shard, url, window.limit, window.ceiling,
-                     window.decreases, requests.excess_timeouts)  # fmt: skip
+            log.info("shard %s: %s: window %.0f of %d in flight at the end, %d decreases", shard, url,
+                     window.limit, window.ceiling, window.decreases)  # fmt: skip
+        log.info("shard %s: %d timeouts behind the client's own excess sent again without an attempt",
+                 shard, requests.excess_timeouts)  # fmt: skip
         failure = run.failure()
         stats.wall_s = time.monotonic() - t0
         if failure is not None:
