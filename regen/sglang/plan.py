@@ -166,6 +166,10 @@ class MemoryPlan:
     client_rule: str = CLIENT_RULE_WORST_CASE
     #: the runtime memory after CUDA graphs against a decode step at the running cap (issue 49)
     decode_headroom: Headroom | None = None
+    #: sliding-window models: the SWA tokens the client's requests hold at steady decode, just before an
+    #: eviction step (regen.sglang.search.swa_need), and why (issue 49: a pool below it retracts)
+    swa_steady_tokens: int | None = None
+    swa_rule: str = ""
 
     @property
     def decode_step_fits(self) -> bool:
@@ -192,6 +196,7 @@ class MemoryPlan:
             "cuda_graph_max_bs": self.cuda_graph_max_bs,
             "replay_ring_gib": round(self.replay_ring_gib, 3),
             **({"swa_tokens": self.swa_tokens} if self.swa_tokens is not None else {}),
+            **({"swa_steady_tokens": self.swa_steady_tokens} if self.swa_steady_tokens is not None else {}),
             **({"decode_headroom": self.decode_headroom.to_json()} if self.decode_headroom else {}),
             "rules": self.rules(),
         }
@@ -219,6 +224,8 @@ class MemoryPlan:
         }
         if self.swa_tokens is not None:
             out["swa_tokens"] = self.kv_pool_rule
+        if self.swa_steady_tokens is not None:
+            out["swa_steady_tokens"] = self.swa_rule
         if self.decode_headroom is not None:
             out["decode_headroom"] = self.decode_headroom.rule
         if self.max_mamba_cache_size is not None:

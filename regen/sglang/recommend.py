@@ -37,6 +37,7 @@ from regen.sglang.search import (
     best_running,
     expected_length_running,
     tradeoffs,
+    with_swa_steady,
     within_headroom,
 )
 
@@ -176,6 +177,7 @@ def recommend(
     # Highest workload concurrency; ties: fewer quality trade-offs, then more KV headroom.
     candidates.sort(key=lambda c: (-c.score, tradeoffs(c.args), -c.plan.kv_cache_tokens))
     best = within_headroom(target, with_refill_prefill_graphs(target, with_batched_refills(candidates[0])))
+    best = with_swa_steady(target, best)
     if (
         args  # about flags the user gave; with none, the recommendation sets the graph limit itself
         and given.effective_max_running_requests > DEFAULT_DECODE_GRAPH_LIMIT_NOTE

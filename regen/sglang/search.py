@@ -28,6 +28,7 @@ from regen.sglang.plan import (
 )
 from regen.sglang.pools import has_state, kv_pool
 from regen.sglang.pools.base import text_config
+from regen.sglang.pools.swa import swa_decode_per_request, swa_steady_tokens
 from regen.sglang.workload import page_waste
 
 T = TypeVar("T")
@@ -233,6 +234,118 @@ def best_running(target: Target, choice: Choice, most: int) -> Candidate | None:
     return Candidate(args=tuple(p.args), plan=p, score=score, reasons=tuple(reasons))
 
 
+def swa_need(target: Target, p: MemoryPlan, running: int) -> int | None:
+    """SWA tokens ``running`` requests of the workload hold at the top of SGLang's eviction saw
+    (:func:`regen.sglang.pools.swa.swa_steady_tokens`); None without a sliding-window pool."""
+    if p.swa_tokens is None:
+        return None
+    flags = parse_flags(list(p.args))
+    return swa_steady_tokens(
+        target.model,
+        running=running,
+        prompt_tokens=target.workload.prompt_p99,
+        expected_output=target.workload.expected_output,
+        page_size=flags.page_size,
+        chunked_prefill_size=p.chunked_prefill_size,
+        overlap_schedule=not flags.disable_overlap_schedule,
+    )
+
+
+def swa_holds(target: Target, p: MemoryPlan, running: int) -> bool:
+    need = swa_need(target, p, running)
+    return need is None or p.swa_tokens is None or need <= p.swa_tokens
+
+
+def swa_running_bound(target: Target, p: MemoryPlan, most: int) -> int:
+    """The most requests (at most ``most``) whose steady decode the plan's SWA pool holds."""
+    found = highest(1, most, lambda n: n if swa_holds(target, p, n) else None)
+    return found[0] if found is not None else 0
+
+
+def swa_reason(target: Target, p: MemoryPlan, running: int) -> str:
+    need = swa_need(target, p, running)
+    per = swa_decode_per_request(target.model, parse_flags(list(p.args)).page_size)
+    return (
+        f"SWA pool {p.swa_tokens:,} tokens >= {need:,} that {running:,} running requests hold before an "
+        f"eviction: {per} each (window + SGLANG_SWA_EVICTION_INTERVAL 128 + page + the next step's page: "
+        "maybe_evict_swa frees out-of-window tokens only every 128 decode steps), plus prompt p99 - window "
+        "for each request admitted since the last eviction (it holds its whole prompt until its first, "
+        f"{target.workload.expected_output:,}-token answers: running x 128 / that per interval), plus "
+        "the prefill chunks in flight; SGLang's admission checks only the SWA free now and its decode "
+        "check retracts when the pool is short (a retraction storm, issue 49)"
+    )
+
+
+def swa_cap_for(target: Target, p: MemoryPlan, running: int) -> int:
+    """The smallest request cap whose SGLang-sized SWA pool (``compute_swa_request_cap``: per request x
+    cap + the prefill chunks in flight + a page) holds ``running`` requests' steady decode
+    (:func:`swa_need`): above ``running`` by the prompts of the requests admitted between two evictions
+    (``--swa-full-tokens-ratio`` does not apply: with a cap given and the radix cache off both 0.5.17's
+    ``SWAChunkCapPoolConfigurator`` and 0.5.23's ``SWARequestCapPoolConfigurator`` size the SWA pool from
+    the cap alone; the cap is the planner's lever on the split)."""
+    flags = parse_flags(list(p.args))
+    need = swa_need(target, p, running) or 0
+    per = swa_decode_per_request(target.model, flags.page_size)
+    fixed = (1 if flags.disable_overlap_schedule else 2) * p.chunked_prefill_size + flags.page_size
+    return max(running, -(-(need - fixed) // per))
+
+
+def with_swa_steady(target: Target, candidate: Candidate) -> Candidate:
+    """``candidate`` with a running cap whose SWA pool holds its client's steady decode and the SWA need
+    recorded in the plan (its ``rules``); unchanged without a sliding-window pool.
+
+    A request-capped SWA pool (radix cache off, a cap given) grows with the cap: the client is the most
+    requests (at most what the full KV holds at the expected context) for which a cap sized for their
+    SWA need still fits a decode step and leaves the KV for them. A ratio-split pool bounds the client."""
+    p = candidate.plan
+    if p.swa_tokens is None:
+        return candidate
+    client = p.client_concurrency or p.effective_max_running_requests
+    flags = parse_flags(list(candidate.args))
+    capped = "CapPoolConfigurator" in p.kv_pool_rule and flags.max_running_requests is not None
+    per_request = target.workload.paged_tokens_per_request(flags.page_size)
+    bare = strip_flags(list(candidate.args), {"--max-running-requests"})
+
+    def attempt(n: int) -> MemoryPlan | None:
+        cap = max(p.effective_max_running_requests, swa_cap_for(target, p, n))
+        try:
+            q = target.plan([*bare, "--max-running-requests", str(cap)], target.workload)
+        except PlanError:
+            return None
+        kv_ok = n <= client or q.kv_cache_tokens >= n * per_request
+        fits = q.decode_step_fits and q.effective_max_running_requests >= n
+        return q if kv_ok and fits and swa_holds(target, q, n) else None
+
+    reasons = list(candidate.reasons)
+    found = highest(1, max(client, p.kv_cache_tokens // per_request), attempt) if capped else None
+    if found is not None:
+        n, q = found
+        if n != client or q.effective_max_running_requests != p.effective_max_running_requests:
+            reasons.append(
+                f"client in flight {n:,} (was {client:,}), --max-running-requests "
+                f"{q.effective_max_running_requests:,} (was {p.effective_max_running_requests:,}): the "
+                f"request-capped SWA pool ({q.kv_pool_rule}) is sized from the cap, so the cap is raised "
+                f"above the client until the pool ({q.swa_tokens:,} tokens) holds the client's steady "
+                f"decode; the full KV still holds {n:,} x {per_request:,} ({q.kv_cache_tokens:,} tokens) and "
+                "a decode step at the cap fits"
+            )
+        client, p = n, replace(q, client_rule=p.client_rule)
+    elif not swa_holds(target, p, client):
+        bound = swa_running_bound(target, p, client)
+        reasons.append(
+            f"client in flight {bound:,} (was {client:,}): the most whose steady decode the SWA pool "
+            f"({p.swa_tokens:,} tokens, {p.kv_pool_rule}) holds"
+        )
+        client = bound
+    p = replace(
+        p,
+        client_concurrency=client,
+        swa_steady_tokens=swa_need(target, p, client),
+        swa_rule=swa_reason(target, p, client),
+    )
+    return Candidate(tuple(p.args), p, client, tuple(reasons))
+
+
 def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
     """Attention-only models (dense, MoE, MLA): the batch that fills the KV cache at the *expected* context
     (:attr:`Workload.expected_tokens_per_request`: the running set's length-biased mean when the answers'
@@ -259,10 +372,16 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
         out = [*target.base, *own]
         if n > default_graphs:
             out += [cuda_graph_max_bs_flag(version), str(min(n, MAX_PLANNED_DECODE_GRAPH_BS))]
-        cap = max(n, default_cap) if n > default_cap or swa_capped else None
+        least = swa_cap_for(target, default, n) if swa_capped else n
+        cap = max(least, default_cap) if n > default_cap or swa_capped else None
         room = target.plan([*out, *(["--max-running-requests", str(cap)] if cap else [])]).decode_headroom
         if room is not None and n <= room.fitting_batch < room.batch:
             cap = room.fitting_batch  # every batch the cap allows must fit beside the graphs
+            if swa_capped and cap < least:
+                # the fitting batch found at the larger cap is conservative (a smaller cap leaves more
+                # memory: SGLang's req_to_token table is cap x context_len); the SWA pool needs ``least``
+                at_least = target.plan([*out, "--max-running-requests", str(least)]).decode_headroom
+                cap = least if at_least is None or at_least.fits else cap
         return [*out, *(["--max-running-requests", str(cap)] if cap else [])]
 
     def attempt(n: int) -> MemoryPlan | None:
@@ -270,7 +389,7 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
             p = target.plan(args_for(n), workload)
         except PlanError:
             return None
-        holds = p.kv_cache_tokens >= n * per_request
+        holds = p.kv_cache_tokens >= n * per_request and swa_holds(target, p, n)
         return p if holds and p.effective_max_running_requests >= n and p.decode_step_fits else None
 
     most = attempt(1)  # the fewest graphs: the most KV, so no larger batch can fit

@@ -142,3 +142,48 @@ class SWAPool:
                 )
         kv_bytes = int(tokens * full_cell + swa_tokens * swa * n_swa)
         return PoolSizes(tokens, kv_bytes, full_cell, rule, swa_tokens=swa_tokens)
+
+
+def swa_decode_per_request(model: ModelShape, page_size: int) -> int:
+    """SWA tokens a request past its first eviction holds at most: SGLang frees everything older than the
+    window only every ``SGLANG_SWA_EVICTION_INTERVAL`` decode steps (``ScheduleBatch.maybe_evict_swa``:
+    ``forward_iter % interval == 0``; ``free_swa_out_of_window_slots`` keeps the last window + 1 with the
+    radix cache off), so it grows back to window + interval + page before the next eviction, plus the next
+    step's page (``new_tokens_required_next_decode``): ``compute_swa_request_cap``'s per-request sum."""
+    return sliding_window(model) + SWA_EVICTION_INTERVAL + page_size + page_size
+
+
+def swa_steady_tokens(
+    model: ModelShape,
+    *,
+    running: int,
+    prompt_tokens: int,
+    expected_output: int,
+    page_size: int,
+    chunked_prefill_size: int,
+    overlap_schedule: bool,
+) -> int:
+    """SWA tokens ``running`` requests in a closed loop hold just before an eviction step (the saw's top).
+
+    Every request holds :func:`swa_decode_per_request`, except those admitted since the last eviction:
+    a new request holds its whole prompt until its first eviction (``_evict_swa`` runs only on
+    ``decode_batch_idx >= 1`` at the interval's step), so it can reach prompt + interval + page, ``prompt
+    - window`` more than the per-request sum. A closed loop at ``running`` with answers of
+    ``expected_output`` tokens on average admits ``running x interval / expected_output`` requests per
+    interval; each is counted at the worst ``prompt_tokens - window`` (the prompt p99; the worst admission
+    time covers the spread of the arrivals). SGLang's admission (``PrefillAdder._swa_budget_for_req``)
+    checks only the SWA free *now* (prompt + window), not the running requests' growth to the next
+    eviction, and its decode check (``check_decode_mem``) retracts when the SWA pool is short: a pool
+    below this sum retracts in a storm (gpt-oss-20b, issue 49: 789 retractions in 60 s at 2,903 running,
+    ``swa token usage: 1.00`` with the full pool 45% used). The prefill chunks in flight (one, two with the
+    overlap schedule) and a page, as SGLang's own cap adds them."""
+    admitted = min(running, math.ceil(running * SWA_EVICTION_INTERVAL / max(1, expected_output)))
+    prompt = math.ceil(prompt_tokens / page_size) * page_size
+    excess = max(0, prompt - sliding_window(model))
+    chunks = 2 if overlap_schedule else 1
+    return (
+        running * swa_decode_per_request(model, page_size)
+        + admitted * excess
+        + chunks * chunked_prefill_size
+        + page_size
+    )
