@@ -196,7 +196,8 @@ def trimmed_log(text: str, head: int = 12, tail: int = 25) -> str:
     lines = text.splitlines()
     keep = re.compile(
         r"Load weight|KV Cache|Mamba Cache|sliding window|Memory pool|max_running_requests|"
-        r"max_total_num_tokens|mem_fraction|Capture|Error|error|Traceback|fired up|Decode batch"
+        r"max_total_num_tokens|mem_fraction|Capture|Error|error|Traceback|fired up|Decode batch|"
+        r"REGEN_MEMPROBE"
     )
     chosen = set(range(min(head, len(lines)))) | set(range(max(0, len(lines) - tail), len(lines)))
     chosen |= {i for i, line in enumerate(lines) if keep.search(line)}
@@ -338,12 +339,14 @@ class Server:
     port: int
     proc: subprocess.Popen[bytes] | None = None
     started: float = field(default_factory=time.time)
+    #: added to the server's environment (the startup check's weight-load memory probe)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as fh:
             fh.write(f"=== truth-bench: {' '.join(self.argv)}\n".encode())
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
             self.proc = subprocess.Popen(
                 self.argv,
                 stdout=fh,
@@ -420,6 +423,28 @@ def relative_error(predicted: float | None, realized: float | None) -> float | N
     return (predicted - realized) / realized
 
 
+MEMPROBE_DIR = Path(__file__).parent / "memprobe"
+_MEMPROBE = re.compile(r"^.*REGEN_MEMPROBE (\{.*\})\s*$", re.M)
+
+
+def memprobe_env() -> dict[str, str]:
+    """The weight-load memory probe (``memprobe/sitecustomize.py``) on the server's PYTHONPATH: one log line
+    that splits SGLang's "Load weight ... mem usage" into live tensors by kind, the caching allocator's
+    stranded space and what PyTorch does not own (issue 49 item 4)."""
+    path = os.pathsep.join(x for x in (str(MEMPROBE_DIR), os.environ.get("PYTHONPATH", "")) if x)
+    return {"REGEN_MEMPROBE": "1", "PYTHONPATH": path}
+
+
+def memprobe(text: str) -> dict[str, Any] | None:
+    found = _MEMPROBE.search(text)
+    if found is None:
+        return None
+    try:
+        return dict(json.loads(found[1]))
+    except ValueError:
+        return None
+
+
 def start_and_read(
     target: Target,
     model_dir: Path,
@@ -437,7 +462,7 @@ def start_and_read(
         argv = simulated_argv(port, log, simulated_options(plan), max_running=256, token_rate=0.0)
     else:
         argv = sglang_argv(model_dir, port, flags)
-    server = Server(argv, log, port).start()
+    server = Server(argv, log, port, extra_env={} if dry else memprobe_env()).start()
     t0 = time.time()
     try:
         state = server.wait_for((POOL_END, "max_total_num_tokens="), timeout_s)
@@ -496,6 +521,7 @@ def check_target(target: Target, work: Path, dry: bool, timeout_s: float) -> dic
         },
         "sglang_started": started,
         "regen_refused": plan.refused,
+        "memprobe": memprobe(text),
     }
     if started and not plan.refused:
         row["kv_error"] = relative_error(plan.number("kv_cache_tokens"), startup.kv_tokens)

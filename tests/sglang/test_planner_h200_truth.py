@@ -38,23 +38,34 @@ def _dense_rows() -> list[tuple[str, str, tuple[str, ...], dict]]:
     return rows
 
 
-#: gpt-oss-120b (issue 49 item 4): the KV SGLang allocated as the issue reports it (1,619,919 tokens; no
-#: startup log in bench/results yet: the truth bench's gpt-oss-120b target measures it on the next device
-#: run). The issue does not give the flags; these are the truth bench's gpt-oss flags (the request-capped
-#: sliding-window configurator), under which the 20b's truth was measured.
+#: gpt-oss-120b (issue 49 item 4), measured by the truth bench on the H200 on 2026-12-04 (SGLang 0.5.17,
+#: dummy weights, bench/results/planner-truth-2026-12-04.json): "Load weight end ... mem usage=70.26 GB",
+#: full KV 1,530,693 tokens, SWA 82,177 under these flags. regen plans 66.89 GiB of weights (the MXFP4
+#: triton_kernels layout plus the 1.40 GiB measured on the 20b beyond it) and so 1,626,836 tokens (+6.28%):
+#: what the load holds beyond the layout grows with the model (20b: 1.42 GiB, 120b: 4.77 GiB) and is not
+#: named from SGLang's source yet. The truth bench's weight-load probe (bench/gpu/memprobe) splits the
+#: load into live tensors, allocator-stranded space and non-PyTorch memory on the next device run; until
+#: then the row is an expected failure (strict: it fails CI the day the plan comes within tolerance, so
+#: the mark is removed then).
 GPT_OSS_120B_ROWS = [
-    (
-        "gpt-oss-120b-issue-49",
+    pytest.param(
+        "gpt-oss-120b-2026-12-04",
         "gpt-oss-120b",
         ("--disable-radix-cache", "--max-running-requests", "256"),
-        {"kv_tokens": 1_619_919, "weights_gib": None},
+        {"kv_tokens": 1_530_693, "weights_gib": 70.26, "swa_tokens": 82_177},
+        id="gpt-oss-120b-2026-12-04",
+        marks=pytest.mark.xfail(
+            strict=True, reason="MXFP4 load beyond the triton_kernels layout not modelled (issue 49 item 4)"
+        ),
     )
 ]
 
 ROWS = _planner_rows() + _dense_rows() + GPT_OSS_120B_ROWS
 
 
-@pytest.mark.parametrize(("name", "target", "flags", "sglang"), ROWS, ids=[r[0] for r in ROWS])
+@pytest.mark.parametrize(
+    ("name", "target", "flags", "sglang"), ROWS, ids=[getattr(r, "id", None) or r[0] for r in ROWS]
+)
 def test_the_plan_matches_what_sglang_allocated(
     name: str,
     target: str,
@@ -80,7 +91,8 @@ def test_the_plan_matches_what_sglang_allocated(
 
 def test_the_truth_covers_every_family_that_fits_one_gpu() -> None:
     """Dense, MoE (three spellings), FP8 block, MXFP4 + sliding window, Mamba2 hybrid, GDN hybrid."""
-    targets = {r[1] for r in ROWS}
+    rows = [tuple(getattr(r, "values", r)) for r in ROWS]
+    targets = {r[1] for r in rows}
     assert {"llama-3.1-8b", "mixtral-8x7b", "qwen3-30b-a3b", "qwen3-32b-fp8", "qwen3-30b-a3b-fp8"} <= targets
     assert {"gpt-oss-20b", "nemotron-3-nano-30b-a3b", "qwen3.6-27b-text"} <= targets
-    assert any(r[3].get("swa_tokens") for r in ROWS)
+    assert any(r[3].get("swa_tokens") for r in rows)
