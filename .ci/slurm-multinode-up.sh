@@ -17,8 +17,9 @@
 # * a TaskProlog exports TMPDIR=/scratch/local, so a job's temp files (and regen's port locks) are
 #   node-local as on a cluster.
 #
-# Processes are tracked by cgroup (v1 here), as on most clusters: a job step's processes die when the
-# step ends, however detached (REGEN_SLURM_PROCTRACK=linuxproc tracks by parent PID instead).
+# Processes are tracked by parent PID (proctrack/linuxproc): a detached process outlives its job step, so
+# a group job's server serves all its members. REGEN_SLURM_PROCTRACK=cgroup tracks them by cgroup (v1
+# here), as most clusters do: a step's processes die when it ends (profiles/slurm/README.md).
 # slurmd is started with `nsenter --net=` (not `ip netns exec`, which remounts /sys and leaves slurmd no
 # cgroup filesystem). No slurmdbd: Snakemake uses `--slurm-status-command squeue` (MinJobAge=600).
 # SlurmdTimeout=20: a node whose processes are all killed is DOWN about 30 s later
@@ -29,7 +30,7 @@ STATE="${REGEN_SLURM_STATE:-/tmp/regen-slurm}"
 NODES="${REGEN_SLURM_NODES:-2}"
 NGPU="${REGEN_SLURM_GPUS:-2}"
 NET="${REGEN_SLURM_NET:-10.77.0}"
-PROCTRACK="${REGEN_SLURM_PROCTRACK:-cgroup}"   # as most clusters (v1 here); or linuxproc
+PROCTRACK="${REGEN_SLURM_PROCTRACK:-linuxproc}"   # or cgroup (v1 here), as most clusters
 BRIDGE=regenbr0
 SCRATCH=/scratch/local
 CONF_DIR=/etc/slurm
@@ -170,6 +171,8 @@ CONF
 if [[ "$PROCTRACK" == cgroup ]]; then
   printf '%s\nCgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\nConstrainDevices=no\n' "$MARK" \
     > "$CONF_DIR/cgroup.conf"
+elif grep -qF "$MARK" "$CONF_DIR/cgroup.conf" 2>/dev/null; then
+  rm -f "$CONF_DIR/cgroup.conf"
 fi
 
 alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -21,7 +21,6 @@ import dataclasses
 import fcntl
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -118,8 +117,6 @@ class LaunchSpec:
     #: the Slurm job that owns the server instead of ``owner_pid`` (a group job's members run one after
     #: another, each its own process: the server lives as long as the job, for all of them)
     owner_slurm_job: str | None = None
-    #: the supervisor starts as a job step of its own (:func:`server_step_prefix`), not in the member's
-    as_step: tuple[str, ...] = ()
 
 
 def supervisor_argv(spec: LaunchSpec) -> list[str]:
@@ -163,39 +160,7 @@ def supervisor_argv(spec: LaunchSpec) -> list[str]:
         argv += ["--stall-timeout", str(spec.stall_timeout_s)]
     if spec.owner_slurm_job is not None:
         argv += ["--owner-slurm-job", spec.owner_slurm_job]
-    if (
-        spec.as_step
-    ):  # slurmstepd sets the step's own CUDA_VISIBLE_DEVICES: the supervisor puts the slot's back
-        argv += ["--cuda-visible-devices", spec.env.get("CUDA_VISIBLE_DEVICES", "")]
-    return [*spec.as_step, *argv, "--", *spec.command]
-
-
-def server_step_prefix(env: Mapping[str, str], slot: int) -> tuple[str, ...]:
-    """``srun --overlap …``: the argv prefix that starts a supervisor as a job step of its own, when this
-    process runs in a step (``srun``) of a Slurm job; () otherwise.
-
-    A group job's members each run in a step of their own (snakemake-executor-plugin-slurm-jobstep's
-    ``srun -n1``), and on a cluster tracking processes by cgroup (``ProctrackType=proctrack/cgroup``, most
-    sites) a step's processes are killed when the step ends, however detached: a server started inside
-    the first member's step would die with it. A step of its own lives until it exits or the job ends
-    (then Slurm cancels it: SIGTERM, the supervisor stops its server). ``--overlap`` shares the job's
-    CPUs, memory and GPUs with the member steps, and the step asks for the job's GPUs on this node so a
-    site constraining devices lets it see them."""
-    job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")
-    if not job or not step or step in {"batch", "extern"} or shutil.which("srun") is None:
-        return ()
-    prefix = ["srun", "--overlap", f"--jobid={job}", "--nodes=1", "--ntasks=1", "--cpus-per-task=1",
-              "--mem=0", "--kill-on-bad-exit=0", "--quiet", f"--job-name=regen-server-gpu{slot}"]  # fmt: skip
-    gpus = env.get("SLURM_GPUS_ON_NODE", "")
-    if gpus.isdigit() and int(gpus) > 0:
-        prefix.append(f"--gres=gpu:{gpus}")
-    return tuple(prefix)
-
-
-def step_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment for ``srun`` from inside a member's step: without the member step's own
-    ``SLURM_STEP_*``/``SLURM_SRUN_*`` settings, which would describe the new step as the old one."""
-    return {k: v for k, v in env.items() if not k.startswith(("SLURM_STEP", "SLURM_SRUN"))}
+    return [*argv, "--", *spec.command]
 
 
 def start_supervisor(spec: LaunchSpec) -> subprocess.Popen[bytes]:
@@ -205,36 +170,15 @@ def start_supervisor(spec: LaunchSpec) -> subprocess.Popen[bytes]:
     with open(spec.files.log, "ab") as out:
         proc = subprocess.Popen(
             supervisor_argv(spec),
-            env=step_env(spec.env) if spec.as_step else spec.env,
+            env=spec.env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             close_fds=True,
             start_new_session=True,
         )
-    how = (
-        f"as a job step of its own ({spec.as_step[0]} PID {proc.pid})" if spec.as_step else f"PID {proc.pid}"
-    )
-    log.info("GPU slot %d: started server supervisor %s (%s)", spec.files.slot, how, spec.url)
+    log.info("GPU slot %d: started server supervisor PID %d (%s)", spec.files.slot, proc.pid, spec.url)
     return proc
-
-
-def await_stepped_supervisor(files: SlotFiles, srun: subprocess.Popen[bytes], timeout_s: float) -> UrlState:
-    """The url state of the supervisor ``srun`` started as a step: it records its own PID there (srun's
-    is not its); ServerError when srun ends first (the step was refused) or after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = read_url_state(files.url)
-        if state is not None and is_supervisor(state.supervisor_pid, files.url):
-            return state
-        if srun.poll() is not None:
-            raise ServerError(
-                f"GPU slot {files.slot}: srun could not start the server supervisor as a job step (exit "
-                f"{srun.returncode}); {files.log} ends with:\n{log_tail(files.log)}"
-            )
-        if time.monotonic() > deadline:
-            raise ServerError(f"GPU slot {files.slot}: no supervisor step after {timeout_s:.0f} s")
-        time.sleep(0.1)
 
 
 #: how long a supervisor stopped for a rejected launch command gets to stop its server before SIGKILL
@@ -515,13 +459,8 @@ def live_or_start(
         stall_timeout_s=cfg.stall_timeout_s,
         # a job's server in a Slurm job belongs to that job: its next group member reuses it
         owner_slurm_job=slurm_job_id() if owner_pid is None else None,
-        as_step=server_step_prefix(os.environ, files.slot) if owner_pid is None else (),
     )
-    if spec.as_step and state is not None:
-        files.url.unlink(missing_ok=True)  # a gone supervisor's: the step is known by its own record
     started = start_supervisor(spec)
     if command_check is not None:
         check_while_starting(started, command, command_check)
-    if spec.as_step:
-        return await_stepped_supervisor(files, started, 120.0)
     return started

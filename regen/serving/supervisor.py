@@ -83,7 +83,6 @@ class SupervisorConfig:
     restarts_file: Path | None = None
     stall_timeout_s: float | None = None
     owner_slurm_job: str | None = None
-    cuda_visible_devices: str | None = None
 
 
 #: seconds between two ``squeue`` looks at the owning Slurm job (only when its slurmstepd is not visible)
@@ -101,7 +100,7 @@ class SlurmJobWatch:
         self.last_answer = True
 
     def stepd_alive(self) -> bool:
-        prefix = f"slurmstepd: [{self.job}.batch]".encode()  # not a step's: the server may be one itself
+        prefix = f"slurmstepd: [{self.job}.batch]".encode()  # the job's own, not one of its steps
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
@@ -460,9 +459,6 @@ def parse_args(argv: list[str]) -> SupervisorConfig:
     p.add_argument("--max-restarts", type=int, required=True)
     p.add_argument("--owner-pid", type=int, required=True)
     p.add_argument("--owner-slurm-job", default=None, help="the Slurm job owning the server (not the PID)")
-    p.add_argument(
-        "--cuda-visible-devices", default=None, help="the server's devices (a job step's own differ)"
-    )
     p.add_argument("--model", required=True)
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
@@ -494,14 +490,11 @@ def parse_args(argv: list[str]) -> SupervisorConfig:
         restarts_file=a.restarts_file,
         stall_timeout_s=a.stall_timeout,
         owner_slurm_job=a.owner_slurm_job,
-        cuda_visible_devices=a.cuda_visible_devices,
     )
 
 
 def main(argv: list[str]) -> int:
     cfg = parse_args(argv)
-    if cfg.cuda_visible_devices is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = cfg.cuda_visible_devices
     cfg.log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(cfg.log_file, "a", buffering=1) as log:
         sup = Supervisor(cfg, log)
