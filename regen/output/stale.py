@@ -13,9 +13,9 @@ outputs lie in ``results/`` (the run marker's ``results_of``, ``regen.run_marker
 - **another config's run** (or an unknown one) whose finished outputs (READY, the dataset, the
   exports, the generations, the reconciliation) this run would remake or leave standing as if current
   is **kept whole** in ``RunLayout.earlier_run`` (``work/earlier-runs/{stamp}-{config}/results/``, its
-  paths kept: hard links, so keeping costs no copy), with one console line naming the folder and how
-  to read it (``regen reconcile --results {folder}/results``). Then ``results/`` keeps only what the
-  current DAG reuses as up to date; everything else of the earlier run leaves it;
+  paths kept: large files by hard link, so keeping costs no copy), with one console line naming the
+  folder and how to read it (``regen reconcile --results {folder}/results``). Then ``results/`` keeps
+  only what the current DAG reuses as up to date; everything else of the earlier run leaves it;
 - **the same config**: a READY run it remakes is kept whole the same way; otherwise its own partial
   work stays (a rerun after a failure resumes), the **orphans** (files the current plan does not
   name) are moved aside under ``RunLayout.stale_dir`` (``work/stale/{stamp}/``), and the **outputs
@@ -211,15 +211,26 @@ def finished_work(layout: RunLayout, paths: Iterable[Path], same_config: bool) -
     return [p for p in paths if p.exists() and touches(p)]
 
 
+#: files at least this large are kept by a hard link (no copy); smaller ones are copied, so a tool that
+#: rewrites a file in place (``snakemake --report`` over ``results/report.html``) cannot change the kept one
+LINK_FROM_BYTES = 1 << 20
+
+
 def _link_or_copy(src: str, dst: str) -> None:
+    """Keep ``src`` at ``dst``: a hard link for a large file (regen writes its outputs by atomic rename
+    and Snakemake removes an output before remaking it, so the kept inode is never written again), else
+    or across filesystems a copy."""
     try:
-        os.link(src, dst)
+        if os.path.getsize(src) >= LINK_FROM_BYTES:
+            os.link(src, dst)
+            return
     except OSError:
-        shutil.copy2(src, dst)
+        pass
+    shutil.copy2(src, dst)
 
 
 def keep_earlier_run(layout: RunLayout, of: ResultsOf | None, now: float | None = None) -> Path:
-    """The whole of ``results/`` kept in ``RunLayout.earlier_run`` (hard links, copies across
+    """The whole of ``results/`` kept in ``RunLayout.earlier_run`` (large files hard-linked, copies across
     filesystems), its paths kept; the folder's ``results``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
     dest = layout.earlier_run(stamp, of.config if of is not None else "unknown-config")

@@ -11,6 +11,7 @@ from regen.output.stale import (
     KeptOutputs,
     PlannedOutputs,
     RemadeOutputs,
+    keep_earlier_run,
     kept_line,
     orphan_outputs,
     settle_outputs,
@@ -137,3 +138,17 @@ def test_another_configs_run_is_kept_whole_and_leaves_results(tmp_path: Path) ->
     assert left == ["results/shards/00000.parquet", "results/shards/00001.parquet"]
     assert not any(layout.status_dir.glob("*.json")) and not layout.verdict("reaudit").exists()
     assert all(layout.journal(k).is_file() for k in ("00000", "00001", "00002", "00003"))
+
+
+def test_large_files_are_kept_by_hard_link_small_ones_by_copy(tmp_path: Path) -> None:
+    """A kept run costs no copy of its large files, and a tool rewriting a small one in place
+    (``snakemake --report`` over report.html) cannot change the kept copy."""
+    layout = RunLayout.under(tmp_path)
+    four_shard_run(layout)
+    big = layout.records("00000")
+    big.write_bytes(b"x" * (1 << 20))
+    kept = keep_earlier_run(layout, ResultsOf("demo", "id"), now=0)
+    assert (kept / "generations" / big.name).stat().st_ino == big.stat().st_ino
+    assert (kept / "report.html").stat().st_ino != layout.report_html.stat().st_ino
+    layout.report_html.write_text("a newer report")
+    assert (kept / "report.html").read_text() == "x"
