@@ -212,3 +212,21 @@ def release_dead_lock(marker_path: Path, locks_dir: Path, host: str | None = Non
         f"regen: released the Snakemake lock left by the run of {marker.describe()}: its controller is "
         "gone (killed); resuming"
     )
+
+
+def lock_refused_line(marker_path: Path, locks_dir: Path, host: str | None = None) -> str | None:
+    """When a lock stays (its run alive, or on another host): who holds it and what to do before
+    ``--unlock`` (README step 10); None without a lock or a running marker."""
+    marker = RunMarker.read(marker_path)
+    locks = sorted(locks_dir.glob("*.lock")) if locks_dir.is_dir() else []
+    if marker is None or not locks or marker.outcome is not None:
+        return None
+    here = marker.host == (host or socket.gethostname())
+    state = marker.liveness(host=host)
+    if here and state == "dead":
+        return None
+    why = "is alive" if state == "running" else "ran on another host (its heartbeat stopped)"
+    return (
+        f"regen: this directory is locked by the run of {marker.describe()}, which {why}: make sure no run "
+        "is alive in it (`regen status`) before `snakemake --unlock` (README, step 10)"
+    )

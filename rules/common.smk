@@ -38,6 +38,7 @@ from regen.run_marker import (
     RunMarker,
     config_identity,
     config_name,
+    lock_refused_line,
     new_marker,
     release_dead_lock,
 )
@@ -313,6 +314,8 @@ def release_lock_of_dead_run():
     this directory left is released, with one line (regen.run_marker)."""
     if workflow.is_main_process:
         line = release_dead_lock(RUN.run_marker, RUN.snakemake_locks)
+        if line is None and not workflow.dryrun:
+            line = lock_refused_line(RUN.run_marker, RUN.snakemake_locks)
         if line:
             print(line, file=sys.stderr)
 

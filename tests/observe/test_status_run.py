@@ -16,7 +16,14 @@ from test_status import write_status
 from regen.generate.replay import ShardReplay
 from regen.layout import RunLayout
 from regen.observe.status import status_report, watch
-from regen.run_marker import DEAD_AFTER_S, MarkerWriter, RunMarker, new_marker, release_dead_lock
+from regen.run_marker import (
+    DEAD_AFTER_S,
+    MarkerWriter,
+    RunMarker,
+    lock_refused_line,
+    new_marker,
+    release_dead_lock,
+)
 
 
 def gone_pid() -> int:
@@ -111,8 +118,10 @@ def test_a_live_owner_another_host_or_a_newer_lock_still_refuse(tmp_path: Path) 
     lock_dir = locks(layout, now - 30)
     marker_of(os.getpid(), heartbeat_at=now).write(layout.run_marker)  # alive
     assert release_dead_lock(layout.run_marker, lock_dir) is None
+    assert "which is alive" in (lock_refused_line(layout.run_marker, lock_dir) or "")
     marker_of(gone_pid(), host="elsewhere", heartbeat_at=now - 600).write(layout.run_marker)
     assert release_dead_lock(layout.run_marker, lock_dir) is None
+    assert "README, step 10" in (lock_refused_line(layout.run_marker, lock_dir) or "")
     marker_of(gone_pid(), heartbeat_at=now - 300).write(layout.run_marker)  # a lock taken after it died
     assert release_dead_lock(layout.run_marker, lock_dir) is None
     marker_of(gone_pid(), heartbeat_at=now, outcome="failed").write(layout.run_marker)  # ended: not its lock
