@@ -1,4 +1,5 @@
-"""Workflows through a real single-node Slurm (.ci/slurm-up.sh) with profiles/slurm-ci.
+"""Workflows through a real Slurm (.ci/slurm-multinode-up.sh, or the single-node .ci/slurm-up.sh) with
+profiles/slurm-ci.
 
 Needs ``REGEN_TEST_SLURM=1`` and a running cluster (``sinfo``); skipped otherwise. Each snakemake run
 is wrapped in ``timeout -s KILL``: a Slurm status query that never succeeds would hang it for good.
