@@ -62,10 +62,14 @@ def journal_lock(journal: str | os.PathLike[str]) -> Path:
     return p.with_name(p.name + ".lock")
 
 
+#: a gate's verdict file ends so (``regen.verdict``)
+VERDICT_SUFFIX = ".verdict.json"
+
+
 def verdict_for(log: str | os.PathLike[str]) -> Path:
     """A gate's verdict beside its rule's log (``regen.verdict``): ``reaudit.log`` ->
     ``reaudit.verdict.json``."""
-    return Path(log).with_suffix(".verdict.json")
+    return Path(log).with_suffix(VERDICT_SUFFIX)
 
 
 def eval_split_beside(train_path: str | os.PathLike[str]) -> Path:
@@ -636,6 +640,13 @@ class RunLayout:
         """A gate's verdict beside its rule's log, kept when the failed job's outputs are deleted
         (``regen.verdict``)."""
         return verdict_for(self.log(rule))
+
+    def verdicts(self) -> dict[str, Path]:
+        """Every gate verdict in the log folder, by the rule it belongs to."""
+        if not self.logs.is_dir():
+            return {}
+        found = sorted(self.logs.glob("*" + VERDICT_SUFFIX))
+        return {p.name.removesuffix(VERDICT_SUFFIX): p for p in found}
 
     def kept_excluded(self, rule: str) -> Path:
         """A copy of the rows a gate excluded, with their reasons, beside its rule's log (``logs/audit.log``

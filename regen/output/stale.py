@@ -177,8 +177,7 @@ def not_reused(layout: RunLayout, kept: KeptOutputs) -> list[Path]:
         return out
 
     gone = walk(layout.results) if layout.results.is_dir() else []
-    verdicts = sorted(layout.logs.glob("*.verdict.json")) if layout.logs.is_dir() else []
-    gone += [v for v in verdicts if v.name.removesuffix(".verdict.json") not in kept.rules]
+    gone += [v for rule, v in layout.verdicts().items() if rule not in kept.rules]
     if layout.status_dir.is_dir():
         gone += [
             p

@@ -76,7 +76,11 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], dict[str, list[str]], str | None
             "supervised_plot": s(RUN.audit.supervised_plot),
             "prompt_plot": s(RUN.audit.prompt_plot),
         },
-        {"verdict": s(RUN.verdict("audit")), "*": s(RUN.log("audit"), RUN.verdict("audit"))},
+        {
+            "verdict": s(RUN.verdict("audit")),
+            "excluded": s(RUN.kept_excluded("audit")),
+            "*": s(RUN.log("audit"), RUN.verdict("audit"), RUN.kept_excluded("audit")),
+        },
         str(RUN.benchmark("audit")),
     ),
     "shard": (
