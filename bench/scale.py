@@ -26,8 +26,9 @@ On the half-finished state, then on the finished one, it times:
 200,000 one-turn samples in 2 shards, 32-token answers, generated through the whole workflow on the demo
 config's simulated servers (``request_timeout_s: 30``, its faults) with ``--resources gpu=2``; then
 ``snakemake -n`` and a rerun with every generate job forced, the servers' request log on. Its line:
-``scale_run: samples=… records=… run_s=… plan_s=… rerun_s=… replayed=… sent=… resent=… lost=… reconcile_ok=…
-peak_rss_mb=… ratio=…`` (``ratio``: replayed over records; ``resent``: requests the rerun sent for samples
+``scale_run: samples=… records=… failed=… run_s=… plan_s=… rerun_s=… replayed=… sent=… resent=… lost=…
+reconcile_ok=… peak_rss_mb=… ratio=…`` (``failed``: samples the run journaled as failed, every attempt a fault
+the demo injects; ``ratio``: replayed over records; ``resent``: requests the rerun sent for samples
 already answered; ``peak_rss_mb``: the largest process of the first run). The seed's scale (issue 48 item 6):
 ``--run --samples 914000 --shards 7 --gpus 7 --answer-tokens 64``.
 
@@ -306,6 +307,8 @@ class ScaleRun:
 
     samples: int
     records: int
+    #: samples the first run journaled as failed and never answered (the demo's injected 5xx, all attempts)
+    failed: int
     run_s: float
     plan_s: float
     plan_says_nothing_to_do: bool
@@ -321,8 +324,9 @@ class ScaleRun:
 
     def line(self) -> str:
         return (
-            f"scale_run: samples={self.samples} records={self.records} run_s={self.run_s:.1f} "
-            f"plan_s={self.plan_s:.2f} rerun_s={self.rerun_s:.1f} replayed={self.replayed} sent={self.sent} "
+            f"scale_run: samples={self.samples} records={self.records} failed={self.failed} "
+            f"run_s={self.run_s:.1f} plan_s={self.plan_s:.2f} rerun_s={self.rerun_s:.1f} "
+            f"replayed={self.replayed} sent={self.sent} "
             f"resent={self.resent} lost={self.lost} reconcile_ok={int(self.reconcile_ok)} "
             f"peak_rss_mb={self.peak_rss_mb:.0f} ratio={self.replayed / max(1, self.records):.4f}"
         )
@@ -389,12 +393,14 @@ def held_out_run(
     peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     reconcile = orjson.loads((wd / "results" / "reconcile.json").read_bytes())
     layout = RunLayout.under(wd)
-    finished = {
-        e["id"]
-        for s in range(shards)
-        for e in read_journal_entries(layout.journal(shard_name(s)))
-        if e.get("kind") == "record"
-    }
+    finished: set[str] = set()
+    failed: set[str] = set()
+    for s in range(shards):
+        for e in read_journal_entries(layout.journal(shard_name(s))):
+            if e.get("kind") == "record":
+                finished.add(e["id"])
+            elif e.get("kind") == "failed":
+                failed.add(e["id"])
     plan_s, plan_out = timed_snakemake(wd, ["-n", "--cores", "2", "--resources", f"gpu={gpus}"], env, 600)
     request_log = wd / "work" / "rerun-requests.jsonl"
     rerun_env = {**env, REQUEST_LOG_ENV: str(request_log)}
@@ -408,6 +414,7 @@ def held_out_run(
     return ScaleRun(
         samples=samples,
         records=len(finished),
+        failed=len(failed - finished),
         run_s=run_s,
         plan_s=plan_s,
         plan_says_nothing_to_do="Nothing to be done" in plan_out,
