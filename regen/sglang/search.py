@@ -28,7 +28,12 @@ from regen.sglang.plan import (
 )
 from regen.sglang.pools import has_state, kv_pool
 from regen.sglang.pools.base import text_config
-from regen.sglang.pools.swa import swa_decode_per_request, swa_steady_tokens
+from regen.sglang.pools.swa import (
+    swa_cap_per_request,
+    swa_decode_per_request,
+    swa_eviction_span,
+    swa_steady_tokens,
+)
 from regen.sglang.workload import page_waste
 
 T = TypeVar("T")
@@ -248,6 +253,7 @@ def swa_need(target: Target, p: MemoryPlan, running: int) -> int | None:
         page_size=flags.page_size,
         chunked_prefill_size=p.chunked_prefill_size,
         overlap_schedule=not flags.disable_overlap_schedule,
+        version=target.version,
     )
 
 
@@ -264,13 +270,22 @@ def swa_running_bound(target: Target, p: MemoryPlan, most: int) -> int:
 
 def swa_reason(target: Target, p: MemoryPlan, running: int) -> str:
     need = swa_need(target, p, running)
-    per = swa_decode_per_request(target.model, parse_flags(list(p.args)).page_size)
+    per = swa_decode_per_request(target.model, parse_flags(list(p.args)).page_size, target.version)
+    span = swa_eviction_span(target.version)
+    why = (
+        "0.5.17 evicts only when the running batch's forward_iter % 128 == 0, and forward_iter counts every "
+        "forward, prefill batches included, so a refill or re-prefill batch on the 128th step makes every "
+        "decode request skip that eviction (measured on the H200: 282 held per request at the saw's top); "
+        "planned: one skip, SGLANG_SWA_EVICTION_INTERVAL left at 128"
+        if span > 128
+        else "0.5.23 evicts each request once 128 tokens have slid out of its window"
+    )
     return (
         f"SWA pool {p.swa_tokens:,} tokens >= {need:,} that {running:,} running requests hold before an "
-        f"eviction: {per} each (window + SGLANG_SWA_EVICTION_INTERVAL 128 + page + the next step's page: "
-        "maybe_evict_swa frees out-of-window tokens only every 128 decode steps), plus prompt p99 - window "
-        "for each request admitted since the last eviction (it holds its whole prompt until its first, "
-        f"{target.workload.expected_output:,}-token answers: running x 128 / that per interval), plus "
+        f"eviction: {per} each (window + {span} decode steps between two evictions + page + the next "
+        f"step's page: {why}), plus prompt p99 - window for each request admitted within those {span} steps "
+        "(it holds its whole prompt until its first eviction, "
+        f"{target.workload.expected_output:,}-token answers: running x {span} / that), plus "
         "the prefill chunks in flight; SGLang's admission checks only the SWA free now and its decode "
         "check retracts when the pool is short (a retraction storm, issue 49)"
     )
@@ -285,7 +300,7 @@ def swa_cap_for(target: Target, p: MemoryPlan, running: int) -> int:
     the cap alone; the cap is the planner's lever on the split)."""
     flags = parse_flags(list(p.args))
     need = swa_need(target, p, running) or 0
-    per = swa_decode_per_request(target.model, flags.page_size)
+    per = swa_cap_per_request(target.model, flags.page_size)
     fixed = (1 if flags.disable_overlap_schedule else 2) * p.chunked_prefill_size + flags.page_size
     return max(running, -(-(need - fixed) // per))
 

@@ -7,15 +7,25 @@ Measured (H200, SGLang 0.5.17, dummy weights): gpt-oss-20b under regen's plan ``
 usage: 0.65`` (2,903 running) and then ``full token usage: 0.45, #swa token: 762612, swa token usage:
 1.00`` at 2,476 running with 436 queued: the SWA pool ran out with the full pool under half used.
 
+Second run, the plan sized with one interval (07:04 UTC): client 2,982, ``--max-running-requests 3162``,
+"SWA KV 829,019" (as planned), full KV 3,949,889; still 403 requests retracted in 60 s (46 events). The
+decode lines show the saw with all requests in phase: bottom 453,264 at 2,982 running (152 each), top
+``#swa token: 828505, swa token usage: 1.00`` at 2,940 running (282 each) -> retraction: 282 > 257, an
+eviction came later than 128 steps after the one before.
+
 SGLang's rules, written out here rather than taken from :mod:`regen.sglang.pools.swa`:
-- ``ScheduleBatch.maybe_evict_swa`` frees tokens older than the window only on decode steps with
+- 0.5.17 ``ScheduleBatch.maybe_evict_swa`` frees tokens older than the window only on decode steps with
   ``forward_iter % SGLANG_SWA_EVICTION_INTERVAL == 0`` (128) and ``decode_batch_idx >= 1``;
+  ``forward_iter`` is ``Scheduler.forward_ct``, counted by ``run_batch`` for every forward, prefill
+  batches included, so a refill batch on the 128th count skips the eviction for every decode request:
+  they wait 2 x 128 steps (planned: one skip; 0.5.23 gates per request on tokens slid out instead).
   ``free_swa_out_of_window_slots`` (radix cache off) keeps window + 1; gpt-oss's window is
   ``sliding_window - 1`` = 127. A request past its first eviction so holds at most
-  127 + 128 + 1 + the next step's page 1 = 257 (``SWAChunkCapPoolConfigurator``'s per-request sum).
+  127 + 256 + 1 + the next step's page 1 = 385 on 0.5.17 (257, SGLang's own per-request sum, on 0.5.23).
 - A request admitted since the last eviction holds its whole prompt (300) until its first, so up to
-  300 - 127 more; a closed loop at n in flight with 1,437-token answers admits n x 128 / 1,437 of them
-  an interval. ``PrefillAdder`` admits by the SWA free *now*; ``check_decode_mem`` retracts when short.
+  300 - 127 more; a closed loop at n in flight with 1,437-token answers admits n x 256 / 1,437 of them
+  between two evictions. ``PrefillAdder`` admits by the SWA free *now*; ``check_decode_mem`` retracts
+  when short.
 - With ``--max-running-requests`` given and the radix cache off, the SWA pool is
   257 x cap + 2 x chunked prefill 8,192 + 1 (``--swa-full-tokens-ratio`` is not read).
 """
@@ -42,13 +52,18 @@ HELD_PLAN = (
     "--disable-radix-cache", "--cuda-graph-max-bs-decode", "1024", "--max-running-requests", "2904",
     "--min-free-slots-delay", "4", "--cuda-graph-max-bs-prefill", "1280",
 )  # fmt: skip
-PER_REQUEST = 127 + 128 + 1 + 1
+SECOND_PLAN = (
+    "--disable-radix-cache", "--cuda-graph-max-bs-decode", "1024", "--min-free-slots-delay", "4",
+    "--cuda-graph-max-bs-prefill", "1280", "--max-running-requests", "3162",
+)  # fmt: skip
+PER_REQUEST = 127 + 128 + 1 + 1  # SGLang's pool per cap
+HELD = 127 + 2 * 128 + 1 + 1  # held per request before an eviction, one skipped maintenance step (0.5.17)
 CHUNKS = 2 * 8192 + 1
 
 
-def steady_need(running: int) -> int:
-    admitted = math.ceil(running * 128 / 1437)
-    return running * PER_REQUEST + admitted * (300 - 127) + CHUNKS
+def steady_need(running: int, held: int = HELD, span: int = 2 * 128) -> int:
+    admitted = math.ceil(running * span / 1437)
+    return running * held + admitted * (300 - 127) + CHUNKS
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +80,18 @@ def test_the_held_plan_runs_out_of_swa(gpt_oss: ModelShape) -> None:
     assert PER_REQUEST < 762_612 / 2476
 
 
+def test_the_second_held_plan_skips_an_eviction(gpt_oss: ModelShape) -> None:
+    second = plan(gpt_oss, H200_MIB, 1, list(SECOND_PLAN), ISSUE, "0.5.17")
+    assert second.swa_tokens == 829_019 == 3162 * PER_REQUEST + CHUNKS  # as logged
+    assert steady_need(2982, PER_REQUEST, 128) <= 829_019  # it held the client at one interval...
+    assert PER_REQUEST < 828_505 / 2940  # ...but the saw's top was 282 a request: an eviction was skipped
+    assert HELD >= 828_505 / 2940
+    assert steady_need(2982) > 829_019
+    assert not swa_holds(Target(gpt_oss, H200_MIB, 1, (), ISSUE, "0.5.17"), second, 2982)
+    # 0.5.23 evicts per request once 128 tokens slid out: one interval is its worst case
+    assert swa_holds(Target(gpt_oss, H200_MIB, 1, (), ISSUE, "0.5.23"), second, 2982)
+
+
 def test_the_new_plan_holds_its_client_at_steady_decode(gpt_oss: ModelShape) -> None:
     rec = recommend(gpt_oss, H200_MIB, 1, [], ISSUE, "0.5.17", allow_fp8_kv=False, allow_bf16_state=False)
     p = rec.recommended
@@ -73,7 +100,8 @@ def test_the_new_plan_holds_its_client_at_steady_decode(gpt_oss: ModelShape) -> 
     assert p.swa_tokens == cap * PER_REQUEST + CHUNKS  # the request-capped pool, sized from the cap
     assert p.swa_tokens >= steady_need(client)  # holds the client between two evictions
     assert cap > client  # the cap is the lever on the SWA pool: raised above the client for it
-    assert client >= 2700  # the batch is not given up for it: the full KV bounds it, not the SWA pool
+    # the cap, not the full KV, now bounds the client: an eager decode step at the cap must fit
+    assert client >= 2000
     assert p.kv_cache_tokens >= client * ISSUE.paged_tokens_per_request(1)
     assert p.decode_step_fits
     assert p.swa_steady_tokens == steady_need(client)

@@ -144,13 +144,35 @@ class SWAPool:
         return PoolSizes(tokens, kv_bytes, full_cell, rule, swa_tokens=swa_tokens)
 
 
-def swa_decode_per_request(model: ModelShape, page_size: int) -> int:
-    """SWA tokens a request past its first eviction holds at most: SGLang frees everything older than the
-    window only every ``SGLANG_SWA_EVICTION_INTERVAL`` decode steps (``ScheduleBatch.maybe_evict_swa``:
-    ``forward_iter % interval == 0``; ``free_swa_out_of_window_slots`` keeps the last window + 1 with the
-    radix cache off), so it grows back to window + interval + page before the next eviction, plus the next
-    step's page (``new_tokens_required_next_decode``): ``compute_swa_request_cap``'s per-request sum."""
+def swa_cap_per_request(model: ModelShape, page_size: int) -> int:
+    """SGLang's own per-request SWA sum when it sizes the pool from the cap (``compute_swa_request_cap``,
+    no speculative decoding): window + interval + page + the next step's page."""
     return sliding_window(model) + SWA_EVICTION_INTERVAL + page_size + page_size
+
+
+def swa_eviction_span(version: str) -> int:
+    """Decode steps a running request can go between two SWA evictions, worst case planned.
+
+    0.5.17 (``ScheduleBatch.maybe_evict_swa``): the decode eviction runs only when the running batch's
+    ``forward_iter % SGLANG_SWA_EVICTION_INTERVAL == 0``, and ``forward_iter`` is ``Scheduler.forward_ct``,
+    counted by ``run_batch`` for *every* forward, extend (prefill) batches included; the check in
+    ``alloc_for_decode`` reads the ct of the running batch's previous decode run. When the multiple of 128
+    falls on an extend batch (a refill of finished requests, a re-prefill of retracted ones) every decode
+    request skips that eviction and waits for the next multiple: 2 x 128 steps. Each further multiple taken
+    by an extend adds 128 more (unbounded in the source; planned: one skip; measured on the H200: the saw's
+    top at 282 per request = 127 + 155 steps, one skip). 0.5.23 gates per request on tokens slid out
+    (``_swa_eviction_trigger``: ``seqlen - 1 - window >= evicted + interval``), which cannot starve: one
+    interval."""
+    return SWA_EVICTION_INTERVAL * (2 if version == "0.5.17" else 1)
+
+
+def swa_decode_per_request(model: ModelShape, page_size: int, version: str) -> int:
+    """SWA tokens a request past its first eviction holds at most: ``free_swa_out_of_window_slots`` keeps
+    the last window + 1 with the radix cache off, and the request grows back by one token a step until
+    the next eviction (:func:`swa_eviction_span`), plus the next step's page
+    (``new_tokens_required_next_decode``):
+    gpt-oss-20b 127 + 256 + 1 + 1 = 385 on 0.5.17, 257 (SGLang's own per-request sum) on 0.5.23."""
+    return sliding_window(model) + swa_eviction_span(version) + page_size + page_size
 
 
 def swa_steady_tokens(
@@ -162,27 +184,29 @@ def swa_steady_tokens(
     page_size: int,
     chunked_prefill_size: int,
     overlap_schedule: bool,
+    version: str,
 ) -> int:
     """SWA tokens ``running`` requests in a closed loop hold just before an eviction step (the saw's top).
 
     Every request holds :func:`swa_decode_per_request`, except those admitted since the last eviction:
     a new request holds its whole prompt until its first eviction (``_evict_swa`` runs only on
-    ``decode_batch_idx >= 1`` at the interval's step), so it can reach prompt + interval + page, ``prompt
+    ``decode_batch_idx >= 1`` at the interval's step), so it can reach prompt + span + page, ``prompt
     - window`` more than the per-request sum. A closed loop at ``running`` with answers of
-    ``expected_output`` tokens on average admits ``running x interval / expected_output`` requests per
-    interval; each is counted at the worst ``prompt_tokens - window`` (the prompt p99; the worst admission
-    time covers the spread of the arrivals). SGLang's admission (``PrefillAdder._swa_budget_for_req``)
-    checks only the SWA free *now* (prompt + window), not the running requests' growth to the next
-    eviction, and its decode check (``check_decode_mem``) retracts when the SWA pool is short: a pool
-    below this sum retracts in a storm (gpt-oss-20b, issue 49: 789 retractions in 60 s at 2,903 running,
-    ``swa token usage: 1.00`` with the full pool 45% used). The prefill chunks in flight (one, two with the
-    overlap schedule) and a page, as SGLang's own cap adds them."""
-    admitted = min(running, math.ceil(running * SWA_EVICTION_INTERVAL / max(1, expected_output)))
+    ``expected_output`` tokens on average admits ``running x span / expected_output`` requests per
+    eviction span (:func:`swa_eviction_span`); each is counted at the worst ``prompt_tokens - window``
+    (the prompt p99; the worst admission time covers the spread of the arrivals). SGLang's admission
+    (``PrefillAdder._swa_budget_for_req``) checks only the SWA free *now* (prompt + window), not the
+    running requests' growth to the next eviction, and its decode check (``check_decode_mem``) retracts
+    when the SWA pool is short: a pool below this sum retracts in a storm (gpt-oss-20b, issue 49: 789
+    retractions in 60 s at 2,903 running, ``swa token usage: 1.00`` with the full pool 45% used; 403 in
+    60 s at 2,982 planned with one interval, the saw's top at 282 per request). The prefill chunks in
+    flight (one, two with the overlap schedule) and a page, as SGLang's own cap adds them."""
+    admitted = min(running, math.ceil(running * swa_eviction_span(version) / max(1, expected_output)))
     prompt = math.ceil(prompt_tokens / page_size) * page_size
     excess = max(0, prompt - sliding_window(model))
     chunks = 2 if overlap_schedule else 1
     return (
-        running * swa_decode_per_request(model, page_size)
+        running * swa_decode_per_request(model, page_size, version)
         + admitted * excess
         + chunks * chunked_prefill_size
         + page_size
