@@ -1,8 +1,8 @@
 """The workflow as a bench runs it: a copy of the checkout's workflow in a fresh directory, free loopback
 ports for its servers, and the ``--smoke`` switch every bench has (tiny sizes for CI, the same last line).
 
-Benches import this instead of reaching into ``tests/`` (issue 51); ``tests/support/soak.py`` has its own
-copy of the workflow's parts for the soak harness.
+Benches import this instead of reaching into ``tests/`` (issue 51); the soak harness
+(``tests/support/soak.py``) imports it too (tests may depend on bench, never the reverse).
 """
 
 from __future__ import annotations

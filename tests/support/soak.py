@@ -52,6 +52,9 @@ from typing import Any
 import orjson
 import yaml
 
+if __name__ == "__main__":  # run as a script (tests/support/soak.py): the checkout's bench is importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.workflow import copy_workflow, free_port_base
 from regen.generate.journal import read_journal_entries
 from regen.io import open_lines
 from regen.layout import RunLayout
@@ -59,17 +62,6 @@ from regen.simulated.options import REQUEST_LOG_ENV
 from regen.simulated.requestlog import read_request_log
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # tests/support/soak.py
-WORKFLOW_ITEMS: tuple[str, ...] = (
-    "Snakefile",
-    "rules",
-    "scripts",
-    "schemas",
-    "report",
-    "envs",
-    "config",
-    "resources",
-    "data/demo",
-)
 PHASES: tuple[str, ...] = ("generate", "validate", "merge")
 RULE_LINE = re.compile(r"^(?:local)?rule (\w+):", re.MULTILINE)
 REQUEST_LOG_NAME = "soak-requests.jsonl"
@@ -209,32 +201,6 @@ class SoakResult:
 
 
 # ------------------------------------------------------------------------------------- setup
-
-
-def copy_workflow(source: Path, dest: Path) -> None:
-    """Copy the workflow's files (not results, work, logs or .snakemake) into ``dest``."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for item in WORKFLOW_ITEMS:
-        src = source / item
-        if not src.exists():
-            raise FileNotFoundError(f"soak: {src} is missing (the workflow is incomplete)")
-        target = dest / item
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, target)
-
-
-def free_port_base(n: int, rng: random.Random) -> int:
-    """A port base with ``n`` free consecutive loopback ports."""
-    from regen.serving.ports import port_is_free
-
-    for _ in range(500):
-        base = rng.randint(20000, 60000)
-        if all(port_is_free("127.0.0.1", base + i) for i in range(n)):
-            return base
-    raise RuntimeError("soak: no free port range on 127.0.0.1")
 
 
 def soak_config(opts: SoakOptions, port_base: int) -> dict[str, Any]:
