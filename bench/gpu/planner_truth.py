@@ -71,6 +71,11 @@ class Target:
     why: str = ""
 
 
+#: gpt-oss (20b and 120b alike): the flags that select SGLang's request-capped SWA configurator, and
+#: the retry that adds the MXFP4 MoE backend a host without ``triton_kernels`` can run
+GPT_OSS_FLAGS = ("--disable-radix-cache", "--max-running-requests", "256")
+GPT_OSS_RETRY_FLAGS = (*GPT_OSS_FLAGS, "--moe-runner-backend", "flashinfer_mxfp4")
+
 #: every family that fits one H200 with dummy weights (gemma-3-27b-it: no public config found), the ones
 #: regen has never been checked on first (a run past --deadline-s drops the last)
 TARGETS: tuple[Target, ...] = (
@@ -81,14 +86,8 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "gpt-oss-20b",
         "gpt-oss-20b",
-        ("--disable-radix-cache", "--max-running-requests", "256"),
-        retry_flags=(
-            "--disable-radix-cache",
-            "--max-running-requests",
-            "256",
-            "--moe-runner-backend",
-            "flashinfer_mxfp4",
-        ),
+        GPT_OSS_FLAGS,
+        retry_flags=GPT_OSS_RETRY_FLAGS,
         why="MXFP4 + sliding window; these flags select SGLang's request-capped SWA configurator",
     ),
     Target("nemotron-3-nano-30b-a3b", "nemotron-3-nano-30b-a3b", why="Mamba2 hybrid MoE"),
@@ -99,14 +98,8 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "gpt-oss-120b",
         "gpt-oss-120b",
-        ("--disable-radix-cache", "--max-running-requests", "256"),
-        retry_flags=(
-            "--disable-radix-cache",
-            "--max-running-requests",
-            "256",
-            "--moe-runner-backend",
-            "flashinfer_mxfp4",
-        ),
+        GPT_OSS_FLAGS,
+        retry_flags=GPT_OSS_RETRY_FLAGS,
         why="MXFP4 experts at 117B (issue 49 item 4: the weights as loaded, 128 experts a layer, 36 layers)",
     ),
 )
