@@ -37,6 +37,8 @@ CONF_DIR=/etc/slurm
 MARK="# written by regen .ci/slurm-multinode-up.sh"
 
 log() { echo "slurm-multinode-up: $*" >&2; }
+# install_slurm, start_munge, alive
+source "$(dirname "${BASH_SOURCE[0]}")/slurm-common.sh"
 
 node_names() { for i in $(seq 1 "$NODES"); do echo "n$i"; done; }
 
@@ -54,12 +56,7 @@ if cluster_ready; then
   exit 0
 fi
 
-if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
-  log "installing slurm-wlm and munge"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq slurm-wlm munge >/dev/null
-fi
+install_slurm
 for tool in ip nsenter unshare mknod; do
   command -v "$tool" >/dev/null 2>&1 || { log "missing $tool"; exit 1; }
 done
@@ -73,16 +70,7 @@ fi
 mkdir -p "$STATE"/{state,log,spool} /run/munge "$CONF_DIR" "$SCRATCH"
 
 # munge: one munged in the root namespace serves every node (its socket is a file).
-if [[ ! -s /etc/munge/munge.key ]]; then
-  if command -v mungekey >/dev/null 2>&1; then mungekey --create --force; else
-    dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null; fi
-fi
-chown munge:munge /etc/munge/munge.key /run/munge && chmod 400 /etc/munge/munge.key
-if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-  log "starting munged"
-  runuser -u munge -- /usr/sbin/munged --force
-  for _ in $(seq 1 40); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.25; done
-fi
+start_munge
 
 # The bridge and one namespace + veth per node.
 if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
@@ -175,7 +163,6 @@ elif grep -qF "$MARK" "$CONF_DIR/cgroup.conf" 2>/dev/null; then
   rm -f "$CONF_DIR/cgroup.conf"
 fi
 
-alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 if ! alive "$STATE/slurmctld.pid"; then
   log "starting slurmctld on $NET.1"
   /usr/sbin/slurmctld -c   # -c: forget jobs from an earlier run

@@ -15,6 +15,8 @@ CONF_DIR=/etc/slurm
 MARK="# written by regen .ci/slurm-up.sh"
 
 log() { echo "slurm-up: $*" >&2; }
+# install_slurm, start_munge, alive
+source "$(dirname "${BASH_SOURCE[0]}")/slurm-common.sh"
 
 cluster_ready() { # controller answers and the node is usable
   command -v sinfo >/dev/null 2>&1 || return 1
@@ -27,26 +29,12 @@ if cluster_ready; then
   exit 0
 fi
 
-if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
-  log "installing slurm-wlm and munge"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq slurm-wlm munge >/dev/null
-fi
+install_slurm
 
 mkdir -p "$STATE"/{state,spool,log} /run/munge "$CONF_DIR"
 
 # munge: key from the package postinst, or make one.
-if [[ ! -s /etc/munge/munge.key ]]; then
-  if command -v mungekey >/dev/null 2>&1; then mungekey --create --force; else
-    dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null; fi
-fi
-chown munge:munge /etc/munge/munge.key /run/munge && chmod 400 /etc/munge/munge.key
-if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-  log "starting munged"
-  runuser -u munge -- /usr/sbin/munged --force
-  for _ in $(seq 1 40); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.25; done
-fi
+start_munge
 
 NODE="$(hostname -s)"
 CPUS="$(nproc)"
@@ -95,7 +83,6 @@ AutoDetect=off
 NodeName=$NODE Name=gpu File=$STATE/gpu[0-$LAST]
 CONF
 
-alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 if ! alive "$STATE/slurmctld.pid"; then
   log "starting slurmctld"
   /usr/sbin/slurmctld -c   # -c: forget jobs from an earlier run
