@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -257,6 +258,18 @@ def rig(tmp_workdir: Path) -> Iterator[Rig]:
     r.cleanup()
 
 
+@contextlib.contextmanager
+def process(argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` started for a test, killed and reaped on the way out if it still runs."""
+    proc = subprocess.Popen(argv)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def finish(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
     _, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err.decode()
@@ -329,8 +342,7 @@ def test_supervisor_idle_exits_and_removes_url_file(rig: Rig) -> None:
 
 
 def test_supervisor_exits_when_owner_dies(rig: Rig) -> None:
-    owner = subprocess.Popen(["sleep", "600"])
-    try:
+    with process(["sleep", "600"]) as owner:
         cfg = rig.cfg(idle_timeout_s=600)
         a, _ = rig.job(cfg, "a", hold=0, owner=owner.pid)
         finish(a)
@@ -339,10 +351,6 @@ def test_supervisor_exits_when_owner_dies(rig: Rig) -> None:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
         wait_for(lambda: not procs_mentioning(str(rig.root)), 5, "supervisor to exit after owner died")
-    finally:
-        if owner.poll() is None:
-            owner.kill()
-            owner.wait()
     assert "owner PID" in (rig.root / "logs/servers/gpu0.log").read_text()
 
 
@@ -351,8 +359,7 @@ def test_members_of_a_slurm_job_reuse_one_server_until_the_job_ends(rig: Rig) ->
     server belongs to the job (its ``slurmstepd: [JOB.batch]``), not to the first member's process, so
     the next member reuses it and it stops once the job is gone (a stand-in stepd process here)."""
     job = str(random.randint(10**8, 10**9))
-    stepd = subprocess.Popen(["bash", "-c", f'exec -a "slurmstepd: [{job}.batch]" sleep 600'])
-    try:
+    with process(["bash", "-c", f'exec -a "slurmstepd: [{job}.batch]" sleep 600']) as stepd:
         cfg = rig.cfg(idle_timeout_s=600)
         a, a_out = rig.job(cfg, "a", hold=0, slurm_job=job)
         finish(a)
@@ -365,10 +372,6 @@ def test_members_of_a_slurm_job_reuse_one_server_until_the_job_ends(rig: Rig) ->
         stepd.kill()
         stepd.wait()
         wait_for(lambda: not procs_mentioning(str(rig.root)), 5, "supervisor to exit after its job ended")
-    finally:
-        if stepd.poll() is None:
-            stepd.kill()
-            stepd.wait()
     log = (rig.root / "logs/servers/gpu0.log").read_text()
     assert log.count("regen supervisor: starting server") == 1
     assert f"Slurm job {job} is gone" in log
