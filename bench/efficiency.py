@@ -44,7 +44,7 @@ import orjson
 import yaml
 
 from bench.sim_virtual import VIRTUAL_ENV, VIRTUAL_HOOK, VirtualTime
-from bench.workflow import add_smoke, copy_workflow, free_port_base, parse_args
+from bench.workflow import add_smoke, copy_workflow, free_port_base, parse_args, write_chats
 from regen.io import open_lines
 from regen.layout import RunLayout
 from regen.simulated.launcher import SERVER_HOOK_ENV
@@ -55,20 +55,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 FULL_SAMPLES = 914_000
 FULL_CAP = 350
-
-
-def write_dataset(path: Path, samples: int) -> None:
-    """``samples`` distinct one-turn conversations (the old answers are what gets regenerated)."""
-    with open(path, "wb") as fh:
-        for i in range(samples):
-            row = {
-                "id": f"eff-{i:07d}",
-                "messages": [
-                    {"role": "user", "content": f"Explain item {i} of the benchmark list in detail."},
-                    {"role": "assistant", "content": f"Item {i} is explained here with enough words."},
-                ],
-            }
-            fh.write(orjson.dumps(row) + b"\n")
 
 
 def mean_output_tokens(clock: VirtualTime, samples: int, max_tokens: int) -> float:
@@ -180,7 +166,17 @@ def main(argv: list[str]) -> int:
     root = args.dir or Path(tempfile.mkdtemp(prefix="regen-efficiency-"))
     root.mkdir(parents=True, exist_ok=True)
     copy_workflow(REPO_ROOT, root)
-    write_dataset(root / "data" / "efficiency.jsonl", samples)
+    write_chats(
+        root / "data" / "efficiency.jsonl",
+        (
+            (
+                f"eff-{i:07d}",
+                f"Explain item {i} of the benchmark list in detail.",
+                f"Item {i} is explained here with enough words.",
+            )
+            for i in range(samples)
+        ),
+    )
     request_log = root / "work" / "requests.jsonl"
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")

@@ -61,7 +61,15 @@ import yaml
 
 from bench.audit import synthetic_rows  # the audit bench's synthetic chats
 from bench.merge import TextPool, synthetic_record  # a record as written
-from bench.workflow import REPO, add_smoke, copy_workflow, free_port_base, parse_args, python_path
+from bench.workflow import (
+    REPO,
+    add_smoke,
+    copy_workflow,
+    free_port_base,
+    parse_args,
+    python_path,
+    write_chats,
+)
 from regen.check import load_config
 from regen.fingerprint import GenerationSettings, server_numerics
 from regen.generate.journal import Journal, read_heads, read_journal_entries
@@ -332,20 +340,6 @@ class ScaleRun:
         )
 
 
-def write_one_turn(path: Path, samples: int) -> None:
-    """``samples`` distinct one-turn chats (a short question and its old answer)."""
-    with open(path, "wb") as fh:
-        for i in range(samples):
-            row = {
-                "id": f"run-{i:07d}",
-                "messages": [
-                    {"role": "user", "content": f"Give a short answer to question {i} of the list."},
-                    {"role": "assistant", "content": f"Question {i} has this short answer."},
-                ],
-            }
-            fh.write(orjson.dumps(row) + b"\n")
-
-
 def timed_snakemake(wd: Path, args: list[str], env: dict[str, str], timeout_s: float) -> tuple[float, str]:
     """Run Snakemake on the demo config and the run's own in ``wd``; (its wall, its output). Fails loudly."""
     t0 = time.perf_counter()
@@ -377,7 +371,17 @@ def held_out_run(
     from regen.simulated.options import REQUEST_LOG_ENV
 
     copy_workflow(REPO, wd)
-    write_one_turn(wd / "data" / "scale-run.jsonl", samples)
+    write_chats(
+        wd / "data" / "scale-run.jsonl",
+        (
+            (
+                f"run-{i:07d}",
+                f"Give a short answer to question {i} of the list.",
+                f"Question {i} has this short answer.",
+            )
+            for i in range(samples)
+        ),
+    )
     config = {
         "dataset": {"path": "data/scale-run.jsonl"},
         "shards": {"count": shards},

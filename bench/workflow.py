@@ -11,9 +11,11 @@ import argparse
 import os
 import random
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 REPO = Path(__file__).resolve().parent.parent
 #: what a run needs of the checkout (not results, work, logs or .snakemake)
@@ -43,6 +45,15 @@ def copy_workflow(source: Path, dest: Path) -> None:
             shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, target)
+
+
+def write_chats(path: Path, rows: Iterable[tuple[str, str, str]]) -> None:
+    """One-turn chats, one JSON line each, from ``(id, the user's question, the old answer)`` rows."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        for id_, question, answer in rows:
+            messages = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+            fh.write(orjson.dumps({"id": id_, "messages": messages}) + b"\n")
 
 
 def free_port_base(n: int, rng: random.Random | None = None) -> int:
