@@ -11,31 +11,16 @@ from __future__ import annotations
 import json
 import random
 import re
-import socket
 from pathlib import Path
 
 import orjson
 import pyarrow.parquet as pq
 import zstandard
-from support.workflow import copy_workflow, snakemake
+from support.workflow import copy_workflow, free_port_base, snakemake
 
 SAMPLES = 4000
 TIMEOUT_S = 3
 PLANNED = 5000  # generate.concurrency: what the client would keep in flight on each server
-
-
-def free_port_base(n: int) -> int:
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randint(20000, 60000)
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free ports")
 
 
 def one_turn_rows(path: Path, n: int) -> None:

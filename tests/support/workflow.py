@@ -4,10 +4,13 @@ run there (tests/workflow/test_workflow.py and the tests elsewhere that end with
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # tests/support/workflow.py
@@ -16,14 +19,34 @@ WORKFLOW_PARTS = ("Snakefile", "rules", "scripts", "schemas", "report", "envs", 
 
 
 def copy_workflow(dest: Path) -> Path:
+    return copy_parts(dest, WORKFLOW_PARTS)
+
+
+def copy_parts(dest: Path, parts: Iterable[str], *, missing_ok: bool = False) -> Path:
+    """Copy the checkout's ``parts`` (files or folders, no ``__pycache__``) into a new ``dest``."""
     dest.mkdir(parents=True)
-    for part in WORKFLOW_PARTS:
+    for part in parts:
         src = ROOT / part
         if src.is_dir():
-            shutil.copytree(src, dest / part)
-        else:
+            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists() or not missing_ok:
             shutil.copy2(src, dest / part)
     return dest
+
+
+def free_port_base(slots: int = 2) -> int:
+    """A base port whose next ``slots`` ports are free now, below the ephemeral range (ports are
+    operational: a range of our own keeps parallel runs on this machine from colliding)."""
+    for _ in range(200):
+        base = random.randrange(20000, 32000, slots)
+        try:
+            for port in range(base, base + slots):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range")
 
 
 def snakemake(wd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -34,6 +57,13 @@ def snakemake(wd: Path, *args: str, timeout: float = 300) -> subprocess.Complete
         text=True,
         timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def regen(wd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The ``regen`` CLI in ``wd`` (its console captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", "regen.cli", *args], cwd=wd, capture_output=True, text=True, timeout=120
     )
 
 

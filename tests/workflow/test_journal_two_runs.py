@@ -13,8 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from support.workflow import SNAKEMAKE, copy_workflow
-from test_resume_workflow import free_port_base
+from support.workflow import SNAKEMAKE, copy_workflow, free_port_base
 
 from regen.generate.journal import read_journal_entries
 from regen.layout import RunLayout

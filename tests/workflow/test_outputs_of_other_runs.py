@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.workflow import copy_workflow, snakemake
-from test_resume_workflow import free_port_base
+from support.workflow import copy_workflow, free_port_base, regen, snakemake
 
+from bench.workflow import write_chats
 from regen.layout import RunLayout
 
 ROWS = 40
@@ -42,27 +41,6 @@ class Seen:
     stale: list[str]
     kept: list[Path]  # the earlier runs kept whole (work/earlier-runs/*/results)
     wd: Path
-
-
-def write_small_dataset(path: Path) -> None:
-    """``ROWS`` conversations with distinct prompts and ids ``small-{i}``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        for i in range(ROWS):
-            row = {
-                "id": f"small-{i:03d}",
-                "messages": [
-                    {"role": "user", "content": f"Question {i}: what is {i} times {i + 3}, and why?"},
-                    {"role": "assistant", "content": f"It is {i * (i + 3)}."},
-                ],
-            }
-            fh.write(json.dumps(row) + "\n")
-
-
-def regen(wd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "regen.cli", *args], cwd=wd, capture_output=True, text=True, timeout=120
-    )
 
 
 def look(wd: Path, configs: tuple[str, ...], run: subprocess.CompletedProcess[str]) -> Seen:
@@ -109,7 +87,13 @@ def assert_reconciles(wd: Path, kept: Path, rows: int) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Seen]:
     wd = copy_workflow(tmp_path_factory.mktemp("reused") / "wf")
-    write_small_dataset(wd / "data" / "small.jsonl")
+    write_chats(
+        wd / "data" / "small.jsonl",
+        (
+            (f"small-{i:03d}", f"Question {i}: what is {i} times {i + 3}, and why?", f"It is {i * (i + 3)}.")
+            for i in range(ROWS)
+        ),
+    )
     faults = "{error_rate: 0, think_leak_rate: 0, empty_answer_rate: 0, noncanonical_rate: 0}"
     (wd / "config" / "small.yaml").write_text(
         "dataset: {path: data/small.jsonl}\n"

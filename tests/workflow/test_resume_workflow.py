@@ -5,16 +5,14 @@ dry run says which and why before anything runs. The output never mixes settings
 from __future__ import annotations
 
 import json
-import random
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow.dataset as ds
 import pytest
-from support.workflow import copy_workflow, job_counts, snakemake
+from support.workflow import copy_workflow, free_port_base, job_counts, snakemake
 
 DEMO = ("--configfile", "config/demo.yaml", "config/local.yaml")
 
@@ -28,21 +26,6 @@ def rows(wd: Path, *columns: str) -> list[dict[str, Any]]:
 
 def generate_logs(wd: Path) -> str:
     return "".join(p.read_text() for p in sorted((wd / "logs" / "generate").glob("*.log")))
-
-
-def free_port_base(slots: int = 2) -> int:
-    """A base port whose next ``slots`` ports are free now, below the ephemeral range (ports are
-    operational: a range of our own keeps parallel runs on this machine from colliding)."""
-    for _ in range(200):
-        base = random.randrange(20000, 32000, slots)
-        try:
-            for port in range(base, base + slots):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range")
 
 
 @pytest.fixture

@@ -26,7 +26,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,9 +33,9 @@ from pathlib import Path
 
 import pytest
 from support.soak import phase_started, processes_in
-from support.workflow import ROOT, SNAKEMAKE, copy_workflow, snakemake
-from test_resume_workflow import free_port_base
+from support.workflow import ROOT, SNAKEMAKE, copy_workflow, free_port_base, regen, snakemake
 
+from bench.workflow import write_chats
 from regen.generate.journal import RECORD, read_heads
 from regen.layout import RunLayout
 
@@ -67,26 +66,6 @@ STEP_KINDS = (
     "dry run",
     "report",
 )
-
-
-def write_dataset(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        for i in range(ROWS):
-            row = {
-                "id": f"seq-{i:03d}",
-                "messages": [
-                    {"role": "user", "content": f"Item {i}: explain why {i} + {i + 5} is {2 * i + 5}."},
-                    {"role": "assistant", "content": f"Because {i} plus {i + 5} makes {2 * i + 5}."},
-                ],
-            }
-            fh.write(json.dumps(row) + "\n")
-
-
-def regen(wd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "regen.cli", *args], cwd=wd, capture_output=True, text=True, timeout=120
-    )
 
 
 @dataclass
@@ -200,7 +179,17 @@ class Sequence:
 def setup_checkout(root: Path) -> Sequence:
     wd = copy_workflow(root / "wf")
     shutil.copytree(ROOT / "profiles", wd / "profiles")  # as a checkout has it: rerun-incomplete, keep-going
-    write_dataset(wd / "data" / "seq.jsonl")
+    write_chats(
+        wd / "data" / "seq.jsonl",
+        (
+            (
+                f"seq-{i:03d}",
+                f"Item {i}: explain why {i} + {i + 5} is {2 * i + 5}.",
+                f"Because {i} plus {i + 5} makes {2 * i + 5}.",
+            )
+            for i in range(ROWS)
+        ),
+    )
     faults = "{error_rate: 0, think_leak_rate: 0, empty_answer_rate: 0, noncanonical_rate: 0}"
     (wd / "config" / "base.yaml").write_text(
         "dataset: {path: data/seq.jsonl}\n"

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.workflow import copy_parts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILE = REPO_ROOT / "profiles" / "slurm-ci"
@@ -95,14 +96,7 @@ DEMO_FILES = ("Snakefile", "rules", "scripts", "config", "schemas", "envs", "res
 
 def copy_demo(work: Path) -> Path:
     """The demo workflow's files, copied into ``work``."""
-    work.mkdir()
-    for name in DEMO_FILES:
-        src = REPO_ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            shutil.copy2(src, work / name)
-    return work
+    return copy_parts(work, DEMO_FILES, missing_ok=True)
 
 
 @pytest.mark.timeout(700)

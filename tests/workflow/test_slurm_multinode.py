@@ -31,6 +31,7 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
+from support.workflow import copy_parts
 
 from regen.serving.procfs import SERVER_START_MARK
 from regen.simulated.options import REQUEST_LOG_ENV
@@ -92,13 +93,7 @@ def job_times() -> dict[str, tuple[str, float, float]]:
 
 
 def workdir(path: Path, prefix: str, token_rate: int) -> Path:
-    path.mkdir(parents=True)
-    for part in PARTS:
-        src = REPO_ROOT / part
-        if src.is_dir():
-            shutil.copytree(src, path / part, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            shutil.copy2(src, path / part)
+    copy_parts(path, PARTS, missing_ok=True)
     (path / "config" / "cluster.yaml").write_text(
         f"""
 shards: {{count: {SHARDS}}}
