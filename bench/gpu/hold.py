@@ -19,6 +19,7 @@ checks the plumbing (start, loop, log reading, verdict), not SGLang's memory.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import re
@@ -270,3 +271,18 @@ def model_vocab(model_dir: Path) -> int:
 
 def hold_target(target: Target, s: HoldSettings) -> dict[str, Any]:
     return asyncio.run(hold(target, s))
+
+
+def with_hold(row: dict[str, Any], target: Target, a: argparse.Namespace) -> None:
+    """The truth bench's hold phase (``planner_truth.main``'s ``hold_phase``): hold regen's recommended
+    server for ``target`` at its planned batch; the row counts only if it held, its verdict says why not."""
+    result = hold_target(target, HoldSettings(dry=a.dry_cpu, work=a.work, hold_s=a.hold_s))
+    row["hold"] = {**result, "workload_args": list(HOLD_WORKLOAD_ARGS)}
+    print(
+        f"    hold: {result.get('verdict')} (planned {result.get('client_concurrency')}, median running "
+        f"{result.get('median_running')}, held {result.get('held_s')} s, retracted "
+        f"{result.get('retracted_reqs')})",
+        flush=True,
+    )
+    if result.get("verdict") != "held":
+        row["verdict"] = f"{row['verdict']}; not held: {result.get('verdict')}"

@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -638,7 +639,8 @@ def markdown(doc: dict[str, Any]) -> str:
             )
     holds = [r for r in doc["rows"] if "hold" in r]
     if holds:
-        lines += ["", f"Hold at the planned batch (regen's recommendation, `{' '.join(hold_args())}`):", ""]
+        workload = " ".join(holds[0]["hold"].get("workload_args") or [])
+        lines += ["", f"Hold at the planned batch (regen's recommendation, `{workload}`):", ""]
         for r in holds:
             h = r["hold"]
             lines.append(
@@ -649,12 +651,6 @@ def markdown(doc: dict[str, Any]) -> str:
             )
     lines += ["", "```", final_line(s), "```", ""]
     return "\n".join(lines)
-
-
-def hold_args() -> tuple[str, ...]:
-    from bench.gpu import hold
-
-    return hold.HOLD_WORKLOAD_ARGS
 
 
 def host_name(dry: bool) -> str:
@@ -674,25 +670,11 @@ def write_json(path: Path, obj: Any) -> None:
     tmp.replace(path)
 
 
-def with_hold(row: dict[str, Any], target: Target, a: argparse.Namespace) -> None:
-    """Hold regen's recommended server for ``target`` at its planned batch (``bench/gpu/hold.py``); the
-    row counts only if it held: its verdict says why not."""
-    from bench.gpu import hold  # imports dense, which imports this module
-
-    settings = hold.HoldSettings(dry=a.dry_cpu, work=a.work, hold_s=a.hold_s)
-    result = hold.hold_target(target, settings)
-    row["hold"] = result
-    print(
-        f"    hold: {result.get('verdict')} (planned {result.get('client_concurrency')}, median running "
-        f"{result.get('median_running')}, held {result.get('held_s')} s, retracted "
-        f"{result.get('retracted_reqs')})",
-        flush=True,
-    )
-    if result.get("verdict") != "held":
-        row["verdict"] = f"{row['verdict']}; not held: {result.get('verdict')}"
+#: the hold phase after a target's startup check (``bench/gpu/truth_run.py`` passes ``hold.with_hold``)
+HoldPhase = Callable[[dict[str, Any], Target, argparse.Namespace], None]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, hold_phase: HoldPhase | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry-cpu", action="store_true", help="regen's simulated server instead of SGLang")
     p.add_argument("--out", type=Path, required=True, help="results folder (JSON, markdown, trimmed logs)")
@@ -709,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--hold", default="", help="comma-separated targets to hold (default: every target run)")
     a = p.parse_args(argv)
+    if a.hold_s > 0 and hold_phase is None:
+        p.error("--hold-s needs the hold phase: run python -m bench.gpu.truth_run")
     t0 = time.time()
     targets = list(TARGETS)
     if a.only:
@@ -732,8 +716,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[{time.time() - t0:6.0f} s] {target.name} {' '.join(target.flags)}", flush=True)
         row = check_target(target, a.work, a.dry_cpu, a.start_timeout_s)
-        if a.hold_s > 0 and (not a.hold or target.name in a.hold.split(",")):
-            with_hold(row, target, a)
+        if hold_phase is not None and a.hold_s > 0 and (not a.hold or target.name in a.hold.split(",")):
+            hold_phase(row, target, a)
         doc["rows"].append(row)
         print(
             f"    sglang kv={row['sglang']['kv_tokens']} swa={row['sglang']['swa_tokens']} "

@@ -59,7 +59,7 @@ if [ "$mode" = start ]; then
   rm -rf "$T/repo" "$T/out" "$T/work" && mkdir -p "$T/repo" "$T/out" "$T/work"
   tar --exclude=./.gpu --exclude=./.venv --exclude=./.git -cf - . | tar -xf - -C "$T/repo"
   cd "$T/repo" || exit 1  # imports from the copy, not from the tree the call runs in
-  $PY -c 'import aiohttp, orjson, zstandard, jsonschema, yaml, pyarrow, regen.cli, regen.tune.tune, bench.gpu.serverlog, bench.gpu.planner_truth, bench.gpu.dense, bench.gpu.hold' || exit 1
+  $PY -c 'import aiohttp, orjson, zstandard, jsonschema, yaml, pyarrow, regen.cli, regen.tune.tune, bench.gpu.serverlog, bench.gpu.planner_truth, bench.gpu.dense, bench.gpu.hold, bench.gpu.truth_run' || exit 1
   dry=""
   if [ "${DRY:-0}" = 1 ]; then
     dry="--dry-cpu"
@@ -68,7 +68,7 @@ if [ "$mode" = start ]; then
     $PY -c 'import triton_kernels' 2>/dev/null || echo "no triton_kernels: gpt-oss retries with --moe-runner-backend flashinfer_mxfp4"
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
   fi
-  run_planner="$PY -m bench.gpu.planner_truth $dry --out $T/out --work $T/work/planner --deadline-s ${PLANNER_DEADLINE:-660} ${PLANNER_ARGS:-}"
+  run_planner="$PY -m bench.gpu.truth_run $dry --out $T/out --work $T/work/planner --deadline-s ${PLANNER_DEADLINE:-660} ${PLANNER_ARGS:-}"
   run_dense="$PY -m bench.gpu.dense $dry --out $T/out --work $T/work/dense ${DENSE_ARGS:-}"
   case "${ONLY:-both}" in
     planner) seq="$run_planner" ;;

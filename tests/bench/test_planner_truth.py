@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import dense, planner_truth
+from bench.gpu import dense, planner_truth, truth_run
 from bench.gpu.planner_truth import RegenPlan, Startup, read_startup
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -279,8 +279,8 @@ def test_the_hold_plans_for_the_issues_workload_and_samples():
 def test_dry_run_holds_the_recommended_server_and_says_so(tmp_path):
     """The whole sequence against regen's simulated server: the startup check, then the hold."""
     out = tmp_path / "out"
-    rc = planner_truth.main(["--dry-cpu", "--out", str(out), "--work", str(tmp_path / "work"),
-                             "--only", "qwen3.6-27b-text", "--hold-s", "3"])  # fmt: skip
+    rc = truth_run.main(["--dry-cpu", "--out", str(out), "--work", str(tmp_path / "work"),
+                         "--only", "qwen3.6-27b-text", "--hold-s", "3"])  # fmt: skip
     assert rc == 0
     doc = json.loads(next(out.glob("planner-truth-*-dry.json")).read_text())
     row = doc["rows"][0]
