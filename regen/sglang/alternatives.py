@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from regen.sglang.flags import ServerFlags, flag_names, parse_flags, strip_flags
+from regen.sglang.graphs import prefill_graph_batch_sizes, sglang_prefill_graph_limit
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     CUDA_CONTEXT_GIB,
     PlanError,
     Workload,
     mamba_slots_per_request,
-    prefill_graph_batch_sizes,
 )
 from regen.sglang.pools import has_state, is_mla
 from regen.sglang.search import Candidate, Choice, Target, best_running, highest
@@ -83,22 +83,15 @@ def refill_batch(args: Sequence[str], running: int, version: str) -> int:
     return max(1, min(value, running))
 
 
-def sglang_prefill_graph_limit(chunk: int, flags: ServerFlags) -> int:
-    """The token count SGLang captures prefill graphs up to by default (not MLA): the chunked prefill size,
-    capped at ``--max-total-tokens`` (``handle_gpu_memory_settings``, 0.5.17 and 0.5.23)."""
-    limit = max(chunk, 0)
-    return min(limit, flags.max_total_tokens) if flags.max_total_tokens is not None else limit
-
-
 def refill_prefill_graph_tokens(
     model: ModelShape, candidate: Candidate, prompt_p99: int, version: str
 ) -> int | None:
     """The prefill-graph limit that covers ``candidate``'s refill passes: :func:`refill_batch` x prompt p99
     tokens, at least :data:`MIN_PREFILL_GRAPH_TOKENS`, rounded up to the next size SGLang captures
-    (``generate_prefill_cuda_graph_batch_sizes``, via :func:`regen.sglang.plan.prefill_graph_batch_sizes`).
+    (``generate_prefill_cuda_graph_batch_sizes``, via :func:`regen.sglang.graphs.prefill_graph_batch_sizes`).
     None where the tuner leaves SGLang's default: prefill graphs off, the given flags size them, an MLA
     model (SGLang's own default there is smaller already), or a limit that would reach SGLang's default
-    (:func:`sglang_prefill_graph_limit`)."""
+    (:func:`regen.sglang.graphs.sglang_prefill_graph_limit`)."""
     flags = parse_flags(list(candidate.args))
     names = set(flag_names(candidate.args))
     if flags.prefill_graphs_off or names & _PREFILL_GRAPH_SIZE_FLAGS:

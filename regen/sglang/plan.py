@@ -34,6 +34,7 @@ from typing import Any
 
 from regen.sglang.fit import smallest_fitting_tp, tp_refusals
 from regen.sglang.flags import ServerFlags, parse_flags
+from regen.sglang.graphs import prefill_graph_reserve_mib, prefill_graph_tokens
 from regen.sglang.headroom import Headroom, headroom
 from regen.sglang.models import ModelShape
 from regen.sglang.pools import (
@@ -255,43 +256,6 @@ def _capacity_defaults(gpu_mib: int, tp: int) -> tuple[int, int]:
     if gpu_mib < 160 * 1024:
         return 8192, 256 if tp < 4 else 512
     return 16384, 512
-
-
-def prefill_graph_batch_sizes(max_bs: int) -> list[int]:
-    """cuda_graph_hook.generate_prefill_cuda_graph_batch_sizes (0.5.17: ServerArgs._generate_prefill_...)."""
-    sizes = (
-        list(range(4, 33, 4))
-        + list(range(48, 257, 16))
-        + list(range(288, 513, 32))
-        + list(range(576, 1025, 64))
-        + list(range(1280, 4097, 256))
-        + list(range(4608, max_bs + 1, 512))
-    )
-    return [s for s in sizes if s <= max_bs]
-
-
-def prefill_graph_reserve_mib(chunk: int, flags: ServerFlags, mla: bool) -> float:
-    """reserve_for_graph_mb's prefill part (0.5.17 ``ServerArgs``, 0.5.23 ``arg_groups/memory_hook``): 0 with
-    the prefill backend disabled, 1.5 GiB for an MLA backend, else 8 MiB per captured token count
-    (``--cuda-graph-max-bs-prefill``, else the chunk, capped at ``--max-total-tokens``)."""
-    if flags.prefill_graphs_off:
-        return 0.0
-    if mla:
-        return 1.5 * 1024
-    return len(prefill_graph_batch_sizes(prefill_graph_tokens(chunk, flags))) * 8.0
-
-
-def prefill_graph_tokens(chunk: int, flags: ServerFlags) -> int:
-    """The largest token count SGLang captures a prefill graph for (0: prefill graphs off):
-    ``--cuda-graph-max-bs-prefill``, else the chunk, capped at ``--max-total-tokens``."""
-    if flags.prefill_graphs_off:
-        return 0
-    if flags.cuda_graph_max_bs_prefill is not None:
-        return flags.cuda_graph_max_bs_prefill
-    tokens = chunk if chunk > 0 else 0
-    if flags.max_total_tokens is not None:
-        tokens = min(tokens, flags.max_total_tokens)
-    return tokens
 
 
 def reserved_memory_mib(

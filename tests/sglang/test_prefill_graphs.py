@@ -17,8 +17,9 @@ from regen.sglang.alternatives import (
     with_refill_prefill_graphs,
 )
 from regen.sglang.flags import strip_flags
+from regen.sglang.graphs import prefill_graph_batch_sizes
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import Workload, plan, prefill_graph_batch_sizes
+from regen.sglang.plan import Workload, plan
 from regen.sglang.recommend import recommend
 from regen.sglang.search import Choice, Target, expected_length_running
 
