@@ -1,7 +1,7 @@
 """Replay a race's sweep projection with today's length and step models against what the run measured.
 
 The sweep's projection (``results/plan/pilot.json``, ``projection_closed_loop``) is made before the run
-from the pilot's lengths and a decode-step line; a race bundle (``bench/results/known-target-*.logs.tgz``)
+from the pilot's lengths and a decode-step line; a race bundle (``measurements/known-target-*.logs.tgz``)
 keeps the pilot's lengths, the run's config and the run's own server log, and the measured file keeps the
 generation phase's GPU seconds. This plays the closed loop (``regen.tune.closedloop``) again, side by side:
 
@@ -42,9 +42,9 @@ from regen.serving.metrics import decode_samples, steady_state
 from regen.tune.closedloop import StepModel, Truncation, closed_loop_wall_s
 from regen.tune.sweep import CensoredLengths, run_truncation
 
-#: the race --smoke replays: its bundle and measured file in bench/results/
-SMOKE_BUNDLE = REPO / "bench" / "results" / "known-target-2026-12-03-n800.logs.tgz"
-SMOKE_MEASURED = REPO / "bench" / "results" / "known-target-2026-12-03-n800.known_target_measured.json"
+#: the race --smoke replays: its bundle and measured file in measurements/
+SMOKE_BUNDLE = REPO / "measurements" / "known-target-2026-12-03-n800.logs.tgz"
+SMOKE_MEASURED = REPO / "measurements" / "known-target-2026-12-03-n800.known_target_measured.json"
 
 
 def run_step_line(server_log: Path) -> StepModel | None:

@@ -77,6 +77,11 @@ VALID_SCHEMA = pa.schema(
     [
         pa.field("id", pa.string(), nullable=False),
         pa.field("shard", pa.string(), nullable=False),
+        # the prompt's sample id, the sampling variant's name and the completion's index among its n
+        # (``id`` is unique: the sample id with one variant of n 1, else ``{sample_id}/{variant}/{k}``)
+        pa.field("sample_id", pa.string(), nullable=False),
+        pa.field("variant", pa.string(), nullable=False),
+        pa.field("k", pa.int64(), nullable=False),
         pa.field("messages", MESSAGES_TYPE, nullable=False),
         pa.field("reasoning_content", pa.string()),
         pa.field("content", pa.string(), nullable=False),
@@ -90,6 +95,7 @@ VALID_SCHEMA = pa.schema(
         pa.field("top_p", pa.float64(), nullable=False),
         pa.field("top_k", pa.int64(), nullable=False),
         pa.field("max_tokens", pa.int64(), nullable=False),
+        pa.field("reasoning_effort", pa.string()),
         pa.field("seed", pa.int64(), nullable=False),
         pa.field("model", pa.string(), nullable=False),
         pa.field("server_id", pa.string(), nullable=False),
@@ -116,6 +122,9 @@ VALID_SCHEMA = pa.schema(
 
 # Columns copied unchanged from the valid shards into the dataset, in output order.
 DATASET_PASSTHROUGH = (
+    "sample_id",
+    "variant",
+    "k",
     "model",
     "finish_reason",
     "truncated",
@@ -127,6 +136,7 @@ DATASET_PASSTHROUGH = (
     "top_p",
     "top_k",
     "max_tokens",
+    "reasoning_effort",
     "seed",
     "shard",
     "prompt_token_ids",
@@ -206,6 +216,10 @@ class ValidColumns:
         timings = rec["timings"]
         c["id"].append(rec["id"])
         c["shard"].append(rec["shard"])
+        # records written before variants lack these: the sample id, the one implicit variant, k 0
+        c["sample_id"].append(rec.get("sample_id", rec["id"]))
+        c["variant"].append(rec.get("variant", DEFAULT_VARIANT))
+        c["k"].append(int(rec.get("k", 0)))
         c["messages"].append([message_row(m) for m in rec["messages"]])
         c["reasoning_content"].append(rec["reasoning_content"])
         c["content"].append(rec["content"])
@@ -220,6 +234,7 @@ class ValidColumns:
         c["top_p"].append(float(sampling["top_p"]))
         c["top_k"].append(int(sampling["top_k"]))
         c["max_tokens"].append(int(sampling["max_tokens"]))
+        c["reasoning_effort"].append(sampling.get("reasoning_effort"))
         c["seed"].append(int(rec["seed"]))
         c["model"].append(rec["model"])
         c["server_id"].append(server["id"])
@@ -328,6 +343,16 @@ def message_from_row(row: dict[str, Any]) -> Message:
 # The generation record (JSON): one line of results/generations/{shard}.jsonl.zst
 # ---------------------------------------------------------------------------------------------
 
+#: the one implicit sampling variant of a run without ``generate.variants`` (``generate.sampling``)
+DEFAULT_VARIANT = "default"
+
+
+def record_id(sample_id: str, variant: str, k: int, *, plain: bool) -> str:
+    """A record's id: the sample id when the run has one variant of one completion (``plain``: every
+    id then is what it was before variants), else ``{sample_id}/{variant}/{k}``."""
+    return sample_id if plain else f"{sample_id}/{variant}/{k}"
+
+
 
 @dataclass(frozen=True, slots=True)
 class RecordSampling:
@@ -337,8 +362,11 @@ class RecordSampling:
     top_p: float
     top_k: int
     max_tokens: int
-    #: the config block these came from: ``sampling``, or its ``thinking`` / ``non_thinking`` override
+    #: the config block these came from: ``sampling``, or its ``thinking`` / ``non_thinking`` override, or
+    #: ``variant`` when the record's variant sets temperature, top_p or top_k itself
     block: str | None = None
+    #: the variant's ``reasoning_effort`` (sent in chat_template_kwargs); None: not sent
+    reasoning_effort: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -349,6 +377,8 @@ class RecordSampling:
         }
         if self.block is not None:
             out["block"] = self.block
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
         return out
 
 
@@ -365,6 +395,7 @@ class GenerationRecord:
     changes a record once built.
     """
 
+    #: the record id, unique in the dataset (:func:`record_id`)
     id: str
     shard: str
     messages: list[dict[str, Any]]
@@ -392,6 +423,10 @@ class GenerationRecord:
     #: regenerate all: ``{"turn", "kind"}`` when the row ended early at that turn because its tool calls
     #: differ from those the dataset's following tool turns answer (``regen.toolcalls``); absent otherwise
     tool_call_mismatch: dict[str, Any] | None = None
+    #: the prompt's sample id, the sampling variant's name, the completion's 0-based index among its n
+    sample_id: str = ""
+    variant: str = "default"
+    k: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The record's JSON object (key order as written to the generations file)."""
@@ -405,6 +440,9 @@ class GenerationRecord:
         out: dict[str, Any] = {
             "kind": RECORD,
             "id": self.id,
+            "sample_id": self.sample_id or self.id,
+            "variant": self.variant,
+            "k": self.k,
             "shard": self.shard,
             "messages": self.messages,
             "reasoning_content": self.reasoning_content,

@@ -194,7 +194,7 @@ def step(title: str, cmd: list[str]) -> int:
 @dataclass(frozen=True, slots=True)
 class PriorRun:
     """One run's device seconds as measured on the H200 on 2026-12-01 and 2026-12-02 (1,000 prompts, design
-    20 / 0.8 / 2048: bench/results/known-target-2026-12-0{1,2}.*, where_time_went.py): a fixed part, and a
+    20 / 0.8 / 2048: measurements/known-target-2026-12-0{1,2}.*, where_time_went.py): a fixed part, and a
     generation part that grows with the prompts. An estimate for the budget, not a measurement."""
 
     start_s: float  # launch to ready (regen's and the later baselines': warm, after the warm-up server)

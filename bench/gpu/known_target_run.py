@@ -288,7 +288,7 @@ def completion_pmf(model: Path, m2: int) -> Any:
 
 
 #: decode plateaus (running requests, output tok/s) measured on this GPU at this shape with fp32 state,
-#: SGLang 0.5.17: its defaults (82) and regen's plan (350) (bench/results/gpu-2026-11-29.md)
+#: SGLang 0.5.17: its defaults (82) and regen's plan (350) (measurements/gpu-2026-11-29.md)
 PRIOR_PLATEAUS = "82:3178,350:5220"
 
 
@@ -632,7 +632,7 @@ def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
 
 
 def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
-    """The measurements against the design, as bench/results/ keeps them."""
+    """The measurements against the design, as measurements/ keeps them."""
     rows = [
         ("requests", m["requests"], ""),
         ("stop fraction (after one retry)", m["stop_fraction"], m["designed_stop_fraction"]),

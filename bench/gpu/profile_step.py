@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/gpu/profile_step.py", description=__doc__.split("\n")[0])
     p.add_argument("--dry-cpu", action="store_true")
     p.add_argument("--work", type=Path, default=Path("/tmp/regen-profile"))
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--out", type=Path, default=REPO / "measurements")
     p.add_argument("--label", default="expected-length cap + refill batching")
     p.add_argument("--batch", type=int, default=None, help="decode requests (default: the candidate's cap)")
     p.add_argument("--tokens", type=int, default=384)

@@ -603,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/gpu/run.py", description=__doc__.split("\n")[0])
     p.add_argument("--dry-cpu", action="store_true", help="simulated server, small workload, no GPU")
     p.add_argument("--work", type=Path, default=None, help="scratch dir (servers, logs, model)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--out", type=Path, default=REPO / "measurements")
     p.add_argument("--requests", type=int, default=None)
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--output-tokens", type=int, default=None)

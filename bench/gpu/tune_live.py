@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/gpu/tune_live.py", description=__doc__.split("\n")[0])
     p.add_argument("--dry-cpu", action="store_true")
     p.add_argument("--work", type=Path, default=None)
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--out", type=Path, default=REPO / "measurements")
     p.add_argument("--pilot-s", type=float, default=None)
     p.add_argument("--deadline-s", type=float, default=1330)
     p.add_argument("--sweep-budget-s", type=float, default=None,

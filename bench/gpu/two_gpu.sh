@@ -6,7 +6,7 @@
 #   two_gpu.sh --dry-cpu [BUDGET_S] same, here, with server.mode simulated (PY= the python to use)
 # Snakemake travels as .whl/{a,b}/snk.tar.xz.a? (pure-Python snakemake 9.27.1 + its deps that the
 # GPU image lacks, taken from .venv without compiled extensions; split to fit beside a payload part).
-# Device sequence (kind nvidia-h200-x2, back to back; results: bench/results/gpu2-2026-11-29.md):
+# Device sequence (kind nvidia-h200-x2, back to back; results: measurements/gpu2-2026-11-29.md):
 #   carry [.gpu/p01, .whl/a]: two_gpu.sh stage   carry [.gpu/p02, .whl/b]: two_gpu.sh stage
 #   carry [.gpu/p03]: two_gpu.sh stage           carry [.gpu/p04]: two_gpu.sh run 575  (~315 s)
 set -u

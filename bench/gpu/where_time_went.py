@@ -10,7 +10,7 @@ from that, the prompt count at which regen reaches the issue's targets (1.5x the
 original run's flags end to end), with regen's server start as measured (cold, first on the machine)
 and as the later servers' (warm).
 
-Usage: python -m bench.gpu.where_time_went [--prefix bench/results/known-target-2026-12-01] [--out FILE.md]
+Usage: python -m bench.gpu.where_time_went [--prefix measurements/known-target-2026-12-01] [--out FILE.md]
        python -m bench.gpu.where_time_went --work KT_WORK [--out FILE.md]  (a campaign's work dir as it ran:
        every run there, the warm-up included; the projection only with regen, default and seed)
 The last line printed is ``where: ...``.
@@ -266,7 +266,7 @@ def markdown(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prefix", type=Path, default=REPO / "bench/results/known-target-2026-12-01")
+    ap.add_argument("--prefix", type=Path, default=REPO / "measurements/known-target-2026-12-01")
     ap.add_argument("--work", type=Path, help="a campaign's work dir instead (known_target_device.py's)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)

@@ -11,7 +11,7 @@ prediction (the report says which); ``ratio``: accept_regen / accept_original; `
 SpecForge's own eval number (the first of SPECFORGE_EVAL_KEYS in train.json's ``specforge_eval``; the
 key is named in the report). A value not measured yet prints ``na``. Stdlib only: the sequence imports it.
 
-Usage: python -m bench.loop.report --root /tmp/loop --results bench/results [--date 2026-12-02]
+Usage: python -m bench.loop.report --root /tmp/loop --results measurements [--date 2026-12-02]
 """
 
 from __future__ import annotations

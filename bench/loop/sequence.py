@@ -21,7 +21,7 @@ image's python3 with /tmp/site and /tmp/snk on PYTHONPATH), ``--trainer-python``
 (SpecForge, torch, transformers: here /work/main/.venv-trainers/bin/python). ``DRY=1`` (or ``--dry``):
 the CPU rehearsal (contract 5 in the loop's plan).
 
-Usage: python -m bench.loop.sequence --root /tmp/loop --results bench/results [--n 500] [--max-tokens 2048]
+Usage: python -m bench.loop.sequence --root /tmp/loop --results measurements [--n 500] [--max-tokens 2048]
        [--train-steps 400] [--seed 0] [--regen-python PY] [--trainer-python PY] [--dry]
 """
 

@@ -67,7 +67,7 @@ class RequestTime:
 
 
 #: the decode-step line assumed when none was measured (no ``regen tune --sweep`` pilot): the slowest line
-#: measured on an H200 so far, Qwen3.6-27B hybrid at 607 running, 90.9 ms a step (bench/results, 2026-11-30),
+#: measured on an H200 so far, Qwen3.6-27B hybrid at 607 running, 90.9 ms a step (measurements, 2026-11-30),
 #: is 30 ms + 0.1 ms a request; Llama-3.1-8B at 671 running took ~47 ms (dense-2026-12-02-pages), half of it.
 #: A prefill of a few hundred prompt tokens between the steps: 2 ms.
 ESTIMATED_GPU_STEP = RequestTime(

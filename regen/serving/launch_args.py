@@ -21,7 +21,7 @@ MANAGED_FLAGS: frozenset[str] = frozenset(
 #: scheduler ~7 s on the H200 (issue 37); regen's readiness probe already pays the first request's cost
 #: (``regen.serving.probes.one_token_generation``). Not a numerics flag: not among
 #: ``regen.fingerprint.SERVER_NUMERICS_KEYS``.
-#: SGLang's prefill CUDA graphs are left on: on the H200 (``bench/results/known-target-2026-12-02-n800.md``)
+#: SGLang's prefill CUDA graphs are left on: on the H200 (``measurements/known-target-2026-12-02-n800.md``)
 #: each small prefill batch between decode steps at a batch of 265 cost 64 ms with them and 141 ms
 #: without, so decode ran at 4,026 tok/s with them and 2,969 without; their capture (34.5 s warm, 98 s
 #: cold, for all 58 sizes up to the 8192-token chunk) is paid back after ~450 admissions at the full batch.

@@ -38,7 +38,7 @@ _DELAY_FLAG = "--min-free-slots-delay"
 def with_batched_refills(candidate: Candidate) -> Candidate:
     """``candidate`` with its refills prefilled :data:`MIN_FREE_SLOTS_DELAY` at a time, where SGLang applies
     the delay (a running cap of :data:`MIN_FREE_SLOTS_DELAY_FROM_CAP` or more) and the flags do not set it.
-    Measured on the H200 (27B hybrid, SGLang 0.5.17, ``bench/results/sweep-2026-11-30.md``): 5,278 tok/s
+    Measured on the H200 (27B hybrid, SGLang 0.5.17, ``measurements/sweep-2026-11-30.md``): 5,278 tok/s
     with it against 4,890 without at 608 running; one single-request prefill between decode steps cost
     64 ms at 265 running (``known-target-2026-12-02-n800.md``), about 12 of them every 40 decode steps."""
     cap = candidate.plan.effective_max_running_requests

@@ -52,7 +52,7 @@ GRAPH_FP32_COPIES = 2
 DECODE_GRAPH_MIB_PER_BS = 2.0
 #: prefill-graph capture (the breakable backend), by the largest token count captured: a line through
 #: the largest measured on the H200 (SGLang 0.5.17, "Capture target prefill CUDA graph end. mem usage="
-#: in bench/results' server logs: Qwen3.6-27B 3.06 GiB to 8,192 tokens and 1.27 GiB to 1,280; Qwen3-8B
+#: in measurements' server logs: Qwen3.6-27B 3.06 GiB to 8,192 tokens and 1.27 GiB to 1,280; Qwen3-8B
 #: 1.87, Qwen3-30B-A3B 1.67-1.78 and Llama-3.1-8B 1.47-1.60 to 8,192 lie under it); SGLang's own
 #: estimate (8 MiB a captured size, ~0.45 GiB to 8,192) is 3-6 times under what capture takes
 PREFILL_GRAPH_GIB_BASE = 0.95

@@ -60,7 +60,7 @@ PAGE_SIZE_REASON = (
     "--page-size {page}: the KV cache in pages of {page} tokens instead of SGLang's 1 on Hopper "
     "(arg_groups/overrides.py::_page_size_default; SGLang takes 64 itself with its trtllm_mha decode on "
     "SM100): fa3's decode reads whole pages instead of gathering token by token; measured on the H200 "
-    "(SGLang 0.5.17, Llama-3.1-8B, bench/results/dense-2026-12-02-pages.md) 14,300 tok/s at 671 running "
+    "(SGLang 0.5.17, Llama-3.1-8B, measurements/dense-2026-12-02-pages.md) 14,300 tok/s at 671 running "
     "against 13,763 at 687 with page 1; each request holds on average {waste} more tokens (its last page "
     "half full), counted in the fill"
 )

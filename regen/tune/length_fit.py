@@ -3,7 +3,7 @@ right-censoring.
 
 A pilot window of 100 s at a batch of 265 on the H200 finished 248 of its 300 samples; the 52 still running
 were the long ones, so the finished answers averaged 466 tokens where the run's averaged 632, and the
-projection came out 27% short (``bench/results/known-target-2026-12-02-n800.md``). Each unfinished
+projection came out 27% short (``measurements/known-target-2026-12-02-n800.md``). Each unfinished
 answer is known to be longer than the longest finished first attempt (every first attempt starts with the
 window; one that started later is counted as if it had started with it). The log-normal that best explains
 both (maximum likelihood: the density at each finished length, the survival at the censoring point for

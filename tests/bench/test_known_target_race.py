@@ -21,7 +21,7 @@ from regen.tune.pilot import DEFAULT_DRAIN_FRACTION
 from regen.tune.projection import project
 
 REPO = Path(__file__).resolve().parents[2]
-PREFIX = REPO / "bench/results/known-target-2026-12-01"
+PREFIX = REPO / "measurements/known-target-2026-12-01"
 
 
 def test_sequence_args_keep_the_runs_flags_apart_from_its_own() -> None:
@@ -57,7 +57,7 @@ def test_a_sweep_first_is_the_warm_up_and_counts_its_cold_start() -> None:
 
 @pytest.mark.parametrize(("which", "day"), [("default", "2026-12-02"), ("seed", "2026-12-01")])
 def test_prior_runs_are_the_latest_measured_baselines(which: str, day: str) -> None:
-    b = json.loads((REPO / f"bench/results/known-target-{day}.baseline-{which}.json").read_text())
+    b = json.loads((REPO / f"measurements/known-target-{day}.baseline-{which}.json").read_text())
     prior = ktd.PRIOR[which]
     assert prior.start_s == pytest.approx(b["server_start_s"], abs=1)
     assert prior.generation_s_per_1000 * b["n"] / 1000 == pytest.approx(b["generation_s"], abs=1)

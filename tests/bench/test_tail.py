@@ -76,7 +76,7 @@ def test_generation_phases_carry_the_drain_token_share() -> None:
     """where_time_went's table reads it from the one function (the shipped regen log: 19.5%)."""
     from bench.gpu.where_time_went import read_logs
 
-    text = read_logs(Path(__file__).resolve().parents[2] / "bench/results/known-target-2026-12-01")["regen"]
+    text = read_logs(Path(__file__).resolve().parents[2] / "measurements/known-target-2026-12-01")["regen"]
     phases = generation_phases(text)
     assert phases is not None
     assert phases.drain_token_share == pytest.approx(0.1945, abs=0.001)

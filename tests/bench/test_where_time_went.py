@@ -12,7 +12,7 @@ from bench.gpu import where_time_went as wtw
 
 REPO = Path(__file__).resolve().parents[2]
 
-PREFIX = REPO / "bench/results/known-target-2026-12-01"
+PREFIX = REPO / "measurements/known-target-2026-12-01"
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_one_prefill_at_the_full_batch_costs_twice_as_much_without_prefill_graph
     """The same plan at 265 running, 2026-12-01 with SGLang's prefill graphs, 2026-12-02 without
     (``--disable-prefill-cuda-graph``): ~12 single-request prefills every 40 decode passes, 64 ms each with
     the graphs and 141 ms without; regen's launch keeps them on since."""
-    without = wtw.run_times(REPO / "bench/results/known-target-2026-12-02-n800")["regen"].prefill
+    without = wtw.run_times(REPO / "measurements/known-target-2026-12-02-n800")["regen"].prefill
     with_graphs = runs["regen"].prefill
     assert with_graphs is not None and without is not None
     assert with_graphs.cost_ms == pytest.approx(64, abs=3) and without.cost_ms == pytest.approx(141, abs=3)

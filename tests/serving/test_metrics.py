@@ -27,7 +27,7 @@ REAL_LOG = Path(__file__).parents[1] / "data" / "sglang" / "decode-0.5.17-h200-b
 
 
 def test_steady_state_of_a_real_sglang_log_reproduces_the_published_h200_figure() -> None:
-    # SGLang 0.5.17 on the H200, 512 running, bf16 state (bench/results/gpu-2026-11-29.md: 6,544 tok/s)
+    # SGLang 0.5.17 on the H200, 512 running, bf16 state (measurements/gpu-2026-11-29.md: 6,544 tok/s)
     text = REAL_LOG.read_text()
     samples = decode_samples(text)
     assert len(samples) == 25 and "Prefill batch" in text  # prefill lines are not decode samples
@@ -110,7 +110,7 @@ def test_step_model_fit_recovers_the_line_and_falls_back_on_one_batch_size() -> 
 
 #: SGLang 0.5.17 on the H200, the seed flags (NEXTN 3 steps, SGLANG_SIMULATE_ACC_LEN off: the known-answer
 #: target's own MTP layer), 2026-12-01: four consecutive decode lines of the plateau (the seed baseline's
-#: server log in bench/results/known-target-2026-12-01.logs.tgz)
+#: server log in measurements/known-target-2026-12-01.logs.tgz)
 MTP_LINES = """\
 [2026-12-01 05:43:00] Decode batch, #running-req: 64, #full token: 30149, full token usage: 0.24, mamba num: 128, mamba usage: 0.64, accept len: 2.95, accept rate: 0.65, cuda graph: True, gen throughput (token/s): 2722.55, #queue-req: 0
 [2026-12-01 05:43:03] Decode batch, #running-req: 63, #full token: 27215, full token usage: 0.22, mamba num: 125, mamba usage: 0.62, accept len: 2.98, accept rate: 0.66, cuda graph: True, gen throughput (token/s): 2646.25, #queue-req: 0

@@ -11,7 +11,7 @@ import pytest
 from regen.fingerprint import server_numerics
 from regen.serving.startup_split import StartupSplit, startup_split
 
-RESULTS = Path(__file__).parents[2] / "bench/results"
+RESULTS = Path(__file__).parents[2] / "measurements"
 
 
 def _known_target_log(member: str) -> str:

@@ -85,7 +85,7 @@ def test_the_launch_command_keeps_sglangs_prefill_graphs_unless_server_args_turn
     monkeypatch: pytest.MonkeyPatch, given: list[str]
 ) -> None:
     """At regen's full batch each small prefill cost 64 ms with SGLang's prefill graphs and 141 ms without
-    (bench/results/known-target-2026-12-02-n800.md): regen no longer turns them off."""
+    (measurements/known-target-2026-12-02-n800.md): regen no longer turns them off."""
     from regen.serving.local_sglang import build_sglang_command
     from regen.sglang.flags import parse_flags
 

@@ -427,7 +427,7 @@ def test_workflow_plan_file_from_the_audit_summary(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- speculative (MTP) --
 #: SGLang 0.5.17 on the H200, the 27B-shape dummy model, the original run's flags (NEXTN 3 steps topk 1,
 #: --max-mamba-cache-size 200 --mem-fraction-static 0.93 --mamba-full-memory-ratio 0.6
-#: --max-running-requests 64), 2026-12-01 (bench/results/known-target-2026-12-01.logs.tgz, seed baseline)
+#: --max-running-requests 64), 2026-12-01 (measurements/known-target-2026-12-01.logs.tgz, seed baseline)
 SEED_FLAGS = [
     "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "4", "--max-mamba-cache-size", "200", "--mem-fraction-static", "0.93",
@@ -546,7 +546,7 @@ def test_mtp_that_does_not_fit_is_no_candidate(gpu_model: ModelShape) -> None:
 
 def test_the_recommendation_batches_refills_where_sglang_applies_the_delay(gpu_model: ModelShape) -> None:
     """One prefill pass per freed slot cost 64 ms at 265 running on the H200; ``--min-free-slots-delay 4``
-    measured 5,278 tok/s against 4,890 without at 608 (bench/results/sweep-2026-11-30.md)."""
+    measured 5,278 tok/s against 4,890 without at 608 (measurements/sweep-2026-11-30.md)."""
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048)
     rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", **BF16_STATE)
     assert rec.recommended.effective_max_running_requests >= 8

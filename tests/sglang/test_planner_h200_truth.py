@@ -1,8 +1,8 @@
 """regen's planner against what SGLang 0.5.17 itself allocated on the H200 (issue 33 item 5), in CI.
 
 The numbers are SGLang's own startup-log lines, measured with dummy weights on 2026-12-01 by
-``bench/gpu/planner_truth.py`` and ``bench/gpu/dense.py`` (``bench/results/planner-truth-2026-12-01.json``,
-``bench/results/dense-2026-12-01.json``). Each server is planned again here, through the same
+``bench/gpu/planner_truth.py`` and ``bench/gpu/dense.py`` (``measurements/planner-truth-2026-12-01.json``,
+``measurements/dense-2026-12-01.json``). Each server is planned again here, through the same
 ``regen tune --json`` call the bench made on the host, so a planner change that drifts from SGLang's
 allocation for any measured family (dense GQA, MoE spellings, FP8 block, MXFP4 with sliding window,
 Mamba2 and GDN hybrids) fails CI, not the next GPU run.
@@ -18,7 +18,7 @@ import pytest
 from bench.gpu.planner_truth import TARGETS, model_dir_for, regen_tune
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
-RESULTS = ROOT / "bench" / "results"
+RESULTS = ROOT / "measurements"
 KV_TOLERANCE, WEIGHTS_TOLERANCE, SWA_TOLERANCE = 0.01, 0.02, 0.01
 
 
@@ -39,7 +39,7 @@ def _dense_rows() -> list[tuple[str, str, tuple[str, ...], dict]]:
 
 
 #: gpt-oss-120b (issue 49 item 4), measured by the truth bench on the H200 on 2026-12-04 (SGLang 0.5.17,
-#: dummy weights, bench/results/planner-truth-2026-12-04.json): "Load weight end ... mem usage=70.26 GB",
+#: dummy weights, measurements/planner-truth-2026-12-04.json): "Load weight end ... mem usage=70.26 GB",
 #: full KV 1,530,693 tokens, SWA 82,177 under these flags. regen plans 66.89 GiB of weights (the MXFP4
 #: triton_kernels layout plus the 1.40 GiB measured on the 20b beyond it) and so 1,626,836 tokens (+6.28%):
 #: what the load holds beyond the layout grows with the model (20b: 1.42 GiB, 120b: 4.77 GiB) and is not

@@ -12,7 +12,7 @@ network, UTS and mount namespace, 2 fake GPUs each, journals synced to S3 (Seawe
   (one writer per journal) and replay what they wrote; every sample is generated once.
 
 Needs ``REGEN_TEST_SLURM_NODES`` >= 2 (set by .ci/run once the cluster is up) and the S3 test server
-(``REGEN_TEST_S3_ENDPOINT``, reachable from the nodes); skipped otherwise. ``bench/results/cluster-*.md``
+(``REGEN_TEST_S3_ENDPOINT``, reachable from the nodes); skipped otherwise. ``measurements/cluster-*.md``
 keeps the measured line (``REGEN_CLUSTER_BENCH_OUT`` names a file to append it to).
 """
 
