@@ -353,7 +353,6 @@ def record_id(sample_id: str, variant: str, k: int, *, plain: bool) -> str:
     return sample_id if plain else f"{sample_id}/{variant}/{k}"
 
 
-
 @dataclass(frozen=True, slots=True)
 class RecordSampling:
     """The sampling a record was generated with (``max_tokens`` as last sent, after any retry raise)."""
@@ -481,11 +480,24 @@ class FailureEntry:
     reason: str
     attempts: int
     error: str
+    #: the record's sample id, variant and completion index (as on :class:`GenerationRecord`)
+    sample_id: str = ""
+    variant: str = DEFAULT_VARIANT
+    k: int = 0
 
     def journal_entry(self) -> dict[str, Any]:
-        """The failure as a journal line: ``{"kind": "failed", "id", "reason", "attempts", "error"}``."""
-        return {"kind": FAILED, "id": self.id, "reason": self.reason, "attempts": self.attempts,
-                "error": self.error}  # fmt: skip
+        """The failure as a journal line: ``{"kind": "failed", "id", "sample_id", "variant", "k", "reason",
+        "attempts", "error"}``."""
+        return {
+            "kind": FAILED,
+            "id": self.id,
+            "sample_id": self.sample_id or self.id,
+            "variant": self.variant,
+            "k": self.k,
+            "reason": self.reason,
+            "attempts": self.attempts,
+            "error": self.error,
+        }
 
 
 # ---------------------------------------------------------------------------------------------
