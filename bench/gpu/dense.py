@@ -263,6 +263,10 @@ class Window:
     log_median_running: float | None
     log_lines: int
     errors: int
+    #: KV tokens in use (the ``#token`` of the window's first and last three decode lines, medians): flat
+    #: at steady state
+    log_tokens_first: int | None = None
+    log_tokens_last: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -277,6 +281,8 @@ class Window:
             "log_median_running": self.log_median_running,
             "log_lines": self.log_lines,
             "errors": self.errors,
+            "log_tokens_first": self.log_tokens_first,
+            "log_tokens_last": self.log_tokens_last,
         }
 
 
@@ -325,6 +331,8 @@ async def measure(loop: ClosedLoop, server: Server, n: int, s: Settings) -> Wind
         log_median_running=statistics.median(x.running for x in lines) if lines else None,
         log_lines=len(lines),
         errors=len(loop.errors) - errors_before,
+        log_tokens_first=round(statistics.median(x.tokens for x in lines[:3])) if lines else None,
+        log_tokens_last=round(statistics.median(x.tokens for x in lines[-3:])) if lines else None,
     )
 
 
@@ -343,6 +351,8 @@ class Settings:
     length_scale: float  # dry run: answers scaled down so a window holds many of them
     #: flags appended to the regen arm's plan (--regen-extra-args): a probe, named in the output
     regen_extra_args: tuple[str, ...] = ()
+    #: the default arm's in-flight counts, one window each (the same loop widened)
+    default_in_flight: tuple[int, ...] = DEFAULT_IN_FLIGHT
 
 
 def flag_value(args: list[str], flag: str) -> str | None:
@@ -513,7 +523,7 @@ async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: 
     }
     runs: list[tuple[str, list[str], tuple[int, ...], RegenPlan]] = []
     if "default" in arms:
-        runs.append(("default", [], DEFAULT_IN_FLIGHT, plan))
+        runs.append(("default", [], s.default_in_flight, plan))
     for arm in (a for a in planned if a in arms):
         arm_rec = (plans[arm].plan or {}).get("recommended") or {}
         args = list(arm_rec.get("args") or [])

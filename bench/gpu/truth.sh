@@ -28,6 +28,8 @@
 # gpt-oss-20b alone (startup ~50 s, hold start ~2-3 min with decode graphs to 1,024, ramp ~30 s, hold 60 s):
 #   4. carry [.gpu/p04]: ONLY=planner PLANNER_ARGS="--only gpt-oss-20b,gpt-oss-120b --hold-s 60 --hold gpt-oss-20b" \
 #        bash bench/gpu/truth.sh start 560
+# Held-out families against the defaults at steady state (issue 49 item 3; bench/gpu/families.py, ~6-7 min
+# a model): ONLY=families FAMILIES_ARGS="--models gpt-oss-20b,qwen3-32b-fp8,mixtral-8x7b" truth.sh start 560
 # CPU rehearsal of the hold (~20 s):
 #   DRY=1 PY=$PWD/.venv/bin/python TRUTH_TMP=/tmp/truthd OUT=/tmp/truthd/out ONLY=planner \
 #     PLANNER_ARGS="--only gpt-oss-20b --hold-s 5" bash bench/gpu/truth.sh start 120
@@ -59,7 +61,7 @@ if [ "$mode" = start ]; then
   rm -rf "$T/repo" "$T/out" "$T/work" && mkdir -p "$T/repo" "$T/out" "$T/work"
   tar --exclude=./.gpu --exclude=./.venv --exclude=./.git -cf - . | tar -xf - -C "$T/repo"
   cd "$T/repo" || exit 1  # imports from the copy, not from the tree the call runs in
-  $PY -c 'import aiohttp, orjson, zstandard, jsonschema, yaml, pyarrow, regen.cli, regen.tune.tune, bench.gpu.serverlog, bench.gpu.planner_truth, bench.gpu.dense, bench.gpu.hold, bench.gpu.truth_run' || exit 1
+  $PY -c 'import aiohttp, orjson, zstandard, jsonschema, yaml, pyarrow, regen.cli, regen.tune.tune, bench.gpu.serverlog, bench.gpu.planner_truth, bench.gpu.dense, bench.gpu.hold, bench.gpu.truth_run, bench.gpu.families' || exit 1
   dry=""
   if [ "${DRY:-0}" = 1 ]; then
     dry="--dry-cpu"
@@ -70,9 +72,11 @@ if [ "$mode" = start ]; then
   fi
   run_planner="$PY -m bench.gpu.truth_run $dry --out $T/out --work $T/work/planner --deadline-s ${PLANNER_DEADLINE:-660} ${PLANNER_ARGS:-}"
   run_dense="$PY -m bench.gpu.dense $dry --out $T/out --work $T/work/dense ${DENSE_ARGS:-}"
+  run_families="$PY -m bench.gpu.families $dry --out $T/out --work $T/work/families ${FAMILIES_ARGS:-}"
   case "${ONLY:-both}" in
     planner) seq="$run_planner" ;;
     dense) seq="$run_dense" ;;
+    families) seq="$run_families" ;;
     *) seq="$run_dense; $run_planner" ;;  # dense first: its targets are strict, the planner list ends at its deadline
   esac
   setsid nohup bash -c "$seq; echo 'truth-bench: done'" > "$T/bench.log" 2>&1 < /dev/null &
@@ -82,6 +86,6 @@ while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
   grep -q '^truth-bench: done' "$T/bench.log" 2>/dev/null && break
   sleep 5
 done
-grep -E '^(truth|dense):' "$T/bench.log" 2>/dev/null
+grep -E '^(truth|dense|families):' "$T/bench.log" 2>/dev/null
 tail -n 25 "$T/bench.log"
 collect
