@@ -94,7 +94,7 @@ GIVEN_FLAGS_ARMS: dict[str, tuple[str, ...]] = {
 }
 #: answer budgets the spread given to the tuner is measured over (the first ones this bench sends)
 SPREAD_SAMPLES = 20_000
-#: server start to ready on the H200 (bench/results/dense-2026-12-01.json, Llama-3.1-8B): the first start
+#: server start to ready on the H200 (measurements/dense-2026-12-01.json, Llama-3.1-8B): the first start
 #: on a fresh machine, and a later one (graphs to 528); Qwen3-30B-A3B took 170 / 89 s
 FIRST_START_S = 126.0
 NEXT_START_S = 70.0
@@ -109,8 +109,13 @@ WARMUP_MAX_S = 180.0
 
 def regen_tune_args(summary: Path, fp8_kv: bool) -> tuple[str, ...]:
     """``regen tune`` for this workload as the workflow plans it: from the audit summary, max_tokens."""
-    return ("--audit-summary", str(summary), "--max-tokens", str(ANSWER_CAP),
-            *(("--allow-fp8-kv",) if fp8_kv else ()))  # fmt: skip
+    return (
+        "--audit-summary",
+        str(summary),
+        "--max-tokens",
+        str(ANSWER_CAP),
+        *(("--allow-fp8-kv",) if fp8_kv else ()),
+    )
 
 
 # ------------------------------------------------------------------------------------ workload
@@ -369,8 +374,11 @@ def server_for(name: str, model_dir: Path, flags: list[str], plan: RegenPlan, s:
     p = plan.plan or {}
     p = (p.get("recommended") or p) if flags else p
     cap = int(flag_value(flags, "--max-running-requests") or p.get("effective_max_running_requests") or 1024)
-    options = {"max_total_num_tokens": int(p.get("kv_cache_tokens") or 1_000_000), "log_interval_s": 1.0,
-               "half_speed_running": 200}  # fmt: skip
+    options = {
+        "max_total_num_tokens": int(p.get("kv_cache_tokens") or 1_000_000),
+        "log_interval_s": 1.0,
+        "half_speed_running": 200,
+    }
     return Server(simulated_argv(port, log, options, max_running=cap, token_rate=20.0), log, port)
 
 
@@ -404,8 +412,12 @@ async def run_server(
     server = server_for(name, model_dir, flags, plan, s).start()
     out: dict[str, Any] = {"flags": flags, "windows": []}
     t0 = time.time()
-    loop = ClosedLoop(f"http://127.0.0.1:{server.port}", "/v1/chat/completions" if s.dry else "/generate",
-                      chat_body if s.dry else generate_body, workload)  # fmt: skip
+    loop = ClosedLoop(
+        f"http://127.0.0.1:{server.port}",
+        "/v1/chat/completions" if s.dry else "/generate",
+        chat_body if s.dry else generate_body,
+        workload,
+    )
     try:
         await wait_ready(server, s.ready_timeout_s)
         out["ready_s"] = round(time.time() - t0, 1)
@@ -472,9 +484,13 @@ def lifetime_estimate_s(in_flight: int, mean_answer: float, fp8_kv: bool = False
 
 
 def budget(
-    windows: list[tuple[int, bool]], servers: int, mean_answer: float, floor_s: float, budget_s: float,
+    windows: list[tuple[int, bool]],
+    servers: int,
+    mean_answer: float,
+    floor_s: float,
+    budget_s: float,
     window_s: float | None = None,
-) -> Budget:  # fmt: skip
+) -> Budget:
     """The estimate for ``windows`` ((in flight, fp8 KV) each) on ``servers`` servers; without a given
     ``window_s`` the window that fits ``budget_s``, within :data:`WINDOW_RANGE_S`."""
     starts = FIRST_START_S + NEXT_START_S * max(0, servers - 1) if servers else 0.0
@@ -486,8 +502,13 @@ def budget(
 
 
 #: the row's key per arm
-ROW_KEY = {"default": "default", "regen": "regen", "regen-fp8kv": "fp8kv", "regen-page1": "page1",
-           "regen-page16": "page16"}  # fmt: skip
+ROW_KEY = {
+    "default": "default",
+    "regen": "regen",
+    "regen-fp8kv": "fp8kv",
+    "regen-page1": "page1",
+    "regen-page16": "page16",
+}
 
 
 async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: float) -> dict[str, Any]:
@@ -503,9 +524,12 @@ async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: 
     summary, lengths = s.work / f"{model}-audit-summary.json", audit_summary(workload)
     write_json(summary, lengths)
     planned = ("regen", *(a for a in arms if a == "regen-fp8kv" or a in GIVEN_FLAGS_ARMS))
-    plans = {arm: regen_tune(model_dir, GIVEN_FLAGS_ARMS.get(arm, ()),
-                             *regen_tune_args(summary, arm == "regen-fp8kv"))
-             for arm in planned}  # fmt: skip
+    plans = {
+        arm: regen_tune(
+            model_dir, GIVEN_FLAGS_ARMS.get(arm, ()), *regen_tune_args(summary, arm == "regen-fp8kv")
+        )
+        for arm in planned
+    }
     plan = plans["regen"]
     rec = (plan.plan or {}).get("recommended") or {}
     row: dict[str, Any] = {
@@ -529,8 +553,10 @@ async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: 
         args = list(arm_rec.get("args") or [])
         if arm == "regen" and s.regen_extra_args:  # a probe of a flag the planner does not choose (yet)
             args += list(s.regen_extra_args)
-        print(f"[{model}] {arm}: {' '.join(args)} in flight {arm_rec.get(IN_FLIGHT_KEY)} "
-              f"(rc {plans[arm].rc})", flush=True)  # fmt: skip
+        print(
+            f"[{model}] {arm}: {' '.join(args)} in flight {arm_rec.get(IN_FLIGHT_KEY)} (rc {plans[arm].rc})",
+            flush=True,
+        )
         if plans[arm].refused or not args or not arm_rec.get(IN_FLIGHT_KEY):
             row[ROW_KEY[arm]] = {"error": f"no recommendation: {plans[arm].message}"}
         elif arm == "regen-fp8kv" and "fp8_e4m3" not in args:
@@ -541,8 +567,11 @@ async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: 
             runs.append((arm, args, (int(arm_rec[IN_FLIGHT_KEY]),), plans[arm]))
     if "regen-fp8kv" in arms:
         fp8 = (plans["regen-fp8kv"].plan or {}).get("recommended") or {}
-        row |= {"fp8kv_args": fp8.get("args"), "fp8kv_in_flight": fp8.get(IN_FLIGHT_KEY),
-                "fp8kv_predicted_kv": fp8.get("kv_cache_tokens")}  # fmt: skip
+        row |= {
+            "fp8kv_args": fp8.get("args"),
+            "fp8kv_in_flight": fp8.get(IN_FLIGHT_KEY),
+            "fp8kv_predicted_kv": fp8.get("kv_cache_tokens"),
+        }
     windows = [(n, arm == "regen-fp8kv") for arm, _, ns, _ in runs for n in ns]
     given_window = s.window_s if s.dry else s.fixed_window
     b = budget(windows, len(runs), workload.mean, s.warmup_s, budget_s, given_window)
@@ -588,8 +617,16 @@ def fmt(value: Any, nd: int = 0) -> str:
 
 
 #: the last line's fields after the issue's seven (the server's own rates; the fp8-KV and page arms apart)
-EXTRA_FIELDS = ("regen_log_tps", "default256_log_tps", "fp8kv_tps", "fp8kv_log_tps",
-                "page1_tps", "page1_log_tps", "page16_tps", "page16_log_tps")  # fmt: skip
+EXTRA_FIELDS = (
+    "regen_log_tps",
+    "default256_log_tps",
+    "fp8kv_tps",
+    "fp8kv_log_tps",
+    "page1_tps",
+    "page1_log_tps",
+    "page16_tps",
+    "page16_log_tps",
+)
 
 
 def final_line(row: dict[str, Any]) -> str:
@@ -669,9 +706,16 @@ async def amain(a: argparse.Namespace) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     stem = "dense-" + dt.date.today().isoformat() + ("-dry" if s.dry else "")
     stem += "-probe" if s.regen_extra_args else ""
-    doc: dict[str, Any] = {"date": dt.date.today().isoformat(), "dry_cpu": s.dry, "host": host_name(s.dry),
-                           "gpu_memory_mib": GPU_MEMORY_MIB, "warmup_s": s.warmup_s,
-                           "warmup_max_s": s.warmup_max_s, "arms": list(arms), "rows": []}  # fmt: skip
+    doc: dict[str, Any] = {
+        "date": dt.date.today().isoformat(),
+        "dry_cpu": s.dry,
+        "host": host_name(s.dry),
+        "gpu_memory_mib": GPU_MEMORY_MIB,
+        "warmup_s": s.warmup_s,
+        "warmup_max_s": s.warmup_max_s,
+        "arms": list(arms),
+        "rows": [],
+    }
     for spec in a.models.split(","):
         model, own_arms = model_arms(spec, arms)
         row = await bench_model(model, s, own_arms, a.budget_s)
