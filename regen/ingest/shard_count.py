@@ -49,9 +49,13 @@ CLUSTER_REFUSAL = (
 
 
 def settle_auto_count(
-    configured: int | str, count: int, gpu_slots: int, on_cluster: bool, dry_run: bool,
+    configured: int | str,
+    count: int,
+    gpu_slots: int,
+    on_cluster: bool,
+    dry_run: bool,
     persisted: str | os.PathLike[str] = PERSISTED,
-) -> None:  # fmt: skip
+) -> None:
     """Once the executor is known: a first ``auto`` run writes its count (a dry run writes nothing); on a
     cluster ``auto`` is refused unless an earlier run on one node already settled it."""
     path = Path(persisted)

@@ -241,9 +241,13 @@ def _has_unclosed_think(text: str) -> bool:
 
 
 def answer_problem(
-    content: str, reasoning: str | None, finish_reason: str, limits: ValidateConfig, where: str = "",
+    content: str,
+    reasoning: str | None,
+    finish_reason: str,
+    limits: ValidateConfig,
+    where: str = "",
     tool_calls: bool = False,
-) -> Problem | None:  # fmt: skip
+) -> Problem | None:
     """Semantic checks on one (reasoning, answer) pair; ``where`` prefixes the detail (e.g. 'turn 0: ').
     An answer that is a tool call (``tool_calls``) may have empty content, as in OpenAI's shape."""
     reasoning = reasoning or ""
@@ -280,13 +284,24 @@ def record_problem(rec: dict[str, Any], shard: str | None, limits: ValidateConfi
     """Semantic checks on a schema-valid record (the top-level answer and every turn)."""
     if shard is not None and rec["shard"] != shard:
         return Problem(SHARD_MISMATCH, f"record shard {rec['shard']!r} in file of shard {shard!r}")
-    p = answer_problem(rec["content"], rec["reasoning_content"], rec["finish_reason"], limits,
-                       tool_calls=bool(rec.get("tool_calls")))  # fmt: skip
+    p = answer_problem(
+        rec["content"],
+        rec["reasoning_content"],
+        rec["finish_reason"],
+        limits,
+        tool_calls=bool(rec.get("tool_calls")),
+    )
     if p is not None:
         return p
     for k, turn in enumerate(rec.get("turns") or ()):
-        p = answer_problem(turn["content"], turn["reasoning_content"], turn["finish_reason"], limits,
-                           f"turn {k}: ", tool_calls=bool(turn.get("tool_calls")))  # fmt: skip
+        p = answer_problem(
+            turn["content"],
+            turn["reasoning_content"],
+            turn["finish_reason"],
+            limits,
+            f"turn {k}: ",
+            tool_calls=bool(turn.get("tool_calls")),
+        )
         if p is not None:
             return p
     return None

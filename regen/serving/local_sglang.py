@@ -30,9 +30,14 @@ def check_sglang_flags(argv: list[str]) -> None:
 
 
 def build_sglang_command(
-    cfg: ServerConfig, plan: PlanFile | None, port: int, model_path: str, *, launch_defaults: bool = True,
+    cfg: ServerConfig,
+    plan: PlanFile | None,
+    port: int,
+    model_path: str,
+    *,
+    launch_defaults: bool = True,
     check: bool = True,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """``python -m sglang.launch_server`` for one slot (``LAUNCH_DEFAULT_FLAGS`` included unless
     ``launch_defaults`` is False: a baseline launched as a user would launch SGLang), checked with
     ``regen.sglang.flags`` unless ``check`` is False (:meth:`LocalSGLang.launch_check` checks it then,

@@ -330,9 +330,15 @@ class Supervisor:
         if self.cfg.restarts_file is None:
             return
         record_restart(
-            self.cfg.restarts_file, slot=self.cfg.slot, kind=kind, cause=cause, restart=self.restarts,
-            max_restarts=self.cfg.max_restarts, server_pid=server_pid, url=self.url,
-        )  # fmt: skip
+            self.cfg.restarts_file,
+            slot=self.cfg.slot,
+            kind=kind,
+            cause=cause,
+            restart=self.restarts,
+            max_restarts=self.cfg.max_restarts,
+            server_pid=server_pid,
+            url=self.url,
+        )
 
     # -- main loop ----------------------------------------------------------------------------------
     def run(self) -> int:

@@ -62,10 +62,15 @@ _PREFILL_GRAPH_FLAG = "--cuda-graph-max-bs-prefill"
 #: the given flags that size the prefill graphs themselves (0.5.23 and 0.5.17; the ``piecewise`` spellings
 #: are 0.5.17's deprecated aliases of the first two; a ``--cuda-graph-config`` JSON wins over both): the
 #: user's choice stands
-_PREFILL_GRAPH_SIZE_FLAGS = frozenset({
-    _PREFILL_GRAPH_FLAG, "--cuda-graph-bs-prefill", "--piecewise-cuda-graph-max-tokens",
-    "--piecewise-cuda-graph-tokens", "--cuda-graph-config",
-})  # fmt: skip
+_PREFILL_GRAPH_SIZE_FLAGS = frozenset(
+    {
+        _PREFILL_GRAPH_FLAG,
+        "--cuda-graph-bs-prefill",
+        "--piecewise-cuda-graph-max-tokens",
+        "--piecewise-cuda-graph-tokens",
+        "--cuda-graph-config",
+    }
+)
 
 
 def refill_batch(args: Sequence[str], running: int, version: str) -> int:
@@ -162,9 +167,11 @@ def with_refill_prefill_graphs(target: Target, candidate: Candidate) -> Candidat
 #: speculative steps the MTP candidates try (topk 1, draft tokens = steps + 1)
 MTP_STEPS = (1, 2, 3)
 _SPEC_FLAGS = (
-    "--speculative-algorithm", "--speculative-num-steps", "--speculative-eagle-topk",
+    "--speculative-algorithm",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
     "--speculative-num-draft-tokens",
-)  # fmt: skip
+)
 
 
 def sweep_workload(workload: Workload) -> Workload:
@@ -173,9 +180,12 @@ def sweep_workload(workload: Workload) -> Workload:
     if not workload.expected_output_known:
         return workload
     return Workload(
-        prompt_p50=workload.prompt_p50, prompt_p99=workload.prompt_p99, max_tokens=workload.expected_output,
-        target_concurrency=None, unique_prompts=workload.unique_prompts,
-    )  # fmt: skip
+        prompt_p50=workload.prompt_p50,
+        prompt_p99=workload.prompt_p99,
+        max_tokens=workload.expected_output,
+        target_concurrency=None,
+        unique_prompts=workload.unique_prompts,
+    )
 
 
 def _chosen(best: Candidate) -> tuple[ServerFlags, Choice]:
@@ -192,9 +202,10 @@ def speculative_alternatives(target: Target, best: Candidate) -> list[Candidate]
     chosen, choice = _chosen(best)
     given_steps = (chosen.speculative_num_steps or 3) if chosen.speculative_algorithm else None
     out = [
-        c for c in mtp_candidates(target, best)
+        c
+        for c in mtp_candidates(target, best)
         if parse_flags(list(c.args)).speculative_num_steps != given_steps
-    ]  # fmt: skip
+    ]
     if chosen.speculative_algorithm:
         try:
             found = best_running(
@@ -270,9 +281,15 @@ def scheduler_candidates(target: Target, best: Candidate, replay_decode: bool = 
 def speculative_args(steps: int, algorithm: str = "NEXTN") -> tuple[str, ...]:
     """SGLang's flags for MTP with ``steps`` draft steps, topk 1 (draft tokens = steps + 1)."""
     return (
-        "--speculative-algorithm", algorithm, "--speculative-num-steps", str(steps),
-        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1),
-    )  # fmt: skip
+        "--speculative-algorithm",
+        algorithm,
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(steps + 1),
+    )
 
 
 def strip_speculative_args(args: list[str]) -> list[str]:

@@ -73,8 +73,11 @@ def renamed_flag_warnings(argv: list[str], version: str = DEFAULT_VERSION) -> li
     for name in flag_names(argv):
         if name in table:
             new, how = table[name]
-            out.append(f"{name} is {how} {new} in SGLang {version}" if "of" in how else
-                       f"{name} is {how} in SGLang {version}: use {new}")  # fmt: skip
+            out.append(
+                f"{name} is {how} {new} in SGLang {version}"
+                if "of" in how
+                else f"{name} is {how} in SGLang {version}: use {new}"
+            )
     return out
 
 

@@ -67,10 +67,15 @@ PAGE_SIZE_REASON = (
 
 
 #: given flags that decide the page or the kernel reading it: the user's choice stands
-_PAGE_DECIDING_FLAGS = frozenset({
-    "--page-size", "--attention-backend", "--decode-attention-backend", "--prefill-attention-backend",
-    "--speculative-algorithm",
-})  # fmt: skip
+_PAGE_DECIDING_FLAGS = frozenset(
+    {
+        "--page-size",
+        "--attention-backend",
+        "--decode-attention-backend",
+        "--prefill-attention-backend",
+        "--speculative-algorithm",
+    }
+)
 
 
 def sliding_window_config(model: ModelShape) -> bool:

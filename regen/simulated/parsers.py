@@ -17,10 +17,13 @@ TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 def tool_call_text(calls: tuple[dict[str, Any], ...]) -> str:
     """The calls as the Qwen3 chat template writes them in an assistant turn (what the model emits)."""
     return "\n".join(
-        '<tool_call>\n{"name": "' + c["function"]["name"] + '", "arguments": ' + c["function"]["arguments"]
+        '<tool_call>\n{"name": "'
+        + c["function"]["name"]
+        + '", "arguments": '
+        + c["function"]["arguments"]
         + "}\n</tool_call>"
         for c in calls
-    )  # fmt: skip
+    )
 
 
 def tool_call_pairing_error(messages: list[Any]) -> str | None:

@@ -250,8 +250,12 @@ def wait_until_recorded(files: SlotFiles, started: subprocess.Popen[bytes]) -> N
         if state is not None and state.supervisor_pid == started.pid:
             return
         time.sleep(0.05)
-    log.warning("GPU slot %d: supervisor PID %d wrote no url file within %.0f s", files.slot, started.pid,
-                RECORD_WAIT_S)  # fmt: skip
+    log.warning(
+        "GPU slot %d: supervisor PID %d wrote no url file within %.0f s",
+        files.slot,
+        started.pid,
+        RECORD_WAIT_S,
+    )
 
 
 def prestart(request: PrestartRequest, layout: RunLayout = RUN) -> ProvisionalPlan:

@@ -28,10 +28,14 @@ __all__ = [
 ]
 
 #: configs/model_config.py::is_minimax_sparse and is_deepseek_v4 (their own configurators, not modelled)
-_OWN_CONFIGURATOR_ARCHS = frozenset({
-    "MiniMaxM3SparseForCausalLM", "DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN",
-    "DeepseekV4ForCausalLMDSpark",
-})  # fmt: skip
+_OWN_CONFIGURATOR_ARCHS = frozenset(
+    {
+        "MiniMaxM3SparseForCausalLM",
+        "DeepseekV4ForCausalLM",
+        "DeepseekV4ForCausalLMNextN",
+        "DeepseekV4ForCausalLMDSpark",
+    }
+)
 
 
 def unmodelled_reason(model: ModelShape) -> str | None:

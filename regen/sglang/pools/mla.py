@@ -15,11 +15,19 @@ from regen.sglang.pools.base import PoolFlags, PoolSizes, Unmodelled, kv_element
 
 RULE = "pool_configurator.DefaultPoolConfigurator (MLA cell, calculate_mla_kv_cache_dim)"
 #: configs/model_config.py::is_deepseek_dsa (0.5.17; 0.5.23 the same list), when ``index_topk`` is set
-DSA_ARCHS = frozenset({
-    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLMNextN",
-    "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM",
-    "GlmMoeDsaForCausalLMNextN", "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN",
-})  # fmt: skip
+DSA_ARCHS = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration",
+        "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+    }
+)
 DSA_QUANT_BLOCK = 128  # DSATokenToKVPool.quant_block_size
 
 

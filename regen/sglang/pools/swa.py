@@ -37,13 +37,25 @@ HYBRID_SWA_ARCHS: dict[str, frozenset[str]] = {
 }
 #: is_hybrid_swa_model's other architectures (0.5.17 and 0.5.23): SGLang runs a sliding-window pool
 #: regen does not model (chunked attention, compressed attention, per-layer windows)
-UNMODELLED_SWA_ARCHS = frozenset({
-    "Llama4ForConditionalGeneration", "DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN",
-    "MiMoV2FlashForCausalLM", "MiMoV2MTP", "Step3p5ForCausalLM", "Step3p7ForConditionalGeneration",
-    "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "LagunaForCausalLM", "MellumForCausalLM",
-    "InklingForConditionalGeneration", "BeamForCausalLM", "GraniteSWAForCausalLM",
-    "GraniteMoeSWAForCausalLM",
-})  # fmt: skip
+UNMODELLED_SWA_ARCHS = frozenset(
+    {
+        "Llama4ForConditionalGeneration",
+        "DeepseekV4ForCausalLM",
+        "DeepseekV4ForCausalLMNextN",
+        "MiMoV2FlashForCausalLM",
+        "MiMoV2MTP",
+        "Step3p5ForCausalLM",
+        "Step3p7ForConditionalGeneration",
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+        "LagunaForCausalLM",
+        "MellumForCausalLM",
+        "InklingForConditionalGeneration",
+        "BeamForCausalLM",
+        "GraniteSWAForCausalLM",
+        "GraniteMoeSWAForCausalLM",
+    }
+)
 #: SGLANG_SWA_EVICTION_INTERVAL default (environ.py, 0.5.17 and 0.5.23)
 SWA_EVICTION_INTERVAL = 128
 #: the architectures whose get_attention_sliding_window_size is ``config.sliding_window - 1``
