@@ -36,7 +36,7 @@ from regen.ingest.decontam import DecontaminationConfig
 from regen.ingest.flags import BAD_ROW
 from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.layout import RunLayout
-from regen.runconfig import section_schema, with_schema_defaults
+from regen.runconfig import config_section
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelConfigError, ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS
@@ -179,9 +179,8 @@ def check_dataset(config: Mapping[str, Any], host: Host) -> list[Problem]:
                 return [Problem("dataset.path", str(f), f"not a readable Parquet file: {exc}")]
     if known_row_count(check_dataset_path(p)) == 0:
         return [Problem("dataset.path", path, "has no rows: nothing to generate")]
-    raw = config.get("dataset")
-    dataset = with_schema_defaults(raw if isinstance(raw, Mapping) else {}, section_schema("dataset"))
-    if dataset["format"] == "auto":
+    dataset = DatasetConfig.from_dict(config_section(config, "dataset"))
+    if dataset.format == "auto":
         try:
             detect_format(p)
         except (OSError, ValueError) as exc:

@@ -2,9 +2,11 @@
 every error one line naming the key (dotted path), the file it came from and, for a typo, the key meant.
 
 Both ``regen check --configfile`` and the workflow (``rules/common.smk``) validate through
-:func:`validate_config`; defaults are filled in place exactly as ``snakemake.utils.validate(...,
-set_default=True)`` fills them (a ``properties`` keyword sets each missing property that has a default,
-wherever the validator walks), so the workflow reads the same config as before.
+:func:`validate_config`; defaults are filled in place by the one default filler,
+``regen.runconfig.filling_validator`` (as ``snakemake.utils.validate(..., set_default=True)`` fills
+them), which also fills each section its owner types (``regen.runconfig.validated``). Code reads the
+loaded config only through those typed sections (``regen.runconfig.config_section`` hands a section to
+its owner).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,7 @@ import jsonschema
 import yaml
 
 from regen.layout import CONFIG_SCHEMA
-from regen.runconfig import config_schema
+from regen.runconfig import config_schema, filling_validator
 
 #: the layer name of ``snakemake --config key=value`` overrides
 COMMAND_LINE = "--config"
@@ -91,24 +93,6 @@ def load_config(files: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- validation --
-def _filling_validator(schema: Mapping[str, Any]) -> jsonschema.protocols.Validator:
-    """Draft 2020-12 with Snakemake's default filling (``snakemake.utils.validate``, set_default=True);
-    a default is copied, so the schema's own default objects are never filled in."""
-    base = jsonschema.Draft202012Validator
-    check_properties = base.VALIDATORS["properties"]
-
-    def set_defaults(
-        validator: Any, properties: Mapping[str, Any], instance: Any, schema: Any
-    ) -> Iterator[Any]:
-        if validator.is_type(instance, "object"):
-            for name, sub in properties.items():
-                if "default" in sub and name not in instance:
-                    instance[name] = copy.deepcopy(sub["default"])
-        yield from check_properties(validator, properties, instance, schema)
-
-    return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
-
-
 def validate_config(
     config: dict[str, Any], layers: Sequence[ConfigLayer], schema: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -116,7 +100,7 @@ def validate_config(
     per problem when it does not match the schema."""
     schema = config_schema() if schema is None else schema
     errors = sorted(
-        _filling_validator(schema).iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]
+        filling_validator(schema).iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]
     )
     lines: list[str] = []
     for error in errors:

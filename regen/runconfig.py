@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -60,28 +60,43 @@ def section_schema(name: str) -> dict[str, Any]:
     return config_schema()["properties"][name]
 
 
-def with_schema_defaults(value: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
-    """``value`` with every missing property that has a schema default filled in, recursively."""
-    out = dict(value)
-    for name, prop in (schema.get("properties") or {}).items():
-        if name not in out and "default" in prop:
-            out[name] = copy.deepcopy(prop["default"])
-        if isinstance(out.get(name), Mapping) and prop.get("properties"):
-            out[name] = with_schema_defaults(out[name], prop)
-    return out
+def config_section(config: Mapping[str, Any], name: str) -> Any:
+    """The ``name`` section of a config as loaded (``regen.configfile.load_config``, or the workflow's
+    ``validate_config``), for its owner's typed ``from_dict`` / ``from_mapping``; None when absent. The one
+    read of a config by key outside this module and ``regen.configfile``
+    (``tests/test_typed_sections.py`` scans for others)."""
+    return config.get(name)
+
+
+def filling_validator(schema: Mapping[str, Any]) -> jsonschema.protocols.Validator:
+    """The one default filler: Draft 2020-12 that fills every missing property that has a default wherever
+    the validator walks, as ``snakemake.utils.validate(..., set_default=True)`` does (so the workflow and
+    ``regen check`` read the same config); a default is copied, never the schema's own object."""
+    base = jsonschema.Draft202012Validator
+    check_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(
+        validator: Any, properties: Mapping[str, Any], instance: Any, schema: Any
+    ) -> Iterator[Any]:
+        if validator.is_type(instance, "object"):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from check_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
 
 
 def validated(
     name: str, raw: Mapping[str, Any] | None, error: type[ConfigError] = ConfigError
 ) -> dict[str, Any]:
-    """The ``name`` section ``raw`` with the schema's defaults filled in, validated against the schema."""
-    schema = section_schema(name)
-    filled = with_schema_defaults(raw or {}, schema)
-    try:
-        jsonschema.validate(filled, schema)
-    except jsonschema.ValidationError as exc:
-        where = ".".join(str(p) for p in exc.absolute_path) or "(section)"
-        raise error(f"{name}.{where}: {exc.message}") from exc
+    """A copy of the ``name`` section ``raw`` with the schema's defaults filled in
+    (:func:`filling_validator`), validated against the schema."""
+    filled = copy.deepcopy(dict(raw or {}))
+    problem = jsonschema.exceptions.best_match(filling_validator(section_schema(name)).iter_errors(filled))
+    if problem is not None:
+        where = ".".join(str(p) for p in problem.absolute_path) or "(section)"
+        raise error(f"{name}.{where}: {problem.message}")
     return filled
 
 
@@ -317,11 +332,13 @@ class RunConfig:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], gpu_slots: int | None = None) -> RunConfig:
         """From the whole config mapping (each section validated with the schema's defaults filled in)."""
-        server = ServerConfig.from_mapping(config.get("server"))
-        tokenizer = config.get("tokenizer", section_schema("tokenizer")["default"])
+        server = ServerConfig.from_mapping(config_section(config, "server"))
+        tokenizer = config_section(config, "tokenizer")
+        if tokenizer is None:  # a top-level key, not a section: its schema default read here
+            tokenizer = section_schema("tokenizer")["default"]
         return cls(
             tokenizer=str(tokenizer),
-            generate=GenerateConfig.from_dict(config.get("generate")),
+            generate=GenerateConfig.from_dict(config_section(config, "generate")),
             server=server,
             gpu_slots=int(gpu_slots or server.gpus),
         )

@@ -184,11 +184,9 @@ ODD = {
 
 def demo_config() -> dict[str, Any]:
     """config/demo.yaml with the schema's defaults filled in, as the workflow validates it."""
-    import yaml
+    from regen.configfile import load_config
 
-    from regen.runconfig import config_schema, with_schema_defaults
-
-    return with_schema_defaults(yaml.safe_load(Path("config/demo.yaml").read_text()), config_schema())
+    return load_config(["config/demo.yaml"])
 
 
 def test_fingerprints_and_tracked_params_are_those_of_earlier_releases() -> None:
