@@ -36,7 +36,7 @@ from regen.ingest.decontam import DecontaminationConfig
 from regen.ingest.flags import BAD_ROW
 from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.layout import RunLayout
-from regen.runconfig import config_section
+from regen.runconfig import RunConfig, ServerConfig, config_section, validated
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelConfigError, ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS
@@ -144,17 +144,35 @@ def probe_s3(uri: str) -> str | None:
 # the checks
 
 
-def _get(config: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping):
-            return None
-        node = node.get(part)
-    return node
+@dataclass(frozen=True, slots=True)
+class Sections:
+    """What the checks read of the loaded config (:func:`regen.configfile.load_config`, or the workflow's
+    validated config), each section typed by its owner."""
+
+    run: RunConfig
+    dataset: DatasetConfig
+    audit: AuditConfig
+    #: ``merge.output_prefix``, from the validated section: ``regen.output.merge`` types the section, a
+    #: floor above this module
+    merge_output_prefix: str | None
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> Sections:
+        run = RunConfig.from_config(config)
+        return cls(
+            run=run,
+            dataset=DatasetConfig.from_dict(config_section(config, "dataset")),
+            audit=AuditConfig.from_dict(config_section(config, "audit"), run.generate.regenerate),
+            merge_output_prefix=validated("merge", config_section(config, "merge"))["output_prefix"],
+        )
+
+    @property
+    def server(self) -> ServerConfig:
+        return self.run.server
 
 
-def check_dataset(config: Mapping[str, Any], host: Host) -> list[Problem]:
-    path = str(_get(config, "dataset.path") or "")
+def check_dataset(config: Sections, host: Host) -> list[Problem]:
+    path = config.dataset.path
     if not path:
         return [Problem("dataset.path", "-", "not set")]
     if is_s3_uri(path):
@@ -179,8 +197,7 @@ def check_dataset(config: Mapping[str, Any], host: Host) -> list[Problem]:
                 return [Problem("dataset.path", str(f), f"not a readable Parquet file: {exc}")]
     if known_row_count(check_dataset_path(p)) == 0:
         return [Problem("dataset.path", path, "has no rows: nothing to generate")]
-    dataset = DatasetConfig.from_dict(config_section(config, "dataset"))
-    if dataset.format == "auto":
+    if config.dataset.format == "auto":
         try:
             detect_format(p)
         except (OSError, ValueError) as exc:
@@ -192,19 +209,18 @@ def check_dataset(config: Mapping[str, Any], host: Host) -> list[Problem]:
 FIRST_ROWS = 50
 
 
-def check_first_rows(config: Mapping[str, Any], rows: int = FIRST_ROWS) -> list[Problem]:
+def check_first_rows(config: Sections, rows: int = FIRST_ROWS) -> list[Problem]:
     """The audit's own reading and verdicts over the dataset's first ``rows`` rows
     (:func:`regen.ingest.audit_run.first_rows`; benchmark decontamination left to the audit): a problem
     when the audit would exclude every row, because none of those rows can be read as configured (a
     format that does not fit: the first row's field and reason named) or the dataset ends within them."""
-    path = str(_get(config, "dataset.path") or "")
+    dataset = config.dataset
+    path = dataset.path
     if not path or is_s3_uri(path):
         return []
     try:
-        dataset = DatasetConfig.from_dict(config.get("dataset"))
-        audit = AuditConfig.from_dict(config.get("audit"), _get(config, "generate.regenerate"))
-        audit = dataclasses.replace(audit, decontamination=DecontaminationConfig())
-        first = first_rows(Path(path), audit, str(config.get("tokenizer")), dataset, rows)
+        audit = dataclasses.replace(config.audit, decontamination=DecontaminationConfig())
+        first = first_rows(Path(path), audit, config.run.tokenizer, dataset, rows)
     except BadInputError as exc:  # dataset.on_bad_row: stop
         return [Problem("dataset.on_bad_row", path, f"stop: the audit would stop at {exc}")]
     except (OSError, ValueError) as exc:
@@ -219,8 +235,8 @@ def check_first_rows(config: Mapping[str, Any], rows: int = FIRST_ROWS) -> list[
     return [Problem(key, path, f"the audit would exclude every row ({how}): {first.in_words()}")]
 
 
-def check_tokenizer(config: Mapping[str, Any]) -> list[Problem]:
-    path = str(_get(config, "tokenizer") or "")
+def check_tokenizer(config: Sections) -> list[Problem]:
+    path = config.run.tokenizer
     if not path:
         return [Problem("tokenizer", "-", "not set")]
     p = Path(path)
@@ -236,19 +252,17 @@ def check_tokenizer(config: Mapping[str, Any]) -> list[Problem]:
     return []
 
 
-def model_config_path(config: Mapping[str, Any]) -> str:
-    explicit = _get(config, "server.model_config")
-    if explicit:
-        return str(explicit)
-    model = str(_get(config, "server.model_path") or "")
-    return str(Path(model) / "config.json") if model else ""
+def model_config_path(server: ServerConfig) -> str:
+    if server.model_config:
+        return server.model_config
+    return str(Path(server.model_path) / "config.json") if server.model_path else ""
 
 
-def check_model_config(config: Mapping[str, Any]) -> list[Problem]:
-    if _get(config, "server.mode") == "external":
+def check_model_config(config: Sections) -> list[Problem]:
+    if config.server.mode == "external":
         return []
-    key = "server.model_config" if _get(config, "server.model_config") else "server.model_path"
-    path = model_config_path(config)
+    key = "server.model_config" if config.server.model_config else "server.model_path"
+    path = model_config_path(config.server)
     if not path:
         return [Problem(key, "-", "not set")]
     try:
@@ -268,12 +282,12 @@ def hub_cache_dir(repo_id: str) -> Path:
     return Path(cache) / ("models--" + repo_id.replace("/", "--"))
 
 
-def check_model_path(config: Mapping[str, Any]) -> list[Problem]:
+def check_model_path(config: Sections) -> list[Problem]:
     """mode sglang with ``server.model_config`` set: the server still loads ``server.model_path`` (the
     planner reads the other), so a wrong one would fail only once the job started its server."""
-    if _get(config, "server.mode") != "sglang" or not _get(config, "server.model_config"):
+    if config.server.mode != "sglang" or not config.server.model_config:
         return []  # without model_config, check_model_config reads model_path's config.json
-    key, path = "server.model_path", str(_get(config, "server.model_path") or "")
+    key, path = "server.model_path", config.server.model_path
     p = Path(path).expanduser()
     if p.is_dir():
         ok = (p / "config.json").is_file()
@@ -288,10 +302,10 @@ def check_model_path(config: Mapping[str, Any]) -> list[Problem]:
     return []
 
 
-def model_path_notes(config: Mapping[str, Any]) -> list[str]:
+def model_path_notes(server: ServerConfig) -> list[str]:
     """A hub id that is not downloaded yet: SGLang fetches it at server start (a typo fails only then)."""
-    path = str(_get(config, "server.model_path") or "")
-    if _get(config, "server.mode") != "sglang" or Path(path).expanduser().exists() or not HUB_ID.match(path):
+    path = server.model_path
+    if server.mode != "sglang" or Path(path).expanduser().exists() or not HUB_ID.match(path):
         return []
     if hub_cache_dir(path).is_dir():
         return []
@@ -301,11 +315,11 @@ def model_path_notes(config: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def check_sglang(config: Mapping[str, Any], host: Host) -> list[Problem]:
+def check_sglang(config: Sections, host: Host) -> list[Problem]:
     """mode sglang: the Python that launches the servers imports sglang at the planner's version."""
-    if _get(config, "server.mode") != "sglang":
+    if config.server.mode != "sglang":
         return []
-    pinned = _get(config, "server.sglang_version")
+    pinned = config.server.sglang_version
     version, why = host.sglang_version(host.python)
     if version is None:
         return [
@@ -337,17 +351,17 @@ def check_sglang(config: Mapping[str, Any], host: Host) -> list[Problem]:
     return []
 
 
-def check_gpus(config: Mapping[str, Any], requested: int | None, host: Host) -> list[Problem]:
+def check_gpus(server: ServerConfig, requested: int | None, host: Host) -> list[Problem]:
     """``--resources gpu=N`` (else server.gpus) x server.tp against the GPUs present (mode sglang)."""
     key = "--resources gpu" if requested is not None else "server.gpus"
-    slots = requested if requested is not None else int(_get(config, "server.gpus") or 1)
+    slots = requested if requested is not None else server.gpus
     if slots < 1:
         return [
             Problem(key, f"gpu={slots}", "no GPU slot: generate jobs need gpu=1 each; give gpu=N with N >= 1")
         ]
-    if _get(config, "server.mode") != "sglang":
+    if server.mode != "sglang":
         return []
-    tp = int(_get(config, "server.tp") or 1)
+    tp = server.tp
     present = host.gpus_present()
     if present is None:
         return [Problem(key, "nvidia-smi", "no NVIDIA GPU found (nvidia-smi missing or failing)")]
@@ -364,15 +378,12 @@ def check_gpus(config: Mapping[str, Any], requested: int | None, host: Host) -> 
 
 def gpu_notes(config: Mapping[str, Any], requested: int | None, host: Host) -> list[str]:
     """mode sglang: fewer GPU slots than the node has GPUs (the rest stay idle), naming both numbers."""
-    if _get(config, "server.mode") != "sglang":
+    server = RunConfig.from_config(config).server
+    if server.mode != "sglang":
         return []
-    given = (
-        f"--resources gpu={requested}"
-        if requested is not None
-        else f"server.gpus {_get(config, 'server.gpus')}"
-    )
-    slots = requested if requested is not None else int(_get(config, "server.gpus") or 1)
-    tp = int(_get(config, "server.tp") or 1)
+    given = f"--resources gpu={requested}" if requested is not None else f"server.gpus {server.gpus}"
+    slots = requested if requested is not None else server.gpus
+    tp = server.tp
     present = host.gpus_present()
     if present is None or slots < 1 or slots * tp >= present:
         return []
@@ -393,8 +404,8 @@ def gpu_counter_line(requested: int, jobs_per_slot: int) -> str:
     )
 
 
-def check_disk(config: Mapping[str, Any], host: Host) -> list[Problem]:
-    path = str(_get(config, "dataset.path") or "")
+def check_disk(config: Sections, host: Host) -> list[Problem]:
+    path = config.dataset.path
     size = 0
     if path and not is_s3_uri(path) and Path(path).exists():
         with contextlib.suppress(OSError, ValueError):  # check_dataset reports an unreadable dataset
@@ -415,10 +426,13 @@ def check_disk(config: Mapping[str, Any], host: Host) -> list[Problem]:
     return []
 
 
-def check_s3(config: Mapping[str, Any], host: Host) -> list[Problem]:
+def check_s3(config: Sections, host: Host) -> list[Problem]:
     problems = []
-    for key in ("generate.journal_sync.s3_prefix", "merge.output_prefix"):
-        uri = _get(config, key)
+    uris = {
+        "generate.journal_sync.s3_prefix": config.run.generate.journal_sync.s3_prefix,
+        "merge.output_prefix": config.merge_output_prefix,
+    }
+    for key, uri in uris.items():
         if uri and is_s3_uri(str(uri)):
             why = host.s3_probe(str(uri))
             if why is not None:
@@ -431,16 +445,17 @@ def check_config(
 ) -> list[Problem]:
     """Every problem at once (an empty list: the run can start)."""
     host = host or Host()
-    readable = [*check_dataset(config, host), *check_tokenizer(config)]
+    sections = Sections.of(config)
+    readable = [*check_dataset(sections, host), *check_tokenizer(sections)]
     return [
         *readable,
-        *(check_first_rows(config) if not readable else ()),
-        *check_model_config(config),
-        *check_model_path(config),
-        *check_sglang(config, host),
-        *check_gpus(config, requested_gpus, host),
-        *check_disk(config, host),
-        *check_s3(config, host),
+        *(check_first_rows(sections) if not readable else ()),
+        *check_model_config(sections),
+        *check_model_path(sections),
+        *check_sglang(sections, host),
+        *check_gpus(sections.server, requested_gpus, host),
+        *check_disk(sections, host),
+        *check_s3(sections, host),
     ]
 
 
@@ -451,14 +466,14 @@ DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 
 def notes_for(config: Mapping[str, Any]) -> list[str]:
     """What does not stop the run but makes the output claim more than it holds (printed, not fatal)."""
-    server = config.get("server") or {}
-    if server.get("mode") not in ("sglang", "external"):
+    server = RunConfig.from_config(config).server
+    if server.mode not in ("sglang", "external"):
         return []
-    hub = model_path_notes(config)
-    flags = {str(a).split("=", 1)[0] for a in server.get("args") or ()}
+    hub = model_path_notes(server)
+    flags = {a.split("=", 1)[0] for a in server.args}
     if DETERMINISTIC_FLAG in flags:
         return hub
-    launched = "is not launched" if server.get("mode") == "sglang" else "may not be launched"
+    launched = "is not launched" if server.mode == "sglang" else "may not be launched"
     return [
         *hub,
         f"generate.sampling.seed (server.args): SGLang {launched} with {DETERMINISTIC_FLAG}, and applies "
@@ -473,8 +488,7 @@ def speculative_notes(
     """A warning when ``server.args`` force a speculative setting (``--speculative-algorithm``, its steps)
     that the last ``regen tune --sweep`` (``RESULTS/plan/pilot.json``) measured slower than another
     candidate; nothing without args forcing it, without a sweep file, or when it measured fastest."""
-    server = config.get("server") or {}
-    args = [str(a) for a in server.get("args") or ()]
+    args = list(RunConfig.from_config(config).server.args)
     forced = parse_flags(args) if args else None
     if forced is None or not forced.speculative_algorithm:
         return []

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from support.workflow import copy_workflow, snakemake
 
-from regen.check import FIRST_ROWS, check_first_rows, cli
+from regen.check import FIRST_ROWS, Sections, check_first_rows, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,9 +52,9 @@ def test_check_reads_only_the_first_rows(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir(ROOT)
     config = {"dataset": {"path": str(_alpaca(tmp_path / "a.jsonl", 80, bad_from=FIRST_ROWS))},
               "tokenizer": "resources/demo-tokenizer"}  # fmt: skip
-    assert check_first_rows(config) == []
+    assert check_first_rows(Sections.of(config)) == []
     config["dataset"]["path"] = str(_alpaca(tmp_path / "b.jsonl", 5, bad_from=0))
-    (problem,) = check_first_rows(config)
+    (problem,) = check_first_rows(Sections.of(config))
     assert problem.key == "dataset.format" and "all 5 rows are excluded" in problem.message
     assert "row 0: field 'history'" in problem.message
 

@@ -290,7 +290,7 @@ def test_progress_lines_give_rows_rate_and_eta(caplog: pytest.LogCaptureFixture)
 
 
 def test_regen_check_accepts_the_layouts_and_names_an_empty_folder(tmp_path: Path) -> None:
-    from regen.check import Host, check_dataset
+    from regen.check import Host, Sections, check_dataset
 
     saved, shards, table = tmp_path / "saved", tmp_path / "hub" / "data", tmp_path / "t.csv"
     _save_to_disk_folder(saved, _rows(3))
@@ -298,9 +298,9 @@ def test_regen_check_accepts_the_layouts_and_names_an_empty_folder(tmp_path: Pat
     pq.write_table(pa.Table.from_pylist(_rows(2)), shards / "train-00000-of-00001.parquet")
     pacsv.write_csv(pa.table({"prompt": ["hi"]}), table)
     for path in (saved, tmp_path / "hub", table):
-        assert check_dataset({"dataset": {"path": str(path)}}, Host()) == [], path
+        assert check_dataset(Sections.of({"dataset": {"path": str(path)}}), Host()) == [], path
     (tmp_path / "nothing").mkdir()
-    (problem,) = check_dataset({"dataset": {"path": str(tmp_path / "nothing")}}, Host())
+    (problem,) = check_dataset(Sections.of({"dataset": {"path": str(tmp_path / "nothing")}}), Host())
     assert problem.key == "dataset.path" and "no dataset file" in problem.message
 
 
