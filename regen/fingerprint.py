@@ -35,10 +35,12 @@ import orjson
 
 from regen.runconfig import (
     ANSWERS,
+    DEFAULT_VARIANT,
     PLAN,
     GenerateConfig,
     RunConfig,
     ServerConfig,
+    Variant,
     keys_deciding,
     setting_name,
 )
@@ -99,6 +101,17 @@ def model_revision(model_path: str) -> str | None:
     return None
 
 
+#: the settings every variant of a run shares: what its answers come from, not how they are sampled
+_RUN_SETTINGS = (
+    "model_path",
+    "model_revision",
+    "server_mode",
+    "chat_template_sha256",
+    "reasoning_parser",
+    "server_numerics",
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationSettings:
     """The config's part of what decides an answer (see the module docstring)."""
@@ -130,6 +143,11 @@ class GenerationSettings:
     #: the chat template's ``preserve_thinking`` (earlier turns' reasoning in context); None: not sent
     preserve_thinking: bool | None
     version: int = FINGERPRINT_VERSION
+    #: the sampling variant these settings are of (``generate.variants``); None: ``default``, the one
+    #: implicit variant. Left out of the hash when None, so settings from before variants keep theirs
+    variant: str | None = None
+    #: the variant's ``reasoning_effort`` (chat_template_kwargs); None: not sent, and left out of the hash
+    reasoning_effort: str | None = None
 
     def served_by(self, numerics: Mapping[str, Any]) -> GenerationSettings:
         """These settings as answered by a server reporting ``numerics``."""
@@ -145,10 +163,16 @@ class GenerationSettings:
         server_mode: str = "unknown",
         chat_template_sha256: str | None = None,
         reasoning_parser: str = "unknown",
+        variant: Variant | None = None,
     ) -> GenerationSettings:
-        """The settings of a typed ``generate`` section; the rest names what the answers come from (a bare
-        generate config, as benches and tests drive the client with, has placeholders there)."""
-        s = generate.sampling
+        """The settings of one sampling variant (None: the run's first, :meth:`GenerateConfig.variants`)
+        of a typed ``generate`` section; the rest names what the answers come from (a bare generate
+        config, as benches and tests drive the client with, has placeholders there).
+
+        One record is one completion of one request, so ``n`` is 1 whatever the variant's ``n``: raising
+        it adds completions and keeps those made before."""
+        v = variant if variant is not None else generate.variants()[0]
+        s = v.sampling(generate.sampling)
         return cls(
             model_path=model_path,
             model_revision=model_revision,
@@ -156,26 +180,29 @@ class GenerationSettings:
             chat_template_sha256=chat_template_sha256,
             reasoning_parser=reasoning_parser,
             regenerate=generate.regenerate,
-            thinking=generate.thinking,
+            thinking=v.thinking_mode(generate.thinking),
             thinking_fraction=generate.thinking_fraction,
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k,
             max_tokens=s.max_tokens,
-            n=s.n,
+            n=1,
             seed=s.seed,
-            truncation=generate.truncation,
+            truncation=generate.truncation.setting,
             retry_max_tokens_factor=generate.retry_max_tokens_factor,
             extra_body=dict(generate.extra_body),
             return_token_ids=generate.return_token_ids,
             sampling_thinking=dict(s.thinking),
             sampling_non_thinking=dict(s.non_thinking),
             preserve_thinking=generate.preserve_thinking,
+            variant=None if v.name == DEFAULT_VARIANT else v.name,
+            reasoning_effort=v.reasoning_effort,
         )
 
     @classmethod
-    def for_run(cls, run: RunConfig) -> GenerationSettings:
-        """A workflow run's settings: reads the chat template hash and the model revision from disk."""
+    def for_run(cls, run: RunConfig, variant: Variant | None = None) -> GenerationSettings:
+        """A workflow run's settings (of ``variant``; None: its first): reads the chat template hash and the
+        model revision from disk."""
         return cls.of(
             run.generate,
             model_path=run.server.model_path,
@@ -183,10 +210,25 @@ class GenerationSettings:
             server_mode=run.server.mode,
             chat_template_sha256=chat_template_hash(run.tokenizer),
             reasoning_parser=run.server.reasoning_parser,
+            variant=variant,
         )
 
+    def for_variant(self, generate: GenerateConfig, variant: Variant) -> GenerationSettings:
+        """These settings (model, server, template: what the run's answers come from) for ``variant``."""
+        own = GenerationSettings.of(generate, variant=variant)
+        return replace(own, **{k: getattr(self, k) for k in _RUN_SETTINGS})
+
+    @property
+    def variant_name(self) -> str:
+        """The variant these settings are of (``default`` for the implicit one)."""
+        return self.variant or DEFAULT_VARIANT
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for optional in ("variant", "reasoning_effort"):  # absent when unset: the hash of before variants
+            if out[optional] is None:
+                del out[optional]
+        return out
 
     @property
     def fingerprint(self) -> str:
@@ -235,8 +277,11 @@ def decisive_config(config: Mapping[str, Any]) -> dict[str, Any]:
     by_setting = sorted(
         keys_deciding(ServerConfig, ANSWERS), key=lambda k: order.index(setting_name(ServerConfig, k))
     )
+    decided = {k: generate[k] for k in keys_deciding(GenerateConfig, ANSWERS) if k in generate}
+    if generate.get("variants"):  # only when set: a config without variants keeps the param it had
+        decided["variants"] = generate["variants"]
     return {
-        "generate": {k: generate[k] for k in keys_deciding(GenerateConfig, ANSWERS) if k in generate},
+        "generate": decided,
         **{setting_name(ServerConfig, k): server.get(k) for k in by_setting},
         **{k: config.get(k) for k in keys_deciding(RunConfig, ANSWERS)},  # the tokenizer
     }

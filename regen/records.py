@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from regen.journal_lines import FAILED, RECORD
 from regen.layout import RECORD_SCHEMA
 from regen.prompts import request_digests
+from regen.runconfig import DEFAULT_VARIANT
 from regen.types import Message, Sample
 
 #: the JSON schema of a generation record (``regen.output.validate`` checks every record against it)
@@ -342,9 +343,6 @@ def message_from_row(row: dict[str, Any]) -> Message:
 # ---------------------------------------------------------------------------------------------
 # The generation record (JSON): one line of results/generations/{shard}.jsonl.zst
 # ---------------------------------------------------------------------------------------------
-
-#: the one implicit sampling variant of a run without ``generate.variants`` (``generate.sampling``)
-DEFAULT_VARIANT = "default"
 
 
 def record_id(sample_id: str, variant: str, k: int, *, plain: bool) -> str:

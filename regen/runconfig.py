@@ -21,6 +21,7 @@ import jsonschema
 import yaml
 
 from regen.layout import CONFIG_SCHEMA as CONFIG_SCHEMA_PATH
+from regen.truncation import TruncationPolicy
 
 #: what a config key may decide besides how a job runs (field metadata key ``decides``)
 ANSWERS = "answers"  # the generation fingerprint, and the generate rule's tracked ``settings`` param
@@ -147,6 +148,90 @@ class SamplingConfig:
         return replace(self, **dict(overrides)), "thinking" if thinking else "non_thinking"
 
 
+#: the name of the one implicit variant of a run without ``generate.variants`` (``regen.records``)
+DEFAULT_VARIANT = "default"
+#: the sampling keys a variant may set itself
+VARIANT_SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One named way of sampling every prompt (``generate.variants``): ``n`` completions each, one record
+    per completion. ``None`` fields take ``generate.sampling``'s own (its per-thinking-mode blocks
+    included) and the dataset's ``generate.thinking``; ``reasoning_effort`` None is not sent."""
+
+    name: str
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    #: thinking on (True) or off (False) for every sample; None: ``generate.thinking`` decides per sample
+    thinking: bool | None = None
+    #: ``low`` / ``medium`` / ``high`` (gpt-oss's chat template takes it); None: not sent
+    reasoning_effort: str | None = None
+
+    @classmethod
+    def from_filled(cls, v: Mapping[str, Any]) -> Variant:
+        thinking = v.get("thinking")
+        return cls(
+            name=str(v["name"]),
+            n=int(v.get("n", 1)),
+            temperature=None if v.get("temperature") is None else float(v["temperature"]),
+            top_p=None if v.get("top_p") is None else float(v["top_p"]),
+            top_k=None if v.get("top_k") is None else int(v["top_k"]),
+            thinking=None if thinking is None else thinking == "on",
+            reasoning_effort=v.get("reasoning_effort"),
+        )
+
+    @property
+    def own_sampling(self) -> tuple[tuple[str, Any], ...]:
+        """The sampling values the variant sets itself, as (key, value) pairs."""
+        return tuple((k, getattr(self, k)) for k in VARIANT_SAMPLING_KEYS if getattr(self, k) is not None)
+
+    def sampling(self, base: SamplingConfig) -> SamplingConfig:
+        """``base`` under this variant: the values it sets replace the block's own and its per-thinking-mode
+        overrides of them; ``n`` is the variant's."""
+        own = dict(self.own_sampling)
+        if not own:
+            return replace(base, n=self.n)
+        return replace(
+            base,
+            **own,
+            n=self.n,
+            thinking=tuple((k, v) for k, v in base.thinking if k not in own),
+            non_thinking=tuple((k, v) for k, v in base.non_thinking if k not in own),
+        )
+
+    def thinking_mode(self, dataset_mode: str) -> str:
+        """The ``generate.thinking`` mode of this variant's samples: its own, else the dataset's."""
+        if self.thinking is None:
+            return dataset_mode
+        return "on" if self.thinking else "off"
+
+    def completion_key(self, sample_id: str, k: int) -> str:
+        """What a completion's seed and request fingerprint derive from: the sample id for completion 0 of
+        the ``default`` variant (so answers journaled before variants replay), else
+        ``{sample_id}/{variant}/{k}``. Independent of how many variants the run has, so adding or removing
+        one never changes another's seeds or fingerprints."""
+        return sample_id if self.name == DEFAULT_VARIANT and k == 0 else f"{sample_id}/{self.name}/{k}"
+
+
+def variants_of(raw: Any) -> tuple[Variant, ...]:
+    """The validated ``generate.variants`` list, typed; a name twice is an error naming both places."""
+    out: list[Variant] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(raw or ()):
+        variant = Variant.from_filled(item)
+        if variant.name in seen:
+            raise ConfigError(
+                f"generate.variants.{i}.name: {variant.name!r} is already the name of "
+                f"generate.variants.{seen[variant.name]}; each variant needs its own name"
+            )
+        seen[variant.name] = i
+        out.append(variant)
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class JournalSyncConfig:
     """``generate.journal_sync``: batched upload of the request journal to S3 (operational)."""
@@ -167,7 +252,8 @@ class GenerateConfig:
     thinking: str = field(metadata=decides(ANSWERS))
     thinking_fraction: float = field(metadata=decides(ANSWERS))
     sampling: SamplingConfig = field(metadata=decides(ANSWERS))
-    truncation: str = field(metadata=decides(ANSWERS))
+    #: what a cut answer becomes, inside the answer and inside the reasoning apart (``regen.truncation``)
+    truncation: TruncationPolicy = field(metadata=decides(ANSWERS))
     retry_max_tokens_factor: float = field(metadata=decides(ANSWERS))
     #: extra request fields passed as-is (SGLang extras such as ``ignore_eos``, ``min_p``); never overrides
     #: the fields regen sets itself
@@ -188,6 +274,27 @@ class GenerateConfig:
     retry_failed: bool
     spill: bool
     journal_sync: JournalSyncConfig
+    #: ``generate.variants`` as configured (empty: one implicit variant); read them through
+    #: :meth:`variants`. Decides the answers, tracked by ``regen.fingerprint.decisive_config`` itself
+    #: (only when set, so a config without variants keeps the generate rule's param as it was)
+    configured_variants: tuple[Variant, ...] = ()
+
+    def variants(self) -> tuple[Variant, ...]:
+        """Every sampling variant of the run, in config order: ``generate.variants``, or when that is empty
+        the one implicit variant ``default`` with ``generate.sampling.n`` completions."""
+        return self.configured_variants or (Variant(DEFAULT_VARIANT, n=self.sampling.n),)
+
+    @property
+    def plain_ids(self) -> bool:
+        """Whether record ids are the sample ids: one variant of one completion (else
+        ``{sample_id}/{variant}/{k}``, ``regen.records.record_id``)."""
+        only = self.variants()
+        return len(only) == 1 and only[0].n == 1
+
+    @property
+    def completions_per_prompt(self) -> int:
+        """Records per prompt: the variants' completions together."""
+        return sum(v.n for v in self.variants())
 
     def max_tokens_for(self, sample_id: str) -> int:
         """``max_tokens`` of ``sample_id``'s requests: ``sampling.max_tokens``. The hook of benchmarks that
@@ -204,7 +311,7 @@ class GenerateConfig:
             thinking=str(g["thinking"]),
             thinking_fraction=float(g["thinking_fraction"]),
             sampling=SamplingConfig.from_filled(g["sampling"]),
-            truncation=str(g["truncation"]),
+            truncation=TruncationPolicy.from_config(g["truncation"]),
             retry_max_tokens_factor=float(g["retry_max_tokens_factor"]),
             extra_body=tuple(sorted(g["extra_body"].items())),
             return_token_ids=bool(g["return_token_ids"]),
@@ -221,6 +328,7 @@ class GenerateConfig:
                 every_records=int(sync["every_records"]),
                 every_seconds=float(sync["every_seconds"]),
             ),
+            configured_variants=variants_of(g["variants"]),
         )
 
 

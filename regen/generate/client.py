@@ -374,7 +374,7 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
             journal.append(entry, flush=False)
             stats.failed += 1
         journal.close()
-        counts = journal.finalize(job.records_out, job.failed_out, run.current)
+        counts = journal.finalize(job.records_out, job.failed_out, run.current, run.identities)
         stats.wall_s = time.monotonic() - t0
         reporter.write_status(final=True)
         reporter.log_line()

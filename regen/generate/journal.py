@@ -262,6 +262,9 @@ class Journal:
         self._owns_writer = owns_writer
         self.finished_ids: set[str] = set()
         self._outcomes: dict[str, dict[str, str]] = {}
+        #: fingerprint -> outcome, whatever id the entry was journaled under (a fingerprint names one
+        #: completion of one sample: an id spelt otherwise since, as when variants were added, replays)
+        self._by_fingerprint: dict[str, str] = {}
         self.n_records = self.n_failed = 0
         for head in heads.heads:
             self._note(head.id, head.kind, head.fingerprint)
@@ -340,6 +343,10 @@ class Journal:
         """``record``, ``failed`` or None: what the journal holds for this sample under this fingerprint."""
         return self._outcomes.get(sample_id, {}).get(fingerprint)
 
+    def outcome_of(self, fingerprint: str) -> str | None:
+        """``record``, ``failed`` or None: what the journal holds under this request fingerprint."""
+        return self._by_fingerprint.get(fingerprint)
+
     def fingerprints(self, sample_id: str) -> dict[str, str]:
         """Every fingerprint the journal holds for this sample, with its outcome."""
         return dict(self._outcomes.get(sample_id, {}))
@@ -371,6 +378,8 @@ class Journal:
         by_fp = self._outcomes.setdefault(sample_id, {})
         if by_fp.get(fingerprint) != RECORD:
             by_fp[fingerprint] = kind
+        if self._by_fingerprint.get(fingerprint) != RECORD:
+            self._by_fingerprint[fingerprint] = kind
 
     def flush(self) -> None:
         """Write buffered lines and flush them to the OS (the journal first, then its index); fsync the
@@ -421,12 +430,13 @@ class Journal:
         records_out: str | os.PathLike[str],
         failed_out: str | os.PathLike[str],
         current: Mapping[str, str] | None = None,
+        identities: Mapping[str, RecordIdentity] | None = None,
     ) -> FinalizeCounts:
         """Write records and failures from the journal file, atomically, each id once."""
         if not self._fh.closed:
             self.flush()
             self._fsync()
-        return finalize_journal(self.path, records_out, failed_out, current)
+        return finalize_journal(self.path, records_out, failed_out, current, identities)
 
 
 def _truncate(path: Path, size: int) -> None:
@@ -436,8 +446,32 @@ def _truncate(path: Path, size: int) -> None:
         os.fsync(fh.fileno())
 
 
+#: a failure line's keys, in order
+_FAILURE_KEYS = (
+    "id",
+    "sample_id",
+    "variant",
+    "k",
+    "reason",
+    "attempts",
+    "error",
+    "fingerprint",
+    "settings_fingerprint",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordIdentity:
+    """Which completion a record id names: its prompt's sample id, its variant, its index among the
+    variant's ``n`` (``regen.records.GenerationRecord``)."""
+
+    sample_id: str
+    variant: str
+    k: int
+
+
 def _failure_line(entry: Mapping[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("id", "reason", "attempts", "error", "fingerprint", "settings_fingerprint")
+    keys = _FAILURE_KEYS
     fail = {k: entry.get(k) for k in keys if k in entry or k in ("id", "reason", "attempts", "error")}
     if history:
         fail["history"] = history
@@ -453,15 +487,21 @@ def finalize_journal(
     records_out: str | os.PathLike[str],
     failed_out: str | os.PathLike[str],
     current: Mapping[str, str] | None = None,
+    identities: Mapping[str, RecordIdentity] | None = None,
 ) -> FinalizeCounts:
     """Write ``records_out`` (records without ``kind``) and ``failed_out`` from a journal file.
 
-    ``current`` maps every sample id of the shard to its current fingerprint; entries under another
+    ``current`` maps every record id of the shard to its current fingerprint; entries under another
     fingerprint, or for ids not in it, are stale and left out. A record that follows failures of the
     same fingerprint carries them as ``history``; so does a failure that follows earlier ones.
+
+    ``identities`` (every id of ``current``): what completion each id names. Then an entry is current by
+    its fingerprint alone, and written under the id that fingerprint has now, with its ``sample_id``,
+    ``variant`` and ``k``: an answer journaled under the sample id before the run had more variants, or
+    before records named their variant, is the same completion and replays.
     """
     with gc_paused():
-        return _finalize(Path(journal_path), records_out, failed_out, current)
+        return _finalize(Path(journal_path), records_out, failed_out, current, identities)
 
 
 #: how every record line ``Journal.append`` writes begins: orjson's bytes of ``{"kind": "record", ...}``
@@ -494,6 +534,23 @@ def _copied_record_head(raw: bytes, row: list[Any] | None, end: int) -> tuple[st
     return sid, fingerprint
 
 
+def _with_identity(entry: dict[str, Any], rid: str, who: RecordIdentity | None) -> dict[str, Any]:
+    """``entry`` under record id ``rid``, naming the completion ``who`` (None: as journaled), the
+    identity right after the id as a record line has it."""
+    if who is None:
+        return entry
+    head = {"kind": entry.pop("kind"), "id": rid}
+    head.update(sample_id=who.sample_id, variant=who.variant, k=who.k)
+    for key in ("id", "sample_id", "variant", "k"):
+        entry.pop(key, None)
+    return {**head, **entry}
+
+
+def _has_identity(raw: bytes, sid: str) -> bool:
+    """Whether a record line copied as it is already names its completion (written since variants)."""
+    return raw.startswith(b'"sample_id":', len(_RECORD_LINE_HEAD) + len(orjson.dumps(sid)) + 6)
+
+
 def _record_line(entry: dict[str, Any], earlier: list[dict[str, Any]] | None) -> bytes:
     """The records-file line of a parsed journal record: the record less its ``kind``, the failures of
     the same fingerprint before it as its ``history``."""
@@ -508,8 +565,11 @@ def _finalize(
     records_out: str | os.PathLike[str],
     failed_out: str | os.PathLike[str],
     current: Mapping[str, str] | None,
+    identities: Mapping[str, RecordIdentity] | None = None,
 ) -> FinalizeCounts:
     written: set[str] = set()
+    # with identities, an entry is current by its fingerprint, written under the id it has now
+    by_fingerprint = {fp: rid for rid, fp in current.items()} if identities is not None and current else {}
     failures: dict[str, list[dict[str, Any]]] = {}
     n_rec = dups = stale = 0
     # speed: a record line that needs no history is copied less its kind instead of parsed and dumped
@@ -538,7 +598,16 @@ def _finalize(
             else:
                 entry, kind = None, RECORD
                 sid, fingerprint = head
-            if current is not None and (sid not in current or fingerprint != current[sid]):
+            who = None
+            if identities is not None:
+                rid = by_fingerprint.get(fingerprint) if isinstance(fingerprint, str) else None
+                if rid is None:
+                    stale += 1
+                    continue
+                if rid != sid or entry is not None or not _has_identity(raw, sid):
+                    who = identities[rid]
+                sid = rid
+            elif current is not None and (sid not in current or fingerprint != current[sid]):
                 stale += 1
                 continue
             if sid in written:
@@ -546,15 +615,17 @@ def _finalize(
                 continue
             if kind == RECORD:
                 earlier = failures.pop(sid, None)
-                if entry is None and not earlier:
+                if entry is None and not earlier and who is None:
                     rec_fh.write(b"{")
                     rec_fh.write(memoryview(raw)[len(_RECORD_LINE_HEAD) :])  # no copy of a long line
                 else:
-                    rec_fh.write(_record_line(entry or _parse_line(path, lineno, raw), earlier))
+                    parsed = entry or _parse_line(path, lineno, raw)
+                    rec_fh.write(_record_line(_with_identity(parsed, sid, who), earlier))
                 written.add(sid)
                 n_rec += 1
                 continue
             assert entry is not None  # only record lines are copied
+            entry = _with_identity(entry, sid, who)
             if current is None:  # before fingerprints: the first line per id wins
                 fail_fh.write(orjson.dumps(_failure_line(entry, [])) + b"\n")
                 written.add(sid)

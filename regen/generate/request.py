@@ -24,7 +24,8 @@ import aiohttp
 import orjson
 
 from regen.generate.pacing import OK, OTHER, OVERLOAD, AimdWindow, InFlightPlan
-from regen.runconfig import GenerateConfig
+from regen.runconfig import DEFAULT_VARIANT, GenerateConfig, SamplingConfig
+from regen.truncation import DROP, KEEP, RETRY_WITHOUT_THINKING, truncated_where
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,31 @@ class Halt:
     def stop(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """How a sampling variant's requests sample: its name, its sampling (per-thinking-mode overrides
+    inside) and its ``reasoning_effort`` (sent in chat_template_kwargs; None: not sent)."""
+
+    name: str
+    sampling: SamplingConfig
+    reasoning_effort: str | None = None
+
+
+@dataclass(slots=True)
+class Ask:
+    """What every request of one completion shares: its record id (in logs, the sample-id header and
+    ``in_flight``), seed, thinking switch, attempts so far (``attempts[0]``, counted over its turns), its
+    variant's sampling, the sample's tools, and a lent server's chat URL for its first request."""
+
+    id: str
+    seed: int
+    thinking: bool
+    attempts: list[int]
+    sampled: Sampled
+    tools: list[Any] | None = None
+    first_url: str | None = None
 
 
 class RequestError(Exception):
@@ -222,33 +248,54 @@ class Requests:
         self.excess_timeouts = 0  # timeouts sent again without using an attempt (EXCESS_TIMEOUTS_MAX)
         self.retrying: set[str] = set()  # sample ids waiting out a back-off before their next attempt
         self.retried = 0  # requests sent again after a failure
-        # the body fields every request of the shard shares, per thinking mode (built once)
-        self._fixed = {thinking: self._fixed_fields(thinking) for thinking in (False, True)}
+        # the body fields every request of one variant and thinking mode shares (built on first use)
+        self._fixed: dict[tuple[Sampled, bool], dict[str, Any]] = {}
+        #: the sampling of a run without variants
+        self.plain = Sampled(DEFAULT_VARIANT, cfg.sampling)
 
-    async def answer_turn(
-        self, sid: str, messages: list[dict[str, Any]], seed: int, thinking: bool, attempts: list[int],
-        tools: list[Any] | None = None, first_url: str | None = None,
-    ) -> Answer | None:  # fmt: skip
-        """One regenerated turn under the truncation policy; None means dropped. ``first_url``: a lent
-        server for the first request (retries go to the job's own server)."""
+    def asking(
+        self,
+        rid: str,
+        seed: int,
+        thinking: bool,
+        attempts: list[int],
+        sampled: Sampled | None = None,
+        tools: list[Any] | None = None,
+        first_url: str | None = None,
+    ) -> Ask:
+        """One completion's :class:`Ask` (``sampled`` None: the run's sampling, no variants)."""
+        return Ask(rid, seed, thinking, attempts, sampled or self.plain, tools, first_url)
+
+    async def answer_turn(self, ask: Ask, messages: list[dict[str, Any]]) -> Answer | None:
+        """One regenerated turn under the truncation policy (``regen.truncation``: a cut inside the
+        reasoning and one inside the answer apart); None means dropped. ``ask.first_url``: a lent server for
+        the first request (retries go to the job's own server). A retry without thinking turns
+        ``ask.thinking`` off, so the record says how its answer was made."""
         cfg = self.cfg
-        limit = cfg.max_tokens_for(sid)
-        answer = await self.request(sid, messages, seed, thinking, limit, attempts, tools, first_url)
-        if answer.finish_reason != "length" or cfg.truncation == "keep":
+        limit = cfg.max_tokens_for(ask.id)
+        answer = await self.request(ask, messages, limit, ask.first_url)
+        where = truncated_where(
+            answer.finish_reason, answer.content, answer.reasoning_content, bool(answer.tool_calls)
+        )
+        action = cfg.truncation.action(where)
+        if action == KEEP:
             return answer
-        if cfg.truncation == "drop":
+        if action == DROP:
             return None
+        if action == RETRY_WITHOUT_THINKING:
+            ask.thinking = False
+            return await self.request(ask, messages, limit)
         bigger = math.ceil(limit * cfg.retry_max_tokens_factor)
-        return await self.request(sid, messages, seed, thinking, bigger, attempts, tools)
+        return await self.request(ask, messages, bigger)
 
     async def request(
-        self, sid: str, messages: list[dict[str, Any]], seed: int, thinking: bool, max_tokens: int,
-        attempts: list[int], tools: list[Any] | None = None, first_url: str | None = None,
-    ) -> Answer:  # fmt: skip
-        """POST with retries (the first to ``first_url`` when given); raises SampleFailed. ``tools`` (the
-        sample's tool definitions) go with it. The sample counts as in flight meanwhile (``regen status``)."""
+        self, ask: Ask, messages: list[dict[str, Any]], max_tokens: int, first_url: str | None = None
+    ) -> Answer:
+        """POST with retries (the first to ``first_url`` when given); raises SampleFailed. The sample's tool
+        definitions go with it. The completion counts as in flight meanwhile (``regen status``)."""
+        sid, attempts = ask.id, ask.attempts
         try:
-            body = self.body(messages, seed, thinking, max_tokens, tools)
+            body = self.body(messages, ask.seed, ask.thinking, max_tokens, ask.tools, ask.sampled)
             headers = {**self.base_headers, SAMPLE_ID_HEADER: sample_id_header(sid)}
             max_attempts = self.cfg.max_attempts
             used = 0  # attempts of max_attempts used
@@ -294,17 +341,20 @@ class Requests:
             self.in_flight.pop(sid, None)
             self.retrying.discard(sid)
 
-    def _fixed_fields(self, thinking: bool) -> dict[str, Any]:
-        """The request body every request of one thinking mode shares, in its field order: the
+    def _fixed_fields(self, sampled: Sampled, thinking: bool) -> dict[str, Any]:
+        """The request body every request of one variant and thinking mode shares, in its field order: the
         ``extra_body``, ``return_token_ids`` and ``model`` first, then the sampling and the chat
-        template's kwargs; ``messages``, ``max_tokens`` and ``seed`` (None here) are each request's."""
+        template's kwargs; ``messages``, ``max_tokens`` and ``seed`` (None here) are each request's.
+        ``n`` is 1: each completion is its own request, with its own seed and journal line."""
         cfg = self.cfg
         head = {**dict(cfg.extra_body), **({"return_token_ids": True} if cfg.return_token_ids else {})}
         head["model"] = self.model
         template_kwargs: dict[str, Any] = {"enable_thinking": thinking}
         if cfg.preserve_thinking is not None:
             template_kwargs["preserve_thinking"] = cfg.preserve_thinking
-        s = cfg.sampling.for_thinking(thinking)[0]
+        if sampled.reasoning_effort is not None:
+            template_kwargs["reasoning_effort"] = sampled.reasoning_effort
+        s = sampled.sampling.for_thinking(thinking)[0]
         return {
             **head,
             "messages": None,
@@ -312,7 +362,7 @@ class Requests:
             "top_p": s.top_p,
             "top_k": s.top_k,
             "max_tokens": None,
-            "n": s.n,
+            "n": 1,
             "seed": None,
             "chat_template_kwargs": template_kwargs,
             "separate_reasoning": True,
@@ -320,11 +370,16 @@ class Requests:
 
     def body(
         self, messages: list[dict[str, Any]], seed: int, thinking: bool, max_tokens: int,
-        tools: list[Any] | None,
+        tools: list[Any] | None, sampled: Sampled | None = None,
     ) -> bytes:  # fmt: skip
-        """The chat-completions request body for one sample (``extra_body`` never overrides these fields)."""
-        # speed: a copy of the shard's fixed body with this request's fields set (a key keeps its place)
-        body = self._fixed[thinking].copy()
+        """The chat-completions request body for one completion (``extra_body`` never overrides these
+        fields); ``sampled`` None: the run's sampling."""
+        # speed: a copy of the variant's fixed body with this request's fields set (a key keeps its place)
+        key = (sampled or self.plain, thinking)
+        fixed = self._fixed.get(key)
+        if fixed is None:
+            fixed = self._fixed[key] = self._fixed_fields(*key)
+        body = fixed.copy()
         body["messages"] = messages
         body["max_tokens"] = max_tokens
         body["seed"] = seed

@@ -1,4 +1,5 @@
-"""One sample's answers as its journal entry: the seed and thinking mode it is sent with, the turns it
+"""One completion of a sample as its journal entry: which completion it is (:class:`Completion`: the
+sample, its sampling variant and index ``k``), the seed and thinking mode it is sent with, the turns it
 regenerates (``last``: the final assistant turn; ``all``: each assistant turn, the row ending early at a
 tool-call mismatch), and the :class:`~regen.records.GenerationRecord` (or the ``truncated``
 :class:`~regen.records.FailureEntry` when the truncation policy drops it).
@@ -14,9 +15,12 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from regen.generate.request import Answer, Requests, chat_url
+import orjson
+
+from regen.fingerprint import GenerationSettings
+from regen.generate.request import Answer, Ask, Requests, Sampled, chat_url
 from regen.records import FailureEntry, GenerationRecord, RecordSampling
-from regen.runconfig import GenerateConfig, SamplingConfig
+from regen.runconfig import GenerateConfig, SamplingConfig, Variant
 from regen.toolcalls import answered_calls, tool_call_mismatch, with_answered_ids
 from regen.types import Endpoint, Sample
 
@@ -25,9 +29,11 @@ def hash64(*parts: str) -> int:
     return int.from_bytes(hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).digest(), "big")
 
 
-def derive_seed(base_seed: int, sample_id: str) -> int:
-    """Per-sample seed: blake2b of (base seed, id), as a 31-bit integer."""
-    return hash64("seed", str(base_seed), sample_id) & 0x7FFFFFFF
+def derive_seed(base_seed: int, key: str) -> int:
+    """A completion's seed: blake2b of (base seed, its key), as a 31-bit integer. The key is
+    ``Variant.completion_key``: the sample id for the first completion of the default variant (its seed as
+    before variants), ``{sample_id}/{variant}/{k}`` for every other, so each completion has its own."""
+    return hash64("seed", str(base_seed), key) & 0x7FFFFFFF
 
 
 def thinking_for(sample_id: str, mode: str, fraction: float) -> bool:
@@ -40,12 +46,58 @@ def thinking_for(sample_id: str, mode: str, fraction: float) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def record_sampling(sampling: SamplingConfig, thinking: bool, max_tokens: int) -> RecordSampling:
-    """The sampling a record of this thinking mode names (``max_tokens``: as last sent). Cached, for
-    speed: a shard's records share a handful (one per mode and max_tokens), and ``for_thinking`` with
-    an override block builds a new config each call."""
+def record_sampling(
+    sampling: SamplingConfig, thinking: bool, max_tokens: int, own: bool = False, effort: str | None = None
+) -> RecordSampling:
+    """The sampling a record of this thinking mode names (``max_tokens``: as last sent; ``own``: its
+    variant sets sampling values itself, ``effort``: its reasoning_effort). Cached, for speed: a shard's
+    records share a handful (one per variant, mode and max_tokens), and ``for_thinking`` with an override
+    block builds a new config each call."""
     s, block = sampling.for_thinking(thinking)
-    return RecordSampling(s.temperature, s.top_p, s.top_k, max_tokens, block)
+    return RecordSampling(s.temperature, s.top_p, s.top_k, max_tokens, "variant" if own else block, effort)
+
+
+@dataclass(frozen=True, slots=True)
+class VariantRun:
+    """One sampling variant as a shard sends it: its sampling, thinking mode and settings (fingerprint,
+    and the settings JSON every record carries, serialized once)."""
+
+    variant: Variant
+    sampled: Sampled
+    thinking_mode: str
+    settings_fingerprint: str
+    settings_json: orjson.Fragment
+
+    @classmethod
+    def of(cls, cfg: GenerateConfig, settings: GenerationSettings, variant: Variant) -> VariantRun:
+        """``variant`` of ``cfg``; ``settings``: the run's (what its answers come from, served)."""
+        own = settings.for_variant(cfg, variant)
+        sampled = Sampled(variant.name, variant.sampling(cfg.sampling), variant.reasoning_effort)
+        settings_json = orjson.Fragment(orjson.dumps(own.to_json()))
+        return cls(variant, sampled, variant.thinking_mode(cfg.thinking), own.fingerprint, settings_json)
+
+    @property
+    def name(self) -> str:
+        return self.variant.name
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One completion to send: completion ``k`` of ``sample`` under ``variant``, its record ``id``, its
+    ``key`` (``Variant.completion_key``: its seed and fingerprint derive from it), its request
+    ``fingerprint`` and the messages it sends (``regen.prompts.request_content``)."""
+
+    sample: Sample
+    variant: VariantRun
+    k: int
+    id: str
+    key: str
+    fingerprint: str
+    messages: list[Any]
+
+    def failure(self, reason: str, attempts: int, error: str) -> FailureEntry:
+        """This completion's terminal failure."""
+        return FailureEntry(self.id, reason, attempts, error, self.sample.id, self.variant.name, self.k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,40 +125,42 @@ class _Turns:
 
 
 async def answer_sample(
-    requests: Requests, cfg: GenerateConfig, ctx: RecordContext, sample: Sample, messages: list[Any],
-    lender: Endpoint | None = None,
-) -> GenerationRecord | FailureEntry:  # fmt: skip
-    """One sample's journal entry; ``messages`` is its ``request_content``'s: the prompt (``last``) or the
-    turns before each answer (``all``). Raises ``SampleFailed`` when its requests fail."""
-    sid = sample.id
+    requests: Requests, cfg: GenerateConfig, ctx: RecordContext, c: Completion, lender: Endpoint | None = None
+) -> GenerationRecord | FailureEntry:
+    """One completion's journal entry; ``c.messages`` is its ``request_content``'s: the prompt (``last``) or
+    the turns before each answer (``all``). Raises ``SampleFailed`` when its requests fail."""
+    sample, variant = c.sample, c.variant
     first_url = None if lender is None else chat_url(lender.url)
-    seed = derive_seed(cfg.sampling.seed, sid)
-    thinking = thinking_for(sid, cfg.thinking, cfg.thinking_fraction)
+    seed = derive_seed(cfg.sampling.seed, c.key)
+    thinking = thinking_for(sample.id, variant.thinking_mode, cfg.thinking_fraction)
     tools = list(sample.tools) if sample.tools else None
     attempts = [0]
+    ask = requests.asking(c.id, seed, thinking, attempts, variant.sampled, tools, first_url)
     if cfg.regenerate == "last":
-        answer = await requests.answer_turn(sid, messages, seed, thinking, attempts, tools, first_url)
-        got = _Turns(messages, answer)
+        got = _Turns(c.messages, await requests.answer_turn(ask, c.messages))
     else:
-        got = await _answer_all(requests, sample, messages, seed, thinking, attempts, tools, first_url)
+        got = await _answer_all(requests, ask, sample, c.messages)
     answer, turns = got.answer, got.turns
     if answer is None:  # dropped under truncation: drop
         error = f"finish_reason length at max_tokens={cfg.sampling.max_tokens}"
-        return FailureEntry(sid, "truncated", attempts[0], error)
+        return c.failure("truncated", attempts[0], error)
     truncated = (
         any(t["finish_reason"] == "length" for t in turns) if turns else answer.finish_reason == "length"
     )
+    own = bool(variant.variant.own_sampling)
     return GenerationRecord(
-        id=sid,
+        id=c.id,
         shard=ctx.shard,
         messages=got.prompt,
         reasoning_content=answer.reasoning_content,
         content=answer.content,
         finish_reason=answer.finish_reason,
         truncated=truncated,
-        thinking=thinking,
+        thinking=ask.thinking,  # off when the truncation policy retried without thinking
         usage=answer.usage,
-        sampling=record_sampling(cfg.sampling, thinking, answer.max_tokens),
+        sampling=record_sampling(
+            variant.sampled.sampling, ask.thinking, answer.max_tokens, own, variant.variant.reasoning_effort
+        ),
         seed=seed,
         model=answer.model or ctx.model,
         server=ctx.server if answer.lender is None or lender is None else ctx.lent_server(lender),
@@ -118,16 +172,15 @@ async def answer_sample(
         tools=tools,
         tool_calls=answer.tool_calls,
         tool_call_mismatch=None if got.cut is None else {"turn": len(turns or ()) - 1, "kind": got.cut},
+        sample_id=sample.id,
+        variant=variant.name,
+        k=c.k,
     )
 
 
-async def _answer_all(
-    requests: Requests, sample: Sample, segments: list[Any], seed: int, thinking: bool, attempts: list[int],
-    tools: list[Any] | None, first_url: str | None,
-) -> _Turns:  # fmt: skip
+async def _answer_all(requests: Requests, ask: Ask, sample: Sample, segments: list[Any]) -> _Turns:
     """``regenerate: all``: each assistant turn in order, the earlier regenerated answers in the prompt;
     the next turns answer the dataset's calls, so a turn that called otherwise ends the row."""
-    sid = sample.id
     got = _Turns(prompt=[], turns=[])
     answered = answered_calls(sample.messages)
     for k, segment in enumerate(segments):
@@ -140,9 +193,7 @@ async def _answer_all(
                 prev["tool_calls"] = with_answered_ids(answer.tool_calls, answered[k - 1])
             got.prompt.append(prev)
         got.prompt.extend(segment)
-        got.answer = answer = await requests.answer_turn(
-            sid, list(got.prompt), seed, thinking, attempts, tools, first_url
-        )
+        got.answer = answer = await requests.answer_turn(ask, list(got.prompt))
         if answer is None:
             break
         got.turns.append(_turn_json(answer))  # type: ignore[union-attr]

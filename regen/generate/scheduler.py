@@ -1,9 +1,15 @@
-"""The scheduling loop of one shard: pull the next sample (replaying what the journal holds under the
-current fingerprint), send it on the job's own server or a lent one, journal each finished sample at
+"""The scheduling loop of one shard: pull the next completion (replaying what the journal holds under
+the current fingerprint), send it on the job's own server or a lent one, journal each finished sample at
 once (one flush per event-loop tick), hold server-level failures back, and stop the shard when the
 circuit breaker trips (``regen.generate.client`` has the failure semantics).
 
 A sample's requests are ``regen.generate.request``'s, its entry ``regen.generate.sample_record``'s.
+
+Each sample is sent as every completion of every sampling variant (``generate.variants``, ``n`` each), in
+order: the completions of one prompt go out back to back, so the server's prefix (radix) cache prefills
+the prompt once and serves it to the others (SGLang's own ``n`` would too, but one request for all ``n``
+copies one seed to all of them and fails or succeeds as a whole; here each completion has its own seed,
+retries and journal line).
 """
 
 from __future__ import annotations
@@ -11,20 +17,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import aiohttp
-import orjson
 
 from regen.fingerprint import GenerationSettings, content_digest, request_fingerprint
-from regen.generate.journal import Journal
+from regen.generate.journal import Journal, RecordIdentity
 from regen.generate.request import Requests, SampleFailed, chat_url
-from regen.generate.sample_record import RecordContext, answer_sample, output_tokens
+from regen.generate.sample_record import Completion, RecordContext, VariantRun, answer_sample, output_tokens
 from regen.journal_lines import FAILED, RECORD
 from regen.prompts import request_content, sample_request_fingerprint
-from regen.records import FailureEntry, GenerationRecord
+from regen.records import FailureEntry, GenerationRecord, record_id
 from regen.runconfig import GenerateConfig
 from regen.types import Endpoint, Sample
 
@@ -85,17 +91,26 @@ class Breaker:
 
 
 class ShardRun:
-    """The samples of one shard through ``requests``, into ``journal``."""
+    """The samples of one shard through ``requests``, into ``journal``: each as every completion of every
+    sampling variant (``GenerateConfig.variants``)."""
 
     def __init__(
-        self, cfg: GenerateConfig, settings: GenerationSettings, journal: Journal, samples: Iterator[Sample],
-        requests: Requests, record: RecordContext, stats: ShardStats, breaker_threshold: int,
+        self,
+        cfg: GenerateConfig,
+        settings: GenerationSettings,
+        journal: Journal,
+        samples: Iterator[Sample],
+        requests: Requests,
+        record: RecordContext,
+        stats: ShardStats,
+        breaker_threshold: int,
         on_exhausted: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg = cfg
-        # speed: every record carries the settings, serialized once (orjson writes a Fragment as it is)
-        self.settings_json = orjson.Fragment(orjson.dumps(settings.to_json()))
-        self.settings_fingerprint = settings.fingerprint
+        # speed: every record carries its variant's settings, serialized once (a Fragment is written as is)
+        self.variants = [VariantRun.of(cfg, settings, v) for v in cfg.variants()]
+        self.plain_ids = cfg.plain_ids
+        self.settings_fingerprint = self.variants[0].settings_fingerprint
         self.journal = journal
         self.samples = samples
         self.requests = requests
@@ -104,9 +119,12 @@ class ShardRun:
         self.breaker = Breaker(breaker_threshold)
         self.halt = requests.halt
         self.on_exhausted = on_exhausted
-        #: every sample id read from the shard -> its current fingerprint (finalize keeps only these)
+        #: every record id of the shard's samples -> its current fingerprint (finalize keeps only these),
+        #: and the completion it names
         self.current: dict[str, str] = {}
+        self.identities: dict[str, RecordIdentity] = {}
         self.seen: set[str] = set()
+        self._pending: deque[Completion] = deque()  # the current sample's completions still to send
         self.held: list[dict[str, Any]] = []  # server-level failures, journaled only if the shard finishes
         self.attempted = 0
         self.exhausted = False  # every sample has been handed out
@@ -116,39 +134,60 @@ class ShardRun:
     def shard(self) -> str:
         return self.record.shard
 
-    def next_sample(self) -> tuple[Sample, str, list[Any]] | None:
-        """The next sample to send, its fingerprint and the messages it sends (``request_content``:
-        built once, hashed here and sent as they are); replays (skips) what the journal holds."""
-        for sample in self.samples:
+    def next_completion(self) -> Completion | None:
+        """The next completion to send: the current sample's next one, else the next sample's first (its
+        request content built once, hashed here and sent as it is); replays (skips) what the journal
+        holds."""
+        while not self._pending:
+            sample = next(self.samples, None)
+            if sample is None:
+                break
             sid = sample.id
             if sid in self.seen:
                 log.warning("shard %s: duplicate sample id %r in the input; sent once", self.shard, sid)
                 continue
             self.seen.add(sid)
-            content = request_content(sample, self.cfg.regenerate)
-            fingerprint = request_fingerprint(self.settings_fingerprint, sid, content_digest(content))
-            self.current[sid] = fingerprint
-            outcome = self.journal.outcome(sid, fingerprint)
-            if outcome == RECORD or (outcome == FAILED and not self.cfg.retry_failed):
-                self.stats.skipped_resumed += 1
-                continue
-            if outcome == FAILED:
-                self.stats.retried_failed += 1
-            elif sid in self.journal.finished_ids:
-                self.stats.regenerated_changed += 1
-            return sample, fingerprint, content["messages"]
+            self._pending.extend(self._to_send(sample))
+        if self._pending:
+            return self._pending.popleft()
         if not self.exhausted:
             self.exhausted = True
             if self.on_exhausted is not None:
                 self.on_exhausted()
         return None
 
+    def _to_send(self, sample: Sample) -> list[Completion]:
+        """The sample's completions the journal does not hold under their current fingerprints, in send
+        order (variant by variant, k = 0..n-1); every one is noted as current."""
+        sid = sample.id
+        content = request_content(sample, self.cfg.regenerate)
+        digest = content_digest(content)
+        out = []
+        for run in self.variants:
+            variant = run.variant
+            for k in range(variant.n):
+                key = variant.completion_key(sid, k)
+                rid = record_id(sid, variant.name, k, plain=self.plain_ids)
+                fingerprint = request_fingerprint(run.settings_fingerprint, key, digest)
+                self.current[rid] = fingerprint
+                self.identities[rid] = RecordIdentity(sid, variant.name, k)
+                outcome = self.journal.outcome_of(fingerprint)
+                if outcome == RECORD or (outcome == FAILED and not self.cfg.retry_failed):
+                    self.stats.skipped_resumed += 1
+                    continue
+                if outcome == FAILED:
+                    self.stats.retried_failed += 1
+                elif rid in self.journal.finished_ids:
+                    self.stats.regenerated_changed += 1
+                out.append(Completion(sample, run, k, rid, key, fingerprint, content["messages"]))
+        return out
+
     async def worker(self) -> None:
         while self.halt.reason is None:
-            nxt = self.next_sample()
+            nxt = self.next_completion()
             if nxt is None:
                 return
-            await self.one_sample(*nxt, None)
+            await self.one_sample(nxt, None)
 
     async def lend(self, lenders: Lenders) -> None:
         """Send samples to other slots' servers while they have room and samples are left; each sample
@@ -161,10 +200,10 @@ class ShardRun:
                     # no more than its window lets this job have in flight there (regen.generate.pacing)
                     room = min(room, self.requests.window(chat_url(lender.url)).room)
                     for _ in range(room):
-                        nxt = None if self.halt.reason is not None else self.next_sample()
+                        nxt = None if self.halt.reason is not None else self.next_completion()
                         if nxt is None:
                             break
-                        task = asyncio.create_task(self.one_sample(*nxt, lender))
+                        task = asyncio.create_task(self.one_sample(nxt, lender))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
             if tasks:
@@ -173,19 +212,17 @@ class ShardRun:
             for task in tasks:
                 task.cancel()
 
-    async def one_sample(
-        self, sample: Sample, fingerprint: str, messages: list[Any], lender: Endpoint | None
-    ) -> None:
+    async def one_sample(self, c: Completion, lender: Endpoint | None) -> None:
         self.attempted += 1
         try:
-            outcome = await answer_sample(self.requests, self.cfg, self.record, sample, messages, lender)
+            outcome = await answer_sample(self.requests, self.cfg, self.record, c, lender)
         except SampleFailed as exc:
-            entry = self.on_failure(sample.id, exc)
+            entry = self.on_failure(c, exc)
         else:
             entry = self.on_answer(outcome)
         if entry is None:
             return
-        self.stamp(entry, fingerprint)
+        self.stamp(entry, c)
         self.journal.append(entry, flush=False)
         self._schedule_flush()
 
@@ -201,16 +238,16 @@ class ShardRun:
             self.stats.truncated += 1
         return outcome.journal_entry()
 
-    def on_failure(self, sid: str, exc: SampleFailed) -> dict[str, Any] | None:
-        """A client error is the sample's own terminal failure; a server-level one is held back (journaled
-        only when the shard finishes) and counts towards the breaker."""
+    def on_failure(self, c: Completion, exc: SampleFailed) -> dict[str, Any] | None:
+        """A client error is the completion's own terminal failure; a server-level one is held back
+        (journaled only when the shard finishes) and counts towards the breaker."""
         err = exc.err
         if err.category == "client_error":
             self.breaker.success()
             self.stats.failed += 1
-            return FailureEntry(sid, f"client_error: {err.detail}", exc.attempts, str(err)).journal_entry()
-        held = FailureEntry(sid, err.category, exc.attempts, str(err)).journal_entry()
-        self.stamp(held, self.current[sid])
+            return c.failure(f"client_error: {err.detail}", exc.attempts, str(err)).journal_entry()
+        held = c.failure(err.category, exc.attempts, str(err)).journal_entry()
+        self.stamp(held, c)
         self.held.append(held)
         if self.breaker.failure():
             self.halt.stop(
@@ -219,12 +256,12 @@ class ShardRun:
             )
         return None
 
-    def stamp(self, entry: dict[str, Any], fingerprint: str) -> None:
-        """Add what decided the entry: its fingerprints (and, on records, the settings themselves)."""
-        entry["fingerprint"] = fingerprint
-        entry["settings_fingerprint"] = self.settings_fingerprint
+    def stamp(self, entry: dict[str, Any], c: Completion) -> None:
+        """Add what decided the entry: its fingerprints (and, on records, its variant's settings)."""
+        entry["fingerprint"] = c.fingerprint
+        entry["settings_fingerprint"] = c.variant.settings_fingerprint
         if entry["kind"] == RECORD:
-            entry["settings"] = self.settings_json
+            entry["settings"] = c.variant.settings_json
         else:
             entry["at"] = time.time()
 
