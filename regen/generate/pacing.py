@@ -115,7 +115,7 @@ class InFlightPlan:
 def longest_request_tokens(cfg: GenerateConfig) -> int:
     """The most tokens one request may ask for: ``max_tokens``, or its truncation retry's."""
     limit = cfg.sampling.max_tokens
-    return math.ceil(limit * cfg.retry_max_tokens_factor) if cfg.truncation == "retry" else limit
+    return math.ceil(limit * cfg.retry_max_tokens_factor) if cfg.truncation.retries_bigger else limit
 
 
 def timeout_window(

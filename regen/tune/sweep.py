@@ -453,8 +453,8 @@ def run_truncation(generate_cfg: GenerateConfig, server_args: Sequence[str]) -> 
     """The run's truncation policy (``generate.truncation``, ``sampling.max_tokens``,
     ``retry_max_tokens_factor``) on a server launched with ``server_args``."""
     return Truncation(
-        generate_cfg.sampling.max_tokens, generate_cfg.truncation, generate_cfg.retry_max_tokens_factor,
-        replays=DETERMINISTIC_FLAG in server_args,
+        generate_cfg.sampling.max_tokens, generate_cfg.truncation.modelled,
+        generate_cfg.retry_max_tokens_factor, replays=DETERMINISTIC_FLAG in server_args,
     )  # fmt: skip
 
 
