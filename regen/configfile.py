@@ -86,10 +86,13 @@ def _deep_update(base: dict[str, Any], new: Mapping[str, Any]) -> None:
             base[key] = value
 
 
-def load_config(files: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
-    """The config files merged in order (later keys win), defaults filled in, validated."""
+def load_config(files: Sequence[str | os.PathLike[str]], *, whole: bool = True) -> dict[str, Any]:
+    """The config files merged in order (later keys win), defaults filled in, validated. ``whole``
+    False: a config that may lack the sections the schema requires (``regen tune --configfile`` plans
+    from its ``server`` and ``generate`` sections alone); every section is still validated and filled."""
     layers = read_layers(files)
-    return validate_config(merged(layers), layers)
+    schema = config_schema() if whole else {**config_schema(), "required": []}
+    return validate_config(merged(layers), layers, schema)
 
 
 # ------------------------------------------------------------------------------- validation --

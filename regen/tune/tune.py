@@ -18,11 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from regen.configfile import load_config
 from regen.generate.server_time import timeout_disagreement
 from regen.ingest.shards import read_shard_spread
 from regen.io import write_json
 from regen.layout import RunLayout
-from regen.runconfig import GenerateConfig, ServerConfig, section_schema
+from regen.runconfig import RunConfig, ServerConfig, section_schema
 from regen.serving.lifecycle import mode_of
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags
@@ -179,27 +180,30 @@ def cli(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     ns.sglang_version = ns.sglang_version or DEFAULT_VERSION
     try:
-        config = _load_config(ns.configfile)
-        server = ServerConfig.from_mapping(config.get("server"))
+        run = run_config_of(ns.configfile)
+        server = run.server
         if ns.configfile:
             ns.model_config = ns.model_config or server.planned_model
             ns.gpu_memory_mib = ns.gpu_memory_mib or server.gpu_memory_mib
-            ns.max_tokens = (
-                ns.max_tokens or GenerateConfig.from_dict(config.get("generate")).sampling.max_tokens
-            )
             sglang_args = sglang_args or list(server.args)
+        # generate.sampling.max_tokens as configured, else the schema's default (the one default)
+        ns.max_tokens = ns.max_tokens or run.generate.sampling.max_tokens
         if not ns.model_config:
             parser.error("give --model-config, or --configfile with the run's config")
         ns.tp = ns.tp or server.tp
         model = ModelShape.from_config(ns.model_config)
         gpu = ns.gpu_memory_mib or gpu_memory_from_nvidia_smi()
-        base = workload_from_audit(ns.audit_summary) if ns.audit_summary else DEFAULT_WORKLOAD
+        base = (
+            workload_from_audit(ns.audit_summary, ns.max_tokens)
+            if ns.audit_summary
+            else dataclasses.replace(DEFAULT_WORKLOAD, max_tokens=ns.max_tokens)
+        )
         p99 = ns.prompt_p99 or base.prompt_p99
         p50 = ns.prompt_p50 or min(base.prompt_p50, p99)  # a given p99 below the default p50 bounds it
         workload = Workload(
             prompt_p50=p50,
             prompt_p99=max(p99, p50),
-            max_tokens=ns.max_tokens or base.max_tokens,
+            max_tokens=ns.max_tokens,
             target_concurrency=ns.concurrency,
             **expected_output_fields(ns, base),
         )
@@ -232,24 +236,18 @@ def cli(argv: list[str]) -> int:
         print(render_table(rec))
     if ns.configfile:  # the run's request timeout against this plan (regen check says it too)
         planned = mode_of(server).planned(server, PlanFile((), "recommended", {}, rec.recommended.to_json()))
-        generate = GenerateConfig.from_dict(config.get("generate"))
-        conflict = timeout_disagreement(generate, server, planned, None)
+        conflict = timeout_disagreement(run.generate, server, planned, None)
         if conflict is not None:
             print(f"regen tune: warning: {conflict}", file=sys.stderr)
     return 0
 
 
 # ------------------------------------------------------------------- regen tune --sweep --
-def _load_config(path: str | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    import yaml
-
-    with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
-    if not isinstance(data, dict):
-        raise SweepError(f"{path}: not a YAML mapping")
-    return data
+def run_config_of(configfile: str | None) -> RunConfig:
+    """The typed run config of ``--configfile`` (:func:`regen.configfile.load_config`: validated, the
+    schema's defaults filled in; a file may hold only its server and generate sections); without one,
+    the schema's defaults."""
+    return RunConfig.from_config(load_config([configfile], whole=False) if configfile else {})
 
 
 def pilot_samples(shard: str | os.PathLike[str], limit: int) -> list[Sample]:
@@ -347,9 +345,8 @@ def sweep_cli(argv: list[str]) -> int:
     )
     ns = p.parse_args(argv)
     try:
-        config = _load_config(ns.server_config)
-        server_cfg = ServerConfig.from_mapping(config.get("server"))
-        generate_cfg = GenerateConfig.from_dict(config.get("generate"))
+        run = run_config_of(ns.server_config)
+        server_cfg, generate_cfg = run.server, run.generate
         if ns.simulated:
             server_cfg = dataclasses.replace(server_cfg, mode="simulated")
         if server_cfg.mode == "external":
@@ -361,15 +358,15 @@ def sweep_cli(argv: list[str]) -> int:
         gpu_mib = ns.gpu_memory_mib or server_cfg.gpu_memory_mib or gpu_memory_from_nvidia_smi()
         tp = int(ns.tp or server_cfg.tp)
         gpus = int(ns.gpus or server_cfg.gpus)
-        max_tokens = ns.max_tokens or ((config.get("generate") or {}).get("sampling") or {}).get("max_tokens")
+        max_tokens = int(ns.max_tokens or generate_cfg.sampling.max_tokens)
         layout = RunLayout(results=Path(ns.results), work=Path(ns.work))
         ns.sglang_version = ns.sglang_version or planned_sglang_version(server_cfg)
-        base = sweep_workload(ns.audit_summary, layout, int(max_tokens or DEFAULT_WORKLOAD.max_tokens))
+        base = sweep_workload(ns.audit_summary, layout, max_tokens)
         p50 = ns.prompt_p50 or base.prompt_p50
         workload = Workload(
             prompt_p50=p50,
             prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
-            max_tokens=int(max_tokens or base.max_tokens),
+            max_tokens=max_tokens,
             **expected_output_fields(ns, base),
         )
         rec = recommend(
