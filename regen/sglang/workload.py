@@ -128,23 +128,32 @@ def client_rule_for(workload: Workload) -> str:
     return CLIENT_RULE_CONSERVATIVE if workload.expected_output_known else CLIENT_RULE_NO_EXPECTED
 
 
-DEFAULT_WORKLOAD = Workload(prompt_p50=1024, prompt_p99=4096, max_tokens=4096)
+#: the prompt lengths planned for when no audit gives them (SGLang-agnostic guesses)
+DEFAULT_PROMPT_P50 = 1024
+DEFAULT_PROMPT_P99 = 4096
+
+
+def default_workload(max_tokens: int) -> Workload:
+    """The workload planned for without an audit: the default prompt lengths and the run's answer budget
+    (``generate.sampling.max_tokens``, whose one default is the config schema's)."""
+    return Workload(prompt_p50=DEFAULT_PROMPT_P50, prompt_p99=DEFAULT_PROMPT_P99, max_tokens=max_tokens)
 
 
 def workload_from_audit(
     summary_json: str | Path | dict[str, Any],
-    max_tokens: int | None = None,
+    max_tokens: int,
     target_concurrency: int | None = None,
 ) -> Workload:
-    """Workload from the audit summary: prompt_tokens_p50/p99 keys, else a prompt_tokens{p50,p99} block."""
+    """Workload from the audit summary: prompt_tokens_p50/p99 keys, else a prompt_tokens{p50,p99} block;
+    ``max_tokens``: the run's answer budget (``generate.sampling.max_tokens``)."""
     summary = summary_json if isinstance(summary_json, dict) else json.loads(Path(summary_json).read_text())
     block = summary.get("prompt_tokens") if isinstance(summary.get("prompt_tokens"), dict) else {}
-    p50 = summary.get("prompt_tokens_p50", block.get("p50", DEFAULT_WORKLOAD.prompt_p50))
-    p99 = summary.get("prompt_tokens_p99", block.get("p99", DEFAULT_WORKLOAD.prompt_p99))
+    p50 = summary.get("prompt_tokens_p50", block.get("p50", DEFAULT_PROMPT_P50))
+    p99 = summary.get("prompt_tokens_p99", block.get("p99", DEFAULT_PROMPT_P99))
     return Workload(
         prompt_p50=int(p50),
         prompt_p99=int(max(p99, p50)),
-        max_tokens=int(max_tokens or summary.get("max_tokens") or DEFAULT_WORKLOAD.max_tokens),
+        max_tokens=int(max_tokens),
         target_concurrency=target_concurrency,
         **old_answers_expected(summary),
     )

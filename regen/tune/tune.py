@@ -30,7 +30,7 @@ from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, UnmodelledError, gpu_memory_from_nvidia_smi
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
-from regen.sglang.workload import DEFAULT_WORKLOAD, Workload, workload_from_audit
+from regen.sglang.workload import Workload, default_workload, workload_from_audit
 from regen.tune.pilot import DEFAULT_DRAIN_FRACTION
 from regen.tune.prestart import confirm_prestarted
 from regen.tune.projection import count_remaining
@@ -196,7 +196,7 @@ def cli(argv: list[str]) -> int:
         base = (
             workload_from_audit(ns.audit_summary, ns.max_tokens)
             if ns.audit_summary
-            else dataclasses.replace(DEFAULT_WORKLOAD, max_tokens=ns.max_tokens)
+            else default_workload(ns.max_tokens)
         )
         p99 = ns.prompt_p99 or base.prompt_p99
         p50 = ns.prompt_p50 or min(base.prompt_p50, p99)  # a given p99 below the default p50 bounds it
@@ -417,7 +417,7 @@ def sweep_workload(audit_summary: str | None, layout: RunLayout, max_tokens: int
     if not path.is_file():
         if audit_summary:
             raise SweepError(f"--audit-summary {audit_summary}: no such file")
-        return dataclasses.replace(DEFAULT_WORKLOAD, max_tokens=max_tokens)
+        return default_workload(max_tokens)
     return workload_from_audit_histogram(json.loads(path.read_text()), max_tokens)
 
 

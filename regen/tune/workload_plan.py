@@ -15,7 +15,13 @@ from regen.sglang.config import PlanFile
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, UnmodelledError, gpu_memory_from_nvidia_smi
 from regen.sglang.recommend import Recommendation, plan_file, recommend, unmodelled_plan_file
-from regen.sglang.workload import DEFAULT_WORKLOAD, Workload, old_answers_expected, workload_from_audit
+from regen.sglang.workload import (
+    DEFAULT_PROMPT_P50,
+    DEFAULT_PROMPT_P99,
+    Workload,
+    old_answers_expected,
+    workload_from_audit,
+)
 
 PINNED_SGLANG_VERSION = DEFAULT_VERSION
 
@@ -56,8 +62,8 @@ def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> W
         return workload_from_audit(summary, max_tokens=max_tokens)
     hist = summary.get("histograms", {}).get("prompt_tokens", {})
     limit = int(summary.get("context_limit") or 1 << 30)
-    p50 = min(histogram_percentile(hist, 0.50), limit) or DEFAULT_WORKLOAD.prompt_p50
-    p99 = min(histogram_percentile(hist, 0.99), limit) or DEFAULT_WORKLOAD.prompt_p99
+    p50 = min(histogram_percentile(hist, 0.50), limit) or DEFAULT_PROMPT_P50
+    p99 = min(histogram_percentile(hist, 0.99), limit) or DEFAULT_PROMPT_P99
     return Workload(
         prompt_p50=p50, prompt_p99=max(p99, p50), max_tokens=int(max_tokens), **old_answers_expected(summary)
     )

@@ -345,7 +345,7 @@ def test_workload_from_audit(tmp_path: Path) -> None:
     path = tmp_path / "summary.json"
     path.write_text(json.dumps({"prompt_tokens_p50": 300, "prompt_tokens_p99": 2000}))
     assert workload_from_audit(path, max_tokens=512) == Workload(300, 2000, 512)
-    assert workload_from_audit({"prompt_tokens": {"p50": 10, "p99": 20}}).prompt_p99 == 20
+    assert workload_from_audit({"prompt_tokens": {"p50": 10, "p99": 20}}, 64).prompt_p99 == 20
 
 
 def test_cli_json_and_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,6 @@ The winner of a sweep is therefore known from each candidate's cap, without hard
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -547,12 +546,12 @@ def test_the_sweep_plans_the_runs_own_audit_and_sglang_as_the_tune_rule_does(tmp
     from regen.layout import RunLayout
     from regen.sglang.models import ModelShape
     from regen.sglang.recommend import recommend
-    from regen.sglang.workload import DEFAULT_WORKLOAD
+    from regen.sglang.workload import default_workload
     from regen.tune.tune import candidates_from_recommendation, sweep_workload
     from regen.tune.workload_plan import planned_sglang_version, workload_from_audit_histogram
 
     layout = RunLayout(results=tmp_workdir / "results", work=tmp_workdir / "work")
-    assert sweep_workload(None, layout, 2048) == dataclasses.replace(DEFAULT_WORKLOAD, max_tokens=2048)
+    assert sweep_workload(None, layout, 2048) == default_workload(2048)
     summary = {"prompt_tokens_p50": 120, "prompt_tokens_p99": 700, "context_limit": 4096}
     layout.audit_summary.parent.mkdir(parents=True, exist_ok=True)
     layout.audit_summary.write_text(json.dumps(summary))
