@@ -189,6 +189,9 @@ def dataset_schema(include_token_ids: bool) -> pa.Schema:
         pa.field("messages", MESSAGES_TYPE, nullable=False),
     ]
     fields += [VALID_SCHEMA.field(name) for name in DATASET_PASSTHROUGH]
+    # the id of an earlier completion of the same prompt identical to this one (reasoning, answer and
+    # tool calls), null when none: regen.output.merge flags them, export.drop_duplicate_completions drops
+    fields.append(pa.field("duplicate_of", pa.string()))
     if include_token_ids:
         fields += [
             pa.field("input_ids", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),

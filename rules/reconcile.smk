@@ -17,5 +17,7 @@ rule reconcile:
         RUN.log("reconcile"),
     conda:
         "../envs/regen.yaml"
+    params:
+        run=run_config(),  # each kept sample is expected once per (variant, k)
     script:
         "../scripts/reconcile.py"

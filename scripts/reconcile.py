@@ -1,7 +1,7 @@
 """Snakemake script: every input id in exactly one of output / quarantine / excluded / failed."""
 
 from regen.io import write_json
-from regen.output.reconcile import check, reconcile
+from regen.output.reconcile import check, completion_keys, reconcile
 from regen.runlog import log_to
 
 log = log_to(snakemake.log[0])
@@ -12,6 +12,7 @@ result = reconcile(
     list(snakemake.input.quarantine),
     snakemake.input.dataset,
     strict=False,
+    completions=completion_keys(snakemake.params.run.generate),
 )
 log.info("\n%s", result.table())
 write_json(snakemake.output.table, result.to_json())

@@ -48,8 +48,13 @@ from regen.output.window import WindowCoverage
 from regen.records import message_from_row
 from regen.runconfig import validated
 
+#: the columns naming a row's prompt, sampling variant and completion index, carried into every export
+#: line (``regen.records``; absent from a dataset merged before variants)
+COMPLETION_COLUMNS = ("sample_id", "variant", "k")
+
 READ_COLUMNS = (
     "id",
+    *COMPLETION_COLUMNS,
     "messages",
     "finish_reason",
     "truncated",
@@ -57,6 +62,7 @@ READ_COLUMNS = (
     "prompt_token_ids",
     "completion_token_ids",
     "turns",
+    "duplicate_of",
 )
 #: message fields SpecForge's thinking parser keeps (``ThinkingParser.standard_keys``)
 SPECFORGE_MESSAGE_KEYS = ("role", "content", "reasoning_content", "tool_calls", "name", "tool_call_id")
@@ -74,6 +80,8 @@ class ExportConfig:
     max_length: int | None  # the trainer's window (tokens); None: not named
     over_max_length: str  # drop | keep: rows longer than max_length
     policy: MaskPolicy
+    #: leave out completions identical to an earlier completion of the same prompt (``duplicate_of``)
+    drop_duplicate_completions: bool = False
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> ExportConfig:
@@ -86,6 +94,7 @@ class ExportConfig:
             None if f["max_length"] is None else int(f["max_length"]),
             str(f["over_max_length"]),
             MaskPolicy.from_dict(f),
+            bool(f["drop_duplicate_completions"]),
         )
 
     def drops(self, length: int) -> bool:
@@ -100,13 +109,19 @@ def specforge_template_name(configured: str | None, template: ChatTemplate) -> s
     return "qwen3-thinking" if template.uses_fast_renderer else None
 
 
+def completion_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row's sample id, variant and completion index (the export lines carry them; trainers read the
+    fields they know and pass the rest by)."""
+    return {k: row[k] for k in COMPLETION_COLUMNS if k in row}
+
+
 def specforge_line(row: Mapping[str, Any]) -> dict[str, Any]:
     """One ``specforge.jsonl`` object: the conversation with the regenerated turns, reasoning kept."""
     conversations = []
     for m in row["messages"]:
         fields = message_from_row(m).to_json()
         conversations.append({k: fields[k] for k in SPECFORGE_MESSAGE_KEYS if fields.get(k) is not None})
-    out: dict[str, Any] = {"id": row["id"], "conversations": conversations}
+    out: dict[str, Any] = {"id": row["id"], **completion_of(row), "conversations": conversations}
     if row.get("tools_json"):
         out["tools"] = orjson.loads(row["tools_json"])  # SpecForge reads a list (or its JSON text)
     return out
@@ -168,6 +183,7 @@ def export_dataset(
     think_close = template.tokenizer.token_to_id(THINK_CLOSE)
     token_counts = TokenCounts()  # the training split's supervised tokens: the draft vocabulary's input
     by_thinking: Counter[str] = Counter()
+    by_variant: dict[str, Counter[str]] = {}  # rows per variant: in, specforge, tokenized
     without_system = 0  # rows SpecForge will give its template's default system prompt
     for path in (specforge_out, tokenized_out):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +205,12 @@ def export_dataset(
         for row in iter_rows(dataset_dir):
             rows_in += 1
             progress.advance()
+            per_variant = by_variant.setdefault(str(row.get("variant") or "default"), Counter())
+            per_variant["rows_in"] += 1
             side = split.add(row["messages"])
+            if row.get("duplicate_of") and config.drop_duplicate_completions:
+                left_out["duplicate_completion"] += 1  # of the same prompt: an earlier one is exported
+                continue
             made = builder.rows(row)
             lengths = [coverage.add(out.input_ids, out.loss_mask, think_close).length for out in made]
             if row["truncated"] and not config.policy.include_truncated:
@@ -200,27 +221,32 @@ def export_dataset(
                 line = specforge_line(row)
                 specforge_files[side].write(orjson.dumps(line) + b"\n")
                 specforge_rows[side] += 1
+                per_variant[f"specforge_{side}"] += 1
                 without_system += line["conversations"][0]["role"] != "system"
             kept = [out for out, length in zip(made, lengths, strict=True) if not config.drops(length)]
             if len(kept) < len(made):
                 left_out["token_rows_over_max_length"] += len(made) - len(kept)
             for out in kept:
-                tokenized_files[side].write(orjson.dumps(out.to_json()) + b"\n")
+                tokenized_files[side].write(orjson.dumps(out.to_json() | completion_of(row)) + b"\n")
                 if side == TRAIN:
                     token_counts.add(out.input_ids, out.loss_mask)
                 sources[out.source] += 1
                 token_rows[side] += 1
+                per_variant[f"tokenized_{side}"] += 1
                 supervised[side] += sum(out.loss_mask)
             if kept:  # the row is in the token export: its thinking mode, for serving to match
                 mode = "on" if row["thinking"] else "off"
                 by_thinking[mode] += 1
-                modes.write(orjson.dumps({"id": row["id"], "thinking": mode == "on", "split": side}) + b"\n")
+                said = {"id": row["id"], **completion_of(row), "thinking": mode == "on", "split": side}
+                modes.write(orjson.dumps(said) + b"\n")
     manifest = {
         "format": "regen-export/1",
         "dataset": str(dataset_dir),
         "rows_in": rows_in,
         "regenerate": regenerate,
         "left_out": dict(left_out),
+        # rows per sampling variant (generate.variants): in the dataset, and written per file and side
+        "variants": {name: dict(sorted(c.items())) for name, c in sorted(by_variant.items())},
         "policy": {
             "supervised": "tokens this run's target model generated (regenerated assistant turns)",
             "supervise_context_turns": config.policy.supervise_context_turns,

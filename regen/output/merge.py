@@ -74,6 +74,8 @@ class Manifest:
     schema_fields: tuple[dict[str, str], ...]
     provenance: dict[str, Any]
     created_at: float
+    #: completions identical to an earlier one of the same prompt: how many, and whether left out
+    duplicate_completions: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +86,7 @@ class Manifest:
             "schema_fields": list(self.schema_fields),
             "provenance": self.provenance,
             "created_at": self.created_at,
+            "duplicate_completions": self.duplicate_completions,
         }
 
 
@@ -119,13 +122,43 @@ def _append_assistant_turn(
     raise MergeError("a batch holds more than 2**31 messages; lower rows_per_row_group")
 
 
-def to_dataset_batch(valid: pa.RecordBatch, encoder: Any | None = None) -> pa.RecordBatch:
+class DuplicateCompletions:
+    """Completions identical to an earlier completion of the same prompt (``sample_id``): the same
+    reasoning, answer and tool calls, as when n completions at temperature 0 or a greedy variant repeat one
+    another. Digests only, per prompt, over the whole merge (a prompt's completions may sit in any shard)."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, dict[bytes, str]] = {}
+        self.count = 0
+
+    def of(self, valid: pa.RecordBatch) -> pa.Array:
+        """The ``duplicate_of`` column of a valid batch: the earlier identical completion's id, or null."""
+        out: list[str | None] = []
+        columns = ("id", "sample_id", "reasoning_content", "content", "tool_calls_json")
+        for rid, sid, reasoning, content, calls in zip(
+            *(valid.column(c).to_pylist() for c in columns), strict=True
+        ):
+            digest = hashlib.blake2b(
+                f"{reasoning or ''}\x00{content or ''}\x00{calls or ''}".encode(), digest_size=16
+            ).digest()
+            first = self._first.setdefault(sid, {}).setdefault(digest, rid)
+            out.append(None if first == rid else first)
+            self.count += first != rid
+        return pa.array(out, pa.string())
+
+
+def to_dataset_batch(
+    valid: pa.RecordBatch, encoder: Any | None = None, duplicates: DuplicateCompletions | None = None
+) -> pa.RecordBatch:
     """Turn a ``VALID_SCHEMA`` batch into a dataset batch (token ids when ``encoder`` is given).
 
-    ``encoder`` maps a list of dataset rows (dicts) to ``(input_ids, loss_mask)`` pairs.
+    ``encoder`` maps a list of dataset rows (dicts) to ``(input_ids, loss_mask)`` pairs. ``duplicates``
+    fills ``duplicate_of`` (None: all null); every row is kept (``export.drop_duplicate_completions``
+    leaves them out of the exports).
     """
     if valid.schema.remove_metadata() != VALID_SCHEMA.remove_metadata():
         valid = _conform(valid)
+    duplicate_of = duplicates.of(valid) if duplicates is not None else pa.nulls(valid.num_rows, pa.string())
     messages = _append_assistant_turn(
         valid.column("messages"),
         valid.column("content"),
@@ -134,6 +167,7 @@ def to_dataset_batch(valid: pa.RecordBatch, encoder: Any | None = None) -> pa.Re
     )
     arrays: list[pa.Array] = [valid.column("id"), messages]
     arrays += [valid.column(name) for name in DATASET_PASSTHROUGH]
+    arrays.append(duplicate_of)
     schema = dataset_schema(encoder is not None)
     if encoder is not None:
         plain = pa.RecordBatch.from_arrays(arrays, schema=dataset_schema(False))
@@ -333,12 +367,13 @@ def merge(
     tmp = shared_temp_dir(target.parent, prefix=f".{target.name}.")  # a trainer may run as another user
     try:
         seen: dict[str, str] = {}
+        duplicates = DuplicateCompletions()
         writer = _PartWriter(tmp, schema, rg_rows, max_rows)
         for path in valid_paths:
             pf = pq.ParquetFile(path)
             for valid in pf.iter_batches(batch_size=min(rg_rows, 10000)):
                 _check_unique(valid.column("id").to_pylist(), str(path), seen)
-                writer.write(to_dataset_batch(valid, encoder))
+                writer.write(to_dataset_batch(valid, encoder, duplicates))
                 progress.advance(valid.num_rows)
         files = writer.close()
         progress.finish()
@@ -350,6 +385,7 @@ def merge(
             schema_fields=_schema_fields(schema),
             provenance=scrub_secrets(dict(provenance)),
             created_at=time.time(),
+            duplicate_completions={"rows": duplicates.count, "column": "duplicate_of"},
         )
         write_json(tmp / MANIFEST_NAME, manifest.to_json())
         _replace_dir(tmp, target)

@@ -2,8 +2,9 @@
 
 What decided the answers is read from the records themselves (their ``settings_fingerprint`` and the
 settings it hashes, ``regen.fingerprint``), never from the config of the run that merged them: a config
-edited after generation cannot make the manifest lie. An output holding more than one settings
-fingerprint is marked ``mixed`` here and refused by the re-audit.
+edited after generation cannot make the manifest lie. Each sampling variant (``generate.variants``) has
+its own settings (``variants``: fingerprint, rows, settings); a variant whose rows hold more than one
+settings fingerprint is marked ``mixed`` here and refused by the re-audit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from regen import __version__
 from regen.fingerprint import chat_template_hash
 from regen.io import read_json
 from regen.layout import RUN, realized_files
+from regen.runconfig import DEFAULT_VARIANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,11 @@ class SettingsGroup:
     fingerprint: str
     rows: int
     settings: dict[str, Any]
+
+    @property
+    def variant(self) -> str:
+        """The sampling variant the settings are of (absent from settings made without variants)."""
+        return str(self.settings.get("variant") or DEFAULT_VARIANT)
 
 
 def settings_in_records(valid_paths: list[str]) -> list[SettingsGroup]:
@@ -88,6 +95,9 @@ def build_provenance(
     """
     groups = settings_in_records(valid_paths)
     only = groups[0].settings if len(groups) == 1 else {}
+    names = sorted({g.variant for g in groups})
+    # what every variant shares (the model, the server, the template): from any one of them when unmixed
+    shared = groups[0].settings if groups and len(names) == len(groups) else only
     servers = realized_servers()
     start, end = generation_window(valid_paths)
     sampling_keys = ("temperature", "top_p", "top_k", "max_tokens", "n", "seed")
@@ -95,11 +105,17 @@ def build_provenance(
         "regen_version": __version__,
         "settings_fingerprint": groups[0].fingerprint if len(groups) == 1 else None,
         "settings_fingerprints": {g.fingerprint: g.rows for g in groups},
-        "mixed_settings": len(groups) > 1,
+        "mixed_settings": len(groups) > len(names),
         "settings": only or None,
-        "model_path": only.get("model_path"),
-        "model_revision": only.get("model_revision"),
-        "server_mode": only.get("server_mode"),
+        # one entry per sampling variant: its rows and settings (and the fingerprint they hash to)
+        "variants": {
+            g.variant: {"settings_fingerprint": g.fingerprint, "rows": g.rows, "settings": g.settings}
+            for g in sorted(groups, key=lambda g: g.variant)
+            if len(names) == len(groups)
+        },
+        "model_path": shared.get("model_path"),
+        "model_revision": shared.get("model_revision"),
+        "server_mode": shared.get("server_mode"),
         "sglang_version": next(
             (s.get("version") for s in servers if s.get("version")), plan.get("sglang_version")
         ),
@@ -108,9 +124,10 @@ def build_provenance(
             {k: s.get(k) for k in ("server_id", "version", "launch_command") if k in s} for s in servers
         ],
         "chat_template_sha256": chat_template_hash(tokenizer_dir),
-        "generation_chat_template_sha256": only.get("chat_template_sha256"),
+        "generation_chat_template_sha256": shared.get("chat_template_sha256"),
         "sampling": {k: only[k] for k in sampling_keys if k in only} or None,
-        "seed_rule": "seed = derive_seed(sampling.seed, sample id) (blake2b, 31-bit)",
+        "seed_rule": "seed = derive_seed(sampling.seed, key) (blake2b, 31-bit); key: the sample id for the "
+        "first completion of the default variant, else {sample_id}/{variant}/{k}",
         "thinking": only.get("thinking"),
         "generation_started_at": start,
         "generation_ended_at": end,

@@ -5,7 +5,12 @@ assistant turns are now the regenerated ones: scaffolding-only answers, supervis
 duplicate prompts; plus what only the output has: the truncation rate and duplicate answers.
 Gates decide whether ``READY.json`` is written; a violated gate raises, so the run fails loudly.
 An output whose rows carry more than one settings fingerprint (answers made under different
-settings, ``regen.fingerprint``) is never ready: that raises ``MixedSettingsError``, no override.
+settings, ``regen.fingerprint``) within one sampling variant is never ready: that raises
+``MixedSettingsError``, no override (each variant of ``generate.variants`` has its own fingerprint).
+
+With variants the summary breaks every count down by variant (``variants``: rows, finish reasons, lengths,
+truncation, identical completions of one prompt), and a length stop is counted by where it fell
+(``truncated_where``: inside the reasoning or inside the answer, ``regen.truncation``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
 
 from regen.chat import ChatTemplate
@@ -27,8 +34,9 @@ from regen.output.export import ExportConfig, dataset_window_coverage
 from regen.output.masks import completion_retokenizes_differently
 from regen.output.merge import iter_dataset_samples
 from regen.output.split import SplitCounts
-from regen.runconfig import validated
+from regen.runconfig import DEFAULT_VARIANT, validated
 from regen.toolcalls import MISMATCH_KINDS
+from regen.truncation import WHERE, truncated_where
 from regen.types import Sample
 from regen.verdict import keep_verdict
 
@@ -74,28 +82,80 @@ class MixedSettingsError(OutputGateError):
     """The merged output mixes answers generated under different settings."""
 
 
-def settings_fingerprint_counts(dataset_dir: str | Path) -> dict[str, int]:
-    """Rows per ``settings_fingerprint`` over the merged Parquet."""
+def settings_fingerprint_counts(dataset_dir: str | Path) -> dict[str, dict[str, int]]:
+    """Rows per ``settings_fingerprint`` of each sampling variant over the merged Parquet."""
     dataset = ds.dataset(str(dataset_dir), format="parquet")
-    counts: dict[str, int] = {}
-    for batch in dataset.to_batches(columns=["settings_fingerprint"]):
-        for item in batch.column(0).value_counts().to_pylist():
-            counts[item["values"]] = counts.get(item["values"], 0) + int(item["counts"])
+    counts: dict[str, dict[str, int]] = {}
+    columns = ["variant", "settings_fingerprint"]
+    if "variant" not in dataset.schema.names:  # a dataset merged before variants: one implicit variant
+        columns = ["settings_fingerprint"]
+    for batch in dataset.to_batches(columns=columns):
+        table = pa.Table.from_batches([batch])
+        if "variant" not in columns:
+            table = table.append_column("variant", pa.array([DEFAULT_VARIANT] * len(table), pa.string()))
+        grouped = table.group_by(["variant", "settings_fingerprint"]).aggregate([("variant", "count")])
+        for variant, fp, n in zip(*(grouped.column(c).to_pylist() for c in (0, 1, 2)), strict=True):
+            per = counts.setdefault(variant, {})
+            per[fp] = per.get(fp, 0) + int(n)
     return counts
 
 
-def check_single_settings(dataset_dir: str | Path) -> str | None:
-    """The one settings fingerprint of the output (None when empty); ``MixedSettingsError`` if mixed."""
+def check_single_settings(dataset_dir: str | Path) -> dict[str, str]:
+    """The one settings fingerprint of each sampling variant in the output (empty when the output is);
+    ``MixedSettingsError`` when a variant's rows were generated under more than one."""
     counts = settings_fingerprint_counts(dataset_dir)
-    if len(counts) > 1:
-        listed = ", ".join(f"{fp}: {n} rows" for fp, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-        raise MixedSettingsError(
-            f"The merged output {dataset_dir} is NOT training-ready: its rows were generated under "
-            f"{len(counts)} different settings ({listed}). Column settings_fingerprint tells them apart; "
-            f"{MANIFEST_NAME} provenance.settings_fingerprints lists them. Rerun the generate jobs with one "
-            f"config (snakemake -R generate) so every sample is answered under the same settings."
-        )
-    return next(iter(counts), None)
+    for variant, fps in sorted(counts.items()):
+        if len(fps) > 1:
+            listed = ", ".join(f"{fp}: {n} rows" for fp, n in sorted(fps.items(), key=lambda kv: -kv[1]))
+            raise MixedSettingsError(
+                f"The merged output {dataset_dir} is NOT training-ready: the rows of variant {variant!r} "
+                f"were generated under {len(fps)} different settings ({listed}). Column "
+                f"settings_fingerprint tells them apart; {MANIFEST_NAME} provenance.settings_fingerprints "
+                f"lists them. Rerun the generate jobs with one config (snakemake -R generate) so every "
+                f"sample is answered under the same settings."
+            )
+    return {variant: next(iter(fps)) for variant, fps in sorted(counts.items())}
+
+
+def _answer_digest(reasoning: str | None, content: str | None) -> bytes:
+    return hashlib.blake2b(f"{reasoning or ''}\x00{content or ''}".encode(), digest_size=16).digest()
+
+
+@dataclass(slots=True)
+class VariantCounts:
+    """One sampling variant's rows in the output: finish reasons, where length stops fell, completion
+    lengths, and completions identical to an earlier completion of the same prompt."""
+
+    rows: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    truncated_where: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WHERE, 0))
+    duplicate_completions: int = 0
+    thinking: int = 0
+    completion_tokens: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        lengths = np.asarray(self.completion_tokens or [0], dtype=np.int64)
+        return {
+            "rows": self.rows,
+            "finish_reasons": dict(sorted(self.finish_reasons.items())),
+            "truncated": sum(self.truncated_where.values()),
+            "truncated_where": dict(self.truncated_where),
+            "truncated_fraction": sum(self.truncated_where.values()) / self.rows if self.rows else 0.0,
+            "duplicate_completions": self.duplicate_completions,
+            "thinking": self.thinking,
+            "completion_tokens": {
+                "mean": round(float(lengths.mean()), 1) if self.completion_tokens else None,
+                "p50": int(np.percentile(lengths, 50)) if self.completion_tokens else None,
+                "p90": int(np.percentile(lengths, 90)) if self.completion_tokens else None,
+                "max": int(lengths.max()) if self.completion_tokens else None,
+            },
+        }
+
+
+def last_turns(messages: pa.ListArray) -> pa.StructArray:
+    """The last message of every row (the regenerated answer), without converting the rest."""
+    offsets = messages.offsets.to_numpy()
+    return messages.values.take(pa.array(offsets[1:] - 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +178,11 @@ class OutputCounts:
     truncated: int = 0
     duplicate_answers: int = 0
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    #: length stops by where they fell (``regen.truncation``: in_answer / in_reasoning)
+    truncated_where: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WHERE, 0))
+    #: completions identical (reasoning and answer) to an earlier completion of the same prompt
+    duplicate_completions: int = 0
+    variants: dict[str, VariantCounts] = field(default_factory=dict)
     with_token_ids: int = 0  # records carrying the server's token ids
     retokenize_mismatch: int = 0  # ... whose text re-tokenizes differently from those ids
     #: regenerate all: rows ended early at a turn whose tool calls differ from the dataset's, by kind
@@ -125,12 +190,44 @@ class OutputCounts:
     _seen: set[bytes] = field(default_factory=set)
 
     def add_finish_reasons(self, dataset_dir: str | Path) -> None:
+        """Count finish reasons, where length stops fell and identical completions of one prompt, in all
+        and per sampling variant."""
         dataset = ds.dataset(str(dataset_dir), format="parquet")
-        for batch in dataset.to_batches(columns=["finish_reason"]):
-            for reason in batch.column(0).to_pylist():
+        names = dataset.schema.names
+        has_variants = "variant" in names
+        columns = ["finish_reason", "messages", "completion_tokens", "thinking"]
+        columns += ["variant", "sample_id"] if has_variants else ["id"]
+        seen: dict[str, set[bytes]] = {}  # sample id -> digests of its completions so far
+        for batch in dataset.to_batches(columns=columns):
+            last = last_turns(batch.column("messages")).to_pylist()
+            reasons = batch.column("finish_reason").to_pylist()
+            tokens = batch.column("completion_tokens").to_pylist()
+            thinking = batch.column("thinking").to_pylist()
+            variants = batch.column("variant").to_pylist() if has_variants else [DEFAULT_VARIANT] * len(last)
+            samples = batch.column("sample_id" if has_variants else "id").to_pylist()
+            for answer, reason, n, think, variant, sid in zip(
+                last, reasons, tokens, thinking, variants, samples, strict=True
+            ):
+                v = self.variants.get(variant) or self.variants.setdefault(variant, VariantCounts())
                 self.rows += 1
+                v.rows += 1
                 self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + 1
-                self.truncated += reason == "length"
+                v.finish_reasons[reason] = v.finish_reasons.get(reason, 0) + 1
+                v.completion_tokens.append(int(n))
+                v.thinking += bool(think)
+                where = truncated_where(
+                    reason, answer["content"], answer["reasoning_content"], bool(answer["tool_calls_json"])
+                )
+                if where is not None:
+                    self.truncated += 1
+                    self.truncated_where[where] += 1
+                    v.truncated_where[where] += 1
+                digest = _answer_digest(answer["reasoning_content"], answer["content"])
+                before = seen.setdefault(sid, set())
+                if digest in before:
+                    self.duplicate_completions += 1
+                    v.duplicate_completions += 1
+                before.add(digest)
 
     def add_tool_call_mismatches(self, dataset_dir: str | Path) -> None:
         """Count the rows ended at a regenerated turn whose tool calls differ (``regen.toolcalls``)."""
@@ -161,9 +258,7 @@ class OutputCounts:
         """Pass samples through, counting answers (reasoning + content) identical to an earlier one."""
         for sample in samples:
             answer = sample.messages[-1]
-            digest = hashlib.blake2b(
-                f"{answer.reasoning_content or ''}\x00{answer.content or ''}".encode(), digest_size=16
-            ).digest()
+            digest = _answer_digest(answer.reasoning_content, answer.content)
             if digest in self._seen:
                 self.duplicate_answers += 1
             else:
@@ -249,7 +344,8 @@ def reaudit_dataset(
     gates and exclusions (:func:`output_audit_config`); ``export`` decides the eval split and the
     trainer window reported. The summary is also kept at ``verdict_out`` (beside the log): Snakemake
     deletes a failed job's outputs, so that copy is where a failed gate's details stay."""
-    settings_fingerprint = check_single_settings(dataset_dir)
+    fingerprints = check_single_settings(dataset_dir)
+    settings_fingerprint = next(iter(fingerprints.values())) if len(fingerprints) == 1 else None
     template = ChatTemplate.from_dir(tokenizer_dir)
     auditor = Auditor(output_audit_config(audit), template)
     counts = OutputCounts()
@@ -273,10 +369,20 @@ def reaudit_dataset(
     summary = {
         "rows": counts.rows,
         "settings_fingerprint": settings_fingerprint,
+        "settings_fingerprints": fingerprints,
         "empty_answers": empty,
         "truncated": counts.truncated,
+        # a length stop inside the reasoning (no answer yet) apart from one inside the answer
+        "truncated_where": dict(counts.truncated_where),
         "duplicate_answers": counts.duplicate_answers,
+        "duplicate_completions": {
+            "rows": counts.duplicate_completions,
+            "meaning": "completions identical (reasoning and answer) to an earlier completion of the same "
+            "prompt: flagged in the dataset's duplicate_of column; export.drop_duplicate_completions leaves "
+            "them out of the exports",
+        },
         "finish_reasons": dict(counts.finish_reasons),
+        "variants": {name: v.to_json() for name, v in sorted(counts.variants.items())},
         "token_ids": {
             "records_with_server_ids": counts.with_token_ids,
             "text_retokenizes_differently": counts.retokenize_mismatch,
@@ -313,6 +419,7 @@ def reaudit_dataset(
             "overridden": overridden,
             "rows": counts.rows,
             "settings_fingerprint": settings_fingerprint,
+            "settings_fingerprints": fingerprints,
             "dataset": str(dataset_dir),
             "manifest_sha256": {f["path"]: f["sha256"] for f in manifest.get("files", [])},
         },

@@ -5,6 +5,10 @@ Buckets: ``output`` (the merged dataset), ``quarantine`` (validation, with reaso
 gave up, with reason). Input ids come from the audit's ``results/audit/flags.parquet``
 (column ``id``: one row per input sample, unreadable rows included under placeholder ids).
 
+With sampling variants (``generate.variants``) a kept row is expected once per completion: its key is
+expanded into the record ids of every (variant, k) (:func:`completion_keys`), and each of those ends in
+one bucket; a row the audit excluded was judged once, before generation, and stays one key.
+
 The accounting key of a row the audit kept is its id (ids of kept rows are unique: the audit
 excludes later copies). A row the audit excluded is accounted by id *and* place
 (``excluded_key``), so a later copy of an id, e.g. ``1`` after ``"1"``, is one excluded row and
@@ -20,7 +24,7 @@ import argparse
 import os
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,11 @@ import pyarrow.parquet as pq
 
 from regen.io import open_lines, write_json
 from regen.layout import RUN, RunLayout
+from regen.records import record_id
+from regen.runconfig import GenerateConfig
+
+#: a kept row's key -> the record ids its completions are expected under
+CompletionKeys = Callable[[str], Iterable[str]]
 
 BUCKETS = ("output", "quarantine", "excluded", "failed")
 # A quarantined later copy of an id already handled in its shard is not a membership.
@@ -130,9 +139,24 @@ def keys_by_place(flags_path: str | os.PathLike[str]) -> bool:
     return {"excluded", "file", "row"} <= set(pq.ParquetFile(flags_path).schema_arrow.names)
 
 
+def completion_keys(generate: GenerateConfig) -> CompletionKeys:
+    """The record ids one kept sample is expected under: one per (variant, k) of the run
+    (``regen.records.record_id``; the sample id alone with one variant of one completion)."""
+    plain = generate.plain_ids
+    pairs = tuple((v.name, k) for v in generate.variants() for k in range(v.n))
+    if plain:
+        return lambda sid: (sid,)
+    return lambda sid: tuple(record_id(sid, name, k, plain=False) for name, k in pairs)
+
+
 def read_input_ids(flags_path: str | os.PathLike[str]) -> Iterator[str]:
     """The accounting key of every input row in the audit's flags.parquet, streamed: the id, or
     ``excluded_key`` for an excluded row (when the file has the ``excluded``/``file``/``row`` columns)."""
+    return (key for key, _ in read_input_rows(flags_path))
+
+
+def read_input_rows(flags_path: str | os.PathLike[str]) -> Iterator[tuple[str, bool]]:
+    """(accounting key, excluded by the audit) of every input row of flags.parquet (see read_input_ids)."""
     pf = pq.ParquetFile(flags_path)
     names = pf.schema_arrow.names
     if "id" not in names:
@@ -144,7 +168,10 @@ def read_input_ids(flags_path: str | os.PathLike[str]) -> Iterator[str]:
         for i, value in enumerate(cols[0]):
             if value is None:
                 raise ValueError(f"{flags_path}: null id in a batch at position {i}")
-            yield excluded_key(value, cols[2][i], cols[3][i]) if by_place and cols[1][i] else value
+            if by_place and cols[1][i]:
+                yield excluded_key(value, cols[2][i], cols[3][i]), True
+            else:
+                yield value, False
 
 
 def read_reason_jsonl(
@@ -185,24 +212,28 @@ def reconcile(
     quarantine_paths: Sequence[str | os.PathLike[str]],
     dataset_dir: str | os.PathLike[str],
     strict: bool = True,
+    completions: CompletionKeys | None = None,
 ) -> Reconciliation:
-    """Put every id in its bucket(s) and report.
+    """Put every id in its bucket(s) and report; ``completions`` expands a kept row's key into the
+    record ids of its completions (:func:`completion_keys`; None: one record per row, under its id).
 
     With ``strict`` (default) raises ``ReconcileError`` (carrying the result) when any id is
     lost, duplicated or unknown; ``strict=False`` only returns the result.
     """
     by_place = False
     if isinstance(input_ids_source, str | os.PathLike):
-        input_iter: Iterable[str] = read_input_ids(input_ids_source)
+        input_iter: Iterable[tuple[str, bool]] = read_input_rows(input_ids_source)
         by_place = keys_by_place(input_ids_source)
     else:
-        input_iter = input_ids_source
+        input_iter = ((i, False) for i in input_ids_source)
     input_ids: set[str] = set()
     input_dups: list[str] = []
-    for i in input_iter:
-        if i in input_ids:
-            input_dups.append(i)
-        input_ids.add(i)
+    for row_key, excluded in input_iter:
+        keys = (row_key,) if completions is None or excluded else completions(row_key)
+        for i in keys:
+            if i in input_ids:
+                input_dups.append(i)
+            input_ids.add(i)
 
     where: dict[str, list[str]] = defaultdict(list)
     counts: Counter[str] = Counter()
@@ -259,7 +290,11 @@ def check(result: Reconciliation) -> Reconciliation:
     return result
 
 
-def reconcile_results(results: str | os.PathLike[str] = RUN.results, strict: bool = True) -> Reconciliation:
+def reconcile_results(
+    results: str | os.PathLike[str] = RUN.results,
+    strict: bool = True,
+    completions: CompletionKeys | None = None,
+) -> Reconciliation:
     """Reconcile the standard layout under ``results`` and write its ``reconcile.json``.
 
     The JSON is written in every case (it explains a failure); then, with ``strict``,
@@ -279,6 +314,7 @@ def reconcile_results(results: str | os.PathLike[str] = RUN.results, strict: boo
         run.quarantine_files(),
         run.dataset_dir,
         strict=False,
+        completions=completions,
     )
     write_json(run.reconcile, result.to_json())
     return check(result) if strict else result
@@ -289,9 +325,23 @@ def cli(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="regen reconcile", description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(RUN.results), help="results directory (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    ap.add_argument(
+        "--configfile",
+        nargs="+",
+        default=(),
+        help="the run's config files: with generate.variants (or sampling.n > 1) each kept sample is "
+        "expected once per completion",
+    )
     args = ap.parse_args(argv)
     try:
-        result = reconcile_results(args.results, strict=False)
+        completions = None
+        if args.configfile:
+            from regen.configfile import load_config
+
+            completions = completion_keys(
+                GenerateConfig.from_dict(load_config(args.configfile).get("generate"))
+            )
+        result = reconcile_results(args.results, strict=False, completions=completions)
     except (MissingAuditError, ValueError) as exc:
         print(f"regen reconcile: {exc}", file=sys.stderr)
         return 2

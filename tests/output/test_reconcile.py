@@ -31,7 +31,8 @@ def _dataset(path: Path, ids: list[str]) -> Path:
     schema = dataset_schema(False)
     n = len(ids)
     cols: dict[str, Any] = {f.name: [None] * n for f in schema}
-    cols["id"] = ids
+    cols["id"] = cols["sample_id"] = ids
+    cols["variant"], cols["k"] = ["default"] * n, [0] * n
     cols["messages"] = [[{"role": "assistant", "content": "a", "reasoning_content": None}]] * n
     for name, v in (("model", "m"), ("finish_reason", "stop"), ("truncated", False), ("thinking", True),
                     ("prompt_tokens", 1), ("completion_tokens", 1), ("temperature", 0.6), ("top_p", 0.9),
