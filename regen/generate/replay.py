@@ -1,5 +1,6 @@
 """Before anything runs: how many samples a rerun will replay from the journals, and how many it will
-generate again, and why (``snakemake -n`` and ``regen status --configfile`` print it).
+generate again, and why (``snakemake -n`` and ``regen status --configfile`` print it), per sampling
+variant when the run has several (``generate.variants``): a completion is counted, not a prompt.
 
 A sample is replayed when a journal holds a record under its current fingerprint
 (``regen.fingerprint``). Otherwise it is generated: new (never journaled), an earlier failure retried,
@@ -19,12 +20,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from regen.fingerprint import GenerationSettings, changed_settings, request_fingerprint
+from regen.fingerprint import GenerationSettings, changed_settings, content_digest, request_fingerprint
 from regen.generate.journal import FAILED, RECORD, EntryHead, read_heads
 from regen.io import gc_paused, read_json, write_json
 from regen.layout import RUN, RunLayout
-from regen.prompts import sample_request_fingerprint
-from regen.runconfig import RunConfig
+from regen.prompts import request_content, sample_request_fingerprint
+from regen.records import record_id
+from regen.runconfig import DEFAULT_VARIANT, GenerateConfig, RunConfig
 from regen.types import Sample
 
 log = logging.getLogger("regen.generate.replay")
@@ -195,6 +197,107 @@ def real_changes(old: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     return changed_settings(old, now)
 
 
+@dataclass(slots=True)
+class VariantPlans:
+    """The replay plan of each sampling variant (config order), and the variants the journals hold
+    answers of that the config no longer names (their records leave the dataset; the journals keep them)."""
+
+    plans: dict[str, ReplayPlan]
+    fingerprints: dict[str, str]  # variant -> its settings fingerprint
+    #: a run without ``generate.variants``: its lines read as before variants
+    implicit: bool
+    prompts: int = 0
+    removed: dict[str, int] = field(default_factory=dict)  # variant -> its journaled record ids
+
+    @property
+    def replay(self) -> int:
+        return sum(p.replay for p in self.plans.values())
+
+    @property
+    def to_generate(self) -> int:
+        return sum(p.to_generate for p in self.plans.values())
+
+    def lines(self) -> list[str]:
+        if self.implicit:
+            return [*next(iter(self.plans.values())).lines(), *self._removed_lines()]
+        completions = sum(p.samples for p in self.plans.values())
+        out = [
+            f"regen: {self.prompts} samples x {len(self.plans)} variants = {completions} completions: "
+            f"{self.replay} replayed from the journals, {self.to_generate} to generate"
+        ]
+        for name, plan in self.plans.items():
+            head, *reasons = plan.lines()
+            kept = head.split(" to generate", 1)[1]  # ", N earlier failures kept (...)" when any
+            out.append(f"  variant {name}: {plan.replay} replayed, {plan.to_generate} to generate{kept}")
+            out += ["  " + line for line in reasons]
+        return [*out, *self._removed_lines()]
+
+    def _removed_lines(self) -> list[str]:
+        return [
+            f"  variant {name}: no longer configured: its {n} journaled records leave the dataset "
+            "(the journals keep them; configure it again to bring them back)"
+            for name, n in self.removed.items()
+        ]
+
+    def shard_parts(self) -> list[dict[str, Any]]:
+        """Per variant: name, replayed, to generate, settings fingerprint (``ShardReplay.variants``)."""
+        if self.implicit:
+            return []
+        fps = self.fingerprints
+        return [
+            {"name": name, "replayed": p.replay, "to_generate": p.to_generate, "fingerprint": fps[name]}
+            for name, p in self.plans.items()
+        ]
+
+
+def digests_of(samples: Iterable[Sample], regenerate: str) -> Iterator[tuple[str, str]]:
+    """``(sample id, request content digest)`` of every sample, its request content built."""
+    for s in samples:
+        yield s.id, content_digest(request_content(s, regenerate))
+
+
+def plan_variants(
+    digests: Iterable[tuple[str, str]],
+    index: JournalIndex,
+    settings: GenerationSettings,
+    cfg: GenerateConfig,
+) -> VariantPlans:
+    """Classify every completion of every sample (``(id, request content digest)``) per variant, the way
+    ``regen.generate.scheduler`` decides on it; ``settings``: the run's (served)."""
+    pairs = list(digests)
+    plain = cfg.plain_ids
+    plans: dict[str, ReplayPlan] = {}
+    fingerprints: dict[str, str] = {}
+    for variant in cfg.variants():
+        own = settings.for_variant(cfg, variant)
+        now = own.fingerprint
+        fingerprints[variant.name] = now
+        completions = (
+            (record_id(sid, variant.name, k, plain=plain), request_fingerprint(now, key, digest))
+            for sid, digest in pairs
+            for k in range(variant.n)
+            for key in (variant.completion_key(sid, k),)
+        )
+        plans[variant.name] = plan_replay_fingerprints(completions, index, own, cfg.retry_failed)
+    implicit = not cfg.configured_variants
+    return VariantPlans(
+        plans, fingerprints, implicit, len({sid for sid, _ in pairs}), removed_variants(index, cfg)
+    )
+
+
+def removed_variants(index: JournalIndex, cfg: GenerateConfig) -> dict[str, int]:
+    """The variants the journals hold records of that ``cfg`` no longer names, with their record ids
+    (a variant is named by its settings: ``variant``, absent for the implicit ``default``)."""
+    names = {v.name for v in cfg.variants()}
+    variant_of = {sfp: s.get("variant") or DEFAULT_VARIANT for sfp, s in index.settings.items()}
+    ids: dict[str, set[str]] = {}
+    for head in index.heads:
+        name = variant_of.get(head.settings_fingerprint or "")
+        if head.kind == RECORD and name is not None and name not in names:
+            ids.setdefault(name, set()).add(head.id)
+    return {name: len(found) for name, found in sorted(ids.items())}
+
+
 def workflow_samples(
     dataset: Mapping[str, Any], tokenizer: str, layout: RunLayout = RUN
 ) -> Iterable[Sample] | None:
@@ -217,7 +320,19 @@ def workflow_samples(
 def shard_fingerprints(
     shard_paths: list[Path], settings: GenerationSettings, upstream: list[Path]
 ) -> Iterator[tuple[str, str]] | None:
-    """``(id, request fingerprint)`` of every sample of the shard files, from the request digests the
+    """``(id, request fingerprint)`` of every sample of the shard files under ``settings`` (one variant,
+    the sample id its key), from :func:`shard_digests`; None when that is None."""
+    digests = shard_digests(shard_paths, settings.regenerate, upstream)
+    if digests is None:
+        return None
+    now = settings.fingerprint
+    return ((sample_id, request_fingerprint(now, sample_id, digest)) for sample_id, digest in digests)
+
+
+def shard_digests(
+    shard_paths: list[Path], regenerate: str, upstream: list[Path]
+) -> Iterator[tuple[str, str]] | None:
+    """``(id, request content digest)`` of every sample of the shard files, from the request digests the
     shard writer stored (two columns read, no prompt rebuilt); None when a shard is missing, older than
     a file it is made from (it will be rewritten), or written before the digests existed."""
     if not shard_paths or not all(p.is_file() for p in shard_paths):
@@ -225,17 +340,15 @@ def shard_fingerprints(
     newest_upstream = max((p.stat().st_mtime for p in upstream if p.is_file()), default=0.0)
     if min(p.stat().st_mtime for p in shard_paths) < newest_upstream:
         return None
-    column = f"request_digest_{settings.regenerate}"
+    column = f"request_digest_{regenerate}"
     if any(column not in pq.read_schema(p).names for p in shard_paths):
         return None
-    now = settings.fingerprint
 
     def rows() -> Iterator[tuple[str, str]]:
         for path in shard_paths:
             table = pq.read_table(path, columns=["id", column])
             ids, digests = table.column("id").to_pylist(), table.column(column).to_pylist()
-            for sample_id, digest in zip(ids, digests, strict=True):
-                yield sample_id, request_fingerprint(now, sample_id, digest)
+            yield from zip(ids, digests, strict=True)
 
     return rows()
 
@@ -248,7 +361,6 @@ def preview_lines(
     shards = list(shards)
     journal_paths = [layout.journal(shard) for shard in shards]
     settings = GenerationSettings.for_run(run)
-    retry = run.generate.retry_failed
     index = JournalIndex.read(journal_paths)
     served = numerics_last_reported(index, settings)
     assumed = []
@@ -258,15 +370,19 @@ def preview_lines(
         assumed = [f"regen: assuming the server reports the numerics it reported before ({shown}); "
                    "one that reports others regenerates every sample"]  # fmt: skip
     upstream = [layout.audit_samples, Path(dataset["path"])]
-    fingerprints = shard_fingerprints([layout.shard(shard) for shard in shards], settings, upstream)
-    if fingerprints is None:  # before the shards are (re)written: the dataset itself, prompts rebuilt
+    digests = shard_digests([layout.shard(shard) for shard in shards], settings.regenerate, upstream)
+    if digests is None:  # before the shards are (re)written: the dataset itself, prompts rebuilt
         samples = workflow_samples(dataset, run.tokenizer, layout)
         if samples is None:
             return [f"regen: dataset {dataset['path']} is not a local file: no replay preview"]
-        plan = plan_replay(samples, index, settings, retry)
+        digests = digests_of(samples, settings.regenerate)
+    plans = plan_variants(digests, index, settings, run.generate)
+    if plans.implicit:
+        head = f"regen: generation settings fingerprint {settings.fingerprint}"
     else:
-        plan = plan_replay_fingerprints(fingerprints, index, settings, retry)
-    return [f"regen: generation settings fingerprint {settings.fingerprint}", *assumed, *plan.lines()]
+        shown = ", ".join(f"{name} {fp}" for name, fp in plans.fingerprints.items())
+        head = f"regen: generation settings fingerprints per variant: {shown}"
+    return [head, *assumed, *plans.lines()]
 
 
 def numerics_last_reported(index: JournalIndex, settings: GenerationSettings) -> dict[str, Any] | None:
@@ -293,11 +409,28 @@ class ShardReplay:
     replayed: int
     to_generate: int
     fingerprint: str
+    #: per sampling variant (a run with ``generate.variants``): ``{name, replayed, to_generate,
+    #: fingerprint}``; empty for a run without
+    variants: list[dict[str, Any]] = field(default_factory=list)
+    #: variants the journal holds records of that the config no longer names -> their record ids
+    removed: dict[str, int] = field(default_factory=dict)
 
     def line(self) -> str:
-        return (
-            f"regen: shard {self.shard}: {self.replayed} replayed from the journal, {self.to_generate} "
-            f"to generate (settings fingerprint {self.fingerprint})"
+        head = (
+            f"regen: shard {self.shard}: {self.replayed} replayed from the journal, "
+            f"{self.to_generate} to generate"
+        )
+        if not self.variants:
+            line = f"{head} (settings fingerprint {self.fingerprint})"
+        else:
+            line = head + "".join(
+                f"; variant {v['name']}: {v['replayed']} replayed, {v['to_generate']} to generate "
+                f"(settings fingerprint {v['fingerprint']})"
+                for v in self.variants
+            )
+        return line + "".join(
+            f"; variant {name} is no longer configured: its {n} records leave the dataset"
+            for name, n in self.removed.items()
         )
 
     def write(self, layout: RunLayout) -> None:
@@ -324,11 +457,12 @@ def shard_replay(
     served = numerics_last_reported(index, settings)
     if served is not None:
         settings = settings.served_by(served)
-    fingerprints = shard_fingerprints([Path(shard_path)], settings, [])
-    if fingerprints is None:
+    digests = shard_digests([Path(shard_path)], settings.regenerate, [])
+    if digests is None:
         return None
-    plan = plan_replay_fingerprints(fingerprints, index, settings, run.generate.retry_failed)
-    return ShardReplay(shard, plan.replay, plan.to_generate, settings.fingerprint)
+    plans = plan_variants(digests, index, settings, run.generate)
+    first = next(iter(plans.fingerprints.values()))
+    return ShardReplay(shard, plans.replay, plans.to_generate, first, plans.shard_parts(), plans.removed)
 
 
 def announce_replay(
