@@ -36,8 +36,8 @@ from typing import Any
 
 import orjson
 
+from bench.harness import add_smoke, parse_args, peak_rss_mb
 from bench.synthetic import WORDS, run_side
-from bench.workflow import add_smoke, parse_args
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER = REPO / "resources" / "demo-tokenizer"
@@ -168,7 +168,7 @@ def _child(side: str, data: Path, out: Path) -> None:
         )
         result = run_regen(data, out, benchmarks)
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    result["peak_rss_mb"] = usage.ru_maxrss / 1024
+    result["peak_rss_mb"] = peak_rss_mb()
     result["process_cpu_s"] = usage.ru_utime + usage.ru_stime
     print(json.dumps(result))
 

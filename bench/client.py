@@ -22,7 +22,6 @@ import asyncio
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.workflow import add_smoke, parse_args
+from bench.harness import Stopwatch, add_smoke, parse_args
 from regen.generate.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
 from regen.runconfig import GenerateConfig
 from regen.simulated.launcher import start_simulated_server
@@ -154,9 +153,9 @@ def measure(
 ) -> tuple[float, float]:
     """req/s and client CPU-seconds of one run; its inputs are built before the clock starts."""
     run = prepare(url, n, c)
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    asyncio.run(run())
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    with Stopwatch() as clock:
+        asyncio.run(run())
+    wall, cpu = clock.wall_s, clock.cpu_s
     rps = n / wall
     print(f"{name:>8}: n={n} wall={wall:.2f}s req/s={rps:.0f} cpu_s_per_1k={1000 * cpu / n:.3f}", flush=True)
     return rps, cpu

@@ -43,8 +43,9 @@ from pathlib import Path
 import orjson
 import yaml
 
+from bench.harness import add_smoke, parse_args
 from bench.sim_virtual import VIRTUAL_ENV, VIRTUAL_HOOK, VirtualTime
-from bench.workflow import add_smoke, copy_workflow, free_port_base, parse_args, write_chats
+from bench.workflow import copy_workflow, free_port_base, write_chats
 from regen.io import open_lines
 from regen.layout import RunLayout
 from regen.simulated.launcher import SERVER_HOOK_ENV

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from bench.workflow import add_smoke, parse_args
+from bench.harness import add_smoke, parse_args
 from regen.tune.closedloop import StepModel
 
 POLICIES = ("one", "spill", "regen")

@@ -13,10 +13,10 @@ Last line: ``merge: regen_rps=… pyarrow_rps=… ratio=… peak_rss_mb=…`` (p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
-import resource
 import sys
 import tempfile
 import time
@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
+from bench.harness import add_smoke, parse_args, peak_rss_mb
 from bench.synthetic import WORDS, run_side
-from bench.workflow import add_smoke, parse_args
 
 
 def _text(rng: random.Random, chars: int) -> str:
@@ -165,9 +165,9 @@ def write_records(src: Path, n: int, shards: int) -> int:
     text = TextPool(random.Random(1234))
     size = 0
     paths = shard_paths(src, shards)
-    handles = [open(p, "wb") for p in paths]  # noqa: SIM115 - closed below
     bufs: list[list[bytes]] = [[] for _ in paths]
-    try:
+    with contextlib.ExitStack() as stack:
+        handles = [stack.enter_context(open(p, "wb")) for p in paths]
         for i in range(n):
             k = i % shards
             bufs[k].append(orjson.dumps(synthetic_record(i, text, shard=f"{k:05d}")))
@@ -178,17 +178,7 @@ def write_records(src: Path, n: int, shards: int) -> int:
                         fh.write(chunk)
                         size += len(chunk)
                         buf.clear()
-    finally:
-        for fh in handles:
-            fh.close()
     return size
-
-
-def _peak_rss_mb() -> float:
-    """Peak RSS of this process or any child it waited for (a validate worker), whichever is larger."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(own, children) / 1024
 
 
 def _validate_one(path: Path, work: Path) -> int:
@@ -221,7 +211,7 @@ def side_regen(src: Path, work: Path) -> dict[str, Any]:
         "validate_s": t1 - t0,
         "merge_s": t2 - t1,
         "seconds": t2 - t0,
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb("either"),
     }
 
 
@@ -239,7 +229,7 @@ def side_pyarrow(src: Path, work: Path) -> dict[str, Any]:
         rows += table.num_rows
         del table
     t1 = time.perf_counter()
-    return {"rows": rows, "seconds": t1 - t0, "peak_rss_mb": _peak_rss_mb()}
+    return {"rows": rows, "seconds": t1 - t0, "peak_rss_mb": peak_rss_mb("either")}
 
 
 def _run_side(side: str, src: Path, work: Path) -> dict[str, Any]:
@@ -267,8 +257,10 @@ def main(argv: list[str]) -> int:
         src.mkdir()
         t0 = time.perf_counter()
         size = write_records(src, args.n, args.shards)
-        print(f"generated {args.n} records, {size / 1e6:.0f} MB ({size / args.n:.0f} B/record) "
-              f"in {time.perf_counter() - t0:.1f}s")  # fmt: skip
+        print(
+            f"generated {args.n} records, {size / 1e6:.0f} MB ({size / args.n:.0f} B/record) "
+            f"in {time.perf_counter() - t0:.1f}s"
+        )
         ref = _run_side("pyarrow", src, work)
         print(f"pyarrow: {ref}")
         ours = _run_side("regen", src, work)

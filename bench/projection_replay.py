@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.workflow import REPO, add_smoke, parse_args
+from bench.harness import REPO, add_smoke, parse_args
 from regen.runconfig import GenerateConfig
 from regen.serving.metrics import decode_samples, steady_state
 from regen.tune.closedloop import StepModel, Truncation, closed_loop_wall_s

@@ -44,7 +44,6 @@ import argparse
 import os
 import random
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -59,17 +58,11 @@ from typing import Any
 import orjson
 import yaml
 
+from bench import harness
 from bench.audit import synthetic_rows  # the audit bench's synthetic chats
+from bench.harness import REPO, add_smoke, parse_args
 from bench.merge import TextPool, synthetic_record  # a record as written
-from bench.workflow import (
-    REPO,
-    add_smoke,
-    copy_workflow,
-    free_port_base,
-    parse_args,
-    python_path,
-    write_chats,
-)
+from bench.workflow import copy_workflow, free_port_base, python_path, write_chats
 from regen.check import load_config
 from regen.fingerprint import GenerationSettings, server_numerics
 from regen.generate.journal import Journal, read_heads, read_journal_entries
@@ -197,10 +190,23 @@ def time_open(journal: Path) -> dict[str, float]:
 
 def start_server(wd: Path, request_log: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [REGEN, "serve-simulated", "--port", "0", "--print-url", "--request-log", str(request_log),
-         "--model-path", "demo-model", "--inline"],
-        cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+        [
+            REGEN,
+            "serve-simulated",
+            "--port",
+            "0",
+            "--print-url",
+            "--request-log",
+            str(request_log),
+            "--model-path",
+            "demo-model",
+            "--inline",
+        ],
+        cwd=wd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
     for _ in range(100):
@@ -255,11 +261,18 @@ def child_resume(url: str, shard: str) -> None:
     run = RunConfig.from_config(config, 1)
     settings = GenerationSettings.for_run(run)
     path = layout.shard(shard)
-    generate_shard(ShardJob(
-        read_shard(path), layout.journal(shard), layout.records(shard), layout.failed(shard),
-        run.generate, Endpoint(url=url, server_id="bench"), shard,
-        settings=settings,
-    ))  # fmt: skip
+    generate_shard(
+        ShardJob(
+            read_shard(path),
+            layout.journal(shard),
+            layout.records(shard),
+            layout.failed(shard),
+            run.generate,
+            Endpoint(url=url, server_id="bench"),
+            shard,
+            settings=settings,
+        )
+    )
 
 
 def measure_disk(wd: Path, layout: RunLayout, shards: list[str], settings: GenerationSettings) -> dict:
@@ -345,8 +358,12 @@ def timed_snakemake(wd: Path, args: list[str], env: dict[str, str], timeout_s: f
     t0 = time.perf_counter()
     proc = subprocess.run(
         [SNAKEMAKE, *args, "--configfile", "config/demo.yaml", RUN_CONFIG],
-        cwd=wd, env=env, capture_output=True, text=True, timeout=timeout_s,
-    )  # fmt: skip
+        cwd=wd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     took = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(
@@ -394,7 +411,7 @@ def held_out_run(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop(REQUEST_LOG_ENV, None)
     run_s, _ = timed_snakemake(wd, ["--cores", "2", "--resources", f"gpu={gpus}"], env, run_timeout_s)
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    peak_rss_mb = harness.peak_rss_mb("children")
     reconcile = orjson.loads((wd / "results" / "reconcile.json").read_bytes())
     layout = RunLayout.under(wd)
     finished: set[str] = set()
@@ -410,9 +427,11 @@ def held_out_run(
     rerun_env = {**env, REQUEST_LOG_ENV: str(request_log)}
     rerun_args = ["--cores", "2", "--resources", f"gpu={gpus}", "--forcerun", "generate"]
     rerun_s, _ = timed_snakemake(wd, rerun_args, rerun_env, 1800)
-    received = [
-        e["id"] for e in read_request_log(request_log) if e.get("event") == "received" and e.get("id")
-    ] if request_log.exists() else []  # fmt: skip
+    received = (
+        [e["id"] for e in read_request_log(request_log) if e.get("event") == "received" and e.get("id")]
+        if request_log.exists()
+        else []
+    )
     logs = "".join(p.read_text() for p in sorted((wd / "logs" / "generate").glob("*.log")))
     replayed = sum(int(m) for m in re.findall(r"(\d+) replayed from the journal,", logs))
     return ScaleRun(
@@ -491,8 +510,11 @@ def run(wd: Path, args: argparse.Namespace) -> int:
                 fh.write(orjson.dumps(row) + b"\n")
         (wd / CONFIGS[1]).write_text(yaml.safe_dump(scale_config(args.shards, args.answer_tokens)))
         shard_s = snakemake(wd, *(f"results/shards/{s}.parquet" for s in shards))
-        print(f"dataset, audit and {args.shards} shards in {time.perf_counter() - t0:.0f} s "
-              f"(audit + shard jobs {shard_s:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"dataset, audit and {args.shards} shards in {time.perf_counter() - t0:.0f} s "
+            f"(audit + shard jobs {shard_s:.0f} s)",
+            flush=True,
+        )
     os.chdir(wd)
     config = load_config(list(CONFIGS))
     layout = RunLayout()

@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.gpu.serverlog import decode_lines, drain_token_share
+from bench.harness import add_smoke, parse_args
 from bench.sim_virtual import VirtualSimulatedServer, VirtualTime
-from bench.workflow import add_smoke, parse_args
 from regen.generate.client import Endpoint, GenerateConfig, ProgressOptions, ShardJob, generate_shard
 from regen.ingest.shards import shard_audited, write_shards
 from regen.records import FLAGS_SCHEMA
@@ -105,8 +105,12 @@ def run_order(shard: Path, work: Path, clock: VirtualTime, cap: int, max_tokens:
     work.mkdir(parents=True)
     server_log, request_log = work / "server.log", work / "requests.jsonl"
     factory = functools.partial(VirtualSimulatedServer, clock=clock)
-    url, stop = start_simulated_server(max_running_requests=cap, server_factory=factory,
-                                       log_file=str(server_log), request_log=str(request_log))  # fmt: skip
+    url, stop = start_simulated_server(
+        max_running_requests=cap,
+        server_factory=factory,
+        log_file=str(server_log),
+        request_log=str(request_log),
+    )
     try:
         cfg = GenerateConfig.from_dict({"sampling": {"max_tokens": max_tokens}, "request_timeout_s": 3600})
         generate_shard(
@@ -131,12 +135,24 @@ def run_order(shard: Path, work: Path, clock: VirtualTime, cap: int, max_tokens:
 
 
 def measure(
-    root: Path, requests: int, cap: int, speed: float, length_mean: float, sigma: float, length_cap: int,
+    root: Path,
+    requests: int,
+    cap: int,
+    speed: float,
+    length_mean: float,
+    sigma: float,
+    length_cap: int,
     noise: float,
-) -> dict[str, TailRun]:  # fmt: skip
+) -> dict[str, TailRun]:
     """Both orders of the same samples, each against its own virtual server."""
-    clock = VirtualTime(speed=speed, epoch=0.0, length_mean=length_mean, length_sigma=sigma,
-                        length_cap=length_cap, decode_log_steps=DECODE_LOG_STEPS)  # fmt: skip
+    clock = VirtualTime(
+        speed=speed,
+        epoch=0.0,
+        length_mean=length_mean,
+        length_sigma=sigma,
+        length_cap=length_cap,
+        decode_log_steps=DECODE_LOG_STEPS,
+    )
     kept, flags = make_inputs(root, requests, clock, noise)
     sorted_shard = root / "shards" / "00000.parquet"
     shard_audited(kept, [sorted_shard], flags)

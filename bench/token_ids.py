@@ -19,10 +19,9 @@ import asyncio
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench.workflow import add_smoke, parse_args
+from bench.harness import Stopwatch, add_smoke, parse_args
 from regen.generate.client import Endpoint, ProgressOptions, ShardJob, generate_shard_async
 from regen.runconfig import GenerateConfig
 from regen.simulated.launcher import start_simulated_server
@@ -49,22 +48,22 @@ def run(url: str, n: int, concurrency: int, token_ids: bool, max_tokens: int) ->
             "backoff_base_s": 0.01,
             "return_token_ids": token_ids,
         }
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        stats = asyncio.run(
-            generate_shard_async(
-                ShardJob(
-                    samples(n),
-                    t / "j.jsonl",
-                    t / "o.jsonl",
-                    t / "f.jsonl",
-                    GenerateConfig.from_dict(cfg),
-                    Endpoint(url, "gpu0", model="demo-model"),
-                    "00000",
-                    ProgressOptions(status_path=t / "status.json"),
+        with Stopwatch() as clock:
+            stats = asyncio.run(
+                generate_shard_async(
+                    ShardJob(
+                        samples(n),
+                        t / "j.jsonl",
+                        t / "o.jsonl",
+                        t / "f.jsonl",
+                        GenerateConfig.from_dict(cfg),
+                        Endpoint(url, "gpu0", model="demo-model"),
+                        "00000",
+                        ProgressOptions(status_path=t / "status.json"),
+                    )
                 )
             )
-        )
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        wall, cpu = clock.wall_s, clock.cpu_s
         assert stats.completed == n, stats
         size = (t / "j.jsonl").stat().st_size
     rps, cpu_ms, per_record = n / wall, 1000 * cpu / n, size / n

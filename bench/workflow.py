@@ -1,5 +1,5 @@
 """The workflow as a bench runs it: a copy of the checkout's workflow in a fresh directory, free loopback
-ports for its servers, and the ``--smoke`` switch every bench has (tiny sizes for CI, the same last line).
+ports for its servers, one-turn chat datasets. (``--smoke`` and the last line: ``bench.harness``.)
 
 Benches import this instead of reaching into ``tests/`` (issue 51); the soak harness
 (``tests/support/soak.py``) imports it too (tests may depend on bench, never the reverse).
@@ -7,13 +7,11 @@ Benches import this instead of reaching into ``tests/`` (issue 51); the soak har
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -71,23 +69,3 @@ def free_port_base(n: int, rng: random.Random | None = None) -> int:
 def python_path() -> str:
     """``$PYTHONPATH`` with the checkout first: a bench's own process run from a workflow copy imports it."""
     return os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
-
-
-def add_smoke(parser: argparse.ArgumentParser, **tiny: Any) -> None:
-    """``--smoke``: the bench at ``tiny``'s sizes (argument dest -> value) for CI: seconds, same last line."""
-    sizes = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in tiny.items())
-    parser.add_argument(
-        "--smoke", action="store_true", help=f"CI smoke run at tiny sizes ({sizes}; given ones win)"
-    )
-    parser.set_defaults(_smoke_sizes=tiny)
-
-
-def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """``parser.parse_args`` with ``--smoke``'s sizes where the command line left the default."""
-    args = parser.parse_args(argv)
-    tiny: dict[str, Any] = getattr(args, "_smoke_sizes", {})
-    if getattr(args, "smoke", False):
-        for dest, value in tiny.items():
-            if getattr(args, dest) == parser.get_default(dest):
-                setattr(args, dest, value)
-    return args

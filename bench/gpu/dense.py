@@ -71,6 +71,7 @@ from bench.gpu.planner_truth import (
     wait_gpu_free,
     write_json,
 )
+from bench.harness import fmt as harness_fmt
 from regen.ingest.audit_summary import Log2Histogram
 
 PROMPT_TOKENS = 300
@@ -611,9 +612,8 @@ def headline(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def fmt(value: Any, nd: int = 0) -> str:
-    if value is None:
-        return "na"
-    return f"{value:.{nd}f}" if isinstance(value, float) else str(value)
+    """A last-line value: ``nd`` decimals, ``na`` when missing (``bench.harness.fmt``)."""
+    return harness_fmt(value, nd, missing="na")
 
 
 #: the last line's fields after the issue's seven (the server's own rates; the fp8-KV and page arms apart)

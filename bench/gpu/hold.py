@@ -46,9 +46,17 @@ from bench.gpu.planner_truth import (
 #: the workload of issue 49's measurement (``regen tune`` options): 300-token prompts, answers of mean
 #: 1,437 with cv 0.65 (the log-normal of :class:`bench.gpu.dense.Workload`), max_tokens 8,192
 HOLD_WORKLOAD_ARGS = (
-    "--prompt-p50", "300", "--prompt-p99", "300", "--max-tokens", "8192",
-    "--expected-output-tokens", "1437", "--expected-output-cv", "0.65",
-)  # fmt: skip
+    "--prompt-p50",
+    "300",
+    "--prompt-p99",
+    "300",
+    "--max-tokens",
+    "8192",
+    "--expected-output-tokens",
+    "1437",
+    "--expected-output-cv",
+    "0.65",
+)
 HOLD_S = 60.0
 #: the hold counts from the first decode line at this share of the planned batch, and its lines' median
 #: running count must be at least this share
@@ -189,8 +197,9 @@ def recommended(plan: RegenPlan) -> tuple[list[str], int, dict[str, Any]]:
     return args, client, rec
 
 
-def hold_server_argv(model_dir: Path, port: int, log: Path, args: list[str], rec: dict[str, Any],
-                     s: HoldSettings) -> list[str]:  # fmt: skip
+def hold_server_argv(
+    model_dir: Path, port: int, log: Path, args: list[str], rec: dict[str, Any], s: HoldSettings
+) -> list[str]:
     if not s.dry:
         return sglang_argv(model_dir, port, tuple(args))
     cap = int(
@@ -206,8 +215,12 @@ async def hold(target: Target, s: HoldSettings) -> dict[str, Any]:
     model_dir = model_dir_for(target, s.work)
     plan = regen_tune(model_dir, (), *HOLD_WORKLOAD_ARGS)
     args, client, rec = recommended(plan)
-    out: dict[str, Any] = {"args": args, "client_concurrency": client, "regen_rc": plan.rc,
-                           "decode_headroom": rec.get("decode_headroom")}  # fmt: skip
+    out: dict[str, Any] = {
+        "args": args,
+        "client_concurrency": client,
+        "regen_rc": plan.rc,
+        "decode_headroom": rec.get("decode_headroom"),
+    }
     if plan.refused or client < 1:
         out["verdict"] = f"not planned: {plan.message[-300:]}"
         return out
@@ -244,8 +257,15 @@ async def hold(target: Target, s: HoldSettings) -> dict[str, Any]:
             await asyncio.sleep(1.0)
         ended = time.time()
         alive = server.alive()
-        result = assess(samples, server.text()[offset:], planned=client, hold_s=s.hold_s, alive=alive,
-                        ready_at=ready, ended_at=ended)  # fmt: skip
+        result = assess(
+            samples,
+            server.text()[offset:],
+            planned=client,
+            hold_s=s.hold_s,
+            alive=alive,
+            ready_at=ready,
+            ended_at=ended,
+        )
     except RuntimeError as exc:  # never ready
         text = server.text()
         oom = _OOM.search(text)

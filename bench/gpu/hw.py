@@ -74,8 +74,16 @@ def decode_gemms(gemms: list[tuple[str, int, int, int]], batch: int, reps: int =
         torch.cuda.synchronize()
         s = start.elapsed_time(end) / 1e3 / reps
         f = 2.0 * batch * k * n
-        rows.append({"gemm": name, "k": k, "n": n, "per_step": times, "us": round(s * 1e6, 1),
-                     "tflop_s": round(f / s / 1e12, 1)})  # fmt: skip
+        rows.append(
+            {
+                "gemm": name,
+                "k": k,
+                "n": n,
+                "per_step": times,
+                "us": round(s * 1e6, 1),
+                "tflop_s": round(f / s / 1e12, 1),
+            }
+        )
         step_s += s * times
         flops += f * times
         del x, w

@@ -59,16 +59,34 @@ from bench.gpu.serverlog import decode_lines, last_start, startup_facts, startup
 REPO = Path(__file__).resolve().parents[2]
 PARSERS = ["--tool-call-parser", "qwen25"]
 SEED_FLAGS = [
-    "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-    "--speculative-num-draft-tokens", "4", "--max-mamba-cache-size", "200", "--mem-fraction-static", "0.93",
-    "--mamba-full-memory-ratio", "0.6", "--max-running-requests", "64",
-]  # fmt: skip
+    "--speculative-algorithm",
+    "NEXTN",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+    "--max-mamba-cache-size",
+    "200",
+    "--mem-fraction-static",
+    "0.93",
+    "--mamba-full-memory-ratio",
+    "0.6",
+    "--max-running-requests",
+    "64",
+]
 #: regen's plan for this target and workload as the 2026-12-01 workflow launched it (known-target-2026-12-01
 #: logs: gpu0.log), served by a plain client: issue 37 item 2's question, do prefill CUDA graphs pay here
 PLAN_FLAGS = [
-    "--mem-fraction-static", "0.92", "--max-running-requests", "265", "--disable-radix-cache",
-    "--cuda-graph-max-bs-decode", "265",
-]  # fmt: skip
+    "--mem-fraction-static",
+    "0.92",
+    "--max-running-requests",
+    "265",
+    "--disable-radix-cache",
+    "--cuda-graph-max-bs-decode",
+    "265",
+]
 FLAGS = {
     "warmup": PARSERS,  # SGLang's defaults, a handful of prompts: the machine's caches warm, counted nowhere
     "default": PARSERS,
@@ -249,9 +267,13 @@ def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> A
         "max_running_requests": sim_cap or 64,
     }
     return bench_server_cfg(
-        a.model.resolve(), a.dry_cpu, args=args, use_tuner=False, port_base=a.port_base,
+        a.model.resolve(),
+        a.dry_cpu,
+        args=args,
+        use_tuner=False,
+        port_base=a.port_base,
         simulated=simulated if a.dry_cpu else None,
-    )  # fmt: skip
+    )
 
 
 def as_given(cfg: Any, plan: Any, port: int, model_path: str) -> list[str]:
@@ -326,8 +348,11 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
             result["avg_spec_accept_length"] = ((after.get("internal_states") or [{}])[0] or {}).get(
                 "avg_spec_accept_length"
             )
-            result["endpoint"] = {"url": ep.url, "max_running_requests": ep.max_running_requests,
-                                  "version": ep.version}  # fmt: skip
+            result["endpoint"] = {
+                "url": ep.url,
+                "max_running_requests": ep.max_running_requests,
+                "version": ep.version,
+            }
     finally:
         t_stop = time.monotonic()
         result["stopped_supervisors"] = stop_all_servers(servers, grace_s=60)

@@ -95,7 +95,9 @@ def main(argv: list[str]) -> int:
     tensors = {}
     for path in sorted(a.model.glob("model*.safetensors")):
         with safe_open(str(path), "pt") as f:
-            tensors.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+            tensors.update(
+                zip(f.keys(), map(f.get_tensor, f.keys()), strict=True)
+            )  # safe_open has no __iter__
     out["architecture"] = cls.__name__
     zero_outputs = all(
         not v.any()

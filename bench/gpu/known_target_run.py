@@ -81,14 +81,24 @@ TOOLS = [
 #: the pieces an original answer is made of (a chat dataset's answers: plain English, varied per row)
 _WEATHER = ("sunny", "rainy", "cold and windy", "warm", "foggy in the morning", "humid", "snowy", "mild")
 _WEAR = (
-    "a light jacket", "a warm wool coat", "a t-shirt and shorts", "a raincoat and boots",
-    "layers you can take off", "a sweater and jeans", "a hat and sunscreen", "gloves and a scarf",
-)  # fmt: skip
+    "a light jacket",
+    "a warm wool coat",
+    "a t-shirt and shorts",
+    "a raincoat and boots",
+    "layers you can take off",
+    "a sweater and jeans",
+    "a hat and sunscreen",
+    "gloves and a scarf",
+)
 _EXTRA = (
-    "Take an umbrella just in case.", "Comfortable shoes help if you walk a lot.",
-    "Check the forecast again before you leave.", "Evenings can be cooler, so bring something extra.",
-    "Drink plenty of water.", "A small bag keeps your hands free.", "",
-)  # fmt: skip
+    "Take an umbrella just in case.",
+    "Comfortable shoes help if you walk a lot.",
+    "Check the forecast again before you leave.",
+    "Evenings can be cooler, so bring something extra.",
+    "Drink plenty of water.",
+    "A small bag keeps your hands free.",
+    "",
+)
 
 
 def original_answer(i: int) -> str:
@@ -544,7 +554,10 @@ def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
         return "na" if x is None or x != x else (f"{x:.4f}" if isinstance(x, float) else str(x))
 
     wall = m["wall_s"]
-    ratio = lambda base: base / wall if base and wall == wall else None  # noqa: E731
+
+    def ratio(base: float | None) -> float | None:
+        return base / wall if base and wall == wall else None
+
     split = m.get("time_split") or {}
     fields = {
         "requests": m["requests"],

@@ -567,16 +567,22 @@ def svg_plot(doc: dict[str, Any]) -> str:
     each ``mtp<s>`` as lines (issue 25 item 3: where MTP stops paying)."""
     accs = [s["acceptance"] for s in doc["summary"]]
     servers = [r for r in doc["servers"] if r.get("levels")]
-    pts = [(lv.get("running") or lv["concurrency"], lv["decode_tps"]) for r in servers for lv in r["levels"]
-           if lv.get("decode_tps")]  # fmt: skip
+    pts = [
+        (lv.get("running") or lv["concurrency"], lv["decode_tps"])
+        for r in servers
+        for lv in r["levels"]
+        if lv.get("decode_tps")
+    ]
     if not pts or not accs:
         return '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>'
     xmax = max(x for x, _ in pts) * 1.05
     ymax = max(y for _, y in pts) * 1.1
     w, h, pad = 420, 300, 50
     colors = {"off": "#000", "seed": "#999", "mtp1": "#1f77b4", "mtp2": "#2ca02c", "mtp3": "#d62728"}
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w * len(accs)}" height="{h + 40}" '
-           'font-family="sans-serif" font-size="11">']  # fmt: skip
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w * len(accs)}" height="{h + 40}" '
+        'font-family="sans-serif" font-size="11">'
+    ]
     for k, acc in enumerate(accs):
         x0 = k * w
 
@@ -598,8 +604,11 @@ def svg_plot(doc: dict[str, Any]) -> str:
         for r in servers:
             if r["name"] != "off" and r.get("acceptance") != acc:
                 continue
-            line = sorted((lv.get("running") or lv["concurrency"], lv["decode_tps"]) for lv in r["levels"]
-                          if lv.get("decode_tps"))  # fmt: skip
+            line = sorted(
+                (lv.get("running") or lv["concurrency"], lv["decode_tps"])
+                for lv in r["levels"]
+                if lv.get("decode_tps")
+            )
             color = colors.get(r["name"], "#555")
             coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line)
             out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.5"/>')

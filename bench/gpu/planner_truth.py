@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu import harness
+from bench.harness import write_json
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "tests" / "data" / "models"
@@ -480,8 +481,14 @@ def check_target(target: Target, work: Path, dry: bool, timeout_s: float) -> dic
     # memory a previous server left would shrink this one's pools
     used = None if dry else harness.gpu_memory_used_mib()
     startup, text, seconds = start_and_read(target, model_dir, flags, plan, work, dry, timeout_s)
-    attempts = [{"flags": list(flags), "seconds": round(seconds, 1), "gpu_used_before_mib": used,
-                 "startup": startup.to_json()}]  # fmt: skip
+    attempts = [
+        {
+            "flags": list(flags),
+            "seconds": round(seconds, 1),
+            "gpu_used_before_mib": used,
+            "startup": startup.to_json(),
+        }
+    ]
     if not startup.pool_allocated and startup.missing_package and target.retry_flags:
         wait_gpu_free(dry)
         flags = target.retry_flags
@@ -662,12 +669,6 @@ def host_name(dry: bool) -> str:
         text=True,
     ).stdout.strip()
     return out or "unknown GPU"
-
-
-def write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
-    tmp.replace(path)
 
 
 #: the hold phase after a target's startup check (``bench/gpu/truth_run.py`` passes ``hold.with_hold``)

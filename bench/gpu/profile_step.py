@@ -16,7 +16,6 @@ GPU's trace only). Last line: ``profile: batch=… step_ms=… gemm_ms=… linea
 sampling_ms=… other_ms=… gemm_tflop_s=… bound_fraction=… achievable_fraction=…``.
 """
 
-# ruff: noqa: E501
 from __future__ import annotations
 
 import argparse
@@ -50,6 +49,7 @@ from bench.gpu.tune_live import (
     prompts,
     restarted,
 )
+from bench.harness import fmt, result_line
 from regen.io import write_json
 
 #: kernel-name patterns, first match wins (SGLang 0.5.17 on Hopper: nvjet/cutlass GEMMs, fla/triton GDN,
@@ -94,7 +94,8 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
         "top_kernels_ms_per_step": {
             n[:120]: round(v / steps / 1e3, 3) for n, v in sorted(top.items(), key=lambda kv: -kv[1])[:15]
         },
-        "how": "torch-profiler GPU activities from SGLang's /start_profile; kernel durations summed by name pattern",
+        "how": "torch-profiler GPU activities from SGLang's /start_profile; "
+        "kernel durations summed by name pattern",
     }
 
 
@@ -151,8 +152,14 @@ def profile_server(
             out["running_at_profile"] = running_now(server_log)
             if not dry:
                 time.sleep(3)  # a few plateau steps first
-                body = {"output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"],
-                        "with_stack": False, "record_shapes": False, "profile_id": "decode"}  # fmt: skip
+                body = {
+                    "output_dir": str(trace_dir),
+                    "num_steps": steps,
+                    "activities": ["GPU"],
+                    "with_stack": False,
+                    "record_shapes": False,
+                    "profile_id": "decode",
+                }
                 out["start_profile"] = post_json(ep.url + "/start_profile", body, 120)
                 log(f"start_profile at {out['running_at_profile']} running: {out['start_profile']}")
             load.join(timeout=600)
@@ -177,12 +184,20 @@ def bounds(
     bw = hw["hbm_bytes_per_s"]
     traffic_s = (cost.state_bytes + cost.kv_bytes) / bw
     issue = cost.gemm_peak_bound_tps(hw["bf16_flops_per_s"], bw)
-    out = {"step": cost.to_json(), "state_kv_s": traffic_s, "issue_bound_tps": round(issue, 1),
-           "measured_tps": steady["median_decode_tps"], "bound_fraction": round(steady["median_decode_tps"] / issue, 4)}  # fmt: skip
+    out = {
+        "step": cost.to_json(),
+        "state_kv_s": traffic_s,
+        "issue_bound_tps": round(issue, 1),
+        "measured_tps": steady["median_decode_tps"],
+        "bound_fraction": round(steady["median_decode_tps"] / issue, 4),
+    }
     if gemm_s:
         achievable = cost.bound_tps(gemm_s, bw)
-        out |= {"measured_gemm_s": gemm_s, "achievable_bound_tps": round(achievable, 1),
-                "achievable_fraction": round(steady["median_decode_tps"] / achievable, 4)}  # fmt: skip
+        out |= {
+            "measured_gemm_s": gemm_s,
+            "achievable_bound_tps": round(achievable, 1),
+            "achievable_fraction": round(steady["median_decode_tps"] / achievable, 4),
+        }
     return out
 
 
@@ -208,10 +223,23 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = a.work / "model"
     shape = HybridShape.from_config(make_model(model_dir, 64))
     real = Lengths(median=512, sigma=0.7, lo=64, hi=2048)
-    wl = Workload(prompt_p50=256 + TEMPLATE_TOKENS, prompt_p99=256 + TEMPLATE_TOKENS, max_tokens=real.hi,
-                  target_concurrency=4096, expected_output_tokens=round(real.mean()))  # fmt: skip
-    rec = recommend(ModelShape.from_config(str(model_dir)), gpu_memory_mib(dry), 1, list(BASE_ARGS), wl,
-                    SGLANG_VERSION, allow_fp8_kv=False, allow_bf16_state=True)  # fmt: skip
+    wl = Workload(
+        prompt_p50=256 + TEMPLATE_TOKENS,
+        prompt_p99=256 + TEMPLATE_TOKENS,
+        max_tokens=real.hi,
+        target_concurrency=4096,
+        expected_output_tokens=round(real.mean()),
+    )
+    rec = recommend(
+        ModelShape.from_config(str(model_dir)),
+        gpu_memory_mib(dry),
+        1,
+        list(BASE_ARGS),
+        wl,
+        SGLANG_VERSION,
+        allow_fp8_kv=False,
+        allow_bf16_state=True,
+    )
     cand = next(c for c in candidates_for(rec, dry) if c.label == a.label)
     batch = a.batch or cand.predicted_running
     doc: dict[str, Any] = {
@@ -229,9 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         doc["decode_gemms"] = json.loads(got.stdout.strip().splitlines()[-1])
         gemm_s = doc["decode_gemms"]["step_gemm_s"]
-        log(
-            f"decode GEMMs at {batch} rows: {gemm_s * 1e3:.1f} ms/step, {doc['decode_gemms']['step_gemm_tflop_s']:.0f} TFLOP/s"
-        )
+        tflop_s = doc["decode_gemms"]["step_gemm_tflop_s"]
+        log(f"decode GEMMs at {batch} rows: {gemm_s * 1e3:.1f} ms/step, {tflop_s:.0f} TFLOP/s")
     doc["server"] = profile_server(cand, model_dir, a.work, batch, 24 if dry else a.tokens, a.steps, dry)
     steady = doc["server"].get("pure_decode")
     doc["bounds"] = bounds(shape, steady, doc["hardware"], gemm_s) if steady else None
@@ -239,20 +266,23 @@ def main(argv: list[str] | None = None) -> int:
     ms = tr.get("ms_per_step") or {}
     b = doc["bounds"] or {}
 
-    def f(v: Any, nd: int = 1) -> str:
-        return "none" if v is None else f"{v:.{nd}f}"
-
     other = (
         sum(v for k, v in ms.items() if k not in ("gemm", "linear_attn", "attention", "sampling"))
         if ms
         else None
     )
-    doc["final_line"] = (
-        f"profile: batch={batch} step_ms={f(tr.get('span_ms_per_step'))} gemm_ms={f(ms.get('gemm'))} "
-        f"linear_attn_ms={f(ms.get('linear_attn'))} attention_ms={f(ms.get('attention'))} "
-        f"sampling_ms={f(ms.get('sampling'))} other_ms={f(other)} "
-        f"gemm_tflop_s={f((doc.get('decode_gemms') or {}).get('step_gemm_tflop_s'), 0)} "
-        f"bound_fraction={f(b.get('bound_fraction'), 3)} achievable_fraction={f(b.get('achievable_fraction'), 3)}"
+    doc["final_line"] = result_line(
+        "profile",
+        batch=batch,
+        step_ms=fmt(tr.get("span_ms_per_step")),
+        gemm_ms=fmt(ms.get("gemm")),
+        linear_attn_ms=fmt(ms.get("linear_attn")),
+        attention_ms=fmt(ms.get("attention")),
+        sampling_ms=fmt(ms.get("sampling")),
+        other_ms=fmt(other),
+        gemm_tflop_s=fmt((doc.get("decode_gemms") or {}).get("step_gemm_tflop_s"), 0),
+        bound_fraction=fmt(b.get("bound_fraction"), 3),
+        achievable_fraction=fmt(b.get("achievable_fraction"), 3),
     )
     stem = f"profile-{doc['date']}" + ("-dry" if dry else "")
     write_json(a.out / f"{stem}.json", doc)

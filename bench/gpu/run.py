@@ -48,7 +48,8 @@ from bench.gpu.harness import (
 )
 from bench.gpu.roofline import HybridShape, decode_step_cost
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
-from bench.workflow import add_smoke, free_port_base, parse_args
+from bench.harness import add_smoke, parse_args
+from bench.workflow import free_port_base
 from regen import runconfig
 from regen.io import write_json
 from regen.simulated.options import OPTIONS_ENV
@@ -475,14 +476,18 @@ def markdown(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     hw = doc["hardware"]
     w = doc["workload"]
+    dry_note = (
+        "**DRY RUN on CPU against the simulated server — not a measurement.** " if doc["dry_cpu"] else ""
+    )
     lines = [
         f"# regen on real SGLang — {doc['date']}",
         "",
         f"SGLang {doc['sglang_version']} on {hw.get('gpu', '?')} ({fmt(hw.get('gpu_memory_mib'))} MiB), "
-        f"dummy Qwen3.6-27B-shaped model ({doc['model']['layers']} layers, `--load-format dummy`, bf16 weights). "  # noqa: E501
-        f"{'**DRY RUN on CPU against the simulated server — not a measurement.** ' if doc['dry_cpu'] else ''}",  # noqa: E501
-        f"Workload: {w['requests']} requests × {w['prompt_tokens']} prompt tokens → {w['output_tokens']} output "  # noqa: E501
-        f"tokens, `ignore_eos`, sent by `regen.generate.client.generate_shard` at the server's effective cap. "  # noqa: E501
+        f"dummy Qwen3.6-27B-shaped model ({doc['model']['layers']} layers, `--load-format dummy`, "
+        f"bf16 weights). {dry_note}",
+        f"Workload: {w['requests']} requests × {w['prompt_tokens']} prompt tokens → {w['output_tokens']} "
+        "output tokens, `ignore_eos`, sent by `regen.generate.client.generate_shard` at the server's "
+        "effective cap. "
         f"Server started by `regen.serving.lifecycle.acquire_server`.",
         f"Measured in the same run: copy bandwidth {hw['hbm_bytes_per_s'] / 1e12:.2f} TB/s, "
         f"bf16 matmul {hw['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s"
@@ -508,7 +513,8 @@ def markdown(doc: dict[str, Any]) -> str:
             return f"{fmt(c[k]['predicted'])} → {fmt(c[k]['realized'])}"
 
         lines.append(
-            f"| {r['name']} | `{' '.join(r['args']) or '(defaults)'}` | {fmt(r.get('ready_s'), 0)} | {pr('cap')} "  # noqa: E501
+            f"| {r['name']} | `{' '.join(r['args']) or '(defaults)'}` | {fmt(r.get('ready_s'), 0)} "
+            f"| {pr('cap')} "
             f"| {fmt(d.get('plateau_running'))} | {pr('mamba_slots')} | {pr('kv_tokens')} "
             f"| {fmt(d.get('cuda_graph_fraction'), 2)} | {fmt(d.get('median_decode_tps'))} "
             f"| {fmt(cl.get('output_tps'))} |"
@@ -522,10 +528,11 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += [
             "",
             f"Roofline ({s.get('best')}, batch {st['batch']}, mean context {st['mean_context']}): "
-            f"per step weights {st['weight_gb']} GB + state r/w {st['state_rw_gb']} GB + KV {st['kv_gb']} GB = "  # noqa: E501
-            f"{st['total_gb']} GB; GEMMs {st['gemm_tflop']} TFLOP. Bandwidth bound {fmt(rf['bandwidth_bound_tps'])} "  # noqa: E501
-            f"tok/s ({rf['fraction_of_bandwidth_bound']:.0%} achieved); GEMMs at peak + state/KV at measured "
-            f"bandwidth {fmt(rf['gemm_peak_bound_tps'])} tok/s ({rf['fraction_of_gemm_peak_bound']:.0%} achieved).",  # noqa: E501
+            f"per step weights {st['weight_gb']} GB + state r/w {st['state_rw_gb']} GB + KV {st['kv_gb']} GB "
+            f"= {st['total_gb']} GB; GEMMs {st['gemm_tflop']} TFLOP. Bandwidth bound "
+            f"{fmt(rf['bandwidth_bound_tps'])} tok/s ({rf['fraction_of_bandwidth_bound']:.0%} achieved); "
+            f"GEMMs at peak + state/KV at measured bandwidth {fmt(rf['gemm_peak_bound_tps'])} tok/s "
+            f"({rf['fraction_of_gemm_peak_bound']:.0%} achieved).",
         ]
     lines += ["", f"`{doc['final_line']}`", ""]
     return "\n".join(lines)

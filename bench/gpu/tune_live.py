@@ -14,8 +14,8 @@ One campaign, in this order (every step through regen's own code):
    throughput of the log's decode lines at the running plateau).
 4. On the winner, restarted: (a) exact ids — direct requests with ``return_token_ids`` compare SGLang's
    ``prompt_token_ids`` with regen's rendering (``regen.chat``), and the completion ids with their own
-   re-tokenization; (b) a longer run of the same workload through ``regen.generate.client.generate_shard``, sized
-   from the time left, against the sweep's projection of it (``regen.tune.closedloop``, drain included);
+   re-tokenization; (b) a longer run of the same workload through ``regen.generate.client.generate_shard``,
+   sized from the time left, against the sweep's projection of it (``regen.tune.closedloop``, drain included);
    (c) a pure-decode plateau (all requests at once, fixed length), the method of the 2026-11-29 run, for
    the fraction of the compute+bandwidth decode bound (state read and written every step, as the issue
    defines it; for a ReplaySSM winner also against the bound of its own, smaller, state traffic).
@@ -25,7 +25,6 @@ Last line: ``sweep: recommended_tps=… best_tps=… best_vs_recommended=… bou
 measured_h=… projection_error=… prompt_ids_equal=…``.
 """
 
-# ruff: noqa: E501
 from __future__ import annotations
 
 import argparse
@@ -57,6 +56,7 @@ from bench.gpu.harness import (
     word_prompts,
 )
 from bench.gpu.roofline import HybridShape, decode_step_cost
+from bench.harness import fmt, result_line
 from regen.io import write_json
 from regen.types import Sample
 
@@ -131,8 +131,11 @@ def candidates_for(rec: Any, dry: bool) -> list[Any]:
             out.append(SweepCandidate(tuple(c.args), cap(c.plan), label))
             sized = sized or (c if "--min-free-slots-delay" not in c.args else None)
     if sized is not None:  # SGLang's prefill/decode interleaving knob, on the expected-length cap
-        out.append(SweepCandidate((*sized.args, "--enable-mixed-chunk"), cap(sized.plan),
-                                  "expected-length cap + mixed chunk"))  # fmt: skip
+        out.append(
+            SweepCandidate(
+                (*sized.args, "--enable-mixed-chunk"), cap(sized.plan), "expected-length cap + mixed chunk"
+            )
+        )
     return out
 
 
@@ -169,7 +172,8 @@ def rendered_prompt_ids(tpl: Any, sample: Sample) -> list[int]:
 def exact_ids_check(
     url: str, model: str, model_dir: Path, samples: list[Sample], max_tokens: int
 ) -> dict[str, Any]:
-    """SGLang's prompt_token_ids vs regen's rendered prompt ids, and completion re-tokenization, per request."""
+    """SGLang's prompt_token_ids vs regen's rendered prompt ids, and completion re-tokenization, per
+    request."""
     from regen.chat import ChatTemplate, to_template_dicts
     from regen.output.masks import completion_retokenizes_differently
 
@@ -213,8 +217,16 @@ def exact_ids_check(
                 (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
                 min(len(got), len(want)),
             )
-            first_diff.append({"id": s.id, "at": k, "sglang": got[max(0, k - 3) : k + 3], "regen": want[max(0, k - 3) : k + 3],
-                               "len_sglang": len(got), "len_regen": len(want)})  # fmt: skip
+            first_diff.append(
+                {
+                    "id": s.id,
+                    "at": k,
+                    "sglang": got[max(0, k - 3) : k + 3],
+                    "regen": want[max(0, k - 3) : k + 3],
+                    "len_sglang": len(got),
+                    "len_regen": len(want),
+                }
+            )
         out_ids = choice.get("token_ids", choice.get("response_token_ids"))
         if out_ids is not None:
             completion_mismatch += completion_retokenizes_differently(tpl, out_ids)
@@ -264,7 +276,8 @@ def ids_in_records(records: Path, model_dir: Path, samples: dict[str, Sample]) -
         "completion_retokenize_mismatch": mismatch,
         "completion_retokenize_mismatch_rate": round(mismatch / returned, 4) if returned else None,
         "first_differences": first,
-        "how": "regen.generate.client's journaled ids (return_token_ids) vs regen.chat's rendering of each record's prompt",
+        "how": "regen.generate.client's journaled ids (return_token_ids) "
+        "vs regen.chat's rendering of each record's prompt",
     }
 
 
@@ -295,8 +308,12 @@ def token_export_check(tokenized: Path, records: Path) -> dict[str, Any]:
             first.append(
                 {"id": row["id"], "len_input_ids": len(row["input_ids"]), "served": prompt is not None}
             )
-    return {"rows": rows, "equal_to_served_ids": exact, "first_differences": first,
-            "how": "input_ids == SGLang's prompt_token_ids + token_ids; loss_mask 1 exactly on the completion"}  # fmt: skip
+    return {
+        "rows": rows,
+        "equal_to_served_ids": exact,
+        "first_differences": first,
+        "how": "input_ids == SGLang's prompt_token_ids + token_ids; loss_mask 1 exactly on the completion",
+    }
 
 
 def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: bool) -> dict[str, Any]:
@@ -354,16 +371,30 @@ def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: b
     if "return_token_ids" in (REPO / "schemas" / "config.schema.yaml").read_text():
         cfg["generate"]["return_token_ids"] = True  # the client's token-id switch (issue 13)
     (wf / "config.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "8", "--configfile", "config.yaml",
-           "--scheduler", "greedy"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--cores",
+        "8",
+        "--configfile",
+        "config.yaml",
+        "--scheduler",
+        "greedy",
+    ]
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=wf, capture_output=True, text=True, timeout=budget_s)
         rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
     except subprocess.TimeoutExpired as exc:
         rc, tail = 124, str(exc.stdout or "")[-1500:] + str(exc.stderr or "")[-1500:]
-    out: dict[str, Any] = {"snakemake_rc": rc, "wall_s": round(time.monotonic() - t0, 1), "tail": tail,
-                           "records": 0, "command": " ".join(cmd[2:])}  # fmt: skip
+    out: dict[str, Any] = {
+        "snakemake_rc": rc,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "tail": tail,
+        "records": 0,
+        "command": " ".join(cmd[2:]),
+    }
     by_id = {smp.id: smp for smp in samples}
     recs = sorted((wf / "results" / "generations").glob("*.jsonl"))
     merged = wf / "_all_records.jsonl"
@@ -403,17 +434,31 @@ def restarted(cand: Any, model_dir: Path, dry: bool, root: Path) -> Iterator[tup
     cfg = dataclasses.replace(base, port_base=any_free_port(base.host))
     t = time.monotonic()
     try:
-        with acquire_server(cfg, candidate_plan(cand), root / "servers", root / "logs", owner_pid=os.getpid(),
-                            command_builder=sweep_command_builder) as ep:  # fmt: skip
+        with acquire_server(
+            cfg,
+            candidate_plan(cand),
+            root / "servers",
+            root / "logs",
+            owner_pid=os.getpid(),
+            command_builder=sweep_command_builder,
+        ) as ep:
             yield ep, round(time.monotonic() - t, 1)
     finally:
         stop_all_servers(root / "servers", grace_s=60)
 
 
 def run_on_winner(
-    cand: Any, model_dir: Path, dry: bool, work: Path, long_samples: list[Sample], long_lengths: list[int],
-    id_samples: list[Sample], decode_requests: int, decode_tokens: int, workflow_s: float = 0.0,
-) -> dict[str, Any]:  # fmt: skip
+    cand: Any,
+    model_dir: Path,
+    dry: bool,
+    work: Path,
+    long_samples: list[Sample],
+    long_lengths: list[int],
+    id_samples: list[Sample],
+    decode_requests: int,
+    decode_tokens: int,
+    workflow_s: float = 0.0,
+) -> dict[str, Any]:
     """Restart the winner through acquire_server; exact ids, the long run, the pure-decode plateau."""
     from regen.generate.client import ShardJob, generate_shard
     from regen.serving.metrics import log_size, server_steady_state
@@ -425,9 +470,7 @@ def run_on_winner(
             out["effective_cap"] = ep.max_running_requests
             log(f"winner {cand.label}: ready in {out['ready_s']} s, cap {ep.max_running_requests}")
             out["exact_ids"] = exact_ids_check(ep.url, ep.model or "default", model_dir, id_samples, 32)
-            log(
-                f"exact ids: {json.dumps({k: v for k, v in out['exact_ids'].items() if k != 'first_differences'})}"
-            )
+            log(f"exact ids: {brief(out['exact_ids'], 'first_differences')}")
             by_id = {s.id: n for s, n in zip(long_samples, long_lengths, strict=True)}
             if not long_samples:  # the sweep measured no rate to size it from
                 out["long_run"] = {"skipped": "the sweep measured no rate to size it from"}
@@ -436,8 +479,17 @@ def run_on_winner(
                 d.mkdir(parents=True, exist_ok=True)
                 offset = log_size(server_log)
                 t0 = time.time()
-                stats = generate_shard(ShardJob(long_samples, d / "journal.jsonl", d / "records.jsonl", d / "failed.jsonl",
-                                       generate_cfg(max(long_lengths), by_id), ep, "long"))  # fmt: skip
+                stats = generate_shard(
+                    ShardJob(
+                        long_samples,
+                        d / "journal.jsonl",
+                        d / "records.jsonl",
+                        d / "failed.jsonl",
+                        generate_cfg(max(long_lengths), by_id),
+                        ep,
+                        "long",
+                    )
+                )
                 wall = time.time() - t0
                 tokens = reasons = 0
                 finish: dict[str, int] = {}
@@ -463,17 +515,24 @@ def run_on_winner(
                 log(f"long run: {reasons} records, {tokens} tokens in {wall:.1f} s")
                 by_sample = {smp.id: smp for smp in long_samples}
                 out["long_run_ids"] = ids_in_records(d / "records.jsonl", model_dir, by_sample)
-                log(
-                    f"long run ids: {json.dumps({k: v for k, v in out['long_run_ids'].items() if k != 'first_differences'})}"
-                )
+                log(f"long run ids: {brief(out['long_run_ids'], 'first_differences')}")
             # pure decode plateau: every request at once, one fixed length (the 2026-11-29 method)
             d2 = work / "winner" / "decode"
             d2.mkdir(parents=True, exist_ok=True)
             offset = log_size(server_log)
             plain = prompts(decode_requests, 256, "dec", 11)
             t0 = time.time()
-            generate_shard(ShardJob(plain, d2 / "journal.jsonl", d2 / "records.jsonl", d2 / "failed.jsonl",
-                           generate_cfg(decode_tokens, None), ep, "decode"))  # fmt: skip
+            generate_shard(
+                ShardJob(
+                    plain,
+                    d2 / "journal.jsonl",
+                    d2 / "records.jsonl",
+                    d2 / "failed.jsonl",
+                    generate_cfg(decode_tokens, None),
+                    ep,
+                    "decode",
+                )
+            )
             steady = server_steady_state(read_log(server_log, offset))
             out["pure_decode"] = {
                 "requests": decode_requests,
@@ -484,9 +543,7 @@ def run_on_winner(
             log(f"pure decode: {out['pure_decode']}")
             if workflow_s > 0:
                 out["workflow"] = workflow_step(ep.url, model_dir, work, workflow_s, dry)
-                log(
-                    f"workflow: {json.dumps({k: v for k, v in out['workflow'].items() if k not in ('tail', 'reaudit_summary')})}"
-                )
+                log(f"workflow: {brief(out['workflow'], 'tail', 'reaudit_summary')}")
     except Exception as exc:  # keep what was measured
         out["error"] = f"{type(exc).__name__}: {exc}"[:3000]
         log(f"winner: FAILED {out['error']}")
@@ -527,15 +584,22 @@ def replay_ring_len(args: list[str]) -> int | None:
     return flags.linear_replayssm_cache_len if flags.enable_linear_replayssm else None
 
 
-def final_line(s: dict[str, Any]) -> str:
-    def f(v: Any, nd: int = 1) -> str:
-        return "none" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+def brief(doc: dict[str, Any], *left_out: str) -> str:
+    """``doc`` as one JSON line for the log, without its bulky keys."""
+    return json.dumps({k: v for k, v in doc.items() if k not in left_out})
 
-    return (
-        f"sweep: recommended_tps={f(s.get('recommended_tps'))} best_tps={f(s.get('best_tps'))} "
-        f"best_vs_recommended={f(s.get('best_vs_recommended'), 3)} bound_fraction={f(s.get('bound_fraction'), 3)} "
-        f"projected_h={f(s.get('projected_h'), 4)} measured_h={f(s.get('measured_h'), 4)} "
-        f"projection_error={f(s.get('projection_error'), 3)} prompt_ids_equal={f(s.get('prompt_ids_equal'), 3)}"
+
+def final_line(s: dict[str, Any]) -> str:
+    return result_line(
+        "sweep",
+        recommended_tps=fmt(s.get("recommended_tps")),
+        best_tps=fmt(s.get("best_tps")),
+        best_vs_recommended=fmt(s.get("best_vs_recommended"), 3),
+        bound_fraction=fmt(s.get("bound_fraction"), 3),
+        projected_h=fmt(s.get("projected_h"), 4),
+        measured_h=fmt(s.get("measured_h"), 4),
+        projection_error=fmt(s.get("projection_error"), 3),
+        prompt_ids_equal=fmt(s.get("prompt_ids_equal"), 3),
     )
 
 
@@ -587,8 +651,10 @@ def summarize(doc: dict[str, Any], shape: HybridShape) -> dict[str, Any]:
         equal += c["prompt_ids_equal"]
         returned += c["prompt_ids_returned"]
         mismatch += c["completion_retokenize_mismatch"]
-        per[name] = {k: c.get(k) for k in (key, "prompt_ids_returned", "prompt_ids_equal",
-                                            "completion_retokenize_mismatch_rate")}  # fmt: skip
+        per[name] = {
+            k: c.get(k)
+            for k in (key, "prompt_ids_returned", "prompt_ids_equal", "completion_retokenize_mismatch_rate")
+        }
     s["prompt_ids_checks"] = per
     s["prompt_ids_requests"] = total
     s["prompt_ids_equal"] = round(equal / total, 4) if total else None
@@ -614,8 +680,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "measurements")
     p.add_argument("--pilot-s", type=float, default=None)
     p.add_argument("--deadline-s", type=float, default=1330)
-    p.add_argument("--sweep-budget-s", type=float, default=None,
-                   help="no candidate after the first starts past this many seconds of the sweep")  # fmt: skip
+    p.add_argument(
+        "--sweep-budget-s",
+        type=float,
+        default=None,
+        help="no candidate after the first starts past this many seconds of the sweep",
+    )
     p.add_argument("--workflow-s", type=float, default=None, help="budget of the workflow step (0: off)")
     p.add_argument("--labels", default=None, help="comma-separated candidate labels to run (default: all)")
     p.add_argument("--hw-json", default=None, help="measured hardware (hw.py's JSON) instead of measuring")
@@ -658,12 +728,23 @@ def main(argv: list[str] | None = None) -> int:
 
     real_lengths = Lengths(median=512, sigma=0.7, lo=64, hi=2048)
     wl = Workload(
-        prompt_p50=prompt_tokens + TEMPLATE_TOKENS, prompt_p99=prompt_tokens + TEMPLATE_TOKENS,
-        max_tokens=real_lengths.hi, target_concurrency=4096,
+        prompt_p50=prompt_tokens + TEMPLATE_TOKENS,
+        prompt_p99=prompt_tokens + TEMPLATE_TOKENS,
+        max_tokens=real_lengths.hi,
+        target_concurrency=4096,
         expected_output_tokens=round(real_lengths.mean()),
-    )  # fmt: skip
-    rec = recommend(ModelShape.from_config(str(model_dir)), gpu_mib, 1, list(BASE_ARGS), wl, SGLANG_VERSION,
-                    allow_fp8_kv=False, allow_bf16_state=True, allow_replay_decode=True)  # fmt: skip
+    )
+    rec = recommend(
+        ModelShape.from_config(str(model_dir)),
+        gpu_mib,
+        1,
+        list(BASE_ARGS),
+        wl,
+        SGLANG_VERSION,
+        allow_fp8_kv=False,
+        allow_bf16_state=True,
+        allow_replay_decode=True,
+    )
     cands = candidates_for(rec, dry)
     if a.labels:
         cands = [c for c in cands if c.label.replace(" ", "_") in a.labels.split(",")]
@@ -695,14 +776,23 @@ def main(argv: list[str] | None = None) -> int:
     pilot_by_id = dict(zip((s.id for s in pilot), lengths.draw(n_pilot, 2), strict=True))
     log(f"sweep: {len(cands)} candidates x {pilot_s:.0f} s")
     # pilots as a run sends them (token ids on); candidates in priority order, no new one after the budget
-    result = run_sweep(server_cfg(model_dir, dry), cands, pilot, generate_cfg(lengths.hi, pilot_by_id), pilot_s,
-                       work / "sweep", stop_grace_s=60, budget_s=a.sweep_budget_s)  # fmt: skip
+    result = run_sweep(
+        server_cfg(model_dir, dry),
+        cands,
+        pilot,
+        generate_cfg(lengths.hi, pilot_by_id),
+        pilot_s,
+        work / "sweep",
+        stop_grace_s=60,
+        budget_s=a.sweep_budget_s,
+    )
     doc["sweep"] = result.to_json()
     doc["elapsed_after_sweep_s"] = round(elapsed(), 1)
     write_json(json_path, doc)
     best = result.best
     log(
-        f"sweep: best {best.label} at {best.rate_tok_s:.0f} tok/s ({result.rate_method}); elapsed {elapsed():.0f} s"
+        f"sweep: best {best.label} at {best.rate_tok_s:.0f} tok/s ({result.rate_method}); elapsed "
+        + f"{elapsed():.0f} s"
     )
 
     # ---- the long run: sized from the time left ----------------------------------------------------
@@ -724,7 +814,8 @@ def main(argv: list[str] | None = None) -> int:
     long_s = max(min_long, min(max_long, left - workflow_s))
     n_long = int(long_s * best.rate_tok_s / mean_len)
     log(
-        f"long run: {n_long} requests (~{long_s:.0f} s at {best.rate_tok_s:.0f} tok/s); reserve {reserve:.0f} s"
+        f"long run: {n_long} requests (~{long_s:.0f} s at {best.rate_tok_s:.0f} tok/s); "
+        + f"reserve {reserve:.0f} s"
     )
     long_samples = prompts(n_long, prompt_tokens, "long", 3)
     long_lengths = lengths.draw(n_long, 4)
@@ -738,14 +829,25 @@ def main(argv: list[str] | None = None) -> int:
             "closed_loop_fit": fitted,
             "plain": plain.to_json(),
             "fixed_step_s": fixed_s,
-            "how": "closed_loop: regen.tune.closedloop with the step model fitted to the sweep's plateaus of the best "
-            "one's state dtype (weights/bandwidth as the fixed part when one batch size); plain: tokens / rate",
+            "how": "closed_loop: regen.tune.closedloop with the step model fitted to the sweep's plateaus of "
+            "the best one's state dtype (weights/bandwidth as the fixed part when one batch size); "
+            "plain: tokens / rate",
         }
         log(f"projection: {json.dumps(doc['projection'])}")
     write_json(json_path, doc)
     id_samples = prompts(16 if dry else 256, prompt_tokens, "ids", 5)
-    doc["winner"] = run_on_winner(best, model_dir, dry, work, long_samples, long_lengths, id_samples,
-                                  decode_requests, decode_tokens, workflow_s)  # fmt: skip
+    doc["winner"] = run_on_winner(
+        best,
+        model_dir,
+        dry,
+        work,
+        long_samples,
+        long_lengths,
+        id_samples,
+        decode_requests,
+        decode_tokens,
+        workflow_s,
+    )
     doc["summary"] = summarize(doc, shape)
     doc["final_line"] = final_line(doc["summary"])
     doc["elapsed_s"] = round(elapsed(), 1)
@@ -759,26 +861,31 @@ def markdown(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     hw = doc["hardware"]
     w = doc["workload"]
+    dry = "(DRY RUN: simulated server) " if doc["dry_cpu"] else ""
     lines = [
-        f"# regen tune --sweep live on {'(DRY RUN: simulated server) ' if doc['dry_cpu'] else ''}{hw.get('gpu', '?')} — {doc['date']}",
+        f"# regen tune --sweep live on {dry}{hw.get('gpu', '?')} — {doc['date']}",
         "",
         f"SGLang {doc['sglang_version']}, dummy Qwen3.6-27B-shaped model (64 layers, `--load-format dummy`). "
         f"Workload: {w['prompt_tokens']}-token prompts, per-request max_tokens log-normal {w['lengths']} "
         f"(mean {w['mean_output_tokens']}), ignore_eos; pilot {w['pilot_s']:.0f} s per candidate. "
-        f"Hardware measured in the run: {hw['hbm_bytes_per_s'] / 1e12:.2f} TB/s copy, {hw['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s bf16.",
+        f"Hardware measured in the run: {hw['hbm_bytes_per_s'] / 1e12:.2f} TB/s copy, "
+        f"{hw['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s bf16.",
         "",
-        "| candidate | flags | predicted cap | plateau running | decode tok/s (server, plateau median) | client out tok/s (window) |",
+        "| candidate | flags | predicted cap | plateau running | decode tok/s (server, plateau median) "
+        "| client out tok/s (window) |",
         "|---|---|---|---|---|---|",
     ]
     sw = doc.get("sweep") or {}
     for i, r in enumerate(sw.get("candidates") or []):
         st = r.get("server_steady_state") or {}
         mark = " **(best)**" if i == sw.get("best_index") else ""
+        head = f"| {r['label']}{mark} | `{' '.join(r['args'])}` | {r.get('predicted_running')} "
+        measured = (
+            f"{st.get('plateau_running', '–')} | {r.get('decode_tok_s') or '–'} | {r.get('out_tok_s', '–')}"
+        )
         lines.append(
-            f"| {r['label']}{mark} | `{' '.join(r['args'])}` | {r.get('predicted_running')} | {st.get('plateau_running', '–')} "
-            f"| {r.get('decode_tok_s') or '–'} | {r.get('out_tok_s', '–')} |"
-            if r["ok"] else f"| {r['label']} | `{' '.join(r['args'])}` | {r.get('predicted_running')} | failed: {str(r.get('error'))[:200]} | | |"
-        )  # fmt: skip
+            head + (f"| {measured} |" if r["ok"] else f"| failed: {str(r.get('error'))[:200]} | | |")
+        )
     proj = doc.get("projection") or {}
     win = doc.get("winner") or {}
     lines += [
@@ -787,7 +894,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"- projection (headline, closed loop, fixed step part = weights / measured bandwidth): "
         f"`{json.dumps(proj.get('closed_loop'))}`",
-        f"- projection (closed loop, step line fitted to the sweep's plateaus): `{json.dumps(proj.get('closed_loop_fit'))}`",
+        "- projection (closed loop, step line fitted to the sweep's plateaus): "
+        f"`{json.dumps(proj.get('closed_loop_fit'))}`",
         f"- projection (plain: tokens / steady rate): `{json.dumps(proj.get('plain'))}`",
         f"- measured long run: `{json.dumps(win.get('long_run'))}`",
         f"- pure-decode plateau: `{json.dumps(win.get('pure_decode'))}`",

@@ -170,11 +170,13 @@ def _prefill_cells(cost: PrefillCost | None) -> str:
 def tables(runs: dict[str, RunTime], startups: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Each run's generation split and server start split (``startups``, default the runs'), one row or
     column per run."""
-    rows = ["| run | wall s | fixed s | server start s | ramp s | full batch s | running at full "
-            "| tok/s at full | prefill batches at full | drain s | tokens in drain "
-            "| tokens below 90% of full batch | last 1% of answers s | one prefill at full ms "
-            "| prefills per 40-pass interval |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| run | wall s | fixed s | server start s | ramp s | full batch s | running at full "
+        "| tok/s at full | prefill batches at full | drain s | tokens in drain "
+        "| tokens below 90% of full batch | last 1% of answers s | one prefill at full ms "
+        "| prefills per 40-pass interval |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     start = {r.name: r.startup["launch_to_ready_s"] for r in runs.values() if r.startup}
     for r in runs.values():
         g = r.generation
@@ -256,11 +258,17 @@ def markdown(
         "seed_full_tps={:.0f} regen_drain_s={:.0f} limit_vs_default={:.3f} limit_vs_seed={:.3f} "
         "prompts_for_default_target={:.0f} prompts_for_seed_target={:.0f}"
     ).format(
-        regen.startup["launch_to_ready_s"], warm, regen.generation.full_decode_tps,
-        runs["default"].generation.full_decode_tps, runs["seed"].generation.full_decode_tps,
-        regen.generation.drain_s, limits["default"], limits["seed"],
-        reach[("default", "warm")], reach[("seed", "warm")],
-    )  # fmt: skip
+        regen.startup["launch_to_ready_s"],
+        warm,
+        regen.generation.full_decode_tps,
+        runs["default"].generation.full_decode_tps,
+        runs["seed"].generation.full_decode_tps,
+        regen.generation.drain_s,
+        limits["default"],
+        limits["seed"],
+        reach[("default", "warm")],
+        reach[("seed", "warm")],
+    )
     return text, line
 
 

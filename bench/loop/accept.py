@@ -52,9 +52,15 @@ from bench.gpu import known_target as kt
 
 STEPS = 3
 EAGLE3_FLAGS = [
-    "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", str(STEPS),
-    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(STEPS + 1),
-]  # fmt: skip
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-num-steps",
+    str(STEPS),
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    str(STEPS + 1),
+]
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 
 

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness import fmt as harness_fmt
 from regen.io import atomic_open
 
 #: the scalar SpecForge's eval is summarized by, in order of preference: its simulated accept length over the
@@ -103,13 +104,22 @@ def _rows(prepare: dict[str, Any] | None, name: str) -> int | None:
 
 
 def fmt(x: Any) -> str:
-    if x is None or (isinstance(x, float) and x != x):
-        return "na"
-    return f"{x:.4f}" if isinstance(x, float) else str(x)
+    """A last-line value: 4 decimals, ``na`` when missing or NaN (``bench.harness.fmt``)."""
+    return harness_fmt(x, 4, missing="na")
 
 
-LINE_FIELDS = ("trainer", "algo", "rows", "steps", "accept_regen", "accept_original", "accept_ceiling",
-               "ratio", "specforge_eval_regen", "specforge_eval_original")  # fmt: skip
+LINE_FIELDS = (
+    "trainer",
+    "algo",
+    "rows",
+    "steps",
+    "accept_regen",
+    "accept_original",
+    "accept_ceiling",
+    "ratio",
+    "specforge_eval_regen",
+    "specforge_eval_original",
+)
 
 
 def loop_line(r: dict[str, Any]) -> str:

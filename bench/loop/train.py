@@ -78,7 +78,7 @@ def target_view(model: Path, out: Path) -> tuple[Path, str]:
             link.symlink_to(f.resolve())
         if f.suffix == ".safetensors":
             with safe_open(str(f), framework="pt") as st:
-                weight_map.update({k: f.name for k in st.keys()})  # noqa: SIM118 (safe_open has no __iter__)
+                weight_map.update(dict.fromkeys(st.keys(), f.name))  # safe_open has no __iter__
     (view / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return (
         view,
@@ -234,11 +234,21 @@ def train(a: argparse.Namespace) -> dict[str, Any]:
         log.write(f"config:\n{yaml.safe_dump(cfg, sort_keys=False)}\n")
         wall = logged_run([*specforge, "train", "--config", str(cfg_path)], env, log)
         export_wall = logged_run(
-            [*specforge, "export", "--to", "sglang", "--checkpoint", str(out / "specforge"),
-             "--draft-config", str(draft_path), "--output-dir", str(out / "sglang")],
+            [
+                *specforge,
+                "export",
+                "--to",
+                "sglang",
+                "--checkpoint",
+                str(out / "specforge"),
+                "--draft-config",
+                str(draft_path),
+                "--output-dir",
+                str(out / "sglang"),
+            ],
             env,
             log,
-        )  # fmt: skip
+        )
     if not a.keep_checkpoint:
         remove_checkpoints(out / "specforge")
     metrics = eval_metrics(log_path.read_text())
