@@ -245,18 +245,48 @@ def reaudit_page_html(summary_path: Path, kept_path: Path) -> str:
     return _verdict_page(title, (summary_path, kept_path), "reaudit.", None, _reaudit_sections)
 
 
+VARIANT_COLUMNS = [
+    "variant",
+    "rows",
+    "thinking",
+    "completion tokens p50 / p90 / max",
+    "finish reasons",
+    "truncated in reasoning",
+    "truncated in answer",
+    "identical completions",
+]
+
+
+def variant_rows(variants: Mapping[str, Mapping[str, Any]]) -> list[list[Any]]:
+    """One row per sampling variant of the re-audit summary's ``variants`` block."""
+    rows = []
+    for name, v in variants.items():
+        lengths = v.get("completion_tokens") or {}
+        where = v.get("truncated_where") or {}
+        reasons = ", ".join(f"{k} {n}" for k, n in sorted((v.get("finish_reasons") or {}).items()))
+        span = " / ".join(str(lengths.get(k)) for k in ("p50", "p90", "max"))
+        counts = [where.get("in_reasoning"), where.get("in_answer"), v.get("duplicate_completions")]
+        rows.append([name, v.get("rows"), v.get("thinking"), span, reasons, *counts])
+    return rows
+
+
 def _reaudit_sections(summary: Mapping[str, Any]) -> list[str]:
     counts = [
         ["rows", summary.get("rows")],
         ["empty answers", summary.get("empty_answers")],
         ["truncated (finish_reason length)", summary.get("truncated")],
+        *[[f"… {where.replace('_', ' ')}", n] for where, n in (summary.get("truncated_where") or {}).items()],
         ["duplicate answers", summary.get("duplicate_answers")],
+        ["identical completions of one prompt", (summary.get("duplicate_completions") or {}).get("rows")],
     ]
     reasons = [[k, v] for k, v in sorted((summary.get("finish_reasons") or {}).items())]
     out = [
         _table(["", "count"], counts, "rows"),
         _table(["finish reason", "rows"], reasons, "finish reasons"),
     ]
+    variants = summary.get("variants") or {}
+    if variants:
+        out.append(_table(VARIANT_COLUMNS, variant_rows(variants), "by sampling variant"))
     cuts = summary.get("tool_call_mismatch")
     if cuts:
         rows = [[kind, n] for kind, n in cuts["by_kind"].items()]

@@ -31,6 +31,7 @@ from regen.generate.run_progress import STALE_AFTER_S, RunSnapshot, fmt_duration
 from regen.io import read_json
 from regen.layout import RUN, RunLayout, SlotFiles, url_files
 from regen.observe.stage_progress import stage_lines
+from regen.observe.variants import valid_breakdown, variant_lines
 from regen.records import ShardStatus
 from regen.run_marker import RunMarker
 from regen.serving.metrics import sum_prometheus
@@ -269,6 +270,21 @@ def run_state(layout: RunLayout, now: float) -> tuple[RunMarker | None, str | No
     return marker, (None if marker is None else marker.liveness(now))
 
 
+def status_variant_lines(layout: RunLayout) -> list[str]:
+    """Completions, lengths, finish reasons and truncation (in the reasoning, in the answer) per sampling
+    variant: the re-audit's once it has run, else the validated shards written so far; none on a run of
+    one implicit variant."""
+    summary = read_json(layout.reaudit_summary) if layout.reaudit_summary.is_file() else {}
+    if summary.get("variants"):
+        variants, source = summary["variants"], "the merged dataset, re-audited"
+    else:
+        valid = [p for p in (layout.valid(s) for s in layout.finished_shards()) if p.is_file()]
+        variants, source = valid_breakdown(valid), f"{len(valid)} validated shard(s)"
+    if list(variants) in ([], ["default"]):
+        return []
+    return variant_lines(variants, source)
+
+
 def status_report(workdir: Path, results: Path, now: float | None = None, rate: float | None = None) -> str:
     """Gather every source and render the table."""
     layout = RunLayout(results=Path(results), work=Path(workdir))
@@ -286,6 +302,7 @@ def status_report(workdir: Path, results: Path, now: float | None = None, rate: 
     totals = run_totals(statuses, snap.planned, snap.finished, t_now, rate)
     left = totals.remaining if snap.statuses else None
     extra = replay_lines(layout, snap) + projection_lines(layout.pilot, left) + stage_lines(layout, t_now)
+    extra += status_variant_lines(layout)
     return header + text + "".join(line + "\n" for line in extra)
 
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
@@ -30,6 +29,7 @@ from regen.chat import ChatTemplate
 from regen.ingest.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.io import read_json, write_json
 from regen.layout import MANIFEST_NAME
+from regen.observe.variants import VariantCounts
 from regen.output.export import ExportConfig, dataset_window_coverage
 from regen.output.masks import completion_retokenizes_differently
 from regen.output.merge import iter_dataset_samples
@@ -121,37 +121,6 @@ def _answer_digest(reasoning: str | None, content: str | None) -> bytes:
     return hashlib.blake2b(f"{reasoning or ''}\x00{content or ''}".encode(), digest_size=16).digest()
 
 
-@dataclass(slots=True)
-class VariantCounts:
-    """One sampling variant's rows in the output: finish reasons, where length stops fell, completion
-    lengths, and completions identical to an earlier completion of the same prompt."""
-
-    rows: int = 0
-    finish_reasons: dict[str, int] = field(default_factory=dict)
-    truncated_where: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WHERE, 0))
-    duplicate_completions: int = 0
-    thinking: int = 0
-    completion_tokens: list[int] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        lengths = np.asarray(self.completion_tokens or [0], dtype=np.int64)
-        return {
-            "rows": self.rows,
-            "finish_reasons": dict(sorted(self.finish_reasons.items())),
-            "truncated": sum(self.truncated_where.values()),
-            "truncated_where": dict(self.truncated_where),
-            "truncated_fraction": sum(self.truncated_where.values()) / self.rows if self.rows else 0.0,
-            "duplicate_completions": self.duplicate_completions,
-            "thinking": self.thinking,
-            "completion_tokens": {
-                "mean": round(float(lengths.mean()), 1) if self.completion_tokens else None,
-                "p50": int(np.percentile(lengths, 50)) if self.completion_tokens else None,
-                "p90": int(np.percentile(lengths, 90)) if self.completion_tokens else None,
-                "max": int(lengths.max()) if self.completion_tokens else None,
-            },
-        }
-
-
 def last_turns(messages: pa.ListArray) -> pa.StructArray:
     """The last message of every row (the regenerated answer), without converting the rest."""
     offsets = messages.offsets.to_numpy()
@@ -210,18 +179,14 @@ class OutputCounts:
             ):
                 v = self.variants.get(variant) or self.variants.setdefault(variant, VariantCounts())
                 self.rows += 1
-                v.rows += 1
                 self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + 1
-                v.finish_reasons[reason] = v.finish_reasons.get(reason, 0) + 1
-                v.completion_tokens.append(int(n))
-                v.thinking += bool(think)
                 where = truncated_where(
                     reason, answer["content"], answer["reasoning_content"], bool(answer["tool_calls_json"])
                 )
+                v.add(reason, n, think, where)
                 if where is not None:
                     self.truncated += 1
                     self.truncated_where[where] += 1
-                    v.truncated_where[where] += 1
                 digest = _answer_digest(answer["reasoning_content"], answer["content"])
                 before = seen.setdefault(sid, set())
                 if digest in before:
