@@ -30,11 +30,16 @@ STATE="${REGEN_SLURM_STATE:-/tmp/regen-slurm}"
 NODES="${REGEN_SLURM_NODES:-2}"
 NGPU="${REGEN_SLURM_GPUS:-2}"
 NET="${REGEN_SLURM_NET:-10.77.0}"
-PROCTRACK="${REGEN_SLURM_PROCTRACK:-linuxproc}"   # or cgroup (v1 here), as most clusters
 BRIDGE=regenbr0
 SCRATCH=/scratch/local
 CONF_DIR=/etc/slurm
 MARK="# written by regen .ci/slurm-multinode-up.sh"
+# linuxproc, or cgroup (v1 here) as most clusters. Unset: what this script wrote last time, so a restart
+# (a test bringing a lost node back) keeps the cluster's tracking instead of mixing two in one cluster
+if [[ -z "${REGEN_SLURM_PROCTRACK:-}" ]] && grep -qF "$MARK" "$CONF_DIR/slurm.conf" 2>/dev/null; then
+  REGEN_SLURM_PROCTRACK="$(sed -n 's|^ProctrackType=proctrack/||p' "$CONF_DIR/slurm.conf")"
+fi
+PROCTRACK="${REGEN_SLURM_PROCTRACK:-linuxproc}"
 
 log() { echo "slurm-multinode-up: $*" >&2; }
 # install_slurm, start_munge, alive

@@ -9,7 +9,9 @@ Design "B" of docs/notes (self-managed per-GPU servers, no Snakemake service rul
 * the supervisor owns the server process: restarts it when it crashes (bounded), and exits when told
   to, when idle with no lease held, or when its owner is gone: the Snakemake process that owns the run,
   or in a Slurm job the job itself (``SLURM_JOB_ID``): the members of a group job run one after another,
-  each in a Snakemake process of its own, and all of them reuse the server the first one started.
+  each in a Snakemake process (and job step) of its own, and all of them reuse the server the first one
+  started. There the supervisor is started by the job's slot host (``regen.serving.slothost``, in the
+  job's batch step) when it has one, so it outlives the step of the member that asked for it.
 
 :func:`serve_on_slot` is what ``regen.serving.lifecycle.acquire_server`` runs for a mode that launches.
 """
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from regen.fingerprint import server_numerics
 from regen.io import read_json, write_json
@@ -46,6 +48,7 @@ from regen.serving.procfs import (
     read_url_state,
     startup_log_text,
 )
+from regen.serving.slothost import start_hosted
 from regen.serving.startup_split import startup_split
 from regen.sglang.config import PlanFile
 from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
@@ -163,10 +166,41 @@ def supervisor_argv(spec: LaunchSpec) -> list[str]:
     return [*argv, "--", *spec.command]
 
 
-def start_supervisor(spec: LaunchSpec) -> subprocess.Popen[bytes]:
-    """Start the slot's supervisor detached (own session, no inherited fds)."""
+class Started(Protocol):
+    """A supervisor this job started: its ``subprocess.Popen``, or the handle of one the job's slot host
+    started for it (``regen.serving.slothost.HostedSupervisor``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def start_supervisor(spec: LaunchSpec) -> Started:
+    """Start the slot's supervisor detached (own session, no inherited fds): in a Slurm job through the
+    job's slot host when it has one on this node (it lives in the job's batch step, which outlives this
+    member's step: ``regen.serving.slothost``), else as this process's child."""
 
     spec.files.log.parent.mkdir(parents=True, exist_ok=True)
+    if spec.owner_slurm_job is not None:
+        argv = supervisor_argv(spec)
+        hosted = start_hosted(spec.owner_slurm_job, argv[3:], spec.env, spec.files.log, spec.files.url)
+        if hosted is not None:
+            log.info("GPU slot %d: the slot host of Slurm job %s started server supervisor PID %d (%s)",
+                     spec.files.slot, spec.owner_slurm_job, hosted.pid, spec.url)  # fmt: skip
+            return hosted
+        log.warning(
+            "GPU slot %d: Slurm job %s has no regen slot host on this node (the profile's precommand "
+            "starts it: profiles/slurm/README.md); the server starts in this member's job step, and where "
+            "Slurm tracks processes by cgroup it stops when this member ends",
+            spec.files.slot, spec.owner_slurm_job,
+        )  # fmt: skip
     with open(spec.files.log, "ab") as out:
         proc = subprocess.Popen(
             supervisor_argv(spec),
@@ -185,7 +219,7 @@ def start_supervisor(spec: LaunchSpec) -> subprocess.Popen[bytes]:
 STOP_REJECTED_S = 60.0
 
 
-def check_while_starting(started: subprocess.Popen[bytes], command: list[str], check: LaunchCheck) -> None:
+def check_while_starting(started: Started, command: list[str], check: LaunchCheck) -> None:
     """``check`` on a supervisor's launch command while its server loads; a rejection stops the supervisor
     (SIGTERM: it stops its server; SIGKILL after :data:`STOP_REJECTED_S`) and is raised."""
     try:
@@ -216,12 +250,12 @@ def wait_until_ready(
     supervisor_pid: int,
     deadline_s: float,
     poll_s: float,
-    started: subprocess.Popen[bytes] | None = None,
+    started: Started | None = None,
 ) -> UrlState:
     """Poll the url file until the supervisor reports its server ready; ServerError if it gives up.
 
-    ``started`` is the Popen when this job started the supervisor (its /proc cmdline is the job's
-    own until it execs, so liveness comes from the Popen then).
+    ``started`` is the Popen (or slot host's handle) when this job started the supervisor (its /proc
+    cmdline is the job's own until it execs, so liveness comes from the Popen then).
     """
     deadline = time.monotonic() + deadline_s
     while True:
@@ -333,8 +367,8 @@ def serve_on_slot(
         try:
             wait_for_prestart(Path(workdir), cfg.startup_timeout_s, poll_s)
             found = live_or_start(files, cfg, plan, api_key, place.owner_pid, command_builder, command_check)
-            pid = found.pid if isinstance(found, subprocess.Popen) else found.supervisor_pid
-            started = found if isinstance(found, subprocess.Popen) else None
+            started = None if isinstance(found, UrlState) else found
+            pid = found.supervisor_pid if isinstance(found, UrlState) else found.pid
             budget = cfg.startup_timeout_s * (cfg.max_restarts + 1) + 120
             state = wait_until_ready(files, pid, budget, poll_s, started)
             assert state.url is not None
@@ -425,8 +459,8 @@ def live_or_start(
     owner_pid: int | None,
     command_builder: CommandBuilder,
     command_check: LaunchCheck | None = None,
-) -> UrlState | subprocess.Popen[bytes]:
-    """The slot's live supervisor (its url state, reused) or a freshly started one (its Popen): what a
+) -> UrlState | Started:
+    """The slot's live supervisor (its url state, reused) or a freshly started one (:class:`Started`): what a
     generate job does on its slot, and what ``regen.tune.prestart`` does before any job (the caller
     holds the slot's lease shared, :func:`take_lease_shared`). A started one's command is
     ``command_check``'d once it runs (:func:`check_while_starting`)."""
