@@ -37,6 +37,11 @@ class SimOptions:
     startup_delay_s: float = 0.0
     context_len: int = 32768
     max_total_num_tokens: int = 1_048_576
+    #: tokens the radix cache holds (``regen.simulated.prefixcache``); None: the KV pool's
+    #: ``max_total_num_tokens``
+    prefix_cache_tokens: int | None = None
+    #: SGLang's ``--enable-cache-report``: usage.prompt_tokens_details.cached_tokens in every answer
+    enable_cache_report: bool = False
     version: str = "0.5.23"
     inline: bool = False  # answer inside the handler: no scheduler, queue or sleeps
     mean_reasoning_tokens: int = 96

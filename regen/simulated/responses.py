@@ -38,8 +38,12 @@ def response_body(
     *,
     version: str,
     model_name: str,
+    cached_tokens: int | None = None,
 ) -> bytes:
-    """SGLang's ChatCompletionResponse for ``choices`` (serving_chat's non-streaming response)."""
+    """SGLang's ChatCompletionResponse for ``choices`` (serving_chat's non-streaming response): the prompt
+    counted once however many choices (``UsageProcessor.calculate_response_usage``), and its tokens served
+    from the prefix cache as ``prompt_tokens_details`` when ``cached_tokens`` is given (the server runs with
+    ``--enable-cache-report``) and above 0, else null."""
     out_choices = []
     reasoning_tokens = 0
     want_ids = bool(req.get("return_token_ids")) and prompt_ids is not None and tokenized
@@ -81,10 +85,10 @@ def response_body(
             out_choices[-1][ids_field] = tokenized[i].ids  # type: ignore[index]
     completion_tokens = sum(c.completion_tokens for c in choices)
     usage: dict[str, Any] = {
-        "prompt_tokens": prompt_tokens * len(choices),
-        "total_tokens": prompt_tokens * len(choices) + completion_tokens,
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens} if cached_tokens else None,
         "reasoning_tokens": reasoning_tokens,
     }
     if reasoning_tokens:

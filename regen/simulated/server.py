@@ -73,6 +73,7 @@ from regen.simulated.parsers import (
     tool_call_pairing_error,
     version_tuple,
 )
+from regen.simulated.prefixcache import PrefixCache, stand_in_prompt
 from regen.simulated.requestlog import LogWriter, RequestLog
 from regen.simulated.responses import error_body, error_response, response_body
 from regen.simulated.tokens import TokenCompletion, TokenModel, synth_completion, with_tool_calls
@@ -99,6 +100,7 @@ class SimulatedServer:
         self.running = 0
         self.queued = 0
         self.prompt_tokens_total = 0
+        self.prefix_cache = PrefixCache(opts.prefix_cache_tokens or opts.max_total_num_tokens)
         self.generation_tokens_total = 0
         self.window_tokens = 0.0  # tokens decoded since the last decode line
         self.window_start = time.monotonic()
@@ -382,6 +384,7 @@ class SimulatedServer:
             "faults": dict(self.fault_counts),
             "running": self.running,
             "queued": self.queued,
+            "prefix_cache": self.prefix_cache.stats(),
         }
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
@@ -476,6 +479,7 @@ class SimulatedServer:
                 made = done.completion
             choices.append(made)
         prompt_tokens = count_prompt_tokens(messages) if prompt_ids is None else len(prompt_ids)
+        cached = self.prefix_cache.serve(prompt_ids if prompt_ids is not None else stand_in_prompt(messages))
         n_out = sum(c.completion_tokens for c in choices)
         if not self.opts.inline:
             if not await self._schedule(n_out, request):
@@ -494,6 +498,7 @@ class SimulatedServer:
             sampled_calls,
             version=self.opts.version,
             model_name=self.opts.model_name,
+            cached_tokens=cached if self.opts.enable_cache_report else None,
         )
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += n_out

@@ -1,0 +1,88 @@
+"""SGLang's radix (prefix) cache as the simulated server models it: what of a prompt is served from the
+cache instead of prefilled, and what it reports of that.
+
+SGLang 0.5.17 matches a request's prompt against the radix tree when it schedules it (``Req.
+init_next_round_input``: at most all but the prompt's last token, which is computed for the logits) and
+inserts the prompt once its prefill is done (``cache_unfinished_req``). Requests that share a prefix and
+wait together are scheduled one first (``schedule_policy._compute_prefix_matches``, in-batch prefix
+caching): the others then find it cached. Tokens leave the tree least recently used first when the KV
+pool needs room. ``meta_info.cached_tokens`` counts the tokens served from it; the OpenAI usage shows it as
+``usage.prompt_tokens_details.cached_tokens`` only when the server runs with ``--enable-cache-report``
+and the count is above 0 (``UsageProcessor._details_if_cached``), else ``prompt_tokens_details`` is null.
+
+The model here: a prompt (its token ids, or a stand-in sequence without a tokenizer) is cut into blocks
+of :data:`BLOCK` tokens, each named by a hash chained over the blocks before it; a prompt's cached
+tokens are those of its leading blocks already held (a repeated prompt: all of it, less the last
+token), and its blocks are then held, least recently used leaving first past ``capacity_tokens``. A
+prompt that shares only part of a block with another is counted to the last whole common block (SGLang
+at page size 1 counts to the token): a few tokens short, never more than it would.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+BLOCK = 16
+
+
+class PrefixCache:
+    """The radix cache of one simulated server (see the module docstring); counts what it served."""
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity = capacity_tokens
+        self._blocks: OrderedDict[int, int] = OrderedDict()  # chained block hash -> its tokens, LRU first
+        self._held = 0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+
+    def serve(self, prompt: Sequence[Hashable]) -> int:
+        """The tokens of ``prompt`` served from the cache (SGLang's ``cached_tokens``); the prompt is in
+        the cache afterwards."""
+        n = len(prompt)
+        chain: list[tuple[int, int]] = []
+        h = 0
+        for start in range(0, n, BLOCK):
+            block = tuple(prompt[start : start + BLOCK])
+            h = hash((h, block))
+            chain.append((h, len(block)))
+        matched = 0
+        for h, size in chain:
+            if h not in self._blocks:
+                break
+            matched += size
+        for h, size in chain:
+            if h in self._blocks:
+                self._blocks.move_to_end(h)
+            else:
+                self._blocks[h] = size
+                self._held += size
+        while self._held > self.capacity and self._blocks:
+            self._held -= self._blocks.popitem(last=False)[1]
+        cached = max(0, min(matched, n - 1))
+        self.prompt_tokens += n
+        self.cached_tokens += cached
+        return cached
+
+    def stats(self) -> dict[str, Any]:
+        """Prompt tokens asked for, served from the cache, and prefilled (the rest), so far."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefilled_tokens": self.prompt_tokens - self.cached_tokens,
+            "held_tokens": self._held,
+        }
+
+
+def stand_in_prompt(messages: list[Any]) -> list[Hashable]:
+    """A prompt's token sequence without a tokenizer, as ``parsers.count_prompt_tokens`` counts it: three
+    tokens to start, four per turn (its role), one per word of its content."""
+    out: list[Hashable] = ["<start>"] * 3
+    for m in messages:
+        role = m.get("role") if isinstance(m, dict) else None
+        content = m.get("content") if isinstance(m, dict) else None
+        out += [("role", role)] * 4
+        if isinstance(content, str):
+            out += content.split()
+    return out

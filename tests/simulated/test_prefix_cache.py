@@ -1,0 +1,79 @@
+"""The simulated server's radix cache, as SGLang reports it (``regen.simulated.prefixcache``): a repeated
+prompt is served from the cache but for its last token, reported in ``usage.prompt_tokens_details`` only
+under ``--enable-cache-report``; a cache too small for what came between forgets it; a prompt counts once
+for ``n`` choices."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from regen.simulated.launcher import start_simulated_server
+
+
+def question(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"question {i}: " + " ".join(f"word{j}" for j in range(60))}]
+
+
+def ask(url: str, messages: list[dict[str, str]], **kw: Any) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        body = {"model": "m", "messages": messages, "max_tokens": 32, "seed": 1, **kw}
+        async with aiohttp.ClientSession() as s, s.post(url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+            return orjson.loads(await r.read())
+
+    return asyncio.run(go())
+
+
+def stats(url: str) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        async with aiohttp.ClientSession() as s, s.get(url + "/_sim/stats") as r:
+            return orjson.loads(await r.read())
+
+    return asyncio.run(go())["prefix_cache"]
+
+
+@pytest.fixture
+def reporting() -> Iterator[str]:
+    url, stop = start_simulated_server(inline=True, enable_cache_report=True, prefix_cache_tokens=400)
+    yield url
+    stop()
+
+
+def test_a_repeated_prompt_is_served_from_the_cache_but_its_last_token(reporting: str) -> None:
+    first = ask(reporting, question(0))["usage"]
+    assert first["prompt_tokens_details"] is None  # nothing cached: SGLang leaves the details out
+    again = ask(reporting, question(0), seed=2)["usage"]
+    assert again["prompt_tokens"] == first["prompt_tokens"]
+    assert again["prompt_tokens_details"] == {"cached_tokens": first["prompt_tokens"] - 1}
+    other = ask(reporting, question(1))["usage"]  # shares the chat scaffolding's first block only
+    assert other["prompt_tokens_details"] is None or other["prompt_tokens_details"]["cached_tokens"] < 16
+    counted = stats(reporting)
+    assert counted["prompt_tokens"] == 3 * first["prompt_tokens"]
+    assert counted["prefilled_tokens"] == counted["prompt_tokens"] - (first["prompt_tokens"] - 1) - (
+        (other["prompt_tokens_details"] or {}).get("cached_tokens", 0)
+    )
+
+
+def test_a_cache_too_small_for_what_came_between_forgets_the_prompt(reporting: str) -> None:
+    size = ask(reporting, question(0))["usage"]["prompt_tokens"]
+    for i in range(1, 1 + 400 // size + 1):  # more than the 400 tokens the cache holds
+        ask(reporting, question(i))
+    assert ask(reporting, question(0))["usage"]["prompt_tokens_details"] is None
+
+
+def test_without_cache_report_the_details_stay_null_and_n_counts_the_prompt_once() -> None:
+    url, stop = start_simulated_server(inline=True)
+    try:
+        one = ask(url, question(0))["usage"]
+        both = ask(url, question(0), n=2)["usage"]
+    finally:
+        stop()
+    assert one["prompt_tokens_details"] is None and both["prompt_tokens_details"] is None
+    assert both["prompt_tokens"] == one["prompt_tokens"]
+    assert both["total_tokens"] == both["prompt_tokens"] + both["completion_tokens"]
