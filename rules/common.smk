@@ -24,6 +24,7 @@ from regen.layout import (
     shard_name,
 )
 from regen.generate.replay import preview_lines
+from regen.ingest.dataset import DatasetConfig
 from regen.observe.report import RunFacts, write_failed_run_landing
 from regen.output.stale import (
     Identities,
@@ -63,13 +64,16 @@ try:
 except ConfigFileError as exc:
     raise WorkflowError(str(exc)) from None
 
+# the dataset section, typed once by its owner (regen.ingest.dataset); the rest: RUN_CONFIG below
+DATASET = DatasetConfig.from_dict(lookup(dpath="dataset", within=config))
+
 
 # An s3:// dataset is fetched by the S3 storage plugin (endpoint and credentials from the usual AWS
 # environment/config chain); a local run does not need the plugin installed.
 S3_ENDPOINT = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
     "AWS_ENDPOINT_URL"
 )
-if str(config["dataset"]["path"]).startswith("s3://"):
+if DATASET.path.startswith("s3://"):
 
     storage s3:
         provider="s3",
@@ -85,7 +89,7 @@ def dataset_path():
     """The input dataset: a local path, or an s3:// URI fetched by the S3 storage plugin.
     A local dataset that is missing stops the workflow here with every preflight problem at once.
     """
-    path = lookup(dpath="dataset/path", within=config)
+    path = DATASET.path
     if path.startswith("s3://"):
         return storage.s3(path)
     if not os.path.exists(path):
@@ -122,7 +126,9 @@ def benchmark_files():
 
 # as given, before the JOBS_PER_GPU_SLOT widening below (preflight); gpu=0 counts as not given
 REQUESTED_GPUS = requested_gpus()
-GPU_SLOTS = REQUESTED_GPUS or lookup(dpath="server/gpus", within=config)
+# the typed run config, built once from the validated config (regen.runconfig)
+RUN_CONFIG = RunConfig.from_config(config, REQUESTED_GPUS)
+GPU_SLOTS = RUN_CONFIG.gpu_slots
 
 
 def gpu_slots():
@@ -190,9 +196,7 @@ def settled_shard_count():
 def chat_template_file():
     """The target chat template: decides every prompt the servers render, so a change regenerates.
     A missing one stops the workflow here with every preflight problem at once."""
-    path = os.path.join(
-        lookup(dpath="tokenizer", within=config), "tokenizer_config.json"
-    )
+    path = os.path.join(RUN_CONFIG.tokenizer, "tokenizer_config.json")
     if not os.path.exists(path):
         raise WorkflowError(report_for_missing_dataset(config, REQUESTED_GPUS))
     return path
@@ -206,10 +210,6 @@ def generation_settings():
 def plan_settings():
     """What decides the server plan: the tune rule's tracked param."""
     return decisive_plan_config(config)
-
-
-# the typed run config, built once from the validated config (regen.runconfig)
-RUN_CONFIG = RunConfig.from_config(config, GPU_SLOTS)
 
 
 def run_config():
@@ -385,7 +385,7 @@ def prestart_gpu_servers():
     if not workflow.is_main_process:
         return
     remade = remade_outputs()
-    dataset = lookup(dpath="dataset/path", within=config)
+    dataset = DATASET.path
     skip = prestart_skip_reason(
         RUN_CONFIG.server,
         local=local_run(),
@@ -409,9 +409,9 @@ def prestart_gpu_servers():
 def run_facts():
     """What the report's first page says about the run's set-up."""
     return RunFacts(
-        dataset=lookup(dpath="dataset/path", within=config),
-        model=lookup(dpath="server/model_path", within=config),
-        mode=lookup(dpath="server/mode", within=config),
+        dataset=DATASET.path,
+        model=RUN_CONFIG.server.model_path,
+        mode=RUN_CONFIG.server.mode,
         shards=len(SHARDS),
     )
 

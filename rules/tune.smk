@@ -13,6 +13,8 @@ rule tune:
     conda:
         "../envs/regen.yaml"
     params:
+        # what decides the plan (a change replans); run: the typed run config the job reads (regen.runconfig)
         settings=plan_settings(),
+        run=run_config(),
     script:
         "../scripts/tune.py"

@@ -1,13 +1,13 @@
 """Snakemake script: plan the SGLang servers' memory and flags (regen.tune.tune)."""
 
-from regen.runconfig import ServerConfig
 from regen.runlog import log_to
 from regen.tune.tune import write_plan_for_workflow
 
 log_to(snakemake.log[0])
+run = snakemake.params.run  # the typed run config (rules/common.smk); params.settings only tracks the plan
 write_plan_for_workflow(
-    server_cfg=ServerConfig.from_mapping(snakemake.params.settings["server"]),
-    max_tokens=snakemake.params.settings["max_tokens"],
+    server_cfg=run.server,
+    max_tokens=run.generate.sampling.max_tokens,
     audit_summary=snakemake.input.audit,
     out_path=snakemake.output.plan,
 )
