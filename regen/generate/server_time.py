@@ -20,7 +20,7 @@ from regen.generate.pacing import (
     timeout_conflict,
 )
 from regen.layout import RunLayout
-from regen.runconfig import GenerateConfig, ServerConfig
+from regen.runconfig import GenerateConfig, ServerConfig, config_section
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags
 from regen.simulated.capacity import STAND_IN_REQUEST_S, STAND_IN_RUNNING_CAP, STAND_IN_TOKEN_S
@@ -98,8 +98,8 @@ def timeout_notes(config: Mapping[str, Any], results_dir: str | os.PathLike[str]
     sweep's measured step line) disagree; nothing when they agree or the config does not read."""
     layout = RunLayout(results=Path(results_dir))
     try:
-        generate = GenerateConfig.from_dict(config.get("generate"))
-        server = ServerConfig.from_mapping(config.get("server"))
+        generate = GenerateConfig.from_dict(config_section(config, "generate"))
+        server = ServerConfig.from_mapping(config_section(config, "server"))
         plan = PlanFile.read(layout.server_plan) if layout.server_plan.is_file() else None
     except (OSError, ValueError, KeyError, TypeError):
         return []

@@ -50,7 +50,7 @@ from regen.ingest.audit_run import first_rows
 from regen.ingest.dataset import DatasetConfig
 from regen.io import read_json, write_json
 from regen.layout import RUN, RunLayout, SlotFiles, slurm_job_id
-from regen.runconfig import RunConfig, ServerConfig
+from regen.runconfig import RunConfig, ServerConfig, config_section
 from regen.runlog import log_to
 from regen.serving.base import ServerError, api_key_from
 from regen.serving.launch_args import flag_name, split_flags
@@ -203,9 +203,9 @@ def starting_plan(request: PrestartRequest, run: RunConfig, layout: RunLayout) -
     rows = run.server.prestart_rows
     first = first_rows(
         request.dataset_path,
-        AuditConfig.from_dict(config.get("audit"), run.generate.regenerate),
+        AuditConfig.from_dict(config_section(config, "audit"), run.generate.regenerate),
         run.tokenizer,
-        DatasetConfig.from_dict(config.get("dataset")),
+        DatasetConfig.from_dict(config_section(config, "dataset")),
         rows,
     )
     if first.excludes_all():  # the audit keeps none of these, so maybe none at all: no server yet
