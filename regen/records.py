@@ -526,6 +526,9 @@ class ShardStatus:
     retrying: int = 0
     retried_requests: int = 0
     oldest_in_flight_at: float | None = None
+    #: records a sample makes (its variants' completions, ``GenerateConfig.completions_per_prompt``):
+    #: ``done``, ``total``, ``failed`` and ``req_s`` count records
+    completions_per_sample: int = 1
 
     def to_json(self) -> dict[str, Any]:
         """The file's JSON object (``finished`` only once the shard is finished)."""
@@ -544,6 +547,7 @@ class ShardStatus:
             "retrying": self.retrying,
             "retried_requests": self.retried_requests,
             "oldest_in_flight_at": self.oldest_in_flight_at,
+            "completions_per_sample": self.completions_per_sample,
         }
         if self.finished:
             out["finished"] = True
@@ -571,6 +575,7 @@ class ShardStatus:
                 retrying=int(obj.get("retrying") or 0),
                 retried_requests=int(obj.get("retried_requests") or 0),
                 oldest_in_flight_at=_opt(float, obj.get("oldest_in_flight_at")),
+                completions_per_sample=int(obj.get("completions_per_sample") or 1),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{path}: bad status field: {exc}") from exc

@@ -167,6 +167,7 @@ class _Reporter:
             retrying=len(requests.retrying),
             retried_requests=requests.retried,
             oldest_in_flight_at=min(requests.in_flight.values(), default=None),
+            completions_per_sample=self.run.cfg.completions_per_prompt,
         )
 
     def write_status(self, final: bool = False) -> None:
@@ -319,7 +320,8 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
         progress = ProgressOptions(status_path=RunLayout.of_journal(Path(job.journal)).status(shard))
     it, total = _samples_and_total(job.samples, job.total)
     t0 = time.monotonic()
-    stats = ShardStats(total=total)
+    # every count is of records: each sample makes one per completion of each variant
+    stats = ShardStats(total=None if total is None else total * cfg.completions_per_prompt)
     journal = Journal.open(job.journal, job.journal_sync, writer=job.writer)
     try:
         connector = aiohttp.TCPConnector(limit=0, force_close=False)

@@ -71,6 +71,8 @@ class RunTotals:
     in_flight: int = 0
     out_tok_s: float = 0.0
     oldest_in_flight_s: float | None = None
+    #: records a sample makes (its variants' completions): ``done``, ``total`` and ``failed`` count records
+    completions_per_sample: int = 1
 
     @property
     def remaining(self) -> int | None:
@@ -100,7 +102,13 @@ def run_totals(
     """Whole-run progress. ``planned``: shard -> rows (exact, from the shard files) or a set of names;
     ``finished``: shard -> failed samples, or a set of names. ``rate`` (samples/s, e.g. measured over
     a window by ``--watch``) replaces the shards' own rates for the ETA."""
-    sizes = planned if isinstance(planned, dict) else dict.fromkeys(planned)
+    # the shard files count samples, the statuses records: a sample makes one per completion
+    per = max((s.completions_per_sample for s in statuses), default=1)
+    sizes = (
+        {k: None if v is None else v * per for k, v in planned.items()}
+        if isinstance(planned, dict)
+        else dict.fromkeys(planned)
+    )
     failed_by_shard = finished if isinstance(finished, dict) else dict.fromkeys(finished, 0)
     by_shard = {s.shard: s for s in statuses}
     total: int | None = 0
@@ -149,6 +157,7 @@ def run_totals(
         in_flight=sum(s.in_flight for s in active),
         out_tok_s=sum(s.out_tok_s for s in recent),
         oldest_in_flight_s=None if oldest is None else max(0.0, now - oldest),
+        completions_per_sample=per,
     )
 
 
@@ -166,8 +175,11 @@ def summary_line(t: RunTotals, now: float) -> str:
     """The whole run in one line (``regen status`` footer and the generate jobs' console line)."""
     pct = f" ({100.0 * t.done / t.total:.1f}%)" if t.total else ""
     oldest = "" if t.oldest_in_flight_s is None else f", oldest {fmt_duration(t.oldest_in_flight_s)}"
+    what = (
+        "samples" if t.completions_per_sample == 1 else f"completions ({t.completions_per_sample} a sample)"
+    )
     return (
-        f"samples: {t.done}/{'?' if t.total is None else t.total}{pct} done, {t.failed} failed, "
+        f"{what}: {t.done}/{'?' if t.total is None else t.total}{pct} done, {t.failed} failed, "
         f"{t.retrying} retrying, {t.in_flight} in flight{oldest}; {t.req_s:.1f} req/s, "
         f"{t.out_tok_s:.0f} out tok/s; ETA {fmt_eta(t.eta_s, now)}"
     )
