@@ -219,7 +219,7 @@ def run_config():
 
 def print_replay_preview():
     """On a dry run: how many samples the generate jobs will replay, and how many regenerate and why."""
-    for line in preview_lines(RUN_CONFIG, config["dataset"], SHARDS):
+    for line in preview_lines(RUN_CONFIG, DATASET, SHARDS):
         print(line, file=sys.stderr)
 
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
@@ -28,6 +28,9 @@ from regen.prompts import request_content, sample_request_fingerprint
 from regen.records import record_id
 from regen.runconfig import DEFAULT_VARIANT, GenerateConfig, RunConfig
 from regen.types import Sample
+
+if TYPE_CHECKING:  # the dataset reader's module (heavy imports) is imported only when previewing
+    from regen.ingest.dataset import DatasetConfig
 
 log = logging.getLogger("regen.generate.replay")
 
@@ -299,21 +302,21 @@ def removed_variants(index: JournalIndex, cfg: GenerateConfig) -> dict[str, int]
 
 
 def workflow_samples(
-    dataset: Mapping[str, Any], tokenizer: str, layout: RunLayout = RUN
+    dataset: DatasetConfig, tokenizer: str, layout: RunLayout = RUN
 ) -> Iterable[Sample] | None:
-    """The samples the shard job will write (the validated ``dataset`` section's rows minus the audit's
+    """The samples the shard job will write (the typed ``dataset`` section's rows minus the audit's
     excluded ones); None when the dataset is not a local file."""
     from regen.ingest.dataset import iter_samples  # the dataset reader (heavy imports) only when previewing
     from regen.ingest.shards import read_excluded
 
-    path = dataset["path"]
+    path = dataset.path
     if str(path).startswith("s3://") or not Path(path).is_file():
         return None
     excluded = layout.audit_excluded
     rows = read_excluded(excluded)[1] if excluded.exists() else frozenset()
     # "skip" whatever dataset.on_bad_row says: a bad row is never sharded, and under "stop" the audit fails
     # before any shard is written; the preview counts the samples and must not raise on the first bad row
-    samples = iter_samples(path, dataset["format"], dataset["id_column"], "skip", tokenizer)
+    samples = iter_samples(path, dataset.format, dataset.id_column, "skip", tokenizer)
     return (s for s in samples if s.source.get("row") not in rows)
 
 
@@ -354,9 +357,9 @@ def shard_digests(
 
 
 def preview_lines(
-    run: RunConfig, dataset: Mapping[str, Any], shards: Iterable[str], layout: RunLayout = RUN
+    run: RunConfig, dataset: DatasetConfig, shards: Iterable[str], layout: RunLayout = RUN
 ) -> list[str]:
-    """The dry-run lines for the typed run config (``rules/common.smk`` builds it), the validated
+    """The dry-run lines for the typed run config (``rules/common.smk`` builds it), the typed
     ``dataset`` section and the run's shards (their journals and prompt shards in ``layout``)."""
     shards = list(shards)
     journal_paths = [layout.journal(shard) for shard in shards]
@@ -369,12 +372,12 @@ def preview_lines(
         shown = ", ".join(f"{k} {v}" for k, v in served.items())
         assumed = [f"regen: assuming the server reports the numerics it reported before ({shown}); "
                    "one that reports others regenerates every sample"]  # fmt: skip
-    upstream = [layout.audit_samples, Path(dataset["path"])]
+    upstream = [layout.audit_samples, Path(dataset.path)]
     digests = shard_digests([layout.shard(shard) for shard in shards], settings.regenerate, upstream)
     if digests is None:  # before the shards are (re)written: the dataset itself, prompts rebuilt
         samples = workflow_samples(dataset, run.tokenizer, layout)
         if samples is None:
-            return [f"regen: dataset {dataset['path']} is not a local file: no replay preview"]
+            return [f"regen: dataset {dataset.path} is not a local file: no replay preview"]
         digests = digests_of(samples, settings.regenerate)
     plans = plan_variants(digests, index, settings, run.generate)
     if plans.implicit:

@@ -380,7 +380,8 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
     text = status_report(args.workdir, args.results)
     if args.configfile:
         from regen.generate.replay import preview_lines  # reads the dataset and the journals: only when asked
-        from regen.runconfig import RunConfig
+        from regen.ingest.dataset import DatasetConfig
+        from regen.runconfig import RunConfig, config_section
 
         try:
             config = load_workflow_config(args.configfile)
@@ -389,7 +390,10 @@ def cli(argv: list[str], out: TextIO | None = None) -> int:
             return 2
         layout = RunLayout(results=args.results, work=args.workdir)
         lines = preview_lines(
-            RunConfig.from_config(config), config["dataset"], layout.journal_shards(), layout
+            RunConfig.from_config(config),
+            DatasetConfig.from_dict(config_section(config, "dataset")),
+            layout.journal_shards(),
+            layout,
         )
         text += "\n" + "".join(line + "\n" for line in lines)
     stream.write(text)
