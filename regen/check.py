@@ -41,6 +41,7 @@ from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelConfigError, ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from regen.storage import is_s3_uri, parse_location
+from regen.tune.projection import completion_notes
 from regen.types import BadInputError
 
 #: outputs take about this many times the input (prompt shards, generation JSONL with reasoning,
@@ -413,14 +414,16 @@ def check_disk(config: Sections, host: Host) -> list[Problem]:
     where = Path(host.results_dir)
     probe = where if where.exists() else Path(".")
     free = shutil.disk_usage(probe).free
-    need = max(int(size * OUTPUT_SIZE_FACTOR), MIN_FREE_BYTES)
+    # every prompt's completions (the variants' n together) are written out
+    need = max(int(size * OUTPUT_SIZE_FACTOR * config.run.generate.completions_per_prompt), MIN_FREE_BYTES)
     if free < need:
         return [
             Problem(
                 "dataset.path",
                 str(where),
                 f"{free / 2**30:.1f} GiB free; the outputs need about {need / 2**30:.1f} GiB "
-                f"({OUTPUT_SIZE_FACTOR:g} x the input)",
+                f"({OUTPUT_SIZE_FACTOR:g} x the input x {config.run.generate.completions_per_prompt} "
+                "completion(s) per prompt)",
             )
         ]
     return []
@@ -569,6 +572,7 @@ def preflight(config: Mapping[str, Any], requested_gpus: int | None) -> None:
     problems = check_config(config, requested_gpus)
     notes = [*notes_for(config), *gpu_notes(config, requested_gpus, Host()), *speculative_notes(config)]
     notes += timeout_notes(config)  # generate.request_timeout_s against the plan (regen.generate.server_time)
+    notes += completion_notes(RunConfig.from_config(config).generate, RunLayout().pilot)  # x completions
     if problems:
         raise PreflightError(report(problems, notes))
     print(report(problems, notes), file=sys.stderr)
@@ -620,6 +624,9 @@ def cli(argv: list[str]) -> int:
         *speculative_notes(config, args.results),
         *planned_notes(args.results),
         *timeout_notes(config, args.results),
+        *completion_notes(
+            RunConfig.from_config(config).generate, RunLayout(results=Path(args.results)).pilot
+        ),
     ]
     print(report(problems, notes), file=sys.stderr if problems else sys.stdout)
     return 1 if problems else 0

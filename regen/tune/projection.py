@@ -1,4 +1,9 @@
-"""The run projection: how long the remaining samples take at a measured rate, and on how many GPUs.
+"""The run projection: how long the remaining completions take at a measured rate, and on how many GPUs.
+
+The plan counts completions, not prompts: a run of sampling variants (``generate.variants``) asks each
+prompt for the variants' ``n`` together (``GenerateConfig.completions_per_prompt``), and the pilot's
+tokens per request are tokens per completion, so the remaining work is prompts x completions per prompt,
+less the completions the journals hold.
 
 One formula (:func:`project`), used by ``regen tune --sweep`` (``results/plan/pilot.json``), by
 ``regen status`` (re-projected for the samples left now) and by the report.
@@ -15,6 +20,8 @@ from typing import Any
 from regen.generate.journal import read_heads
 from regen.io import read_json
 from regen.layout import RunLayout
+from regen.records import record_id
+from regen.runconfig import GenerateConfig
 
 
 class ProjectionError(RuntimeError):
@@ -23,18 +30,29 @@ class ProjectionError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Remaining:
+    """The run's work in completions: ``samples`` prompts x ``completions_per_sample`` (the variants' n
+    together), ``finished`` of them in the journals."""
+
     shards: int
     samples: int
     finished: int
+    completions_per_sample: int = 1
+
+    @property
+    def completions(self) -> int:
+        """Every completion the run asks for."""
+        return self.samples * self.completions_per_sample
 
     @property
     def remaining(self) -> int:
-        return self.samples - self.finished
+        """Completions not yet in the journals."""
+        return self.completions - self.finished
 
 
 @dataclass(frozen=True, slots=True)
 class Projection:
-    """Wall time and GPU-hours for ``remaining_samples`` at the pilot's measured rate."""
+    """Wall time and GPU-hours for ``remaining_samples`` (completions: requests, one answer each) at the
+    pilot's measured rate and tokens per completion (``tokens_per_sample``)."""
 
     remaining_samples: int
     tokens_per_sample: float
@@ -59,17 +77,33 @@ def shard_ids(path: str | os.PathLike[str]) -> list[str]:
     return [str(x) for x in pq.read_table(path, columns=["id"]).column("id").to_pylist()]
 
 
-def count_remaining(results_dir: str | os.PathLike[str], work_dir: str | os.PathLike[str]) -> Remaining:
-    """Samples in ``results/shards/*.parquet`` minus the ids finished in ``work/journal/{shard}.jsonl``."""
+def completion_ids(sample_ids: list[str], generate: GenerateConfig | None) -> set[str]:
+    """The record ids the run asks for of ``sample_ids``: one per (variant, k) (``regen.records.record_id``;
+    the sample ids themselves with one variant of one completion, or no ``generate`` given)."""
+    if generate is None or generate.plain_ids:
+        return set(sample_ids)
+    pairs = [(v.name, k) for v in generate.variants() for k in range(v.n)]
+    return {record_id(sid, name, k, plain=False) for sid in sample_ids for name, k in pairs}
+
+
+def count_remaining(
+    results_dir: str | os.PathLike[str],
+    work_dir: str | os.PathLike[str],
+    generate: GenerateConfig | None = None,
+) -> Remaining:
+    """Completions of the samples in ``results/shards/*.parquet`` (each one per variant and k of
+    ``generate``; one per sample when None) less those finished in ``work/journal/{shard}.jsonl``."""
     layout = RunLayout(results=Path(results_dir), work=Path(work_dir))
     shards = layout.shard_files()
     total = finished = 0
     for shard in shards:
-        ids = set(shard_ids(shard))
-        total += len(ids)
+        sample_ids = shard_ids(shard)
+        total += len(set(sample_ids))
+        wanted = completion_ids(sample_ids, generate)
         done = {head.id for head in read_heads(layout.journal(shard.stem)).heads}
-        finished += len(ids & done)
-    return Remaining(shards=len(shards), samples=total, finished=finished)
+        finished += len(wanted & done)
+    per = generate.completions_per_prompt if generate is not None else 1
+    return Remaining(shards=len(shards), samples=total, finished=finished, completions_per_sample=per)
 
 
 def project(
@@ -98,7 +132,8 @@ def project(
 
 PROJECTION_ASSUMPTIONS = (
     "every server sustains the best candidate's measured output tok/s (same model, flags, GPU kind)",
-    "remaining samples produce the pilot's mean completion tokens per sample (same sampling and thinking)",
+    "remaining completions (prompts x the variants' n) produce the pilot's mean completion tokens each "
+    "(same sampling and thinking)",
     "servers scale linearly; server startup, retries and stragglers at the end of shards are not counted",
     "GPU-hours count every GPU of every server for the whole wall time",
 )
@@ -113,3 +148,36 @@ def read_pilot(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not isinstance(data, dict) or "projection" not in data:
         raise ProjectionError(f"{p}: not a pilot file (no 'projection' field)")
     return data
+
+
+def completion_words(generate: GenerateConfig) -> str:
+    """``4 completions per prompt (hot 2, plain 2)``: what the run asks of each prompt."""
+    per = generate.completions_per_prompt
+    each = ", ".join(f"{v.name} {v.n}" for v in generate.variants())
+    return f"{per} completion{'s' if per != 1 else ''} per prompt ({each})"
+
+
+def completion_notes(generate: GenerateConfig, pilot_path: str | os.PathLike[str]) -> list[str]:
+    """``regen check``'s notes on a run of more than one completion per prompt: the work is prompts x
+    completions, and a pilot projection (``pilot_path``) made for another count is stale. Nothing for a
+    run of one completion per prompt whose pilot (if any) counted one too."""
+    per = generate.completions_per_prompt
+    out = []
+    if per != 1:
+        out.append(
+            f"generate.variants: {completion_words(generate)}: the plan's projection, its GPU-hours and "
+            f"the disk check count {per} x the prompts"
+        )
+    try:
+        pilot = read_pilot(pilot_path)
+    except (OSError, ValueError, ProjectionError):
+        return out
+    if pilot is None:
+        return out
+    was = int((pilot.get("remaining") or {}).get("completions_per_sample") or 1)
+    if was != per:
+        out.append(
+            f"{pilot_path}: its projection counted {was} completion(s) per prompt, the config asks for "
+            f"{per}: rerun regen tune --sweep for a projection of this run"
+        )
+    return out

@@ -484,12 +484,16 @@ def pilot_report(
         assumptions.append(censored.sentence(result))
     pool = list(censored.lengths) if censored.modelled else None
     closed = closed_loop_projection(result, remaining.remaining, gpus, tp, pool=pool)
-    whole = project(remaining.samples, per_sample, result.best.rate_tok_s, gpus, tp)
+    whole = project(remaining.completions, per_sample, result.best.rate_tok_s, gpus, tp)
     bound = {"lower_bound": censored.lower_bound}
     return {
         "created_at": time.time(),
         **result.to_json(),
-        "remaining": {**dataclasses.asdict(remaining), "remaining": remaining.remaining},
+        "remaining": {
+            **dataclasses.asdict(remaining),
+            "completions": remaining.completions,
+            "remaining": remaining.remaining,
+        },
         "projection": {**proj.to_json(), **bound},
         "projection_whole_run": {**whole.to_json(), **bound},
         "projection_closed_loop": None if closed is None else {**closed, **bound},

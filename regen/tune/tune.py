@@ -382,7 +382,7 @@ def sweep_cli(argv: list[str]) -> int:
         samples = pilot_samples(shard, ns.pilot_samples)
         result = run_sweep(server_cfg, [c for c, _ in pairs], samples, generate_cfg, ns.seconds,
                            layout.sweep_dir, drain_s=ns.drain_seconds)  # fmt: skip
-        remaining = count_remaining(ns.results, ns.work)
+        remaining = count_remaining(ns.results, ns.work, generate_cfg)
         report = pilot_report(
             result, remaining, gpus, tp,
             extra={"pilot_shard": str(shard), "model_config": str(model_config), "gpu_memory_mib": gpu_mib,
