@@ -4,6 +4,7 @@
 - the last line every bench ends with, ``NAME: key=value ... ratio=...`` (:func:`result_line`,
   :func:`report`; :func:`fmt` for a number that may be missing);
 - timing, wall and CPU (:class:`Stopwatch`), and the peak resident memory (:func:`peak_rss_mb`);
+- the GPU campaigns' ``--dry-cpu``, ``--out`` and ``--work`` (:func:`add_campaign_args`);
 - results: JSON written atomically (:func:`write_json`), by default under ``measurements/``
   (:data:`MEASUREMENTS`), outside the code tree.
 
@@ -48,6 +49,21 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
             if getattr(args, dest) == parser.get_default(dest):
                 setattr(args, dest, value)
     return args
+
+
+def add_campaign_args(
+    parser: argparse.ArgumentParser,
+    *,
+    work: Path | None = None,
+    dry_help: str = "regen's simulated server instead of SGLang, on CPU",
+) -> None:
+    """The arguments every GPU campaign takes: ``--dry-cpu`` (its CPU rehearsal), ``--out`` (results;
+    default :data:`MEASUREMENTS`) and ``--work`` (scratch: servers, logs, model; ``work`` its default)."""
+    parser.add_argument("--dry-cpu", action="store_true", help=dry_help)
+    parser.add_argument(
+        "--out", type=Path, default=MEASUREMENTS, help="results folder (JSON, markdown, logs)"
+    )
+    parser.add_argument("--work", type=Path, default=work, help="scratch folder (servers, logs, model)")
 
 
 def fmt(value: Any, nd: int = 1, missing: str = "none") -> str:

@@ -71,6 +71,7 @@ from bench.gpu.planner_truth import (
     wait_gpu_free,
     write_json,
 )
+from bench.harness import add_campaign_args
 from bench.harness import fmt as harness_fmt
 from regen.ingest.audit_summary import Log2Histogram
 
@@ -728,9 +729,7 @@ async def amain(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dry-cpu", action="store_true", help="regen's simulated server instead of SGLang")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--work", type=Path, default=Path("/tmp/truth-work/dense"))
+    add_campaign_args(p, work=Path("/tmp/truth-work/dense"))
     p.add_argument(
         "--models",
         default=",".join(MODEL_NAMES),

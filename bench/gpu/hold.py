@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import re
+import shlex
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -45,17 +46,11 @@ from bench.gpu.planner_truth import (
 
 #: the workload of issue 49's measurement (``regen tune`` options): 300-token prompts, answers of mean
 #: 1,437 with cv 0.65 (the log-normal of :class:`bench.gpu.dense.Workload`), max_tokens 8,192
-HOLD_WORKLOAD_ARGS = (
-    "--prompt-p50",
-    "300",
-    "--prompt-p99",
-    "300",
-    "--max-tokens",
-    "8192",
-    "--expected-output-tokens",
-    "1437",
-    "--expected-output-cv",
-    "0.65",
+HOLD_WORKLOAD_ARGS = tuple(
+    shlex.split(
+        "--prompt-p50 300 --prompt-p99 300 --max-tokens 8192 --expected-output-tokens 1437 "
+        "--expected-output-cv 0.65"
+    )
 )
 HOLD_S = 60.0
 #: the hold counts from the first decode line at this share of the planned batch, and its lines' median

@@ -44,6 +44,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -58,35 +59,17 @@ from bench.gpu.serverlog import decode_lines, last_start, startup_facts, startup
 
 REPO = Path(__file__).resolve().parents[2]
 PARSERS = ["--tool-call-parser", "qwen25"]
-SEED_FLAGS = [
-    "--speculative-algorithm",
-    "NEXTN",
-    "--speculative-num-steps",
-    "3",
-    "--speculative-eagle-topk",
-    "1",
-    "--speculative-num-draft-tokens",
-    "4",
-    "--max-mamba-cache-size",
-    "200",
-    "--mem-fraction-static",
-    "0.93",
-    "--mamba-full-memory-ratio",
-    "0.6",
-    "--max-running-requests",
-    "64",
-]
+SEED_FLAGS = shlex.split(
+    "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
+    "--speculative-num-draft-tokens 4 --max-mamba-cache-size 200 --mem-fraction-static 0.93 "
+    "--mamba-full-memory-ratio 0.6 --max-running-requests 64"
+)
 #: regen's plan for this target and workload as the 2026-12-01 workflow launched it (known-target-2026-12-01
 #: logs: gpu0.log), served by a plain client: issue 37 item 2's question, do prefill CUDA graphs pay here
-PLAN_FLAGS = [
-    "--mem-fraction-static",
-    "0.92",
-    "--max-running-requests",
-    "265",
-    "--disable-radix-cache",
-    "--cuda-graph-max-bs-decode",
-    "265",
-]
+PLAN_FLAGS = shlex.split(
+    "--mem-fraction-static 0.92 --max-running-requests 265 --disable-radix-cache "
+    "--cuda-graph-max-bs-decode 265"
+)
 FLAGS = {
     "warmup": PARSERS,  # SGLang's defaults, a handful of prompts: the machine's caches warm, counted nowhere
     "default": PARSERS,

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu import harness
-from bench.harness import write_json
+from bench.harness import add_campaign_args, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "tests" / "data" / "models"
@@ -677,9 +677,7 @@ HoldPhase = Callable[[dict[str, Any], Target, argparse.Namespace], None]
 
 def main(argv: list[str] | None = None, hold_phase: HoldPhase | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dry-cpu", action="store_true", help="regen's simulated server instead of SGLang")
-    p.add_argument("--out", type=Path, required=True, help="results folder (JSON, markdown, trimmed logs)")
-    p.add_argument("--work", type=Path, default=Path("/tmp/truth-work/planner"))
+    add_campaign_args(p, work=Path("/tmp/truth-work/planner"))
     p.add_argument("--only", default="", help="comma-separated target names, in that order")
     p.add_argument("--start-timeout-s", type=float, default=240.0, help="per start, launch to pools")
     p.add_argument("--deadline-s", type=float, default=720.0, help="start no model after this many seconds")

@@ -32,7 +32,6 @@ from typing import Any
 
 from bench.gpu.harness import (
     BASE_ARGS,
-    REPO,
     SGLANG_VERSION,
     gpu_memory_mib,
     make_model,
@@ -49,7 +48,7 @@ from bench.gpu.tune_live import (
     prompts,
     restarted,
 )
-from bench.harness import fmt, result_line
+from bench.harness import add_campaign_args, fmt, result_line
 from regen.io import write_json
 
 #: kernel-name patterns, first match wins (SGLang 0.5.17 on Hopper: nvjet/cutlass GEMMs, fla/triton GDN,
@@ -203,9 +202,7 @@ def bounds(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/gpu/profile_step.py", description=__doc__.split("\n")[0])
-    p.add_argument("--dry-cpu", action="store_true")
-    p.add_argument("--work", type=Path, default=Path("/tmp/regen-profile"))
-    p.add_argument("--out", type=Path, default=REPO / "measurements")
+    add_campaign_args(p, work=Path("/tmp/regen-profile"))
     p.add_argument("--label", default="expected-length cap + refill batching")
     p.add_argument("--batch", type=int, default=None, help="decode requests (default: the candidate's cap)")
     p.add_argument("--tokens", type=int, default=384)

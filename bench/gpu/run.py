@@ -33,7 +33,6 @@ from typing import Any
 
 from bench.gpu.harness import (
     BASE_ARGS,
-    REPO,
     SGLANG_VERSION,
     TEMPLATE_TOKENS,
     Timer,
@@ -48,7 +47,7 @@ from bench.gpu.harness import (
 )
 from bench.gpu.roofline import HybridShape, decode_step_cost
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
-from bench.harness import add_smoke, parse_args
+from bench.harness import add_campaign_args, add_smoke, parse_args
 from bench.workflow import free_port_base
 from regen import runconfig
 from regen.io import write_json
@@ -608,9 +607,7 @@ def _model_config(layers: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/gpu/run.py", description=__doc__.split("\n")[0])
-    p.add_argument("--dry-cpu", action="store_true", help="simulated server, small workload, no GPU")
-    p.add_argument("--work", type=Path, default=None, help="scratch dir (servers, logs, model)")
-    p.add_argument("--out", type=Path, default=REPO / "measurements")
+    add_campaign_args(p, dry_help="simulated server, small workload, no GPU")
     p.add_argument("--requests", type=int, default=None)
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--output-tokens", type=int, default=None)

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -56,7 +57,7 @@ from bench.gpu.harness import (
     word_prompts,
 )
 from bench.gpu.roofline import HybridShape, decode_step_cost
-from bench.harness import fmt, result_line
+from bench.harness import add_campaign_args, fmt, result_line
 from regen.io import write_json
 from regen.types import Sample
 
@@ -371,17 +372,7 @@ def workflow_step(url: str, model_dir: Path, work: Path, budget_s: float, dry: b
     if "return_token_ids" in (REPO / "schemas" / "config.schema.yaml").read_text():
         cfg["generate"]["return_token_ids"] = True  # the client's token-id switch (issue 13)
     (wf / "config.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--cores",
-        "8",
-        "--configfile",
-        "config.yaml",
-        "--scheduler",
-        "greedy",
-    ]
+    cmd = [sys.executable, *shlex.split("-m snakemake --cores 8 --configfile config.yaml --scheduler greedy")]
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=wf, capture_output=True, text=True, timeout=budget_s)
@@ -447,6 +438,13 @@ def restarted(cand: Any, model_dir: Path, dry: bool, root: Path) -> Iterator[tup
         stop_all_servers(root / "servers", grace_s=60)
 
 
+def shard_job_in(d: Path, samples: list[Sample], cfg: Any, ep: Any, shard: str) -> Any:
+    """A shard job whose journal, records and failures are in ``d``."""
+    from regen.generate.client import ShardJob
+
+    return ShardJob(samples, d / "journal.jsonl", d / "records.jsonl", d / "failed.jsonl", cfg, ep, shard)
+
+
 def run_on_winner(
     cand: Any,
     model_dir: Path,
@@ -460,7 +458,7 @@ def run_on_winner(
     workflow_s: float = 0.0,
 ) -> dict[str, Any]:
     """Restart the winner through acquire_server; exact ids, the long run, the pure-decode plateau."""
-    from regen.generate.client import ShardJob, generate_shard
+    from regen.generate.client import generate_shard
     from regen.serving.metrics import log_size, server_steady_state
 
     server_log = work / "winner" / "logs" / "gpu0.log"
@@ -480,15 +478,7 @@ def run_on_winner(
                 offset = log_size(server_log)
                 t0 = time.time()
                 stats = generate_shard(
-                    ShardJob(
-                        long_samples,
-                        d / "journal.jsonl",
-                        d / "records.jsonl",
-                        d / "failed.jsonl",
-                        generate_cfg(max(long_lengths), by_id),
-                        ep,
-                        "long",
-                    )
+                    shard_job_in(d, long_samples, generate_cfg(max(long_lengths), by_id), ep, "long")
                 )
                 wall = time.time() - t0
                 tokens = reasons = 0
@@ -522,17 +512,7 @@ def run_on_winner(
             offset = log_size(server_log)
             plain = prompts(decode_requests, 256, "dec", 11)
             t0 = time.time()
-            generate_shard(
-                ShardJob(
-                    plain,
-                    d2 / "journal.jsonl",
-                    d2 / "records.jsonl",
-                    d2 / "failed.jsonl",
-                    generate_cfg(decode_tokens, None),
-                    ep,
-                    "decode",
-                )
-            )
+            generate_shard(shard_job_in(d2, plain, generate_cfg(decode_tokens, None), ep, "decode"))
             steady = server_steady_state(read_log(server_log, offset))
             out["pure_decode"] = {
                 "requests": decode_requests,
@@ -675,9 +655,7 @@ def summarize(doc: dict[str, Any], shape: HybridShape) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/gpu/tune_live.py", description=__doc__.split("\n")[0])
-    p.add_argument("--dry-cpu", action="store_true")
-    p.add_argument("--work", type=Path, default=None)
-    p.add_argument("--out", type=Path, default=REPO / "measurements")
+    add_campaign_args(p)
     p.add_argument("--pilot-s", type=float, default=None)
     p.add_argument("--deadline-s", type=float, default=1330)
     p.add_argument(

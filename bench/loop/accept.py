@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import struct
 import sys
@@ -51,16 +52,10 @@ import numpy as np
 from bench.gpu import known_target as kt
 
 STEPS = 3
-EAGLE3_FLAGS = [
-    "--speculative-algorithm",
-    "EAGLE3",
-    "--speculative-num-steps",
-    str(STEPS),
-    "--speculative-eagle-topk",
-    "1",
-    "--speculative-num-draft-tokens",
-    str(STEPS + 1),
-]
+EAGLE3_FLAGS = shlex.split(
+    f"--speculative-algorithm EAGLE3 --speculative-num-steps {STEPS} --speculative-eagle-topk 1 "
+    f"--speculative-num-draft-tokens {STEPS + 1}"
+)
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 
 
