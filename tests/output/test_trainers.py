@@ -7,6 +7,10 @@ minimums and ``speculators prepare-data`` on ``tokenized.jsonl``. Every row must
 must carry regen's rows through unchanged, and on rows with a system turn SpecForge's own ids and
 mask (``train_only_last_turn``) must equal regen's for at least 99% of them; a mismatch names its reason.
 
+Every test runs twice: on the demo as it is, and on a run of sampling variants (issue 52: a thinking and a
+no-thinking variant of two completions each, on the demo's first prompts), whose export lines carry their
+sample id, variant and k beside what the trainers read.
+
 Skipped unless ``REGEN_TRAINERS_PYTHON`` names the trainers' python (the Makefile sets it).
 """
 
@@ -41,18 +45,35 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bundled demo, run end to end in a copy of the workflow; returns its directory."""
-    wd = tmp_path_factory.mktemp("demo")
+#: the variants run: the demo's first prompts, two variants of two completions each
+VARIANT_PROMPTS = 80
+VARIANTS_CONFIG = """
+dataset: {path: data/demo/variants.jsonl}
+generate:
+  variants:
+    - {name: think, thinking: "on", n: 2}
+    - {name: plain, thinking: "off", temperature: 0.7, n: 2}
+"""
+
+
+@pytest.fixture(scope="module", params=["demo", "variants"])
+def demo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled demo (or its variants run), end to end in a copy of the workflow; returns its directory."""
+    wd = tmp_path_factory.mktemp(request.param)
     for part in WORKFLOW_PARTS:
         src = ROOT / part
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, wd / part)
     ports = wd / "ports.yaml"  # away from other demos on this machine
     ports.write_text(f"server:\n  port_base: {random.randrange(36000, 46000, 2)}\n")
+    configs = ["config/demo.yaml", str(ports)]
+    if request.param == "variants":
+        lines = (wd / "data/demo/dataset.jsonl").read_text().splitlines(keepends=True)
+        (wd / "data/demo/variants.jsonl").write_text("".join(lines[:VARIANT_PROMPTS]))
+        (wd / "config/variants.yaml").write_text(VARIANTS_CONFIG)
+        configs.append("config/variants.yaml")
     snakemake = str(Path(sys.executable).with_name("snakemake"))
     run = subprocess.run(
-        [snakemake, "--cores", "2", "--configfile", "config/demo.yaml", str(ports)],
+        [snakemake, "--cores", "2", *(a for c in configs for a in ("--configfile", c))],
         cwd=wd,
         capture_output=True,
         text=True,
@@ -123,9 +144,29 @@ def test_the_draft_vocabulary_loads_in_both_trainers(demo: Path, trainers: dict[
     assert vocab["npy_dtypes"] == ["int64", "bool"]
 
 
+def test_variants_carry_through_the_trainers(demo: Path, trainers: dict[str, Any]) -> None:
+    """On the variants run: both variants reach both exports, every line names its completion, and no prompt
+    has completions on both sides of the eval split; the counts above held for these files too."""
+    if demo.name.startswith("demo"):
+        pytest.skip("the variants run only")
+    export = demo / "results/export"
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert set(manifest["variants"]) == {"think", "plain"}
+    assert all(v["specforge_train"] > 0 and v["tokenized_train"] > 0 for v in manifest["variants"].values())
+    sides: dict[str, set[str]] = {}
+    for name, side in (("specforge", "train"), ("specforge.eval", "eval"), ("tokenized", "train")):
+        for line in read_jsonl(export / f"{name}.jsonl"):
+            assert line["id"] == f"{line['sample_id']}/{line['variant']}/{line['k']}"
+            sides.setdefault(line["sample_id"], set()).add(side)
+    assert all(len(s) == 1 for s in sides.values())
+    assert len(trainers["speculators_rows"]) == manifest["tokenized"]["rows"]
+
+
 def test_the_readme_shows_the_settings_of_the_demos_manifest(demo: Path) -> None:
     """The README's trainer settings are generated from the manifest
     (tests/support/readme_trainer_section.py): a fresh demo's manifest renders the same text."""
+    if not demo.name.startswith("demo"):
+        pytest.skip("the README shows the demo's own run")
     manifest = json.loads((demo / "results/export/manifest.json").read_text())
     assert readme_section((ROOT / "README.md").read_text()) == trainer_settings_markdown(manifest)
 
