@@ -38,11 +38,19 @@ from regen.sglang.workload import page_waste
 
 T = TypeVar("T")
 
-#: the largest decode CUDA-graph batch the planner asks SGLang to capture; above it SGLang decodes eagerly.
-#: SGLang's own largest default is 512 (B200, or tp >= 4: ``handle_gpu_memory_settings``); each captured
-#: size costs capture time and graph memory, and at a thousand rows a step the launch overhead that graphs
-#: save is small beside the step (not measured)
+#: the largest decode CUDA-graph batch the planner asks SGLang to capture, and the largest batch it plans:
+#: above the captured range SGLang decodes eagerly, and eager decode loses what the batch gains. Measured
+#: on the H200 (SGLang 0.5.17, issue 49): gpt-oss-20b decoded 15-21K tok/s at 2,130 running eager, the
+#: same as its defaults' 19.7-21.3K at 256 in graphs, and 5.1K at ~1,500 eager once its sliding-window pool
+#: filled (measurements/families-2026-12-04.md). SGLang's own largest default is 512 (B200, or tp >= 4:
+#: ``handle_gpu_memory_settings``); each captured size costs capture time and graph memory
 MAX_PLANNED_DECODE_GRAPH_BS = 1024
+#: why the planned batch stops at the decode graphs (the plan's ``rules``)
+EAGER_DECODE_REASON = (
+    "in flight bounded to {graphs:,}, the decode CUDA graphs regen captures ({flag}), though the KV holds "
+    "{fill:,}: above the graphs SGLang decodes eagerly, and on the H200 gpt-oss-20b decoded no faster eager at "
+    "2,130 running than in graphs at 256 (measurements/families-2026-12-04.md)"
+)
 
 #: why the tuner turns the radix (prefix) cache off for an attention-only model (issue 34 item 14)
 RADIX_OFF_DENSE_REASON = (
@@ -337,7 +345,8 @@ def with_swa_steady(target: Target, candidate: Candidate) -> Candidate:
         return q if kv_ok and fits and swa_holds(target, q, n) else None
 
     reasons = list(candidate.reasons)
-    found = highest(1, max(client, p.kv_cache_tokens // per_request), attempt) if capped else None
+    most = max(client, min(p.kv_cache_tokens // per_request, MAX_PLANNED_DECODE_GRAPH_BS))
+    found = highest(1, most, attempt) if capped else None
     if found is not None:
         n, q = found
         if n != client or q.effective_max_running_requests != p.effective_max_running_requests:
@@ -413,7 +422,8 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
         return p if holds and p.effective_max_running_requests >= n and p.decode_step_fits else None
 
     most = attempt(1)  # the fewest graphs: the most KV, so no larger batch can fit
-    found = highest(1, most.kv_cache_tokens // per_request, attempt) if most is not None else None
+    kv_most = most.kv_cache_tokens // per_request if most is not None else 0
+    found = highest(1, min(kv_most, MAX_PLANNED_DECODE_GRAPH_BS), attempt) if most is not None else None
     fill = found[0] if found is not None else 0
     client = min(max(fill, default_graphs), default_cap) if fill <= default_cap else fill
     p = target.plan(args_for(client), workload)
@@ -429,6 +439,10 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
         "(schedule_policy.PrefillAdder, new_token_ratio) and retracts when decode runs out "
         "(Scheduler.update_running_batch -> ScheduleBatch.retract_decode)",
     ]
+    if kv_most > MAX_PLANNED_DECODE_GRAPH_BS and fill == MAX_PLANNED_DECODE_GRAPH_BS:
+        reasons.append(
+            EAGER_DECODE_REASON.format(graphs=fill, flag=cuda_graph_max_bs_flag(version), fill=kv_most)
+        )
     if fill < default_graphs:
         reasons.append(
             f"in flight raised from {fill:,} to SGLang's decode-graph default {default_graphs}: never below "
