@@ -263,8 +263,10 @@ def output_gates(rows: int, empty: int, counts: OutputCounts, limits: ReauditGat
         (
             "max_duplicate_fraction",
             limits.max_duplicate_fraction,
-            frac(counts.duplicate_answers),
-            "answers identical to an earlier one",
+            # rows - distinct answers, less rows - distinct (prompt, answer): repeats across prompts only
+            frac(counts.duplicate_answers - counts.duplicate_completions),
+            "answers identical to an answer of another prompt (a prompt's own identical completions, as a "
+            "greedy variant's n make, are counted apart: duplicate_completions)",
         ),
     ]
     gates = [

@@ -106,6 +106,11 @@ def test_identical_completions_are_flagged_and_left_out_of_the_exports(run: Path
         first = by_id[r["duplicate_of"]]
         assert (first["sample_id"], first["variant"], first["k"]) == (r["sample_id"], "greedy", 0)
         assert first["messages"][-1] == r["messages"][-1]
+    # the re-audit counts them apart: the duplicate-answer gate holds repeats across prompts only
+    summary = read_json(run / "results" / "reaudit" / "summary.json")
+    assert summary["duplicate_completions"]["rows"] == len(flagged) <= summary["duplicate_answers"]
+    gate = summary["gates"]["max_duplicate_fraction"]["value"]
+    assert gate == (summary["duplicate_answers"] - len(flagged)) / summary["rows"] < len(flagged) / len(rows)
     export = run / "results" / "export"
     manifest = read_json(export / "manifest.json")
     assert manifest["left_out"]["duplicate_completion"] == len(flagged)
