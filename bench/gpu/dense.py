@@ -733,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--models",
         default=",".join(MODEL_NAMES),
-        help="model dirs under tests/data/models, each with its own arms as model:arm+arm if wanted",
+        help="model dirs under resources/models, each with its own arms as model:arm+arm if wanted",
     )
     p.add_argument(
         "--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join(ARMS)} (regen-fp8kv: opt-in)"

@@ -1,6 +1,6 @@
 """Held-out families against SGLang's defaults at steady state (issue 49 item 3).
 
-Per model (real configs from ``tests/data/models``, dummy weights): ``bench.gpu.dense``'s two arms, one
+Per model (real configs from ``resources/models``, dummy weights): ``bench.gpu.dense``'s two arms, one
 server each, the same closed-loop workload (300-token prompts, log-normal answers of median 1,200 and
 mean ~1,450, cap 8,192, ``ignore_eos``): SGLang's defaults at 256 in flight, and regen's recommended flags
 at the plan's ``client_concurrency``. Each window starts after one request lifetime at its own in-flight

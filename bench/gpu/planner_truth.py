@@ -1,6 +1,6 @@
 """regen's planner against SGLang itself (issue 33 item 5): one SGLang start per model, dummy weights.
 
-For each target (a real public ``config.json`` under ``tests/data/models``, and the flags it runs with):
+For each target (a real public ``config.json`` under ``resources/models``, and the flags it runs with):
 start ``python -m sglang.launch_server --model-path DIR --load-format dummy --skip-tokenizer-init FLAGS``,
 read its log until the KV pool is allocated (``Memory pool end.``; the pool is sized before CUDA-graph
 capture, so the server is killed there), and set what SGLang logged beside ``regen tune --json`` for the
@@ -45,7 +45,7 @@ from bench.gpu import harness
 from bench.harness import add_campaign_args, write_json
 
 REPO = Path(__file__).resolve().parents[2]
-MODELS = REPO / "tests" / "data" / "models"
+MODELS = REPO / "resources" / "models"
 GPU_MEMORY_MIB = 143771  # the H200's total as nvidia-smi reports it (issue 33)
 SGLANG_VERSION = "0.5.17"
 #: the workload regen plans for in issue 33 (prompt p50/p99, answer budget)
@@ -62,7 +62,7 @@ TEXT_ARCHITECTURE = {
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One SGLang start: a model directory under ``tests/data/models`` and the flags it runs with."""
+    """One SGLang start: a model directory under ``resources/models`` and the flags it runs with."""
 
     name: str
     model: str

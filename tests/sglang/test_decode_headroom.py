@@ -21,7 +21,7 @@ from regen.sglang.models import ModelShape
 from regen.sglang.plan import MemoryPlan, Workload, plan
 from regen.sglang.recommend import recommend
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 H200_MIB = 143771
 GIB = 1 << 30
 #: the issue's workload: 300-token prompts, answers of mean 1,437 (cv 0.65), max_tokens 8,192

@@ -22,7 +22,7 @@ DEMO_MODEL = Path(__file__).resolve().parents[2] / "resources/demo-model/config.
 DEMO_WORKLOAD = Workload(prompt_p50=35, prompt_p99=238, max_tokens=512)
 
 
-HYBRID_MODEL = Path(__file__).resolve().parents[1] / "data/models/gpu-qwen3.6-27b-text/config.json"
+HYBRID_MODEL = Path(__file__).resolve().parents[2] / "resources/models/gpu-qwen3.6-27b-text/config.json"
 
 
 def demo_plan(tmp_path: Path, args: list[str], model: Path = DEMO_MODEL) -> PlanFile:

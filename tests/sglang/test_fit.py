@@ -1,4 +1,4 @@
-"""Which tps SGLang accepts, and the smallest that fits: real public configs (tests/data/models/*/SOURCE)
+"""Which tps SGLang accepts, and the smallest that fits: real public configs (resources/models/*/SOURCE)
 against what SGLang 0.5.17 did with them (issue 33) and against its layer checks."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from regen.sglang.fit import smallest_fitting_tp, tp_refusals
 from regen.sglang.models import ModelShape
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 H200_MIB = 143771
 
 

@@ -154,7 +154,7 @@ def test_every_tuner_candidate_passes_sglangs_own_parser() -> None:
     from regen.sglang.plan import Workload
     from regen.sglang.recommend import recommend
 
-    model = ModelShape.from_config(Path(__file__).parents[1] / "data/models/gpu-qwen3.6-27b-text")
+    model = ModelShape.from_config(Path(__file__).parents[2] / "resources/models/gpu-qwen3.6-27b-text")
     wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, expected_output_tokens=636)
     rec = recommend(model, 143771, 1, ["--load-format", "dummy"], wl, "0.5.23", allow_bf16_state=True,
                     allow_replay_decode=True, allow_fp8_kv=False)  # fmt: skip
@@ -195,7 +195,7 @@ def test_a_dense_and_a_moe_recommendation_pass_sglangs_own_parser(name: str) -> 
     from regen.sglang.plan import Workload
     from regen.sglang.recommend import recommend
 
-    model = ModelShape.from_config(Path(__file__).parents[1] / "data/models" / name)
+    model = ModelShape.from_config(Path(__file__).parents[2] / "resources/models" / name)
     wl = Workload(prompt_p50=300, prompt_p99=2000, max_tokens=8192, expected_output_tokens=1450)
     rec = recommend(model, 143771, 1, ["--load-format", "dummy"], wl, "0.5.23", allow_fp8_kv=False,
                     allow_bf16_state=False)  # fmt: skip

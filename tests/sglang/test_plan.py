@@ -16,7 +16,7 @@ from regen.sglang.recommend import flag_warnings, recommend
 from regen.sglang.workload import workload_from_audit
 from regen.tune.tune import cli
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 H200_MIB = 143771  # nvidia-smi memory.total on the project's H200
 #: the quality trade-offs recommend() may choose (server.allow_fp8_kv, server.allow_bf16_state): neither,
 #: as the schema's defaults have it, or the bf16 linear-attention state only

@@ -24,7 +24,7 @@ from regen.sglang.search import PLANNED_PAGE_SIZE
 from regen.sglang.workload import page_waste
 from regen.tune.tune import cli
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 H200_MIB = 143771
 NO_TRADEOFFS = {"allow_fp8_kv": False, "allow_bf16_state": False}
 #: the H200 bench workload (issue 33): 300-token prompts, answers with mean ~1,450, max_tokens 8,192

@@ -1,5 +1,5 @@
 """Fit and validity, the per-number rules and the one plan-file writer, through ``regen tune`` and the
-``tune`` rule's entry, on real public configs (tests/data/models/*/SOURCE)."""
+``tune`` rule's entry, on real public configs (resources/models/*/SOURCE)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from regen.sglang.plan import PlanError, Workload, plan
 from regen.sglang.recommend import plan_file, recommend
 from regen.tune.tune import cli, write_plan_for_workflow
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 H200 = [
     "--sglang-version",
     "0.5.17",

@@ -1,4 +1,4 @@
-"""SGLang's pool configurators per attention family, on real public configs (tests/data/models/*/SOURCE).
+"""SGLang's pool configurators per attention family, on real public configs (resources/models/*/SOURCE).
 
 Measured truths: SGLang 0.5.17 on the H200 (143,771 MiB), dummy weights, the flags ``regen tune
 --sglang-version 0.5.17 --gpu-memory-mib 143771 --prompt-p50 300 --prompt-p99 2000 --max-tokens 8192``
@@ -19,7 +19,7 @@ from regen.sglang.pools import kv_pool, state_bytes_per_request
 from regen.sglang.pools.base import PoolFlags
 from regen.sglang.pools.mla import MLAPool
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 H200_MIB = 143771
 GIB = 1 << 30
 

@@ -23,7 +23,7 @@ from regen.sglang.plan import Workload, plan
 from regen.sglang.recommend import recommend
 from regen.sglang.search import Choice, Target, expected_length_running
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 H200_MIB = 143771
 NO_TRADEOFFS = {"allow_fp8_kv": False, "allow_bf16_state": False}
 FLAG = "--cuda-graph-max-bs-prefill"

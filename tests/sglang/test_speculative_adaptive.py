@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import ADAPTIVE_CANDIDATE_STEPS, PlanError, plan
+from regen.sglang.plan import PlanError, plan
+from regen.sglang.server_args import ADAPTIVE_CANDIDATE_STEPS
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 H200_MIB = 143771
 NEXTN = ["--speculative-algorithm", "NEXTN", "--disable-radix-cache", "--max-running-requests", "16"]
 

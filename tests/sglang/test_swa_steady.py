@@ -43,7 +43,7 @@ from regen.sglang.plan import Workload, plan
 from regen.sglang.recommend import recommend
 from regen.sglang.search import Target, swa_holds
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 H200_MIB = 143771
 ISSUE = Workload(
     prompt_p50=300, prompt_p99=300, max_tokens=8192, expected_output_tokens=1437, expected_output_cv=0.65

@@ -1,4 +1,4 @@
-"""Weights per GPU as SGLang allocates them: real public configs (tests/data/models/*/SOURCE) against what
+"""Weights per GPU as SGLang allocates them: real public configs (resources/models/*/SOURCE) against what
 SGLang 0.5.17 logged on an H200 with dummy weights (issue 33), and SGLang's layout rules on made-up ones."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from regen.sglang.models import ModelConfigError, ModelShape
 from regen.sglang.weights import layer_kinds, quantization_of, weights_per_rank
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 GIB = 2**30
 
 

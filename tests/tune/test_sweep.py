@@ -58,7 +58,7 @@ GENERATE = {
     "backoff_base_s": 0.05,
 }
 SECONDS = 2.5
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "resources" / "models"
 
 
 def model_tok_s(cap: int) -> float:
