@@ -6,7 +6,8 @@
 - timing, wall and CPU (:class:`Stopwatch`), and the peak resident memory (:func:`peak_rss_mb`);
 - the GPU campaigns' ``--dry-cpu``, ``--out`` and ``--work`` (:func:`add_campaign_args`);
 - results: JSON written atomically (:func:`write_json`), by default under ``measurements/``
-  (:data:`MEASUREMENTS`), outside the code tree.
+  (:data:`MEASUREMENTS`), outside the code tree; a campaign's end, JSON, page and last line
+  (:func:`publish`).
 
 The GPU campaigns add their side (the workload, the server section, the GPU's memory) in
 ``bench.gpu.harness``; the workflow copy a bench runs in is ``bench.workflow``.
@@ -66,11 +67,15 @@ def add_campaign_args(
     parser.add_argument("--work", type=Path, default=work, help="scratch folder (servers, logs, model)")
 
 
-def fmt(value: Any, nd: int = 1, missing: str = "none") -> str:
-    """A float with ``nd`` decimals, anything else as ``str``; ``missing`` for None or NaN."""
+def fmt(value: Any, nd: int = 1, missing: str = "none", thousands: bool = False) -> str:
+    """A float with ``nd`` decimals, anything else as ``str``; ``missing`` for None or NaN; with
+    ``thousands`` (a page's tables), numbers grouped by commas."""
     if value is None or (isinstance(value, float) and value != value):
         return missing
-    return f"{value:.{nd}f}" if isinstance(value, float) else str(value)
+    sep = "," if thousands else ""
+    if isinstance(value, float):
+        return f"{value:{sep}.{nd}f}"
+    return f"{value:{sep}}" if isinstance(value, int) and thousands else str(value)
 
 
 def result_line(name: str, **fields: Any) -> str:
@@ -114,3 +119,15 @@ def write_json(path: Path, obj: Any) -> None:
     """``obj`` as indented JSON at ``path``, atomically (values JSON has no type for as ``str``)."""
     with atomic_open(path) as fh:
         fh.write(json.dumps(obj, indent=1, default=str) + "\n")
+
+
+def publish(out: Path, stem: str, doc: Any, page: str | None = None, line: str | None = None) -> int:
+    """A campaign's end: ``{stem}.json`` (and its markdown page ``{stem}.md``) under ``out``, each
+    written atomically, then its last line; returns 0, the campaign's exit status."""
+    write_json(out / f"{stem}.json", doc)
+    if page is not None:
+        with atomic_open(out / f"{stem}.md") as fh:
+            fh.write(page)
+    if line is not None:
+        print(line, flush=True)
+    return 0

@@ -71,7 +71,7 @@ from bench.gpu.planner_truth import (
     wait_gpu_free,
     write_json,
 )
-from bench.harness import add_campaign_args
+from bench.harness import add_campaign_args, publish
 from bench.harness import fmt as harness_fmt
 from regen.ingest.audit_summary import Log2Histogram
 
@@ -723,8 +723,7 @@ async def amain(a: argparse.Namespace) -> int:
         doc["rows"].append(row)
         write_json(a.out / f"{stem}.json", doc)
         print(final_line(row), flush=True)
-    (a.out / f"{stem}.md").write_text(markdown(doc))
-    return 0
+    return publish(a.out, stem, doc, markdown(doc))
 
 
 def main(argv: list[str] | None = None) -> int:

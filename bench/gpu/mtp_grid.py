@@ -74,7 +74,7 @@ from bench.gpu.harness import (
 )
 from bench.gpu.known_target_baselines import SEED_FLAGS
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
-from regen.io import write_json
+from bench.harness import write_json
 
 SGLANG_VERSION = "0.5.17"
 BASE_ARGS = ["--load-format", "dummy"]

@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu import harness
-from bench.harness import add_campaign_args, write_json
+from bench.harness import add_campaign_args, publish, write_json
+from bench.harness import fmt as harness_fmt
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "resources" / "models"
@@ -603,11 +604,8 @@ def final_line(s: dict[str, Any]) -> str:
 
 
 def fmt(value: Any, nd: int = 0) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:,.{nd}f}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
+    """A page's number (``bench.harness.fmt``): grouped by commas, ``—`` when missing."""
+    return harness_fmt(value, nd, "—", thousands=True)
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -728,10 +726,7 @@ def main(argv: list[str] | None = None, hold_phase: HoldPhase | None = None) -> 
         doc["summary"] = summary(doc["rows"])
         write_json(a.out / f"{stem}.json", doc)  # after every model: a partial run keeps what it measured
     doc["summary"] = summary(doc["rows"])
-    write_json(a.out / f"{stem}.json", doc)
-    (a.out / f"{stem}.md").write_text(markdown(doc))
-    print(final_line(doc["summary"]), flush=True)
-    return 0
+    return publish(a.out, stem, doc, markdown(doc), final_line(doc["summary"]))
 
 
 if __name__ == "__main__":

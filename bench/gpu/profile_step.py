@@ -48,8 +48,7 @@ from bench.gpu.tune_live import (
     prompts,
     restarted,
 )
-from bench.harness import add_campaign_args, fmt, result_line
-from regen.io import write_json
+from bench.harness import add_campaign_args, fmt, publish, result_line
 
 #: kernel-name patterns, first match wins (SGLang 0.5.17 on Hopper: nvjet/cutlass GEMMs, fla/triton GDN,
 #: FA3 attention, flashinfer sampling)
@@ -282,9 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         achievable_fraction=fmt(b.get("achievable_fraction"), 3),
     )
     stem = f"profile-{doc['date']}" + ("-dry" if dry else "")
-    write_json(a.out / f"{stem}.json", doc)
-    print(doc["final_line"], flush=True)
-    return 0
+    return publish(a.out, stem, doc, line=doc["final_line"])
 
 
 if __name__ == "__main__":

@@ -47,10 +47,10 @@ from bench.gpu.harness import (
 )
 from bench.gpu.roofline import HybridShape, decode_step_cost
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
-from bench.harness import add_campaign_args, add_smoke, parse_args
+from bench.harness import add_campaign_args, add_smoke, parse_args, publish, write_json
+from bench.harness import fmt as harness_fmt
 from bench.workflow import free_port_base
 from regen import runconfig
-from regen.io import write_json
 from regen.simulated.options import OPTIONS_ENV
 from regen.types import Sample
 
@@ -462,13 +462,8 @@ def roofline_for(r: dict[str, Any], shape: HybridShape, hw: dict[str, Any]) -> d
 
 
 def fmt(v: Any, nd: int = 0) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:,.{nd}f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
+    """A page's number (``bench.harness.fmt``): grouped by commas, ``–`` when missing."""
+    return harness_fmt(v, nd, "–", thousands=True)
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -592,10 +587,7 @@ def summarize_file(path: Path, out: Path) -> int:
     shape = HybridShape.from_config(_model_config(doc["model"]["layers"]))
     doc["summary"] = summarize(doc, shape)
     doc["final_line"] = final_line(doc)
-    write_json(out / path.name, doc)
-    (out / path.name.replace(".json", ".md")).write_text(markdown(doc))
-    print(doc["final_line"], flush=True)
-    return 0
+    return publish(out, path.stem, doc, markdown(doc), doc["final_line"])
 
 
 def _model_config(layers: int) -> dict[str, Any]:
@@ -715,10 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["summary"] = summarize(doc, shape)
     doc["final_line"] = final_line(doc)
     doc["elapsed_s"] = round(t0(), 1)
-    write_json(json_path, doc)
-    (a.out / f"{stem}.md").write_text(markdown(doc))
-    print(doc["final_line"], flush=True)
-    return 0
+    return publish(a.out, stem, doc, markdown(doc), doc["final_line"])
 
 
 if __name__ == "__main__":

@@ -57,8 +57,7 @@ from bench.gpu.harness import (
     word_prompts,
 )
 from bench.gpu.roofline import HybridShape, decode_step_cost
-from bench.harness import add_campaign_args, fmt, result_line
-from regen.io import write_json
+from bench.harness import add_campaign_args, fmt, publish, result_line, write_json
 from regen.types import Sample
 
 TEMPLATE_TOKENS = 5
@@ -829,10 +828,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["summary"] = summarize(doc, shape)
     doc["final_line"] = final_line(doc["summary"])
     doc["elapsed_s"] = round(elapsed(), 1)
-    write_json(json_path, doc)
-    (a.out / f"{stem}.md").write_text(markdown(doc))
-    print(doc["final_line"], flush=True)
-    return 0
+    return publish(a.out, stem, doc, markdown(doc), doc["final_line"])
 
 
 def markdown(doc: dict[str, Any]) -> str:
