@@ -48,8 +48,8 @@ MAX_PLANNED_DECODE_GRAPH_BS = 1024
 #: why the planned batch stops at the decode graphs (the plan's ``rules``)
 EAGER_DECODE_REASON = (
     "in flight bounded to {graphs:,}, the decode CUDA graphs regen captures ({flag}), though the KV holds "
-    "{fill:,}: above the graphs SGLang decodes eagerly, and on the H200 gpt-oss-20b decoded no faster eager at "
-    "2,130 running than in graphs at 256 (measurements/families-2026-12-04.md)"
+    "{fill:,}: above the graphs SGLang decodes eagerly, and on the H200 gpt-oss-20b decoded no faster eager "
+    "at 2,130 running than in graphs at 256 (measurements/families-2026-12-04.md)"
 )
 
 #: why the tuner turns the radix (prefix) cache off for an attention-only model (issue 34 item 14)

@@ -20,7 +20,7 @@ from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import MemoryPlan, Workload, plan
 from regen.sglang.recommend import Recommendation, recommend
-from regen.sglang.search import PLANNED_PAGE_SIZE
+from regen.sglang.search import MAX_PLANNED_DECODE_GRAPH_BS, PLANNED_PAGE_SIZE
 from regen.sglang.workload import page_waste
 from regen.tune.tune import cli
 
@@ -100,16 +100,18 @@ def test_never_below_sglangs_defaults(name: str, version: str, expected: int | N
     assert rec.recommended.client_concurrency <= rec.recommended.effective_max_running_requests
 
 
-def test_a_short_answer_raises_the_cap_above_sglangs_default(dense: ModelShape) -> None:
-    """With a 32,000-token vocabulary (Qwen3-8B's 151,936 would put an eager step at 4,096 rows past what
-    the CUDA graphs leave: issue 49), short answers fill the KV past SGLang's default cap."""
+def test_a_short_answer_stops_at_the_decode_graphs(dense: ModelShape) -> None:
+    """Short answers would fill the KV with more than 4,096 requests, past SGLang's default cap; the plan
+    stops at the decode graphs it captures, because above them SGLang decodes eagerly, and eager decode
+    was measured no faster than the defaults' graphs (issue 49: gpt-oss-20b at 2,130 running)."""
     small_vocab = ModelShape.from_dict({**dense.raw, "vocab_size": 32000}, source="qwen3-8b, vocab 32,000")
     wl = Workload(prompt_p50=50, prompt_p99=100, max_tokens=8192, expected_output_tokens=60)
     rec = recommend(small_vocab, H200_MIB, 1, [], wl, "0.5.23", **NO_TRADEOFFS)
     p, flags = rec.recommended, parse_flags(list(rec.args))
-    assert p.client_concurrency == flags.max_running_requests > 4096  # above resolve_max_num_reqs' 4,096
-    assert p.effective_max_running_requests == p.client_concurrency
-    assert flags.cuda_graph_max_bs == 1024  # graphs stop at the planner's largest capture
+    assert flags.cuda_graph_max_bs == MAX_PLANNED_DECODE_GRAPH_BS == 1024
+    assert p.client_concurrency == MAX_PLANNED_DECODE_GRAPH_BS
+    assert p.kv_cache_tokens > 4096 * wl.paged_tokens_per_request(1)  # the KV alone would allow more
+    assert any("decodes eagerly" in r and "in flight bounded to 1,024" in r for r in rec.reasons)
 
 
 def test_tune_json_reports_the_client_concurrency(capsys: pytest.CaptureFixture[str]) -> None:

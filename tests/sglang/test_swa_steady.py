@@ -100,10 +100,10 @@ def test_the_new_plan_holds_its_client_at_steady_decode(gpt_oss: ModelShape) -> 
     assert p.swa_tokens == cap * PER_REQUEST + CHUNKS  # the request-capped pool, sized from the cap
     assert p.swa_tokens >= steady_need(client)  # holds the client between two evictions
     assert cap > client  # the cap is the lever on the SWA pool: raised above the client for it
-    # the cap, not the full KV, now bounds the client: an eager decode step at the cap must fit
-    assert client >= 2000
+    # the decode graphs bound the client (eager decode is no faster: issue 49), far below what the KV holds
+    assert client == 1024
     assert p.kv_cache_tokens >= client * ISSUE.paged_tokens_per_request(1)
     assert p.decode_step_fits
     assert p.swa_steady_tokens == steady_need(client)
     assert "eviction" in p.rules()["swa_steady_tokens"]
-    assert any("SWA pool" in r for r in rec.reasons)
+    assert "SWA pool" in p.rules()["swa_steady_tokens"]
