@@ -17,9 +17,10 @@
 # * a TaskProlog exports TMPDIR=/scratch/local, so a job's temp files (and regen's port locks) are
 #   node-local as on a cluster.
 #
-# Processes are tracked by parent PID (proctrack/linuxproc): a detached process outlives its job step, so
-# a group job's server serves all its members. REGEN_SLURM_PROCTRACK=cgroup tracks them by cgroup (v1
-# here), as most clusters do: a step's processes die when it ends (profiles/slurm/README.md).
+# Processes are tracked by cgroup (proctrack/cgroup, v1) where this machine mounts the cgroup v1 freezer, as
+# most clusters do: a step's processes die when it ends, so a group job's server lives in its batch step
+# (regen's slot host, started by the profile's precommand: profiles/slurm/README.md). Elsewhere, or with
+# REGEN_SLURM_PROCTRACK=linuxproc, by parent PID: a detached process outlives its job step.
 # slurmd is started with `nsenter --net=` (not `ip netns exec`, which remounts /sys and leaves slurmd no
 # cgroup filesystem). No slurmdbd: Snakemake uses `--slurm-status-command squeue` (MinJobAge=600).
 # SlurmdTimeout=20: a node whose processes are all killed is DOWN about 30 s later
@@ -34,12 +35,20 @@ BRIDGE=regenbr0
 SCRATCH=/scratch/local
 CONF_DIR=/etc/slurm
 MARK="# written by regen .ci/slurm-multinode-up.sh"
-# linuxproc, or cgroup (v1 here) as most clusters. Unset: what this script wrote last time, so a restart
-# (a test bringing a lost node back) keeps the cluster's tracking instead of mixing two in one cluster
-if [[ -z "${REGEN_SLURM_PROCTRACK:-}" ]] && grep -qF "$MARK" "$CONF_DIR/slurm.conf" 2>/dev/null; then
+# cgroup or linuxproc. Unset: while this script's slurmctld runs, what it was started with, so a restart (a
+# test bringing a lost node back) never mixes two kinds in one cluster; else cgroup where v1 is mounted
+if [[ -z "${REGEN_SLURM_PROCTRACK:-}" ]] && grep -qF "$MARK" "$CONF_DIR/slurm.conf" 2>/dev/null \
+  && kill -0 "$(cat "$STATE/slurmctld.pid" 2>/dev/null)" 2>/dev/null; then
   REGEN_SLURM_PROCTRACK="$(sed -n 's|^ProctrackType=proctrack/||p' "$CONF_DIR/slurm.conf")"
 fi
-PROCTRACK="${REGEN_SLURM_PROCTRACK:-linuxproc}"
+if [[ -z "${REGEN_SLURM_PROCTRACK:-}" ]]; then
+  if grep -qE '^cgroup /sys/fs/cgroup/freezer cgroup ' /proc/mounts; then
+    REGEN_SLURM_PROCTRACK=cgroup
+  else
+    REGEN_SLURM_PROCTRACK=linuxproc
+  fi
+fi
+PROCTRACK="$REGEN_SLURM_PROCTRACK"
 
 log() { echo "slurm-multinode-up: $*" >&2; }
 # install_slurm, start_munge, alive
