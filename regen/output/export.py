@@ -109,6 +109,14 @@ def specforge_template_name(configured: str | None, template: ChatTemplate) -> s
     return "qwen3-thinking" if template.uses_fast_renderer else None
 
 
+#: the SpecForge note's clause for thinking-off rows (measured: SpecForge 0.2.0's qwen3-thinking template
+#: supervises the four tokens of the empty think block; tests/output/test_trainers.py)
+THINKING_OFF_NOTE = (
+    "; on its {rows} thinking-off rows SpecForge's template also supervises the empty think block, which the "
+    "server's chat template put in the prompt (the model did not generate it; tokenized.jsonl leaves it out)"
+)
+
+
 def completion_of(row: Mapping[str, Any]) -> dict[str, Any]:
     """The row's sample id, variant and completion index (the export lines carry them; trainers read the
     fields they know and pass the rest by)."""
@@ -288,6 +296,8 @@ def export_dataset(
             "note": (
                 "SpecForge adds its template's default system prompt to rows without a system turn, "
                 "and renders earlier turns without their thinking; tokenized.jsonl has the exact ids"
+                + THINKING_OFF_NOTE.format(rows=by_thinking["off"])
+                * bool(by_thinking["off"])
             ),
         },
         "tokenized": {
