@@ -351,5 +351,11 @@ def cli(argv: list[str]) -> int:
         print(result.table())
     if not result.ok:
         print(result.problem_summary(), file=sys.stderr)
+        if completions is None and any("/" in i for i in result.unknown):
+            print(
+                "regen reconcile: the output holds ids {sample_id}/{variant}/{k} (sampling variants): "
+                "pass its config, --configfile ..., so each sample is expected once per completion",
+                file=sys.stderr,
+            )
         return 1
     return 0
