@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from regen.sglang.models import ModelConfigError, ModelShape, _dtype_bytes, _layer_types
+from regen.sglang.mxfp4_load import replay_gpt_oss_load
 
 VOCAB_PADDING = 64  # vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
 FP32 = 4
@@ -42,12 +43,10 @@ CHECKPOINT_LAYOUT_TOLERANCE = 0.05
 MXFP4_VALUE_ALIGN = 64
 MXFP4_SCALE_ROW_ALIGN = 256
 MXFP4_BLOCK = 32
-# what the load took beyond that layout, once per process: gpt-oss-20b on the H200 (SGLang 0.5.17, dummy
-# weights, 2026-12-01) logged 15.02 GiB where the layout above comes to 13.62 GiB. Not in SGLang's
-# source (allocator and context growth during the swizzle, by all appearances); one measurement on one
-# GPU kind, a calibration named in every MXFP4 estimate's rule. It used to be a factor on the experts
-# (x1.23), which put gpt-oss-120b's weights 4.7x further off (issue 49 item 4).
-MXFP4_LOAD_RESIDUAL_BYTES = int(1.40 * 2**30)
+# What the load holds beyond that layout is not a constant: regen/sglang/mxfp4_load.py replays gpt-oss's
+# load through PyTorch's caching allocator (the YaRN cos/sin cache, and the free split blocks the repack's
+# transients leave in segments that hold a live tensor). It replaced a 1.40 GiB calibration fitted on the
+# 20b, which put the 120b's KV 6.3% high (issue 49 item 4).
 
 
 def _up(n: int, to: int) -> int:
@@ -310,8 +309,6 @@ def layout_bytes(model: ModelShape, tp: int, ep: int = 1) -> tuple[int, int]:
             skipped = q.skips(f"model.layers.{layer}.mlp.experts")
             _moe(model, text, tp, ep, Quantization(None) if skipped else q, lin, t, d)
     _vision(model, tp, t, d)
-    if q.method == "mxfp4" and model.is_moe:
-        t.add(MXFP4_LOAD_RESIDUAL_BYTES, replicated=True)
     return t.sharded + t.replicated, t.replicated
 
 
@@ -450,19 +447,23 @@ def weights_per_rank(model: ModelShape, tp: int, ep: int = 1) -> WeightsEstimate
     rule = "SGLang's parameter layout (linear.py, vocab_parallel_embedding.py, fused_moe_triton)"
     if quant:
         rule += f" with {quant} weights as layers/quantization create_weights allocates them"
+    load = _load_beyond_layout(model, tp, ep, per_rank) if quant == "mxfp4" and model.is_moe else None
     if quant == "mxfp4":
         rule += (
             " (MXFP4 experts as mxfp4.py's triton_kernels repack leaves them on Hopper: swizzled values, "
-            "the scales kept beside their swizzled copy, fp32 biases; plus "
-            f"{MXFP4_LOAD_RESIDUAL_BYTES / 2**30:.2f} GiB a process measured beyond that layout on the H200)"
+            "the scales kept beside their swizzled copy, fp32 biases)"
         )
+    if load is not None:
+        rule += f"; {load[1]}"
     if isinstance(model.raw.get("vision_config"), dict) and model.is_multimodal:
         rule += "; the vision tower approximated as a ViT (4 vh^2 + 2 vh vi a layer)"
     checkpoint, source = model.weights_bytes_from_index, "checkpoint index"
     if checkpoint is None:
         checkpoint, source = model.weights_bytes_from_headers, "safetensors headers"
+    extra = load[0] if load is not None else 0
     if checkpoint is None:
-        return WeightsEstimate(per_rank, "config", quant, rule, tp, ep, replicated, one_rank, per_rank)
+        total = per_rank + extra
+        return WeightsEstimate(total, "config", quant, rule, tp, ep, replicated + extra, one_rank, total)
     share = checkpoint / one_rank
     rule = f"checkpoint bytes ({source}), split per rank as {rule}"
     if abs(share - 1) > CHECKPOINT_LAYOUT_TOLERANCE:  # e.g. MTP layers SGLang skips, a misread quantization
@@ -470,6 +471,28 @@ def weights_per_rank(model: ModelShape, tp: int, ep: int = 1) -> WeightsEstimate
         rule += (
             f"; the layout alone gives {layout_gib:,.1f} GiB at tp 1, the checkpoint {checkpoint_gib:,.1f}"
         )
+    if load is not None:  # the checkpoint's count stands for all the rank holds, as for every model
+        rule = rule.replace(
+            f"; {load[1]}", "; the replayed load's allocator term not added to a checkpoint's count"
+        )
     return WeightsEstimate(
         int(per_rank * share), source, quant, rule, tp, ep, int(replicated * share), int(checkpoint), per_rank
+    )
+
+
+def _load_beyond_layout(model: ModelShape, tp: int, ep: int, layout: int) -> tuple[int, str]:
+    """What SGLang's MXFP4 load leaves reserved beyond the parameter layout, and the rule that says so."""
+    if model.model_type != "gpt_oss":
+        return 0, (
+            f"what PyTorch's caching allocator keeps after the MXFP4 repack is not modelled for "
+            f"{model.model_type} (only gpt-oss's load is replayed): SGLang may count up to the repack's "
+            "transients more as weights"
+        )
+    replay = replay_gpt_oss_load(model, tp, ep)
+    beyond = replay.reserved - layout
+    return beyond, (
+        f"plus {beyond / 2**30:.2f} GiB the load holds beyond that layout, replayed through PyTorch's "
+        f"caching allocator (regen/sglang/mxfp4_load.py): the YaRN cos/sin cache and "
+        f"{replay.inactive_split / 2**30:.2f} GiB of free split blocks the repack's transients leave in "
+        "segments that hold a live tensor"
     )

@@ -54,8 +54,10 @@ def free_after_capture_gib(p: MemoryPlan) -> float:
 
 def test_the_old_plan_does_not_fit_its_cap(gpt_oss: ModelShape) -> None:
     old = plan(gpt_oss, H200_MIB, 1, list(OLD_PLAN), ISSUE, "0.5.17")
-    # the pools SGLang allocated under it (the issue's measurement): full KV 3,867,969, SWA 1,069,057
-    assert old.kv_cache_tokens == pytest.approx(3_867_969, rel=0.001) and old.swa_tokens == 1_069_057
+    # the pools SGLang allocated under it (the issue's measurement): full KV 3,867,969, SWA 1,069,057;
+    # -0.11% since the weights are the replayed load (15.02 GiB, as logged) instead of a constant fitted to
+    # 15.00: SGLang's KV is ~0.09 GiB above regen's on gpt-oss 20b and 120b alike, not yet named (issue 49)
+    assert old.kv_cache_tokens == pytest.approx(3_867_969, rel=0.002) and old.swa_tokens == 1_069_057
     assert round(2921 * VOCAB * 4 / GIB, 2) == 2.19  # the allocation that failed
     # what capture leaves, as planned: at most the 6.28 GiB measured
     assert 4.5 < free_after_capture_gib(old) <= 6.28

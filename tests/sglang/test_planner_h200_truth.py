@@ -39,14 +39,11 @@ def _dense_rows() -> list[tuple[str, str, tuple[str, ...], dict]]:
 
 
 #: gpt-oss-120b (issue 49 item 4), measured by the truth bench on the H200 on 2026-12-04 (SGLang 0.5.17,
-#: dummy weights, measurements/planner-truth-2026-12-04.json): "Load weight end ... mem usage=70.26 GB",
-#: full KV 1,530,693 tokens, SWA 82,177 under these flags. regen plans 66.89 GiB of weights (the MXFP4
-#: triton_kernels layout plus the 1.40 GiB measured on the 20b beyond it) and so 1,626,836 tokens (+6.28%):
-#: what the load holds beyond the layout grows with the model (20b: 1.42 GiB, 120b: 4.77 GiB) and is not
-#: named from SGLang's source yet. The truth bench's weight-load probe (bench/gpu/memprobe) splits the
-#: load into live tensors, allocator-stranded space and non-PyTorch memory on the next device run; until
-#: then the row is an expected failure (strict: it fails CI the day the plan comes within tolerance, so
-#: the mark is removed then).
+#: dummy weights, measurements/planner-truth-2026-12-04-b.json): "Load weight end ... mem usage=70.26 GB",
+#: full KV 1,530,693 tokens, SWA 82,177 under these flags. The weights are the MXFP4 triton_kernels layout
+#: plus what the load leaves reserved beyond it, replayed through PyTorch's caching allocator
+#: (regen/sglang/mxfp4_load.py: 4.66 GiB of split blocks the repack's transients strand); it replaced a
+#: 1.40 GiB constant fitted on the 20b, which planned this row's KV 6.28% high.
 GPT_OSS_120B_ROWS = [
     pytest.param(
         "gpt-oss-120b-2026-12-04",
@@ -54,9 +51,6 @@ GPT_OSS_120B_ROWS = [
         ("--disable-radix-cache", "--max-running-requests", "256"),
         {"kv_tokens": 1_530_693, "weights_gib": 70.26, "swa_tokens": 82_177},
         id="gpt-oss-120b-2026-12-04",
-        marks=pytest.mark.xfail(
-            strict=True, reason="MXFP4 load beyond the triton_kernels layout not modelled (issue 49 item 4)"
-        ),
     )
 ]
 
