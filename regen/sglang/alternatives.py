@@ -14,12 +14,12 @@ from dataclasses import replace
 
 from regen.sglang.flags import ServerFlags, flag_names, parse_flags, strip_flags
 from regen.sglang.graphs import prefill_graph_batch_sizes, sglang_prefill_graph_limit
+from regen.sglang.kv_cache_configurator import mamba_slots_per_request
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     CUDA_CONTEXT_GIB,
     PlanError,
     Workload,
-    mamba_slots_per_request,
 )
 from regen.sglang.pools import has_state, is_mla
 from regen.sglang.search import Candidate, Choice, Target, best_running, highest

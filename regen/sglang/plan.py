@@ -1,20 +1,26 @@
 """The memory plan: what SGLang will allocate for a model, a GPU and a set of launch flags.
 
-Mirrors (function names are SGLang's; 0.5.23 paths, 0.5.17 equivalents live in srt/server_args.py):
-- default chunked prefill / decode graph max_bs / mem_fraction_static:
-  ``srt/arg_groups/memory_hook.py::handle_gpu_memory_settings``
-  (0.5.17: ``ServerArgs._handle_gpu_memory_settings``),
-  ``reserve_for_graph_mb``, ``adjust_mem_fraction_for_vlm``;
-- KV budget: ``srt/mem_cache/kv_cache_configurator.py::KVCacheConfigurator._profile_available_bytes``;
-- mamba pool K: ``KVCacheConfigurator._handle_max_mamba_cache``;
-  slots per request S: ``_calculate_mamba_ratio``
-  with ``srt/mem_cache/allocation_sizing.py::get_mamba_tracking_slots``;
-- running cap: ``KVCacheConfigurator.resolve_max_num_reqs``;
-- KV (and sliding-window) tokens and the recurrent state per request: one module per attention family in
-  :mod:`regen.sglang.pools` (``srt/model_executor/pool_configurator.py``); weights per rank and the tp
-  SGLang accepts: :mod:`regen.sglang.weights`, :mod:`regen.sglang.fit`;
-- speculative defaults: ``srt/arg_groups/speculative_hook.py``
-  (max_running_requests 48; steps/topk/draft 3/1/4).
+:func:`plan` runs SGLang's own steps in SGLang's order, each a function returning a frozen record named
+as SGLang names it (function names are SGLang's; 0.5.23 paths, 0.5.17 equivalents in parentheses):
+
+1. :func:`regen.sglang.server_args.handle_speculative_decoding` (``srt/arg_groups/speculative_hook.py``;
+   0.5.17: ``ServerArgs._handle_speculative_decoding``): draft tokens, the running cap reset to 48;
+2. :func:`regen.sglang.server_args.handle_gpu_memory_settings`
+   (``srt/arg_groups/memory_hook.py::handle_gpu_memory_settings``, ``reserve_for_graph_mb``,
+   ``adjust_mem_fraction_for_vlm``; 0.5.17: ``ServerArgs._handle_gpu_memory_settings``): chunk, decode-graph
+   batch, ``mem_fraction_static``;
+3. :func:`load_model` (``ModelRunner.load_model``): the tp SGLang accepts (:mod:`regen.sglang.fit`), the
+   weights per rank (:mod:`regen.sglang.weights`) and the MTP draft's;
+4. :func:`profile_available_bytes` (``KVCacheConfigurator._profile_available_bytes``): the pool budget
+   after weights, the (1 - mfs) slack and the VLM cache;
+5. :func:`regen.sglang.kv_cache_configurator.handle_max_mamba_cache` (``_handle_max_mamba_cache``, slots
+   per request ``_calculate_mamba_ratio`` with ``allocation_sizing.get_mamba_tracking_slots``);
+6. :func:`regen.sglang.kv_cache_configurator.config_from_budget` (the pool configurator of
+   ``srt/model_executor/pool_configurator.py``, one module per attention family in
+   :mod:`regen.sglang.pools`, then ``_apply_token_constraints``);
+7. :func:`regen.sglang.kv_cache_configurator.resolve_max_num_reqs`: the running cap;
+8. regen's own: :func:`client_concurrency` (the requests the client keeps in flight) and
+   :func:`runtime_memory` (what is left free, and the decode headroom after CUDA graphs).
 
 The running-cap search is :mod:`regen.sglang.search`, the sweep's alternatives
 :mod:`regen.sglang.alternatives`, the recommendation and the plan file :mod:`regen.sglang.recommend`; the
@@ -24,34 +30,39 @@ really allocated, and its drift from this plan, in :mod:`regen.sglang.realized`.
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
+from regen.sglang.errors import PlanError, UnmodelledError
 from regen.sglang.fit import smallest_fitting_tp, tp_refusals
 from regen.sglang.flags import ServerFlags, parse_flags
-from regen.sglang.graphs import prefill_graph_reserve_mib, prefill_graph_tokens
+from regen.sglang.graphs import prefill_graph_tokens
 from regen.sglang.headroom import Headroom, headroom
+from regen.sglang.kv_cache_configurator import (
+    KVPool,
+    MambaCache,
+    RunningCap,
+    config_from_budget,
+    handle_max_mamba_cache,
+    resolve_max_num_reqs,
+)
 from regen.sglang.models import ModelShape
-from regen.sglang.pools import (
-    PoolFlags,
-    PoolTooSmall,
-    Unmodelled,
-    has_state,
-    is_mamba2_hybrid,
-    is_mla,
-    kv_pool,
-    state_bytes_per_request,
+from regen.sglang.pools import has_state
+from regen.sglang.server_args import (
+    GpuMemorySettings,
+    SpeculativeDecoding,
+    handle_gpu_memory_settings,
+    handle_speculative_decoding,
 )
 from regen.sglang.weights import weights_per_rank
 from regen.sglang.workload import CLIENT_RULE_WORST_CASE, Workload, client_rule_for
 
-GIB = 1 << 30
+__all__ = ["PlanError", "UnmodelledError", "Workload", "parse_flags"]  # what callers take from here too
 
+GIB = 1 << 30
 
 DEFAULT_VERSION = "0.5.23"
 
@@ -68,54 +79,12 @@ CUDA_CONTEXT_GIB = 1.35
 VLM_CACHE_GIB = 0.1  # SGLANG_VLM_CACHE_SIZE_MB=100 (kv_cache_configurator.mm_runtime_reservation_gb, 0.5.23)
 
 
-MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3  # kv_cache_configurator.py
-
-
-DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # ServerArgs.mamba_full_memory_ratio
-
-
 DEFAULT_DECODE_GRAPH_LIMIT_NOTE = 256
 
 
 #: the memory fraction the tuner tries besides SGLang's default (measured on the H200: 5.5 GB still free
 #: after CUDA graphs at a 608 cap, 2026-11-30); its slack is the least runtime headroom regen plans for
 TUNER_MEM_FRACTION = 0.92
-
-
-# Architectures whose "auto" mamba radix strategy resolves to extra_buffer
-# (srt/arg_groups/overrides.py::_MAMBA_EXTRA_BUFFER_ARCHS, Qwen families only listed here).
-_EXTRA_BUFFER_ARCHS: dict[str, frozenset[str]] = {
-    "0.5.17": frozenset(
-        {
-            "Qwen3_5ForConditionalGeneration",
-            "Qwen3_5MoeForConditionalGeneration",
-            "Qwen3NextForCausalLM",
-            "KimiLinearForCausalLM",
-            "NemotronHForCausalLM",
-            "FalconH1ForCausalLM",
-        }
-    ),
-    "0.5.23": frozenset(
-        {
-            "Qwen3_5ForConditionalGeneration",
-            "Qwen3_5MoeForConditionalGeneration",
-            "Qwen3_5MoeForCausalLM",
-            "Qwen3_5ForCausalLM",
-            "Qwen3NextForCausalLM",
-            "KimiLinearForCausalLM",
-            "NemotronHForCausalLM",
-            "FalconH1ForCausalLM",
-        }
-    ),
-}
-
-
-class PlanError(ValueError):
-    """Flags or inputs the planner cannot turn into a memory plan."""
-
-
-class UnmodelledError(PlanError):
-    """A model whose pools the planner does not model: SGLang's own planning applies (no memory flags)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,77 +213,278 @@ class MemoryPlan:
         return out
 
 
-# ---------------------------------------------------------------- defaults (memory_hook) --
-def _capacity_defaults(gpu_mib: int, tp: int) -> tuple[int, int]:
-    """(chunked_prefill_size, decode graph max_bs) tiers of handle_gpu_memory_settings."""
-    if gpu_mib < 20 * 1024:
-        return 2048, 8
-    if gpu_mib < 35 * 1024:
-        return 4096, 48 if tp < 4 else 160
-    if gpu_mib < 60 * 1024:
-        return 4096, 32 if tp < 4 else 160
-    if gpu_mib < 160 * 1024:
-        return 8192, 256 if tp < 4 else 512
-    return 16384, 512
+# ------------------------------------------------------------------------------- plan --
+def plan(
+    model: ModelShape,
+    gpu_memory_mib: int,
+    tp: int,
+    args: list[str],
+    workload: Workload | None = None,
+    sglang_version: str = DEFAULT_VERSION,
+    cuda_context_gib: float = CUDA_CONTEXT_GIB,
+) -> MemoryPlan:
+    """Predict what SGLang will allocate for `args` on one GPU of `gpu_memory_mib` (per-TP-rank view)."""
+    if sglang_version not in SUPPORTED_VERSIONS:
+        raise PlanError(f"sglang_version {sglang_version!r} not supported; use one of {SUPPORTED_VERSIONS}")
+    flags = parse_flags(args)
+    tp = flags.tp or tp
+    speculative = handle_speculative_decoding(flags, model, sglang_version)
+    memory = handle_gpu_memory_settings(model, gpu_memory_mib, tp, flags)
+    weights = load_model(model, gpu_memory_mib, tp, speculative)
+    available = profile_available_bytes(
+        model, gpu_memory_mib, cuda_context_gib, sglang_version, memory, weights
+    )
+    mamba = handle_max_mamba_cache(model, flags, args, tp, sglang_version, speculative, available.rest_gib)
+    if mamba.rest_gib <= 0:
+        raise _no_kv_memory(model, gpu_memory_mib, tp, memory, weights, mamba, speculative)
+    kv = config_from_budget(model, flags, tp, sglang_version, memory, speculative, mamba.rest_gib)
+    cap = resolve_max_num_reqs(model, flags, speculative, kv.max_total_num_tokens, mamba)
+    client = client_concurrency(model, workload, flags, memory, kv, cap)
+    runtime = runtime_memory(
+        model, flags, cuda_context_gib, memory, speculative, weights, available, mamba, kv, cap
+    )
+    notes = _notes(model, flags, memory, available, mamba)
+    phases = (memory, weights, available, mamba, kv, cap, client, runtime, notes)
+    return _memory_plan(sglang_version, gpu_memory_mib, tp, args, cuda_context_gib, *phases)
 
 
-def reserved_memory_mib(
-    gpu_mib: int, tp: int, chunk: int, decode_max_bs: int, flags: ServerFlags, mla: bool = False
-) -> float:
-    """handle_gpu_memory_settings: 512 + 1.5*max(chunk, 2048) + tp/8*1024 + reserve_for_graph_mb."""
-    activation_tokens = max(chunk, 2048) if chunk > 0 else 2048
-    graph = 0.0 if flags.disable_cuda_graph else decode_max_bs * 2.0
-    graph += prefill_graph_reserve_mib(chunk, flags, mla)
-    reserved = 512 + activation_tokens * 1.5 + tp / 8 * 1024 + graph
-    if gpu_mib > 60 * 1024:
-        reserved = max(reserved, 10 * 1024)
-    return reserved
+def _notes(
+    model: ModelShape,
+    flags: ServerFlags,
+    memory: GpuMemorySettings,
+    available: AvailableMemory,
+    mamba: MambaCache,
+) -> tuple[str, ...]:
+    """The plan's notes: flags with no effect, and what a ReplaySSM decode ring leaves of the slack."""
+    notes = list(mamba.notes)
+    if has_state(model) and flags.enable_linear_replayssm:
+        notes += replay_ring_notes(
+            mamba.replay_ring_gib,
+            available.slack_gib,
+            memory.reserved_mib / 1024,
+            memory.mem_fraction_static,
+            available.pre_load_gib,
+        )
+    return tuple(notes)
 
 
-def vlm_mem_fraction_factor(model: ModelShape) -> float:
-    """adjust_mem_fraction_for_vlm: 0.95 x clamp(1 - 0.1 x (complexity - 1), 0.8, 1.05)."""
-    if not model.is_multimodal:
-        return 1.0
-    ratio = (model.vision_layers * model.vision_hidden_size**2) / (24 * 1024**2)
-    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+def _memory_plan(
+    sglang_version: str,
+    gpu_memory_mib: int,
+    tp: int,
+    args: list[str],
+    cuda_context_gib: float,
+    memory: GpuMemorySettings,
+    weights: LoadedWeights,
+    available: AvailableMemory,
+    mamba: MambaCache,
+    kv: KVPool,
+    cap: RunningCap,
+    client: ClientConcurrency,
+    runtime: RuntimeMemory,
+    notes: tuple[str, ...],
+) -> MemoryPlan:
+    """The phases' records as one plan."""
+    return MemoryPlan(
+        sglang_version=sglang_version,
+        gpu_memory_mib=gpu_memory_mib,
+        tp=tp,
+        args=tuple(args),
+        mem_fraction_static=round(memory.mem_fraction_static, 4),
+        chunked_prefill_size=memory.chunked_prefill_size,
+        cuda_graph_max_bs=memory.cuda_graph_max_bs,
+        weights_gib=weights.gib,
+        weights_rule=weights.rule,
+        state_pool_gib=mamba.state_gib,
+        spec_scratch_gib=mamba.scratch_gib,
+        kv_cache_gib=kv.kv_gib,
+        reserve_gib=memory.reserved_mib / 1024,
+        slack_gib=available.slack_gib,
+        context_gib=cuda_context_gib,
+        vlm_cache_gib=available.vlm_gib,
+        free_gib=runtime.free_gib,
+        state_bytes_per_request=mamba.per_request_bytes,
+        kv_cell_bytes=kv.cell_bytes,
+        swa_tokens=kv.swa_tokens,
+        kv_pool_rule=kv.rule,
+        max_mamba_cache_size=mamba.max_mamba_cache_size,
+        mamba_slots_per_request=mamba.slots_per_request,
+        mamba_radix_cache_strategy=mamba.radix_cache_strategy,
+        kv_cache_tokens=kv.max_total_num_tokens,
+        requested_max_running_requests=cap.requested,
+        effective_max_running_requests=cap.effective,
+        binding_constraint=cap.binding,
+        workload_concurrency=client.workload_running,
+        client_concurrency=client.client,
+        notes=notes,
+        replay_ring_gib=mamba.replay_ring_gib,
+        draft_weights_gib=weights.draft_gib,
+        draft_kv_gib=kv.draft_kv_gib,
+        client_rule=client.rule,
+        decode_headroom=runtime.decode_headroom,
+    )
 
 
-def mamba_slots_per_request(model: ModelShape, flags: ServerFlags, version: str) -> tuple[int, str | None]:
-    """(S, strategy): KVCacheConfigurator._calculate_mamba_ratio after _mamba_radix_cache_resolution."""
-    if flags.disable_radix_cache:
-        return 1, None
-    strategy = flags.mamba_radix_cache_strategy
-    if strategy == "auto":
-        wants_overlap = not flags.disable_overlap_schedule
-        supports = model.architecture in _EXTRA_BUFFER_ARCHS[version]
-        strategy = "extra_buffer" if (wants_overlap or flags.page_size > 1) and supports else "no_buffer"
-    overlap = not flags.disable_overlap_schedule and strategy != "no_buffer"  # no_buffer forces no overlap
-    if strategy == "extra_buffer":
-        tracking = 2 if overlap else 1  # allocation_sizing.get_mamba_tracking_slots
-    elif strategy == "extra_buffer_lazy":
-        tracking = 1
-    else:
-        tracking = 0
-    return MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO + tracking, strategy
+@dataclass(frozen=True, slots=True)
+class LoadedWeights:
+    """``ModelRunner.load_model``: what the weights leave resident per rank before the pools are sized
+    (the target's, and the MTP draft's, which shares embedding and lm_head only after the pools)."""
+
+    gib: float
+    rule: str
+    draft_gib: float
 
 
-#: architectures whose MTP draft SGLang loads from the model path itself (speculative_hook
-#: ``_handle_eagle_family`` sets ``speculative_draft_model_path``, so the target's KV cell counts the draft
-#: layers), 0.5.17 and 0.5.23 (which adds the last two); for every other MTP model (Qwen3.5/3.6: its
-#: config has ``mtp_num_hidden_layers``, not ``num_nextn_predict_layers``) the cell is the target's alone
-_DRAFT_PATH_ARCHS = frozenset({
-    "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "Glm4MoeForCausalLM",
-    "Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM",
-    "BailingMoeV2_5ForCausalLM", "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration",
-    "HYV3ForCausalLM", "HYV4ForCausalLM", "Qwen4ExpForConditionalGeneration",
-})  # fmt: skip
+def load_model(
+    model: ModelShape, gpu_memory_mib: int, tp: int, speculative: SpeculativeDecoding
+) -> LoadedWeights:
+    """The weights per rank at ``tp``; a tp SGLang refuses is a PlanError naming the smallest that works."""
+    refused = tp_refusals(model, tp)
+    if refused:
+        fit = smallest_fitting_tp(model, gpu_memory_mib)
+        raise PlanError(
+            f"tp {tp} refused by SGLang: {'; '.join(refused)} (smallest tp that works: {fit.reason})"
+        )
+    weights = weights_per_rank(model, tp)
+    draft_gib = draft_weights_bytes(model) / tp / GIB if speculative.draft_layers else 0.0
+    return LoadedWeights(weights.gib_per_rank, f"{weights.rule} [{weights.source}]", draft_gib)
 
 
-def draft_kv_in_cell(flags: ServerFlags, model: ModelShape) -> bool:
-    """Whether SGLang sizes the target's KV pool with the draft layers in the cell
-    (``DefaultPoolConfigurator``: only when ``eagle_draft_num_layers`` is known, i.e. a draft model path
-    is set); otherwise the draft KV pool is allocated after the budget, out of the slack."""
-    return flags.speculative_draft_model_path is not None or model.architecture in _DRAFT_PATH_ARCHS
+@dataclass(frozen=True, slots=True)
+class AvailableMemory:
+    """``_profile_available_bytes`` before the state pool: the GPU, what is there before the weights load,
+    the (1 - mfs) runtime slack, the VLM cache, and the pool budget left (``rest_gib``)."""
+
+    total_gib: float
+    pre_load_gib: float
+    slack_gib: float
+    vlm_gib: float
+    rest_gib: float
+
+
+def profile_available_bytes(
+    model: ModelShape,
+    gpu_memory_mib: int,
+    cuda_context_gib: float,
+    version: str,
+    memory: GpuMemorySettings,
+    weights: LoadedWeights,
+) -> AvailableMemory:
+    total_gib = gpu_memory_mib / 1024
+    pre_load_gib = total_gib - cuda_context_gib
+    slack_gib = pre_load_gib * (1 - memory.mem_fraction_static)
+    vlm_gib = VLM_CACHE_GIB if model.is_multimodal and version != "0.5.17" else 0.0
+    rest_gib = pre_load_gib - weights.gib - weights.draft_gib - slack_gib - vlm_gib
+    return AvailableMemory(total_gib, pre_load_gib, slack_gib, vlm_gib, rest_gib)
+
+
+def _no_kv_memory(
+    model: ModelShape,
+    gpu_memory_mib: int,
+    tp: int,
+    memory: GpuMemorySettings,
+    weights: LoadedWeights,
+    mamba: MambaCache,
+    speculative: SpeculativeDecoding,
+) -> PlanError:
+    """Why no KV cache memory is left: the state pools took it, or the weights (and the tp that fits)."""
+    mfs = memory.mem_fraction_static
+    draft = f" + MTP draft {weights.draft_gib:.1f} GiB" if weights.draft_gib else ""
+    pools_gib = mamba.state_gib + mamba.reserved_scratch_gib
+    if (
+        pools_gib > 0 and mamba.rest_gib + pools_gib > 0
+    ):  # the weights alone leave room: the state pools took it
+        return PlanError(
+            f"the linear-attention state pool ({mamba.state_gib:.1f} GiB) and the speculative scratch "
+            f"({mamba.reserved_scratch_gib:.1f} GiB for {speculative.draft_tokens} draft tokens a request) "
+            f"leave no KV cache memory beside the weights ({weights.gib:.1f} GiB per rank{draft}) at "
+            f"mem_fraction_static={mfs:.3f}: lower --max-running-requests or the speculative steps"
+        )
+    fit = smallest_fitting_tp(model, gpu_memory_mib, reserve_mib=memory.reserved_mib)
+    return PlanError(
+        f"weights ({weights.gib:.1f} GiB per rank at tp {tp}{draft}) leave no KV cache memory at "
+        f"mem_fraction_static={mfs:.3f}; "
+        + (f"the smallest tp that fits: {fit.tp} ({fit.reason})" if fit.tp else fit.reason)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConcurrency:
+    """regen's own (no SGLang equivalent): the running requests the KV holds at the worst case, the
+    requests the client keeps in flight, and the rule that planned them."""
+
+    workload_running: int | None
+    client: int | None
+    rule: str
+
+
+def client_concurrency(
+    model: ModelShape,
+    workload: Workload | None,
+    flags: ServerFlags,
+    memory: GpuMemorySettings,
+    kv: KVPool,
+    cap: RunningCap,
+) -> ClientConcurrency:
+    if workload is None:
+        return ClientConcurrency(None, None, CLIENT_RULE_WORST_CASE)
+    stateful = has_state(model)
+    tokens, running = kv.max_total_num_tokens, cap.effective
+    rule = CLIENT_RULE_WORST_CASE if stateful else client_rule_for(workload)
+    workload_running = min(running, tokens // max(1, workload.tokens_per_request))
+    client = (
+        workload_running
+        if stateful
+        else expected_fill(tokens, workload, memory.cuda_graph_max_bs, running, flags.page_size)
+    )
+    return ClientConcurrency(workload_running, client, rule)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeMemory:
+    """regen's own: the GPU memory no pool, weight or slack takes, and the runtime memory after CUDA graphs
+    against a decode step at the running cap."""
+
+    free_gib: float
+    decode_headroom: Headroom
+
+
+def runtime_memory(
+    model: ModelShape,
+    flags: ServerFlags,
+    cuda_context_gib: float,
+    memory: GpuMemorySettings,
+    speculative: SpeculativeDecoding,
+    weights: LoadedWeights,
+    available: AvailableMemory,
+    mamba: MambaCache,
+    kv: KVPool,
+    cap: RunningCap,
+) -> RuntimeMemory:
+    free_gib = (
+        available.total_gib
+        - cuda_context_gib
+        - weights.gib
+        - mamba.state_gib
+        - mamba.scratch_gib
+        - kv.kv_gib
+        - available.slack_gib
+        - available.vlm_gib
+        - weights.draft_gib
+        - kv.draft_kv_gib
+    )
+    chunk = memory.chunked_prefill_size
+    room = headroom(
+        model,
+        runtime_gib=available.slack_gib + free_gib - mamba.replay_ring_gib,
+        batch=cap.effective,
+        graph_max_bs=memory.cuda_graph_max_bs,
+        flags=flags,
+        chunk=chunk,
+        prefill_graph_tokens=prefill_graph_tokens(chunk, flags),
+        draft_tokens=speculative.draft_tokens,
+    )
+    return RuntimeMemory(free_gib, room)
 
 
 def draft_weights_bytes(model: ModelShape) -> int:
@@ -332,288 +502,6 @@ def draft_weights_bytes(model: ModelShape) -> int:
     params = draft.estimated_parameters()
     h = model.hidden_size
     return int(draft.weights_bytes() * (params + 2 * h * h + 2 * h) / params)
-
-
-def spec_scratch_allocated_bytes(
-    model: ModelShape, tp: int, ssm_dtype: str | None, reserved: int, per_req: int, draft: int
-) -> int:
-    """What ``MambaPool`` allocates for the verify buffers whose budget SGLang reserved as
-    ``per_req x (running + 1) x D`` (``_handle_max_mamba_cache``): per slot, one SSM state per draft token
-    (``intermediate_ssm_state_cache``) and a conv window of ``D + K_conv - 2`` columns instead of the
-    state's ``K_conv - 1`` (``intermediate_conv_window_cache``). Measured (0.5.17, seed flags, 65 slots,
-    fp32): 36.56 + 0.36 GB."""
-    if not reserved or not draft or not per_req or model.linear is None:
-        return 0
-    slots = reserved // (per_req * draft)
-    layers = model.linear_attention_layers
-    ssm = model.ssm_state_bytes_per_layer(tp, ssm_dtype) * layers * draft
-    kernel = model.linear.conv_kernel_dim
-    conv = model.conv_state_bytes_per_layer(tp) * layers * (draft + kernel - 2) // max(1, kernel - 1)
-    return slots * (ssm + conv)
-
-
-#: the draft steps ``--speculative-adaptive`` chooses among by batch size without a config file: the union
-#: of ``speculative/adaptive_spec_params.py::DEFAULT_ADAPTIVE_CONFIG``'s candidate steps (0 from batch 64 up)
-ADAPTIVE_CANDIDATE_STEPS: dict[str, tuple[int, ...]] = {"0.5.17": (0, 1, 3, 7), "0.5.23": (0, 1, 3, 5, 7)}
-
-
-def adaptive_candidate_steps(flags: ServerFlags, version: str) -> tuple[int, ...]:
-    """``resolve_candidate_steps_from_config``: every batch-size slot's candidate steps of the
-    ``--speculative-adaptive-config`` JSON (its integer keys), else SGLang's defaults for ``version``."""
-    path = flags.speculative_adaptive_config
-    if path is None:
-        return ADAPTIVE_CANDIDATE_STEPS[version]
-    try:
-        cfg = json.loads(Path(path).read_text())
-        steps = {int(s) for key, entry in cfg.items() if key.isdigit() for s in entry["candidate_steps"]}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise PlanError(
-            f"--speculative-adaptive-config {path}: not SGLang's adaptive config ({exc})"
-        ) from exc
-    if not steps:
-        raise PlanError(
-            f"--speculative-adaptive-config {path}: no integer batch-size key with candidate_steps"
-        )
-    return tuple(sorted(steps))
-
-
-def _speculative(flags: ServerFlags, model: ModelShape, version: str) -> tuple[int, int]:
-    """(draft tokens D the pools are sized for, draft KV layers): NEXTN == EAGLE; auto 3/1/4; topk 1 forces
-    D = steps + 1. ``--speculative-adaptive`` (EAGLE/NEXTN/EAGLE3 at topk 1, else SGLang falls back to the
-    static steps: ``adaptive_unsupported_reason``) sizes them for its largest candidate step
-    (``ServerArgs.max_speculative_num_draft_tokens``), whatever step it starts at."""
-    algo = (flags.speculative_algorithm or "").upper()
-    if not algo:
-        return 0, 0
-    steps = flags.speculative_num_steps or 3
-    topk = flags.speculative_eagle_topk or 1
-    draft = flags.speculative_num_draft_tokens or 4
-    if topk == 1:
-        draft = steps + 1
-    eagle = algo in ("EAGLE", "NEXTN", "EAGLE3")
-    if flags.speculative_adaptive and eagle and topk == 1:
-        candidates = adaptive_candidate_steps(flags, version)
-        if flags.speculative_num_steps is not None and flags.speculative_num_steps not in candidates:
-            raise PlanError(
-                f"--speculative-num-steps {flags.speculative_num_steps} is not among "
-                f"--speculative-adaptive's candidate steps {list(candidates)}: SGLang refuses it "
-                "(_init_adaptive_speculative_params)"
-            )
-        draft = max(candidates) + 1
-    draft_layers = max(1, model.mtp_layers) if eagle else 0
-    return draft, draft_layers
-
-
-# ------------------------------------------------------------------------------- plan --
-def plan(
-    model: ModelShape,
-    gpu_memory_mib: int,
-    tp: int,
-    args: list[str],
-    workload: Workload | None = None,
-    sglang_version: str = DEFAULT_VERSION,
-    cuda_context_gib: float = CUDA_CONTEXT_GIB,
-) -> MemoryPlan:
-    """Predict what SGLang will allocate for `args` on one GPU of `gpu_memory_mib` (per-TP-rank view)."""
-    if sglang_version not in SUPPORTED_VERSIONS:
-        raise PlanError(f"sglang_version {sglang_version!r} not supported; use one of {SUPPORTED_VERSIONS}")
-    flags = parse_flags(args)
-    tp = flags.tp or tp
-    notes: list[str] = []
-    default_chunk, default_decode_bs = _capacity_defaults(gpu_memory_mib, tp)
-    chunk = flags.chunked_prefill_size if flags.chunked_prefill_size is not None else default_chunk
-    decode_bs = flags.cuda_graph_max_bs
-    draft_tokens, draft_layers = _speculative(flags, model, sglang_version)
-    mrr_requested = flags.max_running_requests
-    if mrr_requested is None and draft_tokens:
-        mrr_requested = 48  # speculative_hook: "Max running requests is reset to 48"
-    if decode_bs is None:
-        decode_bs = default_decode_bs
-        if flags.max_running_requests is not None and decode_bs > flags.max_running_requests:
-            decode_bs = flags.max_running_requests
-    reserve_mib = reserved_memory_mib(gpu_memory_mib, tp, chunk, decode_bs, flags, mla=is_mla(model))
-    if flags.mem_fraction_static is not None:
-        mfs = flags.mem_fraction_static
-    else:
-        mfs = round((gpu_memory_mib - reserve_mib) / gpu_memory_mib, 3) * vlm_mem_fraction_factor(model)
-    total_gib = gpu_memory_mib / 1024
-    pre_load_gib = total_gib - cuda_context_gib
-    refused = tp_refusals(model, tp)
-    if refused:
-        fit = smallest_fitting_tp(model, gpu_memory_mib)
-        raise PlanError(
-            f"tp {tp} refused by SGLang: {'; '.join(refused)} (smallest tp that works: {fit.reason})"
-        )
-    weights = weights_per_rank(model, tp)
-    weights_gib = weights.gib_per_rank
-    slack_gib = pre_load_gib * (1 - mfs)
-    vlm_gib = VLM_CACHE_GIB if model.is_multimodal and sglang_version != "0.5.17" else 0.0
-    draft_weights_gib = draft_weights_bytes(model) / tp / GIB if draft_layers else 0.0
-    rest_gib = pre_load_gib - weights_gib - draft_weights_gib - slack_gib - vlm_gib
-
-    ssm_dtype = flags.mamba_ssm_dtype
-    stateful = has_state(model)
-    per_req = state_bytes_per_request(model, tp, ssm_dtype) if stateful else 0
-    ring_gib = 0.0
-    reserved_scratch_gib = 0.0
-    k: int | None = None
-    slots: int | None = None
-    strategy: str | None = None
-    state_gib = scratch_gib = 0.0
-    if stateful:
-        if draft_tokens and is_mamba2_hybrid(model):
-            raise UnmodelledError(
-                f"{model.architecture}: Mamba2 verify buffers under speculative decoding are not modelled"
-            )
-        slots, strategy = mamba_slots_per_request(model, flags, sglang_version)
-        k, scratch_bytes = _mamba_pool(flags, per_req, rest_gib, slots, mrr_requested, draft_tokens)
-        if k <= 0:
-            raise PlanError(
-                f"not enough GPU memory for the linear-attention state cache (max_mamba_cache_size={k}); "
-                "raise --mem-fraction-static or lower --max-running-requests"
-            )
-        state_gib = (k + 1) * per_req / GIB
-        reserved_scratch_gib = scratch_bytes / GIB
-        rest_gib -= state_gib + reserved_scratch_gib
-        scratch_gib = spec_scratch_allocated_bytes(model, tp, ssm_dtype, scratch_bytes, per_req, draft_tokens)
-        scratch_gib /= GIB
-        if flags.enable_linear_replayssm:
-            ring_gib = (k + 1) * model.replay_ring_bytes_per_slot(
-                tp, ssm_dtype, flags.linear_replayssm_cache_len
-            )
-            ring_gib /= GIB
-            notes += replay_ring_notes(ring_gib, slack_gib, reserve_mib / 1024, mfs, pre_load_gib)
-    else:
-        for flag in ("--max-mamba-cache-size", "--mamba-full-memory-ratio", "--mamba-ssm-dtype"):
-            if any(a.split("=")[0] == flag for a in args):
-                notes.append(f"{flag} has no effect: {model.architecture} has no linear-attention layers")
-    if rest_gib <= 0:
-        draft = f" + MTP draft {draft_weights_gib:.1f} GiB" if draft_weights_gib else ""
-        pools_gib = state_gib + reserved_scratch_gib
-        if (
-            pools_gib > 0 and rest_gib + pools_gib > 0
-        ):  # the weights alone leave room: the state pools took it
-            raise PlanError(
-                f"the linear-attention state pool ({state_gib:.1f} GiB) and the speculative scratch "
-                f"({reserved_scratch_gib:.1f} GiB for {draft_tokens} draft tokens a request) leave no KV "
-                f"cache memory beside the weights ({weights_gib:.1f} GiB per rank{draft}) at "
-                f"mem_fraction_static={mfs:.3f}: lower --max-running-requests or the speculative steps"
-            )
-        fit = smallest_fitting_tp(model, gpu_memory_mib, reserve_mib=reserve_mib)
-        raise PlanError(
-            f"weights ({weights_gib:.1f} GiB per rank at tp {tp}{draft}) leave no KV cache memory at "
-            f"mem_fraction_static={mfs:.3f}; "
-            + (f"the smallest tp that fits: {fit.tp} ({fit.reason})" if fit.tp else fit.reason)
-        )
-    in_cell = draft_layers if draft_kv_in_cell(flags, model) else 0
-    pool_flags = PoolFlags(
-        tp=tp,
-        kv_cache_dtype=flags.kv_cache_dtype,
-        page_size=flags.page_size,
-        draft_layers_in_cell=in_cell,
-        max_running_requests=mrr_requested,
-        disable_radix_cache=flags.disable_radix_cache,
-        chunked_prefill_size=chunk,
-        overlap_schedule=not flags.disable_overlap_schedule,
-        speculative=bool(draft_tokens),
-        speculative_draft_tokens=draft_tokens,
-        swa_full_tokens_ratio=flags.swa_full_tokens_ratio,
-        sglang_version=sglang_version,
-    )
-    try:
-        pool = kv_pool(model, sglang_version)
-        sizes = pool.size(model, int(rest_gib * GIB), pool_flags)
-        draft_cell = pool.cell_bytes(model, pool_flags, draft_layers) - pool.cell_bytes(model, pool_flags)
-    except Unmodelled as exc:
-        raise UnmodelledError(str(exc)) from exc
-    except PoolTooSmall as exc:
-        raise PlanError(str(exc)) from exc
-    cell, tokens = sizes.cell_bytes, sizes.kv_cache_tokens
-    other_pools_bytes = sizes.kv_bytes - tokens * cell  # the sliding-window pool, where there is one
-    if flags.max_total_tokens is not None:
-        tokens = min(tokens, flags.max_total_tokens)
-    draft_kv_gib = 0.0 if in_cell else tokens * draft_cell / GIB
-    context_len = flags.context_length or model.context_length or 4096
-    if mrr_requested is not None:
-        requested = max(1, mrr_requested)
-    else:
-        requested = max(min(int(tokens / context_len * 512), 4096), 2048)  # resolve_max_num_reqs estimate
-    terms = {"max_running_requests": requested, "kv_tokens": tokens // 2}
-    if k is not None and slots is not None:
-        terms["mamba_pool"] = k // slots
-    binding = min(terms, key=lambda key: terms[key])
-    running = terms[binding]
-    workload_running = client = None
-    client_rule = CLIENT_RULE_WORST_CASE
-    if workload is not None:
-        client_rule = CLIENT_RULE_WORST_CASE if stateful else client_rule_for(workload)
-        workload_running = min(running, tokens // max(1, workload.tokens_per_request))
-        client = (
-            workload_running
-            if stateful
-            else expected_fill(tokens, workload, decode_bs, running, flags.page_size)
-        )
-    kv_gib = (tokens * cell + other_pools_bytes) / GIB
-    free_gib = (
-        total_gib
-        - cuda_context_gib
-        - weights_gib
-        - state_gib
-        - scratch_gib
-        - kv_gib
-        - slack_gib
-        - vlm_gib
-        - draft_weights_gib
-        - draft_kv_gib
-    )
-    room = headroom(
-        model,
-        runtime_gib=slack_gib + free_gib - ring_gib,
-        batch=running,
-        graph_max_bs=decode_bs,
-        flags=flags,
-        chunk=chunk,
-        prefill_graph_tokens=prefill_graph_tokens(chunk, flags),
-        draft_tokens=draft_tokens,
-    )
-    return MemoryPlan(
-        sglang_version=sglang_version,
-        gpu_memory_mib=gpu_memory_mib,
-        tp=tp,
-        args=tuple(args),
-        mem_fraction_static=round(mfs, 4),
-        chunked_prefill_size=chunk,
-        cuda_graph_max_bs=decode_bs,
-        weights_gib=weights_gib,
-        weights_rule=f"{weights.rule} [{weights.source}]",
-        state_pool_gib=state_gib,
-        spec_scratch_gib=scratch_gib,
-        kv_cache_gib=kv_gib,
-        reserve_gib=reserve_mib / 1024,
-        slack_gib=slack_gib,
-        context_gib=cuda_context_gib,
-        vlm_cache_gib=vlm_gib,
-        free_gib=free_gib,
-        state_bytes_per_request=per_req,
-        kv_cell_bytes=cell,
-        swa_tokens=sizes.swa_tokens,
-        kv_pool_rule=sizes.rule,
-        max_mamba_cache_size=k,
-        mamba_slots_per_request=slots,
-        mamba_radix_cache_strategy=strategy,
-        kv_cache_tokens=tokens,
-        requested_max_running_requests=requested,
-        effective_max_running_requests=running,
-        binding_constraint=binding,
-        workload_concurrency=workload_running,
-        client_concurrency=client,
-        notes=tuple(notes),
-        replay_ring_gib=ring_gib,
-        draft_weights_gib=draft_weights_gib,
-        draft_kv_gib=draft_kv_gib,
-        client_rule=client_rule,
-        decode_headroom=room,
-    )
 
 
 def expected_fill(tokens: int, workload: Workload, decode_graph_bs: int, running: int, page_size: int) -> int:
@@ -642,26 +530,6 @@ def replay_ring_notes(
             f"out-of-memory error at graph capture; --mem-fraction-static {fit:g} keeps it"
         )
     return notes
-
-
-def _mamba_pool(
-    flags: ServerFlags, per_req: int, rest_gib: float, slots: int, mrr: int | None, draft: int
-) -> tuple[int, int]:
-    """(K, speculative scratch bytes): the three branches of KVCacheConfigurator._handle_max_mamba_cache."""
-    if flags.max_mamba_cache_size is not None:
-        k = flags.max_mamba_cache_size
-        scratch = per_req * (min(max(1, mrr or 1), k // slots) + 1) * draft if draft else 0
-        return k, scratch
-    if flags.disable_radix_cache and mrr is not None:
-        k = max(1, mrr)
-        return k, per_req * (k + 1) * draft if draft else 0
-    ratio = flags.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO
-    budget = rest_gib * ratio / (1 + ratio) * GIB
-    if draft:
-        k = int((budget - per_req * (1 + draft)) // (per_req * (1 + draft / slots)))
-        capped = min(max(1, mrr or 1), k // slots)
-        return k, per_req * (capped + 1) * draft
-    return int((budget - per_req) // per_req), 0
 
 
 def gpu_memory_from_nvidia_smi() -> int:

@@ -17,13 +17,13 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from regen.sglang.flags import ServerFlags, cuda_graph_max_bs_flag, flag_names, parse_flags, strip_flags
+from regen.sglang.kv_cache_configurator import mamba_slots_per_request
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import (
     DEFAULT_DECODE_GRAPH_LIMIT_NOTE,
     MemoryPlan,
     PlanError,
     Workload,
-    mamba_slots_per_request,
     plan,
 )
 from regen.sglang.pools import has_state, kv_pool
