@@ -21,9 +21,10 @@ default configuration (no ``PYTORCH_CUDA_ALLOC_CONF``: SGLang sets none; no expa
 Where ``cudaMalloc`` places a segment is the driver's choice, not PyTorch's; it matters only through the
 best-fit tie-break among free blocks of equal size (the lowest address wins). Modelled as a top-down
 virtual-address heap: a new segment takes the top of the highest free range that holds it, a released
-segment's range is free again. Measured (issue 49, SGLang 0.5.17's gpt-oss loads on an H200): top-down
-gives the segment counts PyTorch reported (151 and 246) and the reserved bytes to 0 and 4 MiB; placing
-segments bottom-up leaves gpt-oss-120b 5.1 GB (251 segments) more reserved than measured.
+segment's range is free again. Measured (issue 49, on an H200 with torch 2.11): the driver handed out
+successive segments at falling addresses (16 of 17 steps in the 120b's load); with top-down placement the
+simulation of gpt-oss's load equals PyTorch's own allocator to the byte (measurements/
+mxfp4-repack-replay-2026-12-04.json), where bottom-up placement leaves the 120b 5.1 GB more reserved.
 """
 
 from __future__ import annotations
