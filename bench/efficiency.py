@@ -34,7 +34,6 @@ import argparse
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ import yaml
 
 from bench.harness import add_smoke, parse_args
 from bench.sim_virtual import VIRTUAL_ENV, VIRTUAL_HOOK, VirtualTime
-from bench.workflow import copy_workflow, free_port_base, write_chats
+from bench.workflow import copy_workflow, free_port_base, python_path, run_snakemake, write_chats
 from regen.io import open_lines
 from regen.layout import RunLayout
 from regen.simulated.launcher import SERVER_HOOK_ENV
@@ -183,24 +182,17 @@ def main(argv: list[str]) -> int:
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env[REQUEST_LOG_ENV] = str(request_log)
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    snakemake = str(Path(sys.executable).parent / "snakemake")
-    base = [snakemake, "--configfile", "config/efficiency.yaml", "--resources", f"gpu={args.gpus}"]
+    base = ["--configfile", "config/efficiency.yaml", "--resources", f"gpu={args.gpus}"]
 
     epoch = time.time()
     virtual = {"speed": speed, "epoch": epoch, **shape}
     env[SERVER_HOOK_ENV], env[VIRTUAL_ENV] = VIRTUAL_HOOK, orjson.dumps(virtual).decode()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = python_path()
     cfg = run_config(args, cap, free_port_base(args.gpus, random.Random()))
     (root / "config" / "efficiency.yaml").write_text(yaml.safe_dump(cfg, sort_keys=True))
-    t0 = time.monotonic()
-    gen = subprocess.run(
-        [*base, "--cores", str(2 * args.gpus + 1), "--until", "generate", "--quiet", "all"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
+    real_s, gen = run_snakemake(
+        root, [*base, "--cores", str(2 * args.gpus + 1), "--until", "generate", "--quiet", "all"], env
     )
-    real_s = time.monotonic() - t0
     if gen.returncode != 0:
         sys.stderr.write(gen.stdout[-3000:] + gen.stderr[-3000:])
         return 1

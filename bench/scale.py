@@ -62,7 +62,7 @@ from bench import harness
 from bench.audit import synthetic_rows  # the audit bench's synthetic chats
 from bench.harness import REPO, add_smoke, parse_args
 from bench.merge import TextPool, synthetic_record  # a record as written
-from bench.workflow import copy_workflow, free_port_base, python_path, write_chats
+from bench.workflow import SNAKEMAKE, copy_workflow, free_port_base, python_path, run_snakemake, write_chats
 from regen.check import load_config
 from regen.fingerprint import GenerationSettings, server_numerics
 from regen.generate.journal import Journal, read_heads, read_journal_entries
@@ -72,7 +72,6 @@ from regen.prompts import prompt_for_last, sample_request_fingerprint
 from regen.runconfig import RunConfig
 from regen.simulated.requestlog import read_request_log
 
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 REGEN = str(Path(sys.executable).with_name("regen"))
 CONFIGS = ("config/demo.yaml", "config/scale.yaml")
 
@@ -355,16 +354,7 @@ class ScaleRun:
 
 def timed_snakemake(wd: Path, args: list[str], env: dict[str, str], timeout_s: float) -> tuple[float, str]:
     """Run Snakemake on the demo config and the run's own in ``wd``; (its wall, its output). Fails loudly."""
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [SNAKEMAKE, *args, "--configfile", "config/demo.yaml", RUN_CONFIG],
-        cwd=wd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    took = time.perf_counter() - t0
+    took, proc = run_snakemake(wd, [*args, "--configfile", "config/demo.yaml", RUN_CONFIG], env, timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(
             f"snakemake {' '.join(args)} in {wd} failed after {took:.0f} s:\n{proc.stdout[-2000:]}\n"

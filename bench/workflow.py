@@ -10,12 +10,17 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from collections.abc import Iterable
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
+#: the project venv's Snakemake (the one that runs the benches)
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 #: what a run needs of the checkout (not results, work, logs or .snakemake)
 WORKFLOW_ITEMS: tuple[str, ...] = (
     "Snakefile",
@@ -64,6 +69,18 @@ def free_port_base(n: int, rng: random.Random | None = None) -> int:
         if all(port_is_free("127.0.0.1", base + i) for i in range(n)):
             return base
     raise RuntimeError("bench: no free port range on 127.0.0.1")
+
+
+def run_snakemake(
+    wd: Path, argv: Sequence[str], env: Mapping[str, str], timeout_s: float | None = None
+) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """The venv's Snakemake with ``argv`` in the workflow copy ``wd``, its output captured: (its wall
+    seconds, the finished process)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [SNAKEMAKE, *argv], cwd=wd, env=dict(env), capture_output=True, text=True, timeout=timeout_s
+    )
+    return time.perf_counter() - t0, proc
 
 
 def python_path() -> str:

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu.harness import (
-    BASE_ARGS,
     SGLANG_VERSION,
     gpu_memory_mib,
     make_model,
@@ -40,12 +39,11 @@ from bench.gpu.harness import (
 )
 from bench.gpu.roofline import HybridShape, decode_step_cost
 from bench.gpu.tune_live import (
-    TEMPLATE_TOKENS,
-    Lengths,
     candidates_for,
     generate_cfg,
     log,
     prompts,
+    recommendation,
     restarted,
 )
 from bench.harness import add_campaign_args, fmt, publish, result_line
@@ -212,30 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from regen.sglang.models import ModelShape
-    from regen.sglang.plan import Workload
-    from regen.sglang.recommend import recommend
-
     model_dir = a.work / "model"
     shape = HybridShape.from_config(make_model(model_dir, 64))
-    real = Lengths(median=512, sigma=0.7, lo=64, hi=2048)
-    wl = Workload(
-        prompt_p50=256 + TEMPLATE_TOKENS,
-        prompt_p99=256 + TEMPLATE_TOKENS,
-        max_tokens=real.hi,
-        target_concurrency=4096,
-        expected_output_tokens=round(real.mean()),
-    )
-    rec = recommend(
-        ModelShape.from_config(str(model_dir)),
-        gpu_memory_mib(dry),
-        1,
-        list(BASE_ARGS),
-        wl,
-        SGLANG_VERSION,
-        allow_fp8_kv=False,
-        allow_bf16_state=True,
-    )
+    rec = recommendation(model_dir, gpu_memory_mib(dry), 256, replay_decode=False)
     cand = next(c for c in candidates_for(rec, dry) if c.label == a.label)
     batch = a.batch or cand.predicted_running
     doc: dict[str, Any] = {

@@ -608,12 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidates", type=int, default=2)
     p.add_argument("--deadline-s", type=float, default=1080, help="skip configs that would end after this")
     p.add_argument("--port-base", type=int, default=30000)
-    p.add_argument(
-        "--summarize",
-        type=Path,
-        default=None,
-        help="rebuild the summary, markdown and final line from a (partial) results JSON",
-    )
+    p.add_argument("--summarize", type=Path, help="finish a (partial) results JSON: summary, page, last line")
     add_smoke(p, dry_cpu=True, configs="default,regen")
     a = parse_args(p, argv)
     if a.summarize:

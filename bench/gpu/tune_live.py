@@ -563,6 +563,36 @@ def replay_ring_len(args: list[str]) -> int | None:
     return flags.linear_replayssm_cache_len if flags.enable_linear_replayssm else None
 
 
+def recommendation(model_dir: Path, gpu_mib: int, prompt_tokens: int, *, replay_decode: bool) -> Any:
+    """regen's recommendation for the bench model under the workload it plans for: prompts of
+    ``prompt_tokens`` words, log-normal answers of median 512 (64-2,048), bf16 state allowed."""
+    from regen.sglang.models import ModelShape
+    from regen.sglang.plan import Workload
+    from regen.sglang.recommend import recommend
+
+    lengths = Lengths(median=512, sigma=0.7, lo=64, hi=2048)
+    prompt = prompt_tokens + TEMPLATE_TOKENS
+    workload = Workload(
+        prompt_p50=prompt,
+        prompt_p99=prompt,
+        max_tokens=lengths.hi,
+        target_concurrency=4096,
+        expected_output_tokens=round(lengths.mean()),
+    )
+    shape = ModelShape.from_config(str(model_dir))
+    return recommend(
+        shape,
+        gpu_mib,
+        1,
+        list(BASE_ARGS),
+        workload,
+        SGLANG_VERSION,
+        allow_fp8_kv=False,
+        allow_bf16_state=True,
+        allow_replay_decode=replay_decode,
+    )
+
+
 def brief(doc: dict[str, Any], *left_out: str) -> str:
     """``doc`` as one JSON line for the log, without its bulky keys."""
     return json.dumps({k: v for k, v in doc.items() if k not in left_out})
@@ -658,10 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pilot-s", type=float, default=None)
     p.add_argument("--deadline-s", type=float, default=1330)
     p.add_argument(
-        "--sweep-budget-s",
-        type=float,
-        default=None,
-        help="no candidate after the first starts past this many seconds of the sweep",
+        "--sweep-budget-s", type=float, help="no new candidate past this many seconds of the sweep"
     )
     p.add_argument("--workflow-s", type=float, default=None, help="budget of the workflow step (0: off)")
     p.add_argument("--labels", default=None, help="comma-separated candidate labels to run (default: all)")
@@ -697,31 +724,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu_mib = gpu_memory_mib(dry)
     mean_len = lengths.mean()
 
-    from regen.sglang.models import ModelShape
-    from regen.sglang.plan import Workload
-    from regen.sglang.recommend import recommend
     from regen.tune.projection import project
     from regen.tune.sweep import closed_loop_projection, run_sweep
 
-    real_lengths = Lengths(median=512, sigma=0.7, lo=64, hi=2048)
-    wl = Workload(
-        prompt_p50=prompt_tokens + TEMPLATE_TOKENS,
-        prompt_p99=prompt_tokens + TEMPLATE_TOKENS,
-        max_tokens=real_lengths.hi,
-        target_concurrency=4096,
-        expected_output_tokens=round(real_lengths.mean()),
-    )
-    rec = recommend(
-        ModelShape.from_config(str(model_dir)),
-        gpu_mib,
-        1,
-        list(BASE_ARGS),
-        wl,
-        SGLANG_VERSION,
-        allow_fp8_kv=False,
-        allow_bf16_state=True,
-        allow_replay_decode=True,
-    )
+    rec = recommendation(model_dir, gpu_mib, prompt_tokens, replay_decode=True)
     cands = candidates_for(rec, dry)
     if a.labels:
         cands = [c for c in cands if c.label.replace(" ", "_") in a.labels.split(",")]
