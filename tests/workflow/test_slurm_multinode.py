@@ -5,11 +5,14 @@ network, UTS and mount namespace, 2 fake GPUs each, journals synced to S3 (Seawe
   down): its group job is resubmitted by Snakemake (``retries``) and runs on the other node, the lost
   shards' journals come back from S3, the run completes, reconciliation is exact, nothing is duplicated
   and no sample already synced to S3 is sent again. On the way: the GPU group jobs ran on both nodes,
-  each started ONE server that its shards reused (counted from the server logs), and the CPU rules ran
-  on the submit host (they are ``localrules``): the only Slurm jobs are the group jobs.
-* The controller lost mid-run (SIGKILL to the main snakemake): the same command, after ``--unlock``,
-  neither duplicates nor orphans the group jobs still running: its own jobs wait for their journals
-  (one writer per journal) and replay what they wrote; every sample is generated once.
+  each started ONE server that its shards reused (counted from the server logs; each member runs in a
+  job step of its own, and where the cluster tracks processes by cgroup, the CI default, the server
+  lives in the job's batch step through the profile's precommand: regen.serving.slothost), and the CPU
+  rules ran on the submit host (they are ``localrules``): the only Slurm jobs are the group jobs.
+* The controller lost mid-run (SIGKILL to the main snakemake): the same command, with no ``--unlock``
+  (the rerun releases its dead controller's lock), neither duplicates nor orphans the group jobs still
+  running: its own jobs wait for their journals (one writer per journal) and replay what they wrote;
+  every sample is generated once.
 
 Needs ``REGEN_TEST_SLURM_NODES`` >= 2 (set by .ci/run once the cluster is up) and the S3 test server
 (``REGEN_TEST_S3_ENDPOINT``, reachable from the nodes); skipped otherwise. ``measurements/cluster-*.md``
