@@ -36,6 +36,15 @@ SHARD_OUTPUT_SUFFIX = ".jsonl.zst"
 JOURNAL_SUFFIX = ".jsonl"
 #: the merged dataset's manifest, written last into its directory (``regen.output.merge``)
 MANIFEST_NAME = "_manifest.json"
+#: what a slot's server really allocated (``regen.sglang.realized``): ``gpu{k}.realized.json``
+REALIZED_SUFFIX = ".realized.json"
+#: a Slurm job's slot host log, beside its server logs (``regen.serving.slothost``)
+SLOT_HOST_LOG = "host.log"
+
+
+def journal_batch(n: int) -> str:
+    """The ``n``-th batch of a shard's journal synced to object storage (``regen.storage``)."""
+    return f"batch-{n:08d}{JOURNAL_SUFFIX}"
 
 
 def dataset_part(dataset_dir: str | os.PathLike[str], index: int) -> Path:
@@ -224,7 +233,7 @@ class SlotFiles:
             lock=w / f"gpu{slot}.lock",
             lease=w / f"gpu{slot}.lease",
             url=w / f"gpu{slot}.url",
-            realized=w / f"gpu{slot}.realized.json",
+            realized=w / f"gpu{slot}{REALIZED_SUFFIX}",
             log=Path(log_dir) / f"gpu{slot}.log",
             progress=w / f"gpu{slot}.progress.json",
             restarts=w / f"gpu{slot}.restarts.jsonl",
@@ -262,7 +271,7 @@ def restart_files(servers_root: str | os.PathLike[str]) -> list[Path]:
 
 def realized_files(servers_root: str | os.PathLike[str]) -> list[Path]:
     """Every slot's ``gpu{k}.realized.json`` under ``servers_root``, per node and per Slurm job."""
-    return sorted(f for d in server_dirs(servers_root) for f in d.glob("gpu*.realized.json"))
+    return sorted(f for d in server_dirs(servers_root) for f in d.glob(f"gpu*{REALIZED_SUFFIX}"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 
 from regen.io import atomic_path
 from regen.journal_lines import FAILED, complete_lines
-from regen.layout import MANIFEST_NAME
+from regen.layout import MANIFEST_NAME, journal_batch
 from regen.runconfig import JournalSyncConfig
 
 log = logging.getLogger("regen.storage")
@@ -242,7 +242,7 @@ def upload_dir(local_dir: str | os.PathLike[str], s3_prefix: str, client: Any | 
 
 
 def batch_key(prefix: S3Location, shard: str, n: int) -> S3Location:
-    return prefix.child("journal", shard, f"batch-{n:08d}.jsonl")
+    return prefix.child("journal", shard, journal_batch(n))
 
 
 def _line_id(line: bytes) -> str | None:

@@ -289,7 +289,7 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
         os.environ["REGEN_SIM_TOOL_CALL_PARSER"] = "qwen25"
     else:
-        from regen.sglang.plan import gpu_memory_from_nvidia_smi
+        from regen.serving.gpus import gpu_memory_from_nvidia_smi
 
         shape_src = a.model
         gpu_mib = gpu_memory_from_nvidia_smi()

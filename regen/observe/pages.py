@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from regen.io import read_json
-from regen.layout import RUN, SLURM_DIR_PREFIX
+from regen.layout import REALIZED_SUFFIX, RUN, SLURM_DIR_PREFIX
 from regen.serving.progress import read_restarts
 
 # ---------------------------------------------------------------------------------------------
@@ -464,7 +464,7 @@ def server_plan_html(
             )
         )
     if not servers:
-        parts.append(_note(f"no realized values: no server wrote {RUN.servers_root}/gpu*.realized.json"))
+        parts.append(_note(f"no realized values: no server wrote {RUN.servers_root}/gpu*{REALIZED_SUFFIX}"))
     parts.append(_side_by_side(MEMORY_MAP, predicted, servers, "memory map (GiB per GPU)"))
     parts.append(_side_by_side(CAPACITY, predicted, servers, "capacities"))
     if starts:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.layout import RUN, slurm_job_id
+from regen.layout import RUN, SLOT_HOST_LOG, slurm_job_id
 from regen.serving.base import ServerError
 from regen.serving.procfs import SUPERVISOR_MODULE, is_supervisor, proc_cmdline
 from regen.serving.supervisor import SlurmJobWatch
@@ -58,7 +58,7 @@ def socket_address(job: str, uid: int | None = None) -> bytes:
 
 def host_log(job: str) -> Path:
     """The host's log, beside the job's server logs (``logs/servers/slurm-{job}/host.log``)."""
-    return RUN.server_logs_dir(job) / "host.log"
+    return RUN.server_logs_dir(job) / SLOT_HOST_LOG
 
 
 # -- the member's side ------------------------------------------------------------------------------

@@ -31,8 +31,6 @@ really allocated, and its drift from this plan, in :mod:`regen.sglang.realized`.
 from __future__ import annotations
 
 import math
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -530,15 +528,3 @@ def replay_ring_notes(
             f"out-of-memory error at graph capture; --mem-fraction-static {fit:g} keeps it"
         )
     return notes
-
-
-def gpu_memory_from_nvidia_smi() -> int:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        raise PlanError("nvidia-smi not found: pass --gpu-memory-mib N (e.g. 143771 for an H200)")
-    out = subprocess.run(
-        [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True, timeout=30,
-    )  # fmt: skip
-    first = out.stdout.strip().splitlines()[0]
-    return int(float(first))

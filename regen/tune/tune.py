@@ -24,11 +24,12 @@ from regen.ingest.shards import read_shard_spread
 from regen.io import write_json
 from regen.layout import RunLayout
 from regen.runconfig import RunConfig, ServerConfig, section_schema
+from regen.serving.gpus import gpu_memory_from_nvidia_smi
 from regen.serving.lifecycle import mode_of
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, UnmodelledError, gpu_memory_from_nvidia_smi
+from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, UnmodelledError
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
 from regen.sglang.workload import Workload, default_workload, workload_from_audit
 from regen.tune.pilot import DEFAULT_DRAIN_FRACTION

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from regen.runconfig import ServerConfig
+from regen.serving.gpus import gpu_memory_from_nvidia_smi
 from regen.serving.lifecycle import mode_of
 from regen.sglang.config import PlanFile
 from regen.sglang.models import ModelShape
-from regen.sglang.plan import DEFAULT_VERSION, UnmodelledError, gpu_memory_from_nvidia_smi
+from regen.sglang.plan import DEFAULT_VERSION, UnmodelledError
 from regen.sglang.recommend import Recommendation, plan_file, recommend, unmodelled_plan_file
 from regen.sglang.workload import (
     DEFAULT_PROMPT_P50,
