@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from bench.harness import REPO, add_smoke, parse_args
+from regen.pilot_file import PilotFile
 from regen.runconfig import GenerateConfig
 from regen.serving.metrics import decode_samples, steady_state
 from regen.tune.closedloop import StepModel, Truncation, closed_loop_wall_s
@@ -89,21 +90,28 @@ def _with_bundle(a: argparse.Namespace, bundle: Path) -> argparse.Namespace:
 
 
 def replay(a: argparse.Namespace) -> int:
-    pilot = json.loads((a.bundle / "pilot.json").read_text())
+    pilot = PilotFile.read(a.bundle / "pilot.json")
+    if (
+        pilot is None
+        or pilot.best is None
+        or pilot.projection_closed_loop is None
+        or pilot.step_model is None
+    ):
+        raise SystemExit(f"{a.bundle / 'pilot.json'}: no pilot file with a best candidate and a step line")
     measured = json.loads(a.measured.read_text())["sweep_projection"]
     generate = yaml.safe_load((a.bundle / "config.yaml").read_text())["generate"]
-    best = pilot["candidates"][pilot["best_index"]]
-    recorded = pilot["projection_closed_loop"]
+    best = pilot.best
+    recorded = pilot.projection_closed_loop
     if a.step == "run":
         log = a.bundle / "run-logs" / "servers" / "gpu0.log"
         step = run_step_line(log)
         if step is None:
             raise SystemExit(f"{log}: no decode plateau in the log")
     else:
-        step = StepModel(recorded["step_model"]["fixed_s"], recorded["step_model"]["per_request_s"])
+        step = StepModel(pilot.step_model["fixed_s"], pilot.step_model["per_request_s"])
 
-    lengths = pilot["censored_lengths"]
-    truncation = run_truncation(GenerateConfig.from_dict(generate), pilot["best_args"])
+    lengths = pilot.censored_lengths
+    truncation = run_truncation(GenerateConfig.from_dict(generate), pilot.best_args)
     keep = dataclasses.replace(truncation, policy="keep")  # cut at max_tokens: the model before retries
 
     def replayed(policy: Truncation) -> tuple[float, CensoredLengths]:
@@ -111,7 +119,7 @@ def replay(a: argparse.Namespace) -> int:
             lengths["finished_lengths"], lengths["unfinished"], lengths["first_attempts"], policy
         )
         n, concurrency = int(recorded["requests"]), int(recorded["concurrency"])
-        ramp = float(best["ramp_s"] or 0.0)
+        ramp = best.ramp_s or 0.0
         return mean_closed_loop_gpu_s(censored.lengths, n, concurrency, step, ramp, a.draws), censored
 
     capped_s, _ = replayed(keep)

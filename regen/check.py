@@ -36,6 +36,7 @@ from regen.ingest.decontam import DecontaminationConfig
 from regen.ingest.flags import BAD_ROW
 from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.layout import RunLayout
+from regen.pilot_file import PilotFile
 from regen.runconfig import RunConfig, ServerConfig, config_section, validated
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelConfigError, ModelShape
@@ -497,8 +498,10 @@ def speculative_notes(
         return []
     pilot = RunLayout(results=Path(results_dir)).pilot
     try:
-        report_ = json.loads(pilot.read_text())
+        sweep = PilotFile.read(pilot)
     except (OSError, ValueError):
+        return []
+    if sweep is None:
         return []
 
     def setting(row_args: list[str]) -> tuple[str, int] | None:
@@ -508,20 +511,20 @@ def speculative_notes(
         return flags.speculative_algorithm.upper().replace("NEXTN", "EAGLE"), flags.speculative_num_steps or 3
 
     wanted = setting(args)
-    rows = [r for r in report_.get("candidates") or () if r.get("ok") and r.get("rate_tok_s")]
-    same = [r for r in rows if setting(r.get("args") or []) == wanted]
+    rows = [r for r in sweep.candidates if r.ok and r.rate_tok_s]
+    same = [r for r in rows if setting(list(r.args)) == wanted]
     if not same:
         return []
-    mine = max(same, key=lambda r: float(r["rate_tok_s"]))
-    best = max(rows, key=lambda r: float(r["rate_tok_s"]))
-    if float(best["rate_tok_s"]) <= float(mine["rate_tok_s"]):
+    mine = max(same, key=lambda r: r.rate)
+    best = max(rows, key=lambda r: r.rate)
+    if best.rate <= mine.rate:
         return []
-    other = setting(best.get("args") or [])
+    other = setting(list(best.args))
     what = "no MTP" if other is None else f"MTP {other[1]} step{'s' if other[1] != 1 else ''}"
     return [
         f"server.args force {forced.speculative_algorithm} with {wanted[1]} steps: the sweep ({pilot}) "
-        f"measured it at {float(mine['rate_tok_s']):.0f} tok/s ({mine.get('label')}), slower than {what} at "
-        f"{float(best['rate_tok_s']):.0f} tok/s ({best.get('label')}); drop the speculative flags from "
+        f"measured it at {mine.rate:.0f} tok/s ({mine.label}), slower than {what} at "
+        f"{best.rate:.0f} tok/s ({best.label}); drop the speculative flags from "
         "server.args to let the tuner choose"
     ]
 

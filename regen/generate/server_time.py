@@ -6,7 +6,6 @@ generate job say it)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +19,7 @@ from regen.generate.pacing import (
     timeout_conflict,
 )
 from regen.layout import RunLayout
+from regen.pilot_file import PilotFile
 from regen.runconfig import GenerateConfig, ServerConfig, config_section
 from regen.sglang.config import PlanFile
 from regen.sglang.flags import parse_flags
@@ -47,11 +47,10 @@ def request_time_for(server: ServerConfig, pilot: str | os.PathLike[str] | None 
         return stand_in_time(server)
     if pilot is not None:
         try:
-            doc = json.loads(Path(pilot).read_text())
+            sweep = PilotFile.read(pilot)
         except (OSError, ValueError):
-            doc = None
-        closed = doc.get("projection_closed_loop") if isinstance(doc, dict) else None
-        found = measured_step(closed.get("step_model")) if isinstance(closed, dict) else None
+            sweep = None
+        found = measured_step(sweep.step_model) if sweep is not None else None
         if found is not None:
             return found
     return ESTIMATED_GPU_STEP

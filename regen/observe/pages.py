@@ -17,6 +17,7 @@ import orjson
 
 from regen.io import read_json
 from regen.layout import REALIZED_SUFFIX, RUN, SLURM_DIR_PREFIX
+from regen.pilot_file import PilotFile
 from regen.serving.progress import read_restarts
 
 # ---------------------------------------------------------------------------------------------
@@ -521,24 +522,25 @@ def pilot_tables_html(pilot_json: str | os.PathLike[str] | None) -> str:
     if path is None or not path.is_file():
         return ""
     esc = html.escape
-    pilot = read_json(path)
-    best = pilot.get("best_index")
+    pilot = PilotFile.read(path)
+    if pilot is None:
+        return ""
     cand_rows = []
-    for i, row in enumerate(pilot.get("candidates") or []):
-        lengths = row.get("lengths") or {}
+    for i, row in enumerate(pilot.candidates):
+        lengths = row.lengths
         cand_rows.append(
-            ["best" if i == best else "", row.get("label"), " ".join(row.get("args") or []),
-             row.get("concurrency"), row.get("out_tok_s"), row.get("req_s"), lengths.get("p50"),
-             lengths.get("p90"), lengths.get("p99"), lengths.get("truncation_rate"), row.get("error")]
+            ["best" if i == pilot.best_index else "", row.label, " ".join(row.args),
+             row.concurrency, row.out_tok_s, row.req_s, lengths.get("p50"),
+             lengths.get("p90"), lengths.get("p99"), lengths.get("truncation_rate"), row.error]
         )  # fmt: skip
-    lengths = pilot.get("lengths") or {}
-    proj = pilot.get("projection") or {}
+    lengths = pilot.lengths
+    proj = pilot.projection.fields if pilot.projection is not None else {}
     tables = [
-        (PILOT_HEADERS, cand_rows, f"pilot sweep: {pilot.get('seconds_per_candidate')} s per candidate"),
+        (PILOT_HEADERS, cand_rows, f"pilot sweep: {pilot.seconds_per_candidate} s per candidate"),
         (["key", "value"], [[k, v] for k, v in lengths.items()], "pilot output lengths (completion tokens)"),
         (
             ["key", "value"],
-            [[k, v] for k, v in proj.items()] + [["assumption", a] for a in pilot.get("assumptions") or []],
+            [[k, v] for k, v in proj.items()] + [["assumption", a] for a in pilot.assumptions],
             "projection for the remaining samples",
         ),
     ]

@@ -32,6 +32,7 @@ from regen.io import read_json
 from regen.layout import RUN, RunLayout, SlotFiles, url_files
 from regen.observe.stage_progress import stage_lines
 from regen.observe.variants import valid_breakdown, variant_lines
+from regen.pilot_file import PilotFile
 from regen.records import ShardStatus
 from regen.run_marker import RunMarker
 from regen.serving.metrics import sum_prometheus
@@ -186,22 +187,18 @@ def render_table(
 
 def projection_lines(pilot_path: Path, remaining_now: int | None) -> list[str]:
     """The pilot's projection (``regen tune --sweep``), re-projected for the samples left now when known."""
-    if not pilot_path.is_file():
-        return []
     try:
-        pilot = read_json(pilot_path)
-        proj = pilot["projection"]
-        remaining = int(proj["remaining_samples"]) if remaining_now is None else max(0, remaining_now)
-        now = project(
-            remaining,
-            float(proj["tokens_per_sample"]),
-            float(proj["out_tok_s_per_server"]),
-            int(proj["gpus"]),
-            int(proj["tp"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        pilot = PilotFile.read(pilot_path)
+        if pilot is None:
+            return []
+        proj = pilot.projection
+        if proj is None:
+            raise ValueError("no projection")
+        remaining = proj.remaining_samples if remaining_now is None else max(0, remaining_now)
+        now = project(remaining, proj.tokens_per_sample, proj.out_tok_s_per_server, proj.gpus, proj.tp)
+    except (OSError, ValueError, RuntimeError) as exc:
         return [f"projection: {pilot_path} unreadable ({exc})"]
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(pilot.get("created_at") or 0)))
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(pilot.created_at or 0))
     return [
         f"projection (pilot {when}: {now.out_tok_s_per_server:.0f} out tok/s per server, "
         f"{now.tokens_per_sample:.0f} tokens/sample, {now.servers} server(s) x tp {now.tp}): "

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from regen.generate.journal import read_heads
-from regen.io import read_json
 from regen.layout import RunLayout
+from regen.pilot_file import PilotFile
 from regen.records import record_id
 from regen.runconfig import GenerateConfig
 
 
 class ProjectionError(RuntimeError):
-    """A projection that cannot be made (no rate, no server fits) or a pilot file that is not one."""
+    """A projection that cannot be made (no rate, no server fits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,17 +139,6 @@ PROJECTION_ASSUMPTIONS = (
 )
 
 
-def read_pilot(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``pilot.json`` if present (None otherwise)."""
-    p = Path(path)
-    if not p.is_file():
-        return None
-    data = read_json(p)
-    if not isinstance(data, dict) or "projection" not in data:
-        raise ProjectionError(f"{p}: not a pilot file (no 'projection' field)")
-    return data
-
-
 def completion_words(generate: GenerateConfig) -> str:
     """``4 completions per prompt (hot 2, plain 2)``: what the run asks of each prompt."""
     per = generate.completions_per_prompt
@@ -169,12 +158,12 @@ def completion_notes(generate: GenerateConfig, pilot_path: str | os.PathLike[str
             f"the disk check count {per} x the prompts"
         )
     try:
-        pilot = read_pilot(pilot_path)
-    except (OSError, ValueError, ProjectionError):
+        pilot = PilotFile.read(pilot_path)
+    except (OSError, ValueError):
         return out
     if pilot is None:
         return out
-    was = int((pilot.get("remaining") or {}).get("completions_per_sample") or 1)
+    was = pilot.completions_per_sample
     if was != per:
         out.append(
             f"{pilot_path}: its projection counted {was} completion(s) per prompt, the config asks for "

@@ -45,7 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from regen.generate.client import ProgressOptions, ShardFailedError, ShardJob, generate_shard_async
+from regen.io import write_json
 from regen.layout import ScratchShardFiles, SweepCandidateFiles
+from regen.pilot_file import PilotFile
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.serving.base import ServerError
 from regen.serving.lifecycle import acquire_server, build_server_command, mode_of, stop_all_servers
@@ -503,6 +505,14 @@ def pilot_report(
     }
 
 
+def write_pilot(path: str | os.PathLike[str], report: Mapping[str, Any]) -> PilotFile:
+    """The one writer of ``results/plan/pilot.json``: ``report`` (:func:`pilot_report`), parsed by the
+    reader's own rules first (a report the reader would refuse is never written), then written atomically."""
+    pilot = PilotFile.from_json(report, Path(path))
+    write_json(path, report)
+    return pilot
+
+
 __all__ = [
     "CandidateResult",
     "LengthStats",
@@ -517,4 +527,5 @@ __all__ = [
     "pilot_report",
     "run_sweep",
     "run_truncation",
+    "write_pilot",
 ]

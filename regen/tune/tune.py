@@ -21,7 +21,6 @@ from typing import Any
 from regen.configfile import load_config
 from regen.generate.server_time import timeout_disagreement
 from regen.ingest.shards import read_shard_spread
-from regen.io import write_json
 from regen.layout import RunLayout
 from regen.runconfig import RunConfig, ServerConfig, section_schema
 from regen.serving.gpus import gpu_memory_from_nvidia_smi
@@ -35,7 +34,7 @@ from regen.sglang.workload import Workload, default_workload, workload_from_audi
 from regen.tune.pilot import DEFAULT_DRAIN_FRACTION
 from regen.tune.prestart import confirm_prestarted
 from regen.tune.projection import count_remaining
-from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep, run_truncation
+from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep, run_truncation, write_pilot
 from regen.tune.sweep_report import generate_job_seconds, render_result
 from regen.tune.workload_plan import plan_for_workload, planned_sglang_version, workload_from_audit_histogram
 from regen.types import Sample
@@ -391,7 +390,7 @@ def sweep_cli(argv: list[str]) -> int:
             truncation=run_truncation(generate_cfg, result.best_args),
         )  # fmt: skip
         out = Path(ns.out) if ns.out else layout.pilot
-        write_json(out, report)
+        pilot = write_pilot(out, report)
         if ns.plan_out:
             best_cand, best_plan = pairs[[c.args for c, _ in pairs].index(result.best_args)]
             chosen = dataclasses.replace(
@@ -406,7 +405,7 @@ def sweep_cli(argv: list[str]) -> int:
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"regen tune --sweep: {exc}", file=sys.stderr)
         return 2
-    print(render_result(report, generate_job_seconds(layout)))
+    print(render_result(pilot, generate_job_seconds(layout)))
     print(f"wrote {out}")
     return 0
 

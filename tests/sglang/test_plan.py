@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from regen.pilot_file import PilotFile
 from regen.runconfig import ServerConfig
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import PlanError, Workload, plan
@@ -529,7 +530,7 @@ def test_tune_says_why_mtp_is_off_and_the_sweep_measures_it(
                        "gpu_hours": 0.0},
         "mtp": {"why": "MTP on: measured 1.30x the best without it"},
     }  # fmt: skip
-    assert render_result(report).endswith("MTP on: measured 1.30x the best without it")
+    assert render_result(PilotFile.from_json(report)).endswith("MTP on: measured 1.30x the best without it")
 
 
 def test_mtp_that_does_not_fit_is_no_candidate(gpu_model: ModelShape) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from regen.pilot_file import PilotFile
 from regen.runconfig import GenerateConfig
 from regen.serving.metrics import METHOD_LOG, SteadyState
 from regen.tune.closedloop import Truncation
@@ -76,7 +77,7 @@ def test_a_pilot_with_long_answers_unfinished_projects_their_lengths(tmp_path: P
     assert not report["projection"]["lower_bound"]
     assert report["censored_lengths"]["model"]["censored_at"] == max(finished)
     assert any("log-normal" in a and f"{unfinished} of the pilot's 300" in a for a in report["assumptions"])
-    shown = render_result(report)
+    shown = render_result(PilotFile.from_json(report))
     assert f"lengths: {unfinished} of the pilot's 300 samples were unfinished, modelled as longer" in shown
     assert "at least" not in shown
 

@@ -21,9 +21,9 @@ import yaml
 
 from bench.lengths import with_lengths
 from regen.ingest.shards import write_shards
-from regen.io import write_json
 from regen.observe.report import write_report_assets
 from regen.observe.status import status_report
+from regen.pilot_file import PilotFile
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.serving.lifecycle import live_supervisors
 from regen.serving.metrics import METHOD_LOG, SteadyState
@@ -44,8 +44,8 @@ from regen.tune.pilot import (
     mtp_decision,
     percentile,
 )
-from regen.tune.projection import Remaining, count_remaining, project, read_pilot
-from regen.tune.sweep import pilot_report, run_sweep, with_speculative_steps
+from regen.tune.projection import Remaining, count_remaining, project
+from regen.tune.sweep import pilot_report, run_sweep, with_speculative_steps, write_pilot
 from regen.tune.tune import cli as tune_cli
 from regen.types import Endpoint, Message, Sample
 
@@ -229,8 +229,13 @@ def test_projection_from_the_measured_pilot_and_status_shows_it(sweep: Any, tmp_
     assert proj["tokens_per_sample"] == pytest.approx(mean_tokens)
     assert proj["wall_s"] == pytest.approx(wall) and proj["gpu_hours"] == pytest.approx(wall * 4 / 3600)
     assert report["best_args"] == list(result.best_args)
-    write_json(tmp_path / "results" / "plan" / "pilot.json", report)
-    assert read_pilot(tmp_path / "results" / "plan" / "pilot.json")["projection"] == proj
+    written = write_pilot(tmp_path / "results" / "plan" / "pilot.json", report)
+    read = PilotFile.read(tmp_path / "results" / "plan" / "pilot.json")
+    assert read is not None and read.projection is not None and read.projection.fields == proj
+    assert (
+        read.projection.tokens_per_sample == pytest.approx(mean_tokens) and read.best_args == result.best_args
+    )
+    assert written.candidates == read.candidates
 
     text = status_report(tmp_path / "work", tmp_path / "results")
     line = next(x for x in text.splitlines() if x.startswith("projection"))
@@ -269,14 +274,14 @@ def test_tune_sweep_cli_on_simulated_servers(tmp_workdir: Path) -> None:
 
     with redirect_stdout(out):
         assert tune_cli(argv) == 0
-    pilot = read_pilot("results/plan/pilot.json")
-    assert pilot is not None and pilot["candidates"][0]["label"] == "recommended"
-    assert pilot["projection"]["remaining_samples"] == 40 and pilot["projection"]["servers"] == 2
-    assert all(c["ok"] for c in pilot["candidates"])
-    best = pilot["candidates"][pilot["best_index"]]
-    assert best["out_tok_s"] == max(c["out_tok_s"] for c in pilot["candidates"])
+    pilot = PilotFile.read("results/plan/pilot.json")
+    assert pilot is not None and pilot.candidates[0].label == "recommended" and pilot.projection is not None
+    assert pilot.projection.remaining_samples == 40 and pilot.projection.servers == 2
+    assert all(c.ok for c in pilot.candidates)
+    best = pilot.best
+    assert best is not None and best.out_tok_s == max(c.out_tok_s or 0.0 for c in pilot.candidates)
     plan = json.loads(Path("server.json").read_text())
-    assert plan["launch_args"] == best["args"]
+    assert plan["launch_args"] == list(best.args)
     assert "wrote results/plan/pilot.json" in out.getvalue()
     for cand_dir in Path("work/sweep").glob("cand*"):
         assert live_supervisors(cand_dir / "servers") == []
@@ -510,7 +515,7 @@ def _issue_report(remaining: int) -> dict:
 def test_the_sweep_says_one_best_consistent_with_its_table_and_projects_the_whole_run() -> None:
     from regen.tune.sweep_report import render_result
 
-    text = render_result(_issue_report(remaining=20_000))
+    text = render_result(PilotFile.from_json(_issue_report(remaining=20_000)))
     rows = {line.split()[0]: line for line in text.splitlines() if line[:1] in "* " and line.strip()}
     assert rows["*recommended"].split()[2] == "298,296"  # the column the best is chosen by, starred
     assert rows["tuner"].split()[3] == "143,883"
@@ -534,7 +539,7 @@ def test_after_the_run_the_sweep_says_it_is_done_and_what_it_took(tmp_path: Path
         bench.write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:50:00\t100\n")
     took = generate_job_seconds(layout)
     assert took == pytest.approx(4800.5)
-    text = render_result(_issue_report(remaining=0), took)
+    text = render_result(PilotFile.from_json(_issue_report(remaining=0)), took)
     assert "the run is done: all 50,000 samples are finished; its generate jobs ran 1h20m in all" in text
     assert "remaining: 0 samples" not in text
 
