@@ -53,6 +53,7 @@ import yaml
 from bench.gpu import known_target as kt
 from bench.projection_replay import run_step_line
 from regen.layout import RunLayout
+from regen.pilot_file import PilotFile
 
 REPO = Path(__file__).resolve().parents[2]
 _SUPERVISOR = re.compile(
@@ -389,25 +390,27 @@ def sweep_projection(run: Path, phases: dict[str, Any] | None) -> dict[str, Any]
     phase (first request to last answer, retries included) x the GPUs, like with like. The generate jobs'
     whole time (their server start in it) is kept beside it."""
     pilot_file = run / RunLayout().pilot
-    if not pilot_file.exists():
+    pilot = PilotFile.read(pilot_file)
+    if pilot is None:
         return None
-    pilot = json.loads(pilot_file.read_text())
-    steady, closed = pilot["projection"], pilot.get("projection_closed_loop")
-    used = closed or steady
+    if pilot.projection is None:
+        raise SystemExit(f"{pilot_file}: no projection")
+    steady, closed = pilot.projection, pilot.projection_closed_loop
+    used = closed or steady.fields
     projected = used["gpu_hours"] * 3600
-    gpus = steady["servers"] * steady["tp"]
+    gpus = steady.servers * steady.tp
     gen = (phases or {}).get("generation_s")
     measured = gen * gpus if gen else None
     return {
         "projected_gpu_s": projected,
         "projected_from": "projection_closed_loop" if closed else "projection (steady rate)",
         # which decode-step line the closed loop played (regen.tune.sweep.step_model_of)
-        "step_basis": ((closed or {}).get("step_model") or {}).get("basis"),
+        "step_basis": (pilot.step_model or {}).get("basis"),
         # the pilot saw too few whole answers: the projection is a lower bound (regen.tune.sweep)
         "lower_bound": bool(used.get("lower_bound")),
-        "steady_projection_gpu_s": steady["gpu_hours"] * 3600,
-        "remaining_samples": steady["remaining_samples"],
-        "best_args": pilot.get("best_args"),
+        "steady_projection_gpu_s": steady.gpu_hours * 3600,
+        "remaining_samples": steady.remaining_samples,
+        "best_args": list(pilot.best_args) or None,
         "workflow_cap": workflow_cap(run),  # the plan the run launched: the sweep's candidate should be it
         "measured_gpu_s": measured,
         "generate_jobs_s": generate_jobs_s(run),
