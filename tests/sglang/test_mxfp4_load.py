@@ -14,7 +14,7 @@ from regen.sglang.models import ModelShape
 from regen.sglang.weights import weights_per_rank
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
-MODELS = ROOT / "tests" / "data" / "models"
+MODELS = ROOT / "resources" / "models"
 TRACE = ROOT / "tests" / "data" / "sglang" / "mxfp4-repack-trace-e2.json"
 
 #: bench/gpu/memprobe's weight-load probe, right after ModelRunner.load_model (SGLang 0.5.17, dummy
