@@ -2,24 +2,28 @@
 
 Two levels:
 
-* ``GenerationSettings`` — what the config decides for every request: model path and revision,
-  server mode, chat template hash, reasoning parser, regenerate and thinking modes, sampling
-  (temperature, top_p, top_k, max_tokens, n, seed), the truncation policy, the extra request
-  fields and whether token ids are kept; and what the server reports of its own numerics (its
-  SGLang version, weight/KV/state dtypes, quantization, deterministic inference:
-  ``SERVER_NUMERICS_KEYS``), filled in by the client from ``/server_info`` once it has a server, so a
-  journal written by a bf16-state server is not replayed under an fp32-state one. Its
-  ``fingerprint`` (``settings_fingerprint`` in records)
-  is one per run: an output that holds two of them mixes settings (the re-audit refuses it).
-* ``request_fingerprint`` — one per sample: the settings fingerprint, the sample id (the seed
-  and, with ``thinking: mix``, the thinking switch derive from it) and the digest of the exact
-  prompt content the requests send (``content_digest`` of ``regen.prompts.request_content``; the
-  shards carry it per ``regenerate`` mode).
+* ``GenerationSettings`` — what the config decides for every request of one sampling variant
+  (``generate.variants``; one implicit ``default`` without them): model path and revision, server mode,
+  chat template hash, reasoning parser, regenerate and thinking modes, the variant's sampling
+  (temperature, top_p, top_k, max_tokens, seed, per-thinking-mode overrides) and reasoning effort, the
+  truncation policy, the extra request fields and whether token ids are kept; and what the server
+  reports of its own numerics (its SGLang version, weight/KV/state dtypes, quantization, deterministic
+  inference: ``SERVER_NUMERICS_KEYS``), filled in by the client from ``/server_info`` once it has a
+  server, so a journal written by a bf16-state server is not replayed under an fp32-state one. Its
+  ``fingerprint`` (``settings_fingerprint`` in records) is one per variant of a run: adding, changing or
+  removing a variant touches its records alone. The ``default`` variant's settings hash as they did
+  before variants existed.
+* ``request_fingerprint`` — one per completion: the settings fingerprint, the completion's key
+  (``Variant.completion_key``: the sample id for the default variant's first completion, else
+  ``{sample_id}/{variant}/{k}``; the seed derives from it, and with ``thinking: mix`` the thinking
+  switch from the sample id) and the digest of the exact prompt content the requests send
+  (``content_digest`` of ``regen.prompts.request_content``; the shards carry it per ``regenerate`` mode).
 
 The journal stores both on every entry; a rerun replays an entry only when its request fingerprint
-equals the current one, so a changed setting regenerates everything and an edited prompt regenerates
-that sample alone. Operational settings (timeouts, ports, idle time, restarts, concurrency, retries)
-are not part of it, so changing them never invalidates work.
+equals the current one (whatever record id it was journaled under), so a changed setting regenerates
+its variant's completions and an edited prompt regenerates that sample alone. Operational settings
+(timeouts, ports, idle time, restarts, concurrency, retries) are not part of it, so changing them never
+invalidates work.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from regen.runconfig import (
     PLAN,
     GenerateConfig,
     RunConfig,
+    SamplingConfig,
     ServerConfig,
     Variant,
     keys_deciding,
@@ -124,12 +129,9 @@ class GenerationSettings:
     regenerate: str
     thinking: str
     thinking_fraction: float
-    temperature: float
-    top_p: float
-    top_k: int
-    max_tokens: int
-    n: int
-    seed: int
+    #: the variant's sampling (``Variant.sampling``: temperature, top_p, top_k, max_tokens, seed and the
+    #: per-thinking-mode overrides), hashed as flat keys (:meth:`to_json`)
+    sampling: SamplingConfig
     truncation: str
     retry_max_tokens_factor: float
     extra_body: dict[str, Any]
@@ -137,9 +139,6 @@ class GenerationSettings:
     return_token_ids: bool
     #: ``server_numerics`` of the server the answers come from; empty until the client has asked it
     server_numerics: dict[str, Any] = field(default_factory=dict)
-    #: ``sampling.thinking`` / ``sampling.non_thinking``: what samples of that thinking mode use instead
-    sampling_thinking: dict[str, Any]
-    sampling_non_thinking: dict[str, Any]
     #: the chat template's ``preserve_thinking`` (earlier turns' reasoning in context); None: not sent
     preserve_thinking: bool | None
     version: int = FINGERPRINT_VERSION
@@ -172,7 +171,6 @@ class GenerationSettings:
         One record is one completion of one request, so ``n`` is 1 whatever the variant's ``n``: raising
         it adds completions and keeps those made before."""
         v = variant if variant is not None else generate.variants()[0]
-        s = v.sampling(generate.sampling)
         return cls(
             model_path=model_path,
             model_revision=model_revision,
@@ -182,18 +180,11 @@ class GenerationSettings:
             regenerate=generate.regenerate,
             thinking=v.thinking_mode(generate.thinking),
             thinking_fraction=generate.thinking_fraction,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            max_tokens=s.max_tokens,
-            n=1,
-            seed=s.seed,
+            sampling=v.sampling(generate.sampling),
             truncation=generate.truncation.setting,
             retry_max_tokens_factor=generate.retry_max_tokens_factor,
             extra_body=dict(generate.extra_body),
             return_token_ids=generate.return_token_ids,
-            sampling_thinking=dict(s.thinking),
-            sampling_non_thinking=dict(s.non_thinking),
             preserve_thinking=generate.preserve_thinking,
             variant=None if v.name == DEFAULT_VARIANT else v.name,
             reasoning_effort=v.reasoning_effort,
@@ -224,8 +215,24 @@ class GenerationSettings:
         return self.variant or DEFAULT_VARIANT
 
     def to_json(self) -> dict[str, Any]:
+        """The settings as hashed and journaled: the sampling as flat keys (``temperature`` ...,
+        ``sampling_thinking`` / ``sampling_non_thinking`` for the per-mode overrides), ``n`` 1 (a record is
+        one completion of one request), ``variant`` and ``reasoning_effort`` only when set (so settings from
+        before variants keep their fingerprint)."""
         out = asdict(self)
-        for optional in ("variant", "reasoning_effort"):  # absent when unset: the hash of before variants
+        s = self.sampling
+        del out["sampling"]
+        out.update(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_tokens=s.max_tokens,
+            n=1,
+            seed=s.seed,
+            sampling_thinking=dict(s.thinking),
+            sampling_non_thinking=dict(s.non_thinking),
+        )
+        for optional in ("variant", "reasoning_effort"):
             if out[optional] is None:
                 del out[optional]
         return out

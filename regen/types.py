@@ -127,3 +127,5 @@ class Endpoint:
     api_key: str | None = field(default=None, repr=False)
     #: ``regen.fingerprint.server_numerics`` of its ``/server_info``; None: not asked yet
     numerics: dict[str, Any] | None = None
+    #: the GPU slot of this node whose server it is (server id ``gpu{slot}``); None: an external server
+    slot: int | None = None

@@ -126,8 +126,10 @@ BASE = GenerationSettings.for_run(
         {"top_p": 0.5},
         {"top_k": -1},
         {"max_tokens": 300},
-        {"n": 2},
         {"seed": 1},
+        {"non_thinking": (("top_p", 0.8),)},
+        {"variant": "hot"},
+        {"reasoning_effort": "low"},
         {"truncation": "retry"},
         {"retry_max_tokens_factor": 3.0},
         {"extra_body": {"min_p": 0.1}},
@@ -136,7 +138,19 @@ BASE = GenerationSettings.for_run(
     ],
 )
 def test_every_decisive_setting_changes_the_fingerprint(change: dict[str, Any]) -> None:
-    assert dataclasses.replace(BASE, **change).fingerprint != BASE.fingerprint
+    own = {f.name for f in dataclasses.fields(BASE)}  # thinking: the mode; sampling.thinking: its overrides
+    sampling = {k: v for k, v in change.items() if k not in own}
+    settings = {k: v for k, v in change.items() if k not in sampling}
+    changed = dataclasses.replace(BASE, **settings, sampling=dataclasses.replace(BASE.sampling, **sampling))
+    assert changed.fingerprint != BASE.fingerprint
+
+
+def test_a_variants_n_changes_no_fingerprint() -> None:
+    """One record is one completion: raising n adds completions and keeps those made before."""
+    assert (
+        dataclasses.replace(BASE, sampling=dataclasses.replace(BASE.sampling, n=3)).fingerprint
+        == BASE.fingerprint
+    )
 
 
 def test_fingerprint_is_stable_and_ignores_operational_keys(demo_tokenizer_dir: Path) -> None:

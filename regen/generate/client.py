@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -247,7 +248,9 @@ async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: Gen
             states = info.get("internal_states") or [{}]
             first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
             mrr = first.get("effective_max_running_requests_per_dp") or info.get("max_running_requests")
-    return Endpoint(endpoint.url, endpoint.server_id, mrr, version, model, endpoint.api_key, numerics)
+    return dataclasses.replace(
+        endpoint, max_running_requests=mrr, version=version, model=model, numerics=numerics
+    )
 
 
 #: how long the client waits for a server that does not answer ``/server_info`` (restarting after a

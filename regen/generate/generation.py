@@ -16,7 +16,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -27,6 +26,7 @@ from regen.generate.lending import SlotLenders
 from regen.generate.pacing import RequestTime
 from regen.generate.replay import announce_replay
 from regen.generate.run_progress import progress_line
+from regen.generate.scheduler import ShardStats
 from regen.generate.server_time import request_time_for, timeout_disagreement
 from regen.ingest.shards import read_shard
 from regen.layout import RUN, RunLayout, failure_note, slurm_job_id
@@ -43,18 +43,18 @@ log = logging.getLogger("regen.generate.generation")
 
 
 def other_slots(
-    endpoint: Endpoint, generate_cfg: GenerateConfig, slots: str, request_time: RequestTime | None = None
+    endpoint: Endpoint, generate_cfg: GenerateConfig, slots: Path, request_time: RequestTime | None = None
 ) -> SlotLenders | None:
     """The other GPU slots' servers this job may fill while they have room (``generate.spill``): room up to
     the running cap, and no more than the server finishes within the request timeout (``pacing_of``: the
     lent server's own job keeps as many in flight there, so borrowers add none past it)."""
-    if not generate_cfg.spill or not endpoint.server_id.startswith("gpu"):
+    if not generate_cfg.spill or endpoint.slot is None:
         return None
     cap = generate_cfg.concurrency or endpoint.max_running_requests
     if not cap:
         return None
     cap = min(int(cap), pacing_of(generate_cfg, endpoint, request_time).start)
-    return SlotLenders(slots, int(endpoint.server_id[3:]), cap)
+    return SlotLenders(slots, endpoint.slot, cap)
 
 
 def run_generate_job(
@@ -100,47 +100,38 @@ def run_generate_job(
             acquire_server(cfg, plan, workdir=slots, log_dir=logs, on_slot=give_slot_up.append) as endpoint,
             console_progress(endpoint.server_id, layout),
         ):
-            stats = _generate_on(
-                endpoint, samples, journal_path, records_out, failed_out, generate_cfg, shard, total,
-                journal_sync, give_slot_up, generation, str(slots), writer,
-                request_time_for(run.server, layout.pilot),
-            )  # fmt: skip
+            job = ShardJob(
+                samples,
+                journal_path,
+                records_out,
+                failed_out,
+                generate_cfg,
+                endpoint,
+                shard,
+                total=total,
+                journal_sync=journal_sync,
+                on_exhausted=give_slot_up[0] if give_slot_up else None,
+                settings=generation,
+                restarts=SlotRestarts.of(slots, endpoint.server_id, endpoint.url),
+                writer=writer,
+                request_time=request_time_for(run.server, layout.pilot),
+            )
+            stats = _generate_on(job, slots)
     except ServerError as exc:
         raise SystemExit(once_per_cause(exc, shard, log_path, layout.failure_notes_dir(job))) from None
     log.info("shard %s done: %s", shard, stats)
 
 
-def _generate_on(
-    endpoint: Any, samples: Any, journal_path: str, records_out: str, failed_out: str,
-    generate_cfg: GenerateConfig, shard: str, total: int, journal_sync: Any,
-    give_slot_up: list[Callable[[], None]], generation: Any, slots: str, writer: JournalWriter,
-    request_time: RequestTime,
-) -> Any:  # fmt: skip
-    log.info("shard %s on %s (%s)", shard, endpoint.server_id, endpoint.url)
-    lenders = other_slots(endpoint, generate_cfg, slots, request_time)
+def _generate_on(job: ShardJob, slots: Path) -> ShardStats:
+    """``job`` on its server, with the other slots' servers of ``slots`` lent to it while they have room."""
+    endpoint = job.endpoint
+    log.info("shard %s on %s (%s)", job.shard, endpoint.server_id, endpoint.url)
+    lenders = other_slots(endpoint, job.cfg, slots, job.request_time)
     try:
-        job = ShardJob(
-            samples,
-            journal_path,
-            records_out,
-            failed_out,
-            generate_cfg,
-            endpoint,
-            shard,
-            total=total,
-            journal_sync=journal_sync,
-            lenders=lenders,
-            on_exhausted=give_slot_up[0] if give_slot_up else None,
-            settings=generation,
-            restarts=SlotRestarts.of(slots, endpoint.server_id, endpoint.url),
-            writer=writer,
-            request_time=request_time,
-        )
-        stats = generate_shard(job)
+        return generate_shard(dataclasses.replace(job, lenders=lenders))
     finally:
         if lenders is not None:
             lenders.close()
-    return stats
 
 
 def _tell_console(message: str) -> None:

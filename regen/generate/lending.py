@@ -105,7 +105,7 @@ class SlotLenders:
             room = self.cap - busy if busy is not None else 0
             if room <= 0 or not self.hold(slot):
                 continue
-            offers.append((Endpoint(url=url, server_id=f"gpu{slot}"), math.ceil(room / sharers)))
+            offers.append((Endpoint(url=url, server_id=f"gpu{slot}", slot=slot), math.ceil(room / sharers)))
         return offers
 
     def close(self) -> None:

@@ -320,18 +320,6 @@ def workflow_samples(
     return (s for s in samples if s.source.get("row") not in rows)
 
 
-def shard_fingerprints(
-    shard_paths: list[Path], settings: GenerationSettings, upstream: list[Path]
-) -> Iterator[tuple[str, str]] | None:
-    """``(id, request fingerprint)`` of every sample of the shard files under ``settings`` (one variant,
-    the sample id its key), from :func:`shard_digests`; None when that is None."""
-    digests = shard_digests(shard_paths, settings.regenerate, upstream)
-    if digests is None:
-        return None
-    now = settings.fingerprint
-    return ((sample_id, request_fingerprint(now, sample_id, digest)) for sample_id, digest in digests)
-
-
 def shard_digests(
     shard_paths: list[Path], regenerate: str, upstream: list[Path]
 ) -> Iterator[tuple[str, str]] | None:

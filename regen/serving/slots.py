@@ -385,6 +385,7 @@ def serve_on_slot(
             yield Endpoint(
                 url=state.url,
                 server_id=server_id,
+                slot=slot,
                 max_running_requests=effective_max_running(info, plan),
                 version=info.get("version"),
                 model=served_model(info, cfg.model_path),

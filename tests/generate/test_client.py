@@ -110,7 +110,7 @@ def test_records_complete_and_valid(sim: str, tmp_path: Path) -> None:
     # the file's shape, as regen status has always read it, and read back by regen status's reader
     assert set(status) == {"shard", "server", "done", "total", "failed", "truncated", "req_s", "out_tok_s",
                            "eta_s", "updated_at", "in_flight", "retrying", "retried_requests",
-                           "oldest_in_flight_at", "finished"}  # fmt: skip
+                           "oldest_in_flight_at", "completions_per_sample", "finished"}  # fmt: skip
     (read,) = read_shard_statuses(sh.status.parent)
     assert (read.shard, read.server_id, read.server_url, read.done, read.failed, read.finished) == (
         "00000", "gpu0", sim, 50, 0, True)  # fmt: skip

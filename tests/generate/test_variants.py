@@ -53,7 +53,7 @@ def test_each_variant_has_its_own_fingerprint_and_default_keeps_the_one_before_v
     listed = cfg([{"name": "default"}, {"name": "hot", "temperature": 1.0}])
     default, hot = (GenerationSettings.of(listed, variant=v) for v in listed.variants())
     assert default.fingerprint == before and hot.fingerprint != before
-    assert hot.temperature == 1.0 and hot.variant == "hot" and "variant" not in default.to_json()
+    assert hot.sampling.temperature == 1.0 and hot.variant == "hot" and "variant" not in default.to_json()
     hotter = cfg([{"name": "default"}, {"name": "hot", "temperature": 1.3}])
     assert [GenerationSettings.of(hotter, variant=v).fingerprint for v in hotter.variants()] == [
         before,
@@ -146,3 +146,15 @@ def test_records_seeds_send_order_and_a_rerun_that_adds_completions(tmp_path: Pa
         }
     finally:
         stop()
+
+
+def test_a_job_lends_other_slots_by_its_endpoints_slot_not_its_name(tmp_path: Path) -> None:
+    """The generate hand-off (issue 51 item 4): the slot travels on the Endpoint; an external server has
+    none."""
+    from regen.generate.generation import other_slots
+
+    g = cfg(concurrency=8, spill=True)
+    lenders = other_slots(Endpoint("http://x", "gpu3", max_running_requests=8, slot=3), g, tmp_path)
+    assert lenders is not None and lenders.own_slot == 3
+    lenders.close()
+    assert other_slots(Endpoint("http://x", "external", max_running_requests=8), g, tmp_path) is None
