@@ -81,7 +81,7 @@ class ExportConfig:
     over_max_length: str  # drop | keep: rows longer than max_length
     policy: MaskPolicy
     #: leave out completions identical to an earlier completion of the same prompt (``duplicate_of``)
-    drop_duplicate_completions: bool = False
+    drop_duplicate_completions: bool
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> ExportConfig:

@@ -105,7 +105,7 @@ def test_each_thinking_mode_samples_with_its_own_block(tmp_path: Path) -> None:
     # the fingerprint covers the blocks
     base = GenerationSettings.for_run(RunConfig.from_config({"generate": {"sampling": {}}}))
     other = GenerationSettings.for_run(RunConfig.from_config({"generate": cfg}))
-    assert base.fingerprint != other.fingerprint and other.sampling_non_thinking == {"temperature": 0.0}
+    assert base.fingerprint != other.fingerprint and dict(other.sampling.non_thinking) == {"temperature": 0.0}
 
 
 @pytest.fixture
