@@ -8,7 +8,7 @@ since the last operation ("free", bytes), through ``StorageWeakRef``. Frees betw
 one group, in no known order (the test compares them as a multiset). Writes JSON [[kind, bytes], ...].
 
 Needs torch (CPU is enough) and triton_kernels (``.gpu/site``, where ``bench/gpu/pack.sh`` puts it).
-Usage: python bench/gpu/memprobe/repack_cpu_trace.py EXPERTS HIDDEN INTERMEDIATE OUT.json
+Usage: python -m bench.gpu.memprobe.repack_cpu_trace EXPERTS HIDDEN INTERMEDIATE OUT.json
 (tests/data/sglang/mxfp4-repack-trace-e2.json: 2 2880 2880, gpt-oss's widths with two experts)
 """
 
@@ -24,6 +24,8 @@ import torch
 import triton_kernels.tensor_details.layout as layout_mod
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.gpu.memprobe.repack_trace import swizzle_mxfp4
 
 # Hopper (sm90) without a GPU: make_default_matmul_mxfp4_w(_scale)_layout pick HopperMX*Layout
 layout_mod.cuda_capability_geq = lambda major, minor=0: (major, minor) <= (9, 0)
@@ -58,25 +60,6 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def _swizzle_mxfp4(quant_tensor, scale, num_warps):  # type: ignore[no-untyped-def]
-    """mxfp4.py::_swizzle_mxfp4 (0.5.17) but for the opt_flags constraints, which allocate nothing."""
-    from triton_kernels.numerics import InFlexData
-    from triton_kernels.tensor import FP4, convert_layout, wrap_torch_tensor
-    from triton_kernels.tensor_details import layout
-
-    value_layout, value_layout_opts = layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
-    scale_layout, scale_layout_opts = layout.make_default_matmul_mxfp4_w_scale_layout(
-        mx_axis=1, num_warps=num_warps
-    )
-    quant_tensor = quant_tensor.transpose(-2, -1)
-    scale = scale.transpose(-2, -1)
-    quant_tensor = convert_layout(
-        wrap_torch_tensor(quant_tensor, dtype=FP4), value_layout, **value_layout_opts
-    )
-    scale = convert_layout(wrap_torch_tensor(scale), scale_layout, **scale_layout_opts)
-    return quant_tensor, InFlexData(), scale
-
-
 class _Method:
     def process_weights_after_loading(self, layer):  # type: ignore[no-untyped-def]
         """Mxfp4MoEMethod.process_weights_after_loading, use_triton_kernels branch (0.5.17)."""
@@ -86,8 +69,8 @@ class _Method:
         layer.w13_weight_bias = Parameter(w13_weight_bias, requires_grad=False)
         layer.w2_weight_bias = Parameter(w2_weight_bias, requires_grad=False)
         num_warps = 8
-        w13_weight, w13_flex, w13_scale = _swizzle_mxfp4(layer.w13_weight, layer.w13_weight_scale, num_warps)
-        w2_weight, w2_flex, w2_scale = _swizzle_mxfp4(layer.w2_weight, layer.w2_weight_scale, num_warps)
+        w13_weight, w13_flex, w13_scale = swizzle_mxfp4(layer.w13_weight, layer.w13_weight_scale, num_warps)
+        w2_weight, w2_flex, w2_scale = swizzle_mxfp4(layer.w2_weight, layer.w2_weight_scale, num_warps)
         self.w13_precision_config = (w13_scale, w13_flex)
         self.w2_precision_config = (w2_scale, w2_flex)
         self.w13_weight_triton_tensor = w13_weight

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 
-def _swizzle_mxfp4(quant_tensor, scale, num_warps):  # type: ignore[no-untyped-def]
+def swizzle_mxfp4(quant_tensor, scale, num_warps):  # type: ignore[no-untyped-def]
     """sglang/srt/layers/quantization/mxfp4.py::_swizzle_mxfp4 (0.5.17), verbatim but for opt_flags."""
     from triton_kernels.numerics import InFlexData
     from triton_kernels.tensor import FP4, convert_layout, wrap_torch_tensor
@@ -116,8 +116,8 @@ def replay(config_dir: Path, trace_layers: int = 2) -> dict[str, object]:
         layer.w13_weight_bias = P(w13_weight_bias, requires_grad=False)
         layer.w2_weight_bias = P(w2_weight_bias, requires_grad=False)
         del w13_weight_bias, w2_weight_bias
-        w13_weight, w13_flex, w13_scale = _swizzle_mxfp4(layer.w13_weight, layer.w13_weight_scale, 8)
-        w2_weight, w2_flex, w2_scale = _swizzle_mxfp4(layer.w2_weight, layer.w2_weight_scale, 8)
+        w13_weight, w13_flex, w13_scale = swizzle_mxfp4(layer.w13_weight, layer.w13_weight_scale, 8)
+        w2_weight, w2_flex, w2_scale = swizzle_mxfp4(layer.w2_weight, layer.w2_weight_scale, 8)
         keep.append((w13_weight, w13_scale, w2_weight, w2_scale))
         del w13_weight, w13_scale, w2_weight, w2_scale, w13_flex, w2_flex
         del layer.w13_weight
