@@ -48,6 +48,12 @@ class NothingToGenerateError(AuditGateError):
 # --------------------------------------------------------------------------------------
 
 
+#: the summary's histogram of the old answers' supervised tokens without their reasoning (answer only),
+#: which plans a thinking-off variant's answers (``regen.tune.workload_plan``); the auditor does not record
+#: it yet (its supervised count includes the reasoning), so the plan says it cannot tell them apart
+ANSWER_ONLY_HISTOGRAM = "answer_tokens"
+
+
 @dataclass(slots=True)
 class Log2Histogram:
     """Counts in power-of-two buckets: bucket 0 holds 0, bucket k holds [2^(k-1), 2^k); the exact mean

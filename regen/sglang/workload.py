@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ class Workload:
     expected_output_cv: float | None = None
     #: where ``expected_output_cv`` comes from, said in the reasons and the rules map
     expected_output_cv_source: str = "given"
+    #: how the variants' thinking modes weigh the expected answer (:func:`old_answers_expected`), added to
+    #: the rules map's entry; None: one variant mode, or no variants given (the one length plans)
+    expected_output_mix: str | None = None
 
     @property
     def tokens_per_request(self) -> int:
@@ -124,8 +128,10 @@ def page_waste(page_size: int) -> int:
 def client_rule_for(workload: Workload) -> str:
     """The rules map's entry for an attention-only model's client concurrency under ``workload``."""
     if workload.spread_known:
-        return CLIENT_RULE_LENGTH_BIASED
-    return CLIENT_RULE_CONSERVATIVE if workload.expected_output_known else CLIENT_RULE_NO_EXPECTED
+        rule = CLIENT_RULE_LENGTH_BIASED
+    else:
+        rule = CLIENT_RULE_CONSERVATIVE if workload.expected_output_known else CLIENT_RULE_NO_EXPECTED
+    return f"{rule}; {workload.expected_output_mix}" if workload.expected_output_mix else rule
 
 
 #: the prompt lengths planned for when no audit gives them (SGLang-agnostic guesses)
@@ -139,13 +145,34 @@ def default_workload(max_tokens: int) -> Workload:
     return Workload(prompt_p50=DEFAULT_PROMPT_P50, prompt_p99=DEFAULT_PROMPT_P99, max_tokens=max_tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class VariantShare:
+    """A sampling variant as the planner weighs it: its completions per prompt (``n``) and the share of
+    them with thinking on (1: on, 0: off, ``generate.thinking_fraction`` under ``mix``)."""
+
+    name: str
+    n: int
+    thinking_share: float
+
+    @property
+    def thinking_on(self) -> float:
+        return self.n * self.thinking_share
+
+    @property
+    def thinking_off(self) -> float:
+        return self.n * (1.0 - self.thinking_share)
+
+
 def workload_from_audit(
     summary_json: str | Path | dict[str, Any],
     max_tokens: int,
     target_concurrency: int | None = None,
+    variants: Sequence[VariantShare] = (),
+    answer_only: Mapping[str, Any] | None = None,
 ) -> Workload:
     """Workload from the audit summary: prompt_tokens_p50/p99 keys, else a prompt_tokens{p50,p99} block;
-    ``max_tokens``: the run's answer budget (``generate.sampling.max_tokens``)."""
+    ``max_tokens``: the run's answer budget (``generate.sampling.max_tokens``); ``variants`` and
+    ``answer_only``: as :func:`old_answers_expected`."""
     summary = summary_json if isinstance(summary_json, dict) else json.loads(Path(summary_json).read_text())
     block = summary.get("prompt_tokens") if isinstance(summary.get("prompt_tokens"), dict) else {}
     p50 = summary.get("prompt_tokens_p50", block.get("p50", DEFAULT_PROMPT_P50))
@@ -155,17 +182,28 @@ def workload_from_audit(
         prompt_p99=int(max(p99, p50)),
         max_tokens=int(max_tokens),
         target_concurrency=target_concurrency,
-        **old_answers_expected(summary),
+        **old_answers_expected(summary, variants, answer_only),
     )
 
 
-def old_answers_expected(summary: dict[str, Any]) -> dict[str, Any]:
+def old_answers_expected(
+    summary: dict[str, Any],
+    variants: Sequence[VariantShare] = (),
+    answer_only: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The expected answer length and its spread from the audit: the mean and the coefficient of variation
     (std / mean) of the supervised (old answer) tokens per sample of its ``supervised_tokens`` histogram,
     as ``Workload`` fields; {} when the audit has no mean, no cv when it has no std (an audit from before
     the std was recorded: the conservative rule plans). A sample with several answers counts them all, so
     the mean errs long (fewer requests in flight), never short. The lengths are the old answers' own, not
-    capped at ``max_tokens``: :attr:`Workload.running_answer_tokens` bounds the capped context by them."""
+    capped at ``max_tokens``: :attr:`Workload.running_answer_tokens` bounds the capped context by them.
+
+    With ``variants`` of which some completions run thinking off, the expected answer is the mixture over
+    the completions (weights: each variant's ``n`` by thinking mode): thinking on at the supervised length,
+    thinking off at ``answer_only`` (a histogram of the supervised tokens without the reasoning). Its mean
+    is sum w_i mu_i and its E[L^2] sum w_i (sigma_i^2 + mu_i^2), so the running set's E[L](1+cv^2)/2 is the
+    mixture's. Without an ``answer_only`` mean the audit does not tell reasoning from answer: the one
+    length plans every completion (it errs long for the thinking-off ones) and the rule says so."""
     hist = (summary.get("histograms") or {}).get("supervised_tokens") or {}
     mean = hist.get("mean")
     if not mean:
@@ -177,4 +215,41 @@ def old_answers_expected(summary: dict[str, Any]) -> dict[str, Any]:
     if hist.get("std") is not None:
         out["expected_output_cv"] = float(hist["std"]) / float(mean)
         out["expected_output_cv_source"] = "the old answers' std / mean (audit)"
+    on = sum(v.thinking_on for v in variants)
+    off = sum(v.thinking_off for v in variants)
+    if off <= 0:  # no variant, or every completion thinks: the one (full) length, as before
+        return out
+    off_names = ", ".join(v.name for v in variants if v.thinking_off > 0)
+    answer_mean = (answer_only or {}).get("mean")
+    if not answer_mean:
+        out["expected_output_mix"] = (
+            f"thinking-off completions ({off_names}: {off:g} of {on + off:g} per prompt) planned at the full "
+            "old answers' length: the audit does not tell reasoning from answer (no answer-only lengths), "
+            "so their shorter answers are not known (errs long: fewer requests in flight)"
+        )
+        return out
+    total = on + off
+    mixed_mean = (on * float(mean) + off * float(answer_mean)) / total
+    words = (
+        f"expected answer mixed over the variants' completions per prompt: thinking on {on:g} x the old "
+        f"answers' mean {float(mean):,.0f}, thinking off {off:g} ({off_names}) x their answer-only mean "
+        f"{float(answer_mean):,.0f} (reasoning tokens left out)"
+    )
+    out["expected_output_tokens"] = round(mixed_mean)
+    out["expected_output_source"] = f"the variants' mix of the old answers' means (audit): {mixed_mean:,.0f}"
+    std, answer_std = hist.get("std"), (answer_only or {}).get("std")
+    if std is None or answer_std is None:
+        out.pop("expected_output_cv", None)
+        out.pop("expected_output_cv_source", None)
+    else:
+        second = (
+            on * (float(std) ** 2 + float(mean) ** 2) + off * (float(answer_std) ** 2 + answer_mean**2)
+        ) / total
+        mixed_std = math.sqrt(max(0.0, second - mixed_mean * mixed_mean))
+        out["expected_output_cv"] = mixed_std / mixed_mean
+        out["expected_output_cv_source"] = (
+            "the variants' mix: sqrt(sum w (sigma^2 + mu^2) - mean^2) / mean of the old answers' and their "
+            "answer-only lengths (audit)"
+        )
+    out["expected_output_mix"] = words
     return out

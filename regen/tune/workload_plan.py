@@ -6,10 +6,12 @@ Both call :func:`plan_for_workload`, so a provisional plan and the audit's diffe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from regen.runconfig import ServerConfig
+from regen.ingest.audit_summary import ANSWER_ONLY_HISTOGRAM
+from regen.runconfig import GenerateConfig, ServerConfig
 from regen.serving.gpus import gpu_memory_from_nvidia_smi
 from regen.serving.lifecycle import mode_of
 from regen.sglang.config import PlanFile
@@ -19,6 +21,7 @@ from regen.sglang.recommend import Recommendation, plan_file, recommend, unmodel
 from regen.sglang.workload import (
     DEFAULT_PROMPT_P50,
     DEFAULT_PROMPT_P99,
+    VariantShare,
     Workload,
     old_answers_expected,
     workload_from_audit,
@@ -56,17 +59,34 @@ def histogram_percentile(hist: dict[str, Any], q: float) -> int:
     return int(hist.get("max", 0))
 
 
-def workload_from_audit_histogram(summary: dict[str, Any], max_tokens: int) -> Workload:
+def variant_shares(generate: GenerateConfig) -> tuple[VariantShare, ...]:
+    """The run's variants as the planner weighs their answers: completions per prompt and the share with
+    thinking on (``Variant.thinking_mode``: on 1, off 0, mix ``generate.thinking_fraction``)."""
+    share = {"on": 1.0, "off": 0.0, "mix": generate.thinking_fraction}
+    return tuple(
+        VariantShare(v.name, v.n, share[v.thinking_mode(generate.thinking)]) for v in generate.variants()
+    )
+
+
+def workload_from_audit_histogram(
+    summary: dict[str, Any], max_tokens: int, variants: Sequence[VariantShare] = ()
+) -> Workload:
     """Prompt p50/p99 from the audit: its exact percentiles over the kept samples when present, else
-    its prompt-token histogram capped at the context limit (longer prompts never reach a server)."""
+    its prompt-token histogram capped at the context limit (longer prompts never reach a server). The
+    expected answer: the old answers' lengths, mixed over ``variants`` by thinking mode when the audit
+    has answer-only lengths (``regen.sglang.workload.old_answers_expected``)."""
+    answer_only = (summary.get("histograms") or {}).get(ANSWER_ONLY_HISTOGRAM)
     if "prompt_tokens_p99" in summary:  # exact, over the samples that go on to generation
-        return workload_from_audit(summary, max_tokens=max_tokens)
+        return workload_from_audit(summary, max_tokens=max_tokens, variants=variants, answer_only=answer_only)
     hist = summary.get("histograms", {}).get("prompt_tokens", {})
     limit = int(summary.get("context_limit") or 1 << 30)
     p50 = min(histogram_percentile(hist, 0.50), limit) or DEFAULT_PROMPT_P50
     p99 = min(histogram_percentile(hist, 0.99), limit) or DEFAULT_PROMPT_P99
     return Workload(
-        prompt_p50=p50, prompt_p99=max(p99, p50), max_tokens=int(max_tokens), **old_answers_expected(summary)
+        prompt_p50=p50,
+        prompt_p99=max(p99, p50),
+        max_tokens=int(max_tokens),
+        **old_answers_expected(summary, variants, answer_only),
     )
 
 
