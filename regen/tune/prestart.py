@@ -58,7 +58,7 @@ from regen.serving.lifecycle import build_server_command, mode_of, stop_all_serv
 from regen.serving.procfs import proc_stat, read_url_state
 from regen.serving.slots import live_or_start, shared_flock, slot_count, take_lease_shared
 from regen.sglang.config import PlanFile
-from regen.tune.workload_plan import plan_for_workload, workload_from_audit_histogram
+from regen.tune.workload_plan import plan_for_workload, variant_shares, workload_from_audit_histogram
 
 log = logging.getLogger("regen.tune.prestart")
 
@@ -211,7 +211,9 @@ def starting_plan(request: PrestartRequest, run: RunConfig, layout: RunLayout) -
     if first.excludes_all():  # the audit keeps none of these, so maybe none at all: no server yet
         raise NothingToServe(first.in_words())
     summary = first.summary.to_json()
-    workload = workload_from_audit_histogram(summary, run.generate.sampling.max_tokens)
+    workload = workload_from_audit_histogram(
+        summary, run.generate.sampling.max_tokens, variant_shares(run.generate)
+    )
     planned = plan_for_workload(run.server, workload)
     return planned.plan, f"first pass over the dataset's first {rows} rows", dataclasses.asdict(workload)
 

@@ -30,7 +30,7 @@ from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, UnmodelledError
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
-from regen.sglang.workload import Workload, default_workload, workload_from_audit
+from regen.sglang.workload import VariantShare, Workload, default_workload, workload_from_audit
 from regen.tune.pilot import DEFAULT_DRAIN_FRACTION
 from regen.tune.prestart import confirm_prestarted
 from regen.tune.projection import count_remaining
@@ -430,7 +430,12 @@ def _first_shard(layout: RunLayout) -> Path:
 
 # ------------------------------------------------------------------------ workflow rule --
 def write_plan_for_workflow(
-    *, server_cfg: ServerConfig, max_tokens: int, audit_summary: str, out_path: str
+    *,
+    server_cfg: ServerConfig,
+    max_tokens: int,
+    audit_summary: str,
+    out_path: str,
+    variants: Sequence[VariantShare] = (),
 ) -> None:
     """The ``tune`` rule: plan (and recommend) from the model config, the GPU and the audited workload;
     servers this run prestarted from a provisional plan are adopted or stopped first
@@ -439,7 +444,9 @@ def write_plan_for_workflow(
         PlanFile.for_external_server().write(out_path)
         log.info("server.mode external: nothing to plan, the endpoint is managed by the user")
         return
-    workload = workload_from_audit_histogram(json.loads(Path(audit_summary).read_text()), max_tokens)
+    workload = workload_from_audit_histogram(
+        json.loads(Path(audit_summary).read_text()), max_tokens, variants
+    )
     planned = plan_for_workload(server_cfg, workload)
     if planned.unmodelled is not None:
         log.warning(

@@ -4,6 +4,7 @@ run of the one default variant plans exactly as before."""
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from pathlib import Path
@@ -118,3 +119,23 @@ def test_an_audit_that_cannot_tell_reasoning_from_answer_says_so_and_plans_the_o
     rule = plan_for_workload(_server(), mixed).plan.launched_section["rules"]["client_concurrency"]
     assert "the audit does not tell reasoning from answer" in rule
     assert "plain: 1 of 2 per prompt" in rule
+
+
+def test_the_tune_rule_writes_the_mix_into_the_plan_files_rules(tmp_path: Path) -> None:
+    """The tune rule's entry (``write_plan_for_workflow``, what scripts/tune.py calls) with the run's
+    variants: the plan file's rules map says the mix, or that the audit cannot tell them apart."""
+    from regen.sglang.config import PlanFile
+    from regen.tune.tune import write_plan_for_workflow
+
+    for answer_only, words in ((True, "answer-only mean"), (False, "does not tell reasoning from answer")):
+        audit = tmp_path / f"summary-{answer_only}.json"
+        audit.write_text(json.dumps(_summary(answer_only)))
+        out = tmp_path / f"server-{answer_only}.json"
+        write_plan_for_workflow(
+            server_cfg=_server(),
+            max_tokens=16384,
+            audit_summary=str(audit),
+            out_path=str(out),
+            variants=variant_shares(_generate([THINK_ON, THINK_OFF])),
+        )
+        assert words in PlanFile.read(out).launched_section["rules"]["client_concurrency"]
