@@ -296,11 +296,6 @@ class GenerateConfig:
         """Records per prompt: the variants' completions together."""
         return sum(v.n for v in self.variants())
 
-    def max_tokens_for(self, sample_id: str) -> int:
-        """``max_tokens`` of ``sample_id``'s requests: ``sampling.max_tokens``. The hook of benchmarks that
-        emulate an output-length spread with ``ignore_eos`` on dummy weights (``bench.lengths``)."""
-        return self.sampling.max_tokens
-
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> GenerateConfig:
         """Validate ``raw`` against the schema's ``generate`` section, fill its defaults, and type it."""

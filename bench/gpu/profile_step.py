@@ -134,7 +134,7 @@ def profile_server(
                         d / "journal.jsonl",
                         d / "records.jsonl",
                         d / "failed.jsonl",
-                        generate_cfg(tokens, None),
+                        generate_cfg(tokens),
                         ep,
                         "profile",
                     ),

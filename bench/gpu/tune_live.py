@@ -92,12 +92,12 @@ def prompts(n: int, prompt_tokens: int, prefix: str, seed: int) -> list[Sample]:
     return word_prompts(n, prompt_tokens, prefix, seed, lowest_id=10)
 
 
-def generate_cfg(max_tokens: int, by_id: dict[str, int] | None, ids: bool = True) -> Any:
-    from bench.lengths import with_lengths
+def generate_cfg(max_tokens: int, ids: bool = True) -> Any:
+    """regen's generate config: every request at ``max_tokens`` (a per-sample spread comes from
+    ``bench.length_proxy``, between the client and the server)."""
     from regen.runconfig import GenerateConfig
 
-    d = generate_dict(max_tokens)
-    return with_lengths(dataclasses.replace(GenerateConfig.from_dict(d), return_token_ids=ids), by_id)
+    return dataclasses.replace(GenerateConfig.from_dict(generate_dict(max_tokens)), return_token_ids=ids)
 
 
 # --------------------------------------------------------------------------------------- server
@@ -457,6 +457,7 @@ def run_on_winner(
     workflow_s: float = 0.0,
 ) -> dict[str, Any]:
     """Restart the winner through acquire_server; exact ids, the long run, the pure-decode plateau."""
+    from bench.length_proxy import proxied
     from regen.generate.client import generate_shard
     from regen.serving.metrics import log_size, server_steady_state
 
@@ -476,9 +477,10 @@ def run_on_winner(
                 d.mkdir(parents=True, exist_ok=True)
                 offset = log_size(server_log)
                 t0 = time.time()
-                stats = generate_shard(
-                    shard_job_in(d, long_samples, generate_cfg(max(long_lengths), by_id), ep, "long")
-                )
+                with proxied(ep, by_id) as via:
+                    stats = generate_shard(
+                        shard_job_in(d, long_samples, generate_cfg(max(long_lengths)), via, "long")
+                    )
                 wall = time.time() - t0
                 tokens = reasons = 0
                 finish: dict[str, int] = {}
@@ -511,7 +513,7 @@ def run_on_winner(
             offset = log_size(server_log)
             plain = prompts(decode_requests, 256, "dec", 11)
             t0 = time.time()
-            generate_shard(shard_job_in(d2, plain, generate_cfg(decode_tokens, None), ep, "decode"))
+            generate_shard(shard_job_in(d2, plain, generate_cfg(decode_tokens), ep, "decode"))
             steady = server_steady_state(read_log(server_log, offset))
             out["pure_decode"] = {
                 "requests": decode_requests,
@@ -724,6 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu_mib = gpu_memory_mib(dry)
     mean_len = lengths.mean()
 
+    from bench.length_proxy import sweep_through_proxy
     from regen.tune.projection import project
     from regen.tune.sweep import closed_loop_projection, run_sweep
 
@@ -759,16 +762,18 @@ def main(argv: list[str] | None = None) -> int:
     pilot_by_id = dict(zip((s.id for s in pilot), lengths.draw(n_pilot, 2), strict=True))
     log(f"sweep: {len(cands)} candidates x {pilot_s:.0f} s")
     # pilots as a run sends them (token ids on); candidates in priority order, no new one after the budget
-    result = run_sweep(
-        server_cfg(model_dir, dry),
-        cands,
-        pilot,
-        generate_cfg(lengths.hi, pilot_by_id),
-        pilot_s,
-        work / "sweep",
-        stop_grace_s=60,
-        budget_s=a.sweep_budget_s,
-    )
+    # each request's max_tokens from pilot_by_id: set between regen's client and the server
+    with sweep_through_proxy(pilot_by_id):
+        result = run_sweep(
+            server_cfg(model_dir, dry),
+            cands,
+            pilot,
+            generate_cfg(lengths.hi),
+            pilot_s,
+            work / "sweep",
+            stop_grace_s=60,
+            budget_s=a.sweep_budget_s,
+        )
     doc["sweep"] = result.to_json()
     doc["elapsed_after_sweep_s"] = round(elapsed(), 1)
     write_json(json_path, doc)

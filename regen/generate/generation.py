@@ -112,7 +112,7 @@ def run_generate_job(
                 journal_sync=journal_sync,
                 on_exhausted=give_slot_up[0] if give_slot_up else None,
                 settings=generation,
-                restarts=SlotRestarts.of(slots, endpoint.server_id, endpoint.url),
+                restarts=SlotRestarts.of(slots, endpoint),
                 writer=writer,
                 request_time=request_time_for(run.server, layout.pilot),
             )

@@ -272,7 +272,7 @@ class Requests:
         the first request (retries go to the job's own server). A retry without thinking turns
         ``ask.thinking`` off, so the record says how its answer was made."""
         cfg = self.cfg
-        limit = cfg.max_tokens_for(ask.id)
+        limit = ask.sampled.sampling.max_tokens
         answer = await self.request(ask, messages, limit, ask.first_url)
         where = truncated_where(
             answer.finish_reason, answer.content, answer.reasoning_content, bool(answer.tool_calls)

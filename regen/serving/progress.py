@@ -44,6 +44,7 @@ from regen.layout import SlotFiles
 from regen.serving.metrics import parse_prometheus
 from regen.serving.probes import one_token_generation
 from regen.serving.procfs import is_supervisor, pid_alive, read_url_state
+from regen.types import Endpoint
 
 GEN_TOKENS = "sglang:generation_tokens_total"
 RUNNING, QUEUED = "sglang:num_running_reqs", "sglang:num_queue_reqs"
@@ -253,13 +254,13 @@ class SlotRestarts:
         self._settling: asyncio.Task[None] | None = None
 
     @classmethod
-    def of(cls, workdir: str | os.PathLike[str], server_id: str, url: str) -> SlotRestarts | None:
-        """For a ``gpu{k}`` server of ``workdir`` (None for an external server)."""
-        if not server_id.startswith("gpu") or not server_id[3:].isdigit():
+    def of(cls, workdir: str | os.PathLike[str], endpoint: Endpoint) -> SlotRestarts | None:
+        """For the server of ``endpoint``'s GPU slot of ``workdir`` (None for an external server)."""
+        if endpoint.slot is None:
             return None
-        files = SlotFiles.of(int(server_id[3:]), workdir, workdir)
+        files = SlotFiles.of(endpoint.slot, workdir, workdir)
         state = read_url_state(files.url)
-        return cls(files, url, state.server_pid if state is not None else None)
+        return cls(files, endpoint.url, state.server_pid if state is not None else None)
 
     async def lost_to_restart(self, generation: int) -> str | None:
         if self._settling is None or self._settling.done():

@@ -124,7 +124,7 @@ class Rig:
         with acquire_server(
             ServerConfig.from_mapping(server_cfg), None, owner_pid=os.getpid(), poll_s=0.05
         ) as ep:
-            restarts = SlotRestarts.of(servers, ep.server_id, ep.url) if follow_restarts else None
+            restarts = SlotRestarts.of(servers, ep) if follow_restarts else None
             stats = generate_shard(ShardJob(
                 samples, self.journal, self.records, self.failed, GenerateConfig.from_dict(gen_cfg), ep,
                 "00000", restarts=restarts, on_exhausted=on_exhausted,
@@ -366,7 +366,7 @@ def test_stall_on_one_of_two_servers_of_a_node_restarts_only_that_one(rig: Rig) 
                     results[name] = (ep.server_id, generate_shard(ShardJob(
                         shards[name], rig.root / "work" / "journal" / f"{name}.jsonl", out / f"{name}.jsonl",
                         out / f"{name}.failed.jsonl", GenerateConfig.from_dict(gen_cfg), ep, name,
-                        lenders=lenders, restarts=SlotRestarts.of(servers, ep.server_id, ep.url),
+                        lenders=lenders, restarts=SlotRestarts.of(servers, ep),
                     )))  # fmt: skip
                 finally:
                     lenders.close()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.lengths import with_lengths
+from bench.length_proxy import LengthProxy, sweep_through_proxy
 from regen.ingest.shards import write_shards
 from regen.observe.report import write_report_assets
 from regen.observe.status import status_report
@@ -298,12 +298,13 @@ def test_a_sweep_beside_a_generation_takes_another_port_and_honours_per_sample_l
     generation.bind(("127.0.0.1", base))
     generation.listen()
     lengths = {f"s{i}": 3 + i % 5 for i in range(40)}
-    gcfg = with_lengths(GenerateConfig.from_dict({**GENERATE, "extra_body": {"ignore_eos": True}}), lengths)
+    gcfg = GenerateConfig.from_dict({**GENERATE, "extra_body": {"ignore_eos": True}})
     try:
-        result = run_sweep(
-            typed_server(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")],
-            make_samples(40), gcfg, 2.0, tmp_path / "sweep", stop_grace_s=5,
-        )  # fmt: skip
+        with sweep_through_proxy(lengths):  # the bench's spread: set between regen's client and the server
+            result = run_sweep(
+                typed_server(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")],
+                make_samples(40), gcfg, 2.0, tmp_path / "sweep", stop_grace_s=5,
+            )  # fmt: skip
     finally:
         generation.close()
     assert result.rows[0].ok, result.rows[0].error
@@ -315,6 +316,17 @@ def test_a_sweep_beside_a_generation_takes_another_port_and_honours_per_sample_l
     ]
     done = [r for r in records if r.get("kind") == "record" and r["id"] in lengths]
     assert done and all(r["usage"]["completion_tokens"] == lengths[r["id"]] for r in done)
+
+
+def test_the_length_proxy_sets_only_listed_samples_max_tokens() -> None:
+    proxy = LengthProxy("http://127.0.0.1:1", {"a b/1": 7})
+    try:
+        body = json.dumps({"messages": [], "max_tokens": 256}).encode()
+        assert json.loads(proxy.rewrite(body, "a%20b%2F1"))["max_tokens"] == 7
+        assert proxy.rewrite(body, "other") == body and proxy.rewrite(body, None) == body
+        assert proxy.rewritten == 1
+    finally:
+        proxy._sock.close()
 
 
 def test_candidates_are_ranked_by_the_servers_steady_rate_when_it_gave_one() -> None:
