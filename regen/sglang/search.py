@@ -32,6 +32,7 @@ from regen.sglang.pools.swa import (
     swa_cap_per_request,
     swa_decode_per_request,
     swa_eviction_span,
+    swa_eviction_why,
     swa_steady_tokens,
 )
 from regen.sglang.workload import page_waste
@@ -285,14 +286,7 @@ def swa_reason(target: Target, p: MemoryPlan, running: int) -> str:
     need = swa_need(target, p, running)
     per = swa_decode_per_request(target.model, parse_flags(list(p.args)).page_size, target.version)
     span = swa_eviction_span(target.version)
-    why = (
-        "0.5.17 evicts only when the running batch's forward_iter % 128 == 0, and forward_iter counts every "
-        "forward, prefill batches included, so a refill or re-prefill batch on the 128th step makes every "
-        "decode request skip that eviction (measured on the H200: 282 held per request at the saw's top); "
-        "planned: one skip, SGLANG_SWA_EVICTION_INTERVAL left at 128"
-        if span > 128
-        else "0.5.23 evicts each request once 128 tokens have slid out of its window"
-    )
+    why = swa_eviction_why(target.version)
     return (
         f"SWA pool {p.swa_tokens:,} tokens >= {need:,} that {running:,} running requests hold before an "
         f"eviction: {per} each (window + {span} decode steps between two evictions + page + the next "

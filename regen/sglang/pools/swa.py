@@ -162,6 +162,10 @@ def swa_cap_per_request(model: ModelShape, page_size: int) -> int:
     return sliding_window(model) + SWA_EVICTION_INTERVAL + page_size + page_size
 
 
+#: consecutive evictions 0.5.17 is planned to skip (:func:`swa_eviction_span`); SGLang bounds it by nothing
+SWA_SKIPPED_EVICTIONS_0517 = 2
+
+
 def swa_eviction_span(version: str) -> int:
     """Decode steps a running request can go between two SWA evictions, worst case planned.
 
@@ -170,12 +174,37 @@ def swa_eviction_span(version: str) -> int:
     counted by ``run_batch`` for *every* forward, extend (prefill) batches included; the check in
     ``alloc_for_decode`` reads the ct of the running batch's previous decode run. When the multiple of 128
     falls on an extend batch (a refill of finished requests, a re-prefill of retracted ones) every decode
-    request skips that eviction and waits for the next multiple: 2 x 128 steps. Each further multiple taken
-    by an extend adds 128 more (unbounded in the source; planned: one skip; measured on the H200: the saw's
-    top at 282 per request = 127 + 155 steps, one skip). 0.5.23 gates per request on tokens slid out
-    (``_swa_eviction_trigger``: ``seqlen - 1 - window >= evicted + interval``), which cannot starve: one
-    interval."""
-    return SWA_EVICTION_INTERVAL * (2 if version == "0.5.17" else 1)
+    request skips that eviction and waits for the next multiple; each further multiple taken by an extend
+    adds 128 more. The source bounds the run of skips by nothing (more in a row when prefills come more
+    often); planned: two in a row, 3 x 128 steps, as measured on the H200 (issue 49):
+
+    - at a lighter prefill load (client 2,982, cap 3,162) the saw's top held 282 per request = window 127
+      + 155 steps: one skip;
+    - under a refill-heavy load (client 2,130, cap 3,446, 300-token prompts, answers ~1,450; retractions
+      re-prefilled, measurements/families-2026-12-04.md) the pool filled at ``#running-req: 1761 ...
+      #swa token: 900982, swa token usage: 1.00``: ~511 per request (a lower bound of the need, the pool
+      being full) = window 127 + 3 x 128 + 1, two skips in a row; 941 requests were retracted.
+
+    0.5.23 gates per request on tokens slid out (``_swa_eviction_trigger``: ``seqlen - 1 - window >=
+    evicted + interval``), which cannot starve: one interval."""
+    if version == "0.5.17":
+        return SWA_EVICTION_INTERVAL * (1 + SWA_SKIPPED_EVICTIONS_0517)
+    return SWA_EVICTION_INTERVAL
+
+
+def swa_eviction_why(version: str) -> str:
+    """Why :func:`swa_eviction_span` is what it is, for the plan's rules."""
+    if version == "0.5.17":
+        return (
+            "0.5.17 evicts only when the running batch's forward_iter % 128 == 0, and forward_iter counts "
+            "every forward, prefill batches included, so a refill or re-prefill batch on a multiple of 128 "
+            "makes every decode request skip that eviction; the source bounds the skips in a row by nothing. "
+            "Measured on the H200: one skip at a lighter prefill load (282 held per request at the saw's "
+            "top), two in a row under a refill-heavy one (~511 per request at 1,761 running, swa token usage "
+            f"1.00, 941 retracted); planned: {SWA_SKIPPED_EVICTIONS_0517} in a row, "
+            "SGLANG_SWA_EVICTION_INTERVAL left at 128 (0.5.23 evicts per request and is unaffected)"
+        )
+    return "0.5.23 evicts each request once 128 tokens have slid out of its window"
 
 
 def swa_decode_per_request(model: ModelShape, page_size: int, version: str) -> int:
@@ -183,7 +212,7 @@ def swa_decode_per_request(model: ModelShape, page_size: int, version: str) -> i
     the last window + 1 with the radix cache off, and the request grows back by one token a step until
     the next eviction (:func:`swa_eviction_span`), plus the next step's page
     (``new_tokens_required_next_decode``):
-    gpt-oss-20b 127 + 256 + 1 + 1 = 385 on 0.5.17, 257 (SGLang's own per-request sum) on 0.5.23."""
+    gpt-oss-20b 127 + 384 + 1 + 1 = 513 on 0.5.17, 257 (SGLang's own per-request sum) on 0.5.23."""
     return sliding_window(model) + swa_eviction_span(version) + page_size + page_size
 
 
@@ -211,7 +240,8 @@ def swa_steady_tokens(
     running requests' growth to the next eviction, and its decode check (``check_decode_mem``) retracts
     when the SWA pool is short: a pool below this sum retracts in a storm (gpt-oss-20b, issue 49: 789
     retractions in 60 s at 2,903 running, ``swa token usage: 1.00`` with the full pool 45% used; 403 in
-    60 s at 2,982 planned with one interval, the saw's top at 282 per request). The prefill chunks in
+    60 s at 2,982 planned with one interval, the saw's top at 282 per request; 941 in a run planned with
+    one skip, the pool full at 1,761 running, ~511 per request). The prefill chunks in
     flight (one, two with the overlap schedule) and a page, as SGLang's own cap adds them."""
     admitted = min(running, math.ceil(running * swa_eviction_span(version) / max(1, expected_output)))
     prompt = math.ceil(prompt_tokens / page_size) * page_size
