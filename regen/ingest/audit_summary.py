@@ -49,8 +49,9 @@ class NothingToGenerateError(AuditGateError):
 
 
 #: the summary's histogram of the old answers' supervised tokens without their reasoning (answer only),
-#: which plans a thinking-off variant's answers (``regen.tune.workload_plan``); the auditor does not record
-#: it yet (its supervised count includes the reasoning), so the plan says it cannot tell them apart
+#: which plans a thinking-off variant's answers (``regen.tune.workload_plan``); the auditor records it
+#: (``regen.ingest.auditor.ThinkBlocks``) with the samples it cannot split counted beside it (``left_out``,
+#: ``left_out_reasons``); a summary without it (an older audit) plans the one length and says so
 ANSWER_ONLY_HISTOGRAM = "answer_tokens"
 
 

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from regen.chat import ChatTemplate, TokenAccount, to_template_dicts
+from regen.chat import THINK_CLOSE, THINK_OPEN, ChatTemplate, TokenAccount, to_template_dicts
 from regen.ingest.audit_config import AuditConfig, regenerate_setting
 from regen.ingest.audit_summary import (
+    ANSWER_ONLY_HISTOGRAM,
     AuditSummary,
     EmptyAnswers,
     Log2Histogram,
@@ -60,6 +61,100 @@ class OversizeAccount:
     note: str
 
 
+#: why a row's answer-only count is not known (``AnswerSplit`` as a reason, counted in the summary)
+NOT_SPLIT_MASK = "its own loss mask (mask_supervised_tokens) counts the supervised tokens"
+NOT_SPLIT_UNTOKENIZED = "not tokenized (too long)"
+NOT_SPLIT_NO_TAGS = "reasoning, but the tokenizer has no single <think>/</think> tokens"
+NOT_SPLIT_NOT_FOUND = "reasoning in the final answer, but no think block where the template renders it"
+NOT_SPLIT_UNCLOSED = "a think block without </think> before the end of the turn"
+
+#: per row: the supervised tokens of its think blocks (int), or why they cannot be told apart (str)
+AnswerSplit = int | str
+
+
+def final_turn_reasons(dicts: Sequence[Mapping[str, Any]]) -> bool:
+    """True when the conversation ends with an assistant turn that carries reasoning: a
+    ``reasoning_content`` with text, or a think block in the content (as the template splits it)."""
+    if not dicts or dicts[-1]["role"] != "assistant":
+        return False
+    reasoning = dicts[-1].get("reasoning_content")
+    return bool(isinstance(reasoning, str) and reasoning.strip()) or THINK_CLOSE in dicts[-1]["content"]
+
+
+class ThinkBlocks:
+    """Counts the supervised tokens of the think blocks in a rendered conversation from its token ids
+    (the audit's one batch encode: nothing is tokenized again).
+
+    A think block is an assistant turn's opening ``<think>`` (the token right after the assistant
+    header) through its ``</think>``, plus the one newline-only token after it: the template's
+    scaffolding around the reasoning goes with the reasoning, since a thinking-off request has the
+    empty block in its prompt (``enable_thinking=False``) and generates only the answer and the
+    end-of-turn token. What is left of the supervised tokens is the answer-only count.
+    """
+
+    def __init__(self, chat: ChatTemplate) -> None:
+        tok = chat.tokenizer
+        self.tokenizer = tok
+        self.open_id = tok.token_to_id(THINK_OPEN)
+        self.close_id = tok.token_to_id(THINK_CLOSE)
+        self.end_id = tok.token_to_id(chat.end_of_turn)
+        self.header = tok.encode(chat.assistant_header, add_special_tokens=False).ids
+        self._newlines: dict[int, bool] = {}
+
+    def _newline_only(self, token: int) -> bool:
+        known = self._newlines.get(token)
+        if known is None:
+            text = self.tokenizer.decode([token], skip_special_tokens=False)
+            known = self._newlines[token] = bool(text) and not text.strip("\r\n")
+        return known
+
+    def count(self, ids: list[int], final_reasons: bool) -> AnswerSplit:
+        """The think blocks' tokens in ``ids``, or why they cannot be counted (``final_reasons``: the
+        final assistant turn carries reasoning, so a block must be found)."""
+        op, cl = self.open_id, self.close_id
+        if op is None or cl is None:
+            return NOT_SPLIT_NO_TAGS if final_reasons else 0
+        header, h, n = self.header, len(self.header), len(ids)
+        total = 0
+        last_end = -1  # the end of the last block found (the final turn's, when it has one)
+        j = -1
+        while True:
+            try:
+                j = ids.index(op, j + 1)
+            except ValueError:
+                break
+            if j < h or ids[j - h : j] != header:  # a <think> inside a text, not where a turn opens
+                continue
+            try:
+                end = ids.index(self.end_id, j) if self.end_id is not None else n
+            except ValueError:
+                end = n
+            try:
+                k = ids.index(cl, j + 1, end) + 1
+            except ValueError:
+                return NOT_SPLIT_UNCLOSED
+            if k < n and self._newline_only(ids[k]):
+                k += 1
+            total += k - j
+            last_end = end
+            j = k - 1
+        if final_reasons and not self._ends_last_turn(ids, last_end):
+            return NOT_SPLIT_NOT_FOUND
+        return total
+
+    def _ends_last_turn(self, ids: list[int], end: int) -> bool:
+        """True when ``end`` (an end-of-turn index) closes the conversation's last assistant turn."""
+        if end < 0:
+            return False
+        if self.end_id is None:
+            return True
+        try:
+            ids.index(self.end_id, end + 1)
+        except ValueError:
+            return True
+        return False
+
+
 def _turn_chars(d: Mapping[str, Any]) -> int:
     n = len(d["content"]) + len(d.get("reasoning_content") or "")
     calls = d.get("tool_calls")
@@ -91,6 +186,10 @@ class Auditor:
         self.total = 0
         self.excluded = 0
         self.supervised_hist = Log2Histogram()
+        # the supervised tokens without the reasoning (answer only): what a thinking-off completion plans
+        self.answer_hist = Log2Histogram()
+        self.answer_left_out: Counter[str] = Counter()
+        self.think_blocks = ThinkBlocks(chat)
         self.prompt_hist = Log2Histogram()
         self.empty_answers = EmptyAnswers(
             cfg.regenerate or regenerate_setting()["default"], regenerate_assumed=cfg.regenerate is None
@@ -140,8 +239,21 @@ class Auditor:
         oversize = [self.oversize_chars(d) for d in dicts]
         normal = [i for i, n in enumerate(oversize) if n is None]
         rendered = self.chat.render_batch([dicts[i] for i in normal], [samples[i].tools for i in normal])
-        accounts = self.chat.account_encoded(rendered, self.chat.encode_rendered(rendered))
-        return self.finish_batch(samples, dicts, self.merge_accounts(samples, dicts, normal, accounts))
+        encodings = self.chat.encode_rendered(rendered)
+        accounts = self.chat.account_encoded(rendered, encodings)
+        splits = self.answer_splits(dicts, normal, encodings)
+        merged = self.merge_accounts(samples, dicts, normal, accounts)
+        return self.finish_batch(samples, dicts, merged, splits)
+
+    def answer_splits(
+        self, dicts: Sequence[Sequence[Mapping[str, Any]]], normal: Sequence[int], encodings: Sequence[Any]
+    ) -> list[AnswerSplit]:
+        """Per row: its think blocks' supervised tokens (from the batch's encodings of the rows at
+        ``normal``), or why not (the oversize rest is not tokenized)."""
+        out: list[AnswerSplit] = [NOT_SPLIT_UNTOKENIZED] * len(dicts)
+        for i, enc in zip(normal, encodings, strict=True):
+            out[i] = self.think_blocks.count(enc.ids, final_turn_reasons(dicts[i]))
+        return out
 
     def oversize_chars(self, dicts: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:
         """``(prompt chars, total chars)`` of a conversation too long to tokenize whole, else None.
@@ -190,13 +302,18 @@ class Auditor:
         samples: Sequence[Sample],
         dicts: Sequence[list[dict[str, Any]]],
         accounts: Sequence[TokenAccount | OversizeAccount],
+        splits: Sequence[AnswerSplit] | None = None,
     ) -> list[SampleAudit]:
-        """Verdicts from precomputed template dicts and token accounts (see ``iter_audits``)."""
+        """Verdicts from precomputed template dicts and token accounts (see ``iter_audits``); ``splits``:
+        as :meth:`answer_splits` (None: the answer-only counts are not known)."""
         found: list[Contamination | None] = [None] * len(samples)
         if self.benchmarks is not None:
             found = self.benchmarks.check(s.messages for s in samples)
+        if splits is None:
+            splits = ["not split"] * len(samples)
         return [
-            self._audit_one(s, d, a, c) for s, d, a, c in zip(samples, dicts, accounts, found, strict=True)
+            self._audit_one(s, d, a, c, t)
+            for s, d, a, c, t in zip(samples, dicts, accounts, found, splits, strict=True)
         ]
 
     def _duplicate_prompt_flag(self, dicts: list[dict[str, Any]]) -> str | None:
@@ -216,6 +333,7 @@ class Auditor:
         dicts: list[dict[str, Any]],
         acc: TokenAccount | OversizeAccount,
         found: Contamination | None = None,
+        split: AnswerSplit = "not split",
     ) -> SampleAudit:
         cfg = self.cfg
         flags: list[str] = []
@@ -258,6 +376,7 @@ class Auditor:
                 flags.append(EMPTY_RESPONSE)
         if supervised is not None:
             self.supervised_hist.add(supervised)
+            self._add_answer_only(supervised, NOT_SPLIT_MASK if mask_tokens is not None else split)
         self.prompt_hist.add(acc.prompt_tokens)
         reason = self._exclusion(flags)
         roles = [m.role for m in sample.messages]
@@ -278,6 +397,14 @@ class Auditor:
             )
         )
 
+    def _add_answer_only(self, supervised: int, split: AnswerSplit) -> None:
+        if isinstance(split, str):
+            self.answer_left_out[split] += 1
+        elif split > supervised:  # cannot happen when both count the one encoding: never a negative answer
+            self.answer_left_out["think blocks longer than the supervised tokens"] += 1
+        else:
+            self.answer_hist.add(supervised - split)
+
     def summary(self, context: Mapping[str, Any] | None = None) -> AuditSummary:
         """The dataset-level summary of everything audited so far."""
         return AuditSummary(
@@ -289,6 +416,7 @@ class Auditor:
             histograms={
                 "supervised_tokens": self.supervised_hist.to_json(),
                 "prompt_tokens": self.prompt_hist.to_json(),
+                ANSWER_ONLY_HISTOGRAM: answer_only_json(self.answer_hist, self.answer_left_out),
             },
             gates=evaluate_gates(
                 self.total, self.flag_counts, self.cfg.gates, self.empty_answers, len(self.unread_tails)
@@ -304,6 +432,21 @@ class Auditor:
             unread_tails=tuple(self.unread_tails),
             contaminated_by=dict(sorted(self.contaminated_by.items())),
         )
+
+
+def answer_only_json(hist: Log2Histogram, left_out: Mapping[str, int]) -> dict[str, Any]:
+    """The answer-only histogram as the summary writes it, with the rows left out of it (their
+    supervised count cannot be split into reasoning and answer) counted by reason."""
+    n_out = sum(left_out.values())
+    return {
+        **hist.to_json(),
+        "left_out": n_out,
+        "left_out_reasons": dict(sorted(left_out.items())),
+        "in_words": (
+            "supervised tokens without the reasoning (think blocks and their tags), per sample"
+            + (f"; {n_out:,} sample(s) left out (reasoning and answer not told apart)" if n_out else "")
+        ),
+    }
 
 
 def kept_prompt_percentiles(tokens: array) -> dict[str, int]:
@@ -373,9 +516,13 @@ class _Pending:
 
 
 def _finish_pending(auditor: Auditor, p: _Pending) -> list[SampleAudit]:
-    accounts = auditor.chat.account_encoded(p.rendered, p.future.result())
+    encodings = p.future.result()
+    accounts = auditor.chat.account_encoded(p.rendered, encodings)
     return auditor.finish_batch(
-        p.batch, p.dicts, auditor.merge_accounts(p.batch, p.dicts, p.normal, accounts)
+        p.batch,
+        p.dicts,
+        auditor.merge_accounts(p.batch, p.dicts, p.normal, accounts),
+        auditor.answer_splits(p.dicts, p.normal, encodings),
     )
 
 
