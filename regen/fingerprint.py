@@ -296,9 +296,19 @@ def decisive_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def decisive_plan_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The ``tune`` rule's tracked ``settings`` param: the server keys the plan depends on (the fields
-    marked :data:`regen.runconfig.PLAN`), and the answer budget."""
+    marked :data:`regen.runconfig.PLAN`), and the answer budget; with ``generate.variants`` set, also each
+    variant's completions per prompt and thinking mode (and ``thinking_fraction`` where a mode is ``mix``),
+    which weigh the planned answer length (``regen.tune.workload_plan.variant_shares``). Without variants
+    the key is absent, so a run's param stays as it was."""
     server = config.get("server") or {}
-    return {
+    generate = GenerateConfig.from_dict(config.get("generate"))
+    out: dict[str, Any] = {
         "server": {k: server[k] for k in keys_deciding(ServerConfig, PLAN) if k in server},
-        "max_tokens": GenerateConfig.from_dict(config.get("generate")).sampling.max_tokens,
+        "max_tokens": generate.sampling.max_tokens,
     }
+    if generate.configured_variants:
+        modes = [(v.name, v.n, v.thinking_mode(generate.thinking)) for v in generate.configured_variants]
+        out["variants"] = [{"name": name, "n": n, "thinking": mode} for name, n, mode in modes]
+        if any(mode == "mix" for _, _, mode in modes):
+            out["thinking_fraction"] = generate.thinking_fraction
+    return out

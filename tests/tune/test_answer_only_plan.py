@@ -1,0 +1,87 @@
+"""From the audit to the plan (issue 52 item 4): the real ``regen audit`` on data with reasoning writes
+answer-only lengths, the tune rule's entry plans a thinking-on + thinking-off run at their mix, and the
+tune rule's tracked settings change with the variants' thinking modes (so a changed variant replans)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from regen.fingerprint import decisive_plan_config
+from regen.ingest.audit import cli
+from regen.ingest.audit_summary import ANSWER_ONLY_HISTOGRAM
+from regen.runconfig import GenerateConfig, ServerConfig
+from regen.sglang.config import PlanFile
+from regen.tune.tune import write_plan_for_workflow
+from regen.tune.workload_plan import variant_shares
+from tests.support.demo_assets import build_demo_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
+THINK_ON = {"name": "think", "n": 1, "thinking": "on"}
+THINK_OFF = {"name": "plain", "n": 2, "thinking": "off"}
+
+
+def _server() -> ServerConfig:
+    server = yaml.safe_load((ROOT / "config" / "demo.yaml").read_text())["server"]
+    return ServerConfig.from_mapping({**server, "mode": "sglang"})  # a GPU plan, not the stand-in's cap
+
+
+def _plan(summary: Path, out: Path, variants: list[dict[str, Any]]) -> dict[str, Any]:
+    write_plan_for_workflow(
+        server_cfg=_server(),
+        max_tokens=4096,
+        audit_summary=str(summary),
+        out_path=str(out),
+        variants=variant_shares(GenerateConfig.from_dict({"variants": variants})),
+    )
+    return PlanFile.read(out).launched_section
+
+
+def test_a_thinking_off_variant_plans_at_the_audits_answer_only_length(
+    tmp_path: Path, demo_tokenizer_dir: Path
+) -> None:
+    files = build_demo_dataset(tmp_path / "data", demo_tokenizer_dir, n=120, n_tokenized=4, n_sharegpt=4)
+    out = tmp_path / "audit"
+    argv = [str(files.jsonl), "--tokenizer", str(demo_tokenizer_dir), "--override-gates", "--out", str(out)]
+    assert cli(argv) == 0
+    summary = out / "summary.json"
+    hists = orjson.loads(summary.read_bytes())["histograms"]
+    answer_mean, full_mean = hists[ANSWER_ONLY_HISTOGRAM]["mean"], hists["supervised_tokens"]["mean"]
+    assert answer_mean < full_mean
+    mixed = _plan(summary, tmp_path / "mixed.json", [THINK_ON, THINK_OFF])
+    on = _plan(summary, tmp_path / "on.json", [THINK_ON])
+    rule = mixed["rules"]["client_concurrency"]
+    assert f"thinking off 2 (plain) x their answer-only mean {answer_mean:,.0f}" in rule, rule
+    assert f"the old answers' mean {full_mean:,.0f}" in rule
+    assert "answer-only" not in on["rules"]["client_concurrency"]
+
+
+def _demo() -> dict[str, Any]:
+    from regen.configfile import load_config
+
+    return load_config([str(ROOT / "config" / "demo.yaml")])
+
+
+def test_the_variants_thinking_modes_are_tracked_settings_of_the_tune_rule() -> None:
+    demo = _demo()
+    assert "variants" not in decisive_plan_config(demo)  # no variants: the param as it was (pinned)
+
+    def tracked(variants: list[dict[str, Any]], **generate: Any) -> str:
+        config = copy.deepcopy(demo)
+        config["generate"] = {**config["generate"], **generate, "variants": variants}
+        return repr(decisive_plan_config(config))
+
+    both = tracked([THINK_ON, THINK_OFF])
+    assert "'variants': [{'name': 'think', 'n': 1, 'thinking': 'on'}" in both
+    assert tracked([THINK_ON, {**THINK_OFF, "thinking": "on"}]) != both  # a mode changed: replan
+    assert tracked([THINK_ON, {**THINK_OFF, "n": 3}]) != both  # a weight changed: replan
+    inherits = {"name": "plain", "n": 2}  # the dataset's generate.thinking decides its mode
+    assert tracked([THINK_ON, inherits], thinking="off") == both
+    assert "thinking_fraction" not in both
+    mix = tracked([THINK_ON, inherits], thinking="mix", thinking_fraction=0.25)
+    assert "'thinking': 'mix'" in mix and "'thinking_fraction': 0.25" in mix
+    assert mix != tracked([THINK_ON, inherits], thinking="mix", thinking_fraction=0.75)
