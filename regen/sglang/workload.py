@@ -235,6 +235,9 @@ def old_answers_expected(
         f"answers' mean {float(mean):,.0f}, thinking off {off:g} ({off_names}) x their answer-only mean "
         f"{float(answer_mean):,.0f} (reasoning tokens left out)"
     )
+    split = answer_only or {}
+    if split.get("left_out"):  # samples the audit could not split: that mean is over the rest
+        words += f" over {split['count']:,} samples ({split['left_out']:,} not split, left out)"
     out["expected_output_tokens"] = round(mixed_mean)
     out["expected_output_source"] = f"the variants' mix of the old answers' means (audit): {mixed_mean:,.0f}"
     std, answer_std = hist.get("std"), (answer_only or {}).get("std")

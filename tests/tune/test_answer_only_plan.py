@@ -85,3 +85,27 @@ def test_the_variants_thinking_modes_are_tracked_settings_of_the_tune_rule() -> 
     mix = tracked([THINK_ON, inherits], thinking="mix", thinking_fraction=0.25)
     assert "'thinking': 'mix'" in mix and "'thinking_fraction': 0.25" in mix
     assert mix != tracked([THINK_ON, inherits], thinking="mix", thinking_fraction=0.75)
+
+
+def test_samples_the_audit_could_not_split_are_named_in_the_rule(
+    tmp_path: Path, demo_tokenizer_dir: Path
+) -> None:
+    """A mix of rows with their own loss masks (left out of the answer-only lengths) and rows with
+    reasoning: the rule says over how many samples the answer-only mean is and how many were left out."""
+    from regen.chat import ChatTemplate
+    from regen.ingest.audit import AuditConfig, audit_records
+    from regen.types import Message, Sample
+
+    chat = ChatTemplate.from_dir(demo_tokenizer_dir)
+    rows = [
+        Sample(f"s{i}", (Message("user", f"q{i}"), Message("assistant", "a short answer", "reasoning " * 40)))
+        for i in range(3)
+    ]
+    masked = Sample(
+        "m", (Message("user", "q"), Message("assistant", "a", "r")), {"mask_supervised_tokens": 90}
+    )
+    _, summary = audit_records([*rows, masked], AuditConfig.from_dict({}), chat)
+    path = tmp_path / "summary.json"
+    path.write_bytes(orjson.dumps(summary.to_json()))
+    rule = _plan(path, tmp_path / "plan.json", [THINK_ON, THINK_OFF])["rules"]["client_concurrency"]
+    assert "answer-only mean" in rule and "over 3 samples (1 not split, left out)" in rule, rule
