@@ -118,3 +118,44 @@ def test_regen_audit_on_the_demo_dataset_writes_shorter_answer_only_lengths(
     assert cli([*argv, str(tok_out)]) == 0
     answer = orjson.loads((tok_out / "summary.json").read_bytes())["histograms"][ANSWER_ONLY_HISTOGRAM]
     assert (answer["count"], answer["mean"], answer["left_out_reasons"]) == (0, None, {NOT_SPLIT_MASK: 12})
+
+
+def _reference_answer_only(chat: ChatTemplate, messages: list[Message]) -> int:
+    """Supervised tokens less the think blocks' (through the newlines after ``</think>``), counted from a
+    full encoding with character offsets: each supervised turn found in the rendered text by its header."""
+    text = chat.render_dicts(to_template_dicts(messages))
+    enc = chat.tokenizer.encode(text, add_special_tokens=False)
+    header, eot = chat.assistant_header, chat.end_of_turn
+    total = 0
+    pos = text.find(header)
+    while pos >= 0:
+        start = pos + len(header)
+        end = text.index(eot, start) + len(eot)
+        cut = start
+        if text.startswith("<think>", start):
+            cut = text.index("</think>", start) + len("</think>")
+            while text[cut] == "\n":
+                cut += 1
+        total += sum(1 for a, _ in enc.offsets if cut <= a < end)
+        pos = text.find(header, end)
+    return total
+
+
+def test_every_supervised_turns_reasoning_is_left_out(demo_tokenizer_dir: Path) -> None:
+    """Multi-turn rows: the template renders reasoning in the turns after the last user query (a tool
+    chain) and drops it before; answer-only counts every supervised turn's answer, none's reasoning."""
+    chat = ChatTemplate.from_dir(demo_tokenizer_dir)
+    u, a, t = "user", "assistant", "tool"
+    conversations = [
+        [Message(u, "q1"), Message(a, "first answer", "first thoughts"), Message(u, "q2"),
+         Message(a, "b", "r2")],
+        [Message(u, "look it up"), Message(a, "calling", "need a tool"), Message(t, "result 42"),
+         Message(a, "It is 42.", "the tool said 42")],
+        [Message(u, "q"), Message(a, "<think>\ninline one\n</think>\n\nA1"), Message(t, "res"),
+         Message(a, "A2", "second")],
+    ]  # fmt: skip
+    for i, messages in enumerate(conversations):
+        _, summary = audit_records([Sample(f"c{i}", tuple(messages))], CONFIG, chat)
+        hist = _answer_hist(summary)
+        assert hist["count"] == 1 and hist["max"] == _reference_answer_only(chat, messages), i
+        assert hist["max"] < summary.histograms["supervised_tokens"]["max"]
