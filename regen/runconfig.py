@@ -161,7 +161,7 @@ class Variant:
     included) and the dataset's ``generate.thinking``; ``reasoning_effort`` None is not sent."""
 
     name: str
-    n: int = 1
+    n: int
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -175,7 +175,7 @@ class Variant:
         thinking = v.get("thinking")
         return cls(
             name=str(v["name"]),
-            n=int(v.get("n", 1)),
+            n=int(v["n"]),
             temperature=None if v.get("temperature") is None else float(v["temperature"]),
             top_p=None if v.get("top_p") is None else float(v["top_p"]),
             top_k=None if v.get("top_k") is None else int(v["top_k"]),

@@ -58,6 +58,13 @@ def stop_when_owner_dies(every_s: float = OWNER_CHECK_S) -> threading.Thread | N
     if owner <= 1 or not any("snakemake" in a for a in proc_cmdline(owner)):
         return None
     started = process_start_time(owner)
+    if (
+        signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        and threading.current_thread() is threading.main_thread()
+    ):
+        # started from a background job of a shell script (``snakemake ... &``, nohup): SIGINT arrives
+        # ignored, and Python then installs no KeyboardInterrupt handler, so the stop below would be lost
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def watch() -> None:
         while same_process_alive(owner, started):

@@ -65,6 +65,12 @@ def test_every_generate_default_comes_from_the_schema() -> None:
     for name, prop in schema.items():
         if name in ("sampling", "journal_sync", "extra_body"):
             continue
+        if name == "variants":  # typed as the configured list; variants() adds the implicit default
+            assert list(cfg.configured_variants) == prop["default"]
+            continue
+        if name == "truncation":  # typed as a policy; its setting is the schema's string form
+            assert cfg.truncation.setting == prop["default"]
+            continue
         assert getattr(cfg, name) == prop["default"], name
     for name, prop in schema["sampling"]["properties"].items():
         assert getattr(cfg.sampling, name) == prop.get("default", ()), name
@@ -77,7 +83,8 @@ def test_every_generate_default_comes_from_the_schema() -> None:
     ("section", "where"),
     [
         ({"thinking": "maybe"}, r"generate\.thinking"),
-        ({"sampling": {"n": 2}}, r"generate\.sampling\.n"),
+        ({"sampling": {"n": 0}}, r"generate\.sampling\.n"),
+        ({"variants": [{"name": "Hot"}]}, r"generate\.variants"),
         ({"sampling": {"max_tokens": 0}}, r"generate\.sampling\.max_tokens"),
         ({"concurrency": 0}, r"generate\.concurrency"),
         ({"retry_max_tokens_factor": 0.5}, r"generate\.retry_max_tokens_factor"),
@@ -113,6 +120,17 @@ PARAMETERS_NOT_FROM_THE_CONFIG = {
     ("tune/sweep.py", "closed_loop_projection", "seed"): "random seed of the projection's length draw",
     # the same for the lengths of the truncation retries the projection counts
     ("tune/closedloop.py", "slot_tokens", "seed"): "random seed of the retries' length draw",
+    # the variants' thinking shares (VariantShare, from generate.variants by variant_shares), not the config's
+    # list; none: a plan without variants, exactly as before them
+    **{
+        (path, function, "variants"): "the variants' thinking shares, derived from generate.variants"
+        for path, function in (
+            ("sglang/workload.py", "workload_from_audit"),
+            ("sglang/workload.py", "old_answers_expected"),
+            ("tune/tune.py", "write_plan_for_workflow"),
+            ("tune/workload_plan.py", "workload_from_audit_histogram"),
+        )
+    },
 }
 
 #: parameters that carry a config key's value under another name: parameter -> config key

@@ -173,7 +173,7 @@ class LoadReplay:
 
 
 @lru_cache(maxsize=32)
-def replay_gpt_oss_load(model: ModelShape, tp: int = 1, ep: int = 1) -> LoadReplay:
+def replay_gpt_oss_load(model: ModelShape, tp: int, ep: int) -> LoadReplay:
     """Replay SGLang 0.5.17's dummy-weight load of an MXFP4 gpt-oss model on one Hopper rank."""
     return replay_logged(model, tp, ep, None)
 

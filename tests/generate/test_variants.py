@@ -31,7 +31,7 @@ def cfg(variants: list[dict[str, Any]] | None = None, **more: Any) -> GenerateCo
 
 
 def test_the_typed_variants() -> None:
-    assert cfg().variants() == (Variant("default"),) and cfg().plain_ids
+    assert cfg().variants() == (Variant("default", n=1),) and cfg().plain_ids
     three = cfg(sampling={"n": 3})
     assert three.variants() == (Variant("default", n=3),) and not three.plain_ids
     both = cfg([{"name": "default"}, {"name": "hot", "temperature": 1.1, "thinking": "off", "n": 2}])
@@ -72,7 +72,7 @@ def test_each_variant_has_its_own_fingerprint_and_default_keeps_the_one_before_v
 
 def test_a_variants_request_body_samples_its_own_way() -> None:
     g = cfg(sampling={"non_thinking": {"temperature": 0.7, "top_p": 0.8}})
-    hot = Variant("hot", temperature=1.2, reasoning_effort="high")
+    hot = Variant("hot", n=1, temperature=1.2, reasoning_effort="high")
     requests = Requests(g, None, "http://x", "m", None, "00000", None, None, None, None)  # type: ignore[arg-type]
     body = orjson.loads(
         requests.body([], 1, False, 64, None, Sampled("hot", hot.sampling(g.sampling), "high"))

@@ -84,7 +84,7 @@ def test_one_layers_repack_allocates_and_frees_as_sglangs_own_code_does() -> Non
 @pytest.mark.parametrize("name", sorted(PROBE))
 def test_the_replay_leaves_what_the_h200_probe_measured(name: str) -> None:
     probe = PROBE[name]
-    replay = mxfp4_load.replay_gpt_oss_load(ModelShape.from_config(MODELS / name))
+    replay = mxfp4_load.replay_gpt_oss_load(ModelShape.from_config(MODELS / name), 1, 1)
     assert replay.segments == probe["segments"]
     # the probe's 32 MiB free segment is not in the replay, which holds as much in split blocks
     assert abs(replay.reserved - probe["reserved"]) <= 4 * MIB

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 JOB = """
 import sys, time
 from regen.runlog import log_to
@@ -26,11 +28,19 @@ time.sleep(60)
 """
 
 
-def test_a_job_stops_when_its_controller_is_killed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_a_job_stops_when_its_controller_is_killed(tmp_path: Path, sigint: str) -> None:
+    """Also when the controller runs as a shell script's background job (``snakemake ... &``, nohup),
+    whose children start with SIGINT ignored."""
     log, started = tmp_path / "logs" / "generate" / "00000.log", tmp_path / "started"
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     controller = subprocess.Popen(
         [sys.executable, "-c", CONTROLLER, JOB, str(log), str(started), "snakemake-stand-in"],
         start_new_session=True,
+        preexec_fn=ignore_sigint if sigint == "ignored" else None,
     )
     try:
         deadline = time.monotonic() + 30
