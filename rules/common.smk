@@ -47,6 +47,7 @@ from regen.runconfig import RunConfig
 from regen.ingest.shard_count import AUTO, settle_auto_count, shard_count
 from regen.runlog import RESUME_HINT
 from regen.serving.lifecycle import stop_all_servers
+from regen.serving.slurm_jobs import wait_for_jobs_left_in
 from regen.tune.prestart import PrestartRequest, prestart_skip_reason, spawn_prestart
 
 
@@ -311,13 +312,17 @@ MARKER = []
 
 def release_lock_of_dead_run():
     """While the DAG is built (before Snakemake takes its lock): the lock a provably dead controller of
-    this directory left is released, with one line (regen.run_marker)."""
+    this directory left is released, with one line (regen.run_marker), and the Slurm jobs it left there
+    are waited for (regen.serving.slurm_jobs), so the DAG adopts what they finish."""
     if workflow.is_main_process:
         line = release_dead_lock(RUN.run_marker, RUN.snakemake_locks)
+        released = line is not None
         if line is None and not workflow.dryrun:
             line = lock_refused_line(RUN.run_marker, RUN.snakemake_locks)
         if line:
             print(line, file=sys.stderr)
+        if released and not workflow.dryrun:
+            wait_for_jobs_left_in(Path.cwd(), lambda text: print(text, file=sys.stderr))
 
 
 def begin_run():
