@@ -358,6 +358,9 @@ class Settings:
     length_scale: float  # dry run: answers scaled down so a window holds many of them
     #: flags appended to the regen arm's plan (--regen-extra-args): a probe, named in the output
     regen_extra_args: tuple[str, ...] = ()
+    #: flags both arms run with (the defaults arm as its only flags, regen's plan as the user's given
+    #: flags): a backend choice the comparison holds equal, named in the output
+    both_arms_flags: tuple[str, ...] = ()
     #: the default arm's in-flight counts, one window each (the same loop widened)
     default_in_flight: tuple[int, ...] = DEFAULT_IN_FLIGHT
 
@@ -528,7 +531,9 @@ async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: 
     planned = ("regen", *(a for a in arms if a == "regen-fp8kv" or a in GIVEN_FLAGS_ARMS))
     plans = {
         arm: regen_tune(
-            model_dir, GIVEN_FLAGS_ARMS.get(arm, ()), *regen_tune_args(summary, arm == "regen-fp8kv")
+            model_dir,
+            (*s.both_arms_flags, *GIVEN_FLAGS_ARMS.get(arm, ())),
+            *regen_tune_args(summary, arm == "regen-fp8kv"),
         )
         for arm in planned
     }
@@ -549,7 +554,7 @@ async def bench_model(model: str, s: Settings, arms: tuple[str, ...], budget_s: 
     }
     runs: list[tuple[str, list[str], tuple[int, ...], RegenPlan]] = []
     if "default" in arms:
-        runs.append(("default", [], s.default_in_flight, plan))
+        runs.append(("default", list(s.both_arms_flags), s.default_in_flight, plan))
     for arm in (a for a in planned if a in arms):
         arm_rec = (plans[arm].plan or {}).get("recommended") or {}
         args = list(arm_rec.get("args") or [])

@@ -8,7 +8,7 @@
 #                            start the benches detached, wait up to SECONDS, collect
 #   truth.sh wait SECONDS    wait up to SECONDS for "truth-bench: done", collect
 # Collect ($OUT, 6 files): bench.log, planner-truth-*.json/.md, dense-*.json/.md, serverlogs.tgz (trimmed).
-# ONLY=planner or ONLY=dense runs one bench; PLANNER_ARGS / DENSE_ARGS are passed on (e.g.
+# ONLY=planner, dense, families or a comma list of them (run in that order); PLANNER_ARGS / DENSE_ARGS are passed on (e.g.
 # PLANNER_ARGS="--only gpt-oss-20b,qwen3.6-27b-text", DENSE_ARGS="--window-s 60 --models llama-3.1-8b").
 # Device sequence (kind nvidia-h200; back to back: /tmp survives only while the machine stays warm):
 #   1. carry [.gpu/p01]: bash bench/gpu/stage.sh; nvidia-smi
@@ -73,13 +73,18 @@ if [ "$mode" = start ]; then
   run_planner="$PY -m bench.gpu.truth_run $dry --out $T/out --work $T/work/planner --deadline-s ${PLANNER_DEADLINE:-660} ${PLANNER_ARGS:-}"
   run_dense="$PY -m bench.gpu.dense $dry --out $T/out --work $T/work/dense ${DENSE_ARGS:-}"
   run_families="$PY -m bench.gpu.families $dry --out $T/out --work $T/work/families ${FAMILIES_ARGS:-}"
-  case "${ONLY:-both}" in
-    planner) seq="$run_planner" ;;
-    dense) seq="$run_dense" ;;
-    families) seq="$run_families" ;;
-    *) seq="$run_dense; $run_planner" ;;  # dense first: its targets are strict, the planner list ends at its deadline
-  esac
-  setsid nohup bash -c "$seq; echo 'truth-bench: done'" > "$T/bench.log" 2>&1 < /dev/null &
+  # ONLY: a comma list run in its order (e.g. families,planner); unset: dense then planner (dense's targets
+  # are strict, the planner list ends at its deadline)
+  seq=""
+  for bench in $(echo "${ONLY:-dense,planner}" | tr ',' ' '); do
+    case "$bench" in
+      planner) seq="$seq$run_planner; " ;;
+      dense) seq="$seq$run_dense; " ;;
+      families) seq="$seq$run_families; " ;;
+      *) echo "ONLY: unknown bench $bench (planner, dense, families)"; exit 1 ;;
+    esac
+  done
+  setsid nohup bash -c "$seq echo 'truth-bench: done'" > "$T/bench.log" 2>&1 < /dev/null &
   sleep 2
 fi
 while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
