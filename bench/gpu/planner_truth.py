@@ -673,7 +673,9 @@ def host_name(dry: bool) -> str:
 HoldPhase = Callable[[dict[str, Any], Target, argparse.Namespace], None]
 
 
-def main(argv: list[str] | None = None, hold_phase: HoldPhase | None = None) -> int:
+def main(
+    argv: list[str] | None = None, hold_phase: HoldPhase | None = None, default_hold_s: float = 0.0
+) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_campaign_args(p, work=Path("/tmp/truth-work/planner"))
     p.add_argument("--only", default="", help="comma-separated target names, in that order")
@@ -682,12 +684,13 @@ def main(argv: list[str] | None = None, hold_phase: HoldPhase | None = None) -> 
     p.add_argument(
         "--hold-s",
         type=float,
-        default=0.0,
+        default=None,
         help="after the startup check, hold regen's recommended server at its planned batch this long "
-        "(bench/gpu/hold.py; 0: no hold)",
+        f"(bench/gpu/hold.py; 0: startups only; default {default_hold_s:g})",
     )
     p.add_argument("--hold", default="", help="comma-separated targets to hold (default: every target run)")
     a = p.parse_args(argv)
+    a.hold_s = default_hold_s if a.hold_s is None else a.hold_s
     if a.hold_s > 0 and hold_phase is None:
         p.error("--hold-s needs the hold phase: run python -m bench.gpu.truth_run")
     t0 = time.time()

@@ -16,12 +16,14 @@
 #   3. carry [.gpu/p03]: bash bench/gpu/stage.sh
 #   4. carry [.gpu/p04]: bash bench/gpu/truth.sh start 560
 #   5. then, as often as needed: bash bench/gpu/truth.sh wait 590
-# Budget: planner ~9-11 min (it starts no model after PLANNER_DEADLINE=660 s); dense ~8 min a model with
+# Budget: planner ~9-11 min with --hold-s 0 (it starts no model after PLANNER_DEADLINE=660 s), ~3-5 min a
+# model held; dense ~8 min a model with
 # its default arms (default, regen), ~10 min with the opt-in regen-fp8kv arm (it prints its estimate).
 # Measured 2026-12-02 (afternoon): Qwen3-30B-A3B default+regen ~8 min, Llama-3.1-8B default+regen+
 # regen-page1+regen-page16 ~11 min: both with staging fill the 30-min session (DENSE_ARGS="--models
 # qwen3-30b-a3b:default+regen,llama-3.1-8b:default+regen+regen-page1+regen-page16"); issue `wait` at once.
-# Hold at the planned batch (issue 49 item 2; bench/gpu/hold.py): PLANNER_ARGS="... --hold-s 60 --hold NAMES"
+# Hold at the planned batch (issue 49 item 2; bench/gpu/hold.py): every target is held 60 s by default
+# (PLANNER_ARGS="--hold NAMES" holds only those, "--hold-s 0" checks startups only: ~50 s a model)
 # after each target's startup check starts regen's recommended server for the issue's workload and drives it
 # at its client_concurrency until it has decoded 60 s at >= 90% of that batch (or crashed / retracted /
 # never got there); the row's verdict says "not held: ..." otherwise and the last line ends "held=K/N".
