@@ -28,7 +28,8 @@ from typing import Any
 
 from bench.gpu import dense
 from bench.gpu.hold import retractions
-from bench.gpu.planner_truth import host_name, write_json
+from bench.gpu.planner_truth import host_name
+from bench.harness import add_campaign_args, publish, write_json
 
 MODELS = ("gpt-oss-20b", "qwen3-32b-fp8", "mixtral-8x7b", "nemotron-3-nano-30b-a3b")
 DEFAULT_IN_FLIGHT = 256
@@ -106,12 +107,16 @@ def flat(window: dict[str, Any], pool: int | None) -> bool:
     return abs(last - first) <= KV_FLAT_SHARE * pool
 
 
-def kv_bound_running(kv_tokens: int | None, prompt: int, mean_answer: float) -> int | None:
-    """The running count the pool holds at the running set's mean context."""
+def kv_bound_running(
+    kv_tokens: int | None, prompt: int, mean_answer: float, server_cap: int | None = None
+) -> int | None:
+    """The running count the pool holds at the running set's mean context, and no more than the server's
+    running cap as it started (``max_running_requests``: a Mamba hybrid's state slots bind before its KV)."""
     if not kv_tokens:
         return None
     context = prompt + mean_answer * (1 + ANSWER_CV**2) / 2
-    return int(kv_tokens / context)
+    by_kv = int(kv_tokens / context)
+    return min(by_kv, server_cap) if server_cap else by_kv
 
 
 def bound_ratio(
@@ -141,7 +146,12 @@ def verdict(row: dict[str, Any], work: Path, mean_answer: float) -> Verdict:
         log = work / "logs" / f"dense-{row['model']}-{arm}.log"
         if log.exists():
             retracted += retractions(log.read_text(errors="replace"))[1]
-    bound = kv_bound_running(regen.get("realized_kv"), dense.PROMPT_TOKENS, mean_answer)
+    bound = kv_bound_running(
+        regen.get("realized_kv"),
+        dense.PROMPT_TOKENS,
+        mean_answer,
+        (regen.get("startup") or {}).get("max_running_requests"),
+    )
     points = [(w.get("log_median_running"), w.get("log_median_tps")) for w in (rw, dw)]
     return Verdict(
         model=row["model"],
@@ -185,20 +195,17 @@ async def amain(a: argparse.Namespace) -> int:
         v = verdict(row, s.work, dense.ANSWER_MEAN * (s.length_scale if s.dry else 1.0))
         doc["rows"].append(row)
         doc["verdicts"].append(v.line())
-        write_json(a.out / f"{stem}.json", doc)
+        write_json(a.out / f"{stem}.json", doc)  # what a run cut short by the device keeps
         print(v.line(), flush=True)
-    (a.out / f"{stem}.md").write_text(
-        dense.markdown(doc) + "\n```\n" + "\n".join(doc["verdicts"]) + "\n```\n"
-    )
-    return 0
+    page = dense.markdown(doc) + "\n```\n" + "\n".join(doc["verdicts"]) + "\n```\n"
+    return publish(a.out, stem, doc, page)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dry-cpu", action="store_true", help="regen's simulated server instead of SGLang")
+    add_campaign_args(p, work=Path("/tmp/families-work"))
+    p.set_defaults(out=Path("/tmp/families-out"))  # truth.sh names its own; smoke runs stay out of the tree
     p.add_argument("--smoke", action="store_true", help="one model on the simulated server (CI)")
-    p.add_argument("--out", type=Path, default=Path("/tmp/families-out"))
-    p.add_argument("--work", type=Path, default=Path("/tmp/families-work"))
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--window-s", type=float, default=40.0)
     p.add_argument("--warmup-max-s", type=float, default=150.0)
