@@ -298,8 +298,10 @@ def decisive_plan_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The ``tune`` rule's tracked ``settings`` param: the server keys the plan depends on (the fields
     marked :data:`regen.runconfig.PLAN`), and the answer budget; with ``generate.variants`` set, also each
     variant's completions per prompt and thinking mode (and ``thinking_fraction`` where a mode is ``mix``),
-    which weigh the planned answer length (``regen.tune.workload_plan.variant_shares``). Without variants
-    the key is absent, so a run's param stays as it was."""
+    which weigh the planned answer length (``regen.tune.workload_plan.variant_shares``). Without variants,
+    ``generate.thinking`` where it is not the default ``on`` (with ``thinking_fraction`` for ``mix``): it
+    weighs the answer length too, and a run that switches it replans; a thinking-on run's param stays as
+    it was."""
     server = config.get("server") or {}
     generate = GenerateConfig.from_dict(config.get("generate"))
     out: dict[str, Any] = {
@@ -310,5 +312,9 @@ def decisive_plan_config(config: Mapping[str, Any]) -> dict[str, Any]:
         modes = [(v.name, v.n, v.thinking_mode(generate.thinking)) for v in generate.configured_variants]
         out["variants"] = [{"name": name, "n": n, "thinking": mode} for name, n, mode in modes]
         if any(mode == "mix" for _, _, mode in modes):
+            out["thinking_fraction"] = generate.thinking_fraction
+    elif generate.thinking != "on":
+        out["thinking"] = generate.thinking
+        if generate.thinking == "mix":
             out["thinking_fraction"] = generate.thinking_fraction
     return out

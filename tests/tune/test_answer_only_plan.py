@@ -87,6 +87,25 @@ def test_the_variants_thinking_modes_are_tracked_settings_of_the_tune_rule() -> 
     assert mix != tracked([THINK_ON, inherits], thinking="mix", thinking_fraction=0.75)
 
 
+def test_without_variants_a_switch_of_the_thinking_mode_replans() -> None:
+    """The implicit variant's mode weighs the planned answer too (answer-only lengths with thinking off),
+    so switching ``generate.thinking`` changes the tune rule's tracked settings; thinking on, the default,
+    leaves a run's param as it was."""
+    demo = _demo()
+    assert demo["generate"].get("thinking", "on") == "on"
+
+    def tracked(**generate: Any) -> dict[str, Any]:
+        config = copy.deepcopy(demo)
+        config["generate"] = {**config["generate"], **generate}
+        return decisive_plan_config(config)
+
+    on, off = tracked(thinking="on"), tracked(thinking="off")
+    assert on == decisive_plan_config(demo) and "thinking" not in on
+    assert off != on and off["thinking"] == "off" and "thinking_fraction" not in off
+    assert tracked(thinking="mix", thinking_fraction=0.25) != tracked(thinking="mix", thinking_fraction=0.75)
+    assert variant_shares(GenerateConfig.from_dict({"thinking": "off"}))[0].thinking_share == 0.0
+
+
 def test_samples_the_audit_could_not_split_are_named_in_the_rule(
     tmp_path: Path, demo_tokenizer_dir: Path
 ) -> None:
