@@ -15,6 +15,7 @@ pilots and hand-made ones in tests have fewer sections; a section of the wrong t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,8 +37,10 @@ def _section(doc: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any] 
 
 
 @dataclass(frozen=True, slots=True)
-class PilotProjection:
-    """One projection (``regen.tune.projection.Projection`` as written, ``lower_bound`` beside it)."""
+class Projection:
+    """Wall time and GPU-hours for ``remaining_samples`` (completions: requests, one answer each) at the
+    pilot's measured rate and tokens per completion (``tokens_per_sample``). Made by
+    :func:`regen.tune.projection.project`; here, beside its one reader, so a ground module can type it."""
 
     remaining_samples: int
     tokens_per_sample: float
@@ -45,33 +48,55 @@ class PilotProjection:
     gpus: int
     tp: int
     servers: int
+    remaining_output_tokens: float
     wall_s: float
     gpu_hours: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "wall_h": self.wall_s / 3600,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Projection:
+        """The projection as written; a missing rate, wall or GPU-hours reads 0 (a rate of 0 is one
+        :func:`regen.tune.projection.project` refuses), missing servers, GPUs or output tokens are derived.
+        KeyError, TypeError or ValueError where its samples, tokens or tp are missing or not numbers."""
+        tp = int(d["tp"])
+        servers = int(d.get("servers") or int(d.get("gpus") or 0) // max(1, tp))
+        samples, tokens = int(d["remaining_samples"]), float(d["tokens_per_sample"])
+        out = d.get("remaining_output_tokens")
+        return cls(
+            remaining_samples=samples,
+            tokens_per_sample=tokens,
+            out_tok_s_per_server=float(d.get("out_tok_s_per_server") or 0.0),
+            gpus=int(d.get("gpus") or servers * tp),
+            tp=tp,
+            servers=servers,
+            remaining_output_tokens=samples * tokens if out is None else float(out),
+            wall_s=float(d.get("wall_s") or 0.0),
+            gpu_hours=float(d.get("gpu_hours") or 0.0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PilotProjection:
+    """One projection section of the pilot file: the :class:`Projection` as written, ``lower_bound``
+    beside it (the pilot saw too few whole answers), and every key as written."""
+
+    projection: Projection
     lower_bound: bool
     #: every key as written (the server-plan page's table)
     fields: Mapping[str, Any]
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> PilotProjection | None:
-        """The projection, or None where the section is absent or lacks its samples, tokens or tp (a
-        missing rate reads 0, which :func:`regen.tune.projection.project` refuses)."""
+        """The section, or None where it is absent or lacks its samples, tokens or tp."""
         if not d:
             return None
         try:
-            tp = int(d["tp"])
-            servers = int(d.get("servers") or int(d.get("gpus") or 0) // max(1, tp))
-            return cls(
-                int(d["remaining_samples"]),
-                float(d["tokens_per_sample"]),
-                float(d.get("out_tok_s_per_server") or 0.0),
-                int(d.get("gpus") or servers * tp),
-                tp,
-                servers,
-                float(d.get("wall_s") or 0.0),
-                float(d.get("gpu_hours") or 0.0),
-                bool(d.get("lower_bound")),
-                dict(d),
-            )
+            return cls(Projection.from_json(d), bool(d.get("lower_bound")), dict(d))
         except (KeyError, TypeError, ValueError):
             return None
 

@@ -36,7 +36,8 @@ def test_the_sweeps_report_reads_back_typed(tmp_path: Path) -> None:
     assert read == written
     assert read is not None and read.best is not None and read.best.label == "recommended"
     assert read.best.rate == 1000.0 and read.best.ramp_s == 4.0 and read.candidates[1].rate == 0.0
-    assert read.projection is not None and read.projection.lower_bound and read.projection.servers == 2
+    assert read.projection is not None and read.projection.lower_bound
+    assert read.projection.projection.servers == 2
     assert read.completions_per_sample == 4 and read.best_args == ("--max-running-requests", "64")
     assert read.step_model == {"fixed_s": 0.01, "per_request_s": 0.0001, "basis": "fit"}
 
@@ -68,3 +69,16 @@ def test_a_wrong_field_is_refused_naming_file_and_field(tmp_path: Path, doc: obj
     with pytest.raises(PilotFileError):
         write_pilot(tmp_path / "out.json", doc)  # type: ignore[arg-type]
     assert not (tmp_path / "out.json").exists()  # the writer never writes what the reader refuses
+
+
+def test_the_projection_written_is_the_one_read(tmp_path: Path) -> None:
+    """tune's projection is the pilot file's class (one definition): what ``project`` makes, written as
+    the sweep writes it, reads back equal, ``lower_bound`` beside it."""
+    from regen.tune.projection import project
+
+    made = project(40, 500.0, 1000.0, gpus=2, tp=1)
+    path = tmp_path / "pilot.json"
+    path.write_text(json.dumps({"candidates": [], "projection": {**made.to_json(), "lower_bound": False}}))
+    pilot = PilotFile.read(path)
+    assert pilot is not None and pilot.projection is not None and not pilot.projection.lower_bound
+    assert pilot.projection.projection == made and pilot.projection.fields["wall_h"] == made.wall_s / 3600

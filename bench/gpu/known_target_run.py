@@ -395,8 +395,8 @@ def sweep_projection(run: Path, phases: dict[str, Any] | None) -> dict[str, Any]
         return None
     if pilot.projection is None:
         raise SystemExit(f"{pilot_file}: no projection")
-    steady, closed = pilot.projection, pilot.projection_closed_loop
-    used = closed or steady.fields
+    steady, closed = pilot.projection.projection, pilot.projection_closed_loop
+    used = closed or pilot.projection.fields
     projected = used["gpu_hours"] * 3600
     gpus = steady.servers * steady.tp
     gen = (phases or {}).get("generation_s")

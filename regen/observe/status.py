@@ -191,9 +191,9 @@ def projection_lines(pilot_path: Path, remaining_now: int | None) -> list[str]:
         pilot = PilotFile.read(pilot_path)
         if pilot is None:
             return []
-        proj = pilot.projection
-        if proj is None:
+        if pilot.projection is None:
             raise ValueError("no projection")
+        proj = pilot.projection.projection
         remaining = proj.remaining_samples if remaining_now is None else max(0, remaining_now)
         now = project(remaining, proj.tokens_per_sample, proj.out_tok_s_per_server, proj.gpus, proj.tp)
     except (OSError, ValueError, RuntimeError) as exc:

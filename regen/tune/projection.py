@@ -11,15 +11,13 @@ One formula (:func:`project`), used by ``regen tune --sweep`` (``results/plan/pi
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from regen.generate.journal import read_heads
 from regen.layout import RunLayout
-from regen.pilot_file import PilotFile
+from regen.pilot_file import PilotFile, Projection
 from regen.records import record_id
 from regen.runconfig import GenerateConfig
 
@@ -47,28 +45,6 @@ class Remaining:
     def remaining(self) -> int:
         """Completions not yet in the journals."""
         return self.completions - self.finished
-
-
-@dataclass(frozen=True, slots=True)
-class Projection:
-    """Wall time and GPU-hours for ``remaining_samples`` (completions: requests, one answer each) at the
-    pilot's measured rate and tokens per completion (``tokens_per_sample``)."""
-
-    remaining_samples: int
-    tokens_per_sample: float
-    out_tok_s_per_server: float
-    gpus: int
-    tp: int
-    servers: int
-    remaining_output_tokens: float
-    wall_s: float
-    gpu_hours: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **dataclasses.asdict(self),
-            "wall_h": self.wall_s / 3600,
-        }
 
 
 def shard_ids(path: str | os.PathLike[str]) -> list[str]:

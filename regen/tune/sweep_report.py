@@ -25,8 +25,8 @@ def generate_job_seconds(layout: RunLayout) -> float | None:
     return total if seen else None
 
 
-def _projection_line(what: str, p: PilotProjection) -> str:
-    at_least = "at least " if p.lower_bound else ""
+def _projection_line(what: str, section: PilotProjection) -> str:
+    p, at_least = section.projection, "at least " if section.lower_bound else ""
     return (
         f"{what}: {p.remaining_samples:,} samples x {at_least}{p.tokens_per_sample:.1f} tokens on "
         f"{p.servers} server(s) of tp={p.tp}: wall {at_least}{fmt_duration(p.wall_s)}, "
@@ -70,13 +70,14 @@ def render_result(pilot: PilotFile, job_seconds: float | None = None) -> str:
         )
     lines += ["", *best_lines(pilot)]
     whole, left = pilot.projection_whole_run, pilot.projection
-    if whole and whole.remaining_samples:
+    whole_samples = whole.projection.remaining_samples if whole else 0
+    if whole and whole_samples:
         lines.append(_projection_line("whole run", whole))
     if left is None:
         lines.append("remaining: no projection in the pilot file")
-    elif left.remaining_samples == 0 and whole and whole.remaining_samples:
+    elif left.projection.remaining_samples == 0 and whole_samples:
         took = "" if job_seconds is None else f"; its generate jobs ran {fmt_duration(job_seconds)} in all"
-        lines.append(f"the run is done: all {whole.remaining_samples:,} samples are finished{took}")
+        lines.append(f"the run is done: all {whole_samples:,} samples are finished{took}")
     else:
         lines.append(_projection_line("remaining", left))
     lines += modelled_lengths_line(pilot)

@@ -232,9 +232,8 @@ def test_projection_from_the_measured_pilot_and_status_shows_it(sweep: Any, tmp_
     written = write_pilot(tmp_path / "results" / "plan" / "pilot.json", report)
     read = PilotFile.read(tmp_path / "results" / "plan" / "pilot.json")
     assert read is not None and read.projection is not None and read.projection.fields == proj
-    assert (
-        read.projection.tokens_per_sample == pytest.approx(mean_tokens) and read.best_args == result.best_args
-    )
+    assert read.projection.projection.tokens_per_sample == pytest.approx(mean_tokens)
+    assert read.best_args == result.best_args
     assert written.candidates == read.candidates
 
     text = status_report(tmp_path / "work", tmp_path / "results")
@@ -276,7 +275,7 @@ def test_tune_sweep_cli_on_simulated_servers(tmp_workdir: Path) -> None:
         assert tune_cli(argv) == 0
     pilot = PilotFile.read("results/plan/pilot.json")
     assert pilot is not None and pilot.candidates[0].label == "recommended" and pilot.projection is not None
-    assert pilot.projection.remaining_samples == 40 and pilot.projection.servers == 2
+    assert pilot.projection.projection.remaining_samples == 40 and pilot.projection.projection.servers == 2
     assert all(c.ok for c in pilot.candidates)
     best = pilot.best
     assert best is not None and best.out_tok_s == max(c.out_tok_s or 0.0 for c in pilot.candidates)
