@@ -210,6 +210,13 @@ def slurm_job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID") or None
 
 
+def slot_of(path: str | os.PathLike[str]) -> int | None:
+    """The GPU slot ``k`` whose file ``path`` is (``gpu{k}.url``, ``gpu{k}.lock``, ... of
+    :class:`SlotFiles`); None for a file of another name."""
+    m = re.fullmatch(r"gpu(\d+)", Path(path).name.split(".", 1)[0])
+    return int(m.group(1)) if m else None
+
+
 @dataclass(frozen=True, slots=True)
 class SlotFiles:
     """The files of GPU slot ``k`` (``work/servers/gpu{k}.*`` and ``logs/servers/gpu{k}.log``)."""
@@ -243,7 +250,10 @@ class SlotFiles:
     def beside(cls, url_file: str | os.PathLike[str]) -> SlotFiles:
         """The slot files next to a ``gpu{k}.url`` (its log path is not known there: left beside it)."""
         path = Path(url_file)
-        return cls.of(int(path.stem[3:]), path.parent, path.parent)
+        slot = slot_of(path)
+        if slot is None:
+            raise ValueError(f"{path}: not a slot file (gpu{{k}}.url)")
+        return cls.of(slot, path.parent, path.parent)
 
 
 def prestart_lock_in(slot_dir: str | os.PathLike[str]) -> Path:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import aiohttp
 
-from regen.layout import SlotFiles
+from regen.layout import SlotFiles, slot_of
 from regen.serving.metrics import sum_prometheus
 from regen.serving.procfs import is_supervisor, read_url_state
 from regen.types import Endpoint
@@ -56,12 +56,11 @@ class SlotLenders:
         """(slot, url) of every other slot whose supervisor reports a ready server."""
         found = []
         for url_file in sorted(self.workdir.glob("gpu*.url")):
-            try:
-                slot = int(url_file.stem[3:])
-            except ValueError:
+            slot = slot_of(url_file)
+            if slot is None or slot == self.own_slot:
                 continue
             state = read_url_state(url_file)
-            if slot == self.own_slot or state is None or state.url is None or state.failed:
+            if state is None or state.url is None or state.failed:
                 continue
             if is_supervisor(state.supervisor_pid, url_file):
                 found.append((slot, state.url))

@@ -361,7 +361,8 @@ def test_stall_on_one_of_two_servers_of_a_node_restarts_only_that_one(rig: Rig) 
                 both_up.wait()
                 if ep.server_id == "gpu0":
                     threading.Thread(target=stall_after, args=(ep.url, 15), daemon=True).start()
-                lenders = SlotLenders(servers, int(ep.server_id[3:]), 16, poll_s=0.2)
+                assert ep.slot is not None
+                lenders = SlotLenders(servers, ep.slot, 16, poll_s=0.2)
                 try:
                     results[name] = (ep.server_id, generate_shard(ShardJob(
                         shards[name], rig.root / "work" / "journal" / f"{name}.jsonl", out / f"{name}.jsonl",

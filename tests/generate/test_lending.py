@@ -73,8 +73,8 @@ def test_a_job_fills_another_slots_idle_server_and_sends_each_sample_once(two_sl
         acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as own,
     ):
         assert (other.server_id, own.server_id) == ("gpu0", "gpu1")
-        slot = int(own.server_id[3:])
-        lenders = SlotLenders("work/servers", slot, cap=4, poll_s=0.05)
+        assert (other.slot, own.slot) == (0, 1)
+        lenders = SlotLenders("work/servers", own.slot, cap=4, poll_s=0.05)
         try:
             stats = generate_shard(
                 ShardJob(
@@ -104,7 +104,8 @@ def test_a_job_fills_another_slots_idle_server_and_sends_each_sample_once(two_sl
 def test_lenders_offer_only_room_on_other_live_servers(two_slots) -> None:
     cfg, _ = two_slots
     with acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as own:
-        lenders = SlotLenders("work/servers", int(own.server_id[3:]), cap=4, poll_s=0.05)
+        assert own.slot is not None
+        lenders = SlotLenders("work/servers", own.slot, cap=4, poll_s=0.05)
 
         async def offers() -> list:
             async with aiohttp.ClientSession() as session:
