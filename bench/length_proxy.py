@@ -6,8 +6,8 @@ give every request ``sampling.max_tokens``. Samples not in the map keep what reg
 
 - :class:`LengthProxy`: the proxy, on its own thread and event loop (the client runs its own).
 - :func:`proxied`: an :class:`~regen.types.Endpoint` whose requests go through one.
-- :func:`sweep_through_proxy`: every candidate server of ``regen.tune.sweep.run_sweep`` behind one (the
-  sweep starts its servers itself; this swaps the endpoint it hands its pilot, nothing in regen).
+- :func:`behind_proxy`: ``regen.tune.sweep.run_sweep``'s ``endpoint_wrapper`` that puts every candidate's
+  server behind one (the sweep starts its servers itself; its pilot drives the endpoint this yields).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import json
 import socket
 import threading
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
-from unittest import mock
 
 import aiohttp
 from aiohttp import web
@@ -112,21 +111,9 @@ def proxied(endpoint: Endpoint, max_tokens_by_id: Mapping[str, int] | None) -> I
         yield dataclasses.replace(endpoint, url=proxy.url)
 
 
-@contextlib.contextmanager
-def sweep_through_proxy(max_tokens_by_id: Mapping[str, int] | None) -> Iterator[None]:
-    """Within the block, ``regen.tune.sweep.run_sweep`` drives each candidate's server through a
+def behind_proxy(
+    max_tokens_by_id: Mapping[str, int] | None,
+) -> Callable[[Endpoint], contextlib.AbstractContextManager[Endpoint]]:
+    """``regen.tune.sweep.run_sweep``'s ``endpoint_wrapper``: each candidate's server driven through a
     :class:`LengthProxy` (its supervisor, logs and steady-state reading are the server's own)."""
-    from regen.tune import sweep
-
-    if not max_tokens_by_id:
-        yield
-        return
-    acquire = sweep.acquire_server
-
-    @contextlib.contextmanager
-    def acquire_behind_proxy(*args: Any, **kwargs: Any) -> Iterator[Endpoint]:
-        with acquire(*args, **kwargs) as endpoint, proxied(endpoint, max_tokens_by_id) as via:
-            yield via
-
-    with mock.patch.object(sweep, "acquire_server", acquire_behind_proxy):
-        yield
+    return lambda endpoint: proxied(endpoint, max_tokens_by_id)

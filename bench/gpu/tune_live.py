@@ -726,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu_mib = gpu_memory_mib(dry)
     mean_len = lengths.mean()
 
-    from bench.length_proxy import sweep_through_proxy
+    from bench.length_proxy import behind_proxy
     from regen.tune.projection import project
     from regen.tune.sweep import closed_loop_projection, run_sweep
 
@@ -763,17 +763,17 @@ def main(argv: list[str] | None = None) -> int:
     log(f"sweep: {len(cands)} candidates x {pilot_s:.0f} s")
     # pilots as a run sends them (token ids on); candidates in priority order, no new one after the budget
     # each request's max_tokens from pilot_by_id: set between regen's client and the server
-    with sweep_through_proxy(pilot_by_id):
-        result = run_sweep(
-            server_cfg(model_dir, dry),
-            cands,
-            pilot,
-            generate_cfg(lengths.hi),
-            pilot_s,
-            work / "sweep",
-            stop_grace_s=60,
-            budget_s=a.sweep_budget_s,
-        )
+    result = run_sweep(
+        server_cfg(model_dir, dry),
+        cands,
+        pilot,
+        generate_cfg(lengths.hi),
+        pilot_s,
+        work / "sweep",
+        stop_grace_s=60,
+        budget_s=a.sweep_budget_s,
+        endpoint_wrapper=behind_proxy(pilot_by_id),
+    )
     doc["sweep"] = result.to_json()
     doc["elapsed_after_sweep_s"] = round(elapsed(), 1)
     write_json(json_path, doc)

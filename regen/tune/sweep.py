@@ -34,13 +34,14 @@ report's ``server_plan.html``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,11 @@ def as_candidates(candidates: Iterable[SweepCandidate | Sequence[str]]) -> list[
     return out
 
 
+#: what a caller puts between a candidate's server and its pilot: takes the server's endpoint and yields
+#: the one the pilot drives (a bench's proxy, ``bench.length_proxy.behind_proxy``); the server by default
+EndpointWrapper = Callable[[Endpoint], contextlib.AbstractContextManager[Endpoint]]
+
+
 def run_sweep(
     server_cfg: ServerConfig,
     candidates: Iterable[SweepCandidate | Sequence[str]],
@@ -184,6 +190,7 @@ def run_sweep(
     stop_grace_s: float = 30.0,
     budget_s: float | None = None,
     drain_s: float | None = None,
+    endpoint_wrapper: EndpointWrapper = contextlib.nullcontext,
 ) -> SweepResult:
     """Benchmark each candidate for ``seconds_per_candidate`` (plus its server's startup and its pilot's
     drain, ``drain_s``: :data:`regen.tune.pilot.DEFAULT_DRAIN_FRACTION`) and keep the best.
@@ -193,6 +200,8 @@ def run_sweep(
     candidate could be measured. Every candidate's server is stopped before the next one starts.
     With ``budget_s``, no candidate after the first starts once that many seconds have passed since the
     sweep began: the rest are rows with ``ok=False`` saying so (order candidates by priority).
+    ``endpoint_wrapper`` gives the pilot another endpoint in front of each candidate's server (its
+    supervisor, logs and steady-state reading stay the server's own).
     """
     if seconds_per_candidate <= 0:
         raise SweepError(f"seconds per candidate must be > 0, got {seconds_per_candidate}")
@@ -223,7 +232,7 @@ def run_sweep(
                 cand_cfg, candidate_plan(cand), servers, scratch.logs,
                 owner_pid=os.getpid(), command_builder=sweep_command_builder,
                 command_check=mode_of(cand_cfg).launch_check,
-            ) as endpoint:  # fmt: skip
+            ) as server, endpoint_wrapper(server) as endpoint:  # fmt: skip
                 first = warm_up(endpoint, samples[0], generate_cfg, scratch.warmup_dir)
                 offset = log_size(server_log)
                 m = drive_pilot(endpoint, samples, generate_cfg, seconds_per_candidate,

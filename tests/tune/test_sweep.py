@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.length_proxy import LengthProxy, sweep_through_proxy
+from bench.length_proxy import LengthProxy, behind_proxy
 from regen.ingest.shards import write_shards
 from regen.observe.report import write_report_assets
 from regen.observe.status import status_report
@@ -299,11 +299,12 @@ def test_a_sweep_beside_a_generation_takes_another_port_and_honours_per_sample_l
     lengths = {f"s{i}": 3 + i % 5 for i in range(40)}
     gcfg = GenerateConfig.from_dict({**GENERATE, "extra_body": {"ignore_eos": True}})
     try:
-        with sweep_through_proxy(lengths):  # the bench's spread: set between regen's client and the server
-            result = run_sweep(
-                typed_server(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")],
-                make_samples(40), gcfg, 2.0, tmp_path / "sweep", stop_grace_s=5,
-            )  # fmt: skip
+        # the bench's spread: set between regen's client and the server
+        result = run_sweep(
+            typed_server(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")],
+            make_samples(40), gcfg, 2.0, tmp_path / "sweep", stop_grace_s=5,
+            endpoint_wrapper=behind_proxy(lengths),
+        )  # fmt: skip
     finally:
         generation.close()
     assert result.rows[0].ok, result.rows[0].error
