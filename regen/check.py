@@ -38,6 +38,7 @@ from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.layout import RunLayout
 from regen.pilot_file import PilotFile
 from regen.runconfig import RunConfig, ServerConfig, config_section, validated
+from regen.serving.gpus import count_gpus
 from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelConfigError, ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS
@@ -77,20 +78,6 @@ class Host:
 
 # --------------------------------------------------------------------------------------------------
 # the machine
-
-
-def count_gpus() -> int | None:
-    """NVIDIA GPUs this process may use (CUDA_VISIBLE_DEVICES respected); None without nvidia-smi."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 #: found, not imported: importing sglang took ~20 s on the H200 host, before any job and before the
