@@ -2,17 +2,27 @@
 (issue 47 item 2): a seeded generator draws steps (run config A, B that fails its re-audit, C that fails
 its audit; change a deciding key; change an operational key; kill -9 the controller only, or the whole
 process group, mid-generate, and rerun; Ctrl-C mid-generate and rerun; ``--until shard``;
-``snakemake -n``; ``--report``), and after every step checks:
+``snakemake -n``; ``--report``; and ``generate.variants`` changes (issue 52): add a variant, remove one,
+change one's temperature, raise or lower one's ``n``, switch one's thinking on/off), and after every step
+checks:
 
 - every dataset ever declared READY still exists, unchanged, in place or where the console said it was
   kept, and ``regen reconcile --results`` there says ok;
 - a READY in ``results/`` is the current config's; ``regen status`` names the current config's run and
   says it ended (or, right after a kill, that it is dead);
 - no request was generated twice (no request fingerprint journaled twice);
-- after a successful run nothing is lost (``regen reconcile``: every input id in exactly one place).
+- after a successful run nothing is lost (``regen reconcile``: every input id in exactly one place);
+- a READY dataset kept elsewhere still holds the records it held when it was declared;
+- a READY in ``results/`` holds exactly one record per (sample_id, variant, k) of every configured variant
+  and k < n (none of a removed variant, none at k >= n), each variant's records under one settings
+  fingerprint of their own whose settings (variant, temperature, thinking) are the variant's current ones;
+- across steps between READY datasets, a variant whose deciding settings did not change keeps its
+  fingerprint and its completions (same text and seed, none sent to a server during the step: the
+  simulated servers log every request), and one whose settings changed has a new fingerprint.
 
 Small (24 conversations the test writes, 2 shards, simulated servers): ``SEQUENCES`` sequences of
-``STEPS`` steps, a few minutes on 2 cores. ``REGEN_RUN_SEQUENCES=seed,seed,...`` and
+``STEPS`` steps (plus, before a drawn ``remove variant`` with none configured, an ``add variant``), a
+few minutes on 2 cores. ``REGEN_RUN_SEQUENCES=seed,seed,...`` and
 ``REGEN_RUN_SEQUENCE_STEPS`` draw others. A failure prints the seed and the steps so far.
 """
 
@@ -31,19 +41,26 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.dataset as ds
 import pytest
+import yaml
 from support.soak import phase_started, processes_in
 from support.workflow import ROOT, SNAKEMAKE, copy_workflow, free_port_base, regen, snakemake
 
 from bench.workflow import write_chats
 from regen.generate.journal import RECORD, read_heads
 from regen.layout import RunLayout
+from regen.simulated.options import REQUEST_LOG_ENV
 
 pytestmark = pytest.mark.slow
 
 ROWS = 24
-SEEDS = [int(s) for s in os.environ.get("REGEN_RUN_SEQUENCES", "3,263").split(",") if s.strip()]
-STEPS = int(os.environ.get("REGEN_RUN_SEQUENCE_STEPS", "7"))
+#: CI's seeds: between them they draw every kind of step once, and their ``variant n`` steps both raise and
+#: lower an n (test_the_generator_draws_every_kind_of_step)
+CI_SEEDS = (48416, 263)
+CI_STEPS = 9
+SEEDS = [int(s) for s in os.environ.get("REGEN_RUN_SEQUENCES", "").split(",") if s.strip()] or list(CI_SEEDS)
+STEPS = int(os.environ.get("REGEN_RUN_SEQUENCE_STEPS", str(CI_STEPS)))
 KEPT = re.compile(
     r"regen: the earlier (?:READY )?run of (?:config \S+|an earlier config) is kept whole in (\S+) "
 )
@@ -66,6 +83,107 @@ STEP_KINDS = (
     "dry run",
     "report",
 )
+VARIANT_KINDS = (
+    "add variant",
+    "remove variant",
+    "variant sampling",
+    "variant n",
+    "variant thinking",
+)
+STEP_KINDS += VARIANT_KINDS
+SAMPLE_IDS = [f"seq-{i:03d}" for i in range(ROWS)]
+#: generate.sampling.temperature's schema default, and the demo's non_thinking override (thinking-off requests
+#: of a variant without its own temperature send it)
+BASE_TEMPERATURE = 0.6
+NON_THINKING_TEMPERATURE = 0.7
+Completion = tuple[str, str, int]  # (sample_id, variant, k)
+
+
+@dataclass
+class SeqVariant:
+    """One entry of ``generate.variants`` as the sequence configured it."""
+
+    name: str
+    n: int = 1
+    temperature: float | None = None
+    thinking: str | None = None  # "on" / "off"; None: generate.thinking's, which is on
+
+    @property
+    def mode(self) -> str:
+        return self.thinking or "on"
+
+    def decides(self, base: float, seed: int) -> tuple[str, float, str, int]:
+        """What decides its completions' answers under generate.sampling's ``base`` temperature and ``seed``
+        (``n`` does not: it adds or drops completions)."""
+        return (self.name, base if self.temperature is None else self.temperature, self.mode, seed)
+
+    def config(self) -> dict[str, object]:
+        own = {"temperature": self.temperature, "thinking": self.thinking}
+        return {"name": self.name, "n": self.n, **{k: v for k, v in own.items() if v is not None}}
+
+    def describe(self) -> str:
+        own = "" if self.temperature is None else f"@{self.temperature}"
+        return f"{self.name}{own}:{self.mode}:n{self.n}"
+
+
+@dataclass
+class Variants:
+    """The sequence's ``generate.variants`` (empty: none configured, the one implicit ``default``) and how a
+    variant step changes them: deterministically, so :func:`draw` replays the steps it drew to put before
+    one what it needs (a variant to remove)."""
+
+    configured: list[SeqVariant] = field(default_factory=list)
+    changes: int = 0  # variant steps so far: which variant a step picks, new names and temperatures
+
+    def effective(self) -> list[SeqVariant]:
+        return [SeqVariant(**vars(v)) for v in self.configured] or [SeqVariant("default")]
+
+    def key(self) -> str:
+        """The variants' part of a config key (what decides the dataset, ``n`` included)."""
+        return ",".join(v.describe() for v in self.effective())
+
+    def needs(self, kind: str) -> str | None:
+        """The variant step ``kind`` needs first, if any."""
+        if kind == "remove variant" and not self.configured:
+            return "add variant"
+        return None
+
+    def apply(self, kind: str) -> None:
+        assert self.needs(kind) is None, kind
+        self.changes += 1
+        vs = self.effective()
+        rotated = vs[self.changes % len(vs) :] + vs[: self.changes % len(vs)]
+        pick = rotated[0]
+        new_temperature = round(1.0 + 0.01 * self.changes, 2)  # never used before (hot.yaml's are below 1)
+        if kind == "add variant":  # with two completions while no other variant has more than one
+            n = 1 if any(v.n > 1 for v in vs) else 2
+            vs.append(SeqVariant(f"v{self.changes}", n=n, temperature=new_temperature))
+        elif kind == "remove variant":  # the last one gone: back to no variants, the implicit default
+            vs.remove(pick)
+        elif kind == "variant sampling":
+            pick.temperature = new_temperature
+        elif kind == "variant n":  # one with n above 1 gets one completion fewer, another one more
+            lower = next((v for v in rotated if v.n > 1), None)
+            raise_ = [v for v in rotated if v is not lower][:1]
+            for v in raise_:
+                v.n += 1
+            if lower is not None:
+                lower.n -= 1
+        elif kind == "variant thinking":
+            pick.thinking = "off" if pick.mode == "on" else "on"
+        else:  # pragma: no cover - VARIANT_KINDS lists every kind
+            raise AssertionError(kind)
+        self.configured = vs
+
+
+@dataclass
+class Snapshot:
+    """A READY dataset in results/ after a step: its records by completion, under which variants."""
+
+    records: dict[Completion, dict[str, object]]
+    variants: list[SeqVariant]
+    base: float
+    seed: int
 
 
 @dataclass
@@ -75,6 +193,8 @@ class Ready:
     config: str
     where: Path  # a results directory: the checkout's, or a kept earlier run's
     ready: str
+    completions: frozenset[Completion]  # its dataset's records, when it was declared
+    variants: str  # the generate.variants its run had, as config/variants.yaml said them ("": none)
 
 
 @dataclass
@@ -84,18 +204,38 @@ class Sequence:
     wd: Path
     config: str = "A"
     temperature: int = 0  # 0: the demo's; n: config/hot.yaml's n-th new temperature
+    seed: int = 0  # generate.sampling.seed (config/hot.yaml's, with a new temperature)
     ops: bool = False
     started: str | None = None  # the config key of the last run that started (not -n, not --report)
     readies: list[Ready] = field(default_factory=list)
     history: list[str] = field(default_factory=list)
     temperatures: int = 0  # how many new temperatures were drawn
+    variants: Variants = field(default_factory=Variants)
+    snapshot: Snapshot | None = None  # the last READY dataset in results/ a step ended with
+    keys: list[str] = field(default_factory=list)  # the config keys of every run that started
+
+    @property
+    def requests(self) -> Path:
+        """The simulated servers' request log (``REQUEST_LOG_ENV``, set by the test)."""
+        return self.wd.parent / "requests.jsonl"
 
     @property
     def layout(self) -> RunLayout:
         return RunLayout.under(self.wd)
 
     def key(self) -> str:
-        return f"{self.config}+t{self.temperature}{'+ops' if self.ops else ''}"
+        variants = f"+v{self.variants.key()}" if self.variants.configured else ""
+        seed = f"s{self.seed}" if self.seed else ""
+        return f"{self.config}+t{self.temperature}{seed}{variants}{'+ops' if self.ops else ''}"
+
+    @staticmethod
+    def decides(key: str) -> str:
+        """A config key less what decides nothing (operational keys; variants that say what no variants
+        say: the one default, n 1, generate.sampling's own)."""
+        return key.removesuffix("+ops").replace(f"+v{Variants().key()}", "")
+
+    def base_temperature(self) -> float:
+        return BASE_TEMPERATURE if self.temperature == 0 else round(0.9 + 0.01 * self.temperature, 2)
 
     def name(self) -> str:
         return self.name_of(self.key())
@@ -104,17 +244,19 @@ class Sequence:
     def name_of(key: str) -> str:
         """The run's name as the run marker gives it (its config files' stems) for a config key."""
         files = ["demo", "base", *(Path(f).stem for f in CONFIG_FILES[key[0]])]
-        files += ["hot"] * ("+t0" not in key) + ["ops"] * ("+ops" in key)
+        files += ["hot"] * ("+t0" not in key) + ["variants"] * ("+v" in key) + ["ops"] * ("+ops" in key)
         return "+".join(files)
 
     def argv(self) -> list[str]:
         files = ["config/demo.yaml", "config/base.yaml", *CONFIG_FILES[self.config]]
-        files += ["config/hot.yaml"] * (self.temperature > 0) + ["config/ops.yaml"] * self.ops
+        files += ["config/hot.yaml"] * (self.temperature > 0)
+        files += ["config/variants.yaml"] * bool(self.variants.configured) + ["config/ops.yaml"] * self.ops
         return ["--configfile", *files]
 
     # ------------------------------------------------------------------------------- runs --
     def run(self, *extra: str) -> subprocess.CompletedProcess[str]:
         self.started = self.key()
+        self.keys.append(self.started)
         done = snakemake(self.wd, "--cores", "2", *self.argv(), *extra, timeout=600)
         self.saw(done.stderr + done.stdout)
         if done.returncode == 0 and not extra:
@@ -140,11 +282,14 @@ class Sequence:
         text = ready.read_text()
         if not any(r.where == self.layout.results.resolve() and r.ready == text for r in self.readies):
             self.readies = [r for r in self.readies if r.where != self.layout.results.resolve()]
-            self.readies.append(Ready(self.key(), self.layout.results.resolve(), text))
+            completions = frozenset(dataset_rows(self.layout.results / "dataset"))
+            variants = self.variants_file.read_text() if self.variants.configured else ""
+            self.readies.append(Ready(self.key(), self.layout.results.resolve(), text, completions, variants))
 
     def start(self) -> tuple[subprocess.Popen[bytes], Path]:
         """A run in the background, its console in a file, once it generates."""
         self.started = self.key()
+        self.keys.append(self.started)
         out = self.wd / f"console-{len(self.history)}.txt"
         with out.open("wb") as fh:
             proc = subprocess.Popen(
@@ -163,17 +308,71 @@ class Sequence:
         time.sleep(1.0)  # mid-generate
         return proc, out
 
-    def new_temperature(self) -> None:
-        """A sampling temperature no run here used yet (a deciding key: every answer regenerates)."""
+    def new_temperature(self, reseed: bool = False) -> None:
+        """A sampling temperature no run here used yet (a deciding key: every answer of a variant without a
+        temperature of its own regenerates); ``reseed``: a new base seed too (every answer regenerates)."""
         self.temperatures += 1
         self.temperature = self.temperatures
-        value = 0.9 + 0.01 * self.temperature
+        self.seed = self.temperature if reseed else self.seed
+        seed = f", seed: {self.seed}" if self.seed else ""
         (self.wd / "config" / "hot.yaml").write_text(
-            f"generate: {{sampling: {{temperature: {value:.2f}}}}}\n"
+            f"generate: {{sampling: {{temperature: {self.base_temperature():.2f}{seed}}}}}\n"
         )
+
+    @property
+    def variants_file(self) -> Path:
+        return self.wd / "config" / "variants.yaml"
+
+    def change_variants(self, kind: str) -> None:
+        self.variants.apply(kind)
+        generate = {"variants": [v.config() for v in self.variants.configured]}
+        self.variants_file.write_text(yaml.safe_dump({"generate": generate}))
 
     def generate_jobs(self) -> list[tuple[int, str]]:
         return [(p, a) for p, a in processes_in(self.wd) if "generate.py" in a]
+
+    def requests_mark(self) -> int:
+        return self.requests.stat().st_size if self.requests.exists() else 0
+
+    def sent_since(self, mark: int) -> set[Completion]:
+        """The completions the servers were asked for since ``mark``, by their request ids (the record's id:
+        the sample id alone with one variant of n 1, else ``{sample_id}/{variant}/{k}``)."""
+        if not self.requests.exists():
+            return set()
+        with self.requests.open("rb") as fh:
+            fh.seek(mark)
+            events = [json.loads(line) for line in fh.read().splitlines() if line.strip()]
+        now = self.variants.effective()
+        sole = now[0].name if len(now) == 1 and now[0].n == 1 else "default"
+        sent: set[Completion] = set()
+        for e in events:
+            rid = e.get("id")
+            if e.get("event") != "received" or not rid:
+                continue
+            sid, variant, k = rid.rsplit("/", 2) if "/" in rid else (rid, sole, "0")
+            sent.add((sid, variant, int(k)))
+        return sent
+
+
+def dataset_rows(dataset: Path) -> dict[Completion, dict[str, object]]:
+    """A merged dataset's records by completion (each completion once: a second record fails here)."""
+    columns = [
+        "sample_id",
+        "variant",
+        "k",
+        "seed",
+        "temperature",
+        "thinking",
+        "messages",
+        "settings_fingerprint",
+    ]
+    rows = ds.dataset(str(dataset), format="parquet").to_table(columns=columns).to_pylist()
+    by: dict[Completion, dict[str, object]] = {}
+    for r in rows:
+        key = (r["sample_id"], r["variant"], r["k"])
+        assert key not in by, f"{dataset}: two records of {key}"
+        by[key] = r | {"answer": r["messages"][-1]["content"]}
+    return by
 
 
 def setup_checkout(root: Path) -> Sequence:
@@ -218,9 +417,15 @@ def step(seq: Sequence, kind: str) -> None:
             seq.ops = not seq.ops
         done = seq.run()
         assert (done.returncode == 0) == (seq.config == "A"), done.stderr[-3000:]
+    elif kind in VARIANT_KINDS:
+        seq.change_variants(kind)
+        done = seq.run()
+        assert (done.returncode == 0) == (seq.config == "A"), done.stderr[-3000:]
     elif kind in ("kill controller", "kill group", "ctrl-c"):
         seq.config = "A"
-        seq.new_temperature()  # answers to generate, so there is a generate to stop
+        # answers to generate, so there is a generate to stop (a new seed when every variant has a temperature
+        # of its own: the new temperature alone would regenerate nothing)
+        seq.new_temperature(reseed=all(v.temperature is not None for v in seq.variants.effective()))
         proc, out = seq.start()
         if kind == "kill controller":
             os.kill(proc.pid, signal.SIGKILL)
@@ -268,31 +473,43 @@ def step(seq: Sequence, kind: str) -> None:
         raise AssertionError(kind)
 
 
-def check(seq: Sequence, reconciled: set[tuple[Path, str]]) -> None:
-    """The invariants, after every step."""
+def check(seq: Sequence, reconciled: set[tuple[Path, str]], sent: set[Completion]) -> None:
+    """The invariants, after every step (``sent``: the completions the servers were asked for in it)."""
     for r in seq.readies:
         ready = r.where / "READY.json"
         assert ready.is_file(), f"READY of {r.config} lost: not at {r.where} and no console line said where"
         assert ready.read_text() == r.ready, f"READY of {r.config} at {r.where} changed"
+        if r.where != seq.layout.results.resolve():
+            kept = set(dataset_rows(r.where / "dataset"))
+            assert kept == r.completions, f"the dataset of {r.config} kept at {r.where} lost records"
         if (r.where, r.ready) not in reconciled:
-            rec = regen(seq.wd, "reconcile", "--results", str(r.where), "--json")
+            configs: list[str] = []
+            if r.variants:  # each sample expected once per completion of the variants it was made with
+                (config := seq.wd.parent / f"variants-{len(reconciled)}.yaml").write_text(r.variants)
+                configs = ["--configfile", "config/demo.yaml", str(config)]
+            rec = regen(seq.wd, "reconcile", "--results", str(r.where), "--json", *configs)
             assert rec.returncode == 0 and json.loads(rec.stdout)["ok"], (
                 rec.stdout[-2000:] + rec.stderr[-2000:]
             )
-            assert json.loads(rec.stdout)["input"] == ROWS, "nothing lost"
+            per_sample = (
+                sum(v["n"] for v in yaml.safe_load(r.variants)["generate"]["variants"]) if r.variants else 1
+            )
+            assert json.loads(rec.stdout)["input"] == ROWS * per_sample, "nothing lost"
             reconciled.add((r.where, r.ready))
     live = seq.layout.ready
     if live.is_file():
         # operational keys decide nothing: a READY made before one changed is the current config's
         owners = [r.config for r in seq.readies if r.where == seq.layout.results.resolve()]
-        assert [o.removesuffix("+ops") for o in owners] == [seq.started.removesuffix("+ops")], (
+        assert [seq.decides(o) for o in owners] == [seq.decides(seq.started)], (
             f"results/READY.json is {owners}'s, the current config is {seq.started}"
         )
+        check_variants(seq, sent)
     if seq.started is not None:
         status = regen(seq.wd, "status").stdout
         # a run with nothing to do (an operational key changed after a READY run) never reaches onstart and
         # writes no run marker: status then names the last run that did, of the same deciding keys
         names = {seq.name_of(seq.started), seq.name_of(seq.started.removesuffix("+ops"))}
+        names |= {seq.name_of(k) for k in seq.keys if seq.decides(k) == seq.decides(seq.started)}
         assert any(f"run: {n} " in status for n in names) and ": ended " in status, status
     fingerprints: Counter[tuple[str, str | None]] = Counter()
     for journal in seq.layout.journal_files():
@@ -301,28 +518,93 @@ def check(seq: Sequence, reconciled: set[tuple[Path, str]]) -> None:
     assert twice == [], f"generated twice: {twice[:5]}"
 
 
+def check_variants(seq: Sequence, sent: set[Completion]) -> None:
+    """The READY dataset in results/ against the configured variants, and against the last one a step ended
+    with: unchanged variants kept their completions, changed ones have new settings."""
+    rows = dataset_rows(seq.layout.results / "dataset")
+    now, base = seq.variants.effective(), seq.base_temperature()
+    want = {(s, v.name, k) for s in SAMPLE_IDS for v in now for k in range(v.n)}
+    assert set(rows) == want, (
+        f"records of {seq.variants.key()}: missing {sorted(want - set(rows))[:4]}, "
+        f"not configured {sorted(set(rows) - want)[:4]}"
+    )
+    # the settings each variant's records were generated under, as the merge read them from the records
+    manifest = json.loads((seq.layout.results / "dataset" / "_manifest.json").read_text())
+    provenance = manifest["provenance"]["variants"]
+    assert set(provenance) == {v.name for v in now}, f"provenance names {sorted(provenance)}"
+    fingerprints: dict[str, str] = {}
+    for v in now:
+        mine = [r for (_, name, _), r in rows.items() if name == v.name]
+        assert len({r["settings_fingerprint"] for r in mine}) == 1, f"{v.name}: several settings fingerprints"
+        fingerprints[v.name] = str(mine[0]["settings_fingerprint"])
+        told, settings = provenance[v.name], provenance[v.name]["settings"]
+        assert told["settings_fingerprint"] == fingerprints[v.name] and told["rows"] == ROWS * v.n, told
+        own = base if v.temperature is None else v.temperature
+        assert settings.get("variant", "default") == v.name, (v, settings)
+        decided = (settings["temperature"], settings["thinking"], settings["seed"])
+        assert decided == (own, v.mode, seq.seed), (v, settings)
+        sent_t = own if v.temperature is not None or v.mode == "on" else NON_THINKING_TEMPERATURE
+        assert {(r["temperature"], r["thinking"]) for r in mine} == {(sent_t, v.mode == "on")}, v
+    assert len(set(fingerprints.values())) == len(now), f"variants share a fingerprint: {fingerprints}"
+    prev = seq.snapshot
+    if prev is not None:
+        before = {v.name: v.decides(prev.base, prev.seed) for v in prev.variants}
+        prev_fingerprints = {c[1]: r["settings_fingerprint"] for c, r in prev.records.items()}
+        for v in now:
+            if v.name not in before:
+                continue
+            if before[v.name] != v.decides(base, seq.seed):
+                assert fingerprints[v.name] != prev_fingerprints[v.name], (
+                    f"{v.name} changed, not its fingerprint"
+                )
+                continue
+            assert fingerprints[v.name] == prev_fingerprints[v.name], (
+                f"{v.name} unchanged, its fingerprint not"
+            )
+            kept = [c for c in rows if c[1] == v.name and c in prev.records]
+            again = sorted(set(kept) & sent)
+            assert again == [], (
+                f"{v.name} is unchanged, yet {len(again)} of its completions were sent: {again[:4]}"
+            )
+            for c in kept:
+                old, new = prev.records[c], rows[c]
+                assert (old["answer"], old["seed"]) == (new["answer"], new["seed"]), f"{c} regenerated"
+    seq.snapshot = Snapshot(rows, now, base, seq.seed)
+
+
 def draw(seed: int, steps: int) -> list[str]:
     """A sequence that starts with a READY run of A (something to keep), then ``steps - 1`` steps drawn from a
-    seeded shuffle of every kind (each kind once before any repeats, so a few seeds cover them all: CI's two,
-    3 and 263, draw every kind between them)."""
+    seeded shuffle of every kind (each kind once before any repeats, so a few seeds cover them all: CI's two
+    draw every kind between them), each variant step led by what it needs first."""
     rng = random.Random(seed)
     kinds = list(STEP_KINDS)
     rng.shuffle(kinds)
-    return ["run A", *(kinds * steps)[: steps - 1]]
+    variants = Variants()
+    out = ["run A"]
+    for kind in (kinds * steps)[: steps - 1]:
+        if kind in VARIANT_KINDS:
+            if (first := variants.needs(kind)) is not None:
+                variants.apply(first)
+                out.append(first)
+            variants.apply(kind)
+        out.append(kind)
+    return out
 
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_any_sequence_of_runs_keeps_every_ready_dataset_and_tells_the_truth(
-    tmp_path: Path, seed: int
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seq = setup_checkout(tmp_path)
+    monkeypatch.setenv(REQUEST_LOG_ENV, str(seq.requests))  # every server the runs start logs its requests
     reconciled: set[tuple[Path, str]] = set()
     for kind in draw(seed, STEPS):
         seq.history.append(kind)
+        mark = seq.requests_mark()
         try:
             step(seq, kind)
-            check(seq, reconciled)
+            check(seq, reconciled, seq.sent_since(mark))
         except AssertionError as exc:
             raise AssertionError(f"seed {seed}, steps {seq.history}: {exc}") from exc
     assert seq.readies, "the sequence declared a dataset READY"
@@ -331,6 +613,19 @@ def test_any_sequence_of_runs_keeps_every_ready_dataset_and_tells_the_truth(
 def test_the_generator_draws_every_kind_of_step() -> None:
     drawn = {kind for seed in range(40) for kind in draw(seed, STEPS)}
     assert drawn == set(STEP_KINDS)
-    in_ci = {kind for seed in (3, 263) for kind in draw(seed, 7)[1:]}
+    in_ci = {kind for seed in CI_SEEDS for kind in draw(seed, CI_STEPS)[1:]}
     assert in_ci == set(STEP_KINDS), f"CI's seeds leave out {set(STEP_KINDS) - in_ci}"
     assert draw(3, STEPS) == draw(3, STEPS) and draw(3, STEPS)[0] == "run A"
+    # CI's variant n steps raise an n and lower one
+    moved: set[str] = set()
+    for seed in CI_SEEDS:
+        variants = Variants()
+        for kind in (k for k in draw(seed, CI_STEPS) if k in VARIANT_KINDS):
+            before = {v.name: v.n for v in variants.effective()}
+            variants.apply(kind)
+            after = {v.name: v.n for v in variants.effective() if v.name in before}
+            if kind == "variant n":
+                moved |= {
+                    "up" if n > before[name] else "down" for name, n in after.items() if n != before[name]
+                }
+    assert moved == {"up", "down"}, moved
