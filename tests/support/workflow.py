@@ -12,6 +12,9 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
 
 ROOT = Path(__file__).resolve().parents[2]  # tests/support/workflow.py
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -71,3 +74,12 @@ def job_counts(output: str) -> dict[str, int]:
     """The 'Job stats' table of a dry run: rule -> count."""
     table = output.split("Job stats:", 1)[1]
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+def dataset_records(dataset: Path, *columns: str) -> list[dict[str, Any]]:
+    """A merged dataset's records (``columns`` and ``messages``); ``answer`` is the regenerated assistant
+    turn (the last message)."""
+    table = ds.dataset(str(dataset), format="parquet").to_table(
+        columns=list(dict.fromkeys([*columns, "messages"]))
+    )
+    return [r | {"answer": r["messages"][-1]["content"]} for r in table.to_pylist()]

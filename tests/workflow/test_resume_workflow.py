@@ -12,16 +12,14 @@ from typing import Any
 import orjson
 import pyarrow.dataset as ds
 import pytest
-from support.workflow import copy_workflow, free_port_base, job_counts, snakemake
+from support.workflow import copy_workflow, dataset_records, free_port_base, job_counts, snakemake
 
 DEMO = ("--configfile", "config/demo.yaml", "config/local.yaml")
 
 
 def rows(wd: Path, *columns: str) -> list[dict[str, Any]]:
     """Output rows; ``answer`` is the regenerated assistant turn (the last message)."""
-    dataset = ds.dataset(str(wd / "results" / "dataset"), format="parquet")
-    table = dataset.to_table(columns=["messages", *columns]).to_pylist()
-    return [r | {"answer": r["messages"][-1]["content"]} for r in table]
+    return dataset_records(wd / "results" / "dataset", *columns)
 
 
 def generate_logs(wd: Path) -> str:

@@ -41,11 +41,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow.dataset as ds
 import pytest
 import yaml
 from support.soak import phase_started, processes_in
-from support.workflow import ROOT, SNAKEMAKE, copy_workflow, free_port_base, regen, snakemake
+from support.workflow import ROOT, SNAKEMAKE, copy_workflow, dataset_records, free_port_base, regen, snakemake
 
 from bench.workflow import write_chats
 from regen.generate.journal import RECORD, read_heads
@@ -356,22 +355,13 @@ class Sequence:
 
 def dataset_rows(dataset: Path) -> dict[Completion, dict[str, object]]:
     """A merged dataset's records by completion (each completion once: a second record fails here)."""
-    columns = [
-        "sample_id",
-        "variant",
-        "k",
-        "seed",
-        "temperature",
-        "thinking",
-        "messages",
-        "settings_fingerprint",
-    ]
-    rows = ds.dataset(str(dataset), format="parquet").to_table(columns=columns).to_pylist()
+    columns = ("sample_id", "variant", "k", "seed", "temperature", "thinking", "settings_fingerprint")
+    rows = dataset_records(dataset, *columns)
     by: dict[Completion, dict[str, object]] = {}
     for r in rows:
         key = (r["sample_id"], r["variant"], r["k"])
         assert key not in by, f"{dataset}: two records of {key}"
-        by[key] = r | {"answer": r["messages"][-1]["content"]}
+        by[key] = r
     return by
 
 

@@ -19,7 +19,7 @@ import orjson
 import pyarrow.dataset as ds
 import pytest
 import yaml
-from support.workflow import SNAKEMAKE, copy_workflow, free_port_base
+from support.workflow import SNAKEMAKE, copy_workflow, dataset_records, free_port_base
 
 from bench.workflow import write_chats
 from regen.simulated.options import REQUEST_LOG_ENV
@@ -82,7 +82,7 @@ class Run:
         return self.snakemake("-n", *config)
 
     def rows(self) -> dict[str, dict[str, Any]]:
-        columns = [
+        columns = (
             "id",
             "sample_id",
             "variant",
@@ -90,11 +90,9 @@ class Run:
             "seed",
             "temperature",
             "thinking",
-            "messages",
             "settings_fingerprint",
-        ]
-        table = ds.dataset(str(self.wd / "results" / "dataset"), format="parquet").to_table(columns=columns)
-        return {r["id"]: r | {"answer": r["messages"][-1]["content"]} for r in table.to_pylist()}
+        )
+        return {r["id"]: r for r in dataset_records(self.wd / "results" / "dataset", *columns)}
 
 
 @pytest.mark.timeout(600)
