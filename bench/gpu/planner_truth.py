@@ -684,13 +684,12 @@ def main(
     p.add_argument(
         "--hold-s",
         type=float,
-        default=None,
+        default=default_hold_s,
         help="after the startup check, hold regen's recommended server at its planned batch this long "
-        f"(bench/gpu/hold.py; 0: startups only; default {default_hold_s:g})",
+        "(bench/gpu/hold.py; 0: startups only; default %(default)g)",
     )
     p.add_argument("--hold", default="", help="comma-separated targets to hold (default: every target run)")
     a = p.parse_args(argv)
-    a.hold_s = default_hold_s if a.hold_s is None else a.hold_s
     if a.hold_s > 0 and hold_phase is None:
         p.error("--hold-s needs the hold phase: run python -m bench.gpu.truth_run")
     t0 = time.time()
