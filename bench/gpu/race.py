@@ -1,0 +1,532 @@
+"""The race users run (issue 57): regen end to end against SGLang's defaults offered the whole load.
+
+Every arm gets the same fixed work: ``--requests`` one-turn prompts of ``--prompt-tokens`` words (one token
+each with the WordLevel tokenizer :func:`race_model` writes beside a real config), answers with a per-request
+length drawn log-normal (``--median``/``--mean``, cap ``--cap``, fixed seed: request i has the same length
+in every arm), ``ignore_eos``, the same sampling (temperature 0.6, top-p 0.95, top-k 20). Wall time runs from
+the launch of the arm's engine or server to its last answer.
+
+Arms:
+
+- ``offline``: SGLang's defaults given everything at once through its own offline engine
+  (``sglang.Engine(...).generate(prompts)``), in its own process; no regen code in that arm.
+- ``default-c256``, ``default-c<regen's>``, ``default-all``: one server started with SGLang's defaults
+  (``launch_server``, nothing but the model and ``--load-format dummy``), a closed-loop client on
+  ``/v1/chat/completions`` at 256 in flight, at regen's client concurrency, and with every request at once;
+  each offer runs the whole workload, the radix cache flushed between them (the prompts repeat), and each
+  arm's wall is the server's start plus its own generation.
+- ``regen``: regen end to end: ``regen tune`` plans the server from the workload's audit summary, regen's
+  ``acquire_server`` starts it, regen's client (``generate_shard``) sends the samples (each request's length
+  set by ``bench.length_proxy`` in front of the server, the only thing between them).
+
+The ratio is regen's output tok/s (over its wall) against the best of the other arms. Each arm's server
+log is kept (``logs/``) with its decode lines; the line also says how many 10-line windows of each were
+steady (``bench.gpu.serverlog.steady_windows``).
+
+``--dry-cpu`` runs the server arms against regen's simulated server (the offline arm needs SGLang: ``na``).
+Last line: ``race: model=... requests=... output_tokens=... <arm>_wall_s=... <arm>_tps=... best_peer=...
+ratio=...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.gpu import serverlog
+from bench.gpu.dense import Workload
+from bench.gpu.harness import Timer, bench_server_cfg, generate_dict, log, wait_gpu_free
+from bench.gpu.planner_truth import MODELS, Server, free_port, regen_tune, simulated_argv
+from bench.harness import add_campaign_args, add_smoke, parse_args, publish, result_line
+from regen.types import Message, Sample
+
+#: the sampling every arm sends (regen's client sends the config's; ``harness.generate_dict``)
+SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+READY = "The server is fired up"
+CHAT_PATH = "/v1/chat/completions"
+#: words ``t0 .. t<WORDS-1>`` are the tokenizer's ordinary ids; the ids above are the config's specials
+FIRST_SPECIAL = 128000
+
+
+@dataclass(frozen=True, slots=True)
+class RaceWork:
+    """The fixed workload: prompts and per-request answer lengths, the same for every arm."""
+
+    requests: int
+    prompt_tokens: int
+    median: float
+    mean: float
+    cap: int
+
+    @property
+    def lengths(self) -> Workload:
+        return Workload(
+            vocab=FIRST_SPECIAL,
+            prompt_tokens=self.prompt_tokens,
+            median=self.median,
+            mean=self.mean,
+            cap=self.cap,
+        )
+
+    def prompt(self, i: int) -> str:
+        return " ".join(f"t{t}" for t in self.lengths.prompt_ids(i))
+
+    def max_tokens(self, i: int) -> int:
+        return self.lengths.max_new_tokens(i)
+
+    def samples(self) -> list[Sample]:
+        return [
+            Sample(
+                id=f"race-{i:06d}",
+                messages=(Message("user", self.prompt(i)), Message("assistant", "t1")),
+                source={"file": "race", "row": i, "format": "messages"},
+            )
+            for i in range(self.requests)
+        ]
+
+    def planned_output_tokens(self) -> int:
+        return sum(self.max_tokens(i) for i in range(self.requests))
+
+
+# ------------------------------------------------------------------------------------ the model
+
+
+def race_model(model: str, out: Path) -> Path:
+    """``model``'s real config with a WordLevel tokenizer: word ``t<i>`` is id i, the ids from
+    :data:`FIRST_SPECIAL` are named specials, and the chat template is the messages' contents, so a
+    chat request and the offline engine's prompt are the same tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    config = json.loads((MODELS / model / "config.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    vocab_size = int(config["vocab_size"])
+    eos = config.get("eos_token_id")
+    eos_id = int(eos[0] if isinstance(eos, list) else eos or FIRST_SPECIAL + 1)
+    vocab = {f"t{i}": i for i in range(FIRST_SPECIAL)}
+    specials = {i: f"<|special_{i}|>" for i in range(FIRST_SPECIAL, vocab_size)}
+    vocab.update({name: i for i, name in specials.items()})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens(list(specials.values()))
+    tok.save(str(out / "tokenizer.json"))
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": specials[eos_id],
+        "pad_token": specials[eos_id],
+        "bos_token": None,
+        "model_max_length": 131072,
+        "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
+        "clean_up_tokenization_spaces": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_id}))
+    return out
+
+
+# ------------------------------------------------------------------------------------ one offer
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What one offer of the whole workload gave: its generation seconds and the answers' tokens."""
+
+    generation_s: float
+    output_tokens: int
+    answers: int
+    errors: int
+    first_error: str | None
+
+
+def chat_request(work: RaceWork, i: int, model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": work.prompt(i)}],
+        "max_tokens": work.max_tokens(i),
+        "ignore_eos": True,
+        **SAMPLING,
+    }
+
+
+async def offer(url: str, work: RaceWork, in_flight: int, model: str) -> Finished:
+    """Send the whole workload with at most ``in_flight`` requests open (a closed loop); a failed
+    request is sent again once."""
+    gate = asyncio.Semaphore(in_flight)
+    tokens: list[int] = []
+    errors: list[str] = []
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=7200)
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+
+        async def one(i: int) -> None:
+            async with gate:
+                for _attempt in range(2):
+                    try:
+                        async with session.post(url + CHAT_PATH, json=chat_request(work, i, model)) as resp:
+                            body = await resp.json(content_type=None)
+                            if resp.status != 200:
+                                raise RuntimeError(f"HTTP {resp.status}: {str(body)[:200]}")
+                        tokens.append(int(body["usage"]["completion_tokens"]))
+                        return
+                    except (aiohttp.ClientError, RuntimeError, KeyError, ValueError) as exc:
+                        errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+        await asyncio.gather(*(one(i) for i in range(work.requests)))
+    return Finished(
+        round(time.monotonic() - t0, 2), sum(tokens), len(tokens), len(errors), errors[0] if errors else None
+    )
+
+
+async def flush_cache(url: str) -> int:
+    """SGLang's ``/flush_cache`` (the next offer repeats the prompts); the HTTP status."""
+    async with aiohttp.ClientSession() as session, session.post(url + "/flush_cache") as resp:
+        return resp.status
+
+
+# ------------------------------------------------------------------------------------ arms
+
+
+@dataclass
+class Settings:
+    work: Path
+    dry: bool
+    model: str
+    race: RaceWork
+    ready_timeout_s: float = 900.0
+
+
+def arm_row(name: str, start_s: float | None, done: Finished | None, log_text: str) -> dict[str, Any]:
+    """An arm's row: its wall (start + generation), tok/s over that wall, the server log's reading."""
+    row: dict[str, Any] = {"arm": name, "start_s": start_s}
+    if done is not None:
+        row.update(asdict(done))
+        if start_s is not None:
+            wall = start_s + done.generation_s
+            row["wall_s"] = round(wall, 2)
+            row["tps"] = round(done.output_tokens / wall, 1) if done.errors == 0 else None
+    row.update(log_reading(log_text))
+    return row
+
+
+def log_reading(text: str) -> dict[str, Any]:
+    """The median running count and decode rate of the server's own lines, and its steady windows."""
+    lines = serverlog.decode_lines(text)
+    if not lines:
+        return {"decode_lines": 0}
+    return {
+        "decode_lines": len(lines),
+        "median_running": statistics.median(ln.running for ln in lines),
+        "max_running": max(ln.running for ln in lines),
+        "median_log_tps": statistics.median(ln.gen_tps for ln in lines),
+        "cuda_graph_share": round(sum(ln.cuda_graph for ln in lines) / len(lines), 3),
+        "steady_windows": steady_windows(lines),
+    }
+
+
+def steady_windows(lines: list[serverlog.DecodeLine], size: int = 10, share: float = 0.05) -> str:
+    """``qualified/of`` windows of ``size`` consecutive decode lines in which KV in use moved less than
+    ``share`` of the KV in use and the running count stayed within ``share`` of its median (issue 57)."""
+    windows = [lines[k : k + size] for k in range(0, len(lines) - size + 1, size)]
+    ok = 0
+    for w in windows:
+        kv = [ln.tokens for ln in w]
+        running = [ln.running for ln in w]
+        mid_kv, mid_running = statistics.median(kv), statistics.median(running)
+        flat_kv = mid_kv > 0 and abs(kv[-1] - kv[0]) < share * mid_kv
+        flat_running = mid_running > 0 and max(running) - min(running) <= share * mid_running
+        ok += flat_kv and flat_running
+    return f"{ok}/{len(windows)}"
+
+
+def default_server(s: Settings, model_dir: Path, name: str) -> Server:
+    port = free_port()
+    log_path = s.work / "logs" / f"{name}.log"
+    if s.dry:
+        options = {"max_total_num_tokens": 200_000}
+        return Server(simulated_argv(port, log_path, options, 256, 400.0), log_path, port)
+    argv = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_dir),
+        "--load-format",
+        "dummy",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return Server(argv, log_path, port)
+
+
+async def wait_ready(server: Server, timeout_s: float, dry: bool) -> None:
+    end = time.time() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.time() < end:
+            if not server.alive():
+                raise RuntimeError(f"server exited: {server.text()[-1500:]}")
+            try:
+                async with session.get(f"http://127.0.0.1:{server.port}/health") as resp:
+                    if resp.status == 200 and (dry or READY in server.text()):
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(1.0)
+    raise RuntimeError(f"server not ready after {timeout_s:.0f} s")
+
+
+async def default_arms(s: Settings, model_dir: Path, offers: dict[str, int]) -> list[dict[str, Any]]:
+    """One server with SGLang's defaults; each offer sends the whole workload (cache flushed between)."""
+    server = default_server(s, model_dir, "defaults").start()
+    t = Timer()
+    rows: list[dict[str, Any]] = []
+    try:
+        await wait_ready(server, s.ready_timeout_s, s.dry)
+        start_s = round(t(), 2)
+        url = f"http://127.0.0.1:{server.port}"
+        for name, in_flight in offers.items():
+            mark = len(server.text())
+            if rows and not s.dry:
+                await flush_cache(url)
+            done = await offer(url, s.race, in_flight, str(model_dir))
+            row = arm_row(name, start_s, done, server.text()[mark:])
+            row["in_flight"] = in_flight
+            rows.append(row)
+            log(f"{name}: {brief(row)}")
+    except RuntimeError as exc:
+        rows.append({"arm": "defaults", "error": str(exc)[-2000:]})
+    finally:
+        server.stop()
+        wait_gpu_free(s.dry)
+    return rows
+
+
+def offline_arm(s: Settings, model_dir: Path) -> dict[str, Any]:
+    """SGLang's offline engine with its defaults, every request at once, in its own process."""
+    if s.dry:
+        return {"arm": "offline", "skipped": "needs SGLang (dry run)"}
+    result = s.work / "offline.json"
+    given = s.work / "offline-input.json"
+    given.write_text(json.dumps(offline_input(s.race)))
+    log_path = s.work / "logs" / "offline.log"
+    t = Timer()
+    with log_path.open("wb") as fh:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.gpu.race_offline", str(model_dir), str(given), str(result)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            timeout=3600,
+        )
+    wait_gpu_free(s.dry)
+    text = log_path.read_text(errors="replace")
+    if proc.returncode != 0 or not result.exists():
+        return {
+            "arm": "offline",
+            "error": f"rc {proc.returncode}: {text[-1500:]}",
+            "process_s": round(t(), 1),
+        }
+    got = json.loads(result.read_text())
+    done = Finished(got["generation_s"], got["output_tokens"], got["answers"], 0, None)
+    row = arm_row("offline", got["start_s"], done, text)
+    row["process_s"] = round(t(), 1)
+    return row
+
+
+def offline_input(race: RaceWork) -> dict[str, Any]:
+    """The offline arm's workload: the same prompts, lengths and sampling as the chat arms send."""
+    return {
+        "prompts": [race.prompt(i) for i in range(race.requests)],
+        "max_tokens": [race.max_tokens(i) for i in range(race.requests)],
+        "sampling": SAMPLING,
+    }
+
+
+def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int | None]:
+    """regen end to end: its plan (``regen tune``), its server start, its client at its own concurrency;
+    then, on the same server, ``regen-wide``: its client at SGLang's running cap (a plan candidate, never
+    a peer). Returns the rows and regen's client concurrency."""
+    from regen.serving.lifecycle import acquire_server, stop_all_servers
+    from regen.sglang.config import PlanFile
+
+    t = Timer()
+    summary = s.work / "summary.json"
+    summary.write_text(json.dumps(audit_summary(s.race)))
+    plan = regen_tune(model_dir, (), "--audit-summary", str(summary), "--max-tokens", str(s.race.cap))
+    if plan.refused or plan.plan is None:
+        return [{"arm": "regen", "error": f"regen tune refused: {plan.message}"}], None
+    concurrency = plan.number("client_concurrency")
+    cap = plan.number("effective_max_running_requests")
+    planned = {"plan_args": plan.plan.get("recommended"), "client_concurrency": concurrency, "cap": cap}
+    sim = {"token_rate": 400.0, "max_running_requests": int(cap or 256), "startup_delay_s": 1.0}
+    cfg = bench_server_cfg(
+        model_dir, s.dry, args=[], use_tuner=True, port_base=free_port(), simulated=sim if s.dry else None
+    )
+    servers, logs = s.work / "regen-servers", s.work / "regen-logs"
+    offers = {"regen": None, "regen-wide": int(cap) if cap and cap != concurrency else None}
+    rows: list[dict[str, Any]] = []
+    try:
+        with acquire_server(cfg, PlanFile.from_json(plan.plan), servers, logs, owner_pid=os.getpid()) as ep:
+            start_s = round(t(), 2)
+            for name, in_flight in offers.items():
+                if name != "regen" and in_flight is None:
+                    continue
+                mark = log_size(logs / "gpu0.log")
+                done = regen_client(s, ep, s.work / f"{name}-out", in_flight)
+                text = read_from(logs / "gpu0.log", mark)
+                rows.append({**planned, **arm_row(name, start_s, done, text), "in_flight": in_flight})
+                log(f"{name}: {brief(rows[-1])}")
+    except RuntimeError as exc:
+        rows.append({"arm": "regen", "error": str(exc)[-2000:]})
+    finally:
+        stop_all_servers(servers, grace_s=60)
+        wait_gpu_free(s.dry)
+    return rows, int(concurrency) if concurrency else None
+
+
+def regen_client(s: Settings, ep: Any, out: Path, in_flight: int | None) -> Finished:
+    """regen's client over the whole workload (``in_flight`` None: its own concurrency), each request's
+    length set by the length proxy."""
+    from bench.length_proxy import proxied
+    from regen.generate.client import ShardJob, generate_shard
+    from regen.runconfig import GenerateConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    samples = s.race.samples()
+    lengths = {x.id: s.race.max_tokens(i) for i, x in enumerate(samples)}
+    given = dict(generate_dict(s.race.cap, in_flight), sampling=regen_sampling(s.race))
+    t = Timer()
+    with proxied(ep, lengths) as via:
+        stats = generate_shard(
+            ShardJob(
+                samples=samples,
+                journal=out / "journal.jsonl",
+                records_out=out / "records.jsonl",
+                failed_out=out / "failed.jsonl",
+                cfg=GenerateConfig.from_dict(given),
+                endpoint=via,
+                shard="00000",
+            )
+        )
+    generation_s = round(t(), 2)
+    tokens, answers = records_tokens(out / "records.jsonl")
+    return Finished(generation_s, tokens, answers, int(getattr(stats, "failed", 0)), None)
+
+
+def log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def read_from(path: Path, offset: int) -> str:
+    if not path.exists():
+        return ""
+    with path.open("rb") as fh:
+        fh.seek(offset)
+        return fh.read().decode(errors="replace")
+
+
+def regen_sampling(race: RaceWork) -> dict[str, Any]:
+    return {**SAMPLING, "max_tokens": race.cap, "n": 1, "seed": 0}
+
+
+def audit_summary(race: RaceWork) -> dict[str, Any]:
+    from bench.gpu.dense import audit_summary as dense_summary
+
+    return dense_summary(race.lengths)
+
+
+def records_tokens(path: Path) -> tuple[int, int]:
+    tokens = answers = 0
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                tokens += int((rec.get("usage") or {}).get("completion_tokens") or 0)
+                answers += 1
+    return tokens, answers
+
+
+# ------------------------------------------------------------------------------------ the race
+
+
+def brief(row: dict[str, Any]) -> str:
+    keys = ("wall_s", "tps", "start_s", "generation_s", "output_tokens", "errors", "median_running")
+    return " ".join(f"{k}={row.get(k)}" for k in keys if k in row) or str(row)[:300]
+
+
+def best_peer(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest arm that is not regen's (by tok/s over its wall)."""
+    peers = [r for r in rows if not str(r.get("arm")).startswith("regen") and r.get("tps")]
+    return max(peers, key=lambda r: r["tps"]) if peers else None
+
+
+def race_line(model: str, race: RaceWork, rows: list[dict[str, Any]]) -> str:
+    fields: dict[str, Any] = {"model": model, "requests": race.requests}
+    fields["output_tokens"] = race.planned_output_tokens()
+    for r in rows:
+        key = str(r.get("arm", "?")).replace("-", "_")
+        fields[f"{key}_wall_s"] = r.get("wall_s")
+        fields[f"{key}_tps"] = r.get("tps")
+        fields[f"{key}_steady"] = r.get("steady_windows")
+    regen = next((r for r in rows if r.get("arm") == "regen"), {})
+    best = best_peer(rows)
+    fields["best_peer"] = best["arm"] if best else None
+    ratio = regen.get("tps") / best["tps"] if best and regen.get("tps") else None
+    fields["ratio"] = f"{ratio:.3f}" if ratio else None
+    wide = next((r for r in rows if r.get("arm") == "regen-wide"), {})
+    fields["wide_ratio"] = f"{wide['tps'] / best['tps']:.3f}" if best and wide.get("tps") else None
+    return result_line("race", **fields)
+
+
+def run_race(s: Settings) -> list[dict[str, Any]]:
+    """regen first (it plans the concurrency one default offer uses), then the defaults, then offline."""
+    model_dir = race_model(s.model, s.work / "model")
+    (s.work / "logs").mkdir(parents=True, exist_ok=True)
+    regen_rows, concurrency = regen_arm(s, model_dir)
+    offers = {"default-c256": 256}
+    if concurrency and concurrency != 256:
+        offers[f"default-c{concurrency}"] = concurrency
+    offers["default-all"] = s.race.requests
+    rows = [*regen_rows, *asyncio.run(default_arms(s, model_dir, offers))]
+    rows.append(offline_arm(s, model_dir))
+    log(f"offline: {brief(rows[-1])}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_campaign_args(p, work=Path("/tmp/race-work"))
+    add_smoke(p, requests=60, prompt_tokens=16, median=12, mean=16, cap=64)
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--requests", type=int, default=12_000)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--median", type=float, default=128)
+    p.add_argument("--mean", type=float, default=160)
+    p.add_argument("--cap", type=int, default=1024)
+    args = parse_args(p, argv)
+    race = RaceWork(args.requests, args.prompt_tokens, args.median, args.mean, args.cap)
+    s = Settings(work=args.work, dry=args.dry_cpu, model=args.model, race=race)
+    s.work.mkdir(parents=True, exist_ok=True)
+    log(f"race: {args.model}, {race.requests} requests, {race.planned_output_tokens()} output tokens")
+    rows = run_race(s)
+    doc = {"date": dt.date.today().isoformat(), "model": args.model, "workload": asdict(race), "arms": rows}
+    stem = f"race-{args.model}-{doc['date']}" + ("-dry" if s.dry else "")
+    return publish(args.out, stem, doc, line=race_line(args.model, race, rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
