@@ -47,7 +47,7 @@ import aiohttp
 
 from bench.gpu import serverlog
 from bench.gpu.dense import Workload
-from bench.gpu.harness import Timer, bench_server_cfg, generate_dict, log, wait_gpu_free
+from bench.gpu.harness import Timer, bench_server_cfg, generate_dict, gpu_memory_mib, log, wait_gpu_free
 from bench.gpu.planner_truth import MODELS, Server, free_port, regen_tune, simulated_argv
 from bench.harness import add_campaign_args, add_smoke, parse_args, publish, result_line
 from regen.types import Message, Sample
@@ -366,7 +366,8 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     t = Timer()
     summary = s.work / "summary.json"
     summary.write_text(json.dumps(audit_summary(s.race)))
-    plan = regen_tune(model_dir, (), "--audit-summary", str(summary), "--max-tokens", str(s.race.cap))
+    tune_args = ("--audit-summary", str(summary), "--max-tokens", str(s.race.cap))
+    plan = regen_tune(model_dir, (), *tune_args, gpu_mib=gpu_memory_mib(s.dry))
     if plan.refused or plan.plan is None:
         return [{"arm": "regen", "error": f"regen tune refused: {plan.message}"}], None
     concurrency = plan.number("client_concurrency")
