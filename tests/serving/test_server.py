@@ -783,8 +783,8 @@ def test_a_job_arriving_while_the_prestart_decides_reuses_its_server(rig: Rig) -
     import fcntl
 
     from regen.layout import SlotFiles, prestart_lock_in
+    from regen.serving.lifecycle import wait_until_recorded
     from regen.serving.slots import live_or_start, take_lease_shared
-    from regen.tune.prestart import wait_until_recorded
 
     cfg = rig.cfg(gpus=1)
     servers = rig.root / "work" / "servers"
