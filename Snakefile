@@ -52,20 +52,14 @@ rule all:
         final_outputs,
 
 
+# the run's start and end: regen.run_hooks.RunHooks (rules/common.smk builds HOOKS)
 onstart:
-    begin_run()
-    settle_run_outputs()
-    run_preflight()
-    prestart_gpu_servers()
+    HOOKS.on_start()
 
 
 onsuccess:
-    stop_gpu_servers()
-    end_run("finished")
+    HOOKS.on_success()
 
 
 onerror:
-    stop_gpu_servers()
-    end_run("failed")
-    print_resume_hint()
-    report_failed_run(log)
+    HOOKS.on_error(log)

@@ -31,14 +31,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from regen.runconfig import (
-    ANSWERS,
     DEFAULT_VARIANT,
     PLAN,
     GenerateConfig,
@@ -271,6 +270,28 @@ def request_fingerprint(settings_fingerprint: str, sample_id: str, content_diges
 # ------------------------------------------------------------ decisive vs operational config
 
 
+#: The generate rule's rerun contract: the config keys of its tracked ``settings`` param, in this order.
+#: Snakemake compares the param by its repr, so the order is part of the contract: reordering or renaming
+#: reruns every generate job once. Every field marked :data:`regen.runconfig.ANSWERS` is in it
+#: (``tests/test_fingerprint.py`` holds both, and the demo's param, to these lists).
+RERUN_GENERATE_KEYS: tuple[str, ...] = (
+    "regenerate",
+    "thinking",
+    "thinking_fraction",
+    "sampling",
+    "truncation",
+    "retry_max_tokens_factor",
+    "extra_body",
+    "return_token_ids",
+    "preserve_thinking",
+)
+#: the ``server`` keys of the contract, in the order of the settings they become (``model_path``,
+#: ``server_mode``, ``reasoning_parser``)
+RERUN_SERVER_KEYS: tuple[str, ...] = ("model_path", "mode", "reasoning_parser")
+#: the top-level keys of the contract: the tokenizer (its chat template)
+RERUN_RUN_KEYS: tuple[str, ...] = ("tokenizer",)
+
+
 def decisive_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The ``generate`` rule's tracked ``settings`` param: every config value that decides an answer (the
     fields marked :data:`regen.runconfig.ANSWERS`), as configured.
@@ -280,17 +301,13 @@ def decisive_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """
     generate = config.get("generate") or {}
     server = config.get("server") or {}
-    order = [f.name for f in fields(GenerationSettings)]
-    by_setting = sorted(
-        keys_deciding(ServerConfig, ANSWERS), key=lambda k: order.index(setting_name(ServerConfig, k))
-    )
-    decided = {k: generate[k] for k in keys_deciding(GenerateConfig, ANSWERS) if k in generate}
+    decided = {k: generate[k] for k in RERUN_GENERATE_KEYS if k in generate}
     if generate.get("variants"):  # only when set: a config without variants keeps the param it had
         decided["variants"] = generate["variants"]
     return {
         "generate": decided,
-        **{setting_name(ServerConfig, k): server.get(k) for k in by_setting},
-        **{k: config.get(k) for k in keys_deciding(RunConfig, ANSWERS)},  # the tokenizer
+        **{setting_name(ServerConfig, k): server.get(k) for k in RERUN_SERVER_KEYS},
+        **{k: config.get(k) for k in RERUN_RUN_KEYS},
     }
 
 

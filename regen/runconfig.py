@@ -245,8 +245,8 @@ class JournalSyncConfig:
 class GenerateConfig:
     """The ``generate`` config section (see ``schemas/config.schema.yaml`` for every field's meaning).
 
-    The fields that decide answers come first, in the order of the generate rule's tracked param (a
-    reordering would change its repr, and Snakemake would rerun every generate job once)."""
+    The fields that decide answers are marked :data:`ANSWERS`; the generate rule's rerun contract (which
+    keys, in which order) is ``regen.fingerprint.RERUN_GENERATE_KEYS``, not this field order."""
 
     regenerate: str = field(metadata=decides(ANSWERS))
     thinking: str = field(metadata=decides(ANSWERS))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -605,3 +606,22 @@ def test_s3_journal_from_a_machine_with_another_config(s3_prefix: str, sim: str,
     assert {r["sampling"]["temperature"] for r in recs} == {0.6} and len(
         {r["settings_fingerprint"] for r in recs}
     ) == 1
+
+
+def test_the_rerun_contract_is_a_named_list_covering_every_deciding_field() -> None:
+    """The generate rule's tracked param is built from ``RERUN_*_KEYS`` (order included), which name every
+    field marked as deciding answers; the demo's param, with and without variants, is byte-identical to the
+    one main computed before the lists existed (sha256 of its repr at 173b324)."""
+    from regen.fingerprint import RERUN_GENERATE_KEYS, RERUN_RUN_KEYS, RERUN_SERVER_KEYS
+
+    assert set(RERUN_GENERATE_KEYS) == set(keys_deciding(GenerateConfig, ANSWERS))
+    assert set(RERUN_SERVER_KEYS) == set(keys_deciding(ServerConfig, ANSWERS))
+    assert set(RERUN_RUN_KEYS) == set(keys_deciding(RunConfig, ANSWERS))
+    demo = demo_config()
+    assert hashlib.sha256(repr(decisive_config(demo)).encode()).hexdigest() == (
+        "92383c2a303b4dd36f79a2e5a4bdaf12b184ac4ac30d1c34119350d8c0210bb1"
+    )
+    demo["generate"]["variants"] = [{"name": "hot", "sampling": {"temperature": 1.0}}]
+    assert hashlib.sha256(repr(decisive_config(demo)).encode()).hexdigest() == (
+        "559ae8a947fe114efe1741233cd8e1e080f75bbf86ace6ffcca90c281b57cc03"
+    )

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.io import open_lines, read_json
-from regen.layout import RUN
+from regen.io import atomic_open, open_lines, read_json
+from regen.layout import RUN, RunLayout
 from regen.observe.inputs import ReportInputs
 from regen.observe.pages import gate_rows, read_verdict
 from regen.observe.run_numbers import RunNumbers
@@ -234,3 +234,15 @@ def failed_run_landing(inputs: ReportInputs, facts: RunFacts, log: str | None) -
 def _count(n: int, noun: str) -> str:
     """``1 row``, ``2 rows``: a count with its noun in the right number."""
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def write_failed_run_landing(layout: RunLayout, facts: RunFacts, log: str | None) -> Path:
+    """After a failed run (the workflow's ``onerror``): the report's first page saying NOT READY and
+    why, at ``layout.failed_run_landing``, from the run's files as they are now."""
+    path = layout.failed_run_landing
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # `snakemake --report results/report.html` writes into it, and a run that failed early left none
+    layout.results.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, "w") as fh:
+        fh.write(failed_run_landing(ReportInputs.of(layout), facts, log))
+    return path

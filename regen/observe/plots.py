@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-import orjson
 import pyarrow.parquet as pq
 
-from regen.io import atomic_path, open_lines, read_json
+from regen.io import atomic_path, read_json
+from regen.observe.run_numbers import iter_jsonl, quarantine_reason_counts
 
 # ---------------------------------------------------------------------------------------------
 # Readers
@@ -34,28 +34,6 @@ def read_dataset_columns(dataset_dir: str | os.PathLike[str], columns: list[str]
             for c in columns:
                 out[c].extend(batch.column(c).to_pylist())
     return {c: np.array(v, dtype=object) for c, v in out.items()}
-
-
-def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Dict lines of a JSONL file (plain or zstd); unparsable lines are skipped (reported elsewhere)."""
-    with open_lines(path) as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                yield obj
-
-
-def quarantine_reason_counts(quarantine: Iterable[Path]) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    for path in quarantine:
-        for obj in iter_jsonl(path):
-            counts[str(obj.get("reason", "unknown"))] += 1
-    return counts
 
 
 def throughput_series(

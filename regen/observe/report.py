@@ -32,7 +32,7 @@ from regen.layout import (
     RunLayout,
 )
 from regen.observe.inputs import ReportInputs
-from regen.observe.landing import Readiness, RunFacts, failed_run_landing, landing_rst, readiness
+from regen.observe.landing import Readiness, RunFacts, landing_rst, readiness, write_failed_run_landing
 from regen.observe.pages import (
     audit_page_html,
     contamination_table_html,
@@ -125,17 +125,6 @@ def write_report_assets(
     """``write_report`` from the files of the run whose directories are given, as they are now."""
     layout = RunLayout(results=Path(results_dir), work=Path(work_dir), logs=Path(logs_dir))
     return write_report(ReportInputs.of(layout), out_dir, facts)
-
-
-def write_failed_run_landing(layout: RunLayout, facts: RunFacts, log: str | None) -> Path:
-    """After a failed run (the workflow's ``onerror``): the report's first page saying NOT READY and
-    why, at ``layout.failed_run_landing``, from the run's files as they are now."""
-    path = layout.failed_run_landing
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # `snakemake --report results/report.html` writes into it, and a run that failed early left none
-    layout.results.mkdir(parents=True, exist_ok=True)
-    _write_text(path, failed_run_landing(ReportInputs.of(layout), facts, log))
-    return path
 
 
 def cli(argv: list[str]) -> int:

@@ -6,15 +6,39 @@ counts; a number that cannot be known says so instead of guessing."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.io import read_json
+import orjson
+
+from regen.io import open_lines, read_json
 from regen.observe.inputs import ReportInputs
-from regen.observe.plots import iter_jsonl, quarantine_reason_counts
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Dict lines of a JSONL file (plain or zstd); unparsable lines are skipped (reported elsewhere)."""
+    with open_lines(path) as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                yield obj
+
+
+def quarantine_reason_counts(quarantine: Iterable[Path]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for path in quarantine:
+        for obj in iter_jsonl(path):
+            counts[str(obj.get("reason", "unknown"))] += 1
+    return counts
 
 
 @dataclass(frozen=True, slots=True)

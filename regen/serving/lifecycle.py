@@ -1,7 +1,7 @@
 """The server lifecycle: a server for ``server.mode`` held for a ``with`` block, and every server stopped.
 
-``acquire_server`` is the entry point that starts a job's server (``regen.tune.prestart`` starts the
-same slot supervisors before any job, through ``regen.serving.slots.live_or_start``); ``stop_all_servers``
+The one owner of server processes: ``acquire_server`` starts a job's server, ``start_slot_servers`` the
+same slot supervisors before any job (what ``regen.tune.prestart`` asks for); ``stop_all_servers``
 is for the Snakefile's ``onsuccess``/``onerror`` handlers and for the tune rule's refusal of a prestarted
 server. The modes (:data:`MODES`) are one module each.
 """
@@ -12,13 +12,14 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from regen.layout import RUN, url_files
+from regen.layout import RUN, SlotFiles, url_files
 from regen.runconfig import ServerConfig
-from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, ServerMode
+from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, ServerMode, api_key_from
 from regen.serving.local_sglang import LocalSGLang
 from regen.serving.procfs import (
     UrlState,
@@ -30,7 +31,7 @@ from regen.serving.procfs import (
 )
 from regen.serving.remote import RemoteEndpoint
 from regen.serving.simulated_mode import Simulated
-from regen.serving.slots import SlotPlace, serve_on_slot
+from regen.serving.slots import SlotPlace, live_or_start, serve_on_slot, take_lease_shared
 from regen.sglang.config import PlanFile
 from regen.types import Endpoint
 
@@ -87,6 +88,49 @@ def acquire_server(
     check = command_check if command_check is not None else own
     with serve_on_slot(cfg, plan, place, command_builder or mode.command, check) as endpoint:
         yield endpoint
+
+
+def start_slot_servers(
+    cfg: ServerConfig, plan: PlanFile, slots: Sequence[int], owner_pid: int, place: tuple[Path, Path]
+) -> None:
+    """Before any job (``regen.tune.prestart``): start (or find live) each slot's supervisor in ``place``
+    (slot directory, log directory) as :func:`acquire_server` does, under its lease, not its lock; each
+    started one has recorded itself in its url file on return."""
+    workdir, log_dir = place
+    workdir.mkdir(parents=True, exist_ok=True)
+    api_key = api_key_from(cfg)
+    for slot in slots:
+        files = SlotFiles.of(slot, workdir, log_dir)
+        lease_fd = take_lease_shared(files)
+        try:
+            mode = mode_of(cfg)
+            found = live_or_start(files, cfg, plan, api_key, owner_pid, mode.command, mode.launch_check)
+        finally:
+            os.close(lease_fd)
+        if isinstance(found, subprocess.Popen):
+            wait_until_recorded(files, found)
+
+
+#: how long the prestart waits for a supervisor it started to write its url file
+RECORD_WAIT_S = 60.0
+
+
+def wait_until_recorded(files: SlotFiles, started: subprocess.Popen[bytes]) -> None:
+    """Until the started supervisor has written its pid to the slot's url file (or exited): only then may
+    the prestart lock go, or a generate job that finds no url file yet starts a second supervisor on the
+    slot (its own ``live_or_start`` sees none), and two supervisors contend for one slot's port and lease."""
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while time.monotonic() < deadline and started.poll() is None:
+        state = read_url_state(files.url)
+        if state is not None and state.supervisor_pid == started.pid:
+            return
+        time.sleep(0.05)
+    log.warning(
+        "GPU slot %d: supervisor PID %d wrote no url file within %.0f s",
+        files.slot,
+        started.pid,
+        RECORD_WAIT_S,
+    )
 
 
 def live_supervisors(workdir: str | os.PathLike[str]) -> list[tuple[Path, UrlState]]:

@@ -17,7 +17,9 @@ process group, killed with the supervisor through ``PR_SET_PDEATHSIG``) and
   up a server that is going away); or
   promptly when its owner is gone and no lease is held: ``--owner-pid`` (the Snakemake process), or with
   ``--owner-slurm-job`` the Slurm job (its ``slurmstepd: [JOB.batch]`` process on this node, else
-  ``squeue``): the members of a group job come and go, the job stays until its last member is done.
+  ``squeue``): the members of a group job come and go, the job stays until its last member is done, and
+  while Slurm surely says it runs, the idle timeout does not end its server (the job holds the GPU; its
+  next member reuses the server).
 
 A server that crashed or stalled is stopped with SIGTERM to its group and SIGKILL after ``--grace``
 seconds, so SGLang can dump what it was doing. A planned exit (signal, idle, owner gone) kills the group
@@ -97,7 +99,8 @@ class SlurmJobWatch:
         self.job = job
         self.local = self.stepd_alive()
         self.last_look = -SQUEUE_EVERY_S
-        self.last_answer = True
+        #: squeue's last answer; None: it did not answer (the job counts as alive, but not surely)
+        self.last_answer: bool | None = True
 
     def stepd_alive(self) -> bool:
         prefix = f"slurmstepd: [{self.job}.batch]".encode()  # the job's own, not one of its steps
@@ -119,20 +122,25 @@ class SlurmJobWatch:
         if now - self.last_look >= SQUEUE_EVERY_S:
             self.last_look = now
             self.last_answer = squeue_running(self.job)
-        return self.last_answer
+        return self.last_answer is not False
+
+    def surely_alive(self) -> bool:
+        """The job runs, as Slurm itself says (its slurmstepd seen, or squeue answered): it still has
+        group members to run, and holds its GPUs whether its server idles or not."""
+        return self.alive() and (self.local or self.last_answer is True)
 
 
-def squeue_running(job: str) -> bool:
-    """``squeue`` says the job is pending, running or completing (an unanswered query counts as alive:
-    the idle timeout still ends a supervisor whose job is gone)."""
+def squeue_running(job: str) -> bool | None:
+    """``squeue`` says the job is pending, running or completing; None when it did not answer (the job
+    then counts as alive, but the idle timeout still ends a supervisor whose job is gone)."""
     try:
         out = subprocess.run(
             ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
         )
     except (OSError, subprocess.TimeoutExpired):
-        return True
+        return None
     if out.returncode != 0:
-        return "Invalid job id" not in out.stderr
+        return False if "Invalid job id" in out.stderr else None
     return out.stdout.strip() in {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"}
 
 
@@ -209,9 +217,15 @@ class Supervisor:
         idle_for = time.monotonic() - self.last_busy
         if self.owner_gone():
             raise Stop(f"{self.owner()} is gone and no job holds the lease")
-        if idle_for >= self.cfg.idle_timeout_s:
+        if idle_for >= self.cfg.idle_timeout_s and not self.group_job_running():
             raise Stop(f"idle for {idle_for:.1f} s with no job holding the lease")
         self.release_lease()
+
+    def group_job_running(self) -> bool:
+        """Owned by a Slurm (group) job that surely still runs: its next member reuses the server, and the
+        job holds the GPU anyway, so the idle timeout counts only once the job (its last member) is done;
+        then the owner is gone and the supervisor exits at once (issue 58 item 2)."""
+        return self.owner_job is not None and self.owner_job.surely_alive()
 
     # -- the server process -------------------------------------------------------------------------
     def launch(self, attempt: int) -> subprocess.Popen[bytes]:

@@ -12,9 +12,9 @@ process, still holding the lock:
   rows (:func:`regen.ingest.audit_run.first_rows`); when the audit excludes every one of those rows, no
   server is started (the audit may stop the run: "before any server starts" stays true);
 * records it (``RunLayout.provisional_plan``: the plan, its workload, where it came from, the owner);
-* starts the supervisors of min(GPU slots, shards still to generate) slots through a generate job's own
-  code (:func:`regen.serving.slots.live_or_start`, under the slot's lease, without its ``gpu{k}.lock``),
-  owned by the Snakemake process; then lets the lock go and exits.
+* asks the one owner of server processes, :func:`regen.serving.lifecycle.start_slot_servers`, for the
+  supervisors of min(GPU slots, shards still to generate) slots (a generate job's own code, under the
+  slot's lease, without its ``gpu{k}.lock``), owned by the Snakemake process; then lets the lock go and exits.
 
 A prestarted supervisor that no job ever leases counts its idle time from the moment its server is ready
 (``Supervisor.monitor`` sets ``last_busy`` then): it waits ``server.idle_timeout_s`` for its first job, as
@@ -49,14 +49,14 @@ from regen.ingest.audit_config import AuditConfig
 from regen.ingest.audit_run import first_rows
 from regen.ingest.dataset import DatasetConfig
 from regen.io import read_json, write_json
-from regen.layout import RUN, RunLayout, SlotFiles, slurm_job_id
+from regen.layout import RUN, RunLayout, slurm_job_id
 from regen.runconfig import RunConfig, ServerConfig, config_section
 from regen.runlog import log_to
-from regen.serving.base import ServerError, api_key_from
+from regen.serving.base import ServerError
 from regen.serving.launch_args import flag_name, split_flags
-from regen.serving.lifecycle import build_server_command, mode_of, stop_all_servers
-from regen.serving.procfs import proc_stat, read_url_state
-from regen.serving.slots import live_or_start, shared_flock, slot_count, take_lease_shared
+from regen.serving.lifecycle import build_server_command, mode_of, start_slot_servers, stop_all_servers
+from regen.serving.procfs import proc_stat
+from regen.serving.slots import shared_flock, slot_count
 from regen.sglang.config import PlanFile
 from regen.tune.workload_plan import plan_for_workload, variant_shares, workload_from_audit_histogram
 
@@ -218,48 +218,6 @@ def starting_plan(request: PrestartRequest, run: RunConfig, layout: RunLayout) -
     return planned.plan, f"first pass over the dataset's first {rows} rows", dataclasses.asdict(workload)
 
 
-def start_servers(
-    cfg: ServerConfig, plan: PlanFile, slots: Sequence[int], owner_pid: int, layout: RunLayout
-) -> None:
-    """Start (or find live) each slot's supervisor as a generate job does, under its lease, not its lock."""
-    job = slurm_job_id()  # as the generate job's slot directory (regen.generate.generation)
-    workdir, log_dir = layout.servers_dir(job), layout.server_logs_dir(job)
-    workdir.mkdir(parents=True, exist_ok=True)
-    api_key = api_key_from(cfg)
-    for slot in slots:
-        files = SlotFiles.of(slot, workdir, log_dir)
-        lease_fd = take_lease_shared(files)
-        try:
-            mode = mode_of(cfg)
-            found = live_or_start(files, cfg, plan, api_key, owner_pid, mode.command, mode.launch_check)
-        finally:
-            os.close(lease_fd)
-        if isinstance(found, subprocess.Popen):
-            wait_until_recorded(files, found)
-
-
-#: how long the prestart waits for a supervisor it started to write its url file
-RECORD_WAIT_S = 60.0
-
-
-def wait_until_recorded(files: SlotFiles, started: subprocess.Popen[bytes]) -> None:
-    """Until the started supervisor has written its pid to the slot's url file (or exited): only then may
-    the prestart lock go, or a generate job that finds no url file yet starts a second supervisor on the
-    slot (its own ``live_or_start`` sees none), and two supervisors contend for one slot's port and lease."""
-    deadline = time.monotonic() + RECORD_WAIT_S
-    while time.monotonic() < deadline and started.poll() is None:
-        state = read_url_state(files.url)
-        if state is not None and state.supervisor_pid == started.pid:
-            return
-        time.sleep(0.05)
-    log.warning(
-        "GPU slot %d: supervisor PID %d wrote no url file within %.0f s",
-        files.slot,
-        started.pid,
-        RECORD_WAIT_S,
-    )
-
-
 def prestart(request: PrestartRequest, layout: RunLayout = RUN) -> ProvisionalPlan:
     """Pick the plan, record it, start the supervisors; the record."""
     run = RunConfig.from_config(dict(request.config), request.gpu_slots)
@@ -271,7 +229,10 @@ def prestart(request: PrestartRequest, layout: RunLayout = RUN) -> ProvisionalPl
     log.info(
         "prestarting %d GPU server(s), plan from the %s: %s", len(slots), source, " ".join(plan.launch_args)
     )
-    start_servers(cfg, plan, slots, request.owner_pid, layout)
+    job = slurm_job_id()  # as the generate job's slot directory (regen.generate.generation)
+    start_slot_servers(
+        cfg, plan, slots, request.owner_pid, (layout.servers_dir(job), layout.server_logs_dir(job))
+    )
     return record
 
 

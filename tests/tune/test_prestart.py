@@ -179,8 +179,8 @@ def test_the_prestart_waits_until_its_supervisor_is_recorded(tmp_path: Path) -> 
     import time
 
     from regen.layout import SlotFiles
+    from regen.serving.lifecycle import wait_until_recorded
     from regen.serving.procfs import UrlState, write_url_state
-    from regen.tune.prestart import wait_until_recorded
 
     files = SlotFiles.of(0, tmp_path, tmp_path)
     gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
