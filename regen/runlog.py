@@ -40,6 +40,7 @@ def log_to(path: str) -> logging.Logger:
     root.setLevel(logging.INFO)
     sys.excepthook = stopped_quietly(job_name(path), sys.excepthook)
     stop_when_owner_dies()
+    stop_if_controller_gone()  # an orphan from its start (the controller died before the watch began)
     return root
 
 
@@ -58,6 +59,7 @@ def stop_when_owner_dies(every_s: float = OWNER_CHECK_S) -> threading.Thread | N
     if owner <= 1 or not any("snakemake" in a for a in proc_cmdline(owner)):
         return None
     started = process_start_time(owner)
+    _WATCHED[:] = [(owner, started)]
     if (
         signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         and threading.current_thread() is threading.main_thread()
@@ -77,6 +79,45 @@ def stop_when_owner_dies(every_s: float = OWNER_CHECK_S) -> threading.Thread | N
     thread = threading.Thread(target=watch, name="owner-watch", daemon=True)
     thread.start()
     return thread
+
+
+#: the controller the watch follows: (pid, process start time), set by ``stop_when_owner_dies``
+_WATCHED: list[tuple[int, float | None]] = []
+
+
+def controller_gone(marker: str | os.PathLike[str] | None = None) -> str | None:
+    """Why this job's Snakemake controller is gone (None: alive, or a job run without one).
+
+    The controller found above the job when its watch began, if any; else the run marker (``marker``,
+    default ``RUN.run_marker``): a job with no Snakemake above it on the marker's host whose run is dead
+    or ended, or began after this job started, was orphaned before its watch could begin (issue 58 item 3:
+    ``kill -9`` of the controller between the job's launch and its first line)."""
+    from regen.run_marker import RunMarker, process_start_time, same_process_alive
+
+    if _WATCHED:
+        pid, started = _WATCHED[0]
+        return None if same_process_alive(pid, started) else f"the Snakemake controller (pid {pid}) is gone"
+    from regen.layout import RUN
+
+    run = RunMarker.read(RUN.run_marker if marker is None else marker)
+    if run is None or os.environ.get("SLURM_JOB_ID"):  # a cluster job's controller is elsewhere
+        return None
+    mine = process_start_time(os.getpid())
+    if mine is not None and run.started_at > mine:
+        return f"a newer run ({run.describe()}) started after this job: its own controller is gone"
+    state = run.liveness()
+    if state != "running":
+        return f"the run that started this job ({run.describe()}) is {state}"
+    return None
+
+
+def stop_if_controller_gone(marker: str | os.PathLike[str] | None = None) -> None:
+    """Stop this job as Ctrl-C would when its controller is gone (``controller_gone``): a generate job calls
+    it before it starts a server and before it sends its first request, not only from the watch."""
+    why = controller_gone(marker)
+    if why is not None:
+        logging.getLogger("regen").warning("%s: stopping this job before it starts work", why)
+        raise KeyboardInterrupt(why)
 
 
 def stopped_quietly(job: str, previous: object) -> object:

@@ -43,6 +43,7 @@ Failure semantics
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -87,6 +88,9 @@ class ProgressOptions:
     status_path: Path | None = None
     status_every_s: float = 5.0
     bar: bool | None = None  # None: only when stderr is a TTY
+    #: the rate (and so the ETA) is measured over the answers of this many last seconds, not since the
+    #: shard started: after a burst collapsed the window the ETA follows the rate the shard goes at now
+    rate_window_s: float = 60.0
 
 
 class ShardFailedError(RuntimeError):
@@ -95,12 +99,13 @@ class ShardFailedError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class ShardJob:
-    """One shard to generate: its samples (a shard Parquet file, or samples in memory), where its journal
+    """One shard to generate: its samples (``regen.ingest.shards.read_shard`` of a shard file, or samples in
+    memory), where its journal
     and outputs go, the generate config and the server, and what the job around it gives the client.
 
     ``settings`` is what the fingerprint covers (``GenerationSettings.for_run`` in a workflow job);
     None: ``GenerationSettings.of`` the generate config. ``progress`` None: a status file at the run layout's
-    place for the journal. ``total``: the samples' count when known (a path's is read from its footer).
+    place for the journal. ``total``: the samples' count when known (else a sized collection's length).
     ``lenders``: other GPU slots' servers this job may also use while they have room. ``on_exhausted``:
     called once when every sample has been sent (only answers are awaited from then on). ``restarts``:
     the own server's restarts, so requests lost to one are sent again (and a server that gave up names
@@ -109,7 +114,7 @@ class ShardJob:
     ``request_time``: the server's request time, which bounds the in-flight count (``pacing_of``).
     """
 
-    samples: Iterable[Sample] | str | os.PathLike[str]
+    samples: Iterable[Sample]
     journal: str | os.PathLike[str]
     records_out: str | os.PathLike[str]
     failed_out: str | os.PathLike[str]
@@ -141,14 +146,25 @@ class _Reporter:
         self.opts = opts
         self.t0 = t0
         self.bar = opts.bar if opts.bar is not None else sys.stderr.isatty()
+        self.marks: collections.deque[tuple[float, int]] = collections.deque([(t0, 0)])  # (time, done)
+
+    def recent_rate(self, now: float, done_now: int) -> float:
+        """Answers a second over the last ``rate_window_s`` (since the start while shorter)."""
+        marks = self.marks
+        marks.append((now, done_now))
+        while len(marks) > 2 and now - marks[1][0] >= self.opts.rate_window_s:
+            marks.popleft()
+        t_first, done_first = marks[0]
+        return (done_now - done_first) / max(1e-9, now - t_first)
 
     def snapshot(self, finished: bool = False) -> ShardStatus:
         st = self.run.stats
         requests = self.run.requests
-        elapsed = max(1e-9, time.monotonic() - self.t0)
+        now = time.monotonic()
+        elapsed = max(1e-9, now - self.t0)
         done_now = st.completed + st.failed
         done = done_now + st.skipped_resumed
-        req_s = done_now / elapsed
+        req_s = self.recent_rate(now, done_now)
         total = st.total
         eta = (total - done) / req_s if total is not None and req_s > 0 else None
         return ShardStatus(
@@ -281,17 +297,8 @@ async def _server_info(
             return {}
 
 
-def _samples_and_total(
-    samples: Iterable[Sample] | str | os.PathLike[str], total: int | None
-) -> tuple[Iterator[Sample], int | None]:
-    if isinstance(samples, str | os.PathLike):
-        from regen.ingest.shards import read_shard  # another helper's module
-
-        if total is None:
-            import pyarrow.parquet as pq
-
-            total = pq.ParquetFile(samples).metadata.num_rows
-        return iter(read_shard(samples)), total
+def _samples_and_total(samples: Iterable[Sample], total: int | None) -> tuple[Iterator[Sample], int | None]:
+    """The samples as an iterator, and their count: ``total``, else a sized collection's length."""
     if total is None and hasattr(samples, "__len__"):
         total = len(samples)  # type: ignore[arg-type]
     return iter(samples), total
@@ -335,13 +342,30 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
             pacing = pacing_of(cfg, ep, job.request_time)
             concurrency = pacing.ceiling
             model = ep.model or "default"
-            requests = Requests(cfg, sess, ep.url, model, ep.api_key, shard,
-                                random.Random(hash64("backoff", shard)), Halt(), job.restarts,
-                                pacing)  # fmt: skip
+            requests = Requests(
+                cfg,
+                sess,
+                server=ep,
+                model=model,
+                shard=shard,
+                rng=random.Random(hash64("backoff", shard)),
+                halt=Halt(),
+                restarts=job.restarts,
+                pacing=pacing,
+            )
             record = RecordContext(shard, model, {"id": ep.server_id, "url": ep.url, "version": ep.version})
-            # the answers come from this server: its numerics are part of what decides them
-            run = ShardRun(cfg, settings.served_by(ep.numerics or {}), journal, it, requests, record, stats,
-                           max(3, min(concurrency, 16)), job.on_exhausted)  # fmt: skip
+            run = ShardRun(
+                cfg=cfg,
+                # the answers come from this server: its numerics are part of what decides them
+                settings=settings.served_by(ep.numerics or {}),
+                journal=journal,
+                samples=it,
+                requests=requests,
+                record=record,
+                stats=stats,
+                breaker_threshold=max(3, min(concurrency, 16)),
+                on_exhausted=job.on_exhausted,
+            )
             log.info(
                 "shard %s: %s samples, %d in the journal, settings %s, %s against %s (%s)",
                 shard,
@@ -366,8 +390,11 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
         journal.flush()
         stats.retried_requests = requests.retried
         for url, window in requests.windows.items():
-            log.info("shard %s: %s: window %.0f of %d in flight at the end, %d decreases", shard, url,
-                     window.limit, window.ceiling, window.decreases)  # fmt: skip
+            log.info("shard %s: %s: window %.0f of %d in flight at the end, %d decreases, background "
+                     "%.1f %% of answers 503/429 or timeouts", shard, url, window.limit, window.ceiling,
+                     window.decreases, 100 * window.background)  # fmt: skip
+        if requests.rerouted:
+            log.info("shard %s: %d retries sent to another server with room", shard, requests.rerouted)
         log.info("shard %s: %d timeouts behind the client's own excess sent again without an attempt",
                  shard, requests.excess_timeouts)  # fmt: skip
         failure = run.failure()

@@ -31,6 +31,7 @@ from regen.generate.server_time import request_time_for, timeout_disagreement
 from regen.ingest.shards import read_shard
 from regen.layout import RUN, RunLayout, failure_note, slurm_job_id
 from regen.runconfig import GenerateConfig, RunConfig
+from regen.runlog import stop_if_controller_gone
 from regen.serving.base import ServerError
 from regen.serving.lifecycle import acquire_server
 from regen.serving.procfs import find_owner_pid
@@ -92,6 +93,7 @@ def run_generate_job(
     announce_replay(shard, shard_path, journal_path, run, layout)  # its first console line
     journal_sync = sink_from_config(generate_cfg.journal_sync, shard)
     give_slot_up: list[Callable[[], None]] = []
+    stop_if_controller_gone(layout.run_marker)  # no server started for a run that is gone
     try:
         with (
             # the shard's one writer, before its GPU slot: a job waiting for another run's writer
@@ -100,6 +102,7 @@ def run_generate_job(
             acquire_server(cfg, plan, workdir=slots, log_dir=logs, on_slot=give_slot_up.append) as endpoint,
             console_progress(endpoint.server_id, layout),
         ):
+            stop_if_controller_gone(layout.run_marker)  # waiting for the slot took a while: no request sent
             job = ShardJob(
                 samples,
                 journal_path,

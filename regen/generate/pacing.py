@@ -6,10 +6,9 @@ every request as long as the answer budget allows (``max_tokens``), the last one
 running_cap`` rounds of the batch, each as long as one worst-case request (:meth:`RequestTime.worst_s`), so it
 is answered within ``request_timeout_s`` only while ``n <= running_cap * timeout / worst_s``: the *timeout
 window*. The client plans ``min(planned in flight, timeout window)`` (:func:`plan_in_flight`) and starts its
-:class:`AimdWindow` there: the window shrinks by half when a share of one window's answers are overload
-signals (timeouts, HTTP 503/429), and grows back by a step per clean window up to the planned count. A request
-waits for room in the window *before* it is sent: that wait is the client's own and no request timeout runs
-during it.
+:class:`AimdWindow` there: the window halves on a burst of overload signals and grows back while answers
+come clean (see :class:`AimdWindow` for how overload is told from faults). A request waits for room in the
+window *before* it is sent: that wait is the client's own and no request timeout runs during it.
 
 :class:`RequestTime` is the worst-case time of one request from a decode-step line (the pilot's measured line,
 ``results/plan/pilot.json``, or :data:`ESTIMATED_GPU_STEP`, a conservative estimate that says it is one) or
@@ -27,12 +26,19 @@ from dataclasses import dataclass, field
 
 from regen.runconfig import GenerateConfig
 
-#: below this share of a window's answers as overload signals the window grows (random 5xx of a healthy
-#: server, a few per cent, do not shrink it); at it or above, the window halves
-OVERLOAD_SHARE = 0.05
-#: a window's answers are counted over at least this many (a small window is judged on enough answers)
+#: a window's overload signals are judged over at least this many answers (a small window on enough of them)
 MIN_EPOCH = 20
-#: the factor a window shrinks by on overload, and the share of the planned count it grows by per clean one
+#: the background share of overload-like signals (503s, timeouts behind other answers) is measured over
+#: about this many answers of windows that did not shrink, and never taken above MAX_BACKGROUND (a server
+#: failing more than that at any load is broken, not busy: the breaker and the attempts handle it)
+BACKGROUND_ANSWERS = 500
+MAX_BACKGROUND = 0.1
+#: a burst: more signals in one window's answers than the background explains by this many standard
+#: deviations (binomial), and at least ``MIN_BURST``
+BURST_SIGMAS = 3.0
+MIN_BURST = 4
+#: the factor a window shrinks by on overload, and the share of the planned count it grows by per clean
+#: window once back at half its plan (below that it doubles per clean window)
 DECREASE = 0.5
 INCREASE_SHARE = 0.05
 #: the planned window is this share of the timeout window (the rest is room for prefills and slow steps)
@@ -167,33 +173,61 @@ def timeout_conflict(running_cap: int, timeout_s: float, max_tokens: int, time: 
 OK, OVERLOAD, OTHER = "ok", "overload", "other"
 
 
+def burst_threshold(answers: int, background: float) -> float:
+    """The most overload signals among ``answers`` that random faults at ``background`` share explain:
+    their binomial mean plus :data:`BURST_SIGMAS` deviations, and below :data:`MIN_BURST`."""
+    mean = background * answers
+    spread = BURST_SIGMAS * math.sqrt(max(mean * (1.0 - background), 1.0))
+    return max(float(MIN_BURST - 1), mean + spread)
+
+
 @dataclass(slots=True)
 class AimdWindow:
     """The requests in flight on one server, at most ``limit`` (``floor`` <= limit <= ``ceiling``).
 
     :meth:`acquire` waits for room and hands out a ticket (the send's sequence number); :meth:`release` takes
-    it back with the outcome. Outcomes are counted per *epoch* (a window's worth of answers, at least
-    :data:`MIN_EPOCH`), only from requests sent since the last decrease (those sent before it belong to the
-    window that overloaded): at :data:`OVERLOAD_SHARE` overload signals the limit halves and a new epoch
-    begins; a clean epoch grows it by ``INCREASE_SHARE`` of the ceiling (at least 1). ``completed`` counts
-    answers, so a timed-out request can tell whether the server answered others while it waited.
+    it back with the outcome: ``OK`` (an answer), ``OVERLOAD`` (a signal that may mean too many in flight: a
+    429 or 503, or a timeout while the server answered others) or ``OTHER`` (not about load: a 500, a refused
+    connection, a timeout of a server that answers nobody). Only requests sent since the last decrease are
+    judged (those sent before it belong to the window that overloaded).
+
+    Overload or fault: a server returns 503s and drops requests at some share at any load (a proxy, a flaky
+    node, the stand-in's injected faults); what overload adds is a *burst*, signals beyond that share that
+    come with the load. So the window keeps the *background* share of signals, measured over the windows that
+    did not shrink (about :data:`BACKGROUND_ANSWERS` answers, at most :data:`MAX_BACKGROUND`), and halves only
+    when the last window's worth of answers (at least :data:`MIN_EPOCH`) holds more signals than that share
+    explains (:func:`burst_threshold`: its binomial mean plus 3 deviations, at least :data:`MIN_BURST`). A
+    2 % fault rate thus never shrinks it; a window of requests that time out together does at once.
+
+    Recovery: a window of answers (``limit`` of them) that comes clean (no more signals than the background
+    share explains, rounded) doubles the limit up to half the plan's start (slow start: after a burst
+    collapsed it, the window is back at half its plan after a handful of request times, not hundreds of
+    answers), then grows it by :data:`INCREASE_SHARE` of the ceiling per clean window. At the floor a burst
+    changes nothing and is not counted as a decrease. ``completed`` counts answers, so a timed-out request
+    can tell whether the server answered others while it waited.
     """
 
     ceiling: int
     limit: float
     floor: int = 1
+    #: where the plan starts the window (``InFlightPlan.start``); slow start runs up to half of it
+    start: int | None = None
     in_flight: int = 0
     completed: int = 0
     sent: int = 0
     decreases: int = 0
-    epoch_from: int = 0  # the first ticket counted in this epoch
-    epoch_ok: int = 0
-    epoch_bad: int = 0
+    epoch_from: int = 0  # the first ticket judged: those sent after the last decrease
+    background: float = 0.0  # the share of overload signals outside bursts
+    recent: collections.deque[bool] = field(default_factory=collections.deque)  # signal or not, newest last
+    recent_bad: int = 0
+    grow_n: int = 0  # answers judged since the limit last changed
+    grow_bad: int = 0
+    seen_n: float = 0.0  # answers behind ``background`` (decayed to BACKGROUND_ANSWERS)
     waiters: collections.deque[asyncio.Future[None]] = field(default_factory=collections.deque)
 
     @classmethod
     def of(cls, plan: InFlightPlan) -> AimdWindow:
-        return cls(ceiling=plan.ceiling, limit=float(plan.start))
+        return cls(ceiling=plan.ceiling, limit=float(plan.start), start=plan.start)
 
     @property
     def room(self) -> int:
@@ -224,26 +258,47 @@ class AimdWindow:
         if outcome == OK:
             self.completed += 1
         if ticket > self.epoch_from and outcome in (OK, OVERLOAD):
-            if outcome == OK:
-                self.epoch_ok += 1
-            else:
-                self.epoch_bad += 1
-            self._judge()
+            self._judge(outcome == OVERLOAD)
         self._wake()
 
-    def _judge(self) -> None:
+    def _judge(self, bad: bool) -> None:
         epoch = max(MIN_EPOCH, math.ceil(self.limit))
-        if self.epoch_bad > OVERLOAD_SHARE * epoch:
+        self.recent.append(bad)
+        self.recent_bad += bad
+        while len(self.recent) > epoch:
+            self.recent_bad -= self.recent.popleft()
+        self.grow_n += 1
+        self.grow_bad += bad
+        if self.recent_bad > burst_threshold(len(self.recent), self.background):
+            self._decrease()
+        elif self.grow_n >= math.ceil(self.limit):
+            self._learn_background(self.grow_n, self.grow_bad)
+            if self.grow_bad <= self.background * self.grow_n + 0.5:
+                self._grow()
+            self.grow_n = self.grow_bad = 0
+
+    def _learn_background(self, answers: int, bad: int) -> None:
+        """Fold a window that did not shrink into the background share (a running mean over about
+        BACKGROUND_ANSWERS answers)."""
+        kept = min(self.seen_n, BACKGROUND_ANSWERS - answers) if answers < BACKGROUND_ANSWERS else 0.0
+        share = (self.background * kept + bad) / (kept + answers)
+        self.background = min(MAX_BACKGROUND, share)
+        self.seen_n = kept + answers
+
+    def _grow(self) -> None:
+        recover_to = max(float(self.floor), (self.start or self.ceiling) / 2)
+        if self.limit < recover_to:
+            self.limit = min(recover_to, self.limit * 2)
+        else:
+            self.limit = min(float(self.ceiling), self.limit + max(1.0, INCREASE_SHARE * self.ceiling))
+
+    def _decrease(self) -> None:
+        if self.limit > self.floor:  # at the floor a burst has nothing left to shrink: not a decrease
             self.limit = max(float(self.floor), self.limit * DECREASE)
             self.decreases += 1
-            self._new_epoch()
-        elif self.epoch_ok + self.epoch_bad >= epoch:
-            self.limit = min(float(self.ceiling), self.limit + max(1.0, INCREASE_SHARE * self.ceiling))
-            self._new_epoch()
-
-    def _new_epoch(self) -> None:
         self.epoch_from = self.sent
-        self.epoch_ok = self.epoch_bad = 0
+        self.recent.clear()
+        self.recent_bad = self.grow_n = self.grow_bad = 0
 
     def _wake(self) -> None:
         free = math.floor(self.limit) - self.in_flight

@@ -26,13 +26,15 @@ import orjson
 from regen.generate.pacing import OK, OTHER, OVERLOAD, AimdWindow, InFlightPlan
 from regen.runconfig import DEFAULT_VARIANT, GenerateConfig, SamplingConfig
 from regen.truncation import DROP, KEEP, RETRY_WITHOUT_THINKING, truncated_where
+from regen.types import Endpoint
 
 log = logging.getLogger(__name__)
 
 SAMPLE_ID_HEADER = "X-Regen-Sample-Id"
 MAX_BACKOFF_S = 60.0
 RETRY_STATUSES = frozenset({408, 429})
-#: the server's own "too much": the client's window shrinks (``regen.generate.pacing``)
+#: what the server answers when it may have too much: the client's window shrinks when these (and timeouts
+#: behind other answers) come in a burst above their background share (``regen.generate.pacing.AimdWindow``)
 OVERLOAD_STATUSES = frozenset({429, 503})
 #: timeouts of one sample's requests that waited behind the client's own excess (the server answered others
 #: meanwhile) sent again without using one of its ``max_attempts``; past these they count as attempts
@@ -86,7 +88,7 @@ class Sampled:
 class Ask:
     """What every request of one completion shares: its record id (in logs, the sample-id header and
     ``in_flight``), seed, thinking switch, attempts so far (``attempts[0]``, counted over its turns), its
-    variant's sampling, the sample's tools, and a lent server's chat URL for its first request."""
+    variant's sampling, the sample's tools, and a lent server for its first request."""
 
     id: str
     seed: int
@@ -94,7 +96,7 @@ class Ask:
     attempts: list[int]
     sampled: Sampled
     tools: list[Any] | None = None
-    first_url: str | None = None
+    lender: Endpoint | None = None
 
 
 class RequestError(Exception):
@@ -129,7 +131,7 @@ class Answer:
     latency_s: float
     max_tokens: int
     tool_calls: list[Any] | None = None  # parsed by the server's tool-call parser, when it has one
-    lender: str | None = None  # the lent server's chat URL when another slot's server answered
+    lender: Endpoint | None = None  # another slot's server, when it answered
     #: the server's token ids (``return_token_ids``): the rendered prompt, and the raw completion
     #: before reasoning parsing (end-of-turn included when the model stopped on it); None when absent
     prompt_token_ids: list[int] | None = None
@@ -226,25 +228,37 @@ class Requests:
     is sent, and its outcome moves the window."""
 
     def __init__(
-        self, cfg: GenerateConfig, session: aiohttp.ClientSession, base_url: str, model: str,
-        api_key: str | None, shard: str, rng: random.Random, halt: Halt, restarts: ServerRestarts | None,
+        self,
+        cfg: GenerateConfig,
+        session: aiohttp.ClientSession,
+        *,
+        server: Endpoint,
+        model: str,
+        shard: str,
+        rng: random.Random,
+        halt: Halt,
+        restarts: ServerRestarts | None,
         pacing: InFlightPlan,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg = cfg
         self.session = session
-        self.chat_url = chat_url(base_url)
+        self.chat_url = chat_url(server.url)
         self.model = model
         self.shard = shard
         self.rng = rng
         self.halt = halt
         self.restarts = restarts
         self.base_headers = {"Content-Type": "application/json"}
-        if api_key:
-            self.base_headers["Authorization"] = f"Bearer {api_key}"
+        if server.api_key:
+            self.base_headers["Authorization"] = f"Bearer {server.api_key}"
         self.timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
         self.in_flight: dict[str, float] = {}  # sample id -> when its first request was sent
         self.pacing = pacing
         self.windows: dict[str, AimdWindow] = {}  # chat URL -> its server's window
+        #: other servers with room (chat URL -> [server, requests it may still take]), from the lenders'
+        #: last look (:meth:`offer`): a retry goes there while the own server's window is full
+        self.offers: dict[str, list[Any]] = {}
+        self.rerouted = 0  # retries sent to another server than the own one
         self.excess_timeouts = 0  # timeouts sent again without using an attempt (EXCESS_TIMEOUTS_MAX)
         self.retrying: set[str] = set()  # sample ids waiting out a back-off before their next attempt
         self.retried = 0  # requests sent again after a failure
@@ -261,19 +275,19 @@ class Requests:
         attempts: list[int],
         sampled: Sampled | None = None,
         tools: list[Any] | None = None,
-        first_url: str | None = None,
+        lender: Endpoint | None = None,
     ) -> Ask:
         """One completion's :class:`Ask` (``sampled`` None: the run's sampling, no variants)."""
-        return Ask(rid, seed, thinking, attempts, sampled or self.plain, tools, first_url)
+        return Ask(rid, seed, thinking, attempts, sampled or self.plain, tools, lender)
 
     async def answer_turn(self, ask: Ask, messages: list[dict[str, Any]]) -> Answer | None:
         """One regenerated turn under the truncation policy (``regen.truncation``: a cut inside the
-        reasoning and one inside the answer apart); None means dropped. ``ask.first_url``: a lent server for
-        the first request (retries go to the job's own server). A retry without thinking turns
+        reasoning and one inside the answer apart); None means dropped. ``ask.lender``: a lent server for
+        the first request (retries go where :meth:`retry_target` says). A retry without thinking turns
         ``ask.thinking`` off, so the record says how its answer was made."""
         cfg = self.cfg
         limit = ask.sampled.sampling.max_tokens
-        answer = await self.request(ask, messages, limit, ask.first_url)
+        answer = await self.request(ask, messages, limit, ask.lender)
         where = truncated_where(
             answer.finish_reason, answer.content, answer.reasoning_content, bool(answer.tool_calls)
         )
@@ -289,10 +303,11 @@ class Requests:
         return await self.request(ask, messages, bigger)
 
     async def request(
-        self, ask: Ask, messages: list[dict[str, Any]], max_tokens: int, first_url: str | None = None
+        self, ask: Ask, messages: list[dict[str, Any]], max_tokens: int, lender: Endpoint | None = None
     ) -> Answer:
-        """POST with retries (the first to ``first_url`` when given); raises SampleFailed. The sample's tool
-        definitions go with it. The completion counts as in flight meanwhile (``regen status``)."""
+        """POST with retries (the first to ``lender`` when given, each retry where :meth:`retry_target`
+        says); raises SampleFailed. The sample's tool definitions go with it. The completion counts as in
+        flight meanwhile (``regen status``)."""
         sid, attempts = ask.id, ask.attempts
         try:
             body = self.body(messages, ask.seed, ask.thinking, max_tokens, ask.tools, ask.sampled)
@@ -301,6 +316,7 @@ class Requests:
             used = 0  # attempts of max_attempts used
             forgiven = 0  # timeouts behind the client's own excess, sent again (EXCESS_TIMEOUTS_MAX)
             delay = 0.0
+            url: str | None = None  # where the last request went
             while True:
                 if used or forgiven:
                     self.retried += 1
@@ -308,11 +324,12 @@ class Requests:
                     await asyncio.sleep(delay)
                     self.retrying.discard(sid)
                 attempts[0] += 1
-                lent = first_url if used == 0 and forgiven == 0 else None
+                lent = lender if used == 0 and forgiven == 0 else self.retry_target(url)
+                url = chat_url(lent.url) if lent is not None else self.chat_url
                 generation = self.restarts.generation if self.restarts is not None else 0
                 try:
                     try:
-                        answer = await self.post_once(body, headers, max_tokens, lent or self.chat_url, sid)
+                        answer = await self.post_once(body, headers, max_tokens, url, sid)
                     except RequestError as err:
                         if lent is not None or self.restarts is None or not err.retryable:
                             raise
@@ -412,6 +429,23 @@ class Requests:
                 if not again.retryable:
                     raise
                 err = again
+
+    def offer(self, servers: list[tuple[Endpoint, int]]) -> None:
+        """The other servers with room now (``Lenders.spare``: each with the requests it may take)."""
+        self.offers = {chat_url(ep.url): [ep, room] for ep, room in servers}
+
+    def retry_target(self, failed_at: str | None = None) -> Endpoint | None:
+        """Where a retry goes: another server than ``failed_at`` (the chat URL its last request failed at)
+        with room, the own server first, then one whose offer and window both have room (it takes one of
+        the offer); else the own server (None), to wait there for room."""
+        if failed_at != self.chat_url and self.window(self.chat_url).room > 0:
+            return None
+        for url, offer in self.offers.items():
+            if url != failed_at and offer[1] > 0 and self.window(url).room > 0:
+                offer[1] -= 1
+                self.rerouted += 1
+                return offer[0]
+        return None
 
     def window(self, url: str) -> AimdWindow:
         """The in-flight window of the server at chat URL ``url`` (made at ``pacing`` when first used)."""

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from regen.fingerprint import GenerationSettings
-from regen.generate.request import Answer, Ask, Requests, Sampled, chat_url
+from regen.generate.request import Answer, Ask, Requests, Sampled
 from regen.records import FailureEntry, GenerationRecord, RecordSampling
 from regen.runconfig import GenerateConfig, SamplingConfig, Variant
 from regen.toolcalls import answered_calls, tool_call_mismatch, with_answered_ids
@@ -130,12 +130,11 @@ async def answer_sample(
     """One completion's journal entry; ``c.messages`` is its ``request_content``'s: the prompt (``last``) or
     the turns before each answer (``all``). Raises ``SampleFailed`` when its requests fail."""
     sample, variant = c.sample, c.variant
-    first_url = None if lender is None else chat_url(lender.url)
     seed = derive_seed(cfg.sampling.seed, c.key)
     thinking = thinking_for(sample.id, variant.thinking_mode, cfg.thinking_fraction)
     tools = list(sample.tools) if sample.tools else None
     attempts = [0]
-    ask = requests.asking(c.id, seed, thinking, attempts, variant.sampled, tools, first_url)
+    ask = requests.asking(c.id, seed, thinking, attempts, variant.sampled, tools, lender)
     if cfg.regenerate == "last":
         got = _Turns(c.messages, await requests.answer_turn(ask, c.messages))
     else:
@@ -163,7 +162,7 @@ async def answer_sample(
         ),
         seed=seed,
         model=answer.model or ctx.model,
-        server=ctx.server if answer.lender is None or lender is None else ctx.lent_server(lender),
+        server=ctx.server if answer.lender is None else ctx.lent_server(answer.lender),
         attempts=attempts[0],
         started_at=answer.started_at,
         latency_s=answer.latency_s,

@@ -191,12 +191,16 @@ class ShardRun:
 
     async def lend(self, lenders: Lenders) -> None:
         """Send samples to other slots' servers while they have room and samples are left; each sample
-        still goes out once and lands in this job's journal (exactly-once as with the own server)."""
+        still goes out once and lands in this job's journal (exactly-once as with the own server). The
+        servers with room are offered to retries too (``Requests.retry_target``) until the shard's last
+        request is answered."""
         tasks: set[asyncio.Task[None]] = set()
         try:
-            while self.halt.reason is None and not self.exhausted:
+            while self.halt.reason is None and (not self.exhausted or self.requests.in_flight):
                 await asyncio.sleep(lenders.poll_s)
-                for lender, room in await lenders.spare(self.requests.session):
+                offers = await lenders.spare(self.requests.session)
+                self.requests.offer(offers)  # a retry may go there while the own server is full
+                for lender, room in offers if not self.exhausted else ():
                     # no more than its window lets this job have in flight there (regen.generate.pacing)
                     room = min(room, self.requests.window(chat_url(lender.url)).room)
                     for _ in range(room):
@@ -209,6 +213,7 @@ class ShardRun:
             if tasks:
                 await asyncio.gather(*tasks)
         finally:
+            self.requests.offer([])
             for task in tasks:
                 task.cancel()
 

@@ -226,6 +226,11 @@ def run_header(marker: RunMarker, state: str, snap: RunSnapshot) -> str:
         if marker.phase in ("check", "settle"):
             return f"run: {marker.describe()}: running, phase check (config and inputs)"
         return f"run: {marker.describe()}: running, phase {run_phase(snap)}"
+    if state == "starting":
+        return (
+            f"run: a new run is starting here (Snakemake builds its plan before it writes the run marker); "
+            f"the last one, {marker.describe()}, is over"
+        )
     if state == "dead":
         return (
             f"run: {marker.describe()}: DEAD (its controller is gone; last heartbeat "
@@ -261,10 +266,35 @@ def replay_lines(layout: RunLayout, snap: RunSnapshot) -> list[str]:
     ]
 
 
+def newer_controller(project: Path, since: float) -> tuple[int, float] | None:
+    """(pid, start time) of a live Snakemake on this host working in ``project`` that started after
+    ``since``: a rerun still building its DAG, before its ``onstart`` writes the run marker (issue 58 item 6:
+    for that while the marker still names the killed run)."""
+    import psutil
+
+    where = project.resolve()
+    for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
+        try:
+            argv, started = proc.info["cmdline"] or [], proc.info["create_time"] or 0.0
+            if started <= since or not any(Path(a).name == "snakemake" or a == "snakemake" for a in argv):
+                continue
+            if Path(proc.cwd()).resolve() == where:
+                return proc.info["pid"], started
+        except (psutil.Error, OSError):
+            continue
+    return None
+
+
 def run_state(layout: RunLayout, now: float) -> tuple[RunMarker | None, str | None]:
-    """The run marker and its state (``running``, ``ended``, ``dead``), or (None, None) without one."""
+    """The run marker and its state (``running``, ``ended``, ``dead``, or ``starting``: the marker's run
+    is over and a newer Snakemake works here, not yet past its check), or (None, None) without one."""
     marker = RunMarker.read(layout.run_marker)
-    return marker, (None if marker is None else marker.liveness(now))
+    if marker is None:
+        return None, None
+    state = marker.liveness(now)
+    if state != "running" and newer_controller(layout.work.parent, marker.started_at) is not None:
+        return marker, "starting"
+    return marker, state
 
 
 def status_variant_lines(layout: RunLayout) -> list[str]:
@@ -289,7 +319,9 @@ def status_report(workdir: Path, results: Path, now: float | None = None, rate: 
     marker, state = run_state(layout, t_now)
     snap = RunSnapshot.read(layout.work, layout.results)
     header = "" if marker is None or state is None else run_header(marker, state, snap) + "\n\n"
-    if marker is not None and state == "running" and marker.phase in ("check", "settle"):
+    if state == "starting" or (
+        marker is not None and state == "running" and marker.phase in ("check", "settle")
+    ):
         return header + "(its shards show once its check is done: the files here may be an earlier run's)\n"
     statuses = snap.statuses if state in (None, "running") else stopped(snap.statuses)
     servers = read_servers(layout.servers_root)
@@ -339,7 +371,7 @@ def watch(workdir: Path, results: Path, every_s: float, out: TextIO, max_frames:
             if marker is None:  # no run marker (a run of an earlier regen): until every shard is finished
                 done = bool(snap.planned) and set(snap.planned) <= set(snap.finished)
             else:
-                done = state != "running"
+                done = state not in ("running", "starting")
             if done or (max_frames is not None and frames >= max_frames):
                 return 0
             time.sleep(every_s)

@@ -1,5 +1,7 @@
-"""Fault injection of the simulated server: drawn per request from ``hash(seed, sample id, n-th request)``,
-so one run's faults do not depend on request order."""
+"""Fault injection of the simulated server: drawn per request from ``hash(seed, server lifetime, sample id,
+n-th request)``, so one server's faults do not depend on request order, and each attempt draws its own, as on
+a real server: a retry sent to another server or to this one after a restart (a new lifetime) does not meet
+the same fault again. Poison and wedged samples (``error_for``, ``hang_for``) fail every attempt by design."""
 
 from __future__ import annotations
 
@@ -74,9 +76,9 @@ class Faults:
             raise ValueError(f"--faults: rates must be >= 0 and sum to <= 1 (sum {total})")
         return faults
 
-    def draw(self, key: str, nth: int) -> str | None:
-        """The fault (or None) for the ``nth`` request carrying sample id ``key``."""
-        u = unit_hash(self.seed, key, nth)
+    def draw(self, key: str, nth: int, lifetime: str = "") -> str | None:
+        """The fault (or None) for the ``nth`` request carrying sample id ``key`` in server ``lifetime``."""
+        u = unit_hash(self.seed, lifetime, key, nth)
         edge = 0.0
         for kind in FAULT_KINDS:
             edge += getattr(self, f"{kind}_rate")

@@ -29,13 +29,15 @@ choice carries ``prompt_token_ids`` and the raw completion ids before reasoning 
 token emitted as two), which a real model does now and then. Without a tokenizer, words stand in
 for tokens and no ids are returned.
 
-Faults are drawn per request from ``hash(faults.seed, sample id, n-th request for that id)``,
-so one run's faults do not depend on request order. The sample id is the
-``X-Regen-Sample-Id`` header, percent-encoded by the client (real SGLang ignores it) or else the
-request's ``rid``.
+Faults are drawn per request from ``hash(faults.seed, lifetime, sample id, n-th request for that id)``
+(``lifetime``: random per server process), so one server's faults do not depend on request order and each
+attempt draws its own: a retry on another server or after a restart does not meet the same fault again.
+The sample id is the ``X-Regen-Sample-Id`` header, percent-encoded by the client (real SGLang ignores it)
+or else the request's ``rid``.
 ``GET /_sim/stats`` returns ``{"received", "completed": {id: n}, "received_by_id", "faults"}``;
 ``POST /_sim/stall`` stalls the server at once (``Faults.stall_after_tokens`` and ``stall_at_s`` do it
-on their own): it stays up and healthy, takes requests, and generates nothing more.
+on their own): it stays up and healthy, takes requests, and generates nothing more. ``POST
+/_sim/refuse?seconds=S`` answers every chat request 503 for S seconds (a burst).
 
 ``request_log`` (``--request-log PATH``, or the ``REGEN_SIM_REQUEST_LOG`` environment variable, which
 the server inherits through Snakemake and the supervisor) appends one JSON line per chat request
@@ -49,6 +51,7 @@ lets a test count, across restarts and kills, requests re-sent for ids already f
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import urllib.parse
 from collections import Counter
@@ -91,6 +94,8 @@ class SimulatedServer:
         self.log = log
         self.on_crash = on_crash
         self.started_at = time.time()
+        self.refuse_until = 0.0  # POST /_sim/refuse: every chat request 503 until then
+        self.lifetime = os.urandom(8).hex()  # faults are independent per attempt across servers and restarts
         self.ready_at = self.started_at + opts.startup_delay_s
         self.received = 0
         self.received_by_id: Counter[str] = Counter()
@@ -128,6 +133,7 @@ class SimulatedServer:
         r.add_post("/v1/chat/completions", self.chat)
         r.add_get("/_sim/stats", self.stats)
         r.add_post("/_sim/stall", self.stall_now)
+        r.add_post("/_sim/refuse", self.refuse_now)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_cleanup)
         return app
@@ -220,6 +226,11 @@ class SimulatedServer:
             await fut
         finally:
             self.hung.discard(fut)
+
+    async def refuse_now(self, request: web.Request) -> web.Response:
+        """A burst: every chat request is answered 503 for ``?seconds=`` (a test's run of 503s)."""
+        self.refuse_until = time.monotonic() + float(request.query.get("seconds", "1"))
+        return web.Response(status=200)
 
     async def stall_now(self, request: web.Request) -> web.Response:
         self.stall("POST /_sim/stall")
@@ -423,13 +434,16 @@ class SimulatedServer:
         n = req.get("n", 1)
         if not isinstance(max_tokens, int) or max_tokens < 1 or not isinstance(n, int) or n < 1:
             return error_response("max_tokens and n must be positive integers.", 400)
+        if time.monotonic() < self.refuse_until:
+            self.fault_counts["refused"] += 1
+            return error_response("Service unavailable (simulated burst).", 503, "ServiceUnavailableError")
         if self.opts.faults.is_poison(sid):
             self.fault_counts["error"] += 1
             self.request_log("fault:poison", sid)
             return error_response(
                 "Internal server error (simulated poison sample).", 500, "InternalServerError"
             )
-        fault = self.opts.faults.draw(key, self.received_by_id[key])
+        fault = self.opts.faults.draw(key, self.received_by_id[key], self.lifetime)
         if fault is None and self.opts.faults.is_wedged(sid):
             fault = "hang"
         if fault is not None:

@@ -45,18 +45,18 @@ def test_a_timeout_shorter_than_one_request_still_keeps_one_in_flight() -> None:
     assert plan.start == plan.timeout_window == 1
 
 
-def test_overload_halves_the_window_once_per_window_and_clean_windows_grow_it_back() -> None:
+def test_a_burst_halves_the_window_once_and_clean_windows_bring_it_back_to_half_its_plan_fast() -> None:
     async def go() -> None:
-        w = AimdWindow(ceiling=200, limit=200.0)
+        w = AimdWindow(ceiling=200, limit=200.0, start=200)
         tickets = [await w.acquire() for _ in range(200)]
         assert w.in_flight == 200 and w.room == 0
-        for t in tickets[:11]:  # 11 timeouts of 200 (> 5 %): halved once
+        for t in tickets[:11]:  # 11 timeouts in a row: a burst, halved once
             w.release(t, OVERLOAD)
         assert w.limit == 100 and w.decreases == 1
         for t in tickets[11:]:  # answers and timeouts of requests sent before the decrease: not counted
             w.release(t, OVERLOAD)
         assert w.limit == 100 and w.decreases == 1 and w.in_flight == 0
-        for _ in range(3):  # clean windows: + 5 % of the ceiling each, up to the ceiling
+        for _ in range(3):  # at half the plan: + 5 % of the ceiling per clean window
             for t in [await w.acquire() for _ in range(int(w.limit))]:
                 w.release(t, OK)
         assert w.limit == 130
@@ -68,14 +68,31 @@ def test_overload_halves_the_window_once_per_window_and_clean_windows_grow_it_ba
     run(go())
 
 
+def test_a_collapsed_window_doubles_back_to_half_its_plan_and_the_floor_counts_no_decrease() -> None:
+    async def go() -> None:
+        w = AimdWindow(ceiling=160, limit=160.0, start=160)
+        while w.limit > 1:  # a long burst: every request times out behind others
+            w.release(await w.acquire(), OVERLOAD)
+        shrinks = w.decreases
+        assert shrinks == 8  # 160 -> 1
+        for _ in range(50):  # more of the burst at the floor: nothing left to shrink, nothing counted
+            w.release(await w.acquire(), OVERLOAD)
+        assert w.limit == 1 and w.decreases == shrinks
+        windows = 0
+        while w.limit < 80:  # answers come back clean: one window of answers doubles it
+            for t in [await w.acquire() for _ in range(int(w.limit))]:
+                w.release(t, OK)
+            windows += 1
+        assert windows == 7 and w.limit == 80  # 1 2 4 8 16 32 64 80: seven request times
+
+    run(go())
+
+
 def test_the_window_never_falls_below_one_and_errors_that_are_not_overload_do_not_move_it() -> None:
     async def go() -> None:
         w = AimdWindow(ceiling=50, limit=50.0)
-        for _ in range(30):
-            t = await w.acquire()
-            w.release(t, OVERLOAD)
-            t = await w.acquire()
-            w.release(t, OVERLOAD)
+        for _ in range(60):
+            w.release(await w.acquire(), OVERLOAD)
         assert w.limit == 1
         for _ in range(100):
             w.release(await w.acquire(), OTHER)  # e.g. a 500 or a refused connection: not the load
@@ -84,12 +101,20 @@ def test_the_window_never_falls_below_one_and_errors_that_are_not_overload_do_no
     run(go())
 
 
-def test_random_errors_of_a_healthy_server_do_not_shrink_the_window() -> None:
+@pytest.mark.parametrize("every", [100, 50, 20])
+def test_random_503s_of_a_healthy_server_do_not_shrink_the_window(every: int) -> None:
+    """1 %, 2 % and 5 % of answers 503 or timeouts behind others, at random, at any window size: the
+    background: the window stays, shrinking now and then for less than one signal in ten (the old rule
+    halved on 2 of a 20-answer epoch)."""
+    import random
+
     async def go() -> None:
-        w = AimdWindow(ceiling=100, limit=100.0)
-        for i in range(2000):  # 1 % 503s: below the overload share
-            w.release(await w.acquire(), OVERLOAD if i % 100 == 0 else OK)
-        assert w.limit == 100 and w.decreases == 0
+        rng = random.Random(every)
+        for ceiling in (4, 100):
+            w = AimdWindow(ceiling=ceiling, limit=float(ceiling), start=ceiling)
+            for _ in range(5000):
+                w.release(await w.acquire(), OVERLOAD if rng.random() < 1 / every else OK)
+            assert w.limit >= ceiling / 2 and w.decreases <= 500 / every, (ceiling, w.limit, w.decreases)
 
     run(go())
 
@@ -151,15 +176,15 @@ def test_a_pilot_step_line_is_read_when_it_is_one(model: object, found: bool) ->
         assert not got.estimate and got.step_s(100) == pytest.approx(0.0145 + 0.0139)
 
 
-def test_min_epoch_judges_a_small_window_on_enough_answers() -> None:
+def test_a_small_window_is_judged_on_enough_answers() -> None:
     async def go() -> None:
-        w = AimdWindow(ceiling=4, limit=4.0)
-        for _ in range(MIN_EPOCH - 2):
+        w = AimdWindow(ceiling=4, limit=4.0, start=4)
+        for _ in range(MIN_EPOCH - 4):
             w.release(await w.acquire(), OK)
-        assert w.limit == 4  # at the ceiling: nothing to grow
+        for _ in range(3):
+            w.release(await w.acquire(), OVERLOAD)
+        assert w.limit == 4  # 3 of 19: what a few per cent of faults give now and then
         w.release(await w.acquire(), OVERLOAD)
-        assert w.limit == 4  # 1 of 19: not overload
-        w.release(await w.acquire(), OVERLOAD)
-        assert w.limit == 2  # 2 of 20: overload, before the epoch ends
+        assert w.limit == 2 and w.decreases == 1  # 4 of 20: a burst
 
     run(go())

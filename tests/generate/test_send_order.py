@@ -11,7 +11,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from regen.generate.client import Endpoint, GenerateConfig, ShardJob, ShardStats, generate_shard
-from regen.ingest.shards import BY_OLD_ANSWERS, BY_PROMPT, Expected, read_send_order, write_shards
+from regen.ingest.shards import BY_OLD_ANSWERS, BY_PROMPT, Expected, read_send_order, read_shard, write_shards
 from regen.simulated.launcher import start_simulated_server
 from regen.simulated.requestlog import read_request_log
 from regen.types import Message, Sample
@@ -54,7 +54,7 @@ def run(shard: Path, journal: Path, url: str, source: Any = None, **cfg: Any) ->
     out = journal.with_suffix(".records.jsonl")
     stats = generate_shard(
         ShardJob(
-            shard if source is None else source,
+            read_shard(shard) if source is None else source,
             journal,
             out,
             journal.with_suffix(".failed.jsonl"),

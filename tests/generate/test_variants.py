@@ -4,6 +4,7 @@ prompt sent back to back, and a rerun that sends only what a changed config adds
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ import pytest
 
 from regen.fingerprint import GenerationSettings, decisive_config
 from regen.generate.client import Endpoint, ProgressOptions, ShardJob, generate_shard
-from regen.generate.request import Requests, Sampled
+from regen.generate.pacing import plan_in_flight
+from regen.generate.request import Halt, Requests, Sampled
 from regen.runconfig import ConfigError, GenerateConfig, Variant
 from regen.simulated.launcher import start_simulated_server
 from regen.types import Message, Sample
@@ -73,7 +75,17 @@ def test_each_variant_has_its_own_fingerprint_and_default_keeps_the_one_before_v
 def test_a_variants_request_body_samples_its_own_way() -> None:
     g = cfg(sampling={"non_thinking": {"temperature": 0.7, "top_p": 0.8}})
     hot = Variant("hot", n=1, temperature=1.2, reasoning_effort="high")
-    requests = Requests(g, None, "http://x", "m", None, "00000", None, None, None, None)  # type: ignore[arg-type]
+    requests = Requests(
+        g,
+        None,  # type: ignore[arg-type]  # no request is sent
+        server=Endpoint("http://x", "gpu0"),
+        model="m",
+        shard="00000",
+        rng=random.Random(0),
+        halt=Halt(),
+        restarts=None,
+        pacing=plan_in_flight(1, None, 1.0, 64, None),
+    )
     body = orjson.loads(
         requests.body([], 1, False, 64, None, Sampled("hot", hot.sampling(g.sampling), "high"))
     )

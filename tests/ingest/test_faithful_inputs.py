@@ -267,6 +267,7 @@ def test_a_50_mb_line_audits_in_bounded_memory(tmp_path: Path, demo_tokenizer_di
 def test_tool_calls_survive_generation_validation_and_merge(tmp_path: Path, demo_tokenizer_dir: Path) -> None:
     """tool_calls.jsonl row 1 through shard -> simulated SGLang -> record -> valid Parquet -> dataset."""
     from regen.generate.client import Endpoint, ShardJob, generate_shard
+    from regen.ingest.shards import read_shard
     from regen.output.merge import MergeConfig, iter_dataset_samples, merge
     from regen.output.validate import ValidateConfig, validate_shard
     from regen.runconfig import GenerateConfig
@@ -281,7 +282,7 @@ def test_tool_calls_survive_generation_validation_and_merge(tmp_path: Path, demo
     records = tmp_path / "gen" / "00000.jsonl"
     try:
         generate_shard(ShardJob(
-            shard, tmp_path / "journal.jsonl", records, tmp_path / "gen" / "00000.failed.jsonl",
+            read_shard(shard), tmp_path / "journal.jsonl", records, tmp_path / "gen" / "00000.failed.jsonl",
             GenerateConfig.from_dict({"request_timeout_s": 30}), Endpoint(url, "gpu0"), "00000",
         ))  # fmt: skip
     finally:

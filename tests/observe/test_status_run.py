@@ -141,3 +141,29 @@ def test_status_shows_what_each_generate_job_replays_and_generates(tmp_path: Pat
         .line()
         .startswith("regen: shard 00001: 74 replayed from the journal, 106 to generate")
     )
+
+
+def test_a_rerun_still_building_its_plan_is_followed_not_called_dead(tmp_path: Path) -> None:
+    """Issue 58 item 6: between a rerun's start and its ``onstart`` (which writes the marker) the marker
+    still names the killed run; a live Snakemake working here that started after it is the run shown."""
+    import subprocess
+    import sys
+
+    layout = RunLayout.under(tmp_path)
+    earlier_run_tree(layout)
+    marker_of(gone_pid(), started_at=time.time() - 60).write(layout.run_marker)
+    assert "DEAD" in status_report(layout.work, layout.results)
+    rerun = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)", "snakemake"], cwd=layout.work.parent
+    )
+    try:
+        time.sleep(0.3)
+        text = status_report(layout.work, layout.results)
+        assert "a new run is starting here" in text and "DEAD" not in text, text
+        out = io.StringIO()
+        assert watch(layout.work, layout.results, 0.5, out, max_frames=2) == 0
+        assert out.getvalue().count("regen status ") == 2  # --watch follows it, does not exit at once
+    finally:
+        rerun.kill()
+        rerun.wait()
+    assert "DEAD" in status_report(layout.work, layout.results)

@@ -550,3 +550,12 @@ def test_accept_length_is_clamped_to_the_draft_tokens_as_sglang_does() -> None:
         "speculative_num_steps": 2,
         "simulated_accept_len": 2.9,
     }
+
+
+def test_each_server_lifetime_draws_its_own_faults() -> None:
+    """Issue 58: a retried sample on another server, or after a restart, does not meet the same fault."""
+    f = Faults(error_rate=0.5, seed=9)
+    a = [f.draw(f"id{i}", 1, "lifetime-a") for i in range(200)]
+    b = [f.draw(f"id{i}", 1, "lifetime-b") for i in range(200)]
+    both = sum(x is not None and y is not None for x, y in zip(a, b, strict=True))
+    assert 25 < both < 75  # about a quarter: independent, not the same draw again
