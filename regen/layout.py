@@ -38,6 +38,12 @@ JOURNAL_SUFFIX = ".jsonl"
 MANIFEST_NAME = "_manifest.json"
 #: what a slot's server really allocated (``regen.sglang.realized``): ``gpu{k}.realized.json``
 REALIZED_SUFFIX = ".realized.json"
+#: beside a kept earlier run's ``results/``: its config and every file's content digest
+#: (``regen.output.kept_runs``)
+KEPT_INDEX = "kept.json"
+#: a job's log of an attempt that did not finish, kept beside the rule's log (``regen.runlog``):
+#: ``logs/generate/00003.attempt-1.log``
+ATTEMPT_LOG_INFIX = ".attempt-"
 #: a Slurm job's slot host log, beside its server logs (``regen.serving.slothost``)
 SLOT_HOST_LOG = "host.log"
 
@@ -606,7 +612,9 @@ class RunLayout:
     @property
     def earlier_runs_dir(self) -> Path:
         """Earlier runs kept whole when a run of another config remakes their outputs
-        (``regen.output.stale``): ``work/earlier-runs/{stamp}-{config}/results/...``."""
+        (``regen.output.stale``, ``regen.output.kept_runs``):
+        ``work/earlier-runs/{stamp}-{config}/results/...`` beside its ``KEPT_INDEX``; the last
+        ``keep.earlier_runs`` of them."""
         return self.work / "earlier-runs"
 
     def earlier_run(self, stamp: str, config: str) -> Path:
