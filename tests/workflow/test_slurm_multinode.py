@@ -103,7 +103,7 @@ shards: {{count: {SHARDS}}}
 generate:
   journal_sync: {{s3_prefix: "{prefix}/run", every_records: {EVERY_RECORDS}, every_seconds: 0.5}}
 server:
-  simulated: {{token_rate: {token_rate}, faults: {{}}}}
+  simulated: {{token_rate: {token_rate}, faults: {{enabled: false}}}}  # not {{}}: merged into demo's rates
 """
     )
     return path
