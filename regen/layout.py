@@ -87,6 +87,25 @@ def verdict_for(log: str | os.PathLike[str]) -> Path:
     return Path(log).with_suffix(VERDICT_SUFFIX)
 
 
+def attempt_log(log: str | os.PathLike[str], n: int) -> Path:
+    """Attempt ``n``'s log of a job, beside the rule's log (``regen.runlog``): ``logs/generate/00003.log``
+    -> ``logs/generate/00003.attempt-1.log``."""
+    path = Path(log)
+    return path.with_name(f"{path.stem}{ATTEMPT_LOG_INFIX}{n}{path.suffix}")
+
+
+def attempt_logs(log: str | os.PathLike[str]) -> dict[int, Path]:
+    """Every attempt's log kept beside the rule's log ``log``, by attempt number."""
+    path = Path(log)
+    prefix = f"{path.stem}{ATTEMPT_LOG_INFIX}"
+    found = {}
+    for p in path.parent.glob(f"{prefix}*{path.suffix}"):
+        number = p.name[len(prefix) : len(p.name) - len(path.suffix)]
+        if number.isdigit():
+            found[int(number)] = p
+    return dict(sorted(found.items()))
+
+
 def eval_split_beside(train_path: str | os.PathLike[str]) -> Path:
     """The eval-split file beside a training file: ``specforge.jsonl`` -> ``specforge.eval.jsonl``."""
     path = Path(train_path)
