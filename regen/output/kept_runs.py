@@ -41,6 +41,8 @@ LINK_FROM_BYTES = 1 << 20
 #: prefix of a kept run still being assembled
 PARTIAL_PREFIX = ".partial-"
 HASH_CHUNK = 1 << 20
+#: a kept symlink's digest: this, then its target
+SYMLINK = "symlink:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +65,22 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _as_kept(path: Path) -> dict[str, Any]:
+    """What ``KEPT_INDEX`` records of a kept file besides its digest: size and mtime, by which a file
+    rewritten after it was kept (``regen reconcile --results`` there rewrites reconcile.json) is told
+    from the one kept."""
+    st = path.lstat()
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
 @dataclass(frozen=True, slots=True)
 class KeptRun:
-    """One kept run: its folder (``results/`` inside), when it was kept, and its files' digests (None: kept
-    before digests were written)."""
+    """One kept run: its folder (``results/`` inside), when it was kept, and per file its digest, size and
+    mtime as kept (None: kept before ``KEPT_INDEX`` was written)."""
 
     folder: Path
     kept_at: float
-    files: dict[str, str] | None
+    files: dict[str, dict[str, Any]] | None
 
     @property
     def results(self) -> Path:
@@ -83,6 +93,24 @@ class KeptRun:
         if isinstance(obj, dict) and isinstance(obj.get("files"), dict):
             return cls(folder, float(obj.get("kept_at") or folder.stat().st_mtime), dict(obj["files"]))
         return cls(folder, folder.stat().st_mtime, None)
+
+    def unchanged(self) -> dict[str, str]:
+        """relative path -> digest of the files still as they were kept (a file rewritten or gone since
+        is left out: its recorded digest no longer says what it holds)."""
+        out = {}
+        for rel, entry in (self.files or {}).items():
+            try:
+                same = _as_kept(self.results / rel) == {k: entry.get(k) for k in ("bytes", "mtime_ns")}
+            except OSError:
+                continue
+            if same or str(entry.get("sha256", "")).startswith(SYMLINK):
+                out[rel] = str(entry["sha256"])
+        return out
+
+    def as_kept(self) -> dict[str, str] | None:
+        """Every file's digest when none changed since it was kept, else None."""
+        unchanged = self.unchanged()
+        return unchanged if self.files is not None and len(unchanged) == len(self.files) else None
 
 
 def kept_runs(layout: RunLayout) -> list[KeptRun]:
@@ -101,12 +129,11 @@ class _SharedFiles:
         self.by_digest: dict[str, Path] = {}
         self.digest_of_inode: dict[tuple[int, int], str] = {}
         for run in runs:
-            for rel, digest in (run.files or {}).items():
+            for rel, digest in run.unchanged().items():
                 path = run.results / rel
-                try:
-                    st = path.lstat()
-                except OSError:
+                if digest.startswith(SYMLINK):
                     continue
+                st = path.lstat()
                 self.by_digest.setdefault(digest, path)
                 self.digest_of_inode[(st.st_dev, st.st_ino)] = digest
 
@@ -160,7 +187,7 @@ def _digests(results: Path, shared: _SharedFiles) -> dict[str, str]:
     out = {}
     for path in (f for _, files in _walk(results) for f in files):
         rel = str(path.relative_to(results))
-        out[rel] = "symlink:" + os.readlink(path) if path.is_symlink() else shared.digest(path)
+        out[rel] = SYMLINK + os.readlink(path) if path.is_symlink() else shared.digest(path)
     return out
 
 
@@ -171,7 +198,7 @@ def keep_run(layout: RunLayout, of: ResultsOf | None, now: float | None = None) 
     shared = _SharedFiles(runs)
     files = _digests(layout.results, shared)
     for run in reversed(runs):
-        if run.files == files:
+        if run.as_kept() == files:
             return Kept(run.results, new=False)
     t = time.time() if now is None else now
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(t))
@@ -182,20 +209,22 @@ def keep_run(layout: RunLayout, of: ResultsOf | None, now: float | None = None) 
         dest = dest.with_name(f"{dest.name.split('~')[0]}~{n}")
     partial = dest.with_name(PARTIAL_PREFIX + dest.name)
     shutil.rmtree(partial, ignore_errors=True)
+    index_files = {}
     for rel, digest in files.items():
         src, dst = layout.results / rel, partial / "results" / rel
-        if digest.startswith("symlink:"):
+        if digest.startswith(SYMLINK):
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(os.readlink(src), dst)
         else:
             shared.keep(src, dst, digest)
+        index_files[rel] = {"sha256": digest, **_as_kept(dst)}
     for d, _ in _walk(layout.results):  # empty folders too
         (partial / "results" / d.relative_to(layout.results)).mkdir(parents=True, exist_ok=True)
     index = {
         "config": of.config if of is not None else None,
         "config_id": of.config_id if of is not None else None,
         "kept_at": t,
-        "files": files,
+        "files": index_files,
     }
     write_json(partial / KEPT_INDEX, index)
     os.replace(partial, dest)

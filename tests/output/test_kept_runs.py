@@ -134,3 +134,21 @@ def test_the_keep_section_is_typed_from_the_schema() -> None:
     assert KeepConfig.from_dict({"earlier_runs": 2}).earlier_runs == 2
     with pytest.raises(ValueError, match=r"keep\.earlier_runs"):
         KeepConfig.from_dict({"earlier_runs": 0})
+
+
+def test_a_kept_file_rewritten_since_is_never_a_link_target(tmp_path: Path) -> None:
+    """``regen reconcile --results KEPT`` rewrites reconcile.json there: a later run holding what that file
+    held when kept gets its own copy, not a link to the rewritten file."""
+    layout = RunLayout.under(tmp_path)
+    write_run(layout, "a", 1)
+    reconcile = layout.results / "reconcile.json"
+    reconcile.write_text('{"ok": true, "as": "kept"}')
+    start_run(layout, "a", "b", t=1.0, keep_last=5)
+    (first,) = kept_runs(layout)
+    (first.results / "reconcile.json").write_text('{"ok": true, "as": "rewritten in place"}')
+    write_run(layout, "a", 2)
+    reconcile.write_text('{"ok": true, "as": "kept"}')
+    start_run(layout, "a", "b", t=2.0, keep_last=5)
+    second = kept_runs(layout)[1]
+    assert (second.results / "reconcile.json").read_text() == '{"ok": true, "as": "kept"}'
+    assert set(first.unchanged()) == set(first.files or {}) - {"reconcile.json"}
