@@ -7,7 +7,7 @@ change one's temperature, raise or lower one's ``n``, switch one's thinking on/o
 checks:
 
 - every dataset ever declared READY still exists, unchanged, in place or where the console said it was
-  kept (unless the console said it removed that kept copy: ``keep.earlier_runs`` is 3 here), and
+  kept (unless the console said it removed that kept copy: ``keep.earlier_runs``), and
   ``regen reconcile --results`` there, with no config (as the console prints it), says ok;
 - at most ``keep.earlier_runs`` runs are kept, and no content twice among them (one inode per content);
 - a READY in ``results/`` is the current config's; ``regen status`` names the current config's run and
@@ -52,7 +52,7 @@ from support.workflow import ROOT, SNAKEMAKE, copy_workflow, dataset_records, fr
 from bench.workflow import write_chats
 from regen.generate.journal import RECORD, read_heads
 from regen.layout import RunLayout
-from regen.output.kept_runs import kept_runs
+from regen.output.kept_runs import KeepConfig, kept_runs
 from regen.simulated.options import REQUEST_LOG_ENV
 
 pytestmark = pytest.mark.slow
@@ -70,8 +70,8 @@ KEPT = re.compile(
 )
 #: the console line of kept runs pruned to keep.earlier_runs, followed by one "  folder" line each
 PRUNED = re.compile(r"\(keep\.earlier_runs\): removed \d+ older kept cop\w+.*\n((?:  \S+\n?)+)")
-#: keep.earlier_runs in the sequence's config: small, so a sequence of 9 steps prunes
-KEEP_LAST = 3
+#: keep.earlier_runs: its default (the workflow's onstart passes the config's to settle_outputs)
+KEEP_LAST = KeepConfig.from_dict(None).earlier_runs
 GENERATING = re.compile(r"regen: shard \d+: \d+ replayed from the journal, [1-9]\d* to generate")
 CONFIG_FILES = {
     "A": (),
@@ -401,7 +401,6 @@ def setup_checkout(root: Path) -> Sequence:
         "export: {enabled: true, eval_fraction: 0.1}\n"
         f"server: {{port_base: {free_port_base()}, idle_timeout_s: 30, "
         f"simulated: {{token_rate: 150, max_running_requests: 4, faults: {faults}}}}}\n"
-        f"keep: {{earlier_runs: {KEEP_LAST}}}\n"
     )
     (wd / "config" / "b_reaudit_fails.yaml").write_text("reaudit: {min_rows: 1000}\n")
     (wd / "config" / "c_audit_fails.yaml").write_text("audit: {context_limit: 8}\n")
