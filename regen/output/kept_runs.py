@@ -231,14 +231,18 @@ def keep_run(layout: RunLayout, of: ResultsOf | None, now: float | None = None) 
     return Kept(dest / "results", new=True)
 
 
-def _bytes_freed(folder: Path) -> int:
-    """What removing ``folder`` frees: the bytes of its files no other name links to."""
-    total = 0
-    for path in folder.rglob("*"):
-        st = path.lstat()
-        if path.is_file() and not path.is_symlink() and st.st_nlink == 1:
-            total += st.st_size
-    return total
+def _bytes_freed(folders: list[Path]) -> int:
+    """What removing ``folders`` frees: the bytes of the files all of whose names lie in them."""
+    names: dict[tuple[int, int], int] = {}
+    size: dict[tuple[int, int], tuple[int, int]] = {}
+    for folder in folders:
+        for dirpath, _, filenames in os.walk(folder):
+            for name in filenames:
+                st = os.lstat(os.path.join(dirpath, name))
+                key = (st.st_dev, st.st_ino)
+                names[key] = names.get(key, 0) + 1
+                size[key] = (st.st_size, st.st_nlink)
+    return sum(n for key, (n, links) in size.items() if names[key] == links)
 
 
 def prune_kept_runs(layout: RunLayout, keep_last: int, keeping: Path | None = None) -> list[str]:
@@ -258,9 +262,8 @@ def prune_kept_runs(layout: RunLayout, keep_last: int, keeping: Path | None = No
     going = [r for r in runs if r.folder not in stays]
     if not going:
         return lines
-    freed = 0
+    freed = _bytes_freed([r.folder for r in going])
     for run in going:
-        freed += _bytes_freed(run.folder)
         shutil.rmtree(run.folder)
     lines.append(
         f"regen: {root} keeps the last {keep_last} earlier run(s) (keep.earlier_runs): removed "

@@ -79,6 +79,8 @@ def test_many_switches_share_files_and_keep_the_last_k(tmp_path: Path) -> None:
     assert kept_bytes < 2 * BIG + 100_000, kept_bytes  # a copy a switch would be 9 x 2 MiB
     # 9 runs kept, 3 stay: each pruning said what went, as older kept copies, and the folders are gone
     assert len(pruned) == 9 - keep and all("older kept cop" in p and "keep.earlier_runs" in p for p in pruned)
+    # the first pruning freed run 0's small files only: its dataset (config a's) lives on in run 2
+    assert "freeing 0.0 MB" in pruned[0]
     assert len([d for d in layout.earlier_runs_dir.iterdir()]) == keep
 
 
