@@ -38,6 +38,12 @@ JOURNAL_SUFFIX = ".jsonl"
 MANIFEST_NAME = "_manifest.json"
 #: what a slot's server really allocated (``regen.sglang.realized``): ``gpu{k}.realized.json``
 REALIZED_SUFFIX = ".realized.json"
+#: beside a kept earlier run's ``results/``: its config and every file's content digest
+#: (``regen.output.kept_runs``)
+KEPT_INDEX = "kept.json"
+#: a job's log of an attempt that did not finish, kept beside the rule's log (``regen.runlog``):
+#: ``logs/generate/00003.attempt-1.log``
+ATTEMPT_LOG_INFIX = ".attempt-"
 #: a Slurm job's slot host log, beside its server logs (``regen.serving.slothost``)
 SLOT_HOST_LOG = "host.log"
 
@@ -79,6 +85,25 @@ def verdict_for(log: str | os.PathLike[str]) -> Path:
     """A gate's verdict beside its rule's log (``regen.verdict``): ``reaudit.log`` ->
     ``reaudit.verdict.json``."""
     return Path(log).with_suffix(VERDICT_SUFFIX)
+
+
+def attempt_log(log: str | os.PathLike[str], n: int) -> Path:
+    """Attempt ``n``'s log of a job, beside the rule's log (``regen.runlog``): ``logs/generate/00003.log``
+    -> ``logs/generate/00003.attempt-1.log``."""
+    path = Path(log)
+    return path.with_name(f"{path.stem}{ATTEMPT_LOG_INFIX}{n}{path.suffix}")
+
+
+def attempt_logs(log: str | os.PathLike[str]) -> dict[int, Path]:
+    """Every attempt's log kept beside the rule's log ``log``, by attempt number."""
+    path = Path(log)
+    prefix = f"{path.stem}{ATTEMPT_LOG_INFIX}"
+    found = {}
+    for p in path.parent.glob(f"{prefix}*{path.suffix}"):
+        number = p.name[len(prefix) : len(p.name) - len(path.suffix)]
+        if number.isdigit():
+            found[int(number)] = p
+    return dict(sorted(found.items()))
 
 
 def eval_split_beside(train_path: str | os.PathLike[str]) -> Path:
@@ -606,7 +631,9 @@ class RunLayout:
     @property
     def earlier_runs_dir(self) -> Path:
         """Earlier runs kept whole when a run of another config remakes their outputs
-        (``regen.output.stale``): ``work/earlier-runs/{stamp}-{config}/results/...``."""
+        (``regen.output.stale``, ``regen.output.kept_runs``):
+        ``work/earlier-runs/{stamp}-{config}/results/...`` beside its ``KEPT_INDEX``; the last
+        ``keep.earlier_runs`` of them."""
         return self.work / "earlier-runs"
 
     def earlier_run(self, stamp: str, config: str) -> Path:

@@ -2,10 +2,17 @@
 stops the job with one line (in its log and on Snakemake's console), not a traceback; and a job whose
 Snakemake controller dies (``kill -9``, a lost login shell, the OOM killer) stops the same way instead of
 running on as an orphan beside the rerun (its journal writer lock makes the rerun wait for it meanwhile:
-``regen.generate.journal_writer``)."""
+``regen.generate.journal_writer``).
+
+Every attempt's log is kept: Snakemake removes a job's log before it runs the job again (a retry after a
+lost Slurm node, a rerun after a kill), so each attempt also names its log ``{log stem}.attempt-N.log``
+(``regen.layout.attempt_log``, a hard link: no second copy) and drops that name when it ends without an
+exception. An attempt that did not finish (killed, its node lost, failed) leaves it, and the next
+attempt's log names them."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -13,6 +20,8 @@ import sys
 import threading
 from pathlib import Path
 from types import TracebackType
+
+from regen.layout import attempt_log, attempt_logs
 
 #: what the workflow prints once when a run stops before its end (Snakefile ``onerror``)
 RESUME_HINT = (
@@ -38,10 +47,58 @@ def log_to(path: str) -> logging.Logger:
     root = logging.getLogger("regen")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-    sys.excepthook = stopped_quietly(job_name(path), sys.excepthook)
+    earlier = attempt_logs(path)
+    attempt = keep_attempt_log(Path(path))
+    if earlier:
+        root.warning(
+            "earlier attempts of this job did not finish; their logs: %s",
+            ", ".join(str(p) for p in earlier.values()),
+        )
+    if attempt is None:
+        root.warning(
+            "this attempt's log cannot be kept beside %s (no hard link there): a retry replaces it", path
+        )
+    outcome = AttemptOutcome(attempt)
+    sys.excepthook = outcome.hook(stopped_quietly(job_name(path), sys.excepthook))
+    atexit.register(outcome.at_exit)
     stop_when_owner_dies()
     stop_if_controller_gone()  # an orphan from its start (the controller died before the watch began)
     return root
+
+
+def keep_attempt_log(log: Path) -> Path | None:
+    """Give the log a second name, ``attempt_log(log, N)`` with N the next free number (a hard link, so
+    Snakemake's removal of the rule's log before a retry leaves this attempt's lines there); None when
+    the filesystem has no hard links."""
+    n = max(attempt_logs(log), default=0) + 1
+    while True:
+        try:
+            os.link(log, attempt_log(log, n))
+            return attempt_log(log, n)
+        except FileExistsError:
+            n += 1
+        except OSError:
+            return None
+
+
+class AttemptOutcome:
+    """Whether this attempt ends by an exception (or Ctrl-C); at exit without one, its attempt name goes
+    (the rule's log holds the same lines). A killed process runs no exit code: the name stays."""
+
+    def __init__(self, attempt: Path | None) -> None:
+        self.attempt = attempt
+        self.failed = False
+
+    def hook(self, inner: object) -> object:
+        def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+            self.failed = True
+            inner(kind, value, tb)  # type: ignore[operator]
+
+        return hook
+
+    def at_exit(self) -> None:
+        if self.attempt is not None and not self.failed:
+            self.attempt.unlink(missing_ok=True)
 
 
 #: how often a job looks whether its Snakemake controller still lives

@@ -16,5 +16,6 @@ rule merge:
     params:
         merge=lookup(dpath="merge", within=config),
         tokenizer=lookup(dpath="tokenizer", within=config),
+        run=run_config(),  # the manifest names the (variant, n) reconcile expects (never a rerun trigger)
     script:
         "../scripts/merge.py"

@@ -10,4 +10,5 @@ merge_for_workflow(
     out_dir=snakemake.output.dataset,
     config=MergeConfig.from_dict(snakemake.params.merge),
     tokenizer_dir=snakemake.params.tokenizer,
+    generate=snakemake.params.run.generate,
 )

@@ -32,6 +32,7 @@ from regen.io import read_json, shared_temp_dir, write_json
 from regen.layout import MANIFEST_NAME, dataset_part, dataset_parts
 from regen.observe.stage_progress import StageProgress, parquet_rows
 from regen.output.provenance import build_provenance
+from regen.output.reconcile import ExpectedCompletions
 from regen.records import (
     DATASET_PASSTHROUGH,
     MESSAGE_TYPE,
@@ -40,7 +41,7 @@ from regen.records import (
     dataset_schema,
     message_from_row,
 )
-from regen.runconfig import validated
+from regen.runconfig import GenerateConfig, validated
 from regen.types import Sample
 
 SECRET_KEY_RE = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
@@ -76,6 +77,8 @@ class Manifest:
     created_at: float
     #: completions identical to an earlier one of the same prompt: how many, and whether left out
     duplicate_completions: dict[str, Any] | None = None
+    #: the (variant, n) each sample was to be completed under: what ``regen reconcile`` expects
+    completions: ExpectedCompletions | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +90,7 @@ class Manifest:
             "provenance": self.provenance,
             "created_at": self.created_at,
             "duplicate_completions": self.duplicate_completions,
+            "completions": self.completions.to_json() if self.completions is not None else None,
         }
 
 
@@ -344,9 +348,11 @@ def merge(
     provenance: dict[str, Any],
     tokenizer_dir: str | os.PathLike[str] | None = None,
     progress: StageProgress | None = None,
+    completions: ExpectedCompletions | None = None,
 ) -> Manifest:
     """Merge valid shards into ``out_dir`` (replaced as a whole) and return its manifest; ``progress``
-    counts the rows (rows/s and ETA on the console and in ``regen status``).
+    counts the rows (rows/s and ETA on the console and in ``regen status``); ``completions`` (the run's
+    variants) goes into the manifest, for ``regen reconcile`` to read.
 
     Raises ``MergeError`` on a duplicate id across shards; nothing is left at ``out_dir``
     changed in that case.
@@ -386,6 +392,7 @@ def merge(
             provenance=scrub_secrets(dict(provenance)),
             created_at=time.time(),
             duplicate_completions={"rows": duplicates.count, "column": "duplicate_of"},
+            completions=completions,
         )
         write_json(tmp / MANIFEST_NAME, manifest.to_json())
         _replace_dir(tmp, target)
@@ -452,10 +459,20 @@ def merge_for_workflow(
     out_dir: str,
     config: MergeConfig,
     tokenizer_dir: str,
+    generate: GenerateConfig,
 ) -> Manifest:
-    """The ``merge`` rule: provenance from the records, the plan and the servers, then ``merge``."""
+    """The ``merge`` rule: provenance from the records, the plan and the servers, then ``merge``; the
+    manifest says which completions the run's ``generate`` section asked for."""
     provenance = build_provenance(
         plan=read_json(plan_path), tokenizer_dir=tokenizer_dir, valid_paths=valid_paths
     )
     progress = StageProgress.for_workflow("merge", parquet_rows(valid_paths))
-    return merge(valid_paths, out_dir, config, provenance, tokenizer_dir=tokenizer_dir, progress=progress)
+    return merge(
+        valid_paths,
+        out_dir,
+        config,
+        provenance,
+        tokenizer_dir=tokenizer_dir,
+        progress=progress,
+        completions=ExpectedCompletions.of_generate(generate),
+    )

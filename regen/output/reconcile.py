@@ -7,7 +7,10 @@ gave up, with reason). Input ids come from the audit's ``results/audit/flags.par
 
 With sampling variants (``generate.variants``) a kept row is expected once per completion: its key is
 expanded into the record ids of every (variant, k) (:func:`completion_keys`), and each of those ends in
-one bucket; a row the audit excluded was judged once, before generation, and stays one key.
+one bucket; a row the audit excluded was judged once, before generation, and stays one key. Which
+(variant, n) a dataset was made with is written into its own manifest at merge time
+(:class:`ExpectedCompletions`, the manifest's ``completions``), so ``regen reconcile --results X`` is exact
+on any dataset, a kept earlier run's included, with no config passed.
 
 The accounting key of a row the audit kept is its id (ids of kept rows are unique: the audit
 excludes later copies). A row the audit excluded is accounted by id *and* place
@@ -139,14 +142,67 @@ def keys_by_place(flags_path: str | os.PathLike[str]) -> bool:
     return {"excluded", "file", "row"} <= set(pq.ParquetFile(flags_path).schema_arrow.names)
 
 
+@dataclass(frozen=True, slots=True)
+class ExpectedCompletions:
+    """The completions each kept sample is expected under: (variant name, n) in config order, as
+    ``GenerateConfig.variants`` gives them. Written into the dataset's manifest (``completions``) by the
+    merge, read back here: a dataset says itself what reconciling it needs."""
+
+    variants: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of_generate(cls, generate: GenerateConfig) -> ExpectedCompletions:
+        return cls(tuple((v.name, v.n) for v in generate.variants()))
+
+    @property
+    def plain_ids(self) -> bool:
+        """Record ids are the sample ids (one variant of one completion; ``regen.records.record_id``)."""
+        return len(self.variants) == 1 and self.variants[0][1] == 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "variants": [{"name": name, "n": n} for name, n in self.variants],
+            "record_ids": "sample_id" if self.plain_ids else "{sample_id}/{variant}/{k}",
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> ExpectedCompletions:
+        """From a manifest's ``completions``; ValueError naming ``where`` and the field when malformed."""
+        items = obj.get("variants") if isinstance(obj, dict) else None
+        if not isinstance(items, list) or not items:
+            raise ValueError(f"{where}: completions.variants: not a non-empty list")
+        out = []
+        for i, item in enumerate(items):
+            name, n = (item.get("name"), item.get("n")) if isinstance(item, dict) else (None, None)
+            if not isinstance(name, str) or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"{where}: completions.variants.{i}: needs a name and an n >= 1 ({item!r})")
+            out.append((name, n))
+        return cls(tuple(out))
+
+    @classmethod
+    def of_dataset(cls, manifest: Path) -> ExpectedCompletions | None:
+        """What the dataset's manifest says (None: no manifest, or one written before it said)."""
+        if not manifest.is_file():
+            return None
+        obj = orjson.loads(manifest.read_bytes())
+        block = obj.get("completions") if isinstance(obj, dict) else None
+        return None if block is None else cls.from_json(block, str(manifest))
+
+    def keys(self) -> CompletionKeys:
+        """The record ids one kept sample is expected under: one per (variant, k)."""
+        if self.plain_ids:
+            return lambda sid: (sid,)
+        pairs = tuple((name, k) for name, n in self.variants for k in range(n))
+        return lambda sid: tuple(record_id(sid, name, k, plain=False) for name, k in pairs)
+
+    def describe(self) -> str:
+        return ", ".join(f"{name} n={n}" for name, n in self.variants)
+
+
 def completion_keys(generate: GenerateConfig) -> CompletionKeys:
     """The record ids one kept sample is expected under: one per (variant, k) of the run
     (``regen.records.record_id``; the sample id alone with one variant of one completion)."""
-    plain = generate.plain_ids
-    pairs = tuple((v.name, k) for v in generate.variants() for k in range(v.n))
-    if plain:
-        return lambda sid: (sid,)
-    return lambda sid: tuple(record_id(sid, name, k, plain=False) for name, k in pairs)
+    return ExpectedCompletions.of_generate(generate).keys()
 
 
 def read_input_ids(flags_path: str | os.PathLike[str]) -> Iterator[str]:
@@ -320,6 +376,31 @@ def reconcile_results(
     return check(result) if strict else result
 
 
+def expected_completions(
+    results: str | os.PathLike[str], configfiles: Sequence[str] = ()
+) -> tuple[ExpectedCompletions | None, list[str]]:
+    """What each kept sample of the dataset under ``results`` is expected under, and notes for the user:
+    the config files' ``generate`` when given (they win), else the dataset's own manifest (None: neither
+    says, one record per sample)."""
+    manifest = RunLayout(results=Path(results)).dataset_manifest
+    made_with = ExpectedCompletions.of_dataset(manifest)
+    if not configfiles:
+        return made_with, []
+    from regen.configfile import load_config
+
+    given = ExpectedCompletions.of_generate(
+        GenerateConfig.from_dict(load_config(configfiles).get("generate"))
+    )
+    notes = []
+    if made_with is not None and made_with != given:
+        notes.append(
+            f"regen reconcile: {manifest} says the dataset was made with {made_with.describe()}; the config "
+            f"given says {given.describe()}: reconciling as the config says (leave out --configfile to "
+            "reconcile as the dataset was made)"
+        )
+    return given, notes
+
+
 def cli(argv: list[str]) -> int:
     """``regen reconcile [--results results] [--json]``: exit 1 if any id is lost/duplicated/unknown."""
     ap = argparse.ArgumentParser(prog="regen reconcile", description=__doc__.splitlines()[0])
@@ -329,32 +410,31 @@ def cli(argv: list[str]) -> int:
         "--configfile",
         nargs="+",
         default=(),
-        help="the run's config files: with generate.variants (or sampling.n > 1) each kept sample is "
-        "expected once per completion",
+        help="config files whose generate.variants (or sampling.n) to expect each kept sample under; "
+        "default: what the dataset's own manifest says it was made with",
     )
     args = ap.parse_args(argv)
     try:
-        completions = None
-        if args.configfile:
-            from regen.configfile import load_config
-
-            completions = completion_keys(
-                GenerateConfig.from_dict(load_config(args.configfile).get("generate"))
-            )
+        expected, notes = expected_completions(args.results, args.configfile)
+        completions = expected.keys() if expected is not None else None
         result = reconcile_results(args.results, strict=False, completions=completions)
     except (MissingAuditError, ValueError) as exc:
         print(f"regen reconcile: {exc}", file=sys.stderr)
         return 2
+    for note in notes:
+        print(note, file=sys.stderr)
     if args.json:
         sys.stdout.write(orjson.dumps(result.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(result.table())
     if not result.ok:
         print(result.problem_summary(), file=sys.stderr)
-        if completions is None and any("/" in i for i in result.unknown):
+        if expected is None and any("/" in i for i in result.unknown):
             print(
-                "regen reconcile: the output holds ids {sample_id}/{variant}/{k} (sampling variants): "
-                "pass its config, --configfile ..., so each sample is expected once per completion",
+                "regen reconcile: the output holds ids {sample_id}/{variant}/{k} (sampling variants) and "
+                f"no manifest under {args.results} says which (no dataset, or one merged before manifests "
+                "said): pass the run's config, --configfile ..., so each sample is expected once per "
+                "completion",
                 file=sys.stderr,
             )
         return 1

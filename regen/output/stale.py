@@ -13,9 +13,11 @@ outputs lie in ``results/`` (the run marker's ``results_of``, ``regen.run_marker
 - **another config's run** (or an unknown one) whose finished outputs (READY, the dataset, the
   exports, the generations, the reconciliation) this run would remake or leave standing as if current
   is **kept whole** in ``RunLayout.earlier_run`` (``work/earlier-runs/{stamp}-{config}/results/``, its
-  paths kept: large files by hard link, so keeping costs no copy), with one console line naming the
-  folder and how to read it (``regen reconcile --results {folder}/results``). Then ``results/`` keeps
-  only what the current DAG reuses as up to date; everything else of the earlier run leaves it;
+  paths kept, its files shared with the other kept runs and never kept twice, the last
+  ``keep.earlier_runs`` of them: ``regen.output.kept_runs``), with one console line naming the
+  folder and how to read it (``regen reconcile --results {folder}/results``, exact with no config: the
+  dataset's manifest says what it was made with). Then ``results/`` keeps only what the current DAG
+  reuses as up to date; everything else of the earlier run leaves it;
 - **the same config**: a READY run it remakes is kept whole the same way; otherwise its own partial
   work stays (a rerun after a failure resumes), the **orphans** (files the current plan does not
   name) are moved aside under ``RunLayout.stale_dir`` (``work/stale/{stamp}/``), and the **outputs
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from regen.layout import RunLayout, is_shard_name
+from regen.output.kept_runs import KeepConfig, keep_run, kept_line, prune_kept_runs
 from regen.run_marker import ResultsOf
 
 
@@ -210,49 +213,6 @@ def finished_work(layout: RunLayout, paths: Iterable[Path], same_config: bool) -
     return [p for p in paths if p.exists() and touches(p)]
 
 
-#: files at least this large are kept by a hard link (no copy); smaller ones are copied, so a tool that
-#: rewrites a file in place (``snakemake --report`` over ``results/report.html``) cannot change the kept one
-LINK_FROM_BYTES = 1 << 20
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    """Keep ``src`` at ``dst``: a hard link for a large file (regen writes its outputs by atomic rename
-    and Snakemake removes an output before remaking it, so the kept inode is never written again), else
-    or across filesystems a copy."""
-    try:
-        if os.path.getsize(src) >= LINK_FROM_BYTES:
-            os.link(src, dst)
-            return
-    except OSError:
-        pass
-    shutil.copy2(src, dst)
-
-
-def keep_earlier_run(layout: RunLayout, of: ResultsOf | None, now: float | None = None) -> Path:
-    """The whole of ``results/`` kept in ``RunLayout.earlier_run`` (large files hard-linked, copies across
-    filesystems), its paths kept; the folder's ``results``."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
-    dest = layout.earlier_run(stamp, of.config if of is not None else "unknown-config")
-    n = 0
-    while dest.exists():
-        n += 1
-        dest = dest.with_name(f"{dest.name.split('~')[0]}~{n}")
-    shutil.copytree(layout.results, dest / "results", symlinks=True, copy_function=_link_or_copy)
-    return dest / "results"
-
-
-def kept_line(kept_at: Path, of: ResultsOf | None, layout: RunLayout) -> str:
-    """The one console line naming where an earlier run is kept and how to read it there."""
-    ready = kept_at / layout.ready.relative_to(layout.results)
-    what = "READY run" if ready.is_file() else "run"
-    whose = f"config {of.config}" if of is not None else "an earlier config"
-    return (
-        f"regen: the earlier {what} of {whose} is kept whole in {kept_at} (this run remakes or does not "
-        f"reuse its outputs): `regen reconcile --results {kept_at}` checks it there; copy it back over "
-        f"{layout.results} to make it current again"
-    )
-
-
 def settle_outputs(
     layout: RunLayout,
     plan: PlannedOutputs,
@@ -261,10 +221,12 @@ def settle_outputs(
     now: float | None = None,
     *,
     identities: Identities | None = None,
+    keep_last: int | None = None,
 ) -> list[str]:
     """At the start of a run: keep an earlier run whole when this one would remake or drop its finished
-    work, move the orphans of other plans aside, and remove what the run will remake (see the module's
-    docstring); the messages saying what was kept or moved, and where."""
+    work (then only the last ``keep_last`` kept runs stay; None: ``keep.earlier_runs``'s default), move
+    the orphans of other plans aside, and remove what the run will remake (see the module's docstring);
+    the messages saying what was kept, moved or pruned, and where."""
     same = identities is None or identities.same
     of = identities.results_of if identities is not None else None
     if same:
@@ -274,9 +236,10 @@ def settle_outputs(
     else:
         leaving = not_reused(layout, identities.kept if identities is not None else KeptOutputs())
     if finished_work(layout, leaving, same) and layout.results.is_dir():
-        kept_at = keep_earlier_run(layout, of, now)
+        kept = keep_run(layout, of, now)
         remove_outputs(leaving)
-        return [kept_line(kept_at, of, layout)]
+        last = KeepConfig.from_dict(None).earlier_runs if keep_last is None else keep_last
+        return [kept_line(kept, of, layout), *prune_kept_runs(layout, last, kept.results)]
     if not same:
         results_files = [p for p in leaving if p.is_relative_to(layout.results)]
         lines = move_aside(results_files, layout, "belong to another config (not reused by this one)", now)

@@ -14,6 +14,8 @@ from typing import Any
 from regen.simulated.completion import Completion
 
 FAULT_KINDS: tuple[str, ...] = ("error", "hang", "disconnect", "malformed", "truncate")
+#: the key that turns every fault off, whatever rates an earlier config file set
+FAULTS_ENABLED = "enabled"
 
 
 def unit_hash(*parts: object) -> float:
@@ -55,13 +57,21 @@ class Faults:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any] | None) -> Faults:
+        """From ``server.simulated.faults`` (or ``--faults``). ``enabled: false`` clears every fault, the
+        other keys included: config files merge key by key (Snakemake's nested merge), so a later file's
+        ``faults: {}`` leaves an earlier file's rates in place, and only ``enabled: false`` turns them off."""
         if not obj:
             return cls()
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(obj) - known)
+        unknown = sorted(set(obj) - known - {FAULTS_ENABLED})
         if unknown:
-            raise ValueError(f"--faults: unknown key(s) {unknown}; known: {sorted(known)}")
-        kwargs = dict(obj)
+            raise ValueError(f"--faults: unknown key(s) {unknown}; known: {sorted(known | {FAULTS_ENABLED})}")
+        enabled = obj.get(FAULTS_ENABLED, True)
+        if not isinstance(enabled, bool):
+            raise ValueError(f"--faults: {FAULTS_ENABLED} must be true or false, not {enabled!r}")
+        if not enabled:
+            return cls()
+        kwargs = {k: v for k, v in obj.items() if k != FAULTS_ENABLED}
         for key in ("bad_request_for", "error_for", "hang_for"):
             if key in kwargs:
                 kwargs[key] = tuple(str(x) for x in kwargs[key])

@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from regen.layout import RunLayout
+from regen.output.kept_runs import Kept, keep_run, kept_line
 from regen.output.stale import (
     Identities,
     KeptOutputs,
     PlannedOutputs,
     RemadeOutputs,
-    keep_earlier_run,
-    kept_line,
     orphan_outputs,
     settle_outputs,
 )
@@ -103,7 +102,7 @@ def test_a_ready_run_the_same_config_remakes_is_kept_whole(tmp_path: Path) -> No
         layout, TWO_SHARDS, remade, "report_assets", now=0, identities=Identities(ours, ours)
     )
     kept = layout.earlier_run("19700101-000000", "demo") / "results"
-    assert lines == [kept_line(kept, ours, layout)] and "READY run of config demo" in lines[0]
+    assert lines == [kept_line(Kept(kept, new=True), ours, layout)] and "READY run of config demo" in lines[0]
     assert f"regen reconcile --results {kept}" in lines[0]
     for k in ("00000", "00001", "00002", "00003"):
         assert (kept / "generations" / f"{k}.jsonl.zst").is_file()
@@ -147,7 +146,7 @@ def test_large_files_are_kept_by_hard_link_small_ones_by_copy(tmp_path: Path) ->
     four_shard_run(layout)
     big = layout.records("00000")
     big.write_bytes(b"x" * (1 << 20))
-    kept = keep_earlier_run(layout, ResultsOf("demo", "id"), now=0)
+    kept = keep_run(layout, ResultsOf("demo", "id"), now=0).results
     assert (kept / "generations" / big.name).stat().st_ino == big.stat().st_ino
     assert (kept / "report.html").stat().st_ino != layout.report_html.stat().st_ino
     layout.report_html.write_text("a newer report")

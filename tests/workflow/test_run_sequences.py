@@ -7,7 +7,9 @@ change one's temperature, raise or lower one's ``n``, switch one's thinking on/o
 checks:
 
 - every dataset ever declared READY still exists, unchanged, in place or where the console said it was
-  kept, and ``regen reconcile --results`` there says ok;
+  kept (unless the console said it removed that kept copy: ``keep.earlier_runs``), and
+  ``regen reconcile --results`` there, with no config (as the console prints it), says ok;
+- at most ``keep.earlier_runs`` runs are kept, and no content twice among them (one inode per content);
 - a READY in ``results/`` is the current config's; ``regen status`` names the current config's run and
   says it ended (or, right after a kill, that it is dead);
 - no request was generated twice (no request fingerprint journaled twice);
@@ -29,6 +31,7 @@ few minutes on 2 cores. ``REGEN_RUN_SEQUENCES=seed,seed,...`` and
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -49,6 +52,7 @@ from support.workflow import ROOT, SNAKEMAKE, copy_workflow, dataset_records, fr
 from bench.workflow import write_chats
 from regen.generate.journal import RECORD, read_heads
 from regen.layout import RunLayout
+from regen.output.kept_runs import KeepConfig, kept_runs
 from regen.simulated.options import REQUEST_LOG_ENV
 
 pytestmark = pytest.mark.slow
@@ -61,8 +65,13 @@ CI_STEPS = 9
 SEEDS = [int(s) for s in os.environ.get("REGEN_RUN_SEQUENCES", "").split(",") if s.strip()] or list(CI_SEEDS)
 STEPS = int(os.environ.get("REGEN_RUN_SEQUENCE_STEPS", str(CI_STEPS)))
 KEPT = re.compile(
-    r"regen: the earlier (?:READY )?run of (?:config \S+|an earlier config) is kept whole in (\S+) "
+    r"regen: the earlier (?:READY )?run of (?:config \S+|an earlier config) "
+    r"is (?:already )?kept whole(?:, file for file,)? in (\S+) "
 )
+#: the console line of kept runs pruned to keep.earlier_runs, followed by one "  folder" line each
+PRUNED = re.compile(r"\(keep\.earlier_runs\): removed \d+ older kept cop\w+.*\n((?:  \S+\n?)+)")
+#: keep.earlier_runs: its default (the workflow's onstart passes the config's to settle_outputs)
+KEEP_LAST = KeepConfig.from_dict(None).earlier_runs
 GENERATING = re.compile(r"regen: shard \d+: \d+ replayed from the journal, [1-9]\d* to generate")
 CONFIG_FILES = {
     "A": (),
@@ -263,7 +272,12 @@ class Sequence:
         return done
 
     def saw(self, console: str) -> None:
-        """What the console said was kept whole: the READY in results/ moved there."""
+        """What the console said was kept whole (the READY in results/ moved there) and which older kept
+        copies it said it removed (keep.earlier_runs: no longer followed)."""
+        for block in PRUNED.findall(console):
+            for folder in ((self.wd / line.strip()).resolve() for line in block.splitlines() if line.strip()):
+                assert not folder.exists(), f"the console said {folder} was removed"
+                self.readies = [r for r in self.readies if not r.where.is_relative_to(folder)]
         for where in KEPT.findall(console):
             kept = (self.wd / where).resolve()
             for r in self.readies:
@@ -473,11 +487,8 @@ def check(seq: Sequence, reconciled: set[tuple[Path, str]], sent: set[Completion
             kept = set(dataset_rows(r.where / "dataset"))
             assert kept == r.completions, f"the dataset of {r.config} kept at {r.where} lost records"
         if (r.where, r.ready) not in reconciled:
-            configs: list[str] = []
-            if r.variants:  # each sample expected once per completion of the variants it was made with
-                (config := seq.wd.parent / f"variants-{len(reconciled)}.yaml").write_text(r.variants)
-                configs = ["--configfile", "config/demo.yaml", str(config)]
-            rec = regen(seq.wd, "reconcile", "--results", str(r.where), "--json", *configs)
+            # as the console prints it, no config: the dataset's manifest says the variants it was made with
+            rec = regen(seq.wd, "reconcile", "--results", str(r.where), "--json")
             assert rec.returncode == 0 and json.loads(rec.stdout)["ok"], (
                 rec.stdout[-2000:] + rec.stderr[-2000:]
             )
@@ -486,6 +497,7 @@ def check(seq: Sequence, reconciled: set[tuple[Path, str]], sent: set[Completion
             )
             assert json.loads(rec.stdout)["input"] == ROWS * per_sample, "nothing lost"
             reconciled.add((r.where, r.ready))
+    check_kept_runs(seq.layout)
     live = seq.layout.ready
     if live.is_file():
         # operational keys decide nothing: a READY made before one changed is the current config's
@@ -506,6 +518,23 @@ def check(seq: Sequence, reconciled: set[tuple[Path, str]], sent: set[Completion
         fingerprints.update((h.id, h.fingerprint) for h in read_heads(journal).heads if h.kind == RECORD)
     twice = [k for k, n in fingerprints.items() if n > 1]
     assert twice == [], f"generated twice: {twice[:5]}"
+
+
+def check_kept_runs(layout: RunLayout) -> None:
+    """At most keep.earlier_runs kept runs, and no content kept twice: every kept file (as kept: not one
+    ``regen reconcile --results`` rewrote there since) whose bytes equal another's is the same inode (the
+    disk grows by what changed, not by a copy a config switch)."""
+    runs = kept_runs(layout)
+    assert len(runs) <= KEEP_LAST, f"{len(runs)} kept runs, keep.earlier_runs is {KEEP_LAST}: {runs}"
+    inodes: dict[tuple[int, str], set[int]] = {}
+    for run in runs:
+        for rel in run.unchanged():
+            f = run.results / rel
+            if f.is_file() and not f.is_symlink():
+                data = f.read_bytes()
+                inodes.setdefault((len(data), hashlib.sha256(data).hexdigest()), set()).add(f.stat().st_ino)
+    copies = {k: v for k, v in inodes.items() if len(v) > 1}
+    assert not copies, f"{len(copies)} contents kept more than once among {[r.folder for r in runs]}"
 
 
 def check_variants(seq: Sequence, sent: set[Completion]) -> None:

@@ -39,7 +39,10 @@ def slurm_cluster() -> None:
 
 def run_snakemake(workdir: Path, *args: str, kill_after_s: int) -> subprocess.CompletedProcess[str]:
     cmd = ["timeout", "-s", "KILL", str(kill_after_s), SNAKEMAKE, "--profile", str(PROFILE), *args]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=os.environ.copy())
+    # as from regen's activated environment: the profile's precommand (the slot host) runs its `python`,
+    # and stops the job when that is not regen's
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
 
 
 def slurm_jobs() -> dict[str, tuple[str, str]]:

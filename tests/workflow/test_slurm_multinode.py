@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import pytest
 from support.workflow import copy_parts
 
+from regen.layout import attempt_logs
 from regen.serving.procfs import SERVER_START_MARK
 from regen.simulated.options import REQUEST_LOG_ENV
 from regen.simulated.requestlog import read_request_log
@@ -103,7 +104,7 @@ shards: {{count: {SHARDS}}}
 generate:
   journal_sync: {{s3_prefix: "{prefix}/run", every_records: {EVERY_RECORDS}, every_seconds: 0.5}}
 server:
-  simulated: {{token_rate: {token_rate}, faults: {{}}}}
+  simulated: {{token_rate: {token_rate}, faults: {{enabled: false}}}}  # not {{}}: merged into demo's rates
 """
     )
     return path
@@ -160,8 +161,8 @@ def server_pids(work: Path, job: str) -> set[int]:
 
 def shards_served(work: Path) -> dict[str, set[str]]:
     """Slurm job -> the shards whose generate job used its server (started or reused it): each supervisor
-    PID's job from its server log, each shard's supervisor PIDs from its generate log (a retried shard's
-    log names both jobs' servers)."""
+    PID's job from its server log, each shard's supervisor PIDs from its generate logs (a retried shard's
+    log names both jobs' servers; a lost attempt's log, ``{shard}.attempt-N.log``, counts for its shard)."""
     job_of = {
         pid: d.name.removeprefix("slurm-")
         for d in (work / "logs" / "servers").glob("slurm-*")
@@ -172,7 +173,7 @@ def shards_served(work: Path) -> dict[str, set[str]]:
     for log in (work / "logs" / "generate").glob("*.log"):
         for pid in set(re.findall(r"server supervisor PID (\d+)", log.read_text())):
             if pid in job_of:
-                served.setdefault(job_of[pid], set()).add(log.stem)
+                served.setdefault(job_of[pid], set()).add(log.name.split(".")[0])
     return served
 
 
@@ -284,6 +285,11 @@ def test_a_node_lost_mid_generation_costs_at_most_one_batch_per_shard(
         restored = re.findall(r"restored from \S+: (\d+) batches, (\d+) lines added",
                               (work / "logs" / "generate" / f"{shard}.log").read_text())  # fmt: skip
         assert restored and int(restored[-1][1]) >= len(synced[shard]), (shard, restored)
+        # the lost attempt's log is kept beside the retry's, which names it (Snakemake removed the rule's log)
+        log = work / "logs" / "generate" / f"{shard}.log"
+        kept_logs = attempt_logs(log)
+        assert kept_logs and all(p.stat().st_size > 0 for p in kept_logs.values()), (shard, kept_logs)
+        assert f"{shard}.attempt-1.log" in log.read_text(), log.read_text()[:2000]
     # one server start per group job (each ran 2 shards, the lost one fewer), on both nodes
     starts = server_starts(work)
     jobs = job_nodes()
