@@ -13,6 +13,9 @@ server per arm (``--arms``):
   (``regen tune -- --page-size N``: the plan keeps it), beside the plan's own 64-token pages
   (``regen.sglang.search.planned_page_size``); reported apart (``page1_tps``, ``page16_tps``).
 
+``vs_default`` is regen against the best of the default arm's windows (:func:`vs_best_default`), and
+``steady_windows`` counts the windows ``serverlog.steady_window`` calls steady.
+
 ``--models`` takes each model's own arms as ``model:arm+arm`` (e.g. the page controls on one model only).
 
 The tuner gets the workload as the workflow gives it: an audit summary (``summary.json``) with the prompt
@@ -36,7 +39,8 @@ the estimate is printed before the first server starts.
 ``--dry-cpu`` runs the same sequence against regen's simulated server (chat completions of 300 words,
 lengths scaled down, a batch-throughput model): it checks the plumbing, not SGLang.
 Last line per model: ``dense: model=… regen_tps=… default256_tps=… default512_tps=… vs_default=…
-predicted_kv=… realized_kv=… regen_log_tps=… default256_log_tps=… fp8kv_tps=… fp8kv_log_tps=…``.
+best_default_in_flight=… steady_windows=k/n predicted_kv=… realized_kv=… regen_log_tps=…
+default256_log_tps=… fp8kv_tps=… fp8kv_log_tps=…``.
 """
 
 from __future__ import annotations
@@ -270,10 +274,9 @@ class Window:
     log_median_running: float | None
     log_lines: int
     errors: int
-    #: KV tokens in use (the ``#token`` of the window's first and last three decode lines, medians): flat
-    #: at steady state
-    log_tokens_first: int | None = None
-    log_tokens_last: int | None = None
+    #: the window's ends (``serverlog.window_ends``: KV in use and running count of its first and last
+    #: decode lines), which ``serverlog.steady_window`` judges
+    ends: dict[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -288,8 +291,8 @@ class Window:
             "log_median_running": self.log_median_running,
             "log_lines": self.log_lines,
             "errors": self.errors,
-            "log_tokens_first": self.log_tokens_first,
-            "log_tokens_last": self.log_tokens_last,
+            **self.ends,
+            "steady": serverlog.steady_window(self.ends),
         }
 
 
@@ -338,8 +341,7 @@ async def measure(loop: ClosedLoop, server: Server, n: int, s: Settings) -> Wind
         log_median_running=statistics.median(x.running for x in lines) if lines else None,
         log_lines=len(lines),
         errors=len(loop.errors) - errors_before,
-        log_tokens_first=round(statistics.median(x.tokens for x in lines[:3])) if lines else None,
-        log_tokens_last=round(statistics.median(x.tokens for x in lines[-3:])) if lines else None,
+        ends=serverlog.window_ends(lines),
     )
 
 
@@ -612,9 +614,24 @@ def headline(row: dict[str, Any]) -> dict[str, Any]:
         "realized_kv": regen.get("realized_kv"),
         "fp8kv_realized_kv": fp8.get("realized_kv"),
     }
-    both = out["regen_tps"] and out["default256_tps"]
-    out["vs_default"] = out["regen_tps"] / out["default256_tps"] if both else None
+    best = best_default(default)
+    out["best_default_in_flight"] = best.get("in_flight")
+    out["vs_default"] = vs_best_default(out["regen_tps"], default)
+    out["steady_windows"] = serverlog.steady_count([*default.get("windows", []), *regen.get("windows", [])])
     return out
+
+
+def best_default(default: dict[str, Any]) -> dict[str, Any]:
+    """The default arm's fastest window (client tok/s), whatever in-flight count it ran at: what regen is
+    compared with (issue 57 item 5); {} without one."""
+    windows = [w for w in default.get("windows", []) if w.get("client_tps")]
+    return max(windows, key=lambda w: w["client_tps"], default={})
+
+
+def vs_best_default(regen_tps: float | None, default: dict[str, Any]) -> float | None:
+    """regen's client tok/s over the best of the default arm's windows (:func:`best_default`)."""
+    best = best_default(default).get("client_tps")
+    return regen_tps / best if regen_tps and best else None
 
 
 def fmt(value: Any, nd: int = 0) -> str:
@@ -639,7 +656,9 @@ def final_line(row: dict[str, Any]) -> str:
     return (
         f"dense: model={row['model']} regen_tps={fmt(row['regen_tps'])} default256_tps="
         f"{fmt(row['default256_tps'])} default512_tps={fmt(row['default512_tps'])} "
-        f"vs_default={fmt(row['vs_default'], 3)} predicted_kv={fmt(row['predicted_kv'])} "
+        f"vs_default={fmt(row['vs_default'], 3)} "
+        f"best_default_in_flight={fmt(row.get('best_default_in_flight'))} "
+        f"steady_windows={row.get('steady_windows', 'na')} predicted_kv={fmt(row['predicted_kv'])} "
         f"realized_kv={fmt(row['realized_kv'])} "
         + " ".join(f"{key}={fmt(row.get(key))}" for key in EXTRA_FIELDS)
     )

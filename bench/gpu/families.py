@@ -2,10 +2,11 @@
 
 Per model (real configs from ``resources/models``, dummy weights): ``bench.gpu.dense``'s two arms, one
 server each, the same closed-loop workload (300-token prompts, log-normal answers of median 1,200 and
-mean ~1,450, cap 8,192, ``ignore_eos``): SGLang's defaults at 256 in flight, and regen's recommended flags
+mean ~1,450, cap 8,192, ``ignore_eos``): SGLang's defaults at each of ``dense.DEFAULT_IN_FLIGHT`` in
+flight (regen is compared with the best of them, ``dense.best_default``), and regen's recommended flags
 at the plan's ``client_concurrency``. Each window starts after one request lifetime at its own in-flight
-count (``dense.warm_up``), and counts as steady only if the KV in use (the ``#token`` of the server's
-``Decode batch`` lines) moved less than :data:`KV_FLAT_SHARE` of the pool over the window.
+count (``dense.warm_up``), and counts as steady by the benches' one rule (``serverlog.steady_window``:
+the KV in use moved less than 5% of itself, the running count flat).
 
 The bar (issue 49): regen >= the defaults on each model, and >= 1.15x where the KV bound allows it. The
 KV bound is the running count the pool holds at the workload's mean context (prompt + the running set's
@@ -14,7 +15,7 @@ below 1.15 x the defaults' running count, no plan can reach 1.15x by running mor
 bound (``bar=bound``) instead.
 
 Last line per model: ``families: model=... regen_tps=... default_tps=... ratio=... regen_running=...
-default_running=... kv_bound_running=... bar=1.15|bound kv_flat=... retracted=...``.
+default_running=... kv_bound_running=... bar=1.15|bound kv_flat=... steady_windows=k/n retracted=...``.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.gpu import dense
+from bench.gpu import dense, serverlog
 from bench.gpu.hold import retractions
 from bench.gpu.planner_truth import host_name
 from bench.harness import add_campaign_args, publish, write_json
 
 MODELS = ("gpt-oss-20b", "qwen3-32b-fp8", "mixtral-8x7b", "nemotron-3-nano-30b-a3b")
-DEFAULT_IN_FLIGHT = 256
 #: flags both arms of a model run with. Nemotron-H: SGLang 0.5.17 picks the ``flashinfer_cutlass`` MoE runner
 #: (``arg_groups/overrides.py``, ``_nemotron_h_overrides``), which FlashInfer JIT-compiles on first use (over
 #: 30 min on the H200 host, which has no JIT cache and no network); its Triton fused MoE runs the model's
@@ -41,8 +41,6 @@ DEFAULT_IN_FLIGHT = 256
 BOTH_ARMS_FLAGS: dict[str, tuple[str, ...]] = {
     "nemotron-3-nano-30b-a3b": ("--moe-runner-backend", "triton"),
 }
-#: a steady window: KV in use moved less than this share of the pool between its first and last lines
-KV_FLAT_SHARE = 0.05
 TARGET_RATIO = 1.15
 #: the answers' coefficient of variation (dense's log-normal, median 1,200 and mean ~1,450)
 ANSWER_CV = 0.65
@@ -59,8 +57,11 @@ class Verdict:
     #: the throughput ratio the KV bound allows: running at the bound against the defaults' running count,
     #: each at its step time on the line through the two measured (running, step time) points
     bound_ratio: float | None
+    #: the compared windows (regen's, the best default's) are both steady (``serverlog.steady_window``)
     kv_flat: bool
     retracted: int
+    #: ``k/n``: the windows of both arms that qualified as steady
+    steady_windows: str = "0/0"
 
     @property
     def ratio(self) -> float | None:
@@ -91,20 +92,14 @@ class Verdict:
             f"ratio={f(self.ratio, 3)} regen_running={f(self.regen_running)} "
             f"default_running={f(self.default_running)} kv_bound_running={f(self.kv_bound_running)} "
             f"bound_ratio={f(self.bound_ratio, 3)} "
-            f"bar={self.bar} kv_flat={int(self.kv_flat)} retracted={self.retracted} pass={int(self.passed)}"
+            f"bar={self.bar} kv_flat={int(self.kv_flat)} steady_windows={self.steady_windows} "
+            f"retracted={self.retracted} pass={int(self.passed)}"
         )
 
 
 def window_of(arm: dict[str, Any]) -> dict[str, Any]:
     windows = arm.get("windows") or []
     return windows[0] if windows else {}
-
-
-def flat(window: dict[str, Any], pool: int | None) -> bool:
-    first, last = window.get("log_tokens_first"), window.get("log_tokens_last")
-    if first is None or last is None or not pool:
-        return False
-    return abs(last - first) <= KV_FLAT_SHARE * pool
 
 
 def kv_bound_running(
@@ -140,7 +135,7 @@ def bound_ratio(
 
 def verdict(row: dict[str, Any], work: Path, mean_answer: float) -> Verdict:
     regen, default = row.get("regen") or {}, row.get("default") or {}
-    rw, dw = window_of(regen), window_of(default)
+    rw, dw = window_of(regen), dense.best_default(default)
     retracted = 0
     for arm in ("regen", "default"):
         log = work / "logs" / f"dense-{row['model']}-{arm}.log"
@@ -161,8 +156,9 @@ def verdict(row: dict[str, Any], work: Path, mean_answer: float) -> Verdict:
         default_running=dw.get("log_median_running"),
         kv_bound_running=bound,
         bound_ratio=bound_ratio(points, bound, dw.get("log_median_running")),
-        kv_flat=flat(rw, regen.get("realized_kv")) and flat(dw, default.get("realized_kv")),
+        kv_flat=serverlog.steady_window(rw) and serverlog.steady_window(dw),
         retracted=retracted,
+        steady_windows=serverlog.steady_count([*default.get("windows", []), *regen.get("windows", [])]),
     )
 
 
@@ -176,7 +172,6 @@ async def amain(a: argparse.Namespace) -> int:
         work=a.work,
         ready_timeout_s=a.ready_timeout_s,
         length_scale=0.02,
-        default_in_flight=(DEFAULT_IN_FLIGHT,),
     )
     (s.work / "logs").mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)

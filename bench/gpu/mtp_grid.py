@@ -142,7 +142,7 @@ def plan_configs(model_dir: Path, gpu_mib: int, a: argparse.Namespace) -> tuple[
 
     model = ModelShape.from_config(model_dir)
     prompt = a.prompt_tokens + TEMPLATE_TOKENS
-    wl = Workload(prompt_p50=prompt, prompt_p99=prompt, max_tokens=a.answer_tokens, unique_prompts=True)
+    wl = Workload(prompt_p50=prompt, prompt_p99=prompt, max_tokens=a.answer_tokens)
     rec = recommend(
         model, gpu_mib, 1, BASE_ARGS, wl, SGLANG_VERSION, allow_fp8_kv=False, allow_bf16_state=False
     )

@@ -102,6 +102,47 @@ def drain_token_share(lines: list[DecodeLine], below: float = DRAIN_BELOW_FULL) 
     return low / total if total else 0.0
 
 
+#: a steady window (issue 57 item 3): between its first and last decode lines the KV in use moved less
+#: than this share of the KV in use (not of the pool), and the running count less than this share of itself
+STEADY_SHARE = 0.05
+#: decode lines read at each end of a window (their medians): one line can catch a retraction or a refill
+WINDOW_END_LINES = 3
+
+
+def window_ends(lines: list[DecodeLine]) -> dict[str, float | None]:
+    """A window's ends as the benches record them: the medians of the ``#token`` and ``#running-req`` of
+    its first and last :data:`WINDOW_END_LINES` decode lines (None without lines)."""
+    head, tail = lines[:WINDOW_END_LINES], lines[-WINDOW_END_LINES:]
+    if not lines:
+        return dict.fromkeys(("log_tokens_first", "log_tokens_last", "log_running_first", "log_running_last"))
+    return {
+        "log_tokens_first": round(statistics.median(x.tokens for x in head)),
+        "log_tokens_last": round(statistics.median(x.tokens for x in tail)),
+        "log_running_first": statistics.median(x.running for x in head),
+        "log_running_last": statistics.median(x.running for x in tail),
+    }
+
+
+def _moved_less(first: float | None, last: float | None, share: float) -> bool:
+    if first is None or last is None or min(first, last) <= 0:
+        return False
+    return abs(last - first) < share * min(first, last)
+
+
+def steady_window(window: dict[str, Any], share: float = STEADY_SHARE) -> bool:
+    """The one rule for a steady window (every bench's): the KV in use moved less than ``share`` of the
+    KV in use and the running count less than ``share`` of itself between the window's ends
+    (:func:`window_ends`; a window recorded without them is not steady: it cannot be told)."""
+    kv = _moved_less(window.get("log_tokens_first"), window.get("log_tokens_last"), share)
+    running = _moved_less(window.get("log_running_first"), window.get("log_running_last"), share)
+    return kv and running
+
+
+def steady_count(windows: list[dict[str, Any]]) -> str:
+    """``k/n``: how many of ``windows`` qualify as steady (:func:`steady_window`), for a bench's line."""
+    return f"{sum(steady_window(w) for w in windows)}/{len(windows)}"
+
+
 @dataclass(frozen=True, slots=True)
 class SteadyState:
     """The decode rate while the running batch sits at its plateau."""

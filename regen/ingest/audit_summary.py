@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -102,6 +103,50 @@ class Log2Histogram:
             "mean": (self.total / self.n) if self.n else None,
             "std": self.std(),
             "buckets": self.buckets(),
+        }
+
+
+#: the summary's entry for the most common system prompt (:class:`SystemPrompts`): the planner keeps
+#: SGLang's radix cache on for a system prompt many samples share (``regen.sglang.workload.shared_prefixes``)
+SYSTEM_PROMPTS = "system_prompts"
+
+
+@dataclass(slots=True)
+class SystemPrompts:
+    """The most common system prompt (a first message with role ``system``) among the samples added, in
+    bounded memory: Misra-Gries over ``slots`` digests finds every prompt in more than 1/``slots`` of the
+    samples, its count low by at most samples/``slots`` (the summary's count is a lower bound)."""
+
+    slots: int = 64
+    samples: int = 0
+    with_system_prompt: int = 0
+    counts: dict[bytes, int] = field(default_factory=dict)
+    chars: dict[bytes, int] = field(default_factory=dict)
+
+    def add(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        self.samples += 1
+        if not messages or messages[0].get("role") != "system":
+            return
+        content = messages[0].get("content")
+        text = content if isinstance(content, str) else orjson.dumps(content).decode()
+        self.with_system_prompt += 1
+        key = hashlib.blake2b(text.encode(), digest_size=8).digest()
+        if key in self.counts or len(self.counts) < self.slots:
+            self.counts[key] = self.counts.get(key, 0) + 1
+            self.chars[key] = len(text)
+            return
+        for other in list(self.counts):  # a new prompt with every slot taken: each count drops by one
+            self.counts[other] -= 1
+            if not self.counts[other]:
+                del self.counts[other], self.chars[other]
+
+    def to_json(self) -> dict[str, Any]:
+        top = max(self.counts, key=self.counts.__getitem__, default=None)
+        return {
+            "samples": self.samples,
+            "with_system_prompt": self.with_system_prompt,
+            "most_common": self.counts[top] if top is not None else 0,
+            "most_common_chars": self.chars[top] if top is not None else 0,
         }
 
 

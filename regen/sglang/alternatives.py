@@ -184,7 +184,7 @@ def sweep_workload(workload: Workload) -> Workload:
         prompt_p99=workload.prompt_p99,
         max_tokens=workload.expected_output,
         target_concurrency=None,
-        unique_prompts=workload.unique_prompts,
+        shared_prefixes=workload.shared_prefixes,
     )
 
 

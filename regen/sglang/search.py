@@ -61,6 +61,36 @@ RADIX_OFF_DENSE_REASON = (
     "a long system prompt, is then prefilled again for each request)"
 )
 
+#: SGLang's flag that puts ``cached_tokens`` (prompt tokens read from the radix cache) in every answer's
+#: ``usage.prompt_tokens_details`` (``UsageProcessor.calculate_response_usage``); off by default
+CACHE_REPORT_FLAG = "--enable-cache-report"
+#: why the tuner keeps the radix cache on (issue 57 item 4), with the memory it plans for it
+RADIX_KEPT_REASON = (
+    "radix (prefix) cache kept on: {why}. Its memory: {state}the tree keeps a finished request's KV only "
+    "while the pool has room, and SGLang's admission counts that KV as free (PrefillAdder.rem_total_tokens "
+    "includes the tree's evictable size; the least recently used is evicted first), so the KV cache and "
+    "the client are planned as without it, a shared prefix counted once per request (errs long: fewer in "
+    "flight); {report} puts SGLang's cached_tokens, the prompt tokens read from the cache, in each answer's "
+    "usage"
+)
+#: the state part of :data:`RADIX_KEPT_REASON` for a linear-attention hybrid
+RADIX_KEPT_STATE = (
+    "the state pool holds the slots per running request planned above (the tree keeps a state per cached "
+    "prefix; unique prompts would need one), "
+)
+
+
+def radix_kept_reason(target: Target) -> str:
+    """The plan's rule for a kept radix cache: why the prompts share prefixes, and its memory."""
+    why = "; ".join(target.workload.shared_prefixes) or "the prompts are not known to be unique"
+    state = RADIX_KEPT_STATE if has_state(target.model) else ""
+    return RADIX_KEPT_REASON.format(why=why, state=state, report=CACHE_REPORT_FLAG)
+
+
+def cache_report(target: Target, choice: Choice) -> list[str]:
+    """``--enable-cache-report`` where the radix cache stays on and the given flags lack it."""
+    return [] if choice.disable_radix or CACHE_REPORT_FLAG in target.base else [CACHE_REPORT_FLAG]
+
 
 #: the KV page the tuner asks for on a plain multi-head-attention model (:func:`planned_page_size`)
 PLANNED_PAGE_SIZE = 64
@@ -204,6 +234,7 @@ def _candidate_args(target: Target, choice: Choice, running: int, slots: int) ->
         out.append("--disable-radix-cache")
     if choice.kv_dtype != "auto":
         out += ["--kv-cache-dtype", choice.kv_dtype]
+    out += cache_report(target, choice)
     if running > DEFAULT_DECODE_GRAPH_LIMIT_NOTE:
         out += [cuda_graph_max_bs_flag(target.version), str(running)]
     return out
@@ -243,6 +274,8 @@ def best_running(target: Target, choice: Choice, most: int) -> Candidate | None:
         reasons.append(f"--max-mamba-cache-size {n * slots}: {slots} state slots per running request")
     elif choice.disable_radix:
         reasons.append(RADIX_OFF_DENSE_REASON)
+    if not choice.disable_radix:
+        reasons.append(radix_kept_reason(target))
     reasons += choice.reasons()
     if n > DEFAULT_DECODE_GRAPH_LIMIT_NOTE:
         reasons.append(
@@ -379,6 +412,7 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
     own = [*(["--mem-fraction-static", f"{choice.mfs:g}"] if choice.mfs is not None else [])]
     own += ["--disable-radix-cache"] if choice.disable_radix else []
     own += ["--kv-cache-dtype", choice.kv_dtype] if choice.kv_dtype != "auto" else []
+    own += cache_report(target, choice)
     own += planned_page_size(target)
     try:
         default = target.plan([*target.base, *own], workload)
@@ -473,8 +507,7 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
             f"to the planned batch; SGLang captures only to {default_graphs} by default "
             "(handle_gpu_memory_settings) and decodes larger batches eagerly"
         )
-    if choice.disable_radix:
-        reasons.append(RADIX_OFF_DENSE_REASON)
+    reasons.append(RADIX_OFF_DENSE_REASON if choice.disable_radix else radix_kept_reason(target))
     if "--page-size" in own:
         reasons.append(PAGE_SIZE_REASON.format(page=page, waste=page_waste(page)))
     reasons += choice.reasons()

@@ -38,7 +38,9 @@ class Workload:
     prompt_p99: int
     max_tokens: int
     target_concurrency: int | None = None
-    unique_prompts: bool = True
+    #: why the prompts share prefixes (:func:`shared_prefixes`); empty: every prompt is unique, and the
+    #: planner turns the radix cache off
+    shared_prefixes: tuple[str, ...] = ()
     #: mean completion tokens expected (the old answers, a pilot): attention-only models fill the KV at
     #: it; hybrids get scheduler candidates sized for it (``regen.sglang.alternatives``)
     expected_output_tokens: int | None = None
@@ -52,6 +54,11 @@ class Workload:
     #: how the variants' thinking modes weigh the expected answer (:func:`old_answers_expected`), added to
     #: the rules map's entry; None: one variant mode, or no variants given (the one length plans)
     expected_output_mix: str | None = None
+
+    @property
+    def unique_prompts(self) -> bool:
+        """No prefix is shared between requests: the radix cache would keep KV nothing reuses."""
+        return not self.shared_prefixes
 
     @property
     def tokens_per_request(self) -> int:
@@ -163,6 +170,49 @@ class VariantShare:
         return self.n * (1.0 - self.thinking_share)
 
 
+#: a system prompt keeps the radix cache on when at least this share of the samples starts with it ...
+SHARED_SYSTEM_PROMPT_SHARE = 0.1
+#: ... and it is at least this long: two 64-token pages (the tuner's KV page, which SGLang's prefix match
+#: works in) at about four characters a token; a shorter one saves little prefill
+SHARED_SYSTEM_PROMPT_MIN_CHARS = 512
+
+
+def shared_prefixes(summary: Mapping[str, Any], variants: Sequence[VariantShare]) -> tuple[str, ...]:
+    """Why the run's requests share prompt prefixes, one phrase per cause (empty: every prompt unique):
+    several completions per prompt (``variants``' n together), ``generate.regenerate: all`` over samples
+    with more than one assistant turn (each turn's prompt extends the last; the audit's
+    ``empty_answers`` counts turns under the mode it was given), and a long system prompt a share of the
+    samples start with (the audit's ``system_prompts``, absent from older audits)."""
+    out = []
+    completions = sum(v.n for v in variants)
+    if completions > 1:
+        out.append(
+            f"{completions} completions per prompt (generate.sampling.n / generate.variants), sent back to "
+            "back: SGLang prefills each prompt once and the others read it from the cache"
+        )
+    turns = summary.get("empty_answers") or {}
+    samples = int(summary.get("total") or 0)
+    if turns.get("regenerate") == "all" and int(turns.get("old_answers") or 0) > samples:
+        out.append(
+            f"generate.regenerate: all over {turns['old_answers']:,} assistant turns in {samples:,} samples: "
+            "each turn's prompt extends the one before it"
+        )
+    system = summary.get("system_prompts") or {}
+    top, chars = int(system.get("most_common") or 0), int(system.get("most_common_chars") or 0)
+    seen = int(system.get("samples") or 0)
+    if (
+        seen
+        and top >= 2
+        and top >= SHARED_SYSTEM_PROMPT_SHARE * seen
+        and chars >= SHARED_SYSTEM_PROMPT_MIN_CHARS
+    ):
+        out.append(
+            f"a {chars:,}-character system prompt starts {top:,} of {seen:,} samples (audit): its KV is "
+            "prefilled once and shared"
+        )
+    return tuple(out)
+
+
 def workload_from_audit(
     summary_json: str | Path | dict[str, Any],
     max_tokens: int,
@@ -182,6 +232,7 @@ def workload_from_audit(
         prompt_p99=int(max(p99, p50)),
         max_tokens=int(max_tokens),
         target_concurrency=target_concurrency,
+        shared_prefixes=shared_prefixes(summary, variants),
         **old_answers_expected(summary, variants, answer_only),
     )
 

@@ -22,7 +22,7 @@ from regen.configfile import load_config
 from regen.generate.server_time import timeout_disagreement
 from regen.ingest.shards import read_shard_spread
 from regen.layout import RunLayout
-from regen.runconfig import RunConfig, ServerConfig, section_schema
+from regen.runconfig import GenerateConfig, RunConfig, ServerConfig, section_schema
 from regen.serving.gpus import gpu_memory_from_nvidia_smi
 from regen.serving.lifecycle import mode_of
 from regen.sglang.config import PlanFile
@@ -30,13 +30,24 @@ from regen.sglang.flags import parse_flags
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import DEFAULT_VERSION, SUPPORTED_VERSIONS, UnmodelledError
 from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_file, write_plan_file
-from regen.sglang.workload import VariantShare, Workload, default_workload, workload_from_audit
+from regen.sglang.workload import (
+    VariantShare,
+    Workload,
+    default_workload,
+    shared_prefixes,
+    workload_from_audit,
+)
 from regen.tune.pilot import DEFAULT_DRAIN_FRACTION
 from regen.tune.prestart import confirm_prestarted
 from regen.tune.projection import count_remaining
 from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep, run_truncation, write_pilot
 from regen.tune.sweep_report import generate_job_seconds, render_result
-from regen.tune.workload_plan import plan_for_workload, planned_sglang_version, workload_from_audit_histogram
+from regen.tune.workload_plan import (
+    plan_for_workload,
+    planned_sglang_version,
+    variant_shares,
+    workload_from_audit_histogram,
+)
 from regen.types import Sample
 
 log = logging.getLogger("regen.tune.tune")
@@ -205,6 +216,7 @@ def cli(argv: list[str]) -> int:
             prompt_p99=max(p99, p50),
             max_tokens=ns.max_tokens,
             target_concurrency=ns.concurrency,
+            shared_prefixes=run_shared_prefixes(ns.audit_summary, run.generate),
             **expected_output_fields(ns, base),
         )
         rec = recommend(
@@ -243,6 +255,16 @@ def cli(argv: list[str]) -> int:
 
 
 # ------------------------------------------------------------------- regen tune --sweep --
+def run_shared_prefixes(
+    audit_summary: str | os.PathLike[str] | None, generate: GenerateConfig
+) -> tuple[str, ...]:
+    """Why the run's prompts share prefixes (``regen.sglang.workload.shared_prefixes``): its variants'
+    completions per prompt, and the audit summary where one is given and written."""
+    path = Path(audit_summary) if audit_summary else None
+    summary = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    return shared_prefixes(summary, variant_shares(generate))
+
+
 def run_config_of(configfile: str | None) -> RunConfig:
     """The typed run config of ``--configfile`` (:func:`regen.configfile.load_config`: validated, the
     schema's defaults filled in; a file may hold only its server and generate sections); without one,
@@ -367,6 +389,7 @@ def sweep_cli(argv: list[str]) -> int:
             prompt_p50=p50,
             prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
             max_tokens=max_tokens,
+            shared_prefixes=run_shared_prefixes(ns.audit_summary or layout.audit_summary, generate_cfg),
             **expected_output_fields(ns, base),
         )
         rec = recommend(

@@ -24,6 +24,7 @@ from regen.sglang.workload import (
     VariantShare,
     Workload,
     old_answers_expected,
+    shared_prefixes,
     workload_from_audit,
 )
 
@@ -86,6 +87,7 @@ def workload_from_audit_histogram(
         prompt_p50=p50,
         prompt_p99=max(p99, p50),
         max_tokens=int(max_tokens),
+        shared_prefixes=shared_prefixes(summary, variants),
         **old_answers_expected(summary, variants, answer_only),
     )
 

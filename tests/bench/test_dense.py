@@ -74,7 +74,9 @@ def test_the_device_budget_of_the_llama_bench() -> None:
 
 
 def _row() -> dict[str, object]:
-    window = {"in_flight": 256, "client_tps": 11000.0, "log_median_tps": 12800.0}
+    ends = {"log_tokens_first": 900_000, "log_tokens_last": 910_000, "log_running_first": 256,
+            "log_running_last": 256}  # fmt: skip
+    window = {"in_flight": 256, "client_tps": 11000.0, "log_median_tps": 12800.0, **ends}
     return {
         "model": "llama-3.1-8b",
         "predicted_kv": 925448,
@@ -89,11 +91,13 @@ def _row() -> dict[str, object]:
 def test_the_last_line_keeps_its_format_and_the_fp8_and_page_arms_stay_out_of_vs_default() -> None:
     row = _row()
     row |= dense.headline(row)
-    assert row["vs_default"] == pytest.approx(13200 / 11000)
+    # against the best default window (512 in flight ran faster than 256), not the 256 one
+    assert row["vs_default"] == pytest.approx(13200 / 12500) and row["best_default_in_flight"] == 512
     line = dense.final_line(row)
     assert line.startswith(
         "dense: model=llama-3.1-8b regen_tps=13200 default256_tps=11000 default512_tps=12500 "
-        "vs_default=1.200 predicted_kv=925448 realized_kv=925436 "
+        "vs_default=1.056 best_default_in_flight=512 steady_windows=2/3 predicted_kv=925448 "
+        "realized_kv=925436 "
     )
     assert line.endswith(
         "regen_log_tps=14500 default256_log_tps=12800 fp8kv_tps=17000 fp8kv_log_tps=17500 "
@@ -111,3 +115,11 @@ def test_arms_are_checked() -> None:
     )
     with pytest.raises(SystemExit, match="unknown"):
         dense.arms_of("default,fp8")
+
+
+def test_the_best_default_window_wins_whatever_its_in_flight() -> None:
+    windows = [{"in_flight": 256, "client_tps": 14224.0}, {"in_flight": 512, "client_tps": 9000.0}]
+    default = {"windows": [*windows, {"in_flight": 1024, "client_tps": None}]}
+    assert dense.best_default(default)["in_flight"] == 256
+    assert dense.vs_best_default(11282.0, default) == pytest.approx(11282 / 14224)
+    assert dense.vs_best_default(11282.0, {"windows": []}) is None and dense.best_default({}) == {}

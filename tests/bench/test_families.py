@@ -18,6 +18,8 @@ def arm(
         "client_tps": client_tps,
         "log_tokens_first": tokens[0],
         "log_tokens_last": tokens[1],
+        "log_running_first": running,
+        "log_running_last": running,
     }
     return {"windows": [window], "realized_kv": kv, "startup": {"max_running_requests": cap}}
 
@@ -55,3 +57,23 @@ def test_a_window_whose_kv_still_moves_does_not_count(tmp_path: Path) -> None:
     default = arm(256, 22278, 21401, 2_685_356, 4096, (500_000, 510_000))
     v = families.verdict(row(regen, default), tmp_path, dense.ANSWER_MEAN)
     assert not v.kv_flat and not v.passed
+
+
+def test_kv_still_rising_by_a_tenth_of_itself_is_not_steady_though_small_against_the_pool(
+    tmp_path: Path,
+) -> None:
+    # the issue-57 windows: KV in use up 9-13% of itself, under 5% of a 4M-token pool
+    regen = arm(1024, 30120, 26012, 4_016_195, 2904, (1_000_000, 1_100_000))
+    default = arm(256, 22278, 21401, 2_685_356, 4096, (500_000, 510_000))
+    v = families.verdict(row(regen, default), tmp_path, dense.ANSWER_MEAN)
+    assert not v.kv_flat and v.steady_windows == "1/2" and "steady_windows=1/2" in v.line()
+
+
+def test_the_verdict_compares_with_the_best_default_window(tmp_path: Path) -> None:
+    regen = arm(729, 15100, 12922, 6_215_486, 732, (880_000, 890_000))
+    default = arm(139, 7741, 7018, 6_186_842, 139, (178_000, 181_000))
+    wider = {**default["windows"][0], "in_flight": 512, "client_tps": 11000.0, "log_median_running": 400}
+    default["windows"] = [{**default["windows"][0], "in_flight": 256}, wider]
+    v = families.verdict(row(regen, default), tmp_path, dense.ANSWER_MEAN)
+    assert v.default_tps == 11000.0 and v.default_running == 400
+    assert v.ratio == 12922 / 11000 and v.steady_windows == "3/3"

@@ -312,7 +312,7 @@ def test_replay_flag_refusals_are_warned(gpu_model: ModelShape) -> None:
     dense = ModelShape.from_config(MODELS / "qwen3-8b")
     assert any("no linear-attention" in w for w in flag_warnings(["--enable-linear-replayssm"], dense))
     # a request for shared prefixes keeps the radix cache, where SGLang refuses the flag: no replay candidate
-    shared = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, unique_prompts=False,
+    shared = Workload(prompt_p50=261, prompt_p99=261, max_tokens=2048, shared_prefixes=("n = 4",),
                       expected_output_tokens=636)  # fmt: skip
     rec = recommend(gpu_model, H200_MIB, 1, [], shared, "0.5.23", **BF16_STATE, allow_replay_decode=True)
     assert not any("--enable-linear-replayssm" in c.args for c in rec.candidates)
@@ -463,7 +463,7 @@ def test_speculative_memory_matches_the_measured_0517_startup(gpu_model: ModelSh
 
 
 def test_mtp_candidates_re_solve_the_running_cap_for_the_verify_buffers(gpu_model: ModelShape) -> None:
-    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192)
     rec = recommend(gpu_model, H200_MIB, 1, ["--load-format", "dummy"], wl, "0.5.17", **NO_TRADEOFFS)
     best = rec.candidates[0]
     assert "--speculative-algorithm" not in best.args and rec.mtp_note.startswith("MTP off: not measured")
@@ -492,7 +492,7 @@ def test_mtp_candidates_re_solve_the_running_cap_for_the_verify_buffers(gpu_mode
 
 
 def test_forced_speculative_flags_get_an_mtp_off_alternative(gpu_model: ModelShape) -> None:
-    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192)
     rec = recommend(gpu_model, H200_MIB, 1, SEED_FLAGS, wl, "0.5.17", **NO_TRADEOFFS)
     assert "--speculative-algorithm" in rec.args
     assert rec.mtp_note.startswith("MTP on: the given server.args ask for NEXTN")
@@ -519,7 +519,7 @@ def test_tune_says_why_mtp_is_off_and_the_sweep_measures_it(
     )
     assert cli(["--model-config", str(MODELS / "qwen3-8b"), "--gpu-memory-mib", "81559"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("MTP off: the model has no MTP layers")
-    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192)
     rec = recommend(gpu_model, H200_MIB, 1, [], wl, "0.5.17", **NO_TRADEOFFS)
     labels = [c.label for c, _ in candidates_from_recommendation(rec, 2)]
     assert labels[0] == "recommended" and labels[-1] == "given"
@@ -536,7 +536,7 @@ def test_tune_says_why_mtp_is_off_and_the_sweep_measures_it(
 def test_mtp_that_does_not_fit_is_no_candidate(gpu_model: ModelShape) -> None:
     """On an 80 GiB GPU the 27B model's MTP draft (5.5 GiB more weights) leaves no KV at the default memory
     fraction: the recommendation stands, without MTP candidates that SGLang would refuse."""
-    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192, unique_prompts=True)
+    wl = Workload(prompt_p50=261, prompt_p99=261, max_tokens=192)
     rec = recommend(gpu_model, 81920, 1, [], wl, "0.5.23", **NO_TRADEOFFS)
     assert rec.recommended.effective_max_running_requests > 0
     for c in rec.speculative:
