@@ -1,0 +1,174 @@
+"""regen's features of a tiny random-weight target, read by the trainers' own loaders; prints JSON.
+
+Runs in the trainers' venv (``make test-trainers``: SpecForge 0.2.0, speculators 0.9.0, transformers,
+CPU torch); ``tests/features/test_trainers_read_features.py`` starts it and judges the result.
+
+    python run_features.py WORK_DIR ARCH [LAYER_SHIFT]
+
+ARCH is llama or qwen3. LAYER_SHIFT (default 0) adds to every auxiliary layer id before computing, so the
+judge can see the reference comparison fail on features that are off by one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import orjson
+import torch
+from specforge.data.preprocessing import OfflineEagle3Dataset, list_local_files
+from speculators.train.data import ArrowDataset, CollateFn
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+from regen.features.backends import TransformersBackend
+from regen.features.compute import run_shard
+from regen.features.config import LAYER_CONVENTION, RowChoice, eagle3_layers
+from regen.features.export import to_specforge, to_speculators
+from regen.features.rows import chosen, read_token_rows
+from regen.features.store import FeatureSettings
+
+LAYERS = 8
+HIDDEN = 64
+VOCAB = 256
+
+
+def tiny_model(arch: str, out: Path) -> Path:
+    """A random-weight target built from a config, saved as a model dir."""
+    common = dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+    )
+    config = LlamaConfig(**common) if arch == "llama" else Qwen3Config(head_dim=16, **common)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # a final norm far from identity, so pre and post norm differ clearly
+        model.model.norm.weight.uniform_(0.2, 3.0)
+    model.save_pretrained(out)
+    return out
+
+
+def token_export(path: Path) -> list[dict]:
+    gen = torch.Generator().manual_seed(1)
+    rows = []
+    for i, n in enumerate((17, 33, 9, 48)):
+        ids = torch.randint(0, VOCAB, (n,), generator=gen).tolist()
+        mask = [0] * (n // 2) + [1] * (n - n // 2)
+        rows.append({"id": f"s{i}", "sample_id": f"s{i}", "variant": "default", "k": 0, "input_ids": ids, "loss_mask": mask})
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return rows
+
+
+def reference(model, ids: list[int]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """transformers' own states of ``ids``: output_hidden_states, and the final norm's input (pre-norm)."""
+    seen = []
+    handle = model.model.norm.register_forward_pre_hook(lambda _m, a: seen.append(a[0]))
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    handle.remove()
+    return tuple(h[0] for h in out.hidden_states), seen[-1][0]
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=0.02, rtol=0.02)
+
+
+def compute(work: Path, model_dir: Path, model, tokenized: Path, last_layer: str, shift: int) -> Path:
+    aux = tuple(i + shift for i in eagle3_layers(LAYERS))
+    layer_ids = (*aux, LAYERS)
+    settings = FeatureSettings(str(model_dir), layer_ids, LAYER_CONVENTION, last_layer, "bf16", HIDDEN, "transformers")
+    shard_dir = work / f"features-{last_layer}" / "00000"
+    backend = TransformersBackend(model, layer_ids, last_layer)
+    rows = chosen(read_token_rows(tokenized), RowChoice())
+    run_shard(rows=rows, shard_dir=shard_dir, shard="00000", settings=settings, backend=backend, about={})
+    return shard_dir
+
+
+def specforge_checks(model, rows: list[dict], files: list[str]) -> dict:
+    """SpecForge's OfflineEagle3Dataset over the export, each sample against the reference."""
+    dataset = OfflineEagle3Dataset(files, max_len=4096)
+    by_ids = {tuple(r["input_ids"]): r for r in rows}
+    out = {"rows": len(dataset), "aux_equal": 0, "target_equal_post_norm": 0, "target_equal_pre_norm": 0}
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        ids = sample["input_ids"][0].tolist()
+        assert tuple(ids) in by_ids
+        states, pre = reference(model, ids)
+        want_aux = torch.cat([states[j] for j in eagle3_layers(LAYERS)], dim=-1)
+        out["aux_equal"] += close(sample["hidden_state"][0], want_aux)
+        out["target_equal_post_norm"] += close(sample["target"][0], states[LAYERS])
+        out["target_equal_pre_norm"] += close(sample["target"][0], pre)
+    return out
+
+
+def speculators_checks(model, data_dir: Path) -> dict:
+    """speculators' ArrowDataset and CollateFn over the export, each sample against the reference."""
+    dataset = ArrowDataset(max_len=4096, datapath=str(data_dir), on_missing="raise")
+    out = {"rows": len(dataset), "aux_equal": 0, "last_equal_pre_norm": 0, "last_equal_post_norm": 0}
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        states, pre = reference(model, sample["input_ids"].tolist())
+        want_aux = torch.cat([states[j] for j in eagle3_layers(LAYERS)], dim=-1)
+        out["aux_equal"] += close(sample["hidden_states"], want_aux)
+        out["last_equal_pre_norm"] += close(sample["verifier_last_hidden_states"], pre)
+        out["last_equal_post_norm"] += close(sample["verifier_last_hidden_states"], states[LAYERS])
+    collate = CollateFn(max_len=256, hidden_size=HIDDEN, num_target_layers=3)
+    batch = collate([dataset[i] for i in range(len(dataset))])
+    out["batch_hidden_shape"] = list(batch["hidden_states"].shape)
+    out["train_losses"] = train_steps(model, batch)
+    return out
+
+
+def train_steps(model, batch: dict, steps: int = 5) -> list[float]:
+    """A few optimizer steps of an EAGLE-style head on speculators' batch: the three auxiliary layers through
+    a trained fc, then the target's own final norm and lm_head, towards the target's next-token distribution
+    (its lm_head over verifier_last_hidden_states after the norm)."""
+    hidden = batch["hidden_states"][0].float()
+    last = batch["verifier_last_hidden_states"][0].float()
+    mask = batch["loss_mask"][0].bool()
+    norm, head = model.model.norm, model.lm_head
+    with torch.no_grad():
+        teacher = torch.log_softmax(head(norm(last[1:])), dim=-1)
+    fc = torch.nn.Linear(3 * HIDDEN, HIDDEN)
+    opt = torch.optim.AdamW(fc.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        logp = torch.log_softmax(head(norm(fc(hidden[:-1]))), dim=-1)
+        loss = -(teacher.exp() * logp).sum(-1)[mask[1:]].mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+def main() -> None:
+    work, arch = Path(sys.argv[1]), sys.argv[2]
+    shift = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = tiny_model(arch, work / f"model-{arch}")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    tokenized = work / "tokenized.jsonl"
+    rows = token_export(tokenized)
+    post = compute(work, model_dir, model, tokenized, "post_norm", shift)
+    pre = compute(work, model_dir, model, tokenized, "pre_norm", shift)
+    to_specforge([post], str(tokenized), str(work / "specforge"))
+    to_speculators([pre], str(tokenized), str(work / "speculators"))
+    refused = {}
+    for name, fn, shard in (("specforge", to_specforge, pre), ("speculators", to_speculators, post)):
+        try:
+            fn([shard], str(tokenized), str(work / f"{name}-wrong"))
+        except ValueError as exc:
+            refused[name] = str(exc)
+    result = {
+        "rows": len(rows),
+        "specforge": specforge_checks(model, rows, list_local_files(str(work / "specforge"), [".ckpt"])),
+        "speculators": speculators_checks(model, work / "speculators"),
+        "refused": refused,
+        "manifest": json.loads((post / "_manifest.json").read_text()),
+    }
+    (work / "features.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
