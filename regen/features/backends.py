@@ -42,13 +42,23 @@ def encode(states: Any, input_ids: Sequence[int], dtype: str) -> list[StoredTens
     out = [StoredTensor("token_ids", "I64", tuple(ids.shape), ids.numpy().tobytes())]
     if dtype == "bf16":
         values = states.to(torch.bfloat16).contiguous()
-        out.append(StoredTensor("hidden_states", "BF16", tuple(values.shape), values.view(torch.int16).numpy().tobytes()))
+        out.append(
+            StoredTensor(
+                "hidden_states", "BF16", tuple(values.shape), values.view(torch.int16).numpy().tobytes()
+            )
+        )
         return out
     wide = states.float()
     scale = (wide.abs().amax(dim=(1, 2), keepdim=True) / FP8_MAX).clamp(min=1e-12)
     values = (wide / scale).to(torch.float8_e4m3fn).contiguous()
-    out.append(StoredTensor("hidden_states", "F8_E4M3", tuple(values.shape), values.view(torch.uint8).numpy().tobytes()))
-    out.append(StoredTensor("hidden_states_scales", "F32", tuple(scale.shape), scale.contiguous().numpy().tobytes()))
+    out.append(
+        StoredTensor(
+            "hidden_states", "F8_E4M3", tuple(values.shape), values.view(torch.uint8).numpy().tobytes()
+        )
+    )
+    out.append(
+        StoredTensor("hidden_states_scales", "F32", tuple(scale.shape), scale.contiguous().numpy().tobytes())
+    )
     return out
 
 
@@ -67,7 +77,9 @@ class TransformersBackend:
             model.model.norm.register_forward_pre_hook(lambda _m, args: self._pre_norm.append(args[0]))
 
     @classmethod
-    def from_pretrained(cls, path: str, layer_ids: Sequence[int], last_layer: str, device: str = "cuda") -> TransformersBackend:
+    def from_pretrained(
+        cls, path: str, layer_ids: Sequence[int], last_layer: str, device: str = "cuda"
+    ) -> TransformersBackend:
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -81,7 +93,9 @@ class TransformersBackend:
         device = next(self.model.parameters()).device
         with torch.no_grad():
             out = self.model.model(
-                input_ids=torch.tensor([list(input_ids)], device=device), output_hidden_states=True, use_cache=False
+                input_ids=torch.tensor([list(input_ids)], device=device),
+                output_hidden_states=True,
+                use_cache=False,
             )
         states = out.hidden_states  # (embeddings, layer 1, ..., layer L after the final norm)
         picked = []
@@ -103,10 +117,12 @@ class SGLangBackend:
       ``set_dflash_layers_to_capture(ids)`` add one to SpecForge-convention ids; we set
       ``capture_aux_hidden_states`` and ``layers_to_capture`` from our ids through them (ids minus one).
     * The last layer reaches the logits processor after ``self.norm``: post_norm only. The loop never
-      captures before a layer ``L`` that does not exist, and LlamaModel passes no ``hidden_states_before_norm``,
+      captures before a layer ``L`` that does not exist, and LlamaModel passes no
+      ``hidden_states_before_norm``,
       so ``pre_norm`` is refused here.
     * With ``CaptureHiddenMode.FULL`` the logits processor packs the aux states of every token
-      (``_get_hidden_states_to_store``: ``pack_aux_hidden_states``, concatenated on the hidden axis); SpecForge
+      (``_get_hidden_states_to_store``: ``pack_aux_hidden_states``, concatenated on the hidden axis);
+      SpecForge
       swaps in a logits processor that skips the lm_head and returns ``aux_hidden_states`` and
       ``last_hidden_states`` (``wrap_offline_eagle3_logits_processors``), which we reuse through
       SpecForge's ``OfflineSGLangCaptureBackend`` rather than copy it.
@@ -115,10 +131,13 @@ class SGLangBackend:
 
     name = "sglang"
 
-    def __init__(self, capture_backend: Any, layer_ids: Sequence[int], num_layers: int, last_layer: str) -> None:
+    def __init__(
+        self, capture_backend: Any, layer_ids: Sequence[int], num_layers: int, last_layer: str
+    ) -> None:
         if last_layer == "pre_norm":
             raise ValueError(
-                "features.last_layer: pre_norm: SGLang 0.5.17 hands the last layer to the logits processor after "
+                "features.last_layer: pre_norm: SGLang 0.5.17 hands the last layer to the logits processor "
+                "after "
                 "the final norm only; use backend: transformers, or last_layer: post_norm"
             )
         self.inner = capture_backend
@@ -130,7 +149,9 @@ class SGLangBackend:
         self.inner.set_capture_layers([i - 1 for i in self.aux_ids], capture_method="eagle3")
 
     @classmethod
-    def from_pretrained(cls, path: str, layer_ids: Sequence[int], num_layers: int, last_layer: str) -> SGLangBackend:
+    def from_pretrained(
+        cls, path: str, layer_ids: Sequence[int], num_layers: int, last_layer: str
+    ) -> SGLangBackend:
         """Needs an initialized torch.distributed TP group (SpecForge's ``init_distributed``)."""
         from specforge.offline_capture.sglang_backend.capture import OfflineSGLangCaptureBackend
 
@@ -143,7 +164,9 @@ class SGLangBackend:
         ones = torch.ones_like(ids)
         _, aux_rows, last_rows = self.inner.capture(input_ids=ids, attention_mask=ones, loss_mask=ones)
         tokens = len(input_ids)
-        aux = aux_rows[0].reshape(tokens, len(self.aux_ids), -1)  # packed on the hidden axis, in capture order
+        aux = aux_rows[0].reshape(
+            tokens, len(self.aux_ids), -1
+        )  # packed on the hidden axis, in capture order
         order = sorted(self.aux_ids)  # the model appends in layer order, whatever order we asked in
         parts = {layer: aux[:, order.index(layer)] for layer in self.aux_ids}
         if len(self.aux_ids) < len(self.layer_ids):

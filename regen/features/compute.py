@@ -78,11 +78,13 @@ def run_shard(
     settings: FeatureSettings,
     backend: CaptureBackend,
     about: Mapping[str, Any],
+    encoder: Callable[[Any, Sequence[int], str], list] = encode,
 ) -> ShardResult:
     """The features of a shard's chosen ``rows`` (``regen.features.rows.shard_rows``) under ``shard_dir``;
-    files of rows no longer chosen moved aside, the manifest (with ``about``: where the rows came from) last."""
+    files of rows no longer chosen moved aside, the manifest (with ``about``: where the rows came from)
+    last."""
     store = ShardStore.open(shard_dir, settings)
-    result = compute_rows(rows, store, backend)
+    result = compute_rows(rows, store, backend, encoder)
     moved = store.set_aside(r.id for r in rows)
     for line in moved:
         log.info("features: moved aside %s", line)

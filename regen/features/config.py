@@ -45,7 +45,7 @@ def parse_bytes(value: str | int | None) -> int | None:
 
 
 def from_after_layer(ids: Sequence[int]) -> tuple[int, ...]:
-    """SpecForge/Model-Optimizer/z-lab ids (decoder layer counted from 0, by its output) in this convention."""
+    """SpecForge/Model-Optimizer/z-lab ids (decoder layer counted from 0, by its output), converted."""
     return tuple(int(i) + 1 for i in ids)
 
 
@@ -60,23 +60,27 @@ def dflash_layers(num_layers: int, draft_layers: int) -> tuple[int, ...]:
     if draft_layers == 1:
         return from_after_layer([num_layers // 2])
     span = num_layers - 4
-    return from_after_layer([int(round(1 + i * span / (draft_layers - 1))) for i in range(draft_layers)])
+    return from_after_layer([round(1 + i * span / (draft_layers - 1)) for i in range(draft_layers)])
 
 
 def layers_from_drafter_config(path: str | Path) -> tuple[tuple[int, ...], str]:
-    """The auxiliary layers a drafter's ``config.json`` names, in this convention, and where they came from."""
+    """The auxiliary layers a drafter's ``config.json`` names, converted, and where they came from."""
     raw = json.loads(Path(path).read_text())
     if "speculators_model_type" in raw or "speculators_config" in raw:  # speculators: already this convention
         for key in ("eagle_aux_hidden_state_layer_ids", "aux_hidden_state_layer_ids", "target_layer_ids"):
             if raw.get(key):
                 return tuple(int(i) for i in raw[key]), f"{path}: {key} (speculators, as is)"
-    for block, key in (("eagle_config", "eagle_aux_hidden_state_layer_ids"), ("dflash_config", "target_layer_ids")):
+    for block, key in (
+        ("eagle_config", "eagle_aux_hidden_state_layer_ids"),
+        ("dflash_config", "target_layer_ids"),
+    ):
         ids = (raw.get(block) or {}).get(key)
         if ids:
             return from_after_layer(ids), f"{path}: {block}.{key} (after-layer ids, plus one)"
     raise FeaturesConfigError(
         f"features.drafter_config ({path}): names no layer ids (eagle_aux_hidden_state_layer_ids, "
-        "aux_hidden_state_layer_ids, eagle_config.eagle_aux_hidden_state_layer_ids, dflash_config.target_layer_ids)"
+        "aux_hidden_state_layer_ids, eagle_config.eagle_aux_hidden_state_layer_ids, "
+        "dflash_config.target_layer_ids)"
     )
 
 
@@ -144,7 +148,9 @@ class FeaturesConfig:
             dtype=str(f["dtype"]),
             rows=RowChoice.of(f["rows"]),
             max_storage=parse_bytes(f["max_storage"]),
-            prefill_tokens_per_s=None if f["prefill_tokens_per_s"] is None else float(f["prefill_tokens_per_s"]),
+            prefill_tokens_per_s=None
+            if f["prefill_tokens_per_s"] is None
+            else float(f["prefill_tokens_per_s"]),
             backend=str(f["backend"]),
             batch_tokens=int(f["batch_tokens"]),
         )
@@ -163,7 +169,8 @@ class FeaturesConfig:
         bad = [i for i in ids if not 1 <= i <= num_layers]
         if bad:
             raise FeaturesConfigError(
-                f"features.layers ({source}): {bad} outside 1..{num_layers} for a target of {num_layers} layers "
+                f"features.layers ({source}): {bad} outside 1..{num_layers} for a target of {num_layers} "
+                "layers "
                 f"(convention {LAYER_CONVENTION}: 0 the embedding output, {num_layers} the last layer)"
             )
         return ids, source

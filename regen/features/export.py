@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from regen.features.rows import TokenRow, read_token_rows
-from regen.io import atomic_path
 from regen.features.store import read_manifest
+from regen.io import atomic_path
 
 #: the last-layer state each trainer's loader expects
 EXPECTED_LAST_LAYER = {"speculators": "pre_norm", "specforge": "post_norm"}
@@ -31,7 +31,9 @@ class ExportRefused(ValueError):
     """The features' settings do not match what the trainer reads."""
 
 
-def stored_rows(shard_dirs: Sequence[str | os.PathLike[str]]) -> Iterator[tuple[dict[str, Any], Path, dict[str, Any]]]:
+def stored_rows(
+    shard_dirs: Sequence[str | os.PathLike[str]],
+) -> Iterator[tuple[dict[str, Any], Path, dict[str, Any]]]:
     """(manifest, row file, row line) for every row of the shards, in manifest order."""
     for shard_dir in shard_dirs:
         manifest = read_manifest(shard_dir)
@@ -56,7 +58,8 @@ def _check(manifest: dict[str, Any], trainer: str, needs_last: bool = True) -> N
     want = EXPECTED_LAST_LAYER[trainer]
     if needs_last and state != want:
         raise ExportRefused(
-            f"{trainer} reads the last layer {want.replace('_', ' ')} (see regen.features.export); these features "
+            f"{trainer} reads the last layer {want.replace('_', ' ')} (see regen.features.export); "
+            "these features "
             f"(shard {manifest['shard']}) store it {state.replace('_', ' ')}: set features.last_layer: {want}"
         )
 

@@ -30,7 +30,8 @@ def check_room(rows: list[TokenRow], cfg: FeaturesConfig, model: ModelShape, whe
     free = free_bytes_at(where)
     if need > free:
         raise FeaturesRefused(
-            f"features: this shard's {len(rows)} rows need {human_bytes(need)}, {where} has {human_bytes(free)} "
+            f"features: this shard's {len(rows)} rows need {human_bytes(need)}, {where} has "
+            f"{human_bytes(free)} "
             f"free; features.rows: {int(1000 * free / need) / 1000} of them would fit"
         )
 

@@ -63,7 +63,9 @@ class TokenCounts:
 def active_parameters(model: ModelShape) -> int:
     """The parameters one token's prefill multiplies through: embeddings and lm_head left out (a lookup; the
     capture computes no logits), a MoE's experts counted at ``num_experts_per_tok`` of ``num_experts``."""
-    total = model.estimated_parameters - model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
+    total = model.estimated_parameters() - model.vocab_size * model.hidden_size * (
+        1 if model.tie_word_embeddings else 2
+    )
     if model.is_moe and model.num_experts:
         experts = model.num_layers * model.num_experts * 3 * model.hidden_size * model.moe_intermediate_size
         total -= round(experts * (1 - model.num_experts_per_tok / model.num_experts))
@@ -107,7 +109,8 @@ class FeatureProjection:
             f"features: {self.rows:,} rows, {self.tokens:,} tokens ({self.tokens_source})",
             f"features: layers {list(self.layers)} x hidden {self.hidden} x {self.dtype}: "
             f"{self.bytes_per_token:,} B a token, {human_bytes(self.bytes)} in all",
-            f"features: {self.gpu_hours:,.2f} GPU-hours of prefill at {self.rate:,.0f} tokens/s ({self.rate_source})",
+            f"features: {self.gpu_hours:,.2f} GPU-hours of prefill at {self.rate:,.0f} tokens/s "
+            f"({self.rate_source})",
         ]
 
 

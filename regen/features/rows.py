@@ -57,7 +57,9 @@ class TokenRow:
     @property
     def token_digest(self) -> str:
         """sha256 of the row's token ids (int64, little-endian): a regenerated answer changes it."""
-        return hashlib.sha256(b"".join(i.to_bytes(8, "little", signed=True) for i in self.input_ids)).hexdigest()
+        return hashlib.sha256(
+            b"".join(i.to_bytes(8, "little", signed=True) for i in self.input_ids)
+        ).hexdigest()
 
 
 def order_key(row: TokenRow) -> tuple[float, str]:

@@ -53,7 +53,9 @@ class StoredTensor:
         for d in self.shape:
             n *= d
         if n != len(self.data):
-            raise ValueError(f"{self.name}: {self.dtype}{list(self.shape)} needs {n} bytes, got {len(self.data)}")
+            raise ValueError(
+                f"{self.name}: {self.dtype}{list(self.shape)} needs {n} bytes, got {len(self.data)}"
+            )
 
 
 def safetensors_bytes(tensors: Sequence[StoredTensor], metadata: Mapping[str, str]) -> bytes:
@@ -61,7 +63,11 @@ def safetensors_bytes(tensors: Sequence[StoredTensor], metadata: Mapping[str, st
     header: dict[str, Any] = {"__metadata__": dict(metadata)}
     offset = 0
     for t in tensors:
-        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(t.data)]}
+        header[t.name] = {
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(t.data)],
+        }
         offset += len(t.data)
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
@@ -132,6 +138,7 @@ class ShardStore:
         store = cls(Path(directory), settings)
         store.directory.mkdir(parents=True, exist_ok=True)
         journal = store.directory / ROWS_JOURNAL
+        other_settings: set[str] = set()
         if journal.is_file():
             want = settings_digest(settings)
             for line in journal.read_bytes().splitlines():
@@ -142,10 +149,15 @@ class ShardStore:
                 except (orjson.JSONDecodeError, TypeError):
                     continue  # a torn last line of a killed job: its row is computed again
                 path = store.directory / row.file
-                if row.settings == want and path.is_file() and file_sha256(path) == row.sha256:
+                store.done.pop(row.id, None)
+                if row.settings != want:
+                    other_settings.add(row.file)
+                elif path.is_file() and file_sha256(path) == row.sha256:
                     store.done[row.id] = row
-                else:
-                    store.done.pop(row.id, None)
+                    other_settings.discard(row.file)
+        store.moved_aside = store._move_aside(
+            other_settings
+        )  # finished under other settings: kept, not rewritten
         return store
 
     def is_current(self, row_id: str, token_digest: str) -> bool:
@@ -172,15 +184,20 @@ class ShardStore:
         """Move the files of rows not in ``keep`` (no longer chosen, or of other settings) to ``superseded/``,
         never deleting one; return what moved where."""
         keep_files = {self.done[i].file for i in keep if i in self.done}
+        names = {p.name for p in self.directory.glob("*.safetensors")} - keep_files
+        self.done = {i: r for i, r in self.done.items() if r.file in keep_files}
+        self.moved_aside += self._move_aside(names)
+        return self.moved_aside
+
+    def _move_aside(self, names: Iterable[str]) -> list[str]:
         aside = self.directory / SUPERSEDED_DIR / time.strftime("%Y%m%dT%H%M%S")
         moved = []
-        for path in sorted(self.directory.glob("*.safetensors")):
-            if path.name not in keep_files:
+        for name in sorted(names):
+            path = self.directory / name
+            if path.is_file():
                 aside.mkdir(parents=True, exist_ok=True)
-                path.rename(aside / path.name)
-                moved.append(f"{path} -> {aside / path.name}")
-        self.done = {i: r for i, r in self.done.items() if r.file in keep_files}
-        self.moved_aside = moved
+                path.rename(aside / name)
+                moved.append(f"{path} -> {aside / name}")
         return moved
 
     def write_manifest(self, shard: str, order: Sequence[str], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -211,10 +228,16 @@ def tensor_layout(settings: FeatureSettings) -> dict[str, str]:
         "token_ids": "I64 [tokens]: the row's input_ids",
         "hidden_states": f"{'F8_E4M3' if settings.dtype == 'fp8' else 'BF16'} [tokens, layers, hidden]: "
         f"layers in layer_ids order ({settings.layer_convention}); the last "
-        + ("is the last decoder layer " + settings.last_layer.replace("_", " ") if settings.last_layer != "none" else "is an auxiliary layer"),
+        + (
+            "is the last decoder layer " + settings.last_layer.replace("_", " ")
+            if settings.last_layer != "none"
+            else "is an auxiliary layer"
+        ),
     }
     if settings.dtype == "fp8":
-        layout["hidden_states_scales"] = "F32 [tokens, 1, 1]: value = fp8 x scale (scale = the token's amax / 448)"
+        layout["hidden_states_scales"] = (
+            "F32 [tokens, 1, 1]: value = fp8 x scale (scale = the token's amax / 448)"
+        )
     return layout
 
 

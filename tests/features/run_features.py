@@ -36,8 +36,14 @@ VOCAB = 256
 def tiny_model(arch: str, out: Path) -> Path:
     """A random-weight target built from a config, saved as a model dir."""
     common = dict(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
     )
     config = LlamaConfig(**common) if arch == "llama" else Qwen3Config(head_dim=16, **common)
     torch.manual_seed(0)
@@ -54,7 +60,16 @@ def token_export(path: Path) -> list[dict]:
     for i, n in enumerate((17, 33, 9, 48)):
         ids = torch.randint(0, VOCAB, (n,), generator=gen).tolist()
         mask = [0] * (n // 2) + [1] * (n - n // 2)
-        rows.append({"id": f"s{i}", "sample_id": f"s{i}", "variant": "default", "k": 0, "input_ids": ids, "loss_mask": mask})
+        rows.append(
+            {
+                "id": f"s{i}",
+                "sample_id": f"s{i}",
+                "variant": "default",
+                "k": 0,
+                "input_ids": ids,
+                "loss_mask": mask,
+            }
+        )
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return rows
 
@@ -76,7 +91,9 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def compute(work: Path, model_dir: Path, model, tokenized: Path, last_layer: str, shift: int) -> Path:
     aux = tuple(i + shift for i in eagle3_layers(LAYERS))
     layer_ids = (*aux, LAYERS)
-    settings = FeatureSettings(str(model_dir), layer_ids, LAYER_CONVENTION, last_layer, "bf16", HIDDEN, "transformers")
+    settings = FeatureSettings(
+        str(model_dir), layer_ids, LAYER_CONVENTION, last_layer, "bf16", HIDDEN, "transformers"
+    )
     shard_dir = work / f"features-{last_layer}" / "00000"
     backend = TransformersBackend(model, layer_ids, last_layer)
     rows = chosen(read_token_rows(tokenized), RowChoice())

@@ -41,7 +41,9 @@ def test_the_trainers_loaders_read_the_reference_states(tmp_path: Path, arch: st
     sf, sp = out["specforge"], out["speculators"]
     assert sf["rows"] == sp["rows"] == rows
     # SpecForge: aux layers [2, 4, 5] and its target after the final norm, as its TargetHead needs
-    assert sf["aux_equal"] == rows and sf["target_equal_post_norm"] == rows and sf["target_equal_pre_norm"] == 0
+    assert (
+        sf["aux_equal"] == rows and sf["target_equal_post_norm"] == rows and sf["target_equal_pre_norm"] == 0
+    )
     # speculators: the same aux layers and the last before the norm, which its verifier_norm applies
     assert sp["aux_equal"] == rows and sp["last_equal_pre_norm"] == rows and sp["last_equal_post_norm"] == 0
     assert sp["batch_hidden_shape"] == [1, 256, 3 * 64]
