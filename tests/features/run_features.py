@@ -17,6 +17,7 @@ from pathlib import Path
 
 import orjson
 import torch
+from hs_connectors import FP8Transfer
 from specforge.data.preprocessing import OfflineEagle3Dataset, list_local_files
 from speculators.train.data import ArrowDataset, CollateFn
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
@@ -88,13 +89,15 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=0.02, rtol=0.02)
 
 
-def compute(work: Path, model_dir: Path, model, tokenized: Path, last_layer: str, shift: int) -> Path:
+def compute(
+    work: Path, model_dir: Path, model, tokenized: Path, last_layer: str, shift: int, dtype: str = "bf16"
+) -> Path:
     aux = tuple(i + shift for i in eagle3_layers(LAYERS))
     layer_ids = (*aux, LAYERS)
     settings = FeatureSettings(
-        str(model_dir), layer_ids, LAYER_CONVENTION, last_layer, "bf16", HIDDEN, "transformers"
+        str(model_dir), layer_ids, LAYER_CONVENTION, last_layer, dtype, HIDDEN, "transformers"
     )
-    shard_dir = work / f"features-{last_layer}" / "00000"
+    shard_dir = work / f"features-{last_layer}-{dtype}" / "00000"
     backend = TransformersBackend(model, layer_ids, last_layer)
     rows = chosen(read_token_rows(tokenized), RowChoice())
     run_shard(rows=rows, shard_dir=shard_dir, shard="00000", settings=settings, backend=backend, about={})
@@ -136,6 +139,30 @@ def speculators_checks(model, data_dir: Path) -> dict:
     return out
 
 
+def fp8_checks(model, data_dir: Path) -> dict:
+    """speculators' ArrowDataset over hs_connectors' FP8Transfer (it dequantizes our per-token scales): every
+    sample within fp8 e4m3's precision (3 mantissa bits) of the reference, at the token's largest value."""
+    dataset = ArrowDataset(
+        max_len=4096,
+        datapath=str(data_dir),
+        on_missing="raise",
+        transfer=FP8Transfer(data_dir / "hidden_states"),
+    )
+    out = {"rows": len(dataset), "close": 0}
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        states, pre = reference(model, sample["input_ids"].tolist())
+        want = torch.cat([*(states[j] for j in eagle3_layers(LAYERS)), pre], dim=-1)
+        got = torch.cat([sample["hidden_states"], sample["verifier_last_hidden_states"]], dim=-1).float()
+        amax = want.abs().amax(dim=-1, keepdim=True)
+        out["close"] += bool(((got - want).abs() <= 0.07 * amax).all())
+    return out
+
+
+def manifest_bytes(shard_dir: Path) -> int:
+    return json.loads((shard_dir / "_manifest.json").read_text())["bytes"]
+
+
 def train_steps(model, batch: dict, steps: int = 5) -> list[float]:
     """A few optimizer steps of an EAGLE-style head on speculators' batch: the three auxiliary layers through
     a trained fc, then the target's own final norm and lm_head, towards the target's next-token distribution
@@ -169,6 +196,8 @@ def main() -> None:
     rows = token_export(tokenized)
     post = compute(work, model_dir, model, tokenized, "post_norm", shift)
     pre = compute(work, model_dir, model, tokenized, "pre_norm", shift)
+    fp8 = compute(work, model_dir, model, tokenized, "pre_norm", shift, dtype="fp8")
+    to_speculators([fp8], str(tokenized), str(work / "speculators-fp8"))
     to_specforge([post], str(tokenized), str(work / "specforge"))
     to_speculators([pre], str(tokenized), str(work / "speculators"))
     refused = {}
@@ -182,6 +211,8 @@ def main() -> None:
         "specforge": specforge_checks(model, rows, list_local_files(str(work / "specforge"), [".ckpt"])),
         "speculators": speculators_checks(model, work / "speculators"),
         "refused": refused,
+        "fp8": fp8_checks(model, work / "speculators-fp8")
+        | {"bytes_vs_bf16": manifest_bytes(fp8) / manifest_bytes(pre)},
         "manifest": json.loads((post / "_manifest.json").read_text()),
     }
     (work / "features.json").write_text(json.dumps(result))

@@ -52,6 +52,9 @@ def test_the_trainers_loaders_read_the_reference_states(tmp_path: Path, arch: st
     # the wrong norm state is refused by name, never exported
     assert "features.last_layer: post_norm" in out["refused"]["specforge"]
     assert "features.last_layer: pre_norm" in out["refused"]["speculators"]
+    # fp8 with per-token scales: read through speculators' own FP8 transfer, within e4m3's precision
+    assert out["fp8"]["rows"] == rows and out["fp8"]["close"] == rows
+    assert out["fp8"]["bytes_vs_bf16"] < 0.6
     manifest = out["manifest"]
     assert manifest["settings"]["layer_ids"] == [2, 4, 5, 8]
     assert manifest["settings"]["layer_convention"] == "hf_hidden_states_index"
