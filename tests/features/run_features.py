@@ -139,6 +139,51 @@ def speculators_checks(model, data_dir: Path) -> dict:
     return out
 
 
+def specforge_train_steps(target, files: list[str], steps: int = 6) -> list[float]:
+    """SpecForge's own EAGLE-3 training model (``OnlineEagle3Model`` over a one-layer
+    ``LlamaForCausalLMEagle3``, full vocabulary) on the first exported row, the teacher from the stored target
+    state through the target's lm_head (``target_hidden_for_compact``), as its offline training does; the
+    summed TTT losses per step. On CPU its Triton loss is answered by ``bench/loop/reference_loss`` (on
+    PYTHONPATH: the test puts it there)."""
+    from specforge.algorithms.eagle3.model import OnlineEagle3Model
+    from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    cfg.draft_vocab_size = VOCAB
+    torch.manual_seed(0)
+    draft = LlamaForCausalLMEagle3(cfg, attention_backend="sdpa")
+    draft.t2d = torch.ones(VOCAB, dtype=torch.bool)  # full vocabulary: identity mapping
+    draft.d2t = torch.zeros(VOCAB, dtype=torch.long)
+    model = OnlineEagle3Model(draft, length=2, attention_backend="sdpa")
+    sample = OfflineEagle3Dataset(files, max_len=4096)[0]
+    opt = torch.optim.AdamW(draft.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        out = model(
+            input_ids=sample["input_ids"],
+            attention_mask=sample["attention_mask"],
+            target=None,
+            loss_mask=sample["loss_mask"].unsqueeze(-1),  # [batch, tokens, 1], as its collator makes it
+            hidden_states=sample["hidden_state"].float(),
+            target_hidden_for_compact=sample["target"].float(),
+            target_head_weight=target.lm_head.weight.detach(),
+        )
+        loss = sum(out[0])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
 def fp8_checks(model, data_dir: Path) -> dict:
     """speculators' ArrowDataset over hs_connectors' FP8Transfer (it dequantizes our per-token scales): every
     sample within fp8 e4m3's precision (3 mantissa bits) of the reference, at the token's largest value."""
@@ -206,9 +251,11 @@ def main() -> None:
             fn([shard], str(tokenized), str(work / f"{name}-wrong"))
         except ValueError as exc:
             refused[name] = str(exc)
+    specforge_files = list_local_files(str(work / "specforge"), [".ckpt"])
     result = {
         "rows": len(rows),
-        "specforge": specforge_checks(model, rows, list_local_files(str(work / "specforge"), [".ckpt"])),
+        "specforge": specforge_checks(model, rows, specforge_files)
+        | {"train_losses": specforge_train_steps(model, specforge_files)},
         "speculators": speculators_checks(model, work / "speculators"),
         "refused": refused,
         "fp8": fp8_checks(model, work / "speculators-fp8")

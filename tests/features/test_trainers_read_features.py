@@ -25,7 +25,8 @@ pytestmark = pytest.mark.skipif(
 def run_features(work: Path, arch: str, shift: int = 0) -> dict[str, Any]:
     run = subprocess.run(
         [TRAINERS_PYTHON, str(ROOT / "tests/features/run_features.py"), str(work), arch, str(shift)],  # type: ignore[list-item]
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        # SpecForge's loss is Triton's; on CPU bench/loop/reference_loss answers its import with the formula
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'bench/loop/reference_loss'}{os.pathsep}{ROOT}"},
         capture_output=True,
         text=True,
         timeout=300,
@@ -47,6 +48,7 @@ def test_the_trainers_loaders_read_the_reference_states(tmp_path: Path, arch: st
     # speculators: the same aux layers and the last before the norm, which its verifier_norm applies
     assert sp["aux_equal"] == rows and sp["last_equal_pre_norm"] == rows and sp["last_equal_post_norm"] == 0
     assert sp["batch_hidden_shape"] == [1, 256, 3 * 64]
+    assert len(sf["train_losses"]) == 6 and sf["train_losses"][-1] < sf["train_losses"][0]
     losses = sp["train_losses"]
     assert len(losses) == 5 and losses[-1] < losses[0]
     # the wrong norm state is refused by name, never exported
