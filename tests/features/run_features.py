@@ -22,7 +22,7 @@ from specforge.data.preprocessing import OfflineEagle3Dataset, list_local_files
 from speculators.train.data import ArrowDataset, CollateFn
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-from regen.features.backends import TransformersBackend
+from regen.features.backends import SGLangBackend, TransformersBackend
 from regen.features.compute import run_shard
 from regen.features.config import LAYER_CONVENTION, RowChoice, eagle3_layers
 from regen.features.export import to_specforge, to_speculators
@@ -184,6 +184,46 @@ def specforge_train_steps(target, files: list[str], steps: int = 6) -> list[floa
     return losses
 
 
+class PackedLikeSGLang:
+    """What SGLang's capture hands back, made from transformers' states: the captured layers' states packed on
+    the hidden axis in layer order (``pack_aux_hidden_states``) and the last after the norm; it records the
+    ids given to ``set_eagle3_layers_to_capture`` (SpecForge's convention)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.setter_ids: list[int] = []
+
+    def set_capture_layers(self, layer_ids: list[int], capture_method: str) -> None:
+        self.setter_ids = list(layer_ids)
+
+    def capture_rows(self, rows: list[list[int]]):
+        captured = sorted(i + 1 for i in self.setter_ids)  # SGLang's layers_to_capture: the setter adds one
+        aux, last = [], []
+        for ids in rows:
+            states, _ = reference(self.model, ids)
+            aux.append(torch.cat([states[i] for i in captured], dim=-1))
+            last.append(states[LAYERS])
+        return aux, last
+
+
+def sglang_adapter_checks(model, rows: list[dict]) -> dict:
+    """The SGLang adapter's convention glue (ids to SGLang's setter, unpacking, the last layer) against the
+    transformers backend, on states shaped as SGLang returns them; SGLang itself is not run here."""
+    layer_ids = (5, 2, 4, LAYERS)  # out of order on purpose: the model captures in layer order
+    inner = PackedLikeSGLang(model)
+    adapter = SGLangBackend(inner, layer_ids, LAYERS, "post_norm")
+    reference_backend = TransformersBackend(model, layer_ids, "post_norm")
+    equal = sum(
+        close(adapter.capture(r["input_ids"]), reference_backend.capture(r["input_ids"])) for r in rows
+    )
+    try:
+        SGLangBackend(inner, layer_ids, LAYERS, "pre_norm")
+        pre_norm_refused = False
+    except ValueError:
+        pre_norm_refused = True
+    return {"setter_ids": inner.setter_ids, "equal": equal, "pre_norm_refused": pre_norm_refused}
+
+
 def fp8_checks(model, data_dir: Path) -> dict:
     """speculators' ArrowDataset over hs_connectors' FP8Transfer (it dequantizes our per-token scales): every
     sample within fp8 e4m3's precision (3 mantissa bits) of the reference, at the token's largest value."""
@@ -258,6 +298,7 @@ def main() -> None:
         | {"train_losses": specforge_train_steps(model, specforge_files)},
         "speculators": speculators_checks(model, work / "speculators"),
         "refused": refused,
+        "sglang_adapter": sglang_adapter_checks(model, rows),
         "fp8": fp8_checks(model, work / "speculators-fp8")
         | {"bytes_vs_bf16": manifest_bytes(fp8) / manifest_bytes(pre)},
         "manifest": json.loads((post / "_manifest.json").read_text()),
