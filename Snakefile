@@ -26,6 +26,7 @@ include: "rules/reconcile.smk"
 include: "rules/report.smk"
 include: "rules/publish.smk"
 include: "rules/export.smk"
+include: "rules/features.smk"
 
 
 report: report_landing_page()

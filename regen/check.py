@@ -28,6 +28,8 @@ import yaml
 
 from regen.chat import ChatTemplate, ChatTemplateError
 from regen.configfile import ConfigFileError, load_config
+from regen.features.config import FeaturesConfig, FeaturesConfigError
+from regen.features.projection import free_bytes_at, preview_lines, projection_for_run, refusal
 from regen.generate.server_time import timeout_notes
 from regen.ingest.audit_config import AuditConfig
 from regen.ingest.audit_run import first_rows
@@ -431,6 +433,39 @@ def check_s3(config: Sections, host: Host) -> list[Problem]:
     return problems
 
 
+def check_features(config: Mapping[str, Any], host: Host) -> list[Problem]:
+    """With ``features.enabled``: layer ids the target has, and the features' projection
+    (``regen.features.projection``) within ``features.max_storage`` and the free space under
+    ``results/features``; over either, the run refuses to start, naming both numbers and what fits."""
+    layout = RunLayout(results=Path(host.results_dir))
+    try:
+        projection = projection_for_run(config, layout)
+        if projection is None:
+            return []
+        cfg = FeaturesConfig.from_dict(config_section(config, "features"))
+    except (FeaturesConfigError, ModelConfigError, OSError) as exc:
+        return [Problem("features", str(layout.features_dir), str(exc))]
+    where = str(layout.features_dir)
+    why = refusal(projection, cfg.max_storage, free_bytes_at(where), where)
+    return [Problem("features.max_storage", where, why)] if why else []
+
+
+def features_notes(config: Mapping[str, Any], results_dir: str | os.PathLike[str] = "results") -> list[str]:
+    """The features' projection (rows, tokens, bytes, GPU-hours, each with its source); nothing when the
+    section is off, and a line saying why when there is nothing to project from yet."""
+    if not FeaturesConfig.from_dict(config_section(config, "features")).enabled:
+        return []
+    layout = RunLayout(results=Path(results_dir))
+    try:
+        lines = [line for line in preview_lines(config, layout) if "REFUSED" not in line]
+    except (FeaturesConfigError, ModelConfigError, OSError):
+        return []  # check_features names the problem
+    return lines or [
+        f"features: no projection yet: it needs the audit's token counts ({layout.audit_summary}) or the "
+        f"token export ({layout.export_tokenized}); the features job checks again before it starts"
+    ]
+
+
 def check_config(
     config: Mapping[str, Any], requested_gpus: int | None = None, host: Host | None = None
 ) -> list[Problem]:
@@ -447,6 +482,7 @@ def check_config(
         *check_gpus(sections.server, requested_gpus, host),
         *check_disk(sections, host),
         *check_s3(sections, host),
+        *check_features(config, host),
     ]
 
 
@@ -563,6 +599,7 @@ def preflight(config: Mapping[str, Any], requested_gpus: int | None) -> None:
     notes = [*notes_for(config), *gpu_notes(config, requested_gpus, Host()), *speculative_notes(config)]
     notes += timeout_notes(config)  # generate.request_timeout_s against the plan (regen.generate.server_time)
     notes += completion_notes(RunConfig.from_config(config).generate, RunLayout().pilot)  # x completions
+    notes += features_notes(config)  # the features' bytes and GPU-hours (regen.features.projection)
     if problems:
         raise PreflightError(report(problems, notes))
     print(report(problems, notes), file=sys.stderr)
@@ -613,6 +650,7 @@ def cli(argv: list[str]) -> int:
         *gpu_notes(config, args.gpus, Host()),
         *speculative_notes(config, args.results),
         *planned_notes(args.results),
+        *features_notes(config, args.results),
         *timeout_notes(config, args.results),
         *completion_notes(
             RunConfig.from_config(config).generate, RunLayout(results=Path(args.results)).pilot

@@ -512,6 +512,19 @@ class RunLayout:
         return self.export_dir / "manifest.json"
 
     @property
+    def features_dir(self) -> Path:
+        """The target's hidden states (``regen.features``): one folder per shard."""
+        return self.results / "features"
+
+    def features_shard_dir(self, shard: str) -> Path:
+        """One shard's feature files (``regen.features.store``: one safetensors per token row)."""
+        return self.features_dir / shard
+
+    def features_manifest(self, shard: str) -> Path:
+        """One shard's feature manifest (``regen.features.store.ShardManifest``), written last."""
+        return self.features_shard_dir(shard) / MANIFEST_NAME
+
+    @property
     def reconcile(self) -> Path:
         return self.results / "reconcile.json"
 

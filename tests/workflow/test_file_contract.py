@@ -126,6 +126,12 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], dict[str, list[str]], str | None
         {"*": s(RUN.log("export"))},
         None,
     ),
+    "features": (
+        {"manifest": s(RUN.features_manifest(SHARD))},
+        {"*": s(RUN.log("features", SHARD))},
+        str(RUN.benchmark("features", SHARD)),
+    ),
+    "features_all": ({"*": []}, {"*": []}, None),
     "all": ({"*": []}, {"*": []}, None),
 }
 

@@ -1,0 +1,204 @@
+"""Bytes and GPU-hours of the features before anything runs: one pure formula over token counts.
+
+Bytes: tokens x (stored layers x hidden x bytes per value + an fp8 scale + 8 bytes of token id).
+GPU-hours: prefilled tokens / one GPU's prefill rate. The rate is ``features.prefill_tokens_per_s`` when set
+(e.g. measured); else ``ASSUMED_PREFILL_FLOPS`` / (2 x the model's active parameters), a projection: the
+forward's matmuls at 40% of an H100's dense bf16 peak, attention's quadratic term left out (it grows with
+row length: long rows run slower than this). The tokens come from the audit's counts (prompt plus old answer,
+a sample's completions each) until the token export exists; then from its rows' real lengths.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from regen.features.config import FeaturesConfig
+from regen.layout import RunLayout
+from regen.runconfig import RunConfig, config_section
+from regen.sglang.models import ModelShape
+
+#: H100 SXM dense bf16 peak (989 TFLOP/s) at an assumed 40% model FLOP utilization in prefill
+ASSUMED_PREFILL_FLOPS = 989e12 * 0.40
+TOKEN_ID_BYTES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCounts:
+    """Rows and tokens the features would cover (before the row choice), and where the numbers come from."""
+
+    rows: int
+    tokens: int
+    source: str
+
+    @classmethod
+    def from_audit(cls, summary: Mapping[str, Any], completions_per_prompt: int) -> TokenCounts:
+        """From ``results/audit/summary.json``: the kept samples x completions, each the mean prompt plus the
+        mean old answer (the regenerated answers' length is not known yet)."""
+        hist = summary.get("histograms") or {}
+        per_row = float((hist.get("prompt_tokens") or {}).get("mean") or 0) + float(
+            (hist.get("supervised_tokens") or {}).get("mean") or 0
+        )
+        rows = int(summary.get("kept", summary.get("total", 0))) * completions_per_prompt
+        return cls(rows, round(rows * per_row), "the audit's prompt and old-answer means (projection)")
+
+    @classmethod
+    def from_token_export(cls, tokenized: str | os.PathLike[str]) -> TokenCounts:
+        """From the token export (``results/export/tokenized.jsonl``): its rows' real lengths."""
+        rows = tokens = 0
+        with open(tokenized, "rb") as f:
+            for line in f:
+                if line.strip():
+                    rows += 1
+                    tokens += len(orjson.loads(line)["input_ids"])
+        return cls(rows, tokens, f"the token export's real lengths ({tokenized})")
+
+
+def active_parameters(model: ModelShape) -> int:
+    """The parameters one token's prefill multiplies through: embeddings and lm_head left out (a lookup; the
+    capture computes no logits), a MoE's experts counted at ``num_experts_per_tok`` of ``num_experts``."""
+    total = model.estimated_parameters() - model.vocab_size * model.hidden_size * (
+        1 if model.tie_word_embeddings else 2
+    )
+    if model.is_moe and model.num_experts:
+        experts = model.num_layers * model.num_experts * 3 * model.hidden_size * model.moe_intermediate_size
+        total -= round(experts * (1 - model.num_experts_per_tok / model.num_experts))
+    return max(total, 1)
+
+
+def prefill_rate(cfg: FeaturesConfig, model: ModelShape) -> tuple[float, str]:
+    """One GPU's prefill tokens/s, and where it comes from."""
+    if cfg.prefill_tokens_per_s:
+        return cfg.prefill_tokens_per_s, "features.prefill_tokens_per_s"
+    params = active_parameters(model)
+    rate = ASSUMED_PREFILL_FLOPS / (2 * params)
+    return rate, f"assumed: 40% of 989 TFLOP/s over 2 x {params / 1e9:.2f}B active parameters (a projection)"
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureProjection:
+    """What the features would take: rows, tokens, bytes, GPU-hours, and the sources of each."""
+
+    rows: int
+    tokens: int
+    layers: tuple[int, ...]
+    hidden: int
+    dtype: str
+    bytes: int
+    gpu_hours: float
+    tokens_source: str
+    rate: float
+    rate_source: str
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.bytes // self.tokens if self.tokens else 0
+
+    def fraction_that_fits(self, budget: int) -> float:
+        """The ``features.rows`` fraction whose projection fits ``budget`` bytes (rounded down)."""
+        return int(1000 * budget / self.bytes) / 1000 if self.bytes else 1.0
+
+    def lines(self) -> list[str]:
+        return [
+            f"features: {self.rows:,} rows, {self.tokens:,} tokens ({self.tokens_source})",
+            f"features: layers {list(self.layers)} x hidden {self.hidden} x {self.dtype}: "
+            f"{self.bytes_per_token:,} B a token, {human_bytes(self.bytes)} in all",
+            f"features: {self.gpu_hours:,.2f} GPU-hours of prefill at {self.rate:,.0f} tokens/s "
+            f"({self.rate_source})",
+        ]
+
+
+def bytes_per_token(layers: int, hidden: int, value_bytes: int, scale_bytes: int) -> int:
+    """Stored bytes of one token: its layers' values (and fp8 scales) and its token id."""
+    return layers * hidden * value_bytes + scale_bytes + TOKEN_ID_BYTES
+
+
+def project(counts: TokenCounts, cfg: FeaturesConfig, model: ModelShape) -> FeatureProjection:
+    """The projection of ``cfg``'s features over ``counts`` for ``model`` (the row choice applied)."""
+    layers = cfg.stored_layers(model.num_layers)
+    rows = cfg.rows.rows_of(counts.rows)
+    tokens = round(counts.tokens * rows / counts.rows) if counts.rows else 0
+    per_token = bytes_per_token(len(layers), model.hidden_size, cfg.value_bytes, cfg.scale_bytes)
+    rate, rate_source = prefill_rate(cfg, model)
+    return FeatureProjection(
+        rows=rows,
+        tokens=tokens,
+        layers=layers,
+        hidden=model.hidden_size,
+        dtype=cfg.dtype,
+        bytes=tokens * per_token,
+        gpu_hours=tokens / rate / 3600,
+        tokens_source=counts.source,
+        rate=rate,
+        rate_source=rate_source,
+    )
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n:,.1f} TB"  # pragma: no cover
+
+
+def free_bytes_at(path: str | os.PathLike[str]) -> int:
+    """Free space of the filesystem ``path`` will be on (its nearest existing parent)."""
+    probe = Path(path).absolute()
+    while not probe.exists():
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def refusal(projection: FeatureProjection, max_storage: int | None, free: int, where: str) -> str | None:
+    """Why the run must not start (the projection over ``features.max_storage`` or the free space), naming
+    both numbers and the settings that fit; None when it fits."""
+    limits = [(max_storage, "features.max_storage")] if max_storage is not None else []
+    limits.append((free, f"the free space under {where}"))
+    budget, name = min(limits, key=lambda item: item[0])
+    if projection.bytes <= budget:
+        return None
+    fits = [f"features.rows: {projection.fraction_that_fits(budget)}"]
+    if projection.dtype == "bf16":
+        fp8 = projection.tokens * bytes_per_token(len(projection.layers), projection.hidden, 1, 4)
+        if fp8 <= budget:
+            fits.append("features.dtype: fp8 (about half)")
+    return (
+        f"the features need {human_bytes(projection.bytes)} ({projection.bytes:,} B), over {name} "
+        f"{human_bytes(budget)} ({budget:,} B); what fits: {' or '.join(fits)}"
+    )
+
+
+def projection_for_run(config: Mapping[str, Any], layout: RunLayout) -> FeatureProjection | None:
+    """The features' projection for a loaded config (None: ``features.enabled`` is off, or neither the
+    audit's summary nor the token export exists yet): the token export's real lengths once it exists, else the
+    audit's counts. The one call ``regen check``, the dry-run preview and the report's first page make."""
+    cfg = FeaturesConfig.from_dict(config_section(config, "features"))
+    if not cfg.enabled:
+        return None
+    run = RunConfig.from_config(config)
+    if layout.export_tokenized.is_file():
+        counts = TokenCounts.from_token_export(layout.export_tokenized)
+    elif layout.audit_summary.is_file():
+        summary = orjson.loads(layout.audit_summary.read_bytes())
+        counts = TokenCounts.from_audit(summary, run.generate.completions_per_prompt)
+    else:
+        return None
+    return project(counts, cfg, ModelShape.from_config(run.server.planned_model))
+
+
+def preview_lines(config: Mapping[str, Any], layout: RunLayout) -> list[str]:
+    """The projection's lines, and the refusal when it does not fit (empty: features off or nothing to
+    project from yet); for ``snakemake -n`` and the report's first page."""
+    projection = projection_for_run(config, layout)
+    if projection is None:
+        return []
+    cfg = FeaturesConfig.from_dict(config_section(config, "features"))
+    why = refusal(projection, cfg.max_storage, free_bytes_at(layout.features_dir), str(layout.features_dir))
+    return projection.lines() + ([f"features: REFUSED: {why}"] if why else [])

@@ -1,0 +1,245 @@
+"""Features on disk, per shard: one safetensors file per token row, a row journal, a manifest written last.
+
+One file per row because both trainers' loaders read one file per sample: speculators'
+``FileTransfer`` opens ``hidden_states/hs_{i}.safetensors`` with ``hidden_states [tokens, layers, hidden]``
+and ``token_ids [tokens]`` (``speculators/train/data.py``), SpecForge's ``OfflineEagle3Dataset`` one ``.ckpt``
+per sample (``specforge/data/preprocessing.py``). A row's file is exactly its tokens (nothing padded), a
+regenerated answer rewrites one file, and speculators reads the file as it is. SpecForge's ``.ckpt`` is a
+pickle: ``regen.features.export`` writes it from these files.
+
+Every file is written under a temporary name and renamed (``regen.io.atomic_path``), its sha256 appended to
+the shard's row journal (``_rows.jsonl``) once it is in place; the manifest (``_manifest.json``) is written
+last from the journal. Resume reuses a row only when its journal line names the same settings and token
+digest and the file's sha256 still verifies; everything else is computed again.
+
+The safetensors format is written here (8-byte header length, JSON header, raw little-endian bytes), so this
+module needs neither torch nor the safetensors package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from regen.io import atomic_path, read_json, write_json
+from regen.layout import MANIFEST_NAME
+
+FORMAT = "regen-features/1"
+ROWS_JOURNAL = "_rows.jsonl"
+SUPERSEDED_DIR = "superseded"
+#: safetensors dtype names and their bytes per element
+DTYPE_BYTES = {"BF16": 2, "F8_E4M3": 1, "F32": 4, "I64": 8}
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTensor:
+    """One tensor of a row's file, as raw little-endian bytes."""
+
+    name: str
+    dtype: str  # a key of DTYPE_BYTES
+    shape: tuple[int, ...]
+    data: bytes
+
+    def __post_init__(self) -> None:
+        n = DTYPE_BYTES[self.dtype]
+        for d in self.shape:
+            n *= d
+        if n != len(self.data):
+            raise ValueError(
+                f"{self.name}: {self.dtype}{list(self.shape)} needs {n} bytes, got {len(self.data)}"
+            )
+
+
+def safetensors_bytes(tensors: Sequence[StoredTensor], metadata: Mapping[str, str]) -> bytes:
+    """A safetensors file of ``tensors`` (in order) with string ``metadata``."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for t in tensors:
+        header[t.name] = {
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(t.data)],
+        }
+        offset += len(t.data)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
+    return len(head).to_bytes(8, "little") + head + b"".join(t.data for t in tensors)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def row_file_name(row_id: str) -> str:
+    """A row's file name: its id hashed (ids may hold any character)."""
+    return hashlib.blake2b(row_id.encode(), digest_size=12).hexdigest() + ".safetensors"
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureSettings:
+    """What decides a row's features besides its tokens; a change recomputes every row."""
+
+    model: str
+    layer_ids: tuple[int, ...]
+    layer_convention: str
+    last_layer: str  # post_norm | pre_norm | none
+    dtype: str  # bf16 | fp8
+    hidden_size: int
+    backend: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"layer_ids": list(self.layer_ids)}
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    """One row's journal line: its file, checksum, shape and what it came from."""
+
+    id: str
+    sample_id: str
+    file: str
+    sha256: str
+    tokens: int
+    token_digest: str
+    settings: str  # sha256 of the settings' JSON
+    fingerprint: str | None = None
+    variant: str | None = None
+    k: int | None = None
+
+
+def settings_digest(settings: FeatureSettings) -> str:
+    return hashlib.sha256(orjson.dumps(settings.to_json(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(slots=True)
+class ShardStore:
+    """One shard's feature folder: what is done and verifies, writes, and the manifest."""
+
+    directory: Path
+    settings: FeatureSettings
+    done: dict[str, StoredRow] = field(default_factory=dict)
+    moved_aside: list[str] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str], settings: FeatureSettings) -> ShardStore:
+        """Read the row journal; keep the rows whose settings match and whose file verifies."""
+        store = cls(Path(directory), settings)
+        store.directory.mkdir(parents=True, exist_ok=True)
+        journal = store.directory / ROWS_JOURNAL
+        other_settings: set[str] = set()
+        if journal.is_file():
+            want = settings_digest(settings)
+            for line in journal.read_bytes().splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    row = StoredRow(**orjson.loads(line))
+                except (orjson.JSONDecodeError, TypeError):
+                    continue  # a torn last line of a killed job: its row is computed again
+                path = store.directory / row.file
+                store.done.pop(row.id, None)
+                if row.settings != want:
+                    other_settings.add(row.file)
+                elif path.is_file() and file_sha256(path) == row.sha256:
+                    store.done[row.id] = row
+                    other_settings.discard(row.file)
+        store.moved_aside = store._move_aside(
+            other_settings
+        )  # finished under other settings: kept, not rewritten
+        return store
+
+    def is_current(self, row_id: str, token_digest: str) -> bool:
+        """Whether ``row_id``'s stored features are of these tokens and settings (checksum verified)."""
+        row = self.done.get(row_id)
+        return row is not None and row.token_digest == token_digest
+
+    def write(self, row: StoredRow, tensors: Sequence[StoredTensor]) -> StoredRow:
+        """Write one row's file (temporary name, renamed), then its journal line; return the line."""
+        meta = {"format": FORMAT, "id": row.id, "token_digest": row.token_digest, "settings": row.settings}
+        blob = safetensors_bytes(tensors, meta)
+        target = self.directory / row.file
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(blob)
+        done = StoredRow(**(asdict(row) | {"sha256": hashlib.sha256(blob).hexdigest()}))
+        with open(self.directory / ROWS_JOURNAL, "ab") as f:
+            f.write(orjson.dumps(asdict(done)) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.done[done.id] = done
+        return done
+
+    def set_aside(self, keep: Iterable[str]) -> list[str]:
+        """Move the files of rows not in ``keep`` (no longer chosen, or of other settings) to ``superseded/``,
+        never deleting one; return what moved where."""
+        keep_files = {self.done[i].file for i in keep if i in self.done}
+        names = {p.name for p in self.directory.glob("*.safetensors")} - keep_files
+        self.done = {i: r for i, r in self.done.items() if r.file in keep_files}
+        self.moved_aside += self._move_aside(names)
+        return self.moved_aside
+
+    def _move_aside(self, names: Iterable[str]) -> list[str]:
+        aside = self.directory / SUPERSEDED_DIR / time.strftime("%Y%m%dT%H%M%S")
+        moved = []
+        for name in sorted(names):
+            path = self.directory / name
+            if path.is_file():
+                aside.mkdir(parents=True, exist_ok=True)
+                path.rename(aside / name)
+                moved.append(f"{path} -> {aside / name}")
+        return moved
+
+    def write_manifest(self, shard: str, order: Sequence[str], extra: Mapping[str, Any]) -> dict[str, Any]:
+        """The shard's manifest (written last): settings, tensor layout and every row in ``order``;
+        the row journal is rewritten to hold exactly these rows."""
+        rows = [self.done[i] for i in order]
+        manifest = {
+            "format": FORMAT,
+            "shard": shard,
+            "settings": self.settings.to_json(),
+            "settings_sha256": settings_digest(self.settings),
+            "tensors": tensor_layout(self.settings),
+            "rows": [asdict(r) for r in rows],
+            "row_count": len(rows),
+            "tokens": sum(r.tokens for r in rows),
+            "bytes": sum((self.directory / r.file).stat().st_size for r in rows),
+            **dict(extra),
+        }
+        with atomic_path(self.directory / ROWS_JOURNAL) as tmp:
+            tmp.write_bytes(b"".join(orjson.dumps(asdict(r)) + b"\n" for r in rows))
+        write_json(self.directory / MANIFEST_NAME, manifest)
+        return manifest
+
+
+def tensor_layout(settings: FeatureSettings) -> dict[str, str]:
+    """What each row file holds (the manifest says it)."""
+    layout = {
+        "token_ids": "I64 [tokens]: the row's input_ids",
+        "hidden_states": f"{'F8_E4M3' if settings.dtype == 'fp8' else 'BF16'} [tokens, layers, hidden]: "
+        f"layers in layer_ids order ({settings.layer_convention}); the last "
+        + (
+            "is the last decoder layer " + settings.last_layer.replace("_", " ")
+            if settings.last_layer != "none"
+            else "is an auxiliary layer"
+        ),
+    }
+    if settings.dtype == "fp8":
+        layout["hidden_states_scales"] = (
+            "F32 [tokens, 1, 1]: value = fp8 x scale (scale = the token's amax / 448)"
+        )
+    return layout
+
+
+def read_manifest(shard_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    return read_json(Path(shard_dir) / MANIFEST_NAME)

@@ -1,0 +1,160 @@
+"""The features' store and one shard's job, with a stand-in backend (numpy; the transformers backend and the
+trainers' readers: ``test_trainers_read_features.py``): files written under a temporary name and renamed, a
+manifest with shapes, layers, norm state, checksums and fingerprints; resume skips only files whose checksum
+verifies, a regenerated answer is computed again, a crash loses only the row in flight, nothing is padded, and
+no finished file is deleted."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from regen.features.compute import compute_rows, run_shard
+from regen.features.config import LAYER_CONVENTION
+from regen.features.rows import TokenRow
+from regen.features.store import ROWS_JOURNAL, SUPERSEDED_DIR, FeatureSettings, ShardStore, StoredTensor
+
+HIDDEN = 8
+LAYERS = (2, 4, 5, 8)
+
+
+class CountingBackend:
+    """States that depend on each token id and layer; counts the rows it prefilled; may fail on one row."""
+
+    name = "stand-in"
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        self.calls: list[tuple[int, ...]] = []
+        self.fail_on = fail_on
+
+    def capture(self, input_ids: Sequence[int]) -> np.ndarray:
+        if self.fail_on is not None and len(self.calls) == self.fail_on:
+            raise RuntimeError("killed")
+        self.calls.append(tuple(input_ids))
+        ids = np.array(input_ids, dtype=np.float32)[:, None, None]
+        layers = np.array(LAYERS, dtype=np.float32)[None, :, None]
+        return ids * 10 + layers + np.arange(HIDDEN, dtype=np.float32)[None, None, :] / 100
+
+
+def bf16(states: np.ndarray, input_ids: Sequence[int], dtype: str) -> list[StoredTensor]:
+    """The store's tensors from a float32 array: bf16 as float32's upper half (what torch stores)."""
+    ids = np.array(input_ids, dtype="<i8")
+    upper = (states.astype("<f4").view("<u4") >> 16).astype("<u2")
+    return [
+        StoredTensor("token_ids", "I64", ids.shape, ids.tobytes()),
+        StoredTensor("hidden_states", "BF16", states.shape, upper.tobytes()),
+    ]
+
+
+def read_safetensors(path: Path) -> tuple[dict, bytes]:
+    blob = path.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8 : 8 + n]), blob[8 + n :]
+
+
+def settings(dtype: str = "bf16") -> FeatureSettings:
+    return FeatureSettings("m", LAYERS, LAYER_CONVENTION, "post_norm", dtype, HIDDEN, "stand-in")
+
+
+def token_rows(lengths: Sequence[int] = (3, 7, 5, 2)) -> list[TokenRow]:
+    return [
+        TokenRow(f"r{i}", f"s{i}", tuple(range(i, i + n)), (0,) * (n - 1) + (1,), fingerprint=f"fp{i}")
+        for i, n in enumerate(lengths)
+    ]
+
+
+def run(shard_dir: Path, rows: list[TokenRow], backend: CountingBackend, dtype: str = "bf16") -> dict:
+    store = ShardStore.open(shard_dir, settings(dtype))
+    compute_rows(rows, store, backend, encoder=bf16)
+    store.set_aside(r.id for r in rows)
+    return store.write_manifest("00000", [r.id for r in rows], {})
+
+
+def test_one_file_a_row_exactly_its_tokens_and_a_manifest(tmp_path: Path) -> None:
+    rows = token_rows()
+    manifest = run(tmp_path, rows, CountingBackend())
+    assert (
+        manifest["settings"]["layer_ids"] == list(LAYERS)
+        and manifest["settings"]["last_layer"] == "post_norm"
+    )
+    assert manifest["settings"]["layer_convention"] == "hf_hidden_states_index"
+    assert [r["fingerprint"] for r in manifest["rows"]] == ["fp0", "fp1", "fp2", "fp3"]
+    assert manifest["tokens"] == 17
+    for row, line in zip(rows, manifest["rows"], strict=True):
+        header, data = read_safetensors(tmp_path / line["file"])
+        assert header["hidden_states"]["shape"] == [len(row.input_ids), len(LAYERS), HIDDEN]  # nothing padded
+        assert header["token_ids"]["shape"] == [len(row.input_ids)]
+        lo, hi = header["hidden_states"]["data_offsets"]
+        first = np.frombuffer(data[lo:hi], dtype="<u2").astype("<u4") << 16
+        assert first.view("<f4")[1] == pytest.approx(row.input_ids[0] * 10 + LAYERS[0] + 0.01, rel=1e-2)
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*"))
+
+
+def test_resume_skips_only_verified_files(tmp_path: Path) -> None:
+    rows = token_rows()
+    first = run(tmp_path, rows, CountingBackend())
+    again = CountingBackend()
+    assert run(tmp_path, rows, again) == first and again.calls == []
+    victim = tmp_path / first["rows"][1]["file"]
+    blob = bytearray(victim.read_bytes())
+    blob[-1] ^= 0xFF  # same size, one bit of the states flipped: only a checksum sees it
+    victim.write_bytes(bytes(blob))
+    fixed = CountingBackend()
+    assert run(tmp_path, rows, fixed)["rows"] == first["rows"]
+    assert fixed.calls == [rows[1].input_ids]
+
+
+def test_a_regenerated_answer_gets_new_features(tmp_path: Path) -> None:
+    rows = token_rows()
+    run(tmp_path, rows, CountingBackend())
+    new = TokenRow("r2", "s2", (9, 9, 9, 9), (0, 0, 1, 1), fingerprint="fp2-new")
+    backend = CountingBackend()
+    manifest = run(tmp_path, [rows[0], rows[1], new, rows[3]], backend)
+    assert backend.calls == [new.input_ids]
+    assert manifest["rows"][2]["fingerprint"] == "fp2-new" and manifest["rows"][2]["tokens"] == 4
+
+
+def test_a_crash_loses_only_the_row_in_flight(tmp_path: Path) -> None:
+    rows = token_rows()
+    with pytest.raises(RuntimeError, match="killed"):
+        run(tmp_path, rows, CountingBackend(fail_on=2))
+    assert not (tmp_path / "_manifest.json").exists()
+    with open(tmp_path / ROWS_JOURNAL, "ab") as f:
+        f.write(b'{"id": "r2", "torn')  # a line cut by the kill
+    backend = CountingBackend()
+    run(tmp_path, rows, backend)
+    assert backend.calls == [rows[2].input_ids, rows[3].input_ids]
+
+
+def test_finished_files_are_moved_aside_never_deleted(tmp_path: Path) -> None:
+    rows = token_rows()
+    first = run(tmp_path, rows, CountingBackend())
+    run(tmp_path, rows[:2], CountingBackend())  # fewer rows chosen
+    aside = list((tmp_path / SUPERSEDED_DIR).rglob("*.safetensors"))
+    assert sorted(p.name for p in aside) == sorted(r["file"] for r in first["rows"][2:])
+    backend = CountingBackend()
+    run(
+        tmp_path, rows[:2], backend, dtype="fp8"
+    )  # other settings: everything again, the bf16 files kept aside
+    assert len(backend.calls) == 2
+    assert len(list((tmp_path / SUPERSEDED_DIR).rglob("*.safetensors"))) == 4
+
+
+def test_run_shard_writes_the_manifest_last_with_where_rows_came_from(tmp_path: Path) -> None:
+    rows = token_rows()
+    result = run_shard(
+        rows=rows,
+        shard_dir=tmp_path,
+        shard="00000",
+        settings=settings(),
+        backend=CountingBackend(),
+        about={"tokenized": "t"},
+        encoder=bf16,
+    )
+    assert result.computed == 4 and result.reused == 0
+    assert json.loads((tmp_path / "_manifest.json").read_text())["tokenized"] == "t"
