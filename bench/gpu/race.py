@@ -38,6 +38,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -236,19 +237,11 @@ def log_reading(text: str) -> dict[str, Any]:
     }
 
 
-def steady_windows(lines: list[serverlog.DecodeLine], size: int = 10, share: float = 0.05) -> str:
-    """``qualified/of`` windows of ``size`` consecutive decode lines in which KV in use moved less than
-    ``share`` of the KV in use and the running count stayed within ``share`` of its median (issue 57)."""
-    windows = [lines[k : k + size] for k in range(0, len(lines) - size + 1, size)]
-    ok = 0
-    for w in windows:
-        kv = [ln.tokens for ln in w]
-        running = [ln.running for ln in w]
-        mid_kv, mid_running = statistics.median(kv), statistics.median(running)
-        flat_kv = mid_kv > 0 and abs(kv[-1] - kv[0]) < share * mid_kv
-        flat_running = mid_running > 0 and max(running) - min(running) <= share * mid_running
-        ok += flat_kv and flat_running
-    return f"{ok}/{len(windows)}"
+def steady_windows(lines: list[serverlog.DecodeLine], size: int = 30) -> str:
+    """``k/n`` windows of ``size`` consecutive decode lines that are steady by the benches' one rule
+    (``serverlog.steady_window`` over ``serverlog.window_ends``)."""
+    chunks = [lines[k : k + size] for k in range(0, len(lines) - size + 1, size)]
+    return serverlog.steady_count([serverlog.window_ends(c) for c in chunks])
 
 
 def default_server(s: Settings, model_dir: Path, name: str) -> Server:
@@ -519,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mean", type=float, default=160)
     p.add_argument("--cap", type=int, default=1024)
     args = parse_args(p, argv)
+    if args.smoke:  # CI: the CPU rehearsal at tiny sizes, written to a temporary dir
+        args.dry_cpu = True
+        args.out = args.work = Path(tempfile.mkdtemp(prefix="race-smoke-"))
     race = RaceWork(args.requests, args.prompt_tokens, args.median, args.mean, args.cap)
     s = Settings(work=args.work, dry=args.dry_cpu, model=args.model, race=race)
     s.work.mkdir(parents=True, exist_ok=True)
