@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from regen.ingest.dataset import DatasetConfig
 from regen.ingest.shard_count import settle_auto_count
 from regen.layout import RUN, RunLayout
+from regen.output.kept_runs import KeepConfig
 from regen.output.stale import Identities, KeptOutputs, PlannedOutputs, RemadeOutputs, settle_outputs
 from regen.run_marker import (
     MarkerWriter,
@@ -294,8 +295,14 @@ class RunHooks:
         planned = PlannedOutputs(
             shards=frozenset(self.setup.shards), export=self.setup.export, publish=self.setup.publish
         )
+        keep = KeepConfig.from_dict(self.setup.config.get("keep"))
         lines = settle_outputs(
-            self.layout, planned, self.remade_outputs(), "report_assets", identities=identities
+            self.layout,
+            planned,
+            self.remade_outputs(),
+            "report_assets",
+            identities=identities,
+            keep_last=keep.earlier_runs,
         )
         for line in lines:
             self.say(line)

@@ -168,10 +168,16 @@ def get_final_outputs():
     configured; the settled shard count of shards.count auto."""
     published = [rules.publish.output.record] if HOOKS.setup.publish else []
     exported = [rules.export.output.manifest] if HOOKS.setup.export else []
+    featured = (
+        list(rules.features_all.input)
+        if lookup(dpath="features/enabled", within=config, default=False)
+        else []
+    )
     return (
         settled_shard_count()
         + published
         + exported
+        + featured
         + [
             rules.reaudit.output.ready,
             rules.reconcile.output.table,
