@@ -47,15 +47,14 @@ from typing import Any
 import aiohttp
 
 from bench.gpu import serverlog
-from bench.gpu.dense import Workload
+from bench.gpu.dense import Workload, wait_ready
 from bench.gpu.harness import Timer, bench_server_cfg, generate_dict, gpu_memory_mib, log, wait_gpu_free
-from bench.gpu.planner_truth import MODELS, Server, free_port, regen_tune, simulated_argv
+from bench.gpu.planner_truth import MODELS, Server, free_port, regen_tune, sglang_argv, simulated_argv
 from bench.harness import add_campaign_args, add_smoke, parse_args, publish, result_line
 from regen.types import Message, Sample
 
 #: the sampling every arm sends (regen's client sends the config's; ``harness.generate_dict``)
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
-READY = "The server is fired up"
 CHAT_PATH = "/v1/chat/completions"
 #: words ``t0 .. t<WORDS-1>`` are the tokenizer's ordinary ids; the ids above are the config's specials
 FIRST_SPECIAL = 128000
@@ -250,36 +249,9 @@ def default_server(s: Settings, model_dir: Path, name: str) -> Server:
     if s.dry:
         options = {"max_total_num_tokens": 200_000}
         return Server(simulated_argv(port, log_path, options, 256, 400.0), log_path, port)
-    argv = [
-        sys.executable,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        str(model_dir),
-        "--load-format",
-        "dummy",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    # SGLang's defaults: the benches' launch line less --skip-tokenizer-init (chat needs the tokenizer)
+    argv = [arg for arg in sglang_argv(model_dir, port, ()) if arg != "--skip-tokenizer-init"]
     return Server(argv, log_path, port)
-
-
-async def wait_ready(server: Server, timeout_s: float, dry: bool) -> None:
-    end = time.time() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while time.time() < end:
-            if not server.alive():
-                raise RuntimeError(f"server exited: {server.text()[-1500:]}")
-            try:
-                async with session.get(f"http://127.0.0.1:{server.port}/health") as resp:
-                    if resp.status == 200 and (dry or READY in server.text()):
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(1.0)
-    raise RuntimeError(f"server not ready after {timeout_s:.0f} s")
 
 
 async def default_arms(s: Settings, model_dir: Path, offers: dict[str, int]) -> list[dict[str, Any]]:
@@ -288,7 +260,7 @@ async def default_arms(s: Settings, model_dir: Path, offers: dict[str, int]) -> 
     t = Timer()
     rows: list[dict[str, Any]] = []
     try:
-        await wait_ready(server, s.ready_timeout_s, s.dry)
+        await wait_ready(server, s.ready_timeout_s)
         start_s = round(t(), 2)
         url = f"http://127.0.0.1:{server.port}"
         for name, in_flight in offers.items():
