@@ -38,7 +38,7 @@ from bench.gpu.serverlog import decode_lines, drain_token_share
 from bench.harness import add_smoke, parse_args
 from bench.sim_virtual import VirtualSimulatedServer, VirtualTime
 from regen.generate.client import Endpoint, GenerateConfig, ProgressOptions, ShardJob, generate_shard
-from regen.ingest.shards import shard_audited, write_shards
+from regen.ingest.shards import read_shard, shard_audited, write_shards
 from regen.records import FLAGS_SCHEMA
 from regen.simulated.faults import unit_hash
 from regen.simulated.launcher import start_simulated_server
@@ -115,7 +115,7 @@ def run_order(shard: Path, work: Path, clock: VirtualTime, cap: int, max_tokens:
         cfg = GenerateConfig.from_dict({"sampling": {"max_tokens": max_tokens}, "request_timeout_s": 3600})
         generate_shard(
             ShardJob(
-                shard,
+                read_shard(shard),
                 work / "journal.jsonl",
                 work / "records.jsonl",
                 work / "failed.jsonl",
