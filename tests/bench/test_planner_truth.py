@@ -193,7 +193,8 @@ def test_dense_reads_both_answer_shapes_and_writes_its_line():
     }
     assert dense.final_line(row) == (
         "dense: model=llama-3.1-8b regen_tps=15000 default256_tps=12827 default512_tps=13639 "
-        "vs_default=1.169 predicted_kv=925447 realized_kv=925436 regen_log_tps=na default256_log_tps=na "
+        "vs_default=1.169 best_default_in_flight=na steady_windows=na predicted_kv=925447 realized_kv=925436 "
+        "regen_log_tps=na default256_log_tps=na "
         "fp8kv_tps=na fp8kv_log_tps=na page1_tps=na page1_log_tps=na page16_tps=na page16_log_tps=na"
     )
     assert dense.flag_value(["--mem-fraction-static", "0.92", "--max-running-requests", "90"],
