@@ -50,7 +50,7 @@ from bench.gpu import serverlog
 from bench.gpu.dense import Workload, wait_ready
 from bench.gpu.harness import Timer, bench_server_cfg, generate_dict, gpu_memory_mib, log, wait_gpu_free
 from bench.gpu.planner_truth import MODELS, Server, free_port, regen_tune, sglang_argv, simulated_argv
-from bench.harness import add_campaign_args, add_smoke, parse_args, publish, result_line
+from bench.harness import add_campaign_args, add_smoke, parse_args, publish, result_line, write_json
 from regen.types import Message, Sample
 
 #: the sampling every arm sends (regen's client sends the config's; ``harness.generate_dict``)
@@ -459,18 +459,27 @@ def race_line(model: str, race: RaceWork, rows: list[dict[str, Any]]) -> str:
 
 
 def run_race(s: Settings) -> list[dict[str, Any]]:
-    """regen first (it plans the concurrency one default offer uses), then the defaults, then offline."""
+    """regen first (it plans the concurrency one default offer uses), then offline, then the defaults'
+    offers from the widest down (the 256 one, the old baseline, last). The rows so far are saved after
+    each step (``rows-so-far.json``) so a run cut short by the device still leaves its evidence."""
     model_dir = race_model(s.model, s.work / "model")
     (s.work / "logs").mkdir(parents=True, exist_ok=True)
-    regen_rows, concurrency = regen_arm(s, model_dir)
-    offers = {"default-c256": 256}
-    if concurrency and concurrency != 256:
-        offers[f"default-c{concurrency}"] = concurrency
-    offers["default-all"] = s.race.requests
-    rows = [*regen_rows, *asyncio.run(default_arms(s, model_dir, offers))]
+    rows, concurrency = regen_arm(s, model_dir)
+    save_rows(s, rows)
     rows.append(offline_arm(s, model_dir))
     log(f"offline: {brief(rows[-1])}")
+    save_rows(s, rows)
+    offers = {"default-all": s.race.requests}
+    if concurrency and concurrency != 256:
+        offers[f"default-c{concurrency}"] = concurrency
+    offers["default-c256"] = 256
+    rows.extend(asyncio.run(default_arms(s, model_dir, offers)))
+    save_rows(s, rows)
     return rows
+
+
+def save_rows(s: Settings, rows: list[dict[str, Any]]) -> None:
+    write_json(s.work / "rows-so-far.json", rows)
 
 
 def main(argv: list[str] | None = None) -> int:
