@@ -28,7 +28,7 @@ import yaml
 
 from regen.chat import ChatTemplate, ChatTemplateError
 from regen.configfile import ConfigFileError, load_config
-from regen.features.config import FeaturesConfig, FeaturesConfigError
+from regen.features.config import FeaturesConfig
 from regen.features.projection import free_bytes_at, preview_lines, projection_for_run, refusal
 from regen.generate.server_time import timeout_notes
 from regen.ingest.audit_config import AuditConfig
@@ -443,7 +443,7 @@ def check_features(config: Mapping[str, Any], host: Host) -> list[Problem]:
         if projection is None:
             return []
         cfg = FeaturesConfig.from_dict(config_section(config, "features"))
-    except (FeaturesConfigError, ModelConfigError, OSError) as exc:
+    except (OSError, ValueError) as exc:  # FeaturesConfigError, ModelConfigError, an unreadable Parquet
         return [Problem("features", str(layout.features_dir), str(exc))]
     where = str(layout.features_dir)
     why = refusal(projection, cfg.max_storage, free_bytes_at(where), where)
@@ -453,17 +453,11 @@ def check_features(config: Mapping[str, Any], host: Host) -> list[Problem]:
 def features_notes(config: Mapping[str, Any], results_dir: str | os.PathLike[str] = "results") -> list[str]:
     """The features' projection (rows, tokens, bytes, GPU-hours, each with its source); nothing when the
     section is off, and a line saying why when there is nothing to project from yet."""
-    if not FeaturesConfig.from_dict(config_section(config, "features")).enabled:
-        return []
     layout = RunLayout(results=Path(results_dir))
     try:
-        lines = [line for line in preview_lines(config, layout) if "REFUSED" not in line]
-    except (FeaturesConfigError, ModelConfigError, OSError):
+        return [line for line in preview_lines(config, layout) if "REFUSED" not in line]
+    except (OSError, ValueError):
         return []  # check_features names the problem
-    return lines or [
-        f"features: no projection yet: it needs the audit's token counts ({layout.audit_summary}) or the "
-        f"token export ({layout.export_tokenized}); the features job checks again before it starts"
-    ]
 
 
 def check_config(
