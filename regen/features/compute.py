@@ -1,7 +1,8 @@
 """One shard's features job: the shard's chosen token rows, prefilled, stored, the manifest last.
 
-A row already stored under the same settings and tokens whose checksum verifies is skipped; a row whose
-tokens changed (a regenerated answer) or whose file does not verify is computed again; files of rows no
+A row already stored under the same settings, tokens and answer fingerprint whose checksum verifies is
+skipped; a row whose answer was regenerated (its fingerprint or tokens changed) or whose file does not verify
+is computed again; files of rows no
 longer chosen, or of other settings, are moved to ``superseded/`` (``regen.features.store``).
 """
 
@@ -43,7 +44,7 @@ def compute_rows(
     computed = tokens = 0
     for row in rows:
         token_digest = row.token_digest
-        if store.is_current(row.id, token_digest):
+        if store.is_current(row.id, token_digest, row.fingerprint):
             continue
         states = backend.capture(row.input_ids)
         shape = tuple(states.shape)

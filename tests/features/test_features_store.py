@@ -119,6 +119,23 @@ def test_a_regenerated_answer_gets_new_features(tmp_path: Path) -> None:
     assert manifest["rows"][2]["fingerprint"] == "fp2-new" and manifest["rows"][2]["tokens"] == 4
 
 
+def test_an_answer_regenerated_to_the_same_tokens_is_computed_again(tmp_path: Path) -> None:
+    """The tokens alone do not name the answer: a regenerated answer (new fingerprint) whose ids happen to be
+    the same recomputes its features, and the manifest and the file name the new answer."""
+    rows = token_rows()
+    run(tmp_path, rows, CountingBackend())
+    same_tokens = TokenRow("r1", "s1", rows[1].input_ids, rows[1].loss_mask, fingerprint="fp1-regenerated")
+    backend = CountingBackend()
+    manifest = run(tmp_path, [rows[0], same_tokens, rows[2], rows[3]], backend)
+    assert backend.calls == [rows[1].input_ids]
+    assert [r["fingerprint"] for r in manifest["rows"]] == ["fp0", "fp1-regenerated", "fp2", "fp3"]
+    header, _ = read_safetensors(tmp_path / manifest["rows"][1]["file"])
+    assert header["__metadata__"]["fingerprint"] == "fp1-regenerated"
+    again = CountingBackend()
+    run(tmp_path, [rows[0], same_tokens, rows[2], rows[3]], again)
+    assert again.calls == []  # and once computed, it is current
+
+
 def test_a_crash_loses_only_the_row_in_flight(tmp_path: Path) -> None:
     rows = token_rows()
     with pytest.raises(RuntimeError, match="killed"):
