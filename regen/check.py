@@ -146,6 +146,8 @@ class Sections:
     #: ``merge.output_prefix``, from the validated section: ``regen.output.merge`` types the section, a
     #: floor above this module
     merge_output_prefix: str | None
+    #: ``features.output_prefix`` (``regen.features.publish``); None when unset
+    features_output_prefix: str | None
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> Sections:
@@ -155,6 +157,7 @@ class Sections:
             dataset=DatasetConfig.from_dict(config_section(config, "dataset")),
             audit=AuditConfig.from_dict(config_section(config, "audit"), run.generate.regenerate),
             merge_output_prefix=validated("merge", config_section(config, "merge"))["output_prefix"],
+            features_output_prefix=validated("features", config_section(config, "features"))["output_prefix"],
         )
 
     @property
@@ -424,6 +427,7 @@ def check_s3(config: Sections, host: Host) -> list[Problem]:
     uris = {
         "generate.journal_sync.s3_prefix": config.run.generate.journal_sync.s3_prefix,
         "merge.output_prefix": config.merge_output_prefix,
+        "features.output_prefix": config.features_output_prefix,
     }
     for key, uri in uris.items():
         if uri and is_s3_uri(str(uri)):

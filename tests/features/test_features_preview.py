@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from support.workflow import copy_workflow, snakemake
+from support.workflow import copy_workflow, job_counts, snakemake
 
 from regen.configfile import load_config
 from regen.features.projection import preview_lines, token_counts_for_run
@@ -44,7 +44,8 @@ def write_answers(path: Path, prompt: list[int], answer: list[int]) -> None:
 def test_a_dry_run_prints_the_features_bytes_and_gpu_hours(tmp_path: Path) -> None:
     wd = copy_workflow(tmp_path / "wf")
     write_audit(wd / "results")
-    (wd / "config" / "features.yaml").write_text("features: {enabled: true}\n")
+    # with an upload prefix, one upload job per shard follows its features job (regen.features.publish)
+    (wd / "config" / "features.yaml").write_text("features: {enabled: true, output_prefix: s3://b/f}\n")
     run = snakemake(wd, "-n", "--cores", "1", "--configfile", "config/demo.yaml", "config/features.yaml")
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
@@ -53,6 +54,8 @@ def test_a_dry_run_prints_the_features_bytes_and_gpu_hours(tmp_path: Path) -> No
     assert "features: 10 rows, 1,000 tokens (the audit's prompt and old-answer means" in out, out[-3000:]
     assert "features: layers [2, 14, 25, 28] x hidden 1024 x bf16: 8,200 B a token, 8.2 MB in all" in out
     assert any(line.startswith("features: ") and "GPU-hours of prefill" in line for line in out.splitlines())
+    jobs = job_counts(out)
+    assert jobs["features"] == jobs["publish_features"] == jobs["generate"], jobs
 
 
 def test_the_reports_first_page_carries_the_projection(tmp_path: Path) -> None:
