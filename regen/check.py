@@ -28,7 +28,7 @@ import yaml
 
 from regen.chat import ChatTemplate, ChatTemplateError
 from regen.configfile import ConfigFileError, load_config
-from regen.features.config import FeaturesConfig, FeaturesConfigError
+from regen.features.config import FeaturesConfig
 from regen.features.projection import free_bytes_at, preview_lines, projection_for_run, refusal
 from regen.generate.server_time import timeout_notes
 from regen.ingest.audit_config import AuditConfig
@@ -146,6 +146,8 @@ class Sections:
     #: ``merge.output_prefix``, from the validated section: ``regen.output.merge`` types the section, a
     #: floor above this module
     merge_output_prefix: str | None
+    #: ``features.output_prefix`` (``regen.features.publish``); None when unset
+    features_output_prefix: str | None
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> Sections:
@@ -155,6 +157,7 @@ class Sections:
             dataset=DatasetConfig.from_dict(config_section(config, "dataset")),
             audit=AuditConfig.from_dict(config_section(config, "audit"), run.generate.regenerate),
             merge_output_prefix=validated("merge", config_section(config, "merge"))["output_prefix"],
+            features_output_prefix=validated("features", config_section(config, "features"))["output_prefix"],
         )
 
     @property
@@ -424,6 +427,7 @@ def check_s3(config: Sections, host: Host) -> list[Problem]:
     uris = {
         "generate.journal_sync.s3_prefix": config.run.generate.journal_sync.s3_prefix,
         "merge.output_prefix": config.merge_output_prefix,
+        "features.output_prefix": config.features_output_prefix,
     }
     for key, uri in uris.items():
         if uri and is_s3_uri(str(uri)):
@@ -443,7 +447,7 @@ def check_features(config: Mapping[str, Any], host: Host) -> list[Problem]:
         if projection is None:
             return []
         cfg = FeaturesConfig.from_dict(config_section(config, "features"))
-    except (FeaturesConfigError, ModelConfigError, OSError) as exc:
+    except (OSError, ValueError) as exc:  # FeaturesConfigError, ModelConfigError, an unreadable Parquet
         return [Problem("features", str(layout.features_dir), str(exc))]
     where = str(layout.features_dir)
     why = refusal(projection, cfg.max_storage, free_bytes_at(where), where)
@@ -453,17 +457,11 @@ def check_features(config: Mapping[str, Any], host: Host) -> list[Problem]:
 def features_notes(config: Mapping[str, Any], results_dir: str | os.PathLike[str] = "results") -> list[str]:
     """The features' projection (rows, tokens, bytes, GPU-hours, each with its source); nothing when the
     section is off, and a line saying why when there is nothing to project from yet."""
-    if not FeaturesConfig.from_dict(config_section(config, "features")).enabled:
-        return []
     layout = RunLayout(results=Path(results_dir))
     try:
-        lines = [line for line in preview_lines(config, layout) if "REFUSED" not in line]
-    except (FeaturesConfigError, ModelConfigError, OSError):
+        return [line for line in preview_lines(config, layout) if "REFUSED" not in line]
+    except (OSError, ValueError):
         return []  # check_features names the problem
-    return lines or [
-        f"features: no projection yet: it needs the audit's token counts ({layout.audit_summary}) or the "
-        f"token export ({layout.export_tokenized}); the features job checks again before it starts"
-    ]
 
 
 def check_config(

@@ -524,6 +524,10 @@ class RunLayout:
         """One shard's feature manifest (``regen.features.store.ShardManifest``), written last."""
         return self.features_shard_dir(shard) / MANIFEST_NAME
 
+    def features_published(self, shard: str) -> Path:
+        """What one shard's features upload put where (``regen.features.publish``), beside its manifest."""
+        return self.features_shard_dir(shard) / "_published.json"
+
     @property
     def reconcile(self) -> Path:
         return self.results / "reconcile.json"

@@ -7,8 +7,9 @@ real one). Only the main Snakemake process acts: a job's own Snakemake process (
 ``script:`` job) parses the Snakefile too and must neither mark, move, preflight nor stop anything.
 
 * :meth:`RunHooks.at_dag`: while the DAG is built (``final_outputs``), the first moment the executor and
-  the dry run are known: the dry run's replay preview, a dead controller's lock released (and its Slurm
-  jobs waited for), ``shards.count: auto`` refused on a cluster, a local run's GPU counter widened.
+  the dry run are known: the dry run's replay and features previews, a dead controller's lock released
+  (and its Slurm jobs waited for), ``shards.count: auto`` refused on a cluster, a local run's GPU counter
+  widened.
 * :meth:`RunHooks.on_start`: the run marker (``work/run.json``), other configs' outputs set aside
   (``regen.output.stale``), the preflight (``regen.check``), the servers started early
   (``regen.tune.prestart``).
@@ -194,6 +195,7 @@ class RunHooks:
         scheduler copies the resources before ``onstart``)."""
         if self.view.dryrun:
             self.print_replay_preview()
+            self.print_features_preview()
         if not self.view.is_main_process:
             return
         self.release_lock_of_dead_run()
@@ -206,6 +208,17 @@ class RunHooks:
 
         for line in preview_lines(self.setup.run, self.setup.dataset, self.setup.shards, self.layout):
             self.say(line)
+
+    def print_features_preview(self) -> None:
+        """With ``features.enabled``: the features' rows, tokens, bytes and GPU-hours
+        (``regen.features.projection``), and the refusal when they do not fit."""
+        for line in self.features_preview():
+            self.say(line)
+
+    def features_preview(self) -> tuple[str, ...]:
+        from regen.features.projection import preview_lines_naming_errors
+
+        return tuple(preview_lines_naming_errors(self.setup.config, self.layout))
 
     def release_lock_of_dead_run(self) -> None:
         """The lock a provably dead controller of this directory left is released, with one line
@@ -390,6 +403,7 @@ class RunHooks:
             model=self.setup.run.server.model_path,
             mode=self.setup.run.server.mode,
             shards=len(self.setup.shards),
+            features=self.features_preview(),
         )
         path = write_failed_run_landing(self.layout, facts, ", ".join(map(str, logs)) or None)
         self.say(f"regen: NOT READY; `snakemake --report` shows why ({path})")

@@ -20,6 +20,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,17 +222,25 @@ def upload_dir(local_dir: str | os.PathLike[str], s3_prefix: str, client: Any | 
     root = Path(local_dir)
     if not root.is_dir():
         raise StorageError(f"upload_dir: {root} is not a directory")
-    client = client or s3_client()
-    base = parse_location(s3_prefix)
     files = [
         p
         for p in sorted(root.rglob("*"))
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
     ]
+    return upload_files(root, files, s3_prefix, client)
+
+
+def upload_files(
+    root: str | os.PathLike[str], files: Sequence[Path], s3_prefix: str, client: Any | None = None
+) -> list[str]:
+    """Upload ``files`` (under ``root``) to ``s3_prefix`` at their paths relative to ``root``, in order but
+    every ``_manifest.json`` last. Returns the uploaded URIs in the order they went."""
+    client = client or s3_client()
+    base = parse_location(s3_prefix)
     ordered = [p for p in files if p.name != MANIFEST_NAME] + [p for p in files if p.name == MANIFEST_NAME]
     uris: list[str] = []
     for path in ordered:
-        dest = base.child(path.relative_to(root).as_posix())
+        dest = base.child(Path(path).relative_to(root).as_posix())
         upload_file(path, dest.uri, client)
         uris.append(dest.uri)
     log.info("uploaded %d files from %s to %s", len(uris), root, base.uri)

@@ -81,6 +81,8 @@ rule report_assets:
         mode=lookup(dpath="server/mode", within=config),
         # the plan's count (shards.count auto settled to a number)
         shards=len(SHARDS),
+        # the first page's features projection (regen.features.projection), read with the whole config
+        features=lookup(dpath="features", within=config),
         # the GPU slots' realized memory maps and restarts: the long-lived servers' files, no job's output
         servers=RUN.servers_root,
     script:

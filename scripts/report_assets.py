@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from regen.layout import realized_files, restart_files
+from regen.features.projection import preview_lines_naming_errors
+from regen.layout import RUN, realized_files, restart_files
 from regen.observe.report import ReportInputs, RunFacts, write_report
 from regen.runlog import log_to
 
@@ -32,5 +33,6 @@ write_report(
         model=snakemake.params.model,
         mode=snakemake.params.mode,
         shards=snakemake.params.shards,
+        features=tuple(preview_lines_naming_errors(snakemake.config, RUN)),
     ),
 )

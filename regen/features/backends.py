@@ -23,12 +23,16 @@ FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
 
 class CaptureBackend(Protocol):
-    """One engine's prefill over a row's token ids."""
+    """One engine's prefill over rows of token ids."""
 
     name: str
 
     def capture(self, input_ids: Sequence[int]) -> Any:
         """``[tokens, layers, hidden]`` float states of ``input_ids``, layers in the configured order."""
+
+    def capture_many(self, rows: Sequence[Sequence[int]]) -> list[Any]:
+        """:meth:`capture` of each of ``rows`` (whole rows, never padded), in as few forwards as the engine
+        can; ``regen.features.compute`` hands it up to ``features.batch_tokens`` tokens at once."""
 
 
 def encode(states: Any, input_ids: Sequence[int], dtype: str) -> list[StoredTensor]:
@@ -106,6 +110,10 @@ class TransformersBackend:
                 picked.append(states[i][0])
         return torch.stack(picked, dim=1)
 
+    def capture_many(self, rows: Sequence[Sequence[int]]) -> list[Any]:
+        """One forward a row: transformers would pad rows of unequal length into one batch."""
+        return [self.capture(ids) for ids in rows]
+
 
 class SGLangBackend:
     """SGLang 0.5.17 in process (UNVERIFIED: not yet run on a GPU).
@@ -153,16 +161,22 @@ class SGLangBackend:
         return cls(sglang_capture(path), layer_ids, num_layers, last_layer)
 
     def capture(self, input_ids: Sequence[int]) -> Any:
+        return self.capture_many([input_ids])[0]
+
+    def capture_many(self, rows: Sequence[Sequence[int]]) -> list[Any]:
+        """The rows in one extend (SGLang packs them, unpadded), split back per row."""
         import torch
 
-        aux_rows, last_rows = self.inner.capture_rows([list(input_ids)])
-        tokens = len(input_ids)
-        aux = aux_rows[0].reshape(tokens, len(self.aux_ids), -1)
+        aux_rows, last_rows = self.inner.capture_rows([list(ids) for ids in rows])
         order = sorted(self.aux_ids)  # the model appends in layer order, whatever order we asked in
-        parts = {layer: aux[:, order.index(layer)] for layer in self.aux_ids}
-        if len(self.aux_ids) < len(self.layer_ids):
-            parts[self.num_layers] = last_rows[0]
-        return torch.stack([parts[i] for i in self.layer_ids], dim=1)
+        out = []
+        for ids, aux_row, last in zip(rows, aux_rows, last_rows, strict=True):
+            aux = aux_row.reshape(len(ids), len(self.aux_ids), -1)
+            parts = {layer: aux[:, order.index(layer)] for layer in self.aux_ids}
+            if len(self.aux_ids) < len(self.layer_ids):
+                parts[self.num_layers] = last
+            out.append(torch.stack([parts[i] for i in self.layer_ids], dim=1))
+        return out
 
 
 def sglang_capture(path: str) -> Any:

@@ -1,15 +1,16 @@
 """One shard's features job: the shard's chosen token rows, prefilled, stored, the manifest last.
 
-A row already stored under the same settings and tokens whose checksum verifies is skipped; a row whose
-tokens changed (a regenerated answer) or whose file does not verify is computed again; files of rows no
-longer chosen, or of other settings, are moved to ``superseded/`` (``regen.features.store``).
+A row already stored under the same settings, tokens and answer fingerprint whose checksum verifies is
+skipped; a row whose answer was regenerated (its fingerprint or tokens changed) or whose file does not verify
+is computed again; files of rows no longer chosen, or of other settings, are moved to ``superseded/``
+(``regen.features.store``). The rows are prefilled ``features.batch_tokens`` tokens at a time, whole.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,43 +32,56 @@ class ShardResult:
     moved_aside: tuple[str, ...]
 
 
+def token_batches(rows: Sequence[TokenRow], batch_tokens: int) -> Iterator[list[TokenRow]]:
+    """``rows`` in order, whole, in batches of at most ``batch_tokens`` tokens (a longer row alone)."""
+    batch: list[TokenRow] = []
+    size = 0
+    for row in rows:
+        if batch and size + len(row.input_ids) > batch_tokens:
+            yield batch
+            batch, size = [], 0
+        batch.append(row)
+        size += len(row.input_ids)
+    if batch:
+        yield batch
+
+
 def compute_rows(
     rows: Sequence[TokenRow],
     store: ShardStore,
     backend: CaptureBackend,
+    batch_tokens: int,
     encoder: Callable[[Any, Sequence[int], str], list] = encode,
 ) -> ShardResult:
-    """Store every row of ``rows`` not already current in ``store``; write nothing else."""
+    """Store every row of ``rows`` not already current in ``store``, prefilled ``batch_tokens`` tokens at a
+    time (``features.batch_tokens``); write nothing else. Each row's file is written as its batch returns: a
+    crash loses at most the batch in flight."""
     settings = store.settings
     digest = settings_digest(settings)
-    computed = tokens = 0
-    for row in rows:
-        token_digest = row.token_digest
-        if store.is_current(row.id, token_digest):
-            continue
-        states = backend.capture(row.input_ids)
-        shape = tuple(states.shape)
-        if shape != (len(row.input_ids), len(settings.layer_ids), settings.hidden_size):
-            raise RuntimeError(
-                f"row {row.id}: {backend.name} returned {list(shape)}, expected "
-                f"[{len(row.input_ids)}, {len(settings.layer_ids)}, {settings.hidden_size}]"
+    todo = [r for r in rows if not store.is_current(r.id, r.token_digest, r.fingerprint)]
+    for batch in token_batches(todo, batch_tokens):
+        for row, states in zip(batch, backend.capture_many([r.input_ids for r in batch]), strict=True):
+            shape = tuple(states.shape)
+            if shape != (len(row.input_ids), len(settings.layer_ids), settings.hidden_size):
+                raise RuntimeError(
+                    f"row {row.id}: {backend.name} returned {list(shape)}, expected "
+                    f"[{len(row.input_ids)}, {len(settings.layer_ids)}, {settings.hidden_size}]"
+                )
+            line = StoredRow(
+                id=row.id,
+                sample_id=row.sample_id,
+                file=row_file_name(row.id),
+                sha256="",
+                tokens=len(row.input_ids),
+                token_digest=row.token_digest,
+                settings=digest,
+                fingerprint=row.fingerprint,
+                variant=row.variant,
+                k=row.k,
             )
-        line = StoredRow(
-            id=row.id,
-            sample_id=row.sample_id,
-            file=row_file_name(row.id),
-            sha256="",
-            tokens=len(row.input_ids),
-            token_digest=token_digest,
-            settings=digest,
-            fingerprint=row.fingerprint,
-            variant=row.variant,
-            k=row.k,
-        )
-        store.write(line, encoder(states, row.input_ids, settings.dtype))
-        computed += 1
-        tokens += len(row.input_ids)
-    return ShardResult(len(rows), computed, len(rows) - computed, tokens, ())
+            store.write(line, encoder(states, row.input_ids, settings.dtype))
+    tokens = sum(len(r.input_ids) for r in todo)
+    return ShardResult(len(rows), len(todo), len(rows) - len(todo), tokens, ())
 
 
 def run_shard(
@@ -78,13 +92,14 @@ def run_shard(
     settings: FeatureSettings,
     backend: CaptureBackend,
     about: Mapping[str, Any],
+    batch_tokens: int,
     encoder: Callable[[Any, Sequence[int], str], list] = encode,
 ) -> ShardResult:
     """The features of a shard's chosen ``rows`` (``regen.features.rows.shard_rows``) under ``shard_dir``;
     files of rows no longer chosen moved aside, the manifest (with ``about``: where the rows came from)
     last."""
     store = ShardStore.open(shard_dir, settings)
-    result = compute_rows(rows, store, backend, encoder)
+    result = compute_rows(rows, store, backend, batch_tokens, encoder)
     moved = store.set_aside(r.id for r in rows)
     for line in moved:
         log.info("features: moved aside %s", line)

@@ -130,6 +130,8 @@ class FeaturesConfig:
     prefill_tokens_per_s: float | None
     backend: str
     batch_tokens: int
+    #: where ``regen.features.publish`` uploads the features (``s3://``); None keeps them local
+    output_prefix: str | None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> FeaturesConfig:
@@ -153,6 +155,7 @@ class FeaturesConfig:
             else float(f["prefill_tokens_per_s"]),
             backend=str(f["backend"]),
             batch_tokens=int(f["batch_tokens"]),
+            output_prefix=f["output_prefix"],
         )
 
     def aux_layers(self, num_layers: int) -> tuple[tuple[int, ...], str]:

@@ -77,4 +77,5 @@ def features_job(
         settings=settings,
         backend=backend_for(cfg, model_path, model),
         about=about,
+        batch_tokens=cfg.batch_tokens,
     )

@@ -5,14 +5,16 @@ GPU-hours: prefilled tokens / one GPU's prefill rate. The rate is ``features.pre
 (e.g. measured); else ``ASSUMED_PREFILL_FLOPS`` / (2 x the model's active parameters), a projection: the
 forward's matmuls at 40% of an H100's dense bf16 peak, attention's quadratic term left out (it grows with
 row length: long rows run slower than this). The tokens come from the audit's counts (prompt plus old answer,
-a sample's completions each) until the token export exists; then from its rows' real lengths.
+a sample's completions each) until answers are generated; then the generated answers' real lengths (prompt
+plus answer tokens the server reported, in the merged dataset or else the validated shards so far, the audit's
+means for the rows not generated yet); once the token export exists, its rows' real lengths.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import orjson
 
 from regen.features.config import FeaturesConfig
-from regen.layout import RunLayout
+from regen.layout import RunLayout, dataset_parts
 from regen.runconfig import RunConfig, config_section
 from regen.sglang.models import ModelShape
 
@@ -47,6 +49,32 @@ class TokenCounts:
         )
         rows = int(summary.get("kept", summary.get("total", 0))) * completions_per_prompt
         return cls(rows, round(rows * per_row), "the audit's prompt and old-answer means (projection)")
+
+    @classmethod
+    def from_answers(cls, parquet_files: Sequence[Path], where: str) -> TokenCounts:
+        """From generated rows (the merged dataset's parts or the validated shards): each row's prompt plus
+        answer tokens as the server reported them."""
+        import pyarrow.compute as pc  # here: the features job (regen.features.job) imports this module too
+        import pyarrow.parquet as pq
+
+        rows = tokens = 0
+        for path in parquet_files:
+            table = pq.read_table(path, columns=["prompt_tokens", "completion_tokens"])
+            rows += table.num_rows
+            for name in ("prompt_tokens", "completion_tokens"):
+                tokens += int(pc.sum(table[name]).as_py() or 0)
+        return cls(rows, tokens, f"the generated answers' real lengths ({where})")
+
+    def completed_by(self, audit: TokenCounts | None) -> TokenCounts:
+        """These generated rows, plus the audit's rows not generated yet at its mean (``audit`` None, or
+        these rows already as many: these alone)."""
+        if audit is None or self.rows >= audit.rows or not audit.rows:
+            return self
+        rest = audit.rows - self.rows
+        tokens = self.tokens + round(rest * audit.tokens / audit.rows)
+        return TokenCounts(
+            audit.rows, tokens, f"{self.source} for {self.rows:,} rows, the audit's means for {rest:,} more"
+        )
 
     @classmethod
     def from_token_export(cls, tokenized: str | os.PathLike[str]) -> TokenCounts:
@@ -175,30 +203,58 @@ def refusal(projection: FeatureProjection, max_storage: int | None, free: int, w
     )
 
 
+def token_counts_for_run(layout: RunLayout, completions_per_prompt: int) -> TokenCounts | None:
+    """The best counts the run's files give: the token export; else the merged dataset; else the validated
+    shards so far completed by the audit; else the audit alone; None before the audit."""
+    if layout.export_tokenized.is_file():
+        return TokenCounts.from_token_export(layout.export_tokenized)
+    if layout.dataset_manifest.is_file():
+        return TokenCounts.from_answers(dataset_parts(layout.dataset_dir), str(layout.dataset_dir))
+    audit = None
+    if layout.audit_summary.is_file():
+        summary = orjson.loads(layout.audit_summary.read_bytes())
+        audit = TokenCounts.from_audit(summary, completions_per_prompt)
+    valid = sorted(layout.valid_dir.glob("*.parquet")) if layout.valid_dir.is_dir() else []
+    if valid:
+        return TokenCounts.from_answers(valid, f"{len(valid)} validated shards").completed_by(audit)
+    return audit
+
+
 def projection_for_run(config: Mapping[str, Any], layout: RunLayout) -> FeatureProjection | None:
-    """The features' projection for a loaded config (None: ``features.enabled`` is off, or neither the
-    audit's summary nor the token export exists yet): the token export's real lengths once it exists, else the
-    audit's counts. The one call ``regen check``, the dry-run preview and the report's first page make."""
+    """The features' projection for a loaded config (None: ``features.enabled`` is off, or there is nothing
+    to count yet: :func:`token_counts_for_run`). The one call ``regen check``, the dry-run preview and the
+    report's first page make."""
     cfg = FeaturesConfig.from_dict(config_section(config, "features"))
     if not cfg.enabled:
         return None
     run = RunConfig.from_config(config)
-    if layout.export_tokenized.is_file():
-        counts = TokenCounts.from_token_export(layout.export_tokenized)
-    elif layout.audit_summary.is_file():
-        summary = orjson.loads(layout.audit_summary.read_bytes())
-        counts = TokenCounts.from_audit(summary, run.generate.completions_per_prompt)
-    else:
+    counts = token_counts_for_run(layout, run.generate.completions_per_prompt)
+    if counts is None:
         return None
     return project(counts, cfg, ModelShape.from_config(run.server.planned_model))
 
 
 def preview_lines(config: Mapping[str, Any], layout: RunLayout) -> list[str]:
-    """The projection's lines, and the refusal when it does not fit (empty: features off or nothing to
-    project from yet); for ``snakemake -n`` and the report's first page."""
+    """The projection's lines, and the refusal when it does not fit (empty: features off; one line saying so
+    when there is nothing to project from yet); for ``regen check``, ``snakemake -n`` and the report's first
+    page. A bad setting or an unreadable file raises (``regen check`` names it as a problem)."""
+    if not FeaturesConfig.from_dict(config_section(config, "features")).enabled:
+        return []
     projection = projection_for_run(config, layout)
     if projection is None:
-        return []
+        return [
+            f"features: no projection yet: it needs the audit's token counts ({layout.audit_summary}) or "
+            f"the generated answers; the features job checks again before it starts"
+        ]
     cfg = FeaturesConfig.from_dict(config_section(config, "features"))
     why = refusal(projection, cfg.max_storage, free_bytes_at(layout.features_dir), str(layout.features_dir))
     return projection.lines() + ([f"features: REFUSED: {why}"] if why else [])
+
+
+def preview_lines_naming_errors(config: Mapping[str, Any], layout: RunLayout) -> list[str]:
+    """:func:`preview_lines`, a bad setting or unreadable file said in one line instead of raised (the dry
+    run and the report show it; ``regen check`` refuses the run for it)."""
+    try:
+        return preview_lines(config, layout)
+    except (OSError, ValueError) as exc:  # FeaturesConfigError, ModelConfigError, pyarrow's ArrowInvalid
+        return [f"features: no projection: {exc}"]

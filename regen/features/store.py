@@ -9,8 +9,9 @@ pickle: ``regen.features.export`` writes it from these files.
 
 Every file is written under a temporary name and renamed (``regen.io.atomic_path``), its sha256 appended to
 the shard's row journal (``_rows.jsonl``) once it is in place; the manifest (``_manifest.json``) is written
-last from the journal. Resume reuses a row only when its journal line names the same settings and token
-digest and the file's sha256 still verifies; everything else is computed again.
+last from the journal. Resume reuses a row only when its journal line names the same settings, token digest
+and answer fingerprint (the export's ``fingerprint``: a regenerated answer has a new one even when its tokens
+are the same) and the file's sha256 still verifies; everything else is computed again.
 
 The safetensors format is written here (8-byte header length, JSON header, raw little-endian bytes), so this
 module needs neither torch nor the safetensors package.
@@ -160,14 +161,17 @@ class ShardStore:
         )  # finished under other settings: kept, not rewritten
         return store
 
-    def is_current(self, row_id: str, token_digest: str) -> bool:
-        """Whether ``row_id``'s stored features are of these tokens and settings (checksum verified)."""
+    def is_current(self, row_id: str, token_digest: str, fingerprint: str | None) -> bool:
+        """Whether ``row_id``'s stored features are of these tokens, this answer and these settings (checksum
+        verified)."""
         row = self.done.get(row_id)
-        return row is not None and row.token_digest == token_digest
+        return row is not None and row.token_digest == token_digest and row.fingerprint == fingerprint
 
     def write(self, row: StoredRow, tensors: Sequence[StoredTensor]) -> StoredRow:
         """Write one row's file (temporary name, renamed), then its journal line; return the line."""
         meta = {"format": FORMAT, "id": row.id, "token_digest": row.token_digest, "settings": row.settings}
+        if row.fingerprint:
+            meta["fingerprint"] = row.fingerprint
         blob = safetensors_bytes(tensors, meta)
         target = self.directory / row.file
         with atomic_path(target) as tmp:

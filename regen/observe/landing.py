@@ -26,6 +26,8 @@ class RunFacts:
     model: str = "?"
     mode: str = "?"
     shards: int | None = None
+    #: the features' projection (``regen.features.projection.preview_lines``): empty when off
+    features: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,8 +199,8 @@ def landing_rst(
         lines += ["Why:" if not verdict.ready else "Note:", ""]
         lines += [f"- {t(r)}" for r in verdict.reasons]
         lines.append("")
-    if numbers:
-        lines += [f"- {t(n)}" for n in numbers]
+    if numbers or facts.features:
+        lines += [f"- {t(n)}" for n in (*numbers, *facts.features)]
         lines.append("")
     shards = _count(facts.shards, "shard") if facts.shards is not None else "? shards"
     lines += [

@@ -5,7 +5,9 @@
   SpecForge renders and tokenizes it itself, with the chat template named in the manifest.
 * ``tokenized.jsonl``: ``{"id", "input_ids", "loss_mask"}`` built by ``regen.output.masks`` from the
   server's own token ids: SpecForge's pre-tokenized prompts path (``data.prompts_path``, DFlash)
-  and ``speculators prepare-data`` read it as is.
+  and ``speculators prepare-data`` read it as is. Each line also names the answer it came from
+  (``fingerprint``, ``regen.fingerprint``): the features' resume (``regen.features``) recomputes a row whose
+  answer was regenerated.
 * ``specforge.eval.jsonl`` and ``tokenized.eval.jsonl``: the held-out eval split (``regen.output.split``), the
   rows whose opening prompt hashes below ``export.eval_fraction``, in the same two formats; no prompt is
   on both sides, and the split depends on the prompt text alone (stable over reruns and resumes).
@@ -63,6 +65,7 @@ READ_COLUMNS = (
     "completion_token_ids",
     "turns",
     "duplicate_of",
+    "fingerprint",
 )
 #: message fields SpecForge's thinking parser keeps (``ThinkingParser.standard_keys``)
 SPECFORGE_MESSAGE_KEYS = ("role", "content", "reasoning_content", "tool_calls", "name", "tool_call_id")
@@ -121,6 +124,12 @@ def completion_of(row: Mapping[str, Any]) -> dict[str, Any]:
     """The row's sample id, variant and completion index (the export lines carry them; trainers read the
     fields they know and pass the rest by)."""
     return {k: row[k] for k in COMPLETION_COLUMNS if k in row}
+
+
+def answer_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The fingerprint of the answer a token row came from (what decided it: ``regen.fingerprint``); empty for
+    a dataset merged before the column."""
+    return {"fingerprint": row["fingerprint"]} if row.get("fingerprint") else {}
 
 
 def specforge_line(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -235,7 +244,8 @@ def export_dataset(
             if len(kept) < len(made):
                 left_out["token_rows_over_max_length"] += len(made) - len(kept)
             for out in kept:
-                tokenized_files[side].write(orjson.dumps(out.to_json() | completion_of(row)) + b"\n")
+                token_line = out.to_json() | completion_of(row) | answer_of(row)
+                tokenized_files[side].write(orjson.dumps(token_line) + b"\n")
                 if side == TRAIN:
                     token_counts.add(out.input_ids, out.loss_mask)
                 sources[out.source] += 1

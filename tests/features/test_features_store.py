@@ -30,7 +30,12 @@ class CountingBackend:
 
     def __init__(self, fail_on: int | None = None) -> None:
         self.calls: list[tuple[int, ...]] = []
+        self.batches: list[list[int]] = []  # each capture_many call's row lengths
         self.fail_on = fail_on
+
+    def capture_many(self, rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        self.batches.append([len(ids) for ids in rows])
+        return [self.capture(ids) for ids in rows]
 
     def capture(self, input_ids: Sequence[int]) -> np.ndarray:
         if self.fail_on is not None and len(self.calls) == self.fail_on:
@@ -68,9 +73,15 @@ def token_rows(lengths: Sequence[int] = (3, 7, 5, 2)) -> list[TokenRow]:
     ]
 
 
-def run(shard_dir: Path, rows: list[TokenRow], backend: CountingBackend, dtype: str = "bf16") -> dict:
+def run(
+    shard_dir: Path,
+    rows: list[TokenRow],
+    backend: CountingBackend,
+    dtype: str = "bf16",
+    batch_tokens: int = 1,
+) -> dict:
     store = ShardStore.open(shard_dir, settings(dtype))
-    compute_rows(rows, store, backend, encoder=bf16)
+    compute_rows(rows, store, backend, batch_tokens, encoder=bf16)
     store.set_aside(r.id for r in rows)
     return store.write_manifest("00000", [r.id for r in rows], {})
 
@@ -119,6 +130,23 @@ def test_a_regenerated_answer_gets_new_features(tmp_path: Path) -> None:
     assert manifest["rows"][2]["fingerprint"] == "fp2-new" and manifest["rows"][2]["tokens"] == 4
 
 
+def test_an_answer_regenerated_to_the_same_tokens_is_computed_again(tmp_path: Path) -> None:
+    """The tokens alone do not name the answer: a regenerated answer (new fingerprint) whose ids happen to be
+    the same recomputes its features, and the manifest and the file name the new answer."""
+    rows = token_rows()
+    run(tmp_path, rows, CountingBackend())
+    same_tokens = TokenRow("r1", "s1", rows[1].input_ids, rows[1].loss_mask, fingerprint="fp1-regenerated")
+    backend = CountingBackend()
+    manifest = run(tmp_path, [rows[0], same_tokens, rows[2], rows[3]], backend)
+    assert backend.calls == [rows[1].input_ids]
+    assert [r["fingerprint"] for r in manifest["rows"]] == ["fp0", "fp1-regenerated", "fp2", "fp3"]
+    header, _ = read_safetensors(tmp_path / manifest["rows"][1]["file"])
+    assert header["__metadata__"]["fingerprint"] == "fp1-regenerated"
+    again = CountingBackend()
+    run(tmp_path, [rows[0], same_tokens, rows[2], rows[3]], again)
+    assert again.calls == []  # and once computed, it is current
+
+
 def test_a_crash_loses_only_the_row_in_flight(tmp_path: Path) -> None:
     rows = token_rows()
     with pytest.raises(RuntimeError, match="killed"):
@@ -154,7 +182,23 @@ def test_run_shard_writes_the_manifest_last_with_where_rows_came_from(tmp_path: 
         settings=settings(),
         backend=CountingBackend(),
         about={"tokenized": "t"},
+        batch_tokens=16384,
         encoder=bf16,
     )
     assert result.computed == 4 and result.reused == 0
     assert json.loads((tmp_path / "_manifest.json").read_text())["tokenized"] == "t"
+
+
+def test_batch_tokens_packs_whole_rows_and_changes_no_byte(tmp_path: Path) -> None:
+    """``features.batch_tokens``: the rows still to compute go to the engine in order, whole (never split or
+    padded), as many as fit the limit, a longer row alone; the files are those of one row at a time."""
+    rows = token_rows((3, 7, 5, 2, 12, 1))
+    one_by_one = run(tmp_path / "one", rows, CountingBackend())
+    batched = CountingBackend()
+    packed = run(tmp_path / "packed", rows, batched, batch_tokens=10)
+    assert batched.batches == [[3, 7], [5, 2], [12], [1]]
+    assert [r["sha256"] for r in packed["rows"]] == [r["sha256"] for r in one_by_one["rows"]]
+    (tmp_path / "packed" / packed["rows"][1]["file"]).unlink()  # resume: only what is missing is batched
+    again = CountingBackend()
+    run(tmp_path / "packed", rows, again, batch_tokens=10)
+    assert again.batches == [[7]]

@@ -58,7 +58,12 @@ def test_the_trainers_loaders_read_the_reference_states(tmp_path: Path, arch: st
     assert out["fp8"]["rows"] == rows and out["fp8"]["close"] == rows
     assert out["fp8"]["bytes_vs_bf16"] < 0.6
     # the SGLang adapter's glue: SpecForge-convention ids to SGLang's setter, unpacked as the reference
-    assert out["sglang_adapter"] == {"setter_ids": [4, 1, 3], "equal": rows, "pre_norm_refused": True}
+    assert out["sglang_adapter"] == {
+        "setter_ids": [4, 1, 3],
+        "equal": rows,
+        "equal_batched": rows,  # the rows in one extend, split back per row (features.batch_tokens)
+        "pre_norm_refused": True,
+    }
     manifest = out["manifest"]
     assert manifest["settings"]["layer_ids"] == [2, 4, 5, 8]
     assert manifest["settings"]["layer_convention"] == "hf_hidden_states_index"

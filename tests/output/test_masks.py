@@ -192,4 +192,7 @@ def test_export_files_manifest_and_permissions(tmp_path: Path) -> None:
     first = sf[0]["conversations"]
     assert [m["role"] for m in first] == ["system", "user", "assistant", "user", "assistant"]
     assert "reasoning_content" in first[-1] and "reasoning_content" not in first[0]
-    assert set(tk[0]) == {"id", "sample_id", "variant", "k", "input_ids", "loss_mask"}
+    assert set(tk[0]) == {"id", "sample_id", "variant", "k", "fingerprint", "input_ids", "loss_mask"}
+    # each token row names the answer it came from (the features' resume reads it: regen.features.store)
+    fingerprints = {r["id"]: r["fingerprint"] for r in rows}
+    assert all(t["fingerprint"] == fingerprints[t["id"]] for t in tk)
