@@ -48,8 +48,16 @@ import aiohttp
 
 from bench.gpu import serverlog
 from bench.gpu.dense import Workload, wait_ready
-from bench.gpu.harness import Timer, bench_server_cfg, generate_dict, gpu_memory_mib, log, wait_gpu_free
-from bench.gpu.planner_truth import MODELS, Server, free_port, regen_tune, sglang_argv, simulated_argv
+from bench.gpu.harness import Timer, bench_server_cfg, generate_dict, gpu_memory_mib, log
+from bench.gpu.planner_truth import (
+    MODELS,
+    Server,
+    free_port,
+    regen_tune,
+    sglang_argv,
+    simulated_argv,
+    wait_gpu_free,
+)
 from bench.harness import add_campaign_args, add_smoke, parse_args, publish, result_line, write_json
 from regen.types import Message, Sample
 
