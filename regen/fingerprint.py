@@ -318,7 +318,9 @@ def decisive_plan_config(config: Mapping[str, Any]) -> dict[str, Any]:
     which weigh the planned answer length (``regen.tune.workload_plan.variant_shares``). Without variants,
     ``generate.thinking`` where it is not the default ``on`` (with ``thinking_fraction`` for ``mix``): it
     weighs the answer length too, and a run that switches it replans; a thinking-on run's param stays as
-    it was."""
+    it was. ``generate.sampling.n`` (without variants) and ``generate.regenerate`` where they are not the
+    defaults (1, ``last``): completions that share a prompt, or turns that extend the last, decide whether
+    the plan keeps the radix cache on; a default run's param stays as it was."""
     server = config.get("server") or {}
     generate = GenerateConfig.from_dict(config.get("generate"))
     out: dict[str, Any] = {
@@ -330,8 +332,13 @@ def decisive_plan_config(config: Mapping[str, Any]) -> dict[str, Any]:
         out["variants"] = [{"name": name, "n": n, "thinking": mode} for name, n, mode in modes]
         if any(mode == "mix" for _, _, mode in modes):
             out["thinking_fraction"] = generate.thinking_fraction
-    elif generate.thinking != "on":
-        out["thinking"] = generate.thinking
-        if generate.thinking == "mix":
-            out["thinking_fraction"] = generate.thinking_fraction
+    else:
+        if generate.thinking != "on":
+            out["thinking"] = generate.thinking
+            if generate.thinking == "mix":
+                out["thinking_fraction"] = generate.thinking_fraction
+        if generate.sampling.n != 1:
+            out["n"] = generate.sampling.n
+    if generate.regenerate != "last":
+        out["regenerate"] = generate.regenerate
     return out
