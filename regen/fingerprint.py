@@ -290,11 +290,31 @@ RERUN_GENERATE_KEYS: tuple[str, ...] = (
 RERUN_SERVER_KEYS: tuple[str, ...] = ("model_path", "mode", "reasoning_parser")
 #: the top-level keys of the contract: the tokenizer (its chat template)
 RERUN_RUN_KEYS: tuple[str, ...] = ("tokenizer",)
+#: the keys of each ``generate.variants`` entry in the contract (``generate.variants``, only when set), in
+#: this order, those a variant leaves unset left out: every key a variant may have (the typed
+#: ``regen.runconfig.Variant``'s, written as configured by ``Variant.as_configured``)
+RERUN_VARIANT_KEYS: tuple[str, ...] = (
+    "name",
+    "temperature",
+    "top_p",
+    "top_k",
+    "thinking",
+    "reasoning_effort",
+    "n",
+)
+
+
+def variant_as_tracked(variant: Variant) -> dict[str, Any]:
+    """One variant's part of the generate rule's tracked param: its :data:`RERUN_VARIANT_KEYS` that it
+    sets, as configured."""
+    values = ((k, variant.as_configured(k)) for k in RERUN_VARIANT_KEYS)
+    return {k: v for k, v in values if v is not None}
 
 
 def decisive_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The ``generate`` rule's tracked ``settings`` param: every config value that decides an answer (the
-    fields marked :data:`regen.runconfig.ANSWERS`), as configured.
+    fields marked :data:`regen.runconfig.ANSWERS`), as configured, and the variants as the loader types
+    them (:func:`variant_as_tracked`).
 
     A plain dict, so Snakemake compares it between runs (by its repr: key order counts, and stays as it
     was): a change reruns the generate jobs, which regenerate exactly the samples whose fingerprint changed.
@@ -302,13 +322,29 @@ def decisive_config(config: Mapping[str, Any]) -> dict[str, Any]:
     generate = config.get("generate") or {}
     server = config.get("server") or {}
     decided = {k: generate[k] for k in RERUN_GENERATE_KEYS if k in generate}
-    if generate.get("variants"):  # only when set: a config without variants keeps the param it had
-        decided["variants"] = generate["variants"]
+    variants = GenerateConfig.from_dict(config.get("generate")).configured_variants
+    if variants:  # only when set: a config without variants keeps the param it had
+        decided["variants"] = [variant_as_tracked(v) for v in variants]
     return {
         "generate": decided,
         **{setting_name(ServerConfig, k): server.get(k) for k in RERUN_SERVER_KEYS},
         **{k: config.get(k) for k in RERUN_RUN_KEYS},
     }
+
+
+class TrackedRun(dict[str, Any]):
+    """The ``generate`` rule's one param: the dict of what decides an answer (:func:`decisive_config`;
+    Snakemake compares a dict param between runs by its repr, so a change reruns the job), carrying the
+    typed run config the job reads everything from (:attr:`run`), which by itself never reruns a job."""
+
+    run: RunConfig
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any], run: RunConfig) -> TrackedRun:
+        """``config`` validated (its defaults filled), and ``run`` typed from it (``rules/common.smk``)."""
+        tracked = cls(decisive_config(config))
+        tracked.run = run
+        return tracked
 
 
 def decisive_plan_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -183,6 +183,13 @@ class Variant:
             reasoning_effort=v.get("reasoning_effort"),
         )
 
+    def as_configured(self, key: str) -> Any:
+        """The value of config key ``key`` of this variant as the config writes it (``thinking``: ``on`` /
+        ``off``); None where the variant does not set it."""
+        if key == "thinking":
+            return None if self.thinking is None else "on" if self.thinking else "off"
+        return getattr(self, key)
+
     @property
     def own_sampling(self) -> tuple[tuple[str, Any], ...]:
         """The sampling values the variant sets itself, as (key, value) pairs."""
@@ -275,8 +282,8 @@ class GenerateConfig:
     spill: bool
     journal_sync: JournalSyncConfig
     #: ``generate.variants`` as configured (empty: one implicit variant); read them through
-    #: :meth:`variants`. Decides the answers, tracked by ``regen.fingerprint.decisive_config`` itself
-    #: (only when set, so a config without variants keeps the generate rule's param as it was)
+    #: :meth:`variants`. Decides the answers, tracked by ``regen.fingerprint.decisive_config`` as
+    #: ``RERUN_VARIANT_KEYS`` (only when set, so a config without variants keeps the generate rule's param)
     configured_variants: tuple[Variant, ...] = ()
 
     def variants(self) -> tuple[Variant, ...]:

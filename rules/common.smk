@@ -6,7 +6,7 @@ import os
 from snakemake.exceptions import WorkflowError
 
 from regen.configfile import ConfigFileError, read_layers, validate_config
-from regen.fingerprint import decisive_config, decisive_plan_config
+from regen.fingerprint import TrackedRun, decisive_plan_config
 from regen.layout import (
     AUDIT_HTML,
     FINISH_REASONS_SVG,
@@ -139,8 +139,9 @@ def chat_template_file():
 
 
 def generation_settings():
-    """What decides an answer (model, chat template, sampling, modes): the generate rule's tracked param."""
-    return decisive_config(config)
+    """What decides an answer (model, chat template, sampling, modes): the generate rule's tracked param,
+    carrying the typed run config the job reads (regen.fingerprint.TrackedRun)."""
+    return TrackedRun.of(config, RUN_CONFIG)
 
 
 def plan_settings():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from regen.output.merge import MergeConfig, merge
 from regen.output.reaudit import MixedSettingsError, ReauditGates, reaudit_dataset
 from regen.output.validate import ValidateConfig, validate_shard
 from regen.prompts import prompt_for_last, request_content, turn_prefixes
-from regen.runconfig import ANSWERS, PLAN, GenerateConfig, RunConfig, ServerConfig, keys_deciding
+from regen.runconfig import ANSWERS, PLAN, GenerateConfig, RunConfig, ServerConfig, Variant, keys_deciding
 from regen.simulated.launcher import start_simulated_server
 from regen.types import Message, Sample
 
@@ -610,18 +611,42 @@ def test_s3_journal_from_a_machine_with_another_config(s3_prefix: str, sim: str,
 
 def test_the_rerun_contract_is_a_named_list_covering_every_deciding_field() -> None:
     """The generate rule's tracked param is built from ``RERUN_*_KEYS`` (order included), which name every
-    field marked as deciding answers; the demo's param, with and without variants, is byte-identical to the
-    one main computed before the lists existed (sha256 of its repr at 173b324)."""
-    from regen.fingerprint import RERUN_GENERATE_KEYS, RERUN_RUN_KEYS, RERUN_SERVER_KEYS
+    field marked as deciding answers and every key a variant may have; the demo's param, with and without
+    variants, is byte-identical to the one main computed before the lists existed (sha256 of its repr at
+    173b324; with variants, of the validated config, at 626ded3, when the variants were read raw)."""
+    from regen.fingerprint import RERUN_GENERATE_KEYS, RERUN_RUN_KEYS, RERUN_SERVER_KEYS, RERUN_VARIANT_KEYS
+    from regen.runconfig import section_schema, validated
 
     assert set(RERUN_GENERATE_KEYS) == set(keys_deciding(GenerateConfig, ANSWERS))
     assert set(RERUN_SERVER_KEYS) == set(keys_deciding(ServerConfig, ANSWERS))
     assert set(RERUN_RUN_KEYS) == set(keys_deciding(RunConfig, ANSWERS))
+    variant_keys = section_schema("generate")["properties"]["variants"]["items"]["properties"]
+    assert set(RERUN_VARIANT_KEYS) == set(variant_keys) == {f.name for f in dataclasses.fields(Variant)}
     demo = demo_config()
     assert hashlib.sha256(repr(decisive_config(demo)).encode()).hexdigest() == (
         "92383c2a303b4dd36f79a2e5a4bdaf12b184ac4ac30d1c34119350d8c0210bb1"
     )
-    demo["generate"]["variants"] = [{"name": "hot", "sampling": {"temperature": 1.0}}]
-    assert hashlib.sha256(repr(decisive_config(demo)).encode()).hexdigest() == (
-        "559ae8a947fe114efe1741233cd8e1e080f75bbf86ace6ffcca90c281b57cc03"
-    )
+    pinned = {
+        "daf7b5fe8040117f50875907301f1bbf3f94359a669b582d093e45a540cf34b4": [{"name": "hot", "temperature": 1.0}],
+        "394ab9fbc170f1e7e92be6db415aca8f073a4aec7360cb5b66caf9059a5aef0e": [
+            {"name": "default"},
+            {"name": "hot", "temperature": 1.3, "top_p": 0.9, "top_k": 5, "thinking": "off",
+             "reasoning_effort": "low", "n": 4},
+        ],
+    }  # fmt: skip
+    for digest, variants in pinned.items():
+        demo["generate"] = validated("generate", {**demo["generate"], "variants": variants})
+        assert hashlib.sha256(repr(decisive_config(demo)).encode()).hexdigest() == digest
+
+
+def test_the_generate_job_gets_the_typed_run_inside_its_tracked_param() -> None:
+    """One param: Snakemake tracks it by its repr (that of :func:`decisive_config`), the job reads the typed
+    run config it carries, and both survive the pickle Snakemake hands a script its params in."""
+    from regen.fingerprint import TrackedRun
+
+    demo = demo_config()
+    run = RunConfig.from_config(demo)
+    tracked = TrackedRun.of(demo, run)
+    assert isinstance(tracked, dict) and repr(tracked) == repr(decisive_config(demo))
+    back = pickle.loads(pickle.dumps(tracked))
+    assert back.run == run and back == decisive_config(demo)

@@ -68,8 +68,8 @@ def test_each_variant_has_its_own_fingerprint_and_default_keeps_the_one_before_v
     # the generate rule's tracked param: unchanged for a config without variants
     assert "variants" not in decisive_config({"generate": {"variants": []}})["generate"]
     assert decisive_config({"generate": {"variants": [{"name": "a"}]}})["generate"]["variants"] == [
-        {"name": "a"}
-    ]
+        {"name": "a", "n": 1}
+    ]  # as the workflow's validated config holds it: n filled in
 
 
 def test_a_variants_request_body_samples_its_own_way() -> None:
