@@ -627,7 +627,9 @@ def test_the_rerun_contract_is_a_named_list_covering_every_deciding_field() -> N
         "92383c2a303b4dd36f79a2e5a4bdaf12b184ac4ac30d1c34119350d8c0210bb1"
     )
     pinned = {
-        "daf7b5fe8040117f50875907301f1bbf3f94359a669b582d093e45a540cf34b4": [{"name": "hot", "temperature": 1.0}],
+        "daf7b5fe8040117f50875907301f1bbf3f94359a669b582d093e45a540cf34b4": [
+            {"name": "hot", "temperature": 1.0},
+        ],
         "394ab9fbc170f1e7e92be6db415aca8f073a4aec7360cb5b66caf9059a5aef0e": [
             {"name": "default"},
             {"name": "hot", "temperature": 1.3, "top_p": 0.9, "top_k": 5, "thinking": "off",
