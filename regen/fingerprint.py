@@ -3,16 +3,19 @@
 Two levels:
 
 * ``GenerationSettings`` — what the config decides for every request of one sampling variant
-  (``generate.variants``; one implicit ``default`` without them): model path and revision, server mode,
-  chat template hash, reasoning parser, regenerate and thinking modes, the variant's sampling
-  (temperature, top_p, top_k, max_tokens, seed, per-thinking-mode overrides) and reasoning effort, the
+  (``generate.variants``; one implicit ``default`` without them), in two parts. The run's
+  (``RunSettings``, built once a run): model path and revision, server mode, chat template hash,
+  reasoning parser, the regenerate mode, the thinking fraction, ``max_tokens`` and the base seed, the
   truncation policy, the extra request fields and whether token ids are kept; and what the server
   reports of its own numerics (its SGLang version, weight/KV/state dtypes, quantization, deterministic
   inference: ``SERVER_NUMERICS_KEYS``), filled in by the client from ``/server_info`` once it has a
-  server, so a journal written by a bf16-state server is not replayed under an fp32-state one. Its
-  ``fingerprint`` (``settings_fingerprint`` in records) is one per variant of a run: adding, changing or
-  removing a variant touches its records alone. The ``default`` variant's settings hash as they did
-  before variants existed.
+  server, so a journal written by a bf16-state server is not replayed under an fp32-state one. The
+  variant's own (``VariantSettings``): its name, thinking mode, temperature, top_p, top_k (with the
+  per-thinking-mode overrides) and reasoning effort, the keys a variant may set. Its ``fingerprint``
+  (``settings_fingerprint`` in records) is one per variant of a run, computed once when the settings are
+  built: adding, changing or removing a variant touches its records alone. The ``default`` variant's
+  settings hash as they did before variants existed (the hashed JSON is the two parts' flat keys, as
+  before the split).
 * ``request_fingerprint`` — one per completion: the settings fingerprint, the completion's key
   (``Variant.completion_key``: the sample id for the default variant's first completion, else
   ``{sample_id}/{variant}/{k}``; the seed derives from it, and with ``thinking: mix`` the thinking
@@ -42,7 +45,6 @@ from regen.runconfig import (
     PLAN,
     GenerateConfig,
     RunConfig,
-    SamplingConfig,
     ServerConfig,
     Variant,
     keys_deciding,
@@ -105,20 +107,11 @@ def model_revision(model_path: str) -> str | None:
     return None
 
 
-#: the settings every variant of a run shares: what its answers come from, not how they are sampled
-_RUN_SETTINGS = (
-    "model_path",
-    "model_revision",
-    "server_mode",
-    "chat_template_sha256",
-    "reasoning_parser",
-    "server_numerics",
-)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GenerationSettings:
-    """The config's part of what decides an answer (see the module docstring)."""
+class RunSettings:
+    """What every sampling variant of a run shares (see the module docstring): what its answers come from,
+    and the ``generate`` keys no variant may set (``max_tokens`` and ``seed`` of ``generate.sampling``
+    among them: a variant sets ``regen.runconfig.VARIANT_SAMPLING_KEYS`` alone)."""
 
     model_path: str
     model_revision: str | None
@@ -126,30 +119,20 @@ class GenerationSettings:
     chat_template_sha256: str | None
     reasoning_parser: str
     regenerate: str
-    thinking: str
     thinking_fraction: float
-    #: the variant's sampling (``Variant.sampling``: temperature, top_p, top_k, max_tokens, seed and the
-    #: per-thinking-mode overrides), hashed as flat keys (:meth:`to_json`)
-    sampling: SamplingConfig
+    max_tokens: int
+    #: the base seed each completion's own derives from (``regen.generate.sample_record.derive_seed``)
+    seed: int
     truncation: str
     retry_max_tokens_factor: float
     extra_body: dict[str, Any]
     #: whether records carry the server's token ids (what a replayed record holds)
     return_token_ids: bool
-    #: ``server_numerics`` of the server the answers come from; empty until the client has asked it
-    server_numerics: dict[str, Any] = field(default_factory=dict)
     #: the chat template's ``preserve_thinking`` (earlier turns' reasoning in context); None: not sent
     preserve_thinking: bool | None
+    #: ``server_numerics`` of the server the answers come from; empty until the client has asked it
+    server_numerics: dict[str, Any] = field(default_factory=dict)
     version: int = FINGERPRINT_VERSION
-    #: the sampling variant these settings are of (``generate.variants``); None: ``default``, the one
-    #: implicit variant. Left out of the hash when None, so settings from before variants keep theirs
-    variant: str | None = None
-    #: the variant's ``reasoning_effort`` (chat_template_kwargs); None: not sent, and left out of the hash
-    reasoning_effort: str | None = None
-
-    def served_by(self, numerics: Mapping[str, Any]) -> GenerationSettings:
-        """These settings as answered by a server reporting ``numerics``."""
-        return replace(self, server_numerics=dict(numerics))
 
     @classmethod
     def of(
@@ -161,15 +144,9 @@ class GenerationSettings:
         server_mode: str = "unknown",
         chat_template_sha256: str | None = None,
         reasoning_parser: str = "unknown",
-        variant: Variant | None = None,
-    ) -> GenerationSettings:
-        """The settings of one sampling variant (None: the run's first, :meth:`GenerateConfig.variants`)
-        of a typed ``generate`` section; the rest names what the answers come from (a bare generate
-        config, as benches and tests drive the client with, has placeholders there).
-
-        One record is one completion of one request, so ``n`` is 1 whatever the variant's ``n``: raising
-        it adds completions and keeps those made before."""
-        v = variant if variant is not None else generate.variants()[0]
+    ) -> RunSettings:
+        """The run-wide settings of a typed ``generate`` section; the rest names what the answers come from
+        (a bare generate config, as benches and tests drive the client with, has placeholders there)."""
         return cls(
             model_path=model_path,
             model_revision=model_revision,
@@ -177,22 +154,19 @@ class GenerationSettings:
             chat_template_sha256=chat_template_sha256,
             reasoning_parser=reasoning_parser,
             regenerate=generate.regenerate,
-            thinking=v.thinking_mode(generate.thinking),
             thinking_fraction=generate.thinking_fraction,
-            sampling=v.sampling(generate.sampling),
+            max_tokens=generate.sampling.max_tokens,
+            seed=generate.sampling.seed,
             truncation=generate.truncation.setting,
             retry_max_tokens_factor=generate.retry_max_tokens_factor,
             extra_body=dict(generate.extra_body),
             return_token_ids=generate.return_token_ids,
             preserve_thinking=generate.preserve_thinking,
-            variant=None if v.name == DEFAULT_VARIANT else v.name,
-            reasoning_effort=v.reasoning_effort,
         )
 
     @classmethod
-    def for_run(cls, run: RunConfig, variant: Variant | None = None) -> GenerationSettings:
-        """A workflow run's settings (of ``variant``; None: its first): reads the chat template hash and the
-        model revision from disk."""
+    def for_run(cls, run: RunConfig) -> RunSettings:
+        """A workflow run's settings: reads the chat template hash and the model revision from disk."""
         return cls.of(
             run.generate,
             model_path=run.server.model_path,
@@ -200,46 +174,120 @@ class GenerationSettings:
             server_mode=run.server.mode,
             chat_template_sha256=chat_template_hash(run.tokenizer),
             reasoning_parser=run.server.reasoning_parser,
-            variant=variant,
         )
 
+    def served_by(self, numerics: Mapping[str, Any]) -> RunSettings:
+        """These settings as answered by a server reporting ``numerics``."""
+        return replace(self, server_numerics=dict(numerics))
+
     def for_variant(self, generate: GenerateConfig, variant: Variant) -> GenerationSettings:
-        """These settings (model, server, template: what the run's answers come from) for ``variant``."""
-        own = GenerationSettings.of(generate, variant=variant)
-        return replace(own, **{k: getattr(self, k) for k in _RUN_SETTINGS})
+        """The settings of ``variant`` (of ``generate``, the section these settings are of) in this run."""
+        return GenerationSettings(self, VariantSettings.of(generate, variant))
+
+    def to_json(self) -> dict[str, Any]:
+        """The run's part of every variant's settings as hashed and journaled."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VariantSettings:
+    """What one sampling variant decides on its own (see the module docstring)."""
+
+    #: the variant's name (``generate.variants``); None: ``default``, the one implicit variant. Left out of
+    #: the hash when None, so settings from before variants keep theirs
+    name: str | None
+    #: the ``generate.thinking`` mode of its samples (``Variant.thinking_mode``)
+    thinking: str
+    temperature: float
+    top_p: float
+    top_k: int
+    #: the per-thinking-mode overrides left after the variant's own values (``Variant.sampling``)
+    sampling_thinking: tuple[tuple[str, Any], ...]
+    sampling_non_thinking: tuple[tuple[str, Any], ...]
+    #: its ``reasoning_effort`` (chat_template_kwargs); None: not sent, and left out of the hash
+    reasoning_effort: str | None
+
+    @classmethod
+    def of(cls, generate: GenerateConfig, variant: Variant) -> VariantSettings:
+        """``variant`` of a typed ``generate`` section. One record is one completion of one request, so
+        the variant's ``n`` is no part of it: raising it adds completions and keeps those made before."""
+        s = variant.sampling(generate.sampling)
+        return cls(
+            name=None if variant.name == DEFAULT_VARIANT else variant.name,
+            thinking=variant.thinking_mode(generate.thinking),
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            sampling_thinking=s.thinking,
+            sampling_non_thinking=s.non_thinking,
+            reasoning_effort=variant.reasoning_effort,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The variant's part of its settings as hashed and journaled: ``n`` 1 (a record is one completion
+        of one request), ``variant`` and ``reasoning_effort`` only when set (so settings from before
+        variants keep their fingerprint)."""
+        out: dict[str, Any] = {
+            "thinking": self.thinking,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "n": 1,
+            "sampling_thinking": dict(self.sampling_thinking),
+            "sampling_non_thinking": dict(self.sampling_non_thinking),
+        }
+        if self.name is not None:
+            out["variant"] = self.name
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSettings:
+    """One sampling variant's settings in one run: the run's and the variant's own. Its fingerprint
+    (``settings_fingerprint`` in records) is computed once, when it is built."""
+
+    run: RunSettings
+    variant: VariantSettings
+    fingerprint: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fingerprint", _digest(self.to_json()))
+
+    @classmethod
+    def of(
+        cls, generate: GenerateConfig, *, variant: Variant | None = None, **what: Any
+    ) -> GenerationSettings:
+        """The settings of ``variant`` (None: the first, :meth:`GenerateConfig.variants`) of a typed
+        ``generate`` section; ``what``: :meth:`RunSettings.of`'s names of what the answers come from."""
+        return RunSettings.of(generate, **what).for_variant(generate, variant or generate.variants()[0])
+
+    @classmethod
+    def for_run(cls, run: RunConfig, variant: Variant | None = None) -> GenerationSettings:
+        """A workflow run's settings of ``variant`` (None: its first); see :meth:`RunSettings.for_run`."""
+        return RunSettings.for_run(run).for_variant(run.generate, variant or run.generate.variants()[0])
+
+    def served_by(self, numerics: Mapping[str, Any]) -> GenerationSettings:
+        """These settings as answered by a server reporting ``numerics``."""
+        return GenerationSettings(self.run.served_by(numerics), self.variant)
+
+    def for_variant(self, generate: GenerateConfig, variant: Variant) -> GenerationSettings:
+        """The settings of another ``variant`` of the same run."""
+        return self.run.for_variant(generate, variant)
+
+    @property
+    def regenerate(self) -> str:
+        return self.run.regenerate
 
     @property
     def variant_name(self) -> str:
         """The variant these settings are of (``default`` for the implicit one)."""
-        return self.variant or DEFAULT_VARIANT
+        return self.variant.name or DEFAULT_VARIANT
 
     def to_json(self) -> dict[str, Any]:
-        """The settings as hashed and journaled: the sampling as flat keys (``temperature`` ...,
-        ``sampling_thinking`` / ``sampling_non_thinking`` for the per-mode overrides), ``n`` 1 (a record is
-        one completion of one request), ``variant`` and ``reasoning_effort`` only when set (so settings from
-        before variants keep their fingerprint)."""
-        out = asdict(self)
-        s = self.sampling
-        del out["sampling"]
-        out.update(
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            max_tokens=s.max_tokens,
-            n=1,
-            seed=s.seed,
-            sampling_thinking=dict(s.thinking),
-            sampling_non_thinking=dict(s.non_thinking),
-        )
-        for optional in ("variant", "reasoning_effort"):
-            if out[optional] is None:
-                del out[optional]
-        return out
-
-    @property
-    def fingerprint(self) -> str:
-        """Stable over processes and machines: blake2b of the sorted-key JSON of every field."""
-        return _digest(self.to_json())
+        """The settings as hashed and journaled: the run's part and the variant's, as flat keys."""
+        return {**self.run.to_json(), **self.variant.to_json()}
 
 
 def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from regen.fingerprint import GenerationSettings
+from regen.fingerprint import RunSettings
 from regen.generate.client import ShardJob, generate_shard, pacing_of
 from regen.generate.journal_writer import JournalWriter
 from regen.generate.lending import SlotLenders
@@ -78,7 +78,7 @@ def run_generate_job(
     states the cause in full, the others in one line pointing at it.
     """
     plan = PlanFile.read(plan_path)
-    generation = GenerationSettings.for_run(run)
+    generation = RunSettings.for_run(run)
     generate_cfg = run.generate
     disagreement = timeout_disagreement(generate_cfg, run.server, plan, layout.pilot)
     if disagreement is not None:  # regen check says it too

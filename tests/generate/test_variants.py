@@ -55,7 +55,7 @@ def test_each_variant_has_its_own_fingerprint_and_default_keeps_the_one_before_v
     listed = cfg([{"name": "default"}, {"name": "hot", "temperature": 1.0}])
     default, hot = (GenerationSettings.of(listed, variant=v) for v in listed.variants())
     assert default.fingerprint == before and hot.fingerprint != before
-    assert hot.sampling.temperature == 1.0 and hot.variant == "hot" and "variant" not in default.to_json()
+    assert hot.variant.temperature == 1.0 and hot.variant_name == "hot" and "variant" not in default.to_json()
     hotter = cfg([{"name": "default"}, {"name": "hot", "temperature": 1.3}])
     assert [GenerationSettings.of(hotter, variant=v).fingerprint for v in hotter.variants()] == [
         before,
