@@ -242,8 +242,8 @@ def plan(
         model, flags, cuda_context_gib, memory, speculative, weights, available, mamba, kv, cap
     )
     notes = _notes(model, flags, memory, available, mamba)
-    phases = (memory, weights, available, mamba, kv, cap, client, runtime, notes)
-    return _memory_plan(sglang_version, gpu_memory_mib, tp, args, cuda_context_gib, *phases)
+    phases = PlanPhases(memory, weights, available, mamba, kv, cap, client, runtime, notes)
+    return _memory_plan(phases, sglang_version, gpu_memory_mib, tp, args, cuda_context_gib)
 
 
 def _notes(
@@ -266,23 +266,32 @@ def _notes(
     return tuple(notes)
 
 
+@dataclass(frozen=True, slots=True)
+class PlanPhases:
+    """What each of SGLang's start-up phases decided (``plan``), in the order they run."""
+
+    memory: GpuMemorySettings
+    weights: LoadedWeights
+    available: AvailableMemory
+    mamba: MambaCache
+    kv: KVPool
+    cap: RunningCap
+    client: ClientConcurrency
+    runtime: RuntimeMemory
+    notes: tuple[str, ...]
+
+
 def _memory_plan(
+    phases: PlanPhases,
     sglang_version: str,
     gpu_memory_mib: int,
     tp: int,
     args: list[str],
     cuda_context_gib: float,
-    memory: GpuMemorySettings,
-    weights: LoadedWeights,
-    available: AvailableMemory,
-    mamba: MambaCache,
-    kv: KVPool,
-    cap: RunningCap,
-    client: ClientConcurrency,
-    runtime: RuntimeMemory,
-    notes: tuple[str, ...],
 ) -> MemoryPlan:
     """The phases' records as one plan."""
+    memory, weights, available, mamba = phases.memory, phases.weights, phases.available, phases.mamba
+    kv, cap, client, runtime = phases.kv, phases.cap, phases.client, phases.runtime
     return MemoryPlan(
         sglang_version=sglang_version,
         gpu_memory_mib=gpu_memory_mib,
@@ -314,7 +323,7 @@ def _memory_plan(
         binding_constraint=cap.binding,
         workload_concurrency=client.workload_running,
         client_concurrency=client.client,
-        notes=notes,
+        notes=phases.notes,
         replay_ring_gib=mamba.replay_ring_gib,
         draft_weights_gib=weights.draft_gib,
         draft_kv_gib=kv.draft_kv_gib,
