@@ -67,7 +67,8 @@ from regen.check import load_config
 from regen.fingerprint import GenerationSettings, server_numerics
 from regen.generate.journal import Journal, read_heads, read_journal_entries
 from regen.ingest.shards import read_shard, shard_name
-from regen.layout import RunLayout, journal_index
+from regen.layout.beside import journal_index
+from regen.layout.run import RunLayout
 from regen.prompts import prompt_for_last, sample_request_fingerprint
 from regen.runconfig import RunConfig
 from regen.simulated.requestlog import read_request_log

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import jsonschema
 import yaml
 
-from regen.layout import CONFIG_SCHEMA as CONFIG_SCHEMA_PATH
+from regen.layout.names import CONFIG_SCHEMA as CONFIG_SCHEMA_PATH
 from regen.truncation import TruncationPolicy
 
 #: what a config key may decide besides how a job runs (field metadata key ``decides``)

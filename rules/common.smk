@@ -7,14 +7,13 @@ from snakemake.exceptions import WorkflowError
 
 from regen.configfile import ConfigFileError, read_layers, validate_config
 from regen.fingerprint import TrackedRun, decisive_plan_config
-from regen.layout import (
+from regen.layout.names import (
     AUDIT_HTML,
     FINISH_REASONS_SVG,
     LANDING_RST,
     QUARANTINE_REASONS_SVG,
     REAUDIT_HTML,
     RECONCILE_HTML,
-    RUN,
     SERVER_PLAN_HTML,
     SHARD_PATTERN,
     THROUGHPUT_SVG,
@@ -22,6 +21,7 @@ from regen.layout import (
     TRAINER_WINDOW_SVG,
     shard_name,
 )
+from regen.layout.run import RUN
 from regen.ingest.dataset import DatasetConfig
 from regen.ingest.shard_count import AUTO, shard_count
 from regen.run_hooks import (

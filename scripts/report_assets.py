@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from regen.layout import realized_files, restart_files
+from regen.layout.slots import realized_files, restart_files
 from regen.observe.report import ReportInputs, RunFacts, write_report
 from regen.runlog import log_to
 

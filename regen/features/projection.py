@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from regen.features.config import FeaturesConfig
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.runconfig import RunConfig, config_section
 from regen.sglang.models import ModelShape
 

@@ -70,7 +70,7 @@ from regen.generate.request import Halt, Requests, ServerRestarts
 from regen.generate.sample_record import RecordContext, hash64
 from regen.generate.scheduler import Lenders, ShardRun, ShardStats
 from regen.io import write_json
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.records import ShardStatus
 from regen.runconfig import GenerateConfig
 from regen.types import Endpoint, Sample

@@ -29,7 +29,9 @@ from regen.generate.run_progress import progress_line
 from regen.generate.scheduler import ShardStats
 from regen.generate.server_time import request_time_for, timeout_disagreement
 from regen.ingest.shards import read_shard
-from regen.layout import RUN, RunLayout, failure_note, slurm_job_id
+from regen.layout.beside import failure_note
+from regen.layout.run import RUN, RunLayout
+from regen.layout.slots import slurm_job_id
 from regen.runconfig import GenerateConfig, RunConfig
 from regen.runlog import stop_if_controller_gone
 from regen.serving.base import ServerError

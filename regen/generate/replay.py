@@ -29,7 +29,7 @@ from regen.fingerprint import (
 )
 from regen.generate.journal import FAILED, RECORD, EntryHead, read_heads
 from regen.io import gc_paused, read_json, write_json
-from regen.layout import RUN, RunLayout
+from regen.layout.run import RUN, RunLayout
 from regen.prompts import request_content, sample_request_fingerprint
 from regen.records import record_id
 from regen.runconfig import DEFAULT_VARIANT, GenerateConfig, RunConfig

@@ -69,7 +69,7 @@ from regen.ingest.auditor import Auditor, audit_records, iter_audits
 from regen.ingest.dataset import DatasetConfig
 from regen.ingest.decontam import BenchmarkSpec
 from regen.ingest.flags import CONTAMINATED, EMPTY_RESPONSE, FLAG_NAMES, SampleAudit, structure_faults
-from regen.layout import AuditFiles
+from regen.layout.beside import AuditFiles
 from regen.runconfig import section_schema
 from regen.types import BadInputError
 

@@ -38,7 +38,8 @@ import pyarrow.dataset as ds
 from regen.chat import THINK_CLOSE, ChatTemplate
 from regen.fingerprint import chat_template_hash
 from regen.io import atomic_open, read_json, write_json
-from regen.layout import MANIFEST_NAME, eval_split_beside, thinking_beside, token_freq_beside
+from regen.layout.beside import eval_split_beside, thinking_beside, token_freq_beside
+from regen.layout.names import MANIFEST_NAME
 from regen.observe.stage_progress import StageProgress
 from regen.output.masks import MaskBuilder, MaskPolicy
 from regen.output.serving import serving_contract
@@ -366,7 +367,7 @@ def export_dataset(
     progress: StageProgress | None = None,
 ) -> dict[str, Any]:
     """Write the SpecForge and token exports of ``dataset_dir`` (training and eval split,
-    ``regen.layout.eval_split_beside`` each) and their manifest; return the manifest. ``progress``
+    ``regen.layout.beside.eval_split_beside`` each) and their manifest; return the manifest. ``progress``
     counts the dataset's rows."""
     progress = progress or StageProgress.silent("export")
     template = ChatTemplate.from_dir(tokenizer_dir)

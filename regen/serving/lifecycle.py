@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from regen.layout import RUN, SlotFiles, url_files
+from regen.layout.run import RUN
+from regen.layout.slots import SlotFiles, url_files
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, ServerMode, api_key_from
 from regen.serving.local_sglang import LocalSGLang
@@ -135,7 +136,7 @@ def wait_until_recorded(files: SlotFiles, started: subprocess.Popen[bytes]) -> N
 
 def live_supervisors(workdir: str | os.PathLike[str]) -> list[tuple[Path, UrlState]]:
     """(url file, state) of every slot whose recorded supervisor PID is really a live supervisor, in
-    ``workdir`` and in its per-Slurm-job slot directories (``regen.layout.url_files``)."""
+    ``workdir`` and in its per-Slurm-job slot directories (``regen.layout.slots.url_files``)."""
     found = []
     for url_file in url_files(workdir):
         state = read_url_state(url_file)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from regen.fingerprint import server_numerics
 from regen.io import read_json, write_json
-from regen.layout import SlotFiles, prestart_lock_in, slurm_job_id
+from regen.layout.slots import SlotFiles, prestart_lock_in, slurm_job_id
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, api_key_from
 from regen.serving.ports import client_host, pick_port

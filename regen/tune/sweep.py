@@ -47,7 +47,8 @@ from typing import Any
 
 from regen.generate.client import ProgressOptions, ShardFailedError, ShardJob, generate_shard_async
 from regen.io import write_json
-from regen.layout import ScratchShardFiles, SweepCandidateFiles
+from regen.layout.beside import ScratchShardFiles
+from regen.layout.slots import SweepCandidateFiles
 from regen.pilot_file import PilotFile
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.serving.base import ServerError

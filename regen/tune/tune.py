@@ -21,7 +21,7 @@ from typing import Any
 from regen.configfile import load_config
 from regen.generate.server_time import timeout_disagreement
 from regen.ingest.shards import read_shard_spread
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.runconfig import GenerateConfig, RunConfig, ServerConfig, section_schema
 from regen.serving.gpus import gpu_memory_from_nvidia_smi
 from regen.serving.lifecycle import mode_of

@@ -539,7 +539,7 @@ def test_the_sweep_says_one_best_consistent_with_its_table_and_projects_the_whol
 
 
 def test_after_the_run_the_sweep_says_it_is_done_and_what_it_took(tmp_path: Path) -> None:
-    from regen.layout import RunLayout
+    from regen.layout.run import RunLayout
     from regen.tune.sweep_report import generate_job_seconds, render_result
 
     layout = RunLayout.under(tmp_path)
@@ -560,7 +560,7 @@ def test_the_sweep_plans_the_runs_own_audit_and_sglang_as_the_tune_rule_does(tmp
     """Without --audit-summary the sweep reads the run's audit summary the tune rule's way, plans for the
     version the tune rule plans for (server.sglang_version, else the installed SGLang), and with
     --no-given measures only the tuner's candidates."""
-    from regen.layout import RunLayout
+    from regen.layout.run import RunLayout
     from regen.sglang.models import ModelShape
     from regen.sglang.recommend import recommend
     from regen.sglang.workload import default_workload
