@@ -321,6 +321,18 @@ def pacing_of(cfg: GenerateConfig, ep: Endpoint, time: RequestTime | None) -> In
     return plan_in_flight(planned, running, cfg.request_timeout_s, longest_request_tokens(cfg), time)
 
 
+def _log_pacing(shard: str, requests: Requests) -> None:
+    """How the in-flight windows ended, and the retries sent elsewhere or again."""
+    for url, window in requests.windows.items():
+        log.info("shard %s: %s: window %.0f of %d in flight at the end, %d decreases, background "
+                 "%.1f %% of answers 503/429 or timeouts", shard, url, window.limit, window.ceiling,
+                 window.decreases, 100 * window.background)  # fmt: skip
+    if requests.rerouted:
+        log.info("shard %s: %d retries sent to another server with room", shard, requests.rerouted)
+    log.info("shard %s: %d timeouts behind the client's own excess sent again without an attempt",
+             shard, requests.excess_timeouts)  # fmt: skip
+
+
 async def generate_shard_async(job: ShardJob) -> ShardStats:
     """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError."""
     cfg, shard = job.cfg, job.shard
@@ -389,14 +401,7 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
                     sys.stderr.write("\n")
         journal.flush()
         stats.retried_requests = requests.retried
-        for url, window in requests.windows.items():
-            log.info("shard %s: %s: window %.0f of %d in flight at the end, %d decreases, background "
-                     "%.1f %% of answers 503/429 or timeouts", shard, url, window.limit, window.ceiling,
-                     window.decreases, 100 * window.background)  # fmt: skip
-        if requests.rerouted:
-            log.info("shard %s: %d retries sent to another server with room", shard, requests.rerouted)
-        log.info("shard %s: %d timeouts behind the client's own excess sent again without an attempt",
-                 shard, requests.excess_timeouts)  # fmt: skip
+        _log_pacing(shard, requests)
         failure = run.failure()
         stats.wall_s = time.monotonic() - t0
         if failure is not None:
