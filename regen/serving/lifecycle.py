@@ -62,7 +62,6 @@ def acquire_server(
     workdir: str | os.PathLike[str] = RUN.servers_root,
     log_dir: str | os.PathLike[str] = RUN.server_logs_root,
     *,
-    gpu_slots: int | None = None,
     owner_pid: int | None = None,
     command_builder: CommandBuilder | None = None,
     command_check: LaunchCheck | None = None,
@@ -71,8 +70,9 @@ def acquire_server(
 ) -> Iterator[Endpoint]:
     """Hold a server for ``server.mode`` for the duration of the ``with`` block; yields the Endpoint.
 
-    A mode that launches runs on a GPU slot (:func:`regen.serving.slots.serve_on_slot`): ``gpu_slots``
-    overrides ``server.gpus`` (Snakemake's ``--resources gpu=N``); ``owner_pid`` is the process whose
+    A mode that launches runs on a GPU slot (:func:`regen.serving.slots.serve_on_slot`), one of
+    ``server.gpus`` / ``server.tp`` (a job passes ``server`` with ``gpus`` its GPU slots: Snakemake's
+    ``--resources gpu=N``); ``owner_pid`` is the process whose
     death (with no lease held) stops the server (default: the Snakemake ancestor); ``command_builder``
     replaces the mode's command (tests use a stand-in server) and ``command_check`` is run on the command
     while its server starts (default: the mode's :meth:`~regen.serving.base.ServerMode.launch_check` for
@@ -84,7 +84,7 @@ def acquire_server(
     if not mode.launches:
         yield mode.endpoint(cfg, plan)
         return
-    place = SlotPlace(workdir, log_dir, gpu_slots, owner_pid, poll_s, on_slot)
+    place = SlotPlace(workdir, log_dir, owner_pid, poll_s, on_slot)
     own = mode.launch_check if command_builder is None else None  # a replaced command is not the mode's
     check = command_check if command_check is not None else own
     with serve_on_slot(cfg, plan, place, command_builder or mode.command, check) as endpoint:

@@ -238,9 +238,7 @@ def plan(
     kv = config_from_budget(model, flags, tp, sglang_version, memory, speculative, mamba.rest_gib)
     cap = resolve_max_num_reqs(model, flags, speculative, kv.max_total_num_tokens, mamba)
     client = client_concurrency(model, workload, flags, memory, kv, cap)
-    runtime = runtime_memory(
-        model, flags, cuda_context_gib, memory, speculative, weights, available, mamba, kv, cap
-    )
+    runtime = runtime_memory(model, flags, memory, speculative, weights, available, mamba, kv, cap)
     notes = _notes(model, flags, memory, available, mamba)
     phases = PlanPhases(memory, weights, available, mamba, kv, cap, client, runtime, notes)
     return _memory_plan(phases, sglang_version, gpu_memory_mib, tp, args, cuda_context_gib)
@@ -459,7 +457,6 @@ class RuntimeMemory:
 def runtime_memory(
     model: ModelShape,
     flags: ServerFlags,
-    cuda_context_gib: float,
     memory: GpuMemorySettings,
     speculative: SpeculativeDecoding,
     weights: LoadedWeights,
@@ -469,8 +466,7 @@ def runtime_memory(
     cap: RunningCap,
 ) -> RuntimeMemory:
     free_gib = (
-        available.total_gib
-        - cuda_context_gib
+        available.pre_load_gib  # the GPU less the CUDA context
         - weights.gib
         - mamba.state_gib
         - mamba.scratch_gib
