@@ -42,12 +42,10 @@ import orjson
 
 from regen.runconfig import (
     DEFAULT_VARIANT,
-    PLAN,
     GenerateConfig,
     RunConfig,
     ServerConfig,
     Variant,
-    keys_deciding,
     setting_name,
 )
 
@@ -395,9 +393,26 @@ class TrackedRun(dict[str, Any]):
         return tracked
 
 
+#: The tune rule's rerun contract: the ``server`` keys of its tracked ``settings`` param, in this order
+#: (Snakemake compares the param by its repr: reordering or renaming replans every run once). Every field
+#: marked :data:`regen.runconfig.PLAN` is in it (``tests/test_fingerprint.py``).
+RERUN_PLAN_SERVER_KEYS: tuple[str, ...] = (
+    "mode",
+    "model_path",
+    "model_config",
+    "gpu_memory_mib",
+    "sglang_version",
+    "tp",
+    "args",
+    "allow_fp8_kv",
+    "allow_bf16_state",
+    "use_tuner",
+)
+
+
 def decisive_plan_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``tune`` rule's tracked ``settings`` param: the server keys the plan depends on (the fields
-    marked :data:`regen.runconfig.PLAN`), and the answer budget; with ``generate.variants`` set, also each
+    """The ``tune`` rule's tracked ``settings`` param: the server keys the plan depends on
+    (:data:`RERUN_PLAN_SERVER_KEYS`), and the answer budget; with ``generate.variants`` set, also each
     variant's completions per prompt and thinking mode (and ``thinking_fraction`` where a mode is ``mix``),
     which weigh the planned answer length (``regen.tune.workload_plan.variant_shares``). Without variants,
     ``generate.thinking`` where it is not the default ``on`` (with ``thinking_fraction`` for ``mix``): it
@@ -408,7 +423,7 @@ def decisive_plan_config(config: Mapping[str, Any]) -> dict[str, Any]:
     server = config.get("server") or {}
     generate = GenerateConfig.from_dict(config.get("generate"))
     out: dict[str, Any] = {
-        "server": {k: server[k] for k in keys_deciding(ServerConfig, PLAN) if k in server},
+        "server": {k: server[k] for k in RERUN_PLAN_SERVER_KEYS if k in server},
         "max_tokens": generate.sampling.max_tokens,
     }
     if generate.configured_variants:

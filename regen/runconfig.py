@@ -358,8 +358,8 @@ class SimulatedConfig:
 class ServerConfig:
     """The ``server`` config section (see ``schemas/config.schema.yaml`` for every field's meaning).
 
-    The fields that decide the plan keep the order of the tune rule's tracked param (see
-    :class:`GenerateConfig` for why the order matters)."""
+    The fields that decide the answers or the plan are marked so; the tune rule's rerun contract (which
+    keys, in which order) is ``regen.fingerprint.RERUN_PLAN_SERVER_KEYS``, not this field order."""
 
     mode: ServerMode = field(metadata=decides(ANSWERS, PLAN, setting="server_mode"))
     url: str | None

@@ -637,12 +637,19 @@ def test_the_rerun_contract_is_a_named_list_covering_every_deciding_field() -> N
     field marked as deciding answers and every key a variant may have; the demo's param, with and without
     variants, is byte-identical to the one main computed before the lists existed (sha256 of its repr at
     173b324; with variants, of the validated config, at 626ded3, when the variants were read raw)."""
-    from regen.fingerprint import RERUN_GENERATE_KEYS, RERUN_RUN_KEYS, RERUN_SERVER_KEYS, RERUN_VARIANT_KEYS
+    from regen.fingerprint import (
+        RERUN_GENERATE_KEYS,
+        RERUN_PLAN_SERVER_KEYS,
+        RERUN_RUN_KEYS,
+        RERUN_SERVER_KEYS,
+        RERUN_VARIANT_KEYS,
+    )
     from regen.runconfig import section_schema, validated
 
     assert set(RERUN_GENERATE_KEYS) == set(keys_deciding(GenerateConfig, ANSWERS))
     assert set(RERUN_SERVER_KEYS) == set(keys_deciding(ServerConfig, ANSWERS))
     assert set(RERUN_RUN_KEYS) == set(keys_deciding(RunConfig, ANSWERS))
+    assert set(RERUN_PLAN_SERVER_KEYS) == set(keys_deciding(ServerConfig, PLAN))
     variant_keys = section_schema("generate")["properties"]["variants"]["items"]["properties"]
     assert set(RERUN_VARIANT_KEYS) == set(variant_keys) == {f.name for f in dataclasses.fields(Variant)}
     demo = demo_config()
