@@ -270,10 +270,6 @@ class GenerationSettings:
         """These settings as answered by a server reporting ``numerics``."""
         return GenerationSettings(self.run.served_by(numerics), self.variant)
 
-    def for_variant(self, generate: GenerateConfig, variant: Variant) -> GenerationSettings:
-        """The settings of another ``variant`` of the same run."""
-        return self.run.for_variant(generate, variant)
-
     @property
     def regenerate(self) -> str:
         return self.run.regenerate
