@@ -46,7 +46,7 @@ from bench.harness import add_smoke, parse_args
 from bench.sim_virtual import VIRTUAL_ENV, VIRTUAL_HOOK, VirtualTime
 from bench.workflow import copy_workflow, free_port_base, python_path, run_snakemake, write_chats
 from regen.io import open_lines
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.simulated.launcher import SERVER_HOOK_ENV
 from regen.simulated.options import REQUEST_LOG_ENV
 from regen.simulated.requestlog import read_request_log

@@ -64,10 +64,11 @@ from bench.harness import REPO, add_smoke, parse_args
 from bench.merge import TextPool, synthetic_record  # a record as written
 from bench.workflow import SNAKEMAKE, copy_workflow, free_port_base, python_path, run_snakemake, write_chats
 from regen.check import load_config
-from regen.fingerprint import GenerationSettings, server_numerics
+from regen.fingerprint import GenerationSettings, RunSettings, server_numerics
 from regen.generate.journal import Journal, read_heads, read_journal_entries
 from regen.ingest.shards import read_shard, shard_name
-from regen.layout import RunLayout, journal_index
+from regen.layout.beside import journal_index
+from regen.layout.run import RunLayout
 from regen.prompts import prompt_for_last, sample_request_fingerprint
 from regen.runconfig import RunConfig
 from regen.simulated.requestlog import read_request_log
@@ -258,7 +259,7 @@ def child_resume(url: str, shard: str) -> None:
     config = load_config(list(CONFIGS))
     layout = RunLayout()
     run = RunConfig.from_config(config, 1)
-    settings = GenerationSettings.for_run(run)
+    settings = RunSettings.for_run(run)  # the run's: the job builds each variant's
     path = layout.shard(shard)
     generate_shard(
         ShardJob(

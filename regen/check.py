@@ -37,7 +37,7 @@ from regen.ingest.dataset import DatasetConfig, detect_format
 from regen.ingest.decontam import DecontaminationConfig
 from regen.ingest.flags import BAD_ROW
 from regen.ingest.readers import check_dataset_path, known_row_count
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.pilot_file import PilotFile
 from regen.runconfig import RunConfig, ServerConfig, config_section, validated
 from regen.serving.gpus import count_gpus

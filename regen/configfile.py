@@ -21,7 +21,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from regen.layout import CONFIG_SCHEMA
+from regen.layout.names import CONFIG_SCHEMA
 from regen.runconfig import config_schema, filling_validator
 
 #: the layer name of ``snakemake --config key=value`` overrides

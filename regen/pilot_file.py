@@ -1,4 +1,4 @@
-"""The pilot file, ``results/plan/pilot.json`` (:attr:`regen.layout.RunLayout.pilot`): what ``regen tune
+"""The pilot file, ``results/plan/pilot.json`` (:attr:`regen.layout.run.RunLayout.pilot`): what ``regen tune
 --sweep`` measured of each candidate and what it projects for the run; the plan file's companion
 (:class:`regen.sglang.config.PlanFile`).
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.journal_lines import FAILED, RECORD
-from regen.layout import RECORD_SCHEMA
+from regen.layout.names import RECORD_SCHEMA
 from regen.prompts import request_digests
 from regen.runconfig import DEFAULT_VARIANT
 from regen.types import Message, Sample

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from regen.ingest.dataset import DatasetConfig
 from regen.ingest.shard_count import settle_auto_count
-from regen.layout import RUN, RunLayout
+from regen.layout.run import RUN, RunLayout
 from regen.output.kept_runs import KeepConfig
 from regen.output.stale import Identities, KeptOutputs, PlannedOutputs, RemadeOutputs, settle_outputs
 from regen.run_marker import (

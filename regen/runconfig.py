@@ -20,7 +20,7 @@ from typing import Any, Literal
 import jsonschema
 import yaml
 
-from regen.layout import CONFIG_SCHEMA as CONFIG_SCHEMA_PATH
+from regen.layout.names import CONFIG_SCHEMA as CONFIG_SCHEMA_PATH
 from regen.truncation import TruncationPolicy
 
 #: what a config key may decide besides how a job runs (field metadata key ``decides``)
@@ -183,6 +183,13 @@ class Variant:
             reasoning_effort=v.get("reasoning_effort"),
         )
 
+    def as_configured(self, key: str) -> Any:
+        """The value of config key ``key`` of this variant as the config writes it (``thinking``: ``on`` /
+        ``off``); None where the variant does not set it."""
+        if key == "thinking":
+            return None if self.thinking is None else "on" if self.thinking else "off"
+        return getattr(self, key)
+
     @property
     def own_sampling(self) -> tuple[tuple[str, Any], ...]:
         """The sampling values the variant sets itself, as (key, value) pairs."""
@@ -275,8 +282,8 @@ class GenerateConfig:
     spill: bool
     journal_sync: JournalSyncConfig
     #: ``generate.variants`` as configured (empty: one implicit variant); read them through
-    #: :meth:`variants`. Decides the answers, tracked by ``regen.fingerprint.decisive_config`` itself
-    #: (only when set, so a config without variants keeps the generate rule's param as it was)
+    #: :meth:`variants`. Decides the answers, tracked by ``regen.fingerprint.decisive_config`` as
+    #: ``RERUN_VARIANT_KEYS`` (only when set, so a config without variants keeps the generate rule's param)
     configured_variants: tuple[Variant, ...] = ()
 
     def variants(self) -> tuple[Variant, ...]:
@@ -351,8 +358,8 @@ class SimulatedConfig:
 class ServerConfig:
     """The ``server`` config section (see ``schemas/config.schema.yaml`` for every field's meaning).
 
-    The fields that decide the plan keep the order of the tune rule's tracked param (see
-    :class:`GenerateConfig` for why the order matters)."""
+    The fields that decide the answers or the plan are marked so; the tune rule's rerun contract (which
+    keys, in which order) is ``regen.fingerprint.RERUN_PLAN_SERVER_KEYS``, not this field order."""
 
     mode: ServerMode = field(metadata=decides(ANSWERS, PLAN, setting="server_mode"))
     url: str | None

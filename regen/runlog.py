@@ -6,7 +6,7 @@ running on as an orphan beside the rerun (its journal writer lock makes the reru
 
 Every attempt's log is kept: Snakemake removes a job's log before it runs the job again (a retry after a
 lost Slurm node, a rerun after a kill), so each attempt also names its log ``{log stem}.attempt-N.log``
-(``regen.layout.attempt_log``, a hard link: no second copy) and drops that name when it ends without an
+(``regen.layout.beside.attempt_log``, a hard link: no second copy) and drops that name when it ends without an
 exception. An attempt that did not finish (killed, its node lost, failed) leaves it, and the next
 attempt's log names them."""
 
@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from regen.layout import attempt_log, attempt_logs
+from regen.layout.beside import attempt_log, attempt_logs
 
 #: what the workflow prints once when a run stops before its end (Snakefile ``onerror``)
 RESUME_HINT = (
@@ -154,7 +154,7 @@ def controller_gone(marker: str | os.PathLike[str] | None = None) -> str | None:
     if _WATCHED:
         pid, started = _WATCHED[0]
         return None if same_process_alive(pid, started) else f"the Snakemake controller (pid {pid}) is gone"
-    from regen.layout import RUN
+    from regen.layout.run import RUN
 
     run = RunMarker.read(RUN.run_marker if marker is None else marker)
     if run is None or os.environ.get("SLURM_JOB_ID"):  # a cluster job's controller is elsewhere

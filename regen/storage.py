@@ -32,7 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 
 from regen.io import atomic_path
 from regen.journal_lines import FAILED, complete_lines
-from regen.layout import MANIFEST_NAME, journal_batch
+from regen.layout.names import MANIFEST_NAME, journal_batch
 from regen.runconfig import JournalSyncConfig
 
 log = logging.getLogger("regen.storage")

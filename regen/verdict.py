@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from regen.io import write_json
-from regen.layout import verdict_for
+from regen.layout.beside import verdict_for
 
 
 def verdict_path_for(log_path: str | os.PathLike[str]) -> Path:
-    """Where a rule's gate verdict is kept (``regen.layout.verdict_for``; the name the scripts import)."""
+    """Where a rule's gate verdict is kept (``regen.layout.beside.verdict_for``; the name the scripts
+    import)."""
     return verdict_for(log_path)
 
 

@@ -6,15 +6,14 @@ import os
 from snakemake.exceptions import WorkflowError
 
 from regen.configfile import ConfigFileError, read_layers, validate_config
-from regen.fingerprint import decisive_config, decisive_plan_config
-from regen.layout import (
+from regen.fingerprint import TrackedRun, decisive_plan_config
+from regen.layout.names import (
     AUDIT_HTML,
     FINISH_REASONS_SVG,
     LANDING_RST,
     QUARANTINE_REASONS_SVG,
     REAUDIT_HTML,
     RECONCILE_HTML,
-    RUN,
     SERVER_PLAN_HTML,
     SHARD_PATTERN,
     THROUGHPUT_SVG,
@@ -22,6 +21,7 @@ from regen.layout import (
     TRAINER_WINDOW_SVG,
     shard_name,
 )
+from regen.layout.run import RUN
 from regen.ingest.dataset import DatasetConfig
 from regen.ingest.shard_count import AUTO, shard_count
 from regen.run_hooks import (
@@ -139,8 +139,9 @@ def chat_template_file():
 
 
 def generation_settings():
-    """What decides an answer (model, chat template, sampling, modes): the generate rule's tracked param."""
-    return decisive_config(config)
+    """What decides an answer (model, chat template, sampling, modes): the generate rule's tracked param,
+    carrying the typed run config the job reads (regen.fingerprint.TrackedRun)."""
+    return TrackedRun.of(config, RUN_CONFIG)
 
 
 def plan_settings():

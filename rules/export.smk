@@ -7,12 +7,12 @@ rule export:
     output:
         specforge=RUN.export_specforge,
         tokenized=RUN.export_tokenized,
-        # the held-out eval split, beside the training files (regen.layout.eval_split_beside)
+        # the held-out eval split, beside the training files (regen.layout.beside.eval_split_beside)
         specforge_eval=RUN.export_specforge_eval,
         tokenized_eval=RUN.export_tokenized_eval,
-        # supervised-token counts for the draft vocabulary (regen.layout.token_freq_beside, regen vocab)
+        # supervised-token counts for the draft vocabulary (regen.layout.beside.token_freq_beside, regen vocab)
         token_freq=RUN.export_token_freq,
-        # each row's thinking mode and split side (regen.layout.thinking_beside; the manifest's serving block)
+        # each row's thinking mode and split side (regen.layout.beside.thinking_beside; the manifest's serving block)
         thinking=RUN.export_thinking,
         manifest=reported(
             RUN.export_manifest,

@@ -1,8 +1,8 @@
 # One job per prompt shard. Each job holds one GPU slot (gpu=1) and uses that GPU's long-lived
 # server, started once by the first job on the slot and reused by the next ones (regen.serving).
 # params: `settings` is what of the config decides the answers (a change reruns the job, which regenerates
-# exactly the samples whose fingerprint changed); `run` is the typed run config the job reads, and never
-# reruns it by itself (regen.runconfig).
+# exactly the samples whose fingerprint changed), carrying the typed run config the job reads (its `run`,
+# which never reruns it by itself: regen.fingerprint.TrackedRun).
 rule generate:
     input:
         # one of the shard rule's outputs (rules.shard.output.shards lists them all)
@@ -24,7 +24,6 @@ rule generate:
         gpu=1,
     params:
         settings=generation_settings(),
-        run=run_config(),
         journal=str(RUN.journal("{shard}")),
     script:
         "../scripts/generate.py"

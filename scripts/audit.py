@@ -3,7 +3,7 @@ the console and to ``regen status`` (regen.observe.stage_progress)."""
 
 from regen.ingest.audit import AuditConfig, run_audit
 from regen.ingest.dataset import DatasetConfig
-from regen.layout import AuditFiles
+from regen.layout.beside import AuditFiles
 from regen.observe.stage_progress import StageProgress, dataset_rows
 from regen.runlog import log_to
 from regen.verdict import verdict_path_for

@@ -11,6 +11,6 @@ run_generate_job(
     failed_out=snakemake.output.failed,
     journal_path=snakemake.params.journal,
     shard=snakemake.wildcards.shard,
-    run=snakemake.params.run,
+    run=snakemake.params.settings.run,  # the typed run config the tracked param carries
     log_path=snakemake.log[0],
 )

@@ -3,7 +3,8 @@
 from pathlib import Path
 
 from regen.features.projection import preview_lines_naming_errors
-from regen.layout import RUN, realized_files, restart_files
+from regen.layout.run import RUN
+from regen.layout.slots import realized_files, restart_files
 from regen.observe.report import ReportInputs, RunFacts, write_report
 from regen.runlog import log_to
 

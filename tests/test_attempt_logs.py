@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from regen.layout import attempt_log, attempt_logs
+from regen.layout.beside import attempt_log, attempt_logs
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from regen.check import cli, planned_notes
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.sglang.models import ModelShape
 from regen.sglang.plan import Workload
 from regen.sglang.recommend import recommend, write_plan_file

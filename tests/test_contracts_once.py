@@ -1,7 +1,7 @@
 """Each file contract is spelled once: the dataset manifest's name, the per-shard outputs' suffix, the
 config schema's path and the names of the files beside another file (the journal's index and lock, a
-log's verdict, the export's side files, the sweep's scratch) live in ``regen/layout.py``; every other
-module asks it. Code only: prose (docstrings, comments) may name them."""
+log's verdict, the export's side files, the sweep's scratch) live in the ``regen/layout/`` package; every
+other module asks it. Code only: prose (docstrings, comments) may name them."""
 
 from __future__ import annotations
 
@@ -12,11 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from regen.layout import (
-    CONFIG_SCHEMA,
-    MANIFEST_NAME,
-    SHARD_OUTPUT_SUFFIX,
-    RunLayout,
+from regen.layout.beside import (
     ScratchShardFiles,
     eval_split_beside,
     failure_note,
@@ -26,6 +22,8 @@ from regen.layout import (
     token_freq_beside,
     verdict_for,
 )
+from regen.layout.names import CONFIG_SCHEMA, MANIFEST_NAME, SHARD_OUTPUT_SUFFIX
+from regen.layout.run import RunLayout
 from regen.runconfig import config_schema
 from regen.verdict import verdict_path_for
 
@@ -148,7 +146,7 @@ def test_no_python_module_but_the_layout_spells_a_contract(top: str) -> None:
     found = [
         hit
         for path in sorted((ROOT / top).rglob("*.py"))
-        if path != ROOT / "regen" / "layout.py" and "gpu" not in path.relative_to(ROOT).parts
+        if not path.is_relative_to(ROOT / "regen" / "layout") and "gpu" not in path.relative_to(ROOT).parts
         for hit in python_spellings(path)
     ]
     assert found == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from regen.output.merge import MergeConfig, merge
 from regen.output.reaudit import MixedSettingsError, ReauditGates, reaudit_dataset
 from regen.output.validate import ValidateConfig, validate_shard
 from regen.prompts import prompt_for_last, request_content, turn_prefixes
-from regen.runconfig import ANSWERS, PLAN, GenerateConfig, RunConfig, ServerConfig, keys_deciding
+from regen.runconfig import ANSWERS, PLAN, GenerateConfig, RunConfig, ServerConfig, Variant, keys_deciding
 from regen.simulated.launcher import start_simulated_server
 from regen.types import Message, Sample
 
@@ -101,57 +102,80 @@ def sim() -> Iterator[str]:
 
 # ------------------------------------------------------------------------------------ the hash
 
-BASE = GenerationSettings.for_run(
-    RunConfig.from_config(
-        {
-            "generate": {"sampling": {"temperature": 0.6, "max_tokens": 512}},
-            "server": {"model_path": "demo-model", "mode": "simulated", "reasoning_parser": "qwen3"},
-            "tokenizer": "resources/demo-tokenizer",
-        }
-    )
+BASE_RUN = RunConfig.from_config(
+    {
+        "generate": {"sampling": {"temperature": 0.6, "max_tokens": 512}},
+        "server": {"model_path": "demo-model", "mode": "simulated", "reasoning_parser": "qwen3"},
+        "tokenizer": "resources/demo-tokenizer",
+    }
 )
+BASE = GenerationSettings.for_run(BASE_RUN)
+#: one change of every field of the run's and the variant's settings (``version`` aside)
+CHANGES = [
+    {"model_path": "other-model"},
+    {"model_revision": "abc123"},
+    {"server_mode": "sglang"},
+    {"chat_template_sha256": "0" * 64},
+    {"reasoning_parser": "deepseek-r1"},
+    {"regenerate": "all"},
+    {"thinking": "off"},
+    {"thinking_fraction": 0.25},
+    {"temperature": 0.9},
+    {"top_p": 0.5},
+    {"top_k": -1},
+    {"max_tokens": 300},
+    {"seed": 1},
+    {"sampling_non_thinking": (("top_p", 0.8),)},
+    {"sampling_thinking": (("top_p", 0.8),)},
+    {"name": "hot"},
+    {"reasoning_effort": "low"},
+    {"truncation": "retry"},
+    {"retry_max_tokens_factor": 3.0},
+    {"extra_body": {"min_p": 0.1}},
+    {"return_token_ids": False},
+    {"preserve_thinking": True},
+    {"server_numerics": {"mamba_ssm_dtype": "bfloat16"}},
+]
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"model_path": "other-model"},
-        {"model_revision": "abc123"},
-        {"server_mode": "sglang"},
-        {"chat_template_sha256": "0" * 64},
-        {"reasoning_parser": "deepseek-r1"},
-        {"regenerate": "all"},
-        {"thinking": "off"},
-        {"thinking_fraction": 0.25},
-        {"temperature": 0.9},
-        {"top_p": 0.5},
-        {"top_k": -1},
-        {"max_tokens": 300},
-        {"seed": 1},
-        {"non_thinking": (("top_p", 0.8),)},
-        {"variant": "hot"},
-        {"reasoning_effort": "low"},
-        {"truncation": "retry"},
-        {"retry_max_tokens_factor": 3.0},
-        {"extra_body": {"min_p": 0.1}},
-        {"return_token_ids": False},
-        {"server_numerics": {"mamba_ssm_dtype": "bfloat16"}},
-    ],
-)
+def changed_settings_of(change: dict[str, Any]) -> GenerationSettings:
+    """``BASE`` with ``change`` applied to the run's part or the variant's, whichever has the field."""
+    run_fields = {f.name for f in dataclasses.fields(BASE.run)}
+    run = {k: v for k, v in change.items() if k in run_fields}
+    variant = {k: v for k, v in change.items() if k not in run}
+    replace = dataclasses.replace
+    return GenerationSettings(replace(BASE.run, **run), replace(BASE.variant, **variant))
+
+
+@pytest.mark.parametrize("change", CHANGES)
 def test_every_decisive_setting_changes_the_fingerprint(change: dict[str, Any]) -> None:
-    own = {f.name for f in dataclasses.fields(BASE)}  # thinking: the mode; sampling.thinking: its overrides
-    sampling = {k: v for k, v in change.items() if k not in own}
-    settings = {k: v for k, v in change.items() if k not in sampling}
-    changed = dataclasses.replace(BASE, **settings, sampling=dataclasses.replace(BASE.sampling, **sampling))
-    assert changed.fingerprint != BASE.fingerprint
+    assert changed_settings_of(change).fingerprint != BASE.fingerprint
+
+
+def test_every_field_of_the_settings_is_hashed() -> None:
+    """The parametrized changes cover every field of both parts (a new field must join the hash)."""
+    fields = {f.name for part in (BASE.run, BASE.variant) for f in dataclasses.fields(part)}
+    assert fields - {"version"} == {k for change in CHANGES for k in change}
 
 
 def test_a_variants_n_changes_no_fingerprint() -> None:
     """One record is one completion: raising n adds completions and keeps those made before."""
-    assert (
-        dataclasses.replace(BASE, sampling=dataclasses.replace(BASE.sampling, n=3)).fingerprint
-        == BASE.fingerprint
-    )
+    more = BASE.run.for_variant(BASE_RUN.generate, Variant("default", n=3))
+    assert more.fingerprint == BASE.fingerprint and more == BASE
+
+
+def test_each_variant_is_hashed_once_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variant's settings hash when built, never again however often the fingerprint is read."""
+    import regen.fingerprint as fingerprint
+
+    calls: list[Any] = []
+    digest = fingerprint._digest
+    monkeypatch.setattr(fingerprint, "_digest", lambda payload: calls.append(payload) or digest(payload))
+    cfg = GenerateConfig.from_dict({"variants": [{"name": "default"}, {"name": "hot", "temperature": 1.0}]})
+    run = fingerprint.RunSettings.of(cfg)
+    settings = [run.for_variant(cfg, v) for v in cfg.variants()]
+    assert [s.fingerprint for s in settings for _ in range(3)] and len(calls) == 2
+    assert settings[0].fingerprint == GenerationSettings.of(GenerateConfig.from_dict({})).fingerprint
 
 
 def test_fingerprint_is_stable_and_ignores_operational_keys(demo_tokenizer_dir: Path) -> None:
@@ -176,7 +200,7 @@ def test_fingerprint_is_stable_and_ignores_operational_keys(demo_tokenizer_dir: 
     a = GenerationSettings.for_run(RunConfig.from_config(config))
     b = GenerationSettings.for_run(RunConfig.from_config(changed))
     assert a == b and a.fingerprint == b.fingerprint and len(a.fingerprint) == 16
-    assert a.chat_template_sha256 is not None  # the demo template is hashed
+    assert a.run.chat_template_sha256 is not None  # the demo template is hashed
     assert decisive_config(config) == decisive_config(changed)  # the generate jobs' rerun trigger
     run = RunConfig.from_config(changed, 2)
     assert not set(ops["generate"]) & set(keys_deciding(GenerateConfig, ANSWERS))
@@ -251,7 +275,7 @@ def test_request_content_is_exactly_what_the_requests_send() -> None:
     assert request_content(sample, "last") == {"messages": prompt_for_last(conv), "tools": None}
     segments = [[{"role": m.role, "content": m.content} for m in seg] for seg in turn_prefixes(conv)]
     assert request_content(sample, "all") == {"messages": segments, "tools": None}
-    every = dataclasses.replace(BASE, regenerate="all")
+    every = changed_settings_of({"regenerate": "all"})
 
     def fp(s: Sample, settings: GenerationSettings = BASE) -> str:
         return sample_fingerprint(settings, s)
@@ -317,7 +341,7 @@ def test_a_server_with_other_numerics_regenerates_and_says_so(tmp_path: Path) ->
         # the dry-run preview has no server: it assumes the numerics the journal's records last reported
         index = JournalIndex.read([sh.journal])
         cfg = GenerateConfig.from_dict(FAST)
-        seen = numerics_last_reported(index, GenerationSettings.of(cfg))
+        seen = numerics_last_reported(index, GenerationSettings.of(cfg).run)
         assert seen is not None and seen["version"] == "0.5.24"
         served = GenerationSettings.of(cfg).served_by(seen)
         assert plan_replay(samples(8), index, served, cfg.retry_failed).replay == 8
@@ -610,18 +634,51 @@ def test_s3_journal_from_a_machine_with_another_config(s3_prefix: str, sim: str,
 
 def test_the_rerun_contract_is_a_named_list_covering_every_deciding_field() -> None:
     """The generate rule's tracked param is built from ``RERUN_*_KEYS`` (order included), which name every
-    field marked as deciding answers; the demo's param, with and without variants, is byte-identical to the
-    one main computed before the lists existed (sha256 of its repr at 173b324)."""
-    from regen.fingerprint import RERUN_GENERATE_KEYS, RERUN_RUN_KEYS, RERUN_SERVER_KEYS
+    field marked as deciding answers and every key a variant may have; the demo's param, with and without
+    variants, is byte-identical to the one main computed before the lists existed (sha256 of its repr at
+    173b324; with variants, of the validated config, at 626ded3, when the variants were read raw)."""
+    from regen.fingerprint import (
+        RERUN_GENERATE_KEYS,
+        RERUN_PLAN_SERVER_KEYS,
+        RERUN_RUN_KEYS,
+        RERUN_SERVER_KEYS,
+        RERUN_VARIANT_KEYS,
+    )
+    from regen.runconfig import section_schema, validated
 
     assert set(RERUN_GENERATE_KEYS) == set(keys_deciding(GenerateConfig, ANSWERS))
     assert set(RERUN_SERVER_KEYS) == set(keys_deciding(ServerConfig, ANSWERS))
     assert set(RERUN_RUN_KEYS) == set(keys_deciding(RunConfig, ANSWERS))
+    assert set(RERUN_PLAN_SERVER_KEYS) == set(keys_deciding(ServerConfig, PLAN))
+    variant_keys = section_schema("generate")["properties"]["variants"]["items"]["properties"]
+    assert set(RERUN_VARIANT_KEYS) == set(variant_keys) == {f.name for f in dataclasses.fields(Variant)}
     demo = demo_config()
     assert hashlib.sha256(repr(decisive_config(demo)).encode()).hexdigest() == (
         "92383c2a303b4dd36f79a2e5a4bdaf12b184ac4ac30d1c34119350d8c0210bb1"
     )
-    demo["generate"]["variants"] = [{"name": "hot", "sampling": {"temperature": 1.0}}]
-    assert hashlib.sha256(repr(decisive_config(demo)).encode()).hexdigest() == (
-        "559ae8a947fe114efe1741233cd8e1e080f75bbf86ace6ffcca90c281b57cc03"
-    )
+    pinned = {
+        "daf7b5fe8040117f50875907301f1bbf3f94359a669b582d093e45a540cf34b4": [
+            {"name": "hot", "temperature": 1.0},
+        ],
+        "394ab9fbc170f1e7e92be6db415aca8f073a4aec7360cb5b66caf9059a5aef0e": [
+            {"name": "default"},
+            {"name": "hot", "temperature": 1.3, "top_p": 0.9, "top_k": 5, "thinking": "off",
+             "reasoning_effort": "low", "n": 4},
+        ],
+    }  # fmt: skip
+    for digest, variants in pinned.items():
+        demo["generate"] = validated("generate", {**demo["generate"], "variants": variants})
+        assert hashlib.sha256(repr(decisive_config(demo)).encode()).hexdigest() == digest
+
+
+def test_the_generate_job_gets_the_typed_run_inside_its_tracked_param() -> None:
+    """One param: Snakemake tracks it by its repr (that of :func:`decisive_config`), the job reads the typed
+    run config it carries, and both survive the pickle Snakemake hands a script its params in."""
+    from regen.fingerprint import TrackedRun
+
+    demo = demo_config()
+    run = RunConfig.from_config(demo)
+    tracked = TrackedRun.of(demo, run)
+    assert isinstance(tracked, dict) and repr(tracked) == repr(decisive_config(demo))
+    back = pickle.loads(pickle.dumps(tracked))
+    assert back.run == run and back == decisive_config(demo)

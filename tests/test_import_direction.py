@@ -114,3 +114,28 @@ def test_no_circle_between_units() -> None:
         if unit not in state:
             circle = visit(unit)
             assert circle is None, " -> ".join(circle)
+
+
+#: where code imports regen
+IMPORTERS = ("regen", "rules", "scripts", "tests", "bench", "Snakefile")
+
+
+def test_the_layout_package_re_exports_nothing_and_callers_import_its_modules() -> None:
+    """``regen/layout/`` is the one owner of the run's file layout, in modules named for what they hold; its
+    ``__init__`` binds no name, so every caller says which module a name comes from."""
+    init = ast.parse((REGEN / "layout" / "__init__.py").read_text())
+    assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in init.body)
+    modules = {p.stem for p in (REGEN / "layout").glob("*.py")} - {"__init__"}
+    assert modules == {"names", "beside", "slots", "run"}
+    found = []
+    for top in IMPORTERS:
+        root = ROOT / top
+        paths = [root] if root.is_file() else [*root.rglob("*.py"), *root.rglob("*.smk")]
+        for path in paths:
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if re.match(
+                    r"\s*(from regen\.layout import|from regen import layout\b|import regen\.layout\s*$)",
+                    line,
+                ):
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert found == [], "\n".join(found)

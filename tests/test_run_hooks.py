@@ -17,7 +17,8 @@ from support.workflow import ROOT, SNAKEMAKE, copy_workflow
 
 from regen.configfile import load_config
 from regen.ingest.dataset import DatasetConfig
-from regen.layout import RunLayout, shard_name
+from regen.layout.names import shard_name
+from regen.layout.run import RunLayout
 from regen.run_hooks import JOBS_PER_GPU_SLOT, RunHooks, RunRefused, RunSetup
 from regen.run_marker import RunMarker, new_marker
 from regen.runconfig import RunConfig

@@ -153,7 +153,7 @@ def test_api_key_and_aws_secret_never_reach_any_file(
 
 
 def test_supervisor_argv_names_the_key_variable_not_the_key(tmp_path: Path) -> None:
-    from regen.layout import SlotFiles
+    from regen.layout.slots import SlotFiles
     from regen.serving.slots import LaunchSpec
 
     spec = LaunchSpec(

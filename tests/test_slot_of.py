@@ -1,5 +1,5 @@
-"""A server file's GPU slot is read from its name in one place (``regen.layout.slot_of``), the inverse of
-``SlotFiles.of``: every slot file names its slot, another file names none."""
+"""A server file's GPU slot is read from its name in one place (``regen.layout.slots.slot_of``), the
+inverse of ``SlotFiles.of``: every slot file names its slot, another file names none."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.layout import SlotFiles, slot_of
+from regen.layout.slots import SlotFiles, slot_of
 
 
 def test_every_slot_file_names_its_slot(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ import yaml
 
 from bench.gpu import known_target as kt
 from bench.projection_replay import run_step_line
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.pilot_file import PilotFile
 
 REPO = Path(__file__).resolve().parents[2]

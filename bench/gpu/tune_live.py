@@ -728,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.length_proxy import behind_proxy
     from regen.tune.projection import project
-    from regen.tune.sweep import closed_loop_projection, run_sweep
+    from regen.tune.sweep import SweepTimes, closed_loop_projection, run_sweep
 
     rec = recommendation(model_dir, gpu_mib, prompt_tokens, replay_decode=True)
     cands = candidates_for(rec, dry)
@@ -770,8 +770,7 @@ def main(argv: list[str] | None = None) -> int:
         generate_cfg(lengths.hi),
         pilot_s,
         work / "sweep",
-        stop_grace_s=60,
-        budget_s=a.sweep_budget_s,
+        times=SweepTimes(stop_grace_s=60, budget_s=a.sweep_budget_s),
         endpoint_wrapper=behind_proxy(pilot_by_id),
     )
     doc["sweep"] = result.to_json()

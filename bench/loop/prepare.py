@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.io import atomic_open, write_json
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 
 MAX_LENGTH = 1 << 20  # no truncation: regen's export already left out rows over the trainer window
 

@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 
 from regen.features.config import FeaturesConfig
-from regen.layout import RunLayout, dataset_parts
+from regen.layout.names import dataset_parts
+from regen.layout.run import RunLayout
 from regen.runconfig import RunConfig, config_section
 from regen.sglang.models import ModelShape
 

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from regen.io import atomic_path, read_json, write_json
-from regen.layout import MANIFEST_NAME
+from regen.layout.names import MANIFEST_NAME
 
 FORMAT = "regen-features/1"
 ROWS_JOURNAL = "_rows.jsonl"

@@ -62,7 +62,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from regen.fingerprint import GenerationSettings, server_numerics
+from regen.fingerprint import RunSettings, server_numerics
 from regen.generate.journal import Journal, JournalSink
 from regen.generate.journal_writer import JournalWriter
 from regen.generate.pacing import InFlightPlan, RequestTime, longest_request_tokens, plan_in_flight
@@ -70,7 +70,7 @@ from regen.generate.request import Halt, Requests, ServerRestarts
 from regen.generate.sample_record import RecordContext, hash64
 from regen.generate.scheduler import Lenders, ShardRun, ShardStats
 from regen.io import write_json
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.records import ShardStatus
 from regen.runconfig import GenerateConfig
 from regen.types import Endpoint, Sample
@@ -103,8 +103,8 @@ class ShardJob:
     memory), where its journal
     and outputs go, the generate config and the server, and what the job around it gives the client.
 
-    ``settings`` is what the fingerprint covers (``GenerationSettings.for_run`` in a workflow job);
-    None: ``GenerationSettings.of`` the generate config. ``progress`` None: a status file at the run layout's
+    ``settings`` is the run's part of what the fingerprint covers (``RunSettings.for_run`` in a workflow
+    job); None: ``RunSettings.of`` the generate config. ``progress`` None: a status file at the run layout's
     place for the journal. ``total``: the samples' count when known (else a sized collection's length).
     ``lenders``: other GPU slots' servers this job may also use while they have room. ``on_exhausted``:
     called once when every sample has been sent (only answers are awaited from then on). ``restarts``:
@@ -126,7 +126,7 @@ class ShardJob:
     journal_sync: JournalSink | None = None
     lenders: Lenders | None = None
     on_exhausted: Callable[[], None] | None = None
-    settings: GenerationSettings | None = None
+    settings: RunSettings | None = None
     restarts: ServerRestarts | None = None
     writer: JournalWriter | None = None
     #: how long one request takes on the server (``regen.generate.pacing``): the in-flight count is kept
@@ -321,10 +321,22 @@ def pacing_of(cfg: GenerateConfig, ep: Endpoint, time: RequestTime | None) -> In
     return plan_in_flight(planned, running, cfg.request_timeout_s, longest_request_tokens(cfg), time)
 
 
+def _log_pacing(shard: str, requests: Requests) -> None:
+    """How the in-flight windows ended, and the retries sent elsewhere or again."""
+    for url, window in requests.windows.items():
+        log.info("shard %s: %s: window %.0f of %d in flight at the end, %d decreases, background "
+                 "%.1f %% of answers 503/429 or timeouts", shard, url, window.limit, window.ceiling,
+                 window.decreases, 100 * window.background)  # fmt: skip
+    if requests.rerouted:
+        log.info("shard %s: %d retries sent to another server with room", shard, requests.rerouted)
+    log.info("shard %s: %d timeouts behind the client's own excess sent again without an attempt",
+             shard, requests.excess_timeouts)  # fmt: skip
+
+
 async def generate_shard_async(job: ShardJob) -> ShardStats:
     """Generate one shard (see the module docstring); returns its stats or raises ShardFailedError."""
     cfg, shard = job.cfg, job.shard
-    settings = job.settings if job.settings is not None else GenerationSettings.of(cfg)
+    settings = job.settings if job.settings is not None else RunSettings.of(cfg)
     progress = job.progress
     if progress is None:
         progress = ProgressOptions(status_path=RunLayout.of_journal(Path(job.journal)).status(shard))
@@ -389,14 +401,7 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
                     sys.stderr.write("\n")
         journal.flush()
         stats.retried_requests = requests.retried
-        for url, window in requests.windows.items():
-            log.info("shard %s: %s: window %.0f of %d in flight at the end, %d decreases, background "
-                     "%.1f %% of answers 503/429 or timeouts", shard, url, window.limit, window.ceiling,
-                     window.decreases, 100 * window.background)  # fmt: skip
-        if requests.rerouted:
-            log.info("shard %s: %d retries sent to another server with room", shard, requests.rerouted)
-        log.info("shard %s: %d timeouts behind the client's own excess sent again without an attempt",
-                 shard, requests.excess_timeouts)  # fmt: skip
+        _log_pacing(shard, requests)
         failure = run.failure()
         stats.wall_s = time.monotonic() - t0
         if failure is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from regen.fingerprint import GenerationSettings
+from regen.fingerprint import RunSettings
 from regen.generate.client import ShardJob, generate_shard, pacing_of
 from regen.generate.journal_writer import JournalWriter
 from regen.generate.lending import SlotLenders
@@ -29,7 +29,9 @@ from regen.generate.run_progress import progress_line
 from regen.generate.scheduler import ShardStats
 from regen.generate.server_time import request_time_for, timeout_disagreement
 from regen.ingest.shards import read_shard
-from regen.layout import RUN, RunLayout, failure_note, slurm_job_id
+from regen.layout.beside import failure_note
+from regen.layout.run import RUN, RunLayout
+from regen.layout.slots import slurm_job_id
 from regen.runconfig import GenerateConfig, RunConfig
 from regen.runlog import stop_if_controller_gone
 from regen.serving.base import ServerError
@@ -78,7 +80,7 @@ def run_generate_job(
     states the cause in full, the others in one line pointing at it.
     """
     plan = PlanFile.read(plan_path)
-    generation = GenerationSettings.for_run(run)
+    generation = RunSettings.for_run(run)
     generate_cfg = run.generate
     disagreement = timeout_disagreement(generate_cfg, run.server, plan, layout.pilot)
     if disagreement is not None:  # regen check says it too

@@ -37,7 +37,7 @@ import orjson
 from regen.generate.journal_writer import JournalWriter
 from regen.io import atomic_lines_writer, gc_paused
 from regen.journal_lines import FAILED, RECORD, complete_lines
-from regen.layout import journal_index
+from regen.layout.beside import journal_index
 
 
 @runtime_checkable

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import orjson
 
-from regen.layout import JOURNAL_SUFFIX, journal_lock
+from regen.layout.beside import journal_lock
+from regen.layout.names import JOURNAL_SUFFIX
 
 
 class JournalBusyError(RuntimeError):

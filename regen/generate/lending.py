@@ -24,7 +24,7 @@ from pathlib import Path
 
 import aiohttp
 
-from regen.layout import SlotFiles, slot_of
+from regen.layout.slots import SlotFiles, slot_of
 from regen.serving.metrics import sum_prometheus
 from regen.serving.procfs import is_supervisor, read_url_state
 from regen.types import Endpoint

@@ -20,10 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from regen.fingerprint import GenerationSettings, changed_settings, content_digest, request_fingerprint
+from regen.fingerprint import (
+    GenerationSettings,
+    RunSettings,
+    changed_settings,
+    content_digest,
+    request_fingerprint,
+)
 from regen.generate.journal import FAILED, RECORD, EntryHead, read_heads
 from regen.io import gc_paused, read_json, write_json
-from regen.layout import RUN, RunLayout
+from regen.layout.run import RUN, RunLayout
 from regen.prompts import request_content, sample_request_fingerprint
 from regen.records import record_id
 from regen.runconfig import DEFAULT_VARIANT, GenerateConfig, RunConfig
@@ -33,6 +39,7 @@ if TYPE_CHECKING:  # the dataset reader's module (heavy imports) is imported onl
     from regen.ingest.dataset import DatasetConfig
 
 log = logging.getLogger("regen.generate.replay")
+_ABSENT = object()  # a key the journaled settings lack (so None there never equals it)
 
 
 @dataclass(slots=True)
@@ -262,11 +269,12 @@ def digests_of(samples: Iterable[Sample], regenerate: str) -> Iterator[tuple[str
 def plan_variants(
     digests: Iterable[tuple[str, str]],
     index: JournalIndex,
-    settings: GenerationSettings,
+    settings: RunSettings,
     cfg: GenerateConfig,
 ) -> VariantPlans:
     """Classify every completion of every sample (``(id, request content digest)``) per variant, the way
-    ``regen.generate.scheduler`` decides on it; ``settings``: the run's (served)."""
+    ``regen.generate.scheduler`` decides on it; ``settings``: the run's (served). Each variant's settings
+    (and so its fingerprint) are built once."""
     pairs = list(digests)
     plain = cfg.plain_ids
     plans: dict[str, ReplayPlan] = {}
@@ -350,13 +358,10 @@ def preview_lines(
     """The dry-run lines for the typed run config (``rules/common.smk`` builds it), the typed
     ``dataset`` section and the run's shards (their journals and prompt shards in ``layout``)."""
     shards = list(shards)
-    journal_paths = [layout.journal(shard) for shard in shards]
-    settings = GenerationSettings.for_run(run)
-    index = JournalIndex.read(journal_paths)
-    served = numerics_last_reported(index, settings)
+    index = JournalIndex.read([layout.journal(shard) for shard in shards])
+    settings, served = assumed_served(run, index)
     assumed = []
-    if served is not None:  # no server to ask before the run: assume it reports what it did last time
-        settings = settings.served_by(served)
+    if served is not None:
         shown = ", ".join(f"{k} {v}" for k, v in served.items())
         assumed = [f"regen: assuming the server reports the numerics it reported before ({shown}); "
                    "one that reports others regenerates every sample"]  # fmt: skip
@@ -369,19 +374,29 @@ def preview_lines(
         digests = digests_of(samples, settings.regenerate)
     plans = plan_variants(digests, index, settings, run.generate)
     if plans.implicit:
-        head = f"regen: generation settings fingerprint {settings.fingerprint}"
+        head = f"regen: generation settings fingerprint {next(iter(plans.fingerprints.values()))}"
     else:
         shown = ", ".join(f"{name} {fp}" for name, fp in plans.fingerprints.items())
         head = f"regen: generation settings fingerprints per variant: {shown}"
     return [head, *assumed, *plans.lines()]
 
 
-def numerics_last_reported(index: JournalIndex, settings: GenerationSettings) -> dict[str, Any] | None:
-    """The server numerics of the journaled settings that equal ``settings`` in everything else (the
-    most recently first-seen such settings); None when the journals hold none."""
+def assumed_served(run: RunConfig, index: JournalIndex) -> tuple[RunSettings, dict[str, Any] | None]:
+    """The run's settings as the preview assumes its server answers: no server to ask before the run, so
+    one that reports the numerics it did last time (:func:`numerics_last_reported`, also returned; None:
+    the journals hold none, and the settings have no numerics)."""
+    settings = RunSettings.for_run(run)
+    served = numerics_last_reported(index, settings)
+    return (settings if served is None else settings.served_by(served)), served
+
+
+def numerics_last_reported(index: JournalIndex, settings: RunSettings) -> dict[str, Any] | None:
+    """The server numerics of the journaled settings whose run part equals ``settings`` in everything
+    else (the most recently first-seen such settings, of whichever variant); None when the journals hold
+    none."""
     others = {k: v for k, v in settings.to_json().items() if k != "server_numerics"}
     for seen in reversed(list(index.settings.values())):
-        if {k: v for k, v in seen.items() if k != "server_numerics"} == others:
+        if all(seen.get(k, _ABSENT) == v for k, v in others.items()):
             return dict(seen.get("server_numerics") or {})
     # other settings (a sampling change): the same model and server report what they reported last
     server = ("model_path", "model_revision", "server_mode")
@@ -443,11 +458,8 @@ def shard_replay(
 ) -> ShardReplay | None:
     """How many samples of one shard its journal replays and how many the job generates; None when the
     shard was written before request digests existed."""
-    settings = GenerationSettings.for_run(run)
     index = JournalIndex.read([journal])
-    served = numerics_last_reported(index, settings)
-    if served is not None:
-        settings = settings.served_by(served)
+    settings, _ = assumed_served(run, index)
     digests = shard_digests([Path(shard_path)], settings.regenerate, [])
     if digests is None:
         return None

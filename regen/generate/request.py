@@ -286,7 +286,7 @@ class Requests:
         the first request (retries go where :meth:`retry_target` says). A retry without thinking turns
         ``ask.thinking`` off, so the record says how its answer was made."""
         cfg = self.cfg
-        limit = ask.sampled.sampling.max_tokens
+        limit = cfg.sampling.max_tokens  # the run's: no variant sets it
         answer = await self.request(ask, messages, limit, ask.lender)
         where = truncated_where(
             answer.finish_reason, answer.content, answer.reasoning_content, bool(answer.tool_calls)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from regen.io import read_json
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.records import ShardStatus
 
 #: a shard's status older than this (and not finished) is shown as stale

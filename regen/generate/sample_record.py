@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from regen.fingerprint import GenerationSettings
+from regen.fingerprint import RunSettings
 from regen.generate.request import Answer, Ask, Requests, Sampled
 from regen.records import FailureEntry, GenerationRecord, RecordSampling
 from regen.runconfig import GenerateConfig, SamplingConfig, Variant
@@ -69,7 +69,7 @@ class VariantRun:
     settings_json: orjson.Fragment
 
     @classmethod
-    def of(cls, cfg: GenerateConfig, settings: GenerationSettings, variant: Variant) -> VariantRun:
+    def of(cls, cfg: GenerateConfig, settings: RunSettings, variant: Variant) -> VariantRun:
         """``variant`` of ``cfg``; ``settings``: the run's (what its answers come from, served)."""
         own = settings.for_variant(cfg, variant)
         sampled = Sampled(variant.name, variant.sampling(cfg.sampling), variant.reasoning_effort)

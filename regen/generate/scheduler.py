@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from regen.fingerprint import GenerationSettings, content_digest, request_fingerprint
+from regen.fingerprint import GenerationSettings, RunSettings, content_digest, request_fingerprint
 from regen.generate.journal import Journal, RecordIdentity
 from regen.generate.request import Requests, SampleFailed, chat_url
 from regen.generate.sample_record import Completion, RecordContext, VariantRun, answer_sample, output_tokens
@@ -97,7 +97,7 @@ class ShardRun:
     def __init__(
         self,
         cfg: GenerateConfig,
-        settings: GenerationSettings,
+        settings: RunSettings,
         journal: Journal,
         samples: Iterator[Sample],
         requests: Requests,

@@ -18,7 +18,7 @@ from regen.generate.pacing import (
     measured_step,
     timeout_conflict,
 )
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.pilot_file import PilotFile
 from regen.runconfig import GenerateConfig, ServerConfig, config_section
 from regen.sglang.config import PlanFile

@@ -69,7 +69,7 @@ from regen.ingest.auditor import Auditor, audit_records, iter_audits
 from regen.ingest.dataset import DatasetConfig
 from regen.ingest.decontam import BenchmarkSpec
 from regen.ingest.flags import CONTAMINATED, EMPTY_RESPONSE, FLAG_NAMES, SampleAudit, structure_faults
-from regen.layout import AuditFiles
+from regen.layout.beside import AuditFiles
 from regen.runconfig import section_schema
 from regen.types import BadInputError
 
@@ -97,10 +97,8 @@ __all__ = [
 ]
 
 
-def cli(argv: list[str]) -> int:
-    """``regen audit INPUT --out DIR``: audit a dataset, print a summary table, write DIR/summary.json.
-
-    An option not given takes the schema's default for its config key (``dataset``, ``audit``)."""
+def _parser() -> argparse.ArgumentParser:
+    """``regen audit``'s options; an option's default and choices are its config key's, from the schema."""
     dataset_keys = section_schema("dataset")["properties"]
     audit_keys = section_schema("audit")["properties"]
     ngram = audit_keys["decontamination"]["properties"]["ngram"]
@@ -165,7 +163,14 @@ def cli(argv: list[str]) -> int:
         help=f"words per n-gram for --benchmark matching (default {ngram['default']})",
     )
     parser.add_argument("--out", required=True, help="output directory")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def cli(argv: list[str]) -> int:
+    """``regen audit INPUT --out DIR``: audit a dataset, print a summary table, write DIR/summary.json.
+
+    An option not given takes the schema's default for its config key (``dataset``, ``audit``)."""
+    args = _parser().parse_args(argv)
 
     def given(**options: Any) -> dict[str, Any]:
         return {k: v for k, v in options.items() if v is not None}  # the rest: the schema's defaults

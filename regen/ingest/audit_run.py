@@ -36,7 +36,7 @@ from regen.ingest.flags import (
 from regen.ingest.progress import RowCounter, RowProgress, console_log
 from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.io import atomic_open, atomic_path, write_json
-from regen.layout import AuditFiles
+from regen.layout.beside import AuditFiles
 from regen.records import FLAGS_SCHEMA, SHARD_SCHEMA, SampleRows
 from regen.types import BadRow, Sample
 from regen.verdict import keep_verdict

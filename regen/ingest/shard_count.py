@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from regen.io import read_json, write_json
-from regen.layout import RUN
+from regen.layout.run import RUN
 
 AUTO = "auto"
 PERSISTED = RUN.shard_count_file

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from regen.chat import ChatTemplate
 from regen.ingest.dataset import iter_samples
-from regen.layout import shard_name as shard_name  # the shard-name format's home is the layout
+from regen.layout.names import shard_name as shard_name  # the shard-name format's home is the layout
 from regen.records import SHARD_SCHEMA, SampleRows, message_from_row
 from regen.types import Sample
 

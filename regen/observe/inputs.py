@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 
 
 @dataclass(frozen=True, slots=True)

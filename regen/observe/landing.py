@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.io import atomic_open, open_lines, read_json
-from regen.layout import RUN, RunLayout
+from regen.layout.run import RUN, RunLayout
 from regen.observe.inputs import ReportInputs
 from regen.observe.pages import gate_rows, read_verdict
 from regen.observe.run_numbers import RunNumbers

@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 
 from regen.io import read_json
-from regen.layout import REALIZED_SUFFIX, RUN, SLURM_DIR_PREFIX
+from regen.layout.names import REALIZED_SUFFIX, SLURM_DIR_PREFIX
+from regen.layout.run import RUN
 from regen.pilot_file import PilotFile
 from regen.serving.progress import read_restarts
 

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from regen.io import atomic_open, read_json
-from regen.layout import (
+from regen.layout.names import (
     ASSET_NAMES,
     AUDIT_HTML,
     FINISH_REASONS_SVG,
@@ -24,13 +24,12 @@ from regen.layout import (
     QUARANTINE_REASONS_SVG,
     REAUDIT_HTML,
     RECONCILE_HTML,
-    RUN,
     SERVER_PLAN_HTML,
     THROUGHPUT_SVG,
     TOKEN_LENGTHS_SVG,
     TRAINER_WINDOW_SVG,
-    RunLayout,
 )
+from regen.layout.run import RUN, RunLayout
 from regen.observe.inputs import ReportInputs
 from regen.observe.landing import Readiness, RunFacts, landing_rst, readiness, write_failed_run_landing
 from regen.observe.pages import (

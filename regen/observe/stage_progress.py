@@ -2,7 +2,7 @@
 
 The stage's job counts rows through a :class:`StageProgress`; every ``every_s`` seconds, and once at the
 end, it prints a line to the console Snakemake runs in (the job's own stderr goes to its log, which gets
-the line too) and rewrites ``work/status/stages/{stage}.json`` (:meth:`regen.layout.RunLayout.
+the line too) and rewrites ``work/status/stages/{stage}.json`` (:meth:`regen.layout.run.RunLayout.
 stage_progress`), which ``regen status`` reads back (:func:`stage_lines`).
 """
 
@@ -20,7 +20,7 @@ from typing import Any, TextIO, TypeVar
 from regen.generate.run_progress import STALE_AFTER_S, fmt_duration, fmt_eta
 from regen.ingest.readers import check_dataset_path, known_row_count
 from regen.io import read_json, write_json
-from regen.layout import RUN, RunLayout
+from regen.layout.run import RUN, RunLayout
 
 log = logging.getLogger("regen.observe.stage_progress")
 

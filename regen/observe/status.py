@@ -29,7 +29,8 @@ from typing import Any, TextIO
 from regen.generate.replay import ShardReplay
 from regen.generate.run_progress import STALE_AFTER_S, RunSnapshot, fmt_duration, run_totals, summary_line
 from regen.io import read_json
-from regen.layout import RUN, RunLayout, SlotFiles, url_files
+from regen.layout.run import RUN, RunLayout
+from regen.layout.slots import SlotFiles, url_files
 from regen.observe.stage_progress import stage_lines
 from regen.observe.variants import valid_breakdown, variant_lines
 from regen.pilot_file import PilotFile

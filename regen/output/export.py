@@ -30,9 +30,9 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 import pyarrow.dataset as ds
@@ -40,7 +40,8 @@ import pyarrow.dataset as ds
 from regen.chat import THINK_CLOSE, ChatTemplate
 from regen.fingerprint import chat_template_hash
 from regen.io import atomic_open, read_json, write_json
-from regen.layout import MANIFEST_NAME, eval_split_beside, thinking_beside, token_freq_beside
+from regen.layout.beside import eval_split_beside, thinking_beside, token_freq_beside
+from regen.layout.names import MANIFEST_NAME
 from regen.observe.stage_progress import StageProgress
 from regen.output.masks import MaskBuilder, MaskPolicy
 from regen.output.serving import serving_contract
@@ -172,99 +173,142 @@ def dataset_window_coverage(
     return coverage
 
 
-def export_dataset(
-    *,
-    dataset_dir: str,
-    specforge_out: str,
-    tokenized_out: str,
-    manifest_out: str,
-    config: ExportConfig,
-    tokenizer_dir: str,
-    regenerate: str,
-    progress: StageProgress | None = None,
-) -> dict[str, Any]:
-    """Write the SpecForge and token exports of ``dataset_dir`` (training and eval split,
-    ``regen.layout.eval_split_beside`` each) and their manifest; return the manifest. ``progress``
-    counts the dataset's rows."""
-    progress = progress or StageProgress.silent("export")
-    template = ChatTemplate.from_dir(tokenizer_dir)
-    builder = MaskBuilder(template, config.policy)
-    rows_in = 0
-    specforge_rows: Counter[str] = Counter()
-    left_out: Counter[str] = Counter()
-    sources: Counter[str] = Counter()
-    token_rows: Counter[str] = Counter()
-    supervised: Counter[str] = Counter()
-    split = SplitCounts(config.eval_fraction)
-    coverage = WindowCoverage.for_config(config.max_length)
-    think_close = template.tokenizer.token_to_id(THINK_CLOSE)
-    token_counts = TokenCounts()  # the training split's supervised tokens: the draft vocabulary's input
-    by_thinking: Counter[str] = Counter()
-    by_variant: dict[str, Counter[str]] = {}  # rows per variant: in, specforge, tokenized
-    without_system = 0  # rows SpecForge will give its template's default system prompt
-    for path in (specforge_out, tokenized_out):
+@dataclass(frozen=True, slots=True)
+class ExportPaths:
+    """Where one export writes: the two training files, their eval splits (``eval_split_beside``), each
+    exported row's thinking mode and the training split's token counts (beside the token export)."""
+
+    specforge: str
+    tokenized: str
+    specforge_eval: str
+    tokenized_eval: str
+    thinking: str
+    token_freq: str
+
+    @classmethod
+    def beside(cls, specforge_out: str, tokenized_out: str) -> ExportPaths:
+        return cls(
+            specforge=str(specforge_out),
+            tokenized=str(tokenized_out),
+            specforge_eval=str(eval_split_beside(specforge_out)),
+            tokenized_eval=str(eval_split_beside(tokenized_out)),
+            thinking=str(thinking_beside(tokenized_out)),
+            token_freq=str(token_freq_beside(tokenized_out)),
+        )
+
+    @property
+    def eval_files(self) -> dict[str, str]:
+        return {"specforge": self.specforge_eval, "tokenized": self.tokenized_eval}
+
+
+@dataclass(slots=True)
+class ExportTally:
+    """What an export counts while it writes: the manifest's numbers."""
+
+    split: SplitCounts
+    coverage: WindowCoverage
+    think_close: int | None
+    rows_in: int = 0
+    specforge_rows: Counter[str] = field(default_factory=Counter)
+    left_out: Counter[str] = field(default_factory=Counter)
+    sources: Counter[str] = field(default_factory=Counter)
+    token_rows: Counter[str] = field(default_factory=Counter)
+    supervised: Counter[str] = field(default_factory=Counter)
+    #: the training split's supervised tokens: the draft vocabulary's input
+    token_counts: TokenCounts = field(default_factory=TokenCounts)
+    by_thinking: Counter[str] = field(default_factory=Counter)
+    #: rows per variant: in, specforge, tokenized
+    by_variant: dict[str, Counter[str]] = field(default_factory=dict)
+    #: rows SpecForge will give its template's default system prompt
+    without_system: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Sinks:
+    """The open files of one export: per split side for the two formats, and the thinking modes."""
+
+    specforge: dict[str, BinaryIO]
+    tokenized: dict[str, BinaryIO]
+    thinking: BinaryIO
+
+
+def _export_row(
+    row: dict[str, Any], builder: MaskBuilder, config: ExportConfig, tally: ExportTally, sinks: _Sinks
+) -> None:
+    """One dataset row into the SpecForge and token exports (its split side's), counted in ``tally``."""
+    tally.rows_in += 1
+    per_variant = tally.by_variant.setdefault(str(row.get("variant") or "default"), Counter())
+    per_variant["rows_in"] += 1
+    side = tally.split.add(row["messages"])
+    left_out = tally.left_out
+    if row.get("duplicate_of") and config.drop_duplicate_completions:
+        left_out["duplicate_completion"] += 1  # of the same prompt: an earlier one is exported
+        return
+    made = builder.rows(row)
+    lengths = [tally.coverage.add(out.input_ids, out.loss_mask, tally.think_close).length for out in made]
+    if row["truncated"] and not config.policy.include_truncated:
+        left_out["truncated"] += 1
+    elif config.drops(max(lengths, default=0)):
+        left_out["over_max_length"] += 1  # SpecForge renders the whole conversation: its longest row
+    else:
+        line = specforge_line(row)
+        sinks.specforge[side].write(orjson.dumps(line) + b"\n")
+        tally.specforge_rows[side] += 1
+        per_variant[f"specforge_{side}"] += 1
+        tally.without_system += line["conversations"][0]["role"] != "system"
+    kept = [out for out, length in zip(made, lengths, strict=True) if not config.drops(length)]
+    if len(kept) < len(made):
+        left_out["token_rows_over_max_length"] += len(made) - len(kept)
+    for out in kept:
+        sinks.tokenized[side].write(orjson.dumps(out.to_json() | completion_of(row) | answer_of(row)) + b"\n")
+        if side == TRAIN:
+            tally.token_counts.add(out.input_ids, out.loss_mask)
+        tally.sources[out.source] += 1
+        tally.token_rows[side] += 1
+        per_variant[f"tokenized_{side}"] += 1
+        tally.supervised[side] += sum(out.loss_mask)
+    if kept:  # the row is in the token export: its thinking mode, for serving to match
+        mode = "on" if row["thinking"] else "off"
+        tally.by_thinking[mode] += 1
+        said = {"id": row["id"], **completion_of(row), "thinking": mode == "on", "split": side}
+        sinks.thinking.write(orjson.dumps(said) + b"\n")
+
+
+def _write_exports(
+    dataset_dir: str, paths: ExportPaths, builder: MaskBuilder, config: ExportConfig, tally: ExportTally,
+    progress: StageProgress,
+) -> None:  # fmt: skip
+    """Every row of ``dataset_dir`` into the export files at ``paths`` (each written atomically)."""
+    for path in (paths.specforge, paths.tokenized):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    eval_files = {
-        "specforge": str(eval_split_beside(specforge_out)),
-        "tokenized": str(eval_split_beside(tokenized_out)),
-    }
-    thinking_file = str(thinking_beside(tokenized_out))
-    token_freq_file = str(token_freq_beside(tokenized_out))
     with (
-        atomic_open(specforge_out, "wb") as sf_train,
-        atomic_open(tokenized_out, "wb") as tk_train,
-        atomic_open(eval_files["specforge"], "wb") as sf_eval,
-        atomic_open(eval_files["tokenized"], "wb") as tk_eval,
-        atomic_open(thinking_file, "wb") as modes,
+        atomic_open(paths.specforge, "wb") as sf_train,
+        atomic_open(paths.tokenized, "wb") as tk_train,
+        atomic_open(paths.specforge_eval, "wb") as sf_eval,
+        atomic_open(paths.tokenized_eval, "wb") as tk_eval,
+        atomic_open(paths.thinking, "wb") as modes,
     ):
-        specforge_files = {TRAIN: sf_train, EVAL: sf_eval}
-        tokenized_files = {TRAIN: tk_train, EVAL: tk_eval}
+        sinks = _Sinks({TRAIN: sf_train, EVAL: sf_eval}, {TRAIN: tk_train, EVAL: tk_eval}, modes)
         for row in iter_rows(dataset_dir):
-            rows_in += 1
             progress.advance()
-            per_variant = by_variant.setdefault(str(row.get("variant") or "default"), Counter())
-            per_variant["rows_in"] += 1
-            side = split.add(row["messages"])
-            if row.get("duplicate_of") and config.drop_duplicate_completions:
-                left_out["duplicate_completion"] += 1  # of the same prompt: an earlier one is exported
-                continue
-            made = builder.rows(row)
-            lengths = [coverage.add(out.input_ids, out.loss_mask, think_close).length for out in made]
-            if row["truncated"] and not config.policy.include_truncated:
-                left_out["truncated"] += 1
-            elif config.drops(max(lengths, default=0)):
-                left_out["over_max_length"] += 1  # SpecForge renders the whole conversation: its longest row
-            else:
-                line = specforge_line(row)
-                specforge_files[side].write(orjson.dumps(line) + b"\n")
-                specforge_rows[side] += 1
-                per_variant[f"specforge_{side}"] += 1
-                without_system += line["conversations"][0]["role"] != "system"
-            kept = [out for out, length in zip(made, lengths, strict=True) if not config.drops(length)]
-            if len(kept) < len(made):
-                left_out["token_rows_over_max_length"] += len(made) - len(kept)
-            for out in kept:
-                token_line = out.to_json() | completion_of(row) | answer_of(row)
-                tokenized_files[side].write(orjson.dumps(token_line) + b"\n")
-                if side == TRAIN:
-                    token_counts.add(out.input_ids, out.loss_mask)
-                sources[out.source] += 1
-                token_rows[side] += 1
-                per_variant[f"tokenized_{side}"] += 1
-                supervised[side] += sum(out.loss_mask)
-            if kept:  # the row is in the token export: its thinking mode, for serving to match
-                mode = "on" if row["thinking"] else "off"
-                by_thinking[mode] += 1
-                said = {"id": row["id"], **completion_of(row), "thinking": mode == "on", "split": side}
-                modes.write(orjson.dumps(said) + b"\n")
-    manifest = {
+            _export_row(row, builder, config, tally, sinks)
+
+
+def _manifest(
+    tally: ExportTally, paths: ExportPaths, config: ExportConfig, builder: MaskBuilder, regenerate: str,
+    dataset_dir: str, template: ChatTemplate,
+) -> dict[str, Any]:  # fmt: skip
+    """The export's manifest from what it counted (the ``serving`` block aside)."""
+    left_out, by_thinking = tally.left_out, tally.by_thinking
+    specforge_rows, token_rows, supervised = tally.specforge_rows, tally.token_rows, tally.supervised
+    return {
         "format": "regen-export/1",
         "dataset": str(dataset_dir),
-        "rows_in": rows_in,
+        "rows_in": tally.rows_in,
         "regenerate": regenerate,
         "left_out": dict(left_out),
         # rows per sampling variant (generate.variants): in the dataset, and written per file and side
-        "variants": {name: dict(sorted(c.items())) for name, c in sorted(by_variant.items())},
+        "variants": {name: dict(sorted(c.items())) for name, c in sorted(tally.by_variant.items())},
         "policy": {
             "supervised": "tokens this run's target model generated (regenerated assistant turns)",
             "supervise_context_turns": config.policy.supervise_context_turns,
@@ -272,7 +316,7 @@ def export_dataset(
             "after_end_of_turn": builder.after_end_of_turn,
         },
         "trainer_window": {
-            **coverage.to_json(),
+            **tally.coverage.to_json(),
             "max_length": config.max_length,
             "over_max_length": config.over_max_length,
             "dropped": {
@@ -281,24 +325,24 @@ def export_dataset(
             },
         },
         "token_freq": {
-            "path": token_freq_file,
-            "total": sum(token_counts.counts.values()),
-            "distinct": len(token_counts.counts),
+            "path": paths.token_freq,
+            "total": sum(tally.token_counts.counts.values()),
+            "distinct": len(tally.token_counts.counts),
             "draft_vocabulary": "regen vocab --draft-vocab-size N --model-config <target config.json>",
         },
         "eval_split": {
             "eval_fraction": config.eval_fraction,
             "key": SPLIT_KEY,
-            "dataset_rows": dict(split.rows),
-            "prompts_on_both_sides": split.prompts_on_both_sides,
-            "files": eval_files,
+            "dataset_rows": dict(tally.split.rows),
+            "prompts_on_both_sides": tally.split.prompts_on_both_sides,
+            "files": paths.eval_files,
             "specforge_rows": specforge_rows[EVAL],
             "tokenized_rows": token_rows[EVAL],
             "supervised_tokens": supervised[EVAL],
             "stable": "decided by the prompt text alone: the same on every rerun and resume",
         },
         "specforge": {
-            "path": str(specforge_out),
+            "path": paths.specforge,
             "rows": specforge_rows[TRAIN],
             "chat_template": specforge_template_name(config.specforge_chat_template, template),
             # regenerate last: earlier assistant turns are the old dataset's answers, context only
@@ -311,24 +355,49 @@ def export_dataset(
             ),
         },
         "tokenized": {
-            "path": str(tokenized_out),
+            "path": paths.tokenized,
             "rows": token_rows[TRAIN],
             "supervised_tokens": supervised[TRAIN],
-            "ids": dict(sources),
+            "ids": dict(tally.sources),
             "one_row_per": "regenerated assistant turn" if regenerate == "all" else "record",
         },
     }
-    settings = generation_settings(dataset_dir)
-    sf_template = specforge_template_name(config.specforge_chat_template, template)
-    manifest["serving"] = serving_contract(
-        settings=settings,
-        rows_by_thinking=by_thinking,
-        thinking_file=thinking_file,
-        export_template_sha256=chat_template_hash(tokenizer_dir),
-        specforge_template=sf_template,
-        specforge_rows_without_system=without_system,
+
+
+def export_dataset(
+    *,
+    dataset_dir: str,
+    specforge_out: str,
+    tokenized_out: str,
+    manifest_out: str,
+    config: ExportConfig,
+    tokenizer_dir: str,
+    regenerate: str,
+    progress: StageProgress | None = None,
+) -> dict[str, Any]:
+    """Write the SpecForge and token exports of ``dataset_dir`` (training and eval split,
+    ``regen.layout.beside.eval_split_beside`` each) and their manifest; return the manifest. ``progress``
+    counts the dataset's rows."""
+    progress = progress or StageProgress.silent("export")
+    template = ChatTemplate.from_dir(tokenizer_dir)
+    builder = MaskBuilder(template, config.policy)
+    paths = ExportPaths.beside(specforge_out, tokenized_out)
+    tally = ExportTally(
+        split=SplitCounts(config.eval_fraction),
+        coverage=WindowCoverage.for_config(config.max_length),
+        think_close=template.tokenizer.token_to_id(THINK_CLOSE),
     )
-    write_json(token_freq_file, token_counts.to_json())
+    _write_exports(dataset_dir, paths, builder, config, tally, progress)
+    manifest = _manifest(tally, paths, config, builder, regenerate, dataset_dir, template)
+    manifest["serving"] = serving_contract(
+        settings=generation_settings(dataset_dir),
+        rows_by_thinking=tally.by_thinking,
+        thinking_file=paths.thinking,
+        export_template_sha256=chat_template_hash(tokenizer_dir),
+        specforge_template=specforge_template_name(config.specforge_chat_template, template),
+        specforge_rows_without_system=tally.without_system,
+    )
+    write_json(paths.token_freq, tally.token_counts.to_json())
     write_json(manifest_out, manifest)
     progress.finish()
     return manifest

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from regen.io import read_json, write_json
-from regen.layout import KEPT_INDEX, RunLayout
+from regen.layout.names import KEPT_INDEX
+from regen.layout.run import RunLayout
 from regen.run_marker import ResultsOf
 from regen.runconfig import validated
 

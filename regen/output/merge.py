@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.io import read_json, shared_temp_dir, write_json
-from regen.layout import MANIFEST_NAME, dataset_part, dataset_parts
+from regen.layout.names import MANIFEST_NAME, dataset_part, dataset_parts
 from regen.observe.stage_progress import StageProgress, parquet_rows
 from regen.output.provenance import build_provenance
 from regen.output.reconcile import ExpectedCompletions

@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 from regen import __version__
 from regen.fingerprint import chat_template_hash
 from regen.io import read_json
-from regen.layout import RUN, realized_files
+from regen.layout.run import RUN
+from regen.layout.slots import realized_files
 from regen.runconfig import DEFAULT_VARIANT
 
 
@@ -65,7 +66,7 @@ def settings_in_records(valid_paths: list[str]) -> list[SettingsGroup]:
 
 def realized_servers(workdir: str | os.PathLike[str] = RUN.servers_root) -> list[dict[str, Any]]:
     """What each GPU server reported at start-up (version, flags, memory), recorded by the server module
-    per node or per Slurm job (``regen.layout.realized_files``)."""
+    per node or per Slurm job (``regen.layout.slots.realized_files``)."""
     return [read_json(p) for p in realized_files(workdir)]
 
 

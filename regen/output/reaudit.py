@@ -28,7 +28,7 @@ import pyarrow.dataset as ds
 from regen.chat import ChatTemplate
 from regen.ingest.audit import EMPTY_RESPONSE, AuditConfig, Auditor, iter_audits
 from regen.io import read_json, write_json
-from regen.layout import MANIFEST_NAME
+from regen.layout.names import MANIFEST_NAME
 from regen.observe.variants import VariantCounts
 from regen.output.export import ExportConfig, dataset_window_coverage
 from regen.output.masks import completion_retokenizes_differently

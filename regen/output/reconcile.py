@@ -36,7 +36,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from regen.io import open_lines, write_json
-from regen.layout import RUN, RunLayout
+from regen.layout.run import RUN, RunLayout
 from regen.records import record_id
 from regen.runconfig import GenerateConfig
 

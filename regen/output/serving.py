@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from regen.layout import RUN
+from regen.layout.run import RUN
 
 #: the system prompt SpecForge 0.2.0 adds to a conversation that has no system turn, per chat template
 #: (``specforge/data/template.py`` ``ChatTemplate.system_prompt``, added by ``parse.GeneralParser.parse``)

@@ -39,7 +39,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from regen.layout import RunLayout, is_shard_name
+from regen.layout.names import is_shard_name
+from regen.layout.run import RunLayout
 from regen.output.kept_runs import KeepConfig, keep_run, kept_line, prune_kept_runs
 from regen.run_marker import ResultsOf
 

@@ -29,7 +29,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from regen.io import atomic_lines_writer, atomic_path, gc_paused, open_lines, read_json
-from regen.layout import is_shard_name
+from regen.layout.names import is_shard_name
 from regen.records import RECORD_SCHEMA_PATH, TOKEN_ID_MAX, VALID_SCHEMA, ValidColumns
 from regen.runconfig import section_schema, validated
 

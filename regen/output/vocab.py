@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from regen.io import atomic_path, read_json, write_json
-from regen.layout import RUN
+from regen.layout.run import RUN
 
 TOKEN_FREQ_FORMAT = "regen-token-freq/1"
 

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from regen.layout import RUN, SlotFiles, url_files
+from regen.layout.run import RUN
+from regen.layout.slots import SlotFiles, url_files
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, ServerMode, api_key_from
 from regen.serving.local_sglang import LocalSGLang
@@ -61,7 +62,6 @@ def acquire_server(
     workdir: str | os.PathLike[str] = RUN.servers_root,
     log_dir: str | os.PathLike[str] = RUN.server_logs_root,
     *,
-    gpu_slots: int | None = None,
     owner_pid: int | None = None,
     command_builder: CommandBuilder | None = None,
     command_check: LaunchCheck | None = None,
@@ -70,8 +70,9 @@ def acquire_server(
 ) -> Iterator[Endpoint]:
     """Hold a server for ``server.mode`` for the duration of the ``with`` block; yields the Endpoint.
 
-    A mode that launches runs on a GPU slot (:func:`regen.serving.slots.serve_on_slot`): ``gpu_slots``
-    overrides ``server.gpus`` (Snakemake's ``--resources gpu=N``); ``owner_pid`` is the process whose
+    A mode that launches runs on a GPU slot (:func:`regen.serving.slots.serve_on_slot`), one of
+    ``server.gpus`` / ``server.tp`` (a job passes ``server`` with ``gpus`` its GPU slots: Snakemake's
+    ``--resources gpu=N``); ``owner_pid`` is the process whose
     death (with no lease held) stops the server (default: the Snakemake ancestor); ``command_builder``
     replaces the mode's command (tests use a stand-in server) and ``command_check`` is run on the command
     while its server starts (default: the mode's :meth:`~regen.serving.base.ServerMode.launch_check` for
@@ -83,7 +84,7 @@ def acquire_server(
     if not mode.launches:
         yield mode.endpoint(cfg, plan)
         return
-    place = SlotPlace(workdir, log_dir, gpu_slots, owner_pid, poll_s, on_slot)
+    place = SlotPlace(workdir, log_dir, owner_pid, poll_s, on_slot)
     own = mode.launch_check if command_builder is None else None  # a replaced command is not the mode's
     check = command_check if command_check is not None else own
     with serve_on_slot(cfg, plan, place, command_builder or mode.command, check) as endpoint:
@@ -135,7 +136,7 @@ def wait_until_recorded(files: SlotFiles, started: subprocess.Popen[bytes]) -> N
 
 def live_supervisors(workdir: str | os.PathLike[str]) -> list[tuple[Path, UrlState]]:
     """(url file, state) of every slot whose recorded supervisor PID is really a live supervisor, in
-    ``workdir`` and in its per-Slurm-job slot directories (``regen.layout.url_files``)."""
+    ``workdir`` and in its per-Slurm-job slot directories (``regen.layout.slots.url_files``)."""
     found = []
     for url_file in url_files(workdir):
         state = read_url_state(url_file)

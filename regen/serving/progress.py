@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 
 from regen.io import read_json, write_json
-from regen.layout import SlotFiles
+from regen.layout.slots import SlotFiles
 from regen.serving.metrics import parse_prometheus
 from regen.serving.probes import one_token_generation
 from regen.serving.procfs import is_supervisor, pid_alive, read_url_state

@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.layout import RUN, SLOT_HOST_LOG, slurm_job_id
+from regen.layout.names import SLOT_HOST_LOG
+from regen.layout.run import RUN
+from regen.layout.slots import slurm_job_id
 from regen.serving.base import ServerError
 from regen.serving.procfs import SUPERVISOR_MODULE, is_supervisor, proc_cmdline
 from regen.serving.supervisor import SlurmJobWatch

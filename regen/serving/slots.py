@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from regen.fingerprint import server_numerics
 from regen.io import read_json, write_json
-from regen.layout import SlotFiles, prestart_lock_in, slurm_job_id
+from regen.layout.slots import SlotFiles, prestart_lock_in, slurm_job_id
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, api_key_from
 from regen.serving.ports import client_host, pick_port
@@ -337,7 +337,6 @@ class SlotPlace:
 
     workdir: str | os.PathLike[str]
     log_dir: str | os.PathLike[str]
-    gpu_slots: int | None
     owner_pid: int | None
     poll_s: float
     on_slot: Callable[[Callable[[], None]], None] | None
@@ -352,7 +351,7 @@ def serve_on_slot(
     the ``with`` block; the Endpoint."""
     workdir, log_dir, poll_s, on_slot = place.workdir, place.log_dir, place.poll_s, place.on_slot
     api_key = api_key_from(cfg)
-    slots = slot_count(cfg, place.gpu_slots)
+    slots = slot_count(cfg, None)  # server.gpus: a job's GPU slots (regen.generate.generation)
     slot, lock_fd = take_slot(Path(workdir), slots, poll_s=max(poll_s, 0.1))
     files = SlotFiles.of(slot, workdir, log_dir)
     held = [lock_fd]

@@ -238,12 +238,10 @@ def plan(
     kv = config_from_budget(model, flags, tp, sglang_version, memory, speculative, mamba.rest_gib)
     cap = resolve_max_num_reqs(model, flags, speculative, kv.max_total_num_tokens, mamba)
     client = client_concurrency(model, workload, flags, memory, kv, cap)
-    runtime = runtime_memory(
-        model, flags, cuda_context_gib, memory, speculative, weights, available, mamba, kv, cap
-    )
+    runtime = runtime_memory(model, flags, memory, speculative, weights, available, mamba, kv, cap)
     notes = _notes(model, flags, memory, available, mamba)
-    phases = (memory, weights, available, mamba, kv, cap, client, runtime, notes)
-    return _memory_plan(sglang_version, gpu_memory_mib, tp, args, cuda_context_gib, *phases)
+    phases = PlanPhases(memory, weights, available, mamba, kv, cap, client, runtime, notes)
+    return _memory_plan(phases, sglang_version, gpu_memory_mib, tp, args, cuda_context_gib)
 
 
 def _notes(
@@ -266,23 +264,32 @@ def _notes(
     return tuple(notes)
 
 
+@dataclass(frozen=True, slots=True)
+class PlanPhases:
+    """What each of SGLang's start-up phases decided (``plan``), in the order they run."""
+
+    memory: GpuMemorySettings
+    weights: LoadedWeights
+    available: AvailableMemory
+    mamba: MambaCache
+    kv: KVPool
+    cap: RunningCap
+    client: ClientConcurrency
+    runtime: RuntimeMemory
+    notes: tuple[str, ...]
+
+
 def _memory_plan(
+    phases: PlanPhases,
     sglang_version: str,
     gpu_memory_mib: int,
     tp: int,
     args: list[str],
     cuda_context_gib: float,
-    memory: GpuMemorySettings,
-    weights: LoadedWeights,
-    available: AvailableMemory,
-    mamba: MambaCache,
-    kv: KVPool,
-    cap: RunningCap,
-    client: ClientConcurrency,
-    runtime: RuntimeMemory,
-    notes: tuple[str, ...],
 ) -> MemoryPlan:
     """The phases' records as one plan."""
+    memory, weights, available, mamba = phases.memory, phases.weights, phases.available, phases.mamba
+    kv, cap, client, runtime = phases.kv, phases.cap, phases.client, phases.runtime
     return MemoryPlan(
         sglang_version=sglang_version,
         gpu_memory_mib=gpu_memory_mib,
@@ -314,7 +321,7 @@ def _memory_plan(
         binding_constraint=cap.binding,
         workload_concurrency=client.workload_running,
         client_concurrency=client.client,
-        notes=notes,
+        notes=phases.notes,
         replay_ring_gib=mamba.replay_ring_gib,
         draft_weights_gib=weights.draft_gib,
         draft_kv_gib=kv.draft_kv_gib,
@@ -450,7 +457,6 @@ class RuntimeMemory:
 def runtime_memory(
     model: ModelShape,
     flags: ServerFlags,
-    cuda_context_gib: float,
     memory: GpuMemorySettings,
     speculative: SpeculativeDecoding,
     weights: LoadedWeights,
@@ -460,8 +466,7 @@ def runtime_memory(
     cap: RunningCap,
 ) -> RuntimeMemory:
     free_gib = (
-        available.total_gib
-        - cuda_context_gib
+        available.pre_load_gib  # the GPU less the CUDA context
         - weights.gib
         - mamba.state_gib
         - mamba.scratch_gib

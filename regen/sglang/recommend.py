@@ -125,6 +125,10 @@ def flag_warnings(args: list[str], model: ModelShape, sglang_version: str = DEFA
     return out
 
 
+#: the searched candidates a recommendation lists: the best and the next ones, this many in all
+LISTED_CANDIDATES = 5
+
+
 def recommend(
     model: ModelShape,
     gpu_memory_mib: int,
@@ -135,7 +139,6 @@ def recommend(
     *,
     allow_fp8_kv: bool,
     allow_bf16_state: bool,
-    top_k: int = 5,
     allow_replay_decode: bool = False,
 ) -> Recommendation:
     """The flags under which the server runs the most workload requests: for linear-attention hybrids
@@ -194,7 +197,7 @@ def recommend(
         args=best.args,
         reasons=best.reasons,
         warnings=tuple(warnings),
-        candidates=(best, *sched, *candidates[1:top_k]),
+        candidates=(best, *sched, *candidates[1:LISTED_CANDIDATES]),
         speculative=tuple(speculative_alternatives(target, best)),
         mtp_note=static_mtp_note(model, list(best.args)),
     )

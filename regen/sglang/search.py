@@ -402,6 +402,35 @@ def with_swa_steady(target: Target, candidate: Candidate) -> Candidate:
     return Candidate(tuple(p.args), p, client, tuple(reasons))
 
 
+def _running_cap_reason(p: MemoryPlan, client: int, default_cap: int, swa_capped: bool) -> str:
+    """Why the plan's ``--max-running-requests`` is what it is (``expected_length_running``)."""
+    room, cap = p.decode_headroom, p.effective_max_running_requests
+    if room is not None and room.fitting_batch == cap < default_cap:
+        return (
+            f"--max-running-requests {cap:,}: the largest batch whose decode step fits in the "
+            f"{room.free_after_capture_gib:.2f} GiB CUDA-graph capture leaves "
+            f"({room.transient_gib:.2f} GiB at it: fp32 logits and sampling buffers over the vocab, eager "
+            "activations above the decode graphs; regen.sglang.headroom); a larger batch would run out of "
+            "memory mid-step"
+        )
+    elif swa_capped:
+        return (
+            f"--max-running-requests {max(client, default_cap):,}: SGLang's default cap or more, given so "
+            f"that SGLang sizes the sliding-window pool for it ({p.swa_tokens:,} tokens, {p.kv_pool_rule}) "
+            "and gives the rest to full attention, instead of swa_full_tokens_ratio of it"
+        )
+    elif client > default_cap:
+        return (
+            f"--max-running-requests {client:,}: above SGLang's default cap {default_cap:,} "
+            "(KVCacheConfigurator.resolve_max_num_reqs)"
+        )
+    else:
+        return (
+            f"--max-running-requests left to SGLang (its default cap {default_cap:,}, "
+            "KVCacheConfigurator.resolve_max_num_reqs): the client's in-flight count bounds the batch"
+        )
+
+
 def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
     """Attention-only models (dense, MoE, MLA): the batch that fills the KV cache at the *expected* context
     (:attr:`Workload.expected_tokens_per_request`: the running set's length-biased mean when the answers'
@@ -476,31 +505,7 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
             f"in flight raised from {fill:,} to SGLang's decode-graph default {default_graphs}: never below "
             "what SGLang's defaults run; its admission and retraction hold the rest, as with its defaults"
         )
-    room, cap = p.decode_headroom, p.effective_max_running_requests
-    if room is not None and room.fitting_batch == cap < default_cap:
-        reasons.append(
-            f"--max-running-requests {cap:,}: the largest batch whose decode step fits in the "
-            f"{room.free_after_capture_gib:.2f} GiB CUDA-graph capture leaves "
-            f"({room.transient_gib:.2f} GiB at it: fp32 logits and sampling buffers over the vocab, eager "
-            "activations above the decode graphs; regen.sglang.headroom); a larger batch would run out of "
-            "memory mid-step"
-        )
-    elif swa_capped:
-        reasons.append(
-            f"--max-running-requests {max(client, default_cap):,}: SGLang's default cap or more, given so "
-            f"that SGLang sizes the sliding-window pool for it ({p.swa_tokens:,} tokens, {p.kv_pool_rule}) "
-            "and gives the rest to full attention, instead of swa_full_tokens_ratio of it"
-        )
-    elif client > default_cap:
-        reasons.append(
-            f"--max-running-requests {client:,}: above SGLang's default cap {default_cap:,} "
-            "(KVCacheConfigurator.resolve_max_num_reqs)"
-        )
-    else:
-        reasons.append(
-            f"--max-running-requests left to SGLang (its default cap {default_cap:,}, "
-            "KVCacheConfigurator.resolve_max_num_reqs): the client's in-flight count bounds the batch"
-        )
+    reasons.append(_running_cap_reason(p, client, default_cap, swa_capped))
     if client > default_graphs:
         reasons.append(
             f"{cuda_graph_max_bs_flag(version)} {min(client, MAX_PLANNED_DECODE_GRAPH_BS)}: decode graphs up "

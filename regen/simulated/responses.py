@@ -31,7 +31,6 @@ def response_body(
     req: dict[str, Any],
     choices: list[Completion],
     prompt_tokens: int,
-    sep: bool,
     prompt_ids: list[int] | None = None,
     tokenized: list[TokenCompletion] | None = None,
     calls: list[list[dict[str, Any]] | None] | None = None,
@@ -46,6 +45,7 @@ def response_body(
     ``--enable-cache-report``) and above 0, else null."""
     out_choices = []
     reasoning_tokens = 0
+    sep = bool(req.get("separate_reasoning", True))
     want_ids = bool(req.get("return_token_ids")) and prompt_ids is not None and tokenized
     want_prompt_ids = want_ids or (bool(req.get("return_prompt_token_ids")) and prompt_ids is not None)
     ids_field = completion_ids_field(version)

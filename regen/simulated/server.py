@@ -423,26 +423,11 @@ class SimulatedServer:
         key = sid if sid is not None else f"#{self.received}"
         self.received_by_id[key] += 1
         self.request_log("received", sid)
-        if self.opts.faults.is_bad_request(sid):
-            return error_response(f"Invalid request for sample {sid}: rejected by the simulator.", 400)
-        pairing = (
-            tool_call_pairing_error(messages) if version_tuple(self.opts.version) >= (0, 5, 23) else None
-        )
-        if pairing is not None:
-            return error_response(pairing, 400)
         max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 128
         n = req.get("n", 1)
-        if not isinstance(max_tokens, int) or max_tokens < 1 or not isinstance(n, int) or n < 1:
-            return error_response("max_tokens and n must be positive integers.", 400)
-        if time.monotonic() < self.refuse_until:
-            self.fault_counts["refused"] += 1
-            return error_response("Service unavailable (simulated burst).", 503, "ServiceUnavailableError")
-        if self.opts.faults.is_poison(sid):
-            self.fault_counts["error"] += 1
-            self.request_log("fault:poison", sid)
-            return error_response(
-                "Internal server error (simulated poison sample).", 500, "InternalServerError"
-            )
+        refused = self._refusal(sid, messages, max_tokens, n)
+        if refused is not None:
+            return refused
         fault = self.opts.faults.draw(key, self.received_by_id[key], self.lifetime)
         if fault is None and self.opts.faults.is_wedged(sid):
             fault = "hang"
@@ -475,22 +460,9 @@ class SimulatedServer:
                 sampled_calls.append(choice_calls)
                 choices.append(made)
                 continue
-            made = self.make_completion(ask, i, key)
-            nth = self.received_by_id[key] * n + i
-            made, spoiled = self.opts.faults.spoil(made, key, nth)
-            calls = self.opts.faults.scripted_tool_calls(sid, messages) if req.get("tools") else []
-            if calls and made.finish_reason == "stop":
-                made = with_tool_calls(made, calls)
-            if spoiled is not None:
-                self.fault_counts[spoiled] += 1
-                self.request_log(f"fault:{spoiled}", sid)
-            if self.tokens is not None:
-                noncanonical = self.opts.faults.is_noncanonical(key, nth)
-                if noncanonical:
-                    self.fault_counts["noncanonical"] += 1
-                done = self.tokens.complete(made, thinking, max_tokens, ignore_eos, noncanonical)
+            made, done = self._made_choice(req, ask, key, sid, i, self.received_by_id[key] * n + i)
+            if done is not None:
                 tokenized.append(done)
-                made = done.completion
             choices.append(made)
         prompt_tokens = count_prompt_tokens(messages) if prompt_ids is None else len(prompt_ids)
         cached = self.prefix_cache.serve(prompt_ids if prompt_ids is not None else stand_in_prompt(messages))
@@ -506,7 +478,6 @@ class SimulatedServer:
             req,
             choices,
             prompt_tokens,
-            bool(req.get("separate_reasoning", True)),
             prompt_ids,
             tokenized,
             sampled_calls,
@@ -514,16 +485,7 @@ class SimulatedServer:
             model_name=self.opts.model_name,
             cached_tokens=cached if self.opts.enable_cache_report else None,
         )
-        self.prompt_tokens_total += prompt_tokens
-        self.generation_tokens_total += n_out
-        if self.opts.token_rate <= 0:
-            self.window_tokens += n_out
-        self.completed[key] += 1
-        self.n_completed += 1
-        self.request_log("completed", sid)
-        stall_after = self.opts.faults.stall_after_tokens
-        if stall_after is not None and self.generation_tokens_total >= stall_after:
-            self.stall(f"stall_after_tokens={stall_after}")
+        self._count_completed(key, sid, prompt_tokens, n_out)
         crash = self.opts.faults.crash_after is not None and self.n_completed >= self.opts.faults.crash_after
         if not crash:
             return web.Response(body=body, content_type="application/json")
@@ -535,6 +497,63 @@ class SimulatedServer:
         self.log(f"crash_after={self.opts.faults.crash_after} reached: exiting", prefix="")
         self.on_crash()
         return resp
+
+    def _count_completed(self, key: str, sid: str | None, prompt_tokens: int, n_out: int) -> None:
+        """Count a request answered (its tokens in, its tokens out), and stall when the faults say so."""
+        self.prompt_tokens_total += prompt_tokens
+        self.generation_tokens_total += n_out
+        if self.opts.token_rate <= 0:
+            self.window_tokens += n_out
+        self.completed[key] += 1
+        self.n_completed += 1
+        self.request_log("completed", sid)
+        stall_after = self.opts.faults.stall_after_tokens
+        if stall_after is not None and self.generation_tokens_total >= stall_after:
+            self.stall(f"stall_after_tokens={stall_after}")
+
+    def _refusal(self, sid: str | None, messages: list[Any], max_tokens: Any, n: Any) -> web.Response | None:
+        """The error SGLang (or a simulated fault) answers a request with before sampling, if any."""
+        if self.opts.faults.is_bad_request(sid):
+            return error_response(f"Invalid request for sample {sid}: rejected by the simulator.", 400)
+        pairing = (
+            tool_call_pairing_error(messages) if version_tuple(self.opts.version) >= (0, 5, 23) else None
+        )
+        if pairing is not None:
+            return error_response(pairing, 400)
+        if not isinstance(max_tokens, int) or max_tokens < 1 or not isinstance(n, int) or n < 1:
+            return error_response("max_tokens and n must be positive integers.", 400)
+        if time.monotonic() < self.refuse_until:
+            self.fault_counts["refused"] += 1
+            return error_response("Service unavailable (simulated burst).", 503, "ServiceUnavailableError")
+        if self.opts.faults.is_poison(sid):
+            self.fault_counts["error"] += 1
+            self.request_log("fault:poison", sid)
+            return error_response(
+                "Internal server error (simulated poison sample).", 500, "InternalServerError"
+            )
+        return None
+
+    def _made_choice(
+        self, req: dict[str, Any], ask: Ask, key: str, sid: str | None, index: int, nth: int
+    ) -> tuple[Completion, TokenCompletion | None]:
+        """Choice ``index`` made up from the answer model (no sampled token ids): spoiled or given scripted
+        tool calls as the faults say, and tokenized when the server has a tokenizer; ``nth``: the choice's
+        number over every request of ``key``."""
+        made = self.make_completion(ask, index, key)
+        made, spoiled = self.opts.faults.spoil(made, key, nth)
+        calls = self.opts.faults.scripted_tool_calls(sid, ask.messages) if req.get("tools") else []
+        if calls and made.finish_reason == "stop":
+            made = with_tool_calls(made, calls)
+        if spoiled is not None:
+            self.fault_counts[spoiled] += 1
+            self.request_log(f"fault:{spoiled}", sid)
+        if self.tokens is None:
+            return made, None
+        noncanonical = self.opts.faults.is_noncanonical(key, nth)
+        if noncanonical:
+            self.fault_counts["noncanonical"] += 1
+        done = self.tokens.complete(made, ask.thinking, ask.max_tokens, ask.ignore_eos, noncanonical)
+        return done.completion, done
 
     async def _sampling_kernels(self, req: dict[str, Any]) -> None:
         """The first request needing filtered sampling starts the kernel build; until it ends, every

@@ -18,7 +18,7 @@ from typing import Any
 
 from regen.generate.client import ProgressOptions, ShardJob, generate_shard_async
 from regen.generate.journal import read_journal_entries
-from regen.layout import ScratchShardFiles
+from regen.layout.beside import ScratchShardFiles
 from regen.runconfig import GenerateConfig
 from regen.serving.metrics import (
     DecodeSample,

@@ -49,7 +49,8 @@ from regen.ingest.audit_config import AuditConfig
 from regen.ingest.audit_run import first_rows
 from regen.ingest.dataset import DatasetConfig
 from regen.io import read_json, write_json
-from regen.layout import RUN, RunLayout, slurm_job_id
+from regen.layout.run import RUN, RunLayout
+from regen.layout.slots import slurm_job_id
 from regen.runconfig import RunConfig, ServerConfig, config_section
 from regen.runlog import log_to
 from regen.serving.base import ServerError

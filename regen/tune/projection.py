@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from regen.generate.journal import read_heads
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.pilot_file import PilotFile, Projection
 from regen.records import record_id
 from regen.runconfig import GenerateConfig

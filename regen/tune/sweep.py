@@ -47,7 +47,8 @@ from typing import Any
 
 from regen.generate.client import ProgressOptions, ShardFailedError, ShardJob, generate_shard_async
 from regen.io import write_json
-from regen.layout import ScratchShardFiles, SweepCandidateFiles
+from regen.layout.beside import ScratchShardFiles
+from regen.layout.slots import SweepCandidateFiles
 from regen.pilot_file import PilotFile
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.serving.base import ServerError
@@ -178,6 +179,20 @@ def as_candidates(candidates: Iterable[SweepCandidate | Sequence[str]]) -> list[
 EndpointWrapper = Callable[[Endpoint], contextlib.AbstractContextManager[Endpoint]]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SweepTimes:
+    """How long a sweep's steps may take besides each candidate's measured window."""
+
+    #: after each pilot's window, seconds it sends nothing new and lets the batch fall; None:
+    #: :data:`regen.tune.pilot.DEFAULT_DRAIN_FRACTION` of the window
+    drain_s: float | None = None
+    #: no candidate after the first starts once this many seconds have passed since the sweep began
+    #: (None: no budget)
+    budget_s: float | None = None
+    #: how long a candidate's server may take to stop before it is killed
+    stop_grace_s: float = 30.0
+
+
 def run_sweep(
     server_cfg: ServerConfig,
     candidates: Iterable[SweepCandidate | Sequence[str]],
@@ -186,20 +201,18 @@ def run_sweep(
     seconds_per_candidate: float,
     workdir: str | os.PathLike[str],
     *,
-    warmup_s: float | None = None,
-    stop_grace_s: float = 30.0,
-    budget_s: float | None = None,
-    drain_s: float | None = None,
+    times: SweepTimes | None = None,
     endpoint_wrapper: EndpointWrapper = contextlib.nullcontext,
 ) -> SweepResult:
-    """Benchmark each candidate for ``seconds_per_candidate`` (plus its server's startup and its pilot's
-    drain, ``drain_s``: :data:`regen.tune.pilot.DEFAULT_DRAIN_FRACTION`) and keep the best.
+    """Benchmark each candidate for ``seconds_per_candidate`` (plus its server's startup, a warm-up of
+    :data:`DEFAULT_WARMUP_FRACTION` of it, and its pilot's drain, ``times.drain_s``) and keep the best;
+    ``times`` None: :class:`SweepTimes`' defaults.
 
     A candidate whose server does not start or fails the pilot is a row with ``ok=False`` (e.g. an
     aggressive config that runs out of memory); the sweep raises :class:`SweepError` only when no
     candidate could be measured. Every candidate's server is stopped before the next one starts.
-    With ``budget_s``, no candidate after the first starts once that many seconds have passed since the
-    sweep began: the rest are rows with ``ok=False`` saying so (order candidates by priority).
+    With ``times.budget_s``, no candidate after the first starts once that many seconds have passed since
+    the sweep began: the rest are rows with ``ok=False`` saying so (order candidates by priority).
     ``endpoint_wrapper`` gives the pilot another endpoint in front of each candidate's server (its
     supervisor, logs and steady-state reading stay the server's own).
     """
@@ -210,7 +223,9 @@ def run_sweep(
         raise SweepError("the pilot has no samples")
     cands = as_candidates(candidates)
     cfg = sweep_server_cfg(server_cfg)
-    warm = seconds_per_candidate * DEFAULT_WARMUP_FRACTION if warmup_s is None else warmup_s
+    warm = seconds_per_candidate * DEFAULT_WARMUP_FRACTION
+    times = times or SweepTimes()
+    budget_s = times.budget_s
     root = Path(workdir)
     rows: list[CandidateResult] = []
     began = time.monotonic()
@@ -236,7 +251,7 @@ def run_sweep(
                 first = warm_up(endpoint, samples[0], generate_cfg, scratch.warmup_dir)
                 offset = log_size(server_log)
                 m = drive_pilot(endpoint, samples, generate_cfg, seconds_per_candidate,
-                                scratch.pilot_journal, warm, drain_s=drain_s)  # fmt: skip
+                                scratch.pilot_journal, warm, drain_s=times.drain_s)  # fmt: skip
                 m = dataclasses.replace(
                     m,
                     server=server_steady_state(log_since(server_log, offset), m.polled),
@@ -260,7 +275,7 @@ def run_sweep(
             log.warning("sweep: %s failed: %s", cand.label, exc)
             rows.append(CandidateResult(cand.label, cand.args, cand.predicted_running, False, str(exc)))
         finally:
-            stop_all_servers(servers, grace_s=stop_grace_s)
+            stop_all_servers(servers, grace_s=times.stop_grace_s)
     measured = [i for i, r in enumerate(rows) if r.ok and r.measurement is not None]
     if not measured:
         errors = "; ".join(f"{r.label}: {r.error}" for r in rows)

@@ -7,7 +7,7 @@ sample is finished, that the run is done and what its generate jobs took (their 
 from __future__ import annotations
 
 from regen.generate.run_progress import fmt_duration
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.pilot_file import PilotFile, PilotProjection
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from regen.configfile import load_config
 from regen.generate.server_time import timeout_disagreement
 from regen.ingest.shards import read_shard_spread
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.runconfig import GenerateConfig, RunConfig, ServerConfig, section_schema
 from regen.serving.gpus import gpu_memory_from_nvidia_smi
 from regen.serving.lifecycle import mode_of
@@ -40,7 +40,15 @@ from regen.sglang.workload import (
 from regen.tune.pilot import DEFAULT_DRAIN_FRACTION
 from regen.tune.prestart import confirm_prestarted
 from regen.tune.projection import count_remaining
-from regen.tune.sweep import SweepCandidate, SweepError, pilot_report, run_sweep, run_truncation, write_pilot
+from regen.tune.sweep import (
+    SweepCandidate,
+    SweepError,
+    SweepTimes,
+    pilot_report,
+    run_sweep,
+    run_truncation,
+    write_pilot,
+)
 from regen.tune.sweep_report import generate_job_seconds, render_result
 from regen.tune.workload_plan import (
     plan_for_workload,
@@ -322,12 +330,8 @@ def mtp_label(args: Sequence[str]) -> str:
     return f"mtp {steps} step{'s' if steps != 1 else ''}"
 
 
-def sweep_cli(argv: list[str]) -> int:
-    """``regen tune --sweep``: recommend, benchmark the top configs live, write pilot.json."""
-    sglang_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, sglang_args = argv[:cut], argv[cut + 1 :]
+def _sweep_parser() -> argparse.ArgumentParser:
+    """``regen tune --sweep``'s options (SGLang's own flags come after ``--``)."""
     p = argparse.ArgumentParser(prog="regen tune --sweep", description=SWEEP_DESCRIPTION)
     p.add_argument("--model-config", help="HF model dir or config.json (default: server.model_config)")
     p.add_argument("--gpu-memory-mib", type=int, help="default: server.gpu_memory_mib, nvidia-smi")
@@ -365,7 +369,16 @@ def sweep_cli(argv: list[str]) -> int:
         action="store_true",
         help="do not also measure the given flags (server.args untuned): one server fewer",
     )
-    ns = p.parse_args(argv)
+    return p
+
+
+def sweep_cli(argv: list[str]) -> int:
+    """``regen tune --sweep``: recommend, benchmark the top configs live, write pilot.json."""
+    sglang_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, sglang_args = argv[:cut], argv[cut + 1 :]
+    ns = _sweep_parser().parse_args(argv)
     try:
         run = run_config_of(ns.server_config)
         server_cfg, generate_cfg = run.server, run.generate
@@ -404,7 +417,7 @@ def sweep_cli(argv: list[str]) -> int:
         shard = ns.pilot_shard or _first_shard(layout)
         samples = pilot_samples(shard, ns.pilot_samples)
         result = run_sweep(server_cfg, [c for c, _ in pairs], samples, generate_cfg, ns.seconds,
-                           layout.sweep_dir, drain_s=ns.drain_seconds)  # fmt: skip
+                           layout.sweep_dir, times=SweepTimes(drain_s=ns.drain_seconds))  # fmt: skip
         remaining = count_remaining(ns.results, ns.work, generate_cfg)
         report = pilot_report(
             result, remaining, gpus, tp,

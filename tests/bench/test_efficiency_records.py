@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 from regen.generate.journal import Journal
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("efficiency", ROOT / "bench" / "efficiency.py")

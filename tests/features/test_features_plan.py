@@ -20,7 +20,7 @@ from regen.features.config import (
 )
 from regen.features.projection import TokenCounts, bytes_per_token, project, refusal
 from regen.features.rows import TokenRow, chosen, shard_rows
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.sglang.models import ModelShape
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ import pytest
 
 from regen.generate.client import ShardFailedError, ShardJob, ShardStats, generate_shard
 from regen.generate.lending import SlotLenders
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.observe.report import server_restarts_table
 from regen.runconfig import GenerateConfig, ServerConfig
 from regen.serving.base import ServerError

@@ -14,7 +14,7 @@ from regen.generate.journal import (
     finalize_journal,
     read_heads,
 )
-from regen.layout import journal_index
+from regen.layout.beside import journal_index
 
 
 def rec(i: int, content: str = "x") -> dict[str, object]:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from regen.generate.journal import Journal, read_heads
-from regen.layout import journal_index
+from regen.layout.beside import journal_index
 
 
 def _write(path: Path, n: int, answer_chars: int) -> None:

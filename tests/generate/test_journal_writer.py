@@ -15,7 +15,7 @@ import pytest
 
 from regen.generate.journal import Journal
 from regen.generate.journal_writer import JournalBusyError, JournalWriter
-from regen.layout import journal_lock
+from regen.layout.beside import journal_lock
 
 HOLD = """
 import sys, time

@@ -37,7 +37,7 @@ def test_one_line_per_real_change_and_no_made_up_numerics(tmp_path: Path) -> Non
     old_b = settings(0.6, {"version": "0.5.24"})  # same sampling, another server version
     index = JournalIndex.read([journal(tmp_path / "00000.jsonl", [("s0", old_a), ("s1", old_b)])])
     now = settings(0.9)  # a dry run: no server asked
-    served = numerics_last_reported(index, now)
+    served = numerics_last_reported(index, now.run)
     assert served == {"version": "0.5.24"}, "the numerics the same model's server reported last"
     # no server numerics known: the sampling change alone, once for both earlier fingerprints
     plan = plan_replay_fingerprints([("s0", "x0"), ("s1", "x1")], index, now, retry_failed=True)

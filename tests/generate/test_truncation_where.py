@@ -98,7 +98,7 @@ def test_the_string_form_still_sets_both_and_keeps_its_fingerprint() -> None:
         assert cfg.truncation == TruncationPolicy(action, action)
         same = GenerateConfig.from_dict({"truncation": {"in_answer": action, "in_reasoning": action}})
         assert GenerationSettings.of(cfg).fingerprint == GenerationSettings.of(same).fingerprint
-        assert GenerationSettings.of(cfg).truncation == action  # the setting as before the split
+        assert GenerationSettings.of(cfg).run.truncation == action  # the setting as before the split
     split = GenerateConfig.from_dict({"truncation": {"in_reasoning": "retry_without_thinking"}})
     assert (
         GenerationSettings.of(split).fingerprint

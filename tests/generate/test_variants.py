@@ -55,7 +55,7 @@ def test_each_variant_has_its_own_fingerprint_and_default_keeps_the_one_before_v
     listed = cfg([{"name": "default"}, {"name": "hot", "temperature": 1.0}])
     default, hot = (GenerationSettings.of(listed, variant=v) for v in listed.variants())
     assert default.fingerprint == before and hot.fingerprint != before
-    assert hot.sampling.temperature == 1.0 and hot.variant == "hot" and "variant" not in default.to_json()
+    assert hot.variant.temperature == 1.0 and hot.variant_name == "hot" and "variant" not in default.to_json()
     hotter = cfg([{"name": "default"}, {"name": "hot", "temperature": 1.3}])
     assert [GenerationSettings.of(hotter, variant=v).fingerprint for v in hotter.variants()] == [
         before,
@@ -68,8 +68,8 @@ def test_each_variant_has_its_own_fingerprint_and_default_keeps_the_one_before_v
     # the generate rule's tracked param: unchanged for a config without variants
     assert "variants" not in decisive_config({"generate": {"variants": []}})["generate"]
     assert decisive_config({"generate": {"variants": [{"name": "a"}]}})["generate"]["variants"] == [
-        {"name": "a"}
-    ]
+        {"name": "a", "n": 1}
+    ]  # as the workflow's validated config holds it: n filled in
 
 
 def test_a_variants_request_body_samples_its_own_way() -> None:
@@ -170,3 +170,19 @@ def test_a_job_lends_other_slots_by_its_endpoints_slot_not_its_name(tmp_path: Pa
     assert lenders is not None and lenders.own_slot == 3
     lenders.close()
     assert other_slots(Endpoint("http://x", "external", max_running_requests=8), g, tmp_path) is None
+
+
+def test_the_replay_preview_hashes_each_variants_settings_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plan_variants`` (the dry run's and each job's replay count) builds the run's settings once and
+    each variant's from them: one settings hash per variant, however many samples."""
+    import regen.fingerprint as fingerprint
+    from regen.generate.replay import JournalIndex, plan_variants
+
+    hashed: list[Any] = []
+    digest = fingerprint._digest
+    monkeypatch.setattr(fingerprint, "_digest", lambda payload: hashed.append(payload) or digest(payload))
+    g = cfg([{"name": "default"}, {"name": "hot", "temperature": 1.0, "n": 3}])
+    plans = plan_variants(
+        ((f"s{i}", f"d{i}") for i in range(200)), JournalIndex(), fingerprint.RunSettings.of(g), g
+    )
+    assert len(hashed) == 2 and {p.new for p in plans.plans.values()} == {200, 600}

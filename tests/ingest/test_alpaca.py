@@ -154,7 +154,7 @@ def test_first_rows_reads_only_that_many_rows(tmp_path: Path, demo_tokenizer_dir
 def test_the_prestart_starts_no_server_when_the_first_rows_are_all_excluded(
     tmp_path: Path, demo_tokenizer_dir: Path
 ) -> None:
-    from regen.layout import RunLayout
+    from regen.layout.run import RunLayout
     from regen.runconfig import RunConfig
     from regen.tune.prestart import NothingToServe, PrestartRequest, starting_plan
 

@@ -15,7 +15,7 @@ from support.workflow import copy_workflow, snakemake
 from regen.chat import ChatTemplate
 from regen.ingest.audit import AuditConfig, AuditGateError, audit_records, cli, run_audit
 from regen.ingest.dataset import DatasetConfig
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.observe.report import ReportInputs, RunFacts, audit_page_html, landing_rst, readiness
 from regen.types import Message, Sample
 

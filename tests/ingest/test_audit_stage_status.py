@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.layout import RUN, RunLayout
+from regen.layout.run import RUN, RunLayout
 from regen.observe.status import status_report
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 from regen.ingest.audit import AuditConfig, run_audit
 from regen.ingest.dataset import DatasetConfig
 from regen.ingest.shards import make_shards, read_shard, shard_index, write_shards
-from regen.layout import shard_name
+from regen.layout.names import shard_name
 from regen.records import SHARD_SCHEMA
 from regen.types import Message, Sample
 

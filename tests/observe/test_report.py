@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import zstandard
 from stamped import fingerprint_fields
 
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.observe import report as R
 from regen.output.merge import MergeConfig, merge
 from regen.output.reconcile import reconcile_results

@@ -15,7 +15,7 @@ import pytest
 from chromium import Browser, find_chromium
 from support.workflow import copy_workflow, snakemake
 
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.observe.plots import throughput_series
 
 CATEGORIES = ["1. Input audit", "2. Server plan", "3. Generation", "4. Output audit", "5. Reconciliation"]

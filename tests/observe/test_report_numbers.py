@@ -129,7 +129,7 @@ def test_numbers_that_cannot_be_known_say_so(tmp_path: Path) -> None:
 
 def test_a_failed_runs_first_page_counts_exclusions_from_the_kept_verdict(tmp_path: Path) -> None:
     """A failed audit's outputs are deleted; its verdict beside the log still gives the reasons."""
-    from regen.layout import RunLayout
+    from regen.layout.run import RunLayout
     from regen.observe.landing import RunFacts
 
     layout = RunLayout.under(tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.observe.report import ReportInputs, RunFacts, landing_rst, readiness, server_plan_html
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.valid_shards import make_valid_shards
 
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.observe.stage_progress import (
     StageProgress,
     dataset_rows,

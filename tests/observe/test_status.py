@@ -20,7 +20,7 @@ import pytest
 from regen.generate.journal import Journal
 from regen.generate.run_progress import RunSnapshot, progress_line, run_totals
 from regen.io import write_json
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.observe.status import METRIC_NAMES, RateWindow, cli, status_report, watch
 from regen.records import ShardStatus
 from regen.runconfig import ServerConfig

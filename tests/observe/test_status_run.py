@@ -14,7 +14,7 @@ from pathlib import Path
 from test_status import write_status
 
 from regen.generate.replay import ShardReplay
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.observe.status import status_report, watch
 from regen.run_marker import (
     DEAD_AFTER_S,

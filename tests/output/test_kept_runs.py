@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from regen.layout import KEPT_INDEX, RunLayout
+from regen.layout.names import KEPT_INDEX
+from regen.layout.run import RunLayout
 from regen.output.kept_runs import KeepConfig, kept_runs, prune_kept_runs
 from regen.output.stale import Identities, KeptOutputs, PlannedOutputs, RemadeOutputs, settle_outputs
 from regen.run_marker import ResultsOf

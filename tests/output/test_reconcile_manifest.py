@@ -17,7 +17,7 @@ import pytest
 from support.valid_shards import make_record
 
 from regen.io import atomic_lines_writer
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.output.kept_runs import keep_run, kept_line
 from regen.output.merge import MergeConfig, merge
 from regen.output.reconcile import ExpectedCompletions, cli

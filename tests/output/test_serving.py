@@ -74,10 +74,8 @@ def test_preserve_thinking_reaches_the_template_and_the_fingerprint(tmp_path: Pa
     }
     plain = GenerationSettings.for_run(RunConfig.from_config({"generate": {}}))
     kept = GenerationSettings.for_run(RunConfig.from_config({"generate": {"preserve_thinking": True}}))
-    assert plain.fingerprint != kept.fingerprint and kept.preserve_thinking is True
-    assert (
-        GenerationSettings.of(GenerateConfig.from_dict({"preserve_thinking": True})).preserve_thinking is True
-    )
+    assert plain.fingerprint != kept.fingerprint and kept.run.preserve_thinking is True
+    assert GenerationSettings.of(GenerateConfig.from_dict({"preserve_thinking": True})).run.preserve_thinking
 
 
 def test_each_thinking_mode_samples_with_its_own_block(tmp_path: Path) -> None:
@@ -105,7 +103,8 @@ def test_each_thinking_mode_samples_with_its_own_block(tmp_path: Path) -> None:
     # the fingerprint covers the blocks
     base = GenerationSettings.for_run(RunConfig.from_config({"generate": {"sampling": {}}}))
     other = GenerationSettings.for_run(RunConfig.from_config({"generate": cfg}))
-    assert base.fingerprint != other.fingerprint and dict(other.sampling.non_thinking) == {"temperature": 0.0}
+    assert base.fingerprint != other.fingerprint
+    assert dict(other.variant.sampling_non_thinking) == {"temperature": 0.0}
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from test_reaudit import run as run_reaudit
 
 import regen.output.split
 from regen.io import read_json
-from regen.layout import eval_split_beside
+from regen.layout.beside import eval_split_beside
 from regen.output.export import ExportConfig, export_dataset
 from regen.output.reaudit import OutputGateError
 from regen.output.split import EVAL, TRAIN, SplitCounts, row_side, side_of, split_key

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.output.kept_runs import Kept, keep_run, kept_line
 from regen.output.stale import (
     Identities,

@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 from test_reaudit import merged, record
 
-from regen.layout import token_freq_beside
+from regen.layout.beside import token_freq_beside
 from regen.output.export import ExportConfig, export_dataset
 from regen.output.vocab import read_token_freq, select_draft_tokens, vocab_mapping
 

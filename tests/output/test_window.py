@@ -14,7 +14,7 @@ from test_reaudit import run as run_reaudit
 
 from regen.ingest.audit import AuditConfig
 from regen.io import read_json
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.observe.report import ReportInputs, RunFacts, landing_rst, plot_trainer_window, readiness
 from regen.output.export import ExportConfig, export_dataset
 from regen.output.reaudit import ReauditGates, reaudit_dataset

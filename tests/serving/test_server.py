@@ -741,7 +741,8 @@ def test_plan_repeating_the_users_args_is_not_an_override(caplog: pytest.LogCapt
 def test_slot_files_are_per_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a cluster each Slurm job owns its GPUs: its slot files and server logs must not collide
     with another node's on the shared filesystem."""
-    from regen.layout import RunLayout, slurm_job_id
+    from regen.layout.run import RunLayout
+    from regen.layout.slots import slurm_job_id
 
     layout = RunLayout()
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -782,7 +783,7 @@ def test_a_job_arriving_while_the_prestart_decides_reuses_its_server(rig: Rig) -
     in between, found no url file, and started a second server on the GPU. Now it waits for the lock."""
     import fcntl
 
-    from regen.layout import SlotFiles, prestart_lock_in
+    from regen.layout.slots import SlotFiles, prestart_lock_in
     from regen.serving.lifecycle import wait_until_recorded
     from regen.serving.slots import live_or_start, take_lease_shared
 
@@ -815,7 +816,7 @@ def test_a_slow_launch_check_runs_while_the_server_starts_and_a_rejection_stops_
     """SGLang's parser took 18.5 s to import on the H200 host before each supervisor started: the check now
     runs once the supervisor is up, while its server loads; a rejected command stops the supervisor and its
     server, and the job gets the check's error."""
-    from regen.layout import SlotFiles
+    from regen.layout.slots import SlotFiles
     from regen.serving.procfs import pid_alive
     from regen.serving.slots import live_or_start, take_lease_shared
 

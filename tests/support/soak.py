@@ -57,7 +57,7 @@ if __name__ == "__main__":  # run as a script (tests/support/soak.py): the check
 from bench.workflow import copy_workflow, free_port_base
 from regen.generate.journal import read_journal_entries
 from regen.io import open_lines
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.simulated.options import REQUEST_LOG_ENV
 from regen.simulated.requestlog import read_request_log
 
@@ -465,7 +465,7 @@ def count_faults(request_log: Path) -> dict[str, int]:
 def stall_detections(request_log: Path, servers_dir: Path) -> tuple[int, list[float]]:
     """Stalls injected (``fault:stall`` events) and, for each one its supervisor restarted the server
     for, the seconds from the stall to the restart record (``regen.serving.progress``)."""
-    from regen.layout import restart_files
+    from regen.layout.slots import restart_files
     from regen.serving.progress import read_restarts
 
     caught = {

@@ -128,3 +128,26 @@ def test_samples_the_audit_could_not_split_are_named_in_the_rule(
     path.write_bytes(orjson.dumps(summary.to_json()))
     rule = _plan(path, tmp_path / "plan.json", [THINK_ON, THINK_OFF])["rules"]["client_concurrency"]
     assert "answer-only mean" in rule and "over 3 samples (1 not split, left out)" in rule, rule
+
+
+def test_completions_per_prompt_and_the_regenerate_mode_replan_and_temperature_does_not() -> None:
+    """``generate.sampling.n`` and ``generate.regenerate`` decide whether prompts share prefixes (the radix
+    cache's case), so a change replans; a sampling value the plan does not read leaves the param alone; the
+    defaults (n 1, regenerate last) leave a run's param as it was (issue 57)."""
+    demo = _demo()
+
+    def tracked(**generate: Any) -> dict[str, Any]:
+        config = copy.deepcopy(demo)
+        config["generate"] = {**config["generate"], **generate}
+        return decisive_plan_config(config)
+
+    one = tracked(sampling={**demo["generate"]["sampling"], "n": 1})
+    four = tracked(sampling={**demo["generate"]["sampling"], "n": 4})
+    hot = tracked(sampling={**demo["generate"]["sampling"], "temperature": 1.3})
+    assert one == decisive_plan_config(demo) and "n" not in one and "regenerate" not in one
+    assert four != one and four["n"] == 4
+    assert hot == one
+    every_turn = tracked(regenerate="all")
+    assert every_turn != one and every_turn["regenerate"] == "all"
+    with_variants = tracked(regenerate="all", variants=[THINK_ON])
+    assert with_variants["regenerate"] == "all" and "n" not in with_variants

@@ -178,7 +178,7 @@ def test_the_prestart_waits_until_its_supervisor_is_recorded(tmp_path: Path) -> 
     import sys
     import time
 
-    from regen.layout import SlotFiles
+    from regen.layout.slots import SlotFiles
     from regen.serving.lifecycle import wait_until_recorded
     from regen.serving.procfs import UrlState, write_url_state
 

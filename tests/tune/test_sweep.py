@@ -45,7 +45,7 @@ from regen.tune.pilot import (
     percentile,
 )
 from regen.tune.projection import Remaining, count_remaining, project
-from regen.tune.sweep import pilot_report, run_sweep, with_speculative_steps, write_pilot
+from regen.tune.sweep import SweepTimes, pilot_report, run_sweep, with_speculative_steps, write_pilot
 from regen.tune.tune import cli as tune_cli
 from regen.types import Endpoint, Message, Sample
 
@@ -160,7 +160,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[SweepResult, list[S
     result = run_sweep(
         typed_server(free_base(), max_running_requests=2), candidates, make_samples(30), TYPED_GENERATE,
         SECONDS,
-        root / "work" / "sweep", stop_grace_s=5,
+        root / "work" / "sweep", times=SweepTimes(stop_grace_s=5),
     )  # fmt: skip
     return result, candidates, time.monotonic() - t0, root
 
@@ -302,7 +302,7 @@ def test_a_sweep_beside_a_generation_takes_another_port_and_honours_per_sample_l
         # the bench's spread: set between regen's client and the server
         result = run_sweep(
             typed_server(base), [SweepCandidate(("--max-running-requests", "4"), 4, "only")],
-            make_samples(40), gcfg, 2.0, tmp_path / "sweep", stop_grace_s=5,
+            make_samples(40), gcfg, 2.0, tmp_path / "sweep", times=SweepTimes(stop_grace_s=5),
             endpoint_wrapper=behind_proxy(lengths),
         )  # fmt: skip
     finally:
@@ -390,7 +390,7 @@ def test_the_pilot_drains_its_batch_and_the_step_line_gets_its_fixed_part(
     cand = SweepCandidate(("--max-running-requests", "32"), 32, "recommended")
     server = typed_server(free_base(), token_rate=250.0, half_speed_running=16, max_running_requests=32)
     result = run_sweep(server, [cand], make_samples(64), TYPED_GENERATE, 4.0, tmp_path / "sweep",
-                       stop_grace_s=5, drain_s=4.0)  # fmt: skip
+                       times=SweepTimes(stop_grace_s=5, drain_s=4.0))  # fmt: skip
     m = result.best.measurement
     assert m is not None and m.server is not None and m.server.plateau_running == 32
     assert len(m.server.falling) >= 3 and min(b for b, _ in m.server.falling) < 16
@@ -409,7 +409,7 @@ def test_sweep_budget_stops_starting_candidates_and_says_so(tmp_path: Path) -> N
     ]
     result = run_sweep(
         typed_server(free_base(), max_running_requests=2), candidates, make_samples(10), TYPED_GENERATE, 0.5,
-        tmp_path / "sweep", stop_grace_s=5, budget_s=0.0,
+        tmp_path / "sweep", times=SweepTimes(stop_grace_s=5, budget_s=0.0),
     )  # fmt: skip
     assert [r.ok for r in result.rows] == [True, False]
     assert "budget" in (result.rows[1].error or "")
@@ -461,7 +461,7 @@ def test_the_sweep_ranks_mtp_by_accepted_tokens_and_says_why(
         TYPED_GENERATE,
         2.0,
         tmp_path / "sweep",
-        stop_grace_s=5,
+        times=SweepTimes(stop_grace_s=5),
     )
     plain, mtp = result.rows
     assert plain.ok and mtp.ok, (plain.error, mtp.error)
@@ -539,7 +539,7 @@ def test_the_sweep_says_one_best_consistent_with_its_table_and_projects_the_whol
 
 
 def test_after_the_run_the_sweep_says_it_is_done_and_what_it_took(tmp_path: Path) -> None:
-    from regen.layout import RunLayout
+    from regen.layout.run import RunLayout
     from regen.tune.sweep_report import generate_job_seconds, render_result
 
     layout = RunLayout.under(tmp_path)
@@ -560,7 +560,7 @@ def test_the_sweep_plans_the_runs_own_audit_and_sglang_as_the_tune_rule_does(tmp
     """Without --audit-summary the sweep reads the run's audit summary the tune rule's way, plans for the
     version the tune rule plans for (server.sglang_version, else the installed SGLang), and with
     --no-given measures only the tuner's candidates."""
-    from regen.layout import RunLayout
+    from regen.layout.run import RunLayout
     from regen.sglang.models import ModelShape
     from regen.sglang.recommend import recommend
     from regen.sglang.workload import default_workload

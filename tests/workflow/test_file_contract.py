@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from support.workflow import copy_workflow
 
-from regen.layout import ASSET_NAMES, RUN, SHARD_PATTERN, shard_name
+from regen.layout.names import ASSET_NAMES, SHARD_PATTERN, shard_name
+from regen.layout.run import RUN
 from regen.observe.report import ReportInputs
 from regen.verdict import verdict_path_for
 

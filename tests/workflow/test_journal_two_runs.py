@@ -16,7 +16,7 @@ import yaml
 from support.workflow import SNAKEMAKE, copy_workflow, free_port_base
 
 from regen.generate.journal import read_journal_entries
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.simulated.options import REQUEST_LOG_ENV
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ import pytest
 from support.workflow import copy_workflow, free_port_base, regen, snakemake
 
 from bench.workflow import write_chats
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 
 ROWS = 40
 BASE = ("--configfile", "config/demo.yaml", "config/small.yaml")

@@ -14,7 +14,7 @@ from typing import Any
 from support.workflow import copy_workflow, snakemake
 
 from regen.io import open_lines
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.serving.procfs import SERVER_START_MARK
 from regen.sglang.config import PlanFile
 

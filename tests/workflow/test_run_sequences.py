@@ -51,7 +51,7 @@ from support.workflow import ROOT, SNAKEMAKE, copy_workflow, dataset_records, fr
 
 from bench.workflow import write_chats
 from regen.generate.journal import RECORD, read_heads
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 from regen.output.kept_runs import KeepConfig, kept_runs
 from regen.simulated.options import REQUEST_LOG_ENV
 

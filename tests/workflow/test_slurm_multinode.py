@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 import pytest
 from support.workflow import copy_parts
 
-from regen.layout import attempt_logs
+from regen.layout.beside import attempt_logs
 from regen.serving.procfs import SERVER_START_MARK
 from regen.simulated.options import REQUEST_LOG_ENV
 from regen.simulated.requestlog import read_request_log

@@ -11,7 +11,7 @@ import pytest
 from support.workflow import copy_workflow, job_counts, snakemake
 
 from regen.io import open_lines
-from regen.layout import RunLayout
+from regen.layout.run import RunLayout
 
 
 @pytest.fixture
