@@ -214,6 +214,8 @@ def starting_plan(request: PrestartRequest, run: RunConfig, layout: RunLayout) -
     workload = workload_from_audit_histogram(
         summary, run.generate.sampling.max_tokens, variant_shares(run.generate)
     )
+    if int(summary.get("total") or 0) >= rows:  # the dataset goes on: the run's size is not known yet
+        workload = dataclasses.replace(workload, completions=None)
     planned = plan_for_workload(run.server, workload)
     return planned.plan, f"first pass over the dataset's first {rows} rows", dataclasses.asdict(workload)
 
