@@ -18,10 +18,11 @@ import math
 from dataclasses import dataclass, replace
 
 from regen.sglang.alternatives import with_refill_prefill_graphs
+from regen.sglang.cache_report import CACHE_REPORT_FLAG
 from regen.sglang.flags import parse_flags
 from regen.sglang.graphs import decode_graph_batch_sizes
 from regen.sglang.plan import MemoryPlan, PlanError
-from regen.sglang.search import CACHE_REPORT_FLAG, Candidate, Target
+from regen.sglang.search import Candidate, Target
 from regen.sglang.workload import Workload
 
 #: seconds to capture one decode CUDA-graph batch size: the slowest per-size capture measured on the
