@@ -22,7 +22,7 @@ from regen.sglang.cache_report import CACHE_REPORT_FLAG
 from regen.sglang.flags import parse_flags
 from regen.sglang.graphs import decode_graph_batch_sizes
 from regen.sglang.plan import MemoryPlan, PlanError
-from regen.sglang.search import Candidate, Target
+from regen.sglang.search import Candidate, Target, radix_kept_reason
 from regen.sglang.workload import Workload
 
 #: seconds to capture one decode CUDA-graph batch size: the slowest per-size capture measured on the
@@ -115,7 +115,9 @@ def defaults_candidate(target: Target, given: MemoryPlan, why: str) -> Candidate
         args, p = list(given.args), given
     p = replace(p, client_rule=f"{why}; {p.client_rule}")
     client = p.client_concurrency or p.effective_max_running_requests
-    return with_refill_prefill_graphs(target, Candidate(tuple(args), p, int(client), (why,)))
+    radix_on = not parse_flags(args).disable_radix_cache
+    reasons = (why, radix_kept_reason(target)) if radix_on and target.workload.shared_prefixes else (why,)
+    return with_refill_prefill_graphs(target, Candidate(tuple(args), p, int(client), reasons))
 
 
 def for_run_size(target: Target, given: MemoryPlan, best: Candidate) -> tuple[Candidate, str]:
