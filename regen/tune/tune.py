@@ -488,16 +488,22 @@ def write_plan_for_workflow(
         log.warning(
             "%s: SGLang plans its own memory; the given server.args launch as they are", planned.unmodelled
         )
+    # a small run's plan without the weighing of its size: what prestarted servers are kept for
+    small = planned.recommendation is not None and planned.recommendation.small_run
+    unweighed = (
+        plan_for_workload(server_cfg, dataclasses.replace(workload, completions=None)).plan if small else None
+    )
     # the one place the launched section is decided: server.use_tuner (plan_for_workload)
-    confirm_prestarted(planned.plan, server_cfg).write(out_path)
+    written = confirm_prestarted(planned.plan, server_cfg, started_plan=unweighed)
+    written.write(out_path)
     rec = planned.recommendation
     if rec is None:
         return
     plan = planned.plan
     log.info("plan for %s on %d MiB (sglang %s): %s", plan.model_config, plan.gpu_memory_mib,
              plan.sglang_version, workload)  # fmt: skip
-    if rec.small_run:  # the one line on Snakemake's console: the run keeps SGLang's defaults, and why
-        log.warning("%s", rec.small_run)
+    if rec.small_run and written.launch_args == planned.plan.launch_args:  # not kept for started servers
+        log.warning("%s", rec.small_run)  # the one line on Snakemake's console: SGLang's defaults, and why
         print(rec.small_run, file=sys.__stderr__, flush=True)
     for reason in rec.reasons:
         log.info("recommend: %s", reason)
