@@ -2,14 +2,15 @@
 SGLang's start over SGLang's defaults, and, where it is not, the plan that keeps SGLang's defaults.
 
 What the plan adds at start is modelled explicitly: the decode CUDA graphs it captures above SGLang's
-own range (each size charged the slowest per-size capture measured). What it wins is bounded from
-below: the run's tokens decoded at the full planned batch (the first and last batch of requests ramp
-and drain at a smaller one), at the fastest rate SGLang's defaults were measured at, sped up by the
-smallest gain regen's plan was measured to win. The workflow runs no sweep (``regen tune --sweep`` is
-the user's own step), so none is counted. A run whose bound does not pay for the added start keeps
-SGLang's defaults for the flags whose only benefit is throughput; the given flags stay (the user's and
-the serving mode's), and so do the flags that make the start shorter (prefill CUDA graphs only up to
-the refills: :func:`regen.sglang.alternatives.with_refill_prefill_graphs`) and the cache report.
+own range (each size charged the slowest per-size capture measured). What it wins is counted low: the
+run's tokens decoded at the full planned batch (the first batch of requests ramps and the last drains
+at a smaller one), at the fastest rate SGLang's defaults were measured at, sped up by the smallest gain
+regen's plan was measured to win; nothing where the answers' length is unknown. The workflow runs no
+sweep (``regen tune --sweep`` is the user's own step), so none is counted. A run whose saving does not
+pay for the added start keeps SGLang's defaults for the flags whose only benefit is throughput; the
+given flags stay (the user's and the serving mode's), and so do the flags that make the start shorter
+(prefill CUDA graphs only up to the refills: :func:`regen.sglang.alternatives.with_refill_prefill_graphs`)
+and the cache report.
 """
 
 from __future__ import annotations
@@ -40,11 +41,19 @@ PLAN_GAIN_BOUND = 1.046
 
 #: the console line and the plan's rule where the run is too small
 TOO_SMALL_LINE = (
-    "regen: SGLang's defaults for this run: {completions:,} completions x {answer} = {tokens:,} tokens are "
-    "too few to win back what regen's plan adds at start: decode CUDA graphs to {planned_graphs:,} "
-    "instead of {default_graphs:,} ({added} sizes x {per:g} s = {extra:.1f} s) against at most "
-    "{saved:.1f} s saved ({full:,} tokens at the full batch of {client:,} at <= {rate:,} tok/s, "
-    "x{gain:g} faster); it pays from about {break_even:,} tokens at that batch"
+    "regen: SGLang's defaults for this run: {completions:,} completions x {answer:,}-token answers = "
+    "{tokens:,} tokens are too few to win back what regen's plan adds at start: decode CUDA graphs to "
+    "{planned_graphs:,} instead of {default_graphs:,} ({added} sizes x {per:g} s = {extra:.1f} s) against "
+    "{saved:.1f} s saved, counted low ({full:,} tokens at the full batch of {client:,}; SGLang's defaults at "
+    "{rate:,} tok/s, the fastest measured, and the plan x{gain:g} faster, its smallest measured win); it "
+    "pays from about {break_even:,} tokens at that batch"
+)
+#: ... and where the answers' length is unknown: the saving cannot be counted, SGLang's defaults stay
+UNKNOWN_LENGTH_LINE = (
+    "regen: SGLang's defaults for this run: the answers' length is unknown (no old answers' mean in the "
+    "audit), so whether {completions:,} completions win back what regen's plan adds at start (decode CUDA "
+    "graphs to {planned_graphs:,} instead of {default_graphs:,}: {added} sizes x {per:g} s = {extra:.1f} s) "
+    "cannot be counted"
 )
 
 
@@ -68,8 +77,9 @@ def _graph_sizes(p: MemoryPlan) -> int:
 
 def pilot_size_verdict(given: MemoryPlan, planned: MemoryPlan, workload: Workload) -> PilotSizeVerdict | None:
     """Weigh ``planned`` against ``given`` (SGLang's defaults under the given flags) over the workload's
-    ``completions`` of its expected answer (``max_tokens``, an upper bound, where that is unknown); None
-    where the run's size is unknown (a provisional plan from a first pass: the plan stands)."""
+    ``completions`` of its expected answer; where the answers' length is unknown nothing is counted saved
+    (SGLang's defaults stay wherever the plan adds to the start); None where the run's size is unknown (a
+    provisional plan from a first pass: the plan stands)."""
     completions = workload.completions
     if not completions:
         return None
@@ -81,17 +91,20 @@ def pilot_size_verdict(given: MemoryPlan, planned: MemoryPlan, workload: Workloa
     full = math.floor(tokens * max(0, completions - client) / completions)
     per_token_s = (1 - 1 / PLAN_GAIN_BOUND) / DEFAULT_DECODE_TOK_S_BOUND
     saved = full * per_token_s
-    known = workload.expected_output_known
-    answer = f"{expected_answer:,}-token answers" + ("" if known else " (max_tokens: length unknown)")
+    numbers = {
+        "completions": completions,
+        "planned_graphs": planned.cuda_graph_max_bs,
+        "default_graphs": given.cuda_graph_max_bs,
+        "added": added,
+        "per": DECODE_GRAPH_CAPTURE_S,
+        "extra": extra,
+    }
+    if not workload.expected_output_known:
+        return PilotSizeVerdict(extra, 0.0, UNKNOWN_LENGTH_LINE.format(**numbers))
     line = TOO_SMALL_LINE.format(
-        completions=completions,
-        answer=answer,
+        **numbers,
+        answer=expected_answer,
         tokens=tokens,
-        planned_graphs=planned.cuda_graph_max_bs,
-        default_graphs=given.cuda_graph_max_bs,
-        added=added,
-        per=DECODE_GRAPH_CAPTURE_S,
-        extra=extra,
         saved=saved,
         full=full,
         client=client,

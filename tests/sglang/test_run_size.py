@@ -105,3 +105,11 @@ def test_completions_count_the_kept_samples_times_n() -> None:
     assert run_completions({"kept": 800, "total": 900}, four) == 3200
     assert run_completions({"total": 900, "excluded": 100}, ()) == 800
     assert run_completions({}, four) is None
+
+
+def test_an_unknown_answer_length_counts_nothing_saved() -> None:
+    llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
+    unknown = Workload(prompt_p50=300, prompt_p99=2000, max_tokens=1024, completions=100_000)
+    rec = recommend(llama, H200_MIB, 1, [], unknown, "0.5.23", **NO_TRADEOFFS)
+    assert rec.small_run.startswith("regen: SGLang's defaults for this run: the answers' length is unknown")
+    assert "100,000 completions" in rec.small_run and "--cuda-graph-max-bs-decode" not in rec.args
