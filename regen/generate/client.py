@@ -413,6 +413,7 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
         journal.close()
         counts = journal.finalize(job.records_out, job.failed_out, run.current, run.identities)
         stats.wall_s = time.monotonic() - t0
+        stats.prefill = requests.prefill
         reporter.write_status(final=True)
         reporter.log_line()
         log.info(
@@ -424,7 +425,8 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
             stats.retried_failed,
             counts.stale_ignored,
         )
-        log.info("shard %s: wrote %d records, %d failures; %s", shard, counts.records, counts.failed, stats)
+        log.info("shard %s: wrote %d records, %d failures; %s; %s", shard, counts.records, counts.failed,
+                 stats.prefill.in_words(), stats)  # fmt: skip
         return stats
     finally:
         journal.close()

@@ -25,6 +25,7 @@ import orjson
 
 from regen.generate.pacing import OK, OTHER, OVERLOAD, AimdWindow, InFlightPlan
 from regen.runconfig import DEFAULT_VARIANT, GenerateConfig, SamplingConfig
+from regen.sglang.cache_report import PrefillSaved, cached_tokens
 from regen.truncation import DROP, KEEP, RETRY_WITHOUT_THINKING, truncated_where
 from regen.types import Endpoint
 
@@ -136,6 +137,9 @@ class Answer:
     #: before reasoning parsing (end-of-turn included when the model stopped on it); None when absent
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
+    #: the prompt tokens SGLang read from its radix cache (``usage.prompt_tokens_details.cached_tokens``,
+    #: ``--enable-cache-report``); None where not reported. The shard's stats count it, never the record
+    cached_tokens: int | None = None
 
     def token_id_fields(self) -> dict[str, list[int]]:
         """The journal's additive token-id fields (none when the server sent no ids)."""
@@ -215,6 +219,7 @@ def parse_answer(body: bytes, started_at: float, latency: float, max_tokens: int
             tool_calls=msg.get("tool_calls") or None,
             prompt_token_ids=_token_ids(choice, ("prompt_token_ids",)),
             completion_token_ids=_token_ids(choice, COMPLETION_IDS_FIELDS),
+            cached_tokens=cached_tokens(obj),
         )
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise RequestError("malformed_response", f"{type(exc).__name__}: {exc}", True) from exc
@@ -262,6 +267,8 @@ class Requests:
         self.excess_timeouts = 0  # timeouts sent again without using an attempt (EXCESS_TIMEOUTS_MAX)
         self.retrying: set[str] = set()  # sample ids waiting out a back-off before their next attempt
         self.retried = 0  # requests sent again after a failure
+        #: the answered requests' prompt tokens and the part SGLang read from its radix cache
+        self.prefill = PrefillSaved()
         # the body fields every request of one variant and thinking mode shares (built on first use)
         self._fixed: dict[tuple[Sampled, bool], dict[str, Any]] = {}
         #: the sampling of a run without variants
@@ -491,6 +498,7 @@ class Requests:
                     raise RequestError("client_error", f"HTTP {status}: {_error_message(data)}", False)
                 raise RequestError("server_error", f"HTTP {status}: {_error_message(data)}", True)
             answer = parse_answer(data, started_at, time.perf_counter() - t0, max_tokens)
+            self.prefill.count(int(answer.usage["prompt_tokens"]), answer.cached_tokens)
             outcome = OK
             return answer
         finally:

@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
@@ -32,6 +32,7 @@ from regen.journal_lines import FAILED, RECORD
 from regen.prompts import request_content, sample_request_fingerprint
 from regen.records import FailureEntry, GenerationRecord, record_id
 from regen.runconfig import GenerateConfig
+from regen.sglang.cache_report import PrefillSaved
 from regen.types import Endpoint, Sample
 
 log = logging.getLogger(__name__)
@@ -64,9 +65,11 @@ class ShardStats:
     retried_requests: int = 0
     output_tokens: int = 0
     wall_s: float = 0.0
+    #: the prompt tokens sent and the part SGLang read from its radix cache (``cached_tokens``)
+    prefill: PrefillSaved = field(default_factory=PrefillSaved)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "prefill": self.prefill.to_json()}
 
 
 def sample_fingerprint(settings: GenerationSettings, sample: Sample) -> str:

@@ -19,9 +19,11 @@ from regen.chat import THINK_CLOSE, THINK_OPEN, ChatTemplate, TokenAccount, to_t
 from regen.ingest.audit_config import AuditConfig, regenerate_setting
 from regen.ingest.audit_summary import (
     ANSWER_ONLY_HISTOGRAM,
+    SYSTEM_PROMPTS,
     AuditSummary,
     EmptyAnswers,
     Log2Histogram,
+    SystemPrompts,
     evaluate_gates,
 )
 from regen.ingest.decontam import BenchmarkIndex, Contamination
@@ -197,6 +199,9 @@ class Auditor:
         # prompt lengths of the samples that go on to generation (4 bytes each): exact percentiles
         # for the server planner, which sizes the KV cache for running x (p99 + max_tokens)
         self.kept_prompt_tokens = array("I")
+        # the most common system prompt of those samples: a long one many share keeps SGLang's radix cache
+        # on (regen.sglang.workload.shared_prefixes)
+        self.system_prompts = SystemPrompts()
 
     def _finish(self, audit: SampleAudit) -> SampleAudit:
         self.total += 1
@@ -379,6 +384,8 @@ class Auditor:
             self._add_answer_only(supervised, NOT_SPLIT_MASK if mask_tokens is not None else split)
         self.prompt_hist.add(acc.prompt_tokens)
         reason = self._exclusion(flags)
+        if reason is None:
+            self.system_prompts.add(dicts)
         roles = [m.role for m in sample.messages]
         self.empty_answers.add(empty_turns, prompt_end(roles) < len(roles), excluded=reason is not None)
         return self._finish(
@@ -425,6 +432,7 @@ class Auditor:
             context={
                 "context_limit": self.cfg.context_limit,
                 **kept_prompt_percentiles(self.kept_prompt_tokens),
+                SYSTEM_PROMPTS: self.system_prompts.to_json(),
                 **({"decontamination": self.benchmarks.summary_json()} if self.benchmarks else {}),
                 **(context or {}),
             },

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from regen.runconfig import ServerConfig
 from regen.serving.base import ServerMode
+from regen.sglang.cache_report import CACHE_REPORT_FLAG
 from regen.sglang.config import PlanFile
 from regen.sglang.plan import parse_flags
 from regen.simulated.capacity import STAND_IN_RUNNING_CAP
@@ -71,6 +72,9 @@ def simulated_plan_options(plan: PlanFile | None) -> list[str]:
         "max_mamba_cache_size": planned.get("max_mamba_cache_size"),
         "kv_cache_dtype": flags.kv_cache_dtype if flags is not None else None,
         "mamba_ssm_dtype": flags.mamba_ssm_dtype if flags is not None else None,
+        # the radix cache and its report as launched: the stand-in serves and reports cached_tokens so
+        "disable_radix_cache": True if flags is not None and flags.disable_radix_cache else None,
+        "enable_cache_report": True if plan is not None and CACHE_REPORT_FLAG in plan.launch_args else None,
     }
     options = {k: v for k, v in fields.items() if v is not None}
     return ["--options", json.dumps(options, sort_keys=True)] if options else []

@@ -16,6 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+#: SGLang's flag that puts ``cached_tokens`` (prompt tokens read from the radix cache) in every answer's
+#: ``usage.prompt_tokens_details`` (``UsageProcessor.calculate_response_usage``); off by default
+CACHE_REPORT_FLAG = "--enable-cache-report"
+
 
 def cached_tokens(answer: Mapping[str, Any]) -> int | None:
     """The prompt tokens ``answer`` (a parsed SGLang response body) read from the radix cache: the chat
@@ -48,9 +52,12 @@ class PrefillSaved:
 
     def add(self, answer: Mapping[str, Any]) -> None:
         """One parsed answer body."""
+        self.count(prompt_tokens(answer), cached_tokens(answer))
+
+    def count(self, prompt: int, cached: int | None) -> None:
+        """One answer's prompt tokens and its ``cached_tokens`` (None: not reported)."""
         self.answers += 1
-        self.prompt_tokens += prompt_tokens(answer)
-        cached = cached_tokens(answer)
+        self.prompt_tokens += prompt
         if cached is not None:
             self.reported += 1
             self.cached_tokens += cached
@@ -74,6 +81,6 @@ class PrefillSaved:
         if self.cached_share is None:
             return "prefill saved: not reported (the server runs without --enable-cache-report)"
         return (
-            f"prefill saved: {self.cached_tokens:,} of {self.prompt_tokens:,} prompt tokens "
+            f"prefill saved: {self.cached_tokens:,} of {self.prompt_tokens:,} prompt tokens sent "
             f"({self.cached_share:.0%}) read from SGLang's radix cache"
         )

@@ -46,3 +46,23 @@ def prefill_graph_tokens(chunk: int, flags: ServerFlags) -> int:
     if flags.cuda_graph_max_bs_prefill is not None:
         return flags.cuda_graph_max_bs_prefill
     return sglang_prefill_graph_limit(chunk, flags)
+
+
+def decode_graph_batch_sizes(max_bs: int, speculative: bool = False) -> list[int]:
+    """The decode batch sizes SGLang captures a CUDA graph for up to ``max_bs`` (0.5.23
+    ``cuda_graph_hook.generate_decode_cuda_graph_batch_sizes``, without ``--disable-cuda-graph-padding``):
+    36 up to SGLang's default 256 on one H200, 68 up to 1,024."""
+    if max_bs < 1:
+        return []
+    if speculative:
+        sizes = (
+            list(range(1, 9))
+            + list(range(10, 33, 2))
+            + list(range(40, 65, 4))
+            + list(range(72, 257, 8))
+            + list(range(272, max_bs + 1, 16))
+        )
+    else:
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    out = [s for s in sizes if s <= max_bs]
+    return out if max_bs in out else [*out, max_bs]

@@ -30,6 +30,7 @@ from regen.sglang.plan import (
     plan,
 )
 from regen.sglang.pools import has_state
+from regen.sglang.run_size import for_run_size
 from regen.sglang.search import (
     Candidate,
     Choice,
@@ -55,6 +56,9 @@ class Recommendation:
     speculative: tuple[Candidate, ...] = field(default=())
     #: why MTP is on or off in this (static, unmeasured) plan
     mtp_note: str = ""
+    #: where the run is too small to win back what the plan adds at start, the line that says so and why
+    #: (the recommendation then keeps SGLang's defaults: ``regen.sglang.run_size``); "" otherwise
+    small_run: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +78,7 @@ class Recommendation:
                 for c in self.speculative
             ],
             "mtp": self.mtp_note,
+            **({"small_run": self.small_run} if self.small_run else {}),
         }
 
 
@@ -181,6 +186,7 @@ def recommend(
     candidates.sort(key=lambda c: (-c.score, tradeoffs(c.args), -c.plan.kv_cache_tokens))
     best = within_headroom(target, with_refill_prefill_graphs(target, with_batched_refills(candidates[0])))
     best = with_swa_steady(target, best)
+    best, small_run = for_run_size(target, given, best)
     if (
         args  # about flags the user gave; with none, the recommendation sets the graph limit itself
         and given.effective_max_running_requests > DEFAULT_DECODE_GRAPH_LIMIT_NOTE
@@ -200,6 +206,7 @@ def recommend(
         candidates=(best, *sched, *candidates[1:LISTED_CANDIDATES]),
         speculative=tuple(speculative_alternatives(target, best)),
         mtp_note=static_mtp_note(model, list(best.args)),
+        small_run=small_run,
     )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from regen.sglang.cache_report import CACHE_REPORT_FLAG
 from regen.sglang.flags import ServerFlags, cuda_graph_max_bs_flag, flag_names, parse_flags, strip_flags
 from regen.sglang.kv_cache_configurator import mamba_slots_per_request
 from regen.sglang.models import ModelShape
@@ -61,9 +62,6 @@ RADIX_OFF_DENSE_REASON = (
     "a long system prompt, is then prefilled again for each request)"
 )
 
-#: SGLang's flag that puts ``cached_tokens`` (prompt tokens read from the radix cache) in every answer's
-#: ``usage.prompt_tokens_details`` (``UsageProcessor.calculate_response_usage``); off by default
-CACHE_REPORT_FLAG = "--enable-cache-report"
 #: why the tuner keeps the radix cache on (issue 57 item 4), with the memory it plans for it
 RADIX_KEPT_REASON = (
     "radix (prefix) cache kept on: {why}. Its memory: {state}the tree keeps a finished request's KV only "

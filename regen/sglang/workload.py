@@ -54,6 +54,10 @@ class Workload:
     #: how the variants' thinking modes weigh the expected answer (:func:`old_answers_expected`), added to
     #: the rules map's entry; None: one variant mode, or no variants given (the one length plans)
     expected_output_mix: str | None = None
+    #: the run's completions: the audit's samples kept for generation x completions per prompt
+    #: (:func:`run_completions`); None: unknown (a provisional plan, a plan without an audit), and the
+    #: planner does not weigh the run's size (``regen.sglang.run_size``)
+    completions: int | None = None
 
     @property
     def unique_prompts(self) -> bool:
@@ -190,7 +194,8 @@ def shared_prefixes(summary: Mapping[str, Any], variants: Sequence[VariantShare]
             f"{completions} completions per prompt (generate.sampling.n / generate.variants), sent back to "
             "back: SGLang prefills each prompt once and the others read it from the cache"
         )
-    turns = summary.get("empty_answers") or {}
+    turns = summary.get("empty_old_answers") or summary.get("empty_answers") or {}
+    turns = turns if isinstance(turns, Mapping) else {}
     samples = int(summary.get("total") or 0)
     if turns.get("regenerate") == "all" and int(turns.get("old_answers") or 0) > samples:
         out.append(
@@ -213,6 +218,17 @@ def shared_prefixes(summary: Mapping[str, Any], variants: Sequence[VariantShare]
     return tuple(out)
 
 
+def run_completions(summary: Mapping[str, Any], variants: Sequence[VariantShare]) -> int | None:
+    """The run's completions: the audit's samples kept for generation (``kept``, else ``total`` less
+    ``excluded``) x the variants' ``n`` together (1 without variants); None where the audit counts none."""
+    kept = summary.get("kept")
+    if kept is None and summary.get("total") is not None:
+        kept = int(summary["total"]) - int(summary.get("excluded") or 0)
+    if kept is None:
+        return None
+    return int(kept) * (sum(v.n for v in variants) or 1)
+
+
 def workload_from_audit(
     summary_json: str | Path | dict[str, Any],
     max_tokens: int,
@@ -233,6 +249,7 @@ def workload_from_audit(
         max_tokens=int(max_tokens),
         target_concurrency=target_concurrency,
         shared_prefixes=shared_prefixes(summary, variants),
+        completions=run_completions(summary, variants),
         **old_answers_expected(summary, variants, answer_only),
     )
 

@@ -42,6 +42,8 @@ class SimOptions:
     prefix_cache_tokens: int | None = None
     #: SGLang's ``--enable-cache-report``: usage.prompt_tokens_details.cached_tokens in every answer
     enable_cache_report: bool = False
+    #: SGLang's ``--disable-radix-cache``: no prefix is matched (``ChunkCache``), ``cached_tokens`` is 0
+    disable_radix_cache: bool = False
     version: str = "0.5.23"
     inline: bool = False  # answer inside the handler: no scheduler, queue or sleeps
     mean_reasoning_tokens: int = 96

@@ -27,6 +27,15 @@ def error_response(message: str, status: int, err_type: str = "BadRequestError")
     )
 
 
+def cache_details(cached_tokens: int | None, version: str) -> dict[str, int] | None:
+    """``usage.prompt_tokens_details`` under ``--enable-cache-report`` (``cached_tokens`` given): 0.5.23
+    always ``{"cached_tokens": n}`` (``UsageProcessor.calculate_response_usage``), 0.5.17 null for 0
+    (``_details_if_cached``); null without the report."""
+    if cached_tokens is None or (not cached_tokens and version == "0.5.17"):
+        return None
+    return {"cached_tokens": int(cached_tokens)}
+
+
 def response_body(
     req: dict[str, Any],
     choices: list[Completion],
@@ -42,7 +51,7 @@ def response_body(
     """SGLang's ChatCompletionResponse for ``choices`` (serving_chat's non-streaming response): the prompt
     counted once however many choices (``UsageProcessor.calculate_response_usage``), and its tokens served
     from the prefix cache as ``prompt_tokens_details`` when ``cached_tokens`` is given (the server runs with
-    ``--enable-cache-report``) and above 0, else null."""
+    ``--enable-cache-report``): :func:`cache_details`."""
     out_choices = []
     reasoning_tokens = 0
     sep = bool(req.get("separate_reasoning", True))
@@ -88,7 +97,7 @@ def response_body(
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens} if cached_tokens else None,
+        "prompt_tokens_details": cache_details(cached_tokens, version),
         "reasoning_tokens": reasoning_tokens,
     }
     if reasoning_tokens:

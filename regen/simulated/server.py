@@ -465,7 +465,9 @@ class SimulatedServer:
                 tokenized.append(done)
             choices.append(made)
         prompt_tokens = count_prompt_tokens(messages) if prompt_ids is None else len(prompt_ids)
-        cached = self.prefix_cache.serve(prompt_ids if prompt_ids is not None else stand_in_prompt(messages))
+        # --disable-radix-cache: SGLang's ChunkCache matches no prefix, every prompt is prefilled whole
+        prompt = prompt_ids if prompt_ids is not None else stand_in_prompt(messages)
+        cached = 0 if self.opts.disable_radix_cache else self.prefix_cache.serve(prompt)
         n_out = sum(c.completion_tokens for c in choices)
         if not self.opts.inline:
             if not await self._schedule(n_out, request):

@@ -215,6 +215,8 @@ def starting_plan(request: PrestartRequest, run: RunConfig, layout: RunLayout) -
     workload = workload_from_audit_histogram(
         summary, run.generate.sampling.max_tokens, variant_shares(run.generate)
     )
+    if int(summary.get("total") or 0) >= rows:  # the dataset goes on: the run's size is not known yet
+        workload = dataclasses.replace(workload, completions=None)
     planned = plan_for_workload(run.server, workload)
     return planned.plan, f"first pass over the dataset's first {rows} rows", dataclasses.asdict(workload)
 
@@ -351,9 +353,14 @@ def runs_under(pid: int) -> bool:
     return False
 
 
-def confirm_prestarted(audit_plan: PlanFile, cfg: ServerConfig, layout: RunLayout = RUN) -> PlanFile:
+def confirm_prestarted(
+    audit_plan: PlanFile, cfg: ServerConfig, layout: RunLayout = RUN, started_plan: PlanFile | None = None
+) -> PlanFile:
     """The plan the ``tune`` rule writes: ``audit_plan``, or the plan of the servers this run prestarted
-    when :func:`adoption_verdict` adopts them; servers not adopted are stopped first (logged, with why)."""
+    when :func:`adoption_verdict` adopts them; servers not adopted are stopped first (logged, with why).
+    ``started_plan``: the plan to adopt them for where ``audit_plan`` does not (a run too small to win
+    back the start its plan adds keeps SGLang's defaults, ``regen.sglang.run_size``; servers already
+    started with that plan have spent their start, so they are kept for it)."""
     lock = layout.prestart_lock(slurm_job_id())
     if not lock.exists():
         return audit_plan
@@ -370,6 +377,14 @@ def confirm_prestarted(audit_plan: PlanFile, cfg: ServerConfig, layout: RunLayou
         )
     except ServerError as exc:
         verdict = Adoption(False, str(exc))
+    if not verdict.adopted and started_plan is not None:
+        kept = adoption_verdict(
+            build_server_command(cfg, record.plan, port, model),
+            build_server_command(cfg, started_plan, port, model),
+        )
+        if kept.adopted:
+            why = "the run is small enough for SGLang's defaults, but its servers have spent their start"
+            verdict, audit_plan = Adoption(True, f"{kept.reason} ({why})"), started_plan
     note = {
         "adopted": verdict.adopted,
         "reason": verdict.reason,

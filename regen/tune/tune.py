@@ -34,6 +34,7 @@ from regen.sglang.workload import (
     VariantShare,
     Workload,
     default_workload,
+    run_completions,
     shared_prefixes,
     workload_from_audit,
 )
@@ -225,6 +226,7 @@ def cli(argv: list[str]) -> int:
             max_tokens=ns.max_tokens,
             target_concurrency=ns.concurrency,
             shared_prefixes=run_shared_prefixes(ns.audit_summary, run.generate),
+            completions=audit_completions(ns.audit_summary, run.generate),
             **expected_output_fields(ns, base),
         )
         rec = recommend(
@@ -254,6 +256,8 @@ def cli(argv: list[str]) -> int:
         print(json.dumps(rec.to_json(), indent=1))
     else:
         print(render_table(rec))
+    if rec.small_run:
+        print(rec.small_run, file=sys.stderr)
     if ns.configfile:  # the run's request timeout against this plan (regen check says it too)
         planned = mode_of(server).planned(server, PlanFile((), "recommended", {}, rec.recommended.to_json()))
         conflict = timeout_disagreement(run.generate, server, planned, None)
@@ -271,6 +275,15 @@ def run_shared_prefixes(
     path = Path(audit_summary) if audit_summary else None
     summary = json.loads(path.read_text()) if path is not None and path.is_file() else {}
     return shared_prefixes(summary, variant_shares(generate))
+
+
+def audit_completions(audit_summary: str | os.PathLike[str] | None, generate: GenerateConfig) -> int | None:
+    """The run's completions (``regen.sglang.workload.run_completions``) where an audit summary is given
+    and written; None otherwise (the run's size is not weighed)."""
+    path = Path(audit_summary) if audit_summary else None
+    if path is None or not path.is_file():
+        return None
+    return run_completions(json.loads(path.read_text()), variant_shares(generate))
 
 
 def run_config_of(configfile: str | None) -> RunConfig:
@@ -488,14 +501,23 @@ def write_plan_for_workflow(
         log.warning(
             "%s: SGLang plans its own memory; the given server.args launch as they are", planned.unmodelled
         )
+    # a small run's plan without the weighing of its size: what prestarted servers are kept for
+    small = planned.recommendation is not None and planned.recommendation.small_run
+    unweighed = (
+        plan_for_workload(server_cfg, dataclasses.replace(workload, completions=None)).plan if small else None
+    )
     # the one place the launched section is decided: server.use_tuner (plan_for_workload)
-    confirm_prestarted(planned.plan, server_cfg).write(out_path)
+    written = confirm_prestarted(planned.plan, server_cfg, started_plan=unweighed)
+    written.write(out_path)
     rec = planned.recommendation
     if rec is None:
         return
     plan = planned.plan
     log.info("plan for %s on %d MiB (sglang %s): %s", plan.model_config, plan.gpu_memory_mib,
              plan.sglang_version, workload)  # fmt: skip
+    if rec.small_run and written.launch_args == planned.plan.launch_args:  # not kept for started servers
+        log.warning("%s", rec.small_run)  # the one line on Snakemake's console: SGLang's defaults, and why
+        print(rec.small_run, file=sys.__stderr__, flush=True)
     for reason in rec.reasons:
         log.info("recommend: %s", reason)
     for warning in rec.warnings:

@@ -24,6 +24,7 @@ from regen.sglang.workload import (
     VariantShare,
     Workload,
     old_answers_expected,
+    run_completions,
     shared_prefixes,
     workload_from_audit,
 )
@@ -88,6 +89,7 @@ def workload_from_audit_histogram(
         prompt_p99=max(p99, p50),
         max_tokens=int(max_tokens),
         shared_prefixes=shared_prefixes(summary, variants),
+        completions=run_completions(summary, variants),
         **old_answers_expected(summary, variants, answer_only),
     )
 

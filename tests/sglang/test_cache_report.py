@@ -39,10 +39,15 @@ def _four_answers(**opts: Any) -> PrefillSaved:
 def test_a_shard_counts_the_prefill_the_cache_saved() -> None:
     saved = _four_answers(enable_cache_report=True)
     per_prompt = saved.prompt_tokens // 4
-    assert saved.answers == 4 and saved.reported == 3  # the first answer's null (a miss) counts as 0
+    assert saved.answers == 4 and saved.reported == 4  # 0.5.23 reports the first answer's miss as 0
     assert saved.cached_tokens == 3 * (per_prompt - 1)  # all but the last token of each repeat
     assert saved.cached_share == 3 * (per_prompt - 1) / (4 * per_prompt)
     assert "read from SGLang's radix cache" in saved.in_words()
+
+
+def test_0_5_17s_null_for_a_miss_counts_as_0() -> None:
+    saved = _four_answers(enable_cache_report=True, version="0.5.17")
+    assert saved.reported == 3 and saved.cached_tokens == 3 * (saved.prompt_tokens // 4 - 1)
 
 
 def test_without_the_report_nothing_is_claimed() -> None:

@@ -47,7 +47,7 @@ def reporting() -> Iterator[str]:
 
 def test_a_repeated_prompt_is_served_from_the_cache_but_its_last_token(reporting: str) -> None:
     first = ask(reporting, question(0))["usage"]
-    assert first["prompt_tokens_details"] is None  # nothing cached: SGLang leaves the details out
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}  # nothing cached: 0.5.23 reports 0
     again = ask(reporting, question(0), seed=2)["usage"]
     assert again["prompt_tokens"] == first["prompt_tokens"]
     assert again["prompt_tokens_details"] == {"cached_tokens": first["prompt_tokens"] - 1}
@@ -64,7 +64,18 @@ def test_a_cache_too_small_for_what_came_between_forgets_the_prompt(reporting: s
     size = ask(reporting, question(0))["usage"]["prompt_tokens"]
     for i in range(1, 1 + 400 // size + 1):  # more than the 400 tokens the cache holds
         ask(reporting, question(i))
-    assert ask(reporting, question(0))["usage"]["prompt_tokens_details"] is None
+    assert ask(reporting, question(0))["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+def test_0_5_17_leaves_a_miss_out() -> None:
+    url, stop = start_simulated_server(inline=True, enable_cache_report=True, version="0.5.17")
+    try:
+        first = ask(url, question(0))["usage"]
+        again = ask(url, question(0), seed=2)["usage"]
+    finally:
+        stop()
+    assert first["prompt_tokens_details"] is None  # _details_if_cached: null for 0
+    assert again["prompt_tokens_details"] == {"cached_tokens": first["prompt_tokens"] - 1}
 
 
 def test_without_cache_report_the_details_stay_null_and_n_counts_the_prompt_once() -> None:

@@ -196,3 +196,29 @@ def test_the_prestart_waits_until_its_supervisor_is_recorded(tmp_path: Path) -> 
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_servers_started_for_the_plan_are_kept_where_the_run_is_small(tmp_path: Path) -> None:
+    """A run too small for regen's plan keeps SGLang's defaults (regen.sglang.run_size), but servers this
+    run already started with the plan have spent their start: the tune rule keeps them for it."""
+    import os
+
+    from regen.layout import RunLayout, slurm_job_id
+    from regen.tune.prestart import confirm_prestarted
+
+    layout = RunLayout.under(tmp_path)
+    layout.prestart_lock(slurm_job_id()).parent.mkdir(parents=True, exist_ok=True)
+    layout.prestart_lock(slurm_job_id()).touch()
+    full = PlanFile(("--disable-radix-cache", "--max-running-requests", "600"), "recommended", {}, {})
+    record = ProvisionalPlan(full, "first pass over the dataset's first 50 rows", {}, os.getppid(), (0,))
+    layout.provisional_plan.parent.mkdir(parents=True, exist_ok=True)
+    record.write(layout.provisional_plan)
+    defaults = PlanFile(("--enable-cache-report",), "recommended", {}, {})
+    cfg = ServerConfig.from_mapping({"mode": "sglang", "model_path": "m", "args": []})
+    stopped = confirm_prestarted(defaults, cfg, layout)
+    assert stopped.prestart is not None and stopped.prestart["adopted"] is False
+    assert stopped.launch_args == defaults.launch_args
+    replanned = PlanFile(("--disable-radix-cache", "--max-running-requests", "620"), "recommended", {}, {})
+    kept = confirm_prestarted(defaults, cfg, layout, started_plan=replanned)
+    assert kept.prestart is not None and kept.prestart["adopted"] is True
+    assert "spent their start" in kept.prestart["reason"] and kept.launch_args == full.launch_args
