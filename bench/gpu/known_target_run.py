@@ -51,6 +51,7 @@ from typing import Any
 import yaml
 
 from bench.gpu import known_target as kt
+from bench.harness import fmt
 from bench.projection_replay import run_step_line
 from regen.layout import RunLayout
 from regen.pilot_file import PilotFile
@@ -583,10 +584,6 @@ def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
     return "target: " + " ".join(f"{k}={f(v)}" for k, v in fields.items())
 
 
-def fmt(x: Any) -> str:
-    return f"{x:.4g}" if isinstance(x, float) else ("" if x is None else str(x))
-
-
 def projection_lines(m: dict[str, Any]) -> list[str]:
     sw, p, ph = m.get("sweep_projection"), m.get("projection"), m.get("phases") or {}
     out = []
@@ -595,9 +592,12 @@ def projection_lines(m: dict[str, Any]) -> list[str]:
             f"Projection by `regen tune --sweep` before the run ({sw['projected_from']} of "
             f"{sw['remaining_samples']} samples on `{' '.join(sw['best_args'] or [])}`"
             f"{'; step line from ' + sw['step_basis'] if sw.get('step_basis') else ''}): "
-            f"{fmt(sw['projected_gpu_s'])} GPU s; measured {fmt(sw['measured_gpu_s'])} GPU s (generation "
-            f"phase); error {fmt(sw['error'])}. The generate jobs' whole time, server start included: "
-            f"{fmt(sw['generate_jobs_s'])} s; the sweep itself: {fmt(ph.get('sweep_s'))} s."
+            f"{fmt(sw['projected_gpu_s'], '.4g', '')} GPU s; measured "
+            f"{fmt(sw['measured_gpu_s'], '.4g', '')} GPU s (generation "
+            f"phase); error {fmt(sw['error'], '.4g', '')}. The generate jobs' whole time, server start "
+            "included: "
+            f"{fmt(sw['generate_jobs_s'], '.4g', '')} s; the sweep itself: "
+            f"{fmt(ph.get('sweep_s'), '.4g', '')} s."
             f"{' The run decoded on ' + sw['run_step_line'] + '.' if sw.get('run_step_line') else ''}",
             "",
         ]
@@ -608,7 +608,7 @@ def projection_lines(m: dict[str, Any]) -> list[str]:
         *out,
         f"Projection of the generation phase (cap {p['cap']} from the static plan, designed lengths "
         f"{p['designed_tokens_per_prompt']:.0f} tokens a prompt, step line from {p['step_model']['from']}): "
-        f"{p['generation_s']:.1f} s, measured {fmt(gen)} s.",
+        f"{p['generation_s']:.1f} s, measured {fmt(gen, '.4g', '')} s.",
         "",
     ]
 
@@ -626,9 +626,11 @@ def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
             "running_weighted_mean"
         )
         rows.append(
-            f"| {b['which']} (concurrency {b['concurrency']}) | {fmt(b['wall_s'])} "
-            f"| {fmt(b['server_start_s'])} | {fmt(b['generation_s'])} | {ans['output_tokens']} "
-            f"| {fmt(ans['stop_fraction'])} | {fmt(acc)} | `{' '.join(b['launch_args'])}` |"
+            f"| {b['which']} (concurrency {b['concurrency']}) | {fmt(b['wall_s'], '.4g', '')} "
+            f"| {fmt(b['server_start_s'], '.4g', '')} | {fmt(b['generation_s'], '.4g', '')} | "
+            f"{ans['output_tokens']} "
+            f"| {fmt(ans['stop_fraction'], '.4g', '')} | {fmt(acc, '.4g', '')} | "
+            f"`{' '.join(b['launch_args'])}` |"
         )
     if not rows:
         return []
@@ -639,9 +641,11 @@ def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
         "| run | wall s | server start s | generation s | output tokens | stop fraction | accept len "
         "| flags |",
         "|---|---|---|---|---|---|---|---|",
-        f"| regen | {fmt(m['wall_s'])} | {fmt(ph.get('server_start_s'))} | {fmt(ph.get('generation_s'))} "
-        f"| {m.get('output_tokens', '')} | {fmt(m['stop_fraction'])} | | tuned by regen |",
-        f"| regen, server launch to last answer | {fmt(ph.get('launch_to_last_answer_s'))} | | | | | | |",
+        f"| regen | {fmt(m['wall_s'], '.4g', '')} | {fmt(ph.get('server_start_s'), '.4g', '')} | "
+        f"{fmt(ph.get('generation_s'), '.4g', '')} "
+        f"| {m.get('output_tokens', '')} | {fmt(m['stop_fraction'], '.4g', '')} | | tuned by regen |",
+        f"| regen, server launch to last answer | {fmt(ph.get('launch_to_last_answer_s'), '.4g', '')} | | | "
+        "| | | |",
         *rows,
         "",
     ]
@@ -676,7 +680,7 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
             rows.append((f"{name}: KS distance (1% critical)", x["ks"], x["ks_1pct_critical"]))
     ph = m.get("phases") or {}
     timing = [
-        f"| {k} | {fmt(ph.get(k.split()[0]))} |"
+        f"| {k} | {fmt(ph.get(k.split()[0]), '.4g', '')} |"
         for k in (
             "prepare_s",
             "before_server_s",
@@ -688,20 +692,20 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
         )
     ]
     split = m.get("time_split") or {}
-    timing.append(f"| fixed part (where_time_went) | {fmt(split.get('fixed_s'))} |")
-    timing.append(f"| drain_token_share | {fmt(split.get('drain_token_share'))} |")
+    timing.append(f"| fixed part (where_time_went) | {fmt(split.get('fixed_s'), '.4g', '')} |")
+    timing.append(f"| drain_token_share | {fmt(split.get('drain_token_share'), '.4g', '')} |")
     out = [
         f"# Known-answer target{' (dense)' if getattr(a, 'dense', False) else ''}, mode {a.mode}: "
         f"{m['requests']} prompts, max_tokens {a.max_tokens}",
         "",
         "| measure | measured | designed |",
         "|---|---|---|",
-        *(f"| {k} | {fmt(v)} | {fmt(w)} |" for k, v, w in rows),
+        *(f"| {k} | {fmt(v, '.4g', '')} | {fmt(w, '.4g', '')} |" for k, v, w in rows),
         "",
         f"Re-audit passed: {(m.get('reaudit') or {}).get('passed')}; "
         f"READY: {(m.get('ready') or {}).get('ready')}.",
         "",
-        f"Where regen's {fmt(m['wall_s'])} s went (Snakemake start to end):",
+        f"Where regen's {fmt(m['wall_s'], '.4g', '')} s went (Snakemake start to end):",
         "",
         "| phase | s |",
         "|---|---|",

@@ -74,7 +74,7 @@ from bench.gpu.harness import (
 )
 from bench.gpu.known_target_baselines import SEED_FLAGS
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
-from bench.harness import write_json
+from bench.harness import fmt, write_json
 
 SGLANG_VERSION = "0.5.17"
 BASE_ARGS = ["--load-format", "dummy"]
@@ -495,12 +495,6 @@ def crossover(off: list[dict[str, Any]], on: list[dict[str, Any]]) -> dict[str, 
     return {"mtp_over_off_by_concurrency": ratios, "mtp_loses_from": loses}
 
 
-def fmt(v: Any) -> str:
-    if v is None:
-        return "na"
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
 def final_lines(summary: list[dict[str, Any]]) -> list[str]:
     keys = (
         "best_off_tps",
@@ -513,7 +507,8 @@ def final_lines(summary: list[dict[str, Any]]) -> list[str]:
         "realized_cap",
     )
     return [
-        f"mtp: acceptance={s['acceptance']:g} " + " ".join(f"{k}={fmt(s[k])}" for k in keys) for s in summary
+        f"mtp: acceptance={s['acceptance']:g} " + " ".join(f"{k}={fmt(s[k], 'g', 'na')}" for k in keys)
+        for s in summary
     ]
 
 
@@ -533,29 +528,34 @@ def markdown(doc: dict[str, Any]) -> str:
     ]
     for r in doc["servers"]:
         head = (
-            f"| {r['name']} | {fmt(r.get('acceptance'))} | {r['steps']} | {fmt(r.get('sim_accept_len'))} | "
-            f"{r['predicted']['cap']} / {fmt(r.get('realized_cap'))} |"
+            f"| {r['name']} | {fmt(r.get('acceptance'), 'g', 'na')} | {r['steps']} | "
+            f"{fmt(r.get('sim_accept_len'), 'g', 'na')} | "
+            f"{r['predicted']['cap']} / {fmt(r.get('realized_cap'), 'g', 'na')} |"
         )
         if r.get("error") or not r.get("levels"):
             lines.append(f"{head} - | - | {r.get('error', 'not measured')} | | |")
         for lv in r.get("levels") or []:
             lines.append(
-                f"{head} {lv['concurrency']} | {fmt(lv.get('running'))} | {fmt(lv.get('decode_tps'))} | "
-                f"{fmt(lv.get('accept_len'))} | {lv['client']['client_tok_s']} |"
+                f"{head} {lv['concurrency']} | {fmt(lv.get('running'), 'g', 'na')} | "
+                f"{fmt(lv.get('decode_tps'), 'g', 'na')} | "
+                f"{fmt(lv.get('accept_len'), 'g', 'na')} | {lv['client']['client_tok_s']} |"
             )
     lines += ["", "## Decision per acceptance", ""]
     for s in doc["summary"]:
         lines.append(
-            f"- acceptance {s['acceptance']:g}: choice {s['choice']} {fmt(s['choice_tps'])} tok/s, "
-            f"grid best off {fmt(s['best_off_tps'])} ({s['best_off_at']}), on {fmt(s['best_on_tps'])} "
-            f"({s['best_on_at']}); vs best {fmt(s['choice_vs_best'])}, vs seed {fmt(s['vs_seed'])}; "
+            f"- acceptance {s['acceptance']:g}: choice {s['choice']} {fmt(s['choice_tps'], 'g', 'na')} "
+            "tok/s, "
+            f"grid best off {fmt(s['best_off_tps'], 'g', 'na')} ({s['best_off_at']}), on "
+            f"{fmt(s['best_on_tps'], 'g', 'na')} "
+            f"({s['best_on_at']}); vs best {fmt(s['choice_vs_best'], 'g', 'na')}, vs seed "
+            f"{fmt(s['vs_seed'], 'g', 'na')}; "
             f"crossover {s['crossover']}"
         )
     lines += ["", "## Planner vs realized", ""]
     for r in doc["servers"]:
         pvr = r.get("plan_vs_realized") or {}
         lines.append(
-            f"- {r['name']}@{fmt(r.get('acceptance'))}: predicted {r['predicted']}; realized "
+            f"- {r['name']}@{fmt(r.get('acceptance'), 'g', 'na')}: predicted {r['predicted']}; realized "
             f"{pvr.get('realized')}; drift > 1%: {pvr.get('drift_over_1pct')}"
         )
     lines += ["", *final_lines(doc["summary"]), ""]

@@ -42,8 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu import harness
-from bench.harness import add_campaign_args, publish, write_json
-from bench.harness import fmt as harness_fmt
+from bench.harness import add_campaign_args, fmt, publish, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "resources" / "models"
@@ -603,11 +602,6 @@ def final_line(s: dict[str, Any]) -> str:
     )
 
 
-def fmt(value: Any, nd: int = 0) -> str:
-    """A page's number (``bench.harness.fmt``): grouped by commas, ``—`` when missing."""
-    return harness_fmt(value, nd, "—", thousands=True)
-
-
 def markdown(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     lines = [
@@ -630,9 +624,13 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in doc["rows"]:
         sg, rg = r["sglang"], r["regen"]
         lines.append(
-            f"| {r['name']} | `{' '.join(r['flags']) or '(defaults)'}` | {fmt(sg['weights_gib'], 2)} | "
-            f"{fmt(rg['weights_gib'], 2)} | {fmt(sg['kv_tokens'])} | {fmt(rg['kv_cache_tokens'], 0)} | "
-            f"{pct(r.get('kv_error'))} | {fmt(sg['swa_tokens'])} | {fmt(rg['swa_tokens'], 0)} | "
+            f"| {r['name']} | `{' '.join(r['flags']) or '(defaults)'}` | "
+            f"{fmt(sg['weights_gib'], 2, '—', thousands=True)} | "
+            f"{fmt(rg['weights_gib'], 2, '—', thousands=True)} | "
+            f"{fmt(sg['kv_tokens'], 0, '—', thousands=True)} | "
+            f"{fmt(rg['kv_cache_tokens'], 0, '—', thousands=True)} | "
+            f"{pct(r.get('kv_error'))} | {fmt(sg['swa_tokens'], 0, '—', thousands=True)} | "
+            f"{fmt(rg['swa_tokens'], 0, '—', thousands=True)} | "
             f"{pct(r.get('weights_error'))} | {r['verdict']} |"
         )
     lines += ["", "Failures (SGLang's last error line, regen's message):", ""]
