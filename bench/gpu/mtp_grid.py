@@ -12,7 +12,7 @@ Configurations, in priority order (a run cut short keeps what it measured; resul
 every level):
 1. ``off``: regen's recommendation for this workload (``regen.sglang.plan.recommend``, fp32 state, no
    MTP), shared by every acceptance (acceptance does not exist without MTP);
-2. ``seed`` at acceptance 2.9: the original run's flags (``known_target_baselines.SEED_FLAGS``: NEXTN 3
+2. ``seed`` at acceptance 2.9: the original run's flags (``known_target.baselines.SEED_FLAGS``: NEXTN 3
    steps topk 1, 200 state slots, memory fraction 0.93, mamba ratio 0.6, max running 64);
 3. ``mtp3``, ``mtp2``, ``mtp1`` at 2.9: regen's MTP candidates (``regen.sglang.plan.mtp_candidates``: the
    running cap and pools re-solved for the verify buffers, draft weights and draft KV);
@@ -72,7 +72,7 @@ from bench.gpu.harness import (
     wait_gpu_free,
     word_prompts,
 )
-from bench.gpu.known_target_baselines import SEED_FLAGS
+from bench.gpu.known_target.baselines import SEED_FLAGS
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
 from bench.harness import fmt, write_json
 

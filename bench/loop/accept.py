@@ -4,7 +4,7 @@ prompts sampled as the data was made, the accept length read from SGLang's own n
   accept --target MODEL --drafter TRAIN/NAME/sglang --prompts DATA/eval-prompts.jsonl --out ACC/NAME.json
          [--max-new-tokens 2048] [--concurrency 48]
       starts SGLang through regen's own server lifecycle (``regen.serving.lifecycle.acquire_server``, as
-      bench/gpu/known_target_baselines.py does) with ``--speculative-algorithm EAGLE3
+      bench/gpu/known_target/baselines.py does) with ``--speculative-algorithm EAGLE3
       --speculative-draft-model-path DIR --speculative-num-steps 3 --speculative-eagle-topk 1
       --speculative-num-draft-tokens 4``, POSTs each prompt's ``input_ids`` to ``/generate`` with
       temperature 0.6, top_p 0.95, top_k 20 (not greedy: the chain loops) and reads:
@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.gpu import known_target as kt
+from bench.gpu.known_target import model as kt
 
 STEPS = 3
 EAGLE3_FLAGS = shlex.split(

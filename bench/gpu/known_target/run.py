@@ -5,9 +5,9 @@ then the measurements against the model's ``designed.json`` and the ``target: ..
 
   --mode simulated  regen's simulated SGLang in chain mode (REGEN_SIM_CHAIN: the model's chain.json):
                     the same chain the weights hold, sampled as SGLang samples; CPU, a few minutes
-  --mode sglang     real SGLang on the model dir (bench/gpu/known_target.py, full shape), with
+  --mode sglang     real SGLang on the model dir (the ``model`` step, full shape), with
                     ``--tool-call-parser qwen25`` in server.args
-  --dense           the dense Qwen3ForCausalLM target (``known_target.py --dense``; also chosen when the model
+  --dense           the dense Qwen3ForCausalLM target (``model --dense``; also chosen when the model
                     dir's config.json names it): no tools, no tool-call parser (the drafter loop, issue 36),
                     each row ``[user, assistant]`` with an original answer (plain English, varied per row)
                     that regen audits and regenerates and the loop's baseline trains on; the simulated mode
@@ -19,7 +19,7 @@ completion ids at the chain's ``</think>``, and usage.reasoning_tokens equals th
 ``</think>``); each step of every completion is a designed transition; tool calls parsed (rows with
 tools whose ids spell a tool call have ``tool_calls`` with designed arguments); truncation retries and
 how they ended; the exported ids equal the server's ids; the re-audit gates and READY verdict.
-Fields the campaign fills later (the baselines' wall times: known_target_baselines.py) print as ``na``.
+Fields the campaign fills later (the baselines' wall times: known_target/baselines.py) print as ``na``.
 ``--sweep`` (issue 37 item 4): ``snakemake --until shard tune``, ``regen tune --sweep`` (``--sweep-args``)
 in the run dir, then the whole workflow; ``projection_error`` is then the sweep's pilot.json against the
 generation phase (:func:`sweep_projection`), ``sweep_s`` its own seconds (not in ``regen_wall_s``, which
@@ -30,7 +30,7 @@ gives one. ``fixed_s`` and ``drain_token_share`` are regen's (:func:`regen_time_
 runs the workflow on that run dir, counting the earlier prepare's seconds as ``--sweep`` does: the device
 sequence makes the sweep's server the fresh machine's first (the warm-up) and runs the baselines between.
 
-Usage: python -m bench.gpu.known_target_run --model DIR --work DIR [--mode simulated] [--n 2000]
+Usage: python -m bench.gpu.known_target run --model DIR --work DIR [--mode simulated] [--n 2000]
        [--max-tokens 4096] [--tools-fraction 0.3] [--dense [--eval-fraction 0.1]] [--sweep [--sweep-args S]]
        [--sweep-only | --after-sweep]
 """
@@ -50,13 +50,13 @@ from typing import Any
 
 import yaml
 
-from bench.gpu import known_target as kt
+from bench.gpu.known_target import model as kt
 from bench.harness import fmt
 from bench.projection_replay import run_step_line
 from regen.layout import RunLayout
 from regen.pilot_file import PilotFile
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 _SUPERVISOR = re.compile(
     r"\[regen-supervisor gpu\d+ pid \d+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] "
     r"(=== regen supervisor: starting server|server ready at)"
@@ -614,7 +614,7 @@ def projection_lines(m: dict[str, Any]) -> list[str]:
 
 
 def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
-    """The baselines (known_target_baselines.py's ``baseline-*.json`` in the work dir) next to regen."""
+    """The baselines (known_target/baselines.py's ``baseline-*.json`` in the work dir) next to regen."""
     rows = []
     for f in sorted(work.glob("baseline-*.json")):
         b = json.loads(f.read_text())
@@ -740,7 +740,9 @@ def is_dense(model: Path) -> bool:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, required=True, help="known_target.py output (built if absent, tiny)")
+    p.add_argument(
+        "--model", type=Path, required=True, help="the model step's output (built if absent, tiny)"
+    )
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--mode", choices=("simulated", "sglang"), default="simulated")
     p.add_argument("--n", type=int, default=2000)
@@ -836,7 +838,3 @@ def main(argv: list[str]) -> int:
     (a.work / "known_target_measured.md").write_text(markdown(m, a, line))
     print(line)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,5 +1,5 @@
 """The known-target campaign's baselines (issue 27 item 4): the same prompts, sampling and target as
-``known_target_run.py``'s regen run, generated the way the original run was done, timed end to end.
+``known_target/run.py``'s regen run, generated the way the original run was done, timed end to end.
 
   --which default  SGLang with its defaults: only the model path, port, ``--reasoning-parser qwen3`` and
                    ``--tool-call-parser qwen25`` (what the answers need to be parsed as regen's are; the
@@ -32,7 +32,7 @@ what the server realized (cap, mamba slots, KV tokens).
 ``--dry-cpu``: the same sequence against regen's simulated SGLang in chain mode (the model's chain.json,
 cap = the plan's prediction for the flags), to rehearse on CPU.
 
-Usage: python -m bench.gpu.known_target_baselines --model DIR --work DIR --which default|seed
+Usage: python -m bench.gpu.known_target baselines --model DIR --work DIR --which default|seed
        [--n 1000] [--max-tokens 2048] [--concurrency 48|64] [--dry-cpu] [--stop-first RUN_DIR]
 Writes WORK/baseline-WHICH.json and prints ``baseline: which=... wall_s=...``.
 """
@@ -46,18 +46,17 @@ import os
 import re
 import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.gpu import known_target as kt
-from bench.gpu.known_target_run import supervisor_times, write_dataset
+from bench.gpu.known_target import model as kt
+from bench.gpu.known_target.run import supervisor_times, write_dataset
 from bench.gpu.serverlog import decode_lines, last_start, startup_facts, startup_phases, steady_state
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PARSERS = ["--tool-call-parser", "qwen25"]
 SEED_FLAGS = shlex.split(
     "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
@@ -422,7 +421,7 @@ def baseline_line(r: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, required=True, help="known_target.py output")
+    p.add_argument("--model", type=Path, required=True, help="the model step's output")
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--which", choices=sorted(FLAGS), required=True)
     p.add_argument("--n", type=int, default=1000)
@@ -461,7 +460,3 @@ def main(argv: list[str]) -> int:
     )
     print(line, flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
