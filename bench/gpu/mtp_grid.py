@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu.harness import (
+    SGLANG_VERSION,
     TEMPLATE_TOKENS,
     bench_server_cfg,
     gpu_memory_mib,
@@ -76,7 +77,6 @@ from bench.gpu.known_target.baselines import SEED_FLAGS
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
 from bench.harness import fmt, write_json
 
-SGLANG_VERSION = "0.5.17"
 BASE_ARGS = ["--load-format", "dummy"]
 LEVELS = (16, 32, 64, 128, 256)
 SPEC_ENV = {
@@ -304,16 +304,12 @@ def realized_of(cfg: Config, log_text: str, info: dict[str, Any]) -> dict[str, A
     from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
 
     realized = realized_from_server_info(dict(info), parse_startup_log(log_text))
-    keep = {k: v for k, v in vars_of(realized).items() if v is not None}
+    keep = {k: v for k, v in dataclasses.asdict(realized).items() if v is not None}
     return {
         "realized": keep,
         "drift_over_1pct": [str(d) for d in compare(cfg.plan, realized, tolerance=0.01)],
         "startup_facts": startup_facts(log_text),
     }
-
-
-def vars_of(obj: Any) -> dict[str, Any]:
-    return dataclasses.asdict(obj)
 
 
 def predicted_of(p: Any) -> dict[str, Any]:
@@ -683,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": {
             "prompt_tokens": a.prompt_tokens,
             "answer_tokens": a.answer_tokens,
-            "planner_workload": vars_of(wl),
+            "planner_workload": dataclasses.asdict(wl),
         },
         "plan": [
             {

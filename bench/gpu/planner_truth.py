@@ -47,7 +47,6 @@ from bench.harness import add_campaign_args, fmt, publish, write_json
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "resources" / "models"
 GPU_MEMORY_MIB = 143771  # the H200's total as nvidia-smi reports it (issue 33)
-SGLANG_VERSION = "0.5.17"
 #: the workload regen plans for in issue 33 (prompt p50/p99, answer budget)
 WORKLOAD_ARGS = ("--prompt-p50", "300", "--prompt-p99", "2000", "--max-tokens", "8192")
 #: the line after which SGLang's pools are sized and allocated (kv_cache_configurator.py)
@@ -236,7 +235,7 @@ def regen_tune(
         "tune",
         "--json",
         "--sglang-version",
-        SGLANG_VERSION,
+        harness.SGLANG_VERSION,
         "--gpu-memory-mib",
         str(gpu_mib),
         "--model-config",
@@ -315,7 +314,7 @@ def simulated_argv(
         "--log-file",
         str(log),
         "--version",
-        SGLANG_VERSION,
+        harness.SGLANG_VERSION,
         "--max-running-requests",
         str(max_running),
         "--token-rate",
@@ -605,7 +604,7 @@ def final_line(s: dict[str, Any]) -> str:
 def markdown(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     lines = [
-        f"# regen's planner against SGLang {SGLANG_VERSION} ({doc['date']})",
+        f"# regen's planner against SGLang {harness.SGLANG_VERSION} ({doc['date']})",
         "",
         (
             "**DRY RUN on CPU against regen's simulated server (fed regen's own plan): not a measurement.**\n"
@@ -613,7 +612,8 @@ def markdown(doc: dict[str, Any]) -> str:
             else ""
         ),
         f"Host: {doc['host']}. One SGLang start per model (`--load-format dummy --skip-tokenizer-init`), "
-        f"killed once its pools were allocated; regen: `regen tune --json --sglang-version {SGLANG_VERSION} "
+        "killed once its pools were allocated; regen: `regen tune --json --sglang-version "
+        f"{harness.SGLANG_VERSION} "
         f"--gpu-memory-mib {doc['gpu_memory_mib']} {' '.join(WORKLOAD_ARGS)} --model-config DIR -- FLAGS`. "
         "Errors are (regen − SGLang) / SGLang; targets: KV within 1%, weights within 2%.",
         "",
@@ -703,7 +703,7 @@ def main(
         "dry_cpu": a.dry_cpu,
         "host": host_name(a.dry_cpu),
         "gpu_memory_mib": GPU_MEMORY_MIB,
-        "sglang_version": SGLANG_VERSION,
+        "sglang_version": harness.SGLANG_VERSION,
         "rows": [],
         "skipped": [],
     }

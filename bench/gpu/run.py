@@ -37,6 +37,7 @@ from bench.gpu.harness import (
     TEMPLATE_TOKENS,
     Timer,
     bench_server_cfg,
+    count_output_tokens,
     generate_dict,
     gpu_memory_mib,
     log,
@@ -119,22 +120,6 @@ def server_cfg_for(cfg: ServerConfig, model_dir: Path, dry: bool, port_base: int
         port_base=port_base,
         simulated=simulated,
     )
-
-
-def count_output_tokens(records_path: Path) -> tuple[int, int, dict[str, int]]:
-    """(records, completion tokens, finish reasons) of a records file."""
-    n = tokens = 0
-    reasons: dict[str, int] = {}
-    with open(records_path) as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            n += 1
-            tokens += int((rec.get("usage") or {}).get("completion_tokens") or 0)
-            fr = str(rec.get("finish_reason"))
-            reasons[fr] = reasons.get(fr, 0) + 1
-    return n, tokens, reasons
 
 
 def run_config(

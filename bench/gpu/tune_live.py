@@ -51,6 +51,7 @@ from bench.gpu.harness import (
     bench_server_cfg,
     generate_dict,
     gpu_memory_mib,
+    log,
     make_model,
     measure_hw,
     wait_gpu_free,
@@ -61,10 +62,6 @@ from bench.harness import add_campaign_args, fmt, publish, result_line, write_js
 from regen.types import Sample
 
 TEMPLATE_TOKENS = 5
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 # --------------------------------------------------------------------------------------- workload

@@ -47,11 +47,13 @@ import re
 import shlex
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bench.gpu.harness import SGLANG_VERSION, bench_server_cfg, gpu_memory_used_mib, log, wait_gpu_free
 from bench.gpu.known_target import model as kt
 from bench.gpu.known_target.run import supervisor_times, write_dataset
 from bench.gpu.serverlog import decode_lines, last_start, startup_facts, startup_phases, steady_state
@@ -77,12 +79,7 @@ FLAGS = {
     "plan-noprefill": [*PLAN_FLAGS, "--disable-prefill-cuda-graph", *PARSERS],
 }
 CONCURRENCY = {"warmup": 8, "default": 48, "seed": 64, "plan": 265, "plan-noprefill": 265}
-SGLANG_VERSION = "0.5.17"  # the GPU host's payload (bench/gpu/pack.sh)
 _ACCEPT = re.compile(r"Decode batch.*?#running-req: (\d+),.*?accept len: ([0-9.]+)")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def request_body(row: dict[str, Any], model: str, max_tokens: int) -> dict[str, Any]:
@@ -205,24 +202,16 @@ def plan_vs_realized(shape_src: Path, gpu_mib: int, args: list[str], log_text: s
     if log_text or info:
         try:
             realized = realized_from_server_info(dict(info), parse_startup_log(log_text))
-            out["realized"] = {k: v for k, v in vars_of(realized).items() if v is not None}
+            out["realized"] = {k: v for k, v in asdict(realized).items() if v is not None}
             out["drift_over_5pct"] = [str(d) for d in compare(mp, realized)]
         except Exception as exc:
             out["realized_error"] = f"{type(exc).__name__}: {exc}"
     return out, mp
 
 
-def vars_of(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else dict(vars(obj))
-
-
 def gpu_used_mib(dry: bool) -> int | None:
     if dry:
         return None
-    from bench.gpu.harness import gpu_memory_used_mib
-
     return gpu_memory_used_mib()
 
 
@@ -233,15 +222,11 @@ def stop_leftovers(run_dir: Path, dry: bool) -> dict[str, Any]:
     stopped = stop_all_servers(run_dir / "work" / "servers", grace_s=60)
     used = None
     if not dry:
-        from bench.gpu.harness import wait_gpu_free
-
         used = wait_gpu_free(timeout_s=180)
     return {"stopped_supervisors": stopped, "gpu_used_mib": used}
 
 
 def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> Any:
-    from bench.gpu.harness import bench_server_cfg
-
     simulated = {
         "token_rate": a.sim_token_rate,
         "startup_delay_s": 1.0,
@@ -340,8 +325,6 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
         result["stopped_supervisors"] = stop_all_servers(servers, grace_s=60)
         result["stop_s"] = round(time.monotonic() - t_stop, 1)
         if not a.dry_cpu:
-            from bench.gpu.harness import wait_gpu_free
-
             result["gpu_used_after_stop_mib"] = wait_gpu_free(timeout_s=180)
     result.update(
         wall_s=round(t_end - t_launch, 2),
