@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.gpu import harness
+from bench.gpu import harness, serverlog
 from bench.harness import add_campaign_args, fmt, publish, write_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,17 +111,6 @@ TARGETS: tuple[Target, ...] = (
 _KV = re.compile(
     r"(?:(?P<label>Full|SWA) )?KV Cache is allocated\. dtype: (?P<dtype>\S+), #tokens: (?P<tokens>\d+)"
 )
-_FACTS: dict[str, tuple[re.Pattern[str], type]] = {
-    "weights_gib": (re.compile(r"Load weight end\..*?mem usage=([0-9.]+) GB"), float),
-    "swa_pool_full_tokens": (re.compile(r"Use sliding window memory pool\. full_layer_tokens=(\d+)"), int),
-    "swa_pool_swa_tokens": (re.compile(r"Use sliding window memory pool.*?swa_layer_tokens=(\d+)"), int),
-    "mamba_cache_size": (re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)"), int),
-    "capped_running": (re.compile(r"max_running_requests is capped to (\d+) by the mamba state"), int),
-    "max_total_num_tokens": (re.compile(r"max_total_num_tokens=(\d+)"), int),
-    "max_running_requests": (re.compile(r"max_total_num_tokens=\d+.*?max_running_requests=(\d+)"), int),
-    "pool_end_avail_gib": (re.compile(r"Memory pool end\. avail mem=([0-9.]+) GB"), float),
-    "mem_fraction_static": (re.compile(r"mem_fraction_static=([0-9.]+)"), float),
-}
 _ERROR = re.compile(r"^.*\w(?:Error|Exception): .*$", re.M)  # a raised exception's message line
 #: a failed import that ends the start (SGLang also logs imports it ignores: "Ignore import error when
 #: loading sglang.srt.models.inkling: No module named 'helion'", which must not count)
@@ -153,11 +142,7 @@ class Startup:
 
 def read_startup(text: str) -> Startup:
     """SGLang 0.5.17's startup memory lines from a log (see the module doc for where each is printed)."""
-    facts: dict[str, Any] = {}
-    for key, (pattern, kind) in _FACTS.items():
-        found = pattern.search(text)
-        if found:
-            facts[key] = kind(found[1])
+    facts = serverlog.startup_facts(text, first=True)
     kv: dict[str | None, tuple[int, str]] = {}
     for m in _KV.finditer(text):
         kv.setdefault(m["label"], (int(m["tokens"]), m["dtype"]))
@@ -168,7 +153,7 @@ def read_startup(text: str) -> Startup:
     errors = _ERROR.findall(text)
     missing = _MISSING_PACKAGE.findall(text)
     return Startup(
-        weights_gib=facts.get("weights_gib"),
+        weights_gib=facts.get("weight_mem_gb"),
         kv_tokens=kv_tokens,
         swa_tokens=swa_tokens,
         kv_dtype=full[1] if full else None,

@@ -39,6 +39,9 @@ _FACTS: dict[str, tuple[re.Pattern[str], type]] = {
         float,
     ),
     "mem_fraction_static": (re.compile(r"mem_fraction_static=([0-9.]+)"), float),
+    "swa_pool_full_tokens": (re.compile(r"Use sliding window memory pool\. full_layer_tokens=(\d+)"), int),
+    "swa_pool_swa_tokens": (re.compile(r"Use sliding window memory pool.*?swa_layer_tokens=(\d+)"), int),
+    "pool_end_avail_gib": (re.compile(r"Memory pool end\. avail mem=([0-9.]+) GB"), float),
     "decode_graph_max_bs": (
         re.compile(r"Capture target decode CUDA graph begin\..*?bs=\[[^\]]*?(\d+)\]"),
         int,
@@ -191,13 +194,14 @@ def steady_state(lines: list[DecodeLine], tolerance: float = 0.02) -> SteadyStat
     )
 
 
-def startup_facts(text: str) -> dict[str, Any]:
-    """The memory map a server printed at startup (last occurrence of each line)."""
+def startup_facts(text: str, first: bool = False) -> dict[str, Any]:
+    """The memory map a server printed at startup (last occurrence of each line; ``first``: the first,
+    the target model's, before any draft model's)."""
     facts: dict[str, Any] = {}
     for key, (pattern, kind) in _FACTS.items():
         found = pattern.findall(text)
         if found:
-            facts[key] = kind(found[-1])
+            facts[key] = kind(found[0 if first else -1])
     return facts
 
 
