@@ -80,6 +80,21 @@ def decode_lines(text: str) -> list[DecodeLine]:
     return out
 
 
+def accept_lengths(text: str) -> dict[str, Any] | None:
+    """SGLang's ``accept len`` over the decode lines that print one (MTP, EAGLE): lines, mean, median,
+    running-weighted mean; None when no line has one."""
+    pts = [(d.running, d.accept_len) for d in decode_lines(text) if d.accept_len is not None]
+    if not pts:
+        return None
+    weight = sum(r for r, _ in pts)
+    return {
+        "lines": len(pts),
+        "mean": statistics.fmean(a for _, a in pts),
+        "median": statistics.median(a for _, a in pts),
+        "running_weighted_mean": sum(r * a for r, a in pts) / weight if weight else None,
+    }
+
+
 #: a decode line below this share of the full batch (the largest #running-req) decodes in the drain
 DRAIN_BELOW_FULL = 0.9
 

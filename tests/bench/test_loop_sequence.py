@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu.known_target import model as kt
+from bench.gpu.serverlog import accept_lengths
 from bench.loop import accept, report, sequence
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,17 +47,17 @@ def test_accept_length_is_tokens_over_verify_steps_summed_not_averaged() -> None
     assert accept.meta_accept([])["accept_length"] is None
 
 
-def test_log_accept_len_median_from_dense_decode_lines() -> None:
+def test_accept_lengths_from_dense_decode_lines() -> None:
     line = (
         "[2026-12-02 01:00:0{i}] Decode batch, #running-req: {r}, #token: 9000, token usage: 0.02, "
         "accept len: {a}, accept rate: 0.64, cuda graph: True, gen throughput (token/s): 5000.00, "
         "#queue-req: 0"
     )
     text = "\n".join(line.format(i=i, r=r, a=a) for i, (r, a) in enumerate([(48, 2.9), (48, 3.1), (16, 1.5)]))
-    got = accept.log_accept(text)
+    got = accept_lengths(text)
     assert got["lines"] == 3 and got["median"] == pytest.approx(2.9)
     assert got["running_weighted_mean"] == pytest.approx((48 * 2.9 + 48 * 3.1 + 16 * 1.5) / 112)
-    assert accept.log_accept("Decode batch without spec") is None
+    assert accept_lengths("Decode batch without spec") is None
 
 
 # ------------------------------------------------------------------------------------- the ceiling

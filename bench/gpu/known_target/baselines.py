@@ -43,7 +43,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import shlex
 import statistics
 import time
@@ -56,7 +55,14 @@ import aiohttp
 from bench.gpu.harness import SGLANG_VERSION, bench_server_cfg, gpu_memory_used_mib, log, wait_gpu_free
 from bench.gpu.known_target import model as kt
 from bench.gpu.known_target.run import supervisor_times, write_dataset
-from bench.gpu.serverlog import decode_lines, last_start, startup_facts, startup_phases, steady_state
+from bench.gpu.serverlog import (
+    accept_lengths,
+    decode_lines,
+    last_start,
+    startup_facts,
+    startup_phases,
+    steady_state,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 PARSERS = ["--tool-call-parser", "qwen25"]
@@ -79,7 +85,6 @@ FLAGS = {
     "plan-noprefill": [*PLAN_FLAGS, "--disable-prefill-cuda-graph", *PARSERS],
 }
 CONCURRENCY = {"warmup": 8, "default": 48, "seed": 64, "plan": 265, "plan-noprefill": 265}
-_ACCEPT = re.compile(r"Decode batch.*?#running-req: (\d+),.*?accept len: ([0-9.]+)")
 
 
 def request_body(row: dict[str, Any], model: str, max_tokens: int) -> dict[str, Any]:
@@ -165,21 +170,6 @@ def summarize_answers(res: list[dict[str, Any]]) -> dict[str, Any]:
             "p50": statistics.median(lat) if lat else None,
             "max": max(lat) if lat else None,
         },
-    }
-
-
-def accept_lengths(text: str) -> dict[str, Any] | None:
-    """SGLang's ``accept len`` per decode line: mean, median, running-weighted mean; None without MTP."""
-    pts = [(int(m[1]), float(m[2])) for m in _ACCEPT.finditer(text)]
-    if not pts:
-        return None
-    vals = [a for _, a in pts]
-    weight = sum(r for r, _ in pts)
-    return {
-        "lines": len(pts),
-        "mean": statistics.fmean(vals),
-        "median": statistics.median(vals),
-        "running_weighted_mean": sum(r * a for r, a in pts) / weight if weight else None,
     }
 
 
