@@ -259,17 +259,22 @@ def ready_at(text: str) -> float | None:
     return _stamp(found[1]) if found else None
 
 
+def supervisor_times(text: str) -> dict[str, float | None]:
+    """Epoch seconds (1 s resolution) of the supervisor's first launch line and first ready line."""
+    launch = _LAUNCH.search(text)
+    return {"start_mark": _stamp(launch[1]) if launch else None, "ready": ready_at(text)}
+
+
 def startup_phases(text: str) -> dict[str, Any]:
     """Seconds of each startup phase (``STARTUP_MARKS``, then "graphs and warm-up" to ready), from
     the supervisor's launch line to its ready line; a "begin" mark's first occurrence, any other
     mark's last, ends its phase (MTP loads two sets of weights). Also the elapsed seconds SGLang
     printed for the weights and the graph captures."""
-    launch = _LAUNCH.search(text)
-    lines = _stamped_lines(text)
-    ready = ready_at(text)
-    if launch is None or ready is None:
+    times = supervisor_times(text)
+    start, ready = times["start_mark"], times["ready"]
+    if start is None or ready is None:
         return {}
-    start = _stamp(launch[1])
+    lines = _stamped_lines(text)
     phases: dict[str, float] = {}
     previous = start
     for name, mark in STARTUP_MARKS:

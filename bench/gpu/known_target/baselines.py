@@ -54,7 +54,7 @@ import aiohttp
 
 from bench.gpu.harness import SGLANG_VERSION, bench_server_cfg, gpu_memory_used_mib, log, wait_gpu_free
 from bench.gpu.known_target import model as kt
-from bench.gpu.known_target.run import supervisor_times, write_dataset
+from bench.gpu.known_target.run import write_dataset
 from bench.gpu.serverlog import (
     accept_lengths,
     decode_lines,
@@ -62,6 +62,7 @@ from bench.gpu.serverlog import (
     startup_facts,
     startup_phases,
     steady_state,
+    supervisor_times,
 )
 
 REPO = Path(__file__).resolve().parents[3]

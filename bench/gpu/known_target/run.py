@@ -38,10 +38,8 @@ Usage: python -m bench.gpu.known_target run --model DIR --work DIR [--mode simul
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -51,16 +49,13 @@ from typing import Any
 import yaml
 
 from bench.gpu.known_target import model as kt
+from bench.gpu.serverlog import supervisor_times
 from bench.harness import fmt
 from bench.projection_replay import run_step_line
 from regen.layout import RunLayout
 from regen.pilot_file import PilotFile
 
 REPO = Path(__file__).resolve().parents[3]
-_SUPERVISOR = re.compile(
-    r"\[regen-supervisor gpu\d+ pid \d+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] "
-    r"(=== regen supervisor: starting server|server ready at)"
-)
 TOOLS = [
     {
         "type": "function",
@@ -179,20 +174,15 @@ def write_config(path: Path, a: argparse.Namespace, dataset: Path) -> None:
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
-def read_jsonl(pattern: str) -> list[dict[str, Any]]:
+def generation_records(run: Path) -> list[dict[str, Any]]:
+    """The run's generation records (``results/generations/{shard}.jsonl.zst``, regen.layout's names)."""
     from regen.io import open_lines
 
     out = []
-    for f in sorted(glob.glob(pattern)):
+    for f in RunLayout.shard_outputs_in(run / "results" / "generations"):
         with open_lines(f) as lines:
-            out += [json.loads(line) for line in lines if line.strip()]
+            out += [r for r in (json.loads(line) for line in lines if line.strip()) if "id" in r]
     return out
-
-
-def generation_records(run: Path) -> list[dict[str, Any]]:
-    """The run's generation records (``results/generations/{shard}.jsonl.zst``, regen.layout's names)."""
-    files = RunLayout.shard_outputs_in(run / "results" / "generations")
-    return [r for f in files for r in read_jsonl(str(f)) if "id" in r]
 
 
 def measure(a: argparse.Namespace, wall_s: float, phases: dict[str, Any] | None) -> dict[str, Any]:
@@ -486,16 +476,6 @@ def export_equal(run: Path, recs: list[dict[str, Any]]) -> float | None:
                 inp[i : i + len(ids)] == ids for i in range(len(inp) - len(ids) + 1)
             )
     return ok / total if total else None
-
-
-def supervisor_times(text: str) -> dict[str, float | None]:
-    """Epoch seconds (1 s resolution) of the supervisor's first 'starting server' and 'server ready' lines."""
-    out: dict[str, float | None] = {"start_mark": None, "ready": None}
-    for m in _SUPERVISOR.finditer(text):
-        key = "start_mark" if m[2].startswith("===") else "ready"
-        if out[key] is None:
-            out[key] = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S"))
-    return out
 
 
 def regen_phases(run: Path, started_at: float, ended_at: float) -> dict[str, Any]:
