@@ -1,45 +1,16 @@
-"""The known-target campaign on the H200 through the device tool (issues 27 and 37), one call at a time.
+"""The known-target campaign on a GPU host through the device tool (issues 27 and 37), one call at a time.
 
-  python -m bench.gpu.known_target device start BUDGET_S [--build-args "model args"]
-                               [--warmup [--warmup-prompts 8]] [--order default,regen,seed] [--no-sweep]
-                               [--device-budget-s 1320] [--default-concurrency 48]
-                               [--seed-concurrency 64] [run args]
-      build /tmp/site (SGLang payload) and /tmp/snk (Snakemake), copy this tree to /tmp/repo, build the
-      full-shape model at /tmp/kt-model (~20 s, 2.7 GB on disk), start the campaign's sequence detached
-      (its own session: it outlives the call), wait up to BUDGET_S, collect
+  python -m bench.gpu.known_target device start BUDGET_S [--build-args "model args"] [sequence args]
+      stage the payload (/tmp/site, /tmp/snk), copy this tree to /tmp/repo, build the model at
+      /tmp/kt-model, start the sequence detached (it outlives the call), wait up to BUDGET_S, collect
   python -m bench.gpu.known_target device wait BUDGET_S
-      wait until the sequence is done (or BUDGET_S), print its tail and results so far, collect
-The sequence prints first a device-time estimate (``budget estimate:``, from the 2026-12-01 H200 walls:
-``PRIOR``) and the ``--n`` that fits ``--device-budget-s`` (fewer prompts: ``--n``). Then, each step's
-results written as it ends: 0. with ``--warmup``, a short start of SGLang's defaults (``--which warmup``,
-a handful of prompts), counted nowhere, so the first measured run does not pay the fresh machine's cold
-caches (its start split: baseline-warmup.json ``server_log.startup_phases``); 1. the runs of ``--order``
-(default ``default,regen,seed``: regen not first; ``--sweep-first``: regen's prepare and sweep before them
-all, its server the machine's first, in place of ``--warmup``; its run later ``--after-sweep``): ``regen`` is
-known_target/run.py ``--sweep``
-(``snakemake --until shard tune``, ``regen tune --sweep --candidates 1 --no-mtp --no-given --seconds 100
---pilot-samples 300``, then the whole workflow; ``--no-sweep``: the workflow alone), any other name a
-known_target/baselines.py ``--which`` (``default``: SGLang's defaults, concurrency 48; ``seed``: the
-original run's hand-tuned flags, MTP on, concurrency 64); 2. known_target/run.py ``--measure-only`` with
-the baselines' wall times: the ``target:`` line (``projection_error`` the sweep's, ``fixed_s``,
-``drain_token_share``, ``sweep_s``); 3. where_time_went.py ``--work``: every run's time split
-(where_time_went.md); then ``campaign: done``.
-Collect to $OUT (8 files, flat): kt.log, designed.json, known_target_measured.{json,md},
-baseline-{default,seed}.json, where_time_went.md, kt-logs.tgz (Snakemake's logs, the sweep's log and
-pilot.json, config, re-audit summary, READY, the run's logs/ with its server log, the baselines' and the
-warm-up's server logs, the sweep candidates' logs, baseline-warmup.json, the sampling-kernel prewarm log).
-Payload staging is live.sh's (``bash bench/gpu/live.sh stage`` per part; README: "Known-answer target").
-DRY=1 rehearses the same sequence here against regen's simulated server in chain mode (tiny model):
-
-  DRY=1 KT_TMP=/tmp/race-kt OUT=/tmp/race-kt/out PY=$PWD/.venv/bin/python .venv/bin/python \
-    -m bench.gpu.known_target device start 600 --warmup --n 200 --max-tokens 512 --sim-token-rate 300
-  (then ``... wait 600`` until ``campaign: done``)
-
-On the GPU (after the staging calls of the README), one device call, then ``wait`` calls:
-
-  python3 -m bench.gpu.known_target device start 560 --build-args "--reasoning-stages 20 --reasoning-round
-    0.8 --max-tokens 2048" --warmup --order default,regen,seed --n 1000 --max-tokens 2048   (carry .gpu/p04)
-  python3 -m bench.gpu.known_target device wait 580                                  (as often as needed)
+      wait until the sequence is done (or BUDGET_S), print its tail and key lines, collect
+The sequence (:func:`sequence`, its flags :func:`sequence_args`): a device-time estimate (:data:`PRIOR`),
+an optional warm-up server, the runs of ``--order`` (``regen``: the run step with its sweep; any other
+name the baselines step's ``--which``), the ``target:`` line, where_time_went over every run, then
+``campaign: done``. Collect: at most 8 flat files to $OUT (:func:`collect`). DRY=1 rehearses it on the
+CPU against regen's simulated server in chain mode. Commands, payload staging and measured budgets:
+bench/gpu/README.md, "Known-answer target".
 """
 
 from __future__ import annotations
