@@ -67,14 +67,15 @@ def add_campaign_args(
     parser.add_argument("--work", type=Path, default=work, help="scratch folder (servers, logs, model)")
 
 
-def fmt(value: Any, nd: int = 1, missing: str = "none", thousands: bool = False) -> str:
-    """A float with ``nd`` decimals, anything else as ``str``; ``missing`` for None or NaN; with
-    ``thousands`` (a page's tables), numbers grouped by commas."""
+def fmt(value: Any, nd: int | str = 1, missing: str = "none", thousands: bool = False) -> str:
+    """A float with ``nd`` decimals (a str ``nd`` is a format spec: ``"g"``, ``".4g"``), anything else as
+    ``str``; ``missing`` for None or NaN; with ``thousands`` (a page's tables), numbers grouped by commas.
+    Every bench's numbers go through it (a last line: ``missing="na"``)."""
     if value is None or (isinstance(value, float) and value != value):
         return missing
     sep = "," if thousands else ""
     if isinstance(value, float):
-        return f"{value:{sep}.{nd}f}"
+        return f"{value:{sep}{nd if isinstance(nd, str) else f'.{nd}f'}}"
     return f"{value:{sep}}" if isinstance(value, int) and thousands else str(value)
 
 

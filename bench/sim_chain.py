@@ -1,4 +1,4 @@
-"""The simulated server in chain mode: a known-answer target's chain (``bench/gpu/known_target.py``) sampled
+"""The simulated server in chain mode: a known-answer target's chain (``bench.gpu.known_target``) sampled
 as SGLang samples that model, for the known-target benches' CPU rehearsal.
 
 Plugged into ``regen.simulated`` through its server hook: ``$REGEN_SIM_SERVER=bench.sim_chain:chain_server``
@@ -30,7 +30,7 @@ CHAIN_HOOK = "bench.sim_chain:chain_server"
 
 
 class ChainModel:
-    """A known-answer target's chain (``chain.json`` of ``bench/gpu/known_target.py``): each token's
+    """A known-answer target's chain (``chain.json`` of ``bench/gpu/known_target/model.py``): each token's
     successors and their logits. Sampled as SGLang 0.5.17 samples: logits / temperature, softmax over the
     vocabulary (every other id at ``other_logit``), then top-k and top-p ("joint": kept when among the k
     largest and the mass strictly above is below top_p), renormalized; temperature 0 is greedy."""

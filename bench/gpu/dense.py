@@ -75,8 +75,7 @@ from bench.gpu.planner_truth import (
     wait_gpu_free,
     write_json,
 )
-from bench.harness import add_campaign_args, publish
-from bench.harness import fmt as harness_fmt
+from bench.harness import add_campaign_args, fmt, publish
 from regen.ingest.audit_summary import Log2Histogram
 
 PROMPT_TOKENS = 300
@@ -435,7 +434,7 @@ async def run_server(
             print(
                 f"    {name} in_flight={n}: {window.client_tps:,.0f} tok/s (log median "
                 f"{window.log_median_tps}), {window.completed} done, {window.errors} errors; warm-up "
-                f"{window.warmup_s:.0f} s (lifetime {fmt(window.lifetime_s)} s)",
+                f"{window.warmup_s:.0f} s (lifetime {fmt(window.lifetime_s, 0, 'na')} s)",
                 flush=True,
             )
     except RuntimeError as exc:
@@ -634,11 +633,6 @@ def vs_best_default(regen_tps: float | None, default: dict[str, Any]) -> float |
     return regen_tps / best if regen_tps and best else None
 
 
-def fmt(value: Any, nd: int = 0) -> str:
-    """A last-line value: ``nd`` decimals, ``na`` when missing (``bench.harness.fmt``)."""
-    return harness_fmt(value, nd, missing="na")
-
-
 #: the last line's fields after the issue's seven (the server's own rates; the fp8-KV and page arms apart)
 EXTRA_FIELDS = (
     "regen_log_tps",
@@ -654,13 +648,13 @@ EXTRA_FIELDS = (
 
 def final_line(row: dict[str, Any]) -> str:
     return (
-        f"dense: model={row['model']} regen_tps={fmt(row['regen_tps'])} default256_tps="
-        f"{fmt(row['default256_tps'])} default512_tps={fmt(row['default512_tps'])} "
-        f"vs_default={fmt(row['vs_default'], 3)} "
-        f"best_default_in_flight={fmt(row.get('best_default_in_flight'))} "
-        f"steady_windows={row.get('steady_windows', 'na')} predicted_kv={fmt(row['predicted_kv'])} "
-        f"realized_kv={fmt(row['realized_kv'])} "
-        + " ".join(f"{key}={fmt(row.get(key))}" for key in EXTRA_FIELDS)
+        f"dense: model={row['model']} regen_tps={fmt(row['regen_tps'], 0, 'na')} default256_tps="
+        f"{fmt(row['default256_tps'], 0, 'na')} default512_tps={fmt(row['default512_tps'], 0, 'na')} "
+        f"vs_default={fmt(row['vs_default'], 3, 'na')} "
+        f"best_default_in_flight={fmt(row.get('best_default_in_flight'), 0, 'na')} "
+        f"steady_windows={row.get('steady_windows', 'na')} predicted_kv={fmt(row['predicted_kv'], 0, 'na')} "
+        f"realized_kv={fmt(row['realized_kv'], 0, 'na')} "
+        + " ".join(f"{key}={fmt(row.get(key), 0, 'na')}" for key in EXTRA_FIELDS)
     )
 
 
@@ -689,10 +683,11 @@ def markdown(doc: dict[str, Any]) -> str:
             for w in r.get("windows", []) or [{}]:
                 lines.append(
                     f"| {row['model']} | {which} | `{' '.join(r.get('flags') or []) or '(defaults)'}` | "
-                    f"{w.get('in_flight', '—')} | {fmt(w.get('warmup_s'))} | {fmt(w.get('lifetime_s'))} | "
-                    f"{fmt(w.get('seconds'))} | {fmt(w.get('client_tps'))} | "
-                    f"{fmt(w.get('log_median_tps'))} | "
-                    f"{fmt(w.get('log_median_running'))} | {fmt(r.get('realized_kv'))} |"
+                    f"{w.get('in_flight', '—')} | {fmt(w.get('warmup_s'), 0, 'na')} | "
+                    f"{fmt(w.get('lifetime_s'), 0, 'na')} | "
+                    f"{fmt(w.get('seconds'), 0, 'na')} | {fmt(w.get('client_tps'), 0, 'na')} | "
+                    f"{fmt(w.get('log_median_tps'), 0, 'na')} | "
+                    f"{fmt(w.get('log_median_running'), 0, 'na')} | {fmt(r.get('realized_kv'), 0, 'na')} |"
                 )
             if r.get("error"):
                 lines.append(f"| {row['model']} | {which} | error: {r['error'][:200]} | | | | | | | | |")

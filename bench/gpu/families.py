@@ -30,7 +30,7 @@ from typing import Any
 from bench.gpu import dense, serverlog
 from bench.gpu.hold import retractions
 from bench.gpu.planner_truth import host_name
-from bench.harness import add_campaign_args, publish, write_json
+from bench.harness import add_campaign_args, fmt, publish, write_json
 
 MODELS = ("gpt-oss-20b", "qwen3-32b-fp8", "mixtral-8x7b", "nemotron-3-nano-30b-a3b")
 #: flags both arms of a model run with. Nemotron-H: SGLang 0.5.17 picks the ``flashinfer_cutlass`` MoE runner
@@ -84,14 +84,13 @@ class Verdict:
         return self.bar == "bound" or r >= TARGET_RATIO
 
     def line(self) -> str:
-        def f(x: Any, nd: int = 0) -> str:
-            return dense.fmt(x, nd)
-
         return (
-            f"families: model={self.model} regen_tps={f(self.regen_tps)} default_tps={f(self.default_tps)} "
-            f"ratio={f(self.ratio, 3)} regen_running={f(self.regen_running)} "
-            f"default_running={f(self.default_running)} kv_bound_running={f(self.kv_bound_running)} "
-            f"bound_ratio={f(self.bound_ratio, 3)} "
+            f"families: model={self.model} regen_tps={fmt(self.regen_tps, 0, 'na')} "
+            f"default_tps={fmt(self.default_tps, 0, 'na')} "
+            f"ratio={fmt(self.ratio, 3, 'na')} regen_running={fmt(self.regen_running, 0, 'na')} "
+            f"default_running={fmt(self.default_running, 0, 'na')} "
+            f"kv_bound_running={fmt(self.kv_bound_running, 0, 'na')} "
+            f"bound_ratio={fmt(self.bound_ratio, 3, 'na')} "
             f"bar={self.bar} kv_flat={int(self.kv_flat)} steady_windows={self.steady_windows} "
             f"retracted={self.retracted} pass={int(self.passed)}"
         )

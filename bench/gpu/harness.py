@@ -117,6 +117,18 @@ class Timer:
         return time.monotonic() - self.start
 
 
+def count_output_tokens(records_path: Path) -> tuple[int, int, dict[str, int]]:
+    """(records, completion tokens, finish reasons) of a generation records file (zeros when absent)."""
+    n = tokens = 0
+    reasons: dict[str, int] = {}
+    lines = records_path.read_text().splitlines() if records_path.exists() else []
+    for rec in (json.loads(line) for line in lines if line.strip()):
+        n += 1
+        tokens += int((rec.get("usage") or {}).get("completion_tokens") or 0)
+        reasons[str(rec.get("finish_reason"))] = reasons.get(str(rec.get("finish_reason")), 0) + 1
+    return n, tokens, reasons
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 

@@ -92,7 +92,6 @@ def decode_gemms(gemms: list[tuple[str, int, int, int]], batch: int, reps: int =
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--decode-gemms":  # --decode-gemms CONFIG_JSON BATCH
-        sys.path.insert(0, __file__.rsplit("/", 1)[0])
         from bench.gpu.roofline import HybridShape
 
         with open(sys.argv[2]) as fh:

@@ -3,7 +3,7 @@
 # workflow on SGLang 0.5.17, prepare, capture x3, SpecForge train x2, EAGLE3 served x2 + the ceiling, the
 # report), detached in its own session under $LOOP_TMP (/tmp/loop), so it outlives the call that starts it.
 #   loop.sh start SECONDS   stage this call's payload part, build /tmp/site (+ /tmp/snk, the deep_gemm stand-in,
-#                           flashinfer's sampling prewarm: known_target_device.setup), unzip the loop's wheels
+#                           flashinfer's sampling prewarm: known_target.device.setup), unzip the loop's wheels
 #                           (.gpu/loopwheels/*.whl -> /tmp/loopwheels), copy the tree to $LOOP_TMP/repo, start
 #                           the sequence, wait up to SECONDS, collect
 #   loop.sh wait SECONDS    wait up to SECONDS for "loop-bench: done", collect
@@ -61,7 +61,7 @@ collect() {
 }
 if [ "$mode" = start ]; then
   if [ "${DRY:-0}" != 1 ]; then
-    $PY -c 'from bench.gpu.known_target_device import setup; setup()' || exit 1  # stage.sh + setup.sh + snk
+    $PY -c 'from bench.gpu.known_target.device import setup; setup()' || exit 1  # stage.sh + setup.sh + snk
     if [ -d .gpu/loopwheels ] && [ ! -f /tmp/loopwheels/.ok ]; then
       mkdir -p /tmp/loopwheels
       for w in .gpu/loopwheels/*.whl; do $PY -m zipfile -e "$w" /tmp/loopwheels || exit 1; done
@@ -71,7 +71,7 @@ if [ "$mode" = start ]; then
   rm -rf "$T/repo" "$T/results" && mkdir -p "$T/repo" "$T/results"
   tar --exclude=./.gpu --exclude=./.venv --exclude=./.git --exclude=./.snk -cf - . | tar -xf - -C "$T/repo"
   cd "$T/repo" || exit 1  # imports from the copy, not from the tree the call runs in
-  $PY -c 'import aiohttp, orjson, zstandard, jsonschema, yaml, regen.cli, bench.loop.sequence, bench.gpu.known_target_run' || exit 1
+  $PY -c 'import aiohttp, orjson, zstandard, jsonschema, yaml, regen.cli, bench.loop.sequence, bench.gpu.known_target.run' || exit 1
   if [ "${DRY:-0}" != 1 ]; then
     $PY -c 'import sglang, transformers, snakemake; print("sglang", sglang.__version__, "transformers", transformers.__version__)' || exit 1
     $LOOP_PY -c 'import torch, specforge, datasets, safetensors; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' || exit 1

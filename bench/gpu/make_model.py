@@ -9,7 +9,7 @@ import sys
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from bench.gpu.known_target import Shape, config_json
+from bench.gpu.known_target.model import Shape, config_json
 
 out, nl = sys.argv[1], int(sys.argv[2])
 os.makedirs(out, exist_ok=True)

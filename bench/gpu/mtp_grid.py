@@ -12,7 +12,7 @@ Configurations, in priority order (a run cut short keeps what it measured; resul
 every level):
 1. ``off``: regen's recommendation for this workload (``regen.sglang.plan.recommend``, fp32 state, no
    MTP), shared by every acceptance (acceptance does not exist without MTP);
-2. ``seed`` at acceptance 2.9: the original run's flags (``known_target_baselines.SEED_FLAGS``: NEXTN 3
+2. ``seed`` at acceptance 2.9: the original run's flags (``known_target.baselines.SEED_FLAGS``: NEXTN 3
    steps topk 1, 200 state slots, memory fraction 0.93, mamba ratio 0.6, max running 64);
 3. ``mtp3``, ``mtp2``, ``mtp1`` at 2.9: regen's MTP candidates (``regen.sglang.plan.mtp_candidates``: the
    running cap and pools re-solved for the verify buffers, draft weights and draft KV);
@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu.harness import (
+    SGLANG_VERSION,
     TEMPLATE_TOKENS,
     bench_server_cfg,
     gpu_memory_mib,
@@ -72,11 +73,10 @@ from bench.gpu.harness import (
     wait_gpu_free,
     word_prompts,
 )
-from bench.gpu.known_target_baselines import SEED_FLAGS
+from bench.gpu.known_target.baselines import SEED_FLAGS
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
-from bench.harness import write_json
+from bench.harness import fmt, write_json
 
-SGLANG_VERSION = "0.5.17"
 BASE_ARGS = ["--load-format", "dummy"]
 LEVELS = (16, 32, 64, 128, 256)
 SPEC_ENV = {
@@ -304,16 +304,12 @@ def realized_of(cfg: Config, log_text: str, info: dict[str, Any]) -> dict[str, A
     from regen.sglang.realized import compare, parse_startup_log, realized_from_server_info
 
     realized = realized_from_server_info(dict(info), parse_startup_log(log_text))
-    keep = {k: v for k, v in vars_of(realized).items() if v is not None}
+    keep = {k: v for k, v in dataclasses.asdict(realized).items() if v is not None}
     return {
         "realized": keep,
         "drift_over_1pct": [str(d) for d in compare(cfg.plan, realized, tolerance=0.01)],
         "startup_facts": startup_facts(log_text),
     }
-
-
-def vars_of(obj: Any) -> dict[str, Any]:
-    return dataclasses.asdict(obj)
 
 
 def predicted_of(p: Any) -> dict[str, Any]:
@@ -495,12 +491,6 @@ def crossover(off: list[dict[str, Any]], on: list[dict[str, Any]]) -> dict[str, 
     return {"mtp_over_off_by_concurrency": ratios, "mtp_loses_from": loses}
 
 
-def fmt(v: Any) -> str:
-    if v is None:
-        return "na"
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
 def final_lines(summary: list[dict[str, Any]]) -> list[str]:
     keys = (
         "best_off_tps",
@@ -513,7 +503,8 @@ def final_lines(summary: list[dict[str, Any]]) -> list[str]:
         "realized_cap",
     )
     return [
-        f"mtp: acceptance={s['acceptance']:g} " + " ".join(f"{k}={fmt(s[k])}" for k in keys) for s in summary
+        f"mtp: acceptance={s['acceptance']:g} " + " ".join(f"{k}={fmt(s[k], 'g', 'na')}" for k in keys)
+        for s in summary
     ]
 
 
@@ -533,29 +524,34 @@ def markdown(doc: dict[str, Any]) -> str:
     ]
     for r in doc["servers"]:
         head = (
-            f"| {r['name']} | {fmt(r.get('acceptance'))} | {r['steps']} | {fmt(r.get('sim_accept_len'))} | "
-            f"{r['predicted']['cap']} / {fmt(r.get('realized_cap'))} |"
+            f"| {r['name']} | {fmt(r.get('acceptance'), 'g', 'na')} | {r['steps']} | "
+            f"{fmt(r.get('sim_accept_len'), 'g', 'na')} | "
+            f"{r['predicted']['cap']} / {fmt(r.get('realized_cap'), 'g', 'na')} |"
         )
         if r.get("error") or not r.get("levels"):
             lines.append(f"{head} - | - | {r.get('error', 'not measured')} | | |")
         for lv in r.get("levels") or []:
             lines.append(
-                f"{head} {lv['concurrency']} | {fmt(lv.get('running'))} | {fmt(lv.get('decode_tps'))} | "
-                f"{fmt(lv.get('accept_len'))} | {lv['client']['client_tok_s']} |"
+                f"{head} {lv['concurrency']} | {fmt(lv.get('running'), 'g', 'na')} | "
+                f"{fmt(lv.get('decode_tps'), 'g', 'na')} | "
+                f"{fmt(lv.get('accept_len'), 'g', 'na')} | {lv['client']['client_tok_s']} |"
             )
     lines += ["", "## Decision per acceptance", ""]
     for s in doc["summary"]:
         lines.append(
-            f"- acceptance {s['acceptance']:g}: choice {s['choice']} {fmt(s['choice_tps'])} tok/s, "
-            f"grid best off {fmt(s['best_off_tps'])} ({s['best_off_at']}), on {fmt(s['best_on_tps'])} "
-            f"({s['best_on_at']}); vs best {fmt(s['choice_vs_best'])}, vs seed {fmt(s['vs_seed'])}; "
+            f"- acceptance {s['acceptance']:g}: choice {s['choice']} {fmt(s['choice_tps'], 'g', 'na')} "
+            "tok/s, "
+            f"grid best off {fmt(s['best_off_tps'], 'g', 'na')} ({s['best_off_at']}), on "
+            f"{fmt(s['best_on_tps'], 'g', 'na')} "
+            f"({s['best_on_at']}); vs best {fmt(s['choice_vs_best'], 'g', 'na')}, vs seed "
+            f"{fmt(s['vs_seed'], 'g', 'na')}; "
             f"crossover {s['crossover']}"
         )
     lines += ["", "## Planner vs realized", ""]
     for r in doc["servers"]:
         pvr = r.get("plan_vs_realized") or {}
         lines.append(
-            f"- {r['name']}@{fmt(r.get('acceptance'))}: predicted {r['predicted']}; realized "
+            f"- {r['name']}@{fmt(r.get('acceptance'), 'g', 'na')}: predicted {r['predicted']}; realized "
             f"{pvr.get('realized')}; drift > 1%: {pvr.get('drift_over_1pct')}"
         )
     lines += ["", *final_lines(doc["summary"]), ""]
@@ -683,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": {
             "prompt_tokens": a.prompt_tokens,
             "answer_tokens": a.answer_tokens,
-            "planner_workload": vars_of(wl),
+            "planner_workload": dataclasses.asdict(wl),
         },
         "plan": [
             {

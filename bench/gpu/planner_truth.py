@@ -41,14 +41,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.gpu import harness
-from bench.harness import add_campaign_args, publish, write_json
-from bench.harness import fmt as harness_fmt
+from bench.gpu import harness, serverlog
+from bench.harness import add_campaign_args, fmt, publish, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "resources" / "models"
 GPU_MEMORY_MIB = 143771  # the H200's total as nvidia-smi reports it (issue 33)
-SGLANG_VERSION = "0.5.17"
 #: the workload regen plans for in issue 33 (prompt p50/p99, answer budget)
 WORKLOAD_ARGS = ("--prompt-p50", "300", "--prompt-p99", "2000", "--max-tokens", "8192")
 #: the line after which SGLang's pools are sized and allocated (kv_cache_configurator.py)
@@ -113,17 +111,6 @@ TARGETS: tuple[Target, ...] = (
 _KV = re.compile(
     r"(?:(?P<label>Full|SWA) )?KV Cache is allocated\. dtype: (?P<dtype>\S+), #tokens: (?P<tokens>\d+)"
 )
-_FACTS: dict[str, tuple[re.Pattern[str], type]] = {
-    "weights_gib": (re.compile(r"Load weight end\..*?mem usage=([0-9.]+) GB"), float),
-    "swa_pool_full_tokens": (re.compile(r"Use sliding window memory pool\. full_layer_tokens=(\d+)"), int),
-    "swa_pool_swa_tokens": (re.compile(r"Use sliding window memory pool.*?swa_layer_tokens=(\d+)"), int),
-    "mamba_cache_size": (re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)"), int),
-    "capped_running": (re.compile(r"max_running_requests is capped to (\d+) by the mamba state"), int),
-    "max_total_num_tokens": (re.compile(r"max_total_num_tokens=(\d+)"), int),
-    "max_running_requests": (re.compile(r"max_total_num_tokens=\d+.*?max_running_requests=(\d+)"), int),
-    "pool_end_avail_gib": (re.compile(r"Memory pool end\. avail mem=([0-9.]+) GB"), float),
-    "mem_fraction_static": (re.compile(r"mem_fraction_static=([0-9.]+)"), float),
-}
 _ERROR = re.compile(r"^.*\w(?:Error|Exception): .*$", re.M)  # a raised exception's message line
 #: a failed import that ends the start (SGLang also logs imports it ignores: "Ignore import error when
 #: loading sglang.srt.models.inkling: No module named 'helion'", which must not count)
@@ -155,11 +142,7 @@ class Startup:
 
 def read_startup(text: str) -> Startup:
     """SGLang 0.5.17's startup memory lines from a log (see the module doc for where each is printed)."""
-    facts: dict[str, Any] = {}
-    for key, (pattern, kind) in _FACTS.items():
-        found = pattern.search(text)
-        if found:
-            facts[key] = kind(found[1])
+    facts = serverlog.startup_facts(text, first=True)
     kv: dict[str | None, tuple[int, str]] = {}
     for m in _KV.finditer(text):
         kv.setdefault(m["label"], (int(m["tokens"]), m["dtype"]))
@@ -170,7 +153,7 @@ def read_startup(text: str) -> Startup:
     errors = _ERROR.findall(text)
     missing = _MISSING_PACKAGE.findall(text)
     return Startup(
-        weights_gib=facts.get("weights_gib"),
+        weights_gib=facts.get("weight_mem_gb"),
         kv_tokens=kv_tokens,
         swa_tokens=swa_tokens,
         kv_dtype=full[1] if full else None,
@@ -237,7 +220,7 @@ def regen_tune(
         "tune",
         "--json",
         "--sglang-version",
-        SGLANG_VERSION,
+        harness.SGLANG_VERSION,
         "--gpu-memory-mib",
         str(gpu_mib),
         "--model-config",
@@ -316,7 +299,7 @@ def simulated_argv(
         "--log-file",
         str(log),
         "--version",
-        SGLANG_VERSION,
+        harness.SGLANG_VERSION,
         "--max-running-requests",
         str(max_running),
         "--token-rate",
@@ -603,15 +586,10 @@ def final_line(s: dict[str, Any]) -> str:
     )
 
 
-def fmt(value: Any, nd: int = 0) -> str:
-    """A page's number (``bench.harness.fmt``): grouped by commas, ``—`` when missing."""
-    return harness_fmt(value, nd, "—", thousands=True)
-
-
 def markdown(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     lines = [
-        f"# regen's planner against SGLang {SGLANG_VERSION} ({doc['date']})",
+        f"# regen's planner against SGLang {harness.SGLANG_VERSION} ({doc['date']})",
         "",
         (
             "**DRY RUN on CPU against regen's simulated server (fed regen's own plan): not a measurement.**\n"
@@ -619,7 +597,8 @@ def markdown(doc: dict[str, Any]) -> str:
             else ""
         ),
         f"Host: {doc['host']}. One SGLang start per model (`--load-format dummy --skip-tokenizer-init`), "
-        f"killed once its pools were allocated; regen: `regen tune --json --sglang-version {SGLANG_VERSION} "
+        "killed once its pools were allocated; regen: `regen tune --json --sglang-version "
+        f"{harness.SGLANG_VERSION} "
         f"--gpu-memory-mib {doc['gpu_memory_mib']} {' '.join(WORKLOAD_ARGS)} --model-config DIR -- FLAGS`. "
         "Errors are (regen − SGLang) / SGLang; targets: KV within 1%, weights within 2%.",
         "",
@@ -630,9 +609,13 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in doc["rows"]:
         sg, rg = r["sglang"], r["regen"]
         lines.append(
-            f"| {r['name']} | `{' '.join(r['flags']) or '(defaults)'}` | {fmt(sg['weights_gib'], 2)} | "
-            f"{fmt(rg['weights_gib'], 2)} | {fmt(sg['kv_tokens'])} | {fmt(rg['kv_cache_tokens'], 0)} | "
-            f"{pct(r.get('kv_error'))} | {fmt(sg['swa_tokens'])} | {fmt(rg['swa_tokens'], 0)} | "
+            f"| {r['name']} | `{' '.join(r['flags']) or '(defaults)'}` | "
+            f"{fmt(sg['weights_gib'], 2, '—', thousands=True)} | "
+            f"{fmt(rg['weights_gib'], 2, '—', thousands=True)} | "
+            f"{fmt(sg['kv_tokens'], 0, '—', thousands=True)} | "
+            f"{fmt(rg['kv_cache_tokens'], 0, '—', thousands=True)} | "
+            f"{pct(r.get('kv_error'))} | {fmt(sg['swa_tokens'], 0, '—', thousands=True)} | "
+            f"{fmt(rg['swa_tokens'], 0, '—', thousands=True)} | "
             f"{pct(r.get('weights_error'))} | {r['verdict']} |"
         )
     lines += ["", "Failures (SGLang's last error line, regen's message):", ""]
@@ -705,7 +688,7 @@ def main(
         "dry_cpu": a.dry_cpu,
         "host": host_name(a.dry_cpu),
         "gpu_memory_mib": GPU_MEMORY_MIB,
-        "sglang_version": SGLANG_VERSION,
+        "sglang_version": harness.SGLANG_VERSION,
         "rows": [],
         "skipped": [],
     }

@@ -48,7 +48,7 @@ import aiohttp
 
 from bench.gpu import serverlog
 from bench.gpu.dense import Workload, wait_ready
-from bench.gpu.harness import Timer, bench_server_cfg, generate_dict, gpu_memory_mib, log
+from bench.gpu.harness import Timer, bench_server_cfg, count_output_tokens, generate_dict, gpu_memory_mib, log
 from bench.gpu.planner_truth import (
     MODELS,
     Server,
@@ -397,7 +397,7 @@ def regen_client(s: Settings, ep: Any, out: Path, in_flight: int | None) -> Fini
             )
         )
     generation_s = round(t(), 2)
-    tokens, answers = records_tokens(out / "records.jsonl")
+    answers, tokens, _ = count_output_tokens(out / "records.jsonl")
     return Finished(generation_s, tokens, answers, int(getattr(stats, "failed", 0)), None)
 
 
@@ -421,17 +421,6 @@ def audit_summary(race: RaceWork) -> dict[str, Any]:
     from bench.gpu.dense import audit_summary as dense_summary
 
     return dense_summary(race.lengths)
-
-
-def records_tokens(path: Path) -> tuple[int, int]:
-    tokens = answers = 0
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                tokens += int((rec.get("usage") or {}).get("completion_tokens") or 0)
-                answers += 1
-    return tokens, answers
 
 
 # ------------------------------------------------------------------------------------ the race

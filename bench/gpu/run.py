@@ -37,6 +37,7 @@ from bench.gpu.harness import (
     TEMPLATE_TOKENS,
     Timer,
     bench_server_cfg,
+    count_output_tokens,
     generate_dict,
     gpu_memory_mib,
     log,
@@ -47,8 +48,7 @@ from bench.gpu.harness import (
 )
 from bench.gpu.roofline import HybridShape, decode_step_cost
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
-from bench.harness import add_campaign_args, add_smoke, parse_args, publish, write_json
-from bench.harness import fmt as harness_fmt
+from bench.harness import add_campaign_args, add_smoke, fmt, parse_args, publish, write_json
 from bench.workflow import free_port_base
 from regen import runconfig
 from regen.simulated.options import OPTIONS_ENV
@@ -120,22 +120,6 @@ def server_cfg_for(cfg: ServerConfig, model_dir: Path, dry: bool, port_base: int
         port_base=port_base,
         simulated=simulated,
     )
-
-
-def count_output_tokens(records_path: Path) -> tuple[int, int, dict[str, int]]:
-    """(records, completion tokens, finish reasons) of a records file."""
-    n = tokens = 0
-    reasons: dict[str, int] = {}
-    with open(records_path) as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            n += 1
-            tokens += int((rec.get("usage") or {}).get("completion_tokens") or 0)
-            fr = str(rec.get("finish_reason"))
-            reasons[fr] = reasons.get(fr, 0) + 1
-    return n, tokens, reasons
 
 
 def run_config(
@@ -461,11 +445,6 @@ def roofline_for(r: dict[str, Any], shape: HybridShape, hw: dict[str, Any]) -> d
     }
 
 
-def fmt(v: Any, nd: int = 0) -> str:
-    """A page's number (``bench.harness.fmt``): grouped by commas, ``–`` when missing."""
-    return harness_fmt(v, nd, "–", thousands=True)
-
-
 def markdown(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     hw = doc["hardware"]
@@ -476,7 +455,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"# regen on real SGLang — {doc['date']}",
         "",
-        f"SGLang {doc['sglang_version']} on {hw.get('gpu', '?')} ({fmt(hw.get('gpu_memory_mib'))} MiB), "
+        f"SGLang {doc['sglang_version']} on {hw.get('gpu', '?')} "
+        f"({fmt(hw.get('gpu_memory_mib'), 0, '–', thousands=True)} MiB), "
         f"dummy Qwen3.6-27B-shaped model ({doc['model']['layers']} layers, `--load-format dummy`, "
         f"bf16 weights). {dry_note}",
         f"Workload: {w['requests']} requests × {w['prompt_tokens']} prompt tokens → {w['output_tokens']} "
@@ -504,14 +484,18 @@ def markdown(doc: dict[str, Any]) -> str:
         cl = r.get("client") or {}
 
         def pr(k: str, c: dict[str, Any] = c) -> str:
-            return f"{fmt(c[k]['predicted'])} → {fmt(c[k]['realized'])}"
+            predicted, realized = (fmt(c[k][w], 0, "–", thousands=True) for w in ("predicted", "realized"))
+            return f"{predicted} → {realized}"
 
         lines.append(
-            f"| {r['name']} | `{' '.join(r['args']) or '(defaults)'}` | {fmt(r.get('ready_s'), 0)} "
+            f"| {r['name']} | `{' '.join(r['args']) or '(defaults)'}` | "
+            f"{fmt(r.get('ready_s'), 0, '–', thousands=True)} "
             f"| {pr('cap')} "
-            f"| {fmt(d.get('plateau_running'))} | {pr('mamba_slots')} | {pr('kv_tokens')} "
-            f"| {fmt(d.get('cuda_graph_fraction'), 2)} | {fmt(d.get('median_decode_tps'))} "
-            f"| {fmt(cl.get('output_tps'))} |"
+            f"| {fmt(d.get('plateau_running'), 0, '–', thousands=True)} | {pr('mamba_slots')} | "
+            f"{pr('kv_tokens')} "
+            f"| {fmt(d.get('cuda_graph_fraction'), 2, '–', thousands=True)} | "
+            f"{fmt(d.get('median_decode_tps'), 0, '–', thousands=True)} "
+            f"| {fmt(cl.get('output_tps'), 0, '–', thousands=True)} |"
         )
     lines += ["", "## Summary", ""]
     for k, v in s.items():
@@ -524,8 +508,10 @@ def markdown(doc: dict[str, Any]) -> str:
             f"Roofline ({s.get('best')}, batch {st['batch']}, mean context {st['mean_context']}): "
             f"per step weights {st['weight_gb']} GB + state r/w {st['state_rw_gb']} GB + KV {st['kv_gb']} GB "
             f"= {st['total_gb']} GB; GEMMs {st['gemm_tflop']} TFLOP. Bandwidth bound "
-            f"{fmt(rf['bandwidth_bound_tps'])} tok/s ({rf['fraction_of_bandwidth_bound']:.0%} achieved); "
-            f"GEMMs at peak + state/KV at measured bandwidth {fmt(rf['gemm_peak_bound_tps'])} tok/s "
+            f"{fmt(rf['bandwidth_bound_tps'], 0, '–', thousands=True)} tok/s "
+            f"({rf['fraction_of_bandwidth_bound']:.0%} achieved); "
+            "GEMMs at peak + state/KV at measured bandwidth "
+            f"{fmt(rf['gemm_peak_bound_tps'], 0, '–', thousands=True)} tok/s "
             f"({rf['fraction_of_gemm_peak_bound']:.0%} achieved).",
         ]
     lines += ["", f"`{doc['final_line']}`", ""]
@@ -570,8 +556,9 @@ def final_line(doc: dict[str, Any]) -> str:
     regen = pick(doc["configs"], "regen") or {}
     c = prediction_checks(regen) if regen else {"cap": {}}
     return (
-        f"gpu: default_tps={fmt(s.get('default_decode_tps'))} regen_tps={fmt(s.get('regen_decode_tps'))} "
-        f"ratio={s.get('ratio_fp32')} bf16_tps={fmt(s.get('regen_bf16_decode_tps'))} "
+        f"gpu: default_tps={fmt(s.get('default_decode_tps'), 0, '–', thousands=True)} "
+        f"regen_tps={fmt(s.get('regen_decode_tps'), 0, '–', thousands=True)} "
+        f"ratio={s.get('ratio_fp32')} bf16_tps={fmt(s.get('regen_bf16_decode_tps'), 0, '–', thousands=True)} "
         f"bf16_ratio={s.get('ratio_bf16')} predicted_cap={c['cap'].get('predicted')} "
         f"realized_cap={c['cap'].get('realized')}"
     ).replace(",", "")

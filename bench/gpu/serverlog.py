@@ -39,6 +39,9 @@ _FACTS: dict[str, tuple[re.Pattern[str], type]] = {
         float,
     ),
     "mem_fraction_static": (re.compile(r"mem_fraction_static=([0-9.]+)"), float),
+    "swa_pool_full_tokens": (re.compile(r"Use sliding window memory pool\. full_layer_tokens=(\d+)"), int),
+    "swa_pool_swa_tokens": (re.compile(r"Use sliding window memory pool.*?swa_layer_tokens=(\d+)"), int),
+    "pool_end_avail_gib": (re.compile(r"Memory pool end\. avail mem=([0-9.]+) GB"), float),
     "decode_graph_max_bs": (
         re.compile(r"Capture target decode CUDA graph begin\..*?bs=\[[^\]]*?(\d+)\]"),
         int,
@@ -75,6 +78,21 @@ def decode_lines(text: str) -> list[DecodeLine]:
             )
         )
     return out
+
+
+def accept_lengths(text: str) -> dict[str, Any] | None:
+    """SGLang's ``accept len`` over the decode lines that print one (MTP, EAGLE): lines, mean, median,
+    running-weighted mean; None when no line has one."""
+    pts = [(d.running, d.accept_len) for d in decode_lines(text) if d.accept_len is not None]
+    if not pts:
+        return None
+    weight = sum(r for r, _ in pts)
+    return {
+        "lines": len(pts),
+        "mean": statistics.fmean(a for _, a in pts),
+        "median": statistics.median(a for _, a in pts),
+        "running_weighted_mean": sum(r * a for r, a in pts) / weight if weight else None,
+    }
 
 
 #: a decode line below this share of the full batch (the largest #running-req) decodes in the drain
@@ -191,13 +209,14 @@ def steady_state(lines: list[DecodeLine], tolerance: float = 0.02) -> SteadyStat
     )
 
 
-def startup_facts(text: str) -> dict[str, Any]:
-    """The memory map a server printed at startup (last occurrence of each line)."""
+def startup_facts(text: str, first: bool = False) -> dict[str, Any]:
+    """The memory map a server printed at startup (last occurrence of each line; ``first``: the first,
+    the target model's, before any draft model's)."""
     facts: dict[str, Any] = {}
     for key, (pattern, kind) in _FACTS.items():
         found = pattern.findall(text)
         if found:
-            facts[key] = kind(found[-1])
+            facts[key] = kind(found[0 if first else -1])
     return facts
 
 
@@ -240,17 +259,22 @@ def ready_at(text: str) -> float | None:
     return _stamp(found[1]) if found else None
 
 
+def supervisor_times(text: str) -> dict[str, float | None]:
+    """Epoch seconds (1 s resolution) of the supervisor's first launch line and first ready line."""
+    launch = _LAUNCH.search(text)
+    return {"start_mark": _stamp(launch[1]) if launch else None, "ready": ready_at(text)}
+
+
 def startup_phases(text: str) -> dict[str, Any]:
     """Seconds of each startup phase (``STARTUP_MARKS``, then "graphs and warm-up" to ready), from
     the supervisor's launch line to its ready line; a "begin" mark's first occurrence, any other
     mark's last, ends its phase (MTP loads two sets of weights). Also the elapsed seconds SGLang
     printed for the weights and the graph captures."""
-    launch = _LAUNCH.search(text)
-    lines = _stamped_lines(text)
-    ready = ready_at(text)
-    if launch is None or ready is None:
+    times = supervisor_times(text)
+    start, ready = times["start_mark"], times["ready"]
+    if start is None or ready is None:
         return {}
-    start = _stamp(launch[1])
+    lines = _stamped_lines(text)
     phases: dict[str, float] = {}
     previous = start
     for name, mark in STARTUP_MARKS:

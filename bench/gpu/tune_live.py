@@ -51,6 +51,7 @@ from bench.gpu.harness import (
     bench_server_cfg,
     generate_dict,
     gpu_memory_mib,
+    log,
     make_model,
     measure_hw,
     wait_gpu_free,
@@ -61,10 +62,6 @@ from bench.harness import add_campaign_args, fmt, publish, result_line, write_js
 from regen.types import Sample
 
 TEMPLATE_TOKENS = 5
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 # --------------------------------------------------------------------------------------- workload
@@ -230,17 +227,25 @@ def exact_ids_check(
         out_ids = choice.get("token_ids", choice.get("response_token_ids"))
         if out_ids is not None:
             completion_mismatch += completion_retokenizes_differently(tpl, out_ids)
-    n = len(samples)
     return {
-        "requests": n,
+        "requests": len(samples),
+        **ids_summary(len(samples), returned, equal, completion_mismatch, first_diff),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "how": "direct HTTP /v1/chat/completions with return_token_ids, rendered by regen.chat",
+    }
+
+
+def ids_summary(
+    n: int, returned: int, equal: int, mismatch: int, first: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The prompt-ids comparison's counts over ``n`` requests (``returned`` of them with ids)."""
+    return {
         "prompt_ids_returned": returned,
         "prompt_ids_equal": equal,
         "prompt_ids_equal_fraction": round(equal / n, 4) if n else None,
-        "completion_retokenize_mismatch": completion_mismatch,
-        "completion_retokenize_mismatch_rate": round(completion_mismatch / returned, 4) if returned else None,
-        "first_differences": first_diff,
-        "wall_s": round(time.monotonic() - t0, 1),
-        "how": "direct HTTP /v1/chat/completions with return_token_ids, rendered by regen.chat",
+        "completion_retokenize_mismatch": mismatch,
+        "completion_retokenize_mismatch_rate": round(mismatch / returned, 4) if returned else None,
+        "first_differences": first,
     }
 
 
@@ -270,12 +275,7 @@ def ids_in_records(records: Path, model_dir: Path, samples: dict[str, Sample]) -
             mismatch += completion_retokenizes_differently(tpl, out_ids)
     return {
         "records": n,
-        "prompt_ids_returned": returned,
-        "prompt_ids_equal": equal,
-        "prompt_ids_equal_fraction": round(equal / n, 4) if n else None,
-        "completion_retokenize_mismatch": mismatch,
-        "completion_retokenize_mismatch_rate": round(mismatch / returned, 4) if returned else None,
-        "first_differences": first,
+        **ids_summary(n, returned, equal, mismatch, first),
         "how": "regen.generate.client's journaled ids (return_token_ids) "
         "vs regen.chat's rendering of each record's prompt",
     }

@@ -107,7 +107,7 @@ def run_times(prefix: Path) -> dict[str, RunTime]:
 
 
 def regen_log(work: Path) -> str:
-    """regen's server log in a campaign's work dir (``known_target_device.py``'s layout)."""
+    """regen's server log in a campaign's work dir (``known_target/device.py``'s layout)."""
     logs = sorted((work / "run" / "logs" / "servers").rglob("gpu*.log"))
     return last_start(logs[0].read_text(errors="replace")) if logs else ""
 
@@ -275,7 +275,7 @@ def markdown(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prefix", type=Path, default=REPO / "measurements/known-target-2026-12-01")
-    ap.add_argument("--work", type=Path, help="a campaign's work dir instead (known_target_device.py's)")
+    ap.add_argument("--work", type=Path, help="a campaign's work dir instead (known_target/device.py's)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     if a.work:

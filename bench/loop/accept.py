@@ -4,7 +4,7 @@ prompts sampled as the data was made, the accept length read from SGLang's own n
   accept --target MODEL --drafter TRAIN/NAME/sglang --prompts DATA/eval-prompts.jsonl --out ACC/NAME.json
          [--max-new-tokens 2048] [--concurrency 48]
       starts SGLang through regen's own server lifecycle (``regen.serving.lifecycle.acquire_server``, as
-      bench/gpu/known_target_baselines.py does) with ``--speculative-algorithm EAGLE3
+      bench/gpu/known_target/baselines.py does) with ``--speculative-algorithm EAGLE3
       --speculative-draft-model-path DIR --speculative-num-steps 3 --speculative-eagle-topk 1
       --speculative-num-draft-tokens 4``, POSTs each prompt's ``input_ids`` to ``/generate`` with
       temperature 0.6, top_p 0.95, top_k 20 (not greedy: the chain loops) and reads:
@@ -49,7 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.gpu import known_target as kt
+from bench.gpu.known_target import model as kt
+from bench.gpu.serverlog import accept_lengths
 
 STEPS = 3
 EAGLE3_FLAGS = shlex.split(
@@ -85,22 +86,6 @@ def _count(xs: Any) -> dict[str, int]:
     for x in xs:
         out[x] = out.get(x, 0) + 1
     return out
-
-
-def log_accept(text: str) -> dict[str, Any] | None:
-    """The decode lines' ``accept len`` (bench.gpu.serverlog's reading): lines, median, running-weighted
-    mean; None when no line has one."""
-    from bench.gpu.serverlog import decode_lines
-
-    pts = [(d.running, d.accept_len) for d in decode_lines(text) if d.accept_len is not None]
-    if not pts:
-        return None
-    weight = sum(r for r, _ in pts)
-    return {
-        "lines": len(pts),
-        "median": statistics.median(a for _, a in pts),
-        "running_weighted_mean": sum(r * a for r, a in pts) / weight if weight else None,
-    }
 
 
 # ---------------------------------------------------------------------------------------- the ceiling
@@ -234,7 +219,7 @@ def serve(a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
     errors = [x for x in answers if "error" in x]
     out["errors"] = {"count": len(errors), "examples": [x["error"][:300] for x in errors[:3]]}
     out["meta"] = meta_accept([x["meta_info"] for x in answers if "meta_info" in x])
-    out["log"] = log_accept(text)
+    out["log"] = accept_lengths(text)
     out["server_log"] = str(logs / "gpu0.log")
     return out
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import fmt as harness_fmt
+from bench.harness import fmt
 from regen.io import atomic_open
 
 #: the scalar SpecForge's eval is summarized by, in order of preference: its simulated accept length over the
@@ -103,11 +103,6 @@ def _rows(prepare: dict[str, Any] | None, name: str) -> int | None:
     return None
 
 
-def fmt(x: Any) -> str:
-    """A last-line value: 4 decimals, ``na`` when missing or NaN (``bench.harness.fmt``)."""
-    return harness_fmt(x, 4, missing="na")
-
-
 LINE_FIELDS = (
     "trainer",
     "algo",
@@ -124,7 +119,7 @@ LINE_FIELDS = (
 
 def loop_line(r: dict[str, Any]) -> str:
     h = r["headline"]
-    return "loop: " + " ".join(f"{k}={fmt(h[k])}" for k in LINE_FIELDS)
+    return "loop: " + " ".join(f"{k}={fmt(h[k], 4, 'na')}" for k in LINE_FIELDS)
 
 
 def markdown(r: dict[str, Any], line: str) -> str:
@@ -144,15 +139,16 @@ def markdown(r: dict[str, Any], line: str) -> str:
     for n in NAMES:
         t = r["train"].get(n) or {}
         out.append(
-            f"| {n} | {fmt(h[f'accept_{n}'])} | {src.get(n) or 'na'} | {fmt(h[f'specforge_eval_{n}'])} "
-            f"| {fmt(t.get('predicted_accept_length_3steps'))} |"
+            f"| {n} | {fmt(h[f'accept_{n}'], 4, 'na')} | {src.get(n) or 'na'} | "
+            f"{fmt(h[f'specforge_eval_{n}'], 4, 'na')} "
+            f"| {fmt(t.get('predicted_accept_length_3steps'), 4, 'na')} |"
         )
     ceil = r["accept"].get("ceiling") or {}
     out += [
-        f"| ceiling (perfect drafter) | {fmt(h['accept_ceiling'])} | {src.get('ceiling') or 'na'} "
-        f"| | visit-weighted {fmt(ceil.get('visit_weighted'))} |",
+        f"| ceiling (perfect drafter) | {fmt(h['accept_ceiling'], 4, 'na')} | {src.get('ceiling') or 'na'} "
+        f"| | visit-weighted {fmt(ceil.get('visit_weighted'), 4, 'na')} |",
         "",
-        f"Ratio regen / original: {fmt(h['ratio'])}. "
+        f"Ratio regen / original: {fmt(h['ratio'], 4, 'na')}. "
         f"SpecForge eval key: `{h['specforge_eval_key'] or 'na'}`.",
         "",
     ]
@@ -160,15 +156,16 @@ def markdown(r: dict[str, Any], line: str) -> str:
         a = r["accept"].get(n) or {}
         if a.get("log"):
             out.append(
-                f"{n}: server log `accept len` median {fmt(a['log'].get('median'))} over "
+                f"{n}: server log `accept len` median {fmt(a['log'].get('median'), 4, 'na')} over "
                 f"{a['log'].get('lines')} decode lines; "
-                f"{fmt((a.get('meta') or {}).get('requests'))} requests, "
-                f"server start {fmt(a.get('server_start_s'))} s, generation {fmt(a.get('generation_s'))} s."
+                f"{fmt((a.get('meta') or {}).get('requests'), 4, 'na')} requests, "
+                f"server start {fmt(a.get('server_start_s'), 4, 'na')} s, generation "
+                f"{fmt(a.get('generation_s'), 4, 'na')} s."
             )
     out += ["", "| step | rc | wall s |", "|---|---|---|"]
     for name, s in r["steps"].items():
         wall = s.get("wall_s")
-        out.append(f"| {name} | {fmt(s.get('rc'))} | {'na' if wall is None else f'{wall:.1f}'} |")
+        out.append(f"| {name} | {fmt(s.get('rc'), 4, 'na')} | {'na' if wall is None else f'{wall:.1f}'} |")
     out += ["", "    " + line, ""]
     return "\n".join(out)
 

@@ -1,7 +1,7 @@
 """The drafter loop's whole device sequence (issue 36), each step its own process, in this order:
 
-  target    python -m bench.gpu.known_target ROOT/model --dense            (DRY: --tiny --dense)
-  workflow  python -m bench.gpu.known_target_run --mode sglang --dense ... (DRY: --mode simulated, chain)
+  target    python -m bench.gpu.known_target model ROOT/model --dense            (DRY: --tiny --dense)
+  workflow  python -m bench.gpu.known_target run --mode sglang --dense ... (DRY: --mode simulated, chain)
             regen's whole workflow, thinking on; then any server it left is stopped and the GPU waited for
   prepare   python -m bench.loop.prepare   regen's exports + the original answers -> DATA/*.jsonl
   capture   python -m bench.loop.capture   x3: regen-train, regen-eval, original-train -> FEAT/*
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+KT = "bench.gpu.known_target"  # the known-answer target campaign (its model and run steps)
 CAPTURES = ("regen-train", "regen-eval", "original-train")
 DRAFTERS = ("original", "regen")  # trained in this order; served regen first (the headline)
 
@@ -94,10 +95,8 @@ def plan(a: argparse.Namespace, p: Paths) -> list[Step]:
     """The sequence's steps, with their commands (module doc)."""
     rp, tp = a.regen_python, a.trainer_python
     device = "cpu" if a.dry else "cuda"
-    steps = [
-        Step("target", [rp, "-m", "bench.gpu.known_target", str(p.model), "--dense", *(["--tiny"] * a.dry)])
-    ]
-    workflow = [rp, "-m", "bench.gpu.known_target_run", "--model", str(p.model), "--work", str(p.work)]
+    steps = [Step("target", [rp, "-m", KT, "model", str(p.model), "--dense", *(["--tiny"] * a.dry)])]
+    workflow = [rp, "-m", KT, "run", "--model", str(p.model), "--work", str(p.work)]
     workflow += ["--mode", "simulated" if a.dry else "sglang", "--dense", "--n", str(a.n)]
     workflow += [
         "--max-tokens",

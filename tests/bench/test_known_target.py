@@ -1,7 +1,7 @@
-"""The known-answer target (bench/gpu/known_target.py, issue 27): a tiny instance of the same construction.
+"""The known-answer target (bench.gpu.known_target.model, issue 27): a tiny instance of the same construction.
 
 The design side (chain, SGLang's sampling order, the exact length distributions) runs here. The model side
-runs the tiny checkpoint through transformers' own Qwen3.5 code (``bench/gpu/known_target_check.py``) with
+runs the tiny checkpoint through transformers' own Qwen3.5 code (``bench/gpu/known_target/check.py``) with
 the trainers' venv (torch + transformers 5.8.1): ``make test-trainers`` sets ``REGEN_TRAINERS_PYTHON``; in
 the main venv (no torch) those tests skip.
 """
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from support.known_target import built_chain, checked_model
 
-from bench.gpu import known_target as kt
+from bench.gpu.known_target import model as kt
 
 MAX_TOKENS = 2048
 

@@ -1,5 +1,5 @@
-"""The dense known-answer target (``known_target.py --dense``, issue 36): a tiny instance at Qwen3-8B's head
-layout, loaded by transformers' own ``Qwen3ForCausalLM`` (``bench/gpu/known_target_check.py``, trainers'
+"""The dense known-answer target (``model --dense``, issue 36): a tiny instance at Qwen3-8B's head
+layout, loaded by transformers' own ``Qwen3ForCausalLM`` (``bench/gpu/known_target/check.py``, trainers'
 venv: ``REGEN_TRAINERS_PYTHON``; skipped where torch/transformers are absent), and its short chain's rows
 finish far inside the export window."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.known_target import built_chain, checked_model
 
-from bench.gpu import known_target as kt
+from bench.gpu.known_target import model as kt
 
 WINDOW = 2048  # SpecForge's default --max-length, the smallest window regen's export reports
 

@@ -1,4 +1,4 @@
-"""The end-to-end race's sequence (bench/gpu/known_target_device.py, issue 37 items 4-6): its arguments, its
+"""The end-to-end race's sequence (bench/gpu/known_target/device.py, issue 37 items 4-6): its arguments, its
 device-time estimate against the 2026-12-01 H200 runs it is built from, the sweep's projection against
 the run, the target line, and every run's time split read from a campaign's work dir."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from support.decode_log import decode_log
 
-from bench.gpu import known_target_device as ktd
-from bench.gpu import known_target_run as ktr
 from bench.gpu import where_time_went as wtw
+from bench.gpu.known_target import device as ktd
+from bench.gpu.known_target import run as ktr
 from regen.tune.closedloop import StepModel
 from regen.tune.pilot import DEFAULT_DRAIN_FRACTION
 from regen.tune.projection import project
@@ -31,7 +31,7 @@ def test_sequence_args_keep_the_runs_flags_apart_from_its_own() -> None:
     # argparse's abbreviations would read --n as --no-sweep and drop the prompt count
     assert (same.n, same.max_tokens, own.no_sweep, own.warmup) == ("200", "512", False, True)
     assert own.order == "seed,regen"
-    assert run_args == ["--n", "200", "--max-tokens", "512"]  # what known_target_run.py gets
+    assert run_args == ["--n", "200", "--max-tokens", "512"]  # what known_target/run.py gets
     # the campaign's sweep: one candidate (not the given flags), 100 s after a warm start
     assert ktd.SWEEP_DRAIN_FRACTION == DEFAULT_DRAIN_FRACTION  # the pilot's own, restated before imports work
     pilot = 100 * (1 + DEFAULT_DRAIN_FRACTION)  # --seconds 100 and the drain after it
@@ -140,7 +140,7 @@ def test_target_line_spells_the_issues_fields_in_order() -> None:
 
 
 def campaign_work_dir(tmp_path: Path, names: tuple[str, ...]) -> Path:
-    """The 2026-12-01 results laid out as known_target_device.py leaves its work dir."""
+    """The 2026-12-01 results laid out as known_target/device.py leaves its work dir."""
     work = tmp_path / "kt-work"
     where = {"regen": work / "run/logs/servers/gpu0.log"}
     where |= {n: work / f"baseline-{n}/logs/gpu0.log" for n in ("default", "seed")}

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import known_target as kt
+from bench.gpu.known_target import model as kt
+from bench.gpu.serverlog import accept_lengths
 from bench.loop import accept, report, sequence
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,17 +47,17 @@ def test_accept_length_is_tokens_over_verify_steps_summed_not_averaged() -> None
     assert accept.meta_accept([])["accept_length"] is None
 
 
-def test_log_accept_len_median_from_dense_decode_lines() -> None:
+def test_accept_lengths_from_dense_decode_lines() -> None:
     line = (
         "[2026-12-02 01:00:0{i}] Decode batch, #running-req: {r}, #token: 9000, token usage: 0.02, "
         "accept len: {a}, accept rate: 0.64, cuda graph: True, gen throughput (token/s): 5000.00, "
         "#queue-req: 0"
     )
     text = "\n".join(line.format(i=i, r=r, a=a) for i, (r, a) in enumerate([(48, 2.9), (48, 3.1), (16, 1.5)]))
-    got = accept.log_accept(text)
+    got = accept_lengths(text)
     assert got["lines"] == 3 and got["median"] == pytest.approx(2.9)
     assert got["running_weighted_mean"] == pytest.approx((48 * 2.9 + 48 * 3.1 + 16 * 1.5) / 112)
-    assert accept.log_accept("Decode batch without spec") is None
+    assert accept_lengths("Decode batch without spec") is None
 
 
 # ------------------------------------------------------------------------------------- the ceiling
@@ -143,12 +144,8 @@ def test_sequence_order_resume_and_a_failed_step_skips_only_what_needs_it(tmp_pa
     calls = (tmp_path / "py.calls").read_text().splitlines()
     modules = [c.split()[1] for c in calls]
     # target, workflow, prepare (fails); captures/train/accept need it; the ceiling needs only the target
-    assert modules == [
-        "bench.gpu.known_target",
-        "bench.gpu.known_target_run",
-        "bench.loop.prepare",
-        "bench.loop.accept",
-    ]
+    assert modules == ["bench.gpu.known_target"] * 2 + ["bench.loop.prepare", "bench.loop.accept"]
+    assert [c.split()[2] for c in calls[:2]] == ["model", "run"]
     assert "--tiny" in calls[0] and "--mode simulated" in calls[1] and "--dense" in calls[1]
     steps = json.loads((tmp_path / "root" / "steps.json").read_text())["steps"]
     assert steps["prepare"]["rc"] == 3 and steps["train-regen"]["skipped_for"]
@@ -219,7 +216,7 @@ def test_report_line_and_markdown_from_the_steps_results(tmp_path: Path) -> None
 
 def test_dense_rows_with_original_answers_through_the_simulated_workflow(tmp_path: Path) -> None:
     work, model = tmp_path / "work", tmp_path / "model"
-    cmd = [sys.executable, "-m", "bench.gpu.known_target_run", "--model", str(model), "--work", str(work)]
+    cmd = [sys.executable, "-m", "bench.gpu.known_target", "run", "--model", str(model), "--work", str(work)]
     cmd += ["--dense", "--n", "40", "--max-tokens", "2048", "--eval-fraction", "0.2", "--no-projection"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from bench.gpu import known_target as kt
+from bench.gpu.known_target import model as kt
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 TRAINERS_PYTHON = os.environ.get("REGEN_TRAINERS_PYTHON")

@@ -1,5 +1,5 @@
-"""The known-answer targets' model side (``bench/gpu/known_target.py``, hybrid and ``--dense``): the built
-checkpoint loaded by transformers' own code through ``bench/gpu/known_target_check.py``, in the trainers'
+"""The known-answer targets' model side (``bench.gpu.known_target.model``, hybrid and ``--dense``): the built
+checkpoint loaded by transformers' own code through ``bench/gpu/known_target/check.py``, in the trainers'
 venv (``REGEN_TRAINERS_PYTHON``, set by ``make test-trainers``; this interpreter if it has torch and
 transformers). ``tests/bench/test_known_target*.py`` share it."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import known_target as kt
+from bench.gpu.known_target import model as kt
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 TORCH_PYTHON = os.environ.get("REGEN_TRAINERS_PYTHON") or (
@@ -28,10 +28,10 @@ def built_chain(model_dir: Path) -> kt.Chain:
 
 
 def checked_model(model_dir: Path, generate: int = 3) -> dict:
-    """``known_target_check``'s report on ``model_dir`` (skips where no torch + transformers is at hand)."""
+    """``known_target check``'s report on ``model_dir`` (skips where no torch + transformers is at hand)."""
     if not TORCH_PYTHON:
         pytest.skip("needs torch + transformers: make test-trainers (REGEN_TRAINERS_PYTHON)")
-    cmd = [TORCH_PYTHON, "-m", "bench.gpu.known_target_check", str(model_dir), "--generate", str(generate)]
+    cmd = [TORCH_PYTHON, "-m", "bench.gpu.known_target", "check", str(model_dir), "--generate", str(generate)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)

@@ -8,7 +8,7 @@ since the last operation ("free", bytes), through ``StorageWeakRef``. Frees betw
 one group, in no known order (the test compares them as a multiset). Writes JSON [[kind, bytes], ...].
 
 Needs torch (CPU is enough) and triton_kernels (``.gpu/site``, where ``bench/gpu/pack.sh`` puts it).
-Usage: python -m bench.gpu.memprobe.repack_cpu_trace EXPERTS HIDDEN INTERMEDIATE OUT.json
+Usage: PYTHONPATH=.:.gpu/site python -m bench.gpu.memprobe.repack_cpu_trace EXPERTS HIDDEN INTER OUT.json
 (tests/data/sglang/mxfp4-repack-trace-e2.json: 2 2880 2880, gpt-oss's widths with two experts)
 """
 
@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / ".gpu" / "site"))
 
 import torch
 import triton_kernels.tensor_details.layout as layout_mod

@@ -36,7 +36,7 @@ the full-shape checkpoint is ~54 GB apparent but a few GB on disk (lm_head is de
 "not a successor" logit in each state column). The file system must support sparse files (checked).
 
 Usage:
-  python -m bench.gpu.known_target OUT [--layers 64] [--max-tokens 4096 8192] [--tiny] [--dense]
+  python -m bench.gpu.known_target model OUT [--layers 64] [--max-tokens 4096 8192] [--tiny] [--dense]
   (--tiny: same construction at a small shape, for the CPU test; needs only numpy and tokenizers)
   (--dense: a dense Qwen3ForCausalLM at Qwen3-8B's config, no MTP, every norm weight 1 (Qwen3's RMSNorm is
   not zero-centred), o_proj and down_proj zero, the short chain DENSE_CHAIN: issue 36)
@@ -53,14 +53,13 @@ import math
 import os
 import shutil
 import struct
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOKENIZER_DIR = REPO / "resources" / "demo-tokenizer"
 MIN_BRANCH = 0.07  # every designed branch after temperature; top_p 0.95 keeps branches above 0.05
 OTHER_LOGIT = -64.0  # every non-successor token, in every state (-107 after temperature 0.6)
@@ -812,7 +811,7 @@ def nonzero_tensors(chain: Chain, shape: Shape) -> dict[str, Any]:
 
 def write_safetensors(path: Path, specs: list[tuple[str, tuple[int, ...]]], writers: dict[str, Any]) -> int:
     """A bf16 safetensors file where all-zero tensors are holes (never written). Returns bytes on disk."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", "writer": "bench/gpu/known_target.py"}}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "writer": "bench/gpu/known_target/model.py"}}
     off = 0
     for name, shp in specs:
         n = 2 * math.prod(shp)
@@ -995,7 +994,3 @@ def main(argv: list[str]) -> int:
         )
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

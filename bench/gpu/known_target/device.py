@@ -1,44 +1,16 @@
-"""The known-target campaign on the H200 through the device tool (issues 27 and 37), one call at a time.
+"""The known-target campaign on a GPU host through the device tool (issues 27 and 37), one call at a time.
 
-  known_target_device.py start BUDGET_S [--build-args "known_target.py args"] [--warmup [--warmup-prompts 8]]
-                               [--order default,regen,seed] [--no-sweep] [--device-budget-s 1320]
-                               [--default-concurrency 48] [--seed-concurrency 64] [known_target_run.py args]
-      build /tmp/site (SGLang payload) and /tmp/snk (Snakemake), copy this tree to /tmp/repo, build the
-      full-shape model at /tmp/kt-model (~20 s, 2.7 GB on disk), start the campaign's sequence detached
-      (its own session: it outlives the call), wait up to BUDGET_S, collect
-  known_target_device.py wait BUDGET_S
-      wait until the sequence is done (or BUDGET_S), print its tail and results so far, collect
-The sequence prints first a device-time estimate (``budget estimate:``, from the 2026-12-01 H200 walls:
-``PRIOR``) and the ``--n`` that fits ``--device-budget-s`` (fewer prompts: ``--n``). Then, each step's
-results written as it ends: 0. with ``--warmup``, a short start of SGLang's defaults (``--which warmup``,
-a handful of prompts), counted nowhere, so the first measured run does not pay the fresh machine's cold
-caches (its start split: baseline-warmup.json ``server_log.startup_phases``); 1. the runs of ``--order``
-(default ``default,regen,seed``: regen not first; ``--sweep-first``: regen's prepare and sweep before them
-all, its server the machine's first, in place of ``--warmup``; its run later ``--after-sweep``): ``regen`` is
-known_target_run.py ``--sweep``
-(``snakemake --until shard tune``, ``regen tune --sweep --candidates 1 --no-mtp --no-given --seconds 100
---pilot-samples 300``, then the whole workflow; ``--no-sweep``: the workflow alone), any other name a
-known_target_baselines.py ``--which`` (``default``: SGLang's defaults, concurrency 48; ``seed``: the
-original run's hand-tuned flags, MTP on, concurrency 64); 2. known_target_run.py ``--measure-only`` with
-the baselines' wall times: the ``target:`` line (``projection_error`` the sweep's, ``fixed_s``,
-``drain_token_share``, ``sweep_s``); 3. where_time_went.py ``--work``: every run's time split
-(where_time_went.md); then ``campaign: done``.
-Collect to $OUT (8 files, flat): kt.log, designed.json, known_target_measured.{json,md},
-baseline-{default,seed}.json, where_time_went.md, kt-logs.tgz (Snakemake's logs, the sweep's log and
-pilot.json, config, re-audit summary, READY, the run's logs/ with its server log, the baselines' and the
-warm-up's server logs, the sweep candidates' logs, baseline-warmup.json, the sampling-kernel prewarm log).
-Payload staging is live.sh's (``bash bench/gpu/live.sh stage`` per part; README: "Known-answer target").
-DRY=1 rehearses the same sequence here against regen's simulated server in chain mode (tiny model):
-
-  DRY=1 KT_TMP=/tmp/race-kt OUT=/tmp/race-kt/out PY=$PWD/.venv/bin/python .venv/bin/python \
-    bench/gpu/known_target_device.py start 600 --warmup --n 200 --max-tokens 512 --sim-token-rate 300
-  (then ``... wait 600`` until ``campaign: done``)
-
-On the GPU (after the staging calls of the README), one device call, then ``wait`` calls:
-
-  python3 -m bench.gpu.known_target_device start 560 --build-args "--reasoning-stages 20 --reasoning-round
-    0.8 --max-tokens 2048" --warmup --order default,regen,seed --n 1000 --max-tokens 2048   (carry .gpu/p04)
-  python3 -m bench.gpu.known_target_device wait 580                                  (as often as needed)
+  python -m bench.gpu.known_target device start BUDGET_S [--build-args "model args"] [sequence args]
+      stage the payload (/tmp/site, /tmp/snk), copy this tree to /tmp/repo, build the model at
+      /tmp/kt-model, start the sequence detached (it outlives the call), wait up to BUDGET_S, collect
+  python -m bench.gpu.known_target device wait BUDGET_S
+      wait until the sequence is done (or BUDGET_S), print its tail and key lines, collect
+The sequence (:func:`sequence`, its flags :func:`sequence_args`): a device-time estimate (:data:`PRIOR`),
+an optional warm-up server, the runs of ``--order`` (``regen``: the run step with its sweep; any other
+name the baselines step's ``--which``), the ``target:`` line, where_time_went over every run, then
+``campaign: done``. Collect: at most 8 flat files to $OUT (:func:`collect`). DRY=1 rehearses it on the
+CPU against regen's simulated server in chain mode. Commands, payload staging and measured budgets:
+bench/gpu/README.md, "Known-answer target".
 """
 
 from __future__ import annotations
@@ -55,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DRY = os.environ.get("DRY") == "1"
 TMP = Path(os.environ.get("KT_TMP", "/tmp"))
 LOG = TMP / "kt.log"
@@ -63,6 +35,7 @@ WORK = TMP / "kt-work"
 MODEL = TMP / "kt-model"
 PID = TMP / "kt.pid"
 PY = os.environ.get("PY", sys.executable)
+STEP = [PY, "-m", "bench.gpu.known_target"]  # + a step of the campaign
 DONE = "campaign: done"
 WHERE = "where_time_went.md"  # every run's time split (where_time_went.py --work), beside the results
 #: lines of the log that wait() always shows, wherever they are
@@ -142,7 +115,7 @@ def setup() -> None:
 
 def start(budget: float, args: list[str]) -> None:
     build_args: list[str] = []
-    if "--build-args" in args:  # the chain's knobs for known_target.py, as one string
+    if "--build-args" in args:  # the chain's knobs for the model step, as one string
         i = args.index("--build-args")
         build_args = args[i + 1].split()
         args = args[:i] + args[i + 2 :]
@@ -154,13 +127,13 @@ def start(budget: float, args: list[str]) -> None:
     )
     if not (MODEL / "chain.json").exists():
         tiny = ["--tiny"] if DRY else []
-        builder = [PY, "-m", "bench.gpu.known_target", str(MODEL), *tiny, *build_args]  # on env()'s path
+        builder = [*STEP, "model", str(MODEL), *tiny, *build_args]  # on env()'s path
         if subprocess.run(builder, env=env()).returncode:
             raise SystemExit("model build failed")
     shutil.rmtree(WORK, ignore_errors=True)  # results of an earlier sequence must not pass for this one's
     with open(LOG, "w") as fh:
         proc = subprocess.Popen(
-            [PY, "-m", "bench.gpu.known_target_device", "sequence", *args],
+            [*STEP, "device", "sequence", *args],
             cwd=TMP / "repo",
             env=env(),
             stdout=fh,
@@ -262,11 +235,11 @@ def prompts_within(estimate: dict, prompts: int, budget_s: float) -> int:
 
 def sequence_args(args: list[str]) -> tuple[argparse.Namespace, argparse.Namespace, list[str]]:
     """The sequence's own flags, the flags its runs share (``--n``, ...), and what goes on to
-    known_target_run.py (all but the sequence's own). No abbreviations: ``--n`` is not ``--no-sweep``."""
-    from bench.gpu.known_target_run import SWEEP_ARGS  # on the payload's path (not start's bare python)
+    known_target/run.py (all but the sequence's own). No abbreviations: ``--n`` is not ``--no-sweep``."""
+    from bench.gpu.known_target.run import SWEEP_ARGS  # on the payload's path (not start's bare python)
 
-    p = argparse.ArgumentParser(prog="known_target_device.py sequence", allow_abbrev=False)
-    p.add_argument("--order", default="default,regen,seed", help="regen and known_target_baselines' --which")
+    p = argparse.ArgumentParser(prog="python -m bench.gpu.known_target device sequence", allow_abbrev=False)
+    p.add_argument("--order", default="default,regen,seed", help="regen and the baselines' --which")
     p.add_argument("--warmup", action="store_true", help="SGLang's defaults first, not counted")
     p.add_argument("--warmup-prompts", type=int, default=8)
     p.add_argument("--no-sweep", action="store_true", help="regen's run without regen tune --sweep before it")
@@ -280,7 +253,7 @@ def sequence_args(args: list[str]) -> tuple[argparse.Namespace, argparse.Namespa
     shared.add_argument("--max-tokens", default="4096")
     shared.add_argument("--tools-fraction", default="0.3")
     shared.add_argument("--sim-token-rate", default="20000")
-    shared.add_argument("--sweep-args", default=SWEEP_ARGS)  # known_target_run's
+    shared.add_argument("--sweep-args", default=SWEEP_ARGS)  # run.py's
     same, _ = shared.parse_known_args(run_args)
     return own, same, run_args
 
@@ -305,9 +278,9 @@ def sequence(args: list[str]) -> None:
         flush=True,
     )
     mode = "simulated" if DRY else "sglang"
-    run = [PY, "-m", "bench.gpu.known_target_run", "--model", str(MODEL), "--work", str(WORK), "--mode", mode]
+    run = [*STEP, "run", "--model", str(MODEL), "--work", str(WORK), "--mode", mode]
     run_args = [*run_args, *(["--sweep"] if sweep else [])]
-    baseline = [PY, "-m", "bench.gpu.known_target_baselines", "--model", str(MODEL), "--work", str(WORK)]
+    baseline = [*STEP, "baselines", "--model", str(MODEL), "--work", str(WORK)]
     baseline += ["--max-tokens", same.max_tokens, "--tools-fraction", same.tools_fraction]
     baseline += ["--stop-first", str(WORK / "run")]  # a server regen's run left is stopped first
     baseline += ["--dry-cpu", "--sim-token-rate", same.sim_token_rate] if DRY else []
@@ -433,7 +406,3 @@ def main(argv: list[str]) -> int:
     wait(t0, budget)
     collect()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

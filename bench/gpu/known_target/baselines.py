@@ -1,5 +1,5 @@
 """The known-target campaign's baselines (issue 27 item 4): the same prompts, sampling and target as
-``known_target_run.py``'s regen run, generated the way the original run was done, timed end to end.
+``known_target/run.py``'s regen run, generated the way the original run was done, timed end to end.
 
   --which default  SGLang with its defaults: only the model path, port, ``--reasoning-parser qwen3`` and
                    ``--tool-call-parser qwen25`` (what the answers need to be parsed as regen's are; the
@@ -32,7 +32,7 @@ what the server realized (cap, mamba slots, KV tokens).
 ``--dry-cpu``: the same sequence against regen's simulated SGLang in chain mode (the model's chain.json,
 cap = the plan's prediction for the flags), to rehearse on CPU.
 
-Usage: python -m bench.gpu.known_target_baselines --model DIR --work DIR --which default|seed
+Usage: python -m bench.gpu.known_target baselines --model DIR --work DIR --which default|seed
        [--n 1000] [--max-tokens 2048] [--concurrency 48|64] [--dry-cpu] [--stop-first RUN_DIR]
 Writes WORK/baseline-WHICH.json and prints ``baseline: which=... wall_s=...``.
 """
@@ -43,21 +43,29 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import shlex
 import statistics
-import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.gpu import known_target as kt
-from bench.gpu.known_target_run import supervisor_times, write_dataset
-from bench.gpu.serverlog import decode_lines, last_start, startup_facts, startup_phases, steady_state
+from bench.gpu.harness import SGLANG_VERSION, bench_server_cfg, gpu_memory_used_mib, log, wait_gpu_free
+from bench.gpu.known_target import model as kt
+from bench.gpu.known_target.run import write_dataset
+from bench.gpu.serverlog import (
+    accept_lengths,
+    decode_lines,
+    last_start,
+    startup_facts,
+    startup_phases,
+    steady_state,
+    supervisor_times,
+)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PARSERS = ["--tool-call-parser", "qwen25"]
 SEED_FLAGS = shlex.split(
     "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
@@ -78,12 +86,6 @@ FLAGS = {
     "plan-noprefill": [*PLAN_FLAGS, "--disable-prefill-cuda-graph", *PARSERS],
 }
 CONCURRENCY = {"warmup": 8, "default": 48, "seed": 64, "plan": 265, "plan-noprefill": 265}
-SGLANG_VERSION = "0.5.17"  # the GPU host's payload (bench/gpu/pack.sh)
-_ACCEPT = re.compile(r"Decode batch.*?#running-req: (\d+),.*?accept len: ([0-9.]+)")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def request_body(row: dict[str, Any], model: str, max_tokens: int) -> dict[str, Any]:
@@ -172,21 +174,6 @@ def summarize_answers(res: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def accept_lengths(text: str) -> dict[str, Any] | None:
-    """SGLang's ``accept len`` per decode line: mean, median, running-weighted mean; None without MTP."""
-    pts = [(int(m[1]), float(m[2])) for m in _ACCEPT.finditer(text)]
-    if not pts:
-        return None
-    vals = [a for _, a in pts]
-    weight = sum(r for r, _ in pts)
-    return {
-        "lines": len(pts),
-        "mean": statistics.fmean(vals),
-        "median": statistics.median(vals),
-        "running_weighted_mean": sum(r * a for r, a in pts) / weight if weight else None,
-    }
-
-
 def plan_vs_realized(shape_src: Path, gpu_mib: int, args: list[str], log_text: str, info: dict[str, Any]):
     """regen's memory plan for ``args`` against what the server realized (startup log + /server_info)."""
     from regen.sglang.models import ModelShape
@@ -206,24 +193,16 @@ def plan_vs_realized(shape_src: Path, gpu_mib: int, args: list[str], log_text: s
     if log_text or info:
         try:
             realized = realized_from_server_info(dict(info), parse_startup_log(log_text))
-            out["realized"] = {k: v for k, v in vars_of(realized).items() if v is not None}
+            out["realized"] = {k: v for k, v in asdict(realized).items() if v is not None}
             out["drift_over_5pct"] = [str(d) for d in compare(mp, realized)]
         except Exception as exc:
             out["realized_error"] = f"{type(exc).__name__}: {exc}"
     return out, mp
 
 
-def vars_of(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else dict(vars(obj))
-
-
 def gpu_used_mib(dry: bool) -> int | None:
     if dry:
         return None
-    from bench.gpu.harness import gpu_memory_used_mib
-
     return gpu_memory_used_mib()
 
 
@@ -234,15 +213,11 @@ def stop_leftovers(run_dir: Path, dry: bool) -> dict[str, Any]:
     stopped = stop_all_servers(run_dir / "work" / "servers", grace_s=60)
     used = None
     if not dry:
-        from bench.gpu.harness import wait_gpu_free
-
         used = wait_gpu_free(timeout_s=180)
     return {"stopped_supervisors": stopped, "gpu_used_mib": used}
 
 
 def server_cfg(a: argparse.Namespace, args: list[str], sim_cap: int | None) -> Any:
-    from bench.gpu.harness import bench_server_cfg
-
     simulated = {
         "token_rate": a.sim_token_rate,
         "startup_delay_s": 1.0,
@@ -341,8 +316,6 @@ def run_baseline(a: argparse.Namespace) -> dict[str, Any]:
         result["stopped_supervisors"] = stop_all_servers(servers, grace_s=60)
         result["stop_s"] = round(time.monotonic() - t_stop, 1)
         if not a.dry_cpu:
-            from bench.gpu.harness import wait_gpu_free
-
             result["gpu_used_after_stop_mib"] = wait_gpu_free(timeout_s=180)
     result.update(
         wall_s=round(t_end - t_launch, 2),
@@ -422,7 +395,7 @@ def baseline_line(r: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, required=True, help="known_target.py output")
+    p.add_argument("--model", type=Path, required=True, help="the model step's output")
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--which", choices=sorted(FLAGS), required=True)
     p.add_argument("--n", type=int, default=1000)
@@ -461,7 +434,3 @@ def main(argv: list[str]) -> int:
     )
     print(line, flush=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

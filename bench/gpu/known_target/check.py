@@ -1,4 +1,4 @@
-"""Run a known-target model dir (bench/gpu/known_target.py) through transformers' own Qwen3.5 code (the dense
+"""Run a known-target model dir (the ``model`` step) through transformers' own Qwen3.5 code (the dense
 variant: Qwen3's; CPU, torch) and report, as one JSON object on stdout, what the tests
 (tests/bench/test_known_target*.py) check:
 
@@ -14,7 +14,7 @@ variant: Qwen3's; CPU, torch) and report, as one JSON object on stdout, what the
 - ``generated``: token ids of a few ``generate(do_sample=True, ...)`` runs (the test checks each step is a
   designed transition).
 
-Usage: python -m bench.gpu.known_target_check MODEL_DIR [--generate N] [--new-tokens T]
+Usage: python -m bench.gpu.known_target check MODEL_DIR [--generate N] [--new-tokens T]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, Qwen3_5ForCausalLM, Qwen3ForCausalLM
 
-from bench.gpu.known_target import Chain, sampled_probs
+from bench.gpu.known_target.model import Chain, sampled_probs
 
 
 def gemma_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -121,7 +121,3 @@ def main(argv: list[str]) -> int:
     out["generated"] = [g[len(ids) :].tolist() for g in gen]
     json.dump(out, sys.stdout)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -5,9 +5,9 @@ then the measurements against the model's ``designed.json`` and the ``target: ..
 
   --mode simulated  regen's simulated SGLang in chain mode (REGEN_SIM_CHAIN: the model's chain.json):
                     the same chain the weights hold, sampled as SGLang samples; CPU, a few minutes
-  --mode sglang     real SGLang on the model dir (bench/gpu/known_target.py, full shape), with
+  --mode sglang     real SGLang on the model dir (the ``model`` step, full shape), with
                     ``--tool-call-parser qwen25`` in server.args
-  --dense           the dense Qwen3ForCausalLM target (``known_target.py --dense``; also chosen when the model
+  --dense           the dense Qwen3ForCausalLM target (``model --dense``; also chosen when the model
                     dir's config.json names it): no tools, no tool-call parser (the drafter loop, issue 36),
                     each row ``[user, assistant]`` with an original answer (plain English, varied per row)
                     that regen audits and regenerates and the loop's baseline trains on; the simulated mode
@@ -19,7 +19,7 @@ completion ids at the chain's ``</think>``, and usage.reasoning_tokens equals th
 ``</think>``); each step of every completion is a designed transition; tool calls parsed (rows with
 tools whose ids spell a tool call have ``tool_calls`` with designed arguments); truncation retries and
 how they ended; the exported ids equal the server's ids; the re-audit gates and READY verdict.
-Fields the campaign fills later (the baselines' wall times: known_target_baselines.py) print as ``na``.
+Fields the campaign fills later (the baselines' wall times: known_target/baselines.py) print as ``na``.
 ``--sweep`` (issue 37 item 4): ``snakemake --until shard tune``, ``regen tune --sweep`` (``--sweep-args``)
 in the run dir, then the whole workflow; ``projection_error`` is then the sweep's pilot.json against the
 generation phase (:func:`sweep_projection`), ``sweep_s`` its own seconds (not in ``regen_wall_s``, which
@@ -30,7 +30,7 @@ gives one. ``fixed_s`` and ``drain_token_share`` are regen's (:func:`regen_time_
 runs the workflow on that run dir, counting the earlier prepare's seconds as ``--sweep`` does: the device
 sequence makes the sweep's server the fresh machine's first (the warm-up) and runs the baselines between.
 
-Usage: python -m bench.gpu.known_target_run --model DIR --work DIR [--mode simulated] [--n 2000]
+Usage: python -m bench.gpu.known_target run --model DIR --work DIR [--mode simulated] [--n 2000]
        [--max-tokens 4096] [--tools-fraction 0.3] [--dense [--eval-fraction 0.1]] [--sweep [--sweep-args S]]
        [--sweep-only | --after-sweep]
 """
@@ -38,10 +38,8 @@ Usage: python -m bench.gpu.known_target_run --model DIR --work DIR [--mode simul
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -50,16 +48,14 @@ from typing import Any
 
 import yaml
 
-from bench.gpu import known_target as kt
+from bench.gpu.known_target import model as kt
+from bench.gpu.serverlog import supervisor_times
+from bench.harness import fmt
 from bench.projection_replay import run_step_line
 from regen.layout.run import RunLayout
 from regen.pilot_file import PilotFile
 
-REPO = Path(__file__).resolve().parents[2]
-_SUPERVISOR = re.compile(
-    r"\[regen-supervisor gpu\d+ pid \d+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] "
-    r"(=== regen supervisor: starting server|server ready at)"
-)
+REPO = Path(__file__).resolve().parents[3]
 TOOLS = [
     {
         "type": "function",
@@ -178,20 +174,15 @@ def write_config(path: Path, a: argparse.Namespace, dataset: Path) -> None:
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
-def read_jsonl(pattern: str) -> list[dict[str, Any]]:
+def generation_records(run: Path) -> list[dict[str, Any]]:
+    """The run's generation records (``results/generations/{shard}.jsonl.zst``, regen.layout's names)."""
     from regen.io import open_lines
 
     out = []
-    for f in sorted(glob.glob(pattern)):
+    for f in RunLayout.shard_outputs_in(run / "results" / "generations"):
         with open_lines(f) as lines:
-            out += [json.loads(line) for line in lines if line.strip()]
+            out += [r for r in (json.loads(line) for line in lines if line.strip()) if "id" in r]
     return out
-
-
-def generation_records(run: Path) -> list[dict[str, Any]]:
-    """The run's generation records (``results/generations/{shard}.jsonl.zst``, regen.layout's names)."""
-    files = RunLayout.shard_outputs_in(run / "results" / "generations")
-    return [r for f in files for r in read_jsonl(str(f)) if "id" in r]
 
 
 def measure(a: argparse.Namespace, wall_s: float, phases: dict[str, Any] | None) -> dict[str, Any]:
@@ -487,16 +478,6 @@ def export_equal(run: Path, recs: list[dict[str, Any]]) -> float | None:
     return ok / total if total else None
 
 
-def supervisor_times(text: str) -> dict[str, float | None]:
-    """Epoch seconds (1 s resolution) of the supervisor's first 'starting server' and 'server ready' lines."""
-    out: dict[str, float | None] = {"start_mark": None, "ready": None}
-    for m in _SUPERVISOR.finditer(text):
-        key = "start_mark" if m[2].startswith("===") else "ready"
-        if out[key] is None:
-            out[key] = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S"))
-    return out
-
-
 def regen_phases(run: Path, started_at: float, ended_at: float) -> dict[str, Any]:
     """Where regen's wall time went (issue 27 item 4), from its own files: before the server (prepare, audit,
     shard, tune), the server's start (the supervisor's 'starting server' to 'server ready', 1 s
@@ -583,10 +564,6 @@ def target_line(m: dict[str, Any], a: argparse.Namespace) -> str:
     return "target: " + " ".join(f"{k}={f(v)}" for k, v in fields.items())
 
 
-def fmt(x: Any) -> str:
-    return f"{x:.4g}" if isinstance(x, float) else ("" if x is None else str(x))
-
-
 def projection_lines(m: dict[str, Any]) -> list[str]:
     sw, p, ph = m.get("sweep_projection"), m.get("projection"), m.get("phases") or {}
     out = []
@@ -595,9 +572,12 @@ def projection_lines(m: dict[str, Any]) -> list[str]:
             f"Projection by `regen tune --sweep` before the run ({sw['projected_from']} of "
             f"{sw['remaining_samples']} samples on `{' '.join(sw['best_args'] or [])}`"
             f"{'; step line from ' + sw['step_basis'] if sw.get('step_basis') else ''}): "
-            f"{fmt(sw['projected_gpu_s'])} GPU s; measured {fmt(sw['measured_gpu_s'])} GPU s (generation "
-            f"phase); error {fmt(sw['error'])}. The generate jobs' whole time, server start included: "
-            f"{fmt(sw['generate_jobs_s'])} s; the sweep itself: {fmt(ph.get('sweep_s'))} s."
+            f"{fmt(sw['projected_gpu_s'], '.4g', '')} GPU s; measured "
+            f"{fmt(sw['measured_gpu_s'], '.4g', '')} GPU s (generation "
+            f"phase); error {fmt(sw['error'], '.4g', '')}. The generate jobs' whole time, server start "
+            "included: "
+            f"{fmt(sw['generate_jobs_s'], '.4g', '')} s; the sweep itself: "
+            f"{fmt(ph.get('sweep_s'), '.4g', '')} s."
             f"{' The run decoded on ' + sw['run_step_line'] + '.' if sw.get('run_step_line') else ''}",
             "",
         ]
@@ -608,13 +588,13 @@ def projection_lines(m: dict[str, Any]) -> list[str]:
         *out,
         f"Projection of the generation phase (cap {p['cap']} from the static plan, designed lengths "
         f"{p['designed_tokens_per_prompt']:.0f} tokens a prompt, step line from {p['step_model']['from']}): "
-        f"{p['generation_s']:.1f} s, measured {fmt(gen)} s.",
+        f"{p['generation_s']:.1f} s, measured {fmt(gen, '.4g', '')} s.",
         "",
     ]
 
 
 def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
-    """The baselines (known_target_baselines.py's ``baseline-*.json`` in the work dir) next to regen."""
+    """The baselines (known_target/baselines.py's ``baseline-*.json`` in the work dir) next to regen."""
     rows = []
     for f in sorted(work.glob("baseline-*.json")):
         b = json.loads(f.read_text())
@@ -626,9 +606,11 @@ def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
             "running_weighted_mean"
         )
         rows.append(
-            f"| {b['which']} (concurrency {b['concurrency']}) | {fmt(b['wall_s'])} "
-            f"| {fmt(b['server_start_s'])} | {fmt(b['generation_s'])} | {ans['output_tokens']} "
-            f"| {fmt(ans['stop_fraction'])} | {fmt(acc)} | `{' '.join(b['launch_args'])}` |"
+            f"| {b['which']} (concurrency {b['concurrency']}) | {fmt(b['wall_s'], '.4g', '')} "
+            f"| {fmt(b['server_start_s'], '.4g', '')} | {fmt(b['generation_s'], '.4g', '')} | "
+            f"{ans['output_tokens']} "
+            f"| {fmt(ans['stop_fraction'], '.4g', '')} | {fmt(acc, '.4g', '')} | "
+            f"`{' '.join(b['launch_args'])}` |"
         )
     if not rows:
         return []
@@ -639,9 +621,11 @@ def baselines_table(work: Path, m: dict[str, Any]) -> list[str]:
         "| run | wall s | server start s | generation s | output tokens | stop fraction | accept len "
         "| flags |",
         "|---|---|---|---|---|---|---|---|",
-        f"| regen | {fmt(m['wall_s'])} | {fmt(ph.get('server_start_s'))} | {fmt(ph.get('generation_s'))} "
-        f"| {m.get('output_tokens', '')} | {fmt(m['stop_fraction'])} | | tuned by regen |",
-        f"| regen, server launch to last answer | {fmt(ph.get('launch_to_last_answer_s'))} | | | | | | |",
+        f"| regen | {fmt(m['wall_s'], '.4g', '')} | {fmt(ph.get('server_start_s'), '.4g', '')} | "
+        f"{fmt(ph.get('generation_s'), '.4g', '')} "
+        f"| {m.get('output_tokens', '')} | {fmt(m['stop_fraction'], '.4g', '')} | | tuned by regen |",
+        f"| regen, server launch to last answer | {fmt(ph.get('launch_to_last_answer_s'), '.4g', '')} | | | "
+        "| | | |",
         *rows,
         "",
     ]
@@ -676,7 +660,7 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
             rows.append((f"{name}: KS distance (1% critical)", x["ks"], x["ks_1pct_critical"]))
     ph = m.get("phases") or {}
     timing = [
-        f"| {k} | {fmt(ph.get(k.split()[0]))} |"
+        f"| {k} | {fmt(ph.get(k.split()[0]), '.4g', '')} |"
         for k in (
             "prepare_s",
             "before_server_s",
@@ -688,20 +672,20 @@ def markdown(m: dict[str, Any], a: argparse.Namespace, line: str) -> str:
         )
     ]
     split = m.get("time_split") or {}
-    timing.append(f"| fixed part (where_time_went) | {fmt(split.get('fixed_s'))} |")
-    timing.append(f"| drain_token_share | {fmt(split.get('drain_token_share'))} |")
+    timing.append(f"| fixed part (where_time_went) | {fmt(split.get('fixed_s'), '.4g', '')} |")
+    timing.append(f"| drain_token_share | {fmt(split.get('drain_token_share'), '.4g', '')} |")
     out = [
         f"# Known-answer target{' (dense)' if getattr(a, 'dense', False) else ''}, mode {a.mode}: "
         f"{m['requests']} prompts, max_tokens {a.max_tokens}",
         "",
         "| measure | measured | designed |",
         "|---|---|---|",
-        *(f"| {k} | {fmt(v)} | {fmt(w)} |" for k, v, w in rows),
+        *(f"| {k} | {fmt(v, '.4g', '')} | {fmt(w, '.4g', '')} |" for k, v, w in rows),
         "",
         f"Re-audit passed: {(m.get('reaudit') or {}).get('passed')}; "
         f"READY: {(m.get('ready') or {}).get('ready')}.",
         "",
-        f"Where regen's {fmt(m['wall_s'])} s went (Snakemake start to end):",
+        f"Where regen's {fmt(m['wall_s'], '.4g', '')} s went (Snakemake start to end):",
         "",
         "| phase | s |",
         "|---|---|",
@@ -736,7 +720,9 @@ def is_dense(model: Path) -> bool:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, required=True, help="known_target.py output (built if absent, tiny)")
+    p.add_argument(
+        "--model", type=Path, required=True, help="the model step's output (built if absent, tiny)"
+    )
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--mode", choices=("simulated", "sglang"), default="simulated")
     p.add_argument("--n", type=int, default=2000)
@@ -832,7 +818,3 @@ def main(argv: list[str]) -> int:
     (a.work / "known_target_measured.md").write_text(markdown(m, a, line))
     print(line)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
