@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
-import yaml
 
 from regen.layout.names import CONFIG_SCHEMA
-from regen.runconfig import config_schema, filling_validator
+from regen.runconfig import config_schema, filling_validator, safe_load_yaml
 
 #: the layer name of ``snakemake --config key=value`` overrides
 COMMAND_LINE = "--config"
@@ -61,7 +60,7 @@ def read_layers(
     layers = []
     for name in files:
         with open(name) as fh:
-            values = yaml.safe_load(fh) or {}
+            values = safe_load_yaml(fh) or {}
         if not isinstance(values, Mapping):
             raise ConfigFileError([f"(top level) ({shown_path(name)}): not a mapping of config keys"])
         layers.append(ConfigLayer(shown_path(name), values))

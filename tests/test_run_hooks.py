@@ -183,6 +183,8 @@ def test_a_dead_controllers_lock_is_released_at_dag_time(tmp_path: Path) -> None
 
 
 def test_a_dry_run_of_the_demo_imports_no_plotting_library(tmp_path: Path) -> None:
+    """Nor what only a stage's job uses: the report's modules, the chat template's renderer (jinja2's
+    sandbox) and the tokenizer, which every group member's Snakemake start would pay for (issue 58 item 2)."""
     wd = copy_workflow(tmp_path / "wf")
     run = subprocess.run(
         [SNAKEMAKE, "-n", "--configfile", "config/demo.yaml"],
@@ -199,3 +201,9 @@ def test_a_dry_run_of_the_demo_imports_no_plotting_library(tmp_path: Path) -> No
     assert "regen.run_hooks" in imported  # the measurement sees the Snakefile's imports
     plotting = sorted(m for m in imported if m.split(".")[0] in {"matplotlib", "seaborn", "plotly", "altair"})
     assert plotting == [], plotting
+    stage_only = sorted(
+        m
+        for m in imported
+        if m.split(".")[0] == "tokenizers" or m == "regen.chat" or m.startswith("regen.observe")
+    )
+    assert stage_only == [], stage_only

@@ -29,7 +29,6 @@ import numpy as np
 import orjson
 import pyarrow.parquet as pq
 
-from regen.chat import ChatTemplate
 from regen.ingest.dataset import iter_samples
 from regen.layout.names import shard_name as shard_name  # the shard-name format's home is the layout
 from regen.records import SHARD_SCHEMA, SampleRows, message_from_row
@@ -267,6 +266,8 @@ def make_shards(
     Exclusion matches the audit's ``excluded.jsonl`` by source file and row (unique in the input, while
     content-derived ids repeat for exact duplicates, whose first occurrence must stay).
     """
+    from regen.chat import ChatTemplate  # jinja2's sandbox and tokenizers: the shard job's, not the DAG's
+
     rows = read_excluded_places(excluded_jsonl)
     developer_role = ChatTemplate.from_dir(tokenizer_dir).developer_role if tokenizer_dir else "system"
     samples = iter_samples(

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from regen.chat import compile_template
 from regen.ingest.rows import UnreadableRow, require, type_name
 from regen.types import Message
 
@@ -42,6 +41,8 @@ _PROBE_CONTENT = "\ue002C"
 
 def markers_from_template(template: str, added_tokens: Iterable[str]) -> ChatMarkers:
     """Find the turn markers by rendering probe conversations through ``template``."""
+    from regen.chat import compile_template  # jinja2's sandbox: only where tokenized rows are read
+
     tokens = sorted(set(added_tokens), key=len, reverse=True)
     tpl = compile_template(template)
     text = tpl.render(messages=[{"role": "user", "content": _PROBE_USER}], add_generation_prompt=False)

@@ -39,7 +39,7 @@ def test_a_second_run_after_unlock_generates_nothing_twice(tmp_path: Path) -> No
         "shards": {"count": 2},
         "server": {
             "port_base": free_port_base(),
-            "simulated": {"token_rate": 40, "max_running_requests": 8, "faults": {}},
+            "simulated": {"token_rate": 40, "max_running_requests": 8, "faults": {"enabled": False}},
         },
     }
     (wd / "config" / "slow.yaml").write_text(yaml.safe_dump(slow))

@@ -41,6 +41,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -262,10 +263,22 @@ class Sequence:
         return ["--configfile", *files]
 
     # ------------------------------------------------------------------------------- runs --
-    def run(self, *extra: str) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *extra: str, on_start: Callable[[], None] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """The run in the foreground; ``on_start`` is called the moment its Snakemake process exists."""
         self.started = self.key()
         self.keys.append(self.started)
-        done = snakemake(self.wd, "--cores", "2", *self.argv(), *extra, timeout=600)
+        if on_start is None:
+            done = snakemake(self.wd, "--cores", "2", *self.argv(), *extra, timeout=600)
+        else:
+            argv = [SNAKEMAKE, "--cores", "2", *self.argv(), *extra]
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            with subprocess.Popen(argv, cwd=self.wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) as proc:  # fmt: skip
+                on_start()
+                out, err = proc.communicate(timeout=600)
+            done = subprocess.CompletedProcess(argv, proc.returncode, out, err)
         self.saw(done.stderr + done.stdout)
         if done.returncode == 0 and not extra:
             self.declared_ready()
@@ -455,8 +468,9 @@ def step(seq: Sequence, kind: str) -> None:
         while seq.generate_jobs() and time.monotonic() < deadline:
             time.sleep(0.5)
         assert seq.generate_jobs() == [], "orphaned generate jobs of the dead run still run"
-        # rerunning the same command resumes (a dead controller's lock released with one line)
-        done = seq.run()
+        # rerunning the same command resumes (a dead controller's lock released with one line); regen status
+        # follows the rerun from its start, never the killed run's DEAD (issue 58 item 6)
+        done = seq.run(on_start=lambda: status_follows_the_new_run(seq))
         assert done.returncode == 0, done.stderr[-4000:]
         if kind != "ctrl-c":
             assert "regen: released the Snakemake lock left by the run of" in done.stderr, done.stderr[-3000:]
@@ -475,6 +489,12 @@ def step(seq: Sequence, kind: str) -> None:
                 assert "training-ready rows in" not in html
     else:  # pragma: no cover - the table above lists every kind
         raise AssertionError(kind)
+
+
+def status_follows_the_new_run(seq: Sequence) -> None:
+    """``regen status`` the moment a rerun's Snakemake exists: a new run starting (or already running)."""
+    status = regen(seq.wd, "status").stdout
+    assert "DEAD" not in status and ("a new run is starting" in status or ": running" in status), status
 
 
 def check(seq: Sequence, reconciled: set[tuple[Path, str]], sent: set[Completion]) -> None:

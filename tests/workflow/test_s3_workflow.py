@@ -43,7 +43,7 @@ generate:
   journal_sync: {{s3_prefix: "{prefix}/run", every_records: 4, every_seconds: 0.5}}
 merge: {{output_prefix: "{prefix}/dataset"}}
 server:
-  simulated: {{token_rate: 150, faults: {{}}}}
+  simulated: {{token_rate: 150, faults: {{enabled: false}}}}
 """
     )
     return path

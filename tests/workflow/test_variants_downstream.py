@@ -51,7 +51,7 @@ generate:
     - {{name: greedy, thinking: "off", temperature: 0, n: 2}}
 server:
   port_base: {free_port_base(2)}
-  simulated: {{faults: {{}}}}
+  simulated: {{faults: {{enabled: false}}}}
 validate: {{quarantine_truncated: false}}
 reaudit: {{override_gates: true}}
 export: {{eval_fraction: 0.4, drop_duplicate_completions: true, max_length: null}}
