@@ -11,7 +11,7 @@ from pathlib import Path
 
 from regen.features.store import file_sha256, read_manifest
 from regen.io import write_json
-from regen.layout import MANIFEST_NAME
+from regen.layout.names import MANIFEST_NAME
 from regen.storage import StorageError, is_s3_uri, parse_location, upload_files
 
 

@@ -12,7 +12,8 @@ from support.workflow import copy_workflow, job_counts, snakemake
 
 from regen.configfile import load_config
 from regen.features.projection import preview_lines, token_counts_for_run
-from regen.layout import LANDING_RST, RunLayout, dataset_part
+from regen.layout.names import LANDING_RST, dataset_part
+from regen.layout.run import RunLayout
 from regen.observe.landing import RunFacts
 from regen.observe.report import write_report_assets
 

@@ -23,7 +23,8 @@ from regen.features.store import (
     row_file_name,
     settings_digest,
 )
-from regen.layout import MANIFEST_NAME, RunLayout
+from regen.layout.names import MANIFEST_NAME
+from regen.layout.run import RunLayout
 from regen.storage import StorageError, download_file, list_keys, split_s3_uri
 
 pytestmark = pytest.mark.s3

@@ -203,7 +203,8 @@ def test_servers_started_for_the_plan_are_kept_where_the_run_is_small(tmp_path: 
     run already started with the plan have spent their start: the tune rule keeps them for it."""
     import os
 
-    from regen.layout import RunLayout, slurm_job_id
+    from regen.layout.run import RunLayout
+    from regen.layout.slots import slurm_job_id
     from regen.tune.prestart import confirm_prestarted
 
     layout = RunLayout.under(tmp_path)
