@@ -238,6 +238,24 @@ def test_no_file_name_is_derived_from_a_sample_id(tmp_workdir: Path) -> None:
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__"}
 
 
+def _safe_loader(call: ast.Call) -> bool:
+    """``yaml.load(..., Loader=SAFE_LOADER)``: regen's one loader, safe_load's own (C when built)."""
+    return any(
+        kw.arg == "Loader" and isinstance(kw.value, ast.Name) and kw.value.id == "SAFE_LOADER"
+        for kw in call.keywords
+    )
+
+
+def test_the_one_yaml_loader_is_a_safe_one() -> None:
+    import yaml
+
+    from regen.runconfig import SAFE_LOADER
+
+    assert SAFE_LOADER in (yaml.SafeLoader, getattr(yaml, "CSafeLoader", None))
+    with pytest.raises(yaml.constructor.ConstructorError):
+        yaml.load("!!python/object/apply:os.system ['true']", Loader=SAFE_LOADER)
+
+
 def _violations(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
@@ -255,7 +273,7 @@ def _violations(path: Path) -> list[str]:
         if name in ("load", "loads") and isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name):
             if fn.value.id == "pickle":
                 found.append(f"{where}: pickle.{name}()")
-            if fn.value.id == "yaml" and name == "load":
+            if fn.value.id == "yaml" and name == "load" and not _safe_loader(node):
                 found.append(f"{where}: yaml.load() (use yaml.safe_load)")
         for kw in node.keywords:
             if kw.arg == "shell" and isinstance(kw.value, ast.Constant) and kw.value.value is True:

@@ -133,6 +133,11 @@ EXPECTED: dict[str, tuple[dict[str, list[str]], dict[str, list[str]], str | None
         str(RUN.benchmark("features", SHARD)),
     ),
     "features_all": ({"*": []}, {"*": []}, None),
+    "publish_features": (
+        {"record": s(RUN.features_published(SHARD))},
+        {"*": s(RUN.log("publish_features", SHARD))},
+        None,
+    ),
     "all": ({"*": []}, {"*": []}, None),
 }
 
