@@ -323,11 +323,7 @@ def test_a_node_lost_mid_generation_costs_at_most_one_batch_per_shard(
         f"regenerated={len(regenerated)} lost={reconcile['lost_count']} "
         f"duplicated={reconcile['duplicated_count']}"
     )
-    print(line)
-    out = os.environ.get("REGEN_CLUSTER_BENCH_OUT")
-    if out:
-        with open(out, "a") as fh:
-            fh.write(line + "\n")
+    say_cluster_line(line)
 
 
 @pytest.mark.timeout(480)
@@ -443,14 +439,19 @@ def test_the_demo_as_shipped_starts_one_server_per_group_job_and_its_members_bac
         f"server_starts={sum(starts.values())} member_gaps_s={','.join(map(str, every_gap))} "
         f"median_gap_s={median:.2f} load_before={load_before:.1f}"
     )
-    print(line)
-    out = os.environ.get("REGEN_CLUSTER_BENCH_OUT")
-    if out:
-        with open(out, "a") as fh:
-            fh.write(line + "\n")
+    say_cluster_line(line)
     assert len(group_jobs) == -(-GROUPED_SHARDS // PER_GROUP_JOB), group_jobs
     assert set(starts) == set(group_jobs) and sum(starts.values()) == len(group_jobs), (starts, group_jobs)
     assert sorted(len(s) for s in shards_served(work).values()) == [2, 3, 3], shards_served(work)
     assert len(every_gap) == GROUPED_SHARDS - len(group_jobs), gaps
     if load_before < (os.cpu_count() or 1) / 2:  # else CPU starvation, not regen: measured, not asserted
         assert median <= MEMBER_GAP_S, line
+
+
+def say_cluster_line(line: str) -> None:
+    """A cluster test's measured line: printed, and appended to ``$REGEN_CLUSTER_BENCH_OUT`` when set."""
+    print(line)
+    out = os.environ.get("REGEN_CLUSTER_BENCH_OUT")
+    if out:
+        with open(out, "a") as fh:
+            fh.write(line + "\n")
