@@ -78,6 +78,16 @@ class TokenCounts:
         )
 
     @classmethod
+    def from_export(cls, manifest: Path, tokenized: str | os.PathLike[str]) -> TokenCounts:
+        """The token export's rows and tokens as its manifest counted them while writing (``tokenized``:
+        ``rows``, ``tokens``); a manifest from before that count: the export itself, read through."""
+        said = orjson.loads(manifest.read_bytes()).get("tokenized", {}) if manifest.is_file() else {}
+        if "tokens" in said and "rows" in said:
+            where = f"the token export's real lengths ({tokenized}, counted in its manifest)"
+            return cls(int(said["rows"]), int(said["tokens"]), where)
+        return cls.from_token_export(tokenized)
+
+    @classmethod
     def from_token_export(cls, tokenized: str | os.PathLike[str]) -> TokenCounts:
         """From the token export (``results/export/tokenized.jsonl``): its rows' real lengths."""
         rows = tokens = 0
@@ -208,7 +218,7 @@ def token_counts_for_run(layout: RunLayout, completions_per_prompt: int) -> Toke
     """The best counts the run's files give: the token export; else the merged dataset; else the validated
     shards so far completed by the audit; else the audit alone; None before the audit."""
     if layout.export_tokenized.is_file():
-        return TokenCounts.from_token_export(layout.export_tokenized)
+        return TokenCounts.from_export(layout.export_manifest, layout.export_tokenized)
     if layout.dataset_manifest.is_file():
         return TokenCounts.from_answers(dataset_parts(layout.dataset_dir), str(layout.dataset_dir))
     audit = None

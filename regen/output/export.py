@@ -213,6 +213,8 @@ class ExportTally:
     left_out: Counter[str] = field(default_factory=Counter)
     sources: Counter[str] = field(default_factory=Counter)
     token_rows: Counter[str] = field(default_factory=Counter)
+    #: the token rows' input ids (prompt and answer), per side: what the features stage prefills
+    token_ids: Counter[str] = field(default_factory=Counter)
     supervised: Counter[str] = field(default_factory=Counter)
     #: the training split's supervised tokens: the draft vocabulary's input
     token_counts: TokenCounts = field(default_factory=TokenCounts)
@@ -265,6 +267,7 @@ def _export_row(
             tally.token_counts.add(out.input_ids, out.loss_mask)
         tally.sources[out.source] += 1
         tally.token_rows[side] += 1
+        tally.token_ids[side] += len(out.input_ids)
         per_variant[f"tokenized_{side}"] += 1
         tally.supervised[side] += sum(out.loss_mask)
     if kept:  # the row is in the token export: its thinking mode, for serving to match
@@ -357,6 +360,7 @@ def _manifest(
         "tokenized": {
             "path": paths.tokenized,
             "rows": token_rows[TRAIN],
+            "tokens": tally.token_ids[TRAIN],
             "supervised_tokens": supervised[TRAIN],
             "ids": dict(tally.sources),
             "one_row_per": "regenerated assistant turn" if regenerate == "all" else "record",

@@ -94,3 +94,7 @@ def test_generated_answers_replace_the_audits_means(tmp_path: Path) -> None:
     )
     counts = token_counts_for_run(layout, completions_per_prompt=2)
     assert counts is not None and (counts.rows, counts.tokens) == (1, 7)
+    # the export's manifest counted them while writing: read there, the export not parsed again
+    layout.export_manifest.write_text(json.dumps({"tokenized": {"rows": 1, "tokens": 9}}))
+    counts = token_counts_for_run(layout, completions_per_prompt=2)
+    assert counts is not None and (counts.rows, counts.tokens) == (1, 9) and "manifest" in counts.source

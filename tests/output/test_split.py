@@ -93,6 +93,8 @@ def test_export_writes_the_eval_split_beside_the_training_files(tmp_path: Path) 
     assert split["prompts_on_both_sides"] == 0 and split["eval_fraction"] == 0.3
     assert split["tokenized_rows"] == len((out / "tokenized.eval.jsonl").read_bytes().splitlines())
     assert manifest["tokenized"]["rows"] == len((out / "tokenized.jsonl").read_bytes().splitlines())
+    written = [orjson.loads(line) for line in (out / "tokenized.jsonl").read_bytes().splitlines()]
+    assert manifest["tokenized"]["tokens"] == sum(len(r["input_ids"]) for r in written) > 0
     # a rerun, and a rerun over the rows in another order (another shard layout), give the same split
     again, out_b = export(tmp_path, dataset, "b", 0.3)
     assert {**again["eval_split"], "files": None} == {**split, "files": None}
