@@ -207,6 +207,10 @@ async def flush_cache(url: str) -> int:
 # ------------------------------------------------------------------------------------ arms
 
 
+#: the defaults' offers ``--offers`` names: every request at once, regen's client concurrency, 256
+OFFERS = ("all", "regen", "256")
+
+
 @dataclass
 class Settings:
     work: Path
@@ -214,6 +218,8 @@ class Settings:
     model: str
     race: RaceWork
     ready_timeout_s: float = 900.0
+    #: which of the defaults' offers run (:data:`OFFERS`)
+    offers: tuple[str, ...] = OFFERS
 
 
 def arm_row(name: str, start_s: float | None, done: Finished | None, log_text: str) -> dict[str, Any]:
@@ -262,8 +268,11 @@ def default_server(s: Settings, model_dir: Path, name: str) -> Server:
     return Server(argv, log_path, port)
 
 
-async def default_arms(s: Settings, model_dir: Path, offers: dict[str, int]) -> list[dict[str, Any]]:
-    """One server with SGLang's defaults; each offer sends the whole workload (cache flushed between)."""
+async def default_arms(
+    s: Settings, model_dir: Path, offers: dict[str, int], saved: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One server with SGLang's defaults; each offer sends the whole workload (cache flushed between);
+    after each, the rows so far (``saved`` and these) are saved."""
     server = default_server(s, model_dir, "defaults").start()
     t = Timer()
     rows: list[dict[str, Any]] = []
@@ -279,6 +288,7 @@ async def default_arms(s: Settings, model_dir: Path, offers: dict[str, int]) -> 
             row = arm_row(name, start_s, done, server.text()[mark:])
             row["in_flight"] = in_flight
             rows.append(row)
+            save_rows(s, saved + rows)
             log(f"{name}: {brief(row)}")
     except RuntimeError as exc:
         rows.append({"arm": "defaults", "error": str(exc)[-2000:]})
@@ -466,13 +476,23 @@ def run_race(s: Settings) -> list[dict[str, Any]]:
     rows.append(offline_arm(s, model_dir))
     log(f"offline: {brief(rows[-1])}")
     save_rows(s, rows)
-    offers = {"default-all": s.race.requests}
-    if concurrency and concurrency != 256:
-        offers[f"default-c{concurrency}"] = concurrency
-    offers["default-c256"] = 256
-    rows.extend(asyncio.run(default_arms(s, model_dir, offers)))
+    offers = default_offers(s.offers, s.race.requests, concurrency)
+    rows.extend(asyncio.run(default_arms(s, model_dir, offers, saved=rows)))
     save_rows(s, rows)
     return rows
+
+
+def default_offers(names: tuple[str, ...], requests: int, concurrency: int | None) -> dict[str, int]:
+    """The defaults' offers by name, widest first (a name regen's arm left without a concurrency, or equal
+    to 256, is left out)."""
+    offers: dict[str, int] = {}
+    if "all" in names:
+        offers["default-all"] = requests
+    if "regen" in names and concurrency and concurrency != 256:
+        offers[f"default-c{concurrency}"] = concurrency
+    if "256" in names:
+        offers["default-c256"] = 256
+    return offers
 
 
 def save_rows(s: Settings, rows: list[dict[str, Any]]) -> None:
@@ -489,12 +509,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--median", type=float, default=128)
     p.add_argument("--mean", type=float, default=160)
     p.add_argument("--cap", type=int, default=1024)
+    p.add_argument("--offers", default=",".join(OFFERS), help=f"the defaults' offers, of {', '.join(OFFERS)}")
     args = parse_args(p, argv)
     if args.smoke:  # CI: the CPU rehearsal at tiny sizes, written to a temporary dir
         args.dry_cpu = True
         args.out = args.work = Path(tempfile.mkdtemp(prefix="race-smoke-"))
     race = RaceWork(args.requests, args.prompt_tokens, args.median, args.mean, args.cap)
-    s = Settings(work=args.work, dry=args.dry_cpu, model=args.model, race=race)
+    offers = tuple(args.offers.split(","))
+    if unknown := set(offers) - set(OFFERS):
+        p.error(f"--offers: unknown {sorted(unknown)}; known: {', '.join(OFFERS)}")
+    s = Settings(work=args.work, dry=args.dry_cpu, model=args.model, race=race, offers=offers)
     s.work.mkdir(parents=True, exist_ok=True)
     log(f"race: {args.model}, {race.requests} requests, {race.planned_output_tokens()} output tokens")
     rows = run_race(s)
