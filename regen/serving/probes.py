@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -47,7 +48,7 @@ def one_token_generation(url: str, model: str, api_key: str | None, timeout: flo
             payload = json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # IncompleteRead: a reply cut short
         return f"{type(exc).__name__}: {exc}"
     if not isinstance(payload, dict) or not payload.get("choices"):
         return f"no choices in reply: {str(payload)[:200]}"
@@ -66,7 +67,7 @@ def fetch_server_info(url: str, api_key: str | None) -> dict[str, Any]:
     for path in ("/server_info", "/get_server_info"):
         try:
             info = get_json(url.rstrip("/") + path, api_key)
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):
             continue
         if isinstance(info, dict):
             return info

@@ -438,7 +438,9 @@ def test_flaky_responses_are_retried_and_every_sample_lands_once(
     stats, _ = rig.generate(rig.server_cfg({**faults, "seed": 11}), samples, max_attempts=6)
     recs, fails = assert_each_sample_once(rig, samples)
     assert not fails
-    injected = [e["id"] for e in rig.events() if e["event"].startswith("fault:")]
+    # faults the samples met: the server's readiness probe (no sample id) draws faults too, and the
+    # supervisor, not the client, retries it (CI once drew one: 11 injected against 10 retried)
+    injected = [e["id"] for e in rig.events() if e["event"].startswith("fault:") and e["id"] is not None]
     assert injected, "the fault rate must have hit some requests"
     assert stats.retried_requests == len(injected) == sum(r["attempts"] - 1 for r in recs)
     received = received_counts(rig)

@@ -894,3 +894,19 @@ def test_one_server_per_group_job_whatever_the_gap_between_members(rig: Rig, mon
             step.kill()
             step.wait()
     wait_for(lambda: not procs_mentioning(str(rig.root)), 10, "every group job's server gone with its job")
+
+
+@pytest.mark.parametrize("kind", ["truncate", "malformed", "disconnect", "error"])
+def test_readiness_probe_reports_a_broken_reply_instead_of_crashing_the_supervisor(kind: str) -> None:
+    """A reply cut short raises ``http.client.IncompleteRead``, which is no OSError: the supervisor's
+    probe loop died on it (CI, ``truncate_rate: 0.1``) instead of probing again."""
+    from regen.serving.probes import one_token_generation
+    from regen.simulated.faults import Faults
+    from regen.simulated.launcher import start_simulated_server
+
+    url, stop = start_simulated_server(faults=Faults(**{f"{kind}_rate": 1.0}))
+    try:
+        problem = one_token_generation(url, "demo-model", None, timeout=10)
+    finally:
+        stop()
+    assert problem is not None and problem.strip()
