@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,15 @@ import aiohttp
 
 from bench.gpu import serverlog
 from bench.gpu.dense import Workload, wait_ready
-from bench.gpu.harness import Timer, bench_server_cfg, count_output_tokens, generate_dict, gpu_memory_mib, log
+from bench.gpu.harness import (
+    BASE_ARGS,
+    Timer,
+    bench_server_cfg,
+    count_output_tokens,
+    generate_dict,
+    gpu_memory_mib,
+    log,
+)
 from bench.gpu.planner_truth import (
     MODELS,
     Server,
@@ -350,7 +359,9 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     summary = s.work / "summary.json"
     summary.write_text(json.dumps(audit_summary(s.race)))
     tune_args = ("--audit-summary", str(summary), "--max-tokens", str(s.race.cap))
-    plan = regen_tune(model_dir, (), *tune_args, gpu_mib=gpu_memory_mib(s.dry))
+    # the user's flags: the config-only model's dummy weights, as every arm loads them (without them, the
+    # first race on the H100 waited out regen's 900-s start for a server that had no weights to load)
+    plan = regen_tune(model_dir, BASE_ARGS, *tune_args, gpu_mib=gpu_memory_mib(s.dry))
     if plan.refused or plan.plan is None:
         return [{"arm": "regen", "error": f"regen tune refused: {plan.message}"}], None
     concurrency = plan.number("client_concurrency")
@@ -358,7 +369,12 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     planned = {"plan_args": plan.plan.get("recommended"), "client_concurrency": concurrency, "cap": cap}
     sim = {"token_rate": 400.0, "max_running_requests": int(cap or 256), "startup_delay_s": 1.0}
     cfg = bench_server_cfg(
-        model_dir, s.dry, args=[], use_tuner=True, port_base=free_port(), simulated=sim if s.dry else None
+        model_dir,
+        s.dry,
+        args=list(BASE_ARGS),
+        use_tuner=True,
+        port_base=free_port(),
+        simulated=sim if s.dry else None,
     )
     servers, logs = s.work / "regen-servers", s.work / "regen-logs"
     offers = {"regen": None, "regen-wide": int(cap) if cap and cap != concurrency else None}
@@ -374,8 +390,9 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
                 text = read_from(logs / "gpu0.log", mark)
                 rows.append({**planned, **arm_row(name, start_s, done, text), "in_flight": in_flight})
                 log(f"{name}: {brief(rows[-1])}")
-    except RuntimeError as exc:
-        rows.append({"arm": "regen", "error": str(exc)[-2000:]})
+    except Exception as exc:  # any failure is this arm's row; the peers still run
+        rows.append({"arm": "regen", "error": "".join(traceback.format_exception(exc))[-3000:]})
+        log(f"regen: failed: {exc!r}")
     finally:
         stop_all_servers(servers, grace_s=60)
         wait_gpu_free(s.dry)

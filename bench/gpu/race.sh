@@ -18,7 +18,7 @@ collect() {
   rm -rf /tmp/collect/* && mkdir -p /tmp/collect/logs
   cp /tmp/race-work/logs/*.log /tmp/collect/logs/ 2>/dev/null
   cp /tmp/race-work/regen-logs/*.log /tmp/collect/logs/ 2>/dev/null
-  cp /tmp/race-work/*.json /tmp/collect/logs/ 2>/dev/null
+  cp /tmp/race-work/*.json /tmp/race-work/regen-servers/*.json /tmp/race-work/status/*.json /tmp/collect/logs/ 2>/dev/null
   rm -f /tmp/collect/logs/offline-input.json
   for d in /tmp/race-work/*-out; do
     [ -d "$d" ] && tail -c 4000 "$d/records.jsonl" > /tmp/collect/logs/$(basename $d).records.tail 2>/dev/null
