@@ -5,7 +5,7 @@
 #   race.sh wait SECONDS      wait for its last line (race:), then copy the results and logs to $OUT
 # Device calls, back to back (the machine is given back ~30 s after a call ends):
 #   1-4. carry [.gpu/p0N]: bash bench/gpu/race.sh stage
-#   5.   carry [.gpu/p05]: bash bench/gpu/race.sh start 540
+#   5.   carry [.gpu/p05]: bash bench/gpu/race.sh start 480   (stage + setup take ~60 s of the 600-s call)
 #   6+.  bash bench/gpu/race.sh wait 580
 # RACE_ARGS passes options to bench.gpu.race (--model, --requests, ...).
 mode=$1; budget=${2:-560}
