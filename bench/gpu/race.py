@@ -229,6 +229,8 @@ class Settings:
     ready_timeout_s: float = 900.0
     #: which of the defaults' offers run (:data:`OFFERS`)
     offers: tuple[str, ...] = OFFERS
+    #: whether the offline engine's arm runs (``--no-offline``: a device session too short for it)
+    offline: bool = True
 
 
 def arm_row(name: str, start_s: float | None, done: Finished | None, log_text: str) -> dict[str, Any]:
@@ -494,9 +496,10 @@ def run_race(s: Settings) -> list[dict[str, Any]]:
     offers = default_offers(s.offers, s.race.requests, concurrency)
     rows.extend(asyncio.run(default_arms(s, model_dir, offers, saved=rows)))
     save_rows(s, rows)
-    rows.append(offline_arm(s, model_dir))
-    log(f"offline: {brief(rows[-1])}")
-    save_rows(s, rows)
+    if s.offline:
+        rows.append(offline_arm(s, model_dir))
+        log(f"offline: {brief(rows[-1])}")
+        save_rows(s, rows)
     return rows
 
 
@@ -550,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mean", type=float, default=160)
     p.add_argument("--cap", type=int, default=1024)
     p.add_argument("--offers", default=",".join(OFFERS), help=f"the defaults' offers, of {', '.join(OFFERS)}")
+    p.add_argument("--no-offline", action="store_true", help="leave the offline engine's arm out")
     args = parse_args(p, argv)
     if args.smoke:  # CI: the CPU rehearsal at tiny sizes, written to a temporary dir
         args.dry_cpu = True
@@ -558,7 +562,14 @@ def main(argv: list[str] | None = None) -> int:
     offers = tuple(args.offers.split(","))
     if unknown := set(offers) - set(OFFERS):
         p.error(f"--offers: unknown {sorted(unknown)}; known: {', '.join(OFFERS)}")
-    s = Settings(work=args.work, dry=args.dry_cpu, model=args.model, race=race, offers=offers)
+    s = Settings(
+        work=args.work,
+        dry=args.dry_cpu,
+        model=args.model,
+        race=race,
+        offers=offers,
+        offline=not args.no_offline,
+    )
     s.work.mkdir(parents=True, exist_ok=True)
     log(f"race: {args.model}, {race.requests} requests, {race.planned_output_tokens()} output tokens")
     rows = run_race(s)
