@@ -270,9 +270,8 @@ class Supervisor:
                     f"server not ready within startup deadline {self.cfg.startup_timeout_s:g} s "
                     f"(server.startup_timeout_s); last probe: {last_problem}",
                 )
-            problem = one_token_generation(
-                self.url, self.cfg.model, self.api_key, timeout=max(1.0, min(60.0, remaining))
-            )
+            wait = probe_timeout(self.cfg.startup_timeout_s, remaining)
+            problem = one_token_generation(self.url, self.cfg.model, self.api_key, timeout=wait)
             if problem is None and group_listens_on(child.pid, self.port) is False:
                 return False  # another process answers on our port; ours cannot bind it (port_lost)
             if problem is None:
@@ -458,6 +457,20 @@ def _die_with_parent(parent: int) -> None:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+#: a readiness probe waits at most this long, and at most a quarter of the startup deadline, so one probe
+#: that a server drops (a wedged request) leaves time for more before the deadline (on real SGLang the
+#: first sampled request after a fresh start took ~75 s of one-time JIT builds: the next probe then finds
+#: the kernels built)
+PROBE_TIMEOUT_MAX_S = 60.0
+PROBE_SHARE_OF_STARTUP = 0.25
+
+
+def probe_timeout(startup_timeout_s: float, remaining_s: float) -> float:
+    """How long one readiness probe waits: at most a quarter of the startup deadline and 60 s, never past
+    the deadline, at least 1 s."""
+    return max(1.0, min(PROBE_TIMEOUT_MAX_S, PROBE_SHARE_OF_STARTUP * startup_timeout_s, remaining_s))
 
 
 def parse_args(argv: list[str]) -> SupervisorConfig:

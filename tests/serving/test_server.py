@@ -910,3 +910,15 @@ def test_readiness_probe_reports_a_broken_reply_instead_of_crashing_the_supervis
     finally:
         stop()
     assert problem is not None and problem.strip()
+
+
+def test_one_dropped_readiness_probe_leaves_time_for_more_before_the_startup_deadline() -> None:
+    """A probe the server drops (a wedged request: CI drew one at ``hang_rate`` 0.15) waited out the whole
+    startup deadline, and the supervisor gave up on a healthy server. Each probe now waits at most a quarter
+    of the deadline (and 60 s, as before, on a real server's 900-s start), never past the deadline."""
+    from regen.serving.supervisor import probe_timeout
+
+    assert probe_timeout(20.0, 20.0) == 5.0  # a dropped probe leaves 15 s for three more
+    assert probe_timeout(900.0, 900.0) == 60.0
+    assert probe_timeout(900.0, 12.0) == 12.0
+    assert probe_timeout(2.0, 0.2) == 1.0
