@@ -37,6 +37,7 @@ from regen.pilot_file import PilotFile
 from regen.records import ShardStatus
 from regen.run_marker import RunMarker
 from regen.serving.metrics import sum_prometheus
+from regen.serving.probes import NO_ANSWER
 from regen.serving.procfs import is_supervisor, read_url_state
 from regen.serving.progress import ProgressState
 from regen.tune.projection import project
@@ -61,7 +62,7 @@ def fetch_metrics(url: str, timeout: float = 2.0) -> dict[str, float] | None:
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as resp:
             return sum_prometheus(resp.read().decode(errors="replace"), METRIC_NAMES)
-    except (OSError, ValueError):
+    except NO_ANSWER:
         return None
 
 

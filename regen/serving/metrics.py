@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from regen.serving.probes import NO_ANSWER
+
 PLATEAU_TOLERANCE = 0.02
 METHOD_LOG = "median gen throughput of the server log's Decode batch lines at the #running-req plateau"
 METHOD_METRICS = "median sglang:gen_throughput of /metrics samples at the num_running_reqs plateau"
@@ -227,7 +229,7 @@ def sample_metrics(url: str, api_key: str | None = None) -> DecodeSample | None:
     """One ``/metrics`` reading (None when the server has no metrics or does not answer)."""
     try:
         return sample_from_metrics(fetch_metrics(url, api_key))
-    except (OSError, ValueError):
+    except NO_ANSWER:
         return None
 
 

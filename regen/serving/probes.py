@@ -12,6 +12,11 @@ from typing import Any
 from regen.serving.launch_args import flag_name, split_flags
 from regen.sglang.config import PlanFile
 
+#: what a GET or POST to a server raises when it gets no usable answer: no connection or a timeout
+#: (OSError), a body that does not parse (ValueError), a reply cut short (http.client.IncompleteRead and
+#: the other HTTPExceptions, which are no OSError)
+NO_ANSWER: tuple[type[Exception], ...] = (OSError, ValueError, http.client.HTTPException)
+
 
 def _headers(api_key: str | None) -> dict[str, str]:
     headers = {"Content-Type": "application/json"}
@@ -48,7 +53,7 @@ def one_token_generation(url: str, model: str, api_key: str | None, timeout: flo
             payload = json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code}"
-    except (OSError, ValueError, http.client.HTTPException) as exc:  # IncompleteRead: a reply cut short
+    except NO_ANSWER as exc:
         return f"{type(exc).__name__}: {exc}"
     if not isinstance(payload, dict) or not payload.get("choices"):
         return f"no choices in reply: {str(payload)[:200]}"
@@ -67,7 +72,7 @@ def fetch_server_info(url: str, api_key: str | None) -> dict[str, Any]:
     for path in ("/server_info", "/get_server_info"):
         try:
             info = get_json(url.rstrip("/") + path, api_key)
-        except (OSError, ValueError, http.client.HTTPException):
+        except NO_ANSWER:
             continue
         if isinstance(info, dict):
             return info

@@ -42,7 +42,7 @@ import orjson
 from regen.io import read_json, write_json
 from regen.layout.slots import SlotFiles
 from regen.serving.metrics import parse_prometheus
-from regen.serving.probes import one_token_generation
+from regen.serving.probes import NO_ANSWER, one_token_generation
 from regen.serving.procfs import is_supervisor, pid_alive, read_url_state
 from regen.types import Endpoint
 
@@ -157,7 +157,7 @@ class ProgressWatch:
         try:
             with urllib.request.urlopen(req, timeout=max(0.5, min(5.0, self.timeout_s / 4))) as resp:
                 values = parse_prometheus(resp.read().decode("utf-8", errors="replace"))
-        except (OSError, ValueError):
+        except NO_ANSWER:
             return False  # unreachable: the log and the last known load decide
         progressed = False
         tokens = values.get(GEN_TOKENS)

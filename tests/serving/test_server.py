@@ -922,3 +922,34 @@ def test_one_dropped_readiness_probe_leaves_time_for_more_before_the_startup_dea
     assert probe_timeout(900.0, 900.0) == 60.0
     assert probe_timeout(900.0, 12.0) == 12.0
     assert probe_timeout(2.0, 0.2) == 1.0
+
+
+def test_metrics_readers_take_a_reply_cut_short_as_no_answer() -> None:
+    """``regen status``, the stall watch and the steady-state sampler read ``/metrics``; a reply cut short
+    (``http.client.IncompleteRead``, no OSError) crashed them as it crashed the readiness probe."""
+    import socket
+    import threading
+
+    from regen.observe.status import fetch_metrics as status_metrics
+    from regen.serving.metrics import sample_metrics
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    def cut_short() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\nsglang:num_running_reqs 1")
+
+    server = threading.Thread(target=cut_short, daemon=True)
+    server.start()
+    try:
+        assert status_metrics(url, timeout=5) is None
+        assert sample_metrics(url) is None
+    finally:
+        server.join(timeout=5)
+        listener.close()
