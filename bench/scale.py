@@ -24,12 +24,14 @@ On the half-finished state, then on the finished one, it times:
 
 ``--run`` is the held-out kind of run instead (issue 48 item 4; CI: ``tests/workflow/test_scale_run.py``):
 200,000 one-turn samples in 2 shards, 32-token answers, generated through the whole workflow on the demo
-config's simulated servers (``request_timeout_s: 30``, its faults) with ``--resources gpu=2``; then
+config's simulated servers (its faults; a tight ``request_timeout_s``) with ``--resources gpu=2``; then
 ``snakemake -n`` and a rerun with every generate job forced, the servers' request log on. Its line:
 ``scale_run: samples=… records=… failed=… run_s=… plan_s=… rerun_s=… replayed=… sent=… resent=… lost=…
-reconcile_ok=… peak_rss_mb=… ratio=…`` (``failed``: samples the run journaled as failed, every attempt a fault
-the demo injects; ``ratio``: replayed over records; ``resent``: requests the rerun sent for samples
-already answered; ``peak_rss_mb``: the largest process of the first run). The seed's scale (issue 48 item 6):
+reconcile_ok=… peak_rss_mb=… longest_request_s=… tail_ratio=… ratio=…`` (``failed``: samples the run
+journaled as failed, every attempt a fault the demo injects; ``ratio``: replayed over records; ``resent``:
+requests the rerun sent for samples already answered; ``peak_rss_mb``: the largest process of the first run;
+``longest_request_s``: its longest answer; ``tail_ratio``: the lowest over shards of the answer rate over the
+shard's last 5% against its middle half, by when each answer arrived). The seed's scale (issue 48 item 6):
 ``--run --samples 914000 --shards 7 --gpus 7 --answer-tokens 64``.
 
 Last line: ``scale: samples=… answer_tokens=… entry_kb=… open_s=… plan_s=… resume_first_request_s=…
@@ -319,6 +321,18 @@ SAMPLES, SHARDS, ANSWER_TOKENS = 914_000, 7, 64
 #: the held-out kind of run (issue 48 item 4): what ``--run`` does unless told otherwise
 RUN_SAMPLES, RUN_SHARDS, RUN_ANSWER_TOKENS = 200_000, 2, 32
 RUN_CONFIG = "config/scale-run.yaml"
+#: the held-out run's generate.request_timeout_s: tight, yet a few times its longest request. The client runs
+#: 160 in flight on each stand-in (128 running: ``STAND_IN_RUNNING_CAP``), where the plan's worst-case
+#: request of 32 tokens takes 0.41 s (``regen.generate.server_time.stand_in_time``: 32 x (0.25 + 0.02 x 128)
+#: ms + 128 x 2.5 ms); measured on the 2-core machine, 2026-12-06: the longest answer took 0.22 s in 20,000
+#: samples and 0.38 s in the 200,000 (tail_ratio 1.00). 2 s is about 5x either and leaves the window at 160
+#: (the timeout window is 0.8 x 128 x 2 / 0.41 = 499); the demo's 30 s would hide a tail of requests timed
+#: out and sent again
+RUN_REQUEST_TIMEOUT_S = 2.0
+#: the tail rate: samples/s over the last TAIL_SHARE of a shard's answers (by when each arrived), against the
+#: rate over its middle (MIDDLE: from one fraction of its answers to another)
+TAIL_SHARE = 0.05
+MIDDLE = (0.25, 0.75)
 
 
 @dataclass(frozen=True)
@@ -342,6 +356,10 @@ class ScaleRun:
     lost: int
     #: the largest peak RSS of any process of the run (Snakemake, a job, a server), MB
     peak_rss_mb: float
+    #: the first run's longest request (an answer's ``latency_s``), s
+    longest_request_s: float
+    #: the lowest over shards of the tail rate over the middle rate (``tail_ratio``)
+    tail_ratio: float
 
     def line(self) -> str:
         return (
@@ -349,7 +367,8 @@ class ScaleRun:
             f"run_s={self.run_s:.1f} plan_s={self.plan_s:.2f} rerun_s={self.rerun_s:.1f} "
             f"replayed={self.replayed} sent={self.sent} "
             f"resent={self.resent} lost={self.lost} reconcile_ok={int(self.reconcile_ok)} "
-            f"peak_rss_mb={self.peak_rss_mb:.0f} ratio={self.replayed / max(1, self.records):.4f}"
+            f"peak_rss_mb={self.peak_rss_mb:.0f} longest_request_s={self.longest_request_s:.2f} "
+            f"tail_ratio={self.tail_ratio:.2f} ratio={self.replayed / max(1, self.records):.4f}"
         )
 
 
@@ -364,6 +383,25 @@ def timed_snakemake(wd: Path, args: list[str], env: dict[str, str], timeout_s: f
     return took, proc.stdout + proc.stderr
 
 
+def answered_at(record: dict[str, Any]) -> float:
+    """When a journaled record's answer arrived (epoch seconds): its request's start plus its latency."""
+    timings = record["timings"]
+    return float(timings["started_at"]) + float(timings["latency_s"])
+
+
+def rate_between(arrivals: list[float], start: float, end: float) -> float:
+    """Answers/s from the ``start`` to the ``end`` fraction of a shard's answers (``arrivals`` sorted)."""
+    first, last = round(start * (len(arrivals) - 1)), round(end * (len(arrivals) - 1))
+    return (last - first) / max(arrivals[last] - arrivals[first], 1e-9)
+
+
+def tail_ratio(arrivals: list[float]) -> float:
+    """The rate over a shard's last ``TAIL_SHARE`` of answers against its rate over the ``MIDDLE`` (1: no
+    tail; a shard that ends on stragglers, timed out and sent again, is well below)."""
+    arrivals = sorted(arrivals)
+    return rate_between(arrivals, 1 - TAIL_SHARE, 1.0) / rate_between(arrivals, *MIDDLE)
+
+
 def held_out_run(
     wd: Path,
     samples: int = RUN_SAMPLES,
@@ -374,7 +412,8 @@ def held_out_run(
 ) -> ScaleRun:
     """The held-out kind of run through the real workflow in ``wd`` (a fresh dir): ``samples`` one-turn
     chats in ``shards`` shards, answers capped at ``answer_tokens``, the demo config as it is otherwise
-    (simulated servers with its faults, ``request_timeout_s: 30``), ``--resources gpu=G``; then
+    (simulated servers with its faults) but a tight ``request_timeout_s`` (``RUN_REQUEST_TIMEOUT_S``),
+    ``--resources gpu=G``; then
     ``snakemake -n`` and every generate job forced again, the servers' request log on for that rerun."""
     from regen.simulated.options import REQUEST_LOG_ENV
 
@@ -393,7 +432,7 @@ def held_out_run(
     config = {
         "dataset": {"path": "data/scale-run.jsonl"},
         "shards": {"count": shards},
-        "generate": {"sampling": {"max_tokens": answer_tokens}},
+        "generate": {"sampling": {"max_tokens": answer_tokens}, "request_timeout_s": RUN_REQUEST_TIMEOUT_S},
         "server": {"port_base": free_port_base(2 * gpus), "gpus": gpus},
         # answers capped at a few tokens are cut by design here: the run is about the client's load
         "reaudit": {"max_truncated_fraction": 1.0},
@@ -407,12 +446,18 @@ def held_out_run(
     layout = RunLayout.under(wd)
     finished: set[str] = set()
     failed: set[str] = set()
+    latencies: list[float] = []
+    tail_ratios: list[float] = []
     for s in range(shards):
+        records = []
         for e in read_journal_entries(layout.journal(shard_name(s))):
             if e.get("kind") == "record":
                 finished.add(e["id"])
+                records.append(e)
             elif e.get("kind") == "failed":
                 failed.add(e["id"])
+        latencies += [float(r["timings"]["latency_s"]) for r in records]
+        tail_ratios.append(tail_ratio([answered_at(r) for r in records]))
     plan_s, plan_out = timed_snakemake(wd, ["-n", "--cores", "2", "--resources", f"gpu={gpus}"], env, 600)
     request_log = wd / "work" / "rerun-requests.jsonl"
     rerun_env = {**env, REQUEST_LOG_ENV: str(request_log)}
@@ -439,6 +484,8 @@ def held_out_run(
         reconcile_ok=bool(reconcile["ok"]),
         lost=int(reconcile["lost_count"]),
         peak_rss_mb=peak_rss_mb,
+        longest_request_s=max(latencies),
+        tail_ratio=min(tail_ratios),
     )
 
 

@@ -1,7 +1,9 @@
 """Any sequence of runs in one checkout keeps every READY dataset and tells the truth about the current run
 (issue 47 item 2): a seeded generator draws steps (run config A, B that fails its re-audit, C that fails
 its audit; change a deciding key; change an operational key; kill -9 the controller only, or the whole
-process group, mid-generate, and rerun; Ctrl-C mid-generate and rerun; ``--until shard``;
+process group, mid-generate, and rerun; Ctrl-C mid-generate and rerun; kill -9 the controller the moment
+a generate job is launched (issue 58 item 8: the orphaned job stops before it starts a server or sends a
+request, and says so in its log), and rerun; ``--until shard``;
 ``snakemake -n``; ``--report``; and ``generate.variants`` changes (issue 52): add a variant, remove one,
 change one's temperature, raise or lower one's ``n``, switch one's thinking on/off), and after every step
 checks:
@@ -47,7 +49,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.soak import phase_started, processes_in
+from support.soak import phase_started, processes_in, server_processes_in
 from support.workflow import ROOT, SNAKEMAKE, copy_workflow, dataset_records, free_port_base, regen, snakemake
 
 from bench.workflow import write_chats
@@ -59,10 +61,11 @@ from regen.simulated.options import REQUEST_LOG_ENV
 pytestmark = pytest.mark.slow
 
 ROWS = 24
-#: CI's seeds: between them they draw every kind of step once, and their ``variant n`` steps both raise and
-#: lower an n (test_the_generator_draws_every_kind_of_step)
-CI_SEEDS = (48416, 263)
-CI_STEPS = 9
+#: CI's seeds: between them they draw every kind of step at least once, and their ``variant n`` steps both
+#: raise and lower an n (test_the_generator_draws_every_kind_of_step); in ten steps each, as no pair of seeds
+#: below 3,000 draws all 16 kinds in nine
+CI_SEEDS = (6, 1822)
+CI_STEPS = 10
 SEEDS = [int(s) for s in os.environ.get("REGEN_RUN_SEQUENCES", "").split(",") if s.strip()] or list(CI_SEEDS)
 STEPS = int(os.environ.get("REGEN_RUN_SEQUENCE_STEPS", str(CI_STEPS)))
 KEPT = re.compile(
@@ -88,6 +91,7 @@ STEP_KINDS = (
     "kill controller",
     "kill group",
     "ctrl-c",
+    "kill at launch",
     "until shard",
     "dry run",
     "report",
@@ -100,6 +104,16 @@ VARIANT_KINDS = (
     "variant thinking",
 )
 STEP_KINDS += VARIANT_KINDS
+KILL_KINDS = ("kill controller", "kill group", "ctrl-c", "kill at launch")
+#: how soon after a kill -9 of its controller ``regen status`` says a run is DEAD, and its generate jobs end
+STATUS_DEAD_S = 10.0
+JOBS_STOP_S = 20.0
+#: how often "kill at launch" looks for the run's first generate job (to kill its controller before the
+#: job's first line)
+LAUNCH_POLL_S = 0.05
+#: what a generate job logs when it finds its controller gone before it starts a server or sends a request
+#: (``regen.runlog.stop_if_controller_gone``)
+STOPPED_BEFORE_WORK = "stopping this job before it starts work"
 SAMPLE_IDS = [f"seq-{i:03d}" for i in range(ROWS)]
 #: generate.sampling.temperature's schema default, and the demo's non_thinking override (thinking-off requests
 #: of a variant without its own temperature send it)
@@ -314,6 +328,17 @@ class Sequence:
 
     def start(self) -> tuple[subprocess.Popen[bytes], Path]:
         """A run in the background, its console in a file, once it generates."""
+        proc, out = self.launch()
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            if phase_started(out, "generate") and GENERATING.search(out.read_text(errors="replace")):
+                break  # a generate job said it has answers to generate
+            time.sleep(0.2)
+        time.sleep(1.0)  # mid-generate
+        return proc, out
+
+    def launch(self) -> tuple[subprocess.Popen[bytes], Path]:
+        """A run in the background, in a session of its own, its console in a file."""
         self.started = self.key()
         self.keys.append(self.started)
         out = self.wd / f"console-{len(self.history)}.txt"
@@ -326,13 +351,17 @@ class Sequence:
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        deadline = time.monotonic() + 240
-        while proc.poll() is None and time.monotonic() < deadline:
-            if phase_started(out, "generate") and GENERATING.search(out.read_text(errors="replace")):
-                break  # a generate job said it has answers to generate
-            time.sleep(0.2)
-        time.sleep(1.0)  # mid-generate
         return proc, out
+
+    def await_generate_job(self, proc: subprocess.Popen[bytes], timeout_s: float = 240) -> bool:
+        """Whether a generate job's process of the run ``proc`` exists, looked for every ``LAUNCH_POLL_S``
+        until it does, the run ends or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            if self.generate_jobs():
+                return True
+            time.sleep(LAUNCH_POLL_S)
+        return False
 
     def new_temperature(self, reseed: bool = False) -> None:
         """A sampling temperature no run here used yet (a deciding key: every answer of a variant without a
@@ -438,36 +467,15 @@ def step(seq: Sequence, kind: str) -> None:
         seq.change_variants(kind)
         done = seq.run()
         assert (done.returncode == 0) == (seq.config == "A"), done.stderr[-3000:]
-    elif kind in ("kill controller", "kill group", "ctrl-c"):
+    elif kind in KILL_KINDS:
         seq.config = "A"
         # answers to generate, so there is a generate to stop (a new seed when every variant has a temperature
         # of its own: the new temperature alone would regenerate nothing)
         seq.new_temperature(reseed=all(v.temperature is not None for v in seq.variants.effective()))
-        proc, out = seq.start()
-        if kind == "kill controller":
-            os.kill(proc.pid, signal.SIGKILL)
+        if kind == "kill at launch":
+            kill_at_launch(seq)
         else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL if kind == "kill group" else signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise AssertionError(f"{kind}: the run did not stop: {out.read_text()[-3000:]}") from None
-        console = out.read_text(errors="replace")
-        seq.saw(console)
-        assert GENERATING.search(console), f"{kind}: stopped before it generated: {console[-3000:]}"
-        if kind != "ctrl-c":
-            # dead within 10 s, and the dead run's generate jobs stop (their controller is gone)
-            deadline = time.monotonic() + 10
-            while "DEAD" not in (status := regen(seq.wd, "status").stdout) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert "DEAD" in status and f"run: {seq.name()} " in status, status
-        deadline = time.monotonic() + 20
-        while seq.generate_jobs() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert seq.generate_jobs() == [], "orphaned generate jobs of the dead run still run"
+            kill_mid_generate(seq, kind)
         # rerunning the same command resumes (a dead controller's lock released with one line); regen status
         # follows the rerun from its start, never the killed run's DEAD (issue 58 item 6)
         done = seq.run(on_start=lambda: status_follows_the_new_run(seq))
@@ -489,6 +497,81 @@ def step(seq: Sequence, kind: str) -> None:
                 assert "training-ready rows in" not in html
     else:  # pragma: no cover - the table above lists every kind
         raise AssertionError(kind)
+
+
+def kill_mid_generate(seq: Sequence, kind: str) -> None:
+    """``kind`` (kill -9 of the controller or of its process group, or Ctrl-C) once a generate job generates;
+    then the run is dead (but for Ctrl-C, which ends it) and its generate jobs stop."""
+    proc, out = seq.start()
+    if kind == "kill controller":
+        os.kill(proc.pid, signal.SIGKILL)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL if kind == "kill group" else signal.SIGINT)
+    console = stopped_console(seq, proc, out, kind)
+    assert GENERATING.search(console), f"{kind}: stopped before it generated: {console[-3000:]}"
+    if kind != "ctrl-c":
+        dead_within(seq, STATUS_DEAD_S)
+    no_generate_jobs_within(seq, JOBS_STOP_S)
+
+
+def kill_at_launch(seq: Sequence) -> None:
+    """kill -9 of the controller alone the moment a generate job's process exists, before the job's first
+    line (issue 58 item 3): the run is dead, its orphaned job stops, says its controller is gone before it
+    starts work, and starts no server and sends no request."""
+    logged_before = stopped_before_work_lines(seq)
+    servers_before = {pid for pid, _ in server_processes_in(seq.wd)}
+    proc, out = seq.launch()
+    launched = seq.await_generate_job(proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    mark = seq.requests_mark()
+    stopped_console(seq, proc, out, "kill at launch")
+    assert launched, f"kill at launch: no generate job started: {out.read_text(errors='replace')[-3000:]}"
+    dead_within(seq, STATUS_DEAD_S)
+    no_generate_jobs_within(seq, JOBS_STOP_S)
+    sent = seq.sent_since(mark)
+    assert sent == set(), f"the orphaned job sent {len(sent)} requests after its controller died"
+    started = {pid for pid, _ in server_processes_in(seq.wd)} - servers_before
+    assert started == set(), f"the orphaned job started servers: {started}"
+    told = stopped_before_work_lines(seq) - logged_before
+    assert told, f"no generate log says the job stopped before it started work ({STOPPED_BEFORE_WORK!r})"
+
+
+def stopped_console(seq: Sequence, proc: subprocess.Popen[bytes], out: Path, kind: str) -> str:
+    """The killed or interrupted run's console once its Snakemake ended (which ``seq`` is told of)."""
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"{kind}: the run did not stop: {out.read_text()[-3000:]}") from None
+    console = out.read_text(errors="replace")
+    seq.saw(console)
+    return console
+
+
+def dead_within(seq: Sequence, seconds: float) -> None:
+    """``regen status`` says the killed run (the current config's) is DEAD within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while "DEAD" not in (status := regen(seq.wd, "status").stdout) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "DEAD" in status and f"run: {seq.name()} " in status, status
+
+
+def no_generate_jobs_within(seq: Sequence, seconds: float) -> None:
+    """The stopped run's generate jobs are gone within ``seconds`` (their controller is gone)."""
+    deadline = time.monotonic() + seconds
+    while seq.generate_jobs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert seq.generate_jobs() == [], "orphaned generate jobs of the dead run still run"
+
+
+def stopped_before_work_lines(seq: Sequence) -> set[str]:
+    """Every generate log line (rule logs and kept attempt logs; each line timestamped) saying a job found its
+    controller gone before it started work."""
+    logs = sorted((seq.layout.logs / "generate").glob("*.log"))
+    return {line for log in logs for line in log.read_text(errors="replace").splitlines()
+            if STOPPED_BEFORE_WORK in line}  # fmt: skip
 
 
 def status_follows_the_new_run(seq: Sequence) -> None:
