@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
@@ -41,6 +42,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -279,33 +281,42 @@ def default_server(s: Settings, model_dir: Path, name: str) -> Server:
     return Server(argv, log_path, port)
 
 
+@contextlib.asynccontextmanager
+async def serving_defaults(
+    s: Settings, model_dir: Path, name: str
+) -> AsyncIterator[tuple[Server, str, float]]:
+    """A server with SGLang's defaults (:func:`default_server`), ready: it, its url and the seconds from
+    launch to ready; stopped, and the GPU free again, on the way out."""
+    server = default_server(s, model_dir, name).start()
+    t = Timer()
+    try:
+        await wait_ready(server, s.ready_timeout_s)
+        yield server, f"http://127.0.0.1:{server.port}", round(t(), 2)
+    finally:
+        server.stop()
+        wait_gpu_free(s.dry)
+
+
 async def default_arms(
     s: Settings, model_dir: Path, offers: dict[str, int], saved: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """One server with SGLang's defaults; each offer sends the whole workload (cache flushed between);
     after each, the rows so far (``saved`` and these) are saved."""
-    server = default_server(s, model_dir, "defaults").start()
-    t = Timer()
     rows: list[dict[str, Any]] = []
     try:
-        await wait_ready(server, s.ready_timeout_s)
-        start_s = round(t(), 2)
-        url = f"http://127.0.0.1:{server.port}"
-        for name, in_flight in offers.items():
-            mark = len(server.text())
-            if rows and not s.dry:
-                await flush_cache(url)
-            done = await offer(url, s.race, in_flight, str(model_dir))
-            row = arm_row(name, start_s, done, server.text()[mark:])
-            row["in_flight"] = in_flight
-            rows.append(row)
-            save_rows(s, saved + rows)
-            log(f"{name}: {brief(row)}")
+        async with serving_defaults(s, model_dir, "defaults") as (server, url, start_s):
+            for name, in_flight in offers.items():
+                mark = len(server.text())
+                if rows and not s.dry:
+                    await flush_cache(url)
+                done = await offer(url, s.race, in_flight, str(model_dir))
+                row = arm_row(name, start_s, done, server.text()[mark:])
+                row["in_flight"] = in_flight
+                rows.append(row)
+                save_rows(s, saved + rows)
+                log(f"{name}: {brief(row)}")
     except RuntimeError as exc:
         rows.append({"arm": "defaults", "error": str(exc)[-2000:]})
-    finally:
-        server.stop()
-        wait_gpu_free(s.dry)
     return rows
 
 
@@ -512,17 +523,10 @@ async def warm_up(s: Settings, model_dir: Path) -> str:
     any arm: SGLang's one-time JIT builds on a fresh machine (on the H100, 2026-12-06: the first prefill
     graph capture 55 s against 8.6 s later, and the first sampled request 75 s) land here, not on
     whichever arm runs first. A user pays them once per machine with any tool."""
-    server = default_server(s, model_dir, "warm-up").start()
-    t = Timer()
-    try:
-        await wait_ready(server, s.ready_timeout_s)
-        ready_s = round(t(), 1)
+    async with serving_defaults(s, model_dir, "warm-up") as (_, url, ready_s):
         small = RaceWork(WARM_UP_REQUESTS, s.race.prompt_tokens, s.race.median, s.race.mean, s.race.cap)
-        done = await offer(f"http://127.0.0.1:{server.port}", small, WARM_UP_REQUESTS, str(model_dir))
+        done = await offer(url, small, WARM_UP_REQUESTS, str(model_dir))
         return f"ready in {ready_s} s, {done.answers} answers in {done.generation_s} s"
-    finally:
-        server.stop()
-        wait_gpu_free(s.dry)
 
 
 def default_offers(names: tuple[str, ...], requests: int, concurrency: int | None) -> dict[str, int]:

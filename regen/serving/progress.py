@@ -32,7 +32,6 @@ import contextlib
 import os
 import re
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ import orjson
 
 from regen.io import read_json, write_json
 from regen.layout.slots import SlotFiles
-from regen.serving.metrics import parse_prometheus
+from regen.serving.metrics import fetch_metrics
 from regen.serving.probes import NO_ANSWER, one_token_generation
 from regen.serving.procfs import is_supervisor, pid_alive, read_url_state
 from regen.types import Endpoint
@@ -151,12 +150,8 @@ class ProgressWatch:
         )
 
     def _read_metrics(self) -> bool:
-        req = urllib.request.Request(self.url + "/metrics")
-        if self.api_key:
-            req.add_header("Authorization", f"Bearer {self.api_key}")
         try:
-            with urllib.request.urlopen(req, timeout=max(0.5, min(5.0, self.timeout_s / 4))) as resp:
-                values = parse_prometheus(resp.read().decode("utf-8", errors="replace"))
+            values = fetch_metrics(self.url, self.api_key, timeout_s=max(0.5, min(5.0, self.timeout_s / 4)))
         except NO_ANSWER:
             return False  # unreachable: the log and the last known load decide
         progressed = False
