@@ -18,7 +18,8 @@ python3 -m pip download -q --no-deps $PF -d dl \
   orjson==3.13.0 msgspec==0.23.0 pybase64==1.5.1 partial-json-parser==0.2.1.1.post7 \
   jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 \
   setproctitle==1.3.8 pyzmq==27.3.0 zstandard==0.25.0 dill==0.4.1 python-multipart==0.0.34 interegular==0.3.3 \
-  compressed-tensors==0.20.1 loguru==0.7.3 gguf==0.19.0 soundfile==0.14.0 cffi==2.1.1 pycparser==3.12
+  compressed-tensors==0.20.1 loguru==0.7.3 gguf==0.19.0 soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 \
+  specforge==0.2.0
 rm -rf site big p0* && mkdir -p site big
 for w in dl/*.whl; do unzip -q -o "$w" -d site; done
 # prune: Blackwell ops, xgrammar static lib; FA3 (flash_ops, 1.1 GB) is compressed separately
