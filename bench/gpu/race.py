@@ -504,9 +504,9 @@ def run_race(s: Settings) -> list[dict[str, Any]]:
     log(f"warm-up: {asyncio.run(warm_up(s, model_dir))}")
     rows, concurrency = regen_arm(s, model_dir)
     save_rows(s, rows)
-    offers = default_offers(s.offers, s.race.requests, concurrency)
-    rows.extend(asyncio.run(default_arms(s, model_dir, offers, saved=rows)))
-    save_rows(s, rows)
+    if offers := default_offers(s.offers, s.race.requests, concurrency):
+        rows.extend(asyncio.run(default_arms(s, model_dir, offers, saved=rows)))
+        save_rows(s, rows)
     if s.offline:
         rows.append(offline_arm(s, model_dir))
         log(f"offline: {brief(rows[-1])}")
@@ -556,14 +556,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--median", type=float, default=128)
     p.add_argument("--mean", type=float, default=160)
     p.add_argument("--cap", type=int, default=1024)
-    p.add_argument("--offers", default=",".join(OFFERS), help=f"the defaults' offers, of {', '.join(OFFERS)}")
+    p.add_argument(
+        "--offers",
+        default=",".join(OFFERS),
+        help=f"the defaults' offers, of {', '.join(OFFERS)} (empty: none, the offline engine the only peer)",
+    )
     p.add_argument("--no-offline", action="store_true", help="leave the offline engine's arm out")
     args = parse_args(p, argv)
     if args.smoke:  # CI: the CPU rehearsal at tiny sizes, written to a temporary dir
         args.dry_cpu = True
         args.out = args.work = Path(tempfile.mkdtemp(prefix="race-smoke-"))
     race = RaceWork(args.requests, args.prompt_tokens, args.median, args.mean, args.cap)
-    offers = tuple(args.offers.split(","))
+    offers = tuple(name for name in args.offers.split(",") if name)
     if unknown := set(offers) - set(OFFERS):
         p.error(f"--offers: unknown {sorted(unknown)}; known: {', '.join(OFFERS)}")
     s = Settings(
