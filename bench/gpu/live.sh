@@ -88,10 +88,7 @@ print("flashinfer sampling module built in", round(time.time() - t, 1), "s:", sp
       > /tmp/live.log 2>&1 < /dev/null &)
   sleep 2
 fi
-while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
-  grep -qE '^(sweep|profile):' /tmp/live.log 2>/dev/null && break
-  grep -q 'Traceback' /tmp/live.log 2>/dev/null && { echo "tune_live.py failed"; break; }
-  sleep 5
-done
+. bench/gpu/wait_line.sh
+wait_line /tmp/live.log '^(sweep|profile):' 'Traceback' || echo "${PROG:-bench.gpu.tune_live} $wait_state"
 tail -n 30 /tmp/live.log
 collect

@@ -86,14 +86,9 @@ print("flashinfer sampling module built in", round(time.time() - t, 1), "s")' > 
       --deadline-s "${DEADLINE:-860}" ${GRID_ARGS:-} > "$T/mtp.log" 2>&1 < /dev/null &)
   sleep 2
 fi
-state=running
-while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
-  grep -q '^mtp-grid: done' "$T/mtp.log" 2>/dev/null && { state=done; break; }
-  if grep -q '^Traceback' "$T/mtp.log" 2>/dev/null && ! pgrep -f "bench.gpu.mtp_grid" >/dev/null; then
-    state="ended without 'mtp-grid: done'"; break
-  fi
-  sleep 5
-done
+. bench/gpu/wait_line.sh
+wait_line "$T/mtp.log" '^mtp-grid: done' '^Traceback' bench.gpu.mtp_grid
+state=$wait_state
 tail -n 40 "$T/mtp.log"
 echo "--- key lines ---"
 grep -E '^mtp: |ready in|failed|not started|deadline' "$T/mtp.log"

@@ -40,10 +40,7 @@ if [ "$mode" = start ]; then
       ${RACE_ARGS:-} > /tmp/race.log 2>&1 < /dev/null &)
   sleep 2
 fi
-while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
-  grep -q '^race:' /tmp/race.log 2>/dev/null && break
-  grep -q '^Traceback' /tmp/race.log 2>/dev/null && { echo "race failed"; break; }
-  sleep 5
-done
+. bench/gpu/wait_line.sh
+wait_line /tmp/race.log '^race:' '^Traceback' || echo "race $wait_state"
 tail -n 30 /tmp/race.log
 collect

@@ -89,10 +89,8 @@ if [ "$mode" = start ]; then
   setsid nohup bash -c "$seq echo 'truth-bench: done'" > "$T/bench.log" 2>&1 < /dev/null &
   sleep 2
 fi
-while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
-  grep -q '^truth-bench: done' "$T/bench.log" 2>/dev/null && break
-  sleep 5
-done
+. bench/gpu/wait_line.sh
+wait_line "$T/bench.log" '^truth-bench: done'
 grep -E '^(truth|dense|families):' "$T/bench.log" 2>/dev/null
 tail -n 25 "$T/bench.log"
 collect
