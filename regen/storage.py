@@ -172,12 +172,20 @@ def storage_error(exc: Exception, action: str, where: str, client: Any | None = 
 # --------------------------------------------------------------------------- plain files
 
 
-def upload_file(local_path: str | os.PathLike[str], uri: str, client: Any | None = None) -> None:
-    """Upload one file to ``uri`` (multipart for large files)."""
+#: the user metadata key under which an upload records its file's sha256 (``x-amz-meta-sha256``)
+SHA256_METADATA = "sha256"
+
+
+def upload_file(
+    local_path: str | os.PathLike[str], uri: str, client: Any | None = None, sha256: str | None = None
+) -> None:
+    """Upload one file to ``uri`` (multipart for large files); ``sha256`` is stored with the object, in the
+    same PUT, as its ``x-amz-meta-sha256`` (:func:`stored_sha256` reads it back)."""
     client = client or s3_client()
     loc = parse_location(uri)
+    extra = {"Metadata": {SHA256_METADATA: sha256}} if sha256 else None
     try:
-        client.upload_file(str(local_path), loc.bucket, loc.key)
+        client.upload_file(str(local_path), loc.bucket, loc.key, ExtraArgs=extra)
     except (BotoCoreError, ClientError) as exc:
         raise storage_error(exc, f"uploading {local_path} to", loc.uri, client) from exc
     except Exception as exc:  # boto3's transfer manager wraps ClientError in S3UploadFailedError
@@ -185,6 +193,22 @@ def upload_file(local_path: str | os.PathLike[str], uri: str, client: Any | None
         if isinstance(cause, (BotoCoreError, ClientError)):
             raise storage_error(cause, f"uploading {local_path} to", loc.uri, client) from exc
         raise storage_error(exc, f"uploading {local_path} to", loc.uri, client) from exc
+
+
+def stored_sha256(uri: str, client: Any | None = None) -> str | None:
+    """The sha256 an object at ``uri`` was uploaded with (:func:`upload_file`), or None: no such object, or
+    one uploaded without it. The metadata came in the object's own PUT, so it names the bytes stored."""
+    client = client or s3_client()
+    loc = parse_location(uri)
+    try:
+        head = client.head_object(Bucket=loc.bucket, Key=loc.key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise storage_error(exc, "reading the metadata of", loc.uri, client) from exc
+    except BotoCoreError as exc:
+        raise storage_error(exc, "reading the metadata of", loc.uri, client) from exc
+    return head.get("Metadata", {}).get(SHA256_METADATA)
 
 
 def download_file(uri: str, local_path: str | os.PathLike[str], client: Any | None = None) -> Path:

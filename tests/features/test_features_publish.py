@@ -25,7 +25,7 @@ from regen.features.store import (
 )
 from regen.layout.names import MANIFEST_NAME
 from regen.layout.run import RunLayout
-from regen.storage import StorageError, download_file, list_keys, split_s3_uri
+from regen.storage import StorageError, download_file, list_keys, split_s3_uri, upload_file
 
 pytestmark = pytest.mark.s3
 
@@ -72,7 +72,40 @@ def test_a_shards_features_go_up_manifest_last_and_round_trip(s3_prefix: str, tm
         back = download_file(f"{prefix}/00001/{row['file']}", tmp_path / "back" / row["file"])
         assert hashlib.sha256(back.read_bytes()).hexdigest() == row["sha256"]
     record = json.loads(layout.features_published("00001").read_text())
-    assert record == {"prefix": f"{prefix}/00001", "objects": uris}
+    assert record == {"prefix": f"{prefix}/00001", "objects": uris, "uploaded": uris}
+
+
+def test_a_rerun_uploads_only_the_rows_that_changed_and_the_manifest(s3_prefix: str, tmp_path: Path) -> None:
+    layout = RunLayout(results=tmp_path / "results")
+    shard_dir = stored_shard(layout, "00002", (3, 5, 4))
+    prefix = f"{s3_prefix}/features"
+    record = layout.features_published("00002")
+    first = publish_shard(shard_dir, prefix, record)
+    manifest_uri = first[-1]
+    again = publish_shard(shard_dir, prefix, record)
+    assert again == first and json.loads(record.read_text())["uploaded"] == [manifest_uri]
+
+    # the features job computed row 1 again (its answer was regenerated): new bytes, a new manifest
+    store = ShardStore.open(shard_dir, SETTINGS)
+    row_id = "s1/default/0"
+    line = StoredRow(row_id, "s1", row_file_name(row_id), "", 2, "d1b", settings_digest(SETTINGS), "fp1b")
+    store.write(
+        line,
+        [
+            StoredTensor("token_ids", "I64", (2,), bytes(16)),
+            StoredTensor("hidden_states", "BF16", (2, 2, 4), bytes([9]) * 32),
+        ],
+    )
+    manifest = store.write_manifest("00002", [f"s{i}/default/0" for i in range(3)], {})
+    # and an object at row 2's key was overwritten outside regen (no sha256 recorded with it)
+    row2 = f"{prefix}/00002/{row_file_name('s2/default/0')}"
+    upload_file(shard_dir / MANIFEST_NAME, row2)
+    publish_shard(shard_dir, prefix, record)
+    changed = f"{prefix}/00002/{row_file_name(row_id)}"
+    assert json.loads(record.read_text())["uploaded"] == [changed, row2, manifest_uri]
+    for row in manifest["rows"]:
+        back = download_file(f"{prefix}/00002/{row['file']}", tmp_path / "back2" / row["file"])
+        assert hashlib.sha256(back.read_bytes()).hexdigest() == row["sha256"]
 
 
 def test_a_file_that_no_longer_matches_its_manifest_is_not_uploaded(s3_prefix: str, tmp_path: Path) -> None:
