@@ -11,6 +11,13 @@
 # FEATURES_ARGS passes options to bench.gpu.features (e.g. "--dense-layers 32 --deadline-s 1100").
 # Collect ($OUT, flat, 5 files): features.log, features.json, features-dense.json, features-moe.json,
 # features-logs.tgz (each step's log, nvidia-smi, df).
+# What ran on CPU before the first GPU run: the whole GPU code path at tiny sizes (SGLang 0.5.17's own runner in
+# process with --device cpu, attention torch_native, the cp312 payload's compiled parts reinstalled for 3.11,
+# torchvision and vllm's rope kernel stubbed): both arms, SpecForge's capture class with its 0.5.17 changes, the
+# checks (dense passes; tiny MoE at 4.3e-2 relative error, cosine 0.9992):
+#   .venv/bin/python -m bench.gpu.features --tiny --device cpu --torch-python WRAPPER --rows 24 --median-len 24 \
+#     --max-len 96 --check-rows 6 --batch-tokens 256 --sf-batch 8 --reserve-s 5 \
+#     --server-args '{"device": "cpu", "attention_backend": "torch_native", "dtype": "bfloat16", "context_length": 1024}'
 # CPU rehearsal of this plumbing (the --smoke bench; PY with regen's dependencies, TORCH_PY with torch):
 #   DRY=1 PY=$PWD/.venv/bin/python TORCH_PY=$PWD/.venv-trainers/bin/python FEAT_TMP=/tmp/featd \
 #     OUT=/tmp/featd/out bash bench/gpu/features.sh start 120

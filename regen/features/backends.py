@@ -7,9 +7,11 @@ before or after the final norm as ``last_layer`` says. torch is imported here, n
 * :class:`TransformersBackend`: ``forward(output_hidden_states=True)``, the reference. Index ``L`` of
   transformers' tuple is the last layer *after* the final norm (transformers applies ``model.norm`` before
   it records the last state); ``pre_norm`` reads the final norm's input through a forward pre-hook instead.
-* :class:`SGLangBackend`: SGLang 0.5.17's in-process ``ModelRunner`` as SpecForge's offline capture drives it
-  (``specforge/offline_capture/sglang_backend/capture.py``). NOT RUN ON A GPU YET: written from SGLang
-  0.5.17's source and SpecForge's use of it; a GPU run must check it against the reference first.
+* :class:`SGLangBackend`: SGLang 0.5.17's in-process ``ModelRunner`` driven as SpecForge's offline capture
+  drives it (``specforge/offline_capture/sglang_backend/capture.py``), built and extended the 0.5.17 way
+  (:func:`sglang_model_runner`, :class:`SGLangCapture`). NOT RUN ON A GPU YET: run on CPU (SGLang's own runner
+  with ``device: cpu``, tiny random targets; ``bench/gpu/features.sh`` says how) where it matched the
+  transformers reference; ``bench/gpu/features.py`` checks it on the GPU.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ class TransformersBackend:
 
 
 class SGLangBackend:
-    """SGLang 0.5.17 in process (UNVERIFIED: not yet run on a GPU).
+    """SGLang 0.5.17 in process (run on CPU against the reference; not yet on a GPU).
 
     What the source says, and what this relies on:
     * ``LlamaModel.forward`` (``sglang/srt/models/llama.py``; qwen2, qwen3 alike; ``Qwen2MoeModel``, which
@@ -218,7 +220,8 @@ def sglang_model_runner(path: str, **server_args: Any) -> Any:
     with socket.socket() as s:  # torch.distributed's rendezvous port (world size 1)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.cuda.set_device(0)
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
     runner = ModelRunner(
         model_config=ModelConfig.from_server_args(args),
         mem_fraction_static=args.mem_fraction_static,
