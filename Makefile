@@ -58,7 +58,7 @@ $(TRVENV)/bin/python:
 
 test-trainers: setup $(TRVENV)/bin/python
 	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -s -p no:cacheprovider tests/output/test_trainers.py tests/features/test_trainers_read_features.py
-	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -p no:cacheprovider tests/bench/test_known_target.py tests/bench/test_known_target_dense.py tests/bench/test_loop_train.py
+	REGEN_TRAINERS_PYTHON=$(CURDIR)/$(TRVENV)/bin/python $(BIN)/pytest -q -p no:cacheprovider tests/bench/test_known_target.py tests/bench/test_known_target_dense.py tests/bench/test_loop_train.py tests/bench/test_features_bench.py
 
 clean-demo:
 	rm -rf results work logs benchmarks .snakemake
