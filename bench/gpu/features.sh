@@ -55,10 +55,7 @@ if [ "$mode" = start ]; then
       --torch-python "$TORCH_PY" $SMOKE ${FEATURES_ARGS:-} > "$T/features.log" 2>&1 < /dev/null &)
   sleep 2
 fi
-while [ $(( $(date +%s) - t0 )) -lt "$budget" ]; do
-  grep -q '^features: targets=' "$T/features.log" 2>/dev/null && break
-  grep -q '^Traceback' "$T/features.log" 2>/dev/null && { echo "features driver failed"; break; }
-  sleep 5
-done
+. bench/gpu/wait_line.sh
+wait_line "$T/features.log" '^features: targets=' '^Traceback' || echo "features driver $wait_state"
 tail -n 40 "$T/features.log"
 collect
