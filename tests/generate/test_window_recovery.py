@@ -1,6 +1,13 @@
 """Issue 58 item 1 on the stand-in: a run of 503s mid-shard with 2 % independent faults around it. The
-window halves on the burst, comes back once answers are clean, the shard's tail runs at least half as
-fast as its middle, and the status file's ETA stays within 2x of the time really left."""
+window halves on the burst, comes back once answers are clean, the shard's tail keeps at least half as
+many requests in flight as its middle (it is not starved at 1 in flight), and the status file's ETA stays
+within 2x of the time really left.
+
+The tail is judged by its requests in flight, not its wall rate: by Little's law a rate is the count in
+flight over each request's latency, and the latency carries the machine's own speed. The stand-in runs in
+the test's process, so on a loaded 2-core CI box a few hundred ms without the CPU halve the wall rate of
+a tail that lasts ~0.4 s (seen: 286/s against 674/s with the window back at its plan), while the count in
+flight, what a collapsed window cuts (to 1 of 32), stays where the window holds it through such a stall."""
 
 from __future__ import annotations
 
@@ -28,12 +35,19 @@ def samples(n: int) -> list[Sample]:
     ]
 
 
-def finish_times(out: Path) -> list[float]:
-    recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
-    return sorted(r["timings"]["started_at"] + r["timings"]["latency_s"] for r in recs)
+def answered_spans(out: Path) -> list[tuple[float, float]]:
+    """Each answer's request in flight: (sent, answered), wall-clock seconds (sent once the window let it)."""
+    timings = [orjson.loads(x)["timings"] for x in out.read_bytes().splitlines()]
+    return [(t["started_at"], t["started_at"] + t["latency_s"]) for t in timings]
+
+
+def in_flight(spans: list[tuple[float, float]], a: float, b: float) -> float:
+    """The mean count of answered requests in flight over [a, b]: their time in flight in it over b - a."""
+    return sum(max(0.0, min(end, b) - max(sent, a)) for sent, end in spans) / (b - a)
 
 
 def rate(times: list[float], lo: float, hi: float) -> float:
+    """Answers a second between the answers at shares ``lo`` and ``hi`` of the sorted answer times."""
     part = times[int(lo * len(times)) : int(hi * len(times))]
     return (len(part) - 1) / max(1e-9, part[-1] - part[0])
 
@@ -86,9 +100,16 @@ def test_a_burst_of_503s_mid_shard_is_recovered_from(
     limit, ceiling, decreases = map(int, re.search(r"window (\d+) of (\d+) in flight at the end, (\d+) decr",
                                                    caplog.text).groups())  # fmt: skip
     assert limit >= ceiling / 2 and 1 <= decreases <= 6, caplog.text[-2000:]  # the burst shrank it, then back
-    times = finish_times(root / "o.jsonl")
-    middle, tail = rate(times, 0.2, 0.35), rate(times, 0.95, 1.0)
-    assert tail >= 0.5 * middle, (tail, middle)
+    # the tail (its last 5 % of answers) keeps at least half as many requests in flight as the middle (from
+    # 20 to 35 %), counted up to the last send: past it the shard only drains, whatever the window
+    spans = answered_spans(root / "o.jsonl")
+    times = sorted(end for _, end in spans)
+    last_sent = max(sent for sent, _ in spans)
+    assert times[int(0.95 * N)] < last_sent, (times[int(0.95 * N)], last_sent)
+    middle = in_flight(spans, times[int(0.2 * N)], times[int(0.35 * N)])
+    tail = in_flight(spans, times[int(0.95 * N)], last_sent)
+    wall = {"tail_rate": rate(times, 0.95, 1.0), "middle_rate": rate(times, 0.2, 0.35)}  # for the record only
+    assert tail >= 0.5 * middle, (tail, middle, wall)
     # the ETA once its rate window (1 s) holds only answers after the burst, against the time really left
     settled = burst_end[0] + progress.rate_window_s + 0.3
     after = [(t, eta) for t, eta, _ in etas if t >= settled and end - t > 1.0]
