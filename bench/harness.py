@@ -116,6 +116,11 @@ def peak_rss_mb(who: Literal["self", "children", "either"] = "self") -> float:
     return {"self": own, "children": children, "either": max(own, children)}[who] / 1024
 
 
+def log(msg: str) -> None:
+    """A console line with the wall-clock time in front."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
 def write_json(path: Path, obj: Any) -> None:
     """``obj`` as indented JSON at ``path``, atomically (values JSON has no type for as ``str``)."""
     with atomic_open(path) as fh:

@@ -62,7 +62,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness import MEASUREMENTS, REPO, add_smoke, fmt, parse_args, result_line, write_json
+from bench.harness import MEASUREMENTS, REPO, add_smoke, fmt, log, parse_args, result_line, write_json
 
 #: the stored layers' check: cosine and relative error per token, the worst 0.1% of tokens excused (MoE
 #: routing: a token whose 8th and 9th experts nearly tie may pick the other one under other kernels)
@@ -70,10 +70,6 @@ COS_MIN = 0.999
 REL_ERR_MAX = 5e-2
 TOKEN_QUANTILE = 0.999
 LOSS_MASKED_FRACTION = 0.3
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- targets
@@ -763,11 +759,11 @@ def run_step(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
     if a.device == "cuda" and step in ("build", "regen", "specforge"):
-        used = gpu_used_mib()  # the last step's memory gone before SGLang profiles what is free
-        deadline = time.monotonic() + 60
-        while used is not None and used > 4096 and time.monotonic() < deadline:
-            time.sleep(1)
-            used = gpu_used_mib()
+        # the last step's memory gone before SGLang profiles what is free (imported here: the torch
+        # steps' own python need not have regen's dependencies, which bench.gpu.harness imports)
+        from bench.gpu.harness import wait_gpu_free
+
+        wait_gpu_free(limit_mib=4096, timeout_s=60)
     log(f"{target_dir.name}: {step} (timeout {timeout_s:.0f} s, log {log_path.name})")
     t0 = time.perf_counter()
     with open(log_path, "w") as fh:
@@ -799,20 +795,6 @@ def run_step(
     else:
         log(f"{target_dir.name}: {step} done in {wall:.0f} s")
     return result
-
-
-def gpu_used_mib() -> int | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        return int(out.split()[0])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
 
 
 def tail(path: Path, n: int = 6000) -> str:

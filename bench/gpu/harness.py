@@ -129,10 +129,6 @@ def count_output_tokens(records_path: Path) -> tuple[int, int, dict[str, int]]:
     return n, tokens, reasons
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def bench_server_cfg(
     model_dir: Path,
     dry: bool,

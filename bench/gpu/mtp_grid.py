@@ -68,14 +68,13 @@ from bench.gpu.harness import (
     TEMPLATE_TOKENS,
     bench_server_cfg,
     gpu_memory_mib,
-    log,
     run_module,
     wait_gpu_free,
     word_prompts,
 )
 from bench.gpu.known_target.baselines import SEED_FLAGS
 from bench.gpu.serverlog import decode_lines, startup_facts, steady_state
-from bench.harness import fmt, write_json
+from bench.harness import fmt, log, write_json
 
 BASE_ARGS = ["--load-format", "dummy"]
 LEVELS = (16, 32, 64, 128, 256)

@@ -58,7 +58,6 @@ from bench.gpu.harness import (
     count_output_tokens,
     generate_dict,
     gpu_memory_mib,
-    log,
 )
 from bench.gpu.planner_truth import (
     MODELS,
@@ -69,7 +68,7 @@ from bench.gpu.planner_truth import (
     simulated_argv,
     wait_gpu_free,
 )
-from bench.harness import add_campaign_args, add_smoke, parse_args, publish, result_line, write_json
+from bench.harness import add_campaign_args, add_smoke, log, parse_args, publish, result_line, write_json
 from regen.types import Message, Sample
 
 #: the sampling every arm sends (regen's client sends the config's; ``harness.generate_dict``)

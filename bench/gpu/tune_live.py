@@ -51,14 +51,13 @@ from bench.gpu.harness import (
     bench_server_cfg,
     generate_dict,
     gpu_memory_mib,
-    log,
     make_model,
     measure_hw,
     wait_gpu_free,
     word_prompts,
 )
 from bench.gpu.roofline import HybridShape, decode_step_cost
-from bench.harness import add_campaign_args, fmt, publish, result_line, write_json
+from bench.harness import add_campaign_args, fmt, log, publish, result_line, write_json
 from regen.types import Sample
 
 TEMPLATE_TOKENS = 5

@@ -52,7 +52,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.gpu.harness import SGLANG_VERSION, bench_server_cfg, gpu_memory_used_mib, log, wait_gpu_free
+from bench.gpu.harness import SGLANG_VERSION, bench_server_cfg, gpu_memory_used_mib, wait_gpu_free
 from bench.gpu.known_target import model as kt
 from bench.gpu.known_target.run import write_dataset
 from bench.gpu.serverlog import (
@@ -64,6 +64,7 @@ from bench.gpu.serverlog import (
     steady_state,
     supervisor_times,
 )
+from bench.harness import log
 
 REPO = Path(__file__).resolve().parents[3]
 PARSERS = ["--tool-call-parser", "qwen25"]
