@@ -43,7 +43,7 @@ from regen.layout.names import SLOT_HOST_LOG
 from regen.layout.run import RUN
 from regen.layout.slots import slurm_job_id
 from regen.serving.base import ServerError
-from regen.serving.procfs import SUPERVISOR_MODULE, is_supervisor, proc_cmdline
+from regen.serving.procfs import SUPERVISOR_MODULE, is_supervisor, proc_cmdline, proc_stat
 from regen.serving.supervisor import SlurmJobWatch
 
 HOST_MODULE = "regen.serving.slothost"
@@ -72,13 +72,22 @@ class HostedSupervisor:
 
     It is the host's child, not ours: it is seen through /proc, and verified to be the supervisor of
     ``url_file`` before any signal (never a bare PID). The host answers once /proc shows it as one
-    (:func:`wait_exec`)."""
+    (:func:`wait_exec`). It counts as running until that very process (its PID and start time) is a
+    zombie or gone: an exiting process loses its cmdline before it stops running."""
 
     pid: int
     url_file: Path
+    start_time: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.start_time is None and is_supervisor(self.pid, self.url_file):
+            stat = proc_stat(self.pid)
+            object.__setattr__(self, "start_time", None if stat is None else stat[3])
 
     def poll(self) -> int | None:
-        return None if is_supervisor(self.pid, self.url_file) else 0
+        stat = proc_stat(self.pid)
+        running = stat is not None and stat[0] not in ("Z", "X") and stat[3] == self.start_time
+        return None if running else 0
 
     def _signal(self, sig: signal.Signals) -> None:
         if is_supervisor(self.pid, self.url_file):
