@@ -129,3 +129,6 @@ class Endpoint:
     numerics: dict[str, Any] | None = None
     #: the GPU slot of this node whose server it is (server id ``gpu{slot}``); None: an external server
     slot: int | None = None
+    #: the server's own running cap (SGLang's ``max_running_requests``), which ``max_running_requests`` (the
+    #: client's planned count) may be below; None: not known
+    server_running_cap: int | None = None

@@ -375,6 +375,8 @@ def step_regen(a: argparse.Namespace) -> dict[str, Any]:
         "compute_s": compute_s,
         "rows": result.rows,
         "tokens": result.tokens_computed,
+        "prefill_s": result.capture_s,
+        "waited_on_writer_s": result.write_wait_s,
         "manifest_bytes": manifest["bytes"],
         "batch_tokens": a.batch_tokens,
         "layers": list(layers),

@@ -36,6 +36,7 @@ collect() {
   cp "$T"/features-out/features*.json "$OUT/" 2>/dev/null
   cp "$T"/features-work/logs/*.log "$T/feat-collect/logs/" 2>/dev/null
   nvidia-smi > "$T/feat-collect/logs/nvidia-smi.txt" 2>&1
+  cp "$T/disk-probe.txt" "$T/feat-collect/logs/" 2>/dev/null
   df -h "$T" > "$T/feat-collect/logs/df.txt" 2>&1
   tar czf "$OUT/features-logs.tgz" -C "$T/feat-collect" logs
   ls -la "$OUT"
@@ -49,6 +50,9 @@ if [ "$mode" = start ]; then
   tar --exclude=./.gpu --exclude=./.venv --exclude=./.venv-trainers --exclude=./.git -cf - . | tar -xf - -C "$T/feat-repo"
   if [ "${DRY:-0}" != 1 ]; then
     df -h /tmp | tail -1
+    # the disk the features go to: 1 GB written and synced (a row's file is synced before its rename)
+    dd if=/dev/zero of="$T/dd-probe" bs=16M count=64 conv=fdatasync 2>&1 | tail -1 | tee "$T/disk-probe.txt"
+    rm -f "$T/dd-probe"
     "$PY" -c 'import sglang, torch, transformers, safetensors, specforge, regen.features.compute, regen.features.projection, bench.gpu.features; from sglang.srt.distributed.parallel_state_wrapper import ParallelState; from sglang.srt.model_executor.model_runner import ModelRunner; from specforge.offline_capture.sglang_backend.utils import wrap_offline_eagle3_logits_processors; print("sglang", sglang.__version__, "torch", torch.__version__, "transformers", transformers.__version__, "safetensors", safetensors.__version__)' || exit 1
   fi
   (cd "$T/feat-repo" && setsid nohup "$PY" -m bench.gpu.features --out "$T/features-out" --work "$T/features-work" \

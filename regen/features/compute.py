@@ -4,14 +4,22 @@ A row already stored under the same settings, tokens and answer fingerprint whos
 skipped; a row whose answer was regenerated (its fingerprint or tokens changed) or whose file does not verify
 is computed again; files of rows no longer chosen, or of other settings, are moved to ``superseded/``
 (``regen.features.store``). The rows are prefilled ``features.batch_tokens`` tokens at a time, whole.
+
+The files are written (hashed, fsynced, renamed, journalled) by one writer thread, in order, while the GPU
+prefills the next batch: at 32 KB a token (an 8B's four layers in bf16) the disk, not the prefill, is often
+the bound, and a GPU waiting on ``fsync`` is the idle time users pay for. At most ``WRITE_AHEAD`` batches
+wait on the writer (their states already on the host), so memory stays bounded and a crash loses at most
+those batches, whose rows are computed again on resume.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 from regen.features.backends import CaptureBackend, encode
@@ -30,6 +38,14 @@ class ShardResult:
     reused: int
     tokens_computed: int
     moved_aside: tuple[str, ...]
+    #: seconds in the engine's prefill (and the copy of its states to the host), and seconds the prefill
+    #: waited for the writer: what bounds the job, the GPU or the disk
+    capture_s: float = 0.0
+    write_wait_s: float = 0.0
+
+
+#: batches whose files may wait on the writer thread while the next batch is prefilled
+WRITE_AHEAD = 2
 
 
 def token_batches(rows: Sequence[TokenRow], batch_tokens: int) -> Iterator[list[TokenRow]]:
@@ -54,34 +70,85 @@ def compute_rows(
     encoder: Callable[[Any, Sequence[int], str], list] = encode,
 ) -> ShardResult:
     """Store every row of ``rows`` not already current in ``store``, prefilled ``batch_tokens`` tokens at a
-    time (``features.batch_tokens``); write nothing else. Each row's file is written as its batch returns: a
-    crash loses at most the batch in flight."""
+    time (``features.batch_tokens``); write nothing else. Each batch's files are written by the writer thread
+    while the next batch is prefilled; a crash loses at most the batches not yet written."""
     settings = store.settings
     digest = settings_digest(settings)
     todo = [r for r in rows if not store.is_current(r.id, r.token_digest, r.fingerprint)]
-    for batch in token_batches(todo, batch_tokens):
-        for row, states in zip(batch, backend.capture_many([r.input_ids for r in batch]), strict=True):
-            shape = tuple(states.shape)
-            if shape != (len(row.input_ids), len(settings.layer_ids), settings.hidden_size):
-                raise RuntimeError(
-                    f"row {row.id}: {backend.name} returned {list(shape)}, expected "
-                    f"[{len(row.input_ids)}, {len(settings.layer_ids)}, {settings.hidden_size}]"
-                )
-            line = StoredRow(
-                id=row.id,
-                sample_id=row.sample_id,
-                file=row_file_name(row.id),
-                sha256="",
-                tokens=len(row.input_ids),
-                token_digest=row.token_digest,
-                settings=digest,
-                fingerprint=row.fingerprint,
-                variant=row.variant,
-                k=row.k,
-            )
-            store.write(line, encoder(states, row.input_ids, settings.dtype))
     tokens = sum(len(r.input_ids) for r in todo)
-    return ShardResult(len(rows), len(todo), len(rows) - len(todo), tokens, ())
+    capture_s = wait_s = 0.0
+    done_rows = done_tokens = 0
+    started = last_note = time.monotonic()
+    pending: list[Future[None]] = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="features-writer") as writer:
+        try:
+            for batch in token_batches(todo, batch_tokens):
+                t0 = time.monotonic()
+                states = backend.capture_many([r.input_ids for r in batch])
+                encoded = [
+                    (row, encoder(check_shape(row, s, settings, backend.name), row.input_ids, settings.dtype))
+                    for row, s in zip(batch, states, strict=True)
+                ]
+                del states
+                t1 = time.monotonic()
+                capture_s += t1 - t0
+                while len(pending) >= WRITE_AHEAD:
+                    pending.pop(0).result()
+                wait_s += time.monotonic() - t1
+                pending.append(writer.submit(write_batch, store, digest, encoded))
+                done_rows += len(batch)
+                done_tokens += sum(len(r.input_ids) for r in batch)
+                if time.monotonic() - last_note >= 30:
+                    last_note = time.monotonic()
+                    log.info(
+                        "features: %d/%d rows (%d/%d tokens) in %.0f s: prefill %.0f s, waiting on the "
+                        "writer %.0f s",
+                        done_rows,
+                        len(todo),
+                        done_tokens,
+                        tokens,
+                        last_note - started,
+                        capture_s,
+                        wait_s,
+                    )
+        finally:
+            t1 = time.monotonic()
+            for future in pending:  # every finished batch is written, also when a later one failed
+                future.result()
+            wait_s += time.monotonic() - t1
+    return ShardResult(len(rows), len(todo), len(rows) - len(todo), tokens, (), capture_s, wait_s)
+
+
+def check_shape(row: TokenRow, states: Any, settings: FeatureSettings, engine: str) -> Any:
+    """``states`` when they are ``[tokens, layers, hidden]`` of ``row``; else why not, naming the row."""
+    shape = tuple(states.shape)
+    if shape != (len(row.input_ids), len(settings.layer_ids), settings.hidden_size):
+        raise RuntimeError(
+            f"row {row.id}: {engine} returned {list(shape)}, expected "
+            f"[{len(row.input_ids)}, {len(settings.layer_ids)}, {settings.hidden_size}]"
+        )
+    return states
+
+
+def write_batch(store: ShardStore, digest: str, encoded: Sequence[tuple[TokenRow, list]]) -> None:
+    """The writer thread's work: the batch's files, then their journal lines (``ShardStore.write_rows``)."""
+    store.write_rows([(stored_row(row, digest), tensors) for row, tensors in encoded])
+
+
+def stored_row(row: TokenRow, digest: str) -> StoredRow:
+    """``row``'s journal line before its file is written (no checksum yet)."""
+    return StoredRow(
+        id=row.id,
+        sample_id=row.sample_id,
+        file=row_file_name(row.id),
+        sha256="",
+        tokens=len(row.input_ids),
+        token_digest=row.token_digest,
+        settings=digest,
+        fingerprint=row.fingerprint,
+        variant=row.variant,
+        k=row.k,
+    )
 
 
 def run_shard(
@@ -105,11 +172,14 @@ def run_shard(
         log.info("features: moved aside %s", line)
     store.write_manifest(shard, [r.id for r in rows], about)
     log.info(
-        "features %s: %d rows, %d computed (%d tokens), %d reused after their checksum verified",
+        "features %s: %d rows, %d computed (%d tokens), %d reused after their checksum verified; prefill "
+        "%.1f s, prefill waiting on the writer %.1f s",
         shard,
         result.rows,
         result.computed,
         result.tokens_computed,
         result.reused,
+        result.capture_s,
+        result.write_wait_s,
     )
-    return ShardResult(result.rows, result.computed, result.reused, result.tokens_computed, tuple(moved))
+    return replace(result, moved_aside=tuple(moved))

@@ -169,20 +169,28 @@ class ShardStore:
 
     def write(self, row: StoredRow, tensors: Sequence[StoredTensor]) -> StoredRow:
         """Write one row's file (temporary name, renamed), then its journal line; return the line."""
+        return self.write_rows([(row, tensors)])[0]
+
+    def write_rows(self, rows: Sequence[tuple[StoredRow, Sequence[StoredTensor]]]) -> list[StoredRow]:
+        """Write each row's file (temporary name, synced, renamed), then their journal lines in one synced
+        append: a line is never on disk before its file, and a batch costs one journal sync, not one a row."""
+        done = [self._write_file(row, tensors) for row, tensors in rows]
+        with open(self.directory / ROWS_JOURNAL, "ab") as f:
+            f.write(b"".join(orjson.dumps(asdict(line)) + b"\n" for line in done))
+            f.flush()
+            os.fsync(f.fileno())
+        for line in done:
+            self.done[line.id] = line
+        return done
+
+    def _write_file(self, row: StoredRow, tensors: Sequence[StoredTensor]) -> StoredRow:
         meta = {"format": FORMAT, "id": row.id, "token_digest": row.token_digest, "settings": row.settings}
         if row.fingerprint:
             meta["fingerprint"] = row.fingerprint
         blob = safetensors_bytes(tensors, meta)
-        target = self.directory / row.file
-        with atomic_path(target) as tmp:
+        with atomic_path(self.directory / row.file) as tmp:
             tmp.write_bytes(blob)
-        done = StoredRow(**(asdict(row) | {"sha256": hashlib.sha256(blob).hexdigest()}))
-        with open(self.directory / ROWS_JOURNAL, "ab") as f:
-            f.write(orjson.dumps(asdict(done)) + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self.done[done.id] = done
-        return done
+        return StoredRow(**(asdict(row) | {"sha256": hashlib.sha256(blob).hexdigest()}))
 
     def set_aside(self, keep: Iterable[str]) -> list[str]:
         """Move the files of rows not in ``keep`` (no longer chosen, or of other settings) to ``superseded/``,

@@ -65,7 +65,13 @@ import orjson
 from regen.fingerprint import RunSettings, server_numerics
 from regen.generate.journal import Journal, JournalSink
 from regen.generate.journal_writer import JournalWriter
-from regen.generate.pacing import InFlightPlan, RequestTime, longest_request_tokens, plan_in_flight
+from regen.generate.pacing import (
+    InFlightPlan,
+    RequestTime,
+    longest_request_tokens,
+    plan_in_flight,
+    whole_shard_offer,
+)
 from regen.generate.request import Halt, Requests, ServerRestarts
 from regen.generate.sample_record import RecordContext, hash64
 from regen.generate.scheduler import Lenders, ShardRun, ShardStats
@@ -241,6 +247,7 @@ async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: Gen
     base = endpoint.url.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=30)
     model, mrr, version = endpoint.model, endpoint.max_running_requests, endpoint.version
+    server_cap = endpoint.server_running_cap
     numerics = endpoint.numerics
     if model is None:
         try:
@@ -264,8 +271,14 @@ async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: Gen
             states = info.get("internal_states") or [{}]
             first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
             mrr = first.get("effective_max_running_requests_per_dp") or info.get("max_running_requests")
+            server_cap = server_cap or mrr
     return dataclasses.replace(
-        endpoint, max_running_requests=mrr, version=version, model=model, numerics=numerics
+        endpoint,
+        max_running_requests=mrr,
+        server_running_cap=server_cap,
+        version=version,
+        model=model,
+        numerics=numerics,
     )
 
 
@@ -313,12 +326,17 @@ def _concurrency(cfg: GenerateConfig, ep: Endpoint) -> int:
     return DEFAULT_CONCURRENCY
 
 
-def pacing_of(cfg: GenerateConfig, ep: Endpoint, time: RequestTime | None) -> InFlightPlan:
-    """The in-flight plan on ``ep``: the planned count (``_concurrency``) within what the server finishes in
-    ``request_timeout_s`` at its running cap (``regen.generate.pacing.plan_in_flight``)."""
-    planned = _concurrency(cfg, ep)
-    running = ep.max_running_requests or planned
-    return plan_in_flight(planned, running, cfg.request_timeout_s, longest_request_tokens(cfg), time)
+def pacing_of(
+    cfg: GenerateConfig, ep: Endpoint, time: RequestTime | None, requests_left: int | None = None
+) -> InFlightPlan:
+    """The in-flight plan on ``ep``: the planned count (``_concurrency``; every request left when they fit
+    under the server's own cap and ``concurrency`` is not set: ``whole_shard_offer``) within what the server
+    finishes in ``request_timeout_s`` at its running cap (``regen.generate.pacing.plan_in_flight``)."""
+    planned, whole = _concurrency(cfg, ep), None
+    if not cfg.concurrency:
+        planned, whole = whole_shard_offer(planned, ep.server_running_cap, requests_left)
+    running = max(ep.max_running_requests or planned, planned if whole else 0)
+    return plan_in_flight(planned, running, cfg.request_timeout_s, longest_request_tokens(cfg), time, whole)
 
 
 def _log_pacing(shard: str, requests: Requests) -> None:
@@ -351,7 +369,8 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
             connector=connector, json_serialize=lambda o: orjson.dumps(o).decode()
         ) as sess:
             ep = await _discover(sess, job.endpoint, cfg)
-            pacing = pacing_of(cfg, ep, job.request_time)
+            left = None if total is None else (total - len(journal.finished_ids)) * cfg.completions_per_prompt
+            pacing = pacing_of(cfg, ep, job.request_time, left)
             concurrency = pacing.ceiling
             model = ep.model or "default"
             requests = Requests(

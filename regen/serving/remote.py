@@ -7,7 +7,13 @@ from typing import ClassVar
 from regen.fingerprint import server_numerics
 from regen.runconfig import ServerConfig
 from regen.serving.base import ServerError, ServerMode, api_key_from
-from regen.serving.probes import effective_max_running, fetch_server_info, one_token_generation, served_model
+from regen.serving.probes import (
+    effective_max_running,
+    fetch_server_info,
+    one_token_generation,
+    served_model,
+    server_running_cap,
+)
 from regen.sglang.config import PlanFile
 from regen.types import Endpoint
 
@@ -30,6 +36,7 @@ def external_endpoint(cfg: ServerConfig, plan: PlanFile | None) -> Endpoint:
         url=url,
         server_id="external",
         max_running_requests=effective_max_running(info, plan),
+        server_running_cap=server_running_cap(info, plan),
         version=info.get("version"),
         model=served_model(info, model),
         api_key=api_key,

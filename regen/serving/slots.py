@@ -37,7 +37,7 @@ from regen.layout.slots import SlotFiles, prestart_lock_in, slurm_job_id
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, api_key_from
 from regen.serving.ports import client_host, pick_port
-from regen.serving.probes import effective_max_running, fetch_server_info, served_model
+from regen.serving.probes import effective_max_running, fetch_server_info, served_model, server_running_cap
 from regen.serving.procfs import (
     SUPERVISOR_MODULE,
     UrlState,
@@ -386,6 +386,7 @@ def serve_on_slot(
                 server_id=server_id,
                 slot=slot,
                 max_running_requests=effective_max_running(info, plan),
+                server_running_cap=server_running_cap(info, plan),
                 version=info.get("version"),
                 model=served_model(info, cfg.model_path),
                 api_key=api_key,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -202,3 +203,56 @@ def test_batch_tokens_packs_whole_rows_and_changes_no_byte(tmp_path: Path) -> No
     again = CountingBackend()
     run(tmp_path / "packed", rows, again, batch_tokens=10)
     assert again.batches == [[7]]
+
+
+class GatedStore(ShardStore):
+    """A store whose first file waits until the backend has begun the next batch (a slow disk), then may
+    fail on a given row (a full disk)."""
+
+    next_batch_started: threading.Event
+    fail_row: str | None = None
+
+    def write_rows(self, rows):  # type: ignore[no-untyped-def]
+        if not self.done:
+            assert self.next_batch_started.wait(10), "the prefill waited for the disk"
+        if any(row.id == self.fail_row for row, _ in rows):
+            raise OSError(28, "No space left on device")
+        return super().write_rows(rows)
+
+
+class SignallingBackend(CountingBackend):
+    def __init__(self, event: threading.Event) -> None:
+        super().__init__()
+        self.event = event
+
+    def capture_many(self, rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        if self.batches:
+            self.event.set()
+        return super().capture_many(rows)
+
+
+def gated_store(shard_dir: Path, fail_row: str | None = None) -> GatedStore:
+    store = GatedStore(shard_dir, settings())
+    store.directory.mkdir(parents=True, exist_ok=True)
+    store.next_batch_started = threading.Event()
+    store.fail_row = fail_row
+    return store
+
+
+def test_the_next_batch_is_prefilled_while_the_last_one_is_written(tmp_path: Path) -> None:
+    rows = token_rows()
+    store = gated_store(tmp_path)
+    result = compute_rows(rows, store, SignallingBackend(store.next_batch_started), 1, encoder=bf16)
+    assert result.computed == 4 and sorted(store.done) == [r.id for r in rows]
+    journal = [json.loads(line)["id"] for line in (tmp_path / ROWS_JOURNAL).read_text().splitlines()]
+    assert journal == [r.id for r in rows]  # one writer: the journal keeps the rows' order
+
+
+def test_a_failed_write_fails_the_job_and_keeps_what_was_written(tmp_path: Path) -> None:
+    rows = token_rows()
+    store = gated_store(tmp_path, fail_row="r2")
+    with pytest.raises(OSError, match="No space left"):
+        compute_rows(rows, store, SignallingBackend(store.next_batch_started), 1, encoder=bf16)
+    again = CountingBackend()
+    run(tmp_path, rows, again)  # resume: only the row whose file was never written (r3's batch was queued
+    assert again.calls == [rows[2].input_ids]  # behind it and is kept: a valid file, journalled)

@@ -6,6 +6,8 @@ with exactly one record; a server that answers nothing still fails the shard."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import orjson
@@ -58,3 +60,36 @@ def test_a_server_that_answers_nothing_still_fails_the_shard(tmp_path: Path) -> 
             generate_shard(job(tmp_path, url, 40, request_timeout_s=0.3, max_attempts=2, concurrency=300))
     finally:
         stop()
+
+
+def peak_in_flight(log_file: Path) -> int:
+    """The most requests the server held at once (running plus queued), from its decode lines."""
+    peak = 0
+    for line in log_file.read_text().splitlines():
+        if m := re.search(r"#running-req: (\d+),.*#queue-req: (\d+)", line):
+            peak = max(peak, int(m[1]) + int(m[2]))
+    return peak
+
+
+@pytest.mark.parametrize(("n", "offered"), [(40, 40), (100, 10)])
+def test_a_shard_that_fits_under_the_servers_cap_is_offered_whole(
+    tmp_path: Path, n: int, offered: int
+) -> None:
+    # the plan runs 8 on a server whose own cap is 64 (the client keeps 10 in flight: 8 and the queue
+    # headroom): 40 samples fit under the cap and are all sent at once (SGLang's scheduler admits by free KV,
+    # as its offline engine does); 100 do not, and the plan's 10 hold. Each answer takes ~0.5 s, so every
+    # request sent at once is seen running together.
+    log_file = tmp_path / "server.log"
+    url, stop = start_simulated_server(
+        max_running_requests=64, token_rate=16, log_interval_s=0.05, log_file=str(log_file)
+    )
+    try:
+        shard = job(tmp_path, url, n)
+        shard = dataclasses.replace(
+            shard, endpoint=Endpoint(url, "gpu0", max_running_requests=8, server_running_cap=64)
+        )
+        stats = generate_shard(shard)
+    finally:
+        stop()
+    assert stats.completed == n and stats.failed == 0
+    assert peak_in_flight(log_file) == offered
