@@ -150,7 +150,15 @@ class FeatureProjection:
             f"{self.bytes_per_token:,} B a token, {human_bytes(self.bytes)} in all",
             f"features: {self.gpu_hours:,.2f} GPU-hours of prefill at {self.rate:,.0f} tokens/s "
             f"({self.rate_source})",
+            f"features: to keep that pace each GPU's job writes {human_bytes(self.write_rate)}/s (files "
+            "synced as they are written, behind the prefill): a disk slower than that for the node's GPUs "
+            "together bounds the stage instead",
         ]
+
+    @property
+    def write_rate(self) -> float:
+        """Bytes a second one GPU's features job writes at the projected prefill rate."""
+        return self.rate * self.bytes_per_token
 
 
 def bytes_per_token(layers: int, hidden: int, value_bytes: int, scale_bytes: int) -> int:

@@ -131,6 +131,9 @@ def test_projection_from_the_audit_and_the_refusal_names_what_fits() -> None:
     assert why is not None and "free space under results/features" in why
     measured = project(counts, FeaturesConfig.from_dict({"prefill_tokens_per_s": 1000.0}), model)
     assert measured.gpu_hours == pytest.approx(2_000_000 / 1000 / 3600)
+    # the disk's share: 1,000 tokens/s of 8,200 B each is 8.2 MB written a second by one GPU's job
+    assert measured.write_rate == 1000.0 * (4 * 1024 * 2 + 8)
+    assert "writes 8.2 MB/s" in measured.lines()[-1]
 
 
 def feature_config(tmp_path: Path, features: str) -> dict:
