@@ -167,10 +167,6 @@ class ShardStore:
         row = self.done.get(row_id)
         return row is not None and row.token_digest == token_digest and row.fingerprint == fingerprint
 
-    def write(self, row: StoredRow, tensors: Sequence[StoredTensor]) -> StoredRow:
-        """Write one row's file (temporary name, renamed), then its journal line; return the line."""
-        return self.write_rows([(row, tensors)])[0]
-
     def write_rows(self, rows: Sequence[tuple[StoredRow, Sequence[StoredTensor]]]) -> list[StoredRow]:
         """Write each row's file (temporary name, synced, renamed), then their journal lines in one synced
         append: a line is never on disk before its file, and a batch costs one journal sync, not one a row."""

@@ -79,6 +79,7 @@ from regen.io import write_json
 from regen.layout.run import RunLayout
 from regen.records import ShardStatus
 from regen.runconfig import GenerateConfig
+from regen.serving.probes import server_running_cap
 from regen.types import Endpoint, Sample
 
 log = logging.getLogger(__name__)
@@ -267,11 +268,8 @@ async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: Gen
         version = version or info.get("version")
         if numerics is None:  # a server without /server_info (not SGLang) reports none: {} every run
             numerics = server_numerics(info) if info else {}
-        if mrr is None:
-            states = info.get("internal_states") or [{}]
-            first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
-            mrr = first.get("effective_max_running_requests_per_dp") or info.get("max_running_requests")
-            server_cap = server_cap or mrr
+        server_cap = server_cap or server_running_cap(info, None)
+        mrr = mrr or server_cap
     return dataclasses.replace(
         endpoint,
         max_running_requests=mrr,
@@ -335,7 +333,7 @@ def pacing_of(
     planned, whole = _concurrency(cfg, ep), None
     if not cfg.concurrency:
         planned, whole = whole_shard_offer(planned, ep.server_running_cap, requests_left)
-    running = max(ep.max_running_requests or planned, planned if whole else 0)
+    running = planned if whole else (ep.max_running_requests or planned)
     return plan_in_flight(planned, running, cfg.request_timeout_s, longest_request_tokens(cfg), time, whole)
 
 

@@ -94,7 +94,7 @@ def effective_max_running(info: Mapping[str, Any], plan: PlanFile | None) -> int
 def server_running_cap(info: Mapping[str, Any], plan: PlanFile | None) -> int | None:
     """The server's effective concurrency cap: /server_info internal state, else its args, else the plan."""
     states = info.get("internal_states") or []
-    if states and isinstance(states[0], dict):
+    if isinstance(states, list) and states and isinstance(states[0], dict):
         for key in ("effective_max_running_requests_per_dp", "max_running_requests"):
             if states[0].get(key):
                 return int(states[0][key])

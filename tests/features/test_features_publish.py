@@ -44,13 +44,11 @@ def stored_shard(layout: RunLayout, shard: str, lengths: tuple[int, ...]) -> Pat
             row_id, f"s{i}", row_file_name(row_id), "", n, f"d{i}", settings_digest(SETTINGS), f"fp{i}"
         )
         states = bytes([i + 1]) * (n * 2 * 4 * 2)
-        store.write(
-            line,
-            [
-                StoredTensor("token_ids", "I64", (n,), ids),
-                StoredTensor("hidden_states", "BF16", (n, 2, 4), states),
-            ],
-        )
+        tensors = [
+            StoredTensor("token_ids", "I64", (n,), ids),
+            StoredTensor("hidden_states", "BF16", (n, 2, 4), states),
+        ]
+        store.write_rows([(line, tensors)])
     store.write_manifest(shard, [f"s{i}/default/0" for i in range(len(lengths))], {})
     (shard_dir / SUPERSEDED_DIR / "earlier").mkdir(parents=True)
     (shard_dir / SUPERSEDED_DIR / "earlier" / "old.safetensors").write_bytes(b"an earlier run's")
@@ -89,13 +87,11 @@ def test_a_rerun_uploads_only_the_rows_that_changed_and_the_manifest(s3_prefix: 
     store = ShardStore.open(shard_dir, SETTINGS)
     row_id = "s1/default/0"
     line = StoredRow(row_id, "s1", row_file_name(row_id), "", 2, "d1b", settings_digest(SETTINGS), "fp1b")
-    store.write(
-        line,
-        [
-            StoredTensor("token_ids", "I64", (2,), bytes(16)),
-            StoredTensor("hidden_states", "BF16", (2, 2, 4), bytes([9]) * 32),
-        ],
-    )
+    tensors = [
+        StoredTensor("token_ids", "I64", (2,), bytes(16)),
+        StoredTensor("hidden_states", "BF16", (2, 2, 4), bytes([9]) * 32),
+    ]
+    store.write_rows([(line, tensors)])
     manifest = store.write_manifest("00002", [f"s{i}/default/0" for i in range(3)], {})
     # and an object at row 2's key was overwritten outside regen (no sha256 recorded with it)
     row2 = f"{prefix}/00002/{row_file_name('s2/default/0')}"
