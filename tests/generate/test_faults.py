@@ -212,6 +212,13 @@ def test_crash_with_a_short_retry_budget_fails_the_shard_then_a_rerun_finishes_w
     assert "restart 1/3" in rig.supervisor_log()
 
 
+def faults_samples_met(rig: Rig, kind: str) -> list[str]:
+    """The ids of the samples whose requests met a fault event starting with ``kind``: the server's readiness
+    probe (no sample id) draws faults too, and the supervisor, not the client, retries it (CI once drew a
+    malformed probe: 11 injected against 10 retried; a hung probe: 6 hangs against 5 retried)."""
+    return [e["id"] for e in rig.events() if e["event"].startswith(kind) and e["id"] is not None]
+
+
 def test_partly_wedged_server_requests_time_out_and_are_retried(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -222,7 +229,7 @@ def test_partly_wedged_server_requests_time_out_and_are_retried(
     stats, _ = rig.generate(cfg, samples, request_timeout_s=0.5, max_attempts=8)
     recs, fails = assert_each_sample_once(rig, samples)
     assert not fails and time.monotonic() - t0 < 25
-    hangs = [e["id"] for e in rig.events() if e["event"] == "fault:hang"]
+    hangs = faults_samples_met(rig, "fault:hang")
     assert hangs and stats.retried_requests >= len(hangs)
     by_id = {r["id"]: r for r in recs}
     for sid in set(hangs):
@@ -438,9 +445,7 @@ def test_flaky_responses_are_retried_and_every_sample_lands_once(
     stats, _ = rig.generate(rig.server_cfg({**faults, "seed": 11}), samples, max_attempts=6)
     recs, fails = assert_each_sample_once(rig, samples)
     assert not fails
-    # faults the samples met: the server's readiness probe (no sample id) draws faults too, and the
-    # supervisor, not the client, retries it (CI once drew one: 11 injected against 10 retried)
-    injected = [e["id"] for e in rig.events() if e["event"].startswith("fault:") and e["id"] is not None]
+    injected = faults_samples_met(rig, "fault:")
     assert injected, "the fault rate must have hit some requests"
     assert stats.retried_requests == len(injected) == sum(r["attempts"] - 1 for r in recs)
     received = received_counts(rig)
