@@ -19,6 +19,7 @@ from regen.generate.pacing import (
     measured_step,
     plan_in_flight,
     timeout_conflict,
+    whole_shard_offer,
 )
 
 STEP_47MS = RequestTime(0.015, 0.0000477, 0.0, "Llama-3.1-8B at 671 running: ~47 ms", False)
@@ -188,3 +189,13 @@ def test_a_small_window_is_judged_on_enough_answers() -> None:
         assert w.limit == 2 and w.decreases == 1  # 4 of 20: a burst
 
     run(go())
+
+
+def test_the_whole_shard_is_offered_only_when_the_servers_own_cap_is_known_and_holds_it() -> None:
+    assert whole_shard_offer(10, 64, 40)[0] == 40 and "fit under the server's cap of 64" in str(
+        whole_shard_offer(10, 64, 40)[1]
+    )
+    assert whole_shard_offer(10, None, 40) == (10, None)  # cap unknown: the plan's count
+    assert whole_shard_offer(10, 64, None) == (10, None)  # shard size unknown (a stream)
+    assert whole_shard_offer(10, 64, 65) == (10, None)  # more than the server runs at once
+    assert whole_shard_offer(10, 64, 8) == (10, None)  # fewer than planned: nothing to widen
