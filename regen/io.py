@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -127,3 +128,12 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file."""
     with open(path, "rb") as fh:
         return orjson.loads(fh.read())
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()

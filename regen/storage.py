@@ -1,4 +1,4 @@
-"""S3 access: URIs, a client from boto3's default chain, journal batch sync, dataset publish.
+"""S3 access: URIs, a client from boto3's default chain, journal batch sync, publishing a manifest's files.
 
 Credentials and endpoint come from boto3's default chain only (``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` / ``AWS_PROFILE`` / instance roles; ``AWS_ENDPOINT_URL_S3`` or
@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
-from regen.io import atomic_path
+from regen.io import atomic_path, file_sha256
 from regen.journal_lines import FAILED, complete_lines
 from regen.layout.names import MANIFEST_NAME, journal_batch
 from regen.runconfig import JournalSyncConfig
@@ -238,38 +238,76 @@ def list_keys(uri: str, client: Any | None = None) -> list[str]:
     return sorted(keys)
 
 
-def upload_dir(local_dir: str | os.PathLike[str], s3_prefix: str, client: Any | None = None) -> list[str]:
-    """Upload every file under ``local_dir`` to ``s3_prefix``, keeping relative paths.
+@dataclass(frozen=True, slots=True)
+class ManifestedFile:
+    """One file a manifest names: its path under the manifest's folder, the sha256 the manifest gives, and
+    what it is in the error that a differing file raises (``row s17``, ``part-00000.parquet``)."""
 
-    ``_manifest.json`` files go last, so a reader that waits for the manifest sees a complete dataset.
-    Hidden files (``.name``: atomic-write temporaries) are skipped. Returns the uploaded URIs in order.
+    path: str
+    sha256: str
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What one publish put where: every object the manifest names, then the manifest (``uris``), and
+    those sent this time (``uploaded``: the manifest always; a file already there with the same sha256 not).
     """
-    root = Path(local_dir)
-    if not root.is_dir():
-        raise StorageError(f"upload_dir: {root} is not a directory")
-    files = [
-        p
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    ]
-    return upload_files(root, files, s3_prefix, client)
+
+    prefix: str
+    uris: tuple[str, ...]
+    uploaded: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prefix": self.prefix, "objects": list(self.uris), "uploaded": list(self.uploaded)}
 
 
-def upload_files(
-    root: str | os.PathLike[str], files: Sequence[Path], s3_prefix: str, client: Any | None = None
-) -> list[str]:
-    """Upload ``files`` (under ``root``) to ``s3_prefix`` at their paths relative to ``root``, in order but
-    every ``_manifest.json`` last. Returns the uploaded URIs in the order they went."""
+def publish_manifested(
+    root: str | os.PathLike[str],
+    files: Sequence[ManifestedFile],
+    s3_prefix: str,
+    remedy: str,
+    client: Any | None = None,
+) -> Published:
+    """Upload the files a manifest in ``root`` names to ``s3_prefix`` at their paths under ``root``, then
+    ``root/_manifest.json`` last, so a reader that finds the manifest finds every file it names.
+
+    Each file is checked against the manifest's sha256 before anything is sent: one that differs stops the
+    publish with an error naming it, the manifest and ``remedy``. A file already stored with the same sha256
+    (recorded with the object by its own upload, :func:`upload_file`) is not sent again: a rerun after a
+    failed upload, or one that changed a few files, sends those and the manifest. Objects under the prefix
+    that the manifest does not name (an earlier publish's) are left there and counted in the log."""
+    top = Path(root)
+    for f in files:
+        if file_sha256(top / f.path) != f.sha256:
+            raise StorageError(
+                f"{top / f.path}: sha256 differs from {top / MANIFEST_NAME} ({f.what}); nothing uploaded: "
+                + remedy
+            )
     client = client or s3_client()
     base = parse_location(s3_prefix)
-    ordered = [p for p in files if p.name != MANIFEST_NAME] + [p for p in files if p.name == MANIFEST_NAME]
-    uris: list[str] = []
-    for path in ordered:
-        dest = base.child(Path(path).relative_to(root).as_posix())
-        upload_file(path, dest.uri, client)
-        uris.append(dest.uri)
-    log.info("uploaded %d files from %s to %s", len(uris), root, base.uri)
-    return uris
+    uris, sent = [], []
+    for f in files:
+        uri = base.child(f.path).uri
+        if stored_sha256(uri, client) != f.sha256:
+            upload_file(top / f.path, uri, client, sha256=f.sha256)
+            sent.append(uri)
+        uris.append(uri)
+    manifest_uri = base.child(MANIFEST_NAME).uri
+    upload_file(top / MANIFEST_NAME, manifest_uri, client, sha256=file_sha256(top / MANIFEST_NAME))
+    named = {parse_location(u).key for u in [*uris, manifest_uri]}
+    strays = [k for k in list_keys(base.uri, client) if k not in named]
+    log.info(
+        "%s: %d files uploaded, %d already there with the same sha256, manifest last%s",
+        base.uri,
+        len(sent),
+        len(files) - len(sent),
+        f"; {len(strays)} objects there that the manifest does not name are left in place (first: "
+        f"s3://{base.bucket}/{strays[0]})"
+        if strays
+        else "",
+    )
+    return Published(base.uri, (*uris, manifest_uri), (*sent, manifest_uri))
 
 
 # --------------------------------------------------------------------------- journal sync

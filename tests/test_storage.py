@@ -6,6 +6,7 @@ The S3 tests need ``REGEN_TEST_S3_ENDPOINT`` (e.g. http://127.0.0.1:8333) and ``
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,10 @@ from pathlib import Path
 
 import orjson
 import pytest
+from support.valid_shards import make_valid_shards
 
+from regen.output.merge import MergeConfig, merge
+from regen.output.publish import publish_dataset
 from regen.storage import (
     S3JournalSink,
     StorageError,
@@ -27,7 +31,6 @@ from regen.storage import (
     list_keys,
     s3_client,
     split_s3_uri,
-    upload_dir,
 )
 
 ENDPOINT = os.environ.get("REGEN_TEST_S3_ENDPOINT")
@@ -247,26 +250,39 @@ def test_unknown_key_and_missing_credentials(s3_prefix: str, monkeypatch: pytest
 
 
 @pytest.mark.s3
-def test_upload_dir_puts_the_manifest_last_and_round_trips(s3_prefix: str, tmp_path: Path) -> None:
-    src = tmp_path / "dataset"
-    src.mkdir()
-    files = {
-        "part-00000.parquet": os.urandom(70_000),
-        "part-00001.parquet": os.urandom(1_000),
-        "_manifest.json": b'{"parts": 2}\n',
-        "sub/notes.txt": b"nested\n",
-    }
-    for name, data in files.items():
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        (src / name).write_bytes(data)
-    (src / ".part-00002.parquet.123.tmp").write_bytes(b"half-written")
+def test_publish_sends_the_manifests_parts_then_the_manifest_and_only_what_is_missing_again(
+    s3_prefix: str, tmp_path: Path
+) -> None:
+    dataset = tmp_path / "dataset"
+    merge(make_valid_shards(tmp_path, [9, 8]), dataset, MergeConfig.from_dict({"max_rows_per_file": 6}), {})
+    (dataset / ".part-00009.parquet.123.tmp").write_bytes(b"half-written")
+    names = [f["path"] for f in json.loads((dataset / "_manifest.json").read_text())["files"]]
+    assert names == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    prefix = s3_prefix + "/dataset/"
+    record = tmp_path / "published.json"
 
-    uris = upload_dir(src, s3_prefix + "/dataset/")
-    assert uris[-1] == f"{s3_prefix}/dataset/_manifest.json"
-    assert sorted(uris) == sorted(f"{s3_prefix}/dataset/{name}" for name in files)
-    for name, data in files.items():
-        out = download_file(f"{s3_prefix}/dataset/{name}", tmp_path / "back" / name)
-        assert out.read_bytes() == data
+    uris = publish_dataset(dataset, prefix, record)
+    expected = [f"{s3_prefix}/dataset/{n}" for n in [*names, "_manifest.json"]]
+    assert uris == expected  # the manifest last
+    assert json.loads(record.read_text())["uploaded"] == expected
+    for name in [*names, "_manifest.json"]:
+        back = download_file(f"{s3_prefix}/dataset/{name}", tmp_path / "back" / name)
+        assert back.read_bytes() == (dataset / name).read_bytes()
+    assert [k.rsplit("/", 1)[-1] for k in list_keys(prefix)] == sorted([*names, "_manifest.json"])
+
+    # a publish that stopped halfway (one part never arrived), rerun: that part and the manifest go, no more
+    bucket, key = split_s3_uri(expected[1])
+    s3_client().delete_object(Bucket=bucket, Key=key)
+    assert publish_dataset(dataset, prefix, record) == expected
+    assert json.loads(record.read_text())["uploaded"] == [expected[1], expected[-1]]
+
+    # a part changed after merge: nothing goes, and the error names it and the manifest
+    (dataset / names[2]).write_bytes(b"not the merged part")
+    s3_client().delete_object(Bucket=bucket, Key=key)
+    changed = rf"{names[2]}: sha256 differs from .*_manifest.json .*rerun the merge"
+    with pytest.raises(StorageError, match=changed):
+        publish_dataset(dataset, prefix, record)
+    assert f"{key}" not in list_keys(prefix)
 
     with pytest.raises(StorageError, match=r"NoSuchKey|404"):
         download_file(f"{s3_prefix}/dataset/missing.parquet", tmp_path / "back" / "missing.parquet")

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from regen.io import atomic_path, read_json, write_json
+from regen.io import atomic_path, file_sha256, read_json, write_json
 from regen.layout.names import MANIFEST_NAME
 
 FORMAT = "regen-features/1"
@@ -73,14 +73,6 @@ def safetensors_bytes(tensors: Sequence[StoredTensor], metadata: Mapping[str, st
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
     return len(head).to_bytes(8, "little") + head + b"".join(t.data for t in tensors)
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def row_file_name(row_id: str) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from regen.io import read_json, shared_temp_dir, write_json
+from regen.io import file_sha256, read_json, shared_temp_dir, write_json
 from regen.layout.names import MANIFEST_NAME, dataset_part, dataset_parts
 from regen.observe.stage_progress import StageProgress, parquet_rows
 from regen.output.provenance import build_provenance
@@ -300,15 +300,6 @@ def scrub_secrets(obj: Any) -> Any:
     return obj
 
 
-def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _schema_fields(schema: pa.Schema) -> tuple[dict[str, str], ...]:
     return tuple({"name": f.name, "type": str(f.type), "nullable": str(f.nullable).lower()} for f in schema)
 
@@ -383,7 +374,7 @@ def merge(
                 progress.advance(valid.num_rows)
         files = writer.close()
         progress.finish()
-        entries = tuple(ManifestFile(p.name, rows, p.stat().st_size, sha256_file(p)) for p, rows in files)
+        entries = tuple(ManifestFile(p.name, rows, p.stat().st_size, file_sha256(p)) for p, rows in files)
         manifest = Manifest(
             files=entries,
             total_rows=sum(f.rows for f in entries),
