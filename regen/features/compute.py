@@ -24,7 +24,15 @@ from typing import Any
 
 from regen.features.backends import CaptureBackend, encode
 from regen.features.rows import TokenRow
-from regen.features.store import FeatureSettings, ShardStore, StoredRow, row_file_name, settings_digest
+from regen.features.store import (
+    PACE_KEY,
+    FeatureSettings,
+    ShardStore,
+    StoredRow,
+    previous_pace,
+    row_file_name,
+    settings_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,20 @@ class ShardResult:
     #: waited for the writer: what bounds the job, the GPU or the disk
     capture_s: float = 0.0
     write_wait_s: float = 0.0
+    #: seconds from the first batch's prefill to the last batch's files written: the job's own pace
+    wall_s: float = 0.0
+
+    def pace(self) -> dict[str, Any] | None:
+        """What the manifest records of this job's pace (None: it computed nothing): the tokens it
+        prefilled and wrote, in how many seconds, and of those the prefill's and the wait on the writer."""
+        if not self.tokens_computed:
+            return None
+        return {
+            "tokens": self.tokens_computed,
+            "seconds": round(self.wall_s, 3),
+            "prefill_s": round(self.capture_s, 3),
+            "waited_on_writer_s": round(self.write_wait_s, 3),
+        }
 
 
 #: batches whose files may wait on the writer thread while the next batch is prefilled
@@ -116,7 +138,8 @@ def compute_rows(
             for future in pending:  # every finished batch is written, also when a later one failed
                 future.result()
             wait_s += time.monotonic() - t1
-    return ShardResult(len(rows), len(todo), len(rows) - len(todo), tokens, (), capture_s, wait_s)
+    wall_s = time.monotonic() - started
+    return ShardResult(len(rows), len(todo), len(rows) - len(todo), tokens, (), capture_s, wait_s, wall_s)
 
 
 def check_shape(row: TokenRow, states: Any, settings: FeatureSettings, engine: str) -> Any:
@@ -170,7 +193,8 @@ def run_shard(
     moved = store.set_aside(r.id for r in rows)
     for line in moved:
         log.info("features: moved aside %s", line)
-    store.write_manifest(shard, [r.id for r in rows], about)
+    pace = result.pace() or previous_pace(store.directory)
+    store.write_manifest(shard, [r.id for r in rows], {**about, PACE_KEY: pace})
     log.info(
         "features %s: %d rows, %d computed (%d tokens), %d reused after their checksum verified; prefill "
         "%.1f s, prefill waiting on the writer %.1f s",

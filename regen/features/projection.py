@@ -1,8 +1,9 @@
 """Bytes and GPU-hours of the features before anything runs: one pure formula over token counts.
 
 Bytes: tokens x (stored layers x hidden x bytes per value + an fp8 scale + 8 bytes of token id).
-GPU-hours: prefilled tokens / one GPU's prefill rate. The rate is ``features.prefill_tokens_per_s`` when set
-(e.g. measured); else ``ASSUMED_PREFILL_FLOPS`` / (2 x the model's active parameters), a projection: the
+GPU-hours: prefilled tokens / one GPU's prefill rate. The rate is ``features.prefill_tokens_per_s`` when set;
+else the pace the finished features jobs recorded in their manifests (tokens over the jobs' seconds, their
+writes included); else ``ASSUMED_PREFILL_FLOPS`` / (2 x the model's active parameters), a projection: the
 forward's matmuls at 40% of an H100's dense bf16 peak, attention's quadratic term left out (it grows with
 row length: long rows run slower than this). The tokens come from the audit's counts (prompt plus old answer,
 a sample's completions each) until answers are generated; then the generated answers' real lengths (prompt
@@ -22,6 +23,7 @@ from typing import Any
 import orjson
 
 from regen.features.config import FeaturesConfig
+from regen.features.store import MeasuredPace, measured_pace
 from regen.layout.names import dataset_parts
 from regen.layout.run import RunLayout
 from regen.runconfig import RunConfig, config_section
@@ -111,10 +113,19 @@ def active_parameters(model: ModelShape) -> int:
     return max(total, 1)
 
 
-def prefill_rate(cfg: FeaturesConfig, model: ModelShape) -> tuple[float, str]:
-    """One GPU's prefill tokens/s, and where it comes from."""
+def prefill_rate(
+    cfg: FeaturesConfig, model: ModelShape, measured: MeasuredPace | None = None
+) -> tuple[float, str]:
+    """One GPU's prefill tokens/s, and where it comes from: the setting; else the pace the finished features
+    jobs recorded (prefill and writes together: a job that waited on its disk counts that wait); else the
+    assumed model FLOP utilization."""
     if cfg.prefill_tokens_per_s:
         return cfg.prefill_tokens_per_s, "features.prefill_tokens_per_s"
+    if measured is not None:
+        return measured.tokens_per_s, (
+            f"measured: {measured.tokens:,} tokens prefilled and written in {measured.seconds:,.1f} s by "
+            f"{measured.jobs} features job{'s' if measured.jobs != 1 else ''} so far"
+        )
     params = active_parameters(model)
     rate = ASSUMED_PREFILL_FLOPS / (2 * params)
     return rate, f"assumed: 40% of 989 TFLOP/s over 2 x {params / 1e9:.2f}B active parameters (a projection)"
@@ -166,13 +177,16 @@ def bytes_per_token(layers: int, hidden: int, value_bytes: int, scale_bytes: int
     return layers * hidden * value_bytes + scale_bytes + TOKEN_ID_BYTES
 
 
-def project(counts: TokenCounts, cfg: FeaturesConfig, model: ModelShape) -> FeatureProjection:
-    """The projection of ``cfg``'s features over ``counts`` for ``model`` (the row choice applied)."""
+def project(
+    counts: TokenCounts, cfg: FeaturesConfig, model: ModelShape, measured: MeasuredPace | None = None
+) -> FeatureProjection:
+    """The projection of ``cfg``'s features over ``counts`` for ``model`` (the row choice applied), at the
+    pace ``measured`` where the features jobs recorded one."""
     layers = cfg.stored_layers(model.num_layers)
     rows = cfg.rows.rows_of(counts.rows)
     tokens = round(counts.tokens * rows / counts.rows) if counts.rows else 0
     per_token = bytes_per_token(len(layers), model.hidden_size, cfg.value_bytes, cfg.scale_bytes)
-    rate, rate_source = prefill_rate(cfg, model)
+    rate, rate_source = prefill_rate(cfg, model, measured)
     return FeatureProjection(
         rows=rows,
         tokens=tokens,
@@ -250,7 +264,9 @@ def projection_for_run(config: Mapping[str, Any], layout: RunLayout) -> FeatureP
     counts = token_counts_for_run(layout, run.generate.completions_per_prompt)
     if counts is None:
         return None
-    return project(counts, cfg, ModelShape.from_config(run.server.planned_model))
+    return project(
+        counts, cfg, ModelShape.from_config(run.server.planned_model), measured_pace(layout.features_dir)
+    )
 
 
 def preview_lines(config: Mapping[str, Any], layout: RunLayout) -> list[str]:

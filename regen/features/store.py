@@ -36,6 +36,8 @@ from regen.layout.names import MANIFEST_NAME
 FORMAT = "regen-features/1"
 ROWS_JOURNAL = "_rows.jsonl"
 SUPERSEDED_DIR = "superseded"
+#: the manifest's record of the job's own pace (``ShardResult.pace``): what later projections rate from
+PACE_KEY = "pace"
 #: safetensors dtype names and their bytes per element
 DTYPE_BYTES = {"BF16": 2, "F8_E4M3": 1, "F32": 4, "I64": 8}
 
@@ -243,3 +245,33 @@ def tensor_layout(settings: FeatureSettings) -> dict[str, str]:
 
 def read_manifest(shard_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return read_json(Path(shard_dir) / MANIFEST_NAME)
+
+
+def previous_pace(shard_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The pace an earlier run of this shard recorded in its manifest (None: no manifest, or none recorded):
+    kept by a rerun that computed nothing."""
+    path = Path(shard_dir) / MANIFEST_NAME
+    return read_json(path).get(PACE_KEY) if path.is_file() else None
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredPace:
+    """The features jobs' pace so far: tokens prefilled and written, in the jobs' seconds, over how many."""
+
+    tokens: int
+    seconds: float
+    jobs: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def measured_pace(features_dir: str | os.PathLike[str]) -> MeasuredPace | None:
+    """The pace the shard manifests under ``features_dir`` recorded, summed (None: none recorded yet)."""
+    tokens, seconds, jobs = 0, 0.0, 0
+    for manifest in sorted(Path(features_dir).glob(f"*/{MANIFEST_NAME}")):
+        pace = read_json(manifest).get(PACE_KEY)
+        if pace and pace["seconds"] > 0:
+            tokens, seconds, jobs = tokens + pace["tokens"], seconds + pace["seconds"], jobs + 1
+    return MeasuredPace(tokens, seconds, jobs) if jobs else None

@@ -2,13 +2,14 @@
 trainers' readers: ``test_trainers_read_features.py``): files written under a temporary name and renamed, a
 manifest with shapes, layers, norm state, checksums and fingerprints; resume skips only files whose checksum
 verifies, a regenerated answer is computed again, a crash loses only the row in flight, nothing is padded, and
-no finished file is deleted."""
+no finished file is deleted; the job's pace, recorded in the manifest, rates the projection of the rest."""
 
 from __future__ import annotations
 
 import json
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,9 +17,19 @@ import numpy as np
 import pytest
 
 from regen.features.compute import compute_rows, run_shard
-from regen.features.config import LAYER_CONVENTION
+from regen.features.config import LAYER_CONVENTION, FeaturesConfig
+from regen.features.projection import TokenCounts, project
 from regen.features.rows import TokenRow
-from regen.features.store import ROWS_JOURNAL, SUPERSEDED_DIR, FeatureSettings, ShardStore, StoredTensor
+from regen.features.store import (
+    ROWS_JOURNAL,
+    SUPERSEDED_DIR,
+    FeatureSettings,
+    ShardStore,
+    StoredTensor,
+    measured_pace,
+)
+from regen.layout.run import RunLayout
+from regen.sglang.models import ModelShape
 
 HIDDEN = 8
 LAYERS = (2, 4, 5, 8)
@@ -256,3 +267,45 @@ def test_a_failed_write_fails_the_job_and_keeps_what_was_written(tmp_path: Path)
     again = CountingBackend()
     run(tmp_path, rows, again)  # resume: only the row whose file was never written (r3's batch was queued
     assert again.calls == [rows[2].input_ids]  # behind it and is kept: a valid file, journalled)
+
+
+class SlowBackend(CountingBackend):
+    """Each batch's prefill takes ``seconds`` (a GPU's time, stood in for)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def capture_many(self, rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        time.sleep(self.seconds)
+        return super().capture_many(rows)
+
+
+def test_the_projection_rates_the_rest_from_the_pace_the_jobs_recorded(tmp_path: Path) -> None:
+    layout = RunLayout(results=tmp_path / "results")
+    rows = token_rows()  # 17 tokens in 4 rows, one batch each at 0.1 s
+
+    def job(backend: CountingBackend) -> dict:
+        run_shard(rows=rows, shard_dir=layout.features_shard_dir("00000"), shard="00000", settings=settings(),
+                  backend=backend, about={}, batch_tokens=1, encoder=bf16)  # fmt: skip
+        return json.loads(layout.features_manifest("00000").read_text())["pace"]
+
+    pace = job(SlowBackend(0.1))
+    assert pace["tokens"] == 17 and 0.4 <= pace["prefill_s"] <= pace["seconds"], pace
+    assert job(CountingBackend()) == pace  # a rerun that computed nothing keeps the pace it measured
+
+    counts = TokenCounts(rows=1000, tokens=1_000_000, source="the audit's")
+    model = ModelShape.from_config(Path(__file__).resolve().parents[2] / "resources/demo-model/config.json")
+    measured = measured_pace(layout.features_dir)
+    assert measured is not None and (measured.tokens, measured.jobs) == (17, 1)
+    p = project(counts, FeaturesConfig.from_dict({"enabled": True}), model, measured)
+    assert p.rate == pytest.approx(17 / pace["seconds"])
+    assert p.gpu_hours == pytest.approx(1_000_000 / p.rate / 3600)
+    assert (
+        f"measured: 17 tokens prefilled and written in {pace['seconds']:,.1f} s by 1 features job"
+        in (p.lines()[2])
+    )
+    assumed = project(counts, FeaturesConfig.from_dict({"enabled": True}), model)
+    assert "assumed" in assumed.rate_source and assumed.rate > 1000 * p.rate  # the stand-in is that slow
+    chosen_rate = project(counts, FeaturesConfig.from_dict({"prefill_tokens_per_s": 5.0}), model, measured)
+    assert (chosen_rate.rate, chosen_rate.rate_source) == (5.0, "features.prefill_tokens_per_s")
