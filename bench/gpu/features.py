@@ -31,7 +31,9 @@ For each target (random weights built on the GPU, bf16, saved as safetensors wit
   :func:`specforge_capture` and recorded in the JSON. Its padded tokens are prefilled and stored, as its
   script does; its tokens/s counts the rows' own tokens, like regen's.
 * projection: ``regen.features.projection.project()`` on the rows' token count and the model's config:
-  bytes against the bytes regen wrote, GPU-hours against the regen arm's compute wall.
+  bytes against the bytes regen wrote, GPU-hours (the assumed utilization: what regen says before any job
+  ran) against the regen arm's compute wall; and, as a run goes on, the second shard's GPU-hours projected
+  at the pace the first shard (a quarter of the rows) recorded, against what the second shard took.
 
 Each GPU step runs in its own process (SGLang's in-process runner sets up torch.distributed and its pools
 once a process), its log under ``WORK/logs/``; a step that fails or runs out of time is recorded with its
@@ -59,6 +61,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -363,34 +366,65 @@ def step_regen(a: argparse.Namespace) -> dict[str, Any]:
         backend="transformers" if a.smoke else "sglang",
     )
     out_dir = work / "regen-out"
-    t1 = time.perf_counter()
-    result = run_shard(
-        rows=rows,
-        shard_dir=out_dir,
-        shard="00000",
-        settings=settings,
-        backend=backend,
-        about={"bench": "bench.gpu.features"},
-        batch_tokens=a.batch_tokens,
-    )
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    compute_s = time.perf_counter() - t1
-    manifest = json.loads((out_dir / "_manifest.json").read_text())
+    # two shards, as a run has many: the first quarter's pace (recorded in its manifest) projects the rest
+    # (regen's own projection after its first job), against what the rest then took
+    first = max(1, len(rows) // FIRST_SHARD_SHARE)
+    shards = []
+    compute_s = 0.0
+    paced = None
+    for shard, part in (("00000", rows[:first]), ("00001", rows[first:])):
+        if shard == "00001":
+            paced = first_pace(out_dir, part)
+        t1 = time.perf_counter()
+        result = run_shard(
+            rows=part,
+            shard_dir=out_dir / shard,
+            shard=shard,
+            settings=settings,
+            backend=backend,
+            about={"bench": "bench.gpu.features"},
+            batch_tokens=a.batch_tokens,
+        )
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        compute_s += time.perf_counter() - t1
+        manifest = json.loads((out_dir / shard / "_manifest.json").read_text())
+        shards.append({"shard": shard, "rows": result.rows, "bytes": manifest["bytes"]} | manifest["pace"])
     return {
         "engine": engine,
         "build_s": build_s,
         "warmup_s": warmup_s,
         "compute_s": compute_s,
-        "rows": result.rows,
-        "tokens": result.tokens_computed,
-        "prefill_s": result.capture_s,
-        "waited_on_writer_s": result.write_wait_s,
-        "manifest_bytes": manifest["bytes"],
+        "rows": sum(s["rows"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),
+        "prefill_s": sum(s["prefill_s"] for s in shards),
+        "waited_on_writer_s": sum(s["waited_on_writer_s"] for s in shards),
+        "manifest_bytes": sum(s["bytes"] for s in shards),
+        "shards": shards,
+        "paced_projection": paced | {"measured_s": shards[1]["seconds"]} if paced else None,
         "batch_tokens": a.batch_tokens,
         "layers": list(layers),
         "peak_gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
     }
+
+
+#: the first shard's share of the rows (1 in 4): its pace projects the other shard
+FIRST_SHARD_SHARE = 4
+
+
+def first_pace(out_dir: Path, rest: Sequence[Any]) -> dict[str, Any]:
+    """The pace the shards under ``out_dir`` recorded, as regen's projection reads it
+    (``regen.features.store.measured_pace``), and the tokens of the ``rest`` it is to project."""
+    from regen.features.store import measured_pace
+
+    pace = measured_pace(out_dir)
+    assert pace is not None, f"{out_dir}: the first shard recorded no pace"
+    return {"pace": asdict(pace), "tokens": sum(len(r.input_ids) for r in rest)}
+
+
+def regen_manifests(out_dir: Path) -> list[dict[str, Any]]:
+    """The regen arm's shard manifests."""
+    return [json.loads(m.read_text()) for m in sorted(out_dir.glob("*/_manifest.json"))]
 
 
 def step_check(a: argparse.Namespace) -> dict[str, Any]:
@@ -400,9 +434,9 @@ def step_check(a: argparse.Namespace) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     work = Path(a.target_dir)
-    manifest = json.loads((work / "regen-out" / "_manifest.json").read_text())
-    layers = manifest["settings"]["layer_ids"]
-    files = {r["id"]: work / "regen-out" / r["file"] for r in manifest["rows"]}
+    manifests = regen_manifests(work / "regen-out")
+    layers = manifests[0]["settings"]["layer_ids"]
+    files = {r["id"]: work / "regen-out" / m["shard"] / r["file"] for m in manifests for r in m["rows"]}
     ref = torch.load(work / "ref.pt")
     per_layer: dict[str, list[dict[str, Any]]] = {str(lid): [] for lid in layers}
     shifted: list[dict[str, Any]] = []
@@ -843,11 +877,19 @@ def rates(result: dict[str, Any], stored: int, tokens: int) -> dict[str, Any]:
 
 
 def projection_of(
-    model_dir: Path, rows: int, tokens: int, measured_bytes: int | None, wall_s: float | None
+    model_dir: Path,
+    rows: int,
+    tokens: int,
+    measured_bytes: int | None,
+    wall_s: float | None,
+    paced: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """regen's own projection for these rows and this model, against what the regen arm measured."""
+    """regen's own projection for these rows and this model before anything ran (the assumed utilization),
+    against what the regen arm measured; and its projection of the second shard at the first shard's pace,
+    against what the second shard took (``paced``)."""
     from regen.features.config import FeaturesConfig
     from regen.features.projection import TokenCounts, project
+    from regen.features.store import MeasuredPace
     from regen.sglang.models import ModelShape
 
     cfg = FeaturesConfig.from_dict({"enabled": True, "backend": "sglang"})
@@ -864,8 +906,15 @@ def projection_of(
         "bytes_ratio": p.bytes / measured_bytes if measured_bytes else None,
         "gpu_hours_ratio": p.gpu_hours / measured_h if measured_h else None,
     }
+    if paced:
+        counts = TokenCounts(1, paced["tokens"], "the second shard")
+        ahead = project(counts, cfg, ModelShape.from_config(model_dir), MeasuredPace(**paced["pace"]))
+        paced = paced | {"projected_s": ahead.gpu_hours * 3600, "rate_source": ahead.rate_source}
+    out["paced"] = paced
+    out["paced_gpu_hours_ratio"] = paced["projected_s"] / paced["measured_s"] if paced else None
     out["within_10pct"] = {
-        k: (abs(out[f"{k}_ratio"] - 1) <= 0.10 if out[f"{k}_ratio"] else None) for k in ("bytes", "gpu_hours")
+        k: (abs(out[f"{k}_ratio"] - 1) <= 0.10 if out[f"{k}_ratio"] else None)
+        for k in ("bytes", "gpu_hours", "paced_gpu_hours")
     }
     return out
 
@@ -904,13 +953,11 @@ def run_target(a: argparse.Namespace, name: str, deadline: float, targets_after:
     if doc["build"].get("ok"):
         doc["regen"] = run_step(a, "regen", tdir, min(a.step_timeout, left()))
         out = tdir / "regen-out"
-        if (out / "_manifest.json").is_file():
+        manifests = regen_manifests(out)
+        if len(manifests) == 2:
             doc["check"] = run_step(a, "check", tdir, min(120, max(left(), 30)))
             files, apparent, on_disk = dir_bytes(out)
-            stored = sum(
-                (out / r["file"]).stat().st_size
-                for r in json.loads((out / "_manifest.json").read_text())["rows"]
-            )
+            stored = sum((out / m["shard"] / r["file"]).stat().st_size for m in manifests for r in m["rows"])
             doc["regen"] |= {"files": files, "dir_apparent_bytes": apparent, "dir_disk_bytes": on_disk}
             doc["regen"] |= rates(doc["regen"], stored, tokens)
         shutil.rmtree(out, ignore_errors=True)
@@ -920,6 +967,7 @@ def run_target(a: argparse.Namespace, name: str, deadline: float, targets_after:
             tokens,
             doc["regen"].get("stored_bytes"),
             doc["regen"].get("compute_s") if doc["regen"].get("ok") else None,
+            doc["regen"].get("paced_projection"),
         )
         # SpecForge's arm gets what the targets after this one do not need (--reserve-s each)
         room = left() - a.reserve_s * targets_after
@@ -982,6 +1030,7 @@ def target_line(doc: dict[str, Any]) -> str:
         off_by_one_failed=f"{off.get('failed', 'na')}/{off.get('compared', 'na')}",
         proj_bytes_ratio=fmt(p.get("bytes_ratio"), 3, "na"),
         proj_gpu_h_ratio=fmt(p.get("gpu_hours_ratio"), 3, "na"),
+        proj_paced_gpu_h_ratio=fmt(p.get("paced_gpu_hours_ratio"), 3, "na"),
     )
 
 

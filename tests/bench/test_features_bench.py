@@ -75,7 +75,9 @@ def test_every_arm_ran_and_the_reference_check_passed(smoke: tuple[dict, list[st
     doc = smoke[0]["targets"][target]
     assert doc["build"]["ok"] and doc["build"]["states_finite"]
     assert doc["regen"]["ok"] and doc["regen"]["tokens"] == doc["tokens"]
-    assert doc["regen"]["stored_bytes"] > 0 and doc["regen"]["files"] == doc["rows"] + 2  # journal, manifest
+    assert (
+        doc["regen"]["stored_bytes"] > 0 and doc["regen"]["files"] == doc["rows"] + 4
+    )  # 2 shards' journals, manifests
     assert doc["check"]["ok"] and doc["check"]["pass"]
     assert set(doc["check"]["layers"]) == {"2", "4", "5", "8"}  # EAGLE-3's [2, L/2, L-3] and the last
     sf = doc["specforge"]
@@ -96,6 +98,22 @@ def test_the_projected_bytes_are_what_regen_wrote(smoke: tuple[dict, list[str]],
     p = smoke[0]["targets"][target]["projection"]
     assert p["within_10pct"]["bytes"], p  # the safetensors headers are the difference
     assert p["gpu_hours"] > 0 and p["measured_gpu_hours"] > 0  # on CPU their ratio means nothing
+
+
+@pytest.mark.parametrize("target", [0, 1])
+def test_the_second_shard_is_projected_at_the_first_shards_recorded_pace(
+    smoke: tuple[dict, list[str]], target: int
+) -> None:
+    doc = smoke[0]["targets"][target]
+    first, second = doc["regen"]["shards"]
+    paced = doc["projection"]["paced"]
+    assert first["rows"] == doc["rows"] // 4 and first["rows"] + second["rows"] == doc["rows"]
+    assert paced["tokens"] == second["tokens"] and paced["measured_s"] == second["seconds"]
+    assert paced["rate_source"].startswith(f"measured: {first['tokens']:,} tokens prefilled and written in")
+    # the first shard's own rate, carried over to the second's tokens
+    assert paced["projected_s"] == pytest.approx(
+        second["tokens"] / (first["tokens"] / first["seconds"]), rel=1e-3
+    )
 
 
 def test_compare_passes_bf16_noise_and_fails_a_neighbouring_layer() -> None:
