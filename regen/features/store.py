@@ -24,6 +24,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,9 @@ class StoredTensor:
             )
 
 
-def safetensors_bytes(tensors: Sequence[StoredTensor], metadata: Mapping[str, str]) -> bytes:
-    """A safetensors file of ``tensors`` (in order) with string ``metadata``."""
+def safetensors_pieces(tensors: Sequence[StoredTensor], metadata: Mapping[str, str]) -> list[bytes]:
+    """A safetensors file of ``tensors`` (in order) with string ``metadata``, as the pieces to write one after
+    another: the header, then each tensor's bytes (not copied into one buffer)."""
     header: dict[str, Any] = {"__metadata__": dict(metadata)}
     offset = 0
     for t in tensors:
@@ -74,7 +76,7 @@ def safetensors_bytes(tensors: Sequence[StoredTensor], metadata: Mapping[str, st
         offset += len(t.data)
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # the format aligns the data to 8 bytes
-    return len(head).to_bytes(8, "little") + head + b"".join(t.data for t in tensors)
+    return [len(head).to_bytes(8, "little") + head, *(t.data for t in tensors)]
 
 
 def row_file_name(row_id: str) -> str:
@@ -161,10 +163,18 @@ class ShardStore:
         row = self.done.get(row_id)
         return row is not None and row.token_digest == token_digest and row.fingerprint == fingerprint
 
-    def write_rows(self, rows: Sequence[tuple[StoredRow, Sequence[StoredTensor]]]) -> list[StoredRow]:
-        """Write each row's file (temporary name, synced, renamed), then their journal lines in one synced
-        append: a line is never on disk before its file, and a batch costs one journal sync, not one a row."""
-        done = [self._write_file(row, tensors) for row, tensors in rows]
+    def write_rows(
+        self,
+        rows: Sequence[tuple[StoredRow, Sequence[StoredTensor]]],
+        files: Executor | None = None,
+    ) -> list[StoredRow]:
+        """Write each row's file (temporary name, synced, renamed; on ``files``' threads when given: each
+        file's hashing, writing and sync overlap the others'), then their journal lines in one synced append,
+        in ``rows``' order: a line is never on disk before its file, and a batch costs one journal sync."""
+        if files is None:
+            done = [self._write_file(row, tensors) for row, tensors in rows]
+        else:
+            done = list(files.map(lambda job: self._write_file(*job), rows))
         with open(self.directory / ROWS_JOURNAL, "ab") as f:
             f.write(b"".join(orjson.dumps(asdict(line)) + b"\n" for line in done))
             f.flush()
@@ -177,10 +187,12 @@ class ShardStore:
         meta = {"format": FORMAT, "id": row.id, "token_digest": row.token_digest, "settings": row.settings}
         if row.fingerprint:
             meta["fingerprint"] = row.fingerprint
-        blob = safetensors_bytes(tensors, meta)
-        with atomic_path(self.directory / row.file) as tmp:
-            tmp.write_bytes(blob)
-        return StoredRow(**(asdict(row) | {"sha256": hashlib.sha256(blob).hexdigest()}))
+        digest = hashlib.sha256()
+        with atomic_path(self.directory / row.file) as tmp, open(tmp, "wb") as f:
+            for piece in safetensors_pieces(tensors, meta):
+                digest.update(piece)
+                f.write(piece)
+        return StoredRow(**(asdict(row) | {"sha256": digest.hexdigest()}))
 
     def set_aside(self, keep: Iterable[str]) -> list[str]:
         """Move the files of rows not in ``keep`` (no longer chosen, or of other settings) to ``superseded/``,

@@ -223,12 +223,12 @@ class GatedStore(ShardStore):
     next_batch_started: threading.Event
     fail_row: str | None = None
 
-    def write_rows(self, rows):  # type: ignore[no-untyped-def]
+    def write_rows(self, rows, files=None):  # type: ignore[no-untyped-def]
         if not self.done:
             assert self.next_batch_started.wait(10), "the prefill waited for the disk"
         if any(row.id == self.fail_row for row, _ in rows):
             raise OSError(28, "No space left on device")
-        return super().write_rows(rows)
+        return super().write_rows(rows, files)
 
 
 class SignallingBackend(CountingBackend):
@@ -257,6 +257,32 @@ def test_the_next_batch_is_prefilled_while_the_last_one_is_written(tmp_path: Pat
     assert result.computed == 4 and sorted(store.done) == [r.id for r in rows]
     journal = [json.loads(line)["id"] for line in (tmp_path / ROWS_JOURNAL).read_text().splitlines()]
     assert journal == [r.id for r in rows]  # one writer: the journal keeps the rows' order
+
+
+class MeetingStore(ShardStore):
+    """A store each of whose files waits until ``meet`` files are being written at once (a disk whose syncs
+    take a while): a writer that writes a batch's files one after another never gets past the first."""
+
+    meeting: threading.Barrier
+
+    def _write_file(self, row, tensors):  # type: ignore[no-untyped-def]
+        self.meeting.wait()
+        return super()._write_file(row, tensors)
+
+
+def test_a_batchs_files_are_written_at_once_and_journalled_in_order(tmp_path: Path) -> None:
+    rows = token_rows((3, 7, 5, 2, 4, 6, 1, 8))
+    store = MeetingStore(tmp_path, settings())
+    store.directory.mkdir(parents=True, exist_ok=True)
+    store.meeting = threading.Barrier(4, timeout=10)
+    result = compute_rows(rows, store, CountingBackend(), batch_tokens=1000, encoder=bf16)
+    assert result.computed == 8
+    journal = [json.loads(line)["id"] for line in (tmp_path / ROWS_JOURNAL).read_text().splitlines()]
+    assert journal == [r.id for r in rows]
+    reopened = ShardStore.open(tmp_path, settings())  # every file verifies against its journalled sha256
+    assert sorted(reopened.done) == sorted(r.id for r in rows)
+    one_by_one = run(tmp_path / "one", rows, CountingBackend())  # the same bytes as one file at a time
+    assert [reopened.done[r.id].sha256 for r in rows] == [r["sha256"] for r in one_by_one["rows"]]
 
 
 def test_a_failed_write_fails_the_job_and_keeps_what_was_written(tmp_path: Path) -> None:
