@@ -72,6 +72,10 @@ from bench.harness import MEASUREMENTS, REPO, add_smoke, fmt, log, parse_args, r
 COS_MIN = 0.999
 REL_ERR_MAX = 5e-2
 TOKEN_QUANTILE = 0.999
+#: the measured tolerance: the stored states may be this many times as far from the same weights' fp32 forward
+#: as transformers' own bf16 forward is (two bf16 engines, each about one floor from fp32): :func:`judge`
+FLOOR_FACTOR = 2.0
+REF32 = "ref32.pt"
 LOSS_MASKED_FRACTION = 0.3
 
 
@@ -230,6 +234,55 @@ def compare(got: Any, want: Any) -> dict[str, Any]:
     return out
 
 
+def judge(got: Any, want: Any, want32: Any | None) -> dict[str, Any]:
+    """One stored layer of one row against the reference: :func:`compare` with transformers' bf16 states
+    (``want``), and, where the build kept the same weights' fp32 states (``want32``), the bf16 tolerance
+    measured instead of assumed: ``got``'s distance from fp32 against transformers' own bf16 distance from
+    fp32 (the floor). Passes on the floor where there is one (relative error of 99.9% of tokens at most
+    ``FLOOR_FACTOR`` x the floor's, cosine deficit at most ``FLOOR_FACTOR``^2 x the floor's: a relative noise
+    e costs e^2/2 of cosine), else on :func:`compare`'s fixed bounds. Why: on the H100 both SGLang arms were
+    0.075 (dense, layer 16) and 0.15 (MoE, layer 2) from transformers' bf16, over the fixed 5e-2 set on CPU
+    runs, with every neighbouring layer at >= 0.32 (measurements/features-2026-12-07-h100)."""
+    out = compare(got, want)
+    if want32 is None:
+        return out
+    vs32, floor = compare(got, want32), compare(want, want32)
+    keys = ("cos_q001", "rel_err_q999")
+    ok = bool(
+        vs32["finite"]
+        and vs32["rel_err_q999"] <= FLOOR_FACTOR * floor["rel_err_q999"]
+        and 1 - vs32["cos_q001"] <= FLOOR_FACTOR**2 * (1 - floor["cos_q001"])
+    )
+    return out | {
+        "fixed_bounds_pass": out["pass"],
+        "vs_fp32": {k: vs32[k] for k in keys},
+        "floor": {k: floor[k] for k in keys},
+        "pass": ok,
+    }
+
+
+def floor_summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One layer's rows judged on the floor: the worst distance from fp32 of the stored states and of
+    transformers' bf16 (empty without an fp32 reference)."""
+    judged = [r for r in results if "floor" in r]
+    if not judged:
+        return {}
+    return {
+        "vs_fp32_rel_err_q999_max": max(r["vs_fp32"]["rel_err_q999"] for r in judged),
+        "floor_rel_err_q999_max": max(r["floor"]["rel_err_q999"] for r in judged),
+        "vs_fp32_cos_q001_min": min(r["vs_fp32"]["cos_q001"] for r in judged),
+        "floor_cos_q001_min": min(r["floor"]["cos_q001"] for r in judged),
+    }
+
+
+def load_ref32(work: Path) -> dict[str, dict[int, Any]]:
+    """The build's fp32 states of the check rows ({} where it kept none)."""
+    import torch
+
+    path = work / REF32
+    return torch.load(path) if path.is_file() else {}
+
+
 # ---------------------------------------------------------------------------------------------- steps (torch)
 
 
@@ -283,6 +336,19 @@ def step_build(a: argparse.Namespace) -> dict[str, Any]:
     model.save_pretrained(model_dir, max_shard_size="5GB")
     write_tokenizer(model_dir, config.vocab_size, int(cfg_dict.get("eos_token_id") or 0))
     save_s = time.perf_counter() - t2
+    # the noise floor: the same weights in fp32, the stored layers of the check rows
+    t3 = time.perf_counter()
+    model.float()
+    backend = TransformersBackend(model, layers, "post_norm")
+    ref32 = {
+        rid: dict(
+            zip(layers, backend.capture(rows[rid]["input_ids"]).to("cpu").float().unbind(1), strict=True)
+        )
+        for rid in check
+    }
+    torch.save(ref32, work / REF32)
+    del backend
+    ref32_s = time.perf_counter() - t3
     params = sum(p.numel() for p in model.parameters())
     return {
         "params": params,
@@ -290,6 +356,7 @@ def step_build(a: argparse.Namespace) -> dict[str, Any]:
         "neighbour_layers": near,
         "init_s": init_s,
         "reference_s": ref_s,
+        "reference_fp32_s": ref32_s,
         "save_s": save_s,
         "checkpoint_bytes": sum(p.stat().st_size for p in model_dir.glob("*.safetensors")),
         "states_finite": finite,
@@ -438,12 +505,13 @@ def step_check(a: argparse.Namespace) -> dict[str, Any]:
     layers = manifests[0]["settings"]["layer_ids"]
     files = {r["id"]: work / "regen-out" / m["shard"] / r["file"] for m in manifests for r in m["rows"]}
     ref = torch.load(work / "ref.pt")
+    ref32 = load_ref32(work)
     per_layer: dict[str, list[dict[str, Any]]] = {str(lid): [] for lid in layers}
     shifted: list[dict[str, Any]] = []
     for rid, want in ref.items():
         stored = load_file(str(files[rid]))["hidden_states"]  # [tokens, layers, hidden], bf16
         for i, lid in enumerate(layers):
-            per_layer[str(lid)].append(compare(stored[:, i], want[lid]))
+            per_layer[str(lid)].append(judge(stored[:, i], want[lid], ref32.get(rid, {}).get(lid)))
             if lid == layers[-1]:
                 continue  # the last layer is stored after the final norm: no neighbour is comparable
             for other in (lid - 1, lid + 1):
@@ -458,7 +526,8 @@ def step_check(a: argparse.Namespace) -> dict[str, Any]:
             "cos_q001_min": min(r["cos_q001"] for r in results),
             "rel_err_max": max(r["rel_err_max"] for r in results),
             "rel_err_q999_max": max(r["rel_err_q999"] for r in results),
-        }
+            "fixed_bounds_pass": all(r.get("fixed_bounds_pass", r["pass"]) for r in results),
+        } | floor_summary(results)
     return {
         "rows": len(ref),
         "tokens": sum(len(next(iter(w.values()))) for w in ref.values()),
@@ -472,7 +541,12 @@ def step_check(a: argparse.Namespace) -> dict[str, Any]:
             "cos_max": max((s["cos_q001"] for s in shifted), default=None),
             "rel_err_min": min((s["rel_err_q999"] for s in shifted), default=None),
         },
-        "bounds": {"cos_min": COS_MIN, "rel_err_max": REL_ERR_MAX, "token_quantile": TOKEN_QUANTILE},
+        "bounds": {
+            "cos_min": COS_MIN,
+            "rel_err_max": REL_ERR_MAX,
+            "token_quantile": TOKEN_QUANTILE,
+            "floor_factor": FLOOR_FACTOR if ref32 else None,
+        },
     }
 
 
@@ -662,6 +736,7 @@ def step_specforge(a: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.synchronize()
     warmup_s = time.perf_counter() - t1
     ref = torch.load(work / "ref.pt")
+    ref32 = load_ref32(work)
     seen: dict[str, tuple[Any, Any]] = {}
     t1 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -714,7 +789,7 @@ def step_specforge(a: argparse.Namespace) -> dict[str, Any]:
     for rid, (aux, last) in seen.items():
         parts = [*aux.reshape(aux.shape[0], len(layers) - 1, -1).unbind(1), last]
         for lid, got in zip(layers, parts, strict=True):
-            r = compare(got, ref[rid][lid])
+            r = judge(got, ref[rid][lid], ref32.get(rid, {}).get(lid))
             checks[str(lid)].append(r["pass"])
             worst = {
                 "cos_min": min(worst["cos_min"], r["cos_min"]),

@@ -134,3 +134,29 @@ def test_compare_passes_bf16_noise_and_fails_a_neighbouring_layer() -> None:
     assert run.returncode == 0, run.stderr[-2000:]
     same, neighbour = json.loads(run.stdout.splitlines()[-1])
     assert same["pass"] and not neighbour["pass"]
+
+
+def test_judge_measures_the_tolerance_from_transformers_own_bf16_distance_to_fp32() -> None:
+    """:func:`bench.gpu.features.judge`: states as far from the fp32 truth as the bf16 reference is pass
+    where the fixed bounds would fail them (a deep layer's noise: 8% of each element); three times as far
+    fail; a neighbouring layer fails; without an fp32 reference the fixed bounds decide."""
+    code = (
+        "import json, torch\n"
+        "from bench.gpu.features import judge\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "h = torch.randn(300, 512, generator=g) * 3\n"
+        "def off(scale):\n"
+        "    return (h * (1 + torch.randn(h.shape, generator=g) * scale)).bfloat16()\n"
+        "want = off(0.02)\n"
+        "nxt = (h + torch.randn(h.shape, generator=g) * 0.6).bfloat16()\n"
+        "print(json.dumps([judge(off(0.02), want, h), judge(off(0.06), want, h), judge(nxt, want, h),\n"
+        "                  judge(off(0.02), want, None)]))\n"
+    )
+    run = subprocess.run(
+        [str(TRAINERS_PYTHON), "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    alike, farther, neighbour, fixed = json.loads(run.stdout.splitlines()[-1])
+    assert alike["pass"] and not alike["fixed_bounds_pass"], alike  # the fixed 5e-2 fails what bf16 does
+    assert not farther["pass"] and not neighbour["pass"]
+    assert not fixed["pass"] and fixed["rel_err_q999"] > 5e-2 and "floor" not in fixed
