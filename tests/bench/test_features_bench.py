@@ -116,6 +116,15 @@ def test_the_second_shard_is_projected_at_the_first_shards_recorded_pace(
     )
 
 
+def in_trainers_venv(code: str) -> Any:
+    """What ``code``, run by the trainers' python from the repo root, printed last, as JSON."""
+    run = subprocess.run(
+        [str(TRAINERS_PYTHON), "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
 def test_compare_passes_bf16_noise_and_fails_a_neighbouring_layer() -> None:
     """:func:`bench.gpu.features.compare` on its own (trainers' torch): a layer with half a bf16 step of noise
     passes, the next layer of a residual stream (the same plus an update of its size) does not."""
@@ -128,11 +137,7 @@ def test_compare_passes_bf16_noise_and_fails_a_neighbouring_layer() -> None:
         "nxt = (h + torch.randn(h.shape, generator=g) * 0.6).bfloat16()\n"
         "print(json.dumps([compare(noisy, h.bfloat16()), compare(nxt, h.bfloat16())]))\n"
     )
-    run = subprocess.run(
-        [str(TRAINERS_PYTHON), "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    same, neighbour = json.loads(run.stdout.splitlines()[-1])
+    same, neighbour = in_trainers_venv(code)
     assert same["pass"] and not neighbour["pass"]
 
 
@@ -152,11 +157,7 @@ def test_judge_measures_the_tolerance_from_transformers_own_bf16_distance_to_fp3
         "print(json.dumps([judge(off(0.02), want, h), judge(off(0.06), want, h), judge(nxt, want, h),\n"
         "                  judge(off(0.02), want, None)]))\n"
     )
-    run = subprocess.run(
-        [str(TRAINERS_PYTHON), "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    alike, farther, neighbour, fixed = json.loads(run.stdout.splitlines()[-1])
+    alike, farther, neighbour, fixed = in_trainers_venv(code)
     assert alike["pass"] and not alike["fixed_bounds_pass"], alike  # the fixed 5e-2 fails what bf16 does
     assert not farther["pass"] and not neighbour["pass"]
     assert not fixed["pass"] and fixed["rel_err_q999"] > 5e-2 and "floor" not in fixed
