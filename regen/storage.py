@@ -295,19 +295,26 @@ def publish_manifested(
         uris.append(uri)
     manifest_uri = base.child(MANIFEST_NAME).uri
     upload_file(top / MANIFEST_NAME, manifest_uri, client, sha256=file_sha256(top / MANIFEST_NAME))
-    named = {parse_location(u).key for u in [*uris, manifest_uri]}
-    strays = [k for k in list_keys(base.uri, client) if k not in named]
     log.info(
-        "%s: %d files uploaded, %d already there with the same sha256, manifest last%s",
+        "%s: %d files uploaded, %d already there with the same sha256, manifest last; %s",
         base.uri,
         len(sent),
         len(files) - len(sent),
-        f"; {len(strays)} objects there that the manifest does not name are left in place (first: "
-        f"s3://{base.bucket}/{strays[0]})"
-        if strays
-        else "",
+        strays_note(base, {parse_location(u).key for u in [*uris, manifest_uri]}, client),
     )
     return Published(base.uri, (*uris, manifest_uri), (*sent, manifest_uri))
+
+
+def strays_note(base: S3Location, named: set[str], client: Any) -> str:
+    """What else is under ``base`` besides the ``named`` keys (an earlier publish's objects), for the log;
+    credentials that may write but not list get a line saying the count is unknown, not a failed publish."""
+    try:
+        strays = [k for k in list_keys(base.uri, client) if k not in named]
+    except StorageError as exc:
+        return f"objects the manifest does not name: not counted ({exc})"
+    if not strays:
+        return "no other objects there"
+    return f"{len(strays)} objects there that the manifest does not name are left in place (first: s3://{base.bucket}/{strays[0]})"
 
 
 # --------------------------------------------------------------------------- journal sync

@@ -7,6 +7,7 @@ The S3 tests need ``REGEN_TEST_S3_ENDPOINT`` (e.g. http://127.0.0.1:8333) and ``
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -251,7 +252,7 @@ def test_unknown_key_and_missing_credentials(s3_prefix: str, monkeypatch: pytest
 
 @pytest.mark.s3
 def test_publish_sends_the_manifests_parts_then_the_manifest_and_only_what_is_missing_again(
-    s3_prefix: str, tmp_path: Path
+    s3_prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     dataset = tmp_path / "dataset"
     merge(make_valid_shards(tmp_path, [9, 8]), dataset, MergeConfig.from_dict({"max_rows_per_file": 6}), {})
@@ -270,11 +271,15 @@ def test_publish_sends_the_manifests_parts_then_the_manifest_and_only_what_is_mi
         assert back.read_bytes() == (dataset / name).read_bytes()
     assert [k.rsplit("/", 1)[-1] for k in list_keys(prefix)] == sorted([*names, "_manifest.json"])
 
-    # a publish that stopped halfway (one part never arrived), rerun: that part and the manifest go, no more
+    # a publish that stopped halfway (one part never arrived), rerun: that part and the manifest go, no more;
+    # an earlier publish's part the manifest no longer names is left there and counted
     bucket, key = split_s3_uri(expected[1])
     s3_client().delete_object(Bucket=bucket, Key=key)
+    s3_client().put_object(Bucket=bucket, Key=key.replace("00001", "00007"), Body=b"an earlier publish's")
+    caplog.set_level(logging.INFO, logger="regen.storage")
     assert publish_dataset(dataset, prefix, record) == expected
     assert json.loads(record.read_text())["uploaded"] == [expected[1], expected[-1]]
+    assert "1 objects there that the manifest does not name are left in place" in caplog.text
 
     # a part changed after merge: nothing goes, and the error names it and the manifest
     (dataset / names[2]).write_bytes(b"not the merged part")
