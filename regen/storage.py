@@ -286,23 +286,22 @@ def publish_manifested(
             )
     client = client or s3_client()
     base = parse_location(s3_prefix)
-    uris, sent = [], []
-    for f in files:
-        uri = base.child(f.path).uri
-        if stored_sha256(uri, client) != f.sha256:
-            upload_file(top / f.path, uri, client, sha256=f.sha256)
-            sent.append(uri)
-        uris.append(uri)
-    manifest_uri = base.child(MANIFEST_NAME).uri
-    upload_file(top / MANIFEST_NAME, manifest_uri, client, sha256=file_sha256(top / MANIFEST_NAME))
+    named, sent = [base.child(f.path) for f in files], []
+    for f, loc in zip(files, named, strict=True):
+        if stored_sha256(loc.uri, client) != f.sha256:
+            upload_file(top / f.path, loc.uri, client, sha256=f.sha256)
+            sent.append(loc.uri)
+    manifest = base.child(MANIFEST_NAME)
+    upload_file(top / MANIFEST_NAME, manifest.uri, client, sha256=file_sha256(top / MANIFEST_NAME))
+    named.append(manifest)
     log.info(
         "%s: %d files uploaded, %d already there with the same sha256, manifest last; %s",
         base.uri,
         len(sent),
         len(files) - len(sent),
-        strays_note(base, {parse_location(u).key for u in [*uris, manifest_uri]}, client),
+        strays_note(base, {loc.key for loc in named}, client),
     )
-    return Published(base.uri, (*uris, manifest_uri), (*sent, manifest_uri))
+    return Published(base.uri, tuple(loc.uri for loc in named), (*sent, manifest.uri))
 
 
 def strays_note(base: S3Location, named: set[str], client: Any) -> str:
@@ -314,7 +313,8 @@ def strays_note(base: S3Location, named: set[str], client: Any) -> str:
         return f"objects the manifest does not name: not counted ({exc})"
     if not strays:
         return "no other objects there"
-    return f"{len(strays)} objects there that the manifest does not name are left in place (first: s3://{base.bucket}/{strays[0]})"
+    first = S3Location(base.bucket, strays[0]).uri
+    return f"{len(strays)} objects there that the manifest does not name are left in place (first: {first})"
 
 
 # --------------------------------------------------------------------------- journal sync
