@@ -393,7 +393,7 @@ def step_regen(a: argparse.Namespace) -> dict[str, Any]:
     from regen.features.compute import run_shard
     from regen.features.config import LAYER_CONVENTION
     from regen.features.rows import read_token_rows
-    from regen.features.store import FeatureSettings
+    from regen.features.store import FeatureSettings, read_pace
 
     work = Path(a.target_dir)
     model_dir = str(work / "model")
@@ -433,7 +433,7 @@ def step_regen(a: argparse.Namespace) -> dict[str, Any]:
         backend="transformers" if a.smoke else "sglang",
     )
     out_dir = work / "regen-out"
-    # two shards, as a run has many: the first quarter's pace (recorded in its manifest) projects the rest
+    # two shards, as a run has many: the first quarter's pace (recorded beside its manifest) projects the rest
     # (regen's own projection after its first job), against what the rest then took
     first = max(1, len(rows) // FIRST_SHARD_SHARE)
     shards = []
@@ -456,7 +456,8 @@ def step_regen(a: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.synchronize()
         compute_s += time.perf_counter() - t1
         manifest = json.loads((out_dir / shard / "_manifest.json").read_text())
-        shards.append({"shard": shard, "rows": result.rows, "bytes": manifest["bytes"]} | manifest["pace"])
+        pace = read_pace(out_dir / shard)
+        shards.append({"shard": shard, "rows": result.rows, "bytes": manifest["bytes"]} | pace)
     return {
         "engine": engine,
         "build_s": build_s,

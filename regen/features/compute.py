@@ -25,11 +25,10 @@ from typing import Any
 from regen.features.backends import CaptureBackend, encode
 from regen.features.rows import TokenRow
 from regen.features.store import (
-    PACE_KEY,
     FeatureSettings,
     ShardStore,
     StoredRow,
-    previous_pace,
+    record_pace,
     row_file_name,
     settings_digest,
 )
@@ -54,7 +53,7 @@ class ShardResult:
     wall_s: float = 0.0
 
     def pace(self) -> dict[str, Any] | None:
-        """What the manifest records of this job's pace (None: it computed nothing): the tokens it
+        """What the shard keeps of this job's pace (None: it computed nothing): the tokens it
         prefilled and wrote, in how many seconds, and of those the prefill's and the wait on the writer."""
         if not self.tokens_computed:
             return None
@@ -204,8 +203,8 @@ def run_shard(
     moved = store.set_aside(r.id for r in rows)
     for line in moved:
         log.info("features: moved aside %s", line)
-    pace = result.pace() or previous_pace(store.directory)
-    store.write_manifest(shard, [r.id for r in rows], {**about, PACE_KEY: pace})
+    record_pace(store.directory, result.pace())
+    store.write_manifest(shard, [r.id for r in rows], about)
     log.info(
         "features %s: %d rows, %d computed (%d tokens), %d reused after their checksum verified; prefill "
         "%.1f s, prefill waiting on the writer %.1f s",

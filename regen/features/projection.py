@@ -2,13 +2,13 @@
 
 Bytes: tokens x (stored layers x hidden x bytes per value + an fp8 scale + 8 bytes of token id).
 GPU-hours: prefilled tokens / one GPU's prefill rate. The rate is ``features.prefill_tokens_per_s`` when set;
-else the pace the finished features jobs recorded in their manifests (tokens over the jobs' seconds, their
-writes included); else ``ASSUMED_PREFILL_FLOPS`` / (2 x the model's active parameters), a projection: the
-forward's matmuls at 40% of an H100's dense bf16 peak, attention's quadratic term left out (it grows with
-row length: long rows run slower than this). The tokens come from the audit's counts (prompt plus old answer,
-a sample's completions each) until answers are generated; then the generated answers' real lengths (prompt
-plus answer tokens the server reported, in the merged dataset or else the validated shards so far, the audit's
-means for the rows not generated yet); once the token export exists, its rows' real lengths.
+else the pace the finished features jobs recorded beside their manifests (``_pace.json``: tokens over the
+jobs' seconds, their writes included); else ``ASSUMED_PREFILL_FLOPS`` / (2 x the model's active parameters), a
+projection: the forward's matmuls at 40% of an H100's dense bf16 peak, attention's quadratic term left out (it
+grows with row length: long rows run slower than this). The tokens come from the audit's counts (prompt plus
+old answer, a sample's completions each) until answers are generated; then the generated answers' real lengths
+(prompt plus answer tokens the server reported, in the merged dataset or else the validated shards so far, the
+audit's means for the rows not generated yet); once the token export exists, its rows' real lengths.
 """
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ def test_every_arm_ran_and_the_reference_check_passed(smoke: tuple[dict, list[st
     assert doc["build"]["ok"] and doc["build"]["states_finite"]
     assert doc["regen"]["ok"] and doc["regen"]["tokens"] == doc["tokens"]
     assert (
-        doc["regen"]["stored_bytes"] > 0 and doc["regen"]["files"] == doc["rows"] + 4
-    )  # 2 shards' journals, manifests
+        doc["regen"]["stored_bytes"] > 0 and doc["regen"]["files"] == doc["rows"] + 6
+    )  # 2 shards' journals, paces, manifests
     assert doc["check"]["ok"] and doc["check"]["pass"]
     assert set(doc["check"]["layers"]) == {"2", "4", "5", "8"}  # EAGLE-3's [2, L/2, L-3] and the last
     sf = doc["specforge"]

@@ -21,6 +21,7 @@ from regen.features.config import LAYER_CONVENTION, FeaturesConfig
 from regen.features.projection import TokenCounts, project
 from regen.features.rows import TokenRow
 from regen.features.store import (
+    PACE_FILE,
     ROWS_JOURNAL,
     SUPERSEDED_DIR,
     FeatureSettings,
@@ -314,7 +315,7 @@ def test_the_projection_rates_the_rest_from_the_pace_the_jobs_recorded(tmp_path:
     def job(backend: CountingBackend) -> dict:
         run_shard(rows=rows, shard_dir=layout.features_shard_dir("00000"), shard="00000", settings=settings(),
                   backend=backend, about={}, batch_tokens=1, encoder=bf16)  # fmt: skip
-        return json.loads(layout.features_manifest("00000").read_text())["pace"]
+        return json.loads((layout.features_shard_dir("00000") / PACE_FILE).read_text())
 
     pace = job(SlowBackend(0.1))
     assert pace["tokens"] == 17 and 0.4 <= pace["prefill_s"] <= pace["seconds"], pace
