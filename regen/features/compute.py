@@ -51,10 +51,17 @@ class ShardResult:
     write_wait_s: float = 0.0
     #: seconds from the first batch's prefill to the last batch's files written: the job's own pace
     wall_s: float = 0.0
+    #: the first batch's tokens and the seconds until its files were written: it also pays the kernels the
+    #: engine builds on first use (seconds on a MoE), so the pace after it is the one the rest of a run keeps
+    first_batch_tokens: int = 0
+    first_batch_s: float = 0.0
+    #: seconds the job spent building its engine before the first batch (0: not measured here)
+    engine_s: float = 0.0
 
     def pace(self) -> dict[str, Any] | None:
-        """What the shard keeps of this job's pace (None: it computed nothing): the tokens it
-        prefilled and wrote, in how many seconds, and of those the prefill's and the wait on the writer."""
+        """What the shard keeps of this job's pace (None: it computed nothing): the tokens it prefilled and
+        wrote, in how many seconds, of those the prefill's and the wait on the writer; the first batch's
+        tokens and seconds, and the engine's build (``regen.features.store.MeasuredPace`` reads them)."""
         if not self.tokens_computed:
             return None
         return {
@@ -62,6 +69,9 @@ class ShardResult:
             "seconds": round(self.wall_s, 3),
             "prefill_s": round(self.capture_s, 3),
             "waited_on_writer_s": round(self.write_wait_s, 3),
+            "first_batch_tokens": self.first_batch_tokens,
+            "first_batch_s": round(self.first_batch_s, 3),
+            "engine_s": round(self.engine_s, 3),
         }
 
 
@@ -105,7 +115,8 @@ def compute_rows(
     capture_s = wait_s = 0.0
     done_rows = done_tokens = 0
     started = last_note = time.monotonic()
-    pending: list[Future[None]] = []
+    pending: list[tuple[int, Future[float]]] = []  # each batch's tokens, and when its files are written
+    landed: list[tuple[int, float]] = []
     with (  # the file threads outlive the writer's last batch: it is shut down (and waited for) first
         ThreadPoolExecutor(max_workers=FILE_WRITERS, thread_name_prefix="features-file") as files,
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="features-writer") as writer,
@@ -122,11 +133,12 @@ def compute_rows(
                 t1 = time.monotonic()
                 capture_s += t1 - t0
                 while len(pending) >= WRITE_AHEAD:
-                    pending.pop(0).result()
+                    landed.append(land(pending.pop(0)))
                 wait_s += time.monotonic() - t1
-                pending.append(writer.submit(write_batch, store, digest, encoded, files))
+                landing_tokens = sum(len(r.input_ids) for r in batch)
+                pending.append((landing_tokens, writer.submit(write_batch, store, digest, encoded, files)))
                 done_rows += len(batch)
-                done_tokens += sum(len(r.input_ids) for r in batch)
+                done_tokens += landing_tokens
                 if time.monotonic() - last_note >= 30:
                     last_note = time.monotonic()
                     log.info(
@@ -142,11 +154,29 @@ def compute_rows(
                     )
         finally:
             t1 = time.monotonic()
-            for future in pending:  # every finished batch is written, also when a later one failed
-                future.result()
+            for batch_pending in pending:  # every finished batch is written, also when a later one failed
+                landed.append(land(batch_pending))
             wait_s += time.monotonic() - t1
     wall_s = time.monotonic() - started
-    return ShardResult(len(rows), len(todo), len(rows) - len(todo), tokens, (), capture_s, wait_s, wall_s)
+    first_tokens, first_at = landed[0] if landed else (0, started)
+    return ShardResult(
+        rows=len(rows),
+        computed=len(todo),
+        reused=len(rows) - len(todo),
+        tokens_computed=tokens,
+        moved_aside=(),
+        capture_s=capture_s,
+        write_wait_s=wait_s,
+        wall_s=wall_s,
+        first_batch_tokens=first_tokens,
+        first_batch_s=first_at - started,
+    )
+
+
+def land(batch: tuple[int, Future[float]]) -> tuple[int, float]:
+    """A written batch's tokens and when its files were written (raises what its writing raised)."""
+    tokens, future = batch
+    return tokens, future.result()
 
 
 def check_shape(row: TokenRow, states: Any, settings: FeatureSettings, engine: str) -> Any:
@@ -162,10 +192,11 @@ def check_shape(row: TokenRow, states: Any, settings: FeatureSettings, engine: s
 
 def write_batch(
     store: ShardStore, digest: str, encoded: Sequence[tuple[TokenRow, list]], files: Executor
-) -> None:
+) -> float:
     """The writer thread's work: the batch's files on ``files``' threads, then their journal lines
-    (``ShardStore.write_rows``)."""
+    (``ShardStore.write_rows``); when they were written (``time.monotonic``)."""
     store.write_rows([(stored_row(row, digest), tensors) for row, tensors in encoded], files)
+    return time.monotonic()
 
 
 def stored_row(row: TokenRow, digest: str) -> StoredRow:
@@ -194,12 +225,13 @@ def run_shard(
     about: Mapping[str, Any],
     batch_tokens: int,
     encoder: Callable[[Any, Sequence[int], str], list] = encode,
+    engine_s: float = 0.0,
 ) -> ShardResult:
     """The features of a shard's chosen ``rows`` (``regen.features.rows.shard_rows``) under ``shard_dir``;
     files of rows no longer chosen moved aside, the manifest (with ``about``: where the rows came from)
-    last."""
+    last; ``engine_s``: the seconds the job took to build ``backend``, kept with its pace."""
     store = ShardStore.open(shard_dir, settings)
-    result = compute_rows(rows, store, backend, batch_tokens, encoder)
+    result = replace(compute_rows(rows, store, backend, batch_tokens, encoder), engine_s=engine_s)
     moved = store.set_aside(r.id for r in rows)
     for line in moved:
         log.info("features: moved aside %s", line)

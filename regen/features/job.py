@@ -4,6 +4,7 @@ they need, prefilled on the configured backend, stored (``regen.features.compute
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -70,12 +71,15 @@ def features_job(
     )
     _, source = cfg.aux_layers(model.num_layers)
     about = {"tokenized": str(tokenized), "rows_choice": cfg.rows.describe(), "layers_source": source}
+    started = time.monotonic()
+    backend = backend_for(cfg, model_path, model)
     return run_shard(
         rows=rows,
         shard_dir=shard_dir,
         shard=shard,
         settings=settings,
-        backend=backend_for(cfg, model_path, model),
+        backend=backend,
         about=about,
         batch_tokens=cfg.batch_tokens,
+        engine_s=time.monotonic() - started,
     )

@@ -24,6 +24,7 @@ import orjson
 
 from regen.features.config import FeaturesConfig
 from regen.features.store import MeasuredPace, measured_pace
+from regen.ingest.shard_count import AUTO, shard_count
 from regen.layout.names import dataset_parts
 from regen.layout.run import RunLayout
 from regen.runconfig import RunConfig, config_section
@@ -122,9 +123,15 @@ def prefill_rate(
     if cfg.prefill_tokens_per_s:
         return cfg.prefill_tokens_per_s, "features.prefill_tokens_per_s"
     if measured is not None:
+        jobs = f"{measured.jobs} features job{'s' if measured.jobs != 1 else ''} so far"
+        if measured.steady_jobs:
+            return measured.tokens_per_s, (
+                f"measured: {measured.steady_tokens:,} tokens prefilled and written in "
+                f"{measured.steady_seconds:,.1f} s after each job's first batch, by {jobs}"
+            )
         return measured.tokens_per_s, (
-            f"measured: {measured.tokens:,} tokens prefilled and written in {measured.seconds:,.1f} s by "
-            f"{measured.jobs} features job{'s' if measured.jobs != 1 else ''} so far"
+            f"measured: {measured.tokens:,} tokens prefilled and written in {measured.seconds:,.1f} s "
+            f"by {jobs}"
         )
     params = active_parameters(model)
     rate = ASSUMED_PREFILL_FLOPS / (2 * params)
@@ -145,6 +152,10 @@ class FeatureProjection:
     tokens_source: str
     rate: float
     rate_source: str
+    #: each job's start (engine build, first batch over the pace) as the finished jobs measured it (0: none
+    #: measured yet), and the jobs it is counted for (None: the shard count is not known)
+    start_s_per_job: float = 0.0
+    jobs: int | None = None
 
     @property
     def bytes_per_token(self) -> int:
@@ -160,11 +171,20 @@ class FeatureProjection:
             f"features: layers {list(self.layers)} x hidden {self.hidden} x {self.dtype}: "
             f"{self.bytes_per_token:,} B a token, {human_bytes(self.bytes)} in all",
             f"features: {self.gpu_hours:,.2f} GPU-hours of prefill at {self.rate:,.0f} tokens/s "
-            f"({self.rate_source})",
+            f"({self.rate_source}){self.starts_note()}",
             f"features: to keep that pace each GPU's job writes {human_bytes(self.write_rate)}/s (files "
             "synced as they are written, behind the prefill): a disk slower than that for the node's GPUs "
             "together bounds the stage instead",
         ]
+
+    def starts_note(self) -> str:
+        """What the GPU-hours count of the jobs' starts."""
+        if not self.start_s_per_job:
+            return ""
+        each = f"{self.start_s_per_job:,.0f} s"
+        if self.jobs is None:
+            return f"; each job's start ({each}, measured) not counted: the shard count is not known"
+        return f", with {self.jobs} job starts of {each} (engine build and first batch, measured)"
 
     @property
     def write_rate(self) -> float:
@@ -178,15 +198,21 @@ def bytes_per_token(layers: int, hidden: int, value_bytes: int, scale_bytes: int
 
 
 def project(
-    counts: TokenCounts, cfg: FeaturesConfig, model: ModelShape, measured: MeasuredPace | None = None
+    counts: TokenCounts,
+    cfg: FeaturesConfig,
+    model: ModelShape,
+    measured: MeasuredPace | None = None,
+    jobs: int | None = None,
 ) -> FeatureProjection:
     """The projection of ``cfg``'s features over ``counts`` for ``model`` (the row choice applied), at the
-    pace ``measured`` where the features jobs recorded one."""
+    pace ``measured`` where the features jobs recorded one, with ``jobs`` starts at the start each job
+    measured (none while no job has measured one)."""
     layers = cfg.stored_layers(model.num_layers)
     rows = cfg.rows.rows_of(counts.rows)
     tokens = round(counts.tokens * rows / counts.rows) if counts.rows else 0
     per_token = bytes_per_token(len(layers), model.hidden_size, cfg.value_bytes, cfg.scale_bytes)
     rate, rate_source = prefill_rate(cfg, model, measured)
+    start = measured.start_s_per_job if measured is not None and not cfg.prefill_tokens_per_s else 0.0
     return FeatureProjection(
         rows=rows,
         tokens=tokens,
@@ -194,10 +220,12 @@ def project(
         hidden=model.hidden_size,
         dtype=cfg.dtype,
         bytes=tokens * per_token,
-        gpu_hours=tokens / rate / 3600,
+        gpu_hours=(tokens / rate + (jobs or 0) * start) / 3600,
         tokens_source=counts.source,
         rate=rate,
         rate_source=rate_source,
+        start_s_per_job=start,
+        jobs=jobs,
     )
 
 
@@ -264,9 +292,11 @@ def projection_for_run(config: Mapping[str, Any], layout: RunLayout) -> FeatureP
     counts = token_counts_for_run(layout, run.generate.completions_per_prompt)
     if counts is None:
         return None
-    return project(
-        counts, cfg, ModelShape.from_config(run.server.planned_model), measured_pace(layout.features_dir)
+    model = ModelShape.from_config(run.server.planned_model)
+    jobs = shard_count(
+        (config_section(config, "shards") or {}).get("count", AUTO), run.gpu_slots, layout.shard_count_file
     )
+    return project(counts, cfg, model, measured_pace(layout.features_dir), jobs)
 
 
 def preview_lines(config: Mapping[str, Any], layout: RunLayout) -> list[str]:

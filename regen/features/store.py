@@ -275,22 +275,59 @@ def read_pace(shard_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 @dataclass(frozen=True, slots=True)
 class MeasuredPace:
-    """The features jobs' pace so far: tokens prefilled and written, in the jobs' seconds, over how many."""
+    """The features jobs' pace so far, summed over the jobs that recorded one: tokens prefilled and written in
+    the jobs' seconds; of those, the tokens after each job's first batch and their seconds (the pace a job
+    keeps once its engine's first-use kernels are built), and the seconds each job took before: its engine's
+    build and its first batch."""
 
     tokens: int
     seconds: float
     jobs: int
+    steady_jobs: int = 0
+    steady_tokens: int = 0
+    steady_seconds: float = 0.0
+    first_tokens: int = 0
+    start_seconds: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
+        """The pace after the first batches; a job of one batch only has its whole pace."""
+        if self.steady_jobs:
+            return self.steady_tokens / self.steady_seconds
         return self.tokens / self.seconds
+
+    @property
+    def start_s_per_job(self) -> float:
+        """What a job costs beyond its tokens at :attr:`tokens_per_s`: its engine's build and what its first
+        batch took over that pace (0 when the pace is a whole job's, which has it inside)."""
+        if not self.steady_jobs:
+            return 0.0
+        return max(0.0, self.start_seconds - self.first_tokens / self.tokens_per_s) / self.steady_jobs
 
 
 def measured_pace(features_dir: str | os.PathLike[str]) -> MeasuredPace | None:
-    """The pace the shards under ``features_dir`` recorded, summed (None: none recorded yet)."""
-    tokens, seconds, jobs = 0, 0.0, 0
-    for shard_dir in sorted(p.parent for p in Path(features_dir).glob(f"*/{PACE_FILE}")):
-        pace = read_pace(shard_dir)
-        if pace and pace["seconds"] > 0:
-            tokens, seconds, jobs = tokens + pace["tokens"], seconds + pace["seconds"], jobs + 1
-    return MeasuredPace(tokens, seconds, jobs) if jobs else None
+    """The pace the shards under ``features_dir`` recorded, summed (None: none recorded yet). A shard whose
+    job prefilled one batch only counts in the whole pace; a pace file from before the first batch was
+    recorded counts as one such batch."""
+    paces = [
+        pace
+        for shard_dir in sorted(p.parent for p in Path(features_dir).glob(f"*/{PACE_FILE}"))
+        if (pace := read_pace(shard_dir)) and pace["seconds"] > 0
+    ]
+    if not paces:
+        return None
+    steady = [
+        p
+        for p in paces
+        if 0 < p.get("first_batch_tokens", 0) < p["tokens"] and p["first_batch_s"] < p["seconds"]
+    ]
+    return MeasuredPace(
+        tokens=sum(p["tokens"] for p in paces),
+        seconds=sum(p["seconds"] for p in paces),
+        jobs=len(paces),
+        steady_jobs=len(steady),
+        steady_tokens=sum(p["tokens"] - p["first_batch_tokens"] for p in steady),
+        steady_seconds=sum(p["seconds"] - p["first_batch_s"] for p in steady),
+        first_tokens=sum(p["first_batch_tokens"] for p in steady),
+        start_seconds=sum(p.get("engine_s", 0.0) + p["first_batch_s"] for p in steady),
+    )

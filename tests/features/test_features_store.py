@@ -2,7 +2,7 @@
 trainers' readers: ``test_trainers_read_features.py``): files written under a temporary name and renamed, a
 manifest with shapes, layers, norm state, checksums and fingerprints; resume skips only files whose checksum
 verifies, a regenerated answer is computed again, a crash loses only the row in flight, nothing is padded, and
-no finished file is deleted; the job's pace, recorded in the manifest, rates the projection of the rest."""
+no finished file is deleted; the job's pace, kept beside the manifest, rates the projection of the rest."""
 
 from __future__ import annotations
 
@@ -297,41 +297,65 @@ def test_a_failed_write_fails_the_job_and_keeps_what_was_written(tmp_path: Path)
 
 
 class SlowBackend(CountingBackend):
-    """Each batch's prefill takes ``seconds`` (a GPU's time, stood in for)."""
+    """Each batch's prefill takes ``seconds`` (a GPU's time, stood in for), the first ``first_s``: the kernels
+    an engine builds on its first use."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, first_s: float | None = None) -> None:
         super().__init__()
         self.seconds = seconds
+        self.first_s = seconds if first_s is None else first_s
 
     def capture_many(self, rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        time.sleep(self.seconds)
+        time.sleep(self.seconds if self.batches else self.first_s)
         return super().capture_many(rows)
 
 
 def test_the_projection_rates_the_rest_from_the_pace_the_jobs_recorded(tmp_path: Path) -> None:
     layout = RunLayout(results=tmp_path / "results")
-    rows = token_rows()  # 17 tokens in 4 rows, one batch each at 0.1 s
 
-    def job(backend: CountingBackend) -> dict:
-        run_shard(rows=rows, shard_dir=layout.features_shard_dir("00000"), shard="00000", settings=settings(),
-                  backend=backend, about={}, batch_tokens=1, encoder=bf16)  # fmt: skip
-        return json.loads((layout.features_shard_dir("00000") / PACE_FILE).read_text())
+    def job(shard: str, rows: list[TokenRow], backend: CountingBackend) -> dict:
+        run_shard(rows=rows, shard_dir=layout.features_shard_dir(shard), shard=shard, settings=settings(),
+                  backend=backend, about={}, batch_tokens=1, encoder=bf16, engine_s=0.3)  # fmt: skip
+        return json.loads((layout.features_shard_dir(shard) / PACE_FILE).read_text())
 
-    pace = job(SlowBackend(0.1))
-    assert pace["tokens"] == 17 and 0.4 <= pace["prefill_s"] <= pace["seconds"], pace
-    assert job(CountingBackend()) == pace  # a rerun that computed nothing keeps the pace it measured
+    # 17 tokens in 4 rows, one batch each: the first 0.6 s (first-use kernels), the rest 0.05 s
+    rows = token_rows()
+    pace = job("00000", rows, SlowBackend(0.05, first_s=0.6))
+    assert pace["tokens"] == 17 and pace["first_batch_tokens"] == 3 and pace["engine_s"] == 0.3, pace
+    assert 0.6 <= pace["first_batch_s"] < pace["seconds"], pace
+    assert 0.75 <= pace["prefill_s"] <= pace["seconds"], pace
+    rerun = job("00000", rows, CountingBackend())
+    assert rerun == pace  # a rerun that computed nothing keeps the pace it measured
 
     counts = TokenCounts(rows=1000, tokens=1_000_000, source="the audit's")
     model = ModelShape.from_config(Path(__file__).resolve().parents[2] / "resources/demo-model/config.json")
     measured = measured_pace(layout.features_dir)
-    assert measured is not None and (measured.tokens, measured.jobs) == (17, 1)
-    p = project(counts, FeaturesConfig.from_dict({"enabled": True}), model, measured)
-    assert p.rate == pytest.approx(17 / pace["seconds"])
-    assert p.gpu_hours == pytest.approx(1_000_000 / p.rate / 3600)
-    assert (
-        f"measured: 17 tokens prefilled and written in {pace['seconds']:,.1f} s by 1 features job"
-        in (p.lines()[2])
-    )
+    assert measured is not None and (measured.tokens, measured.jobs, measured.steady_jobs) == (17, 1, 1)
+    steady_rate = 14 / (pace["seconds"] - pace["first_batch_s"])  # the 3 batches after the first
+    p = project(counts, FeaturesConfig.from_dict({"enabled": True}), model, measured, jobs=7)
+    assert p.rate == pytest.approx(steady_rate) and p.rate > 17 / pace["seconds"]
+    start = 0.3 + pace["first_batch_s"] - 3 / steady_rate  # engine build, first batch over the pace
+    assert p.start_s_per_job == pytest.approx(start) and start > 0.5
+    assert p.gpu_hours == pytest.approx((1_000_000 / p.rate + 7 * start) / 3600)
+    line = p.lines()[2]
+    steady_s = pace["seconds"] - pace["first_batch_s"]
+    assert f"measured: 14 tokens prefilled and written in {steady_s:,.1f} s after each job's first" in line
+    assert f"with 7 job starts of {start:,.0f} s" in line, line
+
+    # the next job, 12 rows (42 tokens), its engine new too: projected from the first job's pace and start
+    more = token_rows((3, 7, 5, 2) * 3)
+    next_shard = TokenCounts(12, 42, "the next shard")
+    ahead = project(next_shard, FeaturesConfig.from_dict({"enabled": True}), model, measured, jobs=1)
+    second = job("00001", more, SlowBackend(0.05, first_s=0.6))
+    took = second["engine_s"] + second["seconds"]
+    assert ahead.gpu_hours * 3600 == pytest.approx(took, rel=0.25), (ahead, second)
+    whole_pace = 42 / (17 / pace["seconds"]) + 0.3  # the pace of the whole first job, first batch inside it
+    assert abs(ahead.gpu_hours * 3600 - took) < abs(whole_pace - took), (whole_pace, took)
+
+    old_file = {k: pace[k] for k in ("tokens", "seconds", "prefill_s", "waited_on_writer_s")}
+    (layout.features_shard_dir("00001") / PACE_FILE).write_text(json.dumps(old_file))  # before first batches
+    mixed = measured_pace(layout.features_dir)
+    assert mixed is not None and (mixed.jobs, mixed.steady_jobs, mixed.steady_tokens) == (2, 1, 14)
     assumed = project(counts, FeaturesConfig.from_dict({"enabled": True}), model)
     assert "assumed" in assumed.rate_source and assumed.rate > 1000 * p.rate  # the stand-in is that slow
     chosen_rate = project(counts, FeaturesConfig.from_dict({"prefill_tokens_per_s": 5.0}), model, measured)
