@@ -376,6 +376,8 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     plan = regen_tune(model_dir, BASE_ARGS, *tune_args, gpu_mib=gpu_memory_mib(s.dry))
     if plan.refused or plan.plan is None:
         return [{"arm": "regen", "error": f"regen tune refused: {plan.message}"}], None
+    if plan.message:  # what regen tune said on the console (a run too small for its plan says so)
+        log(f"regen tune: {plan.message}")
     concurrency = plan.number("client_concurrency")
     cap = plan.number("effective_max_running_requests")
     planned = {"plan_args": plan.plan.get("recommended"), "client_concurrency": concurrency, "cap": cap}
@@ -457,9 +459,12 @@ def regen_sampling(race: RaceWork) -> dict[str, Any]:
 
 
 def audit_summary(race: RaceWork) -> dict[str, Any]:
+    """What the workflow's audit says of the race's prompts: their lengths, the answers' spread, and how many
+    were read and kept (the planner weighs a run's size against what its plan adds at start, issue 57 item
+    6; without the count it plans as for a run of unknown size)."""
     from bench.gpu.dense import audit_summary as dense_summary
 
-    return dense_summary(race.lengths)
+    return dense_summary(race.lengths) | {"total": race.requests, "kept": race.requests}
 
 
 # ------------------------------------------------------------------------------------ the race
