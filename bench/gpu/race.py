@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -370,7 +370,10 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     t = Timer()
     summary = s.work / "summary.json"
     summary.write_text(json.dumps(audit_summary(s.race)))
-    tune_args = ("--audit-summary", str(summary), "--max-tokens", str(s.race.cap))
+    # the plan file (--out) is what the workflow's servers launch from: its launch_args are the plan's flags
+    # (the --json print has none: the H100 races before 2026-12-07 03:18 launched SGLang's defaults there)
+    plan_file = s.work / "plan.json"
+    tune_args = ("--audit-summary", str(summary), "--max-tokens", str(s.race.cap), "--out", str(plan_file))
     # the user's flags: the config-only model's dummy weights, as every arm loads them (without them, the
     # first race on the H100 waited out regen's 900-s start for a server that had no weights to load)
     plan = regen_tune(model_dir, BASE_ARGS, *tune_args, gpu_mib=gpu_memory_mib(s.dry))
@@ -394,8 +397,14 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     offers = {"regen": None, "regen-wide": int(cap) if cap and cap != concurrency else None}
     rows: list[dict[str, Any]] = []
     try:
-        with acquire_server(cfg, PlanFile.from_json(plan.plan), servers, logs, owner_pid=os.getpid()) as ep:
+        launched = PlanFile.read(plan_file)
+        with acquire_server(cfg, launched, servers, logs, owner_pid=os.getpid()) as ep:
             start_s = round(t(), 2)
+            # (the simulated server takes the plan as --options, not as SGLang's flags)
+            command = read_from(logs / "gpu0.log", 0)
+            missing = [] if s.dry else flags_not_launched(launched.launch_args, command)
+            if missing:
+                raise RuntimeError(f"the server was launched without the plan's {missing}")
             for name, in_flight in offers.items():
                 if name != "regen" and in_flight is None:
                     continue
@@ -440,6 +449,13 @@ def regen_client(s: Settings, ep: Any, out: Path, in_flight: int | None) -> Fini
     generation_s = round(t(), 2)
     answers, tokens, _ = count_output_tokens(out / "records.jsonl")
     return Finished(generation_s, tokens, answers, int(getattr(stats, "failed", 0)), None)
+
+
+def flags_not_launched(plan_args: Sequence[str], supervisor_log: str) -> list[str]:
+    """The plan's flags and values missing from the command the supervisor logged starting (its first)."""
+    started = next((line for line in supervisor_log.splitlines() if "starting server" in line), "")
+    launched = set(started.split("): ", 1)[-1].split())
+    return [a for a in plan_args if a not in launched]
 
 
 def log_size(path: Path) -> int:
