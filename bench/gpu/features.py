@@ -390,7 +390,7 @@ def step_regen(a: argparse.Namespace) -> dict[str, Any]:
     the smoke), timed from the backend built to the manifest written."""
     import torch
 
-    from regen.features.compute import run_shard
+    from regen.features.compute import run_shard, token_batches
     from regen.features.config import LAYER_CONVENTION
     from regen.features.rows import read_token_rows
     from regen.features.store import FeatureSettings, read_pace
@@ -415,14 +415,16 @@ def step_regen(a: argparse.Namespace) -> dict[str, Any]:
         engine = f"sglang in process ({server})"
     build_s = time.perf_counter() - t0
     log(f"regen: backend built in {build_s:.1f} s ({engine})")
-    # one short row first: the kernels SGLang builds on first use (its JIT) are paid once a machine, by any
-    # tool, and timed apart from the rows
+    # a short row, then one batch of rows as the job prefills them, first: the kernels SGLang builds on first
+    # use (its JIT; a MoE's fused kernels per batch shape, 4.5 s on the H100) are paid once a machine, by any
+    # tool, and timed apart from the rows (SpecForge's arm warms with its own first batch the same way)
     t0 = time.perf_counter()
     backend.capture_many([rows[0].input_ids[:64]])
+    backend.capture_many([r.input_ids for r in next(token_batches(rows, a.batch_tokens))])
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     warmup_s = time.perf_counter() - t0
-    log(f"regen: first forward (64 tokens) in {warmup_s:.1f} s")
+    log(f"regen: first forwards (64 tokens, then one batch of rows) in {warmup_s:.1f} s")
     settings = FeatureSettings(
         model=model_dir,
         layer_ids=layers,
@@ -654,6 +656,23 @@ def types_namespace(**kw: Any) -> Any:
     return types.SimpleNamespace(**kw)
 
 
+def padded_batch(chunk: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """SpecForge's batch of ``chunk``'s rows (``DataCollatorWithPadding``): ids, attention and loss masks,
+    each row padded with zeros to the longest."""
+    import torch
+
+    width = max(len(r["input_ids"]) for r in chunk)
+    ids = torch.zeros(len(chunk), width, dtype=torch.long)
+    attention = torch.zeros(len(chunk), width, dtype=torch.long)
+    loss = torch.zeros(len(chunk), width, dtype=torch.long)
+    for i, r in enumerate(chunk):
+        n = len(r["input_ids"])
+        ids[i, :n] = torch.tensor(r["input_ids"])
+        attention[i, :n] = 1
+        loss[i, :n] = torch.tensor(r["loss_mask"])
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss}
+
+
 def step_specforge(a: argparse.Namespace) -> dict[str, Any]:
     """SpecForge's ``prepare_hidden_states.py`` loop (``HiddenStatesGenerator.generate``, SpecForge HEAD
     a6b6b02), reimplemented in its few steps: batches of ``--sf-batch`` rows in dataset order, each padded
@@ -729,10 +748,12 @@ def step_specforge(a: argparse.Namespace) -> dict[str, Any]:
                 held -= n
                 written["removed"] += 1
 
-    # one short row first, as regen's arm does: SGLang's first-use kernel builds timed apart
+    # one short row, then its first batch, first, as regen's arm does: SGLang's first-use kernel builds timed
+    # apart
     t1 = time.perf_counter()
     first = torch.tensor([rows[0]["input_ids"][:64]], device=device)
     capture.capture(input_ids=first, attention_mask=torch.ones_like(first), loss_mask=torch.ones_like(first))
+    capture.capture(**{k: v.to(device) for k, v in padded_batch(rows[: a.sf_batch]).items()})
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     warmup_s = time.perf_counter() - t1
@@ -743,17 +764,8 @@ def step_specforge(a: argparse.Namespace) -> dict[str, Any]:
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for start in range(0, len(rows), a.sf_batch):
             chunk = rows[start : start + a.sf_batch]
-            width = max(len(r["input_ids"]) for r in chunk)
-            ids = torch.zeros(len(chunk), width, dtype=torch.long)
-            attention = torch.zeros(len(chunk), width, dtype=torch.long)
-            loss = torch.zeros(len(chunk), width, dtype=torch.long)
-            for i, r in enumerate(chunk):
-                n = len(r["input_ids"])
-                ids[i, :n] = torch.tensor(r["input_ids"])
-                attention[i, :n] = 1
-                loss[i, :n] = torch.tensor(r["loss_mask"])
-            padded_tokens += ids.numel()
-            batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss}
+            batch = padded_batch(chunk)
+            padded_tokens += batch["input_ids"].numel()
             on_device = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             captured = capture.capture(**on_device)
             for i in range(len(chunk)):
