@@ -21,7 +21,6 @@ import dataclasses
 import re
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,7 +35,7 @@ from regen.observe.variants import valid_breakdown, variant_lines
 from regen.pilot_file import PilotFile
 from regen.records import ShardStatus
 from regen.run_marker import RunMarker
-from regen.serving.metrics import sum_prometheus
+from regen.serving.metrics import fetch_metrics_page, sum_prometheus
 from regen.serving.probes import NO_ANSWER
 from regen.serving.procfs import is_supervisor, read_url_state
 from regen.serving.progress import ProgressState
@@ -59,9 +58,9 @@ class ServerView:
 
 
 def fetch_metrics(url: str, timeout: float = 2.0) -> dict[str, float] | None:
+    """The gauges ``regen status`` shows, summed over their label sets (None: the server does not answer)."""
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as resp:
-            return sum_prometheus(resp.read().decode(errors="replace"), METRIC_NAMES)
+        return sum_prometheus(fetch_metrics_page(url, timeout_s=timeout), METRIC_NAMES)
     except NO_ANSWER:
         return None
 

@@ -216,13 +216,18 @@ def sample_from_metrics(values: Mapping[str, float]) -> DecodeSample | None:
     )
 
 
-def fetch_metrics(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> dict[str, float]:
-    """GET ``{url}/metrics`` and parse it."""
+def fetch_metrics_page(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> str:
+    """GET ``{url}/metrics``: the Prometheus text page (the one request regen makes of it)."""
     req = urllib.request.Request(url.rstrip("/") + "/metrics")
     if api_key:
         req.add_header("Authorization", f"Bearer {api_key}")
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return parse_prometheus(resp.read().decode("utf-8", errors="replace"))
+        return resp.read().decode("utf-8", errors="replace")
+
+
+def fetch_metrics(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> dict[str, float]:
+    """GET ``{url}/metrics`` and parse it."""
+    return parse_prometheus(fetch_metrics_page(url, api_key, timeout_s))
 
 
 def sample_metrics(url: str, api_key: str | None = None) -> DecodeSample | None:
@@ -248,6 +253,7 @@ __all__ = [
     "SteadyState",
     "decode_samples",
     "fetch_metrics",
+    "fetch_metrics_page",
     "log_since",
     "log_size",
     "parse_prometheus",
