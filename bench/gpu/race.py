@@ -232,6 +232,9 @@ class Settings:
     offers: tuple[str, ...] = OFFERS
     #: whether the offline engine's arm runs (``--no-offline``: a device session too short for it)
     offline: bool = True
+    #: whether regen's audit summary says how many prompts there are (``--size-unknown``: no, and regen plans
+    #: as for a run of unknown size, its full plan: what serving that plan gains, at a size a device affords)
+    size_known: bool = True
 
 
 def arm_row(name: str, start_s: float | None, done: Finished | None, log_text: str) -> dict[str, Any]:
@@ -369,7 +372,7 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
 
     t = Timer()
     summary = s.work / "summary.json"
-    summary.write_text(json.dumps(audit_summary(s.race)))
+    summary.write_text(json.dumps(audit_summary(s.race, s.size_known)))
     # the plan file (--out) is what the workflow's servers launch from: its launch_args are the plan's flags
     # (the --json print has none: the H100 races before 2026-12-07 03:18 launched SGLang's defaults there)
     plan_file = s.work / "plan.json"
@@ -474,13 +477,14 @@ def regen_sampling(race: RaceWork) -> dict[str, Any]:
     return {**SAMPLING, "max_tokens": race.cap, "n": 1, "seed": 0}
 
 
-def audit_summary(race: RaceWork) -> dict[str, Any]:
+def audit_summary(race: RaceWork, size_known: bool = True) -> dict[str, Any]:
     """What the workflow's audit says of the race's prompts: their lengths, the answers' spread, and how many
     were read and kept (the planner weighs a run's size against what its plan adds at start, issue 57 item
-    6; without the count it plans as for a run of unknown size)."""
+    6; without the count, ``size_known`` False, it plans as for a run of unknown size)."""
     from bench.gpu.dense import audit_summary as dense_summary
 
-    return dense_summary(race.lengths) | {"total": race.requests, "kept": race.requests}
+    count = {"total": race.requests, "kept": race.requests} if size_known else {}
+    return dense_summary(race.lengths) | count
 
 
 # ------------------------------------------------------------------------------------ the race
@@ -497,8 +501,8 @@ def best_peer(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(peers, key=lambda r: r["tps"]) if peers else None
 
 
-def race_line(model: str, race: RaceWork, rows: list[dict[str, Any]]) -> str:
-    fields: dict[str, Any] = {"model": model, "requests": race.requests}
+def race_line(model: str, race: RaceWork, rows: list[dict[str, Any]], size_known: bool = True) -> str:
+    fields: dict[str, Any] = {"model": model, "requests": race.requests, "size_known": size_known}
     fields["output_tokens"] = race.planned_output_tokens()
     for r in rows:
         key = str(r.get("arm", "?")).replace("-", "_")
@@ -582,6 +586,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the defaults' offers, of {', '.join(OFFERS)} (empty: none, the offline engine the only peer)",
     )
     p.add_argument("--no-offline", action="store_true", help="leave the offline engine's arm out")
+    p.add_argument(
+        "--size-unknown",
+        action="store_true",
+        help="regen's audit summary without the prompt count: its full plan, not the small run's defaults",
+    )
     args = parse_args(p, argv)
     if args.smoke:  # CI: the CPU rehearsal at tiny sizes, written to a temporary dir
         args.dry_cpu = True
@@ -597,13 +606,14 @@ def main(argv: list[str] | None = None) -> int:
         race=race,
         offers=offers,
         offline=not args.no_offline,
+        size_known=not args.size_unknown,
     )
     s.work.mkdir(parents=True, exist_ok=True)
     log(f"race: {args.model}, {race.requests} requests, {race.planned_output_tokens()} output tokens")
     rows = run_race(s)
     doc = {"date": dt.date.today().isoformat(), "model": args.model, "workload": asdict(race), "arms": rows}
     stem = f"race-{args.model}-{doc['date']}" + ("-dry" if s.dry else "")
-    return publish(args.out, stem, doc, line=race_line(args.model, race, rows))
+    return publish(args.out, stem, doc, line=race_line(args.model, race, rows, s.size_known))
 
 
 if __name__ == "__main__":
