@@ -3,8 +3,9 @@
 Bytes: tokens x (stored layers x hidden x bytes per value + an fp8 scale + 8 bytes of token id).
 GPU-hours: prefilled tokens / one GPU's prefill rate. The rate is ``features.prefill_tokens_per_s`` when set;
 else the pace the finished features jobs recorded beside their manifests (``_pace.json``: tokens over the
-jobs' seconds, their writes included); else ``ASSUMED_PREFILL_FLOPS`` / (2 x the model's active parameters), a
-projection: the forward's matmuls at 40% of an H100's dense bf16 peak, attention's quadratic term left out (it
+jobs' seconds, their writes included); else ``assumed_utilization`` of an H100's dense bf16 peak / (2 x the
+model's active parameters), a projection: the forward's matmuls at the utilization SGLang's prefill reached on
+an H100 for the family (dense, MoE), attention's quadratic term left out (it
 grows with row length: long rows run slower than this). The tokens come from the audit's counts (prompt plus
 old answer, a sample's completions each) until answers are generated; then the generated answers' real lengths
 (prompt plus answer tokens the server reported, in the merged dataset or else the validated shards so far, the
@@ -30,8 +31,13 @@ from regen.layout.run import RunLayout
 from regen.runconfig import RunConfig, config_section
 from regen.sglang.models import ModelShape
 
-#: H100 SXM dense bf16 peak (989 TFLOP/s) at an assumed 40% model FLOP utilization in prefill
-ASSUMED_PREFILL_FLOPS = 989e12 * 0.40
+#: H100 SXM dense bf16 peak (FLOP/s)
+H100_BF16_PEAK = 989e12
+#: model FLOP utilization of SGLang 0.5.17's prefill in regen's features job on an H100, batches of 16,384
+#: tokens (rows of median 192): Llama-3.1-8B's layers 39,700 tokens/s over 2 x 3.49B active parameters (28%),
+#: Qwen3-30B-A3B's 89,200 over 2 x 0.68B (12%: 128 small experts, 8 a token)
+#: (measurements/features-2026-12-07b-h100: tokens over prefill seconds, warm)
+MEASURED_UTILIZATION = {"dense": 0.280, "moe": 0.123}
 TOKEN_ID_BYTES = 8
 
 
@@ -119,7 +125,7 @@ def prefill_rate(
 ) -> tuple[float, str]:
     """One GPU's prefill tokens/s, and where it comes from: the setting; else the pace the finished features
     jobs recorded (prefill and writes together: a job that waited on its disk counts that wait); else the
-    assumed model FLOP utilization."""
+    model FLOP utilization measured for its family."""
     if cfg.prefill_tokens_per_s:
         return cfg.prefill_tokens_per_s, "features.prefill_tokens_per_s"
     if measured is not None:
@@ -134,8 +140,13 @@ def prefill_rate(
             f"by {jobs}"
         )
     params = active_parameters(model)
-    rate = ASSUMED_PREFILL_FLOPS / (2 * params)
-    return rate, f"assumed: 40% of 989 TFLOP/s over 2 x {params / 1e9:.2f}B active parameters (a projection)"
+    family = "moe" if model.is_moe and model.num_experts else "dense"
+    utilization = MEASURED_UTILIZATION[family]
+    rate = H100_BF16_PEAK * utilization / (2 * params)
+    return rate, (
+        f"assumed: {utilization:.0%} of an H100's 989 TFLOP/s, as a {family} target's prefill reached it, "
+        f"over 2 x {params / 1e9:.2f}B active parameters (a projection)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

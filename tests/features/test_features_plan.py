@@ -171,3 +171,22 @@ def test_regen_check_refuses_a_run_over_max_storage(tmp_path: Path) -> None:
     )
     assert check_features(feature_config(tmp_path, "{enabled: true, max_storage: 100MB}"), host) == []
     assert any("real lengths" in n for n in features_notes(fits, results))
+
+
+@pytest.mark.parametrize(
+    ("measured", "target"), [("features-dense.json", "dense"), ("moe-warm/features-moe.json", "moe")]
+)
+def test_before_any_job_the_rate_is_the_prefill_measured_on_an_h100_for_the_family(
+    measured: str, target: str, tmp_path: Path
+) -> None:
+    """The projection before any features job has run rates the prefill at the utilization the bench measured
+    for the family (tokens over prefill seconds, ``measurements/features-2026-12-07b-h100``), read through
+    the same model shape the run's projection reads."""
+    doc = json.loads((ROOT / "measurements/features-2026-12-07b-h100" / measured).read_text())
+    (tmp_path / "config.json").write_text(json.dumps(doc["config"]))
+    model = ModelShape.from_config(tmp_path / "config.json")
+    counts = TokenCounts(rows=doc["rows"], tokens=doc["tokens"], source="the bench's rows")
+    p = project(counts, FeaturesConfig.from_dict({"enabled": True}), model)
+    prefilled = doc["regen"]["tokens"] / doc["regen"]["prefill_s"]
+    assert p.rate == pytest.approx(prefilled, rel=0.02), (p.rate_source, prefilled)
+    assert p.rate_source.startswith("assumed:") and f"a {target} target" in p.rate_source
