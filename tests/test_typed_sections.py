@@ -17,6 +17,7 @@ import pytest
 
 from regen.ingest.audit import FLAG_NAMES, AuditConfig
 from regen.ingest.dataset import DatasetConfig
+from regen.ingest.shard_count import ShardsConfig
 from regen.output.export import ExportConfig
 from regen.output.merge import MergeConfig
 from regen.output.reaudit import ReauditGates
@@ -31,6 +32,7 @@ SECTIONS: list[tuple[type, str]] = [
     (MergeConfig, "merge"),
     (ReauditGates, "reaudit"),
     (ExportConfig, "export"),
+    (ShardsConfig, "shards"),
 ]
 
 

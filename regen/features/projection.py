@@ -25,7 +25,7 @@ import orjson
 
 from regen.features.config import FeaturesConfig
 from regen.features.store import MeasuredPace, measured_pace
-from regen.ingest.shard_count import AUTO, shard_count
+from regen.ingest.shard_count import ShardsConfig, shard_count
 from regen.layout.names import dataset_parts
 from regen.layout.run import RunLayout
 from regen.runconfig import RunConfig, config_section
@@ -304,9 +304,8 @@ def projection_for_run(config: Mapping[str, Any], layout: RunLayout) -> FeatureP
     if counts is None:
         return None
     model = ModelShape.from_config(run.server.planned_model)
-    jobs = shard_count(
-        (config_section(config, "shards") or {}).get("count", AUTO), run.gpu_slots, layout.shard_count_file
-    )
+    shards = ShardsConfig.from_dict(config_section(config, "shards"))
+    jobs = shard_count(shards.count, run.gpu_slots, layout.shard_count_file)
     return project(counts, cfg, model, measured_pace(layout.features_dir), jobs)
 
 

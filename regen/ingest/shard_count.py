@@ -12,13 +12,28 @@ serve the shards still running (``generate.spill``), so the run ends when the wo
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from regen.io import read_json, write_json
 from regen.layout.run import RUN
+from regen.runconfig import validated
 
 AUTO = "auto"
 PERSISTED = RUN.shard_count_file
+
+
+@dataclass(frozen=True, slots=True)
+class ShardsConfig:
+    """The ``shards`` config section (the schema's defaults filled in): a number, or ``auto``."""
+
+    count: int | str
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> ShardsConfig:
+        return cls(count=validated("shards", raw)["count"])
 
 
 def shard_count(
