@@ -12,6 +12,7 @@ from support.workflow import copy_workflow, job_counts, snakemake
 
 from regen.configfile import load_config
 from regen.features.projection import preview_lines, token_counts_for_run
+from regen.features.store import record_pace
 from regen.layout.names import LANDING_RST, dataset_part
 from regen.layout.run import RunLayout
 from regen.observe.landing import RunFacts
@@ -98,3 +99,29 @@ def test_generated_answers_replace_the_audits_means(tmp_path: Path) -> None:
     layout.export_manifest.write_text(json.dumps({"tokenized": {"rows": 1, "tokens": 9}}))
     counts = token_counts_for_run(layout, completions_per_prompt=2)
     assert counts is not None and (counts.rows, counts.tokens) == (1, 9) and "manifest" in counts.source
+
+
+def test_once_a_job_has_run_the_preview_rates_the_rest_at_its_pace_and_counts_each_jobs_start(
+    tmp_path: Path,
+) -> None:
+    layout = write_audit(tmp_path / "results")
+    config = load_config([str(ROOT / "config/demo.yaml")])  # shards.count: 4
+    config["features"] = {"enabled": True}
+    # a finished job: 1,000 tokens in 12 s, its first batch (200 tokens) written after 4 s, its engine 20 s
+    pace = {"tokens": 1000, "seconds": 12.0, "prefill_s": 8.0, "waited_on_writer_s": 1.0}
+    record_pace(layout.features_shard_dir("00000"), pace | {"first_batch_tokens": 200, "first_batch_s": 4.0})
+    lines = preview_lines(config, layout)
+    gpu = next(line for line in lines if "GPU-hours" in line)
+    # after the first batch: 800 tokens in 8 s; each start: 20 s + 4 s less its 200 tokens at that pace
+    assert (
+        "at 100 tokens/s (measured: 800 tokens prefilled and written in 8.0 s after each job's first" in gpu
+    )
+    assert "with 4 job starts of 2 s" in gpu, gpu
+    record_pace(
+        layout.features_shard_dir("00000"),
+        pace | {"first_batch_tokens": 200, "first_batch_s": 4.0, "engine_s": 20.0},
+    )
+    gpu = next(line for line in preview_lines(config, layout) if "GPU-hours" in line)
+    assert "with 4 job starts of 22 s (engine build and first batch, measured)" in gpu, gpu
+    # 1,000 tokens (the audit's) at 100 tokens/s, and 4 x 22 s: 98 s
+    assert "features: 0.03 GPU-hours of prefill" in gpu, gpu
