@@ -403,11 +403,10 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
         launched = PlanFile.read(plan_file)
         with acquire_server(cfg, launched, servers, logs, owner_pid=os.getpid()) as ep:
             start_s = round(t(), 2)
-            # (the simulated server takes the plan as --options, not as SGLang's flags)
-            command = read_from(logs / "gpu0.log", 0)
-            missing = [] if s.dry else flags_not_launched(launched.launch_args, command)
-            if missing:
-                raise RuntimeError(f"the server was launched without the plan's {missing}")
+            if not s.dry:  # (the simulated server takes the plan as --options, not as SGLang's flags)
+                missing = flags_not_launched(launched.launch_args, read_from(logs / "gpu0.log", 0))
+                if missing:
+                    raise RuntimeError(f"the server was launched without the plan's {missing}")
             for name, in_flight in offers.items():
                 if name != "regen" and in_flight is None:
                     continue

@@ -135,10 +135,10 @@ def compute_rows(
                 while len(pending) >= WRITE_AHEAD:
                     landed.append(land(pending.pop(0)))
                 wait_s += time.monotonic() - t1
-                landing_tokens = sum(len(r.input_ids) for r in batch)
-                pending.append((landing_tokens, writer.submit(write_batch, store, digest, encoded, files)))
+                tokens_in_batch = sum(len(r.input_ids) for r in batch)
+                pending.append((tokens_in_batch, writer.submit(write_batch, store, digest, encoded, files)))
                 done_rows += len(batch)
-                done_tokens += landing_tokens
+                done_tokens += tokens_in_batch
                 if time.monotonic() - last_note >= 30:
                     last_note = time.monotonic()
                     log.info(

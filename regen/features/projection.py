@@ -3,13 +3,14 @@
 Bytes: tokens x (stored layers x hidden x bytes per value + an fp8 scale + 8 bytes of token id).
 GPU-hours: prefilled tokens / one GPU's prefill rate. The rate is ``features.prefill_tokens_per_s`` when set;
 else the pace the finished features jobs recorded beside their manifests (``_pace.json``: tokens over the
-jobs' seconds, their writes included); else ``assumed_utilization`` of an H100's dense bf16 peak / (2 x the
-model's active parameters), a projection: the forward's matmuls at the utilization SGLang's prefill reached on
-an H100 for the family (dense, MoE), attention's quadratic term left out (it
-grows with row length: long rows run slower than this). The tokens come from the audit's counts (prompt plus
-old answer, a sample's completions each) until answers are generated; then the generated answers' real lengths
-(prompt plus answer tokens the server reported, in the merged dataset or else the validated shards so far, the
-audit's means for the rows not generated yet); once the token export exists, its rows' real lengths.
+jobs' seconds after each job's first batch, their writes included, plus each job's measured start); else
+``MEASURED_UTILIZATION`` of an H100's dense bf16 peak / (2 x the model's active parameters), a projection: the
+forward's matmuls at the utilization SGLang's prefill reached on an H100 for the family (dense, MoE),
+attention's quadratic term left out (it grows with row length: long rows run slower than this). The tokens
+come from the audit's counts (prompt plus old answer, a sample's completions each) until answers are
+generated; then the generated answers' real lengths (prompt plus answer tokens the server reported, in the
+merged dataset or else the validated shards so far, the audit's means for the rows not generated yet); once
+the token export exists, its rows' real lengths.
 """
 
 from __future__ import annotations
