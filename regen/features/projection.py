@@ -39,6 +39,9 @@ H100_BF16_PEAK = 989e12
 #: Qwen3-30B-A3B's 89,200 over 2 x 0.68B (12%: 128 small experts, 8 a token)
 #: (measurements/features-2026-12-07b-h100: tokens over prefill seconds, warm)
 MEASURED_UTILIZATION = {"dense": 0.280, "moe": 0.123}
+#: the layers each figure was measured on, named in the projection (a hybrid's linear-attention layers, or
+#: another MoE's expert shapes, were not)
+MEASURED_ON = {"dense": "Llama-3.1-8B's layers", "moe": "Qwen3-30B-A3B's layers"}
 TOKEN_ID_BYTES = 8
 
 
@@ -145,8 +148,8 @@ def prefill_rate(
     utilization = MEASURED_UTILIZATION[family]
     rate = H100_BF16_PEAK * utilization / (2 * params)
     return rate, (
-        f"assumed: {utilization:.0%} of an H100's 989 TFLOP/s, as a {family} target's prefill reached it, "
-        f"over 2 x {params / 1e9:.2f}B active parameters (a projection)"
+        f"assumed: {utilization:.0%} of an H100's 989 TFLOP/s, as a {family} target's prefill reached it "
+        f"({MEASURED_ON[family]}, measured), over 2 x {params / 1e9:.2f}B active parameters (a projection)"
     )
 
 

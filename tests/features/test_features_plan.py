@@ -174,10 +174,14 @@ def test_regen_check_refuses_a_run_over_max_storage(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("measured", "target"), [("features-dense.json", "dense"), ("moe-warm/features-moe.json", "moe")]
+    ("measured", "target", "measured_on"),
+    [
+        ("features-dense.json", "dense", "Llama-3.1-8B's layers"),
+        ("moe-warm/features-moe.json", "moe", "Qwen3-30B-A3B's layers"),
+    ],
 )
 def test_before_any_job_the_rate_is_the_prefill_measured_on_an_h100_for_the_family(
-    measured: str, target: str, tmp_path: Path
+    measured: str, target: str, measured_on: str, tmp_path: Path
 ) -> None:
     """The projection before any features job has run rates the prefill at the utilization the bench measured
     for the family (tokens over prefill seconds, ``measurements/features-2026-12-07b-h100``), read through
