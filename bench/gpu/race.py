@@ -74,6 +74,8 @@ from regen.types import Message, Sample
 #: the sampling every arm sends (regen's client sends the config's; ``harness.generate_dict``)
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 CHAT_PATH = "/v1/chat/completions"
+#: SGLang's flag that turns its radix cache off (regen's plan for unique prompts)
+RADIX_OFF = "--disable-radix-cache"
 #: words ``t0 .. t<WORDS-1>`` are the tokenizer's ordinary ids; the ids above are the config's specials
 FIRST_SPECIAL = 128000
 
@@ -87,6 +89,9 @@ class RaceWork:
     median: float
     mean: float
     cap: int
+    #: answers per prompt (``--completions``): regen's ``generate.sampling.n``, the chat arms' ``n``, the
+    #: offline engine's prompt given that many times in a row; each of a prompt's answers has its length
+    completions: int = 1
 
     @property
     def lengths(self) -> Workload:
@@ -115,7 +120,7 @@ class RaceWork:
         ]
 
     def planned_output_tokens(self) -> int:
-        return sum(self.max_tokens(i) for i in range(self.requests))
+        return self.completions * sum(self.max_tokens(i) for i in range(self.requests))
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -170,11 +175,14 @@ class Finished:
 
 
 def chat_request(work: RaceWork, i: int, model: str) -> dict[str, Any]:
+    """Prompt ``i``'s request; with several completions, one request with OpenAI's ``n`` (SGLang prefills
+    the prompt once, then decodes ``n`` copies that read it from its radix cache)."""
     return {
         "model": model,
         "messages": [{"role": "user", "content": work.prompt(i)}],
         "max_tokens": work.max_tokens(i),
         "ignore_eos": True,
+        **({"n": work.completions} if work.completions > 1 else {}),
         **SAMPLING,
     }
 
@@ -184,6 +192,7 @@ async def offer(url: str, work: RaceWork, in_flight: int, model: str) -> Finishe
     request is sent again once."""
     gate = asyncio.Semaphore(in_flight)
     tokens: list[int] = []
+    answers: list[int] = []
     errors: list[str] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_read=7200)
     t0 = time.monotonic()
@@ -198,13 +207,14 @@ async def offer(url: str, work: RaceWork, in_flight: int, model: str) -> Finishe
                             if resp.status != 200:
                                 raise RuntimeError(f"HTTP {resp.status}: {str(body)[:200]}")
                         tokens.append(int(body["usage"]["completion_tokens"]))
+                        answers.append(len(body["choices"]))
                         return
                     except (aiohttp.ClientError, RuntimeError, KeyError, ValueError) as exc:
                         errors.append(f"{type(exc).__name__}: {exc}"[:300])
 
         await asyncio.gather(*(one(i) for i in range(work.requests)))
     return Finished(
-        round(time.monotonic() - t0, 2), sum(tokens), len(tokens), len(errors), errors[0] if errors else None
+        round(time.monotonic() - t0, 2), sum(tokens), sum(answers), len(errors), errors[0] if errors else None
     )
 
 
@@ -212,6 +222,12 @@ async def flush_cache(url: str) -> int:
     """SGLang's ``/flush_cache`` (the next offer repeats the prompts); the HTTP status."""
     async with aiohttp.ClientSession() as session, session.post(url + "/flush_cache") as resp:
         return resp.status
+
+
+def await_flush(url: str) -> None:
+    """:func:`flush_cache` from synchronous code; a server that refuses fails the arm."""
+    if (status := asyncio.run(flush_cache(url))) != 200:
+        raise RuntimeError(f"/flush_cache answered HTTP {status}")
 
 
 # ------------------------------------------------------------------------------------ arms
@@ -247,6 +263,7 @@ def arm_row(name: str, start_s: float | None, done: Finished | None, log_text: s
             row["wall_s"] = round(wall, 2)
             row["tps"] = round(done.output_tokens / wall, 1) if done.errors == 0 else None
     row.update(log_reading(log_text))
+    row["prefill"] = serverlog.prefill_tokens(log_text)
     return row
 
 
@@ -355,10 +372,14 @@ def offline_arm(s: Settings, model_dir: Path) -> dict[str, Any]:
 
 
 def offline_input(race: RaceWork) -> dict[str, Any]:
-    """The offline arm's workload: the same prompts, lengths and sampling as the chat arms send."""
+    """The offline arm's workload: the same prompts, lengths and sampling as the chat arms send; a prompt
+    with several completions given that many times in a row (SGLang 0.5.17's ``TokenizerManager`` warns that
+    a large batch with ``n`` > 1 is slow, as it prefixes each prompt's cache one request at a time, and
+    advises duplicating the requests instead)."""
+    each = range(race.completions)
     return {
-        "prompts": [race.prompt(i) for i in range(race.requests)],
-        "max_tokens": [race.max_tokens(i) for i in range(race.requests)],
+        "prompts": [race.prompt(i) for i in range(race.requests) for _ in each],
+        "max_tokens": [race.max_tokens(i) for i in range(race.requests) for _ in each],
         "sampling": SAMPLING,
     }
 
@@ -376,7 +397,10 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     # the plan file (--out) is what the workflow's servers launch from: its launch_args are the plan's flags
     # (the --json print has none: the H100 races before 2026-12-07 03:18 launched SGLang's defaults there)
     plan_file = s.work / "plan.json"
+    configfile = s.work / "generate.json"  # the run's generate section: its n decides the radix cache
+    configfile.write_text(json.dumps({"generate": {"sampling": regen_sampling(s.race)}}))
     tune_args = ("--audit-summary", str(summary), "--max-tokens", str(s.race.cap), "--out", str(plan_file))
+    tune_args += ("--configfile", str(configfile))
     # the user's flags: the config-only model's dummy weights, as every arm loads them (without them, the
     # first race on the H100 waited out regen's 900-s start for a server that had no weights to load)
     plan = regen_tune(model_dir, BASE_ARGS, *tune_args, gpu_mib=gpu_memory_mib(s.dry))
@@ -411,9 +435,14 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
                 if name != "regen" and in_flight is None:
                     continue
                 mark = log_size(logs / "gpu0.log")
-                done = regen_client(s, ep, s.work / f"{name}-out", in_flight)
+                if rows and not s.dry:  # the offers repeat the prompts: none reads the last one's cache
+                    await_flush(ep.url)
+                done, cached = regen_client(s, ep, s.work / f"{name}-out", in_flight)
                 text = read_from(logs / "gpu0.log", mark)
-                rows.append({**planned, **arm_row(name, start_s, done, text), "in_flight": in_flight})
+                row = {**planned, **arm_row(name, start_s, done, text), "in_flight": in_flight}
+                rows.append(
+                    row | {"client_prefill": cached, "radix_kept": RADIX_OFF not in launched.launch_args}
+                )
                 log(f"{name}: {brief(rows[-1])}")
     except Exception as exc:  # any failure is this arm's row; the peers still run
         rows.append({"arm": "regen", "error": "".join(traceback.format_exception(exc))[-3000:]})
@@ -424,17 +453,27 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     return rows, int(concurrency) if concurrency else None
 
 
-def regen_client(s: Settings, ep: Any, out: Path, in_flight: int | None) -> Finished:
+def regen_client(s: Settings, ep: Any, out: Path, in_flight: int | None) -> tuple[Finished, dict[str, Any]]:
     """regen's client over the whole workload (``in_flight`` None: its own concurrency), each request's
-    length set by the length proxy."""
+    length set by the length proxy; with what its shard stats say SGLang read from the radix cache."""
     from bench.length_proxy import proxied
     from regen.generate.client import ShardJob, generate_shard
+    from regen.records import record_id
     from regen.runconfig import GenerateConfig
 
     out.mkdir(parents=True, exist_ok=True)
     samples = s.race.samples()
-    lengths = {x.id: s.race.max_tokens(i) for i, x in enumerate(samples)}
-    given = dict(generate_dict(s.race.cap, in_flight), sampling=regen_sampling(s.race))
+    cfg = GenerateConfig.from_dict(
+        dict(generate_dict(s.race.cap, in_flight), sampling=regen_sampling(s.race))
+    )
+    # each completion's request carries its record id (regen.records.record_id): every one of a prompt's
+    # completions gets the prompt's length
+    lengths = {
+        record_id(x.id, v.name, k, plain=cfg.plain_ids): s.race.max_tokens(i)
+        for i, x in enumerate(samples)
+        for v in cfg.variants()
+        for k in range(v.n)
+    }
     t = Timer()
     with proxied(ep, lengths) as via:
         stats = generate_shard(
@@ -443,14 +482,15 @@ def regen_client(s: Settings, ep: Any, out: Path, in_flight: int | None) -> Fini
                 journal=out / "journal.jsonl",
                 records_out=out / "records.jsonl",
                 failed_out=out / "failed.jsonl",
-                cfg=GenerateConfig.from_dict(given),
+                cfg=cfg,
                 endpoint=via,
                 shard="00000",
             )
         )
     generation_s = round(t(), 2)
     answers, tokens, _ = count_output_tokens(out / "records.jsonl")
-    return Finished(generation_s, tokens, answers, int(getattr(stats, "failed", 0)), None)
+    done = Finished(generation_s, tokens, answers, int(getattr(stats, "failed", 0)), None)
+    return done, stats.prefill.to_json()
 
 
 def flags_not_launched(plan_args: Sequence[str], supervisor_log: str) -> list[str]:
@@ -473,7 +513,7 @@ def read_from(path: Path, offset: int) -> str:
 
 
 def regen_sampling(race: RaceWork) -> dict[str, Any]:
-    return {**SAMPLING, "max_tokens": race.cap, "n": 1, "seed": 0}
+    return {**SAMPLING, "max_tokens": race.cap, "n": race.completions, "seed": 0}
 
 
 def audit_summary(race: RaceWork, size_known: bool = True) -> dict[str, Any]:
@@ -502,6 +542,7 @@ def best_peer(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def race_line(model: str, race: RaceWork, rows: list[dict[str, Any]], size_known: bool = True) -> str:
     fields: dict[str, Any] = {"model": model, "requests": race.requests, "size_known": size_known}
+    fields["completions"] = race.completions
     fields["output_tokens"] = race.planned_output_tokens()
     for r in rows:
         key = str(r.get("arm", "?")).replace("-", "_")
@@ -511,6 +552,9 @@ def race_line(model: str, race: RaceWork, rows: list[dict[str, Any]], size_known
     regen = next((r for r in rows if r.get("arm") == "regen"), {})
     best = best_peer(rows)
     fields["best_peer"] = best["arm"] if best else None
+    # the prompt tokens each read from SGLang's radix cache, by the server's own Prefill lines
+    fields["regen_cached_share"] = (regen.get("prefill") or {}).get("cached_share")
+    fields["best_peer_cached_share"] = ((best or {}).get("prefill") or {}).get("cached_share")
     ratio = regen.get("tps") / best["tps"] if best and regen.get("tps") else None
     fields["ratio"] = f"{ratio:.3f}" if ratio else None
     wide = next((r for r in rows if r.get("arm") == "regen-wide"), {})
@@ -579,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--median", type=float, default=128)
     p.add_argument("--mean", type=float, default=160)
     p.add_argument("--cap", type=int, default=1024)
+    p.add_argument("--completions", type=int, default=1, help="answers per prompt (issue 57 item 4: n = 4)")
     p.add_argument(
         "--offers",
         default=",".join(OFFERS),
@@ -594,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:  # CI: the CPU rehearsal at tiny sizes, written to a temporary dir
         args.dry_cpu = True
         args.out = args.work = Path(tempfile.mkdtemp(prefix="race-smoke-"))
-    race = RaceWork(args.requests, args.prompt_tokens, args.median, args.mean, args.cap)
+    race = RaceWork(args.requests, args.prompt_tokens, args.median, args.mean, args.cap, args.completions)
     offers = tuple(name for name in args.offers.split(",") if name)
     if unknown := set(offers) - set(OFFERS):
         p.error(f"--offers: unknown {sorted(unknown)}; known: {', '.join(OFFERS)}")

@@ -80,6 +80,31 @@ def decode_lines(text: str) -> list[DecodeLine]:
     return out
 
 
+_PREFILL = re.compile(
+    r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: (?P<new>\d+), "
+    r"#cached-token: (?P<cached>\d+),"
+)
+
+
+def prefill_tokens(text: str) -> dict[str, Any]:
+    """What the ``Prefill batch`` lines of a server log say was prefilled: lines, sequences, prompt tokens
+    computed (``#new-token``) and read from the radix cache (``#cached-token``), and the cached share."""
+    lines = seqs = new = cached = 0
+    for m in _PREFILL.finditer(text):
+        lines += 1
+        seqs += int(m["seqs"])
+        new += int(m["new"])
+        cached += int(m["cached"])
+    share = round(cached / (new + cached), 4) if new + cached else None
+    return {
+        "prefill_lines": lines,
+        "prefill_seqs": seqs,
+        "new_tokens": new,
+        "cached_tokens": cached,
+        "cached_share": share,
+    }
+
+
 def accept_lengths(text: str) -> dict[str, Any] | None:
     """SGLang's ``accept len`` over the decode lines that print one (MTP, EAGLE): lines, mean, median,
     running-weighted mean; None when no line has one."""

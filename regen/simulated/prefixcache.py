@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 BLOCK = 16
@@ -86,3 +87,25 @@ def stand_in_prompt(messages: list[Any]) -> list[Hashable]:
         if isinstance(content, str):
             out += content.split()
     return out
+
+
+@dataclass(slots=True)
+class PrefillWindow:
+    """The prefills since the server's last ``Prefill batch`` line, as SGLang's line counts them
+    (``#new-seq``, ``#new-token``, ``#cached-token``). A request with ``n`` > 1 is, in SGLang's
+    ``TokenizerManager``, one prefix request (``max_new_tokens`` 0) and then ``n`` copies, each of which
+    finds all of the prompt but its last token cached."""
+
+    seqs: int = 0
+    new_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, prompt_tokens: int, cached: int, n: int = 1) -> None:
+        """One request of ``prompt_tokens`` of which ``cached`` came from the cache, with ``n`` choices."""
+        self.seqs += 1
+        self.new_tokens += prompt_tokens - cached
+        self.cached_tokens += cached
+        if n > 1:
+            self.seqs += n
+            self.new_tokens += n
+            self.cached_tokens += n * max(0, prompt_tokens - 1)

@@ -76,7 +76,7 @@ from regen.simulated.parsers import (
     tool_call_pairing_error,
     version_tuple,
 )
-from regen.simulated.prefixcache import PrefixCache, stand_in_prompt
+from regen.simulated.prefixcache import PrefillWindow, PrefixCache, stand_in_prompt
 from regen.simulated.requestlog import LogWriter, RequestLog
 from regen.simulated.responses import error_body, error_response, response_body
 from regen.simulated.tokens import TokenCompletion, TokenModel, synth_completion, with_tool_calls
@@ -108,6 +108,8 @@ class SimulatedServer:
         self.prefix_cache = PrefixCache(opts.prefix_cache_tokens or opts.max_total_num_tokens)
         self.generation_tokens_total = 0
         self.window_tokens = 0.0  # tokens decoded since the last decode line
+        self.window_prefill = PrefillWindow()  # prefills since the last ``Prefill batch`` line
+        self.prefill_start = time.monotonic()
         self.window_start = time.monotonic()
         self.last_gen_throughput = 0.0
         self.slots = asyncio.Semaphore(opts.running_cap)
@@ -159,6 +161,8 @@ class SimulatedServer:
     async def _on_cleanup(self, app: web.Application) -> None:
         if not self._ticker.done():
             self._ticker.cancel()
+        if self.window_prefill.seqs:  # the last tick's prefills: the log counts every prompt token
+            self.log(self._prefill_line(time.monotonic() - self.prefill_start))
         for fut in list(self.hung):
             fut.cancel()
         self.request_log.close()
@@ -174,6 +178,9 @@ class SimulatedServer:
                 # server, token_rate 0, counts a request's tokens when it completes)
                 self.window_tokens += self.running * self.per_request_rate() * (now - last)
             last = now
+            if self.window_prefill.seqs:  # SGLang logs every prefill batch; here, what a tick admitted
+                self.log(self._prefill_line(now - self.prefill_start))
+                self.prefill_start = now
             if not announced and self.ready:
                 announced = True
                 self.log("The server is fired up and ready to roll!", prefix="")
@@ -189,6 +196,19 @@ class SimulatedServer:
                 self.window_start = now
                 if self.running or self.queued:
                     self.log(self._decode_line())
+
+    def _prefill_line(self, gap: float) -> str:
+        """SGLang's ``Prefill batch`` line (``SchedulerMetricsReporter.report_prefill_stats``) for the
+        prefills since the last one, as one batch."""
+        w, self.window_prefill = self.window_prefill, PrefillWindow()
+        used = self.running * (self.opts.mean_reasoning_tokens + self.opts.mean_answer_tokens)
+        return (
+            f"Prefill batch, #new-seq: {w.seqs}, #new-token: {w.new_tokens}, "
+            f"#cached-token: {w.cached_tokens}, "
+            f"token usage: {used / self.opts.max_total_num_tokens:.2f}, #running-req: {self.running}, "
+            f"#queue-req: {self.queued}, #pending-token: 0, cuda graph: False, "
+            f"input throughput (token/s): {w.new_tokens / gap:.2f}"
+        )
 
     def _decode_line(self) -> str:
         used = self.running * (self.opts.mean_reasoning_tokens + self.opts.mean_answer_tokens)
@@ -468,6 +488,7 @@ class SimulatedServer:
         # --disable-radix-cache: SGLang's ChunkCache matches no prefix, every prompt is prefilled whole
         prompt = prompt_ids if prompt_ids is not None else stand_in_prompt(messages)
         cached = 0 if self.opts.disable_radix_cache else self.prefix_cache.serve(prompt)
+        self.window_prefill.add(len(prompt), cached, n)
         n_out = sum(c.completion_tokens for c in choices)
         if not self.opts.inline:
             if not await self._schedule(n_out, request):

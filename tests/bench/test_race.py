@@ -8,7 +8,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.gpu.race import RaceWork, audit_summary, flags_not_launched
+from bench.gpu import serverlog
+from bench.gpu.race import (
+    RaceWork,
+    Settings,
+    audit_summary,
+    chat_request,
+    flags_not_launched,
+    offline_input,
+    race_model,
+    regen_arm,
+)
 from regen.runconfig import RunConfig
 from regen.tune.tune import audit_completions
 
@@ -41,3 +51,60 @@ def test_regens_arm_is_given_the_prompt_count_the_workflows_audit_gives(tmp_path
         path = tmp_path / f"summary-{size_known}.json"
         path.write_text(json.dumps(audit_summary(race, size_known)))
         assert audit_completions(path, generate) == completions
+
+
+#: two of SGLang 0.5.17's own prefill lines (measurements/race-2026-12-07-h100-pilot, logs/gpu0.log)
+PREFILL_LINES = (
+    "[2026-12-07 03:22:45] Prefill batch, #new-seq: 1, #new-token: 128, #cached-token: 0, token usage: 0.00, "
+    "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: True, input throughput (token/s): 64.35\n"
+    "[2026-12-07 03:22:48] Prefill batch, #new-seq: 65, #new-token: 8192, #cached-token: 1, "
+    "token usage: 0.29, #running-req: 748, #queue-req: 418, #pending-token: 53119, cuda graph: True, "
+    "input throughput (token/s): 44556.00\n"
+)
+
+
+def test_the_servers_own_prefill_lines_are_summed() -> None:
+    got = serverlog.prefill_tokens(PREFILL_LINES + "[x] Decode batch, #running-req: 3, ...\n")
+    assert got == {
+        "prefill_lines": 2,
+        "prefill_seqs": 66,
+        "new_tokens": 8320,
+        "cached_tokens": 1,
+        "cached_share": round(1 / 8321, 4),
+    }
+    assert serverlog.prefill_tokens("")["cached_share"] is None
+
+
+def test_every_arm_is_offered_each_prompts_completions() -> None:
+    """With n completions a prompt: the chat arms ask with OpenAI's ``n``, the offline engine gets the prompt
+    n times in a row (SGLang's advice for a large batch), each with the prompt's length; the planned tokens
+    count every completion."""
+    race = RaceWork(requests=5, prompt_tokens=8, median=12, mean=16, cap=64, completions=3)
+    given = offline_input(race)
+    assert given["prompts"] == [race.prompt(i) for i in range(5) for _ in range(3)]
+    assert given["max_tokens"] == [race.max_tokens(i) for i in range(5) for _ in range(3)]
+    assert sum(given["max_tokens"]) == race.planned_output_tokens()
+    assert chat_request(race, 2, "m")["n"] == 3
+    assert "n" not in chat_request(RaceWork(5, 8, 12, 16, 64), 2, "m")
+
+
+def test_with_several_completions_regen_keeps_the_radix_cache_and_the_server_counts_it(
+    tmp_path: Path,
+) -> None:
+    """regen's arm on the simulated server, n = 2 and its full plan: every completion gets its prompt's length
+    (the length proxy finds each completion's record id), the plan keeps SGLang's radix cache, and what the
+    server's Prefill lines say it read from the cache is what regen's client read from the answers."""
+    race = RaceWork(requests=40, prompt_tokens=48, median=12, mean=16, cap=64, completions=2)
+    s = Settings(
+        tmp_path, dry=True, model="llama-3.1-8b", race=race, offers=(), offline=False, size_known=False
+    )
+    (tmp_path / "logs").mkdir()
+    rows, _ = regen_arm(s, race_model(s.model, tmp_path / "model"))
+    regen = next(r for r in rows if r["arm"] == "regen")
+    assert regen["errors"] == 0 and regen["answers"] == 80
+    assert regen["output_tokens"] == race.planned_output_tokens()
+    assert regen["radix_kept"] is True
+    client = regen["client_prefill"]
+    assert client["cached_share"] > 0.4  # half the answers find their prompt cached, all but a block of it
+    served = serverlog.prefill_tokens((tmp_path / "regen-logs" / "gpu0.log").read_text())
+    assert served["cached_tokens"] == client["cached_tokens"]
