@@ -19,6 +19,12 @@ Arms:
   ``acquire_server`` starts it, regen's client (``generate_shard``) sends the samples (each request's length
   set by ``bench.length_proxy`` in front of the server, the only thing between them).
 
+``--completions N`` gives each prompt N answers (issue 57 item 4): the chat arms ask with OpenAI's ``n``, the
+offline engine gets each prompt N times in a row, regen runs ``generate.sampling.n: N`` (its planner keeps the
+radix cache on for it). Every row carries what the server's own ``Prefill batch`` lines say it computed and
+read from the radix cache (``prefill``: ``#new-token``, ``#cached-token``); regen's also what its client read
+from the answers' ``cached_tokens`` (``client_prefill``) and whether its plan kept the cache (``radix_kept``).
+
 The ratio is regen's output tok/s (over its wall) against the best of the other arms. Each arm's server
 log is kept (``logs/``) with its decode lines; the line also says how many 10-line windows of each were
 steady (``bench.gpu.serverlog.steady_windows``).
@@ -148,8 +154,9 @@ def race_model(model: str, out: Path) -> Path:
     tok.save(str(out / "tokenizer.json"))
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": specials[eos_id],
-        "pad_token": specials[eos_id],
+        # an eos among the word ids (Nemotron-H's is 2) keeps its word's name
+        "eos_token": specials.get(eos_id, f"t{eos_id}"),
+        "pad_token": specials.get(eos_id, f"t{eos_id}"),
         "bos_token": None,
         "model_max_length": 131072,
         "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
