@@ -394,8 +394,11 @@ def offline_input(race: RaceWork) -> dict[str, Any]:
 def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int | None]:
     """regen end to end: its plan (``regen tune``), its server start, its client at its own concurrency;
     then, on the same server, ``regen-wide``: its client at SGLang's running cap (a plan candidate, never
-    a peer). Returns the rows and regen's client concurrency."""
-    from regen.serving.lifecycle import acquire_server, stop_all_servers
+    a peer). With several completions a prompt and the radix cache kept, ``regen-nocache`` runs the same
+    again on a server of the same plan with the cache off (issue 57 item 4: the prefill it saved). Returns
+    the rows and regen's client concurrency."""
+    from dataclasses import replace
+
     from regen.sglang.config import PlanFile
 
     t = Timer()
@@ -418,6 +421,29 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     concurrency = plan.number("client_concurrency")
     cap = plan.number("effective_max_running_requests")
     planned = {"plan_args": plan.plan.get("recommended"), "client_concurrency": concurrency, "cap": cap}
+    launched = PlanFile.read(plan_file)
+    offers = {"regen": None, "regen-wide": int(cap) if cap and cap != concurrency else None}
+    rows = serve_regen(s, model_dir, launched, offers, planned, t)
+    if s.race.completions > 1 and RADIX_OFF not in launched.launch_args:
+        cache_off = replace(launched, launch_args=(*launched.launch_args, RADIX_OFF))
+        rows += serve_regen(s, model_dir, cache_off, {"regen-nocache": None}, planned, Timer())
+    return rows, int(concurrency) if concurrency else None
+
+
+def serve_regen(
+    s: Settings,
+    model_dir: Path,
+    launched: Any,
+    offers: dict[str, int | None],
+    planned: dict[str, Any],
+    t: Timer,
+) -> list[dict[str, Any]]:
+    """One server of ``launched`` (a ``PlanFile``) started by regen's ``acquire_server``, each offer (None:
+    regen's own concurrency) run on it through regen's client, the cache flushed between them; stopped,
+    and the GPU free again, on the way out. ``t`` started at the arm's start."""
+    from regen.serving.lifecycle import acquire_server, stop_all_servers
+
+    cap = planned.get("cap")
     sim = {"token_rate": 400.0, "max_running_requests": int(cap or 256), "startup_delay_s": 1.0}
     cfg = bench_server_cfg(
         model_dir,
@@ -428,18 +454,18 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
         simulated=sim if s.dry else None,
     )
     servers, logs = s.work / "regen-servers", s.work / "regen-logs"
-    offers = {"regen": None, "regen-wide": int(cap) if cap and cap != concurrency else None}
+    first = next(iter(offers))
     rows: list[dict[str, Any]] = []
     try:
-        launched = PlanFile.read(plan_file)
+        started = log_size(logs / "gpu0.log")
         with acquire_server(cfg, launched, servers, logs, owner_pid=os.getpid()) as ep:
             start_s = round(t(), 2)
             if not s.dry:  # (the simulated server takes the plan as --options, not as SGLang's flags)
-                missing = flags_not_launched(launched.launch_args, read_from(logs / "gpu0.log", 0))
+                missing = flags_not_launched(launched.launch_args, read_from(logs / "gpu0.log", started))
                 if missing:
                     raise RuntimeError(f"the server was launched without the plan's {missing}")
             for name, in_flight in offers.items():
-                if name != "regen" and in_flight is None:
+                if name != first and in_flight is None:
                     continue
                 mark = log_size(logs / "gpu0.log")
                 if rows and not s.dry:  # the offers repeat the prompts: none reads the last one's cache
@@ -452,12 +478,12 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
                 )
                 log(f"{name}: {brief(rows[-1])}")
     except Exception as exc:  # any failure is this arm's row; the peers still run
-        rows.append({"arm": "regen", "error": "".join(traceback.format_exception(exc))[-3000:]})
-        log(f"regen: failed: {exc!r}")
+        rows.append({"arm": first, "error": "".join(traceback.format_exception(exc))[-3000:]})
+        log(f"{first}: failed: {exc!r}")
     finally:
         stop_all_servers(servers, grace_s=60)
         wait_gpu_free(s.dry)
-    return rows, int(concurrency) if concurrency else None
+    return rows
 
 
 def regen_client(s: Settings, ep: Any, out: Path, in_flight: int | None) -> tuple[Finished, dict[str, Any]]:
@@ -562,6 +588,10 @@ def race_line(model: str, race: RaceWork, rows: list[dict[str, Any]], size_known
     # the prompt tokens each read from SGLang's radix cache, by the server's own Prefill lines
     fields["regen_cached_share"] = (regen.get("prefill") or {}).get("cached_share")
     fields["best_peer_cached_share"] = ((best or {}).get("prefill") or {}).get("cached_share")
+    nocache = next((r for r in rows if r.get("arm") == "regen-nocache"), None)
+    if nocache is not None:  # the prompt tokens regen's server computed, with its cache and without
+        fields["regen_prefill_tokens"] = (regen.get("prefill") or {}).get("new_tokens")
+        fields["regen_nocache_prefill_tokens"] = (nocache.get("prefill") or {}).get("new_tokens")
     ratio = regen.get("tps") / best["tps"] if best and regen.get("tps") else None
     fields["ratio"] = f"{ratio:.3f}" if ratio else None
     wide = next((r for r in rows if r.get("arm") == "regen-wide"), {})

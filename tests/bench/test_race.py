@@ -93,7 +93,8 @@ def test_with_several_completions_regen_keeps_the_radix_cache_and_the_server_cou
 ) -> None:
     """regen's arm on the simulated server, n = 2 and its full plan: every completion gets its prompt's length
     (the length proxy finds each completion's record id), the plan keeps SGLang's radix cache, and what the
-    server's Prefill lines say it read from the cache is what regen's client read from the answers."""
+    server's Prefill lines say it read from the cache is what regen's client read from the answers; the
+    same run with the cache off computes every prompt token."""
     race = RaceWork(requests=40, prompt_tokens=48, median=12, mean=16, cap=64, completions=2)
     s = Settings(
         tmp_path, dry=True, model="llama-3.1-8b", race=race, offers=(), offline=False, size_known=False
@@ -106,5 +107,11 @@ def test_with_several_completions_regen_keeps_the_radix_cache_and_the_server_cou
     assert regen["radix_kept"] is True
     client = regen["client_prefill"]
     assert client["cached_share"] > 0.4  # half the answers find their prompt cached, all but a block of it
+    # the same run on a server of the same plan with the cache off: every prompt token computed
+    nocache = next(r for r in rows if r["arm"] == "regen-nocache")
+    assert nocache["radix_kept"] is False and nocache["output_tokens"] == race.planned_output_tokens()
+    assert nocache["client_prefill"]["cached_tokens"] == 0
+    assert nocache["prefill"]["new_tokens"] == nocache["client_prefill"]["prompt_tokens"]
+    assert regen["prefill"]["new_tokens"] < 0.6 * nocache["prefill"]["new_tokens"]
     served = serverlog.prefill_tokens((tmp_path / "regen-logs" / "gpu0.log").read_text())
     assert served["cached_tokens"] == client["cached_tokens"]
