@@ -31,6 +31,7 @@ from regen.layout.names import dataset_parts
 from regen.layout.run import RunLayout
 from regen.runconfig import RunConfig, config_section
 from regen.sglang.models import ModelShape
+from regen.sglang.weights import parameter_count
 
 #: H100 SXM dense bf16 peak (FLOP/s)
 H100_BF16_PEAK = 989e12
@@ -113,15 +114,11 @@ class TokenCounts:
 
 
 def active_parameters(model: ModelShape) -> int:
-    """The parameters one token's prefill multiplies through: embeddings and lm_head left out (a lookup; the
-    capture computes no logits), a MoE's experts counted at ``num_experts_per_tok`` of ``num_experts``."""
-    total = model.estimated_parameters() - model.vocab_size * model.hidden_size * (
-        1 if model.tie_word_embeddings else 2
-    )
-    if model.is_moe and model.num_experts:
-        experts = model.num_layers * model.num_experts * 3 * model.hidden_size * model.moe_intermediate_size
-        total -= round(experts * (1 - model.num_experts_per_tok / model.num_experts))
-    return max(total, 1)
+    """The parameters one token's prefill multiplies through (``regen.sglang.weights.parameter_count``:
+    SGLang's layout, each layer counted as what it is, Nemotron-H's Mamba2, MoE and attention layers too):
+    embeddings and lm_head left out (a lookup; the capture computes no logits), a MoE's routed experts
+    counted at ``num_experts_per_tok`` of ``num_experts``."""
+    return max(parameter_count(model).active_per_token, 1)
 
 
 def prefill_rate(

@@ -255,7 +255,10 @@ class ModelShape:
 
     # ---- weights ----
     def estimated_parameters(self) -> int:
-        """Text-model parameters from the config: embeddings, attention, MLP/experts, GDN, lm_head."""
+        """Text-model parameters from the config: embeddings, attention, MLP/experts, GDN, lm_head, every
+        layer an attention (or GDN) mixer plus the MLP: the MTP draft's layers (``regen.sglang.plan``).
+        A whole model, its layers each counted as what it is (Nemotron-H's Mamba2, MoE and attention
+        layers), is ``regen.sglang.weights.parameter_count``."""
         h = self.hidden_size
         embed = self.vocab_size * h
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h

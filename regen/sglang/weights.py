@@ -21,7 +21,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from regen.sglang.models import ModelConfigError, ModelShape, _dtype_bytes, _layer_types
@@ -259,6 +259,12 @@ def _is_moe_layer(model: ModelShape, text: dict[str, Any], i: int) -> bool:
     return True
 
 
+def gated_mlp(model: ModelShape) -> bool:
+    """Whether the MLPs and experts are gated (gate and up projections), as every family here but
+    Nemotron-H's relu2 MLP (up only)."""
+    return model.model_type != "nemotron_h"
+
+
 # ---------------------------------------------------------------- the count
 @dataclass
 class _Tally:
@@ -302,8 +308,7 @@ def layout_bytes(model: ModelShape, tp: int, ep: int = 1) -> tuple[int, int]:
             _mamba2(model, text, tp, lin, t, d)
         if ffn == "dense":
             width = int(text.get("intermediate_size_mlp") or model.intermediate_size)
-            gated = model.model_type != "nemotron_h"
-            lin((2 if gated else 1) * width // tp, h, "mlp.up_proj")
+            lin((2 if gated_mlp(model) else 1) * width // tp, h, "mlp.up_proj")
             lin(h, width // tp, "mlp.down_proj")
         elif ffn == "moe":
             skipped = q.skips(f"model.layers.{layer}.mlp.experts")
@@ -414,7 +419,7 @@ def _moe(
     width = model.moe_intermediate_size // (tp // ep)
     if q.method == "mxfp4":  # Mxfp4MoEMethod.create_weights pads it to triton_kernels' 64
         width = -(-width // 64) * 64
-    gated = model.model_type != "nemotron_h"
+    gated = gated_mlp(model)
     up = (2 if gated else 1) * width
     t.add(q.experts_bytes(experts, up, h, d) + q.experts_bytes(experts, h, width, d))
     if model.model_type == "gpt_oss":  # w13/w2 biases (bf16; fp32 after mxfp4.py's triton_kernels repack)
@@ -433,6 +438,43 @@ def _moe(
         lin(h, shared // tp, "mlp.shared_experts.down_proj")
         if model.model_type.startswith(("qwen2_moe", "qwen3_next", "qwen3_5")):
             t.add(h * d, replicated=True)  # shared_expert_gate
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterCount:
+    """The text model's parameters in SGLang's layout (tp 1, every weight counted as one value whatever its
+    stored form): all of them, the embedding and lm_head among them, the routed experts among them, and the
+    part of those a token passes through (``num_experts_per_tok`` of ``num_experts``)."""
+
+    total: int
+    embeddings: int
+    routed_experts: int
+    active_experts: int
+
+    @property
+    def active_per_token(self) -> int:
+        """What one token's forward multiplies through, the embedding lookup and lm_head left out."""
+        return self.total - self.embeddings - self.routed_experts + self.active_experts
+
+
+def parameter_count(model: ModelShape) -> ParameterCount:
+    """:class:`ParameterCount` from :func:`layout_bytes` over the model as if unquantized bf16 (its
+    per-layer mixers and feed-forwards by :func:`layer_kinds`: Nemotron-H's Mamba2, MoE and attention
+    layers each counted as what it is)."""
+    text = {k: v for k, v in _text(model).items() if k != "quantization_config"}
+    raw = {k: v for k, v in model.raw.items() if k != "quantization_config"}
+    if "text_config" in raw:
+        raw["text_config"] = text
+    plain = replace(model, dtype="bfloat16", raw=raw)
+    total = layout_bytes(plain, 1)[0] // 2
+    h = model.hidden_size
+    vocab = math.ceil(model.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+    embeddings = vocab * h * (1 if model.tie_word_embeddings else 2)
+    moe_layers = layer_kinds(model).ffns.count("moe")
+    per_expert = (3 if gated_mlp(model) else 2) * h * model.moe_intermediate_size
+    routed = moe_layers * model.num_experts * per_expert
+    active = moe_layers * min(model.num_experts_per_tok, model.num_experts) * per_expert
+    return ParameterCount(total, embeddings, routed, active)
 
 
 # ---------------------------------------------------------------- entry point
