@@ -100,12 +100,15 @@ class PrefillWindow:
     new_tokens: int = 0
     cached_tokens: int = 0
 
-    def add(self, prompt_tokens: int, cached: int, n: int = 1) -> None:
-        """One request of ``prompt_tokens`` of which ``cached`` came from the cache, with ``n`` choices."""
+    def add(self, prompt_tokens: int, cached: int, n: int, radix: bool) -> None:
+        """One request of ``prompt_tokens`` of which ``cached`` came from the cache, with ``n`` choices;
+        without the radix cache (``--disable-radix-cache``, SGLang's ``ChunkCache``) each copy computes the
+        whole prompt again."""
         self.seqs += 1
         self.new_tokens += prompt_tokens - cached
         self.cached_tokens += cached
         if n > 1:
+            reused = max(0, prompt_tokens - 1) if radix else 0
             self.seqs += n
-            self.new_tokens += n
-            self.cached_tokens += n * max(0, prompt_tokens - 1)
+            self.new_tokens += n * (prompt_tokens - reused)
+            self.cached_tokens += n * reused

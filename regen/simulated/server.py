@@ -55,7 +55,7 @@ import os
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import orjson
@@ -465,30 +465,13 @@ class SimulatedServer:
         seed = req.get("seed")
         ignore_eos = bool(req.get("ignore_eos", False))
         ask = Ask(messages, seed, temperature, max_tokens, thinking, ignore_eos)
-        choices = []
-        tokenized: list[TokenCompletion] = []
         more_kwargs = {k: v for k, v in ctk.items() if k != "enable_thinking"}
         prompt_ids = (
             self.tokens.prompt_ids(messages, thinking, more_kwargs) if self.tokens is not None else None
         )
-        sampled_calls: list[list[dict[str, Any]] | None] = []  # per choice, from sampled_choice
-        for i in range(n):
-            sampled = self.sampled_choice(req, ask, prompt_ids, i) if prompt_ids else None
-            if sampled is not None:
-                done, made, choice_calls = sampled
-                tokenized.append(done)
-                sampled_calls.append(choice_calls)
-                choices.append(made)
-                continue
-            made, done = self._made_choice(req, ask, key, sid, i, self.received_by_id[key] * n + i)
-            if done is not None:
-                tokenized.append(done)
-            choices.append(made)
+        choices, tokenized, sampled_calls = self._choices(req, ask, key, sid, prompt_ids, n)
         prompt_tokens = count_prompt_tokens(messages) if prompt_ids is None else len(prompt_ids)
-        # --disable-radix-cache: SGLang's ChunkCache matches no prefix, every prompt is prefilled whole
-        prompt = prompt_ids if prompt_ids is not None else stand_in_prompt(messages)
-        cached = 0 if self.opts.disable_radix_cache else self.prefix_cache.serve(prompt)
-        self.window_prefill.add(len(prompt), cached, n)
+        cached = self._prefill(prompt_ids if prompt_ids is not None else stand_in_prompt(messages), n)
         n_out = sum(c.completion_tokens for c in choices)
         if not self.opts.inline:
             if not await self._schedule(n_out, request):
@@ -509,6 +492,9 @@ class SimulatedServer:
             cached_tokens=cached if self.opts.enable_cache_report else None,
         )
         self._count_completed(key, sid, prompt_tokens, n_out)
+        if self.window_prefill.seqs:  # SGLang logs a batch's Prefill line before any of its answers goes out
+            self.log(self._prefill_line(time.monotonic() - self.prefill_start))
+            self.prefill_start = time.monotonic()
         crash = self.opts.faults.crash_after is not None and self.n_completed >= self.opts.faults.crash_after
         if not crash:
             return web.Response(body=body, content_type="application/json")
@@ -520,6 +506,42 @@ class SimulatedServer:
         self.log(f"crash_after={self.opts.faults.crash_after} reached: exiting", prefix="")
         self.on_crash()
         return resp
+
+    def _choices(
+        self,
+        req: dict[str, Any],
+        ask: Ask,
+        key: str,
+        sid: str | None,
+        prompt_ids: list[int] | None,
+        n: int,
+    ) -> tuple[list[dict[str, Any]], list[TokenCompletion], list[list[dict[str, Any]] | None]]:
+        """The request's ``n`` choices: sampled from the model's tokens where there are any, else made;
+        with each choice's tokens and (sampled ones) tool calls."""
+        choices: list[dict[str, Any]] = []
+        tokenized: list[TokenCompletion] = []
+        sampled_calls: list[list[dict[str, Any]] | None] = []  # per choice, from sampled_choice
+        for i in range(n):
+            sampled = self.sampled_choice(req, ask, prompt_ids, i) if prompt_ids else None
+            if sampled is not None:
+                done, made, choice_calls = sampled
+                tokenized.append(done)
+                sampled_calls.append(choice_calls)
+                choices.append(made)
+                continue
+            made, done = self._made_choice(req, ask, key, sid, i, self.received_by_id[key] * n + i)
+            if done is not None:
+                tokenized.append(done)
+            choices.append(made)
+        return choices, tokenized, sampled_calls
+
+    def _prefill(self, prompt: Sequence[Hashable], n: int) -> int:
+        """Prefill ``prompt`` for ``n`` choices: the tokens the radix cache served, counted into the next
+        ``Prefill batch`` line (--disable-radix-cache: SGLang's ChunkCache matches no prefix, every
+        prompt is prefilled whole)."""
+        cached = 0 if self.opts.disable_radix_cache else self.prefix_cache.serve(prompt)
+        self.window_prefill.add(len(prompt), cached, n, radix=not self.opts.disable_radix_cache)
+        return cached
 
     def _count_completed(self, key: str, sid: str | None, prompt_tokens: int, n_out: int) -> None:
         """Count a request answered (its tokens in, its tokens out), and stall when the faults say so."""

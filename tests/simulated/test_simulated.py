@@ -559,3 +559,18 @@ def test_each_server_lifetime_draws_its_own_faults() -> None:
     b = [f.draw(f"id{i}", 1, "lifetime-b") for i in range(200)]
     both = sum(x is not None and y is not None for x, y in zip(a, b, strict=True))
     assert 25 < both < 75  # about a quarter: independent, not the same draw again
+
+
+def test_a_request_of_several_choices_is_prefilled_as_sglang_splits_it() -> None:
+    """n > 1 is one prefix request and n copies (SGLang's TokenizerManager): with the radix cache each copy
+    finds all of the prompt but its last token; without it (ChunkCache) each computes it all."""
+    from regen.simulated.prefixcache import PrefillWindow
+
+    kept, off = PrefillWindow(), PrefillWindow()
+    kept.add(100, 0, 3, radix=True)
+    off.add(100, 0, 3, radix=False)
+    assert (kept.seqs, kept.new_tokens, kept.cached_tokens) == (4, 103, 297)
+    assert (off.seqs, off.new_tokens, off.cached_tokens) == (4, 400, 0)
+    one = PrefillWindow()
+    one.add(100, 40, 1, radix=True)
+    assert (one.seqs, one.new_tokens, one.cached_tokens) == (1, 60, 40)
