@@ -161,8 +161,7 @@ class SimulatedServer:
     async def _on_cleanup(self, app: web.Application) -> None:
         if not self._ticker.done():
             self._ticker.cancel()
-        if self.window_prefill.seqs:  # the last tick's prefills: the log counts every prompt token
-            self.log(self._prefill_line(time.monotonic() - self.prefill_start))
+        self._log_prefill()  # the last tick's prefills: the log counts every prompt token
         for fut in list(self.hung):
             fut.cancel()
         self.request_log.close()
@@ -178,9 +177,7 @@ class SimulatedServer:
                 # server, token_rate 0, counts a request's tokens when it completes)
                 self.window_tokens += self.running * self.per_request_rate() * (now - last)
             last = now
-            if self.window_prefill.seqs:  # SGLang logs every prefill batch; here, what a tick admitted
-                self.log(self._prefill_line(now - self.prefill_start))
-                self.prefill_start = now
+            self._log_prefill()  # SGLang logs every prefill batch; here, what a tick admitted
             if not announced and self.ready:
                 announced = True
                 self.log("The server is fired up and ready to roll!", prefix="")
@@ -196,6 +193,13 @@ class SimulatedServer:
                 self.window_start = now
                 if self.running or self.queued:
                     self.log(self._decode_line())
+
+    def _log_prefill(self) -> None:
+        """Log the ``Prefill batch`` line of the prefills since the last one, if any."""
+        if self.window_prefill.seqs:
+            now = time.monotonic()
+            self.log(self._prefill_line(now - self.prefill_start))
+            self.prefill_start = now
 
     def _prefill_line(self, gap: float) -> str:
         """SGLang's ``Prefill batch`` line (``SchedulerMetricsReporter.report_prefill_stats``) for the
@@ -472,6 +476,7 @@ class SimulatedServer:
         choices, tokenized, sampled_calls = self._choices(req, ask, key, sid, prompt_ids, n)
         prompt_tokens = count_prompt_tokens(messages) if prompt_ids is None else len(prompt_ids)
         cached = self._prefill(prompt_ids if prompt_ids is not None else stand_in_prompt(messages), n)
+        unlogged = self.window_prefill  # this request's prefill, until a Prefill line counts it
         n_out = sum(c.completion_tokens for c in choices)
         if not self.opts.inline:
             if not await self._schedule(n_out, request):
@@ -492,9 +497,8 @@ class SimulatedServer:
             cached_tokens=cached if self.opts.enable_cache_report else None,
         )
         self._count_completed(key, sid, prompt_tokens, n_out)
-        if self.window_prefill.seqs:  # SGLang logs a batch's Prefill line before any of its answers goes out
-            self.log(self._prefill_line(time.monotonic() - self.prefill_start))
-            self.prefill_start = time.monotonic()
+        if self.window_prefill is unlogged:  # SGLang logs a batch's Prefill line before its answers go out
+            self._log_prefill()
         crash = self.opts.faults.crash_after is not None and self.n_completed >= self.opts.faults.crash_after
         if not crash:
             return web.Response(body=body, content_type="application/json")
