@@ -112,3 +112,13 @@ class PrefillWindow:
             self.seqs += n
             self.new_tokens += n * (prompt_tokens - reused)
             self.cached_tokens += n * reused
+
+    def line(self, gap_s: float, token_usage: float, running: int, queued: int) -> str:
+        """SGLang's ``Prefill batch`` line (``SchedulerMetricsReporter.report_prefill_stats``) for these
+        prefills as one batch, ``gap_s`` after the last line."""
+        return (
+            f"Prefill batch, #new-seq: {self.seqs}, #new-token: {self.new_tokens}, "
+            f"#cached-token: {self.cached_tokens}, token usage: {token_usage:.2f}, #running-req: {running}, "
+            f"#queue-req: {queued}, #pending-token: 0, cuda graph: False, "
+            f"input throughput (token/s): {self.new_tokens / gap_s:.2f}"
+        )

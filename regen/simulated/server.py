@@ -198,25 +198,20 @@ class SimulatedServer:
         """Log the ``Prefill batch`` line of the prefills since the last one, if any."""
         if self.window_prefill.seqs:
             now = time.monotonic()
-            self.log(self._prefill_line(now - self.prefill_start))
+            w, self.window_prefill = self.window_prefill, PrefillWindow()
+            self.log(w.line(now - self.prefill_start, self._token_usage(), self.running, self.queued))
             self.prefill_start = now
 
-    def _prefill_line(self, gap: float) -> str:
-        """SGLang's ``Prefill batch`` line (``SchedulerMetricsReporter.report_prefill_stats``) for the
-        prefills since the last one, as one batch."""
-        w, self.window_prefill = self.window_prefill, PrefillWindow()
-        used = self.running * (self.opts.mean_reasoning_tokens + self.opts.mean_answer_tokens)
-        return (
-            f"Prefill batch, #new-seq: {w.seqs}, #new-token: {w.new_tokens}, "
-            f"#cached-token: {w.cached_tokens}, "
-            f"token usage: {used / self.opts.max_total_num_tokens:.2f}, #running-req: {self.running}, "
-            f"#queue-req: {self.queued}, #pending-token: 0, cuda graph: False, "
-            f"input throughput (token/s): {w.new_tokens / gap:.2f}"
-        )
+    def _tokens_in_use(self) -> int:
+        """The KV tokens the running requests hold, at their mean length."""
+        return self.running * (self.opts.mean_reasoning_tokens + self.opts.mean_answer_tokens)
+
+    def _token_usage(self) -> float:
+        """The KV pool's share the running requests hold (SGLang's ``token usage``)."""
+        return self._tokens_in_use() / self.opts.max_total_num_tokens
 
     def _decode_line(self) -> str:
-        used = self.running * (self.opts.mean_reasoning_tokens + self.opts.mean_answer_tokens)
-        usage = used / self.opts.max_total_num_tokens
+        used, usage = self._tokens_in_use(), self._token_usage()
         mamba = self.running / max(1, self.opts.running_cap)
         return (
             f"Decode batch, #running-req: {self.running}, #full token: {used}, "
@@ -352,7 +347,6 @@ class SimulatedServer:
         name = self.opts.model_name
         sched = f'engine_type="unified",model_name="{name}",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
         tok = f'engine_type="unified",is_streaming="false",model_name="{name}"'
-        used = self.running * (self.opts.mean_reasoning_tokens + self.opts.mean_answer_tokens)
         lines = []
         for metric, help_, kind, labels, value in (
             ("sglang:num_running_reqs", "The number of running requests.", "gauge", sched, self.running),
@@ -375,7 +369,7 @@ class SimulatedServer:
                 "The token usage.",
                 "gauge",
                 sched,
-                round(used / self.opts.max_total_num_tokens, 2),
+                round(self._token_usage(), 2),
             ),
             (
                 "sglang:mamba_usage",
@@ -543,8 +537,9 @@ class SimulatedServer:
         """Prefill ``prompt`` for ``n`` choices: the tokens the radix cache served, counted into the next
         ``Prefill batch`` line (--disable-radix-cache: SGLang's ChunkCache matches no prefix, every
         prompt is prefilled whole)."""
-        cached = 0 if self.opts.disable_radix_cache else self.prefix_cache.serve(prompt)
-        self.window_prefill.add(len(prompt), cached, n, radix=not self.opts.disable_radix_cache)
+        radix = not self.opts.disable_radix_cache
+        cached = self.prefix_cache.serve(prompt) if radix else 0
+        self.window_prefill.add(len(prompt), cached, n, radix)
         return cached
 
     def _count_completed(self, key: str, sid: str | None, prompt_tokens: int, n_out: int) -> None:

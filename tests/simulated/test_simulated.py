@@ -19,6 +19,7 @@ import pytest
 
 from regen.simulated.faults import Faults
 from regen.simulated.launcher import start_simulated_server
+from regen.simulated.prefixcache import PrefillWindow
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is two plus two"}]
 
@@ -564,8 +565,6 @@ def test_each_server_lifetime_draws_its_own_faults() -> None:
 def test_a_request_of_several_choices_is_prefilled_as_sglang_splits_it() -> None:
     """n > 1 is one prefix request and n copies (SGLang's TokenizerManager): with the radix cache each copy
     finds all of the prompt but its last token; without it (ChunkCache) each computes it all."""
-    from regen.simulated.prefixcache import PrefillWindow
-
     kept, off = PrefillWindow(), PrefillWindow()
     kept.add(100, 0, 3, radix=True)
     off.add(100, 0, 3, radix=False)
