@@ -253,51 +253,6 @@ class ModelShape:
         layers = self.full_attention_layers + draft_layers
         return kv_heads_per_tp * (self.head_dim + self.v_head_dim) * layers * element
 
-    # ---- weights ----
-    def estimated_parameters(self) -> int:
-        """Text-model parameters from the config: embeddings, attention, MLP/experts, GDN, lm_head, every
-        layer an attention (or GDN) mixer plus the MLP: the MTP draft's layers (``regen.sglang.plan``).
-        A whole model, its layers each counted as what it is (Nemotron-H's Mamba2, MoE and attention
-        layers), is ``regen.sglang.weights.parameter_count``."""
-        h = self.hidden_size
-        embed = self.vocab_size * h
-        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        q_out = self.num_attention_heads * self.head_dim * (2 if self.attn_output_gate else 1)
-        kv_out = 2 * self.num_kv_heads * self.head_dim
-        attn = h * q_out + h * kv_out + self.num_attention_heads * self.head_dim * h + 2 * self.head_dim
-        if self.is_moe:
-            experts = self.num_experts * 3 * h * self.moe_intermediate_size
-            shared = 3 * h * self.shared_expert_intermediate_size + (
-                h if self.shared_expert_intermediate_size else 0
-            )
-            mlp = experts + shared + h * self.num_experts
-        else:
-            mlp = 3 * h * self.intermediate_size
-        linear_attn = 0
-        if self.linear is not None:
-            lin = self.linear
-            key_dim = lin.num_key_heads * lin.key_head_dim
-            value_dim = lin.num_value_heads * lin.value_head_dim
-            in_proj = h * (2 * key_dim + 2 * value_dim) + h * 2 * lin.num_value_heads
-            conv = self.conv_dim() * lin.conv_kernel_dim
-            linear_attn = in_proj + conv + value_dim * h + 2 * lin.num_value_heads + lin.value_head_dim
-        norms = 2 * h
-        per_full = attn + mlp + norms
-        per_linear = linear_attn + mlp + norms
-        return (
-            embed
-            + lm_head
-            + self.full_attention_layers * per_full
-            + self.linear_attention_layers * per_linear
-            + h
-        )
-
-    def weights_bytes(self) -> int:
-        """Checkpoint size from model.safetensors.index.json metadata.total_size, else estimated."""
-        if self.weights_bytes_from_index is not None:
-            return self.weights_bytes_from_index
-        return self.estimated_parameters() * _dtype_bytes(self.dtype)
-
     def _need_linear(self) -> LinearAttention:
         if self.linear is None:
             raise ModelConfigError(f"{self.source}: model has no linear-attention layers")

@@ -31,7 +31,7 @@ really allocated, and its drift from this plan, in :mod:`regen.sglang.realized`.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from regen.sglang.errors import PlanError, UnmodelledError
@@ -55,7 +55,7 @@ from regen.sglang.server_args import (
     handle_gpu_memory_settings,
     handle_speculative_decoding,
 )
-from regen.sglang.weights import weights_per_rank
+from regen.sglang.weights import mtp_draft_bytes, weights_per_rank
 from regen.sglang.workload import CLIENT_RULE_WORST_CASE, Workload, client_rule_for
 
 __all__ = ["PlanError", "UnmodelledError", "Workload", "parse_flags"]  # what callers take from here too
@@ -351,7 +351,7 @@ def load_model(
             f"tp {tp} refused by SGLang: {'; '.join(refused)} (smallest tp that works: {fit.reason})"
         )
     weights = weights_per_rank(model, tp)
-    draft_gib = draft_weights_bytes(model) / tp / GIB if speculative.draft_layers else 0.0
+    draft_gib = mtp_draft_bytes(model, tp) / GIB if speculative.draft_layers else 0.0
     return LoadedWeights(weights.gib_per_rank, f"{weights.rule} [{weights.source}]", draft_gib)
 
 
@@ -488,23 +488,6 @@ def runtime_memory(
         draft_tokens=speculative.draft_tokens,
     )
     return RuntimeMemory(free_gib, room)
-
-
-def draft_weights_bytes(model: ModelShape) -> int:
-    """The MTP draft model SGLang loads next to the target (``Qwen3_5ForCausalLMMTP``: ``mtp_layers``
-    full-attention decoder layers, ``fc`` 2h -> h, two pre-fc norms, its own embedding and lm_head, which
-    it replaces by the target's only after the memory pools are sized)."""
-    if model.mtp_layers <= 0:
-        return 0
-    draft = replace(
-        model,
-        full_attention_layers=model.mtp_layers,
-        linear_attention_layers=0,
-        weights_bytes_from_index=None,
-    )
-    params = draft.estimated_parameters()
-    h = model.hidden_size
-    return int(draft.weights_bytes() * (params + 2 * h * h + 2 * h) / params)
 
 
 def expected_fill(tokens: int, workload: Workload, decode_graph_bs: int, running: int, page_size: int) -> int:

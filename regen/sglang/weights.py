@@ -477,6 +477,38 @@ def parameter_count(model: ModelShape) -> ParameterCount:
     return ParameterCount(total, embeddings, routed, active)
 
 
+def mtp_draft_bytes(model: ModelShape, tp: int) -> int:
+    """One rank's bytes of the MTP draft SGLang loads beside the target when no draft path is given
+    (``qwen3_5_mtp.py`` ``Qwen3_5ForCausalLMMTP``, ``deepseek_nextn.py`` ``DeepseekModelNextN``,
+    ``nemotron_h_mtp.py``): ``mtp_layers`` decoder layers in the target's layout, each a full-attention (MLA
+    where the target's is) mixer and the target's feed-forward (``is_nextn`` makes DeepSeek's MoE whatever
+    ``first_k_dense_replace`` says; Nemotron-H's follow ``mtp_hybrid_override_pattern``), its own embedding,
+    lm_head and final norm (the target's replace them only after the pools are sized), and ``fc`` /
+    ``eh_proj`` 2h -> h with its two norms, a replicated ``nn.Linear`` in the model's dtype; no vision tower.
+    Quantized as the target's layers are, by their own index (the checkpoint's MTP layer sits after them)."""
+    n = model.mtp_layers
+    if n <= 0:
+        return 0
+    text = {**_text(model), "num_hidden_layers": n, "layer_types": ["full_attention"] * n}
+    if "first_k_dense_replace" in text:
+        text["first_k_dense_replace"] = 0
+    mtp_pattern = text.pop("mtp_hybrid_override_pattern", None)
+    text.pop("hybrid_override_pattern", None)
+    if mtp_pattern:
+        text["hybrid_override_pattern"] = mtp_pattern
+    raw = {**model.raw, "text_config": text} if "text_config" in model.raw else text
+    draft = replace(
+        model,
+        raw=raw,
+        num_layers=n,
+        full_attention_layers=n,
+        linear_attention_layers=0,
+        is_multimodal=False,
+    )
+    h, d = model.hidden_size, _dtype_bytes(model.dtype)
+    return layout_bytes(draft, tp)[0] + (2 * h * h + 2 * h) * d
+
+
 # ---------------------------------------------------------------- entry point
 def weights_per_rank(model: ModelShape, tp: int, ep: int = 1) -> WeightsEstimate:
     """One rank's weight bytes at this tp (and ep: experts split over ep, their width over tp/ep)."""
