@@ -411,6 +411,7 @@ async def generate_shard_async(job: ShardJob) -> ShardStats:
                 lending = [run.lend(job.lenders)] if job.lenders is not None else []
                 await asyncio.gather(*(run.worker() for _ in range(concurrency)), *lending)
             finally:
+                run.drop_prefills()
                 rep_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await rep_task

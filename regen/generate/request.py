@@ -41,6 +41,8 @@ OVERLOAD_STATUSES = frozenset({429, 503})
 #: meanwhile) sent again without using one of its ``max_attempts``; past these they count as attempts
 EXCESS_TIMEOUTS_MAX = 8
 CHAT_PATH = "/v1/chat/completions"
+#: the answer tokens of a request sent only to prefill its prompt (``Requests.prefill_prompt``)
+PREFILL_ONLY_TOKENS = 1
 
 #: where SGLang puts the completion ids of a choice: ``token_ids`` up to 0.5.17, ``response_token_ids``
 #: in 0.5.23 (``ChatCompletionResponseChoice`` in srt/entrypoints/openai/protocol.py)
@@ -308,6 +310,20 @@ class Requests:
             return await self.request(ask, messages, limit)
         bigger = math.ceil(limit * cfg.retry_max_tokens_factor)
         return await self.request(ask, messages, bigger)
+
+    async def prefill_prompt(self, ask: Ask, messages: list[dict[str, Any]]) -> None:
+        """Put the prompt in the own server's radix cache before the completions that share it go out, as
+        SGLang's own ``n`` > 1 does (``TokenizerManager``: one ``max_new_tokens`` 0 request per prompt,
+        awaited before the n copies). Under SGLang's default ``fcfs`` policy, requests admitted in one
+        prefill batch each match the tree as it was before the batch, so completions sent at once prefill
+        their prompt once each. One request of 1 token (the API reads 0 as no limit); its answer is dropped
+        and a failure is left to the completions' own requests."""
+        body = self.body(messages, ask.seed, ask.thinking, PREFILL_ONLY_TOKENS, ask.tools, ask.sampled)
+        try:
+            await self.post_once(body, self.base_headers, PREFILL_ONLY_TOKENS, self.chat_url)
+        except RequestError as err:
+            log.info("shard %s: %s: the prompt's prefill request failed (%s); its completions go out anyway",
+                     self.shard, ask.id, err)  # fmt: skip
 
     async def request(
         self, ask: Ask, messages: list[dict[str, Any]], max_tokens: int, lender: Endpoint | None = None

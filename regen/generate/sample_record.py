@@ -124,17 +124,34 @@ class _Turns:
     cut: str | None = None  # regenerate all: the tool-call mismatch that ended the row early
 
 
+async def prefill_prompt(requests: Requests, cfg: GenerateConfig, c: Completion) -> None:
+    """Put ``c``'s prompt in the own server's radix cache before the other completions of its sample go out
+    (``Requests.prefill_prompt``), asked as ``c`` itself will be: its thinking mode, sampling and tools."""
+    await requests.prefill_prompt(completion_ask(requests, cfg, c, [0]), c.messages)
+
+
+def completion_ask(
+    requests: Requests,
+    cfg: GenerateConfig,
+    c: Completion,
+    attempts: list[int],
+    lender: Endpoint | None = None,
+) -> Ask:
+    """How ``c`` is asked: its seed (from its key), its sample's thinking mode and tools, its sampling."""
+    thinking = thinking_for(c.sample.id, c.variant.thinking_mode, cfg.thinking_fraction)
+    tools = list(c.sample.tools) if c.sample.tools else None
+    seed = derive_seed(cfg.sampling.seed, c.key)
+    return requests.asking(c.id, seed, thinking, attempts, c.variant.sampled, tools, lender)
+
+
 async def answer_sample(
     requests: Requests, cfg: GenerateConfig, ctx: RecordContext, c: Completion, lender: Endpoint | None = None
 ) -> GenerationRecord | FailureEntry:
     """One completion's journal entry; ``c.messages`` is its ``request_content``'s: the prompt (``last``) or
     the turns before each answer (``all``). Raises ``SampleFailed`` when its requests fail."""
     sample, variant = c.sample, c.variant
-    seed = derive_seed(cfg.sampling.seed, c.key)
-    thinking = thinking_for(sample.id, variant.thinking_mode, cfg.thinking_fraction)
-    tools = list(sample.tools) if sample.tools else None
     attempts = [0]
-    ask = requests.asking(c.id, seed, thinking, attempts, variant.sampled, tools, lender)
+    ask = completion_ask(requests, cfg, c, attempts, lender)
     if cfg.regenerate == "last":
         got = _Turns(c.messages, await requests.answer_turn(ask, c.messages))
     else:
@@ -160,7 +177,7 @@ async def answer_sample(
         sampling=record_sampling(
             variant.sampled.sampling, ask.thinking, answer.max_tokens, own, variant.variant.reasoning_effort
         ),
-        seed=seed,
+        seed=ask.seed,
         model=answer.model or ctx.model,
         server=ctx.server if answer.lender is None else ctx.lent_server(answer.lender),
         attempts=attempts[0],
@@ -168,7 +185,7 @@ async def answer_sample(
         latency_s=answer.latency_s,
         turns=turns,
         **answer.token_id_fields(),
-        tools=tools,
+        tools=ask.tools,
         tool_calls=answer.tool_calls,
         tool_call_mismatch=None if got.cut is None else {"turn": len(turns or ()) - 1, "kind": got.cut},
         sample_id=sample.id,

@@ -6,10 +6,12 @@ circuit breaker trips (``regen.generate.client`` has the failure semantics).
 A sample's requests are ``regen.generate.request``'s, its entry ``regen.generate.sample_record``'s.
 
 Each sample is sent as every completion of every sampling variant (``generate.variants``, ``n`` each), in
-order: the completions of one prompt go out back to back, so the server's prefix (radix) cache prefills
-the prompt once and serves it to the others (SGLang's own ``n`` would too, but one request for all ``n``
-copies one seed to all of them and fails or succeeds as a whole; here each completion has its own seed,
-retries and journal line).
+order. A prompt with several completions is prefilled first by a request of its own, as SGLang's own
+``n`` does (``Requests.prefill_prompt``), and its completions go out once that has returned: the radix
+cache then serves them the prompt. Sent at once without it, they would each prefill it (SGLang's default
+``fcfs`` policy matches a batch's requests against the tree as it was before the batch). SGLang's own ``n``
+is not used: one request for all ``n`` copies one seed to all of them and fails or succeeds as a whole;
+here each completion has its own seed, retries and journal line.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ import aiohttp
 from regen.fingerprint import GenerationSettings, RunSettings, content_digest, request_fingerprint
 from regen.generate.journal import Journal, RecordIdentity
 from regen.generate.request import Requests, SampleFailed, chat_url
-from regen.generate.sample_record import Completion, RecordContext, VariantRun, answer_sample, output_tokens
+from regen.generate.sample_record import (
+    Completion,
+    RecordContext,
+    VariantRun,
+    answer_sample,
+    output_tokens,
+    prefill_prompt,
+)
 from regen.journal_lines import FAILED, RECORD
 from regen.prompts import request_content, sample_request_fingerprint
 from regen.records import FailureEntry, GenerationRecord, record_id
@@ -128,6 +137,8 @@ class ShardRun:
         self.identities: dict[str, RecordIdentity] = {}
         self.seen: set[str] = set()
         self._pending: deque[Completion] = deque()  # the current sample's completions still to send
+        #: completion id -> its prompt's prefill request, which its own server answers before it is sent
+        self._prefills: dict[str, asyncio.Future[None]] = {}
         self.held: list[dict[str, Any]] = []  # server-level failures, journaled only if the shard finishes
         self.attempted = 0
         self.exhausted = False  # every sample has been handed out
@@ -150,7 +161,11 @@ class ShardRun:
                 log.warning("shard %s: duplicate sample id %r in the input; sent once", self.shard, sid)
                 continue
             self.seen.add(sid)
-            self._pending.extend(self._to_send(sample))
+            to_send = self._to_send(sample)
+            if len(to_send) > 1 and self.cfg.regenerate == "last":
+                prefill = asyncio.ensure_future(prefill_prompt(self.requests, self.cfg, to_send[0]))
+                self._prefills.update((c.id, prefill) for c in to_send)
+            self._pending.extend(to_send)
         if self._pending:
             return self._pending.popleft()
         if not self.exhausted:
@@ -221,6 +236,9 @@ class ShardRun:
                 task.cancel()
 
     async def one_sample(self, c: Completion, lender: Endpoint | None) -> None:
+        prefill = self._prefills.pop(c.id, None)
+        if prefill is not None and lender is None:  # a lent server has not seen the prompt: no use waiting
+            await asyncio.shield(prefill)
         self.attempted += 1
         try:
             outcome = await answer_sample(self.requests, self.cfg, self.record, c, lender)
@@ -286,6 +304,12 @@ class ShardRun:
             if self.halt.reason is None:
                 log.error("shard %s: cannot write the journal %s: %s", self.shard, self.journal.path, exc)
                 self.halt.stop(f"cannot write the journal {self.journal.path}: {exc}")
+
+    def drop_prefills(self) -> None:
+        """Cancel the prefill requests of completions a stopped shard will not send."""
+        for prefill in self._prefills.values():
+            prefill.cancel()
+        self._prefills.clear()
 
     def failure(self) -> str | None:
         """Why the shard failed at the end (None: it finishes, its held failures isolated poison samples)."""

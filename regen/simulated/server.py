@@ -199,6 +199,7 @@ class SimulatedServer:
         if self.window_prefill.seqs:
             now = time.monotonic()
             w, self.window_prefill = self.window_prefill, PrefillWindow()
+            self.prefix_cache.commit()
             self.log(w.line(now - self.prefill_start, self._token_usage(), self.running, self.queued))
             self.prefill_start = now
 
@@ -535,8 +536,7 @@ class SimulatedServer:
 
     def _prefill(self, prompt: Sequence[Hashable], n: int) -> int:
         """Prefill ``prompt`` for ``n`` choices: the tokens the radix cache served, counted into the next
-        ``Prefill batch`` line (--disable-radix-cache: SGLang's ChunkCache matches no prefix, every
-        prompt is prefilled whole)."""
+        ``Prefill batch`` line (--disable-radix-cache: SGLang's ChunkCache matches no prefix at all)."""
         radix = not self.opts.disable_radix_cache
         cached = self.prefix_cache.serve(prompt) if radix else 0
         self.window_prefill.add(len(prompt), cached, n, radix)

@@ -1,7 +1,8 @@
-"""SGLang's ``cached_tokens`` in the shard's stats (issue 57 item 4): n = 4 completions of each prompt sent
-back to back to the stand-in; with its radix cache and the report on, three of them read the prompt from
-the cache and the shard's end line says how much prefill that saved; with the cache off, none; without the
-report, nothing is claimed. The records' usage stays as it was."""
+"""SGLang's ``cached_tokens`` in the shard's stats (issue 57 item 4): n = 4 completions of each prompt, sent
+to the stand-in after a request that prefills the prompt (``Requests.prefill_prompt``, as SGLang's own n
+does); with its radix cache and the report on, all four read the prompt from the cache, one at a time or
+all at once, and the shard's end line says how much prefill that saved; with the cache off, none; without
+the report, nothing is claimed. The records' usage stays as it was."""
 
 from __future__ import annotations
 
@@ -25,31 +26,40 @@ SAMPLES = [
     for i in range(3)
 ]
 FOUR = GenerateConfig.from_dict({"concurrency": 1, "sampling": {"max_tokens": 32, "n": 4}, "spill": False})
+#: a prompt's four completions in flight together: each would prefill it, were it not prefilled first
+AT_ONCE = GenerateConfig.from_dict({"concurrency": 8, "sampling": {"max_tokens": 32, "n": 4}, "spill": False})
 
 
-def _shard(tmp_path: Path, **server: Any) -> tuple[ShardStats, list[dict[str, Any]]]:
-    url, stop = start_simulated_server(inline=True, mean_answer_tokens=8, **server)
+def _shard(
+    tmp_path: Path, cfg: GenerateConfig = FOUR, **server: Any
+) -> tuple[ShardStats, list[dict[str, Any]]]:
+    # the in-flight copies share a prefill batch only where the server queues and decodes over time
+    queued = {"inline": False, "token_rate": 4000.0} if cfg is AT_ONCE else {"inline": True}
+    url, stop = start_simulated_server(mean_answer_tokens=8, **queued, **server)
     try:
         t, progress = tmp_path, ProgressOptions(status_path=tmp_path / "s.json")
         paths = (t / "j.jsonl", t / "o.jsonl", t / "f.jsonl")
-        job = ShardJob(SAMPLES, *paths, FOUR, Endpoint(url, "gpu0"), "00000", progress)
+        job = ShardJob(SAMPLES, *paths, cfg, Endpoint(url, "gpu0"), "00000", progress)
         stats = generate_shard(job)
     finally:
         stop()
     return stats, [orjson.loads(x) for x in (tmp_path / "o.jsonl").read_bytes().splitlines()]
 
 
-def test_the_cache_saves_three_prefills_of_four(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("cfg", [FOUR, AT_ONCE], ids=["one-at-a-time", "all-at-once"])
+def test_the_cache_saves_four_prefills_of_five(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, cfg: GenerateConfig
+) -> None:
     with caplog.at_level(logging.INFO, logger="regen"):
-        stats, records = _shard(tmp_path, enable_cache_report=True)
+        stats, records = _shard(tmp_path, cfg, enable_cache_report=True)
     saved = stats.prefill
-    per_prompt = saved.prompt_tokens // 12
-    assert saved.answers == 12 and saved.reported == 12  # 0.5.23 reports a miss as 0
+    per_prompt = saved.prompt_tokens // 15  # a prefill request and four completions a prompt
+    assert saved.answers == 15 and saved.reported == 15  # 0.5.23 reports a miss as 0
     assert (
-        saved.cached_tokens == 3 * 3 * (per_prompt - 1) > 0
-    )  # three repeats a prompt, all but its last token
+        saved.cached_tokens == 3 * 4 * (per_prompt - 1) > 0
+    )  # every completion finds its prompt cached, all but its last token
     assert stats.to_json()["prefill"]["cached_share"] == pytest.approx(
-        9 * (per_prompt - 1) / (12 * per_prompt)
+        12 * (per_prompt - 1) / (15 * per_prompt)
     )
     end = [r.getMessage() for r in caplog.records if "wrote 12 records" in r.getMessage()]
     assert len(end) == 1 and f"prefill saved: {saved.cached_tokens:,} of {saved.prompt_tokens:,}" in end[0]
@@ -60,13 +70,13 @@ def test_the_cache_saves_three_prefills_of_four(tmp_path: Path, caplog: pytest.L
 
 def test_with_the_cache_off_nothing_is_read_from_it(tmp_path: Path) -> None:
     stats, _ = _shard(tmp_path, enable_cache_report=True, disable_radix_cache=True)
-    assert stats.prefill.reported == 12 and stats.prefill.cached_tokens == 0
+    assert stats.prefill.reported == 15 and stats.prefill.cached_tokens == 0
     assert stats.prefill.cached_share == 0.0 and "(0%)" in stats.prefill.in_words()
 
 
 def test_without_the_report_nothing_is_claimed(tmp_path: Path) -> None:
     stats, _ = _shard(tmp_path)
-    assert stats.prefill.answers == 12 and stats.prefill.reported == 0 and stats.prefill.cached_share is None
+    assert stats.prefill.answers == 15 and stats.prefill.reported == 0 and stats.prefill.cached_share is None
 
 
 def test_the_stand_in_is_launched_with_the_plans_cache_flags() -> None:

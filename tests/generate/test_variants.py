@@ -1,6 +1,6 @@
 """Sampling variants in the client (issue 52 items 1-2), on the simulated server: the typed config, one
 record per (sample, variant, k) with its own seed and settings fingerprint, the completions of one
-prompt sent back to back, and a rerun that sends only what a changed config adds."""
+prompt sent back to back after its prefill request, and a rerun that sends only what a changed config adds."""
 
 from __future__ import annotations
 
@@ -120,8 +120,9 @@ def test_records_seeds_send_order_and_a_rerun_that_adds_completions(tmp_path: Pa
         two = cfg([{"name": "default", "n": 2}, {"name": "cool", "temperature": 0.2}])
         records = run(tmp_path, url, two)
         ids = [f"{s.id}/{v}/{k}" for s in SAMPLES for v, k in (("default", 0), ("default", 1), ("cool", 0))]
-        # one prompt's completions back to back, variant by variant (one in flight: the exact order)
-        assert received(log) == ids
+        # one prompt's completions back to back, variant by variant (one in flight: the exact order), after
+        # a request of its own that prefills the prompt (no sample id: it makes no record)
+        assert received(log) == [x for i in range(0, len(ids), 3) for x in (None, *ids[i : i + 3])]
         assert sorted(r["id"] for r in records) == sorted(ids)
         by_id = {r["id"]: r for r in records}
         for s in SAMPLES:

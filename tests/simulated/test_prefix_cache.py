@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from regen.simulated.launcher import start_simulated_server
+from regen.simulated.prefixcache import PrefixCache
 
 
 def question(i: int) -> list[dict[str, str]]:
@@ -88,3 +89,16 @@ def test_without_cache_report_the_details_stay_null_and_n_counts_the_prompt_once
     assert one["prompt_tokens_details"] is None and both["prompt_tokens_details"] is None
     assert both["prompt_tokens"] == one["prompt_tokens"]
     assert both["total_tokens"] == both["prompt_tokens"] + both["completion_tokens"]
+
+
+def test_copies_of_a_prompt_in_one_prefill_batch_each_prefill_it() -> None:
+    """SGLang 0.5.17's default ``fcfs`` policy matches every request of a prefill batch against the tree as
+    it was before the batch and inserts their prompts once it has run. On an H100, regen's 3,200 completions
+    of 800 prompts, a prompt's four sent together, found 256 of 409,600 prompt tokens cached; the simulated
+    server must not serve the copies from a batch that has not run."""
+    cache = PrefixCache(capacity_tokens=10_000)
+    prompt = [f"t{i}" for i in range(100)]
+    assert [cache.serve(prompt) for _ in range(4)] == [0, 0, 0, 0]  # one batch: none sees another
+    cache.commit()  # the batch ran: its Prefill batch line is out
+    assert cache.serve(prompt) == 99
+    assert cache.stats()["cached_tokens"] == 99 and cache.stats()["prompt_tokens"] == 500
