@@ -132,3 +132,6 @@ class Endpoint:
     #: the server's own running cap (SGLang's ``max_running_requests``), which ``max_running_requests`` (the
     #: client's planned count) may be below; None: not known
     server_running_cap: int | None = None
+    #: whether the server keeps SGLang's radix cache (False: launched with ``--disable-radix-cache``, so a
+    #: prompt's copies gain nothing from prefilling it first); None: not known, SGLang's default (on) assumed
+    radix_cache: bool | None = None

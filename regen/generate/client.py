@@ -79,7 +79,7 @@ from regen.io import write_json
 from regen.layout.run import RunLayout
 from regen.records import ShardStatus
 from regen.runconfig import GenerateConfig
-from regen.serving.probes import server_running_cap
+from regen.serving.probes import radix_cache_on, server_running_cap
 from regen.types import Endpoint, Sample
 
 log = logging.getLogger(__name__)
@@ -243,13 +243,14 @@ class _Reporter:
 
 
 async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: GenerateConfig) -> Endpoint:
-    """Fill model, max_running_requests, version and numerics from the server when unknown."""
+    """Fill model, max_running_requests, version, numerics and the radix cache from the server when
+    unknown."""
     headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
     base = endpoint.url.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=30)
     model, mrr, version = endpoint.model, endpoint.max_running_requests, endpoint.version
     server_cap = endpoint.server_running_cap
-    numerics = endpoint.numerics
+    numerics, radix_cache = endpoint.numerics, endpoint.radix_cache
     if model is None:
         try:
             async with session.get(base + "/v1/models", headers=headers, timeout=timeout) as r:
@@ -270,6 +271,7 @@ async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: Gen
             numerics = server_numerics(info) if info else {}
         server_cap = server_cap or server_running_cap(info, None)
         mrr = mrr or server_cap
+        radix_cache = radix_cache if radix_cache is not None else radix_cache_on(info)
     return dataclasses.replace(
         endpoint,
         max_running_requests=mrr,
@@ -277,6 +279,7 @@ async def _discover(session: aiohttp.ClientSession, endpoint: Endpoint, cfg: Gen
         version=version,
         model=model,
         numerics=numerics,
+        radix_cache=radix_cache,
     )
 
 

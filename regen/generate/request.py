@@ -250,6 +250,9 @@ class Requests:
         self.cfg = cfg
         self.session = session
         self.chat_url = chat_url(server.url)
+        #: a prompt with several completions is prefilled first (``prefill_prompt``) only where the own
+        #: server keeps its radix cache: without it the request would be one more prefill, saving none
+        self.prefill_first = server.radix_cache is not False
         self.model = model
         self.shard = shard
         self.rng = rng

@@ -11,7 +11,8 @@ order. A prompt with several completions is prefilled first by a request of its 
 cache then serves them the prompt. Sent at once without it, they would each prefill it (SGLang's default
 ``fcfs`` policy matches a batch's requests against the tree as it was before the batch). SGLang's own ``n``
 is not used: one request for all ``n`` copies one seed to all of them and fails or succeeds as a whole;
-here each completion has its own seed, retries and journal line.
+here each completion has its own seed, retries and journal line. A server launched with
+``--disable-radix-cache`` (its ``/server_info``) gets no prefill request: it would be one more prefill.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ class ShardRun:
                 continue
             self.seen.add(sid)
             to_send = self._to_send(sample)
-            if len(to_send) > 1 and self.cfg.regenerate == "last":
+            if len(to_send) > 1 and self.cfg.regenerate == "last" and self.requests.prefill_first:
                 prefill = asyncio.ensure_future(prefill_prompt(self.requests, self.cfg, to_send[0]))
                 self._prefills.update((c.id, prefill) for c in to_send)
             self._pending.extend(to_send)

@@ -109,6 +109,12 @@ def server_running_cap(info: Mapping[str, Any], plan: PlanFile | None) -> int | 
                     return int(value)
 
 
+def radix_cache_on(info: Mapping[str, Any]) -> bool | None:
+    """Whether the server keeps its radix cache (/server_info's ``disable_radix_cache``); None: unknown."""
+    disabled = info.get("disable_radix_cache")
+    return None if disabled is None else not disabled
+
+
 def served_model(info: Mapping[str, Any], default: str) -> str:
     """The model name the server answers to (``/server_info``), else ``default``."""
     return str(info.get("served_model_name") or info.get("model_path") or default)

@@ -11,6 +11,7 @@ from regen.serving.probes import (
     effective_max_running,
     fetch_server_info,
     one_token_generation,
+    radix_cache_on,
     served_model,
     server_running_cap,
 )
@@ -41,6 +42,7 @@ def external_endpoint(cfg: ServerConfig, plan: PlanFile | None) -> Endpoint:
         model=served_model(info, model),
         api_key=api_key,
         numerics=server_numerics(info) if info else None,  # None: the client asks again
+        radix_cache=radix_cache_on(info),
     )
 
 

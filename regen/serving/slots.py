@@ -37,7 +37,13 @@ from regen.layout.slots import SlotFiles, prestart_lock_in, slurm_job_id
 from regen.runconfig import ServerConfig
 from regen.serving.base import CommandBuilder, LaunchCheck, ServerError, api_key_from
 from regen.serving.ports import client_host, pick_port
-from regen.serving.probes import effective_max_running, fetch_server_info, served_model, server_running_cap
+from regen.serving.probes import (
+    effective_max_running,
+    fetch_server_info,
+    radix_cache_on,
+    served_model,
+    server_running_cap,
+)
 from regen.serving.procfs import (
     SUPERVISOR_MODULE,
     UrlState,
@@ -391,6 +397,7 @@ def serve_on_slot(
                 model=served_model(info, cfg.model_path),
                 api_key=api_key,
                 numerics=server_numerics(info) if info else None,  # None: the client asks again
+                radix_cache=radix_cache_on(info),
             )
         finally:
             os.close(lease_fd)

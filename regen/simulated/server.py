@@ -273,6 +273,7 @@ class SimulatedServer:
             "mem_fraction_static": o.mem_fraction_static,
             "chunked_prefill_size": 8192,
             "page_size": 1,
+            "disable_radix_cache": o.disable_radix_cache,
             "context_length": o.context_len,
             "attention_backend": "fa3",
             "dtype": o.dtype,
@@ -537,9 +538,8 @@ class SimulatedServer:
     def _prefill(self, prompt: Sequence[Hashable], n: int) -> int:
         """Prefill ``prompt`` for ``n`` choices: the tokens the radix cache served, counted into the next
         ``Prefill batch`` line (--disable-radix-cache: SGLang's ChunkCache matches no prefix at all)."""
-        radix = not self.opts.disable_radix_cache
-        cached = self.prefix_cache.serve(prompt) if radix else 0
-        self.window_prefill.add(len(prompt), cached, n, radix)
+        cached = 0 if self.opts.disable_radix_cache else self.prefix_cache.serve(prompt)
+        self.window_prefill.add(len(prompt), cached, n, not self.opts.disable_radix_cache)
         return cached
 
     def _count_completed(self, key: str, sid: str | None, prompt_tokens: int, n_out: int) -> None:

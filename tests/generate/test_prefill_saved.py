@@ -1,8 +1,8 @@
 """SGLang's ``cached_tokens`` in the shard's stats (issue 57 item 4): n = 4 completions of each prompt, sent
 to the stand-in after a request that prefills the prompt (``Requests.prefill_prompt``, as SGLang's own n
 does); with its radix cache and the report on, all four read the prompt from the cache, one at a time or
-all at once, and the shard's end line says how much prefill that saved; with the cache off, none; without
-the report, nothing is claimed. The records' usage stays as it was."""
+all at once, and the shard's end line says how much prefill that saved; with the cache off, none, and no
+prefill request goes out; without the report, nothing is claimed. The records' usage stays as it was."""
 
 from __future__ import annotations
 
@@ -68,9 +68,10 @@ def test_the_cache_saves_four_prefills_of_five(
     )
 
 
-def test_with_the_cache_off_nothing_is_read_from_it(tmp_path: Path) -> None:
+def test_with_the_cache_off_nothing_is_read_from_it_and_no_prefill_is_sent(tmp_path: Path) -> None:
     stats, _ = _shard(tmp_path, enable_cache_report=True, disable_radix_cache=True)
-    assert stats.prefill.reported == 15 and stats.prefill.cached_tokens == 0
+    # the server's /server_info says the cache is off: the four completions of a prompt, no prefill request
+    assert stats.prefill.reported == 12 and stats.prefill.cached_tokens == 0
     assert stats.prefill.cached_share == 0.0 and "(0%)" in stats.prefill.in_words()
 
 
