@@ -271,6 +271,7 @@ def arm_row(name: str, start_s: float | None, done: Finished | None, log_text: s
             row["tps"] = round(done.output_tokens / wall, 1) if done.errors == 0 else None
     row.update(log_reading(log_text))
     row["prefill"] = serverlog.prefill_tokens(log_text)
+    row["peaks"] = serverlog.peak_rates(log_text)
     return row
 
 
@@ -573,6 +574,62 @@ def best_peer(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(peers, key=lambda r: r["tps"]) if peers else None
 
 
+#: the bar (issue 57 item 2): regen at least this over the best peer where the bound allows it
+TARGET_RATIO = 1.15
+
+
+@dataclass(frozen=True, slots=True)
+class WallBound:
+    """The shortest wall the race's work could take on this GPU by its servers' own lines: the fastest start
+    of any arm, then each prompt computed once (the radix cache serving its other completions) at the
+    highest prefill rate of any server (``serverlog.peak_rates``), and every answer token at the highest
+    decode rate any server logged, or the longest answer at the fastest pace per token any request had,
+    whichever is longer. No
+    server overlaps prefill and decode for free or decodes at its peak from the first token to the last, so
+    no plan of these servers beats it: where the best peer's wall is less than 1.15x this, the bar is the
+    bound (issue 57 item 2)."""
+
+    start_s: float
+    prefill_s: float
+    decode_s: float
+    tail_s: float
+
+    @property
+    def wall_s(self) -> float:
+        return self.start_s + max(self.prefill_s + self.decode_s, self.tail_s)
+
+    def fields(self, best_peer_wall_s: float | None) -> dict[str, Any]:
+        """The race line's ``bound_*`` fields and ``bar``: ``1.15`` where the bound allows 1.15x the best
+        peer, else ``bound``."""
+        ratio = best_peer_wall_s / self.wall_s if best_peer_wall_s else None
+        return {
+            "bound_wall_s": round(self.wall_s, 1),
+            "bound_start_s": round(self.start_s, 1),
+            "bound_generation_s": round(self.wall_s - self.start_s, 1),
+            "bound_ratio": f"{ratio:.3f}" if ratio else None,
+            "bar": None if ratio is None else TARGET_RATIO if ratio >= TARGET_RATIO else "bound",
+        }
+
+
+def wall_bound(race: RaceWork, rows: list[dict[str, Any]]) -> WallBound | None:
+    """:class:`WallBound` from the arms' rows (their start and their servers' ``peaks``); None where no arm
+    started or no server logged a rate."""
+    starts = [r["start_s"] for r in rows if r.get("start_s")]
+    peaks = [r.get("peaks") or {} for r in rows]
+    decode = max((p["peak_decode_tps"] for p in peaks if p.get("peak_decode_tps")), default=None)
+    prefill = max((p["prefill_tps"] for p in peaks if p.get("prefill_tps")), default=None)
+    pace_ms = min((p["fastest_token_ms"] for p in peaks if p.get("fastest_token_ms")), default=None)
+    if not starts or decode is None or prefill is None or pace_ms is None:
+        return None
+    longest = max(race.max_tokens(i) for i in range(race.requests))
+    return WallBound(
+        start_s=min(starts),
+        prefill_s=race.requests * race.prompt_tokens / prefill,
+        decode_s=race.planned_output_tokens() / decode,
+        tail_s=longest * pace_ms / 1000,
+    )
+
+
 def race_line(model: str, race: RaceWork, rows: list[dict[str, Any]], size_known: bool = True) -> str:
     fields: dict[str, Any] = {"model": model, "requests": race.requests, "size_known": size_known}
     fields["completions"] = race.completions
@@ -596,6 +653,8 @@ def race_line(model: str, race: RaceWork, rows: list[dict[str, Any]], size_known
     fields["ratio"] = f"{ratio:.3f}" if ratio else None
     wide = next((r for r in rows if r.get("arm") == "regen-wide"), {})
     fields["wide_ratio"] = f"{wide['tps'] / best['tps']:.3f}" if best and wide.get("tps") else None
+    if bound := wall_bound(race, rows):
+        fields.update(bound.fields((best or {}).get("wall_s")))
     return result_line("race", **fields)
 
 

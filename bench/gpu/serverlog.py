@@ -6,6 +6,7 @@ that the two can be compared: a field regen's parser misses shows up as a diverg
 
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 import time
@@ -102,6 +103,36 @@ def prefill_tokens(text: str) -> dict[str, Any]:
         "new_tokens": new,
         "cached_tokens": cached,
         "cached_share": share,
+    }
+
+
+_PREFILL_RATE = re.compile(
+    r"Prefill batch(?: \[\d+\])?, #new-seq: \d+, #new-token: (?P<new>\d+), .*?"
+    r"input throughput \(token/s\): (?P<tps>[0-9.]+)"
+)
+#: a prefill line counts toward the prefill rate at this share of the largest batch's #new-token or more
+FULL_PREFILL_SHARE = 0.9
+
+
+def peak_rates(text: str) -> dict[str, float | None]:
+    """How fast a server logged itself working, None where no line says:
+
+    - ``peak_decode_tps``: its highest ``gen throughput`` (the tokens a decode interval gave, over its time);
+    - ``prefill_tps``: the median ``input throughput`` of its full prefill batches (#new-token within 10% of
+      the largest). Not the highest: SGLang 0.5.17 divides a batch's tokens by the time since the last
+      prefill line, so a small batch right after another reads up to twice what the GPU computes;
+    - ``fastest_token_ms``: the shortest time a request took per answer token (running / gen throughput),
+      over the lines whose running count equals the line before's. A line where requests ended mid-interval
+      counts their tokens against the fewer left running, and reads faster than any request went."""
+    lines = [d for d in decode_lines(text) if d.running and d.gen_tps > 0]
+    prefills = [(int(m["new"]), float(m["tps"])) for m in _PREFILL_RATE.finditer(text)]
+    largest = max((new for new, _ in prefills), default=0)
+    full = [tps for new, tps in prefills if new >= FULL_PREFILL_SHARE * largest and tps > 0]
+    flat = [d for before, d in itertools.pairwise(lines) if d.running == before.running]
+    return {
+        "peak_decode_tps": max((d.gen_tps for d in lines), default=None),
+        "prefill_tps": statistics.median(full) if full else None,
+        "fastest_token_ms": min((1000 * d.running / d.gen_tps for d in flat), default=None),
     }
 
 

@@ -6,7 +6,10 @@ run logged."""
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
+
+import pytest
 
 from bench.gpu import serverlog
 from bench.gpu.race import (
@@ -16,8 +19,10 @@ from bench.gpu.race import (
     chat_request,
     flags_not_launched,
     offline_input,
+    race_line,
     race_model,
     regen_arm,
+    wall_bound,
 )
 from regen.runconfig import RunConfig
 from regen.tune.tune import audit_completions
@@ -115,3 +120,50 @@ def test_with_several_completions_regen_keeps_the_radix_cache_and_the_server_cou
     assert regen["prefill"]["new_tokens"] < 0.6 * nocache["prefill"]["new_tokens"]
     served = serverlog.prefill_tokens((tmp_path / "regen-logs" / "gpu0.log").read_text())
     assert served["cached_tokens"] == client["cached_tokens"]
+
+
+#: the n = 4 race on the H100 (measurements/race-2026-12-07b-h100-n4): its JSON rows and its servers' logs
+N4 = Path(__file__).resolve().parents[2] / "measurements" / "race-2026-12-07b-h100-n4"
+
+
+def _n4_logs(tmp_path: Path) -> dict[str, str]:
+    with tarfile.open(N4 / "race-logs.tgz") as tgz:
+        tgz.extractall(tmp_path, filter="data")
+    return {name: (tmp_path / "logs" / name).read_text() for name in ("offline.log", "gpu0.log")}
+
+
+def test_the_servers_rates_are_read_past_their_misleading_lines(tmp_path: Path) -> None:
+    """The offline engine's log has a prefill line at 45,874 tok/s and one decode line of 8 running at
+    2,608 tok/s (requests ended in its interval); regen's has small prefill batches at up to 90,068 tok/s
+    (SGLang's input throughput over the time since the last prefill line). The rates are the full batches'
+    median and the flat lines' pace."""
+    logs = _n4_logs(tmp_path)
+    offline, regen = (serverlog.peak_rates(logs[n]) for n in ("offline.log", "gpu0.log"))
+    assert offline["peak_decode_tps"] == 24577.98 and regen["peak_decode_tps"] == 25038.49
+    assert 43_000 < offline["prefill_tps"] < 44_000 and 43_000 < regen["prefill_tps"] < 44_000
+    assert 6.9 < offline["fastest_token_ms"] < 7.0  # 8 running at 1,144.84 tok/s, twice in a row
+    assert 6.5 < regen["fastest_token_ms"] < 6.9
+    assert set(serverlog.peak_rates("").values()) == {None}
+
+
+def test_the_race_line_states_the_bound_its_servers_allow(tmp_path: Path) -> None:
+    """That race, restated: no plan of those servers finishes its work in less than 87.5 s (regen's 64.9-s
+    start, 800 prompts of 128 tokens computed once at 43.5k tok/s, 508,476 answer tokens at 25.0k tok/s), so
+    1.15x the offline engine's 106.57 s was within reach (bound 1.218) and regen's 1.048 is short of the bar.
+    Where the best peer comes within 15% of the bound, the bar is the bound."""
+    logs = _n4_logs(tmp_path)
+    doc = json.loads(next(N4.glob("race-*.json")).read_text())
+    rows = doc["arms"]
+    for row in rows:
+        row["peaks"] = serverlog.peak_rates(logs["offline.log" if row["arm"] == "offline" else "gpu0.log"])
+    race = RaceWork(**doc["workload"])
+    bound = wall_bound(race, rows)
+    assert bound is not None and bound.start_s == 64.87
+    assert bound.prefill_s == pytest.approx(800 * 128 / 43_547.61)
+    assert bound.decode_s == pytest.approx(508_476 / 25_038.49)
+    line = race_line("llama-3.1-8b", race, rows, size_known=False)
+    assert "bound_wall_s=87.5 " in line and "bound_ratio=1.218 bar=1.15" in line and "ratio=1.048" in line
+    offline = next(r for r in rows if r["arm"] == "offline")
+    offline["wall_s"], offline["tps"] = 95.0, 508_476 / 95.0  # a peer within 15% of the bound
+    assert "bound_ratio=1.085 bar=bound" in race_line("llama-3.1-8b", race, rows, size_known=False)
+    assert wall_bound(race, [{"arm": "regen", "start_s": 60.0}]) is None  # no server logged a rate
