@@ -27,11 +27,12 @@ from the answers' ``cached_tokens`` (``client_prefill``) and whether its plan ke
 
 The ratio is regen's output tok/s (over its wall) against the best of the other arms. Each arm's server
 log is kept (``logs/``) with its decode lines; the line also says how many 10-line windows of each were
-steady (``bench.gpu.serverlog.steady_windows``).
+steady (``bench.gpu.serverlog.steady_windows``), and the bound the servers allow (:class:`WallBound`:
+``bound_ratio``, and ``bar=1.15`` where it allows 1.15x the best peer, else ``bar=bound``).
 
 ``--dry-cpu`` runs the server arms against regen's simulated server (the offline arm needs SGLang: ``na``).
 Last line: ``race: model=... requests=... output_tokens=... <arm>_wall_s=... <arm>_tps=... best_peer=...
-ratio=...``.
+ratio=... bound_wall_s=... bound_ratio=... bar=...``.
 """
 
 from __future__ import annotations
