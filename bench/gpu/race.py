@@ -256,6 +256,8 @@ class Settings:
     offers: tuple[str, ...] = OFFERS
     #: whether the offline engine's arm runs (``--no-offline``: a device session too short for it)
     offline: bool = True
+    #: whether ``regen-wide`` runs after regen's own arm (``--no-wide``: a device session too short for it)
+    wide: bool = True
     #: whether regen's audit summary says how many prompts there are (``--size-unknown``: no, and regen plans
     #: as for a run of unknown size, its full plan: what serving that plan gains, at a size a device affords)
     size_known: bool = True
@@ -424,7 +426,7 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     cap = plan.number("effective_max_running_requests")
     planned = {"plan_args": plan.plan.get("recommended"), "client_concurrency": concurrency, "cap": cap}
     launched = PlanFile.read(plan_file)
-    offers = {"regen": None, "regen-wide": int(cap) if cap and cap != concurrency else None}
+    offers = {"regen": None, "regen-wide": int(cap) if s.wide and cap and cap != concurrency else None}
     rows = serve_regen(s, model_dir, launched, offers, planned, t)
     if s.race.completions > 1 and RADIX_OFF not in launched.launch_args:
         cache_off = replace(launched, launch_args=(*launched.launch_args, RADIX_OFF))
@@ -727,6 +729,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the defaults' offers, of {', '.join(OFFERS)} (empty: none, the offline engine the only peer)",
     )
     p.add_argument("--no-offline", action="store_true", help="leave the offline engine's arm out")
+    p.add_argument("--no-wide", action="store_true", help="leave regen-wide (all at once, one server) out")
     p.add_argument(
         "--size-unknown",
         action="store_true",
@@ -747,6 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         race=race,
         offers=offers,
         offline=not args.no_offline,
+        wide=not args.no_wide,
         size_known=not args.size_unknown,
     )
     s.work.mkdir(parents=True, exist_ok=True)
