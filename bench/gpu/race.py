@@ -32,7 +32,8 @@ steady (``bench.gpu.serverlog.steady_windows``), and the bound the servers allow
 
 ``--dry-cpu`` runs the server arms against regen's simulated server (the offline arm needs SGLang: ``na``).
 Last line: ``race: model=... requests=... output_tokens=... <arm>_wall_s=... <arm>_tps=... best_peer=...
-ratio=... bound_wall_s=... bound_ratio=... bar=...``.
+ratio=... generation_ratio=... bound_wall_s=... bound_ratio=... bar=...`` (``generation_ratio``: the
+best peer's generation over regen's, their starts left out).
 """
 
 from __future__ import annotations
@@ -654,6 +655,9 @@ def race_line(model: str, race: RaceWork, rows: list[dict[str, Any]], size_known
         fields["regen_nocache_prefill_tokens"] = (nocache.get("prefill") or {}).get("new_tokens")
     ratio = regen.get("tps") / best["tps"] if best and regen.get("tps") else None
     fields["ratio"] = f"{ratio:.3f}" if ratio else None
+    # the same without the starts (each arm's server start varies by 10-20 s on one host between runs)
+    gen = best and regen.get("generation_s") and best.get("generation_s")
+    fields["generation_ratio"] = f"{best['generation_s'] / regen['generation_s']:.3f}" if gen else None
     wide = next((r for r in rows if r.get("arm") == "regen-wide"), {})
     fields["wide_ratio"] = f"{wide['tps'] / best['tps']:.3f}" if best and wide.get("tps") else None
     if bound := wall_bound(race, rows):

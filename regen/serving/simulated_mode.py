@@ -74,6 +74,7 @@ def simulated_plan_options(plan: PlanFile | None) -> list[str]:
         "mamba_ssm_dtype": flags.mamba_ssm_dtype if flags is not None else None,
         # the radix cache and its report as launched: the stand-in serves and reports cached_tokens so
         "disable_radix_cache": True if flags is not None and flags.disable_radix_cache else None,
+        "page_size": flags.page_size if flags is not None and flags.page_size > 1 else None,
         "enable_cache_report": True if plan is not None and CACHE_REPORT_FLAG in plan.launch_args else None,
     }
     options = {k: v for k, v in fields.items() if v is not None}

@@ -44,6 +44,8 @@ class SimOptions:
     enable_cache_report: bool = False
     #: SGLang's ``--disable-radix-cache``: no prefix is matched (``ChunkCache``), ``cached_tokens`` is 0
     disable_radix_cache: bool = False
+    #: SGLang's ``--page-size``: the radix cache matches and holds whole pages only
+    page_size: int = 1
     version: str = "0.5.23"
     inline: bool = False  # answer inside the handler: no scheduler, queue or sleeps
     mean_reasoning_tokens: int = 96

@@ -20,7 +20,10 @@ tokens are those of its leading blocks already held (a repeated prompt: all of i
 token), and its blocks are held once its batch has run (:meth:`PrefixCache.commit`, when the server logs
 the batch's ``Prefill batch`` line), least recently used leaving first past ``capacity_tokens``. A
 prompt that shares only part of a block with another is counted to the last whole common block (SGLang
-at page size 1 counts to the token): a few tokens short, never more than it would.
+at page size 1 counts to the token): a few tokens short, never more than it would. With ``--page-size``
+P, SGLang's tree matches whole pages only (``RadixCache.match_prefix`` cuts the key to a multiple of P), so
+a repeated prompt of n tokens finds floor((n - 1) / P) x P of them cached: 64 of a 128-token prompt at
+page 64 (measured on an H200: regen's 3,200 completions of 800 such prompts read 204,800 cached tokens).
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ BLOCK = 16
 class PrefixCache:
     """The radix cache of one simulated server (see the module docstring); counts what it served."""
 
-    def __init__(self, capacity_tokens: int) -> None:
+    def __init__(self, capacity_tokens: int, page_size: int = 1) -> None:
         self.capacity = capacity_tokens
+        self.page = max(1, page_size)
         self._blocks: OrderedDict[int, int] = OrderedDict()  # chained block hash -> its tokens, LRU first
         self._held = 0
         self._batch: list[tuple[int, int]] = []  # the blocks of the prompts prefilled in the running batch
@@ -60,7 +64,7 @@ class PrefixCache:
                 break
             matched += size
         self._batch.extend(chain)
-        cached = max(0, min(matched, n - 1))
+        cached = max(0, min(matched, n - 1)) // self.page * self.page
         self.prompt_tokens += n
         self.cached_tokens += cached
         return cached
@@ -105,21 +109,21 @@ class PrefillWindow:
     """The prefills since the server's last ``Prefill batch`` line, as SGLang's line counts them
     (``#new-seq``, ``#new-token``, ``#cached-token``). A request with ``n`` > 1 is, in SGLang's
     ``TokenizerManager``, one prefix request (``max_new_tokens`` 0) and then ``n`` copies, each of which
-    finds all of the prompt but its last token cached."""
+    finds the whole pages of all of the prompt but its last token cached."""
 
     seqs: int = 0
     new_tokens: int = 0
     cached_tokens: int = 0
 
-    def add(self, prompt_tokens: int, cached: int, n: int, radix: bool) -> None:
-        """One request of ``prompt_tokens`` of which ``cached`` came from the cache, with ``n`` choices;
-        without the radix cache (``--disable-radix-cache``, SGLang's ``ChunkCache``) each copy computes the
-        whole prompt again."""
+    def add(self, prompt_tokens: int, cached: int, n: int, page: int) -> None:
+        """One request of ``prompt_tokens`` of which ``cached`` came from the cache, with ``n`` choices, on a
+        radix cache of ``page``-token pages; without one (``page`` 0: ``--disable-radix-cache``, SGLang's
+        ``ChunkCache``) each copy computes the whole prompt again."""
         self.seqs += 1
         self.new_tokens += prompt_tokens - cached
         self.cached_tokens += cached
         if n > 1:
-            reused = max(0, prompt_tokens - 1) if radix else 0
+            reused = max(0, prompt_tokens - 1) // page * page if page else 0
             self.seqs += n
             self.new_tokens += n * (prompt_tokens - reused)
             self.cached_tokens += n * reused

@@ -105,7 +105,7 @@ class SimulatedServer:
         self.running = 0
         self.queued = 0
         self.prompt_tokens_total = 0
-        self.prefix_cache = PrefixCache(opts.prefix_cache_tokens or opts.max_total_num_tokens)
+        self.prefix_cache = PrefixCache(opts.prefix_cache_tokens or opts.max_total_num_tokens, opts.page_size)
         self.generation_tokens_total = 0
         self.window_tokens = 0.0  # tokens decoded since the last decode line
         self.window_prefill = PrefillWindow()  # prefills since the last ``Prefill batch`` line
@@ -272,7 +272,7 @@ class SimulatedServer:
             "max_running_requests": o.max_running_requests,
             "mem_fraction_static": o.mem_fraction_static,
             "chunked_prefill_size": 8192,
-            "page_size": 1,
+            "page_size": o.page_size,
             "disable_radix_cache": o.disable_radix_cache,
             "context_length": o.context_len,
             "attention_backend": "fa3",
@@ -536,10 +536,10 @@ class SimulatedServer:
         return choices, tokenized, sampled_calls
 
     def _prefill(self, prompt: Sequence[Hashable], n: int) -> int:
-        """Prefill ``prompt`` for ``n`` choices: the tokens the radix cache served, counted into the next
-        ``Prefill batch`` line (--disable-radix-cache: SGLang's ChunkCache matches no prefix at all)."""
-        cached = 0 if self.opts.disable_radix_cache else self.prefix_cache.serve(prompt)
-        self.window_prefill.add(len(prompt), cached, n, not self.opts.disable_radix_cache)
+        """Prefill ``prompt`` for ``n`` choices: the tokens its radix cache served, into the next line."""
+        page = 0 if self.opts.disable_radix_cache else self.opts.page_size  # 0: ChunkCache, no prefix matched
+        cached = self.prefix_cache.serve(prompt) if page else 0
+        self.window_prefill.add(len(prompt), cached, n, page)
         return cached
 
     def _count_completed(self, key: str, sid: str | None, prompt_tokens: int, n_out: int) -> None:

@@ -98,9 +98,10 @@ def test_with_several_completions_regen_keeps_the_radix_cache_and_the_server_cou
 ) -> None:
     """regen's arm on the simulated server, n = 2 and its full plan: every completion gets its prompt's length
     (the length proxy finds each completion's record id), the plan keeps SGLang's radix cache, and what the
-    server's Prefill lines say it read from the cache is what regen's client read from the answers; the
-    same run with the cache off computes every prompt token."""
-    race = RaceWork(requests=40, prompt_tokens=48, median=12, mean=16, cap=64, completions=2)
+    server's Prefill lines say it read from the cache is what regen's client read from the answers, whole
+    pages of each prompt (SGLang's radix tree at the plan's page size); the same run with the cache off
+    computes every prompt token."""
+    race = RaceWork(requests=40, prompt_tokens=256, median=12, mean=16, cap=64, completions=2)
     s = Settings(
         tmp_path, dry=True, model="llama-3.1-8b", race=race, offers=(), offline=False, size_known=False
     )
@@ -111,15 +112,18 @@ def test_with_several_completions_regen_keeps_the_radix_cache_and_the_server_cou
     assert regen["output_tokens"] == race.planned_output_tokens()
     assert regen["radix_kept"] is True
     client = regen["client_prefill"]
-    assert client["cached_share"] > 0.4  # half the answers find their prompt cached, all but a block of it
+    # each completion finds its prompt's whole pages cached (the plan's --page-size 64): 256 of its 263 tokens
+    per_prompt = client["prompt_tokens"] // 120  # a prefill request and two completions a prompt
+    assert "64" in regen["plan_args"]["args"] and per_prompt == 263
+    assert client["cached_tokens"] == 80 * 256
     # the same run on a server of the same plan with the cache off: every prompt token computed
     nocache = next(r for r in rows if r["arm"] == "regen-nocache")
     assert nocache["radix_kept"] is False and nocache["output_tokens"] == race.planned_output_tokens()
     assert nocache["client_prefill"]["cached_tokens"] == 0
     assert nocache["prefill"]["new_tokens"] == nocache["client_prefill"]["prompt_tokens"]
-    assert regen["prefill"]["new_tokens"] < 0.6 * nocache["prefill"]["new_tokens"]
-    served = serverlog.prefill_tokens((tmp_path / "regen-logs" / "gpu0.log").read_text())
-    assert served["cached_tokens"] == client["cached_tokens"]
+    assert regen["prefill"]["new_tokens"] == 40 * 263 + 80 * (263 - 256)
+    assert nocache["prefill"]["new_tokens"] == 80 * 263  # and no prefill request: the server said so
+    assert regen["prefill"]["cached_tokens"] == client["cached_tokens"]  # the server's lines of regen's arm
 
 
 #: the n = 4 race on the H100 (measurements/race-2026-12-07b-h100-n4): its JSON rows and its servers' logs
@@ -162,7 +166,8 @@ def test_the_race_line_states_the_bound_its_servers_allow(tmp_path: Path) -> Non
     assert bound.prefill_s == pytest.approx(800 * 128 / 43_547.61)
     assert bound.decode_s == pytest.approx(508_476 / 25_038.49)
     line = race_line("llama-3.1-8b", race, rows, size_known=False)
-    assert "bound_wall_s=87.5 " in line and "bound_ratio=1.218 bar=1.15" in line and "ratio=1.048" in line
+    assert "bound_wall_s=87.5 " in line and "bound_ratio=1.218 bar=1.15" in line and " ratio=1.048" in line
+    assert "generation_ratio=0.960" in line  # its starts left out, regen generated 4% slower: 36.81 s / 35.34
     offline = next(r for r in rows if r["arm"] == "offline")
     offline["wall_s"], offline["tps"] = 95.0, 508_476 / 95.0  # a peer within 15% of the bound
     assert "bound_ratio=1.085 bar=bound" in race_line("llama-3.1-8b", race, rows, size_known=False)

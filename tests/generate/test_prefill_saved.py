@@ -81,8 +81,11 @@ def test_without_the_report_nothing_is_claimed(tmp_path: Path) -> None:
 
 
 def test_the_stand_in_is_launched_with_the_plans_cache_flags() -> None:
-    plan = PlanFile(("--disable-radix-cache", "--enable-cache-report"), "recommended", {}, {})
+    plan = PlanFile(
+        ("--disable-radix-cache", "--enable-cache-report", "--page-size", "64"), "recommended", {}, {}
+    )
     options = orjson.loads(simulated_plan_options(plan)[1])
     assert options["disable_radix_cache"] is True and options["enable_cache_report"] is True
+    assert options["page_size"] == 64  # its radix cache matches whole pages, as SGLang's does
     kept = PlanFile((), "recommended", {}, {"kv_cache_tokens": 1000})
     assert "disable_radix_cache" not in orjson.loads(simulated_plan_options(kept)[1])

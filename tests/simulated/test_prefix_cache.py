@@ -6,15 +6,21 @@ for ``n`` choices."""
 from __future__ import annotations
 
 import asyncio
+import tarfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
+from bench.gpu.serverlog import prefill_tokens
+from regen.serving.probes import fetch_server_info, radix_cache_on
 from regen.simulated.launcher import start_simulated_server
 from regen.simulated.prefixcache import PrefixCache
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def question(i: int) -> list[dict[str, str]]:
@@ -102,3 +108,43 @@ def test_copies_of_a_prompt_in_one_prefill_batch_each_prefill_it() -> None:
     cache.commit()  # the batch ran: its Prefill batch line is out
     assert cache.serve(prompt) == 99
     assert cache.stats()["cached_tokens"] == 99 and cache.stats()["prompt_tokens"] == 500
+
+
+@pytest.mark.parametrize(("page", "cached"), [(1, 127), (16, 112), (64, 64), (128, 0)])
+def test_the_tree_serves_whole_pages(page: int, cached: int) -> None:
+    """SGLang's ``RadixCache.match_prefix`` cuts the key to whole pages, the key being all of the prompt
+    but its last token: a repeated 128-token prompt finds 64 tokens cached at page 64, none at page 128."""
+    cache = PrefixCache(10_000, page_size=page)
+    prompt = list(range(128))
+    assert cache.serve(prompt) == 0
+    cache.commit()
+    assert cache.serve(prompt) == cached
+
+
+def test_whole_pages_are_what_sglang_served_on_the_h200(tmp_path: Path) -> None:
+    """The race on the H200 (measurements/race-2026-12-07c-h200-n4): regen's server at page 64 logged
+    204,800 cached tokens for 3,200 completions of 800 128-token prompts, each after its prompt's prefill
+    request: what this cache serves them."""
+    with tarfile.open(REPO / "measurements" / "race-2026-12-07c-h200-n4" / "race-logs.tgz") as tgz:
+        tgz.extractall(tmp_path, filter="data")
+    logged = prefill_tokens((tmp_path / "logs" / "gpu0.log").read_text())  # cache kept, then cache off
+    cache = PrefixCache(1_000_000, page_size=64)
+    prompts = [[i, *range(1000, 1127)] for i in range(800)]
+    for prompt in prompts:  # the prefill requests, then the four completions of each
+        cache.serve(prompt)
+    cache.commit()
+    served = sum(cache.serve(prompt) for prompt in prompts for _ in range(4))
+    assert logged["cached_tokens"] == served == 204_800
+
+
+def test_the_stand_in_reports_and_serves_the_launched_page_size() -> None:
+    url, stop = start_simulated_server(inline=True, enable_cache_report=True, page_size=64)
+    try:
+        info = fetch_server_info(url, None)  # what the client reads before it sends prefill requests
+        assert info["page_size"] == 64 and radix_cache_on(info) is True
+        messages = question(3)  # 3 + 4 + 62 = 69 tokens: 64 of them cached the second time
+        ask(url, messages)
+        usage = ask(url, messages)["usage"]
+        assert usage["prompt_tokens"] == 69 and usage["prompt_tokens_details"]["cached_tokens"] == 64
+    finally:
+        stop()

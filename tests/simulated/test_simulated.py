@@ -564,12 +564,15 @@ def test_each_server_lifetime_draws_its_own_faults() -> None:
 
 def test_a_request_of_several_choices_is_prefilled_as_sglang_splits_it() -> None:
     """n > 1 is one prefix request and n copies (SGLang's TokenizerManager): with the radix cache each copy
-    finds all of the prompt but its last token; without it (ChunkCache) each computes it all."""
-    kept, off = PrefillWindow(), PrefillWindow()
-    kept.add(100, 0, 3, radix=True)
-    off.add(100, 0, 3, radix=False)
+    finds the whole pages of all of the prompt but its last token; without it (ChunkCache) each computes it
+    all."""
+    kept, paged, off = PrefillWindow(), PrefillWindow(), PrefillWindow()
+    kept.add(100, 0, 3, page=1)
+    paged.add(100, 0, 3, page=64)  # 99 tokens are one whole page of 64
+    off.add(100, 0, 3, page=0)
     assert (kept.seqs, kept.new_tokens, kept.cached_tokens) == (4, 103, 297)
+    assert (paged.seqs, paged.new_tokens, paged.cached_tokens) == (4, 100 + 3 * 36, 3 * 64)
     assert (off.seqs, off.new_tokens, off.cached_tokens) == (4, 400, 0)
     one = PrefillWindow()
-    one.add(100, 40, 1, radix=True)
+    one.add(100, 40, 1, page=1)
     assert (one.seqs, one.new_tokens, one.cached_tokens) == (1, 60, 40)
