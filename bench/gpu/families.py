@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu import dense, serverlog
+from bench.gpu.harness import TARGET_RATIO, bar_of
 from bench.gpu.hold import retractions
 from bench.gpu.planner_truth import host_name
 from bench.harness import add_campaign_args, fmt, publish, write_json
@@ -41,7 +42,6 @@ MODELS = ("gpt-oss-20b", "qwen3-32b-fp8", "mixtral-8x7b", "nemotron-3-nano-30b-a
 BOTH_ARMS_FLAGS: dict[str, tuple[str, ...]] = {
     "nemotron-3-nano-30b-a3b": ("--moe-runner-backend", "triton"),
 }
-TARGET_RATIO = 1.15
 #: the answers' coefficient of variation (dense's log-normal, median 1,200 and mean ~1,450)
 ANSWER_CV = 0.65
 
@@ -71,9 +71,7 @@ class Verdict:
     @property
     def bar(self) -> str:
         """``1.15`` where the KV bound allows 1.15x the defaults' running count, else ``bound``."""
-        if self.bound_ratio is None:
-            return "na"
-        return f"{TARGET_RATIO}" if self.bound_ratio >= TARGET_RATIO else "bound"
+        return "na" if self.bound_ratio is None else bar_of(self.bound_ratio)
 
     @property
     def passed(self) -> bool:

@@ -62,6 +62,7 @@ from bench.gpu.dense import Workload, wait_ready
 from bench.gpu.harness import (
     BASE_ARGS,
     Timer,
+    bar_of,
     bench_server_cfg,
     count_output_tokens,
     generate_dict,
@@ -578,20 +579,15 @@ def best_peer(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(peers, key=lambda r: r["tps"]) if peers else None
 
 
-#: the bar (issue 57 item 2): regen at least this over the best peer where the bound allows it
-TARGET_RATIO = 1.15
-
-
 @dataclass(frozen=True, slots=True)
 class WallBound:
     """The shortest wall the race's work could take on this GPU by its servers' own lines: the fastest start
     of any arm, then each prompt computed once (the radix cache serving its other completions) at the
     highest prefill rate of any server (``serverlog.peak_rates``), and every answer token at the highest
     decode rate any server logged, or the longest answer at the fastest pace per token any request had,
-    whichever is longer. No
-    server overlaps prefill and decode for free or decodes at its peak from the first token to the last, so
-    no plan of these servers beats it: where the best peer's wall is less than 1.15x this, the bar is the
-    bound (issue 57 item 2)."""
+    whichever is longer. No server overlaps prefill and decode for free or decodes at its peak from the
+    first token to the last, so no plan of these servers beats it: where the best peer's wall is less than
+    1.15x this, the bar is the bound (issue 57 item 2)."""
 
     start_s: float
     prefill_s: float
@@ -611,7 +607,7 @@ class WallBound:
             "bound_start_s": round(self.start_s, 1),
             "bound_generation_s": round(self.wall_s - self.start_s, 1),
             "bound_ratio": f"{ratio:.3f}" if ratio else None,
-            "bar": None if ratio is None else TARGET_RATIO if ratio >= TARGET_RATIO else "bound",
+            "bar": None if ratio is None else bar_of(ratio),
         }
 
 

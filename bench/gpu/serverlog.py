@@ -83,7 +83,7 @@ def decode_lines(text: str) -> list[DecodeLine]:
 
 _PREFILL = re.compile(
     r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: (?P<new>\d+), "
-    r"#cached-token: (?P<cached>\d+),"
+    r"#cached-token: (?P<cached>\d+),(?:.*?input throughput \(token/s\): (?P<tps>[0-9.]+))?"
 )
 
 
@@ -106,10 +106,6 @@ def prefill_tokens(text: str) -> dict[str, Any]:
     }
 
 
-_PREFILL_RATE = re.compile(
-    r"Prefill batch(?: \[\d+\])?, #new-seq: \d+, #new-token: (?P<new>\d+), .*?"
-    r"input throughput \(token/s\): (?P<tps>[0-9.]+)"
-)
 #: a prefill line counts toward the prefill rate at this share of the largest batch's #new-token or more
 FULL_PREFILL_SHARE = 0.9
 
@@ -125,7 +121,7 @@ def peak_rates(text: str) -> dict[str, float | None]:
       over the lines whose running count equals the line before's. A line where requests ended mid-interval
       counts their tokens against the fewer left running, and reads faster than any request went."""
     lines = [d for d in decode_lines(text) if d.running and d.gen_tps > 0]
-    prefills = [(int(m["new"]), float(m["tps"])) for m in _PREFILL_RATE.finditer(text)]
+    prefills = [(int(m["new"]), float(m["tps"])) for m in _PREFILL.finditer(text) if m["tps"]]
     largest = max((new for new, _ in prefills), default=0)
     full = [tps for new, tps in prefills if new >= FULL_PREFILL_SHARE * largest and tps > 0]
     flat = [d for before, d in itertools.pairwise(lines) if d.running == before.running]

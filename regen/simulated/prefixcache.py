@@ -36,6 +36,12 @@ from typing import Any
 BLOCK = 16
 
 
+def served_tokens(prompt_tokens: int, matched: int, page: int) -> int:
+    """What SGLang's tree serves of a prompt whose first ``matched`` tokens it holds: at most all but the
+    prompt's last token (computed for the logits), cut to whole pages of ``page`` tokens."""
+    return max(0, min(matched, prompt_tokens - 1)) // page * page
+
+
 class PrefixCache:
     """The radix cache of one simulated server (see the module docstring); counts what it served."""
 
@@ -64,7 +70,7 @@ class PrefixCache:
                 break
             matched += size
         self._batch.extend(chain)
-        cached = max(0, min(matched, n - 1)) // self.page * self.page
+        cached = served_tokens(n, matched, self.page)
         self.prompt_tokens += n
         self.cached_tokens += cached
         return cached
@@ -115,15 +121,15 @@ class PrefillWindow:
     new_tokens: int = 0
     cached_tokens: int = 0
 
-    def add(self, prompt_tokens: int, cached: int, n: int, page: int) -> None:
+    def add(self, prompt_tokens: int, cached: int, n: int, page: int | None) -> None:
         """One request of ``prompt_tokens`` of which ``cached`` came from the cache, with ``n`` choices, on a
-        radix cache of ``page``-token pages; without one (``page`` 0: ``--disable-radix-cache``, SGLang's
-        ``ChunkCache``) each copy computes the whole prompt again."""
+        radix cache of ``page``-token pages; without one (``page`` None: ``--disable-radix-cache``,
+        SGLang's ``ChunkCache``) each copy computes the whole prompt again."""
         self.seqs += 1
         self.new_tokens += prompt_tokens - cached
         self.cached_tokens += cached
         if n > 1:
-            reused = max(0, prompt_tokens - 1) // page * page if page else 0
+            reused = 0 if page is None else served_tokens(prompt_tokens, prompt_tokens, page)
             self.seqs += n
             self.new_tokens += n * (prompt_tokens - reused)
             self.cached_tokens += n * reused

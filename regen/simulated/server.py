@@ -537,8 +537,8 @@ class SimulatedServer:
 
     def _prefill(self, prompt: Sequence[Hashable], n: int) -> int:
         """Prefill ``prompt`` for ``n`` choices: the tokens its radix cache served, into the next line."""
-        page = 0 if self.opts.disable_radix_cache else self.opts.page_size  # 0: ChunkCache, no prefix matched
-        cached = self.prefix_cache.serve(prompt) if page else 0
+        page = None if self.opts.disable_radix_cache else self.opts.page_size  # None: ChunkCache, no match
+        cached = 0 if page is None else self.prefix_cache.serve(prompt)
         self.window_prefill.add(len(prompt), cached, n, page)
         return cached
 

@@ -569,7 +569,7 @@ def test_a_request_of_several_choices_is_prefilled_as_sglang_splits_it() -> None
     kept, paged, off = PrefillWindow(), PrefillWindow(), PrefillWindow()
     kept.add(100, 0, 3, page=1)
     paged.add(100, 0, 3, page=64)  # 99 tokens are one whole page of 64
-    off.add(100, 0, 3, page=0)
+    off.add(100, 0, 3, page=None)
     assert (kept.seqs, kept.new_tokens, kept.cached_tokens) == (4, 103, 297)
     assert (paged.seqs, paged.new_tokens, paged.cached_tokens) == (4, 100 + 3 * 36, 3 * 64)
     assert (off.seqs, off.new_tokens, off.cached_tokens) == (4, 400, 0)
