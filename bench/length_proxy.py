@@ -4,7 +4,7 @@ server that rewrites each chat request's ``max_tokens`` from the sample it is fo
 live sweep ``bench.gpu.tune_live``, ``tests/tune/test_sweep.py``) while a run's configs, and regen's client,
 give every request ``sampling.max_tokens``. Samples not in the map keep what regen sent.
 
-- :class:`LengthProxy`: the proxy, on its own thread and event loop (the client runs its own).
+- :class:`LengthProxy`: the proxy, in a process of its own (not to share the GIL with regen's client).
 - :func:`proxied`: an :class:`~regen.types.Endpoint` whose requests go through one.
 - :func:`behind_proxy`: ``regen.tune.sweep.run_sweep``'s ``endpoint_wrapper`` that puts every candidate's
   server behind one (the sweep starts its servers itself; its pilot drives the endpoint this yields).
@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import multiprocessing
 import socket
-import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -33,72 +33,99 @@ HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connect
 
 
 class LengthProxy:
-    """A reverse proxy to ``upstream`` (``http://host:port``) on a free local port (:attr:`url`)."""
+    """A reverse proxy to ``upstream`` (``http://host:port``) on a free local port (:attr:`url`), served by
+    a process of its own: on a thread of the caller's it would share the GIL with regen's client and pace
+    the requests it is meant only to pass on (measurements/race-2026-12-07c-h200-n4, its admission)."""
 
     def __init__(self, upstream: str, max_tokens_by_id: Mapping[str, int]) -> None:
         self.upstream = upstream.rstrip("/")
         self.by_id = {str(k): int(v) for k, v in max_tokens_by_id.items()}
-        self.rewritten = 0  # chat requests whose max_tokens was set from the map
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="length-proxy", daemon=True)
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        ctx = multiprocessing.get_context("spawn")
+        self._rewritten = ctx.Value("q", 0)
+        self._ready = ctx.Event()
+        self._proc = ctx.Process(
+            target=_serve,
+            args=(self._sock, self.upstream, self.by_id, self._rewritten, self._ready),
+            name="length-proxy",
+            daemon=True,
+        )
+
+    @property
+    def rewritten(self) -> int:
+        """Chat requests whose ``max_tokens`` was set from the map."""
+        return int(self._rewritten.value)
 
     def rewrite(self, body: bytes, header_id: str | None) -> bytes:
         """``body`` with the sample's ``max_tokens`` (as it is when the sample is not in the map)."""
-        sid = urllib.parse.unquote(header_id) if header_id else None
-        if sid is None or sid not in self.by_id or not body:
+        out = rewrite_max_tokens(body, header_id, self.by_id)
+        if out is body:
             return body
-        req: dict[str, Any] = json.loads(body)
-        req["max_tokens"] = self.by_id[sid]
-        self.rewritten += 1
-        return json.dumps(req).encode()
+        with self._rewritten.get_lock():
+            self._rewritten.value += 1
+        return out
 
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
-        assert self._session is not None
+    def __enter__(self) -> LengthProxy:
+        self._proc.start()
+        if not self._ready.wait(timeout=60):
+            self._proc.kill()
+            raise RuntimeError(f"the length proxy did not start listening on {self.url} within 60 s")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._proc.terminate()
+            self._proc.join(timeout=30)
+        finally:
+            self._sock.close()
+
+
+def rewrite_max_tokens(body: bytes, header_id: str | None, by_id: Mapping[str, int]) -> bytes:
+    """``body`` with ``max_tokens`` of the sample the header names; ``body`` itself when it is not listed."""
+    sid = urllib.parse.unquote(header_id) if header_id else None
+    if sid is None or sid not in by_id or not body:
+        return body
+    req: dict[str, Any] = json.loads(body)
+    req["max_tokens"] = by_id[sid]
+    return json.dumps(req).encode()
+
+
+def _serve(sock: socket.socket, upstream: str, by_id: Mapping[str, int], rewritten: Any, ready: Any) -> None:
+    """The proxy process: serve ``sock`` until terminated, counting rewritten requests in ``rewritten``."""
+
+    async def forward(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         if request.method == "POST" and request.path.endswith("/chat/completions"):
-            body = self.rewrite(body, request.headers.get(SAMPLE_ID_HEADER))
+            out = rewrite_max_tokens(body, request.headers.get(SAMPLE_ID_HEADER), by_id)
+            if out is not body:
+                with rewritten.get_lock():
+                    rewritten.value += 1
+            body = out
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-        async with self._session.request(
-            request.method, self.upstream + request.path_qs, data=body or None, headers=headers
+        async with session.request(
+            request.method, upstream + request.path_qs, data=body or None, headers=headers
         ) as resp:
             data = await resp.read()
             kept = {k: v for k, v in resp.headers.items() if k.lower() == "content-type"}
             return web.Response(body=data, status=resp.status, headers=kept)
 
-    async def _start(self) -> None:
-        self._session = aiohttp.ClientSession(
+    async def main() -> None:
+        nonlocal session
+        session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
         )
         app = web.Application(client_max_size=1 << 30)
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.SockSite(self._runner, self._sock).start()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        ready.set()
+        await asyncio.Event().wait()  # until the parent terminates this process
 
-    async def _stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
-
-    def __enter__(self) -> LengthProxy:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=30)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=30)
-            self._loop.close()
-            self._sock.close()
+    session: aiohttp.ClientSession
+    asyncio.run(main())
 
 
 @contextlib.contextmanager
