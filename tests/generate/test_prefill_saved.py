@@ -31,7 +31,7 @@ AT_ONCE = GenerateConfig.from_dict({"concurrency": 8, "sampling": {"max_tokens":
 
 
 def _shard(
-    tmp_path: Path, cfg: GenerateConfig = FOUR, **server: Any
+    tmp_path: Path, cfg: GenerateConfig = FOUR, known: dict[str, Any] | None = None, **server: Any
 ) -> tuple[ShardStats, list[dict[str, Any]]]:
     # the in-flight copies share a prefill batch only where the server queues and decodes over time
     queued = {"inline": False, "token_rate": 4000.0} if cfg is AT_ONCE else {"inline": True}
@@ -39,7 +39,8 @@ def _shard(
     try:
         t, progress = tmp_path, ProgressOptions(status_path=tmp_path / "s.json")
         paths = (t / "j.jsonl", t / "o.jsonl", t / "f.jsonl")
-        job = ShardJob(SAMPLES, *paths, cfg, Endpoint(url, "gpu0"), "00000", progress)
+        endpoint = Endpoint(url, "gpu0", **(known or {}))  # known: what /server_info is not read for
+        job = ShardJob(SAMPLES, *paths, cfg, endpoint, "00000", progress)
         stats = generate_shard(job)
     finally:
         stop()
@@ -73,6 +74,16 @@ def test_with_the_cache_off_nothing_is_read_from_it_and_no_prefill_is_sent(tmp_p
     # the server's /server_info says the cache is off: the four completions of a prompt, no prefill request
     assert stats.prefill.reported == 12 and stats.prefill.cached_tokens == 0
     assert stats.prefill.cached_share == 0.0 and "(0%)" in stats.prefill.in_words()
+
+
+def test_a_server_that_does_not_say_is_taken_to_keep_its_cache(tmp_path: Path) -> None:
+    # what is known of the server spares the client /server_info, the one place that says whether the radix
+    # cache is off (a server that is not SGLang has none; vLLM's prefix caching is on by default)
+    stats, _ = _shard(tmp_path, known={"version": "other", "numerics": {}}, enable_cache_report=True)
+    assert stats.prefill.answers == 15 and stats.prefill.cached_tokens > 0  # the prefill request went out
+    off = {"version": "0.5.17", "numerics": {}, "radix_cache": False}  # a plan that turned it off says so
+    stats, _ = _shard(tmp_path / "off", known=off, enable_cache_report=True, disable_radix_cache=True)
+    assert stats.prefill.answers == 12 and stats.prefill.cached_tokens == 0
 
 
 def test_without_the_report_nothing_is_claimed(tmp_path: Path) -> None:
