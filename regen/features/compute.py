@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 from regen.features.backends import CaptureBackend, encode
@@ -57,6 +58,9 @@ class ShardResult:
     first_batch_s: float = 0.0
     #: seconds the job spent building its engine before the first batch (0: not measured here)
     engine_s: float = 0.0
+    #: each later batch's tokens and the seconds from the previous batch's files written to its own: a batch
+    #: that met a shape the engine had not built kernels for stands out (``MeasuredPace`` sets it aside)
+    later_batches: tuple[tuple[int, float], ...] = ()
 
     def pace(self) -> dict[str, Any] | None:
         """What the shard keeps of this job's pace (None: it computed nothing): the tokens it prefilled and
@@ -72,6 +76,7 @@ class ShardResult:
             "first_batch_tokens": self.first_batch_tokens,
             "first_batch_s": round(self.first_batch_s, 3),
             "engine_s": round(self.engine_s, 3),
+            "later_batches": [[tokens, round(seconds, 4)] for tokens, seconds in self.later_batches],
         }
 
 
@@ -170,6 +175,7 @@ def compute_rows(
         wall_s=wall_s,
         first_batch_tokens=first_tokens,
         first_batch_s=first_at - started,
+        later_batches=tuple((tokens, at - before) for (_, before), (tokens, at) in pairwise(landed)),
     )
 
 

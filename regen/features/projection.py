@@ -132,9 +132,11 @@ def prefill_rate(
     if measured is not None:
         jobs = f"{measured.jobs} features job{'s' if measured.jobs != 1 else ''} so far"
         if measured.steady_jobs:
+            stalls = measured.stalled_batches
+            aside = f" and {stalls} batch{'es' if stalls != 1 else ''} that stalled" if stalls else ""
             return measured.tokens_per_s, (
                 f"measured: {measured.steady_tokens:,} tokens prefilled and written in "
-                f"{measured.steady_seconds:,.1f} s after each job's first batch, by {jobs}"
+                f"{measured.steady_seconds:,.1f} s after each job's first batch{aside}, by {jobs}"
             )
         return measured.tokens_per_s, (
             f"measured: {measured.tokens:,} tokens prefilled and written in {measured.seconds:,.1f} s "

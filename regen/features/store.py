@@ -273,12 +273,20 @@ def read_pace(shard_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     return read_json(path) if path.is_file() else None
 
 
+#: a later batch that took over this many times the median later batch's seconds per token paid a one-time
+#: cost (kernels SGLang builds for a batch shape it meets first: a MoE's fused kernels, seconds each on the
+#: H100), not the pace: measurements/features-2026-12-07c-h100, the MoE's first job 34k tok/s after its
+#: first batch, its second 62k
+STALL_FACTOR = 2.0
+
+
 @dataclass(frozen=True, slots=True)
 class MeasuredPace:
     """The features jobs' pace so far, summed over the jobs that recorded one: tokens prefilled and written in
-    the jobs' seconds; of those, the tokens after each job's first batch and their seconds (the pace a job
-    keeps once its engine's first-use kernels are built), and the seconds each job took before: its engine's
-    build and its first batch."""
+    the jobs' seconds; of those, the tokens of the batches that kept the pace and their seconds (each job's
+    first batch and any later batch that stalled, :data:`STALL_FACTOR`, left out: they pay kernels an engine
+    builds on first use), and what was left out: those batches' tokens and, with each job's engine build,
+    their seconds."""
 
     tokens: int
     seconds: float
@@ -288,6 +296,8 @@ class MeasuredPace:
     steady_seconds: float = 0.0
     first_tokens: int = 0
     start_seconds: float = 0.0
+    #: later batches left out of the pace as stalled (their tokens and seconds are in first_/start_)
+    stalled_batches: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -299,16 +309,29 @@ class MeasuredPace:
     @property
     def start_s_per_job(self) -> float:
         """What a job costs beyond its tokens at :attr:`tokens_per_s`: its engine's build and what its first
-        batch took over that pace (0 when the pace is a whole job's, which has it inside)."""
+        (and stalled) batches took over that pace (0 when the pace is a whole job's, which has it inside)."""
         if not self.steady_jobs:
             return 0.0
         return max(0.0, self.start_seconds - self.first_tokens / self.tokens_per_s) / self.steady_jobs
 
 
+def stalled(batches: Sequence[Sequence[float]]) -> list[bool]:
+    """Which of ``batches`` (tokens, seconds) took over :data:`STALL_FACTOR` times both their tokens at the
+    median seconds per token and the median batch's seconds (a short batch, a job's last, pays a step's fixed
+    cost on fewer tokens: not a stall)."""
+    timed = [(t, s) for t, s in batches if t > 0]
+    if not timed:
+        return [False] * len(batches)
+    per_token = sorted(s / t for t, s in timed)[len(timed) // 2]
+    per_batch = sorted(s for _, s in timed)[len(timed) // 2]
+    return [t > 0 and s > STALL_FACTOR * max(t * per_token, per_batch) for t, s in batches]
+
+
 def measured_pace(features_dir: str | os.PathLike[str]) -> MeasuredPace | None:
     """The pace the shards under ``features_dir`` recorded, summed (None: none recorded yet). A shard whose
     job prefilled one batch only counts in the whole pace; a pace file from before the first batch was
-    recorded counts as one such batch."""
+    recorded counts as one such batch; one from before later batches were recorded keeps all of its
+    batches after the first in the pace."""
     paces = [
         pace
         for shard_dir in sorted(p.parent for p in Path(features_dir).glob(f"*/{PACE_FILE}"))
@@ -321,13 +344,17 @@ def measured_pace(features_dir: str | os.PathLike[str]) -> MeasuredPace | None:
         for p in paces
         if 0 < p.get("first_batch_tokens", 0) < p["tokens"] and p["first_batch_s"] < p["seconds"]
     ]
+    later = [b for p in steady for b in p.get("later_batches", ())]
+    aside = [b for b, is_stalled in zip(later, stalled(later), strict=True) if is_stalled]
+    aside_tokens, aside_s = sum(int(t) for t, _ in aside), sum(float(s) for _, s in aside)
     return MeasuredPace(
         tokens=sum(p["tokens"] for p in paces),
         seconds=sum(p["seconds"] for p in paces),
         jobs=len(paces),
         steady_jobs=len(steady),
-        steady_tokens=sum(p["tokens"] - p["first_batch_tokens"] for p in steady),
-        steady_seconds=sum(p["seconds"] - p["first_batch_s"] for p in steady),
-        first_tokens=sum(p["first_batch_tokens"] for p in steady),
-        start_seconds=sum(p.get("engine_s", 0.0) + p["first_batch_s"] for p in steady),
+        steady_tokens=sum(p["tokens"] - p["first_batch_tokens"] for p in steady) - aside_tokens,
+        steady_seconds=sum(p["seconds"] - p["first_batch_s"] for p in steady) - aside_s,
+        first_tokens=sum(p["first_batch_tokens"] for p in steady) + aside_tokens,
+        start_seconds=sum(p.get("engine_s", 0.0) + p["first_batch_s"] for p in steady) + aside_s,
+        stalled_batches=len(aside),
     )

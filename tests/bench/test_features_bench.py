@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from regen.features.store import stalled
+
 ROOT = Path(__file__).resolve().parents[2]
 TRAINERS_PYTHON = os.environ.get("REGEN_TRAINERS_PYTHON")
 
@@ -111,10 +113,22 @@ def test_the_second_shard_is_projected_at_the_first_shards_recorded_pace(
     assert paced["tokens"] == second["tokens"] and paced["measured_s"] == second["seconds"]
     after_first = first["tokens"] - first["first_batch_tokens"]
     assert 0 < after_first < first["tokens"]
-    assert paced["rate_source"].startswith(f"measured: {after_first:,} tokens prefilled and written in")
-    # the first shard's rate after its first batch, carried over to the second's tokens (the same engine, in
-    # the same process: no start counted)
-    rate = after_first / (first["seconds"] - first["first_batch_s"])
+    # the first shard's rate after its first batch, any later batch that stalled set aside too (the pace file
+    # lists each later batch), carried over to the second's tokens (the same engine, in the same process: no
+    # start counted)
+    pace = paced["pace"]
+    assert pace["steady_tokens"] + pace["first_tokens"] == first["tokens"]
+    later = first["later_batches"]
+    assert sum(t for t, _ in later) == after_first
+    aside = [b for b, is_stalled in zip(later, stalled(later), strict=True) if is_stalled]  # the rule's test:
+    assert len(aside) == pace["stalled_batches"]  # tests/features/test_features_store.py
+    kept_tokens = after_first - sum(t for t, _ in aside)
+    assert pace["steady_tokens"] == kept_tokens
+    assert paced["rate_source"].startswith(f"measured: {kept_tokens:,} tokens prefilled and written in")
+    rate = kept_tokens / pace["steady_seconds"]
+    assert pace["steady_seconds"] == pytest.approx(
+        first["seconds"] - first["first_batch_s"] - sum(s for _, s in aside), abs=1e-3
+    )
     assert paced["projected_s"] == pytest.approx(second["tokens"] / rate, rel=1e-2)
 
 

@@ -10,7 +10,7 @@ import json
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +77,9 @@ def read_safetensors(path: Path) -> tuple[dict, bytes]:
 
 def settings(dtype: str = "bf16") -> FeatureSettings:
     return FeatureSettings("m", LAYERS, LAYER_CONVENTION, "post_norm", dtype, HIDDEN, "stand-in")
+
+
+DEMO_MODEL = Path(__file__).resolve().parents[2] / "resources/demo-model/config.json"
 
 
 def token_rows(lengths: Sequence[int] = (3, 7, 5, 2)) -> list[TokenRow]:
@@ -300,13 +303,17 @@ class SlowBackend(CountingBackend):
     """Each batch's prefill takes ``seconds`` (a GPU's time, stood in for), the first ``first_s``: the kernels
     an engine builds on its first use."""
 
-    def __init__(self, seconds: float, first_s: float | None = None) -> None:
+    def __init__(
+        self, seconds: float, first_s: float | None = None, stall: Mapping[int, float] | None = None
+    ) -> None:
         super().__init__()
         self.seconds = seconds
         self.first_s = seconds if first_s is None else first_s
+        self.stall = stall or {}  # batch index -> its seconds: a shape first met, its kernels built
 
     def capture_many(self, rows: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        time.sleep(self.seconds if self.batches else self.first_s)
+        n = len(self.batches)
+        time.sleep(self.stall.get(n, self.seconds if n else self.first_s))
         return super().capture_many(rows)
 
 
@@ -328,7 +335,7 @@ def test_the_projection_rates_the_rest_from_the_pace_the_jobs_recorded(tmp_path:
     assert rerun == pace  # a rerun that computed nothing keeps the pace it measured
 
     counts = TokenCounts(rows=1000, tokens=1_000_000, source="the audit's")
-    model = ModelShape.from_config(Path(__file__).resolve().parents[2] / "resources/demo-model/config.json")
+    model = ModelShape.from_config(DEMO_MODEL)
     measured = measured_pace(layout.features_dir)
     assert measured is not None and (measured.tokens, measured.jobs, measured.steady_jobs) == (17, 1, 1)
     steady_rate = 14 / (pace["seconds"] - pace["first_batch_s"])  # the 3 batches after the first
@@ -360,3 +367,39 @@ def test_the_projection_rates_the_rest_from_the_pace_the_jobs_recorded(tmp_path:
     assert "assumed" in assumed.rate_source and assumed.rate > 1000 * p.rate  # the stand-in is that slow
     chosen_rate = project(counts, FeaturesConfig.from_dict({"prefill_tokens_per_s": 5.0}), model, measured)
     assert (chosen_rate.rate, chosen_rate.rate_source) == (5.0, "features.prefill_tokens_per_s")
+
+
+def test_a_later_batch_that_stalled_is_a_jobs_start_not_its_pace(tmp_path: Path) -> None:
+    """A MoE's first job on the H100 met a batch shape its fused kernels were not built for after its first
+    batch: 34k tok/s over its later batches, its second job 62k (measurements/features-2026-12-07c-h100). A
+    later batch far slower than the median is set aside with the first batch: the pace is what the other
+    batches kept, the job's start what it cost."""
+    layout = RunLayout(results=tmp_path / "results")
+
+    def job(shard: str, backend: CountingBackend) -> dict:
+        rows = token_rows((4,) * 12)  # 12 batches of 4 tokens, 0.02 s each
+        run_shard(rows=rows, shard_dir=layout.features_shard_dir(shard), shard=shard, settings=settings(),
+                  backend=backend, about={}, batch_tokens=4, encoder=bf16, engine_s=0.3)  # fmt: skip
+        return json.loads((layout.features_shard_dir(shard) / PACE_FILE).read_text())
+
+    pace = job("00000", SlowBackend(0.02, first_s=0.3, stall={4: 0.3}))  # the fifth batch builds kernels
+    later = pace["later_batches"]
+    assert len(later) == 11 and all(t == 4 for t, _ in later) and later[3][1] >= 0.3, later
+    measured = measured_pace(layout.features_dir)
+    assert measured is not None and measured.stalled_batches == 1
+    assert (measured.steady_tokens, measured.first_tokens) == (40, 8)
+    assert measured.tokens_per_s > 1.5 * 44 / (pace["seconds"] - pace["first_batch_s"])  # what it was before
+    assert measured.start_s_per_job > 0.3 + 0.3 + 0.3 - 0.1  # build, first batch, stalled batch
+    p = project(
+        TokenCounts(1, 1, "x"),
+        FeaturesConfig.from_dict({"enabled": True}),
+        ModelShape.from_config(DEMO_MODEL),
+        measured,
+    )
+    assert "after each job's first batch and 1 batch that stalled, by 1 features job" in p.rate_source
+    # the next job on the same engine builds nothing: projected at the kept pace, not the stalled one's
+    ahead = project(TokenCounts(12, 48, "the next shard"), FeaturesConfig.from_dict({"enabled": True}),
+                    ModelShape.from_config(DEMO_MODEL), measured)  # fmt: skip
+    second = job("00001", SlowBackend(0.02))
+    assert ahead.gpu_hours * 3600 == pytest.approx(second["seconds"], rel=0.3), (ahead, second)
+    assert measured_pace(layout.features_dir).stalled_batches == 1  # the second job's batches kept the pace
