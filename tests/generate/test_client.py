@@ -355,7 +355,17 @@ def test_multi_turn_modes(sim: str, tmp_path: Path) -> None:
     assert len(recs["c2"]["turns"]) == 1
 
 
-def test_concurrency_from_server_info(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("known", "expected"),
+    [
+        ({}, 4),  # the effective cap of 3 running, plus ceil(3 x queue_headroom 0.25) waiting in its queue
+        # a plan's client concurrency of 2 under the cap (the KV filled at the expected context): kept as it
+        # is, as the server would run a third past the decode graphs planned for 2
+        ({"max_running_requests": 2, "server_running_cap": 3, "version": "0.5.17", "numerics": {}}, 2),
+    ],
+    ids=["server-cap", "planned-fill"],
+)
+def test_concurrency_from_server_info(tmp_path: Path, known: dict[str, Any], expected: int) -> None:
     url, stop = start_simulated_server(
         max_running_requests=64, effective_max_running_requests=3, token_rate=1000, long_fraction=0.0
     )
@@ -372,7 +382,7 @@ def test_concurrency_from_server_info(tmp_path: Path) -> None:
                         tmp_path / "o.jsonl",
                         tmp_path / "f.jsonl",
                         GenerateConfig.from_dict(FAST),
-                        Endpoint(url, "gpu0"),
+                        Endpoint(url, "gpu0", **known),
                         "00000",
                         ProgressOptions(),
                     )
@@ -388,7 +398,7 @@ def test_concurrency_from_server_info(tmp_path: Path) -> None:
         asyncio.run(go())
     finally:
         stop()
-    assert peak == 4  # the effective cap of 3 running, plus ceil(3 x queue_headroom 0.25) waiting
+    assert peak == expected
 
 
 def test_ids_are_data_not_header_syntax(sim: str, tmp_path: Path) -> None:
