@@ -440,7 +440,7 @@ def client_concurrency(
     client = (
         workload_running
         if stateful
-        else expected_fill(tokens, workload, memory.cuda_graph_max_bs, running, flags.page_size)
+        else expected_fill(tokens, workload, memory.cuda_graph_max_bs, running, flags)
     )
     return ClientConcurrency(workload_running, client, rule)
 
@@ -490,11 +490,13 @@ def runtime_memory(
     return RuntimeMemory(free_gib, room)
 
 
-def expected_fill(tokens: int, workload: Workload, decode_graph_bs: int, running: int, page_size: int) -> int:
-    """Requests in flight that fill ``tokens`` of KV at the workload's expected context on pages of
-    ``page_size`` tokens, never fewer than the decode graphs SGLang captures by default, never more than the
-    running cap."""
-    per_request = max(1, workload.paged_tokens_per_request(page_size))
+def expected_fill(
+    tokens: int, workload: Workload, decode_graph_bs: int, running: int, flags: ServerFlags
+) -> int:
+    """Requests in flight that fill ``tokens`` of KV at the workload's expected context on the pages of
+    ``flags`` (a prompt's completions sharing its pages where its radix cache is on), never fewer than the
+    decode graphs SGLang captures by default, never more than the running cap."""
+    per_request = max(1, workload.paged_tokens_per_request(flags.page_size, not flags.disable_radix_cache))
     return min(running, max(tokens // per_request, decode_graph_bs))
 
 

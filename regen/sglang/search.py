@@ -447,7 +447,7 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
         return None
     default_cap, default_graphs = default.effective_max_running_requests, default.cuda_graph_max_bs
     page = parse_flags([*target.base, *own]).page_size
-    per_request = workload.paged_tokens_per_request(page)
+    per_request = workload.paged_tokens_per_request(page, radix_cache=not choice.disable_radix)
     # a sliding-window model with the radix cache off: a cap given selects SGLang's request-capped SWA pool
     # (SWAChunkCapPoolConfigurator / SWARequestCapPoolConfigurator) instead of the ratio split
     swa_capped = choice.disable_radix and default.swa_tokens is not None
@@ -488,7 +488,8 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
     held = f"room for {kv_fill:,}; the decode step's memory bounds it, below" if kv_fill > fill else ""
     reasons = [
         f"client in flight {client:,} (client_concurrency): the KV cache holds {p.kv_cache_tokens:,} tokens "
-        f"= {fill:,} x {per_request:,}{f' ({held})' if held else ''}: {workload.running_context_words()}; "
+        f"= {fill:,} x {per_request:,}{f' ({held})' if held else ''}: {workload.running_context_words()}"
+        f"{workload.shared_pages_words(page) if not choice.disable_radix else ''}; "
         "the expected context, not the "
         "worst case: SGLang admits by free KV less the running requests' expected growth "
         "(schedule_policy.PrefillAdder, new_token_ratio) and retracts when decode runs out "

@@ -58,6 +58,9 @@ class Workload:
     #: (:func:`run_completions`); None: unknown (a provisional plan, a plan without an audit), and the
     #: planner does not weigh the run's size (``regen.sglang.run_size``)
     completions: int | None = None
+    #: completions of one prompt sent back to back (the variants' n together): with the radix cache on they
+    #: hold the prompt's whole pages once between them (:meth:`paged_tokens_per_request`)
+    completions_per_prompt: int = 1
 
     @property
     def unique_prompts(self) -> bool:
@@ -102,10 +105,43 @@ class Workload:
         """The context the KV is filled at per running request: prompt p50 + :attr:`running_answer_tokens`."""
         return self.prompt_p50 + self.running_answer_tokens
 
-    def paged_tokens_per_request(self, page_size: int) -> int:
+    def paged_tokens_per_request(self, page_size: int, radix_cache: bool = False) -> int:
         """:attr:`expected_tokens_per_request` on a KV pool of ``page_size``-token pages: a request holds
-        whole pages, its last one half empty on average (:func:`page_waste`)."""
-        return self.expected_tokens_per_request + page_waste(page_size)
+        whole pages, its last one half empty on average (:func:`page_waste`). With the radix cache on and
+        several completions of a prompt, the prompt's whole pages (all but its last token, as SGLang's
+        prefix match takes them) are held once for them all, as long as the longest of them runs: a running
+        request holds :meth:`prompt_share` of them."""
+        own = self.expected_tokens_per_request + page_waste(page_size)
+        if not radix_cache or self.completions_per_prompt <= 1:
+            return own
+        shared = self.shared_prompt_tokens(page_size)
+        return own - shared + math.ceil(shared * self.prompt_share())
+
+    def shared_prompt_tokens(self, page_size: int) -> int:
+        """The prompt's tokens a radix-cache match serves: whole pages of all but its last token."""
+        page = max(1, page_size)
+        return (max(self.prompt_p50 - 1, 0) // page) * page
+
+    def prompt_share(self) -> float:
+        """The share of a prompt's shared pages a running completion holds, time-averaged: its n completions
+        run for L_1..L_n between them while the prompt is held for the longest, E[max L] / (n E[L]), with
+        E[max L] <= E[L] (1 + cv (n - 1) / sqrt(2n - 1)) (the bound on the mean of the largest of n, Hartley
+        and David 1954); cv the answers' (1 when unknown, as the conservative rule assumes)."""
+        n = self.completions_per_prompt
+        cv = float(self.expected_output_cv) if self.spread_known else 1.0
+        return min(1.0, (1.0 + cv * (n - 1) / math.sqrt(2 * n - 1)) / n)
+
+    def shared_pages_words(self, page_size: int) -> str:
+        """How :meth:`paged_tokens_per_request` with the radix cache on shares the prompt ('' where it does
+        not), for the reasons."""
+        if self.completions_per_prompt <= 1:
+            return ""
+        n, shared = self.completions_per_prompt, self.shared_prompt_tokens(page_size)
+        return (
+            f"; the prompt's {shared:,} tokens in whole pages held once by its {n} completions while "
+            f"the longest runs: {self.prompt_share():.2f} of them a running request (E[max of {n}] / "
+            f"({n} E[L]), at most (1 + cv ({n} - 1) / sqrt(2 x {n} - 1)) / {n}, Hartley-David)"
+        )
 
     def running_context_words(self) -> str:
         """How :attr:`expected_tokens_per_request` was found, for the reasons and the rules map."""
@@ -250,8 +286,14 @@ def workload_from_audit(
         target_concurrency=target_concurrency,
         shared_prefixes=shared_prefixes(summary, variants),
         completions=run_completions(summary, variants),
+        completions_per_prompt=completions_per_prompt(variants),
         **old_answers_expected(summary, variants, answer_only),
     )
+
+
+def completions_per_prompt(variants: Sequence[VariantShare]) -> int:
+    """The completions each prompt gets, the variants' n together (1 without variants)."""
+    return max(1, sum(v.n for v in variants))
 
 
 def old_answers_expected(

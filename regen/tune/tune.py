@@ -33,6 +33,7 @@ from regen.sglang.recommend import Recommendation, recommend, unmodelled_plan_fi
 from regen.sglang.workload import (
     VariantShare,
     Workload,
+    completions_per_prompt,
     default_workload,
     run_completions,
     shared_prefixes,
@@ -227,6 +228,7 @@ def cli(argv: list[str]) -> int:
             target_concurrency=ns.concurrency,
             shared_prefixes=run_shared_prefixes(ns.audit_summary, run.generate),
             completions=audit_completions(ns.audit_summary, run.generate),
+            completions_per_prompt=completions_per_prompt(variant_shares(run.generate)),
             **expected_output_fields(ns, base),
         )
         rec = recommend(
@@ -416,6 +418,7 @@ def sweep_cli(argv: list[str]) -> int:
             prompt_p99=max(ns.prompt_p99 or base.prompt_p99, p50),
             max_tokens=max_tokens,
             shared_prefixes=run_shared_prefixes(ns.audit_summary or layout.audit_summary, generate_cfg),
+            completions_per_prompt=completions_per_prompt(variant_shares(generate_cfg)),
             **expected_output_fields(ns, base),
         )
         rec = recommend(

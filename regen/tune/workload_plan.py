@@ -23,6 +23,7 @@ from regen.sglang.workload import (
     DEFAULT_PROMPT_P99,
     VariantShare,
     Workload,
+    completions_per_prompt,
     old_answers_expected,
     run_completions,
     shared_prefixes,
@@ -90,6 +91,7 @@ def workload_from_audit_histogram(
         max_tokens=int(max_tokens),
         shared_prefixes=shared_prefixes(summary, variants),
         completions=run_completions(summary, variants),
+        completions_per_prompt=completions_per_prompt(variants),
         **old_answers_expected(summary, variants, answer_only),
     )
 

@@ -335,3 +335,50 @@ def test_the_plan_under_given_pages_fills_at_the_paged_context() -> None:
     given = plan(llama, H200_MIB, 1, ["--page-size", "64"], BENCH, "0.5.17")
     assert given.client_concurrency == given.kv_cache_tokens // (1750 + 32) > 256
     assert BENCH.paged_tokens_per_request(1) == BENCH.expected_tokens_per_request == 1750
+
+
+#: the H100 race's workload (measurements/race-2026-12-07d-h100-n4-p1024): 1,024-token prompts, answers of
+#: mean 159 and std 118 (the audit's), four completions a prompt sent back to back with the radix cache on
+RACE_N4 = Workload(
+    prompt_p50=1024, prompt_p99=1024, max_tokens=1024, expected_output_tokens=159,
+    expected_output_cv=118 / 159, shared_prefixes=("4 completions per prompt",), completions_per_prompt=4,
+)  # fmt: skip
+H100_MIB = 81559
+
+
+def test_a_prompts_completions_share_its_pages_in_the_planned_fill() -> None:
+    """Four completions of a 1,024-token prompt hold its 15 whole pages once between them (SGLang's prefix
+    match: all but the last token, whole pages) for as long as the longest runs; the client concurrency
+    fills the KV at that, not at four prompts' worth. With the cache off, or one completion, as before."""
+    llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
+    alone = dataclasses.replace(RACE_N4, completions_per_prompt=1, shared_prefixes=())
+    shared = recommend(llama, H100_MIB, 1, ["--load-format", "dummy"], RACE_N4, "0.5.17", **NO_TRADEOFFS)
+    single = recommend(llama, H100_MIB, 1, ["--load-format", "dummy"], alone, "0.5.17", **NO_TRADEOFFS)
+    s, u = shared.recommended, single.recommended
+    assert "--disable-radix-cache" in u.args and "--disable-radix-cache" not in s.args
+    # the H100 race planned 396 for this workload without the sharing (its realized plan)
+    assert u.client_concurrency == u.kv_cache_tokens // (1024 + RACE_N4.running_answer_tokens + PAGED) == 396
+    held = 64 + math.ceil(960 * RACE_N4.prompt_share()) + RACE_N4.running_answer_tokens + PAGED
+    assert RACE_N4.paged_tokens_per_request(64, radix_cache=True) == held
+    assert RACE_N4.paged_tokens_per_request(64) == 1024 + RACE_N4.running_answer_tokens + PAGED  # cache off
+    # the KV has room for 706 at that; the decode step's memory beside the graphs bounds the plan at 619
+    assert s.kv_cache_tokens // held == 706 and s.client_concurrency == 619 == s.cuda_graph_max_bs
+    assert "room for 706" in shared.reasons[0]
+    assert "the prompt's 960 tokens in whole pages held once by its 4 completions" in shared.reasons[0]
+    assert "held once" not in single.reasons[0]
+    # what the race's server held: ~490 running in ~200k tokens (four completions of equal length, all
+    # running together: a quarter of each prompt) under the plan's per-request share
+    assert held > 200_000 / 490
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("cv", [0.3, 0.74, 1.2])
+def test_the_prompt_share_bounds_the_time_averaged_share_of_independent_answers(n: int, cv: float) -> None:
+    """E[max of n] / (n E[L]) for log-normal answers of that cv, drawn: at most the planned share (the
+    Hartley-David bound), and not far below it (the plan does not give away the sharing)."""
+    rng = random.Random(n * 1000 + int(cv * 100))
+    sigma = math.sqrt(math.log(1 + cv * cv))
+    draws = [[rng.lognormvariate(0.0, sigma) for _ in range(n)] for _ in range(20_000)]
+    held = statistics.fmean(max(d) for d in draws) / (n * statistics.fmean(x for d in draws for x in d))
+    planned = dataclasses.replace(RACE_N4, completions_per_prompt=n, expected_output_cv=cv).prompt_share()
+    assert held <= planned * 1.01 and held > 0.75 * planned, (held, planned)
