@@ -1119,6 +1119,8 @@ def target_line(doc: dict[str, Any]) -> str:
         proj_bytes_ratio=fmt(p.get("bytes_ratio"), 3, "na"),
         proj_gpu_h_ratio=fmt(p.get("gpu_hours_ratio"), 3, "na"),
         proj_paced_gpu_h_ratio=fmt(p.get("paced_gpu_hours_ratio"), 3, "na"),
+        # the first job's later batches set aside as stalled (regen.features.store.STALL_FACTOR)
+        paced_stalled_batches=((p.get("paced") or {}).get("pace") or {}).get("stalled_batches", "na"),
     )
 
 

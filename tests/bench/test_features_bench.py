@@ -70,6 +70,7 @@ def test_the_smoke_ends_with_one_line_a_target_then_the_summary(smoke: tuple[dic
             "proj_bytes_ratio",
         ):
             assert float(fields[key]) >= 0, key
+        assert int(fields["paced_stalled_batches"]) >= 0  # what the first job's pace set aside
 
 
 @pytest.mark.parametrize("target", [0, 1])
