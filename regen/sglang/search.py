@@ -489,7 +489,7 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
     reasons = [
         f"client in flight {client:,} (client_concurrency): the KV cache holds {p.kv_cache_tokens:,} tokens "
         f"= {fill:,} x {per_request:,}{f' ({held})' if held else ''}: {workload.running_context_words()}"
-        f"{workload.shared_pages_words(page) if not choice.disable_radix else ''}; "
+        f"{workload.shared_pages_words(page, radix_cache=not choice.disable_radix)}; "
         "the expected context, not the "
         "worst case: SGLang admits by free KV less the running requests' expected growth "
         "(schedule_policy.PrefillAdder, new_token_ratio) and retracts when decode runs out "

@@ -112,10 +112,15 @@ class Workload:
         prefix match takes them) are held once for them all, as long as the longest of them runs: a running
         request holds :meth:`prompt_share` of them."""
         own = self.expected_tokens_per_request + page_waste(page_size)
-        if not radix_cache or self.completions_per_prompt <= 1:
+        if not self.shares_prompt_pages(radix_cache):
             return own
         shared = self.shared_prompt_tokens(page_size)
         return own - shared + math.ceil(shared * self.prompt_share())
+
+    def shares_prompt_pages(self, radix_cache: bool) -> bool:
+        """Whether a prompt's completions hold its pages once between them: the radix cache on and more
+        than one completion a prompt."""
+        return radix_cache and self.completions_per_prompt > 1
 
     def shared_prompt_tokens(self, page_size: int) -> int:
         """The prompt's tokens a radix-cache match serves: whole pages of all but its last token."""
@@ -131,10 +136,9 @@ class Workload:
         cv = float(self.expected_output_cv) if self.spread_known else 1.0
         return min(1.0, (1.0 + cv * (n - 1) / math.sqrt(2 * n - 1)) / n)
 
-    def shared_pages_words(self, page_size: int) -> str:
-        """How :meth:`paged_tokens_per_request` with the radix cache on shares the prompt ('' where it does
-        not), for the reasons."""
-        if self.completions_per_prompt <= 1:
+    def shared_pages_words(self, page_size: int, radix_cache: bool) -> str:
+        """How :meth:`paged_tokens_per_request` shares the prompt ('' where it does not), for the reasons."""
+        if not self.shares_prompt_pages(radix_cache):
             return ""
         n, shared = self.completions_per_prompt, self.shared_prompt_tokens(page_size)
         return (
@@ -210,6 +214,11 @@ class VariantShare:
         return self.n * (1.0 - self.thinking_share)
 
 
+def completions_per_prompt(variants: Sequence[VariantShare]) -> int:
+    """The completions each prompt gets, the variants' n together (1 without variants)."""
+    return max(1, sum(v.n for v in variants))
+
+
 #: a system prompt keeps the radix cache on when at least this share of the samples starts with it ...
 SHARED_SYSTEM_PROMPT_SHARE = 0.1
 #: ... and it is at least this long: two 64-token pages (the tuner's KV page, which SGLang's prefix match
@@ -224,7 +233,7 @@ def shared_prefixes(summary: Mapping[str, Any], variants: Sequence[VariantShare]
     ``empty_answers`` counts turns under the mode it was given), and a long system prompt a share of the
     samples start with (the audit's ``system_prompts``, absent from older audits)."""
     out = []
-    completions = sum(v.n for v in variants)
+    completions = completions_per_prompt(variants)
     if completions > 1:
         out.append(
             f"{completions} completions per prompt (generate.sampling.n / generate.variants), sent back to "
@@ -262,7 +271,7 @@ def run_completions(summary: Mapping[str, Any], variants: Sequence[VariantShare]
         kept = int(summary["total"]) - int(summary.get("excluded") or 0)
     if kept is None:
         return None
-    return int(kept) * (sum(v.n for v in variants) or 1)
+    return int(kept) * completions_per_prompt(variants)
 
 
 def workload_from_audit(
@@ -289,11 +298,6 @@ def workload_from_audit(
         completions_per_prompt=completions_per_prompt(variants),
         **old_answers_expected(summary, variants, answer_only),
     )
-
-
-def completions_per_prompt(variants: Sequence[VariantShare]) -> int:
-    """The completions each prompt gets, the variants' n together (1 without variants)."""
-    return max(1, sum(v.n for v in variants))
 
 
 def old_answers_expected(
