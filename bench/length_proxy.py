@@ -60,12 +60,7 @@ class LengthProxy:
 
     def rewrite(self, body: bytes, header_id: str | None) -> bytes:
         """``body`` with the sample's ``max_tokens`` (as it is when the sample is not in the map)."""
-        out = rewrite_max_tokens(body, header_id, self.by_id)
-        if out is body:
-            return body
-        with self._rewritten.get_lock():
-            self._rewritten.value += 1
-        return out
+        return counted_rewrite(body, header_id, self.by_id, self._rewritten)
 
     def __enter__(self) -> LengthProxy:
         self._proc.start()
@@ -92,17 +87,22 @@ def rewrite_max_tokens(body: bytes, header_id: str | None, by_id: Mapping[str, i
     return json.dumps(req).encode()
 
 
+def counted_rewrite(body: bytes, header_id: str | None, by_id: Mapping[str, int], rewritten: Any) -> bytes:
+    """:func:`rewrite_max_tokens`, counting a rewritten body in the shared ``rewritten`` value."""
+    out = rewrite_max_tokens(body, header_id, by_id)
+    if out is not body:
+        with rewritten.get_lock():
+            rewritten.value += 1
+    return out
+
+
 def _serve(sock: socket.socket, upstream: str, by_id: Mapping[str, int], rewritten: Any, ready: Any) -> None:
     """The proxy process: serve ``sock`` until terminated, counting rewritten requests in ``rewritten``."""
 
     async def forward(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         if request.method == "POST" and request.path.endswith("/chat/completions"):
-            out = rewrite_max_tokens(body, request.headers.get(SAMPLE_ID_HEADER), by_id)
-            if out is not body:
-                with rewritten.get_lock():
-                    rewritten.value += 1
-            body = out
+            body = counted_rewrite(body, request.headers.get(SAMPLE_ID_HEADER), by_id, rewritten)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         async with session.request(
             request.method, upstream + request.path_qs, data=body or None, headers=headers

@@ -273,7 +273,7 @@ def read_pace(shard_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     return read_json(path) if path.is_file() else None
 
 
-#: a later batch that took over this many times the median later batch's seconds per token paid a one-time
+#: a later batch that took over this many times the median later batch (per token and whole) paid a one-time
 #: cost (kernels SGLang builds for a batch shape it meets first: a MoE's fused kernels, seconds each on the
 #: H100), not the pace: measurements/features-2026-12-07c-h100, the MoE's first job 34k tok/s after its
 #: first batch, its second 62k
