@@ -260,6 +260,8 @@ class Settings:
     offline: bool = True
     #: whether ``regen-wide`` runs after regen's own arm (``--no-wide``: a device session too short for it)
     wide: bool = True
+    #: whether ``regen-nocache`` runs with n > 1 (``--no-nocache``: the prefill it saves already measured)
+    nocache: bool = True
     #: whether regen's audit summary says how many prompts there are (``--size-unknown``: no, and regen plans
     #: as for a run of unknown size, its full plan: what serving that plan gains, at a size a device affords)
     size_known: bool = True
@@ -430,7 +432,7 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     launched = PlanFile.read(plan_file)
     offers = {"regen": None, "regen-wide": int(cap) if s.wide and cap and cap != concurrency else None}
     rows = serve_regen(s, model_dir, launched, offers, planned, t)
-    if s.race.completions > 1 and RADIX_OFF not in launched.launch_args:
+    if s.nocache and s.race.completions > 1 and RADIX_OFF not in launched.launch_args:
         cache_off = replace(launched, launch_args=(*launched.launch_args, RADIX_OFF))
         rows += serve_regen(s, model_dir, cache_off, {"regen-nocache": None}, planned, Timer())
     return rows, int(concurrency) if concurrency else None
@@ -730,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-offline", action="store_true", help="leave the offline engine's arm out")
     p.add_argument("--no-wide", action="store_true", help="leave regen-wide (all at once, one server) out")
+    p.add_argument("--no-nocache", action="store_true", help="leave regen-nocache (n > 1, cache off) out")
     p.add_argument(
         "--size-unknown",
         action="store_true",
@@ -751,6 +754,7 @@ def main(argv: list[str] | None = None) -> int:
         offers=offers,
         offline=not args.no_offline,
         wide=not args.no_wide,
+        nocache=not args.no_nocache,
         size_known=not args.size_unknown,
     )
     s.work.mkdir(parents=True, exist_ok=True)
