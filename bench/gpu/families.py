@@ -28,20 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu import dense, serverlog
-from bench.gpu.harness import TARGET_RATIO, bar_of
+from bench.gpu.harness import BOTH_ARMS_FLAGS, TARGET_RATIO, bar_of
 from bench.gpu.hold import retractions
 from bench.gpu.planner_truth import host_name
 from bench.harness import add_campaign_args, fmt, publish, write_json
 
 MODELS = ("gpt-oss-20b", "qwen3-32b-fp8", "mixtral-8x7b", "nemotron-3-nano-30b-a3b")
-#: flags both arms of a model run with. Nemotron-H: SGLang 0.5.17 picks the ``flashinfer_cutlass`` MoE runner
-#: (``arg_groups/overrides.py``, ``_nemotron_h_overrides``), which FlashInfer JIT-compiles on first use (over
-#: 30 min on the H200 host, which has no JIT cache and no network); its Triton fused MoE runs the model's
-#: non-gated relu2 experts (``moe_runner/triton_utils/fused_moe.py``) and compiles in seconds. Held equal
-#: for both arms, so the comparison is still the plan against the defaults.
-BOTH_ARMS_FLAGS: dict[str, tuple[str, ...]] = {
-    "nemotron-3-nano-30b-a3b": ("--moe-runner-backend", "triton"),
-}
 #: the answers' coefficient of variation (dense's log-normal, median 1,200 and mean ~1,450)
 ANSWER_CV = 0.65
 

@@ -32,6 +32,14 @@ SPECIAL_IDS = frozenset({248044, 248045, 248046})
 SGLANG_VERSION = "0.5.17"
 TEMPLATE_TOKENS = 5  # "<|im_start|> user … <|im_end|> <|im_start|> assistant" around the prompt words
 BASE_ARGS = ("--load-format", "dummy")
+#: flags every arm of a model runs with (the families bench and the race). Nemotron-H: SGLang 0.5.17 picks
+#: the ``flashinfer_cutlass`` MoE runner (``arg_groups/overrides.py``, ``_nemotron_h_overrides``), which
+#: FlashInfer JIT-compiles on first use (over 30 min on the H200 host, which has no JIT cache and no network);
+#: its Triton fused MoE runs the model's non-gated relu2 experts (``moe_runner/triton_utils/fused_moe.py``)
+#: and compiles in seconds. Held equal for every arm: the comparison is still the plan against the defaults.
+BOTH_ARMS_FLAGS: dict[str, tuple[str, ...]] = {
+    "nemotron-3-nano-30b-a3b": ("--moe-runner-backend", "triton"),
+}
 
 
 def run_module(module: str, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[Any]:

@@ -61,6 +61,7 @@ from bench.gpu import serverlog
 from bench.gpu.dense import Workload, wait_ready
 from bench.gpu.harness import (
     BASE_ARGS,
+    BOTH_ARMS_FLAGS,
     Timer,
     bar_of,
     bench_server_cfg,
@@ -265,6 +266,8 @@ class Settings:
     #: whether regen's audit summary says how many prompts there are (``--size-unknown``: no, and regen plans
     #: as for a run of unknown size, its full plan: what serving that plan gains, at a size a device affords)
     size_known: bool = True
+    #: flags every arm launches with (:data:`BOTH_ARMS_FLAGS`: Nemotron-H's Triton MoE runner)
+    arm_flags: tuple[str, ...] = ()
 
 
 def arm_row(name: str, start_s: float | None, done: Finished | None, log_text: str) -> dict[str, Any]:
@@ -311,7 +314,7 @@ def default_server(s: Settings, model_dir: Path, name: str) -> Server:
         options = {"max_total_num_tokens": 200_000}
         return Server(simulated_argv(port, log_path, options, 256, 400.0), log_path, port)
     # SGLang's defaults: the benches' launch line less --skip-tokenizer-init (chat needs the tokenizer)
-    argv = [arg for arg in sglang_argv(model_dir, port, ()) if arg != "--skip-tokenizer-init"]
+    argv = [arg for arg in sglang_argv(model_dir, port, s.arm_flags) if arg != "--skip-tokenizer-init"]
     return Server(argv, log_path, port)
 
 
@@ -360,7 +363,7 @@ def offline_arm(s: Settings, model_dir: Path) -> dict[str, Any]:
         return {"arm": "offline", "skipped": "needs SGLang (dry run)"}
     result = s.work / "offline.json"
     given = s.work / "offline-input.json"
-    given.write_text(json.dumps(offline_input(s.race)))
+    given.write_text(json.dumps(offline_input(s.race, s.arm_flags)))
     log_path = s.work / "logs" / "offline.log"
     t = Timer()
     with log_path.open("wb") as fh:
@@ -386,7 +389,7 @@ def offline_arm(s: Settings, model_dir: Path) -> dict[str, Any]:
     return row
 
 
-def offline_input(race: RaceWork) -> dict[str, Any]:
+def offline_input(race: RaceWork, arm_flags: tuple[str, ...] = ()) -> dict[str, Any]:
     """The offline arm's workload: the same prompts, lengths and sampling as the chat arms send; a prompt
     with several completions given that many times in a row (SGLang 0.5.17's ``TokenizerManager`` warns that
     a large batch with ``n`` > 1 is slow, as it prefixes each prompt's cache one request at a time, and
@@ -396,7 +399,17 @@ def offline_input(race: RaceWork) -> dict[str, Any]:
         "prompts": [race.prompt(i) for i in range(race.requests) for _ in each],
         "max_tokens": [race.max_tokens(i) for i in range(race.requests) for _ in each],
         "sampling": SAMPLING,
+        "engine_args": engine_args(arm_flags),
     }
+
+
+def engine_args(flags: tuple[str, ...]) -> dict[str, str]:
+    """``--name value`` launch flags as ``sglang.Engine`` keywords (``name`` with ``_``), as ``ServerArgs``
+    takes them."""
+    names, values = flags[::2], flags[1::2]
+    if len(names) != len(values) or not all(n.startswith("--") for n in names):
+        raise ValueError(f"flags are not --name value pairs: {flags}")
+    return {n[2:].replace("-", "_"): v for n, v in zip(names, values, strict=True)}
 
 
 def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int | None]:
@@ -421,7 +434,7 @@ def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int |
     tune_args += ("--configfile", str(configfile))
     # the user's flags: the config-only model's dummy weights, as every arm loads them (without them, the
     # first race on the H100 waited out regen's 900-s start for a server that had no weights to load)
-    plan = regen_tune(model_dir, BASE_ARGS, *tune_args, gpu_mib=gpu_memory_mib(s.dry))
+    plan = regen_tune(model_dir, (*BASE_ARGS, *s.arm_flags), *tune_args, gpu_mib=gpu_memory_mib(s.dry))
     if plan.refused or plan.plan is None:
         return [{"arm": "regen", "error": f"regen tune refused: {plan.message}"}], None
     if plan.message:  # what regen tune said on the console (a run too small for its plan says so)
@@ -456,7 +469,7 @@ def serve_regen(
     cfg = bench_server_cfg(
         model_dir,
         s.dry,
-        args=list(BASE_ARGS),
+        args=[*BASE_ARGS, *s.arm_flags],
         use_tuner=True,
         port_base=free_port(),
         simulated=sim if s.dry else None,
@@ -756,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         wide=not args.no_wide,
         nocache=not args.no_nocache,
         size_known=not args.size_unknown,
+        arm_flags=() if args.dry_cpu else BOTH_ARMS_FLAGS.get(args.model, ()),
     )
     s.work.mkdir(parents=True, exist_ok=True)
     log(f"race: {args.model}, {race.requests} requests, {race.planned_output_tokens()} output tokens")

@@ -1,7 +1,8 @@
 """The race's offline arm (issue 57): SGLang's own offline engine with its defaults, every request at once.
 
 Run by ``bench.gpu.race`` in its own process: ``python -m bench.gpu.race_offline MODEL_DIR INPUT OUT``.
-INPUT is the workload as JSON (``prompts``, ``max_tokens``, ``sampling``), written by the race; nothing of
+INPUT is the workload as JSON (``prompts``, ``max_tokens``, ``sampling``, and ``engine_args``: the flags every
+arm launches with, as the engine's keywords), written by the race; nothing of
 regen is imported here. OUT gets ``start_s`` (process start to engine ready), ``generation_s`` (the one
 ``generate`` call) and the answers' token count.
 """
@@ -19,7 +20,9 @@ def main() -> int:
     model_dir, given, out = sys.argv[1:4]
     with open(given) as fh:
         work = json.load(fh)
-    engine = sglang.Engine(model_path=model_dir, load_format="dummy", log_level="info")
+    engine = sglang.Engine(
+        model_path=model_dir, load_format="dummy", log_level="info", **work.get("engine_args", {})
+    )
     start_s = time.monotonic() - T0
     params = [{"max_new_tokens": n, "ignore_eos": True, **work["sampling"]} for n in work["max_tokens"]]
     t = time.monotonic()

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from bench.gpu import serverlog
+from bench.gpu.harness import BOTH_ARMS_FLAGS
 from bench.gpu.race import (
     RaceWork,
     Settings,
     audit_summary,
     chat_request,
+    engine_args,
     flags_not_launched,
     offline_input,
     race_line,
@@ -90,6 +92,7 @@ def test_every_arm_is_offered_each_prompts_completions() -> None:
     assert given["max_tokens"] == [race.max_tokens(i) for i in range(5) for _ in range(3)]
     assert sum(given["max_tokens"]) == race.planned_output_tokens()
     assert chat_request(race, 2, "m")["n"] == 3
+    assert given["engine_args"] == {}
     assert "n" not in chat_request(RaceWork(5, 8, 12, 16, 64), 2, "m")
 
 
@@ -172,3 +175,13 @@ def test_the_race_line_states_the_bound_its_servers_allow(tmp_path: Path) -> Non
     offline["wall_s"], offline["tps"] = 95.0, 508_476 / 95.0  # a peer within 15% of the bound
     assert "bound_ratio=1.085 bar=bound" in race_line("llama-3.1-8b", race, rows, size_known=False)
     assert wall_bound(race, [{"arm": "regen", "start_s": 60.0}]) is None  # no server logged a rate
+
+
+def test_the_flags_every_arm_launches_with_reach_the_offline_engine_as_its_keywords() -> None:
+    """Nemotron-H's Triton MoE runner, a launch flag for the servers, is the engine's ``moe_runner_backend``
+    (``ServerArgs``' field names); a flag without its value is refused, not dropped."""
+    race = RaceWork(requests=2, prompt_tokens=8, median=12, mean=16, cap=64)
+    flags = BOTH_ARMS_FLAGS["nemotron-3-nano-30b-a3b"]
+    assert offline_input(race, flags)["engine_args"] == {"moe_runner_backend": "triton"}
+    with pytest.raises(ValueError, match="not --name value pairs"):
+        engine_args(("--moe-runner-backend",))
