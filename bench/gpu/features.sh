@@ -9,8 +9,9 @@
 #   bash bench/gpu/features.sh wait 590
 # On a fresh machine stage the payload first (race.sh's calls 1-4, carry .gpu/p0N), then start with .gpu/p05.
 # FEATURES_ARGS passes options to bench.gpu.features (e.g. "--dense-layers 32 --deadline-s 1100").
-# Collect ($OUT, flat, 5 files): features.log, features.json, features-dense.json, features-moe.json,
-# features-logs.tgz (each step's log, nvidia-smi, df, disk-probe.txt: 1 GB written with fdatasync before the run).
+# Collect ($OUT, flat, 7 files): features.log, features.json, features-dense.json, features-moe.json,
+# features-logs.tgz (each step's log, nvidia-smi, df, disk-probe.txt: 1 GB written with fdatasync before the run),
+# jit-cache.tgz and jit-cache-du.txt (bench/gpu/jit_cache.sh: carry it as .gpu/jit/ to a later session).
 # What ran on CPU before the first GPU run: the whole GPU code path at tiny sizes (SGLang 0.5.17's own runner in
 # process with --device cpu, attention torch_native, the cp312 payload's compiled parts reinstalled for 3.11,
 # torchvision and vllm's rope kernel stubbed): both arms, SpecForge's capture class with its 0.5.17 changes, the
@@ -39,6 +40,7 @@ collect() {
   cp "$T/disk-probe.txt" "$T/feat-collect/logs/" 2>/dev/null
   df -h "$T" > "$T/feat-collect/logs/df.txt" 2>&1
   tar czf "$OUT/features-logs.tgz" -C "$T/feat-collect" logs
+  [ "${DRY:-0}" = 1 ] || bash bench/gpu/jit_cache.sh save "$OUT"
   ls -la "$OUT"
 }
 if [ "$mode" = start ]; then

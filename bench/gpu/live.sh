@@ -73,14 +73,7 @@ if [ "$mode" = start ]; then
   extra=""
   [ "${DRY:-0}" = 1 ] && extra="--dry-cpu"
   if [ "${DRY:-0}" != 1 ]; then
-    # SGLang 0.5.17 builds flashinfer's sampling kernels (nvcc) on the first top-k/top-p request: ~110 s
-    # on a fresh machine. Build them now on the CPU (no GPU: CUDA hidden, arch given) while the first
-    # server starts; the server's own build then finds them (same arch dir, same lock).
-    (CUDA_VISIBLE_DEVICES= FLASHINFER_CUDA_ARCH_LIST=9.0 setsid nohup $PY -c 'import time; t = time.time()
-from flashinfer.jit.sampling import gen_sampling_module
-spec = gen_sampling_module(); spec.build(verbose=False)
-print("flashinfer sampling module built in", round(time.time() - t, 1), "s:", spec.jit_library_path, spec.is_compiled)' \
-      > /tmp/fi-prewarm.log 2>&1 < /dev/null &)
+    bash bench/gpu/prewarm_sampling.sh "$PY" /tmp/fi-prewarm.log  # (from /tmp/repo) while the first server starts
   fi
   PROG=${PROG:-bench.gpu.tune_live}
   [ "$PROG" = bench.gpu.tune_live ] && extra="$extra $wf --deadline-s ${DEADLINE:-1330}"

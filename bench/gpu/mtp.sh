@@ -62,13 +62,7 @@ if [ "$mode" = start ]; then
     mkdir -p "$T/site/deep_gemm"
     [ -f "$T/site/deep_gemm/__init__.py" ] \
       || echo "# stand-in: SGLang's DSA backend imports deep_gemm at CUDA-graph capture" > "$T/site/deep_gemm/__init__.py"
-    # SGLang 0.5.17 builds flashinfer's sampling kernels (nvcc) on the first top-k/top-p request (~110 s on a
-    # fresh machine; the grid's requests are greedy, the supervisor's readiness probe may not be): build them on
-    # the CPU now, while the first server starts
-    (CUDA_VISIBLE_DEVICES= FLASHINFER_CUDA_ARCH_LIST=9.0 setsid nohup $PY -c 'import time; t = time.time()
-from flashinfer.jit.sampling import gen_sampling_module
-spec = gen_sampling_module(); spec.build(verbose=False)
-print("flashinfer sampling module built in", round(time.time() - t, 1), "s")' > "$T/fi-prewarm.log" 2>&1 < /dev/null &)
+    bash bench/gpu/prewarm_sampling.sh "$PY" "$T/fi-prewarm.log"  # (the grid's requests are greedy; the probe may not be)
   fi
   rm -rf "$T/repo" "$T/mtp-out" "$T/mtp-work" && mkdir -p "$T/repo"
   tar --exclude=./.gpu --exclude=./.gpurun --exclude=./.venv --exclude=./.git --exclude=./.snk -cf - . \

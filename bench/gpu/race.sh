@@ -16,6 +16,7 @@ collect() {
   cp /tmp/race.log "$OUT/race.log" 2>/dev/null
   cp /tmp/race-out/*.json "$OUT/" 2>/dev/null
   rm -rf /tmp/collect/* && mkdir -p /tmp/collect/logs
+  cp /tmp/fi-prewarm.log /tmp/collect/logs/ 2>/dev/null
   cp /tmp/race-work/logs/*.log /tmp/collect/logs/ 2>/dev/null
   cp /tmp/race-work/regen-logs/*.log /tmp/collect/logs/ 2>/dev/null
   cp /tmp/race-work/*.json /tmp/race-work/regen-servers/*.json /tmp/race-work/status/*.json /tmp/collect/logs/ 2>/dev/null
@@ -25,6 +26,7 @@ collect() {
   done
   nvidia-smi > /tmp/collect/logs/nvidia-smi.txt 2>&1
   tar czf "$OUT/race-logs.tgz" -C /tmp/collect logs
+  bash bench/gpu/jit_cache.sh save "$OUT"
   ls -la "$OUT"
 }
 if [ "$mode" = stage ]; then
@@ -36,6 +38,7 @@ if [ "$mode" = start ]; then
   rm -rf /tmp/repo && mkdir -p /tmp/repo
   tar --exclude=./.gpu --exclude=./.venv --exclude=./.git -cf - . | tar -xf - -C /tmp/repo
   python3 -c 'import sglang, sglang.srt.entrypoints.engine, regen.generate.client, regen.serving.lifecycle, bench.gpu.race; print("sglang", sglang.__version__)' || exit 1
+  bash bench/gpu/prewarm_sampling.sh python3 /tmp/fi-prewarm.log  # while the warm-up server starts
   (cd /tmp/repo && setsid nohup python3 -m bench.gpu.race --out /tmp/race-out --work /tmp/race-work \
       ${RACE_ARGS:-} > /tmp/race.log 2>&1 < /dev/null &)
   sleep 2

@@ -7,3 +7,4 @@ for d in .gpu/p0*; do
   [ -d "$d" ] && cp "$d"/* /tmp/parts/
 done
 ls -la /tmp/parts
+bash bench/gpu/jit_cache.sh restore  # SGLang's one-time builds of an earlier session, where carried
