@@ -315,15 +315,16 @@ class Requests:
         return await self.request(ask, messages, bigger)
 
     async def prefill_prompt(self, ask: Ask, messages: list[dict[str, Any]]) -> None:
-        """Put the prompt in the own server's radix cache before the completions that share it go out, as
-        SGLang's own ``n`` > 1 does (``TokenizerManager``: one ``max_new_tokens`` 0 request per prompt,
-        awaited before the n copies). Under SGLang's default ``fcfs`` policy, requests admitted in one
-        prefill batch each match the tree as it was before the batch, so completions sent at once prefill
-        their prompt once each. One request of 1 token (the API reads 0 as no limit); its answer is dropped
-        and a failure is left to the completions' own requests."""
+        """Put the prompt in the radix cache of the server its completions go to (``ask.lender``, else the own
+        one) before they go out, as SGLang's own ``n`` > 1 does (``TokenizerManager``: one ``max_new_tokens``
+        0 request per prompt, awaited before the n copies). Under SGLang's default ``fcfs`` policy, requests
+        admitted in one prefill batch each match the tree as it was before the batch, so completions sent at
+        once prefill their prompt once each. One request of 1 token (the API reads 0 as no limit); its
+        answer is dropped and a failure is left to the completions' own requests."""
         body = self.body(messages, ask.seed, ask.thinking, PREFILL_ONLY_TOKENS, ask.tools, ask.sampled)
+        url = chat_url(ask.lender.url) if ask.lender is not None else self.chat_url
         try:
-            await self.post_once(body, self.base_headers, PREFILL_ONLY_TOKENS, self.chat_url)
+            await self.post_once(body, self.base_headers, PREFILL_ONLY_TOKENS, url)
         except RequestError as err:
             log.info("shard %s: %s: the prompt's prefill request failed (%s); its completions go out anyway",
                      self.shard, ask.id, err)  # fmt: skip

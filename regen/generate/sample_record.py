@@ -124,10 +124,13 @@ class _Turns:
     cut: str | None = None  # regenerate all: the tool-call mismatch that ended the row early
 
 
-async def prefill_prompt(requests: Requests, cfg: GenerateConfig, c: Completion) -> None:
-    """Put ``c``'s prompt in the own server's radix cache before the other completions of its sample go out
-    (``Requests.prefill_prompt``), asked as ``c`` itself will be: its thinking mode, sampling and tools."""
-    await requests.prefill_prompt(completion_ask(requests, cfg, c, [0]), c.messages)
+async def prefill_prompt(
+    requests: Requests, cfg: GenerateConfig, c: Completion, lender: Endpoint | None = None
+) -> None:
+    """Put ``c``'s prompt in the radix cache of the server its sample goes to (``lender``, or the own) before
+    the other completions of its sample go out (``Requests.prefill_prompt``), asked as ``c`` itself will
+    be: its thinking mode, sampling and tools."""
+    await requests.prefill_prompt(completion_ask(requests, cfg, c, [0], lender), c.messages)
 
 
 def completion_ask(

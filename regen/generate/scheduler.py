@@ -13,6 +13,9 @@ cache then serves them the prompt. Sent at once without it, they would each pref
 is not used: one request for all ``n`` copies one seed to all of them and fails or succeeds as a whole;
 here each completion has its own seed, retries and journal line. A server launched with
 ``--disable-radix-cache`` (its ``/server_info``) gets no prefill request: it would be one more prefill.
+A sample first pulled for a lent server (another slot's, ``lend``) is prefilled there, not on the own
+server: its completions that go there wait for it; any the own server's workers take go out at once, as
+the prompt is not in their server's cache.
 """
 
 from __future__ import annotations
@@ -137,9 +140,12 @@ class ShardRun:
         self.current: dict[str, str] = {}
         self.identities: dict[str, RecordIdentity] = {}
         self.seen: set[str] = set()
-        self._pending: deque[Completion] = deque()  # the current sample's completions still to send
-        #: completion id -> its prompt's prefill request, which its own server answers before it is sent
-        self._prefills: dict[str, asyncio.Future[None]] = {}
+        #: the completions still to send of the samples pulled for each server (None: the own; else a
+        #: lender's url): a sample's completions go to the server whose radix cache its prefill filled
+        self._pending: dict[str | None, deque[Completion]] = {None: deque()}
+        #: completion id -> its prompt's prefill request and the server it went to (None: the own; else a
+        #: lender's url); a completion sent to that server waits for it
+        self._prefills: dict[str, tuple[asyncio.Future[None], str | None]] = {}
         self.held: list[dict[str, Any]] = []  # server-level failures, journaled only if the shard finishes
         self.attempted = 0
         self.exhausted = False  # every sample has been handed out
@@ -149,11 +155,14 @@ class ShardRun:
     def shard(self) -> str:
         return self.record.shard
 
-    def next_completion(self) -> Completion | None:
-        """The next completion to send: the current sample's next one, else the next sample's first (its
-        request content built once, hashed here and sent as it is); replays (skips) what the journal
-        holds."""
-        while not self._pending:
+    def next_completion(self, lender: Endpoint | None = None) -> Completion | None:
+        """The next completion to send (to ``lender``, or the own server): the next one of the samples
+        pulled for that server, else the next sample's first (its request content built once, hashed here
+        and sent as it is, its prompt prefilled on that server); replays (skips) what the journal holds.
+        Once no sample is left, the own server also takes what lent servers left unsent."""
+        where = lender.url if lender is not None else None
+        pending = self._pending.setdefault(where, deque())
+        while not pending:
             sample = next(self.samples, None)
             if sample is None:
                 break
@@ -163,17 +172,24 @@ class ShardRun:
                 continue
             self.seen.add(sid)
             to_send = self._to_send(sample)
-            if len(to_send) > 1 and self.cfg.regenerate == "last" and self.requests.prefill_first:
-                prefill = asyncio.ensure_future(prefill_prompt(self.requests, self.cfg, to_send[0]))
-                self._prefills.update((c.id, prefill) for c in to_send)
-            self._pending.extend(to_send)
-        if self._pending:
-            return self._pending.popleft()
-        if not self.exhausted:
+            if len(to_send) > 1 and self.cfg.regenerate == "last" and self._prefills_first(lender):
+                prefill = asyncio.ensure_future(prefill_prompt(self.requests, self.cfg, to_send[0], lender))
+                self._prefills.update((c.id, (prefill, where)) for c in to_send)
+            pending.extend(to_send)
+        if pending:
+            return pending.popleft()
+        if lender is None and (left := next((q for q in self._pending.values() if q), None)) is not None:
+            return left.popleft()  # a lent server's leftovers, sent here at once (its prefill is not here)
+        if not any(self._pending.values()) and not self.exhausted:
             self.exhausted = True
             if self.on_exhausted is not None:
                 self.on_exhausted()
         return None
+
+    def _prefills_first(self, lender: Endpoint | None) -> bool:
+        """Whether a prompt's completions are sent after a prefill request on that server: where it keeps
+        SGLang's radix cache (not known: SGLang's default, on)."""
+        return self.requests.prefill_first if lender is None else lender.radix_cache is not False
 
     def _to_send(self, sample: Sample) -> list[Completion]:
         """The sample's completions the journal does not hold under their current fingerprints, in send
@@ -223,7 +239,7 @@ class ShardRun:
                     # no more than its window lets this job have in flight there (regen.generate.pacing)
                     room = min(room, self.requests.window(chat_url(lender.url)).room)
                     for _ in range(room):
-                        nxt = None if self.halt.reason is not None else self.next_completion()
+                        nxt = None if self.halt.reason is not None else self.next_completion(lender)
                         if nxt is None:
                             break
                         task = asyncio.create_task(self.one_sample(nxt, lender))
@@ -238,8 +254,9 @@ class ShardRun:
 
     async def one_sample(self, c: Completion, lender: Endpoint | None) -> None:
         prefill = self._prefills.pop(c.id, None)
-        if prefill is not None and lender is None:  # a lent server has not seen the prompt: no use waiting
-            await asyncio.shield(prefill)
+        where = lender.url if lender is not None else None
+        if prefill is not None and prefill[1] == where:  # another server has not seen the prompt: no waiting
+            await asyncio.shield(prefill[0])
         self.attempted += 1
         try:
             outcome = await answer_sample(self.requests, self.cfg, self.record, c, lender)
@@ -308,7 +325,7 @@ class ShardRun:
 
     def drop_prefills(self) -> None:
         """Cancel the prefill requests of completions a stopped shard will not send."""
-        for prefill in self._prefills.values():
+        for prefill, _ in self._prefills.values():
             prefill.cancel()
         self._prefills.clear()
 

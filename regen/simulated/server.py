@@ -43,7 +43,7 @@ on their own): it stays up and healthy, takes requests, and generates nothing mo
 the server inherits through Snakemake and the supervisor) appends one JSON line per chat request
 received, per chat request completed and per fault injected:
 ``{"event": "received"|"completed"|"fault:<kind>", "id", "pid", "t"}`` (kinds as in ``FAULT_KINDS``, plus
-``poison``, ``crash`` and ``stall``).
+``poison``, ``crash``, ``stall``; a completed one adds ``cached``: the prompt tokens its radix cache served).
 Lines are single ``O_APPEND`` writes, so several servers and server lifetimes share one file; it
 lets a test count, across restarts and kills, requests re-sent for ids already finished.
 """
@@ -492,7 +492,7 @@ class SimulatedServer:
             model_name=self.opts.model_name,
             cached_tokens=cached if self.opts.enable_cache_report else None,
         )
-        self._count_completed(key, sid, prompt_tokens, n_out)
+        self._count_completed(key, sid, prompt_tokens, n_out, cached)
         if self.window_prefill is unlogged:  # SGLang logs a batch's Prefill line before its answers go out
             self._log_prefill()
         crash = self.opts.faults.crash_after is not None and self.n_completed >= self.opts.faults.crash_after
@@ -542,15 +542,15 @@ class SimulatedServer:
         self.window_prefill.add(len(prompt), cached, n, page)
         return cached
 
-    def _count_completed(self, key: str, sid: str | None, prompt_tokens: int, n_out: int) -> None:
-        """Count a request answered (its tokens in, its tokens out), and stall when the faults say so."""
-        self.prompt_tokens_total += prompt_tokens
+    def _count_completed(self, key: str, sid: str | None, n_in: int, n_out: int, cached: int) -> None:
+        """Count a request answered (its tokens in and out), and stall when the faults say so."""
+        self.prompt_tokens_total += n_in
         self.generation_tokens_total += n_out
         if self.opts.token_rate <= 0:
             self.window_tokens += n_out
         self.completed[key] += 1
         self.n_completed += 1
-        self.request_log("completed", sid)
+        self.request_log("completed", sid, cached=cached)
         stall_after = self.opts.faults.stall_after_tokens
         if stall_after is not None and self.generation_tokens_total >= stall_after:
             self.stall(f"stall_after_tokens={stall_after}")

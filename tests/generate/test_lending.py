@@ -156,3 +156,48 @@ def test_a_draining_job_gives_its_slot_to_the_next_job_which_shares_the_server(t
             ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05
         ) as second:
             assert (second.server_id, second.url) == (first.server_id, first.url)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_sample_pulled_for_a_lent_server_is_prefilled_there(two_slots, n: int) -> None:
+    """n completions a prompt: a sample first pulled for another slot's server has its prompt prefilled on
+    that server, and its completions go there and read it from that server's radix cache (before, the
+    prefill went to the own server, whose workers and the lender split a sample's completions, and every
+    lent completion computed its prompt again). At n = 3 the lender's room (4) splits samples: the rest go
+    there at its next room."""
+    cfg, root = two_slots
+    with (
+        acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as other,
+        acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as own,
+    ):
+        lenders = SlotLenders("work/servers", own.slot, cap=4, poll_s=0.05)
+        try:
+            stats = generate_shard(
+                ShardJob(
+                    samples(40),
+                    root / "journal.jsonl",
+                    root / "records.jsonl",
+                    root / "failed.jsonl",
+                    GenerateConfig.from_dict(
+                        {"sampling": {"max_tokens": 64, "n": n}, "max_attempts": 2, "backoff_base_s": 0.01}
+                    ),
+                    own,
+                    "00000",
+                    lenders=lenders,
+                )
+            )
+        finally:
+            lenders.close()
+    records = [orjson.loads(line) for line in (root / "records.jsonl").read_bytes().splitlines()]
+    assert stats.completed == 40 * n and len({r["id"] for r in records}) == 40 * n
+    served_by = {r["id"]: r["server"]["id"] for r in records}
+    events = read_request_log(root / "requests.jsonl")
+    done = [e for e in events if e["event"] == "completed" and e["id"] in served_by]
+    lent = [e["cached"] for e in done if served_by[e["id"]] == other.server_id]
+    assert len(lent) >= 8, "the other slot's server answered too few to tell"
+    # every completion found its prompt in the cache of the server it went to, but for what a lent server
+    # left unsent when the samples ran out (fewer than n), which the own server sends at once
+    assert sum(1 for e in done if e["cached"] == 0) < n, [e["cached"] for e in done]
+    # the prefill requests (no sample id) went where their samples went: some to each server
+    prefills = Counter(e["pid"] for e in events if e["event"] == "completed" and e["id"] is None)
+    assert len(prefills) == 2, prefills
