@@ -415,40 +415,56 @@ def engine_args(flags: tuple[str, ...]) -> dict[str, str]:
 def regen_arm(s: Settings, model_dir: Path) -> tuple[list[dict[str, Any]], int | None]:
     """regen end to end: its plan (``regen tune``), its server start, its client at its own concurrency;
     then, on the same server, ``regen-wide``: its client at SGLang's running cap (a plan candidate, never
-    a peer). With several completions a prompt and the radix cache kept, ``regen-nocache`` runs the same
-    again on a server of the same plan with the cache off (issue 57 item 4: the prefill it saved). Returns
-    the rows and regen's client concurrency."""
-    from dataclasses import replace
-
-    from regen.sglang.config import PlanFile
-
+    a peer). With several completions a prompt and the radix cache kept, ``regen-nocache`` runs regen's plan
+    for the user's flags plus ``--disable-radix-cache`` (kept by the planner, its memory planned without
+    shared pages) on a server of its own (issue 57 item 4: the prefill the cache saved). Returns the rows
+    and regen's client concurrency."""
     t = Timer()
     summary = s.work / "summary.json"
     summary.write_text(json.dumps(audit_summary(s.race, s.size_known)))
-    # the plan file (--out) is what the workflow's servers launch from: its launch_args are the plan's flags
-    # (the --json print has none: the H100 races before 2026-12-07 03:18 launched SGLang's defaults there)
-    plan_file = s.work / "plan.json"
     configfile = s.work / "generate.json"  # the run's generate section: its n decides the radix cache
     configfile.write_text(json.dumps({"generate": {"sampling": regen_sampling(s.race)}}))
-    tune_args = ("--audit-summary", str(summary), "--max-tokens", str(s.race.cap), "--out", str(plan_file))
-    tune_args += ("--configfile", str(configfile))
-    # the user's flags: the config-only model's dummy weights, as every arm loads them (without them, the
-    # first race on the H100 waited out regen's 900-s start for a server that had no weights to load)
-    plan = regen_tune(model_dir, (*BASE_ARGS, *s.arm_flags), *tune_args, gpu_mib=gpu_memory_mib(s.dry))
-    if plan.refused or plan.plan is None:
-        return [{"arm": "regen", "error": f"regen tune refused: {plan.message}"}], None
-    if plan.message:  # what regen tune said on the console (a run too small for its plan says so)
-        log(f"regen tune: {plan.message}")
-    concurrency = plan.number("client_concurrency")
-    cap = plan.number("effective_max_running_requests")
-    planned = {"plan_args": plan.plan.get("recommended"), "client_concurrency": concurrency, "cap": cap}
-    launched = PlanFile.read(plan_file)
+    planned = plan_regen(s, model_dir, (), s.work / "plan.json")
+    if isinstance(planned, str):
+        return [{"arm": "regen", "error": planned}], None
+    launched, numbers = planned
+    concurrency, cap = numbers["client_concurrency"], numbers["cap"]
     offers = {"regen": None, "regen-wide": int(cap) if s.wide and cap and cap != concurrency else None}
-    rows = serve_regen(s, model_dir, launched, offers, planned, t)
+    rows = serve_regen(s, model_dir, launched, offers, numbers, t)
     if s.nocache and s.race.completions > 1 and RADIX_OFF not in launched.launch_args:
-        cache_off = replace(launched, launch_args=(*launched.launch_args, RADIX_OFF))
-        rows += serve_regen(s, model_dir, cache_off, {"regen-nocache": None}, planned, Timer())
+        t_off = Timer()
+        off = plan_regen(s, model_dir, (RADIX_OFF,), s.work / "plan-nocache.json")
+        if isinstance(off, str):
+            rows.append({"arm": "regen-nocache", "error": off})
+        else:
+            rows += serve_regen(s, model_dir, off[0], {"regen-nocache": None}, off[1], t_off)
     return rows, int(concurrency) if concurrency else None
+
+
+def plan_regen(
+    s: Settings, model_dir: Path, flags: tuple[str, ...], plan_file: Path
+) -> tuple[Any, dict] | str:
+    """``regen tune`` for the race's workload under the user's flags (the config-only model's dummy weights,
+    as every arm loads them, the model's own flags, and ``flags``): the plan file its server launches from
+    and the plan's numbers, or why it refused. The plan file (--out) is what the workflow's servers launch
+    from: its launch_args are the plan's flags (the --json print has none: the H100 races before
+    2026-12-07 03:18 launched SGLang's defaults there)."""
+    from regen.sglang.config import PlanFile
+
+    tune_args = ("--audit-summary", str(s.work / "summary.json"), "--max-tokens", str(s.race.cap))
+    tune_args += ("--out", str(plan_file), "--configfile", str(s.work / "generate.json"))
+    user = (*BASE_ARGS, *s.arm_flags, *flags)
+    plan = regen_tune(model_dir, user, *tune_args, gpu_mib=gpu_memory_mib(s.dry))
+    if plan.refused or plan.plan is None:
+        return f"regen tune refused: {plan.message}"
+    if plan.message:  # what regen tune said on the console (a run too small for its plan says so)
+        log(f"regen tune ({' '.join(flags) or 'the user flags'}): {plan.message}")
+    numbers = {
+        "plan_args": plan.plan.get("recommended"),
+        "client_concurrency": plan.number("client_concurrency"),
+        "cap": plan.number("effective_max_running_requests"),
+    }
+    return PlanFile.read(plan_file), numbers
 
 
 def serve_regen(

@@ -153,7 +153,8 @@ def recommend(
     given = plan(model, gpu_memory_mib, tp, args, workload, sglang_version)
     target = Target(model, gpu_memory_mib, tp, tuple(_strip_planner_flags(args)), workload, sglang_version)
     user_flags = parse_flags(args)
-    radix_options = [True] if workload.unique_prompts else [False]
+    # the radix cache off for unique prompts, on where they share prefixes, unless the user turned it off
+    radix_options = [True] if workload.unique_prompts or user_flags.disable_radix_cache else [False]
     state_dtypes: list[str | None] = [user_flags.mamba_ssm_dtype]
     if allow_bf16_state and has_state(model) and user_flags.mamba_ssm_dtype != "bfloat16":
         state_dtypes.append("bfloat16")
@@ -179,6 +180,11 @@ def recommend(
         if found is not None:
             candidates.append(found)
     warnings = flag_warnings(args, model, sglang_version)
+    if user_flags.disable_radix_cache and not workload.unique_prompts:
+        warnings.append(
+            "--disable-radix-cache (given) kept, though the prompts share prefixes "
+            f"({'; '.join(workload.shared_prefixes)}): each request prefills its prompt in full"
+        )
     if not candidates:
         kept = ("no feasible configuration found; kept the flags as given",)
         return Recommendation(given, given, tuple(args), kept, tuple(warnings))

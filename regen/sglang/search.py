@@ -62,6 +62,21 @@ RADIX_OFF_DENSE_REASON = (
     "a long system prompt, is then prefilled again for each request)"
 )
 
+#: the user gave ``--disable-radix-cache`` though the prompts share prefixes: kept, and what it costs
+RADIX_OFF_GIVEN_REASON = (
+    "--disable-radix-cache (given, kept): the prompts share prefixes ({why}), so each request prefills its "
+    "prompt in full; without the flag the plan keeps the radix cache and SGLang prefills a shared prefix once"
+)
+
+
+def radix_off_reason(target: Target, unique: str) -> str:
+    """Why the radix cache is off: ``unique`` (the planner's reason) where the prompts are unique, else the
+    user's flag, kept, and what it costs."""
+    if target.workload.unique_prompts:
+        return unique
+    return RADIX_OFF_GIVEN_REASON.format(why="; ".join(target.workload.shared_prefixes))
+
+
 #: why the tuner keeps the radix cache on (issue 57 item 4), with the memory it plans for it
 RADIX_KEPT_REASON = (
     "radix (prefix) cache kept on: {why}. Its memory: {state}the tree keeps a finished request's KV only "
@@ -263,15 +278,16 @@ def best_running(target: Target, choice: Choice, most: int) -> Candidate | None:
         f"{p.kv_cache_tokens - n * workload.tokens_per_request:,} tokens to spare",
     ]
     if has_state(model) and choice.disable_radix:
-        reasons.append(
+        unique = (
             "--disable-radix-cache: prompts are unique, so prefix caching saves nothing and each request "
             f"needs 1 state slot instead of {probe_slots(target)}; the state pool is sized to "
             "--max-running-requests, leaving the rest to KV"
         )
+        reasons.append(radix_off_reason(target, unique))
     elif has_state(model):
         reasons.append(f"--max-mamba-cache-size {n * slots}: {slots} state slots per running request")
     elif choice.disable_radix:
-        reasons.append(RADIX_OFF_DENSE_REASON)
+        reasons.append(radix_off_reason(target, RADIX_OFF_DENSE_REASON))
     if not choice.disable_radix:
         reasons.append(radix_kept_reason(target))
     reasons += choice.reasons()
@@ -511,7 +527,8 @@ def expected_length_running(target: Target, choice: Choice) -> Candidate | None:
             f"to the planned batch; SGLang captures only to {default_graphs} by default "
             "(handle_gpu_memory_settings) and decodes larger batches eagerly"
         )
-    reasons.append(RADIX_OFF_DENSE_REASON if choice.disable_radix else radix_kept_reason(target))
+    radix = radix_off_reason(target, RADIX_OFF_DENSE_REASON) if choice.disable_radix else None
+    reasons.append(radix or radix_kept_reason(target))
     if "--page-size" in own:
         reasons.append(PAGE_SIZE_REASON.format(page=page, waste=page_waste(page)))
     reasons += choice.reasons()

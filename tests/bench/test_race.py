@@ -103,7 +103,7 @@ def test_with_several_completions_regen_keeps_the_radix_cache_and_the_server_cou
     (the length proxy finds each completion's record id), the plan keeps SGLang's radix cache, and what the
     server's Prefill lines say it read from the cache is what regen's client read from the answers, whole
     pages of each prompt (SGLang's radix tree at the plan's page size); the same run with the cache off
-    computes every prompt token."""
+    computes every prompt token (regen's plan for the user's flags with ``--disable-radix-cache``)."""
     race = RaceWork(requests=40, prompt_tokens=256, median=12, mean=16, cap=64, completions=2)
     s = Settings(
         tmp_path, dry=True, model="llama-3.1-8b", race=race, offers=(), offline=False, size_known=False
@@ -122,6 +122,9 @@ def test_with_several_completions_regen_keeps_the_radix_cache_and_the_server_cou
     # the same run on a server of the same plan with the cache off: every prompt token computed
     nocache = next(r for r in rows if r["arm"] == "regen-nocache")
     assert nocache["radix_kept"] is False and nocache["output_tokens"] == race.planned_output_tokens()
+    # regen's own plan with the flag given: the cache off, its KV planned without shared pages
+    assert "--disable-radix-cache" in nocache["plan_args"]["args"]
+    assert nocache["client_concurrency"] <= regen["client_concurrency"]
     assert nocache["client_prefill"]["cached_tokens"] == 0
     assert nocache["prefill"]["new_tokens"] == nocache["client_prefill"]["prompt_tokens"]
     assert regen["prefill"]["new_tokens"] == 40 * 263 + 80 * (263 - 256)

@@ -371,6 +371,26 @@ def test_a_prompts_completions_share_its_pages_in_the_planned_fill() -> None:
     assert held > 200_000 / 490
 
 
+def test_a_given_disable_radix_cache_is_kept_and_planned_without_shared_pages() -> None:
+    """The user's ``--disable-radix-cache`` stands where the prompts share prefixes: the plan fills the KV
+    at a whole prompt per request (the race's 396, not 619), and the reason and a warning say what the flag
+    costs (each request prefills its prompt in full)."""
+    llama = ModelShape.from_config(MODELS / "llama-3.1-8b")
+    given = ["--load-format", "dummy", "--disable-radix-cache"]
+    rec = recommend(llama, H100_MIB, 1, given, RACE_N4, "0.5.17", **NO_TRADEOFFS)
+    r = rec.recommended
+    assert "--disable-radix-cache" in r.args and "--enable-cache-report" not in r.args
+    assert r.client_concurrency == r.kv_cache_tokens // (1024 + RACE_N4.running_answer_tokens + PAGED) == 396
+    kept = [line for line in rec.reasons if line.startswith("--disable-radix-cache (given, kept)")]
+    assert len(kept) == 1 and "4 completions per prompt" in kept[0]
+    assert not any("prompts are unique" in line for line in rec.reasons)
+    assert any(w.startswith("--disable-radix-cache (given) kept") for w in rec.warnings)
+    # without the flag the planner keeps the cache (the race's plan), and warns of nothing
+    plain = recommend(llama, H100_MIB, 1, given[:2], RACE_N4, "0.5.17", **NO_TRADEOFFS)
+    assert "--disable-radix-cache" not in plain.recommended.args
+    assert not any("radix" in w for w in plain.warnings)
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
 @pytest.mark.parametrize("cv", [0.3, 0.74, 1.2])
 def test_the_prompt_share_bounds_the_time_averaged_share_of_independent_answers(n: int, cv: float) -> None:
