@@ -4,6 +4,7 @@ each sample still goes out once and lands in its own journal. Shard count ``auto
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import socket
@@ -14,7 +15,7 @@ import aiohttp
 import orjson
 import pytest
 
-from regen.generate.client import ShardJob, generate_shard
+from regen.generate.client import ShardJob, ShardStats, generate_shard
 from regen.generate.lending import SlotLenders
 from regen.ingest.shard_count import settle_auto_count, shard_count
 from regen.runconfig import GenerateConfig, ServerConfig
@@ -65,9 +66,10 @@ def two_slots(tmp_workdir: Path, monkeypatch: pytest.MonkeyPatch):
     stop_all_servers("work/servers", grace_s=5)
 
 
-def test_a_job_fills_another_slots_idle_server_and_sends_each_sample_once(two_slots) -> None:
-    cfg, root = two_slots
-    # slot 0's job sends nothing more (it drains, or waits for its next shard): its server has room
+def lent_shard(cfg: dict, root: Path, count: int, sampling: dict) -> tuple[ShardStats, list[dict], str]:
+    """One shard of ``count`` samples on slot 1's server, slot 0's lent to it (its job sends nothing more:
+    it drains, or waits for its next shard, so its server has room): the stats, the records and the lent
+    server's id."""
     with (
         acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as other,
         acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as own,
@@ -75,24 +77,20 @@ def test_a_job_fills_another_slots_idle_server_and_sends_each_sample_once(two_sl
         assert (other.server_id, own.server_id) == ("gpu0", "gpu1")
         assert (other.slot, own.slot) == (0, 1)
         lenders = SlotLenders("work/servers", own.slot, cap=4, poll_s=0.05)
+        settings = {"sampling": sampling, "max_attempts": 2, "backoff_base_s": 0.01}
+        paths = (root / "journal.jsonl", root / "records.jsonl", root / "failed.jsonl")
         try:
-            stats = generate_shard(
-                ShardJob(
-                    samples(60),
-                    root / "journal.jsonl",
-                    root / "records.jsonl",
-                    root / "failed.jsonl",
-                    GenerateConfig.from_dict(
-                        {"sampling": {"max_tokens": 64}, "max_attempts": 2, "backoff_base_s": 0.01}
-                    ),
-                    own,
-                    "00000",
-                    lenders=lenders,
-                )
-            )
+            job = ShardJob(samples(count), *paths, GenerateConfig.from_dict(settings), own, "00000")
+            stats = generate_shard(dataclasses.replace(job, lenders=lenders))
         finally:
             lenders.close()
     records = [orjson.loads(line) for line in (root / "records.jsonl").read_bytes().splitlines()]
+    return stats, records, other.server_id
+
+
+def test_a_job_fills_another_slots_idle_server_and_sends_each_sample_once(two_slots) -> None:
+    cfg, root = two_slots
+    stats, records, _ = lent_shard(cfg, root, 60, {"max_tokens": 64})
     assert stats.completed == 60 and len({r["id"] for r in records}) == 60
     servers = Counter(r["server"]["id"] for r in records)
     assert set(servers) == {"gpu0", "gpu1"}, servers  # both GPUs worked on the one shard
@@ -166,34 +164,12 @@ def test_a_sample_pulled_for_a_lent_server_is_prefilled_there(two_slots, n: int)
     lent completion computed its prompt again). At n = 3 the lender's room (4) splits samples: the rest go
     there at its next room."""
     cfg, root = two_slots
-    with (
-        acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as other,
-        acquire_server(ServerConfig.from_mapping(cfg), None, owner_pid=os.getpid(), poll_s=0.05) as own,
-    ):
-        lenders = SlotLenders("work/servers", own.slot, cap=4, poll_s=0.05)
-        try:
-            stats = generate_shard(
-                ShardJob(
-                    samples(40),
-                    root / "journal.jsonl",
-                    root / "records.jsonl",
-                    root / "failed.jsonl",
-                    GenerateConfig.from_dict(
-                        {"sampling": {"max_tokens": 64, "n": n}, "max_attempts": 2, "backoff_base_s": 0.01}
-                    ),
-                    own,
-                    "00000",
-                    lenders=lenders,
-                )
-            )
-        finally:
-            lenders.close()
-    records = [orjson.loads(line) for line in (root / "records.jsonl").read_bytes().splitlines()]
+    stats, records, lender_id = lent_shard(cfg, root, 40, {"max_tokens": 64, "n": n})
     assert stats.completed == 40 * n and len({r["id"] for r in records}) == 40 * n
     served_by = {r["id"]: r["server"]["id"] for r in records}
     events = read_request_log(root / "requests.jsonl")
     done = [e for e in events if e["event"] == "completed" and e["id"] in served_by]
-    lent = [e["cached"] for e in done if served_by[e["id"]] == other.server_id]
+    lent = [e["cached"] for e in done if served_by[e["id"]] == lender_id]
     assert len(lent) >= 8, "the other slot's server answered too few to tell"
     # every completion found its prompt in the cache of the server it went to, but for what a lent server
     # left unsent when the samples ran out (fewer than n), which the own server sends at once
