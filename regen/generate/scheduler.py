@@ -13,9 +13,9 @@ cache then serves them the prompt. Sent at once without it, they would each pref
 is not used: one request for all ``n`` copies one seed to all of them and fails or succeeds as a whole;
 here each completion has its own seed, retries and journal line. A server launched with
 ``--disable-radix-cache`` (its ``/server_info``) gets no prefill request: it would be one more prefill.
-A sample first pulled for a lent server (another slot's, ``lend``) is prefilled there, not on the own
-server: its completions that go there wait for it; any the own server's workers take go out at once, as
-the prompt is not in their server's cache.
+A sample pulled for a lent server (another slot's, ``lend``) goes there whole, its prefill request with
+it; what a lent server leaves unsent when the samples run out, the own server's workers send at once (the
+prompt is not in their server's cache).
 """
 
 from __future__ import annotations
